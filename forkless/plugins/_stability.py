@@ -1,0 +1,89 @@
+"""Stability tiers of extension interfaces, and class-path resolution for config values."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any, Callable, TypeVar
+
+from forkless.plugins._registry import PluginImportError, import_path
+
+logger = logging.getLogger("forkless.plugins")
+
+C = TypeVar("C", bound=type)
+
+
+class Stability(str, enum.Enum):
+    """How much an extension interface promises to its implementers.
+
+    PUBLIC interfaces follow the deprecation policy; PROVISIONAL ones may change after an
+    announcement; INTERNAL ones may change in any release, and selecting a custom
+    implementation logs a warning once.
+    """
+
+    PUBLIC = "public"
+    PROVISIONAL = "provisional"
+    INTERNAL = "internal"
+
+
+def stability(tier: Stability | str) -> Callable[[C], C]:
+    """Class decorator that marks an extension interface with its tier."""
+    tier = Stability(tier)
+
+    def mark(cls: C) -> C:
+        cls.__forkless_stability__ = tier  # type: ignore[attr-defined]
+        return cls
+
+    return mark
+
+
+def tier_of(cls: type) -> Stability:
+    """The tier of an interface (or of the interface a class implements)."""
+    return getattr(cls, "__forkless_stability__", Stability.PROVISIONAL)
+
+
+_warned_internal: set[str] = set()
+
+
+def resolve_class(path: Any, base: type[Any], what: str, builtin_prefix: str = "forkless.") -> Any:
+    """Resolve a class named by configuration (``--scheduler-cls a.b.C``).
+
+    Args:
+        path: A class path string, or a class (passed through the same checks).
+        base: The interface the class must subclass.
+        what: What the value configures, for messages ("--scheduler-cls").
+        builtin_prefix: Classes from modules under this prefix are built-ins and do not
+            trigger the internal-interface warning.
+
+    Returns:
+        The class.
+
+    Raises:
+        ValueError: ``path`` is not a well-formed class path.
+        PluginImportError: The path does not import (message names path and cause).
+        TypeError: The object is not a class or not a subclass of ``base``.
+    """
+    base_name = f"{base.__module__}.{base.__qualname__}"
+    if isinstance(path, str):
+        try:
+            cls = import_path(path)
+        except ValueError as exc:
+            raise ValueError(f"{what}: {exc}") from None
+        except PluginImportError as exc:
+            raise PluginImportError(f"{what}: {exc}") from exc
+    else:
+        cls = path
+    if not isinstance(cls, type):
+        raise TypeError(f"{what}: {path!r} is {cls!r}, not a class; expected a subclass of {base_name}")
+    if not issubclass(cls, base):
+        raise TypeError(f"{what}: {cls.__module__}.{cls.__qualname__} is not a subclass of {base_name}")
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if tier_of(base) is Stability.INTERNAL and not cls.__module__.startswith(builtin_prefix):
+        if name not in _warned_internal:
+            _warned_internal.add(name)
+            logger.warning(
+                "%s selects the custom class %s; the %s interface is internal and may "
+                "change in any forkless release",
+                what, name, base.__qualname__,
+            )
+    return cls
