@@ -1,0 +1,66 @@
+"""The ``forkless`` command line.
+
+Sub-commands live in their own modules and are imported only when chosen, so that
+``forkless plugins list`` never pays for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from forkless.logger import configure_logging
+from forkless.plugins import DEPRECATIONS, DeprecatedError
+from forkless.version import __version__
+
+# sub-command -> module with add_parser(subparsers); each sets args.func.
+SUBCOMMANDS = {
+    "serve": "forkless.entrypoints.cli.serve",
+    "generate": "forkless.entrypoints.cli.generate",
+    "plugins": "forkless.entrypoints.cli.plugins",
+    "bench": "forkless.entrypoints.cli.bench",
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forkless", description="A small, fast LLM inference server built of plugins.")
+    parser.add_argument("--version", action="version", version=f"forkless {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, module in SUBCOMMANDS.items():
+        # Only the chosen sub-command's module is imported; the others get a stub entry
+        # so that `forkless --help` still lists them.
+        if name == chosen:
+            try:
+                importlib.import_module(module).add_parser(subparsers)
+            except ModuleNotFoundError as exc:
+                if exc.name != module:
+                    raise
+                subparsers.add_parser(name, help="(not available in this build)")
+        else:
+            subparsers.add_parser(name, help=f"run `forkless {name} --help` for details")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    configure_logging()
+    try:
+        DEPRECATIONS.check_cli_args(argv)
+        DEPRECATIONS.check_environ()
+    except DeprecatedError as exc:
+        print(f"forkless: error: {exc}", file=sys.stderr)
+        return 2
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0 if args.command is None else 2
+    return int(func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The lazy registry and class-path resolution, in-process."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from forkless.plugins import (
+    LazyRegistry,
+    PluginImportError,
+    RegistryError,
+    Stability,
+    resolve_class,
+    stability,
+)
+
+
+@pytest.fixture()
+def fresh_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Write a module file that is importable but not yet imported."""
+
+    def make(name: str, body: str) -> str:
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(body))
+        monkeypatch.syspath_prepend(str(tmp_path))
+        monkeypatch.delitem(sys.modules, name, raising=False)
+        return name
+
+    return make
+
+
+@pytest.fixture()
+def plugin_logs(caplog: pytest.LogCaptureFixture):
+    # forkless loggers do not propagate to the root logger; let caplog see them.
+    logger = logging.getLogger("forkless")
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.DEBUG, logger="forkless")
+    yield caplog
+    logger.removeHandler(caplog.handler)
+
+
+def test_resolve_imports_only_on_first_use(fresh_module) -> None:
+    mod = fresh_module("lazy_target_mod", "class Model:\n    pass\n")
+    reg: LazyRegistry[type] = LazyRegistry("test thing A")
+    reg.register("m", f"{mod}:Model")
+    assert mod not in sys.modules
+    assert not reg.is_imported("m")
+    cls = reg.resolve("m")
+    assert cls.__name__ == "Model" and mod in sys.modules
+    assert reg.resolve("m") is cls
+
+
+def test_both_path_spellings_are_the_same_target(plugin_logs) -> None:
+    reg: LazyRegistry[type] = LazyRegistry("test thing B")
+    reg.register("d", "collections:OrderedDict")
+    reg.register("d", "collections.OrderedDict")
+    reg.register("d", "collections:OrderedDict")
+    assert not [r for r in plugin_logs.records if r.levelno >= logging.WARNING]
+    import collections
+
+    assert reg.resolve("d") is collections.OrderedDict
+    reg.register("d", collections.OrderedDict)  # the object the path resolved to: same
+    assert not [r for r in plugin_logs.records if r.levelno >= logging.WARNING]
+
+
+def test_different_target_warns_and_newest_wins(plugin_logs) -> None:
+    reg: LazyRegistry[type] = LazyRegistry("test thing C")
+    reg.register("d", "collections:OrderedDict")
+    reg.register("d", "collections:Counter")
+    import collections
+
+    assert reg.resolve("d") is collections.Counter
+    warnings = [r.getMessage() for r in plugin_logs.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "collections:OrderedDict" in warnings[0] and "collections:Counter" in warnings[0]
+
+
+def test_unknown_name_lists_registered_names() -> None:
+    reg: LazyRegistry[type] = LazyRegistry("test widget", hint="Add one with a plugin.")
+    reg.register("beta", "collections:Counter")
+    reg.register("alpha", "collections:OrderedDict")
+    with pytest.raises(RegistryError) as err:
+        reg.resolve("gamma")
+    assert str(err.value) == "unknown test widget 'gamma'; registered: alpha, beta. Add one with a plugin."
+
+
+def test_bad_path_names_path_and_failure(fresh_module) -> None:
+    mod = fresh_module("broken_target_mod", "raise RuntimeError('boom at import')\n")
+    reg: LazyRegistry[type] = LazyRegistry("test thing D")
+    reg.register("x", f"{mod}:Model")
+    reg.register("y", "collections:NoSuchThing")
+    with pytest.raises(PluginImportError, match=r"'broken_target_mod:Model'.*RuntimeError: boom at import"):
+        reg.resolve("x")
+    with pytest.raises(PluginImportError, match=r"has no attribute 'NoSuchThing'"):
+        reg.resolve("y")
+    with pytest.raises(ValueError, match="expected a class path"):
+        reg.register("z", "notapath")
+
+
+def test_registry_checks_base_class() -> None:
+    class Base:
+        pass
+
+    reg: LazyRegistry[type] = LazyRegistry("test thing E", base=Base)
+    reg.register("wrong", "collections:OrderedDict")
+    with pytest.raises(TypeError, match="not a subclass of .*Base"):
+        reg.resolve("wrong")
+
+
+@stability(Stability.INTERNAL)
+class InternalInterface:
+    pass
+
+
+class CustomImpl(InternalInterface):
+    pass
+
+
+def test_resolve_class_checks_and_warns_once_for_internal(plugin_logs) -> None:
+    path = f"{__name__}:CustomImpl"
+    assert resolve_class(path, InternalInterface, "--scheduler-cls") is CustomImpl
+    assert resolve_class(f"{__name__}.CustomImpl", InternalInterface, "--scheduler-cls") is CustomImpl
+    warnings = [r.getMessage() for r in plugin_logs.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "internal and may change" in warnings[0]
+    with pytest.raises(TypeError, match="--scheduler-cls: collections.OrderedDict is not a subclass"):
+        resolve_class("collections.OrderedDict", InternalInterface, "--scheduler-cls")
+    with pytest.raises(TypeError, match="not a class"):
+        resolve_class("os.path:join", InternalInterface, "--scheduler-cls")
+    with pytest.raises(ValueError, match="--scheduler-cls: expected a class path"):
+        resolve_class("nodots", InternalInterface, "--scheduler-cls")
+    with pytest.raises(PluginImportError, match="--scheduler-cls: cannot import 'no_such_pkg.mod:C'"):
+        resolve_class("no_such_pkg.mod:C", InternalInterface, "--scheduler-cls")
+
+
+def test_model_registry_unknown_architecture_suggests_a_plugin() -> None:
+    from forkless import ModelRegistry
+    from forkless.models.registry import UnsupportedArchitectureError
+
+    assert {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"} <= set(ModelRegistry.get_supported_archs())
+    assert not ModelRegistry.is_imported("Qwen3ForCausalLM")  # registered by path only
+    with pytest.raises(UnsupportedArchitectureError, match=r"\['GPT5ForCausalLM'\] not supported; supported: .*LlamaForCausalLM.*register_model"):
+        ModelRegistry.resolve_model_cls(["GPT5ForCausalLM"])
