@@ -1,6 +1,3 @@
-from importlib.metadata import PackageNotFoundError, version as _dist_version
+"""The forkless version (single source: ``pyproject.toml`` reads it from here)."""
 
-try:
-    __version__ = _dist_version("forkless")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.1.0"
+__version__ = "0.1.0"

@@ -12,7 +12,6 @@ import json
 import sys
 import time
 import traceback
-from importlib.metadata import EntryPoint
 from typing import Any
 
 # Modules whose import during registration defeats lazy loading: a plugin should register
@@ -38,7 +37,7 @@ def _top_level(modules: set[str]) -> list[str]:
 def check_plugin(group: str, name: str) -> dict[str, Any]:
     """Run the checks on one installed plugin; see the module docstring."""
     from forkless.plugins import import_path, installed_entry_points, snapshot_all
-    from forkless.plugins._loader import incompatibility
+    from forkless.plugins._loader import incompatibility, load_entry_point_value
 
     entry = next((e for e in installed_entry_points() if e.group == group and e.name == name), None)
     result: dict[str, Any] = {"group": group, "name": name, "ok": False, "problems": []}
@@ -54,7 +53,7 @@ def check_plugin(group: str, name: str) -> dict[str, Any]:
     before = set(sys.modules)
     start = time.perf_counter()
     try:
-        obj = EntryPoint(entry.name, entry.value, group).load()
+        obj = load_entry_point_value(entry.value)
         is_callable_group = group in CALLABLE_GROUPS
         if is_callable_group:
             obj()
@@ -82,7 +81,7 @@ def check_plugin(group: str, name: str) -> dict[str, Any]:
             result["traceback"] = traceback.format_exc()
     else:
         base_path = CLASS_GROUP_BASES.get(group)
-        again = EntryPoint(entry.name, entry.value, group).load()
+        again = load_entry_point_value(entry.value)
         if again is not obj:
             problems.append("not re-entrant: loading twice gave two different objects")
         if base_path is not None:

@@ -16,9 +16,7 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
 
 GROUP_PREFIX = "forkless."
@@ -131,6 +129,8 @@ def _scan_dir(path: str, seen: set[str], found: list[EntryPointInfo]) -> None:
 
 def _scan_with_importlib(path: str, seen: set[str], found: list[EntryPointInfo]) -> None:
     """Zip files and other non-directory ``sys.path`` entries: defer to importlib."""
+    from importlib import metadata
+
     for dist in metadata.distributions(path=[path]):
         name = dist.metadata["Name"] or ""
         key = _normalize(name)
@@ -214,6 +214,8 @@ def discover_entry_points(use_cache: bool | None = None) -> list[EntryPointInfo]
     entries = sorted(scan_entry_points(paths), key=lambda e: (e.group, e.name))
     locations = {e.location: _mtime(e.location) for e in entries if e.location}
     try:
+        import tempfile
+
         file.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=file.parent, suffix=".tmp")
         with os.fdopen(fd, "w") as f:

@@ -185,6 +185,11 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         wanted = {n.strip() for n in listed.split(",") if n.strip()}
         candidates = {e.name for e in entries if e.name in wanted}
     names = sorted(candidates)
+    import shutil
+
+    if shutil.which(cmd[0]) is None:
+        print(f"error: command not found: {cmd[0]!r}", file=sys.stderr)
+        return 2
     print(f"bisecting {len(names)} plugin(s): {', '.join(names) or '(none)'}")
     if _fails(cmd, [], args.timeout):
         print("the command fails with no plugin loaded (FORKLESS_PLUGINS=''): "

