@@ -1,0 +1,178 @@
+"""The engine core's view of one generation request.
+
+A :class:`Request` is owned by the scheduler: it tracks where the request is in its
+lifecycle, which tokens it has (prompt + generated), how many of them have KV computed,
+and which KV-cache blocks hold them. Sampling itself happens in the model runner; the
+request only keeps the few sampling fields that decide when generation stops.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import Any, Hashable, Iterable
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request stopped; the values are the OpenAI ``finish_reason`` strings."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class RequestStatus(enum.IntEnum):
+    """Lifecycle of a request inside the scheduler.
+
+    The finished states sort after the live ones, so ``status > PREEMPTED`` means done.
+    """
+
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    # Evicted to free KV blocks; waits again and recomputes (prompt + output) on readmission.
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether this is one of the FINISHED_* states."""
+        return self > RequestStatus.PREEMPTED
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        """The :class:`FinishReason` of a finished state, else ``None``."""
+        return _FINISH_REASONS.get(self)
+
+    @staticmethod
+    def from_finish_reason(reason: FinishReason | str) -> RequestStatus:
+        """The FINISHED_* state that reports ``reason``."""
+        return _FINISHED_STATUS[FinishReason(reason)]
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+}
+_FINISHED_STATUS = {reason: status for status, reason in _FINISH_REASONS.items()}
+
+
+class Request:
+    """One request as the scheduler and the KV-cache manager see it.
+
+    Args:
+        request_id: Unique id of the request within the engine.
+        prompt_token_ids: The tokenized prompt (must not be empty).
+        sampling_params: A ``SamplingParams`` (or any object with ``max_tokens``,
+            ``min_tokens``, ``stop_token_ids`` and ``ignore_eos``); passed through to
+            the model runner untouched.
+        eos_token_id: The model's EOS token, or ``None`` when it has none. EOS ids listed
+            in ``sampling_params.eos_token_ids`` (when present) stop generation too.
+        arrival_time: When the request arrived (any monotonic clock); defaults to now.
+        priority: Scheduling priority under the ``priority`` policy; lower runs first.
+        cache_salt: Extra key mixed into the prefix-cache hashes (a LoRA adapter name,
+            a tenant salt...). Requests only share cached blocks when their salts match.
+
+    Attributes:
+        status: Where the request is in its lifecycle.
+        output_token_ids: Tokens generated so far.
+        num_computed_tokens: Leading tokens of ``all_token_ids`` whose KV is computed
+            (or scheduled to be computed by the step in flight).
+        num_cached_tokens: Prompt tokens found in the prefix cache when the request was
+            first admitted; -1 until then.
+        block_ids: The request's block table (KV-cache block ids, in token order).
+        block_hashes: Prefix-cache hashes of the request's full blocks, filled lazily by
+            the KV-cache manager; valid across preemption since full blocks never change.
+        finish_reason: Set once the request is finished.
+        stop_reason: The stop token id that ended the request, if one did.
+        num_preemptions: How many times the request was preempted.
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        sampling_params: Any,
+        eos_token_id: int | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        cache_salt: Hashable | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.prompt_token_ids: list[int] = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_id = eos_token_id
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt
+
+        self.status = RequestStatus.WAITING
+        self.output_token_ids: list[int] = []
+        # One list for prompt + output so the hot path never concatenates.
+        self._all_token_ids: list[int] = list(self.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1
+        self.block_ids: list[int] = []
+        self.block_hashes: list[Hashable] = []
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | None = None
+        self.num_preemptions = 0
+
+        # Cached once: the stop checks run for every sampled token.
+        max_tokens = getattr(sampling_params, "max_tokens", None)
+        self.max_tokens: int | None = max_tokens
+        self.min_tokens: int = getattr(sampling_params, "min_tokens", 0) or 0
+        self.ignore_eos: bool = bool(getattr(sampling_params, "ignore_eos", False))
+        self.stop_token_ids: frozenset[int] = frozenset(
+            getattr(sampling_params, "stop_token_ids", None) or ()
+        )
+        eos = set(getattr(sampling_params, "eos_token_ids", None) or ())
+        if eos_token_id is not None:
+            eos.add(eos_token_id)
+        self.eos_token_ids: frozenset[int] = frozenset(eos)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """Prompt followed by output tokens. Do not mutate: use :meth:`append_output_token`."""
+        return self._all_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        """Length of prompt + output."""
+        return len(self._all_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Length of the prompt."""
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Number of generated tokens."""
+        return len(self.output_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        """Whether the request reached a FINISHED_* state."""
+        return self.status.is_finished
+
+    def append_output_token(self, token_id: int) -> None:
+        """Record one generated token.
+
+        Args:
+            token_id: The sampled token.
+        """
+        self.output_token_ids.append(token_id)
+        self._all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, status={self.status.name}, "
+            f"prompt={self.num_prompt_tokens}, output={self.num_output_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_ids)})"
+        )

@@ -1,0 +1,119 @@
+"""The scheduler extension point (``--scheduler-cls``).
+
+INTERNAL tier: it follows the engine's internals and may change in any release;
+selecting a custom implementation logs a warning once.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Iterable
+
+from forkless.plugins import Stability, stability
+
+if TYPE_CHECKING:
+    from forkless.core.request import FinishReason, Request
+    from forkless.core.sched.config import KVCacheConfig, SchedulerConfig
+    from forkless.core.sched.output import (
+        EngineCoreOutput,
+        ModelRunnerOutput,
+        SchedulerOutput,
+        SchedulerStats,
+    )
+
+
+@stability(Stability.INTERNAL)
+class SchedulerInterface(ABC):
+    """Decides, step after step, which tokens of which requests the model computes.
+
+    The engine core drives it in a loop::
+
+        output = scheduler.schedule()
+        runner_output = executor.execute_model(output)
+        engine_outputs = scheduler.update_from_output(output, runner_output)
+
+    with ``add_request`` / ``finish_requests`` called between steps.
+
+    Args:
+        scheduler_config: Batching limits and policy.
+        kv_cache_config: The KV cache the scheduler hands out blocks of.
+    """
+
+    @abstractmethod
+    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_config: KVCacheConfig) -> None:
+        raise NotImplementedError
+
+    @abstractmethod
+    def add_request(self, request: Request) -> None:
+        """Queue a new request.
+
+        Args:
+            request: A request in WAITING state with a unique id.
+
+        Raises:
+            ValueError: The request can never be served (e.g. its prompt does not fit
+                ``max_model_len``) or its id is already in use.
+        """
+        raise NotImplementedError
+
+    @abstractmethod
+    def schedule(self) -> SchedulerOutput:
+        """Plan the next step.
+
+        Returns:
+            The batch to run; it may be empty.
+        """
+        raise NotImplementedError
+
+    @abstractmethod
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Apply the result of running ``scheduler_output``.
+
+        Args:
+            scheduler_output: The plan returned by the last :meth:`schedule`.
+            runner_output: What the model runner sampled for it.
+
+        Returns:
+            One output per request that produced tokens or finished this step.
+        """
+        raise NotImplementedError
+
+    @abstractmethod
+    def finish_requests(
+        self, request_ids: str | Iterable[str], finish_reason: FinishReason
+    ) -> None:
+        """Finish requests from outside the step loop (client abort, stop string hit).
+
+        Unknown or already finished ids are ignored.
+
+        Args:
+            request_ids: One id or several.
+            finish_reason: Recorded on the requests, usually ``FinishReason.ABORT``.
+        """
+        raise NotImplementedError
+
+    @abstractmethod
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is waiting or running."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def get_num_unfinished_requests(self) -> int:
+        """Number of requests waiting or running."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def make_stats(self) -> SchedulerStats:
+        """A snapshot of queue lengths, KV-cache usage and cumulative counters."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix.
+
+        Returns:
+            Whether the cache was reset.
+        """
+        raise NotImplementedError

@@ -1,0 +1,304 @@
+"""The default continuous-batching scheduler.
+
+Each step spends a token budget: running requests first (one token per decode, the next
+chunk of a partially computed prompt), then waiting requests are admitted in policy order
+while the budget, ``max_num_seqs`` and the KV cache allow. Prefill and decode share
+steps; a prompt longer than the remaining budget is chunked across steps.
+
+When a running request needs a block and none is free, the lowest-ranked running request
+is preempted by recomputation: its blocks are freed (full ones stay in the prefix cache)
+and it goes back to the waiting queue, to recompute prompt + output on readmission.
+
+Requests that could never be served are refused up front so the loop cannot deadlock:
+``add_request`` raises ``ValueError`` for an empty prompt or one of ``max_model_len``
+tokens or more (no room for a generated token), and the constructor raises when the KV
+cache cannot hold one ``max_model_len`` sequence. A request alone therefore always fits,
+so preempting everything ranked below a request always makes room for it. Generation
+that would exceed ``max_model_len`` is cut there with finish reason ``"length"``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Iterable
+
+from forkless.core.kv_cache_manager import KVCacheManager
+from forkless.core.request import FinishReason, RequestStatus
+from forkless.core.sched.interface import SchedulerInterface
+from forkless.core.sched.output import (
+    EngineCoreOutput,
+    ScheduledRequest,
+    SchedulerOutput,
+    SchedulerStats,
+)
+from forkless.core.sched.request_queue import create_request_queue
+
+if TYPE_CHECKING:
+    from forkless.core.request import Request
+    from forkless.core.sched.config import KVCacheConfig, SchedulerConfig
+    from forkless.core.sched.output import ModelRunnerOutput
+
+
+class Scheduler(SchedulerInterface):
+    """Continuous batching with chunked prefill, prefix caching and preemption.
+
+    Args:
+        scheduler_config: Batching limits and policy.
+        kv_cache_config: The KV cache to manage.
+
+    Raises:
+        ValueError: The KV cache is smaller than one ``max_model_len`` sequence.
+    """
+
+    def __init__(self, scheduler_config: SchedulerConfig, kv_cache_config: KVCacheConfig) -> None:
+        capacity = kv_cache_config.num_blocks * kv_cache_config.block_size
+        if capacity < scheduler_config.max_model_len:
+            raise ValueError(
+                f"the KV cache holds {capacity} tokens ({kv_cache_config.num_blocks} blocks of "
+                f"{kv_cache_config.block_size}), fewer than max_model_len "
+                f"({scheduler_config.max_model_len}); lower max_model_len or give the cache "
+                "more memory"
+            )
+        self.scheduler_config = scheduler_config
+        self.kv_cache_config = kv_cache_config
+        self.max_model_len = scheduler_config.max_model_len
+        self.kv_cache_manager = KVCacheManager(kv_cache_config)
+        self.requests: dict[str, Request] = {}
+        self.waiting = create_request_queue(scheduler_config.policy)
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+        # Reported to the runner by the next schedule() so it can drop their state.
+        self._finished_ids: list[str] = []
+        # Breaks ties between equal arrival times by insertion order.
+        self._arrival_seq: dict[str, int] = {}
+        self._seq = itertools.count()
+
+    # ----------------------------------------------------------------- requests in / out
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"request id {request.request_id!r} is already in use")
+        if request.num_prompt_tokens == 0:
+            raise ValueError(f"request {request.request_id!r} has an empty prompt")
+        if request.num_prompt_tokens >= self.max_model_len:
+            raise ValueError(
+                f"request {request.request_id!r}: the prompt has {request.num_prompt_tokens} "
+                f"tokens, leaving no room to generate within max_model_len ({self.max_model_len})"
+            )
+        if request.status is not RequestStatus.WAITING:
+            raise ValueError(f"request {request.request_id!r} is {request.status.name}, not WAITING")
+        self.requests[request.request_id] = request
+        self._arrival_seq[request.request_id] = next(self._seq)
+        self.waiting.add(request)
+
+    def finish_requests(
+        self, request_ids: str | Iterable[str], finish_reason: FinishReason = FinishReason.ABORT
+    ) -> None:
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        status = RequestStatus.from_finish_reason(finish_reason)
+        done_running = False
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None:
+                continue
+            if request.status is RequestStatus.RUNNING:
+                done_running = True
+            else:
+                self.waiting.remove(request)
+            self._finish(request, status)
+        if done_running:
+            self.running = [r for r in self.running if not r.is_finished]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ------------------------------------------------------------------------- the step
+
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.scheduler_config
+        kv = self.kv_cache_manager
+        budget = cfg.max_num_batched_tokens
+        scheduled: dict[str, int] = {}  # insertion order is batch order
+        admitted: set[str] = set()
+        preempted: list[str] = []
+
+        for request in list(self.running):
+            if budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
+            if num_new == 0:
+                continue
+            while kv.allocate_slots(request, num_new) is None:
+                victim = max(self.running, key=self._preemption_key)
+                self._preempt(victim)
+                preempted.append(victim.request_id)
+                budget += scheduled.pop(victim.request_id, 0)
+                if victim is request:
+                    break
+            else:
+                scheduled[request.request_id] = num_new
+                budget -= num_new
+
+        # Admitting while preempting would just thrash: the freed blocks go to running work.
+        while not preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            request = self.waiting.peek()
+            hit_ids, num_hit = kv.get_computed_blocks(request)
+            remaining = request.num_tokens - num_hit
+            if remaining > budget and not cfg.enable_chunked_prefill:
+                break
+            num_new = self._chunk(remaining, budget)
+            if kv.allocate_slots(request, num_new, hit_ids) is None:
+                break
+            self.waiting.pop()
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            if request.num_cached_tokens < 0:
+                request.num_cached_tokens = num_hit
+            self.running.append(request)
+            scheduled[request.request_id] = num_new
+            admitted.add(request.request_id)
+            budget -= num_new
+
+        output = SchedulerOutput(
+            num_batched_tokens=cfg.max_num_batched_tokens - budget,
+            finished_request_ids=self._finished_ids,
+            preempted_request_ids=preempted,
+        )
+        self._finished_ids = []
+        for rid, num_new in scheduled.items():
+            output.scheduled_requests.append(self._make_scheduled(self.requests[rid], num_new, rid in admitted))
+        return output
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        kv = self.kv_cache_manager
+        logprobs = runner_output.logprobs or {}
+        sampled = runner_output.sampled_token_ids
+        outputs: list[EngineCoreOutput] = []
+        any_finished = False
+        for item in scheduler_output.scheduled_requests:
+            request = self.requests.get(item.request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue  # aborted while the step ran
+            # The step computed these blocks; only now may other requests hit them.
+            kv.cache_blocks(request, request.num_computed_tokens)
+            if not item.sample:
+                continue
+            token_ids = sampled.get(item.request_id)
+            if not token_ids:
+                # Skipping would leave the request with nothing to compute: it would hang.
+                raise RuntimeError(
+                    f"the model runner returned no token for request {item.request_id!r}, "
+                    "which was scheduled with sample=True"
+                )
+            new_token_ids: list[int] = []
+            status: RequestStatus | None = None
+            for token_id in token_ids:
+                request.append_output_token(token_id)
+                new_token_ids.append(token_id)
+                status = self._check_stop(request, token_id)
+                if status is not None:
+                    break
+            if status is not None:
+                self._finish(request, status)
+                any_finished = True
+            outputs.append(
+                EngineCoreOutput(
+                    request_id=request.request_id,
+                    new_token_ids=new_token_ids,
+                    finish_reason=request.finish_reason,
+                    num_cached_tokens=max(request.num_cached_tokens, 0),
+                    new_logprobs=logprobs.get(request.request_id),
+                    stop_reason=request.stop_reason,
+                )
+            )
+        if any_finished:
+            self.running = [r for r in self.running if not r.is_finished]
+        return outputs
+
+    # ---------------------------------------------------------------------------- stats
+
+    def make_stats(self) -> SchedulerStats:
+        kv = self.kv_cache_manager
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_cache_usage=kv.usage,
+            prefix_cache_queries=kv.prefix_cache_queries,
+            prefix_cache_hits=kv.prefix_cache_hits,
+            num_preemptions=self.num_preemptions,
+        )
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    # -------------------------------------------------------------------------- helpers
+
+    def _chunk(self, num_tokens: int, budget: int) -> int:
+        cfg = self.scheduler_config
+        if cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold > 0:
+            num_tokens = min(num_tokens, cfg.long_prefill_token_threshold)
+        return min(num_tokens, budget)
+
+    def _preemption_key(self, request: Request) -> tuple[float, ...]:
+        # The maximum is preempted: the lowest priority, then the latest arrival.
+        seq = self._arrival_seq[request.request_id]
+        if self.scheduler_config.policy == "priority":
+            return (request.priority, request.arrival_time, seq)
+        return (request.arrival_time, seq)
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.add_preempted(request)
+
+    def _make_scheduled(self, request: Request, num_new: int, is_new: bool) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        end = start + num_new
+        request.num_computed_tokens = end
+        item = ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=request.all_token_ids[start:end],
+            start_position=start,
+            block_ids=list(request.block_ids),
+            is_new=is_new,
+            sample=end == request.num_tokens,
+        )
+        if is_new:
+            item.sampling_params = request.sampling_params
+            item.prompt_token_ids = list(request.prompt_token_ids)
+            item.output_token_ids = list(request.output_token_ids)
+        return item
+
+    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
+        if request.num_output_tokens >= request.min_tokens:
+            if token_id in request.eos_token_ids and not request.ignore_eos:
+                return RequestStatus.FINISHED_STOPPED
+            if token_id in request.stop_token_ids:
+                request.stop_reason = token_id
+                return RequestStatus.FINISHED_STOPPED
+        if request.max_tokens is not None and request.num_output_tokens >= request.max_tokens:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        if request.num_tokens >= self.max_model_len:
+            return RequestStatus.FINISHED_LENGTH_CAPPED
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        # The caller removes the request from `running` (in one pass for many requests).
+        request.status = status
+        request.finish_reason = status.finish_reason
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        del self._arrival_seq[request.request_id]
+        self._finished_ids.append(request.request_id)
