@@ -1,0 +1,20 @@
+"""Attention backends over the paged KV cache (provisional extension point).
+
+Importing this package does not import torch or any kernel: backends are resolved lazily
+by name in the worker that runs them.
+"""
+
+from forkless.attention.backend import AttentionBackend, AttentionMetadata
+from forkless.attention.registry import (
+    available_attention_backends,
+    get_attention_backend,
+    register_attention_backend,
+)
+
+__all__ = [
+    "AttentionBackend",
+    "AttentionMetadata",
+    "available_attention_backends",
+    "get_attention_backend",
+    "register_attention_backend",
+]

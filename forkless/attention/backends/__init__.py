@@ -1,0 +1,1 @@
+"""Built-in attention backends (imported only by the worker that selects one)."""

@@ -1,0 +1,178 @@
+"""The reference attention backend: paged KV cache + ``scaled_dot_product_attention``.
+
+Works on any device torch supports. Decoding sequences are attended in one padded batch;
+each prefilling sequence (fresh, chunked, or on top of a prefix-cache hit) is attended on
+its own, since padding a long prompt together with short ones would waste most of the
+work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from forkless.attention.backend import AttentionBackend, AttentionMetadata
+
+
+@dataclass
+class _PrefillSeq:
+    start: int
+    end: int
+    # None when the sequence has no cached context: its keys are exactly the new ones.
+    gather_idx: torch.Tensor | None
+    mask: torch.Tensor | None
+
+
+@dataclass
+class _DecodeGroup:
+    rows: torch.Tensor  # [Bd] row of each decode token in the flattened batch
+    gather_idx: torch.Tensor  # [Bd, S] cache slots of each sequence's keys (padded)
+    mask: torch.Tensor  # [Bd, 1, 1, S] True where the key exists
+
+
+@dataclass
+class _Plan:
+    """Everything derived from the metadata once per step and shared by all layers."""
+
+    store_rows: torch.Tensor
+    store_slots: torch.Tensor
+    decode: _DecodeGroup | None
+    prefills: list[_PrefillSeq]
+    num_tokens: int
+
+
+def _host_list(cpu: torch.Tensor | None, dev: torch.Tensor) -> list[int]:
+    return (cpu if cpu is not None else dev).tolist()
+
+
+def _slots_of(block_tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Cache slots of token ``positions`` (``[B, S]``) given each row's block table."""
+    blocks = block_tables.gather(1, torch.div(positions, block_size, rounding_mode="floor"))
+    return blocks.long() * block_size + positions % block_size
+
+
+def _build_plan(md: AttentionMetadata) -> _Plan:
+    device = md.slot_mapping.device
+    qsl = _host_list(md.query_start_loc_cpu, md.query_start_loc)
+    seq_lens = _host_list(md.seq_lens_cpu, md.seq_lens)
+    num_tokens = qsl[-1]
+
+    slots = md.slot_mapping[:num_tokens]
+    store_rows = torch.nonzero(slots >= 0).flatten()
+    store_slots = slots[store_rows].long()
+
+    decode_ids: list[int] = []
+    prefills: list[_PrefillSeq] = []
+    for i, seq_len in enumerate(seq_lens):
+        start, end = qsl[i], qsl[i + 1]
+        q_len = end - start
+        if q_len == 0:
+            continue
+        ctx_len = seq_len - q_len
+        if ctx_len < 0:
+            raise ValueError(
+                f"sequence {i}: seq_len {seq_len} is smaller than its {q_len} new tokens"
+            )
+        if ctx_len == 0:
+            prefills.append(_PrefillSeq(start, end, None, None))
+        elif q_len == 1:
+            decode_ids.append(i)
+        else:
+            pos = torch.arange(seq_len, device=device)
+            gather_idx = _slots_of(md.block_tables[i : i + 1], pos[None], md.block_size)[0]
+            # New token r sits at position ctx_len + r and sees keys up to itself.
+            q_pos = torch.arange(ctx_len, seq_len, device=device)
+            prefills.append(_PrefillSeq(start, end, gather_idx, pos[None, :] <= q_pos[:, None]))
+
+    decode = None
+    if decode_ids:
+        ids = torch.tensor(decode_ids, device=device)
+        rows = torch.tensor([qsl[i] for i in decode_ids], device=device)
+        lens = md.seq_lens[ids].long()
+        max_len = max(seq_lens[i] for i in decode_ids)
+        pos = torch.arange(max_len, device=device)[None, :]
+        # Clamp so padded positions read a real slot; the mask hides them anyway.
+        clamped = torch.minimum(pos, (lens - 1)[:, None])
+        gather_idx = _slots_of(md.block_tables[ids], clamped, md.block_size)
+        mask = (pos < lens[:, None])[:, None, None, :]
+        decode = _DecodeGroup(rows, gather_idx, mask)
+    return _Plan(store_rows, store_slots, decode, prefills, num_tokens)
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """Reference backend built on ``torch.nn.functional.scaled_dot_product_attention``.
+
+    Cache layout per layer: ``(2, num_blocks, block_size, num_kv_heads, head_dim)``, keys
+    at index 0 and values at index 1.
+    """
+
+    name = "torch"
+
+    @classmethod
+    def get_kv_cache_shape(
+        cls, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int
+    ) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_dim)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor | None,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        plan = attn_metadata.backend_state.get("torch")
+        if plan is None:
+            plan = attn_metadata.backend_state["torch"] = _build_plan(attn_metadata)
+
+        has_cache = kv_cache is not None and kv_cache.numel() > 0
+        if has_cache:
+            key_cache = kv_cache[0].view(-1, self.num_kv_heads, self.head_dim)
+            value_cache = kv_cache[1].view(-1, self.num_kv_heads, self.head_dim)
+            key_cache.index_copy_(0, plan.store_slots, k[plan.store_rows].to(key_cache.dtype))
+            value_cache.index_copy_(0, plan.store_slots, v[plan.store_rows].to(value_cache.dtype))
+        elif plan.decode is not None or any(p.gather_idx is not None for p in plan.prefills):
+            raise ValueError("sequences with cached context need a KV cache")
+
+        out = q.new_zeros(q.shape[0], self.num_heads, self.head_dim)
+        if plan.decode is not None:
+            d = plan.decode
+            # [Bd, S, Hkv, D] -> [Bd, Hkv, S, D]
+            keys = key_cache[d.gather_idx].to(q.dtype).transpose(1, 2)
+            values = value_cache[d.gather_idx].to(q.dtype).transpose(1, 2)
+            queries = q[d.rows][:, :, None, :]  # [Bd, Hq, 1, D]
+            o = self._sdpa(queries, keys, values, d.mask, causal=False)
+            out[d.rows] = o[:, :, 0, :]
+        for p in plan.prefills:
+            queries = q[p.start : p.end].transpose(0, 1)[None]
+            if p.gather_idx is None:
+                keys = k[p.start : p.end].transpose(0, 1)[None]
+                values = v[p.start : p.end].transpose(0, 1)[None]
+                o = self._sdpa(queries, keys, values, None, causal=True)
+            else:
+                keys = key_cache[p.gather_idx].to(q.dtype).transpose(0, 1)[None]
+                values = value_cache[p.gather_idx].to(q.dtype).transpose(0, 1)[None]
+                o = self._sdpa(queries, keys, values, p.mask, causal=False)
+            out[p.start : p.end] = o[0].transpose(0, 1)
+        return out.view(q.shape[0], self.num_heads * self.head_dim)
+
+    def _sdpa(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+        causal: bool,
+    ) -> torch.Tensor:
+        return F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=causal,
+            scale=self.scale,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )

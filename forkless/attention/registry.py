@@ -1,0 +1,55 @@
+"""The attention-backend registry: ``--attention-backend NAME`` -> backend class path."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from forkless.attention.backend import AttentionBackend
+from forkless.plugins import LazyRegistry
+
+_BUILTIN_BACKENDS = {
+    "torch": "forkless.attention.backends.torch_sdpa:TorchAttentionBackend",
+}
+
+_registry: LazyRegistry[type[AttentionBackend]] = LazyRegistry(
+    "attention backend",
+    base=AttentionBackend,
+    hint="Register one with forkless.attention.register_attention_backend(name, "
+    "'pkg.mod:Class') from a forkless.general_plugins entry point.",
+)
+for _name, _path in _BUILTIN_BACKENDS.items():
+    _registry.register(_name, _path)
+
+
+def register_attention_backend(name: str, backend: Any) -> None:
+    """Register an attention backend under ``name``.
+
+    Args:
+        name: The value users pass to ``--attention-backend``.
+        backend: ``"pkg.mod:Class"`` (imported lazily, only in workers) or the class; it
+            must subclass :class:`AttentionBackend` (checked when first resolved).
+    """
+    _registry.register(name, backend)
+
+
+def get_attention_backend(name: str) -> type[AttentionBackend]:
+    """Import and return the backend class registered under ``name``.
+
+    Args:
+        name: A registered backend name.
+
+    Returns:
+        The :class:`AttentionBackend` subclass.
+
+    Raises:
+        forkless.plugins.RegistryError: Unknown name; the message lists the registered
+            names.
+        forkless.plugins.PluginImportError: The registered path does not import.
+        TypeError: The registered object is not an :class:`AttentionBackend` subclass.
+    """
+    return _registry.resolve(name)
+
+
+def available_attention_backends() -> list[str]:
+    """The registered backend names, sorted."""
+    return _registry.names()

@@ -1,0 +1,90 @@
+"""Build a registered model class on a device and fill it with a folder's weights."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from forkless.logger import init_logger
+from forkless.model_loader.dtype import resolve_dtype
+from forkless.model_loader.weights import iterate_weights
+from forkless.models.registry import ModelRegistry
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from forkless.attention import AttentionBackend
+    from forkless.models.interface import CausalLMBase
+
+logger = init_logger(__name__)
+
+LOAD_FORMATS = ("auto", "dummy")
+_DUMMY_SEED = 0
+
+
+def _init_dummy(model: torch.nn.Module) -> None:
+    """Small seeded random weights: reproducible, and finite through any depth."""
+    with torch.no_grad():
+        for param in model.parameters():
+            generator = torch.Generator(device=param.device).manual_seed(_DUMMY_SEED)
+            param.uniform_(-0.02, 0.02, generator=generator)
+
+
+def load_model(
+    model_dir: str | os.PathLike[str],
+    hf_config: "PretrainedConfig | None",
+    dtype: str | torch.dtype,
+    device: str | torch.device,
+    attn_backend: "type[AttentionBackend] | str",
+    load_format: str = "auto",
+) -> "CausalLMBase":
+    """Build the model for ``hf_config.architectures`` and load its weights.
+
+    Args:
+        model_dir: Hugging Face model folder (``config.json`` + ``*.safetensors``).
+        hf_config: The folder's config; ``None`` reads it with ``AutoConfig``.
+        dtype: A ``torch.dtype`` or a ``--dtype`` name (see
+            :func:`forkless.model_loader.resolve_dtype`).
+        device: Where parameters are created (``"cpu"``, ``"cuda:0"``...).
+        attn_backend: Backend class, or its registered name (``"torch"``).
+        load_format: ``"auto"`` reads the folder's weights; ``"dummy"`` fills the model
+            with seeded random values (benchmarks, tests) and reads no weight file.
+
+    Returns:
+        The model in eval mode with gradients disabled, parameters on ``device``.
+
+    Raises:
+        ValueError: Unknown ``load_format`` or ``dtype``, or checkpoint/model mismatch.
+        forkless.models.registry.UnsupportedArchitectureError: No registered class for
+            the config's architectures.
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"unknown load_format {load_format!r}; choose one of: {', '.join(LOAD_FORMATS)}")
+    if hf_config is None:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(model_dir)
+    if isinstance(attn_backend, str):
+        from forkless.attention import get_attention_backend
+
+        attn_backend = get_attention_backend(attn_backend)
+    device = torch.device(device)
+    dtype = resolve_dtype(dtype, hf_config, device)
+    model_cls, arch = ModelRegistry.resolve_model_cls(getattr(hf_config, "architectures", None) or [])
+
+    start = time.perf_counter()
+    with torch.device(device):
+        model = model_cls(hf_config, dtype, attn_backend)
+    if load_format == "dummy":
+        _init_dummy(model)
+    else:
+        model.load_weights(iterate_weights(model_dir, dtype))
+    model.eval().requires_grad_(False)
+    logger.info(
+        "loaded %s (%s, %s, %s weights) on %s in %.2fs",
+        arch, model_cls.__name__, dtype, load_format, device, time.perf_counter() - start,
+    )
+    return model

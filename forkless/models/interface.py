@@ -1,0 +1,118 @@
+"""The contract between the model runner and a model class (built-in or from a plugin).
+
+A class registered with ``ModelRegistry.register_model(arch, "pkg.mod:Class")`` is
+expected to subclass :class:`CausalLMBase` (or at least provide the same members). The
+runner relies on exactly this:
+
+- ``cls(hf_config, dtype, attn_backend)`` builds the model; parameters are created on
+  the current default device (the loader wraps construction in ``with torch.device(...)``).
+- ``cls.get_kv_cache_spec(hf_config)`` sizes the paged KV cache before the model exists;
+  each layer's cache is one tensor of ``attn_backend.get_kv_cache_shape(...)``.
+- ``model.forward(input_ids, positions, kv_caches, attn_metadata)`` runs the decoder
+  over a flattened batch and returns hidden states; ``model.compute_logits(hidden)``
+  turns the rows the sampler needs into float32 logits.
+- ``model.load_weights(weights)`` takes Hugging Face parameter names.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+from torch import nn
+
+from forkless.models.hf_config import KVCacheSpec, kv_cache_spec
+from forkless.plugins import Stability, stability
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from forkless.attention import AttentionBackend, AttentionMetadata
+
+
+@stability(Stability.PUBLIC)
+class CausalLMBase(nn.Module, abc.ABC):
+    """A decoder-only language model served over the paged KV cache.
+
+    Args:
+        hf_config: The model's Hugging Face config (``transformers.PretrainedConfig``).
+        dtype: Parameter and activation dtype.
+        attn_backend: The attention backend class; the model builds one instance per
+            attention layer: ``attn_backend(num_heads, num_kv_heads, head_dim, scale,
+            layer_idx)``.
+    """
+
+    def __init__(
+        self,
+        hf_config: "PretrainedConfig",
+        dtype: torch.dtype,
+        attn_backend: "type[AttentionBackend]",
+    ) -> None:
+        super().__init__()
+        self.config = hf_config
+        self.dtype = dtype
+        spec = self.get_kv_cache_spec(hf_config)
+        self.num_layers = spec.num_layers
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_dim
+
+    @classmethod
+    def get_kv_cache_spec(cls, hf_config: "PretrainedConfig") -> KVCacheSpec:
+        """KV-cache dimensions, available without building the model.
+
+        Args:
+            hf_config: The model's Hugging Face config.
+
+        Returns:
+            ``KVCacheSpec(num_layers, num_kv_heads, head_dim)``: one cache tensor per
+            layer, each holding ``num_kv_heads`` heads of ``head_dim`` per token.
+        """
+        return kv_cache_spec(hf_config)
+
+    @abc.abstractmethod
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: "AttentionMetadata",
+    ) -> torch.Tensor:
+        """Run the decoder over a flattened batch of new tokens.
+
+        Args:
+            input_ids: ``[T]`` int64 token ids of every sequence's new tokens, concatenated.
+            positions: ``[T]`` int64 position of each token within its sequence.
+            kv_caches: One cache tensor per layer (``num_layers`` of them); the new
+                tokens' keys and values are written into them.
+            attn_metadata: Batch layout (see :class:`forkless.attention.AttentionMetadata`).
+
+        Returns:
+            ``[T, hidden_size]`` final hidden states (after the last norm).
+        """
+
+    @abc.abstractmethod
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Project hidden states to vocabulary logits.
+
+        Args:
+            hidden_states: ``[N, hidden_size]``, typically the last row of each sequence.
+
+        Returns:
+            ``[N, vocab_size]`` float32 logits.
+        """
+
+    @abc.abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Copy checkpoint tensors into the model.
+
+        Args:
+            weights: ``(hugging_face_name, tensor)`` pairs, e.g.
+                ``("model.layers.0.self_attn.q_proj.weight", t)``.
+
+        Returns:
+            The names of this model's parameters that were loaded.
+
+        Raises:
+            ValueError: A parameter received no weight, or a tensor's shape mismatches.
+        """

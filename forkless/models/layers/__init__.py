@@ -1,0 +1,1 @@
+"""Building blocks shared by the built-in decoder-only models."""

@@ -1,0 +1,15 @@
+"""Gated activations."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    """``silu(gate) * up`` for a fused ``[..., 2 * d]`` gate/up projection (gate first)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up

@@ -1,0 +1,242 @@
+"""Llama (and Mistral, and the base of Qwen2/Qwen3) for batched serving over a paged KV cache.
+
+Parameter names mirror the Hugging Face checkpoint layout except for two fusions that
+save matmul launches: ``self_attn.qkv_proj`` (q, k, v rows stacked) and
+``mlp.gate_up_proj`` (gate rows, then up rows). :meth:`LlamaForCausalLM.load_weights`
+splits checkpoint tensors into them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from forkless.logger import init_logger
+from forkless.models.hf_config import get_head_dim, get_num_kv_heads, get_rope_parameters
+from forkless.models.interface import CausalLMBase
+from forkless.models.layers.mlp import SwiGLUMLP
+from forkless.models.layers.norm import RMSNorm
+from forkless.models.layers.rotary import RotaryEmbedding
+from forkless.models.weight_loading import FusedShard, load_named_weights
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from forkless.attention import AttentionBackend, AttentionMetadata
+
+logger = init_logger(__name__)
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """Where the Llama-family architectures differ in their attention block."""
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query self-attention with rotary embeddings over the paged cache."""
+
+    def __init__(
+        self,
+        config: "PretrainedConfig",
+        layer_idx: int,
+        dtype: torch.dtype,
+        attn_backend: "type[AttentionBackend]",
+        options: AttentionOptions,
+    ) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = get_num_kv_heads(config)
+        self.head_dim = get_head_dim(config)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        hidden = config.hidden_size
+        self.qkv_proj = nn.Linear(
+            hidden, self.q_size + 2 * self.kv_size, bias=options.qkv_bias, dtype=dtype
+        )
+        self.o_proj = nn.Linear(self.q_size, hidden, bias=options.o_bias, dtype=dtype)
+        self.qk_norm = options.qk_norm
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, dtype=dtype)
+        self.rotary_emb = RotaryEmbedding(self.head_dim, get_rope_parameters(config))
+        self.attn = attn_backend(
+            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, layer_idx
+        )
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        kv_cache: torch.Tensor | None,
+        attn_metadata: "AttentionMetadata",
+    ) -> torch.Tensor:
+        num_tokens = hidden_states.shape[0]
+        q, k, v = self.qkv_proj(hidden_states).split(
+            [self.q_size, self.kv_size, self.kv_size], dim=-1
+        )
+        q = q.reshape(num_tokens, self.num_heads, self.head_dim)
+        k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.qk_norm:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn.forward(q, k, v, kv_cache, attn_metadata)
+        return self.o_proj(out)
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention + SwiGLU block; the residual stream is carried between layers."""
+
+    def __init__(
+        self,
+        config: "PretrainedConfig",
+        layer_idx: int,
+        dtype: torch.dtype,
+        attn_backend: "type[AttentionBackend]",
+        options: AttentionOptions,
+    ) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_idx, dtype, attn_backend, options)
+        self.mlp = SwiGLUMLP(
+            config.hidden_size,
+            config.intermediate_size,
+            bias=bool(getattr(config, "mlp_bias", False)),
+            dtype=dtype,
+        )
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: torch.Tensor | None,
+        attn_metadata: "AttentionMetadata",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    """Embeddings, decoder layers and the final norm."""
+
+    def __init__(
+        self,
+        config: "PretrainedConfig",
+        dtype: torch.dtype,
+        attn_backend: "type[AttentionBackend]",
+        options: AttentionOptions,
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, dtype, attn_backend, options)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: "AttentionMetadata",
+    ) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        for i, layer in enumerate(self.layers):
+            # No caches at all is a profiling run: attention then sees only new tokens.
+            kv_cache = kv_caches[i] if kv_caches else None
+            hidden_states, residual = layer(positions, hidden_states, residual, kv_cache, attn_metadata)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+def _check_supported(config: "PretrainedConfig") -> None:
+    act = getattr(config, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"{type(config).__name__}: hidden_act {act!r} is not supported (only 'silu')")
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
+        logger.warning(
+            "sliding_window=%d is not implemented: attention spans the whole sequence, so "
+            "outputs past %d tokens differ from the reference model",
+            window, window,
+        )
+
+
+class LlamaForCausalLM(CausalLMBase):
+    """Llama / Llama-2 / Llama-3.x / Mistral causal LM.
+
+    Args:
+        hf_config: The model's Hugging Face config.
+        dtype: Parameter and activation dtype.
+        attn_backend: Attention backend class, instantiated once per layer.
+    """
+
+    def __init__(
+        self,
+        hf_config: "PretrainedConfig",
+        dtype: torch.dtype,
+        attn_backend: "type[AttentionBackend]",
+    ) -> None:
+        super().__init__(hf_config, dtype, attn_backend)
+        _check_supported(hf_config)
+        self.model = LlamaModel(hf_config, dtype, attn_backend, self.attention_options(hf_config))
+        self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = nn.Linear(hf_config.hidden_size, hf_config.vocab_size, bias=False, dtype=dtype)
+
+    @classmethod
+    def attention_options(cls, hf_config: "PretrainedConfig") -> AttentionOptions:
+        """The attention-block variant this architecture uses."""
+        bias = bool(getattr(hf_config, "attention_bias", False))
+        return AttentionOptions(qkv_bias=bias, o_bias=bias, qk_norm=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: "AttentionMetadata",
+    ) -> torch.Tensor:
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states, self.lm_head.weight).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        cfg = self.config
+        q_size = cfg.num_attention_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        inter = cfg.intermediate_size
+        fused = {
+            "q_proj": FusedShard("qkv_proj", 0, q_size),
+            "k_proj": FusedShard("qkv_proj", q_size, kv_size),
+            "v_proj": FusedShard("qkv_proj", q_size + kv_size, kv_size),
+            "gate_proj": FusedShard("gate_up_proj", 0, inter),
+            "up_proj": FusedShard("gate_up_proj", inter, inter),
+        }
+        # A tied head is the embedding itself; some tied checkpoints still store a copy.
+        skip = ("rotary_emb.inv_freq", "lm_head.weight") if self.tie_word_embeddings else (
+            "rotary_emb.inv_freq",
+        )
+        return load_named_weights(self, weights, fused, skip)
