@@ -1,0 +1,61 @@
+"""Logits processors: batch-level logits transformations run in the workers.
+
+``LogitsProcessor`` and ``BatchUpdate`` import without torch; the built-ins and
+``build_logits_processors`` are imported on first access.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from forkless.logits_processors.interface import (
+    AddedRequest,
+    BatchUpdate,
+    LogitsProcessor,
+    MovedRequest,
+    MoveDirectionality,
+    RemovedRequest,
+)
+from forkless.logits_processors.loader import (
+    BUILTIN_LOGITS_PROCESSORS,
+    LOGITS_PROCESSORS_GROUP,
+    build_logits_processors,
+    load_custom_classes,
+    validate_request_params,
+)
+from forkless.logits_processors.state import process_dict_updates
+
+if TYPE_CHECKING:
+    from forkless.logits_processors.logit_bias import LogitBiasLogitsProcessor
+    from forkless.logits_processors.min_p import MinPLogitsProcessor
+    from forkless.logits_processors.min_tokens import MinTokensLogitsProcessor
+
+_LAZY = {
+    "MinTokensLogitsProcessor": "forkless.logits_processors.min_tokens",
+    "LogitBiasLogitsProcessor": "forkless.logits_processors.logit_bias",
+    "MinPLogitsProcessor": "forkless.logits_processors.min_p",
+}
+
+__all__ = [
+    "AddedRequest",
+    "BUILTIN_LOGITS_PROCESSORS",
+    "BatchUpdate",
+    "LOGITS_PROCESSORS_GROUP",
+    "LogitBiasLogitsProcessor",
+    "LogitsProcessor",
+    "MinPLogitsProcessor",
+    "MinTokensLogitsProcessor",
+    "MoveDirectionality",
+    "MovedRequest",
+    "RemovedRequest",
+    "build_logits_processors",
+    "load_custom_classes",
+    "process_dict_updates",
+    "validate_request_params",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'forkless.logits_processors' has no attribute {name!r}")

@@ -1,0 +1,77 @@
+"""What a generation request returns to its caller (vLLM-compatible shapes).
+
+These are ``msgspec.Struct``s so that they can cross a process boundary as msgpack.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Logprob(msgspec.Struct, omit_defaults=True):
+    """The log-probability of one candidate token at one position.
+
+    Attributes:
+        logprob: Natural-log probability.
+        rank: 1-based rank of the token in the distribution (1 = most likely).
+        decoded_token: The token's text, once detokenized.
+    """
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One dict per generated (or prompt) position: token id -> its Logprob. The sampled token
+# is always present; up to ``SamplingParams.logprobs`` more of the most likely tokens too.
+SampleLogprobs = list[dict[int, Logprob]]
+# Same, for prompt positions; the first prompt token has no distribution, hence None.
+PromptLogprobs = list[dict[int, Logprob] | None]
+
+
+class CompletionOutput(msgspec.Struct, kw_only=True):
+    """One completion of a request (a request with ``n > 1`` has several).
+
+    Attributes:
+        index: Which of the request's ``n`` completions this is.
+        text: The generated text.
+        token_ids: The generated token ids.
+        cumulative_logprob: Sum of the sampled tokens' logprobs, when logprobs were asked.
+        logprobs: Per generated token, the requested logprobs; ``None`` when not asked.
+        finish_reason: ``"stop"``, ``"length"``, ``"abort"``, or ``None`` while running.
+        stop_reason: The stop string or stop token id that ended it, if any.
+    """
+
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None = None
+    logprobs: SampleLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def finished(self) -> bool:
+        """Whether this completion is done."""
+        return self.finish_reason is not None
+
+
+class RequestOutput(msgspec.Struct, kw_only=True):
+    """The state of one request, as returned by ``LLM.generate`` or streamed by ``AsyncLLM``.
+
+    Attributes:
+        request_id: The request's id.
+        prompt: The prompt text, when the request had one.
+        prompt_token_ids: The prompt's token ids.
+        outputs: One ``CompletionOutput`` per completion.
+        finished: Whether every completion is done.
+        prompt_logprobs: Per prompt token, the requested logprobs (``None`` at position 0).
+        num_cached_tokens: How many prompt tokens were served from the prefix cache.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int] | None
+    outputs: list[CompletionOutput]
+    finished: bool
+    prompt_logprobs: PromptLogprobs | None = None
+    num_cached_tokens: int | None = None

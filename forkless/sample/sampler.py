@@ -1,0 +1,143 @@
+"""Turns one step's logits into sampled token ids (and logprobs when asked)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from forkless.sample.logprobs import LogprobsTensors, gather_logprobs
+from forkless.sample.penalties import apply_penalties
+from forkless.sample.top_k_top_p import apply_top_k_top_p
+from forkless.sampling_params import SAMPLING_EPS
+
+if TYPE_CHECKING:
+    from forkless.logits_processors.interface import LogitsProcessor
+    from forkless.sample.metadata import SamplingMetadata
+
+LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
+
+
+@dataclass
+class SamplerOutput:
+    """One step's result, row-aligned with the batch.
+
+    Attributes:
+        sampled_token_ids: ``[B]`` int64.
+        logprobs: Present when any row asked for logprobs.
+    """
+
+    sampled_token_ids: torch.Tensor
+    logprobs: LogprobsTensors | None
+
+
+class Sampler:
+    """Penalties -> logits processors -> greedy / random sampling.
+
+    Order, per step:
+      1. repetition, presence and frequency penalties;
+      2. logits processors that are not argmax-invariant (min_tokens, logit_bias, ...);
+      3. greedy rows take the argmax (ties: the lowest token id);
+      4. random rows: temperature, top-k, top-p, then the argmax-invariant processors
+         (min_p, relative to the tempered distribution), then an exponential race
+         (``argmax(p / q)``, ``q ~ Exp(1)``), which draws exactly from ``p``. Seeded rows
+         draw ``q`` from their own generator, so their tokens do not depend on the
+         rest of the batch; the other rows share one vectorized draw.
+
+    Logprobs (``logprobs_mode``):
+      * ``"raw_logprobs"`` (default, as vLLM's default): log-softmax of the model's logits
+        before penalties, processors and temperature -- the model's own distribution.
+      * ``"processed_logprobs"``: after penalties and logits processors, before
+        temperature / top-k / top-p -- what the request's constraints made of it.
+
+    Args:
+        logprobs_mode: Which logits the returned logprobs describe.
+    """
+
+    def __init__(self, logprobs_mode: LogprobsMode = "raw_logprobs") -> None:
+        if logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
+            raise ValueError(
+                f"logprobs_mode={logprobs_mode!r} is invalid: expected 'raw_logprobs' or "
+                "'processed_logprobs'"
+            )
+        self.logprobs_mode = logprobs_mode
+
+    def __call__(self, logits: torch.Tensor, metadata: "SamplingMetadata") -> SamplerOutput:
+        """Sample one token per row.
+
+        Args:
+            logits: ``[B, V]`` logits of the batch's rows in row order (cast to float32).
+                Modified in place: do not reuse them afterwards.
+            metadata: From ``InputBatch.refresh()`` for this step.
+
+        Returns:
+            The sampled ids and, when any row asked, their logprobs.
+        """
+        logits = logits.to(torch.float32)
+        want_logprobs = metadata.max_num_logprobs is not None
+        raw = None
+        if want_logprobs and self.logprobs_mode == "raw_logprobs":
+            raw = torch.log_softmax(logits, dim=-1)
+
+        if not metadata.no_penalties:
+            assert metadata.output_token_ids is not None
+            logits = apply_penalties(
+                logits,
+                metadata.prompt_token_ids,
+                metadata.output_token_ids,
+                metadata.presence_penalties,  # type: ignore[arg-type]
+                metadata.frequency_penalties,  # type: ignore[arg-type]
+                metadata.repetition_penalties,  # type: ignore[arg-type]
+            )
+        invariant: list["LogitsProcessor"] = []
+        for processor in metadata.logits_processors:
+            if processor.is_argmax_invariant():
+                invariant.append(processor)
+            else:
+                logits = processor.apply(logits)
+        if want_logprobs and raw is None:
+            raw = torch.log_softmax(logits, dim=-1)
+
+        sampled = self._sample(logits, metadata, invariant)
+        logprobs = None
+        if raw is not None:
+            assert metadata.max_num_logprobs is not None
+            logprobs = gather_logprobs(raw, metadata.max_num_logprobs, sampled)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        metadata: "SamplingMetadata",
+        invariant: list["LogitsProcessor"],
+    ) -> torch.Tensor:
+        greedy = None
+        if not metadata.all_random:
+            greedy = logits.argmax(dim=-1)
+            if metadata.all_greedy:
+                return greedy
+        assert metadata.temperature is not None
+        is_greedy = metadata.temperature < SAMPLING_EPS
+        temperature = metadata.temperature
+        if greedy is not None:
+            # Greedy rows' results are already taken; 1.0 keeps their arithmetic finite.
+            temperature = torch.where(is_greedy, 1.0, temperature)
+        logits = logits.div_(temperature.unsqueeze(1))
+        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+        for processor in invariant:
+            logits = processor.apply(logits)
+        probs = logits.softmax(dim=-1)
+        sampled = self._exponential_race(probs, metadata.generators)
+        return sampled if greedy is None else torch.where(is_greedy, greedy, sampled)
+
+    @staticmethod
+    def _exponential_race(
+        probs: torch.Tensor, generators: "dict[int, torch.Generator]"
+    ) -> torch.Tensor:
+        q = torch.empty_like(probs)
+        if len(generators) < probs.shape[0]:
+            q.exponential_()
+        for row, generator in generators.items():
+            q[row].exponential_(generator=generator)
+        return probs.div_(q).argmax(dim=-1)

@@ -1,0 +1,238 @@
+"""Per-request sampling parameters (vLLM-compatible names and defaults).
+
+``SamplingParams`` is a ``msgspec.Struct`` because it crosses the API server -> engine core
+socket as msgpack; decoding runs ``__post_init__``, so a bad value is rejected on either
+side of the socket with the same message.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import math
+from typing import Any
+
+import msgspec
+
+# Below this temperature a request is sampled greedily (argmax); dividing by a temperature
+# this small would only turn the distribution into a one-hot anyway.
+SAMPLING_EPS = 1e-5
+
+
+class SamplingType(enum.IntEnum):
+    """How the sampler treats a request's row."""
+
+    GREEDY = 0
+    RANDOM = 1
+    RANDOM_SEED = 2
+
+
+class RequestOutputKind(enum.IntEnum):
+    """What each streamed ``RequestOutput`` carries (vLLM semantics)."""
+
+    CUMULATIVE = 0  # everything generated so far
+    DELTA = 1  # only what is new since the previous output
+    FINAL_ONLY = 2  # nothing until the request finishes
+
+
+def _bad(field: str, value: Any, expected: str) -> ValueError:
+    return ValueError(f"SamplingParams.{field}={value!r} is invalid: expected {expected}")
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Sampling parameters of one request.
+
+    Names, meanings and defaults follow vLLM so that its users feel at home.
+
+    Attributes:
+        n: Number of completions to generate for the prompt.
+        temperature: Softmax temperature; below ``SAMPLING_EPS`` (e.g. 0) means greedy.
+        top_p: Keep the smallest set of tokens whose probability sums to at least top_p.
+        top_k: Keep the k most likely tokens; 0 or -1 disables it.
+        min_p: Drop tokens whose probability is below ``min_p * max_probability``.
+        seed: Seeds this request's own random generator: the same seed and prompt give
+            the same tokens whatever else shares the batch.
+        max_tokens: Maximum number of generated tokens; ``None`` means up to the model's
+            context length.
+        min_tokens: EOS and ``stop_token_ids`` are masked until this many tokens exist.
+        stop: Strings that end generation (normalized to a list).
+        stop_token_ids: Token ids that end generation (the token is kept in the output).
+        ignore_eos: Keep generating after the model's EOS token.
+        logprobs: Number of top log-probabilities to return per generated token, besides
+            the sampled token's own; ``None`` returns none.
+        prompt_logprobs: Same, for every prompt token.
+        presence_penalty: Subtracted once from every token already generated ([-2, 2]).
+        frequency_penalty: Subtracted per occurrence of a generated token ([-2, 2]).
+        repetition_penalty: Divides positive / multiplies negative logits of tokens seen
+            in the prompt or the output (> 0; 1 disables it).
+        logit_bias: Token id -> value added to its logit before sampling.
+        skip_special_tokens: Omit special tokens when detokenizing.
+        spaces_between_special_tokens: Put spaces between special tokens when detokenizing.
+        include_stop_str_in_output: Keep the matched stop string in the text.
+        output_kind: What each streamed output carries.
+        extra_args: Free-form arguments for custom logits processors; each processor
+            validates its own keys in ``LogitsProcessor.validate_params``.
+        eos_token_ids: The model's EOS token ids; the engine fills this from the
+            generation config (``update_from_generation_config``), users need not.
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    extra_args: dict[str, Any] | None = None
+    eos_token_ids: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        # Normalize first so that validate() and every consumer see one spelling.
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        elif self.stop is not None:
+            self.stop = list(self.stop)
+        if self.stop_token_ids is not None:
+            self.stop_token_ids = list(self.stop_token_ids)
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.logit_bias is not None:
+            self.logit_bias = self._normalize_logit_bias(self.logit_bias)
+        self.validate()
+
+    @staticmethod
+    def _normalize_logit_bias(bias: Any) -> dict[int, float]:
+        if not isinstance(bias, dict):
+            raise _bad("logit_bias", bias, "a dict of token id -> bias")
+        out: dict[int, float] = {}
+        for tok, value in bias.items():
+            try:
+                # JSON object keys are strings; accept "42" as token 42.
+                tok_id = int(tok)
+            except (TypeError, ValueError):
+                raise _bad("logit_bias", bias, f"integer token ids as keys, got key {tok!r}") from None
+            out[tok_id] = float(value)
+        return out
+
+    def validate(self) -> None:
+        """Check every field.
+
+        Raises:
+            ValueError: A field is out of range; the message names the field, its value
+                and what was expected.
+        """
+        _int(self.n, "n", 1)
+        _float(self.temperature, "temperature", "a number >= 0")
+        if self.temperature < 0:
+            raise _bad("temperature", self.temperature, "a number >= 0 (0 means greedy)")
+        _float(self.top_p, "top_p", "a number in (0, 1]")
+        if not 0.0 < self.top_p <= 1.0:
+            raise _bad("top_p", self.top_p, "a number in (0, 1]")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise _bad("top_k", self.top_k, "an integer >= 1, or 0 / -1 to disable it")
+        _float(self.min_p, "min_p", "a number in [0, 1]")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise _bad("min_p", self.min_p, "a number in [0, 1]")
+        if self.seed is not None:
+            _int(self.seed, "seed", None)
+        if self.max_tokens is not None:
+            _int(self.max_tokens, "max_tokens", 1)
+        _int(self.min_tokens, "min_tokens", 0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise _bad(
+                "min_tokens", self.min_tokens,
+                f"a value <= max_tokens ({self.max_tokens})",
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _float(value, name, "a number in [-2, 2]")
+            if not -2.0 <= value <= 2.0:
+                raise _bad(name, value, "a number in [-2, 2]")
+        _float(self.repetition_penalty, "repetition_penalty", "a number > 0")
+        if not self.repetition_penalty > 0.0:
+            raise _bad("repetition_penalty", self.repetition_penalty, "a number > 0 (1 disables it)")
+        if self.logprobs is not None:
+            _int(self.logprobs, "logprobs", 0)
+        if self.prompt_logprobs is not None:
+            _int(self.prompt_logprobs, "prompt_logprobs", 0)
+        for name in ("stop_token_ids", "eos_token_ids"):
+            ids = getattr(self, name)
+            if ids is not None and not all(_is_int(t) and t >= 0 for t in ids):
+                raise _bad(name, ids, "a list of token ids >= 0")
+        if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
+            raise _bad("stop", self.stop, "a non-empty string or a list of non-empty strings")
+        if self.logit_bias is not None:
+            for tok, value in self.logit_bias.items():
+                if tok < 0 or math.isnan(value):
+                    raise _bad("logit_bias", self.logit_bias, "token ids >= 0 mapped to numbers")
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise _bad("extra_args", self.extra_args, "a dict")
+
+    # -- derived properties -------------------------------------------------------------
+    @property
+    def sampling_type(self) -> SamplingType:
+        """Greedy below ``SAMPLING_EPS``; otherwise seeded or unseeded random."""
+        if self.temperature < SAMPLING_EPS:
+            return SamplingType.GREEDY
+        return SamplingType.RANDOM if self.seed is None else SamplingType.RANDOM_SEED
+
+    @property
+    def all_stop_token_ids(self) -> set[int]:
+        """``stop_token_ids`` plus the EOS ids: what ``min_tokens`` masks.
+
+        EOS is included even with ``ignore_eos`` (vLLM does the same): ``min_tokens``
+        promises that many tokens of real output before the model may say it is done.
+        """
+        return set(self.stop_token_ids or ()) | set(self.eos_token_ids or ())
+
+    def update_from_generation_config(
+        self, generation_config: dict[str, Any], model_eos_token_id: int | None = None
+    ) -> None:
+        """Record the model's EOS ids (called by the engine, once per request).
+
+        Args:
+            generation_config: The model's ``generation_config.json`` as a dict; its
+                ``eos_token_id`` may be an int or a list.
+            model_eos_token_id: The tokenizer's EOS id.
+        """
+        ids: list[int] = list(self.eos_token_ids or ())
+        extra = generation_config.get("eos_token_id")
+        candidates = [model_eos_token_id] + (extra if isinstance(extra, list) else [extra])
+        for tok in candidates:
+            if tok is not None and tok not in ids:
+                ids.append(int(tok))
+        self.eos_token_ids = ids
+
+    def clone(self) -> "SamplingParams":
+        """A deep copy: mutating the clone's lists or ``extra_args`` leaves this intact."""
+        return copy.deepcopy(self)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(value: Any, field: str, minimum: int | None) -> None:
+    if not _is_int(value):
+        raise _bad(field, value, "an integer" if minimum is None else f"an integer >= {minimum}")
+    if minimum is not None and value < minimum:
+        raise _bad(field, value, f"an integer >= {minimum}")
+
+
+def _float(value: Any, field: str, expected: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise _bad(field, value, expected)

@@ -1,0 +1,123 @@
+"""SamplingParams: validation messages, normalization, msgpack round trip."""
+
+import msgspec
+import pytest
+
+from forkless import SamplingParams
+from forkless.outputs import CompletionOutput, Logprob, RequestOutput
+from forkless.sampling_params import SamplingType
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "expected"),
+    [
+        ({"temperature": -0.1}, "temperature=-0.1", ">= 0"),
+        ({"top_p": 0.0}, "top_p=0.0", "(0, 1]"),
+        ({"top_p": 1.5}, "top_p=1.5", "(0, 1]"),
+        ({"top_k": -2}, "top_k=-2", "0 / -1 to disable"),
+        ({"min_p": 1.1}, "min_p=1.1", "[0, 1]"),
+        ({"min_p": -0.1}, "min_p=-0.1", "[0, 1]"),
+        ({"max_tokens": 0}, "max_tokens=0", ">= 1"),
+        ({"min_tokens": -1}, "min_tokens=-1", ">= 0"),
+        ({"min_tokens": 20, "max_tokens": 10}, "min_tokens=20", "<= max_tokens (10)"),
+        ({"n": 0}, "n=0", ">= 1"),
+        ({"presence_penalty": 2.5}, "presence_penalty=2.5", "[-2, 2]"),
+        ({"frequency_penalty": -3.0}, "frequency_penalty=-3.0", "[-2, 2]"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty=0.0", "> 0"),
+        ({"logprobs": -1}, "logprobs=-1", ">= 0"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs=-1", ">= 0"),
+        ({"stop_token_ids": [-5]}, "stop_token_ids=[-5]", "token ids >= 0"),
+        ({"stop": ["ok", ""]}, "stop=", "non-empty"),
+        ({"logit_bias": {"x": 1.0}}, "logit_bias=", "integer token ids"),
+        ({"temperature": float("nan")}, "temperature=nan", ">= 0"),
+    ],
+)
+def test_bad_value_names_field_value_and_expectation(kwargs, field, expected):
+    with pytest.raises(ValueError) as info:
+        SamplingParams(**kwargs)
+    message = str(info.value)
+    assert f"SamplingParams.{field}" in message
+    assert expected in message
+
+
+def test_defaults_match_vllm():
+    p = SamplingParams()
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p) == (1, 1.0, 1.0, 0, 0.0)
+    assert p.max_tokens == 16 and p.min_tokens == 0 and p.logprobs is None
+    assert p.sampling_type is SamplingType.RANDOM
+    assert SamplingParams(seed=1).sampling_type is SamplingType.RANDOM_SEED
+    assert SamplingParams(temperature=0.0).sampling_type is SamplingType.GREEDY
+    assert SamplingParams(temperature=1e-6, seed=3).sampling_type is SamplingType.GREEDY
+
+
+def test_normalization():
+    p = SamplingParams(stop="###", top_k=-1, logit_bias={"5": 2})
+    assert p.stop == ["###"]
+    assert p.top_k == 0
+    assert p.logit_bias == {5: 2.0}
+    assert SamplingParams(max_tokens=None, min_tokens=1000).max_tokens is None
+
+
+def test_keyword_only():
+    with pytest.raises(TypeError):
+        SamplingParams(2)  # type: ignore[misc]
+
+
+def test_msgpack_round_trip_keeps_every_field():
+    p = SamplingParams(
+        n=2, temperature=0.7, top_p=0.9, top_k=40, min_p=0.05, seed=7, max_tokens=32,
+        min_tokens=2, stop=["\n\n", "END"], stop_token_ids=[3], ignore_eos=True, logprobs=5,
+        prompt_logprobs=1, presence_penalty=0.5, frequency_penalty=-0.5,
+        repetition_penalty=1.1, logit_bias={10: -100.0, 11: 2.5}, skip_special_tokens=False,
+        include_stop_str_in_output=True, extra_args={"force_token": 3, "nested": {"a": [1]}},
+    )
+    data = msgspec.msgpack.encode(p)
+    assert msgspec.msgpack.decode(data, type=SamplingParams) == p
+    # omit_defaults keeps the wire format small for the common case.
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(SamplingParams())) == {}
+
+
+def test_decoding_a_bad_value_is_rejected_on_the_receiving_side():
+    data = msgspec.msgpack.encode({"top_p": 2.0})
+    with pytest.raises(msgspec.ValidationError, match="top_p=2.0"):
+        msgspec.msgpack.decode(data, type=SamplingParams)
+
+
+def test_json_logit_bias_string_keys():
+    p = msgspec.json.decode(b'{"logit_bias": {"50256": -100}}', type=SamplingParams)
+    assert p.logit_bias == {50256: -100.0}
+
+
+def test_clone_and_replace_are_independent_and_validated():
+    p = SamplingParams(stop=["a"], extra_args={"k": [1]})
+    c = p.clone()
+    c.stop.append("b")  # type: ignore[union-attr]
+    c.extra_args["k"].append(2)  # type: ignore[index]
+    assert p.stop == ["a"] and p.extra_args == {"k": [1]}
+    r = msgspec.structs.replace(p, temperature=0.0)
+    assert r.sampling_type is SamplingType.GREEDY and p.temperature == 1.0
+    with pytest.raises(ValueError, match="temperature=-1"):
+        msgspec.structs.replace(p, temperature=-1.0)
+
+
+def test_eos_ids_from_generation_config_feed_all_stop_token_ids():
+    p = SamplingParams(stop_token_ids=[9], ignore_eos=True)
+    p.update_from_generation_config({"eos_token_id": [2, 3]}, model_eos_token_id=2)
+    assert p.eos_token_ids == [2, 3]
+    assert p.all_stop_token_ids == {2, 3, 9}
+
+
+def test_request_output_round_trip():
+    out = RequestOutput(
+        request_id="r1", prompt="hi", prompt_token_ids=[1, 2], finished=True,
+        num_cached_tokens=0,
+        outputs=[CompletionOutput(
+            index=0, text=" there", token_ids=[5], cumulative_logprob=-0.1,
+            logprobs=[{5: Logprob(-0.1, 1, " there"), 6: Logprob(-2.3, 2, " you")}],
+            finish_reason="stop", stop_reason=None,
+        )],
+    )
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(out), type=RequestOutput)
+    assert back == out
+    assert back.outputs[0].finished()
+    assert back.outputs[0].logprobs[0][6].rank == 2  # type: ignore[index]
