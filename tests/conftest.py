@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -52,3 +53,57 @@ def run_python(code: str, env: dict[str, str], timeout: float = 120) -> subproce
 def run_forkless(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "forkless.entrypoints.cli.main", *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2-135M-Instruct converted once per session (~10 s) into its own cache root.
+
+    The cache root is ``smollm2_folder.parent.parent``.
+    """
+    from forkless.model_loader.default_model import default_model_path
+
+    root = tmp_path_factory.mktemp("smollm2-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FORKLESS_CACHE_ROOT", str(root))
+        return default_model_path()
+
+
+def make_tiny_model(out: Path, tokenizer_from: Path, arch: str = "llama", seed: int = 0,
+                    max_position_embeddings: int = 512) -> Path:
+    """A tiny random-weight model folder with a real tokenizer and chat template.
+
+    Args:
+        out: The folder to write.
+        tokenizer_from: A model folder whose tokenizer files are copied (SmolLM2's).
+        arch: ``"llama"`` or ``"qwen3"``.
+        seed: Seeds the random weights.
+        max_position_embeddings: The model's context length.
+    """
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+        if (tokenizer_from / name).exists():
+            shutil.copy(tokenizer_from / name, out / name)
+    vocab = json.loads((tokenizer_from / "config.json").read_text())["vocab_size"]
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
+                  bos_token_id=1, eos_token_id=2, tie_word_embeddings=True)
+    cfg = LlamaConfig(**common) if arch == "llama" else Qwen3Config(head_dim=16, **common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # larger logits than the default init, so greedy text varies
+        for p in model.parameters():
+            p.mul_(4.0) if p.dim() > 1 else None
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with SmolLM2's tokenizer: fast enough for server tests."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), smollm2_folder)

@@ -1,0 +1,244 @@
+"""``AsyncLLM``: the asynchronous engine the API server uses (also usable in-process).
+
+It tokenizes and validates requests here, sends them to the engine core process,
+detokenizes what comes back, and streams ``RequestOutput``s to each caller. It owns the
+stat loggers. If the engine core or a worker dies, every in-flight request fails at once
+with ``EngineDeadError`` and ``dead_event`` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING, Any, AsyncGenerator
+
+from forkless.engine import ipc
+from forkless.engine.core_client_mp import EngineCoreClient, EngineDeadError
+from forkless.engine.output_processor import OutputProcessor
+from forkless.engine.processor import Processor
+from forkless.logger import init_logger
+from forkless.metrics import LoggingStatLogger, StatLoggerBase, iteration_stats
+from forkless.plugins import STAT_LOGGER_PLUGINS_GROUP, load_plugins_by_group
+
+if TYPE_CHECKING:
+    from forkless.config import EngineArgs, EngineConfig
+    from forkless.outputs import RequestOutput
+    from forkless.sampling_params import SamplingParams
+
+logger = init_logger("forkless.engine.async_llm")
+
+__all__ = ["AsyncLLM", "EngineDeadError", "InvalidRequestError"]
+
+
+class InvalidRequestError(ValueError):
+    """The engine refused a request (bad prompt or sampling parameters)."""
+
+
+class AsyncLLM:
+    """Asynchronous generation over an engine core in its own process.
+
+    Args:
+        config: The engine configuration.
+        stat_loggers: Extra stat loggers: ``StatLoggerBase`` subclasses (constructed as
+            ``cls(config, engine_index=0)``) or instances.
+        log_stats: Whether to log throughput periodically (the Prometheus logger behind
+            ``render_metrics`` is always on).
+    """
+
+    def __init__(self, config: "EngineConfig", stat_loggers: list[Any] | None = None,
+                 log_stats: bool = True) -> None:
+        from forkless.metrics.prometheus import PrometheusStatLogger
+
+        self.config = config
+        self.processor = Processor(config)
+        self.output_processor = OutputProcessor(self.processor.tokenizer)
+        self.client: EngineCoreClient | None = None
+        self._queues: dict[str, asyncio.Queue[Any]] = {}
+        self._parent_of: dict[str, str] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.errored = False
+        self.dead_reason: str | None = None
+        self.dead_event: asyncio.Event | None = None
+        self.prometheus = PrometheusStatLogger(config.model_config)
+        self.stat_loggers: list[StatLoggerBase] = [self.prometheus]
+        if log_stats:
+            self.stat_loggers.append(LoggingStatLogger(config))
+        for name, cls in load_plugins_by_group(STAT_LOGGER_PLUGINS_GROUP).items():
+            self.stat_loggers.append(self._make_logger(cls, f"stat logger plugin {name!r}"))
+        for item in stat_loggers or []:
+            self.stat_loggers.append(self._make_logger(item, "AsyncLLM(stat_loggers=...)"))
+        self.log_interval = float(os.environ.get("FORKLESS_LOG_STATS_INTERVAL", "10"))
+
+    def _make_logger(self, item: Any, source: str) -> StatLoggerBase:
+        if isinstance(item, StatLoggerBase):
+            return item
+        if isinstance(item, type) and issubclass(item, StatLoggerBase):
+            return item(self.config, engine_index=0)
+        raise TypeError(f"{source}: {item!r} is not a forkless.metrics.StatLoggerBase subclass or instance")
+
+    @classmethod
+    def from_engine_args(cls, engine_args: "EngineArgs", **kwargs: Any) -> "AsyncLLM":
+        return cls(engine_args.create_engine_config(), **kwargs)
+
+    # -- lifecycle ----------------------------------------------------------------------
+    async def start(self, timeout: float = 900.0) -> None:
+        """Start the engine core process and wait until it has loaded the model."""
+        self.dead_event = asyncio.Event()
+        self.client = EngineCoreClient(self.config)
+        await self.client.wait_ready(timeout)
+        for stat_logger in self.stat_loggers:
+            stat_logger.log_engine_initialized()
+        self._tasks.append(asyncio.create_task(self._handle_outputs()))
+        self._tasks.append(asyncio.create_task(self._log_periodically()))
+
+    def shutdown(self) -> None:
+        """Stop the engine core and its workers (idempotent)."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks.clear()
+        if self.client is not None:
+            self.client.shutdown()
+
+    # -- properties the server uses -----------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self.processor.tokenizer
+
+    @property
+    def model_path(self) -> str:
+        return self.config.model_config.model
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+        """Render and tokenize a conversation with the model's chat template."""
+        return self.processor.apply_chat_template(messages, **kwargs)
+
+    def render_metrics(self) -> bytes:
+        return self.prometheus.render()
+
+    # -- requests -----------------------------------------------------------------------
+    def generate(self, prompt: Any, sampling_params: "SamplingParams", request_id: str,
+                 priority: int = 0) -> AsyncGenerator["RequestOutput", None]:
+        """Validate a request now, and return the stream of its (cumulative) outputs.
+
+        The request is sent to the engine when the stream is first iterated; closing the
+        stream early (a client that went away) aborts it.
+
+        Raises:
+            InvalidRequestError: The prompt or parameters are invalid (raised here, before
+                anything is streamed, so a server can still answer 400).
+            EngineDeadError: The engine died.
+        """
+        if self.errored:
+            raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
+        if self.client is None:
+            raise RuntimeError("AsyncLLM.start() was not awaited")
+        try:
+            processed = self.processor.process_inputs(request_id, prompt, sampling_params, priority=priority)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        return self._stream(processed)
+
+    async def _stream(self, processed: Any) -> AsyncGenerator["RequestOutput", None]:
+        assert self.client is not None
+        request_id = processed.request_id
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.output_processor.add_request(processed)
+        self._queues[request_id] = queue
+        finished = False
+        try:
+            for core_request in processed.core_requests:
+                self._parent_of[core_request.request_id] = request_id
+                await self.client.add_request(core_request)
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    finished = isinstance(item, EngineDeadError)
+                    raise item
+                yield item
+                if item.finished:
+                    finished = True
+                    return
+        finally:
+            self._forget(request_id, processed.core_requests)
+            if not finished:
+                await self.abort(request_id)
+
+    def _forget(self, request_id: str, core_requests: list[Any]) -> None:
+        self._queues.pop(request_id, None)
+        for core_request in core_requests:
+            self._parent_of.pop(core_request.request_id, None)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request (no error if it already finished)."""
+        core_ids = self.output_processor.abort_requests([request_id])
+        if core_ids and self.client is not None and not self.errored:
+            await self.client.abort_requests(core_ids)
+
+    # -- background tasks ---------------------------------------------------------------
+    async def _handle_outputs(self) -> None:
+        from forkless.engine.protocol import EngineCoreOutputs
+
+        assert self.client is not None
+        try:
+            while True:
+                message = await self.client.get_message(500)
+                if message is None:
+                    if not self.client.is_alive():
+                        self._die(f"the engine core process exited with code {self.client.proc.exitcode}")
+                        return
+                    continue
+                kind, payload = message
+                if kind == ipc.OUTPUTS:
+                    outputs = ipc.decode(payload, EngineCoreOutputs)
+                    result = self.output_processor.process_outputs(outputs.outputs)
+                    for request_output in result.request_outputs:
+                        queue = self._queues.get(request_output.request_id)
+                        if queue is not None:
+                            queue.put_nowait(request_output)
+                    if result.reqs_to_abort:
+                        await self.client.abort_requests(result.reqs_to_abort)
+                    stats = iteration_stats(sum(len(o.new_token_ids) for o in outputs.outputs), result.finished)
+                    self._record(outputs.scheduler_stats, stats)
+                elif kind == ipc.REQUEST_ERROR:
+                    data = ipc.decode(payload)
+                    parent = self._parent_of.get(data["request_id"])
+                    if parent is not None and parent in self._queues:
+                        self._queues[parent].put_nowait(InvalidRequestError(data["error"]))
+                elif kind == ipc.DEAD:
+                    self._die(ipc.decode(payload)["error"])
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.error("output handler failed", exc_info=True)
+            self._die(f"output handler failed: {type(exc).__name__}: {exc}")
+
+    def _record(self, scheduler_stats: Any, stats: Any) -> None:
+        for stat_logger in self.stat_loggers:
+            try:
+                stat_logger.record(scheduler_stats, stats)
+            except Exception:  # a faulty plugin must not stop serving
+                logger.warning("stat logger %r failed in record()", stat_logger, exc_info=True)
+
+    def _die(self, reason: str) -> None:
+        if self.errored:
+            return
+        self.errored = True
+        self.dead_reason = reason
+        logger.error("engine is dead: %s", reason)
+        error = EngineDeadError(f"the engine died: {reason}")
+        for queue in self._queues.values():
+            queue.put_nowait(error)
+        if self.client is not None:
+            self.client.fail_pending_calls(error)
+        if self.dead_event is not None:
+            self.dead_event.set()
+
+    async def _log_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.log_interval)
+            for stat_logger in self.stat_loggers:
+                try:
+                    stat_logger.log()
+                except Exception:  # a faulty plugin must not stop the others
+                    logger.warning("stat logger %r failed in log()", stat_logger, exc_info=True)

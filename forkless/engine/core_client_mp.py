@@ -1,0 +1,137 @@
+"""The API server's side of the engine core: a spawned process behind two ZeroMQ sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+from typing import TYPE_CHECKING, Any
+
+import zmq
+import zmq.asyncio
+
+from forkless.engine import ipc
+from forkless.engine.core_proc import start_engine_core_process
+from forkless.logger import init_logger
+
+if TYPE_CHECKING:
+    from forkless.config import EngineConfig
+    from forkless.engine.protocol import EngineCoreRequest
+
+logger = init_logger("forkless.engine.client")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine core (or one of its workers) died; no request can be served."""
+
+
+class EngineCoreClient:
+    """Starts the engine core process and talks to it asynchronously.
+
+    Args:
+        config: The engine configuration, sent to the process as msgpack.
+    """
+
+    def __init__(self, config: "EngineConfig") -> None:
+        self.ipc_dir = ipc.make_ipc_dir("forkless-ipc-")
+        self.ctx = zmq.asyncio.Context()
+        self.input = self.ctx.socket(zmq.PUSH)
+        self.input.bind(ipc.ipc_address(self.ipc_dir, "input"))
+        self.output = self.ctx.socket(zmq.PULL)
+        self.output.bind(ipc.ipc_address(self.ipc_dir, "output"))
+        self.proc = start_engine_core_process(
+            ipc.encode(config.to_builtins()), ipc.ipc_address(self.ipc_dir, "input"),
+            ipc.ipc_address(self.ipc_dir, "output"))
+        self.ready_info: dict[str, Any] = {}
+        self._call_ids = itertools.count()
+        self._pending_calls: dict[int, asyncio.Future[Any]] = {}
+        self.closed = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid
+
+    async def wait_ready(self, timeout: float = 600.0) -> dict[str, Any]:
+        """Wait for the engine core to load the model and size the KV cache.
+
+        Raises:
+            RuntimeError: It failed to start (its error is in the message) or died.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            if await self.output.poll(200):
+                kind, payload = await self.output.recv_multipart()
+                data = ipc.decode(payload)
+                if kind == ipc.READY:
+                    self.ready_info = data
+                    return data
+                if kind == ipc.FAILED:
+                    raise RuntimeError(f"the engine core failed to start: {data['error']}\n{data['traceback']}")
+            if not self.proc.is_alive():
+                raise RuntimeError(f"the engine core process exited with code {self.proc.exitcode} "
+                                   "while starting (see its log above)")
+        raise RuntimeError(f"the engine core did not start within {timeout:.0f} s")
+
+    async def add_request(self, request: "EngineCoreRequest") -> None:
+        await self.input.send_multipart([ipc.ADD, ipc.encode(request)])
+
+    async def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids and not self.closed:
+            await self.input.send_multipart([ipc.ABORT, ipc.encode(request_ids)])
+
+    async def call_utility(self, method: str, *args: Any) -> Any:
+        """Call an ``EngineCore`` utility method in the engine process and await its result."""
+        call_id = next(self._call_ids)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending_calls[call_id] = fut
+        await self.input.send_multipart([ipc.UTILITY, ipc.encode({"call_id": call_id, "method": method, "args": list(args)})])
+        return await fut
+
+    async def get_message(self, timeout_ms: int = 500) -> tuple[bytes, bytes] | None:
+        """The next message from the engine core, or ``None`` after ``timeout_ms``."""
+        if await self.output.poll(timeout_ms):
+            kind, payload = await self.output.recv_multipart()
+            if kind == ipc.UTILITY_RESULT:
+                data = ipc.decode(payload)
+                fut = self._pending_calls.pop(data["call_id"], None)
+                if fut is not None and not fut.done():
+                    if "error" in data:
+                        fut.set_exception(RuntimeError(data["error"]))
+                    else:
+                        fut.set_result(data.get("result"))
+                return None
+            return kind, payload
+        return None
+
+    def fail_pending_calls(self, exc: BaseException) -> None:
+        for fut in self._pending_calls.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self._pending_calls.clear()
+
+    def is_alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine core (and, through it, the workers); never leaves orphans."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.proc.is_alive():
+            try:
+                self.input.send_multipart([ipc.SHUTDOWN, b"\xc0"], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+            self.proc.join(timeout)
+        if self.proc.is_alive():
+            logger.warning("engine core did not stop within %.0f s; terminating it", timeout)
+            self.proc.terminate()
+            self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.input.close(linger=0)
+        self.output.close(linger=0)
+        self.ctx.term()
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)

@@ -1,0 +1,168 @@
+"""The engine core process: scheduler, KV-cache manager and executor in a busy loop.
+
+Started with ``spawn`` by the API server. It receives requests and aborts on one ZeroMQ
+socket and pushes ``EngineCoreOutputs`` on another. When the executor fails (a worker
+died), it reports ``DEAD`` with the reason and exits, so the API server can fail the
+in-flight requests at once instead of letting them hang.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+from typing import Any
+
+from forkless.engine import ipc
+from forkless.logger import init_logger
+
+logger = init_logger("forkless.engine.core_proc")
+
+IDLE_POLL_MS = 100
+# EngineCore methods the API server may call remotely.
+UTILITY_METHODS = ("reset_prefix_cache", "check_health")
+STATS_INTERVAL_S = 1.0
+
+
+class EngineCoreProc:
+    """Runs an ``EngineCore`` behind two sockets until told to stop or its parent dies."""
+
+    def __init__(self, config_bytes: bytes, input_addr: str, output_addr: str, parent_pid: int) -> None:
+        import zmq
+
+        from forkless.config import EngineConfig
+        from forkless.engine.core import EngineCore
+
+        self.parent_pid = parent_pid
+        self.ctx = zmq.Context()
+        self.input = self.ctx.socket(zmq.PULL)
+        self.input.connect(input_addr)
+        self.output = self.ctx.socket(zmq.PUSH)
+        self.output.setsockopt(zmq.LINGER, 2000)
+        self.output.connect(output_addr)
+        try:
+            config = EngineConfig.from_builtins(ipc.decode(config_bytes))
+            self.core = EngineCore(config)
+        except Exception as exc:
+            self._send(ipc.FAILED, {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+            raise
+        self._send(ipc.READY, {
+            "pid": os.getpid(),
+            "num_blocks": config.cache_config.num_blocks,
+            "worker_pids": list(getattr(self.core.executor, "worker_pids", [os.getpid()])),
+        })
+        self.running = True
+        self.last_stats = 0.0
+
+    def _send(self, kind: bytes, payload: Any) -> None:
+        self.output.send_multipart([kind, ipc.encode(payload)], copy=False)
+
+    def _handle(self, kind: bytes, payload: bytes) -> None:
+        from forkless.engine.protocol import EngineCoreRequest
+
+        if kind == ipc.ADD:
+            req = ipc.decode(payload, EngineCoreRequest)
+            try:
+                self.core.add_request(req)
+            except ValueError as exc:
+                self._send(ipc.REQUEST_ERROR, {"request_id": req.request_id, "error": str(exc)})
+        elif kind == ipc.ABORT:
+            self.core.abort_requests(ipc.decode(payload, list[str]))
+            self._send_stats()  # aborted requests' blocks are free now: show it
+        elif kind == ipc.UTILITY:
+            call = ipc.decode(payload)
+            method = call["method"]
+            if method not in UTILITY_METHODS:
+                result: Any = {"error": f"unknown utility method {method!r}"}
+            else:
+                try:
+                    result = {"result": getattr(self.core, method)(*call.get("args", []))}
+                except Exception as exc:  # reported to the caller, not fatal
+                    result = {"error": f"{type(exc).__name__}: {exc}"}
+            self._send(ipc.UTILITY_RESULT, {"call_id": call["call_id"], **result})
+        elif kind == ipc.SHUTDOWN:
+            self.running = False
+
+    def _send_stats(self) -> None:
+        from forkless.engine.protocol import EngineCoreOutputs
+
+        self.last_stats = time.monotonic()
+        self._send(ipc.OUTPUTS, EngineCoreOutputs(outputs=[], scheduler_stats=self.core.make_stats(),
+                                                  timestamp=time.monotonic()))
+
+    def run(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self.input, zmq.POLLIN)
+        while self.running:
+            busy = self.core.has_unfinished_requests()
+            timeout = 0 if busy else IDLE_POLL_MS
+            while True:
+                events = dict(poller.poll(timeout))
+                if self.input not in events:
+                    break
+                kind, payload = self.input.recv_multipart()
+                self._handle(kind, payload)
+                timeout = 0
+            if not self.running:
+                break
+            if not ipc.parent_alive(self.parent_pid):
+                logger.warning("the API server (pid %d) is gone; engine core exits", self.parent_pid)
+                break
+            if self.core.has_unfinished_requests():
+                outputs = self.core.step()
+                self._send(ipc.OUTPUTS, outputs)
+                self.last_stats = time.monotonic()
+            elif time.monotonic() - self.last_stats > STATS_INTERVAL_S:
+                self._send_stats()
+
+    def close(self) -> None:
+        core = getattr(self, "core", None)
+        if core is not None:
+            core.shutdown()
+        self.input.close(linger=0)
+        self.output.close()
+        self.ctx.term()
+
+
+def _exit_on_sigterm(*_: Any) -> None:
+    raise SystemExit(0)
+
+
+def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, parent_pid: int) -> None:
+    """Entry point of the spawned engine core process."""
+    from forkless.plugins import load_general_plugins
+
+    # SIGINT goes to the whole process group on Ctrl-C; the API server orchestrates the
+    # shutdown, so the engine core waits to be told (or for its parent to vanish).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    load_general_plugins()
+    proc = None
+    try:
+        proc = EngineCoreProc(config_bytes, input_addr, output_addr, parent_pid)
+        proc.run()
+    except SystemExit:
+        pass
+    except Exception as exc:
+        logger.error("engine core failed: %s", exc, exc_info=True)
+        if proc is not None:
+            try:
+                proc._send(ipc.DEAD, {"error": f"{type(exc).__name__}: {exc}"})
+            except Exception:  # the socket may be gone too
+                pass
+        os._exit(1)
+    finally:
+        if proc is not None:
+            proc.close()
+
+
+def start_engine_core_process(config_bytes: bytes, input_addr: str, output_addr: str) -> multiprocessing.process.BaseProcess:
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=run_engine_core, name="forkless-engine-core",
+                       args=(config_bytes, input_addr, output_addr, os.getpid()))
+    proc.start()
+    return proc

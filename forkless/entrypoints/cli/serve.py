@@ -1,0 +1,96 @@
+"""``forkless serve [MODEL]``: the OpenAI-compatible server.
+
+Three kinds of process: this one (API server: FastAPI + uvicorn, tokenizer, stat
+loggers), the engine core (scheduler, KV cache, executor) and the workers (model). The
+engine core and workers are spawned; each loads the general plugins itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import Any
+
+from forkless.logger import init_logger
+
+logger = init_logger("forkless.serve")
+
+
+def add_parser(subparsers: Any) -> None:
+    from forkless.config import EngineArgs
+
+    parser = subparsers.add_parser(
+        "serve", help="serve a model over the OpenAI API (default: the embedded SmolLM2-135M-Instruct)")
+    EngineArgs.add_cli_args(parser, model_positional=True)
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    group.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    group.add_argument("--api-key", default=os.environ.get("FORKLESS_API_KEY"),
+                       help="require 'Authorization: Bearer KEY' on /v1 routes (or FORKLESS_API_KEY)")
+    group.add_argument("--uvicorn-log-level", default="info",
+                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+    group.add_argument("--middleware", action="append", default=[],
+                       help="ASGI middleware class path or async function (repeatable)")
+    group.add_argument("--api-server-count", type=int, default=1, help="API server processes (only 1)")
+    group.add_argument("--disable-log-stats", action="store_true", help="do not log throughput periodically")
+    # The server runs the model in worker processes by default (LLM runs it in-process).
+    parser.set_defaults(func=cmd_serve, distributed_executor_backend="mp")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from forkless.config import EngineArgs
+    from forkless.plugins import load_general_plugins
+
+    if args.api_server_count != 1:
+        print(f"forkless serve: error: --api-server-count {args.api_server_count} is not supported; "
+              "this release runs one API server process (use 1)", file=sys.stderr)
+        return 2
+    load_general_plugins()
+    try:
+        config = EngineArgs.from_cli_args(args).create_engine_config()
+    except (ValueError, TypeError, ImportError) as exc:
+        print(f"forkless serve: error: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(run_server(config, args))
+
+
+async def run_server(config: Any, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from forkless.engine.async_llm import AsyncLLM
+    from forkless.entrypoints.openai.api_server import build_app
+
+    engine = AsyncLLM(config, log_stats=not args.disable_log_stats)
+    try:
+        await engine.start()
+    except Exception as exc:
+        logger.error("%s", exc)
+        engine.shutdown()
+        return 1
+    names = [config.model_config.served_model_name]
+    try:
+        app = build_app(engine, names, config.model_config.max_model_len, api_key=args.api_key,
+                        middleware=args.middleware, metrics=engine.render_metrics)
+    except Exception as exc:
+        logger.error("could not build the HTTP app: %s", exc)
+        engine.shutdown()
+        return 2
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5))
+
+    async def stop_when_engine_dies() -> None:
+        await engine.dead_event.wait()
+        logger.error("the engine died (%s); shutting the server down", engine.dead_reason)
+        await asyncio.sleep(1.0)  # let in-flight requests deliver their errors
+        server.should_exit = True
+
+    watchdog = asyncio.create_task(stop_when_engine_dies())
+    logger.info("serving %s on http://%s:%d (OpenAI API at /v1)", names[0], args.host, args.port)
+    try:
+        await server.serve()
+    finally:
+        watchdog.cancel()
+        engine.shutdown()
+    return 1 if engine.errored else 0

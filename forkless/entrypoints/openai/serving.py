@@ -1,0 +1,394 @@
+"""The OpenAI endpoints' logic: request -> ``SamplingParams`` -> engine -> response/SSE.
+
+The engine yields cumulative ``RequestOutput``s; streaming sends what is new since the
+previous one, per choice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from forkless.entrypoints.openai.errors import BadRequest
+from forkless.entrypoints.openai.protocol import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogprobs,
+    ChatResponseMessage,
+    ChatStreamChoice,
+    ChatTokenLogprob,
+    CompletionChoice,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    SamplingFields,
+    TopLogprob,
+    UsageInfo,
+    random_id,
+)
+from forkless.logger import init_logger
+from forkless.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from forkless.engine.async_llm import AsyncLLM
+    from forkless.outputs import CompletionOutput, RequestOutput
+
+logger = init_logger("forkless.entrypoints.openai")
+
+MAX_LOGPROBS = 20
+
+
+def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None,
+                       default_max_tokens: int) -> SamplingParams:
+    """Translate request fields into ``SamplingParams``; bad values raise ``BadRequest``."""
+    extra = dict(req.vllm_xargs or {})
+    extra.update(req.extra_args or {})
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise BadRequest(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}", "logprobs")
+    try:
+        bias = {int(k): float(v) for k, v in (req.logit_bias or {}).items()}
+    except ValueError:
+        raise BadRequest("logit_bias keys must be token ids (integers as strings)", "logit_bias") from None
+    kwargs: dict[str, Any] = dict(
+        n=req.n,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=0 if req.top_k is None else req.top_k,
+        min_p=0.0 if req.min_p is None else req.min_p,
+        seed=req.seed,
+        max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+        min_tokens=req.min_tokens,
+        stop=req.stop or [],
+        stop_token_ids=req.stop_token_ids or [],
+        ignore_eos=req.ignore_eos,
+        logprobs=logprobs,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logit_bias=bias or None,
+        skip_special_tokens=req.skip_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        extra_args=extra or None,
+    )
+    try:
+        return SamplingParams(**kwargs)
+    except (ValueError, TypeError) as exc:
+        param = str(exc).split(" ", 1)[0].strip(":'\"") if str(exc) else None
+        raise BadRequest(str(exc), param if param in kwargs else None) from None
+
+
+def _usage(out: "RequestOutput") -> UsageInfo:
+    prompt = len(out.prompt_token_ids or [])
+    completion = sum(len(c.token_ids) for c in out.outputs)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def _sse_error(message: str, err_type: str, code: int) -> str:
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n"
+
+
+def _sse(obj: Any) -> str:
+    data = obj if isinstance(obj, str) else obj.model_dump_json(exclude_unset=False)
+    return f"data: {data}\n\n"
+
+
+class OpenAIServing:
+    """Completions and chat completions on top of an ``AsyncLLM``."""
+
+    def __init__(self, engine: "AsyncLLM", served_model_names: list[str], max_model_len: int) -> None:
+        self.engine = engine
+        self.served_model_names = served_model_names
+        self.model_name = served_model_names[0]
+        self.max_model_len = max_model_len
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model not in self.served_model_names:
+            raise BadRequest(f"The model `{model}` does not exist; this server serves "
+                             f"{', '.join(self.served_model_names)}", "model",
+                             err_type="NotFoundError", status=400, code="model_not_found")
+
+    def _default_max_tokens(self, prompt_len: int) -> int:
+        return max(1, self.max_model_len - prompt_len)
+
+    def _check_prompt(self, token_ids: list[int], max_tokens: int | None) -> None:
+        if not token_ids:
+            raise BadRequest("the prompt is empty", "prompt")
+        if len(token_ids) >= self.max_model_len:
+            raise BadRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens, but the "
+                f"prompt has {len(token_ids)} tokens; there is no room to generate.", "prompt",
+                code="context_length_exceeded")
+        if max_tokens is not None and len(token_ids) + max_tokens > self.max_model_len:
+            raise BadRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens. The "
+                f"prompt has {len(token_ids)} tokens and max_tokens is {max_tokens}: "
+                f"{len(token_ids) + max_tokens} in total.", "max_tokens",
+                code="context_length_exceeded")
+
+    # -- completions ------------------------------------------------------------------
+    def _completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
+        p = req.prompt
+        if isinstance(p, str):
+            texts: list[Any] = [p]
+        elif isinstance(p, list) and p and all(isinstance(x, int) for x in p):
+            texts = [p]
+        else:
+            texts = list(p)
+        if not texts:
+            raise BadRequest("the prompt is empty", "prompt")
+        out = []
+        for t in texts:
+            ids = t if isinstance(t, list) else self.tokenizer.encode(t)
+            if isinstance(t, list) and not all(isinstance(x, int) for x in t):
+                raise BadRequest("a token-id prompt must be a list of integers", "prompt")
+            out.append(list(ids))
+        return out
+
+    async def create_completion(self, req: CompletionRequest, raw_request: Any) -> Any:
+        self.check_model(req.model)
+        if req.suffix:
+            raise BadRequest("suffix is not supported", "suffix")
+        prompts = self._completion_prompts(req)
+        for ids in prompts:
+            self._check_prompt(ids, req.max_tokens)
+        base_id = random_id("cmpl")
+        params = [to_sampling_params(req, req.max_tokens, req.logprobs,
+                                     self._default_max_tokens(len(ids))) for ids in prompts]
+        streams = [self.engine.generate(ids, sp, f"{base_id}-{i}", priority=req.priority)
+                   for i, (ids, sp) in enumerate(zip(prompts, params))]
+        if req.stream:
+            return self._stream_completion(req, base_id, prompts, streams, raw_request)
+        finals = await self._collect(streams, raw_request)
+        choices = []
+        for p_idx, out in enumerate(finals):
+            for c in out.outputs:
+                text = (self.tokenizer.decode(prompts[p_idx]) if req.echo else "") + c.text
+                choices.append(CompletionChoice(
+                    index=p_idx * req.n + c.index, text=text, finish_reason=c.finish_reason,
+                    stop_reason=c.stop_reason,
+                    logprobs=self._completion_logprobs(c, 0, req.logprobs) if req.logprobs is not None else None))
+        usage = UsageInfo()
+        for out in finals:
+            u = _usage(out)
+            usage.prompt_tokens += u.prompt_tokens
+            usage.completion_tokens += u.completion_tokens
+        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+        return CompletionResponse(id=base_id, model=self.model_name, choices=choices, usage=usage)
+
+    def _completion_logprobs(self, c: "CompletionOutput", start: int, n: int | None) -> CompletionLogProbs:
+        lp = CompletionLogProbs()
+        offset = 0
+        for i in range(start, len(c.token_ids)):
+            tok_id = c.token_ids[i]
+            entries = (c.logprobs or [])[i] if c.logprobs and i < len(c.logprobs) else {}
+            token = self._token_text(tok_id, entries)
+            chosen = entries.get(tok_id)
+            lp.tokens.append(token)
+            lp.token_logprobs.append(chosen.logprob if chosen else None)
+            lp.text_offset.append(offset)
+            offset += len(token)
+            top = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)[: (n or 0) + 1]
+            lp.top_logprobs.append({self._token_text(t, entries): e.logprob for t, e in top} if n else None)
+        return lp
+
+    def _token_text(self, token_id: int, entries: dict) -> str:
+        e = entries.get(token_id)
+        if e is not None and e.decoded_token is not None:
+            return e.decoded_token
+        return self.tokenizer.decode([token_id])
+
+    async def _stream_completion(self, req: CompletionRequest, base_id: str, prompts: list[list[int]],
+                                 streams: list[AsyncIterator["RequestOutput"]], raw_request: Any) -> AsyncIterator[str]:
+        created = int(time.time())
+        sent_text: dict[int, int] = {}
+        sent_tokens: dict[int, int] = {}
+        finals: dict[int, "RequestOutput"] = {}
+        async for p_idx, out in self._merge_or_error(streams, raw_request):
+            if isinstance(out, str):
+                yield out
+                return
+            finals[p_idx] = out
+            for c in out.outputs:
+                idx = p_idx * req.n + c.index
+                if idx not in sent_text and req.echo:
+                    echo = self.tokenizer.decode(prompts[p_idx])
+                    yield _sse(CompletionResponse(id=base_id, created=created, model=self.model_name,
+                                                  choices=[CompletionChoice(index=idx, text=echo)]))
+                delta = c.text[sent_text.get(idx, 0):]
+                new_tokens = len(c.token_ids) - sent_tokens.get(idx, 0)
+                if not delta and not c.finish_reason and not new_tokens:
+                    continue
+                if not delta and not c.finish_reason:
+                    continue  # tokens whose text is still held back (partial UTF-8, stop string)
+                lp = (self._completion_logprobs(c, sent_tokens.get(idx, 0), req.logprobs)
+                      if req.logprobs is not None else None)
+                sent_text[idx] = len(c.text)
+                sent_tokens[idx] = len(c.token_ids)
+                chunk = CompletionResponse(id=base_id, created=created, model=self.model_name, choices=[
+                    CompletionChoice(index=idx, text=delta, logprobs=lp, finish_reason=c.finish_reason,
+                                     stop_reason=c.stop_reason)])
+                yield _sse(chunk)
+        if req.stream_options and req.stream_options.include_usage:
+            usage = UsageInfo()
+            for out in finals.values():
+                u = _usage(out)
+                usage.prompt_tokens += u.prompt_tokens
+                usage.completion_tokens += u.completion_tokens
+            usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+            yield _sse(CompletionResponse(id=base_id, created=created, model=self.model_name,
+                                          choices=[], usage=usage))
+        yield _sse("[DONE]")
+
+    # -- chat ---------------------------------------------------------------------------
+    def render_chat(self, req: ChatCompletionRequest) -> list[int]:
+        if not req.messages:
+            raise BadRequest("messages must not be empty", "messages")
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        try:
+            return self.engine.apply_chat_template(
+                messages, add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                continue_final_message=req.continue_final_message,
+                chat_template_kwargs=req.chat_template_kwargs)
+        except ValueError as exc:
+            raise BadRequest(str(exc), "messages") from None
+
+    async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Any) -> Any:
+        self.check_model(req.model)
+        ids = self.render_chat(req)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        self._check_prompt(ids, max_tokens)
+        top = req.top_logprobs if req.logprobs else None
+        if req.top_logprobs is not None and not req.logprobs:
+            raise BadRequest("top_logprobs requires logprobs to be true", "top_logprobs")
+        params = to_sampling_params(req, max_tokens, (top or 0) if req.logprobs else None,
+                                    self._default_max_tokens(len(ids)))
+        request_id = random_id("chatcmpl")
+        stream = self.engine.generate(ids, params, request_id, priority=req.priority)
+        if req.stream:
+            return self._stream_chat(req, request_id, stream, raw_request)
+        (final,) = await self._collect([stream], raw_request)
+        choices = [
+            ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
+                       finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                       logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None)
+            for c in final.outputs
+        ]
+        return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=_usage(final))
+
+    def _chat_logprobs(self, c: "CompletionOutput", start: int, top: int | None) -> ChatLogprobs:
+        content = []
+        for i in range(start, len(c.token_ids)):
+            tok_id = c.token_ids[i]
+            entries = c.logprobs[i] if c.logprobs and i < len(c.logprobs) else {}
+            token = self._token_text(tok_id, entries)
+            chosen = entries.get(tok_id)
+            ranked = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)
+            tops = [TopLogprob(token=self._token_text(t, entries), logprob=e.logprob,
+                               bytes=list(self._token_text(t, entries).encode()))
+                    for t, e in ranked if (e.rank or 0) <= (top or 0)][: top or 0]
+            content.append(ChatTokenLogprob(token=token, logprob=chosen.logprob if chosen else -9999.0,
+                                            bytes=list(token.encode()), top_logprobs=tops))
+        return ChatLogprobs(content=content)
+
+    async def _stream_chat(self, req: ChatCompletionRequest, request_id: str,
+                           stream: AsyncIterator["RequestOutput"], raw_request: Any) -> AsyncIterator[str]:
+        created = int(time.time())
+        top = req.top_logprobs if req.logprobs else None
+
+        def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
+            return _sse(ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
+                                            choices=choices, usage=usage))
+
+        for i in range(req.n):
+            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
+        sent_text: dict[int, int] = {}
+        sent_tokens: dict[int, int] = {}
+        final = None
+        async for _, out in self._merge_or_error([stream], raw_request):
+            if isinstance(out, str):
+                yield out
+                return
+            final = out
+            for c in out.outputs:
+                delta = c.text[sent_text.get(c.index, 0):]
+                if not delta and not c.finish_reason:
+                    continue
+                lp = self._chat_logprobs(c, sent_tokens.get(c.index, 0), top) if req.logprobs else None
+                sent_text[c.index] = len(c.text)
+                sent_tokens[c.index] = len(c.token_ids)
+                yield chunk([ChatStreamChoice(index=c.index, delta=DeltaMessage(content=delta), logprobs=lp,
+                                              finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
+        if req.stream_options and req.stream_options.include_usage and final is not None:
+            yield chunk([], usage=_usage(final))
+        yield _sse("[DONE]")
+
+    # -- plumbing -----------------------------------------------------------------------
+    async def _merge(self, streams: list[AsyncIterator["RequestOutput"]],
+                     raw_request: Any) -> AsyncIterator[tuple[int, "RequestOutput"]]:
+        """Interleave several engine streams, tagging each output with its stream index."""
+        queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        done = object()
+
+        async def pump(i: int, s: AsyncIterator["RequestOutput"]) -> None:
+            try:
+                async for out in s:
+                    await queue.put((i, out))
+            except BaseException as exc:  # noqa: BLE001 - forwarded to the consumer
+                await queue.put((i, exc))
+                return
+            await queue.put((i, done))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        remaining = len(tasks)
+        try:
+            while remaining:
+                i, item = await queue.get()
+                if item is done:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            # Closing the engine streams aborts requests that did not finish
+            # (client gone, or an error in a sibling stream).
+            for s in streams:
+                aclose = getattr(s, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+
+    async def _merge_or_error(self, streams: list[AsyncIterator["RequestOutput"]],
+                              raw_request: Any) -> AsyncIterator[tuple[int, Any]]:
+        """Like ``_merge``, but an error after the response started becomes a final SSE
+        error event (the HTTP status is already sent) followed by ``[DONE]``."""
+        from forkless.engine.async_llm import EngineDeadError, InvalidRequestError
+
+        try:
+            async for item in self._merge(streams, raw_request):
+                yield item
+        except (InvalidRequestError, BadRequest) as exc:
+            yield -1, _sse_error(str(exc), "BadRequestError", 400)
+        except EngineDeadError as exc:
+            yield -1, _sse_error(str(exc), "ServiceUnavailableError", 503)
+        except Exception as exc:  # noqa: BLE001 - reported to the client, and logged
+            logger.error("stream failed", exc_info=True)
+            yield -1, _sse_error(f"internal error: {type(exc).__name__}: {exc}", "InternalServerError", 500)
+
+    async def _collect(self, streams: list[AsyncIterator["RequestOutput"]], raw_request: Any) -> list["RequestOutput"]:
+        finals: dict[int, "RequestOutput"] = {}
+        async for i, out in self._merge(streams, raw_request):
+            finals[i] = out
+        return [finals[i] for i in range(len(streams))]

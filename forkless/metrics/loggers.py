@@ -1,0 +1,92 @@
+"""Stat loggers: the interface and the two built-ins (periodic log lines, Prometheus)."""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any
+
+from forkless.logger import init_logger
+from forkless.plugins import Stability, stability
+
+if TYPE_CHECKING:
+    from forkless.core.sched.output import SchedulerStats
+    from forkless.metrics.stats import IterationStats
+
+logger = init_logger("forkless.metrics")
+
+
+@stability(Stability.PROVISIONAL)
+class StatLoggerBase(ABC):
+    """Receives engine statistics in the API server.
+
+    Subclasses are loaded from the ``forkless.stat_logger_plugins`` entry-point group or
+    passed as ``AsyncLLM(stat_loggers=[...])``, and constructed as ``cls(config,
+    engine_index=0)``.
+
+    Args:
+        config: The engine configuration (``forkless.config.EngineConfig``).
+        engine_index: Which engine core the statistics come from.
+    """
+
+    def __init__(self, config: Any, engine_index: int = 0) -> None:
+        self.config = config
+        self.engine_index = engine_index
+
+    @abstractmethod
+    def record(self, scheduler_stats: "SchedulerStats | None",
+               iteration_stats: "IterationStats | None") -> None:
+        """Called for every batch of engine outputs (often: keep it cheap)."""
+
+    @abstractmethod
+    def log_engine_initialized(self) -> None:
+        """Called once, when the engine is ready to serve."""
+
+    def log(self) -> None:  # noqa: B027 - optional hook
+        """Called periodically (every ``FORKLESS_LOG_STATS_INTERVAL`` seconds)."""
+
+
+class LoggingStatLogger(StatLoggerBase):
+    """Logs throughput, queue sizes, KV-cache usage and prefix-cache hit rate."""
+
+    def __init__(self, config: Any, engine_index: int = 0) -> None:
+        super().__init__(config, engine_index)
+        self._reset(time.monotonic())
+        self.last_scheduler_stats: SchedulerStats | None = None
+        self._last_queries = self._last_hits = 0
+
+    def _reset(self, now: float) -> None:
+        self.last_log_time = now
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+
+    def record(self, scheduler_stats: "SchedulerStats | None",
+               iteration_stats: "IterationStats | None") -> None:
+        if iteration_stats is not None:
+            self.num_prompt_tokens += iteration_stats.num_prompt_tokens
+            self.num_generation_tokens += iteration_stats.num_generation_tokens
+        if scheduler_stats is not None:
+            self.last_scheduler_stats = scheduler_stats
+
+    def log(self) -> None:
+        now = time.monotonic()
+        elapsed = max(now - self.last_log_time, 1e-9)
+        s = self.last_scheduler_stats
+        if s is None and not (self.num_prompt_tokens or self.num_generation_tokens):
+            return
+        queries = (s.prefix_cache_queries - self._last_queries) if s else 0
+        hits = (s.prefix_cache_hits - self._last_hits) if s else 0
+        if s is not None:
+            self._last_queries, self._last_hits = s.prefix_cache_queries, s.prefix_cache_hits
+        logger.info(
+            "engine %d: prompt throughput %.1f tokens/s, generation throughput %.1f tokens/s, "
+            "running %d, waiting %d, KV cache usage %.1f%%, prefix cache hit rate %.1f%%",
+            self.engine_index, self.num_prompt_tokens / elapsed,
+            self.num_generation_tokens / elapsed, s.num_running if s else 0,
+            s.num_waiting if s else 0, 100 * (s.kv_cache_usage if s else 0.0),
+            100 * hits / queries if queries else 0.0,
+        )
+        self._reset(now)
+
+    def log_engine_initialized(self) -> None:
+        logger.info("engine %d initialized", self.engine_index)

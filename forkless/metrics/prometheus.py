@@ -1,0 +1,90 @@
+"""The Prometheus stat logger, served at ``/metrics`` (metric names prefixed ``forkless:``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from forkless.metrics.loggers import StatLoggerBase
+
+if TYPE_CHECKING:
+    from forkless.core.sched.output import SchedulerStats
+    from forkless.metrics.stats import IterationStats
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
+
+
+class PrometheusStatLogger(StatLoggerBase):
+    """Counters, gauges and histograms in a registry of its own (``self.registry``)."""
+
+    def __init__(self, config: Any, engine_index: int = 0) -> None:
+        super().__init__(config, engine_index)
+        self.registry = CollectorRegistry()
+        model = getattr(config, "served_model_name", None) or "model"
+        labels = {"model_name": str(model), "engine": str(engine_index)}
+        names = list(labels)
+        r = self.registry
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(name, doc, names, registry=r).labels(**labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, names, registry=r).labels(**labels)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(**labels)
+
+        self.num_running = gauge("forkless:num_requests_running", "Requests in the running batch.")
+        self.num_waiting = gauge("forkless:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = gauge("forkless:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (1 = full).")
+        self.prefix_queries = counter("forkless:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("forkless:prefix_cache_hits", "Prompt tokens found in the prefix cache.")
+        self.preemptions = counter("forkless:num_preemptions", "Requests preempted for lack of KV blocks.")
+        self.prompt_tokens = counter("forkless:prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("forkless:generation_tokens", "Tokens generated.")
+        self.request_success = Counter("forkless:request_success", "Finished requests, by finish reason.",
+                                       [*names, "finished_reason"], registry=r)
+        self._labels = labels
+        self.ttft = histogram("forkless:time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
+        self.itl = histogram("forkless:inter_token_latency_seconds", "Time between output tokens.", _LATENCY_BUCKETS)
+        self.e2e = histogram("forkless:e2e_request_latency_seconds", "End-to-end request latency.", _LATENCY_BUCKETS)
+        token_buckets = tuple(float(2**i) for i in range(15))
+        self.req_prompt = histogram("forkless:request_prompt_tokens", "Prompt length of finished requests.", token_buckets)
+        self.req_gen = histogram("forkless:request_generation_tokens", "Generated length of finished requests.", token_buckets)
+        # counters in SchedulerStats are cumulative; Prometheus wants increments
+        self._last_queries = self._last_hits = self._last_preemptions = 0
+
+    def record(self, scheduler_stats: "SchedulerStats | None",
+               iteration_stats: "IterationStats | None") -> None:
+        if scheduler_stats is not None:
+            s = scheduler_stats
+            self.num_running.set(s.num_running)
+            self.num_waiting.set(s.num_waiting)
+            self.kv_usage.set(s.kv_cache_usage)
+            self.prefix_queries.inc(max(0, s.prefix_cache_queries - self._last_queries))
+            self.prefix_hits.inc(max(0, s.prefix_cache_hits - self._last_hits))
+            self.preemptions.inc(max(0, s.num_preemptions - self._last_preemptions))
+            self._last_queries, self._last_hits = s.prefix_cache_queries, s.prefix_cache_hits
+            self._last_preemptions = s.num_preemptions
+        if iteration_stats is not None:
+            it = iteration_stats
+            self.prompt_tokens.inc(it.num_prompt_tokens)
+            self.generation_tokens.inc(it.num_generation_tokens)
+            for v in it.time_to_first_tokens:
+                self.ttft.observe(v)
+            for v in it.inter_token_latencies:
+                self.itl.observe(v)
+            for f in it.finished_requests:
+                self.request_success.labels(**self._labels, finished_reason=f.finish_reason).inc()
+                self.e2e.observe(f.e2e_latency)
+                self.req_prompt.observe(f.num_prompt_tokens)
+                self.req_gen.observe(f.num_generation_tokens)
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+    def render(self) -> bytes:
+        """The exposition text for ``GET /metrics``."""
+        return generate_latest(self.registry)

@@ -1,0 +1,65 @@
+"""What the API server measures per batch of engine outputs.
+
+Scheduler-side numbers (running / waiting requests, KV usage, prefix-cache counters)
+come from the engine core as ``SchedulerStats``; request-side latencies are measured in
+the API server, where the client's clock is.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from forkless.engine.output_processor import RequestTiming
+
+
+@dataclass
+class FinishedRequestStats:
+    finish_reason: str
+    e2e_latency: float
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    time_to_first_token: float | None
+
+
+@dataclass
+class IterationStats:
+    """Request-side statistics of one batch of engine outputs.
+
+    Attributes:
+        num_prompt_tokens: Prompt tokens of requests that got their first token now.
+        num_generation_tokens: Tokens generated in this batch.
+        time_to_first_tokens: Seconds from arrival to first token, per new request.
+        inter_token_latencies: Seconds between consecutive token batches, per request.
+        finished_requests: Requests that finished in this batch.
+    """
+
+    timestamp: float = field(default_factory=time.monotonic)
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+    time_to_first_tokens: list[float] = field(default_factory=list)
+    inter_token_latencies: list[float] = field(default_factory=list)
+    finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+
+
+def iteration_stats(num_new_tokens: int, finished: "list[RequestTiming]") -> IterationStats:
+    """Build the statistics of one batch of outputs.
+
+    Args:
+        num_new_tokens: Tokens generated in the batch.
+        finished: Timings of the completions that finished in it.
+    """
+    stats = IterationStats(num_generation_tokens=num_new_tokens)
+    for t in finished:
+        stats.num_prompt_tokens += t.num_prompt_tokens
+        if t.ttft is not None:
+            stats.time_to_first_tokens.append(t.ttft)
+        if t.first_token_time is not None and t.last_token_time is not None and t.num_generation_tokens > 1:
+            stats.inter_token_latencies.append(
+                (t.last_token_time - t.first_token_time) / (t.num_generation_tokens - 1))
+        stats.finished_requests.append(FinishedRequestStats(
+            t.finish_reason or "abort", t.e2e_latency or 0.0, t.num_prompt_tokens,
+            t.num_generation_tokens, t.ttft))
+    return stats

@@ -1,0 +1,153 @@
+"""Fixtures that start ``forkless serve`` as a real subprocess on a loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import plugin_env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of a process (from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        for child in children_of(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    port: int
+    log_path: Path
+    api_key: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, **kwargs):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "unused", max_retries=0, **kwargs)
+
+    def async_client(self, **kwargs):
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.url + "/v1", api_key=self.api_key or "unused", max_retries=0, **kwargs)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def engine_pids(self) -> tuple[int, int]:
+        """``(engine core pid, worker pid)``: the spawned processes below the server."""
+        for child in children_of(self.proc.pid):
+            if "resource_tracker" in cmdline(child):
+                continue
+            workers = [g for g in children_of(child) if "resource_tracker" not in cmdline(g)]
+            if workers:
+                return child, workers[0]
+        raise AssertionError(f"no engine core / worker below pid {self.proc.pid}")
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise AssertionError(f"server did not stop within {timeout} s after SIGTERM\n{self.log()[-3000:]}")
+
+
+def start_server(model: Path | str, tmp_path: Path, *args: str, site: Path | None = None,
+                 env_extra: dict[str, str] | None = None, api_key: str | None = None,
+                 timeout: float = 240) -> Server:
+    port = free_port()
+    log_path = tmp_path / f"server-{port}.log"
+    env = plugin_env(site, tmp_path, FORKLESS_PLUGINS=os.environ.get("FORKLESS_PLUGINS_FOR_TESTS", ""),
+                     **(env_extra or {}))
+    cmd = [sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", str(model), "--port", str(port),
+           "--max-model-len", "256", "--kv-cache-memory", str(64 << 20), "--max-num-seqs", "32",
+           "--uvicorn-log-level", "warning", *args]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = Server(proc, port, log_path, api_key)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited with {proc.returncode}:\n{server.log()[-5000:]}")
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    server.stop()
+    raise AssertionError(f"server did not become healthy in {timeout} s:\n{server.log()[-5000:]}")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One shared server on the tiny Llama (tests must leave it healthy)."""
+    tmp = tmp_path_factory.mktemp("server")
+    srv = start_server(tiny_llama, tmp, "--served-model-name", "tiny")
+    yield srv
+    pids = descendants(srv.proc.pid)
+    assert srv.stop() == 0, srv.log()[-3000:]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if alive(p)], "orphan processes left after shutdown"
