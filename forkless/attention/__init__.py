@@ -6,6 +6,7 @@ by name in the worker that runs them.
 
 from forkless.attention.backend import AttentionBackend, AttentionMetadata
 from forkless.attention.registry import (
+    attention_backend_path,
     available_attention_backends,
     get_attention_backend,
     register_attention_backend,
@@ -14,6 +15,7 @@ from forkless.attention.registry import (
 __all__ = [
     "AttentionBackend",
     "AttentionMetadata",
+    "attention_backend_path",
     "available_attention_backends",
     "get_attention_backend",
     "register_attention_backend",

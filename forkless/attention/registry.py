@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from forkless.attention.backend import AttentionBackend
-from forkless.plugins import LazyRegistry
+from forkless.plugins import LazyRegistry, RegistryError
 
 _BUILTIN_BACKENDS = {
     "torch": "forkless.attention.backends.torch_sdpa:TorchAttentionBackend",
@@ -48,6 +48,22 @@ def get_attention_backend(name: str) -> type[AttentionBackend]:
         TypeError: The registered object is not an :class:`AttentionBackend` subclass.
     """
     return _registry.resolve(name)
+
+
+def attention_backend_path(name: str) -> str:
+    """The class path registered under ``name`` (what a platform returns).
+
+    Raises:
+        forkless.plugins.RegistryError: Unknown name; the message lists the registered
+            names.
+    """
+    if name not in _registry:
+        raise RegistryError(_registry.unknown_message(name))
+    path = _registry.get_path(name)
+    if path is None:  # registered as an object
+        cls = _registry.resolve(name)
+        path = f"{cls.__module__}:{cls.__qualname__}"
+    return path
 
 
 def available_attention_backends() -> list[str]:

@@ -1,0 +1,1 @@
+"""The engine: input processing, the engine core loop, output processing."""

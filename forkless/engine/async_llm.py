@@ -110,7 +110,7 @@ class AsyncLLM:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
         """Render and tokenize a conversation with the model's chat template."""
-        return self.processor.apply_chat_template(messages, **kwargs)
+        return list(self.processor.apply_chat_template(messages, **kwargs)["prompt_token_ids"])
 
     def render_metrics(self) -> bytes:
         return self.prometheus.render()

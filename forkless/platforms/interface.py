@@ -52,7 +52,7 @@ class Platform:
         Raises:
             KeyError: The name is not registered; the message lists the registered ones.
         """
-        from forkless.attention import attention_backend_path
+        from forkless.attention.registry import attention_backend_path
 
         return attention_backend_path(selected_backend or self.default_attention_backend)
 

@@ -1,0 +1,1 @@
+"""Workers: one per device; each owns a model runner, its model and its KV cache."""

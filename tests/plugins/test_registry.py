@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -140,6 +141,10 @@ def test_model_registry_unknown_architecture_suggests_a_plugin() -> None:
     from forkless.models.registry import UnsupportedArchitectureError
 
     assert {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"} <= set(ModelRegistry.get_supported_archs())
-    assert not ModelRegistry.is_imported("Qwen3ForCausalLM")  # registered by path only
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import sys; from forkless import ModelRegistry; "
+         "ModelRegistry.get_supported_archs(); print(ModelRegistry.is_imported('Qwen3ForCausalLM'), "
+         "'torch' in sys.modules)"], capture_output=True, text=True, check=True)
+    assert fresh.stdout.split() == ["False", "False"]  # registered by path only
     with pytest.raises(UnsupportedArchitectureError, match=r"\['GPT5ForCausalLM'\] not supported; supported: .*LlamaForCausalLM.*register_model"):
         ModelRegistry.resolve_model_cls(["GPT5ForCausalLM"])

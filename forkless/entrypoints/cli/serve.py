@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import sys
 from typing import Any
 
@@ -56,18 +57,51 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return asyncio.run(run_server(config, args))
 
 
-async def run_server(config: Any, args: argparse.Namespace) -> int:
-    import uvicorn
+class _Server:
+    """uvicorn's server, with signals handled here: uvicorn re-raises a caught SIGTERM
+    after its own shutdown, which would kill this process before the engine core and
+    workers are stopped."""
 
+    def __new__(cls, config: Any) -> Any:
+        import contextlib
+
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self) -> Any:
+                yield
+
+            def request_exit(self, sig: int) -> None:
+                logger.info("received %s; shutting down", signal.Signals(sig).name)
+                if self.should_exit:
+                    self.force_exit = True
+                self.should_exit = True
+
+        return Server(config)
+
+
+async def run_server(config: Any, args: argparse.Namespace) -> int:
     from forkless.engine.async_llm import AsyncLLM
-    from forkless.entrypoints.openai.api_server import build_app
 
     engine = AsyncLLM(config, log_stats=not args.disable_log_stats)
+    # Whatever happens below, the engine core and workers must be stopped: they are
+    # non-daemon processes, and the interpreter would otherwise wait for them at exit.
+    try:
+        return await _serve(engine, config, args)
+    finally:
+        engine.shutdown()
+
+
+async def _serve(engine: Any, config: Any, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from forkless.entrypoints.openai.api_server import build_app
+
     try:
         await engine.start()
     except Exception as exc:
         logger.error("%s", exc)
-        engine.shutdown()
         return 1
     names = [config.model_config.served_model_name]
     try:
@@ -75,10 +109,12 @@ async def run_server(config: Any, args: argparse.Namespace) -> int:
                         middleware=args.middleware, metrics=engine.render_metrics)
     except Exception as exc:
         logger.error("could not build the HTTP app: %s", exc)
-        engine.shutdown()
         return 2
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                           log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5))
+    server = _Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                    log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, server.request_exit, sig)
 
     async def stop_when_engine_dies() -> None:
         await engine.dead_event.wait()
@@ -92,5 +128,4 @@ async def run_server(config: Any, args: argparse.Namespace) -> int:
         await server.serve()
     finally:
         watchdog.cancel()
-        engine.shutdown()
     return 1 if engine.errored else 0

@@ -1,0 +1,440 @@
+"""Engine configuration: ``EngineArgs`` (flags) -> ``EngineConfig`` (resolved plain data).
+
+``EngineArgs`` mirrors vLLM's flag names. ``EngineArgs.create_engine_config()`` resolves
+everything that needs the model folder (path, architecture, context length, EOS ids) once,
+in the process that parses the flags. The resulting ``EngineConfig`` is a tree of plain
+dataclasses that round-trips through ``msgspec.to_builtins`` / ``msgspec.convert``, so it
+can cross a process boundary as msgpack; each process reloads the Hugging Face config from
+``model_config.model`` itself.
+
+Only the standard library, msgspec and forkless's light modules are imported here: the API
+server builds the config without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from forkless.core.sched.config import SCHEDULING_POLICIES, SchedulerConfig
+from forkless.logger import init_logger
+
+logger = init_logger(__name__)
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMAT_CHOICES = ("auto", "dummy")
+GiB = 1 << 30
+# On CPU the KV cache lives in host memory next to everything else: take a modest share.
+CPU_KV_CACHE_FRACTION = 0.25
+CPU_KV_CACHE_MAX_BYTES = 4 * GiB
+# A model advertising a 128k context would otherwise ask for a huge per-request KV
+# reservation on CPU; users can still pass --max-model-len explicitly.
+CPU_DEFAULT_MAX_MODEL_LEN_CAP = 8192
+
+
+def _bad_flag(flag: str, value: Any, expected: str) -> ValueError:
+    return ValueError(f"{flag}={value!r} is invalid: expected {expected}")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The model, as resolved from its folder.
+
+    Attributes:
+        model: Local Hugging Face model folder (GGUF files are converted first).
+        tokenizer: Folder the tokenizer is loaded from.
+        served_model_name: The name clients use (``--served-model-name``).
+        architecture: The ``config.json`` architecture the model class is chosen by.
+        dtype: Resolved dtype name (``"float32"``, ``"bfloat16"`` or ``"float16"``).
+        max_model_len: Longest sequence (prompt + output) a request may reach.
+        vocab_size: Size of the logits' last dimension.
+        eos_token_id: The model's primary EOS token, or ``None``.
+        generation_config: Plain-data subset of ``generation_config.json`` (EOS ids...).
+        load_format: ``"auto"`` (read weights) or ``"dummy"`` (random weights).
+    """
+
+    model: str
+    tokenizer: str
+    served_model_name: str
+    architecture: str
+    dtype: str
+    max_model_len: int
+    vocab_size: int
+    eos_token_id: int | None = None
+    generation_config: dict[str, Any] = field(default_factory=dict)
+    load_format: str = "auto"
+
+
+@dataclass(kw_only=True)
+class CacheConfig:
+    """The paged KV cache.
+
+    Attributes:
+        block_size: Tokens per block.
+        gpu_memory_utilization: Fraction of device memory forkless may use (GPUs).
+        kv_cache_memory: Explicit KV-cache size in bytes; overrides the utilization.
+        enable_prefix_caching: Share the KV of common prompt prefixes.
+        num_blocks: Set by the engine core once the workers have sized the cache.
+    """
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None
+    enable_prefix_caching: bool = True
+    num_blocks: int | None = None
+
+
+@dataclass(kw_only=True)
+class DeviceConfig:
+    """Where and how the model runs.
+
+    Attributes:
+        device_type: The platform's torch device type (``"cpu"``, ``"cuda"``...).
+        attention_backend: ``--attention-backend`` name, or ``None`` for the platform's.
+        enforce_eager: Never capture graphs / compile.
+        seed: Seeds every process's global generators.
+        num_threads: When set, workers call ``torch.set_num_threads`` with it.
+    """
+
+    device_type: str = "cpu"
+    attention_backend: str | None = None
+    enforce_eager: bool = False
+    seed: int = 0
+    num_threads: int | None = None
+
+
+@dataclass(kw_only=True)
+class ParallelConfig:
+    """How the engine core reaches its workers.
+
+    Attributes:
+        distributed_executor_backend: ``"uni"``, ``"mp"`` or an ``Executor`` class path.
+        world_size: Number of workers.
+        worker_cls: Worker class path; ``None`` uses the platform's ``worker_cls``.
+    """
+
+    distributed_executor_backend: str = "uni"
+    world_size: int = 1
+    worker_cls: str | None = None
+
+
+@dataclass(kw_only=True)
+class EngineConfig:
+    """Everything an engine process needs, as plain data.
+
+    Attributes:
+        model_config: The model.
+        cache_config: The KV cache.
+        scheduler_config: Batching limits and policy (``forkless.core``).
+        device_config: Device, attention backend, seed.
+        parallel_config: Executor and workers.
+        scheduler_cls: ``--scheduler-cls`` class path, or ``None`` for the built-in.
+        logits_processors: ``--logits-processors`` class paths.
+    """
+
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    device_config: DeviceConfig
+    parallel_config: ParallelConfig
+    scheduler_cls: str | None = None
+    logits_processors: list[str] = field(default_factory=list)
+
+    def to_builtins(self) -> dict[str, Any]:
+        """Plain dicts/lists/scalars, ready for msgpack or JSON."""
+        return msgspec.to_builtins(self)
+
+    @classmethod
+    def from_builtins(cls, data: Any) -> EngineConfig:
+        """Rebuild a config from :meth:`to_builtins` output (re-validating it)."""
+        return msgspec.convert(data, cls)
+
+
+@dataclass
+class EngineArgs:
+    """Engine arguments, named like vLLM's (``--max-model-len`` is ``max_model_len``).
+
+    ``LLM(model, **kwargs)`` passes its keyword arguments here; the CLI fills it from
+    :meth:`add_cli_args` / :meth:`from_cli_args`.
+    """
+
+    model: str | None = None
+    tokenizer: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: int | None = None
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
+    scheduler_cls: str | type | None = None
+    logits_processors: str | type | list[str | type] | None = None
+    attention_backend: str | None = None
+    load_format: str = "auto"
+    seed: int = 0
+    enforce_eager: bool = False
+    distributed_executor_backend: str | type = "uni"
+    num_threads: int | None = None
+
+    # ------------------------------------------------------------------------- CLI
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser, model_positional: bool = True) -> argparse.ArgumentParser:
+        """Add the engine flags to ``parser``.
+
+        Args:
+            parser: The (sub-)command's parser.
+            model_positional: ``MODEL`` is an optional positional argument (``serve``,
+                ``generate``); otherwise it is ``--model``.
+
+        Returns:
+            The same parser.
+        """
+        d = EngineArgs()
+        if model_positional:
+            parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                                help="model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+        else:
+            parser.add_argument("--model", default=None, help="model folder or .gguf file")
+        g = parser.add_argument_group("engine")
+        g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
+        g.add_argument("--served-model-name", default=None, help="model name reported to clients")
+        g.add_argument("--dtype", default=d.dtype, choices=DTYPE_CHOICES,
+                       help="weights/activations dtype; auto = float32 on CPU, the config's dtype elsewhere")
+        g.add_argument("--max-model-len", type=int, default=None,
+                       help="longest prompt + output (default: the model's context length)")
+        g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV-cache block")
+        g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
+                       help="fraction of device memory to use (model + KV cache)")
+        g.add_argument("--kv-cache-memory", type=int, default=None,
+                       help="KV-cache size in bytes (overrides --gpu-memory-utilization)")
+        g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=d.enable_prefix_caching, help="reuse the KV cache of shared prompt prefixes")
+        g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
+        g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
+        g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                       default=d.enable_chunked_prefill, help="split long prompts across steps")
+        g.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=SCHEDULING_POLICIES,
+                       help="fcfs, or priority (lower request priority runs first)")
+        g.add_argument("--scheduler-cls", default=None,
+                       help="scheduler class path pkg.mod:Class (internal interface)")
+        g.add_argument("--logits-processors", default=None,
+                       help="comma-separated logits processor class paths")
+        g.add_argument("--attention-backend", default=None, help="registered attention backend name")
+        g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMAT_CHOICES,
+                       help="auto reads the weights; dummy uses random weights")
+        g.add_argument("--seed", type=int, default=d.seed, help="global random seed")
+        g.add_argument("--enforce-eager", action="store_true", help="never capture graphs or compile")
+        g.add_argument("--distributed-executor-backend", default=d.distributed_executor_backend,
+                       help="uni, mp, or an Executor class path")
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        """Build from parsed flags (attributes that the parser lacks keep their defaults)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+    # ------------------------------------------------------------------- resolution
+
+    def create_engine_config(self) -> EngineConfig:
+        """Resolve the model and validate every value.
+
+        Returns:
+            The engine configuration.
+
+        Raises:
+            ValueError: A flag has an invalid value (the message names the flag, the
+                value and what is expected), the model cannot be found, or its
+                architecture is not supported (the message lists the supported ones).
+        """
+        self._validate_flags()
+        from forkless.model_loader.default_model import resolve_model_path
+        from forkless.platforms import current_platform
+
+        try:  # a bad --attention-backend fails here, not later inside a worker
+            current_platform.get_attn_backend_cls(self.attention_backend)
+        except KeyError as exc:
+            raise ValueError(f"--attention-backend: {exc}") from None
+        model_path = resolve_model_path(self.model)
+        hf = _read_json(model_path / "config.json")
+        architecture = _check_architecture(hf)
+        device_type = current_platform.device_type
+        max_model_len = _resolve_max_model_len(self.max_model_len, hf, device_type)
+        generation_config = _generation_config(model_path)
+        batched = self.max_num_batched_tokens
+        if batched is None:
+            batched = 8192 if self.enable_chunked_prefill else max(8192, max_model_len)
+        scheduler_config = SchedulerConfig(
+            max_model_len=max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=batched,
+            policy=self.scheduling_policy,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+        )
+        config = EngineConfig(
+            model_config=ModelConfig(
+                model=str(model_path),
+                tokenizer=str(Path(self.tokenizer).expanduser()) if self.tokenizer else str(model_path),
+                served_model_name=self.served_model_name or _default_served_name(self.model, model_path),
+                architecture=architecture,
+                dtype=_resolve_dtype_name(self.dtype, hf, device_type),
+                max_model_len=max_model_len,
+                vocab_size=int(hf.get("vocab_size") or _text_config(hf).get("vocab_size")),
+                eos_token_id=_primary_eos(generation_config, hf),
+                generation_config=generation_config,
+                load_format=self.load_format,
+            ),
+            cache_config=CacheConfig(
+                block_size=self.block_size,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                kv_cache_memory=self.kv_cache_memory,
+                enable_prefix_caching=self.enable_prefix_caching,
+            ),
+            scheduler_config=scheduler_config,
+            device_config=DeviceConfig(
+                device_type=device_type,
+                attention_backend=self.attention_backend,
+                enforce_eager=self.enforce_eager,
+                seed=self.seed,
+                num_threads=self.num_threads,
+            ),
+            parallel_config=ParallelConfig(
+                distributed_executor_backend=_as_path(self.distributed_executor_backend)),
+            scheduler_cls=_as_path(self.scheduler_cls),
+            logits_processors=_split_paths(self.logits_processors),
+        )
+        current_platform.check_and_update_config(config)
+        return config
+
+    def _validate_flags(self) -> None:
+        if self.dtype not in DTYPE_CHOICES:
+            raise _bad_flag("--dtype", self.dtype, f"one of {', '.join(DTYPE_CHOICES)}")
+        if self.load_format not in LOAD_FORMAT_CHOICES:
+            raise _bad_flag("--load-format", self.load_format, f"one of {', '.join(LOAD_FORMAT_CHOICES)}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise _bad_flag("--scheduling-policy", self.scheduling_policy,
+                            f"one of {', '.join(SCHEDULING_POLICIES)}")
+        for flag, value in (("--block-size", self.block_size), ("--max-num-seqs", self.max_num_seqs),
+                            ("--max-model-len", self.max_model_len),
+                            ("--max-num-batched-tokens", self.max_num_batched_tokens),
+                            ("--kv-cache-memory", self.kv_cache_memory),
+                            ("--num-threads", self.num_threads)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise _bad_flag(flag, value, "a positive integer")
+        util = self.gpu_memory_utilization
+        if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0.0 < util <= 1.0:
+            raise _bad_flag("--gpu-memory-utilization", util, "a fraction in (0, 1]")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise _bad_flag("--seed", self.seed, "an integer")
+        if not self.distributed_executor_backend:
+            raise _bad_flag("--distributed-executor-backend", self.distributed_executor_backend,
+                            "uni, mp, or an Executor class path")
+
+
+# ------------------------------------------------------------------------- helpers
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def _text_config(hf: dict[str, Any]) -> dict[str, Any]:
+    # Multimodal configs nest the language model's fields.
+    nested = hf.get("text_config")
+    return nested if isinstance(nested, dict) else {}
+
+
+def _check_architecture(hf: dict[str, Any]) -> str:
+    from forkless.models.registry import ModelRegistry, UnsupportedArchitectureError
+
+    archs = hf.get("architectures") or []
+    for arch in archs:
+        if ModelRegistry.is_registered(arch):
+            return arch
+    # With no registered name, resolve_model_cls imports nothing and raises the canonical
+    # message (supported architectures + how to add one with a plugin).
+    ModelRegistry.resolve_model_cls(archs)
+    raise UnsupportedArchitectureError(f"model architecture(s) {archs} not supported")
+
+
+def _resolve_max_model_len(requested: int | None, hf: dict[str, Any], device_type: str) -> int:
+    limit = hf.get("max_position_embeddings") or _text_config(hf).get("max_position_embeddings")
+    if requested is not None:
+        if limit and requested > limit:
+            raise _bad_flag("--max-model-len", requested,
+                            f"at most the model's max_position_embeddings ({limit})")
+        return requested
+    if not limit:
+        raise ValueError("the model's config.json has no max_position_embeddings: pass --max-model-len")
+    if device_type == "cpu" and limit > CPU_DEFAULT_MAX_MODEL_LEN_CAP:
+        logger.info("max_model_len defaults to %d on CPU (the model allows %d; pass --max-model-len "
+                    "to change it)", CPU_DEFAULT_MAX_MODEL_LEN_CAP, limit)
+        return CPU_DEFAULT_MAX_MODEL_LEN_CAP
+    return int(limit)
+
+
+def _resolve_dtype_name(dtype: str, hf: dict[str, Any], device_type: str) -> str:
+    if dtype != "auto":
+        return dtype
+    if device_type == "cpu":
+        return "float32"
+    name = str(hf.get("dtype") or hf.get("torch_dtype") or "float32").removeprefix("torch.")
+    return name if name in DTYPE_CHOICES else "float32"
+
+
+def _generation_config(model_path: Path) -> dict[str, Any]:
+    data = _read_json(model_path / "generation_config.json")
+    # Only plain scalar / list values: the config crosses processes as msgpack.
+    return {k: v for k, v in data.items() if isinstance(v, (int, float, str, bool, list)) and v is not None}
+
+
+def _primary_eos(generation_config: dict[str, Any], hf: dict[str, Any]) -> int | None:
+    for source in (generation_config.get("eos_token_id"), hf.get("eos_token_id")):
+        if isinstance(source, list):
+            source = source[0] if source else None
+        if isinstance(source, int):
+            return source
+    return None
+
+
+def _default_served_name(model: str | None, model_path: Path) -> str:
+    if model is None:
+        from forkless.model_loader.default_model import DEFAULT_MODEL_NAME
+
+        return DEFAULT_MODEL_NAME
+    return str(model)
+
+
+def _as_path(value: Any) -> Any:
+    # Classes travel to other processes as paths (the config crosses them as msgpack).
+    return f"{value.__module__}:{value.__qualname__}" if isinstance(value, type) else value
+
+
+def _split_paths(value: str | type | list[str | type] | None) -> list[str]:
+    if value is None:
+        return []
+    items = [value] if isinstance(value, (str, type)) else list(value)
+    out: list[str] = []
+    for item in items:
+        if isinstance(item, type):
+            out.append(_as_path(item))
+        elif isinstance(item, str):
+            out.extend(p.strip() for p in item.split(",") if p.strip())
+        else:
+            raise _bad_flag("--logits-processors", item, "class paths pkg.mod:Class")
+    return out

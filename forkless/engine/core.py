@@ -1,0 +1,115 @@
+"""The engine core: scheduler + executor, stepped in a loop.
+
+It runs in-process under ``LLMEngine`` and in its own process under the server; either
+way it only sees ``EngineCoreRequest`` in and ``EngineCoreOutputs`` out.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Iterable
+
+from forkless.core.request import FinishReason, Request
+from forkless.core.sched import KVCacheConfig, get_scheduler_cls
+from forkless.engine.protocol import EngineCoreOutputs
+from forkless.executor import get_executor_cls
+from forkless.logger import init_logger
+
+if TYPE_CHECKING:
+    from forkless.config import EngineConfig
+    from forkless.core.sched import SchedulerStats
+    from forkless.engine.protocol import EngineCoreRequest
+
+logger = init_logger(__name__)
+
+
+class EngineCore:
+    """Owns the scheduler and the executor (and through it the workers).
+
+    Construction loads general plugins, starts the executor (which loads the model),
+    sizes the KV cache, and builds the scheduler from ``--scheduler-cls``.
+
+    Args:
+        config: The engine configuration. ``config.cache_config.num_blocks`` is set to
+            the number of KV-cache blocks the workers allocated.
+
+    Raises:
+        ValueError: The KV cache cannot hold one ``max_model_len`` sequence, or a class
+            path in the config is invalid.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        from forkless.plugins import load_general_plugins
+
+        load_general_plugins()
+        self.config = config
+        self.executor = get_executor_cls(config.parallel_config.distributed_executor_backend)(config)
+        try:
+            num_blocks = self.executor.determine_num_blocks()
+            self.executor.initialize_cache(num_blocks)
+            config.cache_config.num_blocks = num_blocks
+            kv_cache_config = KVCacheConfig(
+                num_blocks=num_blocks,
+                block_size=config.cache_config.block_size,
+                enable_prefix_caching=config.cache_config.enable_prefix_caching,
+            )
+            scheduler_cls = get_scheduler_cls(config.scheduler_cls)
+            self.scheduler = scheduler_cls(config.scheduler_config, kv_cache_config)
+        except BaseException:
+            self.executor.shutdown()
+            raise
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue a request.
+
+        Raises:
+            ValueError: It can never be served (empty prompt, prompt of ``max_model_len``
+                tokens or more, duplicate id).
+        """
+        self.scheduler.add_request(
+            Request(
+                request_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                sampling_params=request.sampling_params,
+                eos_token_id=request.eos_token_id,
+                arrival_time=request.arrival_time,
+                priority=request.priority,
+            )
+        )
+
+    def abort_requests(self, request_ids: Iterable[str], finish_reason: FinishReason = FinishReason.ABORT) -> None:
+        """Finish requests now (client gone, stop string hit). Unknown ids are ignored."""
+        self.scheduler.finish_requests(list(request_ids), finish_reason)
+
+    def step(self) -> EngineCoreOutputs:
+        """Schedule, execute and update once.
+
+        Returns:
+            The step's outputs (empty, with stats, when there is nothing to run).
+        """
+        if not self.scheduler.has_unfinished_requests():
+            return EngineCoreOutputs(scheduler_stats=self.make_stats(), timestamp=time.time())
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is waiting or running."""
+        return self.scheduler.has_unfinished_requests()
+
+    def make_stats(self) -> SchedulerStats:
+        """Queue lengths, KV usage and prefix-cache counters."""
+        return self.scheduler.make_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix."""
+        return self.scheduler.reset_prefix_cache()
+
+    def check_health(self) -> None:
+        """Raise when a worker is unhealthy."""
+        self.executor.check_health()
+
+    def shutdown(self) -> None:
+        """Stop the workers (idempotent)."""
+        self.executor.shutdown()

@@ -1,0 +1,104 @@
+"""The synchronous engine: processor + in-process ``EngineCore`` + output processor."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+from forkless.core.request import FinishReason
+from forkless.engine.core import EngineCore
+from forkless.engine.output_processor import OutputProcessor
+from forkless.engine.processor import Processor
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from forkless.config import EngineArgs, EngineConfig
+    from forkless.core.sched import SchedulerStats
+    from forkless.engine.processor import PromptType
+    from forkless.outputs import RequestOutput
+    from forkless.sampling_params import SamplingParams
+
+
+class LLMEngine:
+    """Runs requests to completion in the caller's thread (used by ``LLM``).
+
+    Args:
+        config: The engine configuration.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.processor = Processor(config)
+        self.output_processor = OutputProcessor(self.processor.tokenizer)
+        self.engine_core = EngineCore(config)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
+        """Resolve the arguments and build the engine."""
+        return cls(engine_args.create_engine_config())
+
+    def get_tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer."""
+        return self.processor.tokenizer
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        *,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> None:
+        """Validate, tokenize and queue a request.
+
+        Raises:
+            ValueError: Invalid prompt or parameters (see :meth:`Processor.process_inputs`).
+        """
+        processed = self.processor.process_inputs(
+            request_id, prompt, params, arrival_time=arrival_time, priority=priority
+        )
+        self.output_processor.add_request(processed)
+        added: list[str] = []
+        try:
+            for core_request in processed.core_requests:
+                self.engine_core.add_request(core_request)
+                added.append(core_request.request_id)
+        except BaseException:
+            self.output_processor.abort_requests([request_id])
+            self.engine_core.abort_requests(added)
+            raise
+
+    def step(self) -> list[RequestOutput]:
+        """Run one engine step.
+
+        Returns:
+            Outputs of requests with news (finished ones have ``finished=True``).
+        """
+        core_outputs = self.engine_core.step()
+        processed = self.output_processor.process_outputs(core_outputs.outputs, core_outputs.timestamp)
+        if processed.reqs_to_abort:
+            self.engine_core.abort_requests(processed.reqs_to_abort, FinishReason.STOP)
+        return processed.request_outputs
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        """Cancel requests (user-visible ids); unknown ids are ignored."""
+        if isinstance(request_ids, str):
+            request_ids = [request_ids]
+        self.engine_core.abort_requests(self.output_processor.abort_requests(request_ids))
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is still in flight."""
+        return self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        """Number of user-visible requests in flight."""
+        return self.output_processor.get_num_unfinished_requests()
+
+    def make_stats(self) -> SchedulerStats:
+        """The engine core's scheduler statistics."""
+        return self.engine_core.make_stats()
+
+    def shutdown(self) -> None:
+        """Stop the workers."""
+        self.engine_core.shutdown()

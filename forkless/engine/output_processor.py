@@ -1,0 +1,304 @@
+"""Output side of the engine: engine-core token ids -> ``RequestOutput`` (torch-free).
+
+Per request it detokenizes incrementally, applies stop strings (the engine core knows
+tokens, not text, so the caller must abort the ids returned in ``reqs_to_abort``), turns
+logprobs into ``Logprob`` dicts, merges the ``n`` child requests of a parent, honours
+``output_kind`` (cumulative, delta, final only) and records per-request timings.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+from forkless.engine.detokenizer import IncrementalDetokenizer
+from forkless.engine.stop_strings import find_stop_string
+from forkless.outputs import CompletionOutput, Logprob, RequestOutput
+from forkless.sampling_params import RequestOutputKind
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from forkless.core.sched.output import EngineCoreOutput
+    from forkless.engine.processor import ProcessedRequest
+    from forkless.sampling_params import SamplingParams
+
+
+@dataclass
+class RequestTiming:
+    """Lifecycle of one finished completion, for metrics (``time.time()`` seconds).
+
+    Attributes:
+        request_id: The engine-core request id (a child id for ``n > 1``).
+        parent_id: The user-visible request id.
+        arrival_time: When the request arrived.
+        first_token_time: When its first token came back, or ``None``.
+        last_token_time: When its last token came back, or ``None``.
+        num_prompt_tokens: Prompt length.
+        num_generation_tokens: Tokens generated.
+        num_cached_tokens: Prompt tokens served from the prefix cache.
+        finish_reason: ``"stop"``, ``"length"`` or ``"abort"``.
+    """
+
+    request_id: str
+    parent_id: str
+    arrival_time: float
+    first_token_time: float | None
+    last_token_time: float | None
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    num_cached_tokens: int
+    finish_reason: str | None
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_latency(self) -> float | None:
+        """Arrival to last token."""
+        return None if self.last_token_time is None else self.last_token_time - self.arrival_time
+
+
+@dataclass
+class OutputProcessorOutput:
+    """Result of one :meth:`OutputProcessor.process_outputs` call.
+
+    Attributes:
+        request_outputs: One ``RequestOutput`` per parent request with news.
+        reqs_to_abort: Engine-core ids finished by a stop string: abort them in the core.
+        finished: Timings of completions that finished.
+    """
+
+    request_outputs: list[RequestOutput] = field(default_factory=list)
+    reqs_to_abort: list[str] = field(default_factory=list)
+    finished: list[RequestTiming] = field(default_factory=list)
+
+
+class _Completion:
+    """State of one engine-core request (one of a parent's ``n`` completions)."""
+
+    def __init__(self, request_id: str, index: int, params: SamplingParams, parent: _Parent,
+                 tokenizer: PreTrainedTokenizerBase | None) -> None:
+        self.request_id = request_id
+        self.index = index
+        self.params = params
+        self.parent = parent
+        self.detok = (
+            IncrementalDetokenizer(tokenizer, parent.prompt_token_ids, params.skip_special_tokens)
+            if tokenizer is not None else None
+        )
+        self.text = ""
+        self.token_ids: list[int] = []
+        self.logprobs: list[dict[int, Logprob]] | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.num_cached_tokens = 0
+        stop = params.stop or []
+        # Text that could still be the start of a stop string is not shown before it is
+        # known not to be one.
+        self.hold_back = max((len(s) for s in stop), default=1) - 1
+        self.sent_text = 0
+        self.sent_tokens = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def update(self, out: EngineCoreOutput, now: float) -> bool:
+        """Apply one engine-core output; returns True when a stop string finished it."""
+        if self.first_token_time is None and out.new_token_ids:
+            self.first_token_time = now
+        if out.new_token_ids:
+            self.last_token_time = now
+        self.num_cached_tokens = out.num_cached_tokens
+        self.token_ids.extend(out.new_token_ids)
+        if out.new_logprobs is not None and self.logprobs is not None:
+            self._add_logprobs(out.new_logprobs)
+        stopped_by_text = False
+        if self.detok is not None:
+            new_text = self.detok.update(out.new_token_ids)
+            self.text += new_text
+            stop = self.params.stop
+            if stop and new_text and len(self.token_ids) >= self.params.min_tokens:
+                found = find_stop_string(self.text, len(new_text), stop, self.params.include_stop_str_in_output)
+                if found is not None:
+                    self.stop_reason, keep = found
+                    self.text = self.text[:keep]
+                    stopped_by_text = out.finish_reason is None
+                    self.finish_reason = "stop"
+                    return stopped_by_text
+        if out.finish_reason is not None:
+            self.finish_reason = str(getattr(out.finish_reason, "value", out.finish_reason))
+            self.stop_reason = out.stop_reason
+        return stopped_by_text
+
+    def _add_logprobs(self, raw: Any) -> None:
+        # The runner sends [token_ids, logprobs, sampled_rank]: sampled token first, then
+        # the top-n best first.
+        ids, values, rank = raw
+        assert self.logprobs is not None and self.cumulative_logprob is not None
+        entry: dict[int, Logprob] = {}
+        for i, (tok, value) in enumerate(zip(ids, values)):
+            if tok in entry:
+                continue
+            decoded = self.detok.decode_token(tok) if self.detok is not None else None
+            entry[tok] = Logprob(logprob=float(value), rank=int(rank) if i == 0 else i, decoded_token=decoded)
+        self.logprobs.append(entry)
+        self.cumulative_logprob += float(values[0])
+
+    def make_output(self, kind: RequestOutputKind) -> CompletionOutput:
+        visible = len(self.text) if self.finished else max(len(self.text) - self.hold_back, 0)
+        if kind is RequestOutputKind.DELTA:
+            text = self.text[self.sent_text:visible]
+            token_ids = self.token_ids[self.sent_tokens:]
+            logprobs = self.logprobs[self.sent_tokens:] if self.logprobs is not None else None
+        else:
+            text = self.text[:visible]
+            token_ids = list(self.token_ids)
+            logprobs = list(self.logprobs) if self.logprobs is not None else None
+        self.sent_text = max(self.sent_text, visible)
+        self.sent_tokens = len(self.token_ids)
+        return CompletionOutput(
+            index=self.index,
+            text=text,
+            token_ids=token_ids,
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
+        )
+
+    def timing(self) -> RequestTiming:
+        return RequestTiming(
+            request_id=self.request_id,
+            parent_id=self.parent.request_id,
+            arrival_time=self.parent.arrival_time,
+            first_token_time=self.first_token_time,
+            last_token_time=self.last_token_time,
+            num_prompt_tokens=len(self.parent.prompt_token_ids),
+            num_generation_tokens=len(self.token_ids),
+            num_cached_tokens=self.num_cached_tokens,
+            finish_reason=self.finish_reason,
+        )
+
+
+class _Parent:
+    """A user-visible request and its completions."""
+
+    def __init__(self, processed: ProcessedRequest) -> None:
+        self.request_id = processed.request_id
+        self.prompt = processed.prompt
+        self.prompt_token_ids = processed.prompt_token_ids
+        self.arrival_time = processed.arrival_time
+        self.kind = processed.params.output_kind
+        self.children: list[_Completion] = []
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finished for c in self.children)
+
+    def make_output(self, updated: list[_Completion]) -> RequestOutput | None:
+        finished = self.finished
+        if self.kind is RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        chosen = updated if self.kind is RequestOutputKind.DELTA else self.children
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt=self.prompt,
+            prompt_token_ids=self.prompt_token_ids,
+            outputs=[c.make_output(self.kind) for c in sorted(chosen, key=lambda c: c.index)],
+            finished=finished,
+            num_cached_tokens=self.children[0].num_cached_tokens,
+        )
+
+
+class OutputProcessor:
+    """Tracks every in-flight request between the caller and the engine core.
+
+    Args:
+        tokenizer: For detokenization; ``None`` returns token ids only (empty text).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None) -> None:
+        self.tokenizer = tokenizer
+        self._parents: dict[str, _Parent] = {}
+        self._children: dict[str, _Completion] = {}
+
+    def add_request(self, processed: ProcessedRequest) -> None:
+        """Start tracking a request before its core requests are sent.
+
+        Raises:
+            ValueError: The request id is already in flight.
+        """
+        if processed.request_id in self._parents:
+            raise ValueError(f"request id {processed.request_id!r} is already in use")
+        parent = _Parent(processed)
+        for index, core_req in enumerate(processed.core_requests):
+            child = _Completion(core_req.request_id, index, core_req.sampling_params, parent, self.tokenizer)
+            parent.children.append(child)
+            self._children[child.request_id] = child
+        self._parents[parent.request_id] = parent
+
+    def process_outputs(self, outputs: Iterable[EngineCoreOutput], now: float | None = None) -> OutputProcessorOutput:
+        """Apply one engine-core step's outputs.
+
+        Args:
+            outputs: ``EngineCoreOutputs.outputs``. Ids no longer tracked (aborted) are
+                ignored.
+            now: The time to record (default ``time.time()``).
+
+        Returns:
+            The request outputs, the ids to abort in the core, and finished timings.
+        """
+        now = time.time() if now is None else now
+        result = OutputProcessorOutput()
+        updated: dict[str, list[_Completion]] = {}
+        for out in outputs:
+            child = self._children.get(out.request_id)
+            if child is None or child.finished:
+                continue
+            if child.update(out, now):
+                result.reqs_to_abort.append(child.request_id)
+            updated.setdefault(child.parent.request_id, []).append(child)
+            if child.finished:
+                del self._children[child.request_id]
+                result.finished.append(child.timing())
+        for parent_id, children in updated.items():
+            parent = self._parents[parent_id]
+            request_output = parent.make_output(children)
+            if request_output is not None:
+                result.request_outputs.append(request_output)
+            if parent.finished:
+                del self._parents[parent_id]
+        return result
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
+        """Stop tracking requests (user-visible ids or engine-core ids).
+
+        Returns:
+            The engine-core ids to abort in the core.
+        """
+        to_abort: list[str] = []
+        for rid in request_ids:
+            parent = self._parents.pop(rid, None)
+            children = parent.children if parent is not None else []
+            if parent is None and rid in self._children:
+                children = [self._children[rid]]
+            for child in children:
+                if self._children.pop(child.request_id, None) is not None:
+                    to_abort.append(child.request_id)
+        return to_abort
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is in flight."""
+        return bool(self._parents)
+
+    def get_num_unfinished_requests(self) -> int:
+        """Number of user-visible requests in flight."""
+        return len(self._parents)

@@ -1,0 +1,227 @@
+"""Input side of the engine: prompts -> validated ``EngineCoreRequest``s (torch-free).
+
+Tokenizes text prompts, renders chat templates, validates prompts and sampling
+parameters against the model (clear ``ValueError``s, before anything reaches the engine
+core), fills in the model's EOS ids, and fans ``n > 1`` out into ``n`` child requests.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+
+from forkless.engine.protocol import EngineCoreRequest
+from forkless.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from forkless.config import EngineConfig
+    from forkless.logits_processors import LogitsProcessor
+
+# A prompt: text, token ids, or a vLLM-style dict with "prompt" or "prompt_token_ids".
+PromptType = Union[str, Sequence[int], Mapping[str, Any]]
+
+
+@dataclass
+class ProcessedRequest:
+    """One user request, ready for the output processor and the engine core.
+
+    Attributes:
+        request_id: The user-visible id.
+        prompt: The prompt text, when there was one.
+        prompt_token_ids: The tokenized prompt.
+        params: The request's parameters as given (``n`` may be > 1).
+        arrival_time: ``time.time()`` at arrival.
+        core_requests: What to send to the engine core: one request (same id) for
+            ``n == 1``, else ``n`` children with ids ``"{i}_{request_id}"``.
+    """
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    core_requests: list[EngineCoreRequest]
+
+
+def child_request_id(index: int, request_id: str) -> str:
+    """The engine-core id of completion ``index`` of a request with ``n > 1``."""
+    return f"{index}_{request_id}"
+
+
+class Processor:
+    """Validates and tokenizes requests for one engine.
+
+    Args:
+        config: The engine configuration.
+        tokenizer: A tokenizer to use instead of loading ``config.model_config.tokenizer``.
+    """
+
+    def __init__(self, config: EngineConfig, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+        self.config = config
+        self._tokenizer = tokenizer
+        self._custom_lp: list[type[LogitsProcessor]] | None = None
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer (loaded on first use with ``AutoTokenizer``)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.config.model_config.tokenizer)
+        return self._tokenizer
+
+    # --------------------------------------------------------------------- prompts
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Render a conversation with the tokenizer's chat template.
+
+        Args:
+            messages: OpenAI-style ``{"role": ..., "content": ...}`` messages.
+            chat_template: A Jinja template overriding the tokenizer's.
+            add_generation_prompt: End with the assistant turn's header.
+            continue_final_message: Leave the last message open for the model to continue.
+            tools: Tool schemas passed to the template.
+            chat_template_kwargs: Extra template variables (e.g. ``enable_thinking``).
+
+        Returns:
+            A prompt dict with ``prompt`` (the text) and ``prompt_token_ids``.
+
+        Raises:
+            ValueError: The tokenizer has no chat template and none was given.
+        """
+        tokenizer = self.tokenizer
+        if chat_template is None and not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                f"the tokenizer in {self.config.model_config.tokenizer} has no chat template; pass "
+                "chat_template=... or use generate() with a plain prompt"
+            )
+        text = tokenizer.apply_chat_template(
+            messages,
+            chat_template=chat_template,
+            tools=tools,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt and not continue_final_message,
+            continue_final_message=continue_final_message,
+            **(chat_template_kwargs or {}),
+        )
+        # The template already wrote the special tokens (BOS...) as text.
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return {"prompt": text, "prompt_token_ids": ids}
+
+    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, list(self.tokenizer.encode(prompt))
+        if isinstance(prompt, Mapping):
+            if prompt.get("prompt_token_ids") is not None:
+                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+            if isinstance(prompt.get("prompt"), str):
+                return prompt["prompt"], list(self.tokenizer.encode(prompt["prompt"]))
+            raise ValueError(f"a prompt dict needs 'prompt' (text) or 'prompt_token_ids', got keys {sorted(prompt)}")
+        if isinstance(prompt, Sequence) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return None, list(prompt)
+        raise ValueError(f"a prompt must be a string, a list of token ids, or a dict; got {type(prompt).__name__}")
+
+    # ------------------------------------------------------------------ validation
+
+    def _validate_prompt(self, ids: list[int]) -> None:
+        mc = self.config.model_config
+        if not ids:
+            raise ValueError("the prompt is empty: it must contain at least one token")
+        if len(ids) >= mc.max_model_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens, but max_model_len (--max-model-len) is "
+                f"{mc.max_model_len}: prompt + output must fit in it, so the prompt must be "
+                f"shorter than {mc.max_model_len} tokens"
+            )
+        bad = [t for t in ids if not 0 <= t < mc.vocab_size]
+        if bad:
+            raise ValueError(f"the prompt has token ids {bad[:5]} outside the vocabulary [0, {mc.vocab_size})")
+
+    def _validate_params(self, params: Any, priority: int) -> SamplingParams:
+        from forkless.logits_processors import load_custom_classes, validate_request_params
+
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        params.validate()
+        if self._custom_lp is None:
+            self._custom_lp = load_custom_classes(self.config.logits_processors)
+        validate_request_params(params, self._custom_lp, self.config.model_config.vocab_size)
+        if priority != 0 and self.config.scheduler_config.policy != "priority":
+            raise ValueError(
+                f"priority={priority} was given but the scheduling policy is "
+                f"{self.config.scheduler_config.policy!r}: start the engine with "
+                "--scheduling-policy priority"
+            )
+        return params
+
+    # --------------------------------------------------------------------- requests
+
+    def process_inputs(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        *,
+        arrival_time: float | None = None,
+        priority: int = 0,
+    ) -> ProcessedRequest:
+        """Tokenize and validate one request.
+
+        Args:
+            request_id: Unique id of the request.
+            prompt: Text, token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``.
+            params: Sampling parameters (default ``SamplingParams()``); not modified.
+            arrival_time: Default ``time.time()``.
+            priority: Lower runs first under ``--scheduling-policy priority``.
+
+        Returns:
+            The processed request.
+
+        Raises:
+            ValueError: Empty prompt, prompt not shorter than ``max_model_len``, token ids
+                outside the vocabulary, invalid sampling parameters, or a priority
+                without the priority policy.
+        """
+        params = self._validate_params(params if params is not None else SamplingParams(), priority)
+        text, ids = self._tokenize(prompt)
+        self._validate_prompt(ids)
+        arrival_time = time.time() if arrival_time is None else arrival_time
+        mc = self.config.model_config
+        tokenizer_eos = self.tokenizer.eos_token_id
+        eos = mc.eos_token_id if mc.eos_token_id is not None else tokenizer_eos
+        core_params = params.clone()
+        core_params.update_from_generation_config(mc.generation_config, tokenizer_eos)
+        if params.n == 1:
+            children = [(request_id, core_params)]
+        else:
+            children = []
+            for i in range(params.n):
+                child = core_params.clone()
+                child.n = 1
+                if child.seed is not None:
+                    child.seed += i
+                children.append((child_request_id(i, request_id), child))
+        core_requests = [
+            EngineCoreRequest(
+                request_id=rid,
+                prompt_token_ids=ids,
+                sampling_params=p,
+                eos_token_id=eos,
+                arrival_time=arrival_time,
+                priority=priority,
+            )
+            for rid, p in children
+        ]
+        return ProcessedRequest(request_id, text, ids, params, arrival_time, core_requests)

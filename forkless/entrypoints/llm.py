@@ -1,0 +1,176 @@
+"""The offline API: ``LLM(model).generate(prompts, params)`` and ``LLM.chat(messages, params)``."""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any, Sequence
+
+from forkless.config import EngineArgs
+from forkless.engine.llm_engine import LLMEngine
+from forkless.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from forkless.engine.processor import PromptType
+    from forkless.outputs import RequestOutput
+
+Conversation = list[dict[str, Any]]
+
+
+class LLM:
+    """An engine in this process, for batch generation.
+
+    Args:
+        model: A Hugging Face model folder, a ``.gguf`` file, or ``None`` for the
+            embedded default model (SmolLM2-135M-Instruct).
+        **engine_args: Any :class:`forkless.config.EngineArgs` field, named like vLLM's
+            flags (``max_model_len=...``, ``enable_prefix_caching=...``).
+
+    Raises:
+        ValueError: An invalid engine argument (the message names it).
+        TypeError: An unknown engine argument.
+    """
+
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        try:
+            args = EngineArgs(model=model, **engine_args)
+        except TypeError as exc:
+            import dataclasses
+
+            known = sorted(f.name for f in dataclasses.fields(EngineArgs))
+            raise TypeError(f"{exc}; known engine arguments: {', '.join(known)}") from None
+        self.llm_engine = LLMEngine.from_engine_args(args)
+        self._counter = itertools.count()
+
+    def get_tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer."""
+        return self.llm_engine.get_tokenizer()
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate completions for prompts, batched by the engine.
+
+        Args:
+            prompts: One prompt or a list: text, token ids (a list of ints is one
+                prompt), or ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}`` dicts.
+            sampling_params: One for all prompts, one per prompt, or ``None`` for
+                ``SamplingParams()``.
+            use_tqdm: Show a progress bar over requests.
+            priority: Per-prompt priority (``--scheduling-policy priority``).
+
+        Returns:
+            One finished ``RequestOutput`` per prompt, in input order.
+
+        Raises:
+            ValueError: An invalid prompt or parameter; nothing is left running.
+        """
+        prompt_list = self._as_list(prompts)
+        return self._run(prompt_list, sampling_params, use_tqdm, priority)
+
+    def chat(
+        self,
+        messages: Conversation | Sequence[Conversation],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to conversations, rendered with the tokenizer's chat template.
+
+        Args:
+            messages: One conversation (a list of ``{"role", "content"}`` dicts) or a
+                list of conversations.
+            sampling_params: As in :meth:`generate`.
+            use_tqdm: Show a progress bar.
+            chat_template: A Jinja template overriding the tokenizer's.
+            chat_template_kwargs: Extra template variables.
+            add_generation_prompt: End the prompt with the assistant turn's header.
+            continue_final_message: Let the model continue the last message instead.
+            tools: Tool schemas for the template.
+
+        Returns:
+            One ``RequestOutput`` per conversation, in order.
+        """
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        processor = self.llm_engine.processor
+        prompts = [
+            processor.apply_chat_template(
+                conv,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=tools,
+                chat_template_kwargs=chat_template_kwargs,
+            )
+            for conv in conversations
+        ]
+        return self._run(prompts, sampling_params, use_tqdm, None)
+
+    # ------------------------------------------------------------------- helpers
+
+    @staticmethod
+    def _as_list(prompts: Any) -> list[Any]:
+        if isinstance(prompts, (str, dict)):
+            return [prompts]
+        prompts = list(prompts)
+        if prompts and all(isinstance(t, int) for t in prompts):
+            return [prompts]  # one prompt given as token ids
+        return prompts
+
+    def _run(
+        self,
+        prompts: list[Any],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+        priority: Sequence[int] | None,
+    ) -> list[RequestOutput]:
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError(
+                    f"got {len(params_list)} sampling_params for {len(prompts)} prompts: pass one, "
+                    "or one per prompt"
+                )
+        priorities = list(priority) if priority is not None else [0] * len(prompts)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
+        engine = self.llm_engine
+        ids: list[str] = []
+        try:
+            for prompt, params, prio in zip(prompts, params_list, priorities):
+                request_id = str(next(self._counter))
+                engine.add_request(request_id, prompt, params, priority=prio)
+                ids.append(request_id)
+            return self._run_engine(ids, use_tqdm)
+        except BaseException:
+            engine.abort_request(ids)
+            raise
+
+    def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        from tqdm.auto import tqdm
+
+        engine = self.llm_engine
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm,
+                  dynamic_ncols=True) as bar:
+            while engine.has_unfinished_requests():
+                for output in engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+                        bar.update(1)
+        return [finished[i] for i in ids]
+
+    def shutdown(self) -> None:
+        """Stop the engine's workers."""
+        self.llm_engine.shutdown()

@@ -1,0 +1,43 @@
+"""The in-process executor: one worker, called directly (``--distributed-executor-backend uni``)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from forkless.executor.abstract import Executor
+from forkless.worker.worker import create_worker
+
+if TYPE_CHECKING:
+    from forkless.config import EngineConfig
+    from forkless.core.sched.output import ModelRunnerOutput, SchedulerOutput
+
+
+class UniProcExecutor(Executor):
+    """Runs the platform's worker class in the engine core's own process.
+
+    Args:
+        config: The engine configuration.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.worker = create_worker(config, rank=0)
+        self.worker.init_device()
+        self.worker.load_model()
+
+    def determine_num_blocks(self) -> int:
+        return self.worker.determine_num_blocks()
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.worker.initialize_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.worker.execute_model(scheduler_output)
+
+    def check_health(self) -> None:
+        self.worker.check_health()
+
+    def shutdown(self) -> None:
+        worker, self.worker = getattr(self, "worker", None), None
+        if worker is not None:
+            worker.shutdown()

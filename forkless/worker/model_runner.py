@@ -1,0 +1,232 @@
+"""The model runner: turns a ``SchedulerOutput`` into one forward pass and sampled tokens.
+
+It keeps a persistent ``InputBatch`` (one row per scheduled request, so logits processors
+and seeded generators keep their state across steps) and the per-request state needed to
+put a request back in the batch after a step in which it was not scheduled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import numpy as np
+import torch
+
+from forkless.attention import AttentionBackend, AttentionMetadata
+from forkless.plugins import resolve_class
+from forkless.core.sched.output import ModelRunnerOutput
+from forkless.logits_processors import build_logits_processors
+from forkless.model_loader import load_model, resolve_dtype
+from forkless.sample import InputBatch, Sampler
+from forkless.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from forkless.config import EngineConfig
+    from forkless.core.sched.output import ScheduledRequest, SchedulerOutput
+
+
+@dataclass
+class _RequestState:
+    params: SamplingParams
+    prompt_token_ids: list[int]
+    # The very list the input batch appends sampled tokens to.
+    output_token_ids: list[int]
+
+
+def _as_sampling_params(params: Any) -> SamplingParams:
+    # After a msgpack hop the params arrive as a plain dict.
+    if isinstance(params, SamplingParams):
+        return params
+    return msgspec.convert(params, SamplingParams)
+
+
+class ModelRunner:
+    """Owns the model, its KV cache and the sampling state of one worker.
+
+    Args:
+        config: The engine configuration.
+        device: The worker's device.
+    """
+
+    def __init__(self, config: EngineConfig, device: torch.device) -> None:
+        from transformers import AutoConfig
+
+        from forkless.platforms import current_platform
+
+        self.config = config
+        self.device = device
+        mc = config.model_config
+        self.hf_config = AutoConfig.from_pretrained(mc.model)
+        # The platform picks the backend (its default, or --attention-backend), so a
+        # platform plugin can bring its own kernels without registering them.
+        backend_path = current_platform.get_attn_backend_cls(config.device_config.attention_backend)
+        self.attn_backend = resolve_class(backend_path, AttentionBackend, "--attention-backend")
+        self.dtype = resolve_dtype(mc.dtype, self.hf_config, device)
+        self.model = load_model(mc.model, self.hf_config, self.dtype, device, self.attn_backend, mc.load_format)
+        self.kv_spec = type(self.model).get_kv_cache_spec(self.hf_config)
+        self.block_size = config.cache_config.block_size
+        self.kv_caches: list[torch.Tensor] = []
+        self.pin_memory = device.type == "cuda"
+        processors = build_logits_processors(config, device, self.pin_memory, custom=config.logits_processors)
+        self.input_batch = InputBatch(
+            max_num_reqs=config.scheduler_config.max_num_seqs,
+            vocab_size=mc.vocab_size,
+            device=device,
+            pin_memory=self.pin_memory,
+            logits_processors=processors,
+        )
+        self.sampler = Sampler()
+        self.requests: dict[str, _RequestState] = {}
+
+    # ------------------------------------------------------------------ KV cache
+
+    def _layer_shape(self, num_blocks: int) -> tuple[int, ...]:
+        spec = self.kv_spec
+        return self.attn_backend.get_kv_cache_shape(num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """KV bytes of one block, all layers together."""
+        elems = int(np.prod(self._layer_shape(1)))
+        return elems * self.dtype.itemsize * self.kv_spec.num_layers
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        """Allocate one cache tensor per layer (zeroed: kernels may read padding)."""
+        shape = self._layer_shape(num_blocks)
+        self.kv_caches = [self._zeros(shape) for _ in range(self.kv_spec.num_layers)]
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        if self.device.type != "cpu":
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # calloc'd memory: the OS hands out zero pages on first touch, so a multi-GiB
+        # cache costs nothing until used (torch.zeros would memset it all up front).
+        nbytes = int(np.prod(shape)) * self.dtype.itemsize
+        return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(self.dtype).view(shape)
+
+    @torch.inference_mode()
+    def profile_run(self) -> None:
+        """A forward pass at the step's token budget without a KV cache (peak activations)."""
+        sched = self.config.scheduler_config
+        total = sched.max_num_batched_tokens
+        lens = [min(sched.max_model_len, total - i) for i in range(0, total, sched.max_model_len)]
+        starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lens])).to(self.device)
+        md = AttentionMetadata(
+            slot_mapping=torch.full((total,), -1, dtype=torch.int64, device=self.device),
+            query_start_loc=torch.from_numpy(starts).to(self.device),
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device),
+            block_tables=torch.zeros((len(lens), 1), dtype=torch.int32, device=self.device),
+            max_query_len=max(lens),
+            max_seq_len=max(lens),
+            block_size=self.block_size,
+            query_start_loc_cpu=torch.from_numpy(starts),
+            seq_lens_cpu=torch.tensor(lens, dtype=torch.int32),
+        )
+        input_ids = torch.zeros(total, dtype=torch.int64, device=self.device)
+        empty = [torch.empty(0, dtype=self.dtype, device=self.device)] * self.kv_spec.num_layers
+        hidden = self.model(input_ids, positions, empty, md)
+        self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
+
+    # -------------------------------------------------------------------- a step
+
+    @torch.inference_mode()
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step.
+
+        Args:
+            scheduler_output: The scheduler's plan (see ``forkless.core.sched.output``).
+
+        Returns:
+            One sampled token per request scheduled with ``sample``, and their logprobs
+            as ``[token_ids, logprobs, sampled_rank]`` (sampled token first) for requests
+            that asked for logprobs.
+        """
+        self._update_states(scheduler_output)
+        if scheduler_output.is_empty:
+            return ModelRunnerOutput()
+        metadata = self.input_batch.refresh()
+        by_id = {s.request_id: s for s in scheduler_output.scheduled_requests}
+        rows = [by_id[rid] for rid in self.input_batch.req_ids if rid is not None]
+        input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
+        hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
+        if not any(s.sample for s in rows):
+            return ModelRunnerOutput()  # only prefill chunks that end mid-prompt
+        logits = self.model.compute_logits(hidden[last_idx])
+        out = self.sampler(logits, metadata)
+        sampled = out.sampled_token_ids.tolist()
+        self.input_batch.append_output_tokens([t if s.sample else None for s, t in zip(rows, sampled)])
+        result = ModelRunnerOutput(
+            sampled_token_ids={s.request_id: [t] for s, t in zip(rows, sampled) if s.sample}
+        )
+        if out.logprobs is not None:
+            per_row = out.logprobs.tolists(metadata.num_logprobs)
+            result.logprobs = {
+                s.request_id: list(row) for s, row in zip(rows, per_row) if s.sample and row is not None
+            }
+        return result
+
+    def _update_states(self, so: SchedulerOutput) -> None:
+        batch = self.input_batch
+        for rid in (*so.finished_request_ids, *so.preempted_request_ids):
+            self.requests.pop(rid, None)
+            batch.remove_request(rid)
+        scheduled = {s.request_id for s in so.scheduled_requests}
+        # Rows must be exactly this step's requests; unscheduled ones keep their state.
+        for rid in [r for r in batch.req_id_to_index if r not in scheduled]:
+            batch.remove_request(rid)
+        for s in so.scheduled_requests:
+            rid = s.request_id
+            if s.is_new:
+                batch.remove_request(rid)
+                self.requests[rid] = _RequestState(
+                    _as_sampling_params(s.sampling_params),
+                    list(s.prompt_token_ids or ()),
+                    list(s.output_token_ids or ()),
+                )
+            if rid not in batch.req_id_to_index:
+                state = self.requests.get(rid)
+                if state is None:
+                    raise RuntimeError(
+                        f"request {rid!r} was scheduled as a running request but the model runner "
+                        "never received it with is_new=True"
+                    )
+                batch.add_request(rid, state.params, state.prompt_token_ids, state.output_token_ids)
+
+    def _prepare_inputs(
+        self, rows: list[ScheduledRequest]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
+        bs = self.block_size
+        num_tokens = [len(s.token_ids) for s in rows]
+        starts = np.zeros(len(rows) + 1, dtype=np.int32)
+        np.cumsum(num_tokens, out=starts[1:])
+        positions = np.empty(starts[-1], dtype=np.int64)
+        slots = np.empty(starts[-1], dtype=np.int64)
+        max_blocks = max(len(s.block_ids) for s in rows)
+        # Padding entries point at block 0 so that a kernel reading them stays in bounds.
+        block_tables = np.zeros((len(rows), max_blocks), dtype=np.int32)
+        for i, s in enumerate(rows):
+            pos = np.arange(s.start_position, s.start_position + num_tokens[i])
+            table = np.asarray(s.block_ids, dtype=np.int64)
+            positions[starts[i] : starts[i + 1]] = pos
+            slots[starts[i] : starts[i + 1]] = table[pos // bs] * bs + pos % bs
+            block_tables[i, : len(table)] = table
+        seq_lens = np.array([s.start_position + n for s, n in zip(rows, num_tokens)], dtype=np.int32)
+        input_ids = np.fromiter((t for s in rows for t in s.token_ids), dtype=np.int64, count=int(starts[-1]))
+        dev = self.device
+        starts_t = torch.from_numpy(starts)
+        seq_lens_t = torch.from_numpy(seq_lens)
+        md = AttentionMetadata(
+            slot_mapping=torch.from_numpy(slots).to(dev),
+            query_start_loc=starts_t.to(dev),
+            seq_lens=seq_lens_t.to(dev),
+            block_tables=torch.from_numpy(block_tables).to(dev),
+            max_query_len=max(num_tokens),
+            max_seq_len=int(seq_lens.max()),
+            block_size=bs,
+            query_start_loc_cpu=starts_t,
+            seq_lens_cpu=seq_lens_t,
+        )
+        last_idx = torch.from_numpy(starts[1:].astype(np.int64) - 1).to(dev)
+        return torch.from_numpy(input_ids).to(dev), torch.from_numpy(positions).to(dev), md, last_idx

@@ -1,0 +1,144 @@
+"""The worker: one device, one model runner (``Platform.worker_cls`` points here by default)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from forkless.logger import init_logger
+from forkless.worker.kv_budget import kv_budget_bytes, num_blocks_for
+
+if TYPE_CHECKING:
+    from forkless.config import EngineConfig
+    from forkless.core.sched.output import ModelRunnerOutput, SchedulerOutput
+    from forkless.worker.model_runner import ModelRunner
+
+logger = init_logger(__name__)
+
+
+class Worker:
+    """Drives one device for the executor.
+
+    Lifecycle: ``init_device()``, ``load_model()``, ``determine_num_blocks()``,
+    ``initialize_cache(n)``, then ``execute_model(...)`` per step, ``shutdown()``.
+
+    Args:
+        config: The engine configuration.
+        rank: Global rank of this worker.
+        local_rank: Device index on this host.
+        distributed_init_method: Rendezvous address for multi-worker setups (unused by
+            a single worker).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        rank: int = 0,
+        local_rank: int = 0,
+        distributed_init_method: str | None = None,
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.local_rank = local_rank
+        self.distributed_init_method = distributed_init_method
+        self.device: torch.device | None = None
+        self.model_runner: ModelRunner | None = None
+
+    def init_device(self) -> None:
+        """Select the device, apply the thread count, and seed the global generators."""
+        from forkless.platforms import current_platform
+
+        self.device = current_platform.torch_device(self.local_rank)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        threads = self.config.device_config.num_threads
+        if threads is not None:
+            torch.set_num_threads(threads)
+        current_platform.seed_everything(self.config.device_config.seed)
+
+    def load_model(self) -> None:
+        """Build the model runner (loads the weights and the logits processors)."""
+        from forkless.worker.model_runner import ModelRunner
+
+        assert self.device is not None, "call init_device() first"
+        self.model_runner = ModelRunner(self.config, self.device)
+
+    def determine_num_blocks(self) -> int:
+        """KV-cache blocks this worker can hold.
+
+        Raises:
+            ValueError: The budget cannot hold one ``max_model_len`` sequence.
+        """
+        from forkless.platforms import current_platform
+
+        runner = self._runner()
+        assert self.device is not None
+        used = 0
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            runner.profile_run()
+            torch.cuda.synchronize(self.device)
+            free, total = torch.cuda.mem_get_info(self.device)
+            # Memory in use now plus the activation peak the profile reached above it.
+            peak_extra = torch.cuda.max_memory_allocated(self.device) - torch.cuda.memory_allocated(self.device)
+            used = total - free + peak_extra
+        else:
+            free = current_platform.free_memory_bytes(self.local_rank)
+            total = current_platform.total_memory_bytes(self.local_rank)
+        per_block = runner.bytes_per_block
+        budget = kv_budget_bytes(
+            self.config,
+            device_type=self.device.type,
+            free_bytes=free,
+            total_bytes=total,
+            used_bytes=used,
+            bytes_per_block=per_block,
+        )
+        num_blocks = num_blocks_for(budget, per_block, self.config)
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.1f MiB)",
+            num_blocks, self.config.cache_config.block_size, num_blocks * per_block / (1 << 20),
+        )
+        return num_blocks
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        """Allocate the KV cache."""
+        self._runner().initialize_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step (see :meth:`ModelRunner.execute_model`)."""
+        return self._runner().execute_model(scheduler_output)
+
+    def check_health(self) -> None:
+        """Raise when the worker cannot run steps."""
+        self._runner()
+
+    def shutdown(self) -> None:
+        """Free the model and the KV cache."""
+        self.model_runner = None
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def _runner(self) -> ModelRunner:
+        if self.model_runner is None:
+            raise RuntimeError("the worker has no model: call load_model() first (or it was shut down)")
+        return self.model_runner
+
+
+def create_worker(config: EngineConfig, rank: int = 0, local_rank: int | None = None,
+                  distributed_init_method: str | None = None) -> Worker:
+    """Instantiate the platform's worker class (``config.parallel_config.worker_cls``
+    or ``current_platform.worker_cls``).
+
+    Raises:
+        TypeError: The class does not subclass :class:`Worker`.
+    """
+    from forkless.platforms import current_platform
+    from forkless.plugins import resolve_class
+
+    path = config.parallel_config.worker_cls or current_platform.worker_cls
+    cls = resolve_class(path, Worker, "worker_cls")
+    return cls(config, rank=rank, local_rank=rank if local_rank is None else local_rank,
+               distributed_init_method=distributed_init_method)

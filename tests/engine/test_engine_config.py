@@ -1,0 +1,91 @@
+"""Engine arguments, configuration and the messages that cross process boundaries."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import msgspec
+import pytest
+
+from forkless.config import EngineArgs, EngineConfig
+from forkless.core.request import FinishReason
+from forkless.core.sched import EngineCoreOutput, SchedulerStats
+from forkless.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from forkless.executor import Executor, get_executor_cls
+from forkless.sampling_params import SamplingParams
+
+
+def test_cli_flags_use_vllm_names_and_build_a_config(llama_dir) -> None:
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = parser.parse_args([
+        str(llama_dir), "--max-model-len", "128", "--block-size", "8", "--no-enable-prefix-caching",
+        "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--scheduling-policy", "priority",
+        "--logits-processors", "a.b:C, d.e:F", "--kv-cache-memory", "1000000", "--dtype", "float32",
+    ])
+    config = EngineArgs.from_cli_args(args).create_engine_config()
+    assert config.model_config.model == str(llama_dir)
+    assert config.model_config.architecture == "LlamaForCausalLM"
+    assert config.model_config.max_model_len == 128
+    assert config.model_config.eos_token_id == 1
+    assert config.cache_config.block_size == 8 and not config.cache_config.enable_prefix_caching
+    assert config.scheduler_config.policy == "priority"
+    assert config.scheduler_config.max_num_batched_tokens == 64
+    assert config.logits_processors == ["a.b:C", "d.e:F"]
+
+
+def test_engine_config_round_trips_through_msgpack(llama_dir) -> None:
+    config = EngineArgs(model=str(llama_dir), kv_cache_memory=1 << 20).create_engine_config()
+    data = msgspec.msgpack.encode(config.to_builtins())
+    back = EngineConfig.from_builtins(msgspec.msgpack.decode(data))
+    assert back == config
+
+
+def test_protocol_messages_round_trip_through_msgpack() -> None:
+    request = EngineCoreRequest(
+        request_id="r1", prompt_token_ids=[1, 2, 3],
+        sampling_params=SamplingParams(temperature=0.5, stop=["x"], logit_bias={3: 1.0}),
+        eos_token_id=2, arrival_time=time.time(), priority=1,
+    )
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(request), type=EngineCoreRequest)
+    assert back == request
+    outputs = EngineCoreOutputs(
+        outputs=[EngineCoreOutput("r1", [4], FinishReason.STOP, 2, [[4, 5], [-0.1, -2.0], 1], 4)],
+        scheduler_stats=SchedulerStats(num_running=1, prefix_cache_hits=3),
+        timestamp=1.5,
+    )
+    back_out = msgspec.msgpack.decode(msgspec.msgpack.encode(outputs), type=EngineCoreOutputs)
+    assert back_out == outputs
+    assert back_out.outputs[0].finish_reason is FinishReason.STOP
+
+
+@pytest.mark.parametrize("kwargs, flag", [
+    ({"dtype": "int8"}, "--dtype"),
+    ({"block_size": 0}, "--block-size"),
+    ({"gpu_memory_utilization": 1.5}, "--gpu-memory-utilization"),
+    ({"scheduling_policy": "lifo"}, "--scheduling-policy"),
+    ({"max_model_len": 100000}, "--max-model-len"),
+])
+def test_invalid_engine_args_name_the_flag(llama_dir, kwargs, flag) -> None:
+    with pytest.raises(ValueError, match=flag):
+        EngineArgs(model=str(llama_dir), **kwargs).create_engine_config()
+
+
+def test_unsupported_architecture_lists_the_supported_ones(tmp_path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"]}))
+    with pytest.raises(ValueError, match="FooForCausalLM") as info:
+        EngineArgs(model=str(tmp_path)).create_engine_config()
+    assert "LlamaForCausalLM" in str(info.value) and "Qwen3ForCausalLM" in str(info.value)
+
+
+def test_executor_backend_resolution() -> None:
+    from forkless.executor.uniproc import UniProcExecutor
+
+    assert get_executor_cls("uni") is UniProcExecutor
+    assert get_executor_cls("forkless.executor.uniproc:UniProcExecutor") is UniProcExecutor
+    with pytest.raises(ValueError, match="--distributed-executor-backend"):
+        get_executor_cls("nonsense")
+    with pytest.raises(TypeError, match="Executor"):
+        get_executor_cls("forkless.config:EngineArgs")
+    assert issubclass(UniProcExecutor, Executor)

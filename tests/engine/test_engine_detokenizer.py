@@ -1,0 +1,32 @@
+"""Incremental detokenization matches a full decode, multi-byte characters included."""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer
+
+from forkless.engine.detokenizer import IncrementalDetokenizer
+
+TEXTS = [
+    "Caf\u00e9 cr\u00e8me br\u00fbl\u00e9e",
+    "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 and emoji \U0001f600\U0001f680!",
+    " leading space, then   several spaces",
+]
+
+
+def test_token_by_token_text_equals_full_decode(llama_dir) -> None:
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    for text in TEXTS:
+        ids = tok.encode(text)
+        detok = IncrementalDetokenizer(tok, tok.encode("Prompt:"), skip_special_tokens=True)
+        pieces = [detok.update([i]) for i in ids]
+        assert "".join(pieces) == text == detok.output_text
+        assert all("\ufffd" not in p for p in pieces)  # never a half character
+
+
+def test_special_tokens_are_skipped_or_kept(llama_dir) -> None:
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    ids = tok.encode("Hello") + [tok.convert_tokens_to_ids("<|im_end|>")] + tok.encode(" world")
+    skip = IncrementalDetokenizer(tok, [], skip_special_tokens=True)
+    keep = IncrementalDetokenizer(tok, [], skip_special_tokens=False)
+    assert "".join(skip.update([i]) for i in ids) == "Hello world"
+    assert "".join(keep.update([i]) for i in ids) == "Hello<|im_end|> world"

@@ -1,0 +1,84 @@
+"""The output side on its own: streaming kinds, stop strings, n > 1 merging, aborts."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from forkless.config import EngineArgs
+from forkless.core.request import FinishReason
+from forkless.core.sched import EngineCoreOutput
+from forkless.engine.output_processor import OutputProcessor
+from forkless.engine.processor import Processor
+from forkless.sampling_params import RequestOutputKind, SamplingParams
+
+TEXT = " jumps over the lazy dog. Paris is the capital"
+
+
+@pytest.fixture(scope="module")
+def parts(llama_dir):
+    config = EngineArgs(model=str(llama_dir)).create_engine_config()
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    return Processor(config, tok), tok
+
+
+def _feed(out_proc: OutputProcessor, rid: str, ids: list[int], last_reason=None):
+    results = []
+    for i, tok_id in enumerate(ids):
+        reason = last_reason if i == len(ids) - 1 else None
+        results.append(out_proc.process_outputs([EngineCoreOutput(rid, [tok_id], reason)]))
+    return results
+
+
+def test_delta_outputs_concatenate_to_the_final_text(parts) -> None:
+    processor, tok = parts
+    ids = tok.encode(TEXT)
+    out_proc = OutputProcessor(tok)
+    params = SamplingParams(max_tokens=len(ids), output_kind=RequestOutputKind.DELTA)
+    out_proc.add_request(processor.process_inputs("r", "The quick brown fox", params))
+    results = _feed(out_proc, "r", ids, FinishReason.LENGTH)
+    deltas = [o.outputs[0] for r in results for o in r.request_outputs]
+    assert "".join(d.text for d in deltas) == TEXT
+    assert [t for d in deltas for t in d.token_ids] == ids
+    assert deltas[-1].finish_reason == "length" and not out_proc.has_unfinished_requests()
+    timing = results[-1].finished[0]
+    assert timing.num_generation_tokens == len(ids) and timing.ttft is not None
+
+
+def test_final_only_emits_once(parts) -> None:
+    processor, tok = parts
+    ids = tok.encode(TEXT)
+    out_proc = OutputProcessor(tok)
+    params = SamplingParams(output_kind=RequestOutputKind.FINAL_ONLY)
+    out_proc.add_request(processor.process_inputs("r", "Hi", params))
+    results = _feed(out_proc, "r", ids, FinishReason.LENGTH)
+    emitted = [o for r in results for o in r.request_outputs]
+    assert len(emitted) == 1 and emitted[0].finished and emitted[0].outputs[0].text == TEXT
+
+
+def test_stop_string_is_held_back_then_truncated_and_aborted(parts) -> None:
+    processor, tok = parts
+    ids = tok.encode(TEXT)
+    out_proc = OutputProcessor(tok)
+    out_proc.add_request(processor.process_inputs("r", "Hi", SamplingParams(stop=["lazy dog"])))
+    results = _feed(out_proc, "r", ids)
+    streamed = [o.outputs[0].text for r in results for o in r.request_outputs]
+    assert all("lazy" not in t for t in streamed)  # a possible stop string is never shown
+    final = [o for r in results for o in r.request_outputs if o.finished]
+    assert final[0].outputs[0].text == " jumps over the "
+    assert final[0].outputs[0].stop_reason == "lazy dog"
+    assert [rid for r in results for rid in r.reqs_to_abort] == ["r"]
+
+
+def test_n_children_merge_and_abort_by_parent(parts) -> None:
+    processor, tok = parts
+    processed = processor.process_inputs("p", "Hi", SamplingParams(n=2, seed=5, max_tokens=3))
+    assert [r.request_id for r in processed.core_requests] == ["0_p", "1_p"]
+    assert [r.sampling_params.seed for r in processed.core_requests] == [5, 6]
+    out_proc = OutputProcessor(tok)
+    out_proc.add_request(processed)
+    r1 = out_proc.process_outputs([EngineCoreOutput("0_p", [40], FinishReason.LENGTH),
+                                   EngineCoreOutput("1_p", [41])])
+    assert not r1.request_outputs[0].finished and len(r1.request_outputs[0].outputs) == 2
+    assert out_proc.abort_requests(["p"]) == ["1_p"]
+    assert not out_proc.has_unfinished_requests()

@@ -1,0 +1,63 @@
+"""Bad requests get HTTP 400 with an OpenAI-style body, and the server keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import Server
+
+
+def assert_openai_error(resp: httpx.Response, status: int = 400, fragment: str = "") -> dict:
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert fragment in err["message"]
+    return err
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "fragment", "param"),
+    [
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "temperature": -1}, "temperature", None),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "top_p": 1.5}, "top_p", None),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 0}, "max_tokens", None),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "n": 0}, "n", None),
+        ("/v1/completions", {"model": "nope", "prompt": "hi"}, "`nope` does not exist", "model"),
+        ("/v1/completions", {"model": "tiny", "prompt": "word " * 400}, "maximum context length is 256", "prompt"),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 1000}, "maximum context length", "max_tokens"),
+        ("/v1/completions", {"model": "tiny", "prompt": ""}, "empty", "prompt"),
+        ("/v1/completions", {"model": "tiny"}, "prompt", "prompt"),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "logprobs": 50}, "logprobs", "logprobs"),
+        ("/v1/chat/completions", {"model": "tiny", "messages": []}, "messages must not be empty", "messages"),
+        ("/v1/chat/completions", {"model": "tiny", "messages": "hi"}, "messages", "messages"),
+        ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                  "presence_penalty": 5}, "presence_penalty", None),
+    ],
+)
+def test_bad_requests_are_400(server: Server, path: str, body: dict, fragment: str, param: str | None) -> None:
+    err = assert_openai_error(httpx.post(server.url + path, json=body, timeout=30), 400, fragment)
+    if param is not None:
+        assert err["param"] == param
+
+
+def test_malformed_json_is_400_and_server_keeps_serving(server: Server) -> None:
+    resp = httpx.post(server.url + "/v1/completions", content=b'{"model": "tiny", "prompt": ',
+                      headers={"content-type": "application/json"})
+    assert_openai_error(resp, 400, "JSON")
+    r = server.client().completions.create(model="tiny", prompt="still alive", max_tokens=2, temperature=0)
+    assert r.usage.completion_tokens == 2
+
+
+def test_client_sees_bad_request_error(server: Server) -> None:
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        server.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}],
+                                                temperature=-0.5)
+
+
+def test_streaming_bad_request_is_400_before_streaming(server: Server) -> None:
+    with httpx.stream("POST", server.url + "/v1/completions",
+                      json={"model": "tiny", "prompt": "hi", "stream": True, "top_p": 0}) as resp:
+        resp.read()
+        assert_openai_error(resp, 400, "top_p")

@@ -1,0 +1,137 @@
+"""The OpenAI API of a real ``forkless serve`` process, through the official client."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import Server
+
+PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "Hello, my name is"]
+
+
+def test_models_health_version(server: Server) -> None:
+    client = server.client()
+    (model,) = client.models.list().data
+    assert model.id == "tiny"
+    assert httpx.get(server.url + "/health").status_code == 200
+    assert httpx.get(server.url + "/version").json()["version"] == "0.1.0"
+
+
+def test_completion_greedy_usage_and_length(server: Server) -> None:
+    client = server.client()
+    r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=7, temperature=0)
+    (choice,) = r.choices
+    assert choice.finish_reason == "length"
+    assert r.usage.completion_tokens == 7 and r.usage.prompt_tokens > 0
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 7
+    again = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=7, temperature=0)
+    assert again.choices[0].text == choice.text  # greedy is deterministic
+
+
+def test_completion_batch_of_prompts_and_n(server: Server) -> None:
+    client = server.client()
+    r = client.completions.create(model="tiny", prompt=PROMPTS[:2], max_tokens=5, temperature=1.0, n=3, seed=7)
+    assert sorted(c.index for c in r.choices) == list(range(6))
+    assert r.usage.completion_tokens == 30
+    texts = {c.text for c in r.choices[:3]}
+    assert len(texts) > 1  # different children sample differently
+
+
+def test_seed_reproducible_across_calls(server: Server) -> None:
+    client = server.client()
+    kw = dict(model="tiny", prompt=PROMPTS[1], max_tokens=12, temperature=1.0, top_p=0.9, seed=1234)
+    a = client.completions.create(**kw).choices[0].text
+    b = client.completions.create(**kw).choices[0].text
+    c = client.completions.create(**{**kw, "seed": 4321}).choices[0].text
+    assert a == b
+    assert a != c
+
+
+def test_stop_string(server: Server) -> None:
+    client = server.client()
+    full = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=12, temperature=0).choices[0].text
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    assert stop.strip(), full
+    r = client.completions.create(model="tiny", prompt=PROMPTS[2], max_tokens=12, temperature=0, stop=[stop])
+    (choice,) = r.choices
+    assert choice.finish_reason == "stop"
+    assert choice.text == full[: full.index(stop)]
+    assert choice.stop_reason == stop
+
+
+def test_logprobs(server: Server) -> None:
+    client = server.client()
+    r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=4, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == 4 and "".join(lp.tokens) == r.choices[0].text
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert chosen <= 0 and len(top) >= 3
+        assert max(top.values()) == pytest.approx(chosen, abs=1e-4)  # greedy picks the most likely
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=3, temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 3 and all(len(t.top_logprobs) == 2 for t in content)
+    assert "".join(t.token for t in content) == chat.choices[0].message.content
+
+
+def test_chat_and_streaming_agree(server: Server) -> None:
+    client = server.client()
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a color."}]
+    whole = client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=10, temperature=0)
+    assert whole.choices[0].message.role == "assistant"
+    assert whole.choices[0].finish_reason == "length"
+    chunks = list(client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=10,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 10
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_completion_streaming_matches(server: Server) -> None:
+    client = server.client()
+    whole = client.completions.create(model="tiny", prompt=PROMPTS[3], max_tokens=9, temperature=0).choices[0].text
+    stream = client.completions.create(model="tiny", prompt=PROMPTS[3], max_tokens=9, temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in stream) == whole
+
+
+def test_extra_vllm_fields(server: Server) -> None:
+    client = server.client()
+    r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=6, temperature=0,
+                                  extra_body={"min_tokens": 6, "top_k": 5, "ignore_eos": True,
+                                              "repetition_penalty": 1.2, "min_p": 0.0})
+    assert r.usage.completion_tokens == 6
+
+
+def test_many_concurrent_streams_equal_sequential(server: Server) -> None:
+    client = server.client()
+    prompts = [f"{PROMPTS[i % 4]} {i}" for i in range(24)]
+    sequential = [client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0).choices[0].text
+                  for p in prompts]
+
+    async def one(aclient: openai.AsyncOpenAI, p: str) -> str:
+        stream = await aclient.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0, stream=True)
+        return "".join([c.choices[0].text async for c in stream])
+
+    async def all_at_once() -> list[str]:
+        aclient = server.async_client()
+        try:
+            return await asyncio.gather(*(one(aclient, p) for p in prompts))
+        finally:
+            await aclient.close()
+
+    assert asyncio.run(all_at_once()) == sequential
+
+
+def test_tokenize_detokenize(server: Server) -> None:
+    r = httpx.post(server.url + "/tokenize", json={"prompt": "Hello world"}).json()
+    assert r["count"] == len(r["tokens"]) > 0 and r["max_model_len"] == 256
+    back = httpx.post(server.url + "/detokenize", json={"tokens": r["tokens"]}).json()
+    assert back["prompt"] == "Hello world"
+    chat = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["count"] > r["count"]
