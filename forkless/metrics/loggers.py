@@ -72,7 +72,10 @@ class LoggingStatLogger(StatLoggerBase):
         now = time.monotonic()
         elapsed = max(now - self.last_log_time, 1e-9)
         s = self.last_scheduler_stats
-        if s is None and not (self.num_prompt_tokens or self.num_generation_tokens):
+        idle = not (self.num_prompt_tokens or self.num_generation_tokens) and (
+            s is None or (s.num_running == 0 and s.num_waiting == 0))
+        if idle:  # an idle server should not fill its log
+            self.last_log_time = now
             return
         queries = (s.prefix_cache_queries - self._last_queries) if s else 0
         hits = (s.prefix_cache_hits - self._last_hits) if s else 0
