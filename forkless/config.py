@@ -116,12 +116,16 @@ class ParallelConfig:
     Attributes:
         distributed_executor_backend: ``"uni"``, ``"mp"`` or an ``Executor`` class path.
         world_size: Number of workers.
-        worker_cls: Worker class path; ``None`` uses the platform's ``worker_cls``.
+        worker_cls: Worker class path; ``None`` uses the platform's ``worker_cls``
+            (``Platform.check_and_update_config`` fills it in).
+        device_communicator_cls: Collective-communication helper class path, chosen by
+            the platform; ``None`` when the device needs none (one worker).
     """
 
     distributed_executor_backend: str = "uni"
     world_size: int = 1
     worker_cls: str | None = None
+    device_communicator_cls: str | None = None
 
 
 @dataclass(kw_only=True)

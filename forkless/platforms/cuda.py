@@ -11,7 +11,11 @@ from forkless.platforms.interface import Platform
 class CudaPlatform(Platform):
     name = "cuda"
     device_type = "cuda"
-    default_attention_backend = "torch"
+
+    @property
+    def default_attention_backend(self) -> str:  # type: ignore[override]
+        # The paged Triton kernels when Triton is installed; the reference otherwise.
+        return "triton" if importlib.util.find_spec("triton") is not None else "torch"
 
     @classmethod
     def is_available(cls) -> bool:

@@ -40,11 +40,24 @@ class Platform:
         return True
 
     def check_and_update_config(self, config: Any) -> None:
-        """Adjust the engine configuration for this device (may set the worker class).
+        """Adjust the engine configuration for this device, in place.
+
+        The default fills what the user left open with this platform's choices: the
+        worker class and the device communicator. Subclasses call ``super()`` and then
+        change what their device needs (for example turn CUDA graphs off).
 
         Args:
-            config: The engine configuration; changed in place.
+            config: The ``forkless.config.EngineConfig``; changed in place.
         """
+        parallel = config.parallel_config
+        if parallel.worker_cls is None:
+            parallel.worker_cls = self.worker_cls
+        if parallel.device_communicator_cls is None:
+            parallel.device_communicator_cls = self.get_device_communicator_cls()
+
+    def resolved_attention_backend(self, selected_backend: str | None) -> str:
+        """The backend name ``selected_backend`` (or this platform's default) stands for."""
+        return selected_backend or self.default_attention_backend
 
     def get_attn_backend_cls(self, selected_backend: str | None, **kwargs: Any) -> str:
         """The attention backend class path for ``selected_backend`` (or the default).
@@ -54,7 +67,7 @@ class Platform:
         """
         from forkless.attention.registry import attention_backend_path
 
-        return attention_backend_path(selected_backend or self.default_attention_backend)
+        return attention_backend_path(self.resolved_attention_backend(selected_backend))
 
     def get_device_communicator_cls(self) -> str | None:
         """Class path of the collective-communication helper for tensor parallelism."""

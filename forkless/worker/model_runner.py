@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from forkless.attention import AttentionBackend, AttentionMetadata
+from forkless.logger import init_logger
 from forkless.plugins import resolve_class
 from forkless.core.sched.output import ModelRunnerOutput
 from forkless.logits_processors import build_logits_processors
@@ -25,6 +26,9 @@ from forkless.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
     from forkless.core.sched.output import ScheduledRequest, SchedulerOutput
+    from forkless.worker.cuda_graphs import DecodeGraphs
+
+logger = init_logger(__name__)
 
 
 @dataclass
@@ -63,6 +67,8 @@ class ModelRunner:
         # platform plugin can bring its own kernels without registering them.
         backend_path = current_platform.get_attn_backend_cls(config.device_config.attention_backend)
         self.attn_backend = resolve_class(backend_path, AttentionBackend, "--attention-backend")
+        logger.info("platform %s (%s), attention backend %s (%s)", current_platform.name,
+                    current_platform.device_name, self.attn_backend.name or backend_path, backend_path)
         self.dtype = resolve_dtype(mc.dtype, self.hf_config, device)
         self.model = load_model(mc.model, self.hf_config, self.dtype, device, self.attn_backend, mc.load_format)
         self.kv_spec = type(self.model).get_kv_cache_spec(self.hf_config)
@@ -79,6 +85,12 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self.requests: dict[str, _RequestState] = {}
+        self.use_cuda_graphs = (
+            device.type == "cuda"
+            and not config.device_config.enforce_eager
+            and bool(getattr(self.attn_backend, "supports_cuda_graphs", False))
+        )
+        self.graphs: DecodeGraphs | None = None
 
     # ------------------------------------------------------------------ KV cache
 
@@ -96,6 +108,15 @@ class ModelRunner:
         """Allocate one cache tensor per layer (zeroed: kernels may read padding)."""
         shape = self._layer_shape(num_blocks)
         self.kv_caches = [self._zeros(shape) for _ in range(self.kv_spec.num_layers)]
+        if self.use_cuda_graphs:
+            from forkless.worker.cuda_graphs import DecodeGraphs
+
+            sched = self.config.scheduler_config
+            self.graphs = DecodeGraphs(
+                self.model, self.kv_caches, sched.max_num_seqs,
+                -(-sched.max_model_len // self.block_size), self.block_size, self.device,
+            )
+            self.graphs.capture()
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         if self.device.type != "cpu":
@@ -149,11 +170,14 @@ class ModelRunner:
         metadata = self.input_batch.refresh()
         by_id = {s.request_id: s for s in scheduler_output.scheduled_requests}
         rows = [by_id[rid] for rid in self.input_batch.req_ids if rid is not None]
-        input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
-        hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
-        if not any(s.sample for s in rows):
-            return ModelRunnerOutput()  # only prefill chunks that end mid-prompt
-        logits = self.model.compute_logits(hidden[last_idx])
+        if self._graph_fits(rows):
+            logits = self.model.compute_logits(self._run_decode_graph(rows))
+        else:
+            input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
+            hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
+            if not any(s.sample for s in rows):
+                return ModelRunnerOutput()  # only prefill chunks that end mid-prompt
+            logits = self.model.compute_logits(hidden[last_idx])
         out = self.sampler(logits, metadata)
         sampled = out.sampled_token_ids.tolist()
         self.input_batch.append_output_tokens([t if s.sample else None for s, t in zip(rows, sampled)])
@@ -194,6 +218,36 @@ class ModelRunner:
                     )
                 batch.add_request(rid, state.params, state.prompt_token_ids, state.output_token_ids)
 
+    def _graph_fits(self, rows: list[ScheduledRequest]) -> bool:
+        """A captured graph can run this step: every row decodes one sampled token."""
+        return (
+            self.graphs is not None
+            and len(rows) <= self.graphs.max_batch()
+            and all(len(s.token_ids) == 1 and s.sample for s in rows)
+        )
+
+    def _run_decode_graph(self, rows: list[ScheduledRequest]) -> torch.Tensor:
+        assert self.graphs is not None
+        bs = self.block_size
+        n = len(rows)
+        positions = np.fromiter((s.start_position for s in rows), dtype=np.int64, count=n)
+        block_of = np.fromiter((s.block_ids[p // bs] for s, p in zip(rows, positions.tolist())),
+                               dtype=np.int64, count=n)
+        return self.graphs.run(
+            np.fromiter((s.token_ids[0] for s in rows), dtype=np.int64, count=n),
+            positions,
+            block_of * bs + positions % bs,
+            (positions + 1).astype(np.int32),
+            [s.block_ids for s in rows],
+        )
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        if self.pin_memory:
+            # Pinned + non_blocking: the copy is queued, the host does not wait for the GPU.
+            return tensor.pin_memory().to(self.device, non_blocking=True)
+        return tensor.to(self.device)
+
     def _prepare_inputs(
         self, rows: list[ScheduledRequest]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
@@ -214,19 +268,18 @@ class ModelRunner:
             block_tables[i, : len(table)] = table
         seq_lens = np.array([s.start_position + n for s, n in zip(rows, num_tokens)], dtype=np.int32)
         input_ids = np.fromiter((t for s in rows for t in s.token_ids), dtype=np.int64, count=int(starts[-1]))
-        dev = self.device
         starts_t = torch.from_numpy(starts)
         seq_lens_t = torch.from_numpy(seq_lens)
         md = AttentionMetadata(
-            slot_mapping=torch.from_numpy(slots).to(dev),
-            query_start_loc=starts_t.to(dev),
-            seq_lens=seq_lens_t.to(dev),
-            block_tables=torch.from_numpy(block_tables).to(dev),
+            slot_mapping=self._to_device(slots),
+            query_start_loc=self._to_device(starts),
+            seq_lens=self._to_device(seq_lens),
+            block_tables=self._to_device(block_tables),
             max_query_len=max(num_tokens),
             max_seq_len=int(seq_lens.max()),
             block_size=bs,
             query_start_loc_cpu=starts_t,
             seq_lens_cpu=seq_lens_t,
         )
-        last_idx = torch.from_numpy(starts[1:].astype(np.int64) - 1).to(dev)
-        return torch.from_numpy(input_ids).to(dev), torch.from_numpy(positions).to(dev), md, last_idx
+        last_idx = self._to_device(starts[1:].astype(np.int64) - 1)
+        return self._to_device(input_ids), self._to_device(positions), md, last_idx

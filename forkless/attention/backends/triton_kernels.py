@@ -1,0 +1,160 @@
+"""Triton kernels over the paged KV cache ``(2, num_blocks, block_size, Hkv, D)``.
+
+Three kernels:
+
+* ``store_kv``: writes each new token's key and value into its cache slot (slot ``-1``
+  is padding and is skipped, so CUDA-graph batches can be padded freely).
+* ``paged_attention``: one program per (sequence, tile of new tokens, KV head). Query
+  rows are (token, query head of the GQA group) pairs, so a decode step still fills a
+  tensor-core tile with the heads that share one KV head. Keys are read from the
+  cache through the block table, which covers prefill, chunked prefill and prefill on
+  top of a prefix-cache hit with one code path (new keys are stored first).
+* split-KV decode (``paged_attention`` with ``NUM_SPLITS > 1`` + ``combine_splits``):
+  when a decode batch has too few (sequence, KV head) pairs to fill the GPU, each pair
+  is split along the context and the partial softmaxes are merged.
+
+All grids depend only on tensor shapes and host integers known before the step, never
+on device values, so the kernels can be captured in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def store_kv_kernel(
+    k_ptr, v_ptr, cache_ptr, slot_ptr,
+    k_stride_t, v_stride_t, cache_kv_stride,
+    HKV_D: tl.constexpr, BLOCK: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t)
+    offs = tl.arange(0, BLOCK)
+    mask = (offs < HKV_D) & (slot >= 0)
+    k = tl.load(k_ptr + t * k_stride_t + offs, mask=mask)
+    v = tl.load(v_ptr + t * v_stride_t + offs, mask=mask)
+    dst = cache_ptr + slot * HKV_D + offs
+    tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst + cache_kv_stride, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def paged_attention_kernel(
+    q_ptr, out_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
+    part_acc_ptr, part_ml_ptr,
+    scale_log2,
+    q_stride_t, q_stride_h, o_stride_t, o_stride_h,
+    bt_stride, cache_kv_stride, block_size,
+    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    tile = tl.program_id(1)
+    kvh = tl.program_id(2)
+    # With splits the second grid axis indexes the split (decode: one query tile).
+    qblk = tile if NUM_SPLITS == 1 else 0
+    split = tile if NUM_SPLITS > 1 else 0
+
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    if qblk * BLOCK_Q < q_len:
+        ctx_len = seq_len - q_len
+        offs_m = tl.arange(0, BLOCK_M)
+        tok = qblk * BLOCK_Q + offs_m // GROUP
+        head = kvh * GROUP + offs_m % GROUP
+        m_valid = (offs_m < BLOCK_Q * GROUP) & (tok < q_len)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_valid = offs_d < HEAD_DIM
+        q = tl.load(
+            q_ptr + (q_start + tok)[:, None] * q_stride_t + head[:, None] * q_stride_h + offs_d[None, :],
+            mask=m_valid[:, None] & d_valid[None, :], other=0.0,
+        )
+        q_pos = ctx_len + tok
+        # Keys this tile can see: up to its last query's position.
+        kv_end = tl.minimum(seq_len, ctx_len + (qblk + 1) * BLOCK_Q)
+        kv_begin = 0
+        if NUM_SPLITS > 1:
+            chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+            kv_begin = split * chunk
+            kv_end = tl.minimum(kv_end, kv_begin + chunk)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for start_n in range(kv_begin, kv_end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            n_valid = offs_n < kv_end
+            blk = tl.load(block_tables_ptr + seq * bt_stride + offs_n // block_size, mask=n_valid, other=0)
+            slot = blk.to(tl.int64) * block_size + offs_n % block_size
+            kv_off = (slot * NUM_KV_HEADS + kvh) * HEAD_DIM
+            kv_mask = n_valid[:, None] & d_valid[None, :]
+            k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            if IEEE:
+                qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                qk = tl.dot(q, tl.trans(k))
+            visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
+            qk = tl.where(visible, qk * scale_log2, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            # A row that has seen no key yet keeps m = -inf; exp2 of (-inf) - 0 is 0.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(qk - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(cache_ptr + cache_kv_stride + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+
+        if NUM_SPLITS == 1:
+            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+            tl.store(
+                out_ptr + (q_start + tok)[:, None] * o_stride_t + head[:, None] * o_stride_h + offs_d[None, :],
+                out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :],
+            )
+        else:
+            # Partials of decode row (seq, head): acc [B, S, Hq, D], (m, l) [B, S, Hq, 2].
+            row = (seq * NUM_SPLITS + split) * (NUM_KV_HEADS * GROUP) + head
+            tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc,
+                     mask=m_valid[:, None] & d_valid[None, :])
+            tl.store(part_ml_ptr + row * 2, m_i, mask=m_valid)
+            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=m_valid)
+
+
+@triton.jit
+def combine_splits_kernel(
+    part_acc_ptr, part_ml_ptr, out_ptr, qsl_ptr, o_stride_t, o_stride_h,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    q_start = tl.load(qsl_ptr + seq)
+    q_len = tl.load(qsl_ptr + seq + 1) - q_start
+    if q_len > 0:
+        offs_s = tl.arange(0, BLOCK_S)
+        s_valid = offs_s < NUM_SPLITS
+        row = (seq * NUM_SPLITS + offs_s) * NUM_HEADS + head
+        m = tl.load(part_ml_ptr + row * 2, mask=s_valid, other=float("-inf"))
+        l = tl.load(part_ml_ptr + row * 2 + 1, mask=s_valid, other=0.0)
+        m_max = tl.max(m, 0)
+        # Splits past the context saw no key: m = -inf, weight 0.
+        w = tl.where(m == float("-inf"), 0.0, tl.exp2(m - m_max))
+        offs_d = tl.arange(0, BLOCK_D)
+        d_valid = offs_d < HEAD_DIM
+        acc = tl.load(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :],
+                      mask=s_valid[:, None] & d_valid[None, :], other=0.0)
+        total = tl.sum(acc * w[:, None], 0)
+        denom = tl.sum(l * w, 0)
+        out = total / tl.where(denom > 0, denom, 1.0)
+        tl.store(out_ptr + q_start * o_stride_t + head * o_stride_h + offs_d,
+                 out.to(out_ptr.dtype.element_ty), mask=d_valid)

@@ -1,0 +1,1 @@
+"""Benchmarks shared by ``forkless bench`` and ``benchmarks/*.py`` (imported on demand)."""

@@ -1,0 +1,68 @@
+"""Batch-1 decode latency against the memory-bandwidth bound.
+
+A batch-1 decode step must read every weight once, so ``weight bytes / copy bandwidth``
+is its floor; the bandwidth is measured in the same run with a large device-to-device
+copy (bytes read + bytes written).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+
+def copy_bandwidth(device: str = "cuda", nbytes: int = 4 << 30, repeats: int = 20) -> float:
+    """Median bytes/s of a device-to-device copy, counting bytes read plus written."""
+    import torch
+
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeats + 3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    times = sorted(times[3:])
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / times[len(times) // 2]
+
+
+@dataclass
+class LatencyResult:
+    """Per-output-token decode time of a batch-1 request."""
+
+    ms_per_token: float
+    prompt_len: int
+    output_len: int
+
+
+def run_latency(model: str, prompt_len: int = 128, output_len: int = 256, repeats: int = 3,
+                **engine_args: Any) -> LatencyResult:
+    """Median time per output token after the first, over ``repeats`` runs.
+
+    The first token (prefill) is timed separately with a 1-token run and subtracted.
+    """
+    from forkless import LLM, SamplingParams
+
+    llm = LLM(model, max_num_seqs=1, **engine_args)
+    try:
+        prompt = [{"prompt_token_ids": [100 + i for i in range(prompt_len)]}]
+
+        def timed(n: int) -> float:
+            t0 = time.perf_counter()
+            out = llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True),
+                               use_tqdm=False)
+            assert len(out[0].outputs[0].token_ids) == n
+            return time.perf_counter() - t0
+
+        timed(8)  # warm-up
+        first = sorted(timed(1) for _ in range(repeats))[repeats // 2]
+        full = sorted(timed(output_len) for _ in range(repeats))[repeats // 2]
+    finally:
+        llm.shutdown()
+    return LatencyResult((full - first) / (output_len - 1) * 1e3, prompt_len, output_len)
