@@ -46,6 +46,10 @@ class ProcessedRequest:
     core_requests: list[EngineCoreRequest]
 
 
+class NoChatTemplateError(ValueError):
+    """The model has no chat template and the caller gave none."""
+
+
 def child_request_id(index: int, request_id: str) -> str:
     """The engine-core id of completion ``index`` of a request with ``n > 1``."""
     return f"{index}_{request_id}"
@@ -83,6 +87,7 @@ class Processor:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
+        documents: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Render a conversation with the tokenizer's chat template.
@@ -93,29 +98,39 @@ class Processor:
             add_generation_prompt: End with the assistant turn's header.
             continue_final_message: Leave the last message open for the model to continue.
             tools: Tool schemas passed to the template.
+            documents: Retrieval documents (``{"title": ..., "text": ...}``) for RAG templates.
             chat_template_kwargs: Extra template variables (e.g. ``enable_thinking``).
 
         Returns:
             A prompt dict with ``prompt`` (the text) and ``prompt_token_ids``.
 
         Raises:
-            ValueError: The tokenizer has no chat template and none was given.
+            NoChatTemplateError: The tokenizer has no chat template and none was given.
+            ValueError: The template failed to render these messages (its message says why).
         """
+        from jinja2 import TemplateError
+
         tokenizer = self.tokenizer
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
-            raise ValueError(
+            raise NoChatTemplateError(
                 f"the tokenizer in {self.config.model_config.tokenizer} has no chat template; pass "
                 "chat_template=... or use generate() with a plain prompt"
             )
-        text = tokenizer.apply_chat_template(
-            messages,
-            chat_template=chat_template,
-            tools=tools,
-            tokenize=False,
-            add_generation_prompt=add_generation_prompt and not continue_final_message,
-            continue_final_message=continue_final_message,
-            **(chat_template_kwargs or {}),
-        )
+        try:
+            text = tokenizer.apply_chat_template(
+                messages,
+                chat_template=chat_template,
+                tools=tools,
+                documents=documents,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt and not continue_final_message,
+                continue_final_message=continue_final_message,
+                **(chat_template_kwargs or {}),
+            )
+        except (TemplateError, TypeError) as exc:
+            # Templates reject conversations with raise_exception(...), or trip over a value
+            # they did not expect (content None in an assistant turn); the user must see why.
+            raise ValueError(f"the chat template failed to render the messages: {exc}") from exc
         # The template already wrote the special tokens (BOS...) as text.
         ids = tokenizer.encode(text, add_special_tokens=False)
         return {"prompt": text, "prompt_token_ids": ids}

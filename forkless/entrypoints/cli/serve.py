@@ -36,6 +36,19 @@ def add_parser(subparsers: Any) -> None:
                        help="ASGI middleware class path or async function (repeatable)")
     group.add_argument("--api-server-count", type=int, default=1, help="API server processes (only 1)")
     group.add_argument("--disable-log-stats", action="store_true", help="do not log throughput periodically")
+    chat = parser.add_argument_group("chat")
+    chat.add_argument("--chat-template", default=None,
+                      help="Jinja chat template replacing the model's: a file path, or the template text")
+    chat.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                      help="tool parser turning model output into tool_calls (built-in: hermes, llama3_json)")
+    chat.add_argument("--enable-auto-tool-choice", action="store_true",
+                      help='parse tool calls for tool_choice="auto" (needs --tool-call-parser)')
+    chat.add_argument("--tool-parser-plugin", default=None, metavar="FILE_OR_MODULE",
+                      help="a .py file or module to import first; it registers tool parsers")
+    chat.add_argument("--reasoning-parser", default=None, metavar="NAME",
+                      help="reasoning parser giving message.reasoning_content (built-in: deepseek_r1, qwen3)")
+    chat.add_argument("--reasoning-parser-plugin", default=None, metavar="FILE_OR_MODULE",
+                      help="a .py file or module to import first; it registers reasoning parsers")
     # The server runs the model in worker processes by default (LLM runs it in-process).
     parser.set_defaults(func=cmd_serve, distributed_executor_backend="mp")
 
@@ -48,12 +61,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"forkless serve: error: --api-server-count {args.api_server_count} is not supported; "
               "this release runs one API server process (use 1)", file=sys.stderr)
         return 2
+    from forkless.entrypoints.openai.chat_options import ChatOptions
+
     load_general_plugins()
     try:
         config = EngineArgs.from_cli_args(args).create_engine_config()
+        # Checked before the engine starts: a bad parser name should not cost a model load.
+        args.chat_options = ChatOptions.from_cli_args(args)
     except (ValueError, TypeError, ImportError) as exc:
         print(f"forkless serve: error: {exc}", file=sys.stderr)
         return 2
+    # Checked before the engine starts, so a typo fails in a second, not after model loading.
+    from forkless.entrypoints.openai.api_server import resolve_middleware
+
+    for path in args.middleware:
+        try:
+            resolve_middleware(path)
+        except (ValueError, TypeError, ImportError) as exc:
+            print(f"forkless serve: error: --middleware {path!r}: {exc}", file=sys.stderr)
+            return 2
     return asyncio.run(run_server(config, args))
 
 
@@ -106,7 +132,8 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace) -> int:
     names = [config.model_config.served_model_name]
     try:
         app = build_app(engine, names, config.model_config.max_model_len, api_key=args.api_key,
-                        middleware=args.middleware, metrics=engine.render_metrics)
+                        middleware=args.middleware, metrics=engine.render_metrics,
+                        chat_options=args.chat_options)
     except Exception as exc:
         logger.error("could not build the HTTP app: %s", exc)
         return 2

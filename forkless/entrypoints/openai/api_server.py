@@ -16,6 +16,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from forkless.engine.async_llm import EngineDeadError, InvalidRequestError
+from forkless.entrypoints.openai.chat_options import ChatOptions
 from forkless.entrypoints.openai.errors import BadRequest, error_response
 from forkless.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -61,20 +62,32 @@ async def _cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
     return Response(status_code=499)
 
 
-def _add_middleware(app: FastAPI, path: str) -> None:
+def resolve_middleware(path: str) -> Any:
+    """Import a ``--middleware`` value and check that it is usable as middleware.
+
+    Raises:
+        ValueError, ImportError, TypeError: The path is malformed, does not import, or
+            names neither an ASGI middleware class nor an async function.
+    """
     obj = import_path(path)
+    if not (inspect.isclass(obj) or inspect.iscoroutinefunction(obj)):
+        raise TypeError(f"{path!r} is {obj!r}: expected an ASGI middleware class or an "
+                        "async function (request, call_next)")
+    return obj
+
+
+def _add_middleware(app: FastAPI, path: str) -> None:
+    obj = resolve_middleware(path)
     if inspect.isclass(obj):
         app.add_middleware(obj)
-    elif inspect.iscoroutinefunction(obj):
-        app.middleware("http")(obj)
     else:
-        raise TypeError(f"--middleware {path}: expected an ASGI middleware class or an "
-                        f"async function (request, call_next), got {obj!r}")
+        app.middleware("http")(obj)
 
 
 def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: int,
               api_key: str | None = None, middleware: list[str] | None = None,
-              metrics: Callable[[], bytes] | None = None) -> FastAPI:
+              metrics: Callable[[], bytes] | None = None,
+              chat_options: ChatOptions | None = None) -> FastAPI:
     """Assemble the FastAPI app around a running engine.
 
     Args:
@@ -84,9 +97,10 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         api_key: When set, protected routes require ``Authorization: Bearer <key>``.
         middleware: Class paths (or async functions) of ASGI middleware to add.
         metrics: Returns the Prometheus exposition text for ``/metrics``.
+        chat_options: Chat template override and tool/reasoning parsers.
     """
     app = FastAPI(title="forkless", version=__version__)
-    serving = OpenAIServing(engine, served_model_names, max_model_len)
+    serving = OpenAIServing(engine, served_model_names, max_model_len, chat_options)
     app.state.serving = serving
     app.state.engine = engine
 

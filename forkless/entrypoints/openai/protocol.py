@@ -43,7 +43,7 @@ class SamplingFields(OpenAIModel):
     """Sampling fields shared by completions and chat completions."""
 
     model: str | None = None
-    n: int = 1
+    n: int = Field(1, le=128)  # OpenAI's own limit; without one, a huge n is a denial of service
     temperature: float | None = None
     top_p: float | None = None
     max_tokens: int | None = None
@@ -81,6 +81,25 @@ class ChatMessage(OpenAIModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class FunctionDefinition(OpenAIModel):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class ChatCompletionToolParam(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: dict[str, Any]
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -91,6 +110,11 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatCompletionToolParam] | None = None
+    # None means the OpenAI default: "auto" when tools are given, else "none".
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = True
+    documents: list[dict[str, Any]] | None = None
 
 
 class UsageInfo(OpenAIModel):
@@ -137,9 +161,48 @@ class ChatLogprobs(OpenAIModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCall(OpenAIModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(OpenAIModel):
+    id: str = Field(default_factory=lambda: random_id("chatcmpl-tool"))
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(OpenAIModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(OpenAIModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
+class ExtractedToolCallInformation(OpenAIModel):
+    """What a tool parser found in a whole model output.
+
+    Attributes:
+        tools_called: Whether the output holds at least one tool call.
+        tool_calls: The calls, in order.
+        content: The text outside the calls (``None`` when there is none).
+    """
+
+    tools_called: bool
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    content: str | None = None
+
+
 class ChatResponseMessage(OpenAIModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(OpenAIModel):
@@ -162,6 +225,8 @@ class ChatCompletionResponse(OpenAIModel):
 class DeltaMessage(OpenAIModel):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatStreamChoice(OpenAIModel):

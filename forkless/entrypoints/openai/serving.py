@@ -11,6 +11,9 @@ import json
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
+from forkless.engine.processor import NoChatTemplateError
+from forkless.entrypoints.openai.chat_options import ChatOptions
+from forkless.entrypoints.openai.chat_parsing import ChoiceParser, make_choice_parser
 from forkless.entrypoints.openai.errors import BadRequest
 from forkless.entrypoints.openai.protocol import (
     ChatChoice,
@@ -21,6 +24,7 @@ from forkless.entrypoints.openai.protocol import (
     ChatResponseMessage,
     ChatStreamChoice,
     ChatTokenLogprob,
+    NamedToolChoice,
     CompletionChoice,
     CompletionLogProbs,
     CompletionRequest,
@@ -101,8 +105,10 @@ def _sse(obj: Any) -> str:
 class OpenAIServing:
     """Completions and chat completions on top of an ``AsyncLLM``."""
 
-    def __init__(self, engine: "AsyncLLM", served_model_names: list[str], max_model_len: int) -> None:
+    def __init__(self, engine: "AsyncLLM", served_model_names: list[str], max_model_len: int,
+                 chat_options: ChatOptions | None = None) -> None:
         self.engine = engine
+        self.chat_options = chat_options or ChatOptions()
         self.served_model_names = served_model_names
         self.model_name = served_model_names[0]
         self.max_model_len = max_model_len
@@ -253,17 +259,53 @@ class OpenAIServing:
     def render_chat(self, req: ChatCompletionRequest) -> list[int]:
         if not req.messages:
             raise BadRequest("messages must not be empty", "messages")
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        messages = [_template_message(m.model_dump(exclude_none=True)) for m in req.messages]
         try:
             return self.engine.apply_chat_template(
                 messages, add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
                 continue_final_message=req.continue_final_message,
+                chat_template=self.chat_options.chat_template,
+                tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+                documents=req.documents,
                 chat_template_kwargs=req.chat_template_kwargs)
+        except NoChatTemplateError:
+            raise BadRequest(
+                "this model has no chat template, so /v1/chat/completions cannot turn messages into a "
+                "prompt: start the server with --chat-template PATH, or use /v1/completions with a "
+                "plain prompt", "messages") from None
         except ValueError as exc:
             raise BadRequest(str(exc), "messages") from None
 
+    def _tool_parser_for(self, req: ChatCompletionRequest) -> str | None:
+        """The tool parser to run on this request's output, after checking ``tool_choice``."""
+        opts = self.chat_options
+        choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
+        if choice == "required" or isinstance(choice, NamedToolChoice):
+            shown = "required" if choice == "required" else "a named function"
+            raise BadRequest(
+                f"tool_choice={shown} needs guided decoding to force a tool call, which forkless "
+                'does not support yet; use tool_choice="auto" (with --enable-auto-tool-choice) or "none"',
+                "tool_choice")
+        if choice == "none" or not req.tools:
+            return None
+        if not (opts.enable_auto_tool_choice and opts.tool_parser):
+            raise BadRequest('"auto" tool choice requires the server to be started with '
+                             "--enable-auto-tool-choice and --tool-call-parser NAME", "tool_choice")
+        return opts.tool_parser
+
+    def _choice_parsers(self, req: ChatCompletionRequest) -> list[ChoiceParser] | None:
+        tool_parser = self._tool_parser_for(req)
+        reasoning_parser = self.chat_options.reasoning_parser
+        if tool_parser is None and reasoning_parser is None:
+            return None
+        parsers = [make_choice_parser(req, self.tokenizer, reasoning_parser, tool_parser) for _ in range(req.n)]
+        if parsers[0].tools is not None:
+            parsers[0].tools.adjust_request(req)
+        return parsers
+
     async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Any) -> Any:
         self.check_model(req.model)
+        parsers = self._choice_parsers(req)
         ids = self.render_chat(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         self._check_prompt(ids, max_tokens)
@@ -275,14 +317,14 @@ class OpenAIServing:
         request_id = random_id("chatcmpl")
         stream = self.engine.generate(ids, params, request_id, priority=req.priority)
         if req.stream:
-            return self._stream_chat(req, request_id, stream, raw_request)
+            return self._stream_chat(req, request_id, stream, raw_request, parsers)
         (final,) = await self._collect([stream], raw_request)
-        choices = [
-            ChatChoice(index=c.index, message=ChatResponseMessage(content=c.text),
-                       finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                       logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None)
-            for c in final.outputs
-        ]
+        choices = []
+        for c in final.outputs:
+            message = parsers[c.index].parse_whole(c.text) if parsers else ChatResponseMessage(content=c.text)
+            choices.append(ChatChoice(
+                index=c.index, message=message, finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls)),
+                stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None))
         return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=_usage(final))
 
     def _chat_logprobs(self, c: "CompletionOutput", start: int, top: int | None) -> ChatLogprobs:
@@ -301,7 +343,8 @@ class OpenAIServing:
         return ChatLogprobs(content=content)
 
     async def _stream_chat(self, req: ChatCompletionRequest, request_id: str,
-                           stream: AsyncIterator["RequestOutput"], raw_request: Any) -> AsyncIterator[str]:
+                           stream: AsyncIterator["RequestOutput"], raw_request: Any,
+                           parsers: list[ChoiceParser] | None = None) -> AsyncIterator[str]:
         created = int(time.time())
         top = req.top_logprobs if req.logprobs else None
 
@@ -326,8 +369,18 @@ class OpenAIServing:
                 lp = self._chat_logprobs(c, sent_tokens.get(c.index, 0), top) if req.logprobs else None
                 sent_text[c.index] = len(c.text)
                 sent_tokens[c.index] = len(c.token_ids)
-                yield chunk([ChatStreamChoice(index=c.index, delta=DeltaMessage(content=delta), logprobs=lp,
-                                              finish_reason=c.finish_reason, stop_reason=c.stop_reason)])
+                finish = c.finish_reason
+                if parsers is None:
+                    message: DeltaMessage | None = DeltaMessage(content=delta)
+                else:
+                    parser = parsers[c.index]
+                    message = _merge_deltas(parser.step(c.text, list(c.token_ids)),
+                                            parser.finish(c.text) if finish else None)
+                    finish = _finish_reason(finish, parser.called_tools)
+                    if message is None and not finish and lp is None:
+                        continue  # the parsers hold this text back for now
+                yield chunk([ChatStreamChoice(index=c.index, delta=message or DeltaMessage(), logprobs=lp,
+                                              finish_reason=finish, stop_reason=c.stop_reason)])
         if req.stream_options and req.stream_options.include_usage and final is not None:
             yield chunk([], usage=_usage(final))
         yield _sse("[DONE]")
@@ -392,3 +445,35 @@ class OpenAIServing:
         async for i, out in self._merge(streams, raw_request):
             finals[i] = out
         return [finals[i] for i in range(len(streams))]
+
+
+def _finish_reason(reason: str | None, called_tools: bool) -> str | None:
+    # A generation that stopped by itself after calling tools is a tool-call turn; one cut
+    # by max_tokens stays "length" so clients know the call may be truncated.
+    return "tool_calls" if called_tools and reason == "stop" else reason
+
+
+def _merge_deltas(a: DeltaMessage | None, b: DeltaMessage | None) -> DeltaMessage | None:
+    """One delta carrying ``a`` then ``b`` (a step's delta and the end-of-stream top-up)."""
+    if a is None or b is None:
+        return a or b
+    join = lambda x, y: (x or "") + (y or "") or None  # noqa: E731
+    calls = list(a.tool_calls or []) + list(b.tool_calls or [])
+    return DeltaMessage(reasoning_content=join(a.reasoning_content, b.reasoning_content),
+                        content=join(a.content, b.content), tool_calls=calls or None)
+
+
+def _template_message(message: dict[str, Any]) -> dict[str, Any]:
+    """Prepare a message for chat templates.
+
+    OpenAI clients send earlier tool calls with ``arguments`` as a JSON string; templates
+    expect a mapping they can iterate, as Hugging Face's tool-use convention has it.
+    """
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            try:
+                fn["arguments"] = json.loads(fn["arguments"])
+            except ValueError:
+                pass  # leave it as the client sent it; the template decides
+    return message

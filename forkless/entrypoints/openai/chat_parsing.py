@@ -1,0 +1,141 @@
+"""Reasoning and tool-call parsing of one chat choice, whole or streamed.
+
+The reasoning parser sees the raw text; the tool parser sees only the content part of it,
+so a model may think first and then call tools.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from forkless.entrypoints.openai.protocol import (
+    ChatResponseMessage,
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+)
+
+if TYPE_CHECKING:
+    from forkless.entrypoints.openai.protocol import ChatCompletionRequest
+    from forkless.reasoning import ReasoningParser
+    from forkless.tool_parsers import ToolParser
+
+
+@dataclass
+class _Sent:
+    """What a stream has sent so far, to top it up when the output finishes."""
+
+    reasoning: str = ""
+    content: str = ""
+    names: dict[int, str] = field(default_factory=dict)
+    arguments: dict[int, str] = field(default_factory=dict)
+
+
+class ChoiceParser:
+    """Parses one choice's output with the request's reasoning and tool parsers.
+
+    Args:
+        request: The chat request.
+        reasoning: A reasoning parser instance, or ``None``.
+        tools: A tool parser instance, or ``None`` (no tool parsing for this request).
+    """
+
+    def __init__(self, request: "ChatCompletionRequest", reasoning: "ReasoningParser | None",
+                 tools: "ToolParser | None") -> None:
+        self.request = request
+        self.reasoning = reasoning
+        self.tools = tools
+        self._text = ""
+        self._ids: list[int] = []
+        self._content = ""
+        self._sent = _Sent()
+
+    @property
+    def called_tools(self) -> bool:
+        """Whether the stream has sent at least one tool call."""
+        return bool(self._sent.names)
+
+    def parse_whole(self, text: str) -> ChatResponseMessage:
+        """The message for a finished output."""
+        if self.reasoning is None and self.tools is None:
+            return ChatResponseMessage(content=text)
+        reasoning, content = (self.reasoning.extract_reasoning_content(text, self.request)
+                              if self.reasoning is not None else (None, text))
+        message = ChatResponseMessage(content=content, reasoning_content=reasoning)
+        if self.tools is not None and content is not None:
+            info = self.tools.extract_tool_calls(content, self.request)
+            if info.tools_called:
+                message.tool_calls = list(info.tool_calls)
+                message.content = info.content
+        return message
+
+    def step(self, text: str, token_ids: list[int]) -> DeltaMessage | None:
+        """The delta for a streamed step, given the cumulative text and token ids."""
+        delta_text, delta_ids = text[len(self._text):], token_ids[len(self._ids):]
+        reasoning: str | None = None
+        content: str | None = delta_text or None
+        if self.reasoning is not None:
+            dm = self.reasoning.extract_reasoning_content_streaming(
+                self._text, text, delta_text, self._ids, token_ids, delta_ids)
+            reasoning, content = (dm.reasoning_content, dm.content) if dm is not None else (None, None)
+        tool_calls = None
+        if self.tools is not None and content:
+            current = self._content + content
+            dm = self.tools.extract_tool_calls_streaming(
+                self._content, current, content, self._ids, token_ids, delta_ids, self.request)
+            self._content = current
+            content, tool_calls = (dm.content, dm.tool_calls) if dm is not None else (None, None)
+        self._text, self._ids = text, list(token_ids)
+        return self._record(DeltaMessage(reasoning_content=reasoning or None, content=content or None,
+                                         tool_calls=tool_calls or None))
+
+    def finish(self, text: str) -> DeltaMessage | None:
+        """Whatever the stream still owes once the output is final.
+
+        Streaming parsers hold back text that might still become a tag; at the end, the
+        whole-output parse says what it was. Only extensions of what was sent are added.
+        """
+        whole = self.parse_whole(text)
+        sent = self._sent
+        reasoning = _rest(sent.reasoning, whole.reasoning_content or "")
+        content = _rest(sent.content, whole.content or "")
+        calls = []
+        for i, call in enumerate(whole.tool_calls if self.tools is not None else []):
+            if i not in sent.names:
+                calls.append(DeltaToolCall(index=i, id=call.id, type="function", function=DeltaFunctionCall(
+                    name=call.function.name, arguments=call.function.arguments)))
+            elif sent.names[i] == call.function.name:
+                more = _rest(sent.arguments.get(i, ""), call.function.arguments)
+                if more:
+                    calls.append(DeltaToolCall(index=i, function=DeltaFunctionCall(arguments=more)))
+        return self._record(DeltaMessage(reasoning_content=reasoning or None, content=content or None,
+                                         tool_calls=calls or None))
+
+    def _record(self, delta: DeltaMessage) -> DeltaMessage | None:
+        if delta.reasoning_content is None and delta.content is None and not delta.tool_calls:
+            return None
+        self._sent.reasoning += delta.reasoning_content or ""
+        self._sent.content += delta.content or ""
+        for call in delta.tool_calls or []:
+            fn = call.function
+            if fn is not None and fn.name is not None:
+                self._sent.names[call.index] = fn.name
+            if fn is not None and fn.arguments:
+                self._sent.arguments[call.index] = self._sent.arguments.get(call.index, "") + fn.arguments
+        return delta
+
+
+def _rest(sent: str, whole: str) -> str:
+    return whole[len(sent):] if whole.startswith(sent) else ""
+
+
+def make_choice_parser(request: "ChatCompletionRequest", tokenizer: Any, reasoning_parser: str | None,
+                       tool_parser: str | None) -> ChoiceParser:
+    """A ``ChoiceParser`` with fresh parser instances (they may keep per-request state)."""
+    from forkless.reasoning import ReasoningParserManager
+    from forkless.tool_parsers import ToolParserManager
+
+    reasoning = ReasoningParserManager.get_reasoning_parser(reasoning_parser)(tokenizer) if reasoning_parser else None
+    tools = ToolParserManager.get_tool_parser(tool_parser)(tokenizer) if tool_parser else None
+    return ChoiceParser(request, reasoning, tools)

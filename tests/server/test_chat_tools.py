@@ -1,0 +1,129 @@
+"""Tool calls and reasoning through the official ``openai`` client, against a real server.
+
+The tiny model's output is forced token by token (``force_tokens.py``), so it writes a
+``<think>`` block and a hermes ``<tool_call>`` exactly as a real model would.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import openai
+import pytest
+
+from tests.server.conftest import Server, start_server
+from tests.server.force_tokens import PATH as FORCE
+
+HERE = Path(__file__).resolve().parent
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+REASONING = "\nThe user asks about Paris, so I will call get_weather.\n"
+ARGUMENTS = '{"city": "Paris", "unit": "celsius"}'
+OUTPUT = (f"<think>{REASONING}</think>\n\n<tool_call>\n"
+          f'{{"name": "get_weather", "arguments": {ARGUMENTS}}}\n</tool_call>')
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def forced(tokenizer, text: str) -> dict:
+    """``extra_body`` that makes the model write ``text`` and then stop."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+    return {"extra_args": {"forced_token_ids": ids + [tokenizer.eos_token_id]}}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_llama)
+
+
+@pytest.fixture(scope="module")
+def tool_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tiny_llama, tmp_path_factory.mktemp("tools"), "--logits-processors", FORCE,
+                       "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
+                       env_extra={"PYTHONPATH": str(HERE)})
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def collect_stream(stream) -> dict:
+    """Concatenate a chat stream's deltas; checks the tool-call delta protocol on the way."""
+    out = {"reasoning": "", "content": "", "calls": {}, "finish": None}
+    for chunk in stream:
+        for choice in chunk.choices:
+            delta = choice.delta
+            out["reasoning"] += getattr(delta, "reasoning_content", None) or ""
+            out["content"] += delta.content or ""
+            for call in delta.tool_calls or []:
+                if call.index not in out["calls"]:
+                    assert call.id and call.function.name and call.type == "function"
+                    out["calls"][call.index] = {"id": call.id, "name": call.function.name, "arguments": ""}
+                else:
+                    assert call.id is None and call.function.name is None
+                out["calls"][call.index]["arguments"] += call.function.arguments or ""
+            out["finish"] = choice.finish_reason or out["finish"]
+    return out
+
+
+def test_tool_call_and_reasoning(tool_server: Server, tokenizer) -> None:
+    resp = tool_server.client().chat.completions.create(
+        model=tool_server.client().models.list().data[0].id, messages=MESSAGES,
+        tools=[WEATHER_TOOL], extra_body=forced(tokenizer, OUTPUT))
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.reasoning_content == REASONING
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("chatcmpl-tool-") and call.type == "function"
+    assert call.function.name == "get_weather"
+    assert call.function.arguments == ARGUMENTS and json.loads(call.function.arguments)["city"] == "Paris"
+    assert choice.message.content == "\n\n"  # what the model wrote between the two blocks
+
+
+def test_streamed_deltas_add_up_to_the_whole_message(tool_server: Server, tokenizer) -> None:
+    client = tool_server.client()
+    model = client.models.list().data[0].id
+    whole = client.chat.completions.create(model=model, messages=MESSAGES, tools=[WEATHER_TOOL],
+                                           extra_body=forced(tokenizer, OUTPUT)).choices[0]
+    streamed = collect_stream(client.chat.completions.create(
+        model=model, messages=MESSAGES, tools=[WEATHER_TOOL], stream=True, extra_body=forced(tokenizer, OUTPUT)))
+    assert streamed["reasoning"] == whole.message.reasoning_content == REASONING
+    assert streamed["content"] == whole.message.content
+    assert [(c["name"], c["arguments"]) for c in streamed["calls"].values()] == \
+        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert streamed["calls"][0]["id"].startswith("chatcmpl-tool-")
+    assert streamed["finish"] == "tool_calls"
+
+
+def test_without_tools_the_call_stays_text_but_reasoning_is_split(tool_server: Server, tokenizer) -> None:
+    client = tool_server.client()
+    for extra in ({}, {"tools": [WEATHER_TOOL], "tool_choice": "none"}):
+        choice = client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
+                                                extra_body=forced(tokenizer, OUTPUT), **extra).choices[0]
+        assert choice.finish_reason == "stop" and not choice.message.tool_calls
+        assert choice.message.reasoning_content == REASONING
+        assert choice.message.content.startswith("\n\n<tool_call>\n{\"name\": \"get_weather\"")
+
+
+def test_an_answer_without_think_block_or_call_is_plain_content(tool_server: Server, tokenizer) -> None:
+    client = tool_server.client()
+    model = client.models.list().data[0].id
+    text = "It is sunny in Paris."
+    choice = client.chat.completions.create(model=model, messages=MESSAGES, tools=[WEATHER_TOOL],
+                                            extra_body=forced(tokenizer, text)).choices[0]
+    assert (choice.message.content, choice.message.reasoning_content, choice.finish_reason) == (text, None, "stop")
+    streamed = collect_stream(client.chat.completions.create(
+        model=model, messages=MESSAGES, tools=[WEATHER_TOOL], stream=True, extra_body=forced(tokenizer, text)))
+    assert (streamed["content"], streamed["reasoning"], streamed["calls"], streamed["finish"]) == (text, "", {}, "stop")
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forcing_a_call_needs_guided_decoding(tool_server: Server, tool_choice) -> None:
+    client = tool_server.client()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
+                                       tools=[WEATHER_TOOL], tool_choice=tool_choice)
+    assert "guided decoding" in str(info.value) and "not support" in str(info.value)
