@@ -12,6 +12,8 @@ import asyncio
 import os
 from typing import TYPE_CHECKING, Any, AsyncGenerator
 
+import msgspec
+
 from forkless.engine import ipc
 from forkless.engine.core_client_mp import EngineCoreClient, EngineDeadError
 from forkless.engine.output_processor import OutputProcessor
@@ -136,9 +138,14 @@ class AsyncLLM:
             processed = self.processor.process_inputs(request_id, prompt, sampling_params, priority=priority)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
-        return self._stream(processed)
+        try:  # encoded now, so that a value msgpack cannot carry is the client's 400, not a 500
+            payloads = [ipc.encode(r) for r in processed.core_requests]
+        except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+            raise InvalidRequestError(f"the request has a value the engine cannot accept: {exc} "
+                                      "(e.g. an integer outside the 64-bit range)") from None
+        return self._stream(processed, payloads)
 
-    async def _stream(self, processed: Any) -> AsyncGenerator["RequestOutput", None]:
+    async def _stream(self, processed: Any, payloads: list[bytes]) -> AsyncGenerator["RequestOutput", None]:
         assert self.client is not None
         request_id = processed.request_id
         queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -146,9 +153,9 @@ class AsyncLLM:
         self._queues[request_id] = queue
         finished = False
         try:
-            for core_request in processed.core_requests:
+            for core_request, payload in zip(processed.core_requests, payloads):
                 self._parent_of[core_request.request_id] = request_id
-                await self.client.add_request(core_request)
+                await self.client.add_request(payload)
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
@@ -190,6 +197,11 @@ class AsyncLLM:
                 kind, payload = message
                 if kind == ipc.OUTPUTS:
                     outputs = ipc.decode(payload, EngineCoreOutputs)
+                    # A request finished here (stop string) or aborted may still get a
+                    # token from a step the core had already begun; nobody sees it, so
+                    # the metrics must not count it either.
+                    new_tokens = sum(len(o.new_token_ids) for o in outputs.outputs
+                                     if self.output_processor.is_tracking(o.request_id))
                     result = self.output_processor.process_outputs(outputs.outputs)
                     for request_output in result.request_outputs:
                         queue = self._queues.get(request_output.request_id)
@@ -197,7 +209,7 @@ class AsyncLLM:
                             queue.put_nowait(request_output)
                     if result.reqs_to_abort:
                         await self.client.abort_requests(result.reqs_to_abort)
-                    stats = iteration_stats(sum(len(o.new_token_ids) for o in outputs.outputs), result.finished)
+                    stats = iteration_stats(new_tokens, result.finished)
                     self._record(outputs.scheduler_stats, stats)
                 elif kind == ipc.REQUEST_ERROR:
                     data = ipc.decode(payload)

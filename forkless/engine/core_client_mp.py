@@ -73,8 +73,10 @@ class EngineCoreClient:
                                    "while starting (see its log above)")
         raise RuntimeError(f"the engine core did not start within {timeout:.0f} s")
 
-    async def add_request(self, request: "EngineCoreRequest") -> None:
-        await self.input.send_multipart([ipc.ADD, ipc.encode(request)])
+    async def add_request(self, request: "EngineCoreRequest | bytes") -> None:
+        """Send a request (or its msgpack encoding) to the engine core."""
+        payload = request if isinstance(request, bytes) else ipc.encode(request)
+        await self.input.send_multipart([ipc.ADD, payload])
 
     async def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids and not self.closed:

@@ -295,6 +295,10 @@ class OutputProcessor:
                     to_abort.append(child.request_id)
         return to_abort
 
+    def is_tracking(self, request_id: str) -> bool:
+        """Whether outputs for this engine-core request id are still wanted."""
+        return request_id in self._children
+
     def has_unfinished_requests(self) -> bool:
         """Whether any request is in flight."""
         return bool(self._parents)

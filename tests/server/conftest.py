@@ -115,8 +115,8 @@ def start_server(model: Path | str, tmp_path: Path, *args: str, site: Path | Non
                  timeout: float = 240) -> Server:
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
-    env = plugin_env(site, tmp_path, FORKLESS_PLUGINS=os.environ.get("FORKLESS_PLUGINS_FOR_TESTS", ""),
-                     **(env_extra or {}))
+    env = plugin_env(site, tmp_path, **{"FORKLESS_PLUGINS": os.environ.get("FORKLESS_PLUGINS_FOR_TESTS", ""),
+                                        **(env_extra or {})})
     cmd = [sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", str(model), "--port", str(port),
            "--max-model-len", "256", "--kv-cache-memory", str(64 << 20), "--max-num-seqs", "32",
            "--uvicorn-log-level", "warning", *args]
@@ -139,15 +139,41 @@ def start_server(model: Path | str, tmp_path: Path, *args: str, site: Path | Non
     raise AssertionError(f"server did not become healthy in {timeout} s:\n{server.log()[-5000:]}")
 
 
-@pytest.fixture(scope="module")
-def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """One shared server on the tiny Llama (tests must leave it healthy)."""
-    tmp = tmp_path_factory.mktemp("server")
-    srv = start_server(tiny_llama, tmp, "--served-model-name", "tiny")
-    yield srv
+def wait_until(predicate, timeout: float = 30, interval: float = 0.2):
+    """Poll ``predicate`` until it returns something truthy; that value, or the last one."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+def stop_and_check(srv: Server, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+    """Send ``sig`` to the API server; its exit status, after checking no process is left."""
     pids = descendants(srv.proc.pid)
-    assert srv.stop() == 0, srv.log()[-3000:]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.2)
-    assert not [p for p in pids if alive(p)], "orphan processes left after shutdown"
+    if srv.proc.poll() is None:
+        srv.proc.send_signal(sig)
+    try:
+        rc = srv.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        srv.proc.kill()
+        raise AssertionError(f"server did not stop within {timeout} s after {signal.Signals(sig).name}\n"
+                             f"{srv.log()[-3000:]}")
+    wait_until(lambda: not any(alive(p) for p in pids), 10)
+    left = [p for p in pids if alive(p)]
+    assert not left, f"orphan processes left after shutdown: {[cmdline(p) for p in left]}"
+    return rc
+
+
+@pytest.fixture(scope="session")
+def server(tiny_llama: Path, plugin_site: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One shared server on the tiny Llama (tests must leave it healthy).
+
+    Every example plugin is installed and none is enabled (``FORKLESS_PLUGINS=""``), as
+    on a machine where plugins are present but not wanted.
+    """
+    tmp = tmp_path_factory.mktemp("server")
+    srv = start_server(tiny_llama, tmp, "--served-model-name", "tiny", site=plugin_site)
+    yield srv
+    assert stop_and_check(srv) == 0, srv.log()[-3000:]

@@ -30,6 +30,10 @@ def assert_openai_error(resp: httpx.Response, status: int = 400, fragment: str =
         ("/v1/completions", {"model": "tiny", "prompt": ""}, "empty", "prompt"),
         ("/v1/completions", {"model": "tiny"}, "prompt", "prompt"),
         ("/v1/completions", {"model": "tiny", "prompt": "hi", "logprobs": 50}, "logprobs", "logprobs"),
+        # found by schemathesis: these were a 500 and a denial of service
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "seed": 2**70}, "64-bit", None),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "vllm_xargs": {"k": -2**70}}, "64-bit", None),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "n": 100_000}, "128", "n"),
         ("/v1/chat/completions", {"model": "tiny", "messages": []}, "messages must not be empty", "messages"),
         ("/v1/chat/completions", {"model": "tiny", "messages": "hi"}, "messages", "messages"),
         ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],

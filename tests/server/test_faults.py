@@ -1,0 +1,96 @@
+"""Faults: a worker killed mid-request, a client gone mid-stream, shutdown signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import Server, alive, descendants, start_server, stop_and_check, wait_until
+from tests.server.test_metrics import scrape, value
+
+
+def test_killed_worker_fails_health_and_requests_then_server_exits(tiny_llama: Path, tmp_path: Path) -> None:
+    srv = start_server(tiny_llama, tmp_path, "--max-model-len", "512")
+    processes = descendants(srv.proc.pid)
+    try:
+        _, worker = srv.engine_pids()
+        client = srv.client(timeout=60)  # a hang fails the test instead of blocking it
+        stream = client.completions.create(model=str(tiny_llama), prompt="Keep going", max_tokens=480,
+                                           temperature=0, stream=True, extra_body={"ignore_eos": True})
+        os.kill(worker, signal.SIGKILL)  # the request is in the engine: its first output was awaited
+        health: list[int] = []
+
+        def probe() -> bool:
+            try:
+                health.append(httpx.get(srv.url + "/health", timeout=5).status_code)
+            except httpx.HTTPError:
+                return True  # the server has begun to shut down
+            return health[-1] == 503
+
+        assert wait_until(probe, 15, 0.1) and 503 in health, health
+        with pytest.raises(openai.APIError) as caught:
+            for _ in stream:
+                pass
+        assert "died" in str(caught.value) or "dead" in str(caught.value), caught.value
+        assert srv.proc.wait(60) != 0  # the server notices and shuts itself down
+        assert wait_until(lambda: not any(alive(p) for p in processes), 15), \
+            [p for p in processes if alive(p)]
+        assert "worker 0" in srv.log() and "died" in srv.log()
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+
+
+def test_client_disconnect_aborts_the_request(server: Server) -> None:
+    before = scrape(server)
+    body = {"model": "tiny", "prompt": "A long story:", "max_tokens": 240, "stream": True,
+            "ignore_eos": True, "temperature": 0}
+    chunks = 0
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: {"):
+                assert json.loads(line[6:])["choices"]
+                chunks += 1
+                if chunks == 2:
+                    break  # leaving the block closes the connection mid-stream
+
+    def idle() -> bool:
+        m = scrape(server)
+        return value(m, "forkless:kv_cache_usage_perc") == 0 and value(m, "forkless:num_requests_running") == 0
+
+    assert wait_until(idle, 15)
+    after = scrape(server)
+    # aborted, not run to the end: far fewer than 240 tokens were generated
+    generated = value(after, "forkless:generation_tokens_total") - value(before, "forkless:generation_tokens_total")
+    assert generated < 240
+    r = server.client().completions.create(model="tiny", prompt="still serving", max_tokens=3, temperature=0)
+    assert r.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_shuts_everything_down_cleanly(tiny_llama: Path, tmp_path: Path, sig: int) -> None:
+    srv = start_server(tiny_llama, tmp_path)
+    # a request in flight when the signal arrives must not keep the server up
+    def stream_until_closed() -> None:
+        try:
+            for _ in srv.client(timeout=60).completions.create(
+                    model=str(tiny_llama), prompt="Going on", max_tokens=200, stream=True,
+                    extra_body={"ignore_eos": True}):
+                pass
+        except openai.APIError:
+            pass
+
+    streamer = threading.Thread(target=stream_until_closed)
+    streamer.start()
+    assert len(descendants(srv.proc.pid)) >= 2  # engine core and worker
+    assert stop_and_check(srv, sig) == 0, srv.log()[-3000:]
+    streamer.join(60)
+    assert not streamer.is_alive()

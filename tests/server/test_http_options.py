@@ -1,0 +1,108 @@
+"""``--middleware``, ``--api-key`` / ``FORKLESS_API_KEY`` and ``--logits-processors`` by path."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import plugin_env
+from tests.server.conftest import Server, start_server, stop_and_check
+from tests.server.test_plugins_in_server import check_force_token_processor
+
+MIDDLEWARE = '''
+class AddHeader:
+    """A plain ASGI middleware: stamps every HTTP response."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        async def stamped(message):
+            if message["type"] == "http.response.start":
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-served-by", b"test-middleware")]
+            await send(message)
+
+        await self.app(scope, receive, stamped)
+'''
+PROCESSOR = "forkless_example_logits_processor:ForceTokenLogitsProcessor"
+
+
+def middleware_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "mw"
+    folder.mkdir(exist_ok=True)
+    (folder / "h4_test_middleware.py").write_text(MIDDLEWARE)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def options_server(tiny_llama: Path, plugin_site: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("options-server")
+    pythonpath = os.pathsep.join([str(middleware_dir(tmp)), str(plugin_site)])
+    srv = start_server(tiny_llama, tmp, "--served-model-name", "tiny",
+                       "--middleware", "h4_test_middleware:AddHeader", "--logits-processors", PROCESSOR,
+                       env_extra={"PYTHONPATH": pythonpath}, api_key="s3cret")
+    yield srv
+    assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
+def test_middleware_adds_a_header(options_server: Server) -> None:
+    assert httpx.get(options_server.url + "/health", timeout=30).headers["x-served-by"] == "test-middleware"
+    raw = options_server.client().completions.with_raw_response.create(model="tiny", prompt="hi", max_tokens=2)
+    assert raw.headers["x-served-by"] == "test-middleware"
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}])
+def test_api_key_is_required_on_v1(options_server: Server, headers: dict) -> None:
+    for method, path, body in [("GET", "/v1/models", None),
+                               ("POST", "/v1/completions", {"model": "tiny", "prompt": "hi"})]:
+        resp = httpx.request(method, options_server.url + path, json=body, headers=headers, timeout=30)
+        assert resp.status_code == 401, resp.text
+        error = resp.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and "API key" in error["message"]
+    assert httpx.get(options_server.url + "/health", timeout=30).status_code == 200
+
+
+def test_official_client_with_and_without_key(options_server: Server) -> None:
+    assert [m.id for m in options_server.client().models.list().data] == ["tiny"]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=options_server.url + "/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_logits_processor_by_class_path(options_server: Server) -> None:
+    check_force_token_processor(options_server, "tiny")
+
+
+def test_api_key_from_environment(tiny_llama: Path, tmp_path: Path) -> None:
+    srv = start_server(tiny_llama, tmp_path, env_extra={"FORKLESS_API_KEY": "from-env"})
+    try:
+        assert httpx.get(srv.url + "/v1/models", timeout=30).status_code == 401
+        ok = httpx.get(srv.url + "/v1/models", headers={"Authorization": "Bearer from-env"}, timeout=30)
+        assert ok.status_code == 200
+        assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
+    finally:
+        assert stop_and_check(srv) == 0
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ("h4_no_such_module:Middleware", "h4_no_such_module"),
+    ("h4_test_middleware:Missing", "has no attribute 'Missing'"),
+    ("h4_test_middleware", "class path"),
+])
+def test_bad_middleware_path_fails_at_startup(tiny_llama: Path, tmp_path: Path, value: str, fragment: str) -> None:
+    env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="", PYTHONPATH=str(middleware_dir(tmp_path)))
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", str(tiny_llama),
+                           "--port", "0", "--middleware", value], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode != 0
+    assert f"--middleware {value!r}" in proc.stderr and fragment in proc.stderr, proc.stderr
+    assert time.monotonic() - start < 60  # rejected before the model is loaded, not after

@@ -1,0 +1,67 @@
+"""``GET /metrics`` of a fresh server, parsed with ``prometheus_client``, matches what was sent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.server.conftest import Server, start_server, stop_and_check, wait_until
+
+
+def scrape(server: Server) -> list:
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def value(samples: list, name: str, **labels: str) -> float:
+    """Sum of the samples called ``name`` whose labels include ``labels``."""
+    return sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
+
+
+def test_counters_and_histograms_match_the_requests_sent(tiny_llama: Path, tmp_path: Path) -> None:
+    srv = start_server(tiny_llama, tmp_path, "--served-model-name", "tiny")
+    try:
+        client = srv.client()
+        sent = []  # (usage, number of sequences)
+        for i, max_tokens in enumerate((5, 6, 7)):
+            sent.append((client.completions.create(model="tiny", prompt=f"Metrics {i}", max_tokens=max_tokens,
+                                                   temperature=0).usage, 1))
+        sent.append((client.completions.create(model="tiny", prompt="Two at once", max_tokens=3, n=2,
+                                               temperature=1.0, seed=3).usage, 2))
+        chunks = list(client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "stream"}], max_tokens=4, temperature=0,
+            stream=True, stream_options={"include_usage": True}))
+        sent.append((chunks[-1].usage, 1))
+        full = client.completions.create(model="tiny", prompt="Stop here", max_tokens=12, temperature=0)
+        sent.append((full.usage, 1))
+        stop = full.choices[0].text[len(full.choices[0].text) // 2:][:3]
+        stopped = client.completions.create(model="tiny", prompt="Stop here", max_tokens=12, temperature=0,
+                                            stop=[stop])
+        assert stopped.choices[0].finish_reason == "stop"
+        sent.append((stopped.usage, 1))
+
+        finished = sum(n for _, n in sent)
+        prompt = sum(u.prompt_tokens * n for u, n in sent)  # every sequence of n>1 prefills its prompt
+        generated = sum(u.completion_tokens for u, _ in sent)
+        # the last request's stats reach the stat loggers just before its response is sent
+        wait_until(lambda: value(scrape(srv), "forkless:request_success_total") >= finished, 10)
+        m = scrape(srv)
+        assert value(m, "forkless:request_success_total", finished_reason="length") == finished - 1
+        assert value(m, "forkless:request_success_total", finished_reason="stop") == 1
+        assert value(m, "forkless:request_success_total") == finished
+        assert value(m, "forkless:prompt_tokens_total") == prompt
+        assert value(m, "forkless:generation_tokens_total") == generated
+        for name in ("forkless:e2e_request_latency_seconds", "forkless:time_to_first_token_seconds",
+                     "forkless:request_prompt_tokens", "forkless:request_generation_tokens"):
+            assert value(m, name + "_count") == finished, name
+            assert value(m, name + "_bucket", le="+Inf") == finished, name
+        assert value(m, "forkless:request_prompt_tokens_sum") == prompt
+        assert value(m, "forkless:request_generation_tokens_sum") == generated
+        multi_token = sum(n for u, n in sent if u.completion_tokens > n)
+        assert value(m, "forkless:inter_token_latency_seconds_count") == multi_token
+        assert wait_until(lambda: value(scrape(srv), "forkless:kv_cache_usage_perc") == 0, 15)
+        assert value(scrape(srv), "forkless:num_requests_running") == 0
+    finally:
+        assert stop_and_check(srv) == 0, srv.log()[-3000:]
