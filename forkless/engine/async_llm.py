@@ -53,7 +53,8 @@ class AsyncLLM:
 
         self.config = config
         self.processor = Processor(config)
-        self.output_processor = OutputProcessor(self.processor.tokenizer)
+        # Built on first use: the tokenizer loads while the engine core starts (see start()).
+        self._output_processor: OutputProcessor | None = None
         self.client: EngineCoreClient | None = None
         self._queues: dict[str, asyncio.Queue[Any]] = {}
         self._parent_of: dict[str, str] = {}
@@ -87,7 +88,14 @@ class AsyncLLM:
         """Start the engine core process and wait until it has loaded the model."""
         self.dead_event = asyncio.Event()
         self.client = EngineCoreClient(self.config)
-        await self.client.wait_ready(timeout)
+        # Importing transformers and loading the tokenizer take seconds; the engine core and
+        # its workers are importing torch and loading the model meanwhile, so overlap them.
+        tokenizer = asyncio.ensure_future(asyncio.to_thread(lambda: self.output_processor))
+        try:
+            await self.client.wait_ready(timeout)
+        finally:
+            await asyncio.wait([tokenizer])
+        tokenizer.result()
         for stat_logger in self.stat_loggers:
             stat_logger.log_engine_initialized()
         self._tasks.append(asyncio.create_task(self._handle_outputs()))
@@ -102,6 +110,12 @@ class AsyncLLM:
             self.client.shutdown()
 
     # -- properties the server uses -----------------------------------------------------
+    @property
+    def output_processor(self) -> OutputProcessor:
+        if self._output_processor is None:
+            self._output_processor = OutputProcessor(self.processor.tokenizer)
+        return self._output_processor
+
     @property
     def tokenizer(self) -> Any:
         return self.processor.tokenizer

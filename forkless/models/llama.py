@@ -149,6 +149,10 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, i, dtype, attn_backend, options)
             for i in range(config.num_hidden_layers)
         )
+        # Every layer rotates by the same table: one shared module computes a step's
+        # cos/sin once instead of once per layer (it holds no checkpoint weights).
+        for layer in self.layers[1:]:
+            layer.self_attn.rotary_emb = self.layers[0].self_attn.rotary_emb
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
 
     def forward(

@@ -8,6 +8,7 @@ work.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +29,33 @@ class _PrefillSeq:
 @dataclass
 class _DecodeGroup:
     rows: torch.Tensor  # [Bd] row of each decode token in the flattened batch
-    gather_idx: torch.Tensor  # [Bd, S] cache slots of each sequence's keys (padded)
-    mask: torch.Tensor  # [Bd, 1, 1, S] True where the key exists
+    gather_idx: torch.Tensor  # [Bd * S] cache slots of each sequence's keys (padded), flat
+    max_len: int  # S
+    mask: torch.Tensor | None  # [Bd, 1, 1, S] True where the key exists; None: no padding
+    all_rows: bool  # every token of the step decodes, in row order: no scatter needed
+
+
+_workspace = threading.local()
+
+
+def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A reused buffer of at least ``numel`` elements (per thread, dtype and device).
+
+    Decode gathers every sequence's keys and values once per layer. A fresh tensor of
+    that size is a fresh ``mmap`` on CPU, and its page faults cost as much as the copy
+    itself; layers run one after another, so they can all share one buffer.
+    """
+    buffers = getattr(_workspace, "buffers", None)
+    if buffers is None:
+        buffers = _workspace.buffers = {}
+    # Inference tensors cannot be written outside inference mode, nor normal ones
+    # inside it without autograd bookkeeping: keep one buffer for each mode.
+    key = (dtype, device, torch.is_inference_mode_enabled())
+    buf = buffers.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = buffers[key] = torch.empty(max(numel, 2 * (buf.numel() if buf is not None else 0)),
+                                         dtype=dtype, device=device)
+    return buf[:numel]
 
 
 @dataclass
@@ -96,8 +122,11 @@ def _build_plan(md: AttentionMetadata) -> _Plan:
         # Clamp so padded positions read a real slot; the mask hides them anyway.
         clamped = torch.minimum(pos, (lens - 1)[:, None])
         gather_idx = _slots_of(md.block_tables[ids], clamped, md.block_size)
-        mask = (pos < lens[:, None])[:, None, None, :]
-        decode = _DecodeGroup(rows, gather_idx, mask)
+        mask = None
+        if min(seq_lens[i] for i in decode_ids) != max_len:
+            mask = (pos < lens[:, None])[:, None, None, :]
+        all_rows = len(decode_ids) == num_tokens
+        decode = _DecodeGroup(rows, gather_idx.flatten(), max_len, mask, all_rows)
     return _Plan(store_rows, store_slots, decode, prefills, num_tokens)
 
 
@@ -137,15 +166,11 @@ class TorchAttentionBackend(AttentionBackend):
         elif plan.decode is not None or any(p.gather_idx is not None for p in plan.prefills):
             raise ValueError("sequences with cached context need a KV cache")
 
+        if plan.decode is not None and plan.decode.all_rows:
+            return self._decode(q, key_cache, value_cache, plan.decode).view(q.shape[0], -1)
         out = q.new_zeros(q.shape[0], self.num_heads, self.head_dim)
         if plan.decode is not None:
-            d = plan.decode
-            # [Bd, S, Hkv, D] -> [Bd, Hkv, S, D]
-            keys = key_cache[d.gather_idx].to(q.dtype).transpose(1, 2)
-            values = value_cache[d.gather_idx].to(q.dtype).transpose(1, 2)
-            queries = q[d.rows][:, :, None, :]  # [Bd, Hq, 1, D]
-            o = self._sdpa(queries, keys, values, d.mask, causal=False)
-            out[d.rows] = o[:, :, 0, :]
+            out[plan.decode.rows] = self._decode(q, key_cache, value_cache, plan.decode)
         for p in plan.prefills:
             queries = q[p.start : p.end].transpose(0, 1)[None]
             if p.gather_idx is None:
@@ -158,6 +183,30 @@ class TorchAttentionBackend(AttentionBackend):
                 o = self._sdpa(queries, keys, values, p.mask, causal=False)
             out[p.start : p.end] = o[0].transpose(0, 1)
         return out.view(q.shape[0], self.num_heads * self.head_dim)
+
+    def _decode(
+        self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, d: _DecodeGroup
+    ) -> torch.Tensor:
+        """One query per sequence against its cached keys: ``[Bd, Hq, D]``."""
+        bd, s = d.rows.shape[0], d.max_len
+        kv_shape = (bd, s, self.num_kv_heads, self.head_dim)
+        if key_cache.dtype == q.dtype:
+            buf = _scratch(2 * d.gather_idx.numel() * self.num_kv_heads * self.head_dim, q.dtype, q.device)
+            keys, values = buf.view(2, -1, self.num_kv_heads, self.head_dim).unbind(0)
+            torch.index_select(key_cache, 0, d.gather_idx, out=keys)
+            torch.index_select(value_cache, 0, d.gather_idx, out=values)
+        else:
+            keys = key_cache[d.gather_idx].to(q.dtype)
+            values = value_cache[d.gather_idx].to(q.dtype)
+        # [Bd, S, Hkv, D] -> [Bd, Hkv, S, D]
+        keys = keys.view(kv_shape).transpose(1, 2)
+        values = values.view(kv_shape).transpose(1, 2)
+        # The query heads sharing a KV head become that head's queries ([Bd, Hkv, G, D]):
+        # grouped-query attention without expanding the keys to every query head.
+        group = self.num_heads // self.num_kv_heads
+        queries = (q if d.all_rows else q[d.rows]).reshape(bd, self.num_kv_heads, group, self.head_dim)
+        o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=d.mask, scale=self.scale)
+        return o.reshape(bd, self.num_heads, self.head_dim)
 
     def _sdpa(
         self,

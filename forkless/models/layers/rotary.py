@@ -78,12 +78,20 @@ class RotaryEmbedding(nn.Module):
         inv_freq = _INV_FREQ[rope_type](rope_parameters, self.rotary_dim)
         # Not persistent: checkpoints' own inv_freq buffers are ignored, ours is derived.
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
+        self._memo: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        # Every layer of a step gets the same positions tensor: compute once per step, not
+        # once per layer. The memo holds the tensor itself, so its identity is not reused.
+        memo = self._memo
+        if memo is not None and memo[0] is positions and memo[1] == dtype:
+            return memo[2], memo[3]
         inv_freq = self.inv_freq.to(device=positions.device, dtype=torch.float32)
         freqs = positions.float()[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # [T, 1, rotary_dim]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+        self._memo = (positions, dtype, cos, sin)
+        return cos, sin
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
