@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+from forkless.bench.throughput import make_workload  # the same draws as `forkless bench throughput`
 
 
 def random_model(out: Path, layers: int) -> Path:
@@ -45,17 +46,6 @@ def random_model(out: Path, layers: int) -> Path:
     model = AutoModelForCausalLM.from_config(LlamaConfig(**{k: v for k, v in cfg.items() if k != "model_type"}))
     model.save_pretrained(out, safe_serialization=True)
     return out
-
-
-def make_workload(n: int, input_len: tuple[int, int], output_len: tuple[int, int], vocab: int,
-                  seed: int) -> list[tuple[list[int], int]]:
-    """``n`` (prompt token ids, output length) pairs; ids avoid the special tokens at the start."""
-    rng = random.Random(seed)
-    work = []
-    for _ in range(n):
-        prompt = [rng.randrange(100, vocab) for _ in range(rng.randint(*input_len))]
-        work.append((prompt, rng.randint(*output_len)))
-    return work
 
 
 def run_forkless(model: str, work: list[tuple[list[int], int]], args: argparse.Namespace) -> tuple[float, int]:
