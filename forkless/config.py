@@ -187,6 +187,7 @@ class EngineArgs:
     load_format: str = "auto"
     seed: int = 0
     enforce_eager: bool = False
+    async_scheduling: bool = False
     distributed_executor_backend: str | type = "uni"
     num_threads: int | None = None
 
@@ -239,6 +240,8 @@ class EngineArgs:
                        help="auto reads the weights; dummy uses random weights")
         g.add_argument("--seed", type=int, default=d.seed, help="global random seed")
         g.add_argument("--enforce-eager", action="store_true", help="never capture graphs or compile")
+        g.add_argument("--async-scheduling", action="store_true",
+                       help="prepare step N+1 on the host while the device runs step N")
         g.add_argument("--distributed-executor-backend", default=d.distributed_executor_backend,
                        help="uni, mp, or an Executor class path")
         return parser
@@ -285,6 +288,7 @@ class EngineArgs:
             max_num_batched_tokens=batched,
             policy=self.scheduling_policy,
             enable_chunked_prefill=self.enable_chunked_prefill,
+            async_scheduling=self.async_scheduling,
         )
         config = EngineConfig(
             model_config=ModelConfig(

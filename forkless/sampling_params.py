@@ -66,6 +66,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         repetition_penalty: Divides positive / multiplies negative logits of tokens seen
             in the prompt or the output (> 0; 1 disables it).
         logit_bias: Token id -> value added to its logit before sampling.
+        detokenize: Turn generated tokens into text. ``False`` returns token ids only
+            (empty ``text``, no ``decoded_token`` in logprobs) and skips the per-token
+            detokenization cost; ``stop`` strings need text, so they require ``True``.
         skip_special_tokens: Omit special tokens when detokenizing.
         spaces_between_special_tokens: Put spaces between special tokens when detokenizing.
         include_stop_str_in_output: Keep the matched stop string in the text.
@@ -93,6 +96,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
@@ -175,6 +179,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
                 raise _bad(name, ids, "a list of token ids >= 0")
         if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
             raise _bad("stop", self.stop, "a non-empty string or a list of non-empty strings")
+        if not isinstance(self.detokenize, bool):
+            raise _bad("detokenize", self.detokenize, "a bool")
+        if self.stop and not self.detokenize:
+            # Stop strings are matched against the text, which detokenize=False never makes.
+            raise _bad("stop", self.stop, "no stop strings when detokenize=False (they match text)")
         if self.logit_bias is not None:
             for tok, value in self.logit_bias.items():
                 if tok < 0 or math.isnan(value):

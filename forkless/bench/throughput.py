@@ -58,7 +58,10 @@ def run_forkless(model: str, work: Workload, **engine_args: Any) -> Result:
     try:
         prompts = [{"prompt_token_ids": p} for p, _ in work]
         llm.generate(prompts[:2], [SamplingParams(max_tokens=4, ignore_eos=True)] * 2, use_tqdm=False)
-        params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in work]
+        # Token ids only (as the baseline): skipping detokenization is what vLLM's
+        # benchmarks do too.
+        params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True, detokenize=False)
+                  for _, o in work]
         t0 = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - t0

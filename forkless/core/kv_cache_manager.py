@@ -113,6 +113,14 @@ class KVCacheManager:
         """
         rid = request.request_id
         table = self._tables.get(rid)
+        if (
+            table is not None
+            and not new_computed_block_ids
+            and request.num_computed_tokens + num_new_tokens <= len(table) * self.block_size
+        ):
+            # The common decode step: the held blocks already have room (nothing below
+            # would change anything); this early return keeps it O(1).
+            return []
         admitting = table is None
         if new_computed_block_ids and not admitting:
             raise ValueError(f"request {rid!r} already holds blocks; cache hits are only for admission")

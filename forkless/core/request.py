@@ -116,6 +116,10 @@ class Request:
         # One list for prompt + output so the hot path never concatenates.
         self._all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
+        # Tokens scheduled to be sampled but not yet back on the host (one while a step
+        # that samples this request is in flight); their positions are already counted
+        # in num_computed_tokens by the step that feeds them (async scheduling).
+        self.num_output_placeholders = 0
         self.num_cached_tokens = -1
         self.block_ids: list[int] = []
         self.block_hashes: list[Hashable] = []

@@ -7,7 +7,7 @@ way it only sees ``EngineCoreRequest`` in and ``EngineCoreOutputs`` out.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from forkless.core.request import FinishReason, Request
 from forkless.core.sched import KVCacheConfig, get_scheduler_cls
@@ -18,6 +18,7 @@ from forkless.logger import init_logger
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
     from forkless.core.sched import SchedulerStats
+    from forkless.core.sched.output import SchedulerOutput
     from forkless.engine.protocol import EngineCoreRequest
 
 logger = init_logger(__name__)
@@ -55,6 +56,18 @@ class EngineCore:
             )
             scheduler_cls = get_scheduler_cls(config.scheduler_cls)
             self.scheduler = scheduler_cls(config.scheduler_config, kv_cache_config)
+            # Async scheduling needs a runner that can launch without waiting and a
+            # scheduler that tracks tokens in flight; otherwise the flag is a no-op.
+            self.async_scheduling = (
+                config.scheduler_config.async_scheduling
+                and self.executor.supports_async_scheduling
+                and hasattr(self.scheduler, "can_schedule_async")
+            )
+            if config.scheduler_config.async_scheduling and not self.async_scheduling:
+                logger.warning("--async-scheduling is not supported by this executor, worker or "
+                               "scheduler (or a custom logits processor is loaded): stepping synchronously")
+            # The launched step whose tokens are not collected yet: (plan, handle).
+            self._pending: tuple[SchedulerOutput, Any] | None = None
         except BaseException:
             self.executor.shutdown()
             raise
@@ -87,6 +100,8 @@ class EngineCore:
         Returns:
             The step's outputs (empty, with stats, when there is nothing to run).
         """
+        if self.async_scheduling:
+            return self._step_async()
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.make_stats(), timestamp=time.time())
         scheduler_output = self.scheduler.schedule()
@@ -94,9 +109,39 @@ class EngineCore:
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
+    def _step_async(self) -> EngineCoreOutputs:
+        # Schedule and launch step N+1, then collect step N: the host's scheduling and
+        # input preparation of N+1 run while the device computes N, and N+1 is queued
+        # behind N so the device never waits for the host. Tokens of N reach N+1 on the
+        # device (placeholders). The outputs returned are step N's.
+        outputs: list = []
+        pending, self._pending = self._pending, None
+        if pending is not None and not self.scheduler.can_schedule_async():
+            # A request that reads its latest tokens is waiting: finish N before
+            # scheduling more.
+            outputs = self._collect(pending)
+            pending = None
+        launched = None
+        if self.scheduler.has_unfinished_requests():
+            scheduler_output = self.scheduler.schedule()
+            launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
+        if pending is not None:
+            outputs += self._collect(pending)
+        if launched is not None:
+            if self.scheduler.can_schedule_async():
+                self._pending = launched
+            else:
+                # It admitted a history-dependent request: no step may stay in flight.
+                outputs += self._collect(launched)
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
+
+    def _collect(self, pending: tuple[SchedulerOutput, Any]) -> list:
+        scheduler_output, handle = pending
+        return self.scheduler.update_from_output(scheduler_output, self.executor.collect(handle))
+
     def has_unfinished_requests(self) -> bool:
-        """Whether any request is waiting or running."""
-        return self.scheduler.has_unfinished_requests()
+        """Whether any request is waiting or running (or a launched step is uncollected)."""
+        return self.scheduler.has_unfinished_requests() or self._pending is not None
 
     def make_stats(self) -> SchedulerStats:
         """Queue lengths, KV usage and prefix-cache counters."""

@@ -88,7 +88,7 @@ class _Completion:
         self.parent = parent
         self.detok = (
             IncrementalDetokenizer(tokenizer, parent.prompt_token_ids, params.skip_special_tokens)
-            if tokenizer is not None else None
+            if tokenizer is not None and params.detokenize else None
         )
         self.text = ""
         self.token_ids: list[int] = []
@@ -259,16 +259,23 @@ class OutputProcessor:
         now = time.time() if now is None else now
         result = OutputProcessorOutput()
         updated: dict[str, list[_Completion]] = {}
+        children_by_id = self._children
+        final_only = RequestOutputKind.FINAL_ONLY
         for out in outputs:
-            child = self._children.get(out.request_id)
-            if child is None or child.finished:
+            child = children_by_id.get(out.request_id)
+            if child is None or child.finish_reason is not None:
                 continue
             if child.update(out, now):
                 result.reqs_to_abort.append(child.request_id)
-            updated.setdefault(child.parent.request_id, []).append(child)
-            if child.finished:
-                del self._children[child.request_id]
+            parent = child.parent
+            if child.finish_reason is not None:
+                del children_by_id[child.request_id]
                 result.finished.append(child.timing())
+            elif parent.kind is final_only:
+                # Nothing to show until the whole parent finishes, and it has not: this
+                # child is still running. The hot path of LLM.generate (one check).
+                continue
+            updated.setdefault(parent.request_id, []).append(child)
         for parent_id, children in updated.items():
             parent = self._parents[parent_id]
             request_output = parent.make_output(children)

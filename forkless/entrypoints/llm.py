@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import itertools
+
+import msgspec
 from typing import TYPE_CHECKING, Any, Sequence
 
 from forkless.config import EngineArgs
 from forkless.engine.llm_engine import LLMEngine
-from forkless.sampling_params import SamplingParams
+from forkless.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -142,6 +144,10 @@ class LLM:
                     f"got {len(params_list)} sampling_params for {len(prompts)} prompts: pass one, "
                     "or one per prompt"
                 )
+        # generate() returns only finished outputs, so cumulative snapshots every step
+        # (a copy of all tokens so far, per request per step) would be built for nothing;
+        # the final snapshot is the same either way. The caller's params stay untouched.
+        params_list = [_final_only(p) for p in params_list]
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
@@ -174,3 +180,10 @@ class LLM:
     def shutdown(self) -> None:
         """Stop the engine's workers."""
         self.llm_engine.shutdown()
+
+
+def _final_only(params: SamplingParams | None) -> SamplingParams | None:
+    if params is None or params.output_kind is not RequestOutputKind.CUMULATIVE:
+        return params
+    # A shallow copy is enough: only this scalar field differs.
+    return msgspec.structs.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)

@@ -47,6 +47,19 @@ class Executor(ABC):
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step and return the sampled tokens (from the driver worker)."""
 
+    @property
+    def supports_async_scheduling(self) -> bool:
+        """Whether :meth:`execute_model_async` launches without waiting (default: no)."""
+        return False
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> Any:
+        """Launch one step; :meth:`collect` returns its output. The default runs it now."""
+        return self.execute_model(scheduler_output)
+
+    def collect(self, pending: Any) -> ModelRunnerOutput:
+        """The output of a step launched by :meth:`execute_model_async`."""
+        return pending
+
     @abstractmethod
     def check_health(self) -> None:
         """Raise if a worker is dead or unhealthy."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from forkless.executor.abstract import Executor
 from forkless.worker.worker import create_worker
@@ -33,6 +33,16 @@ class UniProcExecutor(Executor):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)
+
+    @property
+    def supports_async_scheduling(self) -> bool:
+        return bool(getattr(self.worker, "supports_async_scheduling", False))
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> Any:
+        return self.worker.execute_model_async(scheduler_output)
+
+    def collect(self, pending: Any) -> ModelRunnerOutput:
+        return self.worker.collect(pending)
 
     def check_health(self) -> None:
         self.worker.check_health()

@@ -67,8 +67,15 @@ class DecodeGraphs:
         self.seq_lens = buf((n,), torch.int32)
         self.query_start_loc = buf((n + 1,), torch.int32)
         self.block_tables = (torch.zeros((n, max_blocks), dtype=torch.int32, device=device), None)
-        # Staging for the [B, width] corner of the tables, contiguous so the copy is one DMA.
-        self.block_staging = torch.zeros(n * max_blocks, dtype=torch.int32).pin_memory()
+        # Pinned host copy of the block tables, kept across steps: row i holds the table
+        # of admission _row_key[i] up to _row_filled[i] blocks. A request's table only
+        # grows while it runs (a re-admission gets a new key), so a step rewrites just
+        # the rows whose request changed and the blocks appended since (one block per
+        # block_size tokens), not every row's whole table.
+        self.block_staging = torch.zeros((n, max_blocks), dtype=torch.int32).pin_memory()
+        self._row_key = [-1] * n
+        self._row_filled = [0] * n
+        self._copied: torch.cuda.Event | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
@@ -98,18 +105,25 @@ class DecodeGraphs:
         pool = None
         for bs in reversed(self.sizes):
             md = self._metadata(bs)
-            args = (self.input_ids[0][:bs], self.positions[0][:bs], self.kv_caches, md)
-            self.model(*args)  # warm-up: compiles kernels, settles allocations
+
+            def args() -> tuple:
+                # Fresh views each call: a layer that memoizes per positions tensor (the
+                # rotary tables do) must not hand the capture the warm-up's eager result,
+                # which would freeze it into the graph (stale, and later freed, memory).
+                return self.input_ids[0][:bs], self.positions[0][:bs], self.kv_caches, md
+
+            self.model(*args())  # warm-up: compiles kernels, settles allocations
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self.model(*args)
+                self.outputs[bs] = self.model(*args())
             pool = graph.pool()
             self.graphs[bs] = graph
         torch.cuda.synchronize(self.device)
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
     def run(self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray,
-            seq_lens: np.ndarray, block_rows: list[list[int]]) -> torch.Tensor:
+            seq_lens: np.ndarray, block_rows: list[list[int]], row_keys: list[int],
+            ids_fix: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Replay the graph for this decode batch.
 
         Args:
@@ -118,6 +132,10 @@ class DecodeGraphs:
             slots: ``[B]`` its KV-cache slot.
             seq_lens: ``[B]`` lengths after this step.
             block_rows: Each sequence's block ids.
+            row_keys: Each sequence's admission key: unique per (re)admission of a
+                request, so that an unchanged key means its table only grew.
+            ids_fix: ``(rows, token ids)`` on the device, written over ``input_ids`` after
+                its copy (tokens that the previous step sampled and the host has not read).
 
         Returns:
             ``[B, hidden]`` final hidden states (a view of the graph's output: use it
@@ -125,9 +143,16 @@ class DecodeGraphs:
         """
         b = len(block_rows)
         bs = next(s for s in self.sizes if s >= b)
-        width = max(len(r) for r in block_rows)
+        if self._copied is not None:
+            # The previous step's copies read these pinned buffers; with async scheduling
+            # the host may get here before the device ran them (normally long done).
+            self._copied.synchronize()
         self.input_ids[1][:b] = torch.from_numpy(input_ids)
         self.positions[1][:b] = torch.from_numpy(positions)
+        # Padding rows still embed a token: make it a valid id, not whatever an earlier
+        # step left there (a placeholder -1 under async scheduling).
+        self.input_ids[1][b:bs] = 0
+        self.positions[1][b:bs] = 0
         slot_host = self.slot_mapping[1].numpy()
         slot_host[:b] = slots
         slot_host[b:bs] = -1  # padding rows store nothing
@@ -137,13 +162,26 @@ class DecodeGraphs:
         qsl = self.query_start_loc[1].numpy()
         qsl[: b + 1] = np.arange(b + 1)
         qsl[b + 1 : bs + 1] = b  # padding sequences own no token
-        staged = self.block_staging[: b * width].view(b, width)
-        tables = staged.numpy()
-        for i, row in enumerate(block_rows):
-            tables[i, : len(row)] = row
+        tables = self.block_staging.numpy()
+        keys, filled = self._row_key, self._row_filled
+        for i, (row, key) in enumerate(zip(block_rows, row_keys)):
+            done = filled[i]
+            if keys[i] != key or done > len(row):
+                keys[i] = key
+                done = 0
+            if done != len(row):
+                tables[i, done : len(row)] = row[done:]
+                filled[i] = len(row)
+        # Columns past a row's own blocks may hold another request's stale (valid) block
+        # ids: kernels read a row's table only up to its seq_len. Whole rows are copied so
+        # that source and destination stay contiguous (one DMA of b * max_blocks ints).
         for dev, host in (self.input_ids, self.positions, self.slot_mapping, self.seq_lens):
             dev[:bs].copy_(host[:bs], non_blocking=True)
         self.query_start_loc[0][: bs + 1].copy_(self.query_start_loc[1][: bs + 1], non_blocking=True)
-        self.block_tables[0][:b, :width].copy_(staged, non_blocking=True)
+        self.block_tables[0][:b].copy_(self.block_staging[:b], non_blocking=True)
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        if ids_fix is not None:
+            self.input_ids[0].index_copy_(0, *ids_fix)
         self.graphs[bs].replay()
         return self.outputs[bs][:b]

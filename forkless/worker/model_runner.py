@@ -7,7 +7,8 @@ put a request back in the batch after a step in which it was not scheduled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -17,7 +18,7 @@ import torch
 from forkless.attention import AttentionBackend, AttentionMetadata
 from forkless.logger import init_logger
 from forkless.plugins import resolve_class
-from forkless.core.sched.output import ModelRunnerOutput
+from forkless.core.sched.output import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
 from forkless.logits_processors import build_logits_processors
 from forkless.model_loader import load_model, resolve_dtype
 from forkless.sample import InputBatch, Sampler
@@ -26,9 +27,22 @@ from forkless.sampling_params import SamplingParams
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
     from forkless.core.sched.output import ScheduledRequest, SchedulerOutput
+    from forkless.sample.sampler import SamplerOutput
     from forkless.worker.cuda_graphs import DecodeGraphs
 
 logger = init_logger(__name__)
+
+
+@dataclass
+class _PendingStep:
+    """A launched step whose sampled tokens are still on the device."""
+
+    rows: list[ScheduledRequest] = field(default_factory=list)
+    out: SamplerOutput | None = None
+    num_logprobs: list[int | None] | None = None
+    # The sampled ids' host copy (pinned on CUDA) and the event that marks it complete.
+    sampled_host: torch.Tensor | None = None
+    ready: Any = None
 
 
 @dataclass
@@ -37,6 +51,8 @@ class _RequestState:
     prompt_token_ids: list[int]
     # The very list the input batch appends sampled tokens to.
     output_token_ids: list[int]
+    # Unique per (re)admission: the CUDA-graph block-table cache keys its rows by it.
+    admission: int = 0
 
 
 def _as_sampling_params(params: Any) -> SamplingParams:
@@ -85,12 +101,16 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self.requests: dict[str, _RequestState] = {}
+        self._admissions = itertools.count(1)
         self.use_cuda_graphs = (
             device.type == "cuda"
             and not config.device_config.enforce_eager
             and bool(getattr(self.attn_backend, "supports_cuda_graphs", False))
         )
         self.graphs: DecodeGraphs | None = None
+        # The last launched step's sampled ids (device) and each request's row in it.
+        self._prev_sampled: torch.Tensor | None = None
+        self._prev_row_of: dict[str, int] = {}
 
     # ------------------------------------------------------------------ KV cache
 
@@ -164,9 +184,32 @@ class ModelRunner:
             as ``[token_ids, logprobs, sampled_rank]`` (sampled token first) for requests
             that asked for logprobs.
         """
+        return self.collect(self.execute_model_async(scheduler_output))
+
+    @property
+    def supports_async_scheduling(self) -> bool:
+        """Whether steps may be launched before the previous one's tokens are collected.
+
+        A logits processor other than the built-in ones might read a request's output
+        history, which lags by one step under async scheduling (the built-ins only do so
+        for ``min_tokens``, which the scheduler keeps out of async steps).
+        """
+        from forkless.logits_processors.loader import BUILTIN_LOGITS_PROCESSORS
+        from forkless.plugins import import_path
+
+        builtins = tuple(import_path(path) for path in BUILTIN_LOGITS_PROCESSORS)
+        return all(type(p) in builtins for p in self.input_batch.logits_processors)
+
+    @torch.inference_mode()
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> _PendingStep:
+        """Launch one step on the device without waiting for its sampled tokens.
+
+        ``PLACEHOLDER_TOKEN_ID`` entries of the plan take the tokens sampled by the
+        previous launched step, on the device. Pass the result to :meth:`collect`.
+        """
         self._update_states(scheduler_output)
         if scheduler_output.is_empty:
-            return ModelRunnerOutput()
+            return _PendingStep()
         metadata = self.input_batch.refresh()
         by_id = {s.request_id: s for s in scheduler_output.scheduled_requests}
         rows = [by_id[rid] for rid in self.input_batch.req_ids if rid is not None]
@@ -176,20 +219,69 @@ class ModelRunner:
             input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
             hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
             if not any(s.sample for s in rows):
-                return ModelRunnerOutput()  # only prefill chunks that end mid-prompt
+                return _PendingStep()  # only prefill chunks that end mid-prompt
             logits = self.model.compute_logits(hidden[last_idx])
         out = self.sampler(logits, metadata)
-        sampled = out.sampled_token_ids.tolist()
-        self.input_batch.append_output_tokens([t if s.sample else None for s, t in zip(rows, sampled)])
+        # Row order of this step: the next step's placeholders read their tokens here.
+        self._prev_sampled = out.sampled_token_ids
+        self._prev_row_of = {s.request_id: i for i, s in enumerate(rows)}
+        # Queue the copy to the host now and wait for it alone in collect(): a plain
+        # tolist() there would sync the whole stream, i.e. also wait for the step launched
+        # after this one, which is exactly the overlap async scheduling is for.
+        sampled = out.sampled_token_ids
+        host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=self.pin_memory)
+        host.copy_(sampled, non_blocking=self.pin_memory)
+        ready = None
+        if self.pin_memory:
+            ready = torch.cuda.Event()
+            ready.record()
+        return _PendingStep(rows, out, metadata.num_logprobs, host, ready)
+
+    def collect(self, pending: _PendingStep) -> ModelRunnerOutput:
+        """Wait for a launched step's sampled tokens and record them."""
+        if pending.out is None:
+            return ModelRunnerOutput()
+        rows, out = pending.rows, pending.out
+        if pending.ready is not None:
+            pending.ready.synchronize()  # the one device -> host wait of a step
+        assert pending.sampled_host is not None
+        sampled = pending.sampled_host.tolist()
+        requests = self.requests
+        for s, t in zip(rows, sampled):
+            if s.sample:
+                # The very list the input batch and the processors read. A request
+                # finished or preempted since the launch is gone: its token is dropped,
+                # as the scheduler drops it.
+                state = requests.get(s.request_id)
+                if state is not None:
+                    state.output_token_ids.append(t)
         result = ModelRunnerOutput(
             sampled_token_ids={s.request_id: [t] for s, t in zip(rows, sampled) if s.sample}
         )
         if out.logprobs is not None:
-            per_row = out.logprobs.tolists(metadata.num_logprobs)
+            per_row = out.logprobs.tolists(pending.num_logprobs)
             result.logprobs = {
                 s.request_id: list(row) for s, row in zip(rows, per_row) if s.sample and row is not None
             }
         return result
+
+    def _placeholder_fix(self, ids: np.ndarray, row_of_index: np.ndarray | None,
+                         rows: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where ``ids`` holds placeholders: (their indexes, the tokens), on the device."""
+        where = np.flatnonzero(ids == PLACEHOLDER_TOKEN_ID)
+        if where.size == 0:
+            return None
+        prev_row_of = self._prev_row_of
+        rows_of = where if row_of_index is None else row_of_index[where]
+        try:
+            src = np.fromiter((prev_row_of[rows[r].request_id] for r in rows_of.tolist()),
+                              dtype=np.int64, count=where.size)
+        except KeyError as e:
+            raise RuntimeError(f"request {e.args[0]!r} has a placeholder token but was not "
+                               "sampled by the previous step") from None
+        assert self._prev_sampled is not None
+        tokens = self._prev_sampled.index_select(0, self._to_device(src))
+        return self._to_device(where.astype(np.int64)), tokens
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -208,6 +300,7 @@ class ModelRunner:
                     _as_sampling_params(s.sampling_params),
                     list(s.prompt_token_ids or ()),
                     list(s.output_token_ids or ()),
+                    next(self._admissions),
                 )
             if rid not in batch.req_id_to_index:
                 state = self.requests.get(rid)
@@ -230,15 +323,22 @@ class ModelRunner:
         assert self.graphs is not None
         bs = self.block_size
         n = len(rows)
-        positions = np.fromiter((s.start_position for s in rows), dtype=np.int64, count=n)
-        block_of = np.fromiter((s.block_ids[p // bs] for s, p in zip(rows, positions.tolist())),
-                               dtype=np.int64, count=n)
+        requests = self.requests
+        # One pass over the rows (this runs for every request of every decode step).
+        flat = np.array(
+            [(s.token_ids[0], s.start_position, s.block_ids[s.start_position // bs]) for s in rows],
+            dtype=np.int64,
+        ).reshape(n, 3)
+        positions = flat[:, 1]
+        input_ids = flat[:, 0].copy()
         return self.graphs.run(
-            np.fromiter((s.token_ids[0] for s in rows), dtype=np.int64, count=n),
-            positions,
-            block_of * bs + positions % bs,
+            input_ids,
+            positions.copy(),
+            flat[:, 2] * bs + positions % bs,
             (positions + 1).astype(np.int32),
             [s.block_ids for s in rows],
+            [requests[s.request_id].admission for s in rows],
+            self._placeholder_fix(input_ids, None, rows),
         )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
@@ -282,4 +382,8 @@ class ModelRunner:
             seq_lens_cpu=seq_lens_t,
         )
         last_idx = self._to_device(starts[1:].astype(np.int64) - 1)
-        return self._to_device(input_ids), self._to_device(positions), md, last_idx
+        input_ids_dev = self._to_device(input_ids)
+        fix = self._placeholder_fix(input_ids, np.repeat(np.arange(len(rows)), num_tokens), rows)
+        if fix is not None:
+            input_ids_dev.index_copy_(0, *fix)
+        return input_ids_dev, self._to_device(positions), md, last_idx

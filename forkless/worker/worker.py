@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -110,6 +110,19 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step (see :meth:`ModelRunner.execute_model`)."""
         return self._runner().execute_model(scheduler_output)
+
+    @property
+    def supports_async_scheduling(self) -> bool:
+        """Whether :meth:`execute_model_async` / :meth:`collect` may overlap steps."""
+        return bool(getattr(self._runner(), "supports_async_scheduling", False))
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> Any:
+        """Launch one step (see :meth:`ModelRunner.execute_model_async`)."""
+        return self._runner().execute_model_async(scheduler_output)
+
+    def collect(self, pending: Any) -> ModelRunnerOutput:
+        """Wait for a launched step's tokens (see :meth:`ModelRunner.collect`)."""
+        return self._runner().collect(pending)
 
     def check_health(self) -> None:
         """Raise when the worker cannot run steps."""

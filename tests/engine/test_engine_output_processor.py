@@ -82,3 +82,37 @@ def test_n_children_merge_and_abort_by_parent(parts) -> None:
     assert not r1.request_outputs[0].finished and len(r1.request_outputs[0].outputs) == 2
     assert out_proc.abort_requests(["p"]) == ["1_p"]
     assert not out_proc.has_unfinished_requests()
+
+
+def test_detokenize_false_returns_token_ids_only(parts) -> None:
+    # The benchmarks' setting: no text is made, so no per-token detokenization cost.
+    processor, tok = parts
+    ids = tok.encode(TEXT)
+    out_proc = OutputProcessor(tok)
+    params = SamplingParams(max_tokens=len(ids), detokenize=False, logprobs=1)
+    out_proc.add_request(processor.process_inputs("r", "Hi", params))
+    results = []
+    for i, tok_id in enumerate(ids):
+        reason = FinishReason.LENGTH if i == len(ids) - 1 else None
+        out = EngineCoreOutput("r", [tok_id], reason, new_logprobs=[[tok_id], [-0.5], 1])
+        results.append(out_proc.process_outputs([out]))
+    final = results[-1].request_outputs[0].outputs[0]
+    assert final.text == "" and final.token_ids == ids and final.finish_reason == "length"
+    assert all(e[t].decoded_token is None for e, t in zip(final.logprobs, ids))
+
+
+def test_detokenize_false_rejects_stop_strings() -> None:
+    with pytest.raises(ValueError, match="detokenize=False"):
+        SamplingParams(stop=["x"], detokenize=False)
+    assert SamplingParams(stop_token_ids=[3], detokenize=False).stop_token_ids == [3]
+
+
+def test_llm_generate_leaves_callers_params_untouched(llama_dir) -> None:
+    # generate() asks the output processor for final outputs only, on a copy.
+    from forkless import LLM
+
+    llm = LLM(str(llama_dir), kv_cache_memory=1 << 22)
+    params = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    out = llm.generate(["Hello", "Hi there"], params, use_tqdm=False)
+    assert params.output_kind is RequestOutputKind.CUMULATIVE
+    assert [len(o.outputs[0].token_ids) for o in out] == [5, 5] and all(o.finished for o in out)

@@ -34,6 +34,11 @@ class SchedulerConfig:
             that every prompt fits one step.
         long_prefill_token_threshold: When > 0, no prefill chunk is longer than this, so
             one long prompt cannot starve the decodes that share its steps.
+        async_scheduling: Schedule and launch step N+1 before step N's sampled tokens
+            reach the host (they are fed to N+1 on the device), so that the host's work
+            overlaps the device's. Flag: ``--async-scheduling``. Requests whose sampling
+            reads their own output history (penalties, ``seed``, ``min_tokens``) and
+            custom logits processors make the engine step synchronously while present.
     """
 
     max_model_len: int
@@ -42,6 +47,7 @@ class SchedulerConfig:
     policy: str = "fcfs"
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in SCHEDULING_POLICIES:

@@ -12,13 +12,20 @@ from typing import Any
 from forkless.core.request import FinishReason
 
 
+# Stands in ScheduledRequest.token_ids for a token that the previous step samples and
+# that has not reached the host yet (async scheduling): the runner feeds that step's
+# sampled id, still on the device, in its place.
+PLACEHOLDER_TOKEN_ID = -1
+
+
 @dataclass
 class ScheduledRequest:
     """One request's work in one step.
 
     Attributes:
         request_id: The request.
-        token_ids: The tokens to compute this step, in position order.
+        token_ids: The tokens to compute this step, in position order;
+            ``PLACEHOLDER_TOKEN_ID`` for one sampled by the step still in flight.
         start_position: Position of ``token_ids[0]`` (the request's computed tokens
             before this step, prefix-cache hits included).
         block_ids: The request's whole block table (enough blocks for

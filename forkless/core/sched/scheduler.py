@@ -20,12 +20,13 @@ that would exceed ``max_model_len`` is cut there with finish reason ``"length"``
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from forkless.core.kv_cache_manager import KVCacheManager
 from forkless.core.request import FinishReason, RequestStatus
 from forkless.core.sched.interface import SchedulerInterface
 from forkless.core.sched.output import (
+    PLACEHOLDER_TOKEN_ID,
     EngineCoreOutput,
     ScheduledRequest,
     SchedulerOutput,
@@ -72,6 +73,9 @@ class Scheduler(SchedulerInterface):
         # Breaks ties between equal arrival times by insertion order.
         self._arrival_seq: dict[str, int] = {}
         self._seq = itertools.count()
+        # Requests whose sampling reads their own output history, which lags by one
+        # step under async scheduling: while any is present, steps run synchronously.
+        self._history_dependent: set[str] = set()
 
     # ----------------------------------------------------------------- requests in / out
 
@@ -89,6 +93,8 @@ class Scheduler(SchedulerInterface):
             raise ValueError(f"request {request.request_id!r} is {request.status.name}, not WAITING")
         self.requests[request.request_id] = request
         self._arrival_seq[request.request_id] = next(self._seq)
+        if _reads_output_history(request.sampling_params):
+            self._history_dependent.add(request.request_id)
         self.waiting.add(request)
 
     def finish_requests(
@@ -113,6 +119,11 @@ class Scheduler(SchedulerInterface):
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
+    def can_schedule_async(self) -> bool:
+        """Whether the next step may be scheduled before the previous one's tokens
+        are back (no request's sampling depends on its latest tokens)."""
+        return not self._history_dependent
+
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
 
@@ -126,15 +137,27 @@ class Scheduler(SchedulerInterface):
         admitted: set[str] = set()
         preempted: list[str] = []
 
+        # _chunk's cap, hoisted: this loop runs once per running request per step.
+        cap = cfg.long_prefill_token_threshold if (
+            cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold > 0) else None
+        running_status = RequestStatus.RUNNING
+        allocate_slots = kv.allocate_slots
         for request in list(self.running):
             if budget == 0:
                 break
-            if request.status is not RequestStatus.RUNNING:
+            if request.status is not running_status:
                 continue  # preempted earlier in this loop
-            num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
+            pending = request.num_output_placeholders
+            if pending and self._finishes_with_pending(request):
+                continue  # the token in flight ends it: nothing more to compute
+            num_new = request.num_tokens + pending - request.num_computed_tokens
+            if cap is not None and num_new > cap:
+                num_new = cap
+            if num_new > budget:
+                num_new = budget
             if num_new == 0:
                 continue
-            while kv.allocate_slots(request, num_new) is None:
+            while allocate_slots(request, num_new) is None:
                 victim = max(self.running, key=self._preemption_key)
                 self._preempt(victim)
                 preempted.append(victim.request_id)
@@ -171,8 +194,11 @@ class Scheduler(SchedulerInterface):
             preempted_request_ids=preempted,
         )
         self._finished_ids = []
-        for rid, num_new in scheduled.items():
-            output.scheduled_requests.append(self._make_scheduled(self.requests[rid], num_new, rid in admitted))
+        requests = self.requests
+        make = self._make_scheduled
+        output.scheduled_requests = [
+            make(requests[rid], num_new, rid in admitted) for rid, num_new in scheduled.items()
+        ]
         return output
 
     def update_from_output(
@@ -183,12 +209,19 @@ class Scheduler(SchedulerInterface):
         sampled = runner_output.sampled_token_ids
         outputs: list[EngineCoreOutput] = []
         any_finished = False
+        # Hoisted out of the loop: it runs once per request per step.
+        requests = self.requests
+        running = RequestStatus.RUNNING
+        cache_blocks = kv.cache_blocks if kv.enable_caching else None
         for item in scheduler_output.scheduled_requests:
-            request = self.requests.get(item.request_id)
-            if request is None or request.status is not RequestStatus.RUNNING:
+            request = requests.get(item.request_id)
+            if request is None or request.status is not running:
                 continue  # aborted while the step ran
-            # The step computed these blocks; only now may other requests hit them.
-            kv.cache_blocks(request, request.num_computed_tokens)
+            if cache_blocks is not None:
+                # The step computed these blocks; only now may other requests hit them.
+                # (With async scheduling num_computed_tokens may count a position whose
+                # token is still in flight: it cannot be hashed yet.)
+                cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
             if not item.sample:
                 continue
             token_ids = sampled.get(item.request_id)
@@ -198,6 +231,8 @@ class Scheduler(SchedulerInterface):
                     f"the model runner returned no token for request {item.request_id!r}, "
                     "which was scheduled with sample=True"
                 )
+            if request.num_output_placeholders:
+                request.num_output_placeholders -= 1
             new_token_ids: list[int] = []
             status: RequestStatus | None = None
             for token_id in token_ids:
@@ -259,21 +294,38 @@ class Scheduler(SchedulerInterface):
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        # A token still in flight is dropped: recomputation samples it again.
+        request.num_output_placeholders = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.add_preempted(request)
+
+    def _finishes_with_pending(self, request: Request) -> bool:
+        # Length limits are known before the tokens: a request whose in-flight tokens
+        # reach max_tokens or max_model_len finishes when they arrive.
+        pending = request.num_output_placeholders
+        if request.max_tokens is not None and request.num_output_tokens + pending >= request.max_tokens:
+            return True
+        return request.num_tokens + pending >= self.max_model_len
 
     def _make_scheduled(self, request: Request, num_new: int, is_new: bool) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
         request.num_computed_tokens = end
+        token_ids = request.all_token_ids[start:end]
+        if len(token_ids) < num_new:
+            # Tokens sampled by the step in flight: the runner takes them on the device.
+            token_ids.extend([PLACEHOLDER_TOKEN_ID] * (num_new - len(token_ids)))
+        sample = end == request.num_tokens + request.num_output_placeholders
+        if sample:
+            request.num_output_placeholders += 1
         item = ScheduledRequest(
             request_id=request.request_id,
-            token_ids=request.all_token_ids[start:end],
+            token_ids=token_ids,
             start_position=start,
             block_ids=list(request.block_ids),
             is_new=is_new,
-            sample=end == request.num_tokens,
+            sample=sample,
         )
         if is_new:
             item.sampling_params = request.sampling_params
@@ -301,4 +353,20 @@ class Scheduler(SchedulerInterface):
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         del self._arrival_seq[request.request_id]
+        self._history_dependent.discard(request.request_id)
         self._finished_ids.append(request.request_id)
+
+
+def _reads_output_history(params: Any) -> bool:
+    """Whether sampling this request reads the tokens it generated so far: penalties,
+    a seeded generator (reseeded from the output length) or ``min_tokens``."""
+    if params is None:
+        return False
+    get = params.get if isinstance(params, dict) else lambda name, default: getattr(params, name, default)
+    return bool(
+        get("seed", None) is not None
+        or (get("min_tokens", 0) or 0) > 0
+        or (get("presence_penalty", 0.0) or 0.0) != 0.0
+        or (get("frequency_penalty", 0.0) or 0.0) != 0.0
+        or (get("repetition_penalty", 1.0) or 1.0) != 1.0
+    )
