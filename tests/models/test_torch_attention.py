@@ -81,6 +81,9 @@ def test_prefill_decode_chunked_and_padding():
     for _ in range(3):
         out, ref = drv.step([("a", 1), ("b", 1), ("c", 1), ("d", 1)])
         torch.testing.assert_close(out, ref)
+    # An all-decode step with padding rows after it (a CUDA-graph batch).
+    out, ref = drv.step([("a", 1), ("b", 1)], pad=3)
+    torch.testing.assert_close(out, ref)
     # Padding (slot -1) wrote nothing: exactly one slot per real token is non-zero.
     stored = drv.cache[0].reshape(-1, HKV * D).abs().sum(-1).gt(0).sum().item()
     assert stored == sum(k.shape[0] for k, _ in drv.history.values())

@@ -125,7 +125,8 @@ def _build_plan(md: AttentionMetadata) -> _Plan:
         mask = None
         if min(seq_lens[i] for i in decode_ids) != max_len:
             mask = (pos < lens[:, None])[:, None, None, :]
-        all_rows = len(decode_ids) == num_tokens
+        # Padding rows (a CUDA-graph batch) sit after the real tokens: then scatter.
+        all_rows = len(decode_ids) == md.slot_mapping.shape[0]
         decode = _DecodeGroup(rows, gather_idx.flatten(), max_len, mask, all_rows)
     return _Plan(store_rows, store_slots, decode, prefills, num_tokens)
 
