@@ -1,0 +1,69 @@
+"""``--distributed-executor-backend uni | mp | PATH`` for the server."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import plugin_env
+from tests.server.conftest import children_of, cmdline, start_server, stop_and_check
+
+EXECUTOR = '''
+from forkless.executor.uniproc import UniProcExecutor
+from forkless.logger import init_logger
+
+logger = init_logger("forkless.test_executor")
+
+
+class AnnouncingExecutor(UniProcExecutor):
+    """The in-process executor, plus a log line proving this class was chosen."""
+
+    def __init__(self, config):
+        logger.warning("custom executor AnnouncingExecutor is running the model")
+        super().__init__(config)
+
+
+class NotAnExecutor:
+    pass
+'''
+
+
+def executor_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "ex"
+    folder.mkdir(exist_ok=True)
+    (folder / "h4_test_executor.py").write_text(EXECUTOR)
+    return folder
+
+
+def spawned_children(pid: int) -> list[int]:
+    return [c for c in children_of(pid) if "resource_tracker" not in cmdline(c)]
+
+
+@pytest.mark.parametrize("backend", ["uni", "h4_test_executor:AnnouncingExecutor"])
+def test_in_process_executors_serve_without_worker_processes(backend: str, tiny_llama: Path, tmp_path: Path) -> None:
+    srv = start_server(tiny_llama, tmp_path, "--served-model-name", "tiny", "--distributed-executor-backend", backend,
+                       env_extra={"PYTHONPATH": str(executor_dir(tmp_path))})
+    try:
+        r = srv.client().completions.create(model="tiny", prompt="Hello", max_tokens=4, temperature=0)
+        assert r.usage.completion_tokens == 4
+        (engine_core,) = spawned_children(srv.proc.pid)
+        assert spawned_children(engine_core) == []  # the model runs inside the engine core
+        if backend != "uni":
+            assert "custom executor AnnouncingExecutor is running the model" in srv.log()
+    finally:
+        assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
+def test_executor_path_that_is_not_an_executor_fails_at_startup(tiny_llama: Path, tmp_path: Path) -> None:
+    env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="", PYTHONPATH=str(executor_dir(tmp_path)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", str(tiny_llama), "--port", "0",
+         "--max-model-len", "256", "--kv-cache-memory", str(32 << 20),
+         "--distributed-executor-backend", "h4_test_executor:NotAnExecutor"],
+        env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert "--distributed-executor-backend" in proc.stderr
+    assert "not a subclass of forkless.executor.abstract.Executor" in proc.stderr
