@@ -12,7 +12,7 @@ PROMPT = "The quick brown fox"
 @pytest.fixture(scope="module")
 def llm(llama_dir) -> LLM:
     return LLM(str(llama_dir), kv_cache_memory=1 << 22,
-               logits_processors="tests.engine.engine_plugins:ForceTokenProcessor")
+               logits_processors="tests.sample.sample_force_token:ForceTokenLogitsProcessor")
 
 
 def _one(llm: LLM, params: SamplingParams, prompt=PROMPT):
