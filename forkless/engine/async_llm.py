@@ -255,8 +255,6 @@ class AsyncLLM:
         error = EngineDeadError(f"the engine died: {reason}")
         for queue in self._queues.values():
             queue.put_nowait(error)
-        if self.client is not None:
-            self.client.fail_pending_calls(error)
         if self.dead_event is not None:
             self.dead_event.set()
 

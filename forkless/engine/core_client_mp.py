@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import shutil
 from typing import TYPE_CHECKING, Any
 
@@ -43,8 +42,6 @@ class EngineCoreClient:
             ipc.encode(config.to_builtins()), ipc.ipc_address(self.ipc_dir, "input"),
             ipc.ipc_address(self.ipc_dir, "output"))
         self.ready_info: dict[str, Any] = {}
-        self._call_ids = itertools.count()
-        self._pending_calls: dict[int, asyncio.Future[Any]] = {}
         self.closed = False
 
     @property
@@ -82,35 +79,12 @@ class EngineCoreClient:
         if request_ids and not self.closed:
             await self.input.send_multipart([ipc.ABORT, ipc.encode(request_ids)])
 
-    async def call_utility(self, method: str, *args: Any) -> Any:
-        """Call an ``EngineCore`` utility method in the engine process and await its result."""
-        call_id = next(self._call_ids)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending_calls[call_id] = fut
-        await self.input.send_multipart([ipc.UTILITY, ipc.encode({"call_id": call_id, "method": method, "args": list(args)})])
-        return await fut
-
     async def get_message(self, timeout_ms: int = 500) -> tuple[bytes, bytes] | None:
         """The next message from the engine core, or ``None`` after ``timeout_ms``."""
         if await self.output.poll(timeout_ms):
             kind, payload = await self.output.recv_multipart()
-            if kind == ipc.UTILITY_RESULT:
-                data = ipc.decode(payload)
-                fut = self._pending_calls.pop(data["call_id"], None)
-                if fut is not None and not fut.done():
-                    if "error" in data:
-                        fut.set_exception(RuntimeError(data["error"]))
-                    else:
-                        fut.set_result(data.get("result"))
-                return None
             return kind, payload
         return None
-
-    def fail_pending_calls(self, exc: BaseException) -> None:
-        for fut in self._pending_calls.values():
-            if not fut.done():
-                fut.set_exception(exc)
-        self._pending_calls.clear()
 
     def is_alive(self) -> bool:
         return self.proc.is_alive()

@@ -21,8 +21,6 @@ from forkless.logger import init_logger
 logger = init_logger("forkless.engine.core_proc")
 
 IDLE_POLL_MS = 100
-# EngineCore methods the API server may call remotely.
-UTILITY_METHODS = ("reset_prefix_cache", "check_health")
 STATS_INTERVAL_S = 1.0
 
 
@@ -71,17 +69,6 @@ class EngineCoreProc:
         elif kind == ipc.ABORT:
             self.core.abort_requests(ipc.decode(payload, list[str]))
             self._send_stats()  # aborted requests' blocks are free now: show it
-        elif kind == ipc.UTILITY:
-            call = ipc.decode(payload)
-            method = call["method"]
-            if method not in UTILITY_METHODS:
-                result: Any = {"error": f"unknown utility method {method!r}"}
-            else:
-                try:
-                    result = {"result": getattr(self.core, method)(*call.get("args", []))}
-                except Exception as exc:  # reported to the caller, not fatal
-                    result = {"error": f"{type(exc).__name__}: {exc}"}
-            self._send(ipc.UTILITY_RESULT, {"call_id": call["call_id"], **result})
         elif kind == ipc.SHUTDOWN:
             self.running = False
 

@@ -40,11 +40,9 @@ def parent_alive(parent_pid: int) -> bool:
 # Message kinds ----------------------------------------------------------------------
 ADD = b"add"
 ABORT = b"abort"
-UTILITY = b"utility"
 SHUTDOWN = b"shutdown"
 READY = b"ready"
 FAILED = b"failed"
 OUTPUTS = b"outputs"
 REQUEST_ERROR = b"request_error"
-UTILITY_RESULT = b"utility_result"
 DEAD = b"dead"

@@ -87,6 +87,8 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         if name == "shutdown":
             break
         try:
+            if name not in _WORKER_METHODS:
+                raise ValueError(f"unknown worker method {name!r}; expected one of {', '.join(_WORKER_METHODS)}")
             if name == "execute_model":
                 result: Any = worker.execute_model(_decode_scheduler_output(payload))
             else:
