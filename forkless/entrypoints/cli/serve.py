@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
-from typing import Any
+from typing import Any, Iterator
+
+import uvicorn
 
 from forkless.logger import init_logger
 
@@ -83,28 +86,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return asyncio.run(run_server(config, args))
 
 
-class _Server:
+class _Server(uvicorn.Server):
     """uvicorn's server, with signals handled here: uvicorn re-raises a caught SIGTERM
     after its own shutdown, which would kill this process before the engine core and
     workers are stopped."""
 
-    def __new__(cls, config: Any) -> Any:
-        import contextlib
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            @contextlib.contextmanager
-            def capture_signals(self) -> Any:
-                yield
-
-            def request_exit(self, sig: int) -> None:
-                logger.info("received %s; shutting down", signal.Signals(sig).name)
-                if self.should_exit:
-                    self.force_exit = True
-                self.should_exit = True
-
-        return Server(config)
+    def request_exit(self, sig: int) -> None:
+        logger.info("received %s; shutting down", signal.Signals(sig).name)
+        if self.should_exit:
+            self.force_exit = True
+        self.should_exit = True
 
 
 async def run_server(config: Any, args: argparse.Namespace) -> int:
@@ -120,8 +115,6 @@ async def run_server(config: Any, args: argparse.Namespace) -> int:
 
 
 async def _serve(engine: Any, config: Any, args: argparse.Namespace) -> int:
-    import uvicorn
-
     from forkless.entrypoints.openai.api_server import build_app
 
     try:

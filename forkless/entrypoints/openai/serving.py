@@ -231,9 +231,6 @@ class OpenAIServing:
                     yield _sse(CompletionResponse(id=base_id, created=created, model=self.model_name,
                                                   choices=[CompletionChoice(index=idx, text=echo)]))
                 delta = c.text[sent_text.get(idx, 0):]
-                new_tokens = len(c.token_ids) - sent_tokens.get(idx, 0)
-                if not delta and not c.finish_reason and not new_tokens:
-                    continue
                 if not delta and not c.finish_reason:
                     continue  # tokens whose text is still held back (partial UTF-8, stop string)
                 lp = (self._completion_logprobs(c, sent_tokens.get(idx, 0), req.logprobs)
