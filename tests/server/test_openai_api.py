@@ -135,3 +135,12 @@ def test_tokenize_detokenize(server: Server) -> None:
     assert back["prompt"] == "Hello world"
     chat = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
     assert chat["count"] > r["count"]
+
+
+def test_streaming_echo_sends_the_prompt_once(server: Server) -> None:
+    client = server.client()
+    whole = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=6, temperature=0, echo=True)
+    assert whole.choices[0].text.startswith(PROMPTS[1])
+    stream = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=6, temperature=0, echo=True,
+                                       stream=True)
+    assert "".join(c.choices[0].text for c in stream) == whole.choices[0].text

@@ -216,6 +216,7 @@ class OpenAIServing:
     async def _stream_completion(self, req: CompletionRequest, base_id: str, prompts: list[list[int]],
                                  streams: list[AsyncIterator["RequestOutput"]], raw_request: Any) -> AsyncIterator[str]:
         created = int(time.time())
+        echoed: set[int] = set()
         sent_text: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}
         finals: dict[int, "RequestOutput"] = {}
@@ -226,7 +227,8 @@ class OpenAIServing:
             finals[p_idx] = out
             for c in out.outputs:
                 idx = p_idx * req.n + c.index
-                if idx not in sent_text and req.echo:
+                if req.echo and idx not in echoed:
+                    echoed.add(idx)  # text may still be held back, so sent_text is not enough
                     echo = self.tokenizer.decode(prompts[p_idx])
                     yield _sse(CompletionResponse(id=base_id, created=created, model=self.model_name,
                                                   choices=[CompletionChoice(index=idx, text=echo)]))
