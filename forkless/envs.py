@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     FORKLESS_CACHE_ROOT: str
+    FORKLESS_FUSED_KERNELS: bool
 
 
 def _cache_root() -> str:
@@ -34,6 +35,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Root of every file forkless caches (converted GGUF models, ...). Default:
     # ``$XDG_CACHE_HOME/forkless``, or ``~/.cache/forkless`` when XDG_CACHE_HOME is unset.
     "FORKLESS_CACHE_ROOT": _cache_root,
+    # On CUDA, decoder layers run fused Triton kernels for RMSNorm, rotary embeddings and
+    # SiLU-and-mul. ``0`` runs the plain PyTorch ops instead (to compare or to debug).
+    "FORKLESS_FUSED_KERNELS": lambda: os.environ.get("FORKLESS_FUSED_KERNELS", "1") != "0",
 }
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from forkless.models.layers.fused import fused_ops
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square layer norm with an optional fused residual add.
@@ -39,6 +41,10 @@ class RMSNorm(nn.Module):
             The normalised tensor; with ``residual``, ``(normalised, x + residual)`` so
             the caller carries the updated residual stream on.
         """
+        fused = fused_ops(x)
+        if fused is not None:
+            out, summed = fused.rms_norm(x, self.weight, self.eps, residual)
+            return out if residual is None else (out, summed)
         if residual is None:
             return self._norm(x)
         x = x + residual

@@ -13,6 +13,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from forkless.models.layers.fused import fused_ops
+
 
 def _default_inv_freq(base: float, dim: int) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
@@ -104,9 +106,14 @@ class RotaryEmbedding(nn.Module):
             k: ``[T, Hkv, head_dim]``.
 
         Returns:
-            The rotated ``(q, k)``, same shapes and dtypes.
+            The rotated ``(q, k)``, same shapes and dtypes. On CUDA they are rotated in
+            place (the fused kernel): pass tensors nothing else reads afterwards.
         """
         cos, sin = self._cos_sin(positions, q.dtype)
+        fused = fused_ops(q)
+        if fused is not None:
+            fused.rotary_(q, k, cos, sin, self.rotary_dim)
+            return q, k
         if self.rotary_dim == self.head_dim:
             return _rotate(q, cos, sin), _rotate(k, cos, sin)
         r = self.rotary_dim

@@ -1,0 +1,74 @@
+"""Where a decode step's GPU time goes: kernels by total time, launches per step.
+
+Runs batch-1 (or ``--batch``) greedy decoding of a model of a known shape under
+``torch.profiler`` and prints the top kernels, the GPU's busy time per step (sum of
+kernel times) and the wall time per step. The gap between the two is host time the
+device waited for; kernel counts show what fusion would remove.
+
+    python benchmarks/profile_decode.py --shape llama3-8b --dtype bfloat16 [--enforce-eager]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="llama3-8b")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--async-scheduling", action="store_true")
+    args = parser.parse_args()
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from forkless import LLM, SamplingParams
+    from forkless.bench.shapes import write_model_folder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = write_model_folder(Path(tmp) / args.shape, args.shape, dtype=args.dtype)
+        llm = LLM(str(model), dtype=args.dtype, load_format="dummy", max_num_seqs=max(args.batch, 1),
+                  enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling)
+        prompts = [{"prompt_token_ids": [100 + i + j for i in range(args.prompt_len)]}
+                   for j in range(args.batch)]
+
+        def run(n: int) -> float:
+            params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
+            t0 = time.perf_counter()
+            llm.generate(prompts, params, use_tqdm=False)
+            return time.perf_counter() - t0
+
+        run(8)
+        wall = (run(args.steps + 1) - run(1)) / args.steps
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run(args.steps + 1)
+        llm.shutdown()
+
+    events = [e for e in prof.key_averages() if e.device_type.name == "CUDA" or
+              getattr(e, "self_device_time_total", 0) > 0]
+    def dev_time(e) -> float:
+        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+    events.sort(key=dev_time, reverse=True)
+    total = sum(dev_time(e) for e in events)
+    steps = args.steps + 1
+    print(f"shape={args.shape} dtype={args.dtype} batch={args.batch} "
+          f"eager={args.enforce_eager} async={args.async_scheduling}")
+    print(f"wall per decode step: {wall * 1e3:.3f} ms; GPU kernel time per step "
+          f"(incl. prefill, /{steps}): {total / steps / 1e3:.3f} ms")
+    print(f"{'kernel':70s} {'ms/step':>8s} {'calls/step':>10s}")
+    for e in events[: args.top]:
+        print(f"{e.key[:70]:70s} {dev_time(e) / steps / 1e3:8.3f} {e.count / steps:10.1f}")
+    print(f"kernels per step: {sum(e.count for e in events) / steps:.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Triton kernels that fuse the small element-wise steps of a decoder layer.
+
+In PyTorch ops, one RMSNorm with a residual add is about nine kernels, rotary embeddings
+ten, SiLU-and-mul two: per layer some 25 launches between the four matmuls. At batch 1
+on a large GPU each of them costs a few microseconds however little it computes, so
+they add up to a sizeable share of a decode step. Each function here is one launch.
+
+Every kernel rounds where the PyTorch code it replaces rounds (the ``dtype`` of each
+intermediate), so outputs match the reference layers to the last bit in float32 and
+within one rounding step in half precision. This module imports Triton: use it through
+:func:`forkless.models.layers.fused.fused_ops`, which imports it only for CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
+    x_stride_t, x_stride_h, res_stride_t, out_stride_t, out_stride_h, res_out_stride_t,
+    eps, N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + t * x_stride_t + h * x_stride_h + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        x = x + tl.load(res_ptr + t * res_stride_t + offs, mask=mask, other=0.0)
+        tl.store(res_out_ptr + t * res_out_stride_t + offs, x, mask=mask)
+    x32 = x.to(tl.float32)
+    rstd = tl.math.rsqrt(tl.sum(x32 * x32, axis=0) / N + eps)
+    normed = (x32 * rstd).to(x.dtype)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + t * out_stride_t + h * out_stride_h + offs, w * normed, mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RMSNorm over the last dimension, after adding ``residual`` when given.
+
+    Args:
+        x: ``[T, N]`` or ``[T, H, N]`` (per-head norm); the last dimension contiguous.
+        weight: ``[N]``.
+        eps: Added to the mean square.
+        residual: ``[T, N]``, only with a 2-D ``x``.
+
+    Returns:
+        ``(normalised, x + residual)``; the second item is None without a residual.
+    """
+    three_d = x.dim() == 3
+    x3 = x if three_d else x.unsqueeze(1)
+    if x3.stride(-1) != 1:
+        x3 = x3.contiguous()
+    t, h, n = x3.shape
+    out = torch.empty((t, h, n), dtype=x.dtype, device=x.device)
+    res_out = None
+    if residual is not None:
+        if residual.stride(-1) != 1:
+            residual = residual.contiguous()
+        res_out = torch.empty((t, n), dtype=x.dtype, device=x.device)
+    _rms_norm_kernel[(t, h)](
+        x3, residual if residual is not None else x3, weight, out,
+        res_out if res_out is not None else out,
+        x3.stride(0), x3.stride(1),
+        residual.stride(0) if residual is not None else 0,
+        out.stride(0), out.stride(1),
+        res_out.stride(0) if res_out is not None else 0,
+        eps, N=n, BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None,
+        num_warps=4 if n <= 1024 else 8,
+    )
+    return (out if three_d else out.squeeze(1)), res_out
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr, k_ptr, cos_ptr, sin_ptr,
+    q_stride_t, q_stride_h, k_stride_t, k_stride_h, cs_stride_t,
+    NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    if h < NUM_Q_HEADS:
+        base = q_ptr + t * q_stride_t + h * q_stride_h
+    else:
+        base = k_ptr + t * k_stride_t + (h - NUM_Q_HEADS) * k_stride_h
+    offs = tl.arange(0, BLOCK)
+    mask = offs < HALF
+    x1 = tl.load(base + offs, mask=mask, other=0.0)
+    x2 = tl.load(base + HALF + offs, mask=mask, other=0.0)
+    # cos/sin repeat after HALF (the tables are cat(freqs, freqs)): read the first half.
+    cos = tl.load(cos_ptr + t * cs_stride_t + offs, mask=mask, other=0.0)
+    sin = tl.load(sin_ptr + t * cs_stride_t + offs, mask=mask, other=0.0)
+    # x * cos + rotate_half(x) * sin, rounding each product and the sum like PyTorch.
+    lo = (x1 * cos).to(x1.dtype) - (x2 * sin).to(x1.dtype)
+    hi = (x2 * cos).to(x1.dtype) + (x1 * sin).to(x1.dtype)
+    tl.store(base + offs, lo.to(x1.dtype), mask=mask)
+    tl.store(base + HALF + offs, hi.to(x1.dtype), mask=mask)
+
+
+def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+            rotary_dim: int) -> None:
+    """Rotate the first ``rotary_dim`` channels of every query and key head, in place.
+
+    Args:
+        q: ``[T, Hq, D]``, head dimension contiguous.
+        k: ``[T, Hkv, D]``, same.
+        cos: ``[T, 1, rotary_dim]`` (``cat(freqs, freqs).cos()``), dtype of ``q``.
+        sin: Same shape, the sines.
+        rotary_dim: Rotated channels per head (``D`` unless partial rotary).
+    """
+    half = rotary_dim // 2
+    t, hq = q.shape[0], q.shape[1]
+    if cos.stride(-1) != 1 or sin.stride(0) != cos.stride(0):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    _rotary_kernel[(t, hq + k.shape[1])](
+        q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
+        NUM_Q_HEADS=hq, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=1,
+    )
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride_t, out_stride_t, D, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < D
+    gate = tl.load(x_ptr + t * x_stride_t + offs, mask=mask, other=0.0)
+    up = tl.load(x_ptr + t * x_stride_t + D + offs, mask=mask, other=0.0)
+    g32 = gate.to(tl.float32)
+    silu = (g32 / (1.0 + tl.exp(-g32))).to(gate.dtype)
+    tl.store(out_ptr + t * out_stride_t + offs, (silu * up).to(gate.dtype), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for ``x = [T, 2 * d]`` (gate first).
+
+    Args:
+        x: ``[T, 2 * d]``, last dimension contiguous.
+
+    Returns:
+        ``[T, d]``.
+    """
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    t, d = x.shape[0], x.shape[1] // 2
+    out = torch.empty((t, d), dtype=x.dtype, device=x.device)
+    block = 1024
+    _silu_and_mul_kernel[(t, triton.cdiv(d, block))](
+        x, out, x.stride(0), out.stride(0), d, BLOCK=block, num_warps=4,
+    )
+    return out

@@ -1,0 +1,87 @@
+"""The fused Triton layer kernels against the PyTorch ops they replace (run on the CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from forkless.models.layers.activation import SiluAndMul
+from forkless.models.layers.norm import RMSNorm
+from forkless.models.layers.rotary import RotaryEmbedding
+
+# Imports Triton: the GPU conftest skips these tests where it is missing.
+fused_triton = pytest.importorskip("forkless.models.layers.fused_triton",
+                                   reason="needs Triton; not installed")
+
+DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)]
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
+    # bfloat16: products and sums round like PyTorch's, but mean-square reductions
+    # accumulate in another order, so a value may land one rounding step away.
+    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm(dtype, tol, with_residual):
+    torch.manual_seed(0)
+    norm = RMSNorm(4096, 1e-5, dtype=dtype)
+    norm.weight.data.normal_(1.0, 0.1)
+    x = torch.randn(7, 4096, dtype=dtype)
+    res = torch.randn(7, 4096, dtype=dtype) if with_residual else None
+    out, summed = fused_triton.rms_norm(x.cuda(), norm.weight.cuda(), norm.eps,
+                                        res.cuda() if with_residual else None)
+    if with_residual:
+        want, want_sum = norm(x, res)
+        _close(summed, want_sum, 0.0)
+    else:
+        want = norm(x)
+        assert summed is None
+    _close(out, want, tol)
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_per_head_rms_norm_on_strided_view(dtype, tol):
+    # Qwen3's q/k norm: [T, H, D] views into the fused qkv projection's output.
+    torch.manual_seed(1)
+    qkv = torch.randn(5, (16 + 2 * 8) * 128, dtype=dtype)
+    q = qkv[:, : 16 * 128].view(5, 16, 128)
+    norm = RMSNorm(128, 1e-6, dtype=dtype)
+    norm.weight.data.normal_(1.0, 0.1)
+    out, _ = fused_triton.rms_norm(q.cuda(), norm.weight.cuda(), norm.eps)
+    _close(out, norm(q), tol)
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "default", "rope_theta": 10000.0},
+    {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+], ids=["default", "llama3", "partial"])
+def test_rotary_in_place(dtype, tol, rope):
+    torch.manual_seed(2)
+    hq, hkv, d = 8, 2, 128
+    rotary = RotaryEmbedding(d, rope)
+    qkv = torch.randn(9, (hq + 2 * hkv) * d, dtype=dtype)
+    positions = torch.randint(0, 20000, (9,))
+    q = qkv[:, : hq * d].view(9, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(9, hkv, d)
+    want_q, want_k = rotary(positions, q.clone(), k.clone())
+    qkv_gpu = qkv.cuda()
+    q_gpu = qkv_gpu[:, : hq * d].view(9, hq, d)
+    k_gpu = qkv_gpu[:, hq * d : (hq + hkv) * d].view(9, hkv, d)
+    cos, sin = rotary.cuda()._cos_sin(positions.cuda(), dtype)
+    fused_triton.rotary_(q_gpu, k_gpu, cos, sin, rotary.rotary_dim)
+    # cos/sin themselves come from the GPU's sin/cos: allow their last-bit differences.
+    _close(q_gpu, want_q, max(tol, 1e-4))
+    _close(k_gpu, want_k, max(tol, 1e-4))
+    _close(qkv_gpu[:, (hq + hkv) * d :], qkv[:, (hq + hkv) * d :], 0.0)  # v untouched
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_silu_and_mul(dtype, tol):
+    torch.manual_seed(3)
+    x = torch.randn(6, 2 * 14336, dtype=dtype)
+    _close(fused_triton.silu_and_mul(x.cuda()), SiluAndMul()(x), tol)
