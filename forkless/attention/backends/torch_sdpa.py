@@ -1,6 +1,7 @@
 """The reference attention backend: paged KV cache + ``scaled_dot_product_attention``.
 
-Works on any device torch supports. Decoding sequences are attended in one padded batch;
+Works on any device torch supports. Decoding sequences are attended in padded batches (one
+on accelerators; on CPU, groups of similar length small enough to stay in the CPU cache);
 each prefilling sequence (fresh, chunked, or on top of a prefix-cache hit) is attended on
 its own, since padding a long prompt together with short ones would waste most of the
 work.
@@ -35,6 +36,42 @@ class _DecodeGroup:
     all_rows: bool  # every token of the step decodes, in row order: no scatter needed
 
 
+# On CPU, decode attention is bound by memory traffic: every layer copies each sequence's
+# keys and values out of the paged cache and attention then reads the copy back. Done for
+# the whole batch at once, the copy (tens of MB) has left the CPU cache before attention
+# reads it; done for a group of sequences whose copy fits in the cache, attention reads it
+# at cache speed. Grouping sequences of similar length also cuts the padding. Measured
+# on a 2-core EPYC (SmolLM2-135M, 64 sequences of 180-410 tokens): ~40 % less time in
+# decode attention than one padded batch.
+_CPU_DECODE_GROUP_BYTES = 4 << 20
+
+
+def _length_groups(ids: list[int], seq_lens: list[int], max_keys: int | None) -> list[list[int]]:
+    """Split decoding sequences into groups that each pad to at most ``max_keys`` keys.
+
+    Args:
+        ids: The decoding sequences, in batch order.
+        seq_lens: Every sequence's length (indexed by sequence).
+        max_keys: Padded keys (group size times its longest sequence) a group may hold;
+            a longer sequence is a group of its own. None: one group.
+
+    Returns:
+        The groups: ``[ids]`` itself when it fits, else sorted by length.
+    """
+    if max_keys is None or len(ids) * max(seq_lens[i] for i in ids) <= max_keys:
+        return [ids]
+    groups: list[list[int]] = []
+    group: list[int] = []
+    for i in sorted(ids, key=seq_lens.__getitem__):
+        # Ascending lengths: the newcomer is the group's longest, so it sets the padding.
+        if group and (len(group) + 1) * seq_lens[i] > max_keys:
+            groups.append(group)
+            group = []
+        group.append(i)
+    groups.append(group)
+    return groups
+
+
 _workspace = threading.local()
 
 
@@ -64,7 +101,7 @@ class _Plan:
 
     store_rows: torch.Tensor
     store_slots: torch.Tensor
-    decode: _DecodeGroup | None
+    decode: list[_DecodeGroup]
     prefills: list[_PrefillSeq]
     num_tokens: int
 
@@ -79,7 +116,25 @@ def _slots_of(block_tables: torch.Tensor, positions: torch.Tensor, block_size: i
     return blocks.long() * block_size + positions % block_size
 
 
-def _build_plan(md: AttentionMetadata) -> _Plan:
+def _decode_group(md: AttentionMetadata, ids: list[int], qsl: list[int], seq_lens: list[int],
+                  all_rows: bool) -> _DecodeGroup:
+    """The gather indexes and padding mask of the decoding sequences ``ids``."""
+    device = md.slot_mapping.device
+    ids_t = torch.tensor(ids, device=device)
+    rows = torch.tensor([qsl[i] for i in ids], device=device)
+    lens = md.seq_lens[ids_t].long()
+    max_len = max(seq_lens[i] for i in ids)
+    pos = torch.arange(max_len, device=device)[None, :]
+    # Clamp so padded positions read a real slot; the mask hides them anyway.
+    clamped = torch.minimum(pos, (lens - 1)[:, None])
+    gather_idx = _slots_of(md.block_tables[ids_t], clamped, md.block_size)
+    mask = None
+    if min(seq_lens[i] for i in ids) != max_len:
+        mask = (pos < lens[:, None])[:, None, None, :]
+    return _DecodeGroup(rows, gather_idx.flatten(), max_len, mask, all_rows)
+
+
+def _build_plan(md: AttentionMetadata, decode_group_keys: int | None) -> _Plan:
     device = md.slot_mapping.device
     qsl = _host_list(md.query_start_loc_cpu, md.query_start_loc)
     seq_lens = _host_list(md.seq_lens_cpu, md.seq_lens)
@@ -112,22 +167,13 @@ def _build_plan(md: AttentionMetadata) -> _Plan:
             q_pos = torch.arange(ctx_len, seq_len, device=device)
             prefills.append(_PrefillSeq(start, end, gather_idx, pos[None, :] <= q_pos[:, None]))
 
-    decode = None
+    decode: list[_DecodeGroup] = []
     if decode_ids:
-        ids = torch.tensor(decode_ids, device=device)
-        rows = torch.tensor([qsl[i] for i in decode_ids], device=device)
-        lens = md.seq_lens[ids].long()
-        max_len = max(seq_lens[i] for i in decode_ids)
-        pos = torch.arange(max_len, device=device)[None, :]
-        # Clamp so padded positions read a real slot; the mask hides them anyway.
-        clamped = torch.minimum(pos, (lens - 1)[:, None])
-        gather_idx = _slots_of(md.block_tables[ids], clamped, md.block_size)
-        mask = None
-        if min(seq_lens[i] for i in decode_ids) != max_len:
-            mask = (pos < lens[:, None])[:, None, None, :]
-        # Padding rows (a CUDA-graph batch) sit after the real tokens: then scatter.
-        all_rows = len(decode_ids) == md.slot_mapping.shape[0]
-        decode = _DecodeGroup(rows, gather_idx.flatten(), max_len, mask, all_rows)
+        groups = _length_groups(decode_ids, seq_lens, decode_group_keys)
+        # One group of every row, in order, is the whole output. Padding rows (a CUDA-graph
+        # batch) sit after the real tokens: then scatter.
+        all_rows = len(groups) == 1 and len(decode_ids) == md.slot_mapping.shape[0]
+        decode = [_decode_group(md, ids, qsl, seq_lens, all_rows) for ids in groups]
     return _Plan(store_rows, store_slots, decode, prefills, num_tokens)
 
 
@@ -156,7 +202,11 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         plan = attn_metadata.backend_state.get("torch")
         if plan is None:
-            plan = attn_metadata.backend_state["torch"] = _build_plan(attn_metadata)
+            group_keys = None  # one decode group: on accelerators, fewer launches win
+            if q.device.type == "cpu":
+                key_bytes = 2 * self.num_kv_heads * self.head_dim * q.element_size()  # key + value
+                group_keys = _CPU_DECODE_GROUP_BYTES // key_bytes
+            plan = attn_metadata.backend_state["torch"] = _build_plan(attn_metadata, group_keys)
 
         has_cache = kv_cache is not None and kv_cache.numel() > 0
         if has_cache:
@@ -164,14 +214,14 @@ class TorchAttentionBackend(AttentionBackend):
             value_cache = kv_cache[1].view(-1, self.num_kv_heads, self.head_dim)
             key_cache.index_copy_(0, plan.store_slots, k[plan.store_rows].to(key_cache.dtype))
             value_cache.index_copy_(0, plan.store_slots, v[plan.store_rows].to(value_cache.dtype))
-        elif plan.decode is not None or any(p.gather_idx is not None for p in plan.prefills):
+        elif plan.decode or any(p.gather_idx is not None for p in plan.prefills):
             raise ValueError("sequences with cached context need a KV cache")
 
-        if plan.decode is not None and plan.decode.all_rows:
-            return self._decode(q, key_cache, value_cache, plan.decode).view(q.shape[0], -1)
+        if plan.decode and plan.decode[0].all_rows:
+            return self._decode(q, key_cache, value_cache, plan.decode[0]).view(q.shape[0], -1)
         out = q.new_zeros(q.shape[0], self.num_heads, self.head_dim)
-        if plan.decode is not None:
-            out[plan.decode.rows] = self._decode(q, key_cache, value_cache, plan.decode)
+        for d in plan.decode:
+            out[d.rows] = self._decode(q, key_cache, value_cache, d)
         for p in plan.prefills:
             queries = q[p.start : p.end].transpose(0, 1)[None]
             if p.gather_idx is None:
