@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
+# Vocabulary rows per LM-head product on CPU (see LlamaForCausalLM.compute_logits).
+_CPU_LOGITS_SLICE = 1024
+
 
 @dataclass(frozen=True)
 class AttentionOptions:
@@ -225,7 +228,13 @@ class LlamaForCausalLM(CausalLMBase):
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden_states, self.lm_head.weight).float()
+        weight = self.lm_head.weight
+        if hidden_states.device.type == "cpu" and hidden_states.shape[0] > 1:
+            # One [rows, vocab] product streams its output past the CPU cache; in vocabulary
+            # slices each output block stays in cache (~40 -> ~55 GFLOP/s at 64 rows on a
+            # 2-core EPYC). Every logit is still one dot product: the same values.
+            return torch.cat([F.linear(hidden_states, w) for w in weight.split(_CPU_LOGITS_SLICE)], dim=1).float()
+        return F.linear(hidden_states, weight).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         cfg = self.config

@@ -26,7 +26,8 @@ class RMSNorm(nn.Module):
         # float32 statistics: in half precision the mean square overflows or loses digits.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        # x32 is a fresh tensor (x itself may be the residual stream): scale it in place.
+        return x32.to(x.dtype).mul_(self.weight)
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
