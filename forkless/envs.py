@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     FORKLESS_CACHE_ROOT: str
     FORKLESS_FUSED_KERNELS: bool
+    FORKLESS_CPU_KERNELS: bool
 
 
 def _cache_root() -> str:
@@ -38,6 +39,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # On CUDA, decoder layers run fused Triton kernels for RMSNorm, rotary embeddings and
     # SiLU-and-mul. ``0`` runs the plain PyTorch ops instead (to compare or to debug).
     "FORKLESS_FUSED_KERNELS": lambda: os.environ.get("FORKLESS_FUSED_KERNELS", "1") != "0",
+    # On CPU, the ``cpu`` attention backend decodes with a C kernel that it compiles once
+    # with the system C compiler (``$CC`` or ``cc``) into the cache. ``0`` runs the torch
+    # reference path instead (to compare or to debug).
+    "FORKLESS_CPU_KERNELS": lambda: os.environ.get("FORKLESS_CPU_KERNELS", "1") != "0",
 }
 
 

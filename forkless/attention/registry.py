@@ -9,6 +9,8 @@ from forkless.plugins import LazyRegistry, RegistryError
 
 _BUILTIN_BACKENDS = {
     "torch": "forkless.attention.backends.torch_sdpa:TorchAttentionBackend",
+    # The torch reference with a compiled C decode kernel: the cpu platform's default.
+    "cpu": "forkless.attention.backends.cpu_paged:CpuAttentionBackend",
     # Imports triton: select it only where triton and a GPU are present.
     "triton": "forkless.attention.backends.triton_paged:TritonAttentionBackend",
 }

@@ -18,6 +18,7 @@ from torch import nn
 from forkless.logger import init_logger
 from forkless.models.hf_config import get_head_dim, get_num_kv_heads, get_rope_parameters
 from forkless.models.interface import CausalLMBase
+from forkless.models.layers.cpu_linear import PackedLinear, pack_linear_layers
 from forkless.models.layers.mlp import SwiGLUMLP
 from forkless.models.layers.norm import RMSNorm
 from forkless.models.layers.rotary import RotaryEmbedding
@@ -227,7 +228,19 @@ class LlamaForCausalLM(CausalLMBase):
     ) -> torch.Tensor:
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
+    def use_cpu_kernels(self) -> None:
+        """Run every linear layer and the LM head on the packed-weight CPU kernels.
+
+        The model runner calls this for float32 models on the CPU when the kernels are available.
+        A tied head gets its own packed copy: the embedding still needs its rows.
+        """
+        pack_linear_layers(self)
+        if self.tie_word_embeddings:
+            self.lm_head = PackedLinear(self.model.embed_tokens.weight)
+
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.lm_head, PackedLinear):
+            return self.lm_head(hidden_states)
         weight = self.lm_head.weight
         if hidden_states.device.type == "cpu" and hidden_states.shape[0] > 1:
             # One [rows, vocab] product streams its output past the CPU cache; in vocabulary

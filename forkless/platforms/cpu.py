@@ -20,6 +20,9 @@ class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
     device_name = _platform.processor() or _platform.machine() or "cpu"
+    # The torch reference plus a compiled C decode kernel (the reference path without a
+    # C compiler).
+    default_attention_backend = "cpu"
 
     def total_memory_bytes(self, index: int = 0) -> int:
         try:

@@ -87,6 +87,7 @@ class ModelRunner:
                     current_platform.device_name, self.attn_backend.name or backend_path, backend_path)
         self.dtype = resolve_dtype(mc.dtype, self.hf_config, device)
         self.model = load_model(mc.model, self.hf_config, self.dtype, device, self.attn_backend, mc.load_format)
+        self._use_cpu_kernels()
         self.kv_spec = type(self.model).get_kv_cache_spec(self.hf_config)
         self.block_size = config.cache_config.block_size
         self.kv_caches: list[torch.Tensor] = []
@@ -111,6 +112,16 @@ class ModelRunner:
         # The last launched step's sampled ids (device) and each request's row in it.
         self._prev_sampled: torch.Tensor | None = None
         self._prev_row_of: dict[str, int] = {}
+
+    def _use_cpu_kernels(self) -> None:
+        """Float32 on the CPU: let the model move its linear layers to the packed C kernels."""
+        if self.device.type != "cpu" or self.dtype != torch.float32 or not hasattr(self.model, "use_cpu_kernels"):
+            return
+        from forkless import cpu_kernels
+
+        if cpu_kernels.load() is not None:
+            self.model.use_cpu_kernels()
+            logger.info("linear layers run on the packed-weight CPU kernels")
 
     # ------------------------------------------------------------------ KV cache
 

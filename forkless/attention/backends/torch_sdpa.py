@@ -104,6 +104,9 @@ class _Plan:
     decode: list[_DecodeGroup]
     prefills: list[_PrefillSeq]
     num_tokens: int
+    # The decoding sequences and their token rows, in batch order.
+    decode_ids: list[int]
+    decode_rows: list[int]
 
 
 def _host_list(cpu: torch.Tensor | None, dev: torch.Tensor) -> list[int]:
@@ -134,7 +137,8 @@ def _decode_group(md: AttentionMetadata, ids: list[int], qsl: list[int], seq_len
     return _DecodeGroup(rows, gather_idx.flatten(), max_len, mask, all_rows)
 
 
-def _build_plan(md: AttentionMetadata, decode_group_keys: int | None) -> _Plan:
+def _build_plan(md: AttentionMetadata, decode_group_keys: int | None, gather_decode: bool = True) -> _Plan:
+    """The step's plan; ``gather_decode=False`` leaves out the decode groups' gather indexes."""
     device = md.slot_mapping.device
     qsl = _host_list(md.query_start_loc_cpu, md.query_start_loc)
     seq_lens = _host_list(md.seq_lens_cpu, md.seq_lens)
@@ -168,13 +172,13 @@ def _build_plan(md: AttentionMetadata, decode_group_keys: int | None) -> _Plan:
             prefills.append(_PrefillSeq(start, end, gather_idx, pos[None, :] <= q_pos[:, None]))
 
     decode: list[_DecodeGroup] = []
-    if decode_ids:
+    if decode_ids and gather_decode:
         groups = _length_groups(decode_ids, seq_lens, decode_group_keys)
         # One group of every row, in order, is the whole output. Padding rows (a CUDA-graph
         # batch) sit after the real tokens: then scatter.
         all_rows = len(groups) == 1 and len(decode_ids) == md.slot_mapping.shape[0]
         decode = [_decode_group(md, ids, qsl, seq_lens, all_rows) for ids in groups]
-    return _Plan(store_rows, store_slots, decode, prefills, num_tokens)
+    return _Plan(store_rows, store_slots, decode, prefills, num_tokens, decode_ids, [qsl[i] for i in decode_ids])
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -207,21 +211,40 @@ class TorchAttentionBackend(AttentionBackend):
                 key_bytes = 2 * self.num_kv_heads * self.head_dim * q.element_size()  # key + value
                 group_keys = _CPU_DECODE_GROUP_BYTES // key_bytes
             plan = attn_metadata.backend_state["torch"] = _build_plan(attn_metadata, group_keys)
-
-        has_cache = kv_cache is not None and kv_cache.numel() > 0
-        if has_cache:
-            key_cache = kv_cache[0].view(-1, self.num_kv_heads, self.head_dim)
-            value_cache = kv_cache[1].view(-1, self.num_kv_heads, self.head_dim)
-            key_cache.index_copy_(0, plan.store_slots, k[plan.store_rows].to(key_cache.dtype))
-            value_cache.index_copy_(0, plan.store_slots, v[plan.store_rows].to(value_cache.dtype))
-        elif plan.decode or any(p.gather_idx is not None for p in plan.prefills):
-            raise ValueError("sequences with cached context need a KV cache")
-
+        key_cache, value_cache = self._store(k, v, kv_cache, plan)
         if plan.decode and plan.decode[0].all_rows:
             return self._decode(q, key_cache, value_cache, plan.decode[0]).view(q.shape[0], -1)
         out = q.new_zeros(q.shape[0], self.num_heads, self.head_dim)
         for d in plan.decode:
             out[d.rows] = self._decode(q, key_cache, value_cache, d)
+        self._prefill_into(out, q, k, v, key_cache, value_cache, plan)
+        return out.view(q.shape[0], self.num_heads * self.head_dim)
+
+    def _store(
+        self, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor | None, plan: _Plan
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Write the new keys and values into the cache; its ``[slots, Hkv, D]`` views."""
+        if kv_cache is None or kv_cache.numel() == 0:
+            if plan.decode_ids or any(p.gather_idx is not None for p in plan.prefills):
+                raise ValueError("sequences with cached context need a KV cache")
+            return None, None
+        key_cache = kv_cache[0].view(-1, self.num_kv_heads, self.head_dim)
+        value_cache = kv_cache[1].view(-1, self.num_kv_heads, self.head_dim)
+        key_cache.index_copy_(0, plan.store_slots, k[plan.store_rows].to(key_cache.dtype))
+        value_cache.index_copy_(0, plan.store_slots, v[plan.store_rows].to(value_cache.dtype))
+        return key_cache, value_cache
+
+    def _prefill_into(
+        self,
+        out: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        key_cache: torch.Tensor | None,
+        value_cache: torch.Tensor | None,
+        plan: _Plan,
+    ) -> None:
+        """Attend each prefilling sequence on its own, into its rows of ``out``."""
         for p in plan.prefills:
             queries = q[p.start : p.end].transpose(0, 1)[None]
             if p.gather_idx is None:
@@ -229,11 +252,11 @@ class TorchAttentionBackend(AttentionBackend):
                 values = v[p.start : p.end].transpose(0, 1)[None]
                 o = self._sdpa(queries, keys, values, None, causal=True)
             else:
+                assert key_cache is not None and value_cache is not None
                 keys = key_cache[p.gather_idx].to(q.dtype).transpose(0, 1)[None]
                 values = value_cache[p.gather_idx].to(q.dtype).transpose(0, 1)[None]
                 o = self._sdpa(queries, keys, values, p.mask, causal=False)
             out[p.start : p.end] = o[0].transpose(0, 1)
-        return out.view(q.shape[0], self.num_heads * self.head_dim)
 
     def _decode(
         self, q: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, d: _DecodeGroup

@@ -1,0 +1,107 @@
+"""The CPU attention backend: decode reads the paged KV cache in place with a C kernel.
+
+Prefill is the torch reference's (``scaled_dot_product_attention`` per sequence: there the
+work is compute-bound and torch's kernel is good). Decode, which is bound by reading the
+cache, runs ``csrc/paged_decode_cpu.c``: it walks each sequence's block table and reads
+every key and value once, where gather + SDPA copies them out first and reads the copy
+back (see :mod:`forkless.cpu_kernels`). float32 only; other dtypes, and machines without
+a C compiler, take the torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from forkless import cpu_kernels
+from forkless.attention.backend import AttentionMetadata
+from forkless.attention.backends.torch_sdpa import TorchAttentionBackend, _build_plan, _Plan
+
+
+@dataclass
+class _KernelPlan:
+    plan: _Plan
+    seq_ids: torch.Tensor  # int32 [Bd]: row of each decoding sequence in block_tables/seq_lens
+    q_rows: torch.Tensor  # int32 [Bd]: its token row in q and in the output
+    block_tables: torch.Tensor  # int32, contiguous
+    seq_lens: torch.Tensor  # int32, contiguous
+    block_size: int
+    all_rows: bool  # the decoding tokens are every row of the step
+
+
+class CpuAttentionBackend(TorchAttentionBackend):
+    """Paged attention for CPUs (the cpu platform's default).
+
+    Same cache layout as the torch reference, ``(2, num_blocks, block_size, num_kv_heads,
+    head_dim)``, so the two are interchangeable on one cache.
+    """
+
+    name = "cpu"
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        kv_cache: torch.Tensor | None,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        lib = cpu_kernels.load()
+        if (
+            lib is None
+            or q.device.type != "cpu"
+            or q.dtype != torch.float32
+            or kv_cache is None
+            or kv_cache.dtype != torch.float32
+        ):
+            return super().forward(q, k, v, kv_cache, attn_metadata)
+        kp = attn_metadata.backend_state.get("cpu")
+        if kp is None:
+            kp = attn_metadata.backend_state["cpu"] = self._kernel_plan(attn_metadata, q.shape[0])
+        plan = kp.plan
+        key_cache, value_cache = self._store(k, v, kv_cache, plan)
+        q = q.contiguous()
+        out = q.new_empty(q.shape) if kp.all_rows else q.new_zeros(q.shape)
+        if plan.decode_ids:
+            assert key_cache is not None and value_cache is not None
+            self._decode_kernel(lib, q, key_cache, value_cache, kp, out)
+        self._prefill_into(out, q, k, v, key_cache, value_cache, plan)
+        return out.view(q.shape[0], self.num_heads * self.head_dim)
+
+    @staticmethod
+    def _kernel_plan(md: AttentionMetadata, num_rows: int) -> _KernelPlan:
+        plan = _build_plan(md, None, gather_decode=False)
+
+        def host_int32(cpu: torch.Tensor | None, dev: torch.Tensor) -> torch.Tensor:
+            return (cpu if cpu is not None else dev).to(torch.int32).contiguous()
+
+        return _KernelPlan(
+            plan,
+            torch.tensor(plan.decode_ids, dtype=torch.int32),
+            torch.tensor(plan.decode_rows, dtype=torch.int32),
+            md.block_tables.to(torch.int32).contiguous(),
+            host_int32(md.seq_lens_cpu, md.seq_lens),
+            md.block_size,
+            len(plan.decode_ids) == num_rows,
+        )
+
+    def _decode_kernel(
+        self,
+        lib: ctypes.CDLL,
+        q: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        kp: _KernelPlan,
+        out: torch.Tensor,
+    ) -> None:
+        args = (
+            q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
+            kp.block_tables.data_ptr(), kp.block_tables.stride(0), kp.seq_lens.data_ptr(),
+            kp.seq_ids.data_ptr(), kp.q_rows.data_ptr(), out.data_ptr(),
+        )
+        tail = (self.num_heads, self.num_kv_heads, self.head_dim, kp.block_size, self.scale)
+        kernel = lib.forkless_paged_decode_f32
+        cpu_kernels.run_split(lambda begin, end: kernel(*args, begin, end, *tail),
+                              len(kp.plan.decode_ids), torch.get_num_threads(), min_per_thread=2)

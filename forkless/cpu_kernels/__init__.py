@@ -1,0 +1,153 @@
+"""CPU kernels in C: decode attention over the paged cache and linear layers on packed weights.
+
+The sources (``csrc/*.c``) are plain C with AVX2 intrinsics where the compiler targets
+them. They need no Python or torch headers, so they build in about a second with the
+system C compiler (``$CC``, else ``cc``) the first time a CPU worker needs them, and are
+called through ctypes, which releases the GIL for the call. The shared library is cached
+under ``$FORKLESS_CACHE_ROOT/kernels/``, keyed by the sources, the compiler, its flags
+and the host CPU (``-march=native`` code must not run on another CPU).
+
+Without a compiler, or with ``FORKLESS_CPU_KERNELS=0``, :func:`load` returns None and
+callers use plain torch ops (logged once).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from forkless import envs
+from forkless.logger import init_logger
+
+logger = init_logger(__name__)
+
+_CSRC = Path(__file__).with_name("csrc")
+_SOURCES = ("paged_decode.c", "linear.c")
+_ABI_VERSION = 2
+_BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno")
+
+_ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_SIGNATURES = {
+    "forkless_paged_decode_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32, _i32,
+                                  _i32, _i32, ctypes.c_float],
+    "forkless_linear_f32": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32, _i32],
+}
+
+
+def _cpu_signature() -> str:
+    """What distinguishes this CPU for ``-march=native`` code."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _compile(cc: str, flags: tuple[str, ...], out: Path) -> str | None:
+    """Build the library into ``out``; the compiler's complaint on failure, else None."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Build next to the target and rename: processes building at once never load a
+    # half-written library.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+    os.close(fd)
+    try:
+        sources = [str(_CSRC / name) for name in _SOURCES]
+        proc = subprocess.run([cc, *flags, "-o", tmp, *sources, "-lm"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            return proc.stderr.strip() or f"{cc} exited with {proc.returncode}"
+        os.replace(tmp, out)
+        return None
+    except OSError as exc:
+        return str(exc)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _build() -> Path | None:
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(cc) is None:
+        logger.warning("no C compiler (%r) found: CPU attention and linear layers run on plain torch "
+                       "ops, which are slower (install gcc or clang, or set CC)", cc)
+        return None
+    source = b"\0".join((_CSRC / name).read_bytes() for name in (*_SOURCES, "common.h"))
+    errors = []
+    # -march=native where the compiler knows it (gcc, clang on x86); portable code otherwise.
+    for flags in ((*_BASE_FLAGS, "-march=native"), _BASE_FLAGS):
+        key = hashlib.sha256(b"\0".join(
+            [source, cc.encode(), " ".join(flags).encode(), _cpu_signature().encode()])).hexdigest()[:16]
+        out = Path(envs.FORKLESS_CACHE_ROOT) / "kernels" / f"forkless_cpu-{key}.so"
+        if out.exists():
+            return out
+        error = _compile(cc, flags, out)
+        if error is None:
+            logger.info("compiled the CPU kernels: %s", out)
+            return out
+        errors.append(f"{cc} {' '.join(flags)}: {error}")
+    logger.warning("could not compile the CPU kernels; attention and linear layers run on plain "
+                   "torch ops, which are slower:\n%s", "\n".join(errors))
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> ctypes.CDLL | None:
+    """The compiled kernels, built on first use; None where they are unavailable.
+
+    Returns:
+        The library, with ``forkless_paged_decode_f32`` and ``forkless_linear_f32``
+        typed; None when ``FORKLESS_CPU_KERNELS=0``, no C compiler is found, or the
+        build or load fails (each logged once).
+    """
+    if not envs.FORKLESS_CPU_KERNELS:
+        return None
+    path = _build()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        logger.warning("could not load the CPU kernels %s (%s); using plain torch ops", path, exc)
+        return None
+    if lib.forkless_cpu_kernels_abi_version() != _ABI_VERSION:
+        logger.warning("stale CPU kernels %s; using plain torch ops", path)
+        return None
+    for name, argtypes in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def _pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="forkless-cpu")
+
+
+def run_split(call: Callable[[int, int], int], n: int, threads: int, min_per_thread: int = 1) -> None:
+    """Run ``call(begin, end)`` over ``0..n`` in up to ``threads`` parallel slices.
+
+    The kernels release the GIL, so Python threads run them side by side.
+
+    Raises:
+        MemoryError: A kernel could not allocate its scratch memory (it returned non-zero).
+    """
+    parts = max(1, min(threads, n // max(min_per_thread, 1)))
+    if parts == 1:
+        status = [call(0, n)]
+    else:
+        bounds = [n * i // parts for i in range(parts + 1)]
+        status = list(_pool(parts).map(lambda i: call(bounds[i], bounds[i + 1]), range(parts)))
+    if any(status):
+        raise MemoryError("a CPU kernel could not allocate its scratch memory")

@@ -1,0 +1,237 @@
+/* Decode attention on the CPU, reading keys and values in place in the paged KV cache.
+ *
+ * One query token per sequence. For each (sequence, KV head) the G = Hq / Hkv query heads
+ * that share the KV head are attended together, so every key and value row is read from
+ * memory once: pass 1 computes the scores of all G heads, pass 2 their softmax, pass 3
+ * the weighted sum of the values. Nothing is copied out of the cache first, which is
+ * what makes this faster than gather + scaled_dot_product_attention: at decode time the
+ * work is bound by reading the cache, and the gather read it twice and wrote it once.
+ *
+ * Built by forkless/cpu_kernels with the system C compiler and called through ctypes;
+ * float32 only.
+ */
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "common.h"
+
+#ifdef FORKLESS_AVX2
+/* exp(x) for x <= 0 (scores minus their maximum): Cephes' single-precision polynomial,
+ * within 2 ulp. Inputs below -87 give 0's neighbourhood (~1e-38), which is what
+ * softmax weights that small are anyway. */
+static inline __m256 exp8_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
+    fx = _mm256_floor_ps(fx);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 z = _mm256_mul_ps(x, x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, z, x);
+    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* s[(h * G + g) * L + t] = scale * (q_hg . k_th) for the block's tokens, all heads of a
+ * token at once: a token's keys are one contiguous row, read front to back, and the G
+ * query heads of a KV head share each key load. G and D are compile-time constants where
+ * the caller's switch inlines this. */
+ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const float *k0, int num_kv_heads,
+                                int ntok, int G, int D, float scale) {
+    const int64_t slot_stride = (int64_t)num_kv_heads * D;
+    for (int t = 0; t < ntok; t++) {
+        for (int h = 0; h < num_kv_heads; h++) {
+            const float *k = k0 + t * slot_stride + h * D, *qh = q + h * G * D;
+            float *sh = s + (int64_t)h * G * L + t;
+#ifdef FORKLESS_AVX2
+            if (G <= 8 && D % 8 == 0) {
+                __m256 acc[8];
+                for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
+                for (int d = 0; d < D; d += 8) {
+                    __m256 kv = _mm256_loadu_ps(k + d);
+                    for (int g = 0; g < G; g++) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * D + d), kv, acc[g]);
+                }
+                for (int g = 0; g < G; g++) sh[g * L] = hsum8(acc[g]) * scale;
+                continue;
+            }
+#endif
+            for (int g = 0; g < G; g++) {
+                float sum = 0.0f;
+                for (int d = 0; d < D; d++) sum += qh[g * D + d] * k[d];
+                sh[g * L] = sum * scale;
+            }
+        }
+    }
+}
+
+/* acc[j * D + d] += sum over the block's tokens of p[j * L + t] * v_t[d], for every query
+ * head j (KV head j / G). Token-major, so the cache is read front to back; four tokens per
+ * pass over the accumulators, which live in L1, so each load and store of one serves four
+ * FMAs. */
+ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const float *v0, int num_kv_heads,
+                                int ntok, int G, int D) {
+    const int64_t slot_stride = (int64_t)num_kv_heads * D;
+    int t = 0;
+#ifdef FORKLESS_AVX2
+    if (D % 8 == 0) {
+        for (; t + 4 <= ntok; t += 4) {
+            const float *v = v0 + t * slot_stride;
+            for (int h = 0; h < num_kv_heads; h++) {
+                const float *vh = v + h * D;
+                for (int g = 0; g < G; g++) {
+                    const float *pj = p + (int64_t)(h * G + g) * L + t;
+                    float *aj = acc + (h * G + g) * D;
+                    __m256 w0 = _mm256_broadcast_ss(pj), w1 = _mm256_broadcast_ss(pj + 1);
+                    __m256 w2 = _mm256_broadcast_ss(pj + 2), w3 = _mm256_broadcast_ss(pj + 3);
+                    for (int d = 0; d < D; d += 8) {
+                        __m256 a = _mm256_loadu_ps(aj + d);
+                        a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vh + d), a);
+                        a = _mm256_fmadd_ps(w1, _mm256_loadu_ps(vh + slot_stride + d), a);
+                        a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(vh + 2 * slot_stride + d), a);
+                        a = _mm256_fmadd_ps(w3, _mm256_loadu_ps(vh + 3 * slot_stride + d), a);
+                        _mm256_storeu_ps(aj + d, a);
+                    }
+                }
+            }
+        }
+    }
+#endif
+    for (; t < ntok; t++) {
+        const float *v = v0 + t * slot_stride;
+        for (int j = 0; j < num_kv_heads * G; j++) {
+            const float w = p[j * L + t], *vh = v + (j / G) * D;
+            for (int d = 0; d < D; d++) acc[j * D + d] += w * vh[d];
+        }
+    }
+}
+
+/* p[t] = exp(p[t] - max), returning the sum. */
+static float softmax_numerators(float *p, int n) {
+    float m = -INFINITY, sum = 0.0f;
+    int t = 0;
+#ifdef FORKLESS_AVX2
+    if (n >= 8) {
+        __m256 vm = _mm256_loadu_ps(p);
+        for (t = 8; t + 8 <= n; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(p + t));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, vm);
+        for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+    }
+#endif
+    for (; t < n; t++) m = p[t] > m ? p[t] : m;
+    t = 0;
+#ifdef FORKLESS_AVX2
+    __m256 vm = _mm256_set1_ps(m), vs = _mm256_setzero_ps();
+    for (; t + 8 <= n; t += 8) {
+        __m256 e = exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(p + t), vm));
+        _mm256_storeu_ps(p + t, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    sum = hsum8(vs);
+#endif
+    for (; t < n; t++) {
+        p[t] = expf(p[t] - m);
+        sum += p[t];
+    }
+    return sum;
+}
+
+ALWAYS_INLINE void prefetch_block(const float *p, int64_t n) {
+#ifdef FORKLESS_AVX2
+    for (int64_t i = 0; i < n; i += 16) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
+/* One sequence, all heads. Scratch: scores Hq * L floats, acc Hq * D, inv Hq. */
+ALWAYS_INLINE void attend_sequence(const float *q, const float *k_cache, const float *v_cache,
+                                   const int32_t *table, int64_t L, float *o, int num_kv_heads, int G, int D,
+                                   int block_size, float scale, float *scores, float *acc, float *inv) {
+    const int64_t block_stride = (int64_t)block_size * num_kv_heads * D;
+    const int num_heads = num_kv_heads * G;
+    const int64_t num_blocks = (L + block_size - 1) / block_size;
+    prefetch_block(k_cache + table[0] * block_stride, block_stride);
+    for (int64_t b = 0; b < num_blocks; b++) {
+        const int64_t t0 = b * block_size;
+        const int ntok = (int)(L - t0 < block_size ? L - t0 : block_size);
+        /* Blocks are scattered in memory: fetch the next one while this one computes. */
+        prefetch_block(b + 1 < num_blocks ? k_cache + table[b + 1] * block_stride : v_cache + table[0] * block_stride,
+                       block_stride);
+        scores_block(scores + t0, L, q, k_cache + table[b] * block_stride, num_kv_heads, ntok, G, D, scale);
+    }
+    for (int j = 0; j < num_heads; j++) inv[j] = 1.0f / softmax_numerators(scores + j * L, (int)L);
+    for (int i = 0; i < num_heads * D; i++) acc[i] = 0.0f;
+    for (int64_t b = 0; b < num_blocks; b++) {
+        const int64_t t0 = b * block_size;
+        const int ntok = (int)(L - t0 < block_size ? L - t0 : block_size);
+        if (b + 1 < num_blocks) prefetch_block(v_cache + table[b + 1] * block_stride, block_stride);
+        values_block(acc, scores + t0, L, v_cache + table[b] * block_stride, num_kv_heads, ntok, G, D);
+    }
+    for (int j = 0; j < num_heads; j++)
+        for (int d = 0; d < D; d++) o[j * D + d] = acc[j * D + d] * inv[j];
+}
+
+/* Attend the decoding sequences begin..end-1.
+ *
+ * q, out:        [rows, num_heads, head_dim] contiguous; sequence i reads and writes row
+ *                q_rows[i].
+ * k_cache, v_cache: [num_slots, num_kv_heads, head_dim] contiguous (slot = block * block_size
+ *                + offset).
+ * block_tables:  [*, bt_stride] int32; sequence i uses row seq_ids[i].
+ * seq_lens:      [*] int32, indexed by seq_ids[i]: keys to attend (the new token included).
+ *
+ * Returns 0, or -1 when a scratch allocation failed (the sequences not yet done are then
+ * left unwritten).
+ */
+int forkless_paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
+                              const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                              const int32_t *seq_ids, const int32_t *q_rows, float *out, int begin, int end,
+                              int num_heads, int num_kv_heads, int head_dim, int block_size, float scale) {
+    const int G = num_heads / num_kv_heads, D = head_dim;
+    const int64_t row_stride = (int64_t)num_heads * D;
+    int64_t max_len = 0;
+    for (int i = begin; i < end; i++) max_len = seq_lens[seq_ids[i]] > max_len ? seq_lens[seq_ids[i]] : max_len;
+    float *scratch = (float *)malloc(sizeof(float) * (size_t)num_heads * (max_len + D + 1));
+    if (scratch == NULL) return -1;
+    float *scores = scratch, *acc = scratch + num_heads * max_len, *inv = acc + num_heads * D;
+    for (int i = begin; i < end; i++) {
+        const int s = seq_ids[i];
+        const float *qi = q + (int64_t)q_rows[i] * row_stride;
+        float *oi = out + (int64_t)q_rows[i] * row_stride;
+        const int32_t *table = block_tables + (int64_t)s * bt_stride;
+        const int64_t L = seq_lens[s];
+        /* Constant G and D let the compiler keep the accumulators in registers. */
+#define ATTEND(G_, D_) \
+    attend_sequence(qi, k_cache, v_cache, table, L, oi, num_kv_heads, G_, D_, block_size, scale, scores, acc, inv)
+#define ATTEND_G(G_)                     \
+    if (D == 64) ATTEND(G_, 64);         \
+    else if (D == 128) ATTEND(G_, 128);  \
+    else ATTEND(G_, D);                  \
+    break
+        switch (G) {
+        case 1: ATTEND_G(1);
+        case 2: ATTEND_G(2);
+        case 3: ATTEND_G(3);
+        case 4: ATTEND_G(4);
+        case 5: ATTEND_G(5);
+        case 6: ATTEND_G(6);
+        case 7: ATTEND_G(7);
+        case 8: ATTEND_G(8);
+        default: ATTEND(G, D);
+        }
+#undef ATTEND_G
+#undef ATTEND
+    }
+    free(scratch);
+    return 0;
+}
