@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     FORKLESS_CACHE_ROOT: str
     FORKLESS_FUSED_KERNELS: bool
     FORKLESS_CPU_KERNELS: bool
+    FORKLESS_KERNEL_CACHE_DIR: str
 
 
 def _cache_root() -> str:
@@ -43,6 +44,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # with the system C compiler (``$CC`` or ``cc``) into the cache. ``0`` runs the torch
     # reference path instead (to compare or to debug).
     "FORKLESS_CPU_KERNELS": lambda: os.environ.get("FORKLESS_CPU_KERNELS", "1") != "0",
+    # Where compiled kernels are cached (content-addressed, so one directory can serve
+    # every cache root). Default: ``$FORKLESS_CACHE_ROOT/kernels``.
+    "FORKLESS_KERNEL_CACHE_DIR": lambda: os.path.abspath(os.path.expanduser(
+        os.environ.get("FORKLESS_KERNEL_CACHE_DIR") or os.path.join(_cache_root(), "kernels"))),
 }
 
 

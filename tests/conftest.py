@@ -32,9 +32,18 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
+@pytest.fixture(scope="session", autouse=True)
+def shared_kernel_cache(tmp_path_factory: pytest.TempPathFactory):
+    """One build of the CPU kernels for the whole session, whatever each test's cache root."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FORKLESS_KERNEL_CACHE_DIR", str(tmp_path_factory.mktemp("kernels")))
+        yield
+
+
 def plugin_env(site: Path | None, tmp_path: Path, **extra: str | None) -> dict[str, str]:
     """A clean environment for a forkless subprocess that sees the plugins in ``site``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FORKLESS_")}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("FORKLESS_") or k == "FORKLESS_KERNEL_CACHE_DIR"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site) if site else "", env.get("PYTHONPATH", "")) if p)
     env["FORKLESS_CACHE_ROOT"] = str(tmp_path / "cache")
     for key, value in extra.items():

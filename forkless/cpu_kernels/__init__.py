@@ -4,8 +4,9 @@ The sources (``csrc/*.c``) are plain C with AVX2 intrinsics where the compiler t
 them. They need no Python or torch headers, so they build in about a second with the
 system C compiler (``$CC``, else ``cc``) the first time a CPU worker needs them, and are
 called through ctypes, which releases the GIL for the call. The shared library is cached
-under ``$FORKLESS_CACHE_ROOT/kernels/``, keyed by the sources, the compiler, its flags
-and the host CPU (``-march=native`` code must not run on another CPU).
+in ``$FORKLESS_KERNEL_CACHE_DIR`` (default ``$FORKLESS_CACHE_ROOT/kernels``), keyed by the
+sources, the compiler, its flags and the host CPU (``-march=native`` code must not run on
+another CPU).
 
 Without a compiler, or with ``FORKLESS_CPU_KERNELS=0``, :func:`load` returns None and
 callers use plain torch ops (logged once).
@@ -78,19 +79,22 @@ def _compile(cc: str, flags: tuple[str, ...], out: Path) -> str | None:
 
 def _build() -> Path | None:
     cc = os.environ.get("CC") or "cc"
+    source = b"\0".join((_CSRC / name).read_bytes() for name in (*_SOURCES, "common.h"))
+    # -march=native where the compiler knows it (gcc, clang on x86); portable code otherwise.
+    candidates = []
+    for flags in ((*_BASE_FLAGS, "-march=native"), _BASE_FLAGS):
+        key = hashlib.sha256(b"\0".join(
+            [source, cc.encode(), " ".join(flags).encode(), _cpu_signature().encode()])).hexdigest()[:16]
+        out = Path(envs.FORKLESS_KERNEL_CACHE_DIR) / f"forkless_cpu-{key}.so"
+        if out.exists():
+            return out
+        candidates.append((flags, out))
     if shutil.which(cc) is None:
         logger.warning("no C compiler (%r) found: CPU attention and linear layers run on plain torch "
                        "ops, which are slower (install gcc or clang, or set CC)", cc)
         return None
-    source = b"\0".join((_CSRC / name).read_bytes() for name in (*_SOURCES, "common.h"))
     errors = []
-    # -march=native where the compiler knows it (gcc, clang on x86); portable code otherwise.
-    for flags in ((*_BASE_FLAGS, "-march=native"), _BASE_FLAGS):
-        key = hashlib.sha256(b"\0".join(
-            [source, cc.encode(), " ".join(flags).encode(), _cpu_signature().encode()])).hexdigest()[:16]
-        out = Path(envs.FORKLESS_CACHE_ROOT) / "kernels" / f"forkless_cpu-{key}.so"
-        if out.exists():
-            return out
+    for flags, out in candidates:
         error = _compile(cc, flags, out)
         if error is None:
             logger.info("compiled the CPU kernels: %s", out)

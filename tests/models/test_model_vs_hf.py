@@ -1,6 +1,7 @@
 """forkless models against Hugging Face transformers on tiny random checkpoints (float32).
 
-Each model runs over the paged cache (block_size 4, shuffled block ids) the way the engine
+Each model runs, with the reference attention and linear layers and with the CPU kernels,
+over the paged cache (block_size 4, shuffled block ids) the way the engine
 drives it: flattened multi-sequence prefill, batched decode, chunked prefill mixed with
 decode, and padded batches. Every logit row must match transformers' full-sequence
 forward at the same position.
@@ -12,9 +13,11 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
+from forkless import cpu_kernels
 from forkless.attention import get_attention_backend
 from forkless.model_loader import load_model
 from forkless.models.hf_config import get_rope_parameters
+from forkless.models.layers.cpu_linear import PackedLinear
 from forkless.models.layers.rotary import RotaryEmbedding
 from paged_harness import PagedHarness
 
@@ -58,15 +61,25 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(CONFIGS))
+# "torch": the reference attention backend and nn.Linear layers. "cpu": what a CPU worker
+# runs, the C decode-attention kernel and linear layers on packed weights.
+VARIANTS = ("torch", "cpu")
+
+
+@pytest.fixture(scope="module", params=[(c, v) for c in sorted(CONFIGS) for v in VARIANTS],
+                ids=lambda p: "-".join(p))
 def models(request, tmp_path_factory):
+    config, variant = request.param
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    hf_model = AutoModelForCausalLM.from_config(CONFIGS[request.param]()).eval()
-    folder = tmp_path_factory.mktemp(request.param)
+    hf_model = AutoModelForCausalLM.from_config(CONFIGS[config]()).eval()
+    folder = tmp_path_factory.mktemp(config)
     hf_model.save_pretrained(folder)
-    backend = get_attention_backend("torch")
+    backend = get_attention_backend(variant)
     model = load_model(folder, AutoConfig.from_pretrained(folder), torch.float32, "cpu", backend)
+    if variant == "cpu":
+        assert cpu_kernels.load() is not None, "the CPU kernels did not build (see the log)"
+        model.use_cpu_kernels()
     return hf_model, model, backend
 
 
@@ -82,6 +95,9 @@ def prompts(seed: int, lengths: list[int]) -> list[list[int]]:
 
 def test_tied_embeddings_share_storage(models):
     hf_model, model, _ = models
+    if isinstance(model.lm_head, PackedLinear):  # its own packed copy, whether tied or not
+        torch.testing.assert_close(model.lm_head.weight, hf_model.lm_head.weight, rtol=0, atol=0)
+        return
     tied = model.config.tie_word_embeddings
     assert (model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()) == tied
     torch.testing.assert_close(model.lm_head.weight, hf_model.lm_head.weight, rtol=0, atol=0)

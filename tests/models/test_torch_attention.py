@@ -1,4 +1,4 @@
-"""The torch reference backend against a naive per-sequence attention."""
+"""The torch reference backend, and the cpu backend built on it, against a naive attention."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def naive(q, k, v, scale):
 class Driver:
     """Keeps per-sequence k/v history and block tables, and runs backend steps."""
 
-    def __init__(self, with_cache: bool = True):
-        backend_cls = get_attention_backend("torch")
+    def __init__(self, with_cache: bool = True, backend: str = "torch"):
+        backend_cls = get_attention_backend(backend)
         self.backend = backend_cls(HQ, HKV, D, D**-0.5, layer_idx=0)
         shape = backend_cls.get_kv_cache_shape(NUM_BLOCKS, BS, HKV, D)
         self.cache = torch.zeros(shape) if with_cache else None
@@ -69,8 +69,9 @@ class Driver:
         return out[:row], torch.cat(expected)
 
 
-def test_prefill_decode_chunked_and_padding():
-    drv = Driver()
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_prefill_decode_chunked_and_padding(backend: str):
+    drv = Driver(backend=backend)
     out, ref = drv.step([("a", 5), ("b", 9)])
     torch.testing.assert_close(out, ref)
     # a decodes, b continues a chunked prefill, c is fresh, d is a fresh single token,
@@ -89,8 +90,9 @@ def test_prefill_decode_chunked_and_padding():
     assert stored == sum(k.shape[0] for k, _ in drv.history.values())
 
 
-def test_metadata_host_copies_are_used():
-    drv = Driver()
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_metadata_host_copies_are_used(backend: str):
+    drv = Driver(backend=backend)
     drv.step([("a", 6)])
     backend = drv.backend
     q, k, v = torch.randn(1, HQ, D), torch.randn(1, HKV, D), torch.randn(1, HKV, D)
@@ -113,8 +115,9 @@ def test_metadata_host_copies_are_used():
     torch.testing.assert_close(out, ref)
 
 
-def test_without_cache_only_fresh_prefill():
-    drv = Driver(with_cache=False)
+@pytest.mark.parametrize("backend", ["torch", "cpu"])
+def test_without_cache_only_fresh_prefill(backend: str):
+    drv = Driver(with_cache=False, backend=backend)
     out, ref = drv.step([("a", 3), ("b", 5)])
     torch.testing.assert_close(out, ref)
     with pytest.raises(ValueError, match="KV cache"):

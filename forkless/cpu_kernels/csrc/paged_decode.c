@@ -1,11 +1,14 @@
 /* Decode attention on the CPU, reading keys and values in place in the paged KV cache.
  *
- * One query token per sequence. For each (sequence, KV head) the G = Hq / Hkv query heads
- * that share the KV head are attended together, so every key and value row is read from
- * memory once: pass 1 computes the scores of all G heads, pass 2 their softmax, pass 3
- * the weighted sum of the values. Nothing is copied out of the cache first, which is
- * what makes this faster than gather + scaled_dot_product_attention: at decode time the
- * work is bound by reading the cache, and the gather read it twice and wrote it once.
+ * One query token per sequence, all heads of a sequence together: pass 1 walks the block
+ * table and scores every query head against each key row (a token's keys for all KV heads
+ * are one contiguous row, and the G = Hq / Hkv query heads of a KV head share each key
+ * load), pass 2 takes the softmax of each head's scores, pass 3 walks the blocks again and
+ * sums the value rows weighted by them. Every key and value is read from memory once and
+ * nothing is copied out of the cache first, which is what makes this faster than gather +
+ * scaled_dot_product_attention: decode attention is bound by reading the cache, and the
+ * gather read it twice and wrote it once. The next block is prefetched while one computes,
+ * since a sequence's blocks are scattered.
  *
  * Built by forkless/cpu_kernels with the system C compiler and called through ctypes;
  * float32 only.
@@ -40,33 +43,45 @@ static inline __m256 exp8_nonpositive(__m256 x) {
 }
 #endif
 
+/* sh[g * L] = scale * (q_g . k) for the NQ (<= 4, a constant after inlining) query heads
+ * starting at qh: one load of each key chunk serves all of them. */
+ALWAYS_INLINE void head_scores(float *sh, int64_t L, const float *qh, const float *k, int D, float scale, int NQ) {
+#ifdef FORKLESS_AVX2
+    if (D % 8 == 0) {
+        __m256 acc[4];
+        for (int g = 0; g < NQ; g++) acc[g] = _mm256_setzero_ps();
+        for (int d = 0; d < D; d += 8) {
+            __m256 kv = _mm256_loadu_ps(k + d);
+            for (int g = 0; g < NQ; g++) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * D + d), kv, acc[g]);
+        }
+        for (int g = 0; g < NQ; g++) sh[g * L] = hsum8(acc[g]) * scale;
+        return;
+    }
+#endif
+    for (int g = 0; g < NQ; g++) {
+        float sum = 0.0f;
+        for (int d = 0; d < D; d++) sum += qh[g * D + d] * k[d];
+        sh[g * L] = sum * scale;
+    }
+}
+
 /* s[(h * G + g) * L + t] = scale * (q_hg . k_th) for the block's tokens, all heads of a
- * token at once: a token's keys are one contiguous row, read front to back, and the G
- * query heads of a KV head share each key load. G and D are compile-time constants where
- * the caller's switch inlines this. */
-ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const float *k0, int num_kv_heads,
-                                int ntok, int G, int D, float scale) {
+ * token at once: a token's keys are one contiguous row, read front to back. */
+ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const float *k0, int num_kv_heads, int ntok, int G,
+                         int D, float scale) {
     const int64_t slot_stride = (int64_t)num_kv_heads * D;
     for (int t = 0; t < ntok; t++) {
         for (int h = 0; h < num_kv_heads; h++) {
-            const float *k = k0 + t * slot_stride + h * D, *qh = q + h * G * D;
-            float *sh = s + (int64_t)h * G * L + t;
-#ifdef FORKLESS_AVX2
-            if (G <= 8 && D % 8 == 0) {
-                __m256 acc[8];
-                for (int g = 0; g < G; g++) acc[g] = _mm256_setzero_ps();
-                for (int d = 0; d < D; d += 8) {
-                    __m256 kv = _mm256_loadu_ps(k + d);
-                    for (int g = 0; g < G; g++) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * D + d), kv, acc[g]);
+            const float *k = k0 + t * slot_stride + h * D;
+            for (int g = 0; g < G; g += 4) {
+                const float *qh = q + (int64_t)(h * G + g) * D;
+                float *sh = s + (int64_t)(h * G + g) * L + t;
+                switch (G - g < 4 ? G - g : 4) {
+                case 4: head_scores(sh, L, qh, k, D, scale, 4); break;
+                case 3: head_scores(sh, L, qh, k, D, scale, 3); break;
+                case 2: head_scores(sh, L, qh, k, D, scale, 2); break;
+                default: head_scores(sh, L, qh, k, D, scale, 1); break;
                 }
-                for (int g = 0; g < G; g++) sh[g * L] = hsum8(acc[g]) * scale;
-                continue;
-            }
-#endif
-            for (int g = 0; g < G; g++) {
-                float sum = 0.0f;
-                for (int d = 0; d < D; d++) sum += qh[g * D + d] * k[d];
-                sh[g * L] = sum * scale;
             }
         }
     }
@@ -210,26 +225,12 @@ int forkless_paged_decode_f32(const float *q, const float *k_cache, const float 
         float *oi = out + (int64_t)q_rows[i] * row_stride;
         const int32_t *table = block_tables + (int64_t)s * bt_stride;
         const int64_t L = seq_lens[s];
-        /* Constant G and D let the compiler keep the accumulators in registers. */
-#define ATTEND(G_, D_) \
-    attend_sequence(qi, k_cache, v_cache, table, L, oi, num_kv_heads, G_, D_, block_size, scale, scores, acc, inv)
-#define ATTEND_G(G_)                     \
-    if (D == 64) ATTEND(G_, 64);         \
-    else if (D == 128) ATTEND(G_, 128);  \
-    else ATTEND(G_, D);                  \
-    break
-        switch (G) {
-        case 1: ATTEND_G(1);
-        case 2: ATTEND_G(2);
-        case 3: ATTEND_G(3);
-        case 4: ATTEND_G(4);
-        case 5: ATTEND_G(5);
-        case 6: ATTEND_G(6);
-        case 7: ATTEND_G(7);
-        case 8: ATTEND_G(8);
-        default: ATTEND(G, D);
-        }
-#undef ATTEND_G
+        /* The common head sizes as constants: their loops unroll. */
+#define ATTEND(D_) attend_sequence(qi, k_cache, v_cache, table, L, oi, num_kv_heads, G, D_, block_size, scale, \
+                                   scores, acc, inv)
+        if (D == 64) ATTEND(64);
+        else if (D == 128) ATTEND(128);
+        else ATTEND(D);
 #undef ATTEND
     }
     free(scratch);

@@ -1,0 +1,174 @@
+"""The C kernels of CPU workers: decode attention over the paged cache, packed linear layers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from forkless import cpu_kernels
+from forkless.attention import AttentionMetadata, get_attention_backend
+from forkless.models.layers.cpu_linear import PackedLinear, pack_linear_layers
+
+
+@pytest.fixture(autouse=True)
+def _kernels_built():
+    assert cpu_kernels.load() is not None, "the CPU kernels did not build (see the log)"
+
+
+@pytest.fixture
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def _decode_step(hq: int, hkv: int, d: int, bs: int, lens: list[int], prefill: int, seed: int = 0):
+    """A cache with scattered blocks, one decode token per ``lens`` entry, then maybe a prefill."""
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-n // bs) for n in lens) + -(-prefill // bs) + 3
+    cache = torch.randn(get_attention_backend("torch").get_kv_cache_shape(num_blocks, bs, hkv, d), generator=gen)
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    seqs = [(n - 1, 1) for n in lens] + ([(0, prefill)] if prefill else [])
+    tables, slots, starts, seq_lens = [], [], [0], []
+    for ctx, n in seqs:
+        table = [free.pop() for _ in range(-(-(ctx + n) // bs))]
+        tables.append(table)
+        slots += [table[p // bs] * bs + p % bs for p in range(ctx, ctx + n)]
+        starts.append(starts[-1] + n)
+        seq_lens.append(ctx + n)
+    width = max(len(t) for t in tables)
+    md = lambda: AttentionMetadata(  # noqa: E731 - each backend plans its own copy
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32),
+        max_query_len=max(n for _, n in seqs),
+        max_seq_len=max(seq_lens),
+        block_size=bs,
+    )
+    t = starts[-1]
+    q, k, v = (torch.randn(t, h, d, generator=gen) for h in (hq, hkv, hkv))
+    return cache, md, q, k, v
+
+
+@pytest.mark.parametrize(
+    "hq,hkv,d,bs",
+    [
+        (9, 3, 64, 16),  # SmolLM2-135M
+        (4, 4, 64, 16),  # multi-head (G = 1)
+        (16, 2, 128, 16),  # G = 8, the largest register-tiled group
+        (12, 1, 32, 4),  # G = 12: the generic path
+        (6, 2, 20, 4),  # head_dim not a multiple of 8: the scalar tails
+    ],
+)
+@pytest.mark.parametrize("prefill", [0, 7])
+def test_decode_kernel_matches_reference(hq, hkv, d, bs, prefill):
+    lens = [1, 2, 5, bs, bs + 1, 3 * bs + 5, 257, 40]
+    cache, md, q, k, v = _decode_step(hq, hkv, d, bs, lens, prefill)
+    ref_cache, cpu_cache = cache.clone(), cache.clone()
+    scale = d**-0.5
+    ref = get_attention_backend("torch")(hq, hkv, d, scale).forward(q, k, v, ref_cache, md())
+    out = get_attention_backend("cpu")(hq, hkv, d, scale).forward(q, k, v, cpu_cache, md())
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu_cache, ref_cache, rtol=0, atol=0)  # the new keys are stored
+
+
+@pytest.mark.parametrize("threads", [2], indirect=True)
+def test_decode_kernel_threads_agree(threads):
+    cache, md, q, k, v = _decode_step(9, 3, 64, 16, [30 + 17 * i for i in range(12)], 0)
+    backend = get_attention_backend("cpu")(9, 3, 64, 0.125)
+    parallel = backend.forward(q, k, v, cache, md())
+    torch.set_num_threads(1)
+    serial = backend.forward(q, k, v, cache, md())
+    torch.testing.assert_close(parallel, serial, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("out_features,in_features", [(24, 8), (50, 13), (96, 576), (7, 1)])
+@pytest.mark.parametrize("rows", [0, 1, 3, 4, 5, 130])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_linear(out_features, in_features, rows, bias):
+    torch.manual_seed(rows)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias)
+    packed = PackedLinear.from_linear(linear)
+    assert torch.equal(packed.weight, linear.weight)  # packing loses nothing
+    x = torch.randn(rows, in_features)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_packed_linear_strided_and_batched_input(threads):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 200)
+    packed = PackedLinear.from_linear(linear)
+    wide = torch.randn(300, 100)
+    x = wide[:, 10:74]  # rows 100 floats apart
+    torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+    x3 = torch.randn(2, 3, 64)
+    assert packed(x3).shape == (2, 3, 200)
+    torch.testing.assert_close(packed(x3), F.linear(x3, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_packed_linear_rejects_other_dtypes():
+    with pytest.raises(ValueError, match="float32"):
+        PackedLinear(torch.zeros(4, 4, dtype=torch.bfloat16))
+    packed = PackedLinear(torch.zeros(4, 4))
+    with pytest.raises(ValueError, match="float32"):
+        packed(torch.zeros(1, 4, dtype=torch.float64))
+
+
+def test_pack_linear_layers_replaces_only_linears():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.SiLU(), torch.nn.Sequential(torch.nn.Linear(16, 4)))
+    x = torch.randn(5, 8)
+    expected = model(x)
+    assert pack_linear_layers(model) == 2
+    assert isinstance(model[0], PackedLinear) and isinstance(model[2][0], PackedLinear)
+    torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def _load_in_fresh_process(env: dict[str, str]) -> subprocess.CompletedProcess:
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout);"
+        "from forkless import cpu_kernels; print('LOADED', cpu_kernels.load() is not None)"
+    )
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def _env(**values: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "FORKLESS_KERNEL_CACHE_DIR"}
+    return {**env, **values}
+
+
+def test_build_is_cached_in_the_cache_root(tmp_path):
+    env = _env(FORKLESS_CACHE_ROOT=str(tmp_path))
+    first = _load_in_fresh_process(env)
+    assert "LOADED True" in first.stdout, first.stdout + first.stderr
+    assert "compiled the CPU kernels" in first.stdout + first.stderr
+    assert len(list((tmp_path / "kernels").glob("forkless_cpu-*.so"))) == 1
+    second = _load_in_fresh_process(env)
+    assert "LOADED True" in second.stdout
+    assert "compiled" not in second.stdout + second.stderr  # reused, not rebuilt
+
+
+def test_without_compiler_or_when_disabled_torch_ops_run(tmp_path):
+    missing = _load_in_fresh_process(_env(FORKLESS_CACHE_ROOT=str(tmp_path), CC=str(tmp_path / "no-such-cc")))
+    assert "LOADED False" in missing.stdout
+    assert "no C compiler" in missing.stdout + missing.stderr
+    off = _load_in_fresh_process(_env(FORKLESS_CPU_KERNELS="0"))
+    assert "LOADED False" in off.stdout
+
+
+def test_cpu_backend_without_kernels_is_the_reference(monkeypatch, caplog):
+    cache, md, q, k, v = _decode_step(9, 3, 64, 16, [5, 40, 77], 6)
+    ref = get_attention_backend("torch")(9, 3, 64, 0.125).forward(q, k, v, cache.clone(), md())
+    monkeypatch.setattr(cpu_kernels, "load", lambda: None)
+    with caplog.at_level(logging.WARNING):
+        out = get_attention_backend("cpu")(9, 3, 64, 0.125).forward(q, k, v, cache.clone(), md())
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
