@@ -65,12 +65,28 @@ ALWAYS_INLINE void head_scores(float *sh, int64_t L, const float *qh, const floa
     }
 }
 
+/* Ask for row t of the block that comes next while this block computes: a sequence's
+ * blocks are scattered, so the hardware prefetcher cannot guess them, and one row per
+ * token spreads the requests evenly. */
+ALWAYS_INLINE void prefetch_row(const float *next, int64_t t, int64_t row) {
+#ifdef FORKLESS_AVX2
+    const char *p = (const char *)(next + t * row);
+    for (int64_t i = 0; i < row * (int64_t)sizeof(float); i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
+#else
+    (void)next;
+    (void)t;
+    (void)row;
+#endif
+}
+
 /* s[(h * G + g) * L + t] = scale * (q_hg . k_th) for the block's tokens, all heads of a
  * token at once: a token's keys are one contiguous row, read front to back. */
-ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const float *k0, int num_kv_heads, int ntok, int G,
-                         int D, float scale) {
+ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const float *k0, const float *next,
+                                int block_size, int num_kv_heads, int ntok, int G, int D, float scale) {
     const int64_t slot_stride = (int64_t)num_kv_heads * D;
+    (void)block_size;
     for (int t = 0; t < ntok; t++) {
+        prefetch_row(next, t, slot_stride);
         for (int h = 0; h < num_kv_heads; h++) {
             const float *k = k0 + t * slot_stride + h * D;
             for (int g = 0; g < G; g += 4) {
@@ -91,14 +107,15 @@ ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const float
  * head j (KV head j / G). Token-major, so the cache is read front to back; four tokens per
  * pass over the accumulators, which live in L1, so each load and store of one serves four
  * FMAs. */
-ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const float *v0, int num_kv_heads,
-                                int ntok, int G, int D) {
+ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const float *v0, const float *next,
+                                int num_kv_heads, int ntok, int G, int D) {
     const int64_t slot_stride = (int64_t)num_kv_heads * D;
     int t = 0;
 #ifdef FORKLESS_AVX2
     if (D % 8 == 0) {
         for (; t + 4 <= ntok; t += 4) {
             const float *v = v0 + t * slot_stride;
+            for (int r = 0; r < 4; r++) prefetch_row(next, t + r, slot_stride);
             for (int h = 0; h < num_kv_heads; h++) {
                 const float *vh = v + h * D;
                 for (int g = 0; g < G; g++) {
@@ -159,15 +176,6 @@ static float softmax_numerators(float *p, int n) {
     return sum;
 }
 
-ALWAYS_INLINE void prefetch_block(const float *p, int64_t n) {
-#ifdef FORKLESS_AVX2
-    for (int64_t i = 0; i < n; i += 16) _mm_prefetch((const char *)(p + i), _MM_HINT_T0);
-#else
-    (void)p;
-    (void)n;
-#endif
-}
-
 /* One sequence, all heads. Scratch: scores Hq * L floats, acc Hq * D, inv Hq. */
 ALWAYS_INLINE void attend_sequence(const float *q, const float *k_cache, const float *v_cache,
                                    const int32_t *table, int64_t L, float *o, int num_kv_heads, int G, int D,
@@ -175,22 +183,21 @@ ALWAYS_INLINE void attend_sequence(const float *q, const float *k_cache, const f
     const int64_t block_stride = (int64_t)block_size * num_kv_heads * D;
     const int num_heads = num_kv_heads * G;
     const int64_t num_blocks = (L + block_size - 1) / block_size;
-    prefetch_block(k_cache + table[0] * block_stride, block_stride);
     for (int64_t b = 0; b < num_blocks; b++) {
         const int64_t t0 = b * block_size;
         const int ntok = (int)(L - t0 < block_size ? L - t0 : block_size);
-        /* Blocks are scattered in memory: fetch the next one while this one computes. */
-        prefetch_block(b + 1 < num_blocks ? k_cache + table[b + 1] * block_stride : v_cache + table[0] * block_stride,
-                       block_stride);
-        scores_block(scores + t0, L, q, k_cache + table[b] * block_stride, num_kv_heads, ntok, G, D, scale);
+        const float *next = b + 1 < num_blocks ? k_cache + table[b + 1] * block_stride : v_cache + table[0] * block_stride;
+        scores_block(scores + t0, L, q, k_cache + table[b] * block_stride, next, block_size, num_kv_heads, ntok, G, D,
+                     scale);
     }
     for (int j = 0; j < num_heads; j++) inv[j] = 1.0f / softmax_numerators(scores + j * L, (int)L);
     for (int i = 0; i < num_heads * D; i++) acc[i] = 0.0f;
     for (int64_t b = 0; b < num_blocks; b++) {
         const int64_t t0 = b * block_size;
         const int ntok = (int)(L - t0 < block_size ? L - t0 : block_size);
-        if (b + 1 < num_blocks) prefetch_block(v_cache + table[b + 1] * block_stride, block_stride);
-        values_block(acc, scores + t0, L, v_cache + table[b] * block_stride, num_kv_heads, ntok, G, D);
+        /* The last block prefetches itself: harmless, and it keeps the loop branch-free. */
+        const float *next = v_cache + table[b + 1 < num_blocks ? b + 1 : b] * block_stride;
+        values_block(acc, scores + t0, L, v_cache + table[b] * block_stride, next, num_kv_heads, ntok, G, D);
     }
     for (int j = 0; j < num_heads; j++)
         for (int d = 0; d < D; d++) o[j * D + d] = acc[j * D + d] * inv[j];
