@@ -35,6 +35,15 @@ def test_cli_flags_use_vllm_names_and_build_a_config(llama_dir) -> None:
     assert config.logits_processors == ["a.b:C", "d.e:F"]
 
 
+def test_cpu_step_token_budget_defaults_to_2048(llama_dir) -> None:
+    config = EngineArgs(model=str(llama_dir), kv_cache_memory=1 << 20).create_engine_config()
+    assert config.scheduler_config.max_num_batched_tokens == 2048
+    # Without chunked prefill a step must still hold a whole prompt.
+    whole = EngineArgs(model=str(llama_dir), kv_cache_memory=1 << 20,
+                       enable_chunked_prefill=False).create_engine_config()
+    assert whole.scheduler_config.max_num_batched_tokens == max(2048, whole.model_config.max_model_len)
+
+
 def test_engine_config_round_trips_through_msgpack(llama_dir) -> None:
     config = EngineArgs(model=str(llama_dir), kv_cache_memory=1 << 20).create_engine_config()
     data = msgspec.msgpack.encode(config.to_builtins())
