@@ -37,8 +37,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Root of every file forkless caches (converted GGUF models, ...). Default:
     # ``$XDG_CACHE_HOME/forkless``, or ``~/.cache/forkless`` when XDG_CACHE_HOME is unset.
     "FORKLESS_CACHE_ROOT": _cache_root,
-    # On CUDA, decoder layers run fused Triton kernels for RMSNorm, rotary embeddings and
-    # SiLU-and-mul. ``0`` runs the plain PyTorch ops instead (to compare or to debug).
+    # Decoder layers run fused kernels for RMSNorm, rotary embeddings and SiLU-and-mul
+    # (Triton on CUDA, the C kernels of FORKLESS_CPU_KERNELS on the CPU). ``0`` runs the
+    # plain PyTorch ops instead (to compare or to debug).
     "FORKLESS_FUSED_KERNELS": lambda: os.environ.get("FORKLESS_FUSED_KERNELS", "1") != "0",
     # On CPU, the ``cpu`` attention backend decodes with a C kernel that it compiles once
     # with the system C compiler (``$CC`` or ``cc``) into the cache. ``0`` runs the torch

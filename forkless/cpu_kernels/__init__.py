@@ -1,4 +1,5 @@
-"""CPU kernels in C: decode attention over the paged cache and linear layers on packed weights.
+"""CPU kernels in C: decode attention over the paged cache, linear layers on packed weights,
+and the element-wise layers (RMSNorm, rotary embeddings, SiLU-and-mul).
 
 The sources (``csrc/*.c``) are plain C with AVX2 intrinsics where the compiler targets
 them. They need no Python or torch headers, so they build in about a second with the
@@ -32,8 +33,8 @@ from forkless.logger import init_logger
 logger = init_logger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("paged_decode.c", "linear.c")
-_ABI_VERSION = 2
+_SOURCES = ("paged_decode.c", "linear.c", "layers.c")
+_ABI_VERSION = 3
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno")
 
 _ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -41,6 +42,10 @@ _SIGNATURES = {
     "forkless_paged_decode_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32, _i32,
                                   _i32, _i32, ctypes.c_float],
     "forkless_linear_f32": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32, _i32],
+    "forkless_rms_norm_f32": [_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i32, _i32, _i32, _i32,
+                              ctypes.c_float],
+    "forkless_rotary_f32": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32, _i32, _i32, _i32, _i32],
+    "forkless_silu_and_mul_f32": [_ptr, _i64, _ptr, _i32, _i32, _i32],
 }
 
 
@@ -110,8 +115,7 @@ def load() -> ctypes.CDLL | None:
     """The compiled kernels, built on first use; None where they are unavailable.
 
     Returns:
-        The library, with ``forkless_paged_decode_f32`` and ``forkless_linear_f32``
-        typed; None when ``FORKLESS_CPU_KERNELS=0``, no C compiler is found, or the
+        The library, its functions typed; None when ``FORKLESS_CPU_KERNELS=0``, no C compiler is found, or the
         build or load fails (each logged once).
     """
     if not envs.FORKLESS_CPU_KERNELS:

@@ -61,8 +61,9 @@ CONFIGS = {
 }
 
 
-# "torch": the reference attention backend and nn.Linear layers. "cpu": what a CPU worker
-# runs, the C decode-attention kernel and linear layers on packed weights.
+# "torch": the reference attention backend, nn.Linear layers and plain PyTorch layer ops.
+# "cpu": what a CPU worker runs, the C kernels for decode attention, the linear layers on
+# packed weights and the fused layer ops.
 VARIANTS = ("torch", "cpu")
 
 
@@ -80,7 +81,9 @@ def models(request, tmp_path_factory):
     if variant == "cpu":
         assert cpu_kernels.load() is not None, "the CPU kernels did not build (see the log)"
         model.use_cpu_kernels()
-    return hf_model, model, backend
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FORKLESS_FUSED_KERNELS", "1" if variant == "cpu" else "0")
+        yield hf_model, model, backend
 
 
 @torch.inference_mode()

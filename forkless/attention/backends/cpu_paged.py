@@ -2,10 +2,10 @@
 
 Prefill is the torch reference's (``scaled_dot_product_attention`` per sequence: there the
 work is compute-bound and torch's kernel is good). Decode, which is bound by reading the
-cache, runs ``csrc/paged_decode_cpu.c``: it walks each sequence's block table and reads
-every key and value once, where gather + SDPA copies them out first and reads the copy
-back (see :mod:`forkless.cpu_kernels`). float32 only; other dtypes, and machines without
-a C compiler, take the torch path.
+cache, runs ``forkless/cpu_kernels/csrc/paged_decode.c``: it walks each sequence's block
+table and reads every key and value once, where gather + SDPA copies them out first and
+reads the copy back. float32 only; other dtypes, and machines without a C compiler, take
+the torch path.
 """
 
 from __future__ import annotations

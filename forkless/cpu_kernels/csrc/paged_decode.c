@@ -19,29 +19,6 @@
 
 #include "common.h"
 
-#ifdef FORKLESS_AVX2
-/* exp(x) for x <= 0 (scores minus their maximum): Cephes' single-precision polynomial,
- * within 2 ulp. Inputs below -87 give 0's neighbourhood (~1e-38), which is what
- * softmax weights that small are anyway. */
-static inline __m256 exp8_nonpositive(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-    fx = _mm256_floor_ps(fx);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 z = _mm256_mul_ps(x, x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, z, x);
-    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-#endif
 
 /* sh[g * L] = scale * (q_g . k) for the NQ (<= 4, a constant after inlining) query heads
  * starting at qh: one load of each key chunk serves all of them. */
@@ -163,7 +140,7 @@ static float softmax_numerators(float *p, int n) {
 #ifdef FORKLESS_AVX2
     __m256 vm = _mm256_set1_ps(m), vs = _mm256_setzero_ps();
     for (; t + 8 <= n; t += 8) {
-        __m256 e = exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(p + t), vm));
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), vm));
         _mm256_storeu_ps(p + t, e);
         vs = _mm256_add_ps(vs, e);
     }

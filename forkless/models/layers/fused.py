@@ -1,4 +1,4 @@
-"""Whether a layer runs its fused Triton kernel or its plain PyTorch ops."""
+"""Whether a layer runs a fused kernel (Triton on CUDA, C on the CPU) or its plain PyTorch ops."""
 
 from __future__ import annotations
 
@@ -20,16 +20,31 @@ def _fused_module() -> ModuleType | None:
     return fused_triton
 
 
+@functools.lru_cache(maxsize=None)
+def _cpu_fused_module() -> ModuleType | None:
+    from forkless import cpu_kernels
+
+    if cpu_kernels.load() is None:
+        return None
+    from forkless.models.layers import fused_cpu
+
+    return fused_cpu
+
+
 def fused_ops(x: torch.Tensor) -> ModuleType | None:
-    """The fused-kernel module (:mod:`~forkless.models.layers.fused_triton`) for ``x``.
+    """The fused-kernel module for ``x``: one kernel per layer op instead of several.
 
     Args:
         x: The layer's input.
 
     Returns:
-        The module when ``x`` is on a CUDA device, Triton is installed and
-        ``FORKLESS_FUSED_KERNELS`` is not ``0``; otherwise None (use PyTorch ops).
+        :mod:`~forkless.models.layers.fused_triton` when ``x`` is on a CUDA device and
+        Triton is installed; :mod:`~forkless.models.layers.fused_cpu` when ``x`` is a
+        float32 CPU tensor and the CPU kernels are available; None otherwise, and
+        whenever ``FORKLESS_FUSED_KERNELS`` is ``0`` (use PyTorch ops).
     """
-    if not x.is_cuda:
-        return None
-    return _fused_module()
+    if x.is_cuda:
+        return _fused_module()
+    if x.dtype is torch.float32 and x.device.type == "cpu" and envs.FORKLESS_FUSED_KERNELS:
+        return _cpu_fused_module()
+    return None

@@ -1,0 +1,95 @@
+/* The element-wise parts of a decoder layer, one pass each: RMSNorm (with the residual add
+ * folded in), rotary embeddings in place, SiLU-and-mul.
+ *
+ * As PyTorch ops, each of these is several passes over the activations and, at decode
+ * time, several dispatches of a few microseconds for a few kilobytes of work. The
+ * arithmetic follows the PyTorch layers (same products, same rounding of each), except
+ * that sums and exp() take another order or polynomial: float32 rounding apart.
+ *
+ * Built by forkless/cpu_kernels with the system C compiler and called through ctypes;
+ * float32 only.
+ */
+
+#include <math.h>
+
+#include "common.h"
+
+static float sum_of_squares(const float *v, int n) {
+    int i = 0;
+    float s = 0.0f;
+#ifdef FORKLESS_AVX2
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m256 x0 = _mm256_loadu_ps(v + i), x1 = _mm256_loadu_ps(v + i + 8);
+        a0 = _mm256_fmadd_ps(x0, x0, a0);
+        a1 = _mm256_fmadd_ps(x1, x1, a1);
+    }
+    s = hsum8(_mm256_add_ps(a0, a1));
+#endif
+    for (; i < n; i++) s += v[i] * v[i];
+    return s;
+}
+
+/* Rows t0..t1-1: out[t, h] = x[t, h] * rsqrt(mean(x[t, h]^2) + eps) * weight, where with a
+ * residual x[t] is first replaced by x[t] + residual[t], which is also written to res_out
+ * (H must be 1 then). out and res_out are contiguous; x rows have strides xs_t, xs_h. */
+int forkless_rms_norm_f32(const float *x, int64_t xs_t, int64_t xs_h, const float *residual, int64_t rs_t,
+                          const float *weight, float *out, float *res_out, int t0, int t1, int H, int N, float eps) {
+    for (int t = t0; t < t1; t++) {
+        for (int h = 0; h < H; h++) {
+            const float *v = x + t * xs_t + h * xs_h;
+            float *o = out + ((int64_t)t * H + h) * N;
+            if (residual) {
+                float *r = res_out + (int64_t)t * N;
+                const float *rin = residual + t * rs_t;
+                for (int i = 0; i < N; i++) r[i] = v[i] + rin[i];
+                v = r;
+            }
+            const float scale = 1.0f / sqrtf(sum_of_squares(v, N) / (float)N + eps);
+            for (int i = 0; i < N; i++) o[i] = (v[i] * scale) * weight[i];
+        }
+    }
+    return 0;
+}
+
+/* Rows t0..t1-1 of q [T, Hq, D] and k [T, Hkv, D] (strides qs_t, qs_h / ks_t, ks_h; head
+ * dimension contiguous): the first rotary_dim channels of each head are rotated by cos/sin
+ * [T, >= rotary_dim / 2] (row stride cs_t; only the first half of each row is read, the
+ * tables being cat(freqs, freqs)). */
+int forkless_rotary_f32(float *q, int64_t qs_t, int64_t qs_h, float *k, int64_t ks_t, int64_t ks_h,
+                        const float *cos_t, const float *sin_t, int64_t cs_t, int t0, int t1, int Hq, int Hkv,
+                        int rotary_dim) {
+    const int half = rotary_dim / 2;
+    for (int t = t0; t < t1; t++) {
+        const float *c = cos_t + t * cs_t, *s = sin_t + t * cs_t;
+        for (int h = 0; h < Hq + Hkv; h++) {
+            float *x = h < Hq ? q + t * qs_t + h * qs_h : k + t * ks_t + (h - Hq) * ks_h;
+            for (int i = 0; i < half; i++) {
+                const float x1 = x[i], x2 = x[i + half];
+                x[i] = x1 * c[i] - x2 * s[i];
+                x[i + half] = x2 * c[i] + x1 * s[i];
+            }
+        }
+    }
+    return 0;
+}
+
+/* Rows t0..t1-1: out[t, i] = silu(x[t, i]) * x[t, d + i] (x rows of stride xs_t, out
+ * contiguous [T, d]). */
+int forkless_silu_and_mul_f32(const float *x, int64_t xs_t, float *out, int t0, int t1, int d) {
+    for (int t = t0; t < t1; t++) {
+        const float *g = x + t * xs_t, *u = g + d;
+        float *o = out + (int64_t)t * d;
+        int i = 0;
+#ifdef FORKLESS_AVX2
+        const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+        for (; i + 8 <= d; i += 8) {
+            __m256 gv = _mm256_loadu_ps(g + i);
+            __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, gv))));
+            _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+        }
+#endif
+        for (; i < d; i++) o[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+    }
+    return 0;
+}
