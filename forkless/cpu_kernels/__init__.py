@@ -4,7 +4,8 @@ and the element-wise layers (RMSNorm, rotary embeddings, SiLU-and-mul).
 The sources (``csrc/*.c``) are plain C with AVX2 intrinsics where the compiler targets
 them. They need no Python or torch headers, so they build in about a second with the
 system C compiler (``$CC``, else ``cc``) the first time a CPU worker needs them, and are
-called through ctypes, which releases the GIL for the call. The shared library is cached
+called through ctypes, which releases the GIL for the call. Built by gcc they run on
+torch's OpenMP threads (``torch.set_num_threads``); otherwise on the calling thread. The shared library is cached
 in ``$FORKLESS_KERNEL_CACHE_DIR`` (default ``$FORKLESS_CACHE_ROOT/kernels``), keyed by the
 sources, the compiler, its flags and the host CPU (``-march=native`` code must not run on
 another CPU).
@@ -15,7 +16,6 @@ callers use plain torch ops (logged once).
 
 from __future__ import annotations
 
-import concurrent.futures
 import ctypes
 import functools
 import hashlib
@@ -25,7 +25,6 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 from forkless import envs
 from forkless.logger import init_logger
@@ -34,7 +33,7 @@ logger = init_logger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("paged_decode.c", "linear.c", "layers.c")
-_ABI_VERSION = 3
+_ABI_VERSION = 4
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno")
 
 _ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -82,12 +81,27 @@ def _compile(cc: str, flags: tuple[str, ...], out: Path) -> str | None:
             os.unlink(tmp)
 
 
+def _is_gcc(cc: str) -> bool:
+    """Whether ``cc`` is gcc: its ``-fopenmp`` links libgomp, the runtime torch ships."""
+    try:
+        proc = subprocess.run([cc, "-dM", "-E", "-"], input="", capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "__GNUC__" in proc.stdout and "__clang__" not in proc.stdout
+
+
 def _build() -> Path | None:
     cc = os.environ.get("CC") or "cc"
     source = b"\0".join((_CSRC / name).read_bytes() for name in (*_SOURCES, "common.h"))
-    # -march=native where the compiler knows it (gcc, clang on x86); portable code otherwise.
+    # -march=native where the compiler knows it (gcc, clang on x86), portable code otherwise;
+    # OpenMP only with gcc: its libgomp has the soname of the one torch loads, so the
+    # kernels share torch's threads (clang's libomp would be a second pool competing with
+    # them for the cores).
+    flag_sets = [(*_BASE_FLAGS, "-march=native"), _BASE_FLAGS]
+    if shutil.which(cc) is not None and _is_gcc(cc):
+        flag_sets = [(*flags, "-fopenmp") for flags in flag_sets] + flag_sets
     candidates = []
-    for flags in ((*_BASE_FLAGS, "-march=native"), _BASE_FLAGS):
+    for flags in flag_sets:
         key = hashlib.sha256(b"\0".join(
             [source, cc.encode(), " ".join(flags).encode(), _cpu_signature().encode()])).hexdigest()[:16]
         out = Path(envs.FORKLESS_KERNEL_CACHE_DIR) / f"forkless_cpu-{key}.so"
@@ -138,24 +152,7 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
-@functools.lru_cache(maxsize=None)
-def _pool(threads: int) -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="forkless-cpu")
-
-
-def run_split(call: Callable[[int, int], int], n: int, threads: int, min_per_thread: int = 1) -> None:
-    """Run ``call(begin, end)`` over ``0..n`` in up to ``threads`` parallel slices.
-
-    The kernels release the GIL, so Python threads run them side by side.
-
-    Raises:
-        MemoryError: A kernel could not allocate its scratch memory (it returned non-zero).
-    """
-    parts = max(1, min(threads, n // max(min_per_thread, 1)))
-    if parts == 1:
-        status = [call(0, n)]
-    else:
-        bounds = [n * i // parts for i in range(parts + 1)]
-        status = list(_pool(parts).map(lambda i: call(bounds[i], bounds[i + 1]), range(parts)))
-    if any(status):
+def check(status: int) -> None:
+    """Raise for a kernel's non-zero return (it could not allocate its scratch memory)."""
+    if status:
         raise MemoryError("a CPU kernel could not allocate its scratch memory")

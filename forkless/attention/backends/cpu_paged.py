@@ -102,6 +102,4 @@ class CpuAttentionBackend(TorchAttentionBackend):
             kp.seq_ids.data_ptr(), kp.q_rows.data_ptr(), out.data_ptr(),
         )
         tail = (self.num_heads, self.num_kv_heads, self.head_dim, kp.block_size, self.scale)
-        kernel = lib.forkless_paged_decode_f32
-        cpu_kernels.run_split(lambda begin, end: kernel(*args, begin, end, *tail),
-                              len(kp.plan.decode_ids), torch.get_num_threads(), min_per_thread=2)
+        cpu_kernels.check(lib.forkless_paged_decode_f32(*args, 0, len(kp.plan.decode_ids), *tail))

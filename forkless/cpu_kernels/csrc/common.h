@@ -12,6 +12,13 @@
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
+/* Built with -fopenmp (gcc), the kernels share the OpenMP runtime torch has loaded (same
+ * soname, so the same instance and threads, sized by torch.set_num_threads); without it
+ * the pragmas are ignored and everything runs on the calling thread. Less work than this
+ * (multiply-adds, or elements) is not worth waking the other threads for. */
+#define FORKLESS_PARALLEL_MIN_MACS (1 << 22)
+#define FORKLESS_PARALLEL_MIN_ELEMENTS (1 << 16)
+
 #ifdef FORKLESS_AVX2
 ALWAYS_INLINE float hsum8(__m256 v) {
     __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

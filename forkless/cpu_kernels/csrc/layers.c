@@ -35,6 +35,7 @@ static float sum_of_squares(const float *v, int n) {
  * (H must be 1 then). out and res_out are contiguous; x rows have strides xs_t, xs_h. */
 int forkless_rms_norm_f32(const float *x, int64_t xs_t, int64_t xs_h, const float *residual, int64_t rs_t,
                           const float *weight, float *out, float *res_out, int t0, int t1, int H, int N, float eps) {
+#pragma omp parallel for schedule(static) if ((int64_t)(t1 - t0) * H * N >= FORKLESS_PARALLEL_MIN_ELEMENTS)
     for (int t = t0; t < t1; t++) {
         for (int h = 0; h < H; h++) {
             const float *v = x + t * xs_t + h * xs_h;
@@ -60,6 +61,7 @@ int forkless_rotary_f32(float *q, int64_t qs_t, int64_t qs_h, float *k, int64_t 
                         const float *cos_t, const float *sin_t, int64_t cs_t, int t0, int t1, int Hq, int Hkv,
                         int rotary_dim) {
     const int half = rotary_dim / 2;
+#pragma omp parallel for schedule(static) if ((int64_t)(t1 - t0) * (Hq + Hkv) * rotary_dim >= FORKLESS_PARALLEL_MIN_ELEMENTS)
     for (int t = t0; t < t1; t++) {
         const float *c = cos_t + t * cs_t, *s = sin_t + t * cs_t;
         for (int h = 0; h < Hq + Hkv; h++) {
@@ -77,6 +79,7 @@ int forkless_rotary_f32(float *q, int64_t qs_t, int64_t qs_h, float *k, int64_t 
 /* Rows t0..t1-1: out[t, i] = silu(x[t, i]) * x[t, d + i] (x rows of stride xs_t, out
  * contiguous [T, d]). */
 int forkless_silu_and_mul_f32(const float *x, int64_t xs_t, float *out, int t0, int t1, int d) {
+#pragma omp parallel for schedule(static) if ((int64_t)(t1 - t0) * d >= FORKLESS_PARALLEL_MIN_ELEMENTS)
     for (int t = t0; t < t1; t++) {
         const float *g = x + t * xs_t, *u = g + d;
         float *o = out + (int64_t)t * d;

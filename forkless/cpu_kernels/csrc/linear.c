@@ -16,7 +16,7 @@
 
 #define NR 24
 
-int forkless_cpu_kernels_abi_version(void) { return 3; }
+int forkless_cpu_kernels_abi_version(void) { return 4; }
 
 int forkless_linear_panel_width(void) { return NR; }
 
@@ -67,6 +67,7 @@ int forkless_linear_f32(const float *x, int64_t ldx, const float *packed, const 
     enum { M_BLOCK = 128 };
     for (int m0 = 0; m0 < M; m0 += M_BLOCK) {
         const int m1 = M - m0 < M_BLOCK ? M : m0 + M_BLOCK;
+#pragma omp parallel for schedule(static) if ((int64_t)(m1 - m0) * K * (p1 - p0) * NR >= FORKLESS_PARALLEL_MIN_MACS)
         for (int p = p0; p < p1; p++) {
             const float *panel = packed + (int64_t)p * K * NR, *bp = bias ? bias + p * NR : NULL;
             for (int m = m0; m < m1; m += 4) {

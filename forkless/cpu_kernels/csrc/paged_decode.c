@@ -189,8 +189,8 @@ ALWAYS_INLINE void attend_sequence(const float *q, const float *k_cache, const f
  * block_tables:  [*, bt_stride] int32; sequence i uses row seq_ids[i].
  * seq_lens:      [*] int32, indexed by seq_ids[i]: keys to attend (the new token included).
  *
- * Returns 0, or -1 when a scratch allocation failed (the sequences not yet done are then
- * left unwritten).
+ * Returns 0, or -1 when a scratch allocation failed (some sequences are then left
+ * unwritten).
  */
 int forkless_paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
                               const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
@@ -200,23 +200,34 @@ int forkless_paged_decode_f32(const float *q, const float *k_cache, const float 
     const int64_t row_stride = (int64_t)num_heads * D;
     int64_t max_len = 0;
     for (int i = begin; i < end; i++) max_len = seq_lens[seq_ids[i]] > max_len ? seq_lens[seq_ids[i]] : max_len;
-    float *scratch = (float *)malloc(sizeof(float) * (size_t)num_heads * (max_len + D + 1));
-    if (scratch == NULL) return -1;
-    float *scores = scratch, *acc = scratch + num_heads * max_len, *inv = acc + num_heads * D;
-    for (int i = begin; i < end; i++) {
-        const int s = seq_ids[i];
-        const float *qi = q + (int64_t)q_rows[i] * row_stride;
-        float *oi = out + (int64_t)q_rows[i] * row_stride;
-        const int32_t *table = block_tables + (int64_t)s * bt_stride;
-        const int64_t L = seq_lens[s];
-        /* The common head sizes as constants: their loops unroll. */
+    int failed = 0;
+    /* Sequences differ in length: hand them out one at a time. */
+#pragma omp parallel if (end - begin >= 4)
+    {
+        float *scratch = (float *)malloc(sizeof(float) * (size_t)num_heads * (max_len + D + 1));
+        if (scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int i = begin; i < end; i++) {
+            if (scratch == NULL) continue;
+            float *scores = scratch, *acc = scratch + num_heads * max_len, *inv = acc + num_heads * D;
+            const int s = seq_ids[i];
+            const float *qi = q + (int64_t)q_rows[i] * row_stride;
+            float *oi = out + (int64_t)q_rows[i] * row_stride;
+            const int32_t *table = block_tables + (int64_t)s * bt_stride;
+            const int64_t L = seq_lens[s];
+            /* The common head sizes as constants: their loops unroll. */
 #define ATTEND(D_) attend_sequence(qi, k_cache, v_cache, table, L, oi, num_kv_heads, G, D_, block_size, scale, \
                                    scores, acc, inv)
-        if (D == 64) ATTEND(64);
-        else if (D == 128) ATTEND(128);
-        else ATTEND(D);
+            if (D == 64) ATTEND(64);
+            else if (D == 128) ATTEND(128);
+            else ATTEND(D);
 #undef ATTEND
+        }
+        free(scratch);
     }
-    free(scratch);
+    if (failed) return -1;
     return 0;
 }

@@ -7,11 +7,6 @@ from torch import nn
 
 from forkless import cpu_kernels
 
-# Below this many multiply-adds a layer runs on one thread: splitting it costs more than
-# it saves.
-_MIN_PARALLEL_MACS = 1 << 22
-
-
 class PackedLinear(nn.Module):
     """``y = x w^T + b`` with ``w`` packed once into the kernel's column panels.
 
@@ -74,13 +69,10 @@ class PackedLinear(nn.Module):
         panels, _, width = self.packed.shape
         y = torch.empty(rows, panels * width, dtype=torch.float32)
         if rows:
-            args = (x2.data_ptr(), x2.stride(0), self.packed.data_ptr(),
-                    None if self.bias is None else self.bias.data_ptr(), y.data_ptr(), y.stride(0),
-                    rows, self.in_features)
-            kernel = self._kernel
-            macs = rows * self.in_features * panels * width
-            threads = torch.get_num_threads() if macs >= _MIN_PARALLEL_MACS else 1
-            cpu_kernels.run_split(lambda p0, p1: kernel(*args, p0, p1), panels, threads)
+            cpu_kernels.check(self._kernel(
+                x2.data_ptr(), x2.stride(0), self.packed.data_ptr(),
+                None if self.bias is None else self.bias.data_ptr(), y.data_ptr(), y.stride(0),
+                rows, self.in_features, 0, panels))
         if y.shape[1] != self.out_features:
             y = y[:, : self.out_features]
         return y.reshape(*lead, self.out_features)

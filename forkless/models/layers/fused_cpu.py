@@ -1,7 +1,6 @@
 """The fused layer ops of :mod:`~forkless.models.layers.fused_triton`, on the CPU kernels.
 
 Same functions, same signatures, float32 only (see ``forkless/cpu_kernels/csrc/layers.c``).
-Large inputs are split by rows over ``torch.get_num_threads()`` threads.
 """
 
 from __future__ import annotations
@@ -10,19 +9,10 @@ import torch
 
 from forkless import cpu_kernels
 
-# Fewer elements than this run on one thread.
-_MIN_PARALLEL_ELEMENTS = 1 << 16
-
-
 def _lib():
     lib = cpu_kernels.load()
     assert lib is not None, "fused_cpu is used only where the CPU kernels loaded"
     return lib
-
-
-def _run(call, rows: int, elements: int) -> None:
-    threads = torch.get_num_threads() if elements >= _MIN_PARALLEL_ELEMENTS else 1
-    cpu_kernels.run_split(call, rows, threads)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -55,7 +45,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             residual.data_ptr() if residual is not None else None,
             residual.stride(0) if residual is not None else 0,
             weight.data_ptr(), out.data_ptr(), res_out.data_ptr() if res_out is not None else None)
-    _run(lambda t0, t1: fn(*args, t0, t1, h, n, eps), t, t * h * n)
+    fn(*args, 0, t, h, n, eps)
     return (out if three_d else out.squeeze(1)), res_out
 
 
@@ -76,7 +66,7 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     fn = _lib().forkless_rotary_f32
     args = (q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
             cos.data_ptr(), sin.data_ptr(), cos.stride(0))
-    _run(lambda t0, t1: fn(*args, t0, t1, hq, hkv, rotary_dim), t, t * (hq + hkv) * rotary_dim)
+    fn(*args, 0, t, hq, hkv, rotary_dim)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -94,5 +84,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((t, d), dtype=torch.float32)
     fn = _lib().forkless_silu_and_mul_f32
     args = (x.data_ptr(), x.stride(0), out.data_ptr())
-    _run(lambda t0, t1: fn(*args, t0, t1, d), t, t * d)
+    fn(*args, 0, t, d)
     return out
