@@ -2,13 +2,13 @@
 and the element-wise layers (RMSNorm, rotary embeddings, SiLU-and-mul).
 
 The sources (``csrc/*.c``) are plain C with AVX2 intrinsics where the compiler targets
-them. They need no Python or torch headers, so they build in about a second with the
+them. They need no Python or torch headers, so they build in a few seconds with the
 system C compiler (``$CC``, else ``cc``) the first time a CPU worker needs them, and are
 called through ctypes, which releases the GIL for the call. Built by gcc they run on
-torch's OpenMP threads (``torch.set_num_threads``); otherwise on the calling thread. The shared library is cached
-in ``$FORKLESS_KERNEL_CACHE_DIR`` (default ``$FORKLESS_CACHE_ROOT/kernels``), keyed by the
-sources, the compiler, its flags and the host CPU (``-march=native`` code must not run on
-another CPU).
+torch's OpenMP threads (``torch.set_num_threads``); otherwise on the calling thread.
+The shared library is cached in ``$FORKLESS_KERNEL_CACHE_DIR`` (default
+``$FORKLESS_CACHE_ROOT/kernels``), keyed by the sources, the compiler, its flags and the
+host CPU (``-march=native`` code must not run on another CPU).
 
 Without a compiler, or with ``FORKLESS_CPU_KERNELS=0``, :func:`load` returns None and
 callers use plain torch ops (logged once).
@@ -129,8 +129,8 @@ def load() -> ctypes.CDLL | None:
     """The compiled kernels, built on first use; None where they are unavailable.
 
     Returns:
-        The library, its functions typed; None when ``FORKLESS_CPU_KERNELS=0``, no C compiler is found, or the
-        build or load fails (each logged once).
+        The library, its functions typed; None when ``FORKLESS_CPU_KERNELS=0``, no C
+        compiler is found, or the build or load fails (each logged once).
     """
     if not envs.FORKLESS_CPU_KERNELS:
         return None

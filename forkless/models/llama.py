@@ -231,8 +231,8 @@ class LlamaForCausalLM(CausalLMBase):
     def use_cpu_kernels(self) -> None:
         """Run every linear layer and the LM head on the packed-weight CPU kernels.
 
-        The model runner calls this for float32 models on the CPU when the kernels are available.
-        A tied head gets its own packed copy: the embedding still needs its rows.
+        The model runner calls this for float32 models on the CPU when the kernels are
+        available. A tied head gets its own packed copy: the embedding still needs its rows.
         """
         pack_linear_layers(self)
         if self.tie_word_embeddings:

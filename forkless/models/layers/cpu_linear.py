@@ -7,6 +7,7 @@ from torch import nn
 
 from forkless import cpu_kernels
 
+
 class PackedLinear(nn.Module):
     """``y = x w^T + b`` with ``w`` packed once into the kernel's column panels.
 
