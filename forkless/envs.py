@@ -41,9 +41,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # (Triton on CUDA, the C kernels of FORKLESS_CPU_KERNELS on the CPU). ``0`` runs the
     # plain PyTorch ops instead (to compare or to debug).
     "FORKLESS_FUSED_KERNELS": lambda: os.environ.get("FORKLESS_FUSED_KERNELS", "1") != "0",
-    # On CPU, the ``cpu`` attention backend decodes with a C kernel that it compiles once
-    # with the system C compiler (``$CC`` or ``cc``) into the cache. ``0`` runs the torch
-    # reference path instead (to compare or to debug).
+    # On CPU (float32), decode attention, the linear layers and the fused layer ops run C
+    # kernels compiled once with the system C compiler (``$CC`` or ``cc``) into
+    # FORKLESS_KERNEL_CACHE_DIR. ``0`` runs plain torch ops instead (to compare or to debug).
     "FORKLESS_CPU_KERNELS": lambda: os.environ.get("FORKLESS_CPU_KERNELS", "1") != "0",
     # Where compiled kernels are cached (content-addressed, so one directory can serve
     # every cache root). Default: ``$FORKLESS_CACHE_ROOT/kernels``.

@@ -33,18 +33,17 @@ logger = init_logger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("paged_decode.c", "linear.c", "layers.c")
-_ABI_VERSION = 4
+_ABI_VERSION = 5
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno")
 
 _ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {
     "forkless_paged_decode_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32, _i32,
-                                  _i32, _i32, ctypes.c_float],
-    "forkless_linear_f32": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32, _i32],
-    "forkless_rms_norm_f32": [_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i32, _i32, _i32, _i32,
-                              ctypes.c_float],
-    "forkless_rotary_f32": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32, _i32, _i32, _i32, _i32],
-    "forkless_silu_and_mul_f32": [_ptr, _i64, _ptr, _i32, _i32, _i32],
+                                  _i32, ctypes.c_float],
+    "forkless_linear_f32": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
+    "forkless_rms_norm_f32": [_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i32, _i32, _i32, ctypes.c_float],
+    "forkless_rotary_f32": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32, _i32, _i32, _i32],
+    "forkless_silu_and_mul_f32": [_ptr, _i64, _ptr, _i32, _i32],
 }
 
 

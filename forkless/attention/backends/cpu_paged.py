@@ -102,4 +102,4 @@ class CpuAttentionBackend(TorchAttentionBackend):
             kp.seq_ids.data_ptr(), kp.q_rows.data_ptr(), out.data_ptr(),
         )
         tail = (self.num_heads, self.num_kv_heads, self.head_dim, kp.block_size, self.scale)
-        cpu_kernels.check(lib.forkless_paged_decode_f32(*args, 0, len(kp.plan.decode_ids), *tail))
+        cpu_kernels.check(lib.forkless_paged_decode_f32(*args, len(kp.plan.decode_ids), *tail))

@@ -30,13 +30,13 @@ static float sum_of_squares(const float *v, int n) {
     return s;
 }
 
-/* Rows t0..t1-1: out[t, h] = x[t, h] * rsqrt(mean(x[t, h]^2) + eps) * weight, where with a
+/* out[t, h] = x[t, h] * rsqrt(mean(x[t, h]^2) + eps) * weight, where with a
  * residual x[t] is first replaced by x[t] + residual[t], which is also written to res_out
  * (H must be 1 then). out and res_out are contiguous; x rows have strides xs_t, xs_h. */
 int forkless_rms_norm_f32(const float *x, int64_t xs_t, int64_t xs_h, const float *residual, int64_t rs_t,
-                          const float *weight, float *out, float *res_out, int t0, int t1, int H, int N, float eps) {
-#pragma omp parallel for schedule(static) if ((int64_t)(t1 - t0) * H * N >= FORKLESS_PARALLEL_MIN_ELEMENTS)
-    for (int t = t0; t < t1; t++) {
+                          const float *weight, float *out, float *res_out, int T, int H, int N, float eps) {
+#pragma omp parallel for schedule(static) if ((int64_t)T * H * N >= FORKLESS_PARALLEL_MIN_ELEMENTS)
+    for (int t = 0; t < T; t++) {
         for (int h = 0; h < H; h++) {
             const float *v = x + t * xs_t + h * xs_h;
             float *o = out + ((int64_t)t * H + h) * N;
@@ -53,16 +53,15 @@ int forkless_rms_norm_f32(const float *x, int64_t xs_t, int64_t xs_h, const floa
     return 0;
 }
 
-/* Rows t0..t1-1 of q [T, Hq, D] and k [T, Hkv, D] (strides qs_t, qs_h / ks_t, ks_h; head
+/* q [T, Hq, D] and k [T, Hkv, D] (strides qs_t, qs_h / ks_t, ks_h; head
  * dimension contiguous): the first rotary_dim channels of each head are rotated by cos/sin
  * [T, >= rotary_dim / 2] (row stride cs_t; only the first half of each row is read, the
  * tables being cat(freqs, freqs)). */
 int forkless_rotary_f32(float *q, int64_t qs_t, int64_t qs_h, float *k, int64_t ks_t, int64_t ks_h,
-                        const float *cos_t, const float *sin_t, int64_t cs_t, int t0, int t1, int Hq, int Hkv,
-                        int rotary_dim) {
+                        const float *cos_t, const float *sin_t, int64_t cs_t, int T, int Hq, int Hkv, int rotary_dim) {
     const int half = rotary_dim / 2;
-#pragma omp parallel for schedule(static) if ((int64_t)(t1 - t0) * (Hq + Hkv) * rotary_dim >= FORKLESS_PARALLEL_MIN_ELEMENTS)
-    for (int t = t0; t < t1; t++) {
+#pragma omp parallel for schedule(static) if ((int64_t)T * (Hq + Hkv) * rotary_dim >= FORKLESS_PARALLEL_MIN_ELEMENTS)
+    for (int t = 0; t < T; t++) {
         const float *c = cos_t + t * cs_t, *s = sin_t + t * cs_t;
         for (int h = 0; h < Hq + Hkv; h++) {
             float *x = h < Hq ? q + t * qs_t + h * qs_h : k + t * ks_t + (h - Hq) * ks_h;
@@ -76,11 +75,11 @@ int forkless_rotary_f32(float *q, int64_t qs_t, int64_t qs_h, float *k, int64_t 
     return 0;
 }
 
-/* Rows t0..t1-1: out[t, i] = silu(x[t, i]) * x[t, d + i] (x rows of stride xs_t, out
+/* out[t, i] = silu(x[t, i]) * x[t, d + i] (x rows of stride xs_t, out
  * contiguous [T, d]). */
-int forkless_silu_and_mul_f32(const float *x, int64_t xs_t, float *out, int t0, int t1, int d) {
-#pragma omp parallel for schedule(static) if ((int64_t)(t1 - t0) * d >= FORKLESS_PARALLEL_MIN_ELEMENTS)
-    for (int t = t0; t < t1; t++) {
+int forkless_silu_and_mul_f32(const float *x, int64_t xs_t, float *out, int T, int d) {
+#pragma omp parallel for schedule(static) if ((int64_t)T * d >= FORKLESS_PARALLEL_MIN_ELEMENTS)
+    for (int t = 0; t < T; t++) {
         const float *g = x + t * xs_t, *u = g + d;
         float *o = out + (int64_t)t * d;
         int i = 0;

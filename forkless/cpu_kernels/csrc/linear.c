@@ -16,7 +16,7 @@
 
 #define NR 24
 
-int forkless_cpu_kernels_abi_version(void) { return 4; }
+int forkless_cpu_kernels_abi_version(void) { return 5; }
 
 int forkless_linear_panel_width(void) { return NR; }
 
@@ -59,16 +59,16 @@ static void tile(const float *x, int64_t ldx, const float *panel, const float *b
 }
 #endif
 
-/* Panels p0..p1-1 of y[M, N_padded] (row stride ldy) from x[M, K] (row stride ldx). bias
- * is NULL or N_padded floats. */
+/* y[M, 24 * panels] (row stride ldy) from x[M, K] (row stride ldx). bias is NULL or
+ * 24 * panels floats. */
 int forkless_linear_f32(const float *x, int64_t ldx, const float *packed, const float *bias, float *y, int64_t ldy,
-                        int M, int K, int p0, int p1) {
+                        int M, int K, int panels) {
     /* 128 rows of x (K floats each) stay in L2 while the panels stream past. */
     enum { M_BLOCK = 128 };
     for (int m0 = 0; m0 < M; m0 += M_BLOCK) {
         const int m1 = M - m0 < M_BLOCK ? M : m0 + M_BLOCK;
-#pragma omp parallel for schedule(static) if ((int64_t)(m1 - m0) * K * (p1 - p0) * NR >= FORKLESS_PARALLEL_MIN_MACS)
-        for (int p = p0; p < p1; p++) {
+#pragma omp parallel for schedule(static) if ((int64_t)(m1 - m0) * K * panels * NR >= FORKLESS_PARALLEL_MIN_MACS)
+        for (int p = 0; p < panels; p++) {
             const float *panel = packed + (int64_t)p * K * NR, *bp = bias ? bias + p * NR : NULL;
             for (int m = m0; m < m1; m += 4) {
                 const float *xm = x + (int64_t)m * ldx;

@@ -59,9 +59,8 @@ ALWAYS_INLINE void prefetch_row(const float *next, int64_t t, int64_t row) {
 /* s[(h * G + g) * L + t] = scale * (q_hg . k_th) for the block's tokens, all heads of a
  * token at once: a token's keys are one contiguous row, read front to back. */
 ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const float *k0, const float *next,
-                                int block_size, int num_kv_heads, int ntok, int G, int D, float scale) {
+                                int num_kv_heads, int ntok, int G, int D, float scale) {
     const int64_t slot_stride = (int64_t)num_kv_heads * D;
-    (void)block_size;
     for (int t = 0; t < ntok; t++) {
         prefetch_row(next, t, slot_stride);
         for (int h = 0; h < num_kv_heads; h++) {
@@ -164,8 +163,7 @@ ALWAYS_INLINE void attend_sequence(const float *q, const float *k_cache, const f
         const int64_t t0 = b * block_size;
         const int ntok = (int)(L - t0 < block_size ? L - t0 : block_size);
         const float *next = b + 1 < num_blocks ? k_cache + table[b + 1] * block_stride : v_cache + table[0] * block_stride;
-        scores_block(scores + t0, L, q, k_cache + table[b] * block_stride, next, block_size, num_kv_heads, ntok, G, D,
-                     scale);
+        scores_block(scores + t0, L, q, k_cache + table[b] * block_stride, next, num_kv_heads, ntok, G, D, scale);
     }
     for (int j = 0; j < num_heads; j++) inv[j] = 1.0f / softmax_numerators(scores + j * L, (int)L);
     for (int i = 0; i < num_heads * D; i++) acc[i] = 0.0f;
@@ -180,7 +178,7 @@ ALWAYS_INLINE void attend_sequence(const float *q, const float *k_cache, const f
         for (int d = 0; d < D; d++) o[j * D + d] = acc[j * D + d] * inv[j];
 }
 
-/* Attend the decoding sequences begin..end-1.
+/* Attend the num_seqs decoding sequences.
  *
  * q, out:        [rows, num_heads, head_dim] contiguous; sequence i reads and writes row
  *                q_rows[i].
@@ -194,15 +192,15 @@ ALWAYS_INLINE void attend_sequence(const float *q, const float *k_cache, const f
  */
 int forkless_paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
                               const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
-                              const int32_t *seq_ids, const int32_t *q_rows, float *out, int begin, int end,
+                              const int32_t *seq_ids, const int32_t *q_rows, float *out, int num_seqs,
                               int num_heads, int num_kv_heads, int head_dim, int block_size, float scale) {
     const int G = num_heads / num_kv_heads, D = head_dim;
     const int64_t row_stride = (int64_t)num_heads * D;
     int64_t max_len = 0;
-    for (int i = begin; i < end; i++) max_len = seq_lens[seq_ids[i]] > max_len ? seq_lens[seq_ids[i]] : max_len;
+    for (int i = 0; i < num_seqs; i++) max_len = seq_lens[seq_ids[i]] > max_len ? seq_lens[seq_ids[i]] : max_len;
     int failed = 0;
     /* Sequences differ in length: hand them out one at a time. */
-#pragma omp parallel if (end - begin >= 4)
+#pragma omp parallel if (num_seqs >= 4)
     {
         float *scratch = (float *)malloc(sizeof(float) * (size_t)num_heads * (max_len + D + 1));
         if (scratch == NULL) {
@@ -210,7 +208,7 @@ int forkless_paged_decode_f32(const float *q, const float *k_cache, const float 
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int i = begin; i < end; i++) {
+        for (int i = 0; i < num_seqs; i++) {
             if (scratch == NULL) continue;
             float *scores = scratch, *acc = scratch + num_heads * max_len, *inv = acc + num_heads * D;
             const int s = seq_ids[i];

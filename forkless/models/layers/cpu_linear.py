@@ -73,7 +73,7 @@ class PackedLinear(nn.Module):
             cpu_kernels.check(self._kernel(
                 x2.data_ptr(), x2.stride(0), self.packed.data_ptr(),
                 None if self.bias is None else self.bias.data_ptr(), y.data_ptr(), y.stride(0),
-                rows, self.in_features, 0, panels))
+                rows, self.in_features, panels))
         if y.shape[1] != self.out_features:
             y = y[:, : self.out_features]
         return y.reshape(*lead, self.out_features)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 
 from forkless import cpu_kernels
+from forkless.models.layers.fused import rms_norm_buffers
+
 
 def _lib():
     lib = cpu_kernels.load()
@@ -28,25 +30,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     Returns:
         ``(normalised, x + residual)``; the second item is None without a residual.
     """
-    three_d = x.dim() == 3
-    x3 = x if three_d else x.unsqueeze(1)
-    if x3.stride(-1) != 1:
-        x3 = x3.contiguous()
+    x3, residual, out, res_out = rms_norm_buffers(x, residual)
     t, h, n = x3.shape
     weight = weight.contiguous()
-    out = torch.empty((t, h, n), dtype=torch.float32)
-    res_out = None
-    if residual is not None:
-        if residual.stride(-1) != 1:
-            residual = residual.contiguous()
-        res_out = torch.empty((t, n), dtype=torch.float32)
-    fn = _lib().forkless_rms_norm_f32
-    args = (x3.data_ptr(), x3.stride(0), x3.stride(1),
-            residual.data_ptr() if residual is not None else None,
-            residual.stride(0) if residual is not None else 0,
-            weight.data_ptr(), out.data_ptr(), res_out.data_ptr() if res_out is not None else None)
-    fn(*args, 0, t, h, n, eps)
-    return (out if three_d else out.squeeze(1)), res_out
+    _lib().forkless_rms_norm_f32(
+        x3.data_ptr(), x3.stride(0), x3.stride(1),
+        residual.data_ptr() if residual is not None else None,
+        residual.stride(0) if residual is not None else 0,
+        weight.data_ptr(), out.data_ptr(), res_out.data_ptr() if res_out is not None else None,
+        t, h, n, eps)
+    return (out if x.dim() == 3 else out.squeeze(1)), res_out
 
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -62,11 +55,9 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     """
     if cos.stride(-1) != 1 or sin.stride(-1) != 1 or sin.stride(0) != cos.stride(0):
         cos, sin = cos.contiguous(), sin.contiguous()
-    t, hq, hkv = q.shape[0], q.shape[1], k.shape[1]
-    fn = _lib().forkless_rotary_f32
-    args = (q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
-            cos.data_ptr(), sin.data_ptr(), cos.stride(0))
-    fn(*args, 0, t, hq, hkv, rotary_dim)
+    _lib().forkless_rotary_f32(
+        q.data_ptr(), q.stride(0), q.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
+        cos.data_ptr(), sin.data_ptr(), cos.stride(0), q.shape[0], q.shape[1], k.shape[1], rotary_dim)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +73,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
     t, d = x.shape[0], x.shape[1] // 2
     out = torch.empty((t, d), dtype=torch.float32)
-    fn = _lib().forkless_silu_and_mul_f32
-    args = (x.data_ptr(), x.stride(0), out.data_ptr())
-    fn(*args, 0, t, d)
+    _lib().forkless_silu_and_mul_f32(x.data_ptr(), x.stride(0), out.data_ptr(), t, d)
     return out

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from forkless.models.layers.fused import rms_norm_buffers
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -52,17 +54,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     Returns:
         ``(normalised, x + residual)``; the second item is None without a residual.
     """
-    three_d = x.dim() == 3
-    x3 = x if three_d else x.unsqueeze(1)
-    if x3.stride(-1) != 1:
-        x3 = x3.contiguous()
+    x3, residual, out, res_out = rms_norm_buffers(x, residual)
     t, h, n = x3.shape
-    out = torch.empty((t, h, n), dtype=x.dtype, device=x.device)
-    res_out = None
-    if residual is not None:
-        if residual.stride(-1) != 1:
-            residual = residual.contiguous()
-        res_out = torch.empty((t, n), dtype=x.dtype, device=x.device)
     _rms_norm_kernel[(t, h)](
         x3, residual if residual is not None else x3, weight, out,
         res_out if res_out is not None else out,
@@ -73,7 +66,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         eps, N=n, BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None,
         num_warps=4 if n <= 1024 else 8,
     )
-    return (out if three_d else out.squeeze(1)), res_out
+    return (out if x.dim() == 3 else out.squeeze(1)), res_out
 
 
 @triton.jit
