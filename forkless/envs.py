@@ -1,15 +1,22 @@
 """Every environment variable forkless reads, in one place.
 
-Values are read lazily, on each attribute access, so that a test (or a parent process that
-spawns a child) can change ``os.environ`` and be seen immediately. This module imports only
-the standard library: every process, the API server included, imports it first.
+Invariants:
+    * No other forkless module reads a ``FORKLESS_*`` variable from ``os.environ``; they
+      read it here (``tests/test_layering.py`` checks it).
+    * Values are read lazily, on each attribute access, so that a test (or a parent process
+      that spawns a child) can change ``os.environ`` and be seen immediately.
+    * Only the standard library is imported: every process, the API server included,
+      imports this module first.
+    * Booleans have one spelling rule (:func:`parse_bool`); a value it does not know is an
+      error naming the variable, never a silent default.
 
 Usage::
 
     from forkless import envs
     root = envs.FORKLESS_CACHE_ROOT
 
-To add a variable, add one entry to :data:`environment_variables`.
+To add a variable, add one entry to :data:`environment_variables` and its type to the
+``TYPE_CHECKING`` block.
 """
 
 import os
@@ -21,6 +28,52 @@ if TYPE_CHECKING:
     FORKLESS_FUSED_KERNELS: bool
     FORKLESS_CPU_KERNELS: bool
     FORKLESS_KERNEL_CACHE_DIR: str
+    FORKLESS_PLUGINS: str | None
+    FORKLESS_PLUGINS_STRICT: bool
+    FORKLESS_PLUGIN_CACHE: bool
+    FORKLESS_ALLOW_DEPRECATED: str
+    FORKLESS_PLATFORM: str
+    FORKLESS_LOGGING_LEVEL: str
+    FORKLESS_CONFIGURE_LOGGING: bool
+    FORKLESS_LOG_STATS_INTERVAL: float
+    FORKLESS_WORKER_THREADS: int
+    FORKLESS_API_KEY: str | None
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def parse_bool(name: str, default: bool) -> bool:
+    """Read a boolean variable: ``1/true/yes/on`` or ``0/false/no/off`` (any case).
+
+    Args:
+        name: The variable.
+        default: The value when it is unset or empty.
+
+    Raises:
+        ValueError: Any other value, naming the variable and the accepted spellings.
+    """
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"{name}={os.environ[name]!r} is not a boolean; expected one of "
+                     f"{', '.join(_TRUE + _FALSE)}")
+
+
+def _number(name: str, default: str, kind: Callable[[str], Any]) -> Any:
+    raw = os.environ.get(name, "").strip() or default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def _path(raw: str) -> str:
+    return os.path.abspath(os.path.expanduser(raw))
 
 
 def _cache_root() -> str:
@@ -28,27 +81,49 @@ def _cache_root() -> str:
     # who moved their caches off a small home partition get forkless's cache moved too.
     explicit = os.environ.get("FORKLESS_CACHE_ROOT")
     if explicit:
-        return os.path.abspath(os.path.expanduser(explicit))
-    xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
-    return os.path.abspath(os.path.join(os.path.expanduser(xdg), "forkless"))
+        return _path(explicit)
+    return _path(os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"),
+                              "forkless"))
 
 
 environment_variables: dict[str, Callable[[], Any]] = {
-    # Root of every file forkless caches (converted GGUF models, ...). Default:
-    # ``$XDG_CACHE_HOME/forkless``, or ``~/.cache/forkless`` when XDG_CACHE_HOME is unset.
+    # Root of every file forkless caches (converted GGUF models, compiled kernels, the
+    # entry-point scan). Default: ``$XDG_CACHE_HOME/forkless``, or ``~/.cache/forkless``.
     "FORKLESS_CACHE_ROOT": _cache_root,
     # Decoder layers run fused kernels for RMSNorm, rotary embeddings and SiLU-and-mul
     # (Triton on CUDA, the C kernels of FORKLESS_CPU_KERNELS on the CPU). ``0`` runs the
     # plain PyTorch ops instead (to compare or to debug).
-    "FORKLESS_FUSED_KERNELS": lambda: os.environ.get("FORKLESS_FUSED_KERNELS", "1") != "0",
+    "FORKLESS_FUSED_KERNELS": lambda: parse_bool("FORKLESS_FUSED_KERNELS", True),
     # On CPU (float32), decode attention, the linear layers and the fused layer ops run C
     # kernels compiled once with the system C compiler (``$CC`` or ``cc``) into
     # FORKLESS_KERNEL_CACHE_DIR. ``0`` runs plain torch ops instead (to compare or to debug).
-    "FORKLESS_CPU_KERNELS": lambda: os.environ.get("FORKLESS_CPU_KERNELS", "1") != "0",
+    "FORKLESS_CPU_KERNELS": lambda: parse_bool("FORKLESS_CPU_KERNELS", True),
     # Where compiled kernels are cached (content-addressed, so one directory can serve
     # every cache root). Default: ``$FORKLESS_CACHE_ROOT/kernels``.
-    "FORKLESS_KERNEL_CACHE_DIR": lambda: os.path.abspath(os.path.expanduser(
-        os.environ.get("FORKLESS_KERNEL_CACHE_DIR") or os.path.join(_cache_root(), "kernels"))),
+    "FORKLESS_KERNEL_CACHE_DIR": lambda: _path(
+        os.environ.get("FORKLESS_KERNEL_CACHE_DIR") or os.path.join(_cache_root(), "kernels")),
+    # Which plugins load: unset = all but endpoint plugins; ``a,b`` = only those; empty =
+    # none; ``+a,+b`` = the default set plus these (how endpoint plugins are opted in).
+    # Raw text; forkless.plugins parses it.
+    "FORKLESS_PLUGINS": lambda: os.environ.get("FORKLESS_PLUGINS"),
+    # A plugin that fails to load aborts startup instead of being skipped with a warning.
+    "FORKLESS_PLUGINS_STRICT": lambda: parse_bool("FORKLESS_PLUGINS_STRICT", False),
+    # Cache the entry-point scan under FORKLESS_CACHE_ROOT (``0`` scans every time).
+    "FORKLESS_PLUGIN_CACHE": lambda: parse_bool("FORKLESS_PLUGIN_CACHE", True),
+    # Comma-separated deprecated names re-enabled while at deprecation stage 2.
+    "FORKLESS_ALLOW_DEPRECATED": lambda: os.environ.get("FORKLESS_ALLOW_DEPRECATED", ""),
+    # Forces a platform by name (``cpu``, ``cuda`` or an out-of-tree plugin's).
+    "FORKLESS_PLATFORM": lambda: os.environ.get("FORKLESS_PLATFORM", "").strip(),
+    # Level of the ``forkless`` logger (DEBUG, INFO, WARNING, ERROR).
+    "FORKLESS_LOGGING_LEVEL": lambda: os.environ.get("FORKLESS_LOGGING_LEVEL", "INFO").strip().upper(),
+    # ``0`` leaves logging entirely to the application that embeds forkless.
+    "FORKLESS_CONFIGURE_LOGGING": lambda: parse_bool("FORKLESS_CONFIGURE_LOGGING", True),
+    # Seconds between the logging stat logger's lines.
+    "FORKLESS_LOG_STATS_INTERVAL": lambda: _number("FORKLESS_LOG_STATS_INTERVAL", "10", float),
+    # torch threads per worker process (several processes share few cores; 0 = torch's default).
+    "FORKLESS_WORKER_THREADS": lambda: _number("FORKLESS_WORKER_THREADS", "1", int),
+    # Default for ``forkless serve --api-key``.
+    "FORKLESS_API_KEY": lambda: os.environ.get("FORKLESS_API_KEY") or None,
 }
 
 

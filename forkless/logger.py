@@ -7,8 +7,9 @@ with the process name in every line so that interleaved output stays readable.
 from __future__ import annotations
 
 import logging
-import os
 import sys
+
+from forkless import envs
 
 _FORMAT = "%(levelname)s %(asctime)s [%(processName)s pid=%(process)d] %(name)s: %(message)s"
 _configured = False
@@ -21,11 +22,11 @@ def configure_logging() -> None:
     leaves logging entirely to the application embedding forkless.
     """
     global _configured
-    if _configured or os.environ.get("FORKLESS_CONFIGURE_LOGGING", "1") == "0":
+    if _configured or not envs.FORKLESS_CONFIGURE_LOGGING:
         return
     _configured = True
     root = logging.getLogger("forkless")
-    level = os.environ.get("FORKLESS_LOGGING_LEVEL", "INFO").upper()
+    level = envs.FORKLESS_LOGGING_LEVEL
     root.setLevel(level if level in logging.getLevelNamesMapping() else "INFO")
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))

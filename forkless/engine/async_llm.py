@@ -9,11 +9,11 @@ with ``EngineDeadError`` and ``dead_event`` is set.
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import TYPE_CHECKING, Any, AsyncGenerator
 
 import msgspec
 
+from forkless import envs
 from forkless.engine import ipc
 from forkless.engine.core_client_mp import EngineCoreClient, EngineDeadError
 from forkless.engine.output_processor import OutputProcessor
@@ -70,7 +70,7 @@ class AsyncLLM:
             self.stat_loggers.append(self._make_logger(cls, f"stat logger plugin {name!r}"))
         for item in stat_loggers or []:
             self.stat_loggers.append(self._make_logger(item, "AsyncLLM(stat_loggers=...)"))
-        self.log_interval = float(os.environ.get("FORKLESS_LOG_STATS_INTERVAL", "10"))
+        self.log_interval = envs.FORKLESS_LOG_STATS_INTERVAL
 
     def _make_logger(self, item: Any, source: str) -> StatLoggerBase:
         if isinstance(item, StatLoggerBase):

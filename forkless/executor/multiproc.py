@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import zmq
 
+from forkless import envs
 from forkless.core.sched.output import ModelRunnerOutput, SchedulerOutput
 from forkless.engine import ipc
 from forkless.executor.abstract import Executor
@@ -53,7 +54,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     from forkless.plugins import load_general_plugins
 
     load_general_plugins()
-    threads = int(os.environ.get("FORKLESS_WORKER_THREADS", "1"))
+    threads = envs.FORKLESS_WORKER_THREADS
     import torch
 
     if threads > 0:

@@ -8,9 +8,9 @@ under ``FORKLESS_PLUGINS_STRICT=1``), never a silent fallback.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
+from forkless import envs
 from forkless.logger import init_logger
 from forkless.plugins import (
     PLATFORM_PLUGINS_GROUP,
@@ -66,7 +66,7 @@ def resolve_current_platform() -> "Platform":
         PlatformError: ``FORKLESS_PLATFORM`` names an unknown or absent platform, or two
             out-of-tree platforms are active.
     """
-    forced = os.environ.get("FORKLESS_PLATFORM", "").strip()
+    forced = envs.FORKLESS_PLATFORM
     if forced:
         return _forced_platform(forced)
     active = _detect_out_of_tree()

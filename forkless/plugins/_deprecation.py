@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, TypeVar
 
+from forkless import envs
 from forkless.logger import init_logger
 
 logger = init_logger("forkless.deprecation")
@@ -76,7 +77,7 @@ class Deprecation:
 
 
 def _reenabled() -> set[str]:
-    raw = os.environ.get("FORKLESS_ALLOW_DEPRECATED", "")
+    raw = envs.FORKLESS_ALLOW_DEPRECATED
     return {n.strip() for n in raw.split(",") if n.strip()}
 
 

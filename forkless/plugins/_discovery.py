@@ -19,6 +19,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from forkless import envs
+
 GROUP_PREFIX = "forkless."
 _CACHE_FORMAT = 1
 
@@ -170,10 +172,7 @@ def _mtime(path: str) -> int:
 
 
 def _cache_dir() -> Path:
-    root = os.environ.get("FORKLESS_CACHE_ROOT") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "forkless"
-    )
-    return Path(root) / "entry_points"
+    return Path(envs.FORKLESS_CACHE_ROOT) / "entry_points"
 
 
 def _cache_key(paths: list[str]) -> str:
@@ -184,7 +183,7 @@ def _cache_key(paths: list[str]) -> str:
 
 
 def cache_enabled() -> bool:
-    return os.environ.get("FORKLESS_PLUGIN_CACHE", "1").lower() not in ("0", "false", "no", "off")
+    return envs.FORKLESS_PLUGIN_CACHE
 
 
 def discover_entry_points(use_cache: bool | None = None) -> list[EntryPointInfo]:

@@ -7,13 +7,13 @@ order, ``Requires-Dist`` compatibility, per-plugin failure isolation (or abort u
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+from forkless import envs
 from forkless.logger import init_logger
 from forkless.plugins._discovery import EntryPointInfo, discover_entry_points
 from forkless.plugins._registry import import_path
@@ -97,14 +97,14 @@ def _reset_for_tests() -> None:
 
 def allowed_plugin_names() -> set[str] | None:
     """``FORKLESS_PLUGINS`` parsed: ``None`` when unset (all but opt-in), else the names."""
-    raw = os.environ.get("FORKLESS_PLUGINS")
+    raw = envs.FORKLESS_PLUGINS
     if raw is None:
         return None
     return {n.strip() for n in raw.split(",") if n.strip()}
 
 
 def strict_mode() -> bool:
-    return os.environ.get("FORKLESS_PLUGINS_STRICT", "0").lower() in ("1", "true", "yes", "on")
+    return envs.FORKLESS_PLUGINS_STRICT
 
 
 def installed_entry_points() -> list[EntryPointInfo]:

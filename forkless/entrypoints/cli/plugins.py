@@ -9,6 +9,7 @@ import subprocess
 import sys
 from typing import Any
 
+from forkless import envs
 from forkless.plugins import (
     ENDPOINT_PLUGINS_GROUP,
     GENERAL_PLUGINS_GROUP,
@@ -178,7 +179,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     entries = installed_entry_points()
-    listed = os.environ.get("FORKLESS_PLUGINS")
+    listed = envs.FORKLESS_PLUGINS
     if listed is None:
         candidates = {e.name for e in entries if not GROUPS.get(e.group, GROUPS[GENERAL_PLUGINS_GROUP]).opt_in}
     else:

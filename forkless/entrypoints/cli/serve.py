@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import signal
 import sys
 from typing import Any, Iterator
 
 import uvicorn
 
+from forkless import envs
 from forkless.logger import init_logger
 
 logger = init_logger("forkless.serve")
@@ -31,7 +31,7 @@ def add_parser(subparsers: Any) -> None:
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     group.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-    group.add_argument("--api-key", default=os.environ.get("FORKLESS_API_KEY"),
+    group.add_argument("--api-key", default=envs.FORKLESS_API_KEY,
                        help="require 'Authorization: Bearer KEY' on /v1 routes (or FORKLESS_API_KEY)")
     group.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
