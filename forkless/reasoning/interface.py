@@ -5,13 +5,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Sequence
 
-from forkless.plugins import stability
+from forkless.plugins import Stability, stability
 
 if TYPE_CHECKING:
     from forkless.entrypoints.openai.protocol import ChatCompletionRequest, DeltaMessage
 
 
-@stability("public")
+@stability(Stability.PUBLIC)
 class ReasoningParser(ABC):
     """Separates a model's reasoning from its answer, whole or streamed.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Sequence
 
-from forkless.plugins import stability
+from forkless.plugins import Stability, stability
 
 if TYPE_CHECKING:
     from forkless.entrypoints.openai.protocol import (
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     )
 
 
-@stability("public")
+@stability(Stability.PUBLIC)
 class ToolParser(ABC):
     """Extracts tool calls from a model's output, whole or streamed.
 
