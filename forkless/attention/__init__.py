@@ -4,7 +4,7 @@ Importing this package does not import torch or any kernel: backends are resolve
 by name in the worker that runs them.
 """
 
-from forkless.attention.backend import AttentionBackend, AttentionMetadata
+from forkless.attention.interface import AttentionBackend, AttentionMetadata
 from forkless.attention.registry import (
     attention_backend_path,
     available_attention_backends,

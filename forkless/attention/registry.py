@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from forkless.attention.backend import AttentionBackend
+from forkless.attention.interface import AttentionBackend
 from forkless.plugins import LazyRegistry, RegistryError
 
 _BUILTIN_BACKENDS = {

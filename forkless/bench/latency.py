@@ -47,7 +47,8 @@ def run_latency(model: str, prompt_len: int = 128, output_len: int = 256, repeat
 
     The first token (prefill) is timed separately with a 1-token run and subtracted.
     """
-    from forkless import LLM, SamplingParams
+    from forkless.entrypoints.llm import LLM
+    from forkless.sampling_params import SamplingParams
 
     llm = LLM(model, max_num_seqs=1, **engine_args)
     try:

@@ -51,7 +51,8 @@ class Result:
 
 def run_forkless(model: str, work: Workload, **engine_args: Any) -> Result:
     """All requests through one ``LLM.generate`` call (after a short warm-up)."""
-    from forkless import LLM, SamplingParams
+    from forkless.entrypoints.llm import LLM
+    from forkless.sampling_params import SamplingParams
 
     engine_args.setdefault("max_model_len", max(len(p) + o for p, o in work) + 16)
     llm = LLM(model, **engine_args)

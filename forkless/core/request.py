@@ -10,18 +10,10 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Any, Hashable, Iterable
+from typing import Hashable, Iterable
 
-
-class FinishReason(str, enum.Enum):
-    """Why a request stopped; the values are the OpenAI ``finish_reason`` strings."""
-
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
-
-    def __str__(self) -> str:
-        return self.value
+from forkless.protocol.step import FinishReason
+from forkless.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):
@@ -68,11 +60,10 @@ class Request:
     Args:
         request_id: Unique id of the request within the engine.
         prompt_token_ids: The tokenized prompt (must not be empty).
-        sampling_params: A ``SamplingParams`` (or any object with ``max_tokens``,
-            ``min_tokens``, ``stop_token_ids`` and ``ignore_eos``); passed through to
-            the model runner untouched.
+        sampling_params: The request's ``SamplingParams``; the scheduler reads its stop
+            fields and passes it through to the model runner untouched.
         eos_token_id: The model's EOS token, or ``None`` when it has none. EOS ids listed
-            in ``sampling_params.eos_token_ids`` (when present) stop generation too.
+            in ``sampling_params.eos_token_ids`` stop generation too.
         arrival_time: When the request arrived (any monotonic clock); defaults to now.
         priority: Scheduling priority under the ``priority`` policy; lower runs first.
         cache_salt: Extra key mixed into the prefix-cache hashes (a LoRA adapter name,
@@ -97,7 +88,7 @@ class Request:
         self,
         request_id: str,
         prompt_token_ids: Iterable[int],
-        sampling_params: Any,
+        sampling_params: SamplingParams,
         eos_token_id: int | None = None,
         arrival_time: float | None = None,
         priority: int = 0,
@@ -128,14 +119,11 @@ class Request:
         self.num_preemptions = 0
 
         # Cached once: the stop checks run for every sampled token.
-        max_tokens = getattr(sampling_params, "max_tokens", None)
-        self.max_tokens: int | None = max_tokens
-        self.min_tokens: int = getattr(sampling_params, "min_tokens", 0) or 0
-        self.ignore_eos: bool = bool(getattr(sampling_params, "ignore_eos", False))
-        self.stop_token_ids: frozenset[int] = frozenset(
-            getattr(sampling_params, "stop_token_ids", None) or ()
-        )
-        eos = set(getattr(sampling_params, "eos_token_ids", None) or ())
+        self.max_tokens: int | None = sampling_params.max_tokens
+        self.min_tokens: int = sampling_params.min_tokens
+        self.ignore_eos: bool = sampling_params.ignore_eos
+        self.stop_token_ids: frozenset[int] = frozenset(sampling_params.stop_token_ids or ())
+        eos = set(sampling_params.eos_token_ids or ())
         if eos_token_id is not None:
             eos.add(eos_token_id)
         self.eos_token_ids: frozenset[int] = frozenset(eos)

@@ -14,13 +14,18 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator
 import msgspec
 
 from forkless import envs
-from forkless.engine import ipc
+from forkless.protocol import ipc
 from forkless.engine.core_client_mp import EngineCoreClient, EngineDeadError
 from forkless.engine.output_processor import OutputProcessor
 from forkless.engine.processor import Processor
 from forkless.logger import init_logger
-from forkless.metrics import LoggingStatLogger, StatLoggerBase, iteration_stats
-from forkless.plugins import STAT_LOGGER_PLUGINS_GROUP, load_plugins_by_group
+from forkless.metrics import (
+    LoggingStatLogger,
+    StatLoggerBase,
+    iteration_stats,
+    load_stat_logger_plugin_factories,
+    make_stat_logger,
+)
 
 if TYPE_CHECKING:
     from forkless.config import EngineArgs, EngineConfig
@@ -66,18 +71,11 @@ class AsyncLLM:
         self.stat_loggers: list[StatLoggerBase] = [self.prometheus]
         if log_stats:
             self.stat_loggers.append(LoggingStatLogger(config))
-        for name, cls in load_plugins_by_group(STAT_LOGGER_PLUGINS_GROUP).items():
-            self.stat_loggers.append(self._make_logger(cls, f"stat logger plugin {name!r}"))
+        for cls in load_stat_logger_plugin_factories():
+            self.stat_loggers.append(make_stat_logger(cls, config, f"stat logger plugin {cls.__qualname__}"))
         for item in stat_loggers or []:
-            self.stat_loggers.append(self._make_logger(item, "AsyncLLM(stat_loggers=...)"))
+            self.stat_loggers.append(make_stat_logger(item, config, "AsyncLLM(stat_loggers=...)"))
         self.log_interval = envs.FORKLESS_LOG_STATS_INTERVAL
-
-    def _make_logger(self, item: Any, source: str) -> StatLoggerBase:
-        if isinstance(item, StatLoggerBase):
-            return item
-        if isinstance(item, type) and issubclass(item, StatLoggerBase):
-            return item(self.config, engine_index=0)
-        raise TypeError(f"{source}: {item!r} is not a forkless.metrics.StatLoggerBase subclass or instance")
 
     @classmethod
     def from_engine_args(cls, engine_args: "EngineArgs", **kwargs: Any) -> "AsyncLLM":
@@ -197,7 +195,7 @@ class AsyncLLM:
 
     # -- background tasks ---------------------------------------------------------------
     async def _handle_outputs(self) -> None:
-        from forkless.engine.protocol import EngineCoreOutputs
+        from forkless.protocol.engine import EngineCoreOutputs
 
         assert self.client is not None
         try:

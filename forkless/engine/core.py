@@ -9,17 +9,18 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Iterable
 
-from forkless.core.request import FinishReason, Request
+from forkless.core.request import Request
+from forkless.protocol.step import FinishReason
 from forkless.core.sched import KVCacheConfig, get_scheduler_cls
-from forkless.engine.protocol import EngineCoreOutputs
+from forkless.protocol.engine import EngineCoreOutputs
 from forkless.executor import get_executor_cls
 from forkless.logger import init_logger
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
     from forkless.core.sched import SchedulerStats
-    from forkless.core.sched.output import SchedulerOutput
-    from forkless.engine.protocol import EngineCoreRequest
+    from forkless.protocol.step import SchedulerOutput
+    from forkless.protocol.engine import EngineCoreRequest
 
 logger = init_logger(__name__)
 
@@ -61,7 +62,7 @@ class EngineCore:
             self.async_scheduling = (
                 config.scheduler_config.async_scheduling
                 and self.executor.supports_async_scheduling
-                and hasattr(self.scheduler, "can_schedule_async")
+                and self.scheduler.supports_async_scheduling
             )
             if config.scheduler_config.async_scheduling and not self.async_scheduling:
                 logger.warning("--async-scheduling is not supported by this executor, worker or "

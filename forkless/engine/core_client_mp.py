@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 import zmq
 import zmq.asyncio
 
-from forkless.engine import ipc
+from forkless.protocol import ipc
 from forkless.engine.core_proc import start_engine_core_process
 from forkless.logger import init_logger
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
-    from forkless.engine.protocol import EngineCoreRequest
+    from forkless.protocol.engine import EngineCoreRequest
 
 logger = init_logger("forkless.engine.client")
 

@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any
 
-from forkless.engine import ipc
+from forkless.protocol import ipc
 from forkless.logger import init_logger
 
 logger = init_logger("forkless.engine.core_proc")
@@ -58,7 +58,7 @@ class EngineCoreProc:
         self.output.send_multipart([kind, ipc.encode(payload)], copy=False)
 
     def _handle(self, kind: bytes, payload: bytes) -> None:
-        from forkless.engine.protocol import EngineCoreRequest
+        from forkless.protocol.engine import EngineCoreRequest
 
         if kind == ipc.ADD:
             req = ipc.decode(payload, EngineCoreRequest)
@@ -73,7 +73,7 @@ class EngineCoreProc:
             self.running = False
 
     def _send_stats(self) -> None:
-        from forkless.engine.protocol import EngineCoreOutputs
+        from forkless.protocol.engine import EngineCoreOutputs
 
         self.last_stats = time.monotonic()
         self._send(ipc.OUTPUTS, EngineCoreOutputs(outputs=[], scheduler_stats=self.core.make_stats(),

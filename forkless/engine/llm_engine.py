@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable
 
-from forkless.core.request import FinishReason
+from forkless.protocol.step import FinishReason
 from forkless.engine.core import EngineCore
 from forkless.engine.output_processor import OutputProcessor
 from forkless.engine.processor import Processor

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
-from forkless.engine.protocol import EngineCoreRequest
+from forkless.protocol.engine import EngineCoreRequest
 from forkless.sampling_params import SamplingParams
 
 if TYPE_CHECKING:

@@ -15,13 +15,12 @@ import signal
 import traceback
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import zmq
 
 from forkless import envs
-from forkless.core.sched.output import ModelRunnerOutput, SchedulerOutput
-from forkless.engine import ipc
-from forkless.executor.abstract import Executor
+from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
+from forkless.protocol import ipc
+from forkless.executor.interface import Executor
 from forkless.logger import init_logger
 
 if TYPE_CHECKING:
@@ -36,16 +35,6 @@ _STARTUP_TIMEOUT_S = 900.0
 
 class WorkerDiedError(RuntimeError):
     """A worker process exited while the engine needed it."""
-
-
-def _decode_scheduler_output(data: bytes) -> SchedulerOutput:
-    from forkless.sampling_params import SamplingParams
-
-    out = ipc.decode(data, SchedulerOutput)
-    for req in out.scheduled_requests:
-        if isinstance(req.sampling_params, dict):
-            req.sampling_params = msgspec.convert(req.sampling_params, SamplingParams)
-    return out
 
 
 def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, parent_pid: int) -> None:
@@ -91,7 +80,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
             if name not in _WORKER_METHODS:
                 raise ValueError(f"unknown worker method {name!r}; expected one of {', '.join(_WORKER_METHODS)}")
             if name == "execute_model":
-                result: Any = worker.execute_model(_decode_scheduler_output(payload))
+                result: Any = worker.execute_model(ipc.decode(payload, SchedulerOutput))
             else:
                 result = getattr(worker, name)(*ipc.decode(payload))
             outbox.send_multipart([b"ok", ipc.encode(result)])

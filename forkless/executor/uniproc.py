@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from forkless.executor.abstract import Executor
+from forkless.executor.interface import Executor
 from forkless.worker.worker import create_worker
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
-    from forkless.core.sched.output import ModelRunnerOutput, SchedulerOutput
+    from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
 
 
 class UniProcExecutor(Executor):
@@ -36,7 +36,7 @@ class UniProcExecutor(Executor):
 
     @property
     def supports_async_scheduling(self) -> bool:
-        return bool(getattr(self.worker, "supports_async_scheduling", False))
+        return self.worker.supports_async_scheduling
 
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> Any:
         return self.worker.execute_model_async(scheduler_output)

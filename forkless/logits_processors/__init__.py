@@ -14,7 +14,7 @@ from forkless.logits_processors.interface import (
     MoveDirectionality,
     RemovedRequest,
 )
-from forkless.logits_processors.loader import (
+from forkless.logits_processors.registry import (
     BUILTIN_LOGITS_PROCESSORS,
     LOGITS_PROCESSORS_GROUP,
     build_logits_processors,

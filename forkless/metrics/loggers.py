@@ -1,49 +1,18 @@
-"""Stat loggers: the interface and the two built-ins (periodic log lines, Prometheus)."""
+"""The built-in stat logger that writes periodic log lines (Prometheus: ``prometheus.py``)."""
 
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 from forkless.logger import init_logger
-from forkless.plugins import Stability, stability
+from forkless.metrics.interface import StatLoggerBase
 
 if TYPE_CHECKING:
-    from forkless.core.sched.output import SchedulerStats
     from forkless.metrics.stats import IterationStats
+    from forkless.protocol.step import SchedulerStats
 
 logger = init_logger("forkless.metrics")
-
-
-@stability(Stability.PROVISIONAL)
-class StatLoggerBase(ABC):
-    """Receives engine statistics in the API server.
-
-    Subclasses are loaded from the ``forkless.stat_logger_plugins`` entry-point group or
-    passed as ``AsyncLLM(stat_loggers=[...])``, and constructed as ``cls(config,
-    engine_index=0)``.
-
-    Args:
-        config: The engine configuration (``forkless.config.EngineConfig``).
-        engine_index: Which engine core the statistics come from.
-    """
-
-    def __init__(self, config: Any, engine_index: int = 0) -> None:
-        self.config = config
-        self.engine_index = engine_index
-
-    @abstractmethod
-    def record(self, scheduler_stats: "SchedulerStats | None",
-               iteration_stats: "IterationStats | None") -> None:
-        """Called for every batch of engine outputs (often: keep it cheap)."""
-
-    @abstractmethod
-    def log_engine_initialized(self) -> None:
-        """Called once, when the engine is ready to serve."""
-
-    def log(self) -> None:  # noqa: B027 - optional hook
-        """Called periodically (every ``FORKLESS_LOG_STATS_INTERVAL`` seconds)."""
 
 
 class LoggingStatLogger(StatLoggerBase):

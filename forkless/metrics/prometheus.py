@@ -6,11 +6,11 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from forkless.metrics.loggers import StatLoggerBase
+from forkless.metrics.interface import StatLoggerBase
 
 if TYPE_CHECKING:
-    from forkless.core.sched.output import SchedulerStats
     from forkless.metrics.stats import IterationStats
+    from forkless.protocol.step import SchedulerStats
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)

@@ -9,10 +9,43 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from forkless.engine.output_processor import RequestTiming
+
+@dataclass
+class RequestTiming:
+    """Lifecycle of one finished completion, for metrics (``time.time()`` seconds).
+
+    Attributes:
+        request_id: The engine-core request id (a child id for ``n > 1``).
+        parent_id: The user-visible request id.
+        arrival_time: When the request arrived.
+        first_token_time: When its first token came back, or ``None``.
+        last_token_time: When its last token came back, or ``None``.
+        num_prompt_tokens: Prompt length.
+        num_generation_tokens: Tokens generated.
+        num_cached_tokens: Prompt tokens served from the prefix cache.
+        finish_reason: ``"stop"``, ``"length"`` or ``"abort"``.
+    """
+
+    request_id: str
+    parent_id: str
+    arrival_time: float
+    first_token_time: float | None
+    last_token_time: float | None
+    num_prompt_tokens: int
+    num_generation_tokens: int
+    num_cached_tokens: int
+    finish_reason: str | None
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token."""
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_latency(self) -> float | None:
+        """Arrival to last token."""
+        return None if self.last_token_time is None else self.last_token_time - self.arrival_time
 
 
 @dataclass
@@ -44,7 +77,7 @@ class IterationStats:
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
 
 
-def iteration_stats(num_new_tokens: int, finished: "list[RequestTiming]") -> IterationStats:
+def iteration_stats(num_new_tokens: int, finished: list[RequestTiming]) -> IterationStats:
     """Build the statistics of one batch of outputs.
 
     Args:

@@ -17,7 +17,7 @@ runner relies on exactly this:
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, ClassVar, Iterable
 
 import torch
 from torch import nn
@@ -42,6 +42,9 @@ class CausalLMBase(nn.Module, abc.ABC):
             attention layer: ``attn_backend(num_heads, num_kv_heads, head_dim, scale,
             layer_idx)``.
     """
+
+    #: Whether :meth:`use_cpu_kernels` moves the model onto forkless's C kernels.
+    supports_cpu_kernels: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -69,6 +72,14 @@ class CausalLMBase(nn.Module, abc.ABC):
             layer, each holding ``num_kv_heads`` heads of ``head_dim`` per token.
         """
         return kv_cache_spec(hf_config)
+
+    def use_cpu_kernels(self) -> None:
+        """Switch the linear layers to the packed-weight CPU kernels (float32 on the CPU).
+
+        The model runner calls it once, after loading weights, when
+        :attr:`supports_cpu_kernels` is true and the kernels are available.
+        """
+        raise NotImplementedError(f"{type(self).__qualname__} declares no CPU-kernel support")
 
     @abc.abstractmethod
     def forward(

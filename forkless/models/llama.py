@@ -228,6 +228,8 @@ class LlamaForCausalLM(CausalLMBase):
     ) -> torch.Tensor:
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
+    supports_cpu_kernels = True
+
     def use_cpu_kernels(self) -> None:
         """Run every linear layer and the LM head on the packed-weight CPU kernels.
 

@@ -19,11 +19,11 @@ _current: Platform | None = None
 
 
 def get_current_platform() -> Platform:
-    """The platform of this process, chosen on first call (see ``_resolve``)."""
+    """The platform of this process, chosen on first call (see :mod:`forkless.platforms.registry`)."""
     global _current
     with _lock:
         if _current is None:
-            from forkless.platforms._resolve import resolve_current_platform
+            from forkless.platforms.registry import resolve_current_platform
 
             _current = resolve_current_platform()
         return _current

@@ -7,10 +7,10 @@ Built-ins: ``deepseek_r1`` and ``qwen3`` (``<think>…</think>``). Select one wi
 from typing import TYPE_CHECKING, Any
 
 from forkless.reasoning.interface import ReasoningParser
-from forkless.reasoning.manager import ReasoningParserManager
+from forkless.reasoning.registry import ReasoningParserManager
 
 if TYPE_CHECKING:
-    from forkless.entrypoints.openai.protocol import DeltaMessage
+    from forkless.protocol.openai import DeltaMessage
 
 __all__ = ["DeltaMessage", "ReasoningParser", "ReasoningParserManager"]
 
@@ -18,7 +18,7 @@ __all__ = ["DeltaMessage", "ReasoningParser", "ReasoningParserManager"]
 def __getattr__(name: str) -> Any:
     # Imported on first access: registering a parser should not load pydantic.
     if name == "DeltaMessage":
-        from forkless.entrypoints.openai.protocol import DeltaMessage
+        from forkless.protocol.openai import DeltaMessage
 
         return DeltaMessage
     raise AttributeError(f"module 'forkless.reasoning' has no attribute {name!r}")

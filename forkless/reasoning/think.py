@@ -11,11 +11,11 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Sequence
 
-from forkless.entrypoints.openai.protocol import DeltaMessage
+from forkless.protocol.openai import DeltaMessage
 from forkless.reasoning.interface import ReasoningParser
 
 if TYPE_CHECKING:
-    from forkless.entrypoints.openai.protocol import ChatCompletionRequest
+    from forkless.protocol.openai import ChatCompletionRequest
 
 
 def held_tag_prefix(text: str, tag: str) -> int:

@@ -9,10 +9,10 @@ on first access so that registering a parser from a general plugin stays cheap.
 from typing import TYPE_CHECKING, Any
 
 from forkless.tool_parsers.interface import ToolParser
-from forkless.tool_parsers.manager import ToolParserManager
+from forkless.tool_parsers.registry import ToolParserManager
 
 if TYPE_CHECKING:
-    from forkless.entrypoints.openai.protocol import (
+    from forkless.protocol.openai import (
         DeltaFunctionCall,
         DeltaMessage,
         DeltaToolCall,
@@ -38,7 +38,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name in _PROTOCOL:
-        from forkless.entrypoints.openai import protocol
+        from forkless.protocol import openai as protocol
 
         return getattr(protocol, name)
     raise AttributeError(f"module 'forkless.tool_parsers' has no attribute {name!r}")

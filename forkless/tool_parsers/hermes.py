@@ -12,7 +12,7 @@ from forkless.tool_parsers.json_scan import scan_object
 from forkless.tool_parsers.scanning import ScanningToolParser, ScanResult, call_from_object, held_tag_prefix
 
 if TYPE_CHECKING:
-    from forkless.entrypoints.openai.protocol import ChatCompletionRequest
+    from forkless.protocol.openai import ChatCompletionRequest
 
 START, END = "<tool_call>", "</tool_call>"
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from forkless.plugins import Stability, stability
 
 if TYPE_CHECKING:
-    from forkless.entrypoints.openai.protocol import (
+    from forkless.protocol.openai import (
         ChatCompletionRequest,
         DeltaMessage,
         ExtractedToolCallInformation,

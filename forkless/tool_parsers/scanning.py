@@ -16,7 +16,7 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-from forkless.entrypoints.openai.protocol import (
+from forkless.protocol.openai import (
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,
@@ -28,7 +28,7 @@ from forkless.tool_parsers.interface import ToolParser
 from forkless.tool_parsers.json_scan import ScannedObject
 
 if TYPE_CHECKING:
-    from forkless.entrypoints.openai.protocol import ChatCompletionRequest
+    from forkless.protocol.openai import ChatCompletionRequest
 
 
 @dataclass

@@ -11,22 +11,22 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 import numpy as np
 import torch
 
 from forkless.attention import AttentionBackend, AttentionMetadata
 from forkless.logger import init_logger
-from forkless.plugins import resolve_class
-from forkless.core.sched.output import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
 from forkless.logits_processors import build_logits_processors
 from forkless.model_loader import load_model, resolve_dtype
+from forkless.models.interface import CausalLMBase
+from forkless.plugins import resolve_class
+from forkless.protocol.step import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
 from forkless.sample import InputBatch, Sampler
 from forkless.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
-    from forkless.core.sched.output import ScheduledRequest, SchedulerOutput
+    from forkless.protocol.step import ScheduledRequest, SchedulerOutput
     from forkless.sample.sampler import SamplerOutput
     from forkless.worker.cuda_graphs import DecodeGraphs
 
@@ -53,13 +53,6 @@ class _RequestState:
     output_token_ids: list[int]
     # Unique per (re)admission: the CUDA-graph block-table cache keys its rows by it.
     admission: int = 0
-
-
-def _as_sampling_params(params: Any) -> SamplingParams:
-    # After a msgpack hop the params arrive as a plain dict.
-    if isinstance(params, SamplingParams):
-        return params
-    return msgspec.convert(params, SamplingParams)
 
 
 class ModelRunner:
@@ -106,7 +99,7 @@ class ModelRunner:
         self.use_cuda_graphs = (
             device.type == "cuda"
             and not config.device_config.enforce_eager
-            and bool(getattr(self.attn_backend, "supports_cuda_graphs", False))
+            and self.attn_backend.supports_cuda_graphs
         )
         self.graphs: DecodeGraphs | None = None
         # The last launched step's sampled ids (device) and each request's row in it.
@@ -115,7 +108,8 @@ class ModelRunner:
 
     def _use_cpu_kernels(self) -> None:
         """Float32 on the CPU: let the model move its linear layers to the packed C kernels."""
-        if self.device.type != "cpu" or self.dtype != torch.float32 or not hasattr(self.model, "use_cpu_kernels"):
+        supported = isinstance(self.model, CausalLMBase) and self.model.supports_cpu_kernels
+        if self.device.type != "cpu" or self.dtype != torch.float32 or not supported:
             return
         from forkless import cpu_kernels
 
@@ -188,7 +182,7 @@ class ModelRunner:
         """Run one step.
 
         Args:
-            scheduler_output: The scheduler's plan (see ``forkless.core.sched.output``).
+            scheduler_output: The scheduler's plan (see ``forkless.protocol.step``).
 
         Returns:
             One sampled token per request scheduled with ``sample``, and their logprobs
@@ -205,7 +199,7 @@ class ModelRunner:
         history, which lags by one step under async scheduling (the built-ins only do so
         for ``min_tokens``, which the scheduler keeps out of async steps).
         """
-        from forkless.logits_processors.loader import BUILTIN_LOGITS_PROCESSORS
+        from forkless.logits_processors.registry import BUILTIN_LOGITS_PROCESSORS
         from forkless.plugins import import_path
 
         builtins = tuple(import_path(path) for path in BUILTIN_LOGITS_PROCESSORS)
@@ -306,9 +300,11 @@ class ModelRunner:
         for s in so.scheduled_requests:
             rid = s.request_id
             if s.is_new:
+                if s.sampling_params is None:
+                    raise RuntimeError(f"request {rid!r} is scheduled as new without its sampling_params")
                 batch.remove_request(rid)
                 self.requests[rid] = _RequestState(
-                    _as_sampling_params(s.sampling_params),
+                    s.sampling_params,
                     list(s.prompt_token_ids or ()),
                     list(s.output_token_ids or ()),
                     next(self._admissions),

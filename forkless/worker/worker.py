@@ -11,7 +11,7 @@ from forkless.worker.kv_budget import kv_budget_bytes, num_blocks_for
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
-    from forkless.core.sched.output import ModelRunnerOutput, SchedulerOutput
+    from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
     from forkless.worker.model_runner import ModelRunner
 
 logger = init_logger(__name__)
@@ -114,7 +114,7 @@ class Worker:
     @property
     def supports_async_scheduling(self) -> bool:
         """Whether :meth:`execute_model_async` / :meth:`collect` may overlap steps."""
-        return bool(getattr(self._runner(), "supports_async_scheduling", False))
+        return self._runner().supports_async_scheduling
 
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> Any:
         """Launch one step (see :meth:`ModelRunner.execute_model_async`)."""

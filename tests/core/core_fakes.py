@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from forkless.core.request import FinishReason, Request
+from forkless.sampling_params import SamplingParams
 from forkless.core.sched import (
     KVCacheConfig,
     ModelRunnerOutput,
@@ -26,14 +27,9 @@ EOS = 2
 VOCAB = 1000
 
 
-@dataclass
-class Params:
-    """The subset of SamplingParams the scheduler reads."""
-
-    max_tokens: int | None = 8
-    min_tokens: int = 0
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
+def Params(max_tokens: int | None = 8, **fields: Any) -> SamplingParams:  # noqa: N802 - reads as a type
+    """Sampling parameters as the scheduler tests use them (``max_tokens`` 8 by default)."""
+    return SamplingParams(max_tokens=max_tokens, **fields)
 
 
 def default_token(request_id: str, index: int) -> int:

@@ -21,10 +21,7 @@ def test_request_tracks_tokens() -> None:
 
 
 def test_eos_ids_from_sampling_params_count_too() -> None:
-    class WithEos(Params):
-        eos_token_ids = [3, 4]
-
-    r = Request("r", [1], WithEos(), eos_token_id=2)
+    r = Request("r", [1], Params(eos_token_ids=[3, 4]), eos_token_id=2)
     assert r.eos_token_ids == frozenset({2, 3, 4})
 
 

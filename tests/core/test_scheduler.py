@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from core_fakes import (
     EOS,
+    Params,
     Result,
     assert_no_leaks,
     default_token,
@@ -321,12 +322,9 @@ def test_max_model_len_caps_generation() -> None:
     assert len(result.token_ids) == 6 and result.finish_reason is FinishReason.LENGTH
 
 
-def test_sampling_params_stand_in_defaults() -> None:
-    class Bare:  # no stop fields at all: generate until max_model_len
-        pass
-
+def test_no_max_tokens_and_no_eos_generates_to_max_model_len() -> None:
     s, runner = make_scheduler(max_model_len=12)
-    s.add_request(Request("bare", [1, 2, 3], Bare(), eos_token_id=None))
+    s.add_request(Request("bare", [1, 2, 3], Params(max_tokens=None), eos_token_id=None))
     assert len(run_all(s, runner)["bare"].token_ids) == 9
 
 

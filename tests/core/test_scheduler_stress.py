@@ -57,18 +57,18 @@ def test_random_workload_keeps_invariants(seed: int) -> None:
             ]
             prompt = prompt[: max_model_len - 1]
             stop = [default_token(rid, rng.randrange(20))] if rng.random() < 0.2 else None
+            max_tokens = rng.choice([None, rng.randint(1, 40)])
+            min_tokens = rng.choice([0, 0, 3])
             request = make_request(
                 rid,
                 prompt,
-                max_tokens=rng.choice([None, rng.randint(1, 40)]),
+                max_tokens=max_tokens,
                 arrival=float(step_no),
                 priority=rng.randint(0, 3),
-                min_tokens=rng.choice([0, 0, 3]),
+                min_tokens=min_tokens if max_tokens is None else min(min_tokens, max_tokens),
                 ignore_eos=rng.random() < 0.2,
                 stop_token_ids=stop,
             )
-            if request.max_tokens is not None:
-                request.min_tokens = min(request.min_tokens, request.max_tokens)
             requests[rid] = request
             s.add_request(request)
         if s.requests and rng.random() < 0.03:

@@ -12,7 +12,7 @@ import pytest
 from forkless.config import EngineArgs, EngineConfig
 from forkless.core.request import FinishReason
 from forkless.core.sched import EngineCoreOutput, SchedulerStats
-from forkless.engine.protocol import EngineCoreOutputs, EngineCoreRequest
+from forkless.protocol.engine import EngineCoreOutputs, EngineCoreRequest
 from forkless.executor import Executor, get_executor_cls
 from forkless.sampling_params import SamplingParams
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from forkless.entrypoints.openai.protocol import ChatCompletionRequest
+from forkless.protocol.openai import ChatCompletionRequest
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",

@@ -66,4 +66,4 @@ def test_executor_path_that_is_not_an_executor_fails_at_startup(tiny_llama: Path
         env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0
     assert "--distributed-executor-backend" in proc.stderr
-    assert "not a subclass of forkless.executor.abstract.Executor" in proc.stderr
+    assert "not a subclass of forkless.executor.interface.Executor" in proc.stderr

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from forkless import cpu_kernels
-from forkless.attention.backend import AttentionMetadata
+from forkless.attention.interface import AttentionMetadata
 from forkless.attention.backends.torch_sdpa import TorchAttentionBackend, _build_plan, _Plan
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from forkless.attention.backend import AttentionBackend, AttentionMetadata
+from forkless.attention.interface import AttentionBackend, AttentionMetadata
 
 
 @dataclass

@@ -14,7 +14,7 @@ import functools
 import torch
 import triton
 
-from forkless.attention.backend import AttentionMetadata
+from forkless.attention.interface import AttentionMetadata
 from forkless.attention.backends.torch_sdpa import TorchAttentionBackend
 from forkless.attention.backends.triton_kernels import (
     LOG2E,

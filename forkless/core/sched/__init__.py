@@ -1,9 +1,9 @@
 """Scheduling: the ``SchedulerInterface`` extension point and its default implementation."""
 
 from forkless.core.sched.config import KVCacheConfig, SchedulerConfig
-from forkless.core.sched.factory import get_scheduler_cls
+from forkless.core.sched.registry import get_scheduler_cls
 from forkless.core.sched.interface import SchedulerInterface
-from forkless.core.sched.output import (
+from forkless.protocol.step import (
     EngineCoreOutput,
     ModelRunnerOutput,
     ScheduledRequest,

@@ -7,15 +7,16 @@ selecting a custom implementation logs a warning once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, ClassVar, Iterable
 
 from forkless.plugins import Stability, stability
 
 if TYPE_CHECKING:
-    from forkless.core.request import FinishReason, Request
+    from forkless.core.request import Request
     from forkless.core.sched.config import KVCacheConfig, SchedulerConfig
-    from forkless.core.sched.output import (
+    from forkless.protocol.step import (
         EngineCoreOutput,
+        FinishReason,
         ModelRunnerOutput,
         SchedulerOutput,
         SchedulerStats,
@@ -39,9 +40,21 @@ class SchedulerInterface(ABC):
         kv_cache_config: The KV cache the scheduler hands out blocks of.
     """
 
+    #: Whether the scheduler can plan a step while the previous one is still running
+    #: (async scheduling): it then accounts for tokens in flight, see
+    #: :meth:`can_schedule_async`. Without it, ``--async-scheduling`` steps synchronously.
+    supports_async_scheduling: ClassVar[bool] = False
+
     @abstractmethod
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_config: KVCacheConfig) -> None:
         raise NotImplementedError
+
+    def can_schedule_async(self) -> bool:
+        """Whether the next step may be planned before the previous one's tokens are back.
+
+        Only asked when :attr:`supports_async_scheduling` is true. Default: no.
+        """
+        return False
 
     @abstractmethod
     def add_request(self, request: Request) -> None:

@@ -23,21 +23,23 @@ import itertools
 from typing import TYPE_CHECKING, Any, Iterable
 
 from forkless.core.kv_cache_manager import KVCacheManager
-from forkless.core.request import FinishReason, RequestStatus
+from forkless.core.request import RequestStatus
 from forkless.core.sched.interface import SchedulerInterface
-from forkless.core.sched.output import (
+from forkless.core.sched.request_queue import create_request_queue
+from forkless.protocol.step import (
     PLACEHOLDER_TOKEN_ID,
     EngineCoreOutput,
+    FinishReason,
     ScheduledRequest,
     SchedulerOutput,
     SchedulerStats,
 )
-from forkless.core.sched.request_queue import create_request_queue
 
 if TYPE_CHECKING:
     from forkless.core.request import Request
     from forkless.core.sched.config import KVCacheConfig, SchedulerConfig
-    from forkless.core.sched.output import ModelRunnerOutput
+    from forkless.protocol.step import ModelRunnerOutput
+    from forkless.sampling_params import SamplingParams
 
 
 class Scheduler(SchedulerInterface):
@@ -118,6 +120,8 @@ class Scheduler(SchedulerInterface):
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
+
+    supports_async_scheduling = True
 
     def can_schedule_async(self) -> bool:
         """Whether the next step may be scheduled before the previous one's tokens
@@ -357,16 +361,15 @@ class Scheduler(SchedulerInterface):
         self._finished_ids.append(request.request_id)
 
 
-def _reads_output_history(params: Any) -> bool:
+def _reads_output_history(params: SamplingParams | None) -> bool:
     """Whether sampling this request reads the tokens it generated so far: penalties,
     a seeded generator (reseeded from the output length) or ``min_tokens``."""
     if params is None:
         return False
-    get = params.get if isinstance(params, dict) else lambda name, default: getattr(params, name, default)
-    return bool(
-        get("seed", None) is not None
-        or (get("min_tokens", 0) or 0) > 0
-        or (get("presence_penalty", 0.0) or 0.0) != 0.0
-        or (get("frequency_penalty", 0.0) or 0.0) != 0.0
-        or (get("repetition_penalty", 1.0) or 1.0) != 1.0
+    return (
+        params.seed is not None
+        or params.min_tokens > 0
+        or params.presence_penalty != 0.0
+        or params.frequency_penalty != 0.0
+        or params.repetition_penalty != 1.0
     )

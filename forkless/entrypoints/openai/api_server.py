@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from forkless.engine.async_llm import EngineDeadError, InvalidRequestError
 from forkless.entrypoints.openai.chat_options import ChatOptions
 from forkless.entrypoints.openai.errors import BadRequest, error_response
-from forkless.entrypoints.openai.protocol import (
+from forkless.protocol.openai import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,

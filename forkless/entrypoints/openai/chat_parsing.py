@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from forkless.entrypoints.openai.protocol import (
+from forkless.protocol.openai import (
     ChatResponseMessage,
     DeltaFunctionCall,
     DeltaMessage,
@@ -17,7 +17,7 @@ from forkless.entrypoints.openai.protocol import (
 )
 
 if TYPE_CHECKING:
-    from forkless.entrypoints.openai.protocol import ChatCompletionRequest
+    from forkless.protocol.openai import ChatCompletionRequest
     from forkless.reasoning import ReasoningParser
     from forkless.tool_parsers import ToolParser
 

@@ -15,7 +15,7 @@ from forkless.engine.processor import NoChatTemplateError
 from forkless.entrypoints.openai.chat_options import ChatOptions
 from forkless.entrypoints.openai.chat_parsing import ChoiceParser, make_choice_parser
 from forkless.entrypoints.openai.errors import BadRequest
-from forkless.entrypoints.openai.protocol import (
+from forkless.protocol.openai import (
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,

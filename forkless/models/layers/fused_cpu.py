@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from forkless import cpu_kernels
-from forkless.models.layers.fused import rms_norm_buffers
+from forkless.models.layers.fused_buffers import rms_norm_buffers
 
 
 def _lib():

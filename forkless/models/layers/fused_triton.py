@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from forkless.models.layers.fused import rms_norm_buffers
+from forkless.models.layers.fused_buffers import rms_norm_buffers
 
 
 @triton.jit

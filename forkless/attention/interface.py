@@ -92,6 +92,9 @@ class AttentionBackend(abc.ABC):
 
     #: The name the backend is registered and selected under.
     name: ClassVar[str] = ""
+    #: Whether a decode step's forward pass may be captured in a CUDA graph (the backend
+    #: then reads everything it needs from the metadata's device tensors).
+    supports_cuda_graphs: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from forkless.plugins._parser_manager import ParserManager
-from forkless.plugins._registry import LazyRegistry
+from forkless.plugins import LazyRegistry, ParserManager
 from forkless.reasoning.interface import ReasoningParser
 
 

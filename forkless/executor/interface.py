@@ -5,19 +5,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
-from forkless.plugins import Stability, resolve_class, stability
+from forkless.plugins import Stability, stability
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
-    from forkless.core.sched.output import ModelRunnerOutput, SchedulerOutput
-
-# Built-ins by path: the multiprocess executor is only imported when chosen.
-_BUILTIN_EXECUTORS = {
-    "uni": "forkless.executor.uniproc:UniProcExecutor",
-    "mp": "forkless.executor.multiproc:MultiprocExecutor",
-}
-_FLAG = "--distributed-executor-backend"
-
+    from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
 
 @stability(Stability.PROVISIONAL)
 class Executor(ABC):
@@ -66,31 +58,3 @@ class Executor(ABC):
 
     def shutdown(self) -> None:
         """Release the workers (idempotent)."""
-
-
-def get_executor_cls(name_or_path: str | type[Any] | None) -> type[Executor]:
-    """The executor class for ``--distributed-executor-backend``.
-
-    Args:
-        name_or_path: ``"uni"`` (the worker in this process), ``"mp"`` (one worker
-            process per device), a class path ``pkg.mod:Class``, or a class.
-
-    Returns:
-        An :class:`Executor` subclass.
-
-    Raises:
-        ValueError: Not a known name nor a well-formed class path.
-        forkless.plugins.PluginImportError: The path does not import.
-        TypeError: The class does not subclass :class:`Executor`.
-    """
-    target: str | type[Any] = name_or_path or "uni"
-    if isinstance(target, str):
-        builtin = _BUILTIN_EXECUTORS.get(target)
-        if builtin is None and ":" not in target and "." not in target:
-            raise ValueError(
-                f"{_FLAG}={target!r} is invalid: expected one of "
-                f"{', '.join(_BUILTIN_EXECUTORS)} or an Executor class path pkg.mod:Class"
-            )
-        target = builtin or target
-    cls: type[Executor] = resolve_class(target, Executor, _FLAG)
-    return cls

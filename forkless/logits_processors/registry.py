@@ -80,7 +80,7 @@ def load_custom_classes(
 
 def _entry_point_classes() -> list[type[LogitsProcessor]]:
     from forkless.plugins import PluginLoadError, load_plugins_by_group
-    from forkless.plugins._loader import strict_mode
+    from forkless.plugins import strict_mode
 
     out: list[type[LogitsProcessor]] = []
     for name, obj in load_plugins_by_group(LOGITS_PROCESSORS_GROUP).items():

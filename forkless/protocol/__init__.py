@@ -1,0 +1,19 @@
+"""Every message that crosses a forkless process boundary, in one leaf package.
+
+Invariants:
+    * Modules here import only the standard library, msgspec, pydantic and
+      ``forkless.sampling_params``; every other forkless package may import them, and they
+      import none of those (``tests/test_layering.py`` checks it).
+    * Nothing here is pickled: msgspec encodes the step and engine messages to msgpack and
+      decodes them back into the same types.
+
+Modules:
+    step: scheduler -> model runner -> scheduler -> engine (``SchedulerOutput``,
+        ``ModelRunnerOutput``, ``EngineCoreOutput``, ``SchedulerStats``).
+    engine: API server <-> engine core (``EngineCoreRequest``, ``EngineCoreOutputs``).
+    ipc: the ZeroMQ frame format and message kinds shared by those two boundaries.
+    openai: the OpenAI-compatible HTTP request and response bodies (client <-> API server).
+
+Submodules are not imported here, so that ``import forkless.protocol.step`` does not pull
+in pydantic.
+"""

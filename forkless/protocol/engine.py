@@ -1,0 +1,48 @@
+"""Messages crossing the API-server <-> engine-core boundary (msgpack via msgspec).
+
+The payload types are the engine core's own plain dataclasses (``EngineCoreOutput``,
+``SchedulerStats``) and ``SamplingParams``, so nothing is converted twice. Encode with
+``msgspec.msgpack.encode`` and decode with ``msgspec.msgpack.decode(data, type=...)``.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from forkless.protocol.step import EngineCoreOutput, SchedulerStats
+from forkless.sampling_params import SamplingParams
+
+
+class EngineCoreRequest(msgspec.Struct, kw_only=True):
+    """One request for the engine core, already tokenized and validated.
+
+    Attributes:
+        request_id: Unique id within the engine (``n > 1`` children have their own).
+        prompt_token_ids: The tokenized prompt.
+        sampling_params: The request's parameters (``n == 1``; EOS ids filled in).
+        eos_token_id: The model's EOS token, or ``None``.
+        arrival_time: ``time.time()`` when the request arrived.
+        priority: Lower runs first under ``--scheduling-policy priority``.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float
+    priority: int = 0
+
+
+class EngineCoreOutputs(msgspec.Struct, kw_only=True):
+    """What one engine-core step produced.
+
+    Attributes:
+        outputs: One entry per request that produced tokens or finished.
+        scheduler_stats: A snapshot for stat loggers (``None`` when not collected).
+        timestamp: ``time.time()`` when the step finished.
+    """
+
+    outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0
+

@@ -1,0 +1,159 @@
+"""One engine step, as plain data: scheduler -> model runner -> scheduler -> engine.
+
+Invariants:
+    * Dataclasses of ints, strings, lists, ``SamplingParams`` and opaque logprobs only, so
+      that msgspec encodes them to msgpack and decodes them back into these exact types
+      (``msgspec.msgpack.decode(data, type=SchedulerOutput)``): no dict -> object step.
+    * This module imports nothing of forkless but ``forkless.sampling_params``: executors,
+      workers, the scheduler and stat loggers all import it, so it sits below all of them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from forkless.sampling_params import SamplingParams
+
+
+class FinishReason(str, enum.Enum):
+    """Why a request stopped; the values are the OpenAI ``finish_reason`` strings."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# Stands in ScheduledRequest.token_ids for a token that the previous step samples and
+# that has not reached the host yet (async scheduling): the runner feeds that step's
+# sampled id, still on the device, in its place.
+PLACEHOLDER_TOKEN_ID = -1
+
+
+@dataclass
+class ScheduledRequest:
+    """One request's work in one step.
+
+    Attributes:
+        request_id: The request.
+        token_ids: The tokens to compute this step, in position order;
+            ``PLACEHOLDER_TOKEN_ID`` for one sampled by the step still in flight.
+        start_position: Position of ``token_ids[0]`` (the request's computed tokens
+            before this step, prefix-cache hits included).
+        block_ids: The request's whole block table (enough blocks for
+            ``start_position + len(token_ids)`` tokens).
+        is_new: First step since (re)admission. The runner (re)registers the request from
+            this entry, replacing any state it still holds under this id.
+        sample: This step reaches the end of the known tokens: the runner must sample
+            one token for the request and return it in ``ModelRunnerOutput``.
+        sampling_params: The request's sampling parameters; only when ``is_new``.
+        prompt_token_ids: The original prompt; only when ``is_new``.
+        output_token_ids: Tokens generated before this admission (non-empty after a
+            preemption; penalties need them); only when ``is_new``.
+    """
+
+    request_id: str
+    token_ids: list[int]
+    start_position: int
+    block_ids: list[int]
+    is_new: bool
+    sample: bool
+    sampling_params: SamplingParams | None = None
+    prompt_token_ids: list[int] | None = None
+    output_token_ids: list[int] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens computed for this request this step."""
+        return len(self.token_ids)
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan, for the model runner.
+
+    Attributes:
+        scheduled_requests: The batch, in order: running requests first, then admissions.
+        num_batched_tokens: Sum of ``len(token_ids)`` over the batch.
+        finished_request_ids: Requests that finished or were aborted since the previous
+            step; the runner drops their state (ids it never saw are ignored).
+        preempted_request_ids: Requests preempted by this step; the runner drops their
+            state too. They come back later with ``is_new`` set.
+    """
+
+    scheduled_requests: list[ScheduledRequest] = field(default_factory=list)
+    num_batched_tokens: int = 0
+    finished_request_ids: list[str] = field(default_factory=list)
+    preempted_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        """No work to run (the bookkeeping lists may still need forwarding)."""
+        return not self.scheduled_requests
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What the model runner produced for one step.
+
+    Attributes:
+        sampled_token_ids: For each request scheduled with ``sample``, the token(s)
+            sampled for it, in order.
+        logprobs: Optional per-request logprobs; opaque to the scheduler, which passes
+            them through to the matching :class:`EngineCoreOutput`.
+    """
+
+    sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, Any] | None = None
+
+
+@dataclass
+class EngineCoreOutput:
+    """News about one request after a step, for the engine / API server.
+
+    Attributes:
+        request_id: The request.
+        new_token_ids: Tokens generated this step (all kept, the stopping one included).
+        finish_reason: Set when the request finished this step, else ``None``.
+        num_cached_tokens: Prompt tokens served from the prefix cache at admission.
+        new_logprobs: The runner's logprobs for this request this step, untouched.
+        stop_reason: The ``stop_token_ids`` entry that finished it, if one did (``None``
+            when EOS did, as in vLLM).
+    """
+
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    num_cached_tokens: int = 0
+    new_logprobs: Any = None
+    stop_reason: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether the request is done."""
+        return self.finish_reason is not None
+
+
+@dataclass
+class SchedulerStats:
+    """A snapshot for stat loggers.
+
+    Attributes:
+        num_running: Requests holding KV blocks.
+        num_waiting: Requests queued (new or preempted).
+        kv_cache_usage: Fraction of KV blocks referenced by requests.
+        prefix_cache_queries: Tokens looked up in the prefix cache so far (cumulative).
+        prefix_cache_hits: Of those, tokens found (cumulative).
+        num_preemptions: Preemptions so far (cumulative).
+    """
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    num_preemptions: int = 0
