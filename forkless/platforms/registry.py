@@ -1,4 +1,4 @@
-"""Choosing the current platform (DESIGN.md §2, platform plugins).
+"""Choosing the current platform (docs/architecture.md §5, platform plugins).
 
 Order: ``FORKLESS_PLATFORM`` forces one by name; otherwise an out-of-tree platform whose
 detector returns a class path wins (two such are an error naming both); otherwise the
