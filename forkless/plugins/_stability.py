@@ -1,4 +1,12 @@
-"""Stability tiers of extension interfaces, and class-path resolution for config values."""
+"""Stability tiers of extension interfaces, and class-path resolution for config values.
+
+Invariants:
+    * An interface's tier is always a :class:`Stability` member: :func:`stability` rejects
+      anything else, so a misspelled tier is an error where it is written, never a silent
+      default.
+    * A class selected by configuration is checked against its interface before use, and
+      a custom implementation of an internal interface is warned about once per class.
+"""
 
 from __future__ import annotations
 
@@ -26,9 +34,19 @@ class Stability(str, enum.Enum):
     INTERNAL = "internal"
 
 
-def stability(tier: Stability | str) -> Callable[[C], C]:
-    """Class decorator that marks an extension interface with its tier."""
-    tier = Stability(tier)
+def stability(tier: Stability) -> Callable[[C], C]:
+    """Class decorator that marks an extension interface with its tier.
+
+    Args:
+        tier: A :class:`Stability` member (``Stability.PUBLIC``...).
+
+    Raises:
+        TypeError: ``tier`` is anything else, a string included; the message names the
+            accepted values.
+    """
+    if not isinstance(tier, Stability):
+        accepted = ", ".join(f"Stability.{member.name}" for member in Stability)
+        raise TypeError(f"stability() takes a Stability member ({accepted}), got {tier!r}")
 
     def mark(cls: C) -> C:
         cls.__forkless_stability__ = tier  # type: ignore[attr-defined]

@@ -136,6 +136,18 @@ def test_resolve_class_checks_and_warns_once_for_internal(plugin_logs) -> None:
         resolve_class("no_such_pkg.mod:C", InternalInterface, "--scheduler-cls")
 
 
+def test_stability_accepts_only_the_enum() -> None:
+    with pytest.raises(TypeError, match=r"stability\(\) takes a Stability member \(Stability.PUBLIC, "
+                       r"Stability.PROVISIONAL, Stability.INTERNAL\), got 'public'"):
+        stability("public")  # type: ignore[arg-type]
+
+    @stability(Stability.PUBLIC)
+    class Marked:
+        pass
+
+    assert Marked.__forkless_stability__ is Stability.PUBLIC
+
+
 def test_model_registry_unknown_architecture_suggests_a_plugin() -> None:
     from forkless import ModelRegistry
     from forkless.models.registry import UnsupportedArchitectureError
