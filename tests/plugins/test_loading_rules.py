@@ -65,6 +65,17 @@ def test_unknown_name_warns_with_available_names(plugin_site: Path, tmp_path: Pa
     assert report["records"]["example_model"]["status"] == "loaded"
 
 
+def test_misspelled_name_gets_a_did_you_mean(plugin_site: Path, tmp_path: Path) -> None:
+    _, log = load(plugin_site, tmp_path, FORKLESS_PLUGINS="example_model,exmaple_hello,zzzzqqq")
+    assert ("FORKLESS_PLUGINS names 'exmaple_hello', but no installed plugin has that name; "
+            "did you mean 'example_hello'? installed plugins: broken_call, broken_detector") in log
+    # nothing close: the list of installed names only
+    assert "FORKLESS_PLUGINS names 'zzzzqqq', but no installed plugin has that name; installed plugins: " in log
+    # a +name is checked too, and the suggestion keeps the +
+    _, log = load(plugin_site, tmp_path, FORKLESS_PLUGINS="+exampel_hello")
+    assert "FORKLESS_PLUGINS names '+exampel_hello', but no installed plugin has that name; did you mean '+example_hello'?" in log
+
+
 def test_failure_isolation_names_plugin_distribution_traceback(plugin_site: Path, tmp_path: Path) -> None:
     report, log = load(plugin_site, tmp_path)
     rec = report["records"]
@@ -84,6 +95,24 @@ def test_strict_mode_aborts(plugin_site: Path, tmp_path: Path) -> None:
     # strict mode with only healthy plugins starts fine
     report, _ = load(plugin_site, tmp_path, FORKLESS_PLUGINS_STRICT="1", FORKLESS_PLUGINS="example_model")
     assert report["records"]["example_model"]["status"] == "loaded"
+
+
+def test_strict_mode_reports_every_failure_and_each_traceback_once(plugin_site: Path, tmp_path: Path) -> None:
+    proc = run_python(LOAD_AND_REPORT, plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS_STRICT="1"))
+    assert proc.returncode != 0
+    err = proc.stderr
+    # one error names every failed general plugin: import, call and version failures
+    error = err[err.index("PluginLoadError: "):]
+    assert error.startswith("PluginLoadError: 3 plugin(s) failed and FORKLESS_PLUGINS_STRICT=1 aborts startup")
+    for name in ("'broken_import'", "'broken_call'", "'incompatible'"):
+        assert name in error
+    assert "Traceback" not in error and "nonreentrant" not in error  # healthy ones still load
+    # each plugin's traceback is printed exactly once (logged), never chained again
+    assert err.count('raise RuntimeError("forkless-example-broken: this plugin fails on purpose")') == 1
+    assert err.count("in _find_and_load_unlocked") == 1  # the frame of broken_import's traceback
+    assert "During handling of the above exception" not in err
+    for name in ("'broken_import'", "'broken_call'", "'incompatible'"):
+        assert err.count(f"plugin {name} from distribution") == 1  # logged once
 
 
 def test_incompatible_requires_dist_is_skipped(plugin_site: Path, tmp_path: Path) -> None:
@@ -130,10 +159,48 @@ def test_endpoint_plugins_are_opt_in(plugin_site: Path, tmp_path: Path) -> None:
     """)
     proc = run_python(code, plugin_env(plugin_site, tmp_path))
     assert json.loads(proc.stdout.splitlines()[-1]) == []
-    assert "endpoint plugin 'example_hello' (distribution forkless-example-endpoint) is installed but not enabled" in proc.stderr
-    assert "FORKLESS_PLUGINS=example_hello" in proc.stderr
-    proc = run_python(code, plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS="example_hello"))
-    assert json.loads(proc.stdout.splitlines()[-1]) == ["example_hello"]
+    assert ("endpoint plugin 'example_hello' (distribution forkless-example-endpoint) is installed "
+            "but not enabled; enable it with FORKLESS_PLUGINS=+example_hello") in proc.stderr
+    for value in ("example_hello", "+example_hello", " + example_hello ", "example_model,+example_hello"):
+        proc = run_python(code, plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS=value))
+        assert json.loads(proc.stdout.splitlines()[-1]) == ["example_hello"], value
+        assert "not enabled" not in proc.stderr
+    # the hint keeps the user's own selection: added to an allow-list, or to the +names
+    proc = run_python(code, plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS="example_model"))
+    assert "enable it with FORKLESS_PLUGINS=example_model,example_hello" in proc.stderr
+    proc = run_python(code, plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS="+example_model"))
+    assert "enable it with FORKLESS_PLUGINS=+example_model,+example_hello" in proc.stderr
+
+
+LOAD_ALL_GROUPS = textwrap.dedent("""
+    import json
+    from forkless.plugins import GROUPS, load_general_plugins, load_plugins_by_group, plugin_records
+    load_general_plugins()
+    for group in GROUPS:
+        load_plugins_by_group(group)
+    print(json.dumps({r.name: r.status for r in plugin_records()}))
+""")
+
+
+def test_plus_names_are_added_to_the_default_set(plugin_site: Path, tmp_path: Path) -> None:
+    proc = run_python(LOAD_ALL_GROUPS, plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS="+example_hello"))
+    assert proc.returncode == 0, proc.stderr
+    status = json.loads(proc.stdout.splitlines()[-1])
+    assert status["example_hello"] == "loaded"  # the opt-in plugin, added
+    for name in ("example_model", "nonreentrant", "example_stat_logger", "example_force_token"):
+        assert status[name] == "loaded", name  # everything that loads by default still does
+    assert status["broken_call"] == "failed" and status["incompatible"] == "incompatible"
+    assert "filtered" not in status.values()
+    assert "no installed plugin has that name" not in proc.stderr
+
+
+def test_plus_name_in_an_allow_list_counts_as_listed(plugin_site: Path, tmp_path: Path) -> None:
+    proc = run_python(LOAD_ALL_GROUPS, plugin_env(plugin_site, tmp_path,
+                                                  FORKLESS_PLUGINS="example_model, +example_hello"))
+    assert proc.returncode == 0, proc.stderr
+    status = json.loads(proc.stdout.splitlines()[-1])
+    assert status["example_model"] == "loaded" and status["example_hello"] == "loaded"
+    assert status["nonreentrant"] == "filtered" and status["example_stat_logger"] == "filtered"
 
 
 PLATFORM = "from forkless.platforms import current_platform; print(current_platform.name)"
