@@ -1,9 +1,18 @@
 """``python -m forkless.plugins._check GROUP NAME``: check one plugin in a fresh process.
 
-The parent (``forkless plugins check``) runs this once per plugin so that nothing it
-imported earlier hides what the plugin imports. The child loads the entry point, calls
-it twice (for callable groups), compares every registry after each call, and prints one
-JSON object on its last stdout line.
+Invariants:
+    * One plugin per process: the parent (``forkless plugins check``) runs this once per
+      plugin, so nothing imported for another plugin hides what this one imports.
+    * What the group's values are (callable or class, which interface) comes from
+      :data:`forkless.plugins.GROUPS`, never from a table of its own.
+    * The laziness report ("imported during registration") is measured right after the
+      first call, before anything else is imported: the class paths the plugin registered
+      are imported (to check they exist and subclass their registry's interface) only
+      after it.
+    * The report is one JSON object on the last stdout line, whatever happens.
+
+The child loads the entry point, calls it twice (for callable groups), compares every
+registry after each call, then imports what the second call registered.
 """
 
 from __future__ import annotations
@@ -14,88 +23,120 @@ import time
 import traceback
 from typing import Any
 
+from forkless.plugins._discovery import EntryPointInfo
+from forkless.plugins._loader import GROUPS, GroupSpec, ValueKind
+
 # Modules whose import during registration defeats lazy loading: a plugin should register
 # paths and let the worker import the heavy code.
 HEAVY_MODULES = ("torch", "transformers", "triton", "tensorflow", "jax", "vllm", "flash_attn")
 
-CALLABLE_GROUPS = {
-    "forkless.general_plugins",
-    "forkless.platform_plugins",
-    "forkless.io_processor_plugins",
-    "forkless.endpoint_plugins",
-}
-CLASS_GROUP_BASES = {
-    "forkless.stat_logger_plugins": "forkless.metrics:StatLoggerBase",
-    "forkless.logits_processors": "forkless.logits_processors:LogitsProcessor",
-}
+
+def _top_level(modules: set[str]) -> set[str]:
+    return {m.split(".")[0] for m in modules}
 
 
-def _top_level(modules: set[str]) -> list[str]:
-    return sorted({m.split(".")[0] for m in modules})
+def new_top_level_modules(before: set[str], after: set[str]) -> list[str]:
+    """The top-level packages first imported between two ``sys.modules`` snapshots.
+
+    A package already imported before (``forkless`` itself, the standard library the
+    checker uses) is left out, even when new submodules of it were imported.
+    """
+    return sorted(_top_level(after - before) - _top_level(before))
+
+
+def _find_entry(group: str, name: str) -> EntryPointInfo | None:
+    from forkless.plugins._loader import installed_entry_points
+
+    return next((e for e in installed_entry_points() if e.group == group and e.name == name), None)
 
 
 def check_plugin(group: str, name: str) -> dict[str, Any]:
     """Run the checks on one installed plugin; see the module docstring."""
-    from forkless.plugins import import_path, installed_entry_points, snapshot_all
-    from forkless.plugins._loader import incompatibility, load_entry_point_value
+    from forkless.plugins._loader import incompatibility
 
-    entry = next((e for e in installed_entry_points() if e.group == group and e.name == name), None)
     result: dict[str, Any] = {"group": group, "name": name, "ok": False, "problems": []}
-    if entry is None:
+    entry = _find_entry(group, name)
+    spec = GROUPS.get(group)
+    if entry is None or spec is None:
         result["problems"].append(f"no installed plugin {name!r} in group {group}")
         return result
     result.update(value=entry.value, dist=entry.dist, version=entry.version)
-    problems: list[str] = result["problems"]
     reason = incompatibility(entry)
     if reason is not None:
-        problems.append(f"incompatible: {reason}; forkless skips it")
+        result["problems"].append(f"incompatible: {reason}; forkless skips it")
         return result
+    loaded = _first_use(entry, spec, result)
+    if loaded is None:
+        return result
+    obj, returned = loaded
+    if spec.detector:
+        result["inactive"] = returned is None
+    registered = _second_use(entry, spec, obj, result)
+    if registered is not None:
+        result["problems"].extend(_check_registered(registered, result))
+    result["ok"] = not result["problems"]
+    return result
+
+
+def _first_use(entry: EntryPointInfo, spec: GroupSpec,
+               result: dict[str, Any]) -> tuple[Any, Any] | None:
+    """Load (and call) the plugin, measuring time and imports; ``None`` when it failed.
+
+    Returns:
+        ``(the loaded object, what calling it returned)``.
+    """
+    from forkless.plugins._loader import load_entry_point_value
+
     before = set(sys.modules)
     start = time.perf_counter()
+    returned = None
     try:
         obj = load_entry_point_value(entry.value)
-        is_callable_group = group in CALLABLE_GROUPS
-        if is_callable_group:
-            obj()
+        if spec.kind is ValueKind.CALLABLE:
+            returned = obj()
     except Exception as exc:
-        result["load_ms"] = (time.perf_counter() - start) * 1e3
-        problems.append(f"loading failed: {type(exc).__name__}: {exc}")
+        result["load_ms"] = round((time.perf_counter() - start) * 1e3, 3)
+        result["problems"].append(f"loading failed: {type(exc).__name__}: {exc}")
         result["traceback"] = traceback.format_exc()
-        return result
+        return None
     result["load_ms"] = round((time.perf_counter() - start) * 1e3, 3)
-    imported = set(sys.modules) - before
-    result["imported_modules"] = _top_level(imported)
+    result["imported_modules"] = new_top_level_modules(before, set(sys.modules))
     heavy = [m for m in result["imported_modules"] if m in HEAVY_MODULES]
     result["heavy_imports"] = heavy
-    if heavy and group == "forkless.general_plugins":
-        problems.append(
+    if heavy and entry.group == "forkless.general_plugins":
+        result["problems"].append(
             f"not lazy: registration imported {', '.join(heavy)}; register class paths "
             "('pkg.mod:Class') so heavy modules load only in the process that uses them"
         )
+    return obj, returned
+
+
+def _second_use(entry: EntryPointInfo, spec: GroupSpec, obj: Any,
+                result: dict[str, Any]) -> list[tuple[str, str]] | None:
+    """Use the plugin again and report what changed.
+
+    Returns:
+        ``(registry kind, name)`` of every registration the second call made, or ``None``
+        when there was no successful second call.
+    """
+    from forkless.plugins._registry import recording_registrations, snapshot_all
+
+    problems: list[str] = result["problems"]
+    registered: list[tuple[str, str]] | None = None
     first = snapshot_all()
-    if is_callable_group:
-        try:
-            obj()
-        except Exception as exc:
-            problems.append(f"not re-entrant: the second call raised {type(exc).__name__}: {exc}")
-            result["traceback"] = traceback.format_exc()
+    if spec.kind is ValueKind.CALLABLE:
+        with recording_registrations() as recorded:
+            try:
+                obj()
+            except Exception as exc:
+                problems.append(f"not re-entrant: the second call raised {type(exc).__name__}: {exc}")
+                result["traceback"] = traceback.format_exc()
+            else:
+                registered = recorded
     else:
-        base_path = CLASS_GROUP_BASES.get(group)
-        again = load_entry_point_value(entry.value)
-        if again is not obj:
-            problems.append("not re-entrant: loading twice gave two different objects")
-        if base_path is not None:
-            base = import_path(base_path)
-            if not (isinstance(obj, type) and issubclass(obj, base)):
-                problems.append(f"{entry.value!r} is not a subclass of {base_path}")
+        problems.extend(_class_value_problems(entry, spec, obj))
     second = snapshot_all()
-    changed = {
-        kind: {n: [first.get(kind, {}).get(n), second[kind].get(n)]
-               for n in set(first.get(kind, {})) | set(second[kind])
-               if first.get(kind, {}).get(n) != second[kind].get(n)}
-        for kind in second
-    }
-    changed = {k: v for k, v in changed.items() if v}
+    changed = _registry_changes(first, second)
     result["registry_changes_on_second_call"] = changed
     if changed:
         what = "; ".join(f"{kind}: {', '.join(sorted(v))}" for kind, v in changed.items())
@@ -104,8 +145,73 @@ def check_plugin(group: str, name: str) -> dict[str, Any]:
             "same path string each time instead of a new object"
         )
     result["registries"] = {k: sorted(v) for k, v in second.items()}
-    result["ok"] = not problems
-    return result
+    return registered
+
+
+def _class_value_problems(entry: EntryPointInfo, spec: GroupSpec, obj: Any) -> list[str]:
+    from forkless.plugins._loader import load_entry_point_value
+    from forkless.plugins._registry import import_path
+
+    problems = []
+    if load_entry_point_value(entry.value) is not obj:
+        problems.append("not re-entrant: loading twice gave two different objects")
+    if spec.interface is not None:
+        base = import_path(spec.interface)
+        if not (isinstance(obj, type) and issubclass(obj, base)):
+            problems.append(f"{entry.value!r} is not a subclass of {spec.interface}")
+    return problems
+
+
+def _registry_changes(first: dict[str, dict[str, str]],
+                      second: dict[str, dict[str, str]]) -> dict[str, dict[str, list[str | None]]]:
+    """``{kind: {name: [before, after]}}`` for every registration that differs."""
+    changed = {
+        kind: {n: [first.get(kind, {}).get(n), second[kind].get(n)]
+               for n in set(first.get(kind, {})) | set(second[kind])
+               if first.get(kind, {}).get(n) != second[kind].get(n)}
+        for kind in second
+    }
+    return {k: v for k, v in changed.items() if v}
+
+
+def _check_registered(registered: list[tuple[str, str]], result: dict[str, Any]) -> list[str]:
+    """Import every class the plugin registered and check it against its registry's base.
+
+    Records ``{kind: {name: target}}`` under ``result["registered"]``.
+
+    Returns:
+        One problem per registration that does not import or has the wrong type.
+    """
+    from forkless.plugins._registry import all_registries, describe_target
+
+    registries = all_registries()
+    problems: list[str] = []
+    report: dict[str, dict[str, str]] = {}
+    for kind, name in sorted(set(registered)):
+        registry = registries.get(kind)
+        if registry is None or name not in registry:
+            continue  # unregistered again by the plugin itself: nothing to import
+        target = registry.get_path(name) or describe_target(registry.resolve(name))
+        report.setdefault(kind, {})[name] = target
+        problem = _resolve_problem(registry, name)
+        if problem is not None:
+            problems.append(f"registered {kind} {name!r} -> {target!r} is broken: {problem}")
+    result["registered"] = report
+    return problems
+
+
+def _resolve_problem(registry: Any, name: str) -> str | None:
+    """Why ``registry.resolve(name)`` does not give a subclass of its base, or ``None``."""
+    try:
+        obj = registry.resolve(name)
+    except Exception as exc:  # PluginImportError, TypeError, or whatever the module raised
+        return f"{type(exc).__name__}: {exc}"
+    base = registry.base
+    # resolve() checks the base only for paths; an object registered directly is
+    # returned as it was given.
+    if base is not None and not (isinstance(obj, type) and issubclass(obj, base)):
+        return f"{obj!r} is not a subclass of {base.__module__}.{base.__qualname__}"
+    return None
 
 
 def main(argv: list[str]) -> int:

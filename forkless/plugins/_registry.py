@@ -18,6 +18,7 @@ import importlib
 import logging
 import threading
 import weakref
+from contextlib import contextmanager
 from typing import Any, Generic, Iterator, TypeVar
 
 logger = logging.getLogger("forkless.plugins")
@@ -27,6 +28,8 @@ T = TypeVar("T")
 _ALL_REGISTRIES: "weakref.WeakValueDictionary[str, LazyRegistry[Any]]" = (
     weakref.WeakValueDictionary()
 )
+# Lists that :func:`recording_registrations` blocks are filling, innermost last.
+_RECORDERS: list[list[tuple[str, str]]] = []
 
 
 class RegistryError(KeyError):
@@ -148,6 +151,8 @@ class LazyRegistry(Generic[T]):
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
         if isinstance(target, str):
             target = canonical_path(target)
+        for recorder in _RECORDERS:
+            recorder.append((self.kind, name))
         with self._lock:
             old = self._targets.get(name)
             if name in self._targets and self._same_target(name, old, target):
@@ -243,6 +248,25 @@ class LazyRegistry(Generic[T]):
 def all_registries() -> dict[str, LazyRegistry[Any]]:
     """Every registry created in this process so far, by kind."""
     return dict(_ALL_REGISTRIES)
+
+
+@contextmanager
+def recording_registrations() -> Iterator[list[tuple[str, str]]]:
+    """Collect ``(kind, name)`` of every registration made while the block runs.
+
+    Every call is recorded, a no-op re-registration included: ``forkless plugins check``
+    uses it on a plugin's second call, when the registries' modules are already imported
+    and only the plugin's own registrations run.
+
+    Yields:
+        The list the registrations are appended to, in call order.
+    """
+    recorded: list[tuple[str, str]] = []
+    _RECORDERS.append(recorded)
+    try:
+        yield recorded
+    finally:
+        _RECORDERS.remove(recorded)
 
 
 def snapshot_all() -> dict[str, dict[str, str]]:

@@ -21,11 +21,38 @@ def test_list_json_shows_every_group_and_status(plugin_site: Path, tmp_path: Pat
     assert rows["example_model"]["load_ms"] > 0
     assert rows["example_hello"]["status"] == "opt-in"
     assert rows["example_cpu"]["group"] == "forkless.platform_plugins"
+    assert rows["example_cpu"]["status"] == "inactive"  # its detector returned None
     assert rows["broken_call"]["status"] == "failed" and "fails on purpose" in rows["broken_call"]["error"]
     assert rows["incompatible"]["status"] == "incompatible"
     proc = run_forkless(["plugins", "list", "--json"], plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS="example_hello"))
     rows = {r["name"]: r for r in json.loads(proc.stdout)}
     assert rows["example_hello"]["status"] == "loaded" and rows["example_model"]["status"] == "filtered"
+    proc = run_forkless(["plugins", "list", "--json"], plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS="+example_hello"))
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert rows["example_hello"]["status"] == "loaded" and rows["example_model"]["status"] == "loaded"
+    proc = run_forkless(["plugins", "list", "--json"], plugin_env(plugin_site, tmp_path, FORKLESS_EXAMPLE_PLATFORM="1"))
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    assert rows["example_cpu"]["status"] == "loaded" and rows["example_cpu_twin"]["status"] == "inactive"
+
+
+def test_list_under_strict_mode_reports_every_failure_and_each_traceback_once(
+        plugin_site: Path, tmp_path: Path) -> None:
+    env = plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS_STRICT="1")
+    proc = run_forkless(["plugins", "list", "--json"], env)
+    assert proc.returncode == 1
+    rows = {r["name"]: r for r in json.loads(proc.stdout)}  # the table still comes out
+    assert rows["example_model"]["status"] == "loaded" and rows["broken_detector"]["status"] == "failed"
+    err = proc.stderr
+    error = err[err.index("forkless plugins list: error: "):]
+    assert error.startswith("forkless plugins list: error: 4 plugin(s) failed and "
+                            "FORKLESS_PLUGINS_STRICT=1 aborts startup")
+    for name in ("broken_call", "broken_detector", "broken_import", "incompatible"):
+        assert f"  - '{name}' (group " in error
+    assert "Traceback" not in error
+    assert err.count('raise RuntimeError("forkless-example-broken: this plugin fails on purpose")') == 1
+    assert err.count('raise RuntimeError("forkless-example-broken: this detector fails on purpose")') == 1
+    assert err.count("in _find_and_load_unlocked") == 1  # broken_import's traceback
+    assert err.count("Traceback (most recent call last)") == 4  # broken_import's is chained: two
 
 
 def test_list_table(plugin_site: Path, tmp_path: Path) -> None:
@@ -43,7 +70,10 @@ def test_check_flags_non_reentrant_and_broken(plugin_site: Path, tmp_path: Path)
     results = {r["name"]: r for r in json.loads(proc.stdout)}
     good = results["example_model"]
     assert good["ok"] and good["problems"] == []
-    assert "forkless_example_model" in good["imported_modules"] and good["heavy_imports"] == []
+    # only top-level packages that registration imported for the first time: not forkless
+    assert good["imported_modules"] == ["forkless_example_model"] and good["heavy_imports"] == []
+    assert good["registered"] == {
+        "model architecture": {"ToyLlamaForCausalLM": "forkless_example_model.model:ToyLlamaForCausalLM"}}
     assert good["registry_changes_on_second_call"] == {}
     assert good["load_ms"] > 0
     bad = results["nonreentrant"]
@@ -52,6 +82,61 @@ def test_check_flags_non_reentrant_and_broken(plugin_site: Path, tmp_path: Path)
     assert any(p.startswith("not re-entrant") for p in bad["problems"])
     assert not results["broken_call"]["ok"] and not results["incompatible"]["ok"]
     assert results["example_cpu"]["ok"] and results["example_hello"]["ok"]
+    assert results["example_cpu"]["inactive"] is True  # FORKLESS_EXAMPLE_PLATFORM is unset
+    assert "inactive" not in results["example_model"]  # only detector groups have the notion
+    assert results["example_tool_parser"]["ok"]  # its registered parser imports and subclasses ToolParser
+
+
+def test_check_reports_an_inactive_detector(plugin_site: Path, tmp_path: Path) -> None:
+    proc = run_forkless(["plugins", "check", "example_cpu"], plugin_env(plugin_site, tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("ok   example_cpu (forkless.platform_plugins, forkless-example-platform) load ")
+    assert lines[1] == ("     inactive: it returned None (its device or feature is absent here), so "
+                        "forkless does not use it on this machine")
+    proc = run_forkless(["plugins", "check", "--json", "example_cpu"],
+                        plugin_env(plugin_site, tmp_path, FORKLESS_EXAMPLE_PLATFORM="1"))
+    (result,) = json.loads(proc.stdout)
+    assert result["ok"] and result["inactive"] is False
+
+
+def fake_plugin(site: Path, module: str, source: str, group: str = "forkless.general_plugins",
+                value: str = "register", **modules: str) -> None:
+    """Install a one-module plugin distribution (and extra modules) into ``site`` by hand."""
+    info = site / f"{module}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module.replace('_', '-')}\nVersion: 1.0\n\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{module} = {module}:{value}\n")
+    (site / f"{module}.py").write_text(source)
+    for name, body in modules.items():
+        (site / f"{name}.py").write_text(body)
+
+
+def test_check_imports_every_registered_class_path(tmp_path: Path) -> None:
+    """A typo in a registered path fails check, not the first model load."""
+    site = tmp_path / "site"
+    fake_plugin(site, "typo_plugin", (
+        "def register():\n"
+        "    from forkless import ModelRegistry\n"
+        "    from forkless.tool_parsers import ToolParserManager\n"
+        "    ModelRegistry.register_model('TypoForCausalLM', 'typo_plugin_model.modle:TypoModel')\n"
+        "    ModelRegistry.register_model('GoodForCausalLM', 'typo_plugin_model:GoodModel')\n"
+        "    ToolParserManager.register_lazy_module('not_a_parser', 'typo_plugin_model:GoodModel')\n"),
+        typo_plugin_model="class GoodModel:\n    pass\n")
+    proc = run_forkless(["plugins", "check", "--json"], plugin_env(site, tmp_path))
+    assert proc.returncode == 1
+    (result,) = json.loads(proc.stdout)
+    problems = [p for p in result["problems"] if p.startswith("registered ")]
+    assert len(problems) == 2, result["problems"]
+    assert problems[0].startswith("registered model architecture 'TypoForCausalLM' -> "
+                                  "'typo_plugin_model.modle:TypoModel' is broken: PluginImportError: ")
+    assert "No module named 'typo_plugin_model.modle'" in problems[0]
+    assert problems[1].startswith("registered tool parser 'not_a_parser' -> 'typo_plugin_model:GoodModel' "
+                                  "is broken: TypeError: ")
+    assert "not a subclass of forkless.tool_parsers" in problems[1]
+    # the registered module was imported after the laziness measurement, not during it
+    assert result["imported_modules"] == ["typo_plugin"]
+    assert set(result["registered"]["model architecture"]) == {"TypoForCausalLM", "GoodForCausalLM"}
 
 
 def test_check_named_plugins_and_exit_status(plugin_site: Path, tmp_path: Path) -> None:
@@ -81,14 +166,65 @@ def test_check_flags_eager_heavy_imports(tmp_path: Path) -> None:
     assert "not lazy: registration imported torch" in result["problems"][0]
 
 
+def test_check_shortens_a_long_list_of_imported_modules(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    extra = {f"many_dep_{i:02d}": "" for i in range(11)}
+    imports = "".join(f"    import {name}\n" for name in extra)
+    fake_plugin(site, "many_plugin", f"def register():\n{imports}", **extra)
+    proc = run_forkless(["plugins", "check", "--json"], plugin_env(site, tmp_path))
+    (result,) = json.loads(proc.stdout)
+    assert result["imported_modules"] == sorted([*extra, "many_plugin"])  # JSON keeps them all
+    proc = run_forkless(["plugins", "check"], plugin_env(site, tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shown = ", ".join(sorted(extra)[:8])
+    assert f"     imported during registration: {shown} … and 4 more\n" in proc.stdout
+
+
 def test_bisect_finds_the_plugin_that_breaks_a_command(plugin_site: Path, tmp_path: Path) -> None:
     # The command fails when a plugin fails to load under strict mode.
     cmd = [sys.executable, "-c", "from forkless.plugins import load_general_plugins; load_general_plugins()"]
     env = plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS_STRICT="1",
-                     FORKLESS_PLUGINS="example_model,nonreentrant,broken_call,incompatible")
+                     FORKLESS_PLUGINS="example_model,nonreentrant,broken_call")
     proc = run_forkless(["plugins", "bisect", "--", *cmd], env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "culprit: broken_call (the command fails when it is loaded, on its own)" in proc.stdout
+    assert "  without broken_call (2 plugin(s)): passes" in proc.stdout
+    assert proc.stdout.endswith("run without it: FORKLESS_PLUGINS=example_model,nonreentrant\n")
     # a command that never fails: nothing to bisect
     proc = run_forkless(["plugins", "bisect", "--", sys.executable, "-c", "pass"], env)
     assert proc.returncode == 1 and "nothing to bisect" in proc.stdout
+
+
+def test_bisect_finds_every_culprit(plugin_site: Path, tmp_path: Path) -> None:
+    """docs/plugins.md §5: strict mode, every example installed, `forkless plugins list`.
+
+    Four plugins fail there (an import, a call, a detector, a version), and the +name
+    syntax adds the opt-in endpoint plugin to the candidates.
+    """
+    cmd = [sys.executable, "-m", "forkless.entrypoints.cli.main", "plugins", "list"]
+    env = plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS_STRICT="1", FORKLESS_PLUGINS="+example_hello")
+    proc = run_forkless(["plugins", "bisect", "--", *cmd], env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout.splitlines()
+    assert out[0] == ("bisecting 12 plugin(s): broken_call, broken_detector, broken_import, example_cpu, "
+                      "example_cpu_twin, example_force_token, example_hello, example_model, "
+                      "example_stat_logger, example_tool_parser, incompatible, nonreentrant")
+    culprits = [ln for ln in out if ln.startswith("culprit: ")]
+    assert culprits == [
+        "culprit: broken_call (the command fails when it is loaded, on its own)",
+        "culprit: broken_detector (the command fails when it is loaded, on its own)",
+        "culprit: broken_import (the command fails when it is loaded, on its own)",
+        "culprit: incompatible (the command fails when it is loaded, on its own)",
+    ]
+    assert "  without broken_call (11 plugin(s)): still fails: more than one culprit, bisecting the rest" in out
+    assert ("  without broken_call, broken_detector, broken_import, incompatible (8 plugin(s)): passes") in out
+    assert out[-2:] == [
+        "culprits: broken_call, broken_detector, broken_import, incompatible (the command passes only "
+        "without all of them)",
+        "run without them: FORKLESS_PLUGINS=example_cpu,example_cpu_twin,example_force_token,example_hello,"
+        "example_model,example_stat_logger,example_tool_parser,nonreentrant",
+    ]
+    # and the suggestion holds
+    proc = run_forkless(["plugins", "list"], plugin_env(
+        plugin_site, tmp_path, FORKLESS_PLUGINS_STRICT="1", FORKLESS_PLUGINS=out[-1].split("=", 1)[1]))
+    assert proc.returncode == 0, proc.stderr

@@ -1,29 +1,43 @@
-"""``forkless plugins list | check | bisect`` (DESIGN.md §5)."""
+"""``forkless plugins list | check | bisect`` (DESIGN.md §5).
+
+Invariants:
+    * Only public names of :mod:`forkless.plugins` are used; what each group's values are
+      comes from :data:`forkless.plugins.GROUPS`.
+    * ``list`` loads exactly what a forkless process would (``FORKLESS_PLUGINS`` and all),
+      calls the callables, and under ``FORKLESS_PLUGINS_STRICT=1`` still prints the table,
+      then one error naming every failed plugin and exits 1; each plugin's traceback is
+      logged once, by the loader.
+    * ``check`` runs each plugin in its own fresh process (``forkless.plugins._check``).
+    * ``bisect`` never changes the environment but ``FORKLESS_PLUGINS``, which it sets
+      to explicit allow-lists.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Callable
 
-from forkless import envs
 from forkless.plugins import (
-    ENDPOINT_PLUGINS_GROUP,
     GENERAL_PLUGINS_GROUP,
     GROUPS,
-    IO_PROCESSOR_PLUGINS_GROUP,
-    PLATFORM_PLUGINS_GROUP,
-    call_plugin,
+    PluginLoadError,
+    PluginRecord,
+    ValueKind,
+    call_plugins_by_group,
     installed_entry_points,
     load_general_plugins,
     load_plugins_by_group,
     plugin_records,
+    plugin_selection,
 )
 
-_CALLED_GROUPS = (PLATFORM_PLUGINS_GROUP, IO_PROCESSOR_PLUGINS_GROUP, ENDPOINT_PLUGINS_GROUP)
+# `plugins check` prints at most this many newly imported modules per plugin.
+_MAX_MODULES_SHOWN = 8
 
 
 def add_parser(subparsers: Any) -> None:
@@ -54,26 +68,45 @@ def add_parser(subparsers: Any) -> None:
 # -- list -------------------------------------------------------------------------------
 
 
-def load_everything() -> None:
-    """Load every allowed plugin of every group, calling those whose value is a callable."""
-    load_general_plugins()
-    for group in GROUPS:
-        if group == GENERAL_PLUGINS_GROUP:
-            continue
-        for name, obj in load_plugins_by_group(group).items():
-            if group in _CALLED_GROUPS and callable(obj):
-                call_plugin(group, name, obj)
+def load_everything() -> list[PluginRecord]:
+    """Load every allowed plugin of every group, calling those whose value is a callable.
+
+    Returns:
+        The plugins that failed, when strict mode made them errors (else empty): every
+        group is still loaded, so that all failures are reported together.
+    """
+    failed: list[PluginRecord] = []
+    for spec in GROUPS.values():
+        try:
+            if spec.name == GENERAL_PLUGINS_GROUP:
+                load_general_plugins()
+            elif spec.kind is ValueKind.CALLABLE:
+                call_plugins_by_group(spec.name)
+            else:
+                load_plugins_by_group(spec.name)
+        except PluginLoadError as exc:
+            failed.extend(exc.records)
+    return failed
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    load_everything()
+    failed = load_everything()
     rows = [r.to_dict() for r in plugin_records()]
     if args.json:
         print(json.dumps(rows, indent=2))
-        return 0
+    else:
+        _print_table(rows)
+    if failed:
+        print(f"forkless plugins list: error: {PluginLoadError.for_records(failed)}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_table(rows: list[dict[str, Any]]) -> None:
     if not rows:
         print("no forkless plugins are installed")
-        return 0
+        return
     headers = ["group", "name", "value", "distribution", "status", "load ms", "error"]
     table = [
         [r["group"], r["name"], r["value"], f"{r['dist']} {r['version']}", r["status"],
@@ -84,7 +117,6 @@ def cmd_list(args: argparse.Namespace) -> int:
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip())
     for row in table:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-    return 0
 
 
 # -- check ------------------------------------------------------------------------------
@@ -121,17 +153,32 @@ def cmd_check(args: argparse.Namespace) -> int:
         print(json.dumps(results, indent=2))
     else:
         for r in results:
-            status = "ok  " if r["ok"] else "FAIL"
-            load = f"{r['load_ms']:.1f} ms" if r.get("load_ms") is not None else "-"
-            print(f"{status} {r['name']} ({r['group']}, {r.get('dist', '?')}) load {load}")
-            mods = r.get("imported_modules")
-            if mods is not None:
-                print(f"     imported during registration: {', '.join(mods) or '(nothing new)'}")
-            for problem in r["problems"]:
-                print(f"     problem: {problem}")
+            _print_check(r)
         if not results:
             print("no forkless plugins are installed")
     return 0 if all(r["ok"] for r in results) else 1
+
+
+def _print_check(r: dict[str, Any]) -> None:
+    status = "ok  " if r["ok"] else "FAIL"
+    load = f"{r['load_ms']:.1f} ms" if r.get("load_ms") is not None else "-"
+    print(f"{status} {r['name']} ({r['group']}, {r.get('dist', '?')}) load {load}")
+    if r.get("inactive"):
+        print("     inactive: it returned None (its device or feature is absent here), so "
+              "forkless does not use it on this machine")
+    mods = r.get("imported_modules")
+    if mods is not None:
+        print(f"     imported during registration: {_shorten(mods)}")
+    for problem in r["problems"]:
+        print(f"     problem: {problem}")
+
+
+def _shorten(names: list[str], limit: int = _MAX_MODULES_SHOWN) -> str:
+    """``a, b, c`` or, past ``limit`` names, the first ones then ``… and N more``."""
+    if not names:
+        return "(nothing new)"
+    shown = ", ".join(names[:limit])
+    return shown if len(names) <= limit else f"{shown} … and {len(names) - limit} more"
 
 
 # -- bisect -----------------------------------------------------------------------------
@@ -147,8 +194,24 @@ def _fails(cmd: list[str], names: list[str], timeout: float) -> bool:
     return proc.returncode != 0
 
 
+def _bisect(cmd: list[str], names: list[str], timeout: float, log: Callable[[str], Any],
+            passing: int) -> int:
+    """Index of the first plugin whose addition makes ``cmd`` fail.
+
+    Requires that ``cmd`` passes with ``names[:passing]`` and fails with ``names``.
+    """
+    lo, hi = passing, len(names)  # invariant: names[:lo] passes, names[:hi] fails
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        failed = _fails(cmd, names[:mid], timeout)
+        log(f"  with {mid} plugin(s) ({', '.join(names[:mid]) or 'none'}): "
+            f"{'fails' if failed else 'passes'}")
+        lo, hi = (lo, mid) if failed else (mid, hi)
+    return hi - 1
+
+
 def bisect_plugins(cmd: list[str], names: list[str], timeout: float,
-                   log: Any = print) -> str | None:
+                   log: Callable[[str], Any] = print) -> str | None:
     """Find the first plugin (in load order) whose addition makes ``cmd`` fail.
 
     Args:
@@ -162,14 +225,53 @@ def bisect_plugins(cmd: list[str], names: list[str], timeout: float,
     """
     if not _fails(cmd, names, timeout):
         return None
-    lo, hi = 0, len(names)  # invariant: names[:lo] passes, names[:hi] fails
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        failed = _fails(cmd, names[:mid], timeout)
-        log(f"  with {mid} plugin(s) ({', '.join(names[:mid]) or 'none'}): "
-            f"{'fails' if failed else 'passes'}")
-        lo, hi = (lo, mid) if failed else (mid, hi)
-    return names[hi - 1]
+    return names[_bisect(cmd, names, timeout, log, 0)]
+
+
+def find_culprits(cmd: list[str], names: list[str], timeout: float,
+                  log: Callable[[str], Any] = print) -> list[str]:
+    """Every plugin that must be left out for ``cmd`` to pass, one bisection at a time.
+
+    After each culprit, ``cmd`` runs without all the culprits found so far; while it still
+    fails, more culprits remain and the bisection goes on over the rest. It starts from
+    the prefix the previous round saw pass, which holds no culprit, so each later round
+    costs only the runs past it.
+
+    Args:
+        cmd: The command; it fails by exiting non-zero (or by running past ``timeout``).
+        names: Candidate plugin names, in load order; ``cmd`` must pass with none of them
+            and fail with all of them.
+        timeout: Seconds per run.
+        log: Called with a line of progress per run and per culprit.
+
+    Returns:
+        The culprits, in the order found (load order).
+    """
+    culprits: list[str] = []
+    remaining = list(names)
+    passing = 0
+    while remaining:
+        index = _bisect(cmd, remaining, timeout, log, passing)
+        culprit = remaining.pop(index)
+        culprits.append(culprit)
+        passing = index  # remaining[:index] passed, and the culprit was not in it
+        alone = _fails(cmd, [culprit], timeout)
+        how = "on its own" if alone else "together with the plugins loaded before it"
+        log(f"culprit: {culprit} (the command fails when it is loaded, {how})")
+        still_fails = bool(remaining) and _fails(cmd, remaining, timeout)
+        log(f"  without {', '.join(culprits)} ({len(remaining)} plugin(s)): "
+            f"{'still fails: more than one culprit, bisecting the rest' if still_fails else 'passes'}")
+        if not still_fails:
+            break
+    return culprits
+
+
+def _candidates() -> list[str]:
+    """The plugins a forkless process would load under the current ``FORKLESS_PLUGINS``."""
+    selection = plugin_selection()
+    general = GROUPS[GENERAL_PLUGINS_GROUP]
+    return sorted({e.name for e in installed_entry_points()
+                   if selection.allows(e.name, GROUPS.get(e.group, general).opt_in)})
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
@@ -178,30 +280,23 @@ def cmd_bisect(args: argparse.Namespace) -> int:
         print("error: give the command after --: forkless plugins bisect -- CMD ...",
               file=sys.stderr)
         return 2
-    entries = installed_entry_points()
-    listed = envs.FORKLESS_PLUGINS
-    if listed is None:
-        candidates = {e.name for e in entries if not GROUPS.get(e.group, GROUPS[GENERAL_PLUGINS_GROUP]).opt_in}
-    else:
-        wanted = {n.strip() for n in listed.split(",") if n.strip()}
-        candidates = {e.name for e in entries if e.name in wanted}
-    names = sorted(candidates)
-    import shutil
-
     if shutil.which(cmd[0]) is None:
         print(f"error: command not found: {cmd[0]!r}", file=sys.stderr)
         return 2
+    names = _candidates()
     print(f"bisecting {len(names)} plugin(s): {', '.join(names) or '(none)'}")
     if _fails(cmd, [], args.timeout):
         print("the command fails with no plugin loaded (FORKLESS_PLUGINS=''): "
               "the failure is not caused by a plugin")
         return 1
-    culprit = bisect_plugins(cmd, names, args.timeout)
-    if culprit is None:
+    if not _fails(cmd, names, args.timeout):
         print("the command succeeds with all of these plugins loaded: nothing to bisect")
         return 1
-    alone = _fails(cmd, [culprit], args.timeout)
-    how = "on its own" if alone else "together with the plugins loaded before it"
-    print(f"culprit: {culprit} (the command fails when it is loaded, {how})")
-    print(f"run without it: FORKLESS_PLUGINS={','.join(n for n in names if n != culprit)}")
+    culprits = find_culprits(cmd, names, args.timeout)
+    keep = ",".join(n for n in names if n not in culprits)
+    if len(culprits) == 1:
+        print(f"run without it: FORKLESS_PLUGINS={keep}")
+    else:
+        print(f"culprits: {', '.join(culprits)} (the command passes only without all of them)")
+        print(f"run without them: FORKLESS_PLUGINS={keep}")
     return 0
