@@ -1,4 +1,5 @@
-"""Bad requests get HTTP 400 with an OpenAI-style body, and the server keeps serving."""
+"""Bad requests get HTTP 400 (an unknown model 404) with an OpenAI-style body, and the
+server keeps serving."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ def assert_openai_error(resp: httpx.Response, status: int = 400, fragment: str =
         ("/v1/completions", {"model": "tiny", "prompt": "hi", "top_p": 1.5}, "top_p", None),
         ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 0}, "max_tokens", None),
         ("/v1/completions", {"model": "tiny", "prompt": "hi", "n": 0}, "n", None),
-        ("/v1/completions", {"model": "nope", "prompt": "hi"}, "`nope` does not exist", "model"),
         ("/v1/completions", {"model": "tiny", "prompt": "word " * 400}, "maximum context length is 256", "prompt"),
         ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 1000}, "maximum context length", "max_tokens"),
         ("/v1/completions", {"model": "tiny", "prompt": ""}, "empty", "prompt"),
@@ -44,6 +44,28 @@ def test_bad_requests_are_400(server: Server, path: str, body: dict, fragment: s
     err = assert_openai_error(httpx.post(server.url + path, json=body, timeout=30), 400, fragment)
     if param is not None:
         assert err["param"] == param
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_unknown_model_is_404_model_not_found(server: Server, path: str, stream: bool) -> None:
+    body = {"model": "nope", "stream": stream, "max_tokens": 2}
+    body.update({"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]})
+    err = assert_openai_error(httpx.post(server.url + path, json=body, timeout=30), 404, "`nope` does not exist")
+    assert err == {"message": err["message"], "type": "NotFoundError", "param": "model", "code": "model_not_found"}
+    assert "tiny" in err["message"]  # names what the server does serve
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_client_sees_not_found_error_for_unknown_model(server: Server, stream: bool) -> None:
+    client = server.client()
+    with pytest.raises(openai.NotFoundError, match="`nope` does not exist") as info:
+        client.completions.create(model="nope", prompt="hi", max_tokens=2, stream=stream)
+    assert info.value.status_code == 404
+    assert info.value.code == "model_not_found" and info.value.param == "model"
+    with pytest.raises(openai.NotFoundError, match="`nope` does not exist"):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2, stream=stream)
 
 
 def test_malformed_json_is_400_and_server_keeps_serving(server: Server) -> None:

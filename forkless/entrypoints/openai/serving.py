@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from forkless.engine.processor import NoChatTemplateError
@@ -118,10 +119,16 @@ class OpenAIServing:
         return self.engine.tokenizer
 
     def check_model(self, model: str | None) -> None:
+        """Refuse a request naming a model this server does not serve.
+
+        Raises:
+            BadRequest: HTTP 404 with type ``NotFoundError`` and code ``model_not_found``,
+                as vLLM and OpenAI answer, so OpenAI clients raise ``NotFoundError``.
+        """
         if model is not None and model not in self.served_model_names:
             raise BadRequest(f"The model `{model}` does not exist; this server serves "
                              f"{', '.join(self.served_model_names)}", "model",
-                             err_type="NotFoundError", status=400, code="model_not_found")
+                             err_type="NotFoundError", status=HTTPStatus.NOT_FOUND, code="model_not_found")
 
     def _default_max_tokens(self, prompt_len: int) -> int:
         return max(1, self.max_model_len - prompt_len)
