@@ -63,6 +63,20 @@ def test_list_table(plugin_site: Path, tmp_path: Path) -> None:
     assert any("example_model" in ln and "loaded" in ln for ln in lines)
 
 
+def test_serve_under_strict_mode_prints_each_traceback_once(plugin_site: Path, tmp_path: Path) -> None:
+    """serve loads the general plugins before anything else: it stops there, naming all."""
+    proc = run_forkless(["serve", str(tmp_path / "no-model")],
+                        plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS_STRICT="1"))
+    assert proc.returncode != 0
+    err = proc.stderr
+    assert "PluginLoadError: 3 plugin(s) failed and FORKLESS_PLUGINS_STRICT=1 aborts startup" in err
+    for name in ("broken_call", "broken_import", "incompatible"):
+        assert f"  - '{name}' (group forkless.general_plugins" in err
+    assert err.count('raise RuntimeError("forkless-example-broken: this plugin fails on purpose")') == 1
+    assert err.count("in _find_and_load_unlocked") == 1
+    assert "During handling of the above exception" not in err
+
+
 def test_check_flags_non_reentrant_and_broken(plugin_site: Path, tmp_path: Path) -> None:
     env = plugin_env(plugin_site, tmp_path)
     proc = run_forkless(["plugins", "check", "--json"], env)
