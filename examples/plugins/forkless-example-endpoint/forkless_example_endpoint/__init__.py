@@ -1,7 +1,7 @@
 """An endpoint plugin: a factory returning an object with ``attach_router(app)``.
 
-Endpoint plugins are opt-in: forkless loads this one only when FORKLESS_PLUGINS lists
-``example_hello``.
+Endpoint plugins are opt-in: forkless loads this one only when FORKLESS_PLUGINS names it.
+``FORKLESS_PLUGINS=+example_hello`` loads every plugin that loads by default, plus this one.
 """
 
 
