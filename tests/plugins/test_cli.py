@@ -69,7 +69,8 @@ def test_serve_under_strict_mode_prints_each_traceback_once(plugin_site: Path, t
                         plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS_STRICT="1"))
     assert proc.returncode != 0
     err = proc.stderr
-    assert "PluginLoadError: 3 plugin(s) failed and FORKLESS_PLUGINS_STRICT=1 aborts startup" in err
+    # raised, or caught and printed by serve: either way one message, naming all three
+    assert err.count("3 plugin(s) failed and FORKLESS_PLUGINS_STRICT=1 aborts startup") == 1
     for name in ("broken_call", "broken_import", "incompatible"):
         assert f"  - '{name}' (group forkless.general_plugins" in err
     assert err.count('raise RuntimeError("forkless-example-broken: this plugin fails on purpose")') == 1
