@@ -15,6 +15,7 @@ from forkless.logger import init_logger
 from forkless.plugins import (
     PLATFORM_PLUGINS_GROUP,
     call_plugin,
+    call_plugins_by_group,
     import_path,
     load_plugins_by_group,
 )
@@ -36,17 +37,10 @@ class PlatformError(RuntimeError):
 
 def _detect_out_of_tree() -> dict[str, str]:
     """``{plugin name: platform class path}`` of the platform plugins that activate."""
-    active: dict[str, str] = {}
-    for name, detector in load_plugins_by_group(PLATFORM_PLUGINS_GROUP).items():
-        ok, path = call_plugin(PLATFORM_PLUGINS_GROUP, name, detector)
-        if not ok:
-            # call_plugin logged the traceback (or raised in strict mode).
-            logger.warning("platform plugin %r could not tell whether its device is "
-                           "present; it is not used", name)
-            continue
-        if path is not None:
-            active[name] = path
-    return active
+    # A detector that raised is logged with its traceback by the loader and left out (in
+    # strict mode: every failing detector is named in one error).
+    results = call_plugins_by_group(PLATFORM_PLUGINS_GROUP)
+    return {name: path for name, path in results.items() if path is not None}
 
 
 def _instantiate(path: str, source: str) -> "Platform":
