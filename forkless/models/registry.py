@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from forkless.plugins import LazyRegistry
+from forkless.plugins import LazyRegistry, PluginImportError
 
 _BUILTIN_MODELS = {
     "LlamaForCausalLM": "forkless.models.llama:LlamaForCausalLM",
@@ -68,17 +68,26 @@ class _ModelRegistry:
             ``(model_class, architecture_name)``.
 
         Raises:
-            UnsupportedArchitectureError: None is registered; the message lists the
-                supported architectures and how to add one with a plugin.
+            UnsupportedArchitectureError: None is registered (the message, worded as
+                vLLM's, lists the supported architectures and says how to add one with a
+                plugin), or a registered class fails to import (the message names its
+                path and the import error).
         """
         if isinstance(architectures, str):
             architectures = [architectures]
-        for arch in architectures or []:
+        archs = list(architectures or [])
+        for arch in archs:
             if arch in self._registry:
-                return self._registry.resolve(arch), arch
+                try:
+                    return self._registry.resolve(arch), arch
+                except (PluginImportError, TypeError) as exc:
+                    raise UnsupportedArchitectureError(
+                        f"Model architectures {archs} failed to be inspected: {arch!r} is "
+                        f"registered as {self._registry.get_path(arch)!r}, which fails: {exc}"
+                    ) from exc
         raise UnsupportedArchitectureError(
-            f"model architecture(s) {list(architectures or [])} not supported; supported: "
-            f"{', '.join(self.get_supported_archs())}. To add one, register it from a "
+            f"Model architectures {archs} are not supported for now. Supported "
+            f"architectures: {self.get_supported_archs()}. To add one, register it from a "
             "plugin: ModelRegistry.register_model('MyArch', 'my_pkg.model:MyModel') in a "
             "forkless.general_plugins entry point (see docs/plugins.md)."
         )

@@ -46,5 +46,6 @@ def test_filtered_out_architecture_is_unknown_everywhere(plugin_site: Path, tmp_
     for role in ("api-server", "engine-core", "worker"):
         assert "ToyLlamaForCausalLM" not in reports[role]["registries"]["model architecture"]
     error = reports["worker"]["error"]
-    assert error.startswith("UnsupportedArchitectureError: model architecture(s) ['ToyLlamaForCausalLM'] not supported")
+    assert error.startswith("UnsupportedArchitectureError: Model architectures ['ToyLlamaForCausalLM'] are not "
+                            "supported for now")
     assert "LlamaForCausalLM" in error and "NonReentrantForCausalLM" in error  # lists what is available

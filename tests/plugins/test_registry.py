@@ -158,5 +158,19 @@ def test_model_registry_unknown_architecture_suggests_a_plugin() -> None:
          "ModelRegistry.get_supported_archs(); print(ModelRegistry.is_imported('Qwen3ForCausalLM'), "
          "'torch' in sys.modules)"], capture_output=True, text=True, check=True)
     assert fresh.stdout.split() == ["False", "False"]  # registered by path only
-    with pytest.raises(UnsupportedArchitectureError, match=r"\['GPT5ForCausalLM'\] not supported; supported: .*LlamaForCausalLM.*register_model"):
+    with pytest.raises(UnsupportedArchitectureError, match=r"Model architectures \['GPT5ForCausalLM'\] are not "
+                       r"supported for now. Supported architectures: \[.*'LlamaForCausalLM'.*register_model"):
         ModelRegistry.resolve_model_cls(["GPT5ForCausalLM"])
+
+
+def test_model_registry_names_a_registered_class_that_fails_to_import() -> None:
+    from forkless import ModelRegistry
+    from forkless.models.registry import UnsupportedArchitectureError
+
+    ModelRegistry.register_model("TypoForCausalLM", "no_such_pkg.model:TypoForCausalLM")
+    try:
+        with pytest.raises(UnsupportedArchitectureError, match=r"\['TypoForCausalLM'\] failed to be inspected: "
+                           r"'TypoForCausalLM' is registered as 'no_such_pkg.model:TypoForCausalLM'.*No module"):
+            ModelRegistry.resolve_model_cls(["TypoForCausalLM"])
+    finally:
+        ModelRegistry._registry.unregister("TypoForCausalLM")
