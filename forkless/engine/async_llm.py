@@ -50,12 +50,20 @@ class AsyncLLM:
             ``cls(config, engine_index=0)``) or instances.
         log_stats: Whether to log throughput periodically (the Prometheus logger behind
             ``render_metrics`` is always on).
+
+    Raises:
+        ValueError, ImportError, TypeError: ``distributed_executor_backend`` names no
+            registered executor, does not import, or is not an ``Executor`` subclass.
     """
 
     def __init__(self, config: "EngineConfig", stat_loggers: list[Any] | None = None,
                  log_stats: bool = True) -> None:
+        from forkless.executor import get_executor_cls
         from forkless.metrics.prometheus import PrometheusStatLogger
 
+        # Resolved here, in the caller's process, before start() spawns the engine core: a
+        # bad --distributed-executor-backend fails at once instead of in the engine core.
+        get_executor_cls(config.parallel_config.distributed_executor_backend)
         self.config = config
         self.processor = Processor(config)
         # Built on first use: the tokenizer loads while the engine core starts (see start()).
@@ -240,7 +248,7 @@ class AsyncLLM:
     def _record(self, scheduler_stats: Any, stats: Any) -> None:
         for stat_logger in self.stat_loggers:
             try:
-                stat_logger.record(scheduler_stats, stats)
+                stat_logger.record(scheduler_stats, stats, engine_idx=0)
             except Exception:  # a faulty plugin must not stop serving
                 logger.warning("stat logger %r failed in record()", stat_logger, exc_info=True)
 

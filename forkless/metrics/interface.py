@@ -23,23 +23,35 @@ if TYPE_CHECKING:
 class StatLoggerBase(ABC):
     """Receives engine statistics in the API server.
 
-    Subclasses are loaded from the ``forkless.stat_logger_plugins`` entry-point group or
-    passed as ``AsyncLLM(stat_loggers=[...])``, and constructed as ``cls(config,
-    engine_index=0)``.
+    Subclasses are loaded from the ``forkless.stat_logger_plugins`` entry-point group
+    (:func:`forkless.metrics.load_stat_logger_plugin_factories`) or passed as
+    ``AsyncLLM(stat_loggers=[...])``, and constructed as ``cls(vllm_config, engine_index)``:
+    the signatures are vLLM's, so a vLLM stat logger ports by renaming its imports. A
+    subclass may define its own ``__init__`` without calling this one.
 
     Args:
-        config: The engine configuration (``forkless.config.EngineConfig``).
+        vllm_config: The engine configuration (``forkless.config.EngineConfig``; named as
+            in vLLM, also available as ``self.config``).
         engine_index: Which engine core the statistics come from.
     """
 
-    def __init__(self, config: Any, engine_index: int = 0) -> None:
-        self.config = config
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        self.vllm_config = self.config = vllm_config
         self.engine_index = engine_index
 
     @abstractmethod
     def record(self, scheduler_stats: "SchedulerStats | None",
-               iteration_stats: "IterationStats | None") -> None:
-        """Called for every batch of engine outputs (often: keep it cheap)."""
+               iteration_stats: "IterationStats | None",
+               mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+        """Called for every batch of engine outputs (often: keep it cheap).
+
+        Args:
+            scheduler_stats: The engine core's latest snapshot, or ``None``.
+            iteration_stats: Request-side numbers of this batch, or ``None``.
+            mm_cache_stats: Always ``None`` (forkless serves no multimodal models; the
+                argument keeps vLLM's signature).
+            engine_idx: The engine core the batch came from.
+        """
 
     @abstractmethod
     def log_engine_initialized(self) -> None:
@@ -47,3 +59,6 @@ class StatLoggerBase(ABC):
 
     def log(self) -> None:  # noqa: B027 - optional hook
         """Called periodically (every ``FORKLESS_LOG_STATS_INTERVAL`` seconds)."""
+
+    def record_sleep_state(self, is_awake: int, level: int) -> None:  # noqa: B027 - optional hook
+        """vLLM's sleep-mode hook; forkless has no sleep mode, so it is never called."""

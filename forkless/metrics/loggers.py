@@ -18,8 +18,8 @@ logger = init_logger("forkless.metrics")
 class LoggingStatLogger(StatLoggerBase):
     """Logs throughput, queue sizes, KV-cache usage and prefix-cache hit rate."""
 
-    def __init__(self, config: Any, engine_index: int = 0) -> None:
-        super().__init__(config, engine_index)
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        super().__init__(vllm_config, engine_index)
         self._reset(time.monotonic())
         self.last_scheduler_stats: SchedulerStats | None = None
         self._last_queries = self._last_hits = 0
@@ -30,7 +30,8 @@ class LoggingStatLogger(StatLoggerBase):
         self.num_generation_tokens = 0
 
     def record(self, scheduler_stats: "SchedulerStats | None",
-               iteration_stats: "IterationStats | None") -> None:
+               iteration_stats: "IterationStats | None",
+               mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
         if iteration_stats is not None:
             self.num_prompt_tokens += iteration_stats.num_prompt_tokens
             self.num_generation_tokens += iteration_stats.num_generation_tokens

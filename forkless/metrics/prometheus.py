@@ -19,10 +19,10 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
 class PrometheusStatLogger(StatLoggerBase):
     """Counters, gauges and histograms in a registry of its own (``self.registry``)."""
 
-    def __init__(self, config: Any, engine_index: int = 0) -> None:
-        super().__init__(config, engine_index)
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        super().__init__(vllm_config, engine_index)
         self.registry = CollectorRegistry()
-        model = getattr(config, "served_model_name", None) or "model"
+        model = getattr(vllm_config, "served_model_name", None) or "model"
         labels = {"model_name": str(model), "engine": str(engine_index)}
         names = list(labels)
         r = self.registry
@@ -57,7 +57,8 @@ class PrometheusStatLogger(StatLoggerBase):
         self._last_queries = self._last_hits = self._last_preemptions = 0
 
     def record(self, scheduler_stats: "SchedulerStats | None",
-               iteration_stats: "IterationStats | None") -> None:
+               iteration_stats: "IterationStats | None",
+               mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
         if scheduler_stats is not None:
             s = scheduler_stats
             self.num_running.set(s.num_running)

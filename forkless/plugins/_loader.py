@@ -396,15 +396,19 @@ def _load_group(group: str) -> tuple[dict[str, Any], list[PluginRecord]]:
         entries = [e for e in installed_entry_points() if e.group == group]
         for entry in sorted(entries, key=lambda e: e.name):
             key = (group, entry.name)
-            if key in _state.loaded:
-                out[entry.name] = _state.loaded[key]
-                continue
             record = _record_for(entry)
+            # The allow-list in force now decides, even for a plugin an earlier call
+            # loaded under another FORKLESS_PLUGINS: only the import itself is cached.
             skip = _selected(entry, selection)
             if skip is not None:
                 record.status = skip
                 if skip == "opt-in":
                     _hint_opt_in(entry, selection)
+                continue
+            if key in _state.loaded:
+                if record.status in ("filtered", "opt-in"):
+                    record.status = "loaded"
+                out[entry.name] = _state.loaded[key]
                 continue
             if record.status in ("failed", "incompatible"):
                 continue  # already logged (and raised, in strict mode) in this process

@@ -18,7 +18,7 @@ class CollectingLogger(StatLoggerBase):
         self.finished: list[str] = []
         self.saw_scheduler_stats = False
 
-    def record(self, scheduler_stats, iteration_stats) -> None:
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0) -> None:
         self.saw_scheduler_stats |= scheduler_stats is not None
         if iteration_stats is not None:
             self.generated += iteration_stats.num_generation_tokens

@@ -12,11 +12,11 @@ from forkless.metrics import StatLoggerBase
 
 
 class JsonLinesStatLogger(StatLoggerBase):
-    def __init__(self, config, engine_index: int = 0) -> None:
-        super().__init__(config, engine_index)
+    def __init__(self, vllm_config, engine_index: int = 0) -> None:
+        super().__init__(vllm_config, engine_index)
         self.path = os.environ.get("FORKLESS_EXAMPLE_STATS_FILE")
 
-    def record(self, scheduler_stats, iteration_stats) -> None:
+    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0) -> None:
         if iteration_stats is None:
             return
         self._write({
