@@ -18,6 +18,11 @@ import msgspec
 # this small would only turn the distribution into a one-hot anyway.
 SAMPLING_EPS = 1e-5
 
+# vLLM's default VLLM_MAX_NUM_BAD_WORDS. The bad-words processor checks every word of a
+# row on every step in Python, so one request with thousands of words would slow the
+# whole batch down.
+MAX_BAD_WORDS = 128
+
 
 class SamplingType(enum.IntEnum):
     """How the sampler treats a request's row."""
@@ -60,12 +65,23 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         ignore_eos: Keep generating after the model's EOS token.
         logprobs: Number of top log-probabilities to return per generated token, besides
             the sampled token's own; ``None`` returns none.
-        prompt_logprobs: Same, for every prompt token.
+        prompt_logprobs: Number of top log-probabilities to return per prompt token,
+            besides the prompt token's own (``RequestOutput.prompt_logprobs``; the first
+            prompt token has none). They are the model's raw distribution. A request
+            that asks for them does not read the prefix cache: every prompt position
+            must be computed to have logits.
         presence_penalty: Subtracted once from every token already generated ([-2, 2]).
         frequency_penalty: Subtracted per occurrence of a generated token ([-2, 2]).
         repetition_penalty: Divides positive / multiplies negative logits of tokens seen
             in the prompt or the output (> 0; 1 disables it).
         logit_bias: Token id -> value added to its logit before sampling.
+        allowed_token_ids: When set, only these token ids can be sampled (ids must be in
+            the vocabulary; checked when the request is accepted).
+        bad_words: Words that must not be generated. Each is tokenized without and
+            with a leading space (``update_from_tokenizer``); the last token of such a
+            sequence is banned whenever the generated output ends with the tokens
+            before it, so a one-token word is always banned. Only generated tokens
+            count, not the prompt.
         detokenize: Turn generated tokens into text. ``False`` returns token ids only
             (empty ``text``, no ``decoded_token`` in logprobs) and skips the per-token
             detokenization cost; ``stop`` strings need text, so they require ``True``.
@@ -77,6 +93,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             validates its own keys in ``LogitsProcessor.validate_params``.
         eos_token_ids: The model's EOS token ids; the engine fills this from the
             generation config (``update_from_generation_config``), users need not.
+        bad_words_token_ids: ``bad_words`` as token sequences; filled by
+            ``update_from_tokenizer`` (the model runner calls it when it is unset).
     """
 
     n: int = 1
@@ -96,6 +114,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -103,6 +123,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     extra_args: dict[str, Any] | None = None
     eos_token_ids: list[int] | None = None
+    bad_words_token_ids: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         # Normalize first so that validate() and every consumer see one spelling.
@@ -116,6 +137,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             self.top_k = 0
         if self.logit_bias is not None:
             self.logit_bias = self._normalize_logit_bias(self.logit_bias)
+        if isinstance(self.allowed_token_ids, (list, tuple, set)):
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        if isinstance(self.bad_words, (list, tuple)) and all(isinstance(w, str) for w in self.bad_words):
+            # Duplicates would only be checked twice per step.
+            self.bad_words = list(dict.fromkeys(self.bad_words))
         self.validate()
 
     @staticmethod
@@ -173,6 +199,23 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             _int(self.logprobs, "logprobs", 0)
         if self.prompt_logprobs is not None:
             _int(self.prompt_logprobs, "prompt_logprobs", 0)
+        if self.allowed_token_ids is not None and not (
+            isinstance(self.allowed_token_ids, list) and self.allowed_token_ids
+            and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)
+        ):
+            raise _bad("allowed_token_ids", self.allowed_token_ids, "a non-empty list of token ids >= 0")
+        if self.bad_words is not None:
+            if not isinstance(self.bad_words, list) or not all(
+                isinstance(w, str) and w.strip() for w in self.bad_words
+            ):
+                raise _bad("bad_words", self.bad_words, "a list of strings that are not empty or only whitespace")
+            if len(self.bad_words) > MAX_BAD_WORDS:
+                raise _bad("bad_words", f"<{len(self.bad_words)} words>", f"at most {MAX_BAD_WORDS} words")
+        if self.bad_words_token_ids is not None and not all(
+            isinstance(seq, list) and seq and all(_is_int(t) and t >= 0 for t in seq)
+            for seq in self.bad_words_token_ids
+        ):
+            raise _bad("bad_words_token_ids", self.bad_words_token_ids, "non-empty lists of token ids >= 0")
         for name in ("stop_token_ids", "eos_token_ids"):
             ids = getattr(self, name)
             if ids is not None and not all(_is_int(t) and t >= 0 for t in ids):
@@ -225,6 +268,28 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             if tok is not None and tok not in ids:
                 ids.append(int(tok))
         self.eos_token_ids = ids
+
+    def update_from_tokenizer(self, tokenizer: Any) -> None:
+        """Tokenize ``bad_words`` into ``bad_words_token_ids`` (a no-op without them).
+
+        Each word (leading whitespace stripped) is encoded without special tokens, and
+        again with one leading space when that gives other tokens: byte-level BPE
+        tokenizers spell a word differently at the start of a text and after a space,
+        and both spellings are banned. (vLLM adds the spaced spelling only when it has
+        as many tokens as the plain one; banning it always is stricter.)
+
+        Args:
+            tokenizer: A Hugging Face tokenizer of the model.
+        """
+        if not self.bad_words:
+            return
+        sequences: list[list[int]] = []
+        for word in self.bad_words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+                if ids and ids not in sequences:
+                    sequences.append(ids)
+        self.bad_words_token_ids = sequences
 
     def clone(self) -> "SamplingParams":
         """A deep copy: mutating the clone's lists or ``extra_args`` leaves this intact."""

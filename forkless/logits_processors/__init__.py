@@ -24,6 +24,8 @@ from forkless.logits_processors.registry import (
 from forkless.logits_processors.state import process_dict_updates
 
 if TYPE_CHECKING:
+    from forkless.logits_processors.allowed_token_ids import AllowedTokenIdsLogitsProcessor
+    from forkless.logits_processors.bad_words import BadWordsLogitsProcessor
     from forkless.logits_processors.logit_bias import LogitBiasLogitsProcessor
     from forkless.logits_processors.min_p import MinPLogitsProcessor
     from forkless.logits_processors.min_tokens import MinTokensLogitsProcessor
@@ -32,11 +34,15 @@ _LAZY = {
     "MinTokensLogitsProcessor": "forkless.logits_processors.min_tokens",
     "LogitBiasLogitsProcessor": "forkless.logits_processors.logit_bias",
     "MinPLogitsProcessor": "forkless.logits_processors.min_p",
+    "AllowedTokenIdsLogitsProcessor": "forkless.logits_processors.allowed_token_ids",
+    "BadWordsLogitsProcessor": "forkless.logits_processors.bad_words",
 }
 
 __all__ = [
     "AddedRequest",
+    "AllowedTokenIdsLogitsProcessor",
     "BUILTIN_LOGITS_PROCESSORS",
+    "BadWordsLogitsProcessor",
     "BatchUpdate",
     "LOGITS_PROCESSORS_GROUP",
     "LogitBiasLogitsProcessor",

@@ -28,6 +28,8 @@ BUILTIN_LOGITS_PROCESSORS: tuple[str, ...] = (
     "forkless.logits_processors.min_tokens:MinTokensLogitsProcessor",
     "forkless.logits_processors.logit_bias:LogitBiasLogitsProcessor",
     "forkless.logits_processors.min_p:MinPLogitsProcessor",
+    "forkless.logits_processors.allowed_token_ids:AllowedTokenIdsLogitsProcessor",
+    "forkless.logits_processors.bad_words:BadWordsLogitsProcessor",
 )
 
 
@@ -115,7 +117,8 @@ def build_logits_processors(
         entry_points: Also load the ``forkless.logits_processors`` entry-point group.
 
     Returns:
-        Built-ins first (min_tokens, logit_bias, min_p), then the custom ones.
+        Built-ins first (min_tokens, logit_bias, min_p, allowed_token_ids, bad_words),
+        then the custom ones.
 
     Raises:
         ValueError, PluginImportError, TypeError: As ``load_custom_classes``.
@@ -140,20 +143,28 @@ def validate_request_params(
         params: The request's parameters (already field-validated by ``SamplingParams``).
         custom_classes: The classes from ``load_custom_classes``; each one's
             ``validate_params`` runs.
-        vocab_size: When known, token ids in ``logit_bias`` and ``stop_token_ids`` must
-            be below it.
+        vocab_size: When known, token ids in ``logit_bias``, ``stop_token_ids`` and
+            ``allowed_token_ids`` must be below it, and so must ``logprobs`` and
+            ``prompt_logprobs`` (there are no more tokens to return).
 
     Raises:
         ValueError: A processor rejected the request, or a token id is out of range.
     """
     if vocab_size is not None:
-        for field in ("logit_bias", "stop_token_ids"):
+        for field in ("logit_bias", "stop_token_ids", "allowed_token_ids"):
             ids = getattr(params, field) or ()
             bad = sorted(t for t in ids if t >= vocab_size)
             if bad:
                 raise ValueError(
                     f"SamplingParams.{field} has token ids {bad} outside the vocabulary: "
                     f"expected ids in [0, {vocab_size})"
+                )
+        for field in ("logprobs", "prompt_logprobs"):
+            count = getattr(params, field)
+            if count is not None and count > vocab_size:
+                raise ValueError(
+                    f"SamplingParams.{field}={count} asks for more tokens than the vocabulary "
+                    f"has: expected at most {vocab_size}"
                 )
     for cls in custom_classes:
         cls.validate_params(params)

@@ -32,9 +32,9 @@ def test_builtins_then_custom_in_order_without_duplicates():
     )
     assert _names(procs) == [
         "MinTokensLogitsProcessor", "LogitBiasLogitsProcessor", "MinPLogitsProcessor",
-        "ForceTokenLogitsProcessor",
+        "AllowedTokenIdsLogitsProcessor", "BadWordsLogitsProcessor", "ForceTokenLogitsProcessor",
     ]
-    assert len(BUILTIN_LOGITS_PROCESSORS) == 3
+    assert len(BUILTIN_LOGITS_PROCESSORS) == 5
     assert all(p.device == CPU for p in procs)
 
 
@@ -90,7 +90,7 @@ def test_entry_point_processors_are_loaded_after_flag_ones(monkeypatch):
 
     _fake_group(monkeypatch, {"a_plugin": FromPlugin, "b_dup": ForceTokenLogitsProcessor})
     procs = build_logits_processors(None, CPU, False, [FORCE])
-    assert _names(procs)[3:] == ["ForceTokenLogitsProcessor", "FromPlugin"]
+    assert _names(procs)[len(BUILTIN_LOGITS_PROCESSORS):] == ["ForceTokenLogitsProcessor", "FromPlugin"]
 
 
 def test_entry_point_that_is_not_a_processor_is_skipped_or_fatal_in_strict_mode(

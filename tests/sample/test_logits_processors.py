@@ -106,3 +106,68 @@ def test_swapped_rows_keep_their_processor_state():
     batch.swap_rows(0, 1)
     out = step(batch, torch.zeros(2, VOCAB)).sampled_token_ids.tolist()
     assert batch.req_ids == ["r1", "r0"] and out == [6, 20]
+
+
+def test_allowed_token_ids_restricts_every_sample_only_in_its_row():
+    from forkless.logits_processors import AllowedTokenIdsLogitsProcessor
+
+    assert not AllowedTokenIdsLogitsProcessor(None, torch.device("cpu"), False).is_argmax_invariant()
+    torch.manual_seed(0)
+    allowed = [3, 17, 30]
+    batch = fill([
+        SamplingParams(temperature=1.0, allowed_token_ids=allowed),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0, allowed_token_ids=[5]),
+    ])
+    seen = set()
+    for _ in range(60):
+        logits = torch.randn(3, VOCAB) * 3
+        out = step(batch, logits).sampled_token_ids.tolist()
+        assert out[0] in allowed
+        assert out[1] == int(logits[1].argmax())  # an unrestricted row is untouched
+        assert out[2] == 5  # greedy rows pick among the allowed tokens too
+        seen.add(out[0])
+    assert seen == set(allowed)  # still a distribution over all of them
+
+
+def test_allowed_token_ids_follow_their_row_when_rows_move():
+    batch = fill([SamplingParams(temperature=0), SamplingParams(temperature=0, allowed_token_ids=[4])])
+    logits = torch.randn(2, VOCAB)
+    logits[:, 4] = -50.0
+    assert step(batch, logits).sampled_token_ids.tolist()[1] == 4
+    batch.remove_request("r0")  # condense moves r1 into row 0
+    out = step(batch, logits[1:]).sampled_token_ids.tolist()
+    assert batch.req_ids == ["r1"] and out == [4]
+
+
+def _bad_words_params(sequences: list[list[int]], **kwargs) -> SamplingParams:
+    params = SamplingParams(temperature=0, bad_words=["placeholder"], **kwargs)
+    params.bad_words_token_ids = sequences  # what update_from_tokenizer fills in
+    return params
+
+
+def test_bad_words_ban_the_last_token_only_after_the_rest_of_the_word():
+    # Logits prefer 7, then 8, then 9: greedy would write 7 7 7 ...
+    logits = torch.zeros(2, VOCAB)
+    logits[:, 7], logits[:, 8], logits[:, 9] = 3.0, 2.0, 1.0
+    batch = fill([_bad_words_params([[7, 7], [8]]), SamplingParams(temperature=0)])
+    picks = [step(batch, logits).sampled_token_ids.tolist() for _ in range(4)]
+    # 7 is allowed first, then banned after a 7 (the word "7 7"); 8 is always banned.
+    assert [p[0] for p in picks] == [7, 9, 7, 9]
+    assert [p[1] for p in picks] == [7] * 4  # another row is untouched
+
+
+def test_bad_words_match_the_output_only_not_the_prompt():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 7] = 3.0
+    batch = make_batch()
+    batch.add_request("r", _bad_words_params([[3, 7]]), [1, 2, 3])  # the prompt ends in 3
+    assert step(batch, logits).sampled_token_ids.tolist() == [7]
+
+
+def test_untokenized_bad_words_are_an_error_not_ignored():
+    import pytest
+
+    batch = fill([SamplingParams(temperature=0, bad_words=["x"])])
+    with pytest.raises(RuntimeError, match="update_from_tokenizer"):
+        step(batch, torch.zeros(1, VOCAB))

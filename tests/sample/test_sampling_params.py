@@ -30,6 +30,13 @@ from forkless.sampling_params import SamplingType
         ({"stop": ["ok", ""]}, "stop=", "non-empty"),
         ({"logit_bias": {"x": 1.0}}, "logit_bias=", "integer token ids"),
         ({"temperature": float("nan")}, "temperature=nan", ">= 0"),
+        ({"allowed_token_ids": []}, "allowed_token_ids=[]", "non-empty list of token ids"),
+        ({"allowed_token_ids": [3, -1]}, "allowed_token_ids=[3, -1]", "token ids >= 0"),
+        ({"bad_words": ["ok", ""]}, "bad_words=", "not empty or only whitespace"),
+        ({"bad_words": ["  "]}, "bad_words=", "not empty or only whitespace"),
+        ({"bad_words": "word"}, "bad_words='word'", "a list of strings"),
+        ({"bad_words": [f"w{i}" for i in range(129)]}, "bad_words=", "at most 128 words"),
+        ({"bad_words_token_ids": [[]]}, "bad_words_token_ids=", "non-empty lists"),
     ],
 )
 def test_bad_value_names_field_value_and_expectation(kwargs, field, expected):
@@ -70,6 +77,8 @@ def test_msgpack_round_trip_keeps_every_field():
         prompt_logprobs=1, presence_penalty=0.5, frequency_penalty=-0.5,
         repetition_penalty=1.1, logit_bias={10: -100.0, 11: 2.5}, skip_special_tokens=False,
         include_stop_str_in_output=True, extra_args={"force_token": 3, "nested": {"a": [1]}},
+        allowed_token_ids=[1, 2], bad_words=["x y"], bad_words_token_ids=[[4, 5]],
+        spaces_between_special_tokens=False,
     )
     data = msgspec.msgpack.encode(p)
     assert msgspec.msgpack.decode(data, type=SamplingParams) == p
@@ -121,3 +130,22 @@ def test_request_output_round_trip():
     assert back == out
     assert back.outputs[0].finished()
     assert back.outputs[0].logprobs[0][6].rank == 2  # type: ignore[index]
+
+
+class _SpaceTokenizer:
+    """Encodes a word to one id per character, and a leading space to its own id 0."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        assert not add_special_tokens
+        return [ord(c) for c in text]
+
+
+def test_bad_words_are_tokenized_with_and_without_a_leading_space_once_each():
+    p = SamplingParams(bad_words=["ab", "  ab", "c", "ab"])
+    assert p.bad_words == ["ab", "  ab", "c"]  # exact duplicates dropped
+    p.update_from_tokenizer(_SpaceTokenizer())
+    # "  ab" strips to "ab": its sequences are already there.
+    assert p.bad_words_token_ids == [[97, 98], [32, 97, 98], [99], [32, 99]]
+    none = SamplingParams()
+    none.update_from_tokenizer(_SpaceTokenizer())
+    assert none.bad_words_token_ids is None
