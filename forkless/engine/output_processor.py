@@ -4,6 +4,10 @@ Per request it detokenizes incrementally, applies stop strings (the engine core 
 tokens, not text, so the caller must abort the ids returned in ``reqs_to_abort``), turns
 logprobs into ``Logprob`` dicts, merges the ``n`` child requests of a parent, honours
 ``output_kind`` (cumulative, delta, final only) and records per-request timings.
+
+Prompt logprobs arrive with a child's first token; the parent keeps the first that
+arrive (every child of a parent has the same prompt) and shows them in every output,
+except under ``DELTA`` where only the first output that can carry them does.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from forkless.engine.detokenizer import IncrementalDetokenizer
 from forkless.engine.stop_strings import find_stop_string
 from forkless.metrics.stats import RequestTiming
-from forkless.outputs import CompletionOutput, Logprob, RequestOutput
+from forkless.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 from forkless.sampling_params import RequestOutputKind
 
 if TYPE_CHECKING:
@@ -76,6 +80,8 @@ class _Completion:
 
     def update(self, out: EngineCoreOutput, now: float) -> bool:
         """Apply one engine-core output; returns True when a stop string finished it."""
+        if out.new_prompt_logprobs is not None and self.parent.prompt_logprobs is None:
+            self.parent.prompt_logprobs = self._prompt_logprobs(out.new_prompt_logprobs)
         if self.first_token_time is None and out.new_token_ids:
             self.first_token_time = now
         if out.new_token_ids:
@@ -103,18 +109,25 @@ class _Completion:
         return stopped_by_text
 
     def _add_logprobs(self, raw: Any) -> None:
-        # The runner sends [token_ids, logprobs, sampled_rank]: sampled token first, then
-        # the top-n best first.
-        ids, values, rank = raw
         assert self.logprobs is not None and self.cumulative_logprob is not None
+        self.logprobs.append(self._logprob_entry(raw))
+        self.cumulative_logprob += float(raw[1][0])
+
+    def _logprob_entry(self, raw: Any) -> dict[int, Logprob]:
+        # The runner sends [token_ids, logprobs, rank]: the sampled (or prompt) token
+        # first with its own rank, then the top-n best first, ranked 1..n.
+        ids, values, rank = raw
         entry: dict[int, Logprob] = {}
         for i, (tok, value) in enumerate(zip(ids, values)):
             if tok in entry:
                 continue
             decoded = self.detok.decode_token(tok) if self.detok is not None else None
             entry[tok] = Logprob(logprob=float(value), rank=int(rank) if i == 0 else i, decoded_token=decoded)
-        self.logprobs.append(entry)
-        self.cumulative_logprob += float(values[0])
+        return entry
+
+    def _prompt_logprobs(self, raw: list[Any]) -> PromptLogprobs:
+        # One entry per prompt position 1..; the first prompt token has no distribution.
+        return [None] + [None if r is None else self._logprob_entry(r) for r in raw]
 
     def make_output(self, kind: RequestOutputKind) -> CompletionOutput:
         visible = len(self.text) if self.finished else max(len(self.text) - self.hold_back, 0)
@@ -162,6 +175,8 @@ class _Parent:
         self.arrival_time = processed.arrival_time
         self.kind = processed.params.output_kind
         self.children: list[_Completion] = []
+        self.prompt_logprobs: PromptLogprobs | None = None
+        self.sent_prompt_logprobs = False
 
     @property
     def finished(self) -> bool:
@@ -171,13 +186,19 @@ class _Parent:
         finished = self.finished
         if self.kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
-        chosen = updated if self.kind is RequestOutputKind.DELTA else self.children
+        delta = self.kind is RequestOutputKind.DELTA
+        chosen = updated if delta else self.children
+        prompt_logprobs = self.prompt_logprobs
+        if delta and self.sent_prompt_logprobs:
+            prompt_logprobs = None
+        self.sent_prompt_logprobs |= prompt_logprobs is not None
         return RequestOutput(
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
             outputs=[c.make_output(self.kind) for c in sorted(chosen, key=lambda c: c.index)],
             finished=finished,
+            prompt_logprobs=prompt_logprobs,
             num_cached_tokens=self.children[0].num_cached_tokens,
         )
 

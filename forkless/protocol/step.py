@@ -105,10 +105,16 @@ class ModelRunnerOutput:
             sampled for it, in order.
         logprobs: Optional per-request logprobs; opaque to the scheduler, which passes
             them through to the matching :class:`EngineCoreOutput`.
+        prompt_logprobs: Per request that asked for ``prompt_logprobs``, all of them at
+            once, in the step that samples its first token after the prompt: one
+            ``[token_ids, logprobs, rank]`` (prompt token first, then the top-k) per
+            prompt position 1.. (``None`` for a position that was not computed).
+            Opaque to the scheduler, which passes them through like ``logprobs``.
     """
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, Any] | None = None
+    prompt_logprobs: dict[str, Any] | None = None
 
 
 @dataclass
@@ -121,6 +127,8 @@ class EngineCoreOutput:
         finish_reason: Set when the request finished this step, else ``None``.
         num_cached_tokens: Prompt tokens served from the prefix cache at admission.
         new_logprobs: The runner's logprobs for this request this step, untouched.
+        new_prompt_logprobs: The runner's prompt logprobs for this request, untouched
+            (only in the output of its first sampled token).
         stop_reason: The ``stop_token_ids`` entry that finished it, if one did (``None``
             when EOS did, as in vLLM).
     """
@@ -131,6 +139,7 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0
     new_logprobs: Any = None
     stop_reason: int | None = None
+    new_prompt_logprobs: Any = None
 
     @property
     def finished(self) -> bool:

@@ -3,6 +3,10 @@
 It keeps a persistent ``InputBatch`` (one row per scheduled request, so logits processors
 and seeded generators keep their state across steps) and the per-request state needed to
 put a request back in the batch after a step in which it was not scheduled.
+
+Prompt logprobs are computed from the hidden states of each prefill chunk as it runs,
+kept per request until the prompt is done, and returned all at once with the request's
+first sampled token. A request readmitted with outputs already returned them.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from forkless.model_loader import load_model, resolve_dtype
 from forkless.models.interface import CausalLMBase
 from forkless.plugins import resolve_class
 from forkless.protocol.step import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
-from forkless.sample import InputBatch, Sampler
+from forkless.sample import InputBatch, LogprobsTensors, Sampler, gather_logprobs
 from forkless.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -31,6 +35,19 @@ if TYPE_CHECKING:
     from forkless.worker.cuda_graphs import DecodeGraphs
 
 logger = init_logger(__name__)
+
+# Prompt positions whose logits are computed at once for prompt logprobs: bounds the
+# [positions, vocab] float32 logits (256 x 152k is 156 MB) whatever the chunk size.
+_PROMPT_LOGPROBS_SLICE = 256
+
+
+@dataclass
+class _PromptPart:
+    """Prompt logprobs of consecutive prompt positions, being copied to the host."""
+
+    state: _RequestState
+    first_position: int
+    tensors: LogprobsTensors
 
 
 @dataclass
@@ -43,6 +60,9 @@ class _PendingStep:
     # The sampled ids' host copy (pinned on CUDA) and the event that marks it complete.
     sampled_host: torch.Tensor | None = None
     ready: Any = None
+    prompt_parts: list[_PromptPart] = field(default_factory=list)
+    # Requests whose prompt logprobs are complete once this step's parts are in.
+    prompt_done: list[tuple[str, _RequestState]] = field(default_factory=list)
 
 
 @dataclass
@@ -53,6 +73,9 @@ class _RequestState:
     output_token_ids: list[int]
     # Unique per (re)admission: the CUDA-graph block-table cache keys its rows by it.
     admission: int = 0
+    # While prompt logprobs are owed: one entry per prompt position 1.. (filled as the
+    # prefill chunks run); None when not asked for or already returned.
+    prompt_logprobs: list[Any] | None = None
 
 
 class ModelRunner:
@@ -96,6 +119,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.requests: dict[str, _RequestState] = {}
         self._admissions = itertools.count(1)
+        self._tokenizer: Any = None
         self.use_cuda_graphs = (
             device.type == "cuda"
             and not config.device_config.enforce_eager
@@ -105,6 +129,15 @@ class ModelRunner:
         # The last launched step's sampled ids (device) and each request's row in it.
         self._prev_sampled: torch.Tensor | None = None
         self._prev_row_of: dict[str, int] = {}
+
+    @property
+    def tokenizer(self) -> Any:
+        """The model's tokenizer, loaded on first use (only ``bad_words`` needs it here)."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.config.model_config.tokenizer)
+        return self._tokenizer
 
     def _use_cpu_kernels(self) -> None:
         """Float32 on the CPU: let the model move its linear layers to the packed C kernels."""
@@ -197,7 +230,8 @@ class ModelRunner:
 
         A logits processor other than the built-in ones might read a request's output
         history, which lags by one step under async scheduling (the built-ins only do so
-        for ``min_tokens``, which the scheduler keeps out of async steps).
+        for ``min_tokens`` and ``bad_words``, which the scheduler keeps out of async
+        steps).
         """
         from forkless.logits_processors.registry import BUILTIN_LOGITS_PROCESSORS
         from forkless.plugins import import_path
@@ -218,13 +252,17 @@ class ModelRunner:
         metadata = self.input_batch.refresh()
         by_id = {s.request_id: s for s in scheduler_output.scheduled_requests}
         rows = [by_id[rid] for rid in self.input_batch.req_ids if rid is not None]
+        prompt_parts: list[_PromptPart] = []
         if self._graph_fits(rows):
+            # Every row decodes its last known token: no prompt position to score.
             logits = self.model.compute_logits(self._run_decode_graph(rows))
         else:
             input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
             hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
+            prompt_parts = self._prompt_logprobs(rows, hidden, attn_md.query_start_loc_cpu)
             if not any(s.sample for s in rows):
-                return _PendingStep()  # only prefill chunks that end mid-prompt
+                # Only prefill chunks that end mid-prompt.
+                return _PendingStep(ready=self._record(), prompt_parts=prompt_parts)
             logits = self.model.compute_logits(hidden[last_idx])
         out = self.sampler(logits, metadata)
         # Row order of this step: the next step's placeholders read their tokens here.
@@ -234,21 +272,73 @@ class ModelRunner:
         # tolist() there would sync the whole stream, i.e. also wait for the step launched
         # after this one, which is exactly the overlap async scheduling is for.
         sampled = out.sampled_token_ids
-        host = torch.empty(sampled.shape, dtype=sampled.dtype, pin_memory=self.pin_memory)
-        host.copy_(sampled, non_blocking=self.pin_memory)
-        ready = None
-        if self.pin_memory:
-            ready = torch.cuda.Event()
-            ready.record()
-        return _PendingStep(rows, out, metadata.num_logprobs, host, ready)
+        host = self._to_host(sampled)
+        requests = self.requests
+        prompt_done = [(s.request_id, state) for s in rows if s.sample
+                       and (state := requests[s.request_id]).prompt_logprobs is not None]
+        return _PendingStep(rows, out, metadata.num_logprobs, host, self._record(),
+                            prompt_parts, prompt_done)
+
+    def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Queue a device -> host copy (complete once the next ``_record()`` event is)."""
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=self.pin_memory)
+        host.copy_(tensor, non_blocking=self.pin_memory)
+        return host
+
+    def _record(self) -> Any:
+        """An event marking the copies queued so far (``None`` where copies are synchronous)."""
+        if not self.pin_memory:
+            return None
+        ready = torch.cuda.Event()
+        ready.record()
+        return ready
+
+    def _prompt_logprobs(self, rows: list[ScheduledRequest], hidden: torch.Tensor,
+                         starts: torch.Tensor) -> list[_PromptPart]:
+        """Score this step's prompt positions of the requests that owe prompt logprobs.
+
+        Position ``p``'s logits give the logprobs of prompt token ``p + 1``, so the last
+        prompt position has nothing to score. The values are the model's raw
+        log-softmax, like vLLM's prompt logprobs.
+        """
+        parts: list[_PromptPart] = []
+        requests = self.requests
+        for i, s in enumerate(rows):
+            state = requests[s.request_id]
+            if state.prompt_logprobs is None:
+                continue
+            prompt = state.prompt_token_ids
+            first = s.start_position
+            count = min(first + len(s.token_ids), len(prompt) - 1) - first
+            row_start = int(starts[i])
+            num = state.params.prompt_logprobs
+            assert num is not None
+            for lo in range(0, count, _PROMPT_LOGPROBS_SLICE):
+                hi = min(lo + _PROMPT_LOGPROBS_SLICE, count)
+                logits = self.model.compute_logits(hidden[row_start + lo : row_start + hi])
+                logprobs = torch.log_softmax(logits.to(torch.float32), dim=-1)
+                targets = self._to_device(np.asarray(prompt[first + lo + 1 : first + hi + 1], dtype=np.int64))
+                t = gather_logprobs(logprobs, num, targets)
+                host = LogprobsTensors(self._to_host(t.token_ids), self._to_host(t.logprobs),
+                                       self._to_host(t.ranks))
+                parts.append(_PromptPart(state, first + lo, host))
+        return parts
 
     def collect(self, pending: _PendingStep) -> ModelRunnerOutput:
         """Wait for a launched step's sampled tokens and record them."""
+        if pending.ready is not None:
+            pending.ready.synchronize()  # the one device -> host wait of a step
+        for part in pending.prompt_parts:
+            owed = part.state.prompt_logprobs
+            if owed is None:
+                continue  # a recomputation after the values were returned
+            t = part.tensors
+            entries = zip(t.token_ids.tolist(), t.logprobs.tolist(), t.ranks.tolist())
+            for offset, (ids, values, rank) in enumerate(entries):
+                owed[part.first_position + offset] = [ids, values, rank]
         if pending.out is None:
             return ModelRunnerOutput()
         rows, out = pending.rows, pending.out
-        if pending.ready is not None:
-            pending.ready.synchronize()  # the one device -> host wait of a step
         assert pending.sampled_host is not None
         sampled = pending.sampled_host.tolist()
         requests = self.requests
@@ -268,6 +358,13 @@ class ModelRunner:
             result.logprobs = {
                 s.request_id: list(row) for s, row in zip(rows, per_row) if s.sample and row is not None
             }
+        if pending.prompt_done:
+            result.prompt_logprobs = {}
+            for rid, state in pending.prompt_done:
+                # None: an async step launched before this one was collected returned them.
+                if state.prompt_logprobs is not None:
+                    result.prompt_logprobs[rid] = state.prompt_logprobs
+                    state.prompt_logprobs = None  # returned: a recomputation adds nothing
         return result
 
     def _placeholder_fix(self, ids: np.ndarray, row_of_index: np.ndarray | None,
@@ -303,11 +400,18 @@ class ModelRunner:
                 if s.sampling_params is None:
                     raise RuntimeError(f"request {rid!r} is scheduled as new without its sampling_params")
                 batch.remove_request(rid)
+                params = s.sampling_params
+                if params.bad_words and params.bad_words_token_ids is None:
+                    params.update_from_tokenizer(self.tokenizer)
+                prompt = list(s.prompt_token_ids or ())
+                # Readmitted with outputs: the prompt logprobs went out with the first one.
+                owes_prompt_logprobs = params.prompt_logprobs is not None and not s.output_token_ids
                 self.requests[rid] = _RequestState(
-                    s.sampling_params,
-                    list(s.prompt_token_ids or ()),
+                    params,
+                    prompt,
                     list(s.output_token_ids or ()),
                     next(self._admissions),
+                    [None] * (len(prompt) - 1) if owes_prompt_logprobs else None,
                 )
             if rid not in batch.req_id_to_index:
                 state = self.requests.get(rid)

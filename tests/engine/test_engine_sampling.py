@@ -119,3 +119,66 @@ def test_bad_requests_raise_clear_errors_and_leave_nothing_running(llm) -> None:
         llm.generate(PROMPT, use_tqdm=False, priority=[3])
     assert not llm.llm_engine.has_unfinished_requests()
     assert _one(llm, SamplingParams(max_tokens=2)).token_ids  # still serves
+
+
+def test_allowed_token_ids_restrict_every_sampled_token(llm) -> None:
+    allowed = [5, 77, 100, 200, 300]
+    params = SamplingParams(temperature=1.5, seed=3, max_tokens=40, ignore_eos=True, allowed_token_ids=allowed)
+    plain = SamplingParams(temperature=1.5, seed=3, max_tokens=40, ignore_eos=True)
+    outs = llm.generate([PROMPT, PROMPT], [params, plain], use_tqdm=False)
+    restricted = outs[0].outputs[0].token_ids
+    assert len(restricted) == 40 and set(restricted) <= set(allowed)
+    assert len(set(restricted)) > 1  # sampled among them, not forced to one
+    assert not set(outs[1].outputs[0].token_ids) <= set(allowed)  # the other request is free
+    greedy = _one(llm, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, allowed_token_ids=[200]))
+    assert greedy.token_ids == [200] * 6
+    vocab = llm.llm_engine.config.model_config.vocab_size
+    with pytest.raises(ValueError, match="allowed_token_ids.*outside the vocabulary"):
+        _one(llm, SamplingParams(allowed_token_ids=[1, vocab]))
+
+
+def _contains(seq: list[int], sub: list[int]) -> bool:
+    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_bad_words_never_appear(llama_dir, async_scheduling) -> None:
+    llm = LLM(str(llama_dir), kv_cache_memory=1 << 22, async_scheduling=async_scheduling)
+    tok = llm.get_tokenizer()
+    free = _one(llm, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True))
+    # A two-token word and a one-token word the free greedy output does contain.
+    word = tok.decode(free.token_ids[4:6])
+    single = tok.decode(free.token_ids[1:2])
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, bad_words=[word, single])
+    probe = params.clone()
+    probe.update_from_tokenizer(tok)
+    sequences = probe.bad_words_token_ids
+    assert any(_contains(free.token_ids, s) for s in sequences)
+    banned = _one(llm, params)
+    assert len(banned.token_ids) == 24
+    assert not any(_contains(banned.token_ids, s) for s in sequences), (sequences, banned.token_ids)
+    # Only what is banned changes: the output agrees with the free one up to the first ban.
+    first = min(i for i, t in enumerate(free.token_ids) if any(_contains(free.token_ids[:i + 1], s) for s in sequences))
+    assert banned.token_ids[:first] == free.token_ids[:first]
+
+
+def test_skip_special_tokens_decides_whether_special_tokens_are_in_the_text(llm) -> None:
+    tok = llm.get_tokenizer()
+    special = tok.convert_tokens_to_ids("<|im_start|>")
+    forced = dict(temperature=0, max_tokens=3, ignore_eos=True, logit_bias={special: 100.0})
+    skipped = _one(llm, SamplingParams(**forced))
+    kept = _one(llm, SamplingParams(**forced, skip_special_tokens=False))
+    assert skipped.token_ids == kept.token_ids == [special] * 3
+    assert skipped.text == "" and kept.text == "<|im_start|>" * 3
+
+
+@pytest.mark.parametrize("spaces", [True, False])
+def test_spaces_between_special_tokens_follow_the_tokenizer(llm, spaces) -> None:
+    # vLLM semantics: only slow (Python) tokenizers honour the flag; a fast tokenizer's
+    # decoder joins special tokens as they are. The text equals transformers' decode.
+    tok = llm.get_tokenizer()
+    special = tok.convert_tokens_to_ids("<|im_end|>")
+    out = _one(llm, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logit_bias={special: 5.0},
+                                   skip_special_tokens=False, spaces_between_special_tokens=spaces))
+    assert special in out.token_ids
+    assert out.text == tok.decode(out.token_ids, skip_special_tokens=False, spaces_between_special_tokens=spaces)

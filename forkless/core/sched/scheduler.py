@@ -175,7 +175,9 @@ class Scheduler(SchedulerInterface):
         # Admitting while preempting would just thrash: the freed blocks go to running work.
         while not preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             request = self.waiting.peek()
-            hit_ids, num_hit = kv.get_computed_blocks(request)
+            hit_ids, num_hit = [], 0
+            if not _skips_prefix_cache(request.sampling_params):
+                hit_ids, num_hit = kv.get_computed_blocks(request)
             remaining = request.num_tokens - num_hit
             if remaining > budget and not cfg.enable_chunked_prefill:
                 break
@@ -210,6 +212,7 @@ class Scheduler(SchedulerInterface):
     ) -> list[EngineCoreOutput]:
         kv = self.kv_cache_manager
         logprobs = runner_output.logprobs or {}
+        prompt_logprobs = runner_output.prompt_logprobs or {}
         sampled = runner_output.sampled_token_ids
         outputs: list[EngineCoreOutput] = []
         any_finished = False
@@ -256,6 +259,7 @@ class Scheduler(SchedulerInterface):
                     num_cached_tokens=max(request.num_cached_tokens, 0),
                     new_logprobs=logprobs.get(request.request_id),
                     stop_reason=request.stop_reason,
+                    new_prompt_logprobs=prompt_logprobs.get(request.request_id),
                 )
             )
         if any_finished:
@@ -363,13 +367,22 @@ class Scheduler(SchedulerInterface):
 
 def _reads_output_history(params: SamplingParams | None) -> bool:
     """Whether sampling this request reads the tokens it generated so far: penalties,
-    a seeded generator (reseeded from the output length) or ``min_tokens``."""
+    a seeded generator (reseeded from the output length), ``min_tokens`` or
+    ``bad_words`` (matched against the end of the output)."""
     if params is None:
         return False
     return (
         params.seed is not None
         or params.min_tokens > 0
+        or bool(params.bad_words)
         or params.presence_penalty != 0.0
         or params.frequency_penalty != 0.0
         or params.repetition_penalty != 1.0
     )
+
+
+def _skips_prefix_cache(params: SamplingParams | None) -> bool:
+    """Whether a request must compute its whole prompt: prompt logprobs come from the
+    logits of every prompt position, which a prefix-cache hit would skip (vLLM skips
+    reading the cache for these requests too). Its blocks are still cached for others."""
+    return params is not None and params.prompt_logprobs is not None
