@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 
 def random_id(prefix: str) -> str:
@@ -83,7 +83,19 @@ class ChatMessage(OpenAIModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    # An earlier assistant turn's reasoning, as clients send it back: ``reasoning`` (vLLM's
+    # name now) or ``reasoning_content`` (its old name, which chat templates such as
+    # Qwen3's read). Either one fills both, so every template sees it.
+    reasoning: str | None = None
     reasoning_content: str | None = None
+
+    @model_validator(mode="after")
+    def _both_reasoning_names(self) -> "ChatMessage":
+        if self.reasoning is None:
+            self.reasoning = self.reasoning_content
+        elif self.reasoning_content is None:
+            self.reasoning_content = self.reasoning
+        return self
 
 
 class FunctionDefinition(OpenAIModel):
@@ -95,6 +107,10 @@ class FunctionDefinition(OpenAIModel):
 class ChatCompletionToolParam(OpenAIModel):
     type: Literal["function"] = "function"
     function: FunctionDefinition
+
+
+ChatCompletionToolsParam = ChatCompletionToolParam
+"""vLLM's name for :class:`ChatCompletionToolParam` (what vLLM-derived parsers import)."""
 
 
 class NamedToolChoice(OpenAIModel):
@@ -162,6 +178,9 @@ class ChatLogprobs(OpenAIModel):
 
 
 class FunctionCall(OpenAIModel):
+    # A parser may keep a model's own call id here (as vLLM's does); never serialized,
+    # since OpenAI's function object has only name and arguments.
+    id: str | None = Field(default=None, exclude=True)
     name: str
     arguments: str
 
@@ -198,10 +217,71 @@ class ExtractedToolCallInformation(OpenAIModel):
     content: str | None = None
 
 
-class ChatResponseMessage(OpenAIModel):
+def _deprecated_reasoning_content(cls: type) -> None:
+    """Record a use of ``reasoning_content`` in Python code (warns once, names the fix)."""
+    from forkless.plugins import DEPRECATIONS, Deprecation, DeprecationKind
+
+    name = f"{cls.__name__}.reasoning_content"
+    if DEPRECATIONS.get(DeprecationKind.PYTHON_API, name) is None:
+        DEPRECATIONS.add(Deprecation(DeprecationKind.PYTHON_API, name, f"{cls.__name__}.reasoning",
+                                     REASONING_CONTENT_DEPRECATED_IN, REASONING_CONTENT_REMOVED_IN))
+    DEPRECATIONS.use(DeprecationKind.PYTHON_API, name)
+
+
+REASONING_CONTENT_DEPRECATED_IN = "0.1.0"
+REASONING_CONTENT_REMOVED_IN = "0.2.0"
+
+
+class _WithReasoning(OpenAIModel):
+    """``reasoning`` (vLLM's field now) with ``reasoning_content`` as its deprecated alias.
+
+    In Python, ``reasoning_content`` (as a constructor argument, attribute or assignment)
+    reads and writes ``reasoning`` and warns once. On the wire both fields are sent, the old
+    one a copy of the new, as vLLM did while clients moved over. Subclasses declare
+    ``reasoning: str | None = None`` where it belongs in their field order.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_reasoning_name(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "reasoning_content" in data:
+            data = dict(data)
+            old = data.pop("reasoning_content")
+            if old is not None:
+                _deprecated_reasoning_content(cls)
+                if data.get("reasoning") is None:
+                    data["reasoning"] = old
+        return data
+
+    @property
+    def reasoning_content(self) -> str | None:
+        """Deprecated: read ``reasoning``."""
+        _deprecated_reasoning_content(type(self))
+        return self.reasoning
+
+    @reasoning_content.setter
+    def reasoning_content(self, value: str | None) -> None:
+        _deprecated_reasoning_content(type(self))
+        self.reasoning = value
+
+    @model_serializer(mode="wrap")
+    def _with_old_reasoning_name(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict) and "reasoning" in data:
+            # Same place in the object as before, right after "reasoning".
+            out: dict[str, Any] = {}
+            for key, value in data.items():
+                out[key] = value
+                if key == "reasoning":
+                    out["reasoning_content"] = value
+            return out
+        return data
+
+
+class ChatResponseMessage(_WithReasoning):
     role: str = "assistant"
     content: str | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
@@ -222,10 +302,12 @@ class ChatCompletionResponse(OpenAIModel):
     usage: UsageInfo | None = None
 
 
-class DeltaMessage(OpenAIModel):
+class DeltaMessage(_WithReasoning):
+    """One streamed step of a chat message (what parsers return while streaming)."""
+
     role: str | None = None
     content: str | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
 
 
