@@ -2,6 +2,8 @@
 
 Built-ins: ``deepseek_r1`` and ``qwen3`` (``<think>…</think>``). Select one with
 ``--reasoning-parser NAME``; add one with ``ReasoningParserManager.register_module``.
+The API is vLLM's (``vllm.reasoning`` -> ``forkless.reasoning``); the vLLM module paths
+``abs_reasoning_parsers`` and ``basic_parsers`` exist here too.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -1,45 +1,132 @@
-"""The ``ReasoningParser`` interface (public tier): splits reasoning from the answer."""
+"""The ``ReasoningParser`` interface (public tier): splits reasoning from the answer.
+
+The API is vLLM's: a parser written for vLLM ports by renaming ``vllm`` to ``forkless``
+in its imports. Parsers written against the names vLLM used before late 2025
+(``extract_reasoning_content`` / ``extract_reasoning_content_streaming``) keep working
+for one deprecation cycle: defining or calling the old names warns once and names the new
+ones.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
-from forkless.plugins import Stability, stability
+from forkless.plugins import DEPRECATIONS, Deprecation, DeprecationKind, Stability, stability
 
 if TYPE_CHECKING:
     from forkless.protocol.openai import ChatCompletionRequest, DeltaMessage
+
+DEPRECATED_IN = "0.1.0"
+REMOVED_IN = "0.2.0"
+
+# Old method name -> the name it was renamed to (vLLM renamed them in late 2025).
+RENAMED_METHODS = {
+    "extract_reasoning_content": "extract_reasoning",
+    "extract_reasoning_content_streaming": "extract_reasoning_streaming",
+}
+
+
+def _deprecation_name(old: str) -> str:
+    return f"ReasoningParser.{old}"
+
+
+for _old, _new in RENAMED_METHODS.items():
+    DEPRECATIONS.add(Deprecation(DeprecationKind.PYTHON_API, _deprecation_name(_old), f"ReasoningParser.{_new}",
+                                 DEPRECATED_IN, REMOVED_IN))
+
+
+def _forward_to_old(old: str) -> Callable[..., Any]:
+    """The new-name method of a subclass that implements only the old name."""
+
+    def method(self: "ReasoningParser", *args: Any, **kwargs: Any) -> Any:
+        return getattr(self, old)(*args, **kwargs)
+
+    method.__name__ = RENAMED_METHODS[old]
+    return method
 
 
 @stability(Stability.PUBLIC)
 class ReasoningParser(ABC):
     """Separates a model's reasoning from its answer, whole or streamed.
 
-    The API server creates one instance per chat request, so an implementation may keep
-    per-request state between streaming calls.
+    The API server creates one instance per chat request (so an implementation may keep
+    per-request state between streaming calls), as
+    ``cls(tokenizer, chat_template_kwargs=request.chat_template_kwargs or {})``, like vLLM.
+    Subclasses should accept and pass on ``*args, **kwargs``.
+
+    Must implement :meth:`extract_reasoning` and :meth:`extract_reasoning_streaming`.
+    :meth:`is_reasoning_end` and :meth:`extract_content_ids` (token-id views used by
+    vLLM's structured outputs, and by the server to see whether the prompt already closed
+    the reasoning) are optional here.
 
     Args:
         tokenizer: The served model's tokenizer.
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
         self.model_tokenizer = tokenizer
 
-    @abstractmethod
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A parser written against the old names: wire the new names to its methods. The
+        # more derived definition wins, so overriding an old name of a parser that
+        # implements the new one still takes effect.
+        own = [k for k in cls.__mro__ if k is not ReasoningParser and issubclass(k, ReasoningParser)]
+
+        def depth(name: str) -> int:
+            return next((i for i, k in enumerate(own) if name in k.__dict__), len(own))
+
+        for old, new in RENAMED_METHODS.items():
+            if old in cls.__dict__ and depth(old) < depth(new):
+                DEPRECATIONS.use(DeprecationKind.PYTHON_API, _deprecation_name(old))
+                setattr(cls, new, _forward_to_old(old))
+
+    @cached_property
+    def vocab(self) -> dict[str, int]:
+        """The tokenizer's vocabulary (token -> id)."""
+        return self.model_tokenizer.get_vocab()
+
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
-        """Whether the reasoning has ended within ``input_ids``."""
+        """Whether the reasoning has ended within ``input_ids``.
+
+        The server asks it of the prompt: when the chat template already closed the
+        reasoning (a thinking-disabled template writes ``<think></think>``), the whole
+        output is content.
+
+        Raises:
+            NotImplementedError: This parser does not say (the server then assumes not).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement is_reasoning_end")
+
+    def is_reasoning_end_streaming(self, input_ids: Sequence[int], delta_ids: Iterable[int]) -> bool:
+        """:meth:`is_reasoning_end` for a decode step; ``delta_ids`` are its new tokens."""
+        return self.is_reasoning_end(input_ids)
+
+    def extract_content_ids(self, input_ids: list[int]) -> list[int]:
+        """The token ids of the content (what follows the reasoning) in ``input_ids``.
+
+        Raises:
+            NotImplementedError: This parser does not say.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not implement extract_content_ids")
+
+    def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        """How many of ``token_ids`` are reasoning; 0 when the parser cannot tell."""
+        return 0
 
     @abstractmethod
-    def extract_reasoning_content(self, model_output: str,
-                                  request: "ChatCompletionRequest") -> tuple[str | None, str | None]:
+    def extract_reasoning(self, model_output: str,
+                          request: "ChatCompletionRequest") -> tuple[str | None, str | None]:
         """Split a finished output.
 
         Returns:
-            ``(reasoning_content, content)``; either is ``None`` when empty.
+            ``(reasoning, content)``; ``None`` where there is none.
         """
 
     @abstractmethod
-    def extract_reasoning_content_streaming(
+    def extract_reasoning_streaming(
         self,
         previous_text: str,
         current_text: str,
@@ -50,11 +137,33 @@ class ReasoningParser(ABC):
     ) -> "DeltaMessage | None":
         """Turn one streamed step into a delta.
 
-        ``current_text == previous_text + delta_text``. Concatenating the
-        ``reasoning_content`` and the ``content`` of all returned deltas must give what
-        :meth:`extract_reasoning_content` returns for the final text.
+        ``current_text == previous_text + delta_text``. The server relies on the
+        ``reasoning`` and the ``content`` of all returned deltas adding up to what
+        :meth:`extract_reasoning` returns for the final text (it tops up what is missing
+        when the output ends).
 
         Returns:
-            A ``DeltaMessage`` with ``reasoning_content`` and/or ``content``, or ``None``
-            when there is nothing to send yet.
+            A ``DeltaMessage`` with ``reasoning`` and/or ``content``, or ``None`` when
+            there is nothing to send yet.
         """
+
+    # The names vLLM used before late 2025 -------------------------------------------
+    def extract_reasoning_content(self, model_output: str,
+                                  request: "ChatCompletionRequest") -> tuple[str | None, str | None]:
+        """Deprecated: call :meth:`extract_reasoning`."""
+        DEPRECATIONS.use(DeprecationKind.PYTHON_API, _deprecation_name("extract_reasoning_content"))
+        return self.extract_reasoning(model_output, request)
+
+    def extract_reasoning_content_streaming(
+        self,
+        previous_text: str,
+        current_text: str,
+        delta_text: str,
+        previous_token_ids: Sequence[int],
+        current_token_ids: Sequence[int],
+        delta_token_ids: Sequence[int],
+    ) -> "DeltaMessage | None":
+        """Deprecated: call :meth:`extract_reasoning_streaming`."""
+        DEPRECATIONS.use(DeprecationKind.PYTHON_API, _deprecation_name("extract_reasoning_content_streaming"))
+        return self.extract_reasoning_streaming(previous_text, current_text, delta_text, previous_token_ids,
+                                                current_token_ids, delta_token_ids)

@@ -16,7 +16,7 @@ class ReasoningParserManager(ParserManager):
         @ReasoningParserManager.register_module("my_parser")
         class MyParser(ReasoningParser): ...
 
-        ReasoningParserManager.register_lazy_module("my_parser", "my_pkg.parser:MyParser")
+        ReasoningParserManager.register_lazy_module("my_parser", "my_pkg.parser", "MyParser")
     """
 
     registry: ClassVar[LazyRegistry[type[ReasoningParser]]] = LazyRegistry(
@@ -45,5 +45,5 @@ class ReasoningParserManager(ParserManager):
         cls.import_plugin(plugin)
 
 
-ReasoningParserManager.register_lazy_module("deepseek_r1", "forkless.reasoning.deepseek_r1:DeepSeekR1ReasoningParser")
-ReasoningParserManager.register_lazy_module("qwen3", "forkless.reasoning.qwen3:Qwen3ReasoningParser")
+ReasoningParserManager.register_lazy_module("deepseek_r1", "forkless.reasoning.deepseek_r1", "DeepSeekR1ReasoningParser")
+ReasoningParserManager.register_lazy_module("qwen3", "forkless.reasoning.qwen3", "Qwen3ReasoningParser")

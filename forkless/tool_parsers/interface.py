@@ -1,8 +1,13 @@
-"""The ``ToolParser`` interface (public tier): turns model text into OpenAI tool calls."""
+"""The ``ToolParser`` interface (public tier): turns model text into OpenAI tool calls.
+
+The API is vLLM's: a parser written for vLLM ports by renaming ``vllm`` to ``forkless``
+in its imports.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
 from forkless.plugins import Stability, stability
@@ -10,6 +15,7 @@ from forkless.plugins import Stability, stability
 if TYPE_CHECKING:
     from forkless.protocol.openai import (
         ChatCompletionRequest,
+        ChatCompletionToolParam,
         DeltaMessage,
         ExtractedToolCallInformation,
     )
@@ -19,15 +25,33 @@ if TYPE_CHECKING:
 class ToolParser(ABC):
     """Extracts tool calls from a model's output, whole or streamed.
 
-    The API server creates one instance per chat request, so an implementation may keep
-    per-request state between streaming calls.
+    The API server creates one instance per chat request and choice, as
+    ``cls(tokenizer, request.tools)`` like vLLM (a parser whose constructor takes only the
+    tokenizer is built without the tools), so an implementation may keep per-request
+    state between streaming calls.
+
+    The base keeps the streaming state vLLM's parsers share: ``prev_tool_call_arr`` (the
+    calls parsed so far, as dicts), ``current_tool_id`` (index of the call being streamed,
+    -1 before the first), ``current_tool_name_sent`` and ``streamed_args_for_tool`` (the
+    arguments text sent so far, per call).
 
     Args:
         tokenizer: The served model's tokenizer.
+        tools: The request's tools, or ``None``.
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tools: "list[ChatCompletionToolParam] | None" = None) -> None:
+        self.prev_tool_call_arr: list[dict[str, Any]] = []
+        self.current_tool_id: int = -1
+        self.current_tool_name_sent: bool = False
+        self.streamed_args_for_tool: list[str] = []
         self.model_tokenizer = tokenizer
+        self.tools = tools
+
+    @cached_property
+    def vocab(self) -> dict[str, int]:
+        """The tokenizer's vocabulary (token -> id)."""
+        return self.model_tokenizer.get_vocab()
 
     def adjust_request(self, request: "ChatCompletionRequest") -> "ChatCompletionRequest":
         """Change a request before generation (e.g. keep special tokens that mark calls).

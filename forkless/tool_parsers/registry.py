@@ -16,7 +16,7 @@ class ToolParserManager(ParserManager):
         @ToolParserManager.register_module("my_parser")
         class MyParser(ToolParser): ...
 
-        ToolParserManager.register_lazy_module("my_parser", "my_pkg.parser:MyParser")
+        ToolParserManager.register_lazy_module("my_parser", "my_pkg.parser", "MyParser")
     """
 
     registry: ClassVar[LazyRegistry[type[ToolParser]]] = LazyRegistry(
@@ -45,5 +45,5 @@ class ToolParserManager(ParserManager):
         cls.import_plugin(plugin)
 
 
-ToolParserManager.register_lazy_module("hermes", "forkless.tool_parsers.hermes:Hermes2ProToolParser")
-ToolParserManager.register_lazy_module("llama3_json", "forkless.tool_parsers.llama3_json:Llama3JsonToolParser")
+ToolParserManager.register_lazy_module("hermes", "forkless.tool_parsers.hermes", "Hermes2ProToolParser")
+ToolParserManager.register_lazy_module("llama3_json", "forkless.tool_parsers.llama3_json", "Llama3JsonToolParser")

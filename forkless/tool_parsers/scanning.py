@@ -71,17 +71,27 @@ def held_tag_prefix(text: str, tag: str) -> int:
     return 0
 
 
-def call_from_object(text: str, obj: ScannedObject, arg_keys: Sequence[str] = ("arguments", "parameters")) -> PartialCall:
-    """Read ``name`` and the arguments (the first of ``arg_keys`` present) from a scan."""
+def call_from_object(text: str, obj: ScannedObject, arg_keys: Sequence[str] = ("arguments", "parameters"),
+                     require_args: bool = False) -> PartialCall:
+    """Read ``name`` and the arguments (the first of ``arg_keys`` present) from a scan.
+
+    Args:
+        text: The text scanned.
+        obj: The scan of one object in it.
+        arg_keys: The keys that may hold the arguments, in order of preference.
+        require_args: A call needs one of ``arg_keys``: until one appears the name is not
+            reported (it may not be a call), and a finished object without one has no
+            name (so it is not a call). Otherwise missing arguments are ``{}``.
+    """
     call = PartialCall(complete=obj.end is not None)
-    if "name" in obj.fields:
+    key = next((k for k in arg_keys if k in obj.fields), None)
+    if "name" in obj.fields and (key is not None or not require_args):
         start, end = obj.fields["name"]
         if end is not None:
             name = json.loads(text[start:end])
             call.name = name if isinstance(name, str) and name else None
-    key = next((k for k in arg_keys if k in obj.fields), None)
     if key is None:
-        call.arguments = "{}" if call.complete else ""
+        call.arguments = "{}" if call.complete and not require_args else ""
         return call
     start, end = obj.fields[key]
     if end is None:
@@ -93,8 +103,17 @@ def call_from_object(text: str, obj: ScannedObject, arg_keys: Sequence[str] = ("
     return call
 
 
-def make_tool_call_id() -> str:
-    """An OpenAI-style tool call id (``chatcmpl-tool-`` + 32 random characters)."""
+def make_tool_call_id(id_type: str = "random", func_name: str | None = None, idx: int | None = None) -> str:
+    """A tool call id, as vLLM's ``make_tool_call_id`` makes them.
+
+    Args:
+        id_type: ``"random"``: ``chatcmpl-tool-`` and 32 random characters (OpenAI's
+            shape); ``"kimi_k2"``: ``functions.<func_name>:<idx>``.
+        func_name: The function's name (``kimi_k2`` ids).
+        idx: The call's index (``kimi_k2`` ids).
+    """
+    if id_type == "kimi_k2":
+        return f"functions.{func_name}:{idx}"
     return "chatcmpl-tool-" + "".join(random.choices(string.ascii_lowercase + string.digits, k=32))
 
 
@@ -152,6 +171,20 @@ class ScanningToolParser(ToolParser):
             elif len(call.arguments) > len(old.arguments):
                 deltas.append(DeltaToolCall(index=i, function=DeltaFunctionCall(
                     arguments=call.arguments[len(old.arguments):])))
+        self._record_state(now.calls, deltas)
         if not content and not deltas:
             return None
         return DeltaMessage(content=content or None, tool_calls=deltas or None)
+
+    def _record_state(self, calls: list[PartialCall], deltas: list[DeltaToolCall]) -> None:
+        """Keep the base class's vLLM-style streaming state up to date (for subclasses and
+        for code that inspects a parser the way vLLM's server does)."""
+        named = [c for c in calls if c.name is not None]
+        self.prev_tool_call_arr = [{"name": c.name, "arguments": c.arguments} for c in named]
+        self.current_tool_id = len(named) - 1
+        self.current_tool_name_sent = bool(named)
+        for d in deltas:
+            while len(self.streamed_args_for_tool) <= d.index:
+                self.streamed_args_for_tool.append("")
+            if d.function is not None and d.function.arguments:
+                self.streamed_args_for_tool[d.index] += d.function.arguments

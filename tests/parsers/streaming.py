@@ -37,13 +37,14 @@ def stream_tools(parser: Any, chunks: list[str], request: Any) -> tuple[str | No
 
 
 def stream_reasoning(parser: Any, chunks: list[str]) -> tuple[str | None, str | None]:
+    """Concatenated ``reasoning`` and ``content`` of the deltas (``None`` when empty)."""
     prev, reasoning, content = "", "", ""
     for chunk in chunks:
         cur = prev + chunk
-        delta = parser.extract_reasoning_content_streaming(prev, cur, chunk, [], [], [])
+        delta = parser.extract_reasoning_streaming(prev, cur, chunk, [], [], [])
         prev = cur
         if delta is not None:
-            reasoning += delta.reasoning_content or ""
+            reasoning += delta.reasoning or ""
             content += delta.content or ""
     return reasoning or None, content or None
 

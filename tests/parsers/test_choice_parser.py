@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from forkless.entrypoints.openai.chat_parsing import make_choice_parser
-from tests.parsers.recorded import DEEPSEEK_R1, HERMES, MALFORMED
+from tests.parsers.recorded import DEEPSEEK_R1, HERMES, LLAMA3_JSON, MALFORMED, QWEN3
 from tests.parsers.streaming import two_way_splits
 
 THINK_THEN_CALL = ('<think>\nThe user wants the weather; I will call the tool.\n</think>\n\n'
@@ -15,7 +15,11 @@ OUTPUTS = [
     ("qwen3", "hermes", THINK_THEN_CALL),
     ("qwen3", "hermes", "<think>short</think>Just an answer, no call."),
     ("deepseek_r1", None, DEEPSEEK_R1[2][0]),  # ends inside "</think>": settled at the end
+    ("deepseek_r1", None, DEEPSEEK_R1[3][0]),  # a newline before <think>
+    ("qwen3", "hermes", QWEN3[6][0]),  # a <tool_call> ends the reasoning: the call comes at the end
+    ("qwen3", "hermes", QWEN3[-1][0]),  # a call inside the think block is reasoning
     (None, "hermes", HERMES[1][0]),
+    (None, "llama3_json", LLAMA3_JSON[4][0]),  # calls after leading text
     # Not calls after all. (A call cut off by max_tokens is left out: its first part was
     # streamed as a call before the end showed it broken, and a stream cannot take it back.)
     *[(None, name, out) for name, outs in MALFORMED.items() for out in outs if out.count("{") == out.count("}")],
@@ -33,7 +37,7 @@ def stream(parser, chunks: list[str]) -> dict:
     for d in deltas:
         if d is None:
             continue
-        got["reasoning"] += d.reasoning_content or ""
+        got["reasoning"] += d.reasoning or ""
         got["content"] += d.content or ""
         for call in d.tool_calls or []:
             entry = got["calls"].setdefault(call.index, {"name": call.function.name, "arguments": ""})
@@ -44,7 +48,7 @@ def stream(parser, chunks: list[str]) -> dict:
 
 def whole(parser, text: str) -> dict:
     m = parser.parse_whole(text)
-    return {"reasoning": m.reasoning_content, "content": m.content or None,
+    return {"reasoning": m.reasoning or None, "content": m.content or None,
             "calls": [(c.function.name, c.function.arguments) for c in m.tool_calls]}
 
 
@@ -58,7 +62,7 @@ def test_stream_plus_final_top_up_equals_whole_in_every_split(reasoning, tools, 
 
 def test_tool_calls_are_parsed_from_the_content_after_the_reasoning(request_with_tools) -> None:
     message = make_choice_parser(request_with_tools, None, "qwen3", "hermes").parse_whole(THINK_THEN_CALL)
-    assert message.reasoning_content == "\nThe user wants the weather; I will call the tool.\n"
+    assert message.reasoning == "\nThe user wants the weather; I will call the tool.\n"
     assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == \
         [("get_weather", '{"city": "Paris"}')]
     assert message.content == "\n\n"  # the text between the think block and the call
@@ -68,3 +72,33 @@ def test_a_call_written_inside_the_reasoning_is_not_a_call(request_with_tools) -
     text = '<think>maybe <tool_call>{"name": "f", "arguments": {}}</tool_call>?</think>No call.'
     message = make_choice_parser(request_with_tools, None, "qwen3", "hermes").parse_whole(text)
     assert message.tool_calls == [] and message.content == "No call."
+
+
+def test_an_implicit_tool_call_end_gives_reasoning_then_the_call(request_with_tools) -> None:
+    message = make_choice_parser(request_with_tools, None, "qwen3", "hermes").parse_whole(QWEN3[6][0])
+    assert message.reasoning == "Paris needs a lookup.\n" and message.content is None
+    assert [(c.function.name, c.function.arguments) for c in message.tool_calls] == \
+        [("get_weather", '{"city": "Paris"}')]
+
+
+def test_thinking_disabled_in_the_request_makes_everything_content(request_with_tools) -> None:
+    request = request_with_tools.model_copy(update={"chat_template_kwargs": {"enable_thinking": False}})
+    message = make_choice_parser(request, None, "qwen3", None).parse_whole("Just an answer.")
+    assert (message.reasoning, message.content) == (None, "Just an answer.")
+    message = make_choice_parser(request_with_tools, None, "qwen3", None).parse_whole("Just an answer.")
+    assert (message.reasoning, message.content) == ("Just an answer.", None)  # thinking, cut off
+
+
+def test_a_prompt_that_closed_the_reasoning_makes_everything_content(request_with_tools, tokenizer) -> None:
+    # What Qwen3's template writes for enable_thinking=False; the server asks the reasoning
+    # parser's is_reasoning_end about the prompt, as vLLM does.
+    closed = tokenizer.encode("<|im_start|>assistant\n<think>\n\n</think>\n\n", add_special_tokens=False)
+    opened = tokenizer.encode("<|im_start|>assistant\n<think>\n", add_special_tokens=False)
+    text = "The answer.</think>ignored tag"
+    parser = make_choice_parser(request_with_tools, tokenizer, "qwen3", None)
+    parser.set_prompt(closed)
+    assert parser.parse_whole(text).content == text and parser.parse_whole(text).reasoning is None
+    assert stream(parser, list(text)) == {"reasoning": None, "content": text, "calls": []}
+    parser = make_choice_parser(request_with_tools, tokenizer, "qwen3", None)
+    parser.set_prompt(opened)
+    assert (parser.parse_whole(text).reasoning, parser.parse_whole(text).content) == ("The answer.", "ignored tag")

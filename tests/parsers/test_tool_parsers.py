@@ -6,16 +6,20 @@ import json
 
 import pytest
 
+from forkless.protocol.openai import ChatCompletionRequest
 from forkless.tool_parsers import ToolParser, ToolParserManager
-from tests.parsers.recorded import HERMES, LLAMA3_JSON, MALFORMED
+from forkless.tool_parsers.hermes import Hermes2ProToolParser
+from forkless.tool_parsers.llama3_json import Llama3JsonToolParser
+from tests.parsers.conftest import WEATHER_TOOL
+from tests.parsers.recorded import HERMES, LLAMA3_JSON, MALFORMED, MALFORMED_AFTER_A_CALL
 from tests.parsers.streaming import every_char, stream_tools, token_chunks, two_way_splits
 
 CASES = [("hermes", *case) for case in HERMES] + [("llama3_json", *case) for case in LLAMA3_JSON]
 IDS = [f"{name}-{i}" for name, cases in (("hermes", HERMES), ("llama3_json", LLAMA3_JSON)) for i in range(len(cases))]
 
 
-def make(name: str, tokenizer=None) -> ToolParser:
-    return ToolParserManager.get_tool_parser(name)(tokenizer)
+def make(name: str, tokenizer=None, tools=None) -> ToolParser:
+    return ToolParserManager.create(name, tokenizer, tools)
 
 
 @pytest.mark.parametrize("name, output, content, calls", CASES, ids=IDS)
@@ -60,7 +64,8 @@ def test_streamed_token_by_token_equals_whole(name, output, content, calls, toke
         _whole(name, output, request_with_tools)
 
 
-@pytest.mark.parametrize("name, output", [(n, o) for n, outs in MALFORMED.items() for o in outs])
+@pytest.mark.parametrize("name, output", [(n, o) for m in (MALFORMED, MALFORMED_AFTER_A_CALL)
+                                          for n, outs in m.items() for o in outs])
 def test_malformed_calls_come_back_as_content(name, output, request_with_tools) -> None:
     info = make(name).extract_tool_calls(output, request_with_tools)
     assert not info.tools_called and info.tool_calls == [] and info.content == output
@@ -86,3 +91,43 @@ def test_hermes_keeps_special_tokens_only_where_the_tag_is_one(tokenizer, reques
             return {"<tool_call>": 7}
 
     assert make("hermes", TagTokenizer()).adjust_request(request_with_tools).skip_special_tokens is False
+
+
+@pytest.mark.parametrize("cls", [Hermes2ProToolParser, Llama3JsonToolParser])
+def test_constructor_takes_the_tools_and_the_base_keeps_vllms_streaming_state(cls, tokenizer) -> None:
+    tools = ChatCompletionRequest(messages=[], tools=[WEATHER_TOOL]).tools
+    for parser in (cls(tokenizer, tools), cls(tokenizer, tools=tools), cls(tokenizer)):
+        assert parser.model_tokenizer is tokenizer
+        assert (parser.prev_tool_call_arr, parser.current_tool_id, parser.current_tool_name_sent,
+                parser.streamed_args_for_tool) == ([], -1, False, [])
+    assert cls(tokenizer, tools=tools).tools == tools and cls(tokenizer).tools is None
+    assert cls(tokenizer).vocab == tokenizer.get_vocab()
+
+
+def test_streaming_updates_the_vllm_state(request_with_tools) -> None:
+    parser = make("hermes")
+    stream_tools(parser, every_char(HERMES[1][0]), request_with_tools)
+    assert parser.current_tool_id == 1 and parser.current_tool_name_sent
+    assert parser.prev_tool_call_arr == [{"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                                         {"name": "get_weather", "arguments": '{"city": "Berlin"}'}]
+    assert parser.streamed_args_for_tool == ['{"city": "Paris"}', '{"city": "Berlin"}']
+
+
+def test_a_parser_with_the_old_constructor_is_built_without_the_tools(request_with_tools) -> None:
+    class OldConstructor(Hermes2ProToolParser):
+        def __init__(self, tokenizer):
+            super().__init__(tokenizer)
+
+    ToolParserManager.register_module("test_old_constructor", module=OldConstructor)
+    try:
+        parser = ToolParserManager.create("test_old_constructor", None, request_with_tools.tools)
+        assert isinstance(parser, OldConstructor) and parser.tools is None
+    finally:
+        ToolParserManager.registry.unregister("test_old_constructor")
+
+
+def test_llama3_json_name_without_parameters_is_content_even_when_streamed(request_with_tools) -> None:
+    # The name alone does not make a call: nothing is streamed as one, and once the object
+    # closes without arguments it is sent as content.
+    text = '{"name": "noargs"}'
+    assert stream_tools(make("llama3_json"), every_char(text), request_with_tools) == (text, [])

@@ -51,6 +51,19 @@ class ChoiceParser:
         self._content = ""
         self._sent = _Sent()
 
+    def set_prompt(self, prompt_token_ids: list[int]) -> None:
+        """Tell the parser the prompt. As in vLLM, when the prompt already ends the
+        reasoning (a template that closed the think block, as Qwen3's does with
+        ``enable_thinking=False``), the whole output is content."""
+        if self.reasoning is None:
+            return
+        try:
+            ended = self.reasoning.is_reasoning_end(prompt_token_ids)
+        except NotImplementedError:
+            return
+        if ended:
+            self.reasoning = None
+
     @property
     def called_tools(self) -> bool:
         """Whether the stream has sent at least one tool call."""
@@ -60,9 +73,9 @@ class ChoiceParser:
         """The message for a finished output."""
         if self.reasoning is None and self.tools is None:
             return ChatResponseMessage(content=text)
-        reasoning, content = (self.reasoning.extract_reasoning_content(text, self.request)
+        reasoning, content = (self.reasoning.extract_reasoning(text, self.request)
                               if self.reasoning is not None else (None, text))
-        message = ChatResponseMessage(content=content, reasoning_content=reasoning)
+        message = ChatResponseMessage(content=content, reasoning=reasoning)
         if self.tools is not None and content is not None:
             info = self.tools.extract_tool_calls(content, self.request)
             if info.tools_called:
@@ -76,9 +89,9 @@ class ChoiceParser:
         reasoning: str | None = None
         content: str | None = delta_text or None
         if self.reasoning is not None:
-            dm = self.reasoning.extract_reasoning_content_streaming(
+            dm = self.reasoning.extract_reasoning_streaming(
                 self._text, text, delta_text, self._ids, token_ids, delta_ids)
-            reasoning, content = (dm.reasoning_content, dm.content) if dm is not None else (None, None)
+            reasoning, content = (dm.reasoning, dm.content) if dm is not None else (None, None)
         tool_calls = None
         if self.tools is not None and content:
             current = self._content + content
@@ -87,7 +100,7 @@ class ChoiceParser:
             self._content = current
             content, tool_calls = (dm.content, dm.tool_calls) if dm is not None else (None, None)
         self._text, self._ids = text, list(token_ids)
-        return self._record(DeltaMessage(reasoning_content=reasoning or None, content=content or None,
+        return self._record(DeltaMessage(reasoning=reasoning or None, content=content or None,
                                          tool_calls=tool_calls or None))
 
     def finish(self, text: str) -> DeltaMessage | None:
@@ -98,7 +111,7 @@ class ChoiceParser:
         """
         whole = self.parse_whole(text)
         sent = self._sent
-        reasoning = _rest(sent.reasoning, whole.reasoning_content or "")
+        reasoning = _rest(sent.reasoning, whole.reasoning or "")
         content = _rest(sent.content, whole.content or "")
         calls = []
         for i, call in enumerate(whole.tool_calls if self.tools is not None else []):
@@ -109,13 +122,13 @@ class ChoiceParser:
                 more = _rest(sent.arguments.get(i, ""), call.function.arguments)
                 if more:
                     calls.append(DeltaToolCall(index=i, function=DeltaFunctionCall(arguments=more)))
-        return self._record(DeltaMessage(reasoning_content=reasoning or None, content=content or None,
+        return self._record(DeltaMessage(reasoning=reasoning or None, content=content or None,
                                          tool_calls=calls or None))
 
     def _record(self, delta: DeltaMessage) -> DeltaMessage | None:
-        if delta.reasoning_content is None and delta.content is None and not delta.tool_calls:
+        if delta.reasoning is None and delta.content is None and not delta.tool_calls:
             return None
-        self._sent.reasoning += delta.reasoning_content or ""
+        self._sent.reasoning += delta.reasoning or ""
         self._sent.content += delta.content or ""
         for call in delta.tool_calls or []:
             fn = call.function
@@ -132,10 +145,16 @@ def _rest(sent: str, whole: str) -> str:
 
 def make_choice_parser(request: "ChatCompletionRequest", tokenizer: Any, reasoning_parser: str | None,
                        tool_parser: str | None) -> ChoiceParser:
-    """A ``ChoiceParser`` with fresh parser instances (they may keep per-request state)."""
+    """A ``ChoiceParser`` with fresh parser instances (they may keep per-request state).
+
+    The parsers are built as vLLM builds them: ``ReasoningParser(tokenizer,
+    chat_template_kwargs=...)`` and ``ToolParser(tokenizer, request.tools)``.
+    """
     from forkless.reasoning import ReasoningParserManager
     from forkless.tool_parsers import ToolParserManager
 
-    reasoning = ReasoningParserManager.get_reasoning_parser(reasoning_parser)(tokenizer) if reasoning_parser else None
-    tools = ToolParserManager.get_tool_parser(tool_parser)(tokenizer) if tool_parser else None
+    reasoning = (ReasoningParserManager.create(reasoning_parser, tokenizer,
+                                               chat_template_kwargs=request.chat_template_kwargs or {})
+                 if reasoning_parser else None)
+    tools = ToolParserManager.create(tool_parser, tokenizer, request.tools) if tool_parser else None
     return ChoiceParser(request, reasoning, tools)

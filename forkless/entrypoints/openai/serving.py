@@ -313,6 +313,8 @@ class OpenAIServing:
         self.check_model(req.model)
         parsers = self._choice_parsers(req)
         ids = self.render_chat(req)
+        for parser in parsers or ():
+            parser.set_prompt(ids)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         self._check_prompt(ids, max_tokens)
         top = req.top_logprobs if req.logprobs else None
@@ -465,7 +467,7 @@ def _merge_deltas(a: DeltaMessage | None, b: DeltaMessage | None) -> DeltaMessag
         return a or b
     join = lambda x, y: (x or "") + (y or "") or None  # noqa: E731
     calls = list(a.tool_calls or []) + list(b.tool_calls or [])
-    return DeltaMessage(reasoning_content=join(a.reasoning_content, b.reasoning_content),
+    return DeltaMessage(reasoning=join(a.reasoning, b.reasoning),
                         content=join(a.content, b.content), tool_calls=calls or None)
 
 
