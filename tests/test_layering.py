@@ -20,7 +20,7 @@ LAYERS: list[set[str]] = [
     {"forkless.logger"},
     {"forkless.plugins"},
     {"forkless.sampling_params"},
-    {"forkless.protocol", "forkless.outputs"},
+    {"forkless.protocol", "forkless.outputs", "forkless.tokenizers"},
     {"forkless.cpu_kernels", "forkless.tool_parsers", "forkless.reasoning", "forkless.metrics",
      "forkless.logits_processors"},
     {"forkless.attention", "forkless.sample", "forkless.core"},
@@ -30,7 +30,8 @@ LAYERS: list[set[str]] = [
     {"forkless.worker"},
     {"forkless.executor"},
     {"forkless.engine"},
-    {"forkless.entrypoints", "forkless.entrypoints.llm", "forkless.entrypoints.openai"},
+    {"forkless.entrypoints", "forkless.entrypoints.llm", "forkless.entrypoints.openai",
+     "forkless.entrypoints.chat_utils", "forkless.entrypoints.generate"},
     {"forkless.bench"},
     {"forkless.entrypoints.cli"},
 ]

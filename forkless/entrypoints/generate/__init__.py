@@ -1,0 +1,1 @@
+"""vLLM's ``vllm.entrypoints.generate`` package path (for parsers ported from vLLM)."""
