@@ -10,6 +10,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+# Where vLLM's stat loggers import it from (vllm.v1.metrics.stats); it crosses processes,
+# so it lives in the protocol package.
+from forkless.protocol.step import SchedulerStats
+
+__all__ = ["FinishedRequestStats", "IterationStats", "RequestTiming", "SchedulerStats", "iteration_stats"]
+
 
 @dataclass
 class RequestTiming:

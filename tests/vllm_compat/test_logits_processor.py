@@ -1,0 +1,37 @@
+"""A vLLM v1 logits processor, imports renamed only, runs in forkless offline and served."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import openai
+import pytest
+
+from forkless import LLM, SamplingParams
+
+PATH = "tests.vllm_compat.vllm_style_logits_processor:TargetTokenLogitsProcessor"
+
+
+def test_offline_llm_takes_the_class_and_forces_only_the_asking_requests(tiny_llama: Path) -> None:
+    from tests.vllm_compat.vllm_style_logits_processor import TargetTokenLogitsProcessor
+
+    llm = LLM(model=str(tiny_llama), max_model_len=128, logits_processors=[TargetTokenLogitsProcessor])
+    try:
+        forced, free = llm.generate(
+            ["Hello", "Hello"],
+            [SamplingParams(max_tokens=6, ignore_eos=True, extra_args={"target_token": 42}),
+             SamplingParams(max_tokens=6, ignore_eos=True)], use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert forced.outputs[0].token_ids == [42] * 6
+    assert free.outputs[0].token_ids != [42] * 6
+
+
+def test_validate_params_rejects_a_bad_argument_before_generation(tiny_llama: Path) -> None:
+    llm = LLM(model=str(tiny_llama), max_model_len=128, logits_processors=[PATH])
+    try:
+        with pytest.raises(ValueError, match="target_token value x is not int"):
+            llm.generate(["Hello"], SamplingParams(max_tokens=2, extra_args={"target_token": "x"}),
+                         use_tqdm=False)
+    finally:
+        llm.shutdown()
