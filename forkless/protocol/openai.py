@@ -63,7 +63,15 @@ class SamplingFields(OpenAIModel):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    # Keep this many prompt tokens (-1: as many as the context leaves room for); which
+    # end is cut follows truncation_side, "left" (keep the last tokens) by default.
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None
     priority: int = 0
     request_id: str | None = None
     extra_args: dict[str, Any] | None = None
@@ -146,12 +154,26 @@ class CompletionLogProbs(OpenAIModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(OpenAIModel):
+    """One candidate token at one prompt position, as vLLM's ``Logprob`` serializes."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# Per prompt position: token id -> its logprob (the prompt token plus the top-k); the first
+# position has none. A vLLM field outside the OpenAI API.
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionChoice(OpenAIModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(OpenAIModel):
@@ -300,6 +322,7 @@ class ChatCompletionResponse(OpenAIModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(_WithReasoning):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, AsyncIterator
@@ -31,6 +32,8 @@ from forkless.protocol.openai import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
+    PromptLogprob,
+    PromptLogprobs,
     SamplingFields,
     TopLogprob,
     UsageInfo,
@@ -47,14 +50,81 @@ logger = init_logger("forkless.entrypoints.openai")
 
 MAX_LOGPROBS = 20
 
+# vLLM request fields that forkless does not implement, with the values that ask for
+# nothing (clients that send those explicitly keep working); any other value is a 400
+# naming the field. Only fields the request model does not declare are checked, so
+# declaring a field (implementing it) takes it off these lists.
+_UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "use_beam_search": ((None, False), "beam search is not supported"),
+    "length_penalty": ((None, 1.0), "length_penalty only applies to beam search, which is not supported"),
+    "watermarking": ((None, False), "watermarking is not supported"),
+    "logprob_token_ids": ((None,), "logprob_token_ids is not supported; use logprobs"),
+    "prompt_embeds": ((None,), "prompt embeddings are not supported"),
+    "response_format": ((None, {"type": "text"}), "response_format (JSON mode, structured outputs) is not supported"),
+    "structured_outputs": ((None,), "structured outputs (guided decoding) are not supported"),
+    "guided_json": ((None,), "guided decoding is not supported"),
+    "guided_regex": ((None,), "guided decoding is not supported"),
+    "guided_choice": ((None,), "guided decoding is not supported"),
+    "guided_grammar": ((None,), "guided decoding is not supported"),
+    "cache_salt": ((None,), "cache_salt is not supported"),
+    "kv_transfer_params": ((None,), "disaggregated serving (kv_transfer_params) is not supported"),
+    "ec_transfer_params": ((None,), "disaggregated serving (ec_transfer_params) is not supported"),
+    "repetition_detection": ((None,), "repetition_detection is not supported"),
+    "thinking_token_budget": ((None, -1), "thinking_token_budget is not supported"),
+    "stream_interval": ((None, 1), "stream_interval is not supported: every token is streamed"),
+    "return_tokens_as_token_ids": ((None, False), "return_tokens_as_token_ids is not supported"),
+    "return_token_ids": ((None, False), "return_token_ids is not supported"),
+    "routed_experts_prompt_start": ((None, 0), "routed experts are not returned"),
+    "mm_processor_kwargs": ((None, {}), "multimodal inputs are not supported"),
+    "media_io_kwargs": ((None, {}), "multimodal inputs are not supported"),
+}
+_UNSUPPORTED_COMPLETION_FIELDS = {
+    "add_special_tokens": ((None, True), "add_special_tokens=false is not supported: the prompt is "
+                                         "tokenized with the tokenizer's special tokens"),
+}
+_UNSUPPORTED_CHAT_FIELDS = {
+    "add_special_tokens": ((None, False), "add_special_tokens=true is not supported: the chat template "
+                                          "writes the special tokens"),
+    "echo": ((None, False), "echo is not supported for chat completions"),
+    "chat_template": ((None,), "a per-request chat_template is not supported; start the server with "
+                               "--chat-template"),
+    "reasoning_effort": ((None,), "reasoning_effort is not supported; use chat_template_kwargs"),
+    "include_reasoning": ((None, True), "include_reasoning=false is not supported"),
+}
+
+
+def _reject_unsupported(req: SamplingFields) -> None:
+    """Refuse vLLM request fields that this server would otherwise silently ignore."""
+    extra = req.model_extra or {}
+    if not extra:
+        return
+    endpoint = _UNSUPPORTED_COMPLETION_FIELDS if isinstance(req, CompletionRequest) else _UNSUPPORTED_CHAT_FIELDS
+    for name, value in extra.items():
+        if name == "best_of" and value not in (None, req.n):
+            raise BadRequest(f"best_of={value!r} is not supported (vLLM removed it too); use n", "best_of")
+        accepted, reason = endpoint.get(name) or _UNSUPPORTED_FIELDS.get(name, ((value,), ""))
+        if value not in accepted:
+            raise BadRequest(f"{name}={value!r}: {reason}", name)
+
 
 def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None,
                        default_max_tokens: int) -> SamplingParams:
     """Translate request fields into ``SamplingParams``; bad values raise ``BadRequest``."""
+    _reject_unsupported(req)
     extra = dict(req.vllm_xargs or {})
     extra.update(req.extra_args or {})
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
         raise BadRequest(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}", "logprobs")
+    prompt_logprobs = req.prompt_logprobs
+    if prompt_logprobs is not None:
+        if req.stream:
+            raise BadRequest("prompt_logprobs are not available when stream=true", "prompt_logprobs")
+        if not 0 <= prompt_logprobs <= MAX_LOGPROBS:
+            raise BadRequest(f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {prompt_logprobs}",
+                             "prompt_logprobs")
+    elif isinstance(req, CompletionRequest) and req.echo:
+        # As vLLM: the echoed prompt's tokens get logprobs too (streaming included).
+        prompt_logprobs = logprobs
     try:
         bias = {int(k): float(v) for k, v in (req.logit_bias or {}).items()}
     except ValueError:
@@ -77,14 +147,56 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logit_bias=bias or None,
         skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output,
+        prompt_logprobs=prompt_logprobs,
+        allowed_token_ids=req.allowed_token_ids,
+        bad_words=req.bad_words or None,
         extra_args=extra or None,
     )
     try:
         return SamplingParams(**kwargs)
     except (ValueError, TypeError) as exc:
-        param = str(exc).split(" ", 1)[0].strip(":'\"") if str(exc) else None
-        raise BadRequest(str(exc), param if param in kwargs else None) from None
+        # SamplingParams names the field first: "SamplingParams.top_p=2.0 is invalid: ...".
+        match = re.match(r"SamplingParams\.(\w+)=", str(exc))
+        raise BadRequest(str(exc), match.group(1) if match else None) from None
+
+
+def truncate_prompt(ids: list[int], req: SamplingFields, max_tokens: int | None, max_model_len: int) -> list[int]:
+    """Apply ``truncate_prompt_tokens`` (vLLM semantics); bad values raise ``BadRequest``.
+
+    ``-1`` keeps as many tokens as the context leaves room for next to ``max_tokens``
+    (one generated token when it is not given); ``truncation_side`` ``"left"`` (the
+    default) keeps the last tokens, ``"right"`` the first.
+    """
+    keep = req.truncate_prompt_tokens
+    if keep is None:
+        return ids
+    room = max_model_len - (max_tokens or 1)
+    if keep == -1:
+        keep = room
+    if not 0 < keep <= room:
+        raise BadRequest(f"truncate_prompt_tokens={req.truncate_prompt_tokens} must be between 1 and "
+                         f"max_model_len - max_tokens = {room} (or -1)", "truncate_prompt_tokens")
+    if len(ids) <= keep:
+        return ids
+    return ids[-keep:] if (req.truncation_side or "left") == "left" else ids[:keep]
+
+
+def _prompt_logprobs(out: "RequestOutput") -> PromptLogprobs | None:
+    """``RequestOutput.prompt_logprobs`` for a response body (-inf, which JSON cannot
+    carry, becomes -9999.0 as in vLLM)."""
+    if out.prompt_logprobs is None:
+        return None
+    return [None if entry is None else {
+        tok: PromptLogprob(logprob=max(lp.logprob, -9999.0), rank=lp.rank, decoded_token=lp.decoded_token)
+        for tok, lp in entry.items()} for entry in out.prompt_logprobs]
+
+
+def _join_logprobs(a: CompletionLogProbs, b: CompletionLogProbs) -> CompletionLogProbs:
+    return CompletionLogProbs(text_offset=a.text_offset + b.text_offset, token_logprobs=a.token_logprobs
+                              + b.token_logprobs, tokens=a.tokens + b.tokens, top_logprobs=a.top_logprobs
+                              + b.top_logprobs)
 
 
 def _usage(out: "RequestOutput") -> UsageInfo:
@@ -171,7 +283,8 @@ class OpenAIServing:
         self.check_model(req.model)
         if req.suffix:
             raise BadRequest("suffix is not supported", "suffix")
-        prompts = self._completion_prompts(req)
+        prompts = [truncate_prompt(ids, req, req.max_tokens, self.max_model_len)
+                   for ids in self._completion_prompts(req)]
         for ids in prompts:
             self._check_prompt(ids, req.max_tokens)
         base_id = random_id("cmpl")
@@ -185,11 +298,15 @@ class OpenAIServing:
         choices = []
         for p_idx, out in enumerate(finals):
             for c in out.outputs:
-                text = (self.tokenizer.decode(prompts[p_idx]) if req.echo else "") + c.text
+                echo = self.tokenizer.decode(prompts[p_idx]) if req.echo else ""
+                lp = None
+                if req.logprobs is not None:
+                    lp = self._completion_logprobs(c, 0, req.logprobs, offset=len(echo))
+                    if req.echo:
+                        lp = _join_logprobs(self._echo_logprobs(prompts[p_idx], out, req.logprobs), lp)
                 choices.append(CompletionChoice(
-                    index=p_idx * req.n + c.index, text=text, finish_reason=c.finish_reason,
-                    stop_reason=c.stop_reason,
-                    logprobs=self._completion_logprobs(c, 0, req.logprobs) if req.logprobs is not None else None))
+                    index=p_idx * req.n + c.index, text=echo + c.text, finish_reason=c.finish_reason,
+                    stop_reason=c.stop_reason, logprobs=lp, prompt_logprobs=_prompt_logprobs(out)))
         usage = UsageInfo()
         for out in finals:
             u = _usage(out)
@@ -198,9 +315,9 @@ class OpenAIServing:
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         return CompletionResponse(id=base_id, model=self.model_name, choices=choices, usage=usage)
 
-    def _completion_logprobs(self, c: "CompletionOutput", start: int, n: int | None) -> CompletionLogProbs:
+    def _completion_logprobs(self, c: "CompletionOutput", start: int, n: int | None,
+                             offset: int = 0) -> CompletionLogProbs:
         lp = CompletionLogProbs()
-        offset = 0
         for i in range(start, len(c.token_ids)):
             tok_id = c.token_ids[i]
             entries = (c.logprobs or [])[i] if c.logprobs and i < len(c.logprobs) else {}
@@ -212,6 +329,17 @@ class OpenAIServing:
             offset += len(token)
             top = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)[: (n or 0) + 1]
             lp.top_logprobs.append({self._token_text(t, entries): e.logprob for t, e in top} if n else None)
+        return lp
+
+    def _echo_logprobs(self, prompt_ids: list[int], out: "RequestOutput", n: int | None) -> CompletionLogProbs:
+        """The echoed prompt's tokens in the completions ``logprobs`` format (as vLLM: the
+        first token has neither a logprob nor top logprobs)."""
+        from forkless.outputs import CompletionOutput
+
+        entries = [entry or {} for entry in out.prompt_logprobs or []]
+        lp = self._completion_logprobs(CompletionOutput(index=0, text="", token_ids=prompt_ids, logprobs=entries), 0, n)
+        if lp.top_logprobs:
+            lp.top_logprobs[0] = None
         return lp
 
     def _token_text(self, token_id: int, entries: dict) -> str:
@@ -237,8 +365,9 @@ class OpenAIServing:
                 if req.echo and idx not in echoed:
                     echoed.add(idx)  # text may still be held back, so sent_text is not enough
                     echo = self.tokenizer.decode(prompts[p_idx])
+                    echo_lp = self._echo_logprobs(prompts[p_idx], out, req.logprobs) if req.logprobs is not None else None
                     yield _sse(CompletionResponse(id=base_id, created=created, model=self.model_name,
-                                                  choices=[CompletionChoice(index=idx, text=echo)]))
+                                                  choices=[CompletionChoice(index=idx, text=echo, logprobs=echo_lp)]))
                 delta = c.text[sent_text.get(idx, 0):]
                 if not delta and not c.finish_reason:
                     continue  # tokens whose text is still held back (partial UTF-8, stop string)
@@ -313,6 +442,8 @@ class OpenAIServing:
         self.check_model(req.model)
         parsers = self._choice_parsers(req)
         ids = self.render_chat(req)
+        ids = truncate_prompt(ids, req, req.max_completion_tokens if req.max_completion_tokens is not None
+                              else req.max_tokens, self.max_model_len)
         for parser in parsers or ():
             parser.set_prompt(ids)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -333,7 +464,8 @@ class OpenAIServing:
             choices.append(ChatChoice(
                 index=c.index, message=message, finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls)),
                 stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None))
-        return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=_usage(final))
+        return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=_usage(final),
+                                      prompt_logprobs=_prompt_logprobs(final))
 
     def _chat_logprobs(self, c: "CompletionOutput", start: int, top: int | None) -> ChatLogprobs:
         content = []

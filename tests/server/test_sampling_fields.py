@@ -1,0 +1,229 @@
+"""vLLM's sampling request fields over HTTP: each one takes effect, or is a 400 naming it.
+
+The conversion itself (request -> ``SamplingParams``) is checked without a server; the
+effects through a real ``forkless serve`` on the tiny Llama.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import torch
+
+from forkless.entrypoints.openai.errors import BadRequest
+from forkless.entrypoints.openai.serving import to_sampling_params, truncate_prompt
+from forkless.protocol.openai import ChatCompletionRequest, CompletionRequest
+from tests.server.conftest import Server
+
+PROMPT = "The capital of France is"
+MESSAGES = [{"role": "user", "content": "Name a color."}]
+
+
+def _completion(**fields) -> CompletionRequest:
+    return CompletionRequest(prompt=PROMPT, **fields)
+
+
+def _chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest(messages=MESSAGES, **fields)
+
+
+# -- the conversion, without a server -------------------------------------------------------
+
+def test_every_sampling_field_reaches_sampling_params() -> None:
+    req = _completion(n=2, temperature=0.5, top_p=0.9, top_k=7, min_p=0.1, seed=3, min_tokens=2,
+                      stop=["x"], stop_token_ids=[4], ignore_eos=True, presence_penalty=0.5,
+                      frequency_penalty=0.25, repetition_penalty=1.1, logit_bias={"5": 1.0},
+                      skip_special_tokens=False, spaces_between_special_tokens=False,
+                      include_stop_str_in_output=True, prompt_logprobs=2, allowed_token_ids=[1, 2],
+                      bad_words=["foo"], best_of=2)
+    p = to_sampling_params(req, 10, 3, 99)
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.seed) == (2, 0.5, 0.9, 7, 0.1, 3)
+    assert (p.max_tokens, p.min_tokens, p.stop, p.stop_token_ids, p.ignore_eos) == (10, 2, ["x"], [4], True)
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, 0.25, 1.1)
+    assert p.logit_bias == {5: 1.0} and p.logprobs == 3 and p.prompt_logprobs == 2
+    assert not p.skip_special_tokens and not p.spaces_between_special_tokens and p.include_stop_str_in_output
+    assert p.allowed_token_ids == [1, 2] and p.bad_words == ["foo"]
+
+
+def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
+    assert to_sampling_params(_completion(echo=True, logprobs=2), 5, 2, 5).prompt_logprobs == 2
+    assert to_sampling_params(_completion(echo=True), 5, None, 5).prompt_logprobs is None
+    assert to_sampling_params(_completion(logprobs=2), 5, 2, 5).prompt_logprobs is None
+
+
+@pytest.mark.parametrize(("req", "param"), [
+    (_completion(prompt_logprobs=1, stream=True), "prompt_logprobs"),
+    (_completion(prompt_logprobs=21), "prompt_logprobs"),
+    (_completion(allowed_token_ids=[]), "allowed_token_ids"),
+    (_completion(bad_words=["ok", " "]), "bad_words"),
+    (_completion(top_p=2.0), "top_p"),
+    (_completion(best_of=3), "best_of"),
+    (_completion(use_beam_search=True), "use_beam_search"),
+    (_completion(length_penalty=0.5), "length_penalty"),
+    (_completion(response_format={"type": "json_object"}), "response_format"),
+    (_completion(structured_outputs={"regex": "a+"}), "structured_outputs"),
+    (_completion(guided_choice=["a", "b"]), "guided_choice"),
+    (_completion(logprob_token_ids=[1]), "logprob_token_ids"),
+    (_completion(return_token_ids=True), "return_token_ids"),
+    (_completion(cache_salt="s"), "cache_salt"),
+    (_completion(thinking_token_budget=10), "thinking_token_budget"),
+    (_completion(add_special_tokens=False), "add_special_tokens"),
+    (_chat(add_special_tokens=True), "add_special_tokens"),
+    (_chat(echo=True), "echo"),
+    (_chat(chat_template="{{ messages }}"), "chat_template"),
+    (_chat(prompt_logprobs=0, stream=True), "prompt_logprobs"),
+])
+def test_fields_that_would_be_ignored_are_rejected_naming_them(req, param) -> None:
+    with pytest.raises(BadRequest) as info:
+        to_sampling_params(req, 5, None, 5)
+    assert info.value.param == param and info.value.status == 400
+    assert param in info.value.message
+
+
+@pytest.mark.parametrize("req", [
+    _completion(use_beam_search=False, length_penalty=1.0, best_of=1, response_format={"type": "text"},
+                add_special_tokens=True, return_token_ids=False, thinking_token_budget=-1, session_id="s",
+                some_future_openai_field=1),
+    _chat(add_special_tokens=False, echo=False, include_reasoning=True),
+])
+def test_vllm_fields_at_their_do_nothing_values_are_accepted(req) -> None:
+    to_sampling_params(req, 5, None, 5)
+
+
+def test_truncate_prompt_tokens_keeps_the_last_or_first_tokens() -> None:
+    ids = list(range(10))
+    assert truncate_prompt(ids, _completion(), 4, 100) == ids
+    assert truncate_prompt(ids, _completion(truncate_prompt_tokens=3), 4, 100) == [7, 8, 9]
+    assert truncate_prompt(ids, _completion(truncate_prompt_tokens=3, truncation_side="right"), 4, 100) == [0, 1, 2]
+    assert truncate_prompt(ids, _completion(truncate_prompt_tokens=30), 4, 100) == ids
+    assert truncate_prompt(ids, _completion(truncate_prompt_tokens=-1), 4, 8) == ids[-4:]  # 8 - max_tokens
+    assert truncate_prompt(ids, _completion(truncate_prompt_tokens=-1), None, 8) == ids[-7:]  # room for one
+    for bad in (0, 5):
+        with pytest.raises(BadRequest) as info:
+            truncate_prompt(ids, _completion(truncate_prompt_tokens=bad), 4, 8)
+        assert info.value.param == "truncate_prompt_tokens"
+
+
+# -- through the server -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def hf_reference(tiny_llama: Path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+
+    def logprobs(ids: list[int]) -> torch.Tensor:
+        with torch.inference_mode():
+            return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), dim=-1)
+
+    return tok, logprobs
+
+
+def _post(server: Server, path: str, body: dict) -> httpx.Response:
+    return httpx.post(server.url + path, json={"model": "tiny", **body}, timeout=60)
+
+
+def _check_prompt_logprobs(entries: list, ids: list[int], ref: torch.Tensor, top: int) -> None:
+    assert len(entries) == len(ids) and entries[0] is None
+    for pos in range(1, len(ids)):
+        entry = {int(k): v for k, v in entries[pos].items()}
+        row = ref[pos - 1]
+        assert set(entry) == {ids[pos], *row.topk(top).indices.tolist()}
+        for tok_id, lp in entry.items():
+            assert lp["logprob"] == pytest.approx(row[tok_id].item(), abs=1e-3)
+            assert lp["rank"] >= 1 and isinstance(lp["decoded_token"], str)
+
+
+def test_completion_prompt_logprobs_equal_transformers(server: Server, hf_reference) -> None:
+    tok, logprobs = hf_reference
+    r = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "prompt_logprobs": 2, "n": 2,
+                                          "temperature": 1.0, "seed": 1})
+    assert r.status_code == 200, r.text
+    ids = tok.encode(PROMPT)
+    ref = logprobs(ids)
+    choices = r.json()["choices"]
+    assert len(choices) == 2
+    for choice in choices:
+        _check_prompt_logprobs(choice["prompt_logprobs"], ids, ref, 2)
+    plain = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+    assert plain.json()["choices"][0]["prompt_logprobs"] is None
+
+
+def test_chat_prompt_logprobs_at_the_response_level(server: Server, hf_reference) -> None:
+    _, logprobs = hf_reference
+    tokens = _post(server, "/tokenize", {"messages": MESSAGES}).json()["tokens"]
+    r = _post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "prompt_logprobs": 1})
+    assert r.status_code == 200, r.text
+    _check_prompt_logprobs(r.json()["prompt_logprobs"], tokens, logprobs(tokens), 1)
+
+
+def test_echo_with_logprobs_covers_the_prompt_tokens(server: Server, hf_reference) -> None:
+    tok, logprobs = hf_reference
+    ids = tok.encode(PROMPT)
+    client = server.client()
+    r = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0, echo=True, logprobs=1)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 3 and r.choices[0].text.startswith(PROMPT)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    ref = logprobs(ids)
+    for pos in range(1, len(ids)):
+        assert lp.token_logprobs[pos] == pytest.approx(ref[pos - 1, ids[pos]].item(), abs=1e-3)
+    stream = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0, echo=True,
+                                       logprobs=1, stream=True)
+    streamed = [t for chunk in stream for t in (chunk.choices[0].logprobs.tokens if chunk.choices[0].logprobs else [])]
+    assert streamed == lp.tokens
+
+
+def test_allowed_token_ids_restrict_the_text(server: Server, hf_reference) -> None:
+    tok, _ = hf_reference
+    allowed = tok.encode(" red green blue")
+    r = server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=1.0, seed=5,
+                                           logprobs=0, extra_body={"allowed_token_ids": allowed})
+    texts = {tok.decode([t]) for t in allowed}
+    assert set(r.choices[0].logprobs.tokens) <= texts
+    with pytest.raises(openai.BadRequestError, match="allowed_token_ids"):
+        server.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=2,
+                                           extra_body={"allowed_token_ids": [10 ** 7]})
+
+
+def test_bad_words_change_the_greedy_text(server: Server) -> None:
+    client = server.client()
+    free = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=0)
+    first = free.choices[0].logprobs.tokens[0]
+    assert first.strip(), "pick a prompt whose greedy first token is a word"
+    banned = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=0, logprobs=0,
+                                       extra_body={"bad_words": [first]})
+    assert banned.choices[0].logprobs.tokens[0] != first
+
+
+def test_truncate_prompt_tokens_over_http(server: Server, hf_reference) -> None:
+    tok, _ = hf_reference
+    ids = tok.encode("one two three four five six seven eight nine ten")
+    client = server.client()
+    kw = dict(model="tiny", max_tokens=4, temperature=0)
+    for side, kept in (("left", ids[-5:]), ("right", ids[:5])):
+        r = client.completions.create(prompt=ids, extra_body={"truncate_prompt_tokens": 5, "truncation_side": side},
+                                      **kw)
+        assert r.usage.prompt_tokens == 5
+        assert r.choices[0].text == client.completions.create(prompt=kept, **kw).choices[0].text
+    chat = client.chat.completions.create(messages=MESSAGES, extra_body={"truncate_prompt_tokens": 3}, **kw)
+    assert chat.usage.prompt_tokens == 3
+
+
+def test_unsupported_fields_are_openai_style_400s(server: Server) -> None:
+    for path, body, param in [
+        ("/v1/completions", {"prompt": PROMPT, "use_beam_search": True}, "use_beam_search"),
+        ("/v1/completions", {"prompt": PROMPT, "best_of": 4}, "best_of"),
+        ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+        ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_object"}},
+         "response_format"),
+        ("/v1/completions", {"prompt": PROMPT, "bad_words": [""]}, "bad_words"),
+    ]:
+        r = _post(server, path, body)
+        assert r.status_code == 400, (body, r.text)
+        error = r.json()["error"]
+        assert error["type"] == "BadRequestError" and error["param"] == param and param in error["message"]
