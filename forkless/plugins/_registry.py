@@ -15,6 +15,7 @@ replace a built-in.
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import threading
 import weakref
@@ -104,6 +105,22 @@ def import_path(path: str) -> Any:
                 f"cannot import {path!r}: module {module_name!r} has no attribute {attr!r}"
             ) from exc
     return obj
+
+
+def check_implements(cls: type, what: str) -> None:
+    """Fail now, not at construction, when a class leaves abstract methods unimplemented.
+
+    Args:
+        cls: The class a plugin or a flag named.
+        what: What it was named for, for the message.
+
+    Raises:
+        TypeError: Naming the class and every method it still has to implement.
+    """
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise TypeError(f"{what}: {cls.__module__}.{cls.__qualname__} does not implement the "
+                        f"abstract method(s) {missing} of its interface")
 
 
 def describe_target(target: Any) -> str:
@@ -206,6 +223,8 @@ class LazyRegistry(Generic[T]):
                     f"{self.kind} {name!r} -> {path!r} is {obj!r}, which is not a subclass "
                     f"of {self.base.__module__}.{self.base.__qualname__}"
                 )
+            if self.base is not None:
+                check_implements(obj, f"{self.kind} {name!r} -> {path!r}")
             self._resolved[name] = obj
             return obj
 

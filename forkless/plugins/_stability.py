@@ -14,7 +14,7 @@ import enum
 import logging
 from typing import Any, Callable, TypeVar
 
-from forkless.plugins._registry import PluginImportError, import_path
+from forkless.plugins._registry import PluginImportError, check_implements, import_path
 
 logger = logging.getLogger("forkless.plugins")
 
@@ -79,7 +79,8 @@ def resolve_class(path: Any, base: type[Any], what: str, builtin_prefix: str = "
     Raises:
         ValueError: ``path`` is not a well-formed class path.
         PluginImportError: The path does not import (message names path and cause).
-        TypeError: The object is not a class or not a subclass of ``base``.
+        TypeError: The object is not a class, not a subclass of ``base``, or leaves
+            abstract methods of ``base`` unimplemented (named in the message).
     """
     base_name = f"{base.__module__}.{base.__qualname__}"
     if isinstance(path, str):
@@ -96,6 +97,7 @@ def resolve_class(path: Any, base: type[Any], what: str, builtin_prefix: str = "
     if not issubclass(cls, base):
         raise TypeError(f"{what}: {cls.__module__}.{cls.__qualname__} is not a subclass of {base_name}")
     name = f"{cls.__module__}.{cls.__qualname__}"
+    check_implements(cls, what)
     if tier_of(base) is Stability.INTERNAL and not cls.__module__.startswith(builtin_prefix):
         if name not in _warned_internal:
             _warned_internal.add(name)

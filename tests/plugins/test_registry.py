@@ -174,3 +174,20 @@ def test_model_registry_names_a_registered_class_that_fails_to_import() -> None:
             ModelRegistry.resolve_model_cls(["TypoForCausalLM"])
     finally:
         ModelRegistry._registry.unregister("TypoForCausalLM")
+
+
+def test_a_class_missing_abstract_methods_is_refused_when_named() -> None:
+    from forkless.executor import Executor
+    from forkless.plugins import LazyRegistry, resolve_class
+
+    class HalfExecutor(Executor):
+        def determine_num_blocks(self) -> int:
+            return 1
+
+    with pytest.raises(TypeError, match=r"--distributed-executor-backend: .*HalfExecutor does not implement "
+                       r"the abstract method\(s\) check_health, execute_model, initialize_cache"):
+        resolve_class(HalfExecutor, Executor, "--distributed-executor-backend")
+    registry: LazyRegistry[type] = LazyRegistry("test executor", base=Executor)
+    registry.register("half_by_path", "forkless.executor.interface:Executor")
+    with pytest.raises(TypeError, match="does not implement"):
+        registry.resolve("half_by_path")
