@@ -269,8 +269,13 @@ class EngineArgs:
             ValueError: A flag has an invalid value (the message names the flag, the
                 value and what is expected), the model cannot be found, or its
                 architecture is not supported (the message lists the supported ones).
+            ImportError, TypeError: A ``--scheduler-cls`` or ``--logits-processors``
+                class does not import, or does not subclass its interface (see
+                :meth:`check_class_paths`, which runs before the model is resolved).
         """
         self._validate_flags()
+        # Before the model is resolved (a first start converts a GGUF for seconds).
+        self.check_class_paths()
         from forkless.model_loader.default_model import resolve_model_path
         from forkless.platforms import current_platform
 
@@ -330,6 +335,46 @@ class EngineArgs:
         )
         current_platform.check_and_update_config(config)
         return config
+
+    def check_class_paths(self) -> None:
+        """Import the classes ``--scheduler-cls`` and ``--logits-processors`` name, and check
+        each against its interface.
+
+        :meth:`create_engine_config` calls it before resolving the model, and the CLI right
+        after parsing the flags, so that a typo fails at once in the process that parsed
+        them, not in a worker after the model has loaded. General plugins are loaded first
+        (once per process): a plugin may register what a value names. The third class-path
+        flag, ``--distributed-executor-backend``, is resolved by
+        ``forkless.executor.get_executor_cls``, which sits above this module; the CLI,
+        ``LLMEngine`` and ``AsyncLLM`` call it before starting any process.
+
+        Raises:
+            ValueError: A value is not a well-formed class path.
+            ImportError: A path does not import; the message names the flag, the value,
+                the cause and what was expected.
+            TypeError: A value is not a subclass of its flag's interface.
+            forkless.plugins.PluginLoadError: A general plugin failed under
+                ``FORKLESS_PLUGINS_STRICT=1``.
+        """
+        from forkless.core.sched.interface import SchedulerInterface
+        from forkless.core.sched.registry import get_scheduler_cls
+        from forkless.logits_processors.interface import LogitsProcessor
+        from forkless.logits_processors.registry import load_custom_classes
+        from forkless.plugins import PluginImportError, load_general_plugins
+
+        load_general_plugins()
+        checks: list[tuple[Any, Any, type]] = [
+            (self.logits_processors, lambda v: load_custom_classes(v, entry_points=False), LogitsProcessor)]
+        if self.scheduler_cls is not None:  # None is the built-in scheduler: nothing to check
+            checks.append((self.scheduler_cls, get_scheduler_cls, SchedulerInterface))
+        for value, resolve, interface in checks:
+            try:
+                resolve(value)
+            except PluginImportError as exc:
+                # The message already names the flag, the value and the cause.
+                raise PluginImportError(
+                    f"{exc}; expected a subclass of {interface.__module__}.{interface.__qualname__} "
+                    "given as pkg.mod:Class") from exc
 
     def _validate_flags(self) -> None:
         if self.dtype not in DTYPE_CHOICES:

@@ -8,6 +8,7 @@ from forkless.protocol.step import FinishReason
 from forkless.engine.core import EngineCore
 from forkless.engine.output_processor import OutputProcessor
 from forkless.engine.processor import Processor
+from forkless.executor import get_executor_cls
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -24,9 +25,17 @@ class LLMEngine:
 
     Args:
         config: The engine configuration.
+
+    Raises:
+        ValueError, ImportError, TypeError: ``distributed_executor_backend`` names no
+            registered executor, does not import, or is not an ``Executor`` subclass.
     """
 
     def __init__(self, config: EngineConfig) -> None:
+        # Resolved first, before the tokenizer loads and the executor starts workers: a
+        # bad --distributed-executor-backend fails at once (create_engine_config checked
+        # the other class paths).
+        get_executor_cls(config.parallel_config.distributed_executor_backend)
         self.config = config
         self.processor = Processor(config)
         self.output_processor = OutputProcessor(self.processor.tokenizer)

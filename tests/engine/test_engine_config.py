@@ -16,13 +16,17 @@ from forkless.protocol.engine import EngineCoreOutputs, EngineCoreRequest
 from forkless.executor import Executor, get_executor_cls
 from forkless.sampling_params import SamplingParams
 
+# Real classes: create_engine_config imports every --logits-processors path.
+MIN_P = "forkless.logits_processors.min_p:MinPLogitsProcessor"
+MIN_TOKENS = "forkless.logits_processors.min_tokens:MinTokensLogitsProcessor"
+
 
 def test_cli_flags_use_vllm_names_and_build_a_config(llama_dir) -> None:
     parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
     args = parser.parse_args([
         str(llama_dir), "--max-model-len", "128", "--block-size", "8", "--no-enable-prefix-caching",
         "--max-num-seqs", "4", "--max-num-batched-tokens", "64", "--scheduling-policy", "priority",
-        "--logits-processors", "a.b:C, d.e:F", "--kv-cache-memory", "1000000", "--dtype", "float32",
+        "--logits-processors", f"{MIN_P}, {MIN_TOKENS}", "--kv-cache-memory", "1000000", "--dtype", "float32",
     ])
     config = EngineArgs.from_cli_args(args).create_engine_config()
     assert config.model_config.model == str(llama_dir)
@@ -32,7 +36,7 @@ def test_cli_flags_use_vllm_names_and_build_a_config(llama_dir) -> None:
     assert config.cache_config.block_size == 8 and not config.cache_config.enable_prefix_caching
     assert config.scheduler_config.policy == "priority"
     assert config.scheduler_config.max_num_batched_tokens == 64
-    assert config.logits_processors == ["a.b:C", "d.e:F"]
+    assert config.logits_processors == [MIN_P, MIN_TOKENS]
 
 
 def test_cpu_step_token_budget_defaults_to_2048(llama_dir) -> None:
@@ -98,3 +102,61 @@ def test_executor_backend_resolution() -> None:
     with pytest.raises(TypeError, match="Executor"):
         get_executor_cls("forkless.config:EngineArgs")
     assert issubclass(UniProcExecutor, Executor)
+
+
+# ----------------------------------------------------- class paths, checked up front
+
+
+@pytest.mark.parametrize("kwargs, error, fragments", [
+    ({"logits_processors": "nosuch.mod:X"}, ImportError,
+     ["--logits-processors", "'nosuch.mod:X'", "No module named 'nosuch'", "LogitsProcessor"]),
+    ({"logits_processors": ["forkless.logits_processors:LogitsProcessor", "forkless.config:EngineArgs"]},
+     TypeError, ["--logits-processors", "forkless.config.EngineArgs", "LogitsProcessor"]),
+    ({"logits_processors": "not-a-path"}, ValueError, ["--logits-processors", "'not-a-path'", "class path"]),
+    ({"scheduler_cls": "collections:OrderedDict"}, TypeError,
+     ["--scheduler-cls", "collections.OrderedDict", "SchedulerInterface"]),
+    ({"scheduler_cls": "nosuch.sched:S"}, ImportError, ["--scheduler-cls", "'nosuch.sched:S'", "SchedulerInterface"]),
+])
+def test_class_paths_are_checked_before_the_model_is_resolved(kwargs, error, fragments) -> None:
+    # The model does not exist: only a check that runs first can report the class path.
+    with pytest.raises(error) as info:
+        EngineArgs(model="/no/such/model", **kwargs).create_engine_config()
+    assert all(f in str(info.value) for f in fragments), str(info.value)
+
+
+@pytest.fixture
+def no_executor_may_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Executors fail loudly when built: a test passes only if the error came first."""
+    from forkless.executor.multiproc import MultiprocExecutor
+    from forkless.executor.uniproc import UniProcExecutor
+
+    def refuse(self, config) -> None:  # type: ignore[no-untyped-def]
+        raise AssertionError("an executor started (and loaded the model) before the error")
+
+    monkeypatch.setattr(UniProcExecutor, "__init__", refuse)
+    monkeypatch.setattr(MultiprocExecutor, "__init__", refuse)
+
+
+@pytest.mark.parametrize("kwargs, error, flag", [
+    ({"logits_processors": "nosuch.mod:X"}, ImportError, "--logits-processors"),
+    ({"scheduler_cls": "collections:OrderedDict"}, TypeError, "--scheduler-cls"),
+    ({"scheduler_cls": "collections:OrderedDict", "distributed_executor_backend": "mp"}, TypeError,
+     "--scheduler-cls"),
+    ({"distributed_executor_backend": "nonsense"}, ValueError, "--distributed-executor-backend"),
+    ({"distributed_executor_backend": "forkless.config:EngineArgs"}, TypeError, "--distributed-executor-backend"),
+])
+def test_llm_reports_a_bad_class_path_before_starting_anything(llama_dir, no_executor_may_start, kwargs,
+                                                                error, flag) -> None:
+    from forkless import LLM
+
+    with pytest.raises(error, match=flag):
+        LLM(model=str(llama_dir), kv_cache_memory=1 << 20, **kwargs)
+
+
+def test_async_llm_rejects_a_bad_executor_before_spawning_the_engine_core(llama_dir) -> None:
+    from forkless.engine.async_llm import AsyncLLM
+
+    config = EngineArgs(model=str(llama_dir), kv_cache_memory=1 << 20,
+                        distributed_executor_backend="nonsense").create_engine_config()
+    with pytest.raises(ValueError, match="--distributed-executor-backend='nonsense'"):
+        AsyncLLM(config)

@@ -29,15 +29,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from forkless.entrypoints.llm import LLM
+    from forkless.executor import get_executor_cls
+    from forkless.plugins import PluginLoadError
     from forkless.sampling_params import SamplingParams
+
+    engine_args = EngineArgs.from_cli_args(args)
+    # Every class path on the command line is imported and checked before the model
+    # loads: a typo fails in a second with one line, like an argparse error.
+    try:
+        engine_args.check_class_paths()
+        get_executor_cls(engine_args.distributed_executor_backend)
+    except (ValueError, TypeError, ImportError, PluginLoadError) as exc:
+        print(f"forkless generate: error: {exc}", file=sys.stderr)
+        return 2
+    from forkless.entrypoints.llm import LLM
 
     try:
         params = SamplingParams(
             max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
             top_k=args.top_k, seed=args.seed, stop=args.stop,
         )
-        llm = LLM(**vars(EngineArgs.from_cli_args(args)))
+        llm = LLM(**vars(engine_args))
         if args.chat:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params, use_tqdm=False)
         else:
