@@ -110,7 +110,7 @@ def test_executor_backend_resolution() -> None:
 @pytest.mark.parametrize("kwargs, error, fragments", [
     ({"logits_processors": "nosuch.mod:X"}, ImportError,
      ["--logits-processors", "'nosuch.mod:X'", "No module named 'nosuch'", "LogitsProcessor"]),
-    ({"logits_processors": ["forkless.logits_processors:LogitsProcessor", "forkless.config:EngineArgs"]},
+    ({"logits_processors": [MIN_P, "forkless.config:EngineArgs"]},
      TypeError, ["--logits-processors", "forkless.config.EngineArgs", "LogitsProcessor"]),
     ({"logits_processors": "not-a-path"}, ValueError, ["--logits-processors", "'not-a-path'", "class path"]),
     ({"scheduler_cls": "collections:OrderedDict"}, TypeError,
