@@ -44,7 +44,49 @@ def _bad(field: str, value: Any, expected: str) -> ValueError:
     return ValueError(f"SamplingParams.{field}={value!r} is invalid: expected {expected}")
 
 
-class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+# vLLM ``SamplingParams`` arguments (current and older releases) that forkless does not
+# implement -> (the values that ask for nothing, what to do instead). Code written for
+# vLLM that passes such a value gets a ValueError saying so, instead of Python's bare
+# "unexpected keyword argument"; the do-nothing values are accepted and dropped.
+_UNSUPPORTED_ARGS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "structured_outputs": ((None,), "structured outputs (guided decoding) are not implemented"),
+    "guided_decoding": ((None,), "guided decoding is not implemented"),
+    "logprob_token_ids": ((None,), "not implemented; use logprobs"),
+    "prompt_logprob_token_ids": ((None,), "not implemented; use prompt_logprobs"),
+    "prompt_logprob_start": ((None, 0), "prompt logprobs always start at the first prompt token"),
+    "flat_logprobs": ((False,), "logprobs are always lists of dicts"),
+    "stream_interval": ((None, 1), "every token is streamed"),
+    "thinking_token_budget": ((None, -1), "not implemented"),
+    "repetition_detection": ((None,), "not implemented"),
+    "trace_decode_token_ids": ((None,), "not implemented"),
+    "routed_experts_prompt_start": ((0,), "routed experts are not returned"),
+    "skip_reading_prefix_cache": ((None,), "a request skips the prefix cache exactly when it asks for prompt_logprobs"),
+    "skip_clone": ((False, True), ""),
+    "truncate_prompt_tokens": ((None,), "truncate the prompt before generate() (the OpenAI server takes "
+                                        "truncate_prompt_tokens)"),
+    "best_of": ((None, 1), "vLLM removed it; use n"),
+    "use_beam_search": ((False,), "beam search is not implemented"),
+    "length_penalty": ((1.0,), "it only applies to beam search, which is not implemented"),
+    "early_stopping": ((False,), "it only applies to beam search, which is not implemented"),
+    "watermarking": ((None, False), "not implemented"),
+    "logits_processors": ((None, []), "per-request callables are not supported; select batch-level "
+                                      "processors with --logits-processors and pass arguments in extra_args"),
+}
+
+
+class _SamplingParamsMeta(type(msgspec.Struct)):  # type: ignore[misc]
+    """Turns vLLM-only arguments into clear errors (a Struct cannot define ``__init__``)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        for name in [k for k in kwargs if k in _UNSUPPORTED_ARGS]:
+            accepted, instead = _UNSUPPORTED_ARGS[name]
+            value = kwargs.pop(name)
+            if value not in accepted:
+                raise ValueError(f"SamplingParams.{name}={value!r} is not supported by forkless: {instead}")
+        return super().__call__(*args, **kwargs)
+
+
+class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass=_SamplingParamsMeta):
     """Sampling parameters of one request.
 
     Names, meanings and defaults follow vLLM so that its users feel at home.

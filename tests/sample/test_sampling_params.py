@@ -149,3 +149,27 @@ def test_bad_words_are_tokenized_with_and_without_a_leading_space_once_each():
     none = SamplingParams()
     none.update_from_tokenizer(_SpaceTokenizer())
     assert none.bad_words_token_ids is None
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+    ({"guided_decoding": {"json": {}}}, "guided_decoding"),
+    ({"logprob_token_ids": [3]}, "logprob_token_ids"),
+    ({"best_of": 3}, "best_of"),
+    ({"use_beam_search": True}, "use_beam_search"),
+    ({"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
+    ({"logits_processors": [lambda ids, logits: logits]}, "logits_processors"),
+    ({"thinking_token_budget": 100}, "thinking_token_budget"),
+    ({"flat_logprobs": True}, "flat_logprobs"),
+])
+def test_vllm_arguments_forkless_does_not_implement_are_value_errors(kwargs, field):
+    with pytest.raises(ValueError, match=rf"SamplingParams\.{field}=.* is not supported by forkless"):
+        SamplingParams(**kwargs)
+
+
+def test_vllm_arguments_at_their_do_nothing_values_are_accepted_and_dropped():
+    p = SamplingParams(best_of=1, use_beam_search=False, structured_outputs=None, skip_clone=True,
+                       stream_interval=None, flat_logprobs=False, temperature=0.5)
+    assert p == SamplingParams(temperature=0.5)
+    with pytest.raises(TypeError, match="not_a_field"):
+        SamplingParams(not_a_field=1)  # an unknown name stays Python's own error
