@@ -24,6 +24,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from forkless import envs
@@ -90,6 +91,7 @@ def _is_gcc(cc: str) -> bool:
 
 
 def _build() -> Path | None:
+    started = time.perf_counter()
     cc = os.environ.get("CC") or "cc"
     source = b"\0".join((_CSRC / name).read_bytes() for name in (*_SOURCES, "common.h"))
     # -march=native where the compiler knows it (gcc, clang on x86), portable code otherwise;
@@ -105,17 +107,20 @@ def _build() -> Path | None:
             [source, cc.encode(), " ".join(flags).encode(), _cpu_signature().encode()])).hexdigest()[:16]
         out = Path(envs.FORKLESS_KERNEL_CACHE_DIR) / f"forkless_cpu-{key}.so"
         if out.exists():
+            logger.info("loaded the CPU kernels from the cache in %.2f s: %s", time.perf_counter() - started, out)
             return out
         candidates.append((flags, out))
     if shutil.which(cc) is None:
         logger.warning("no C compiler (%r) found: CPU attention and linear layers run on plain torch "
                        "ops, which are slower (install gcc or clang, or set CC)", cc)
         return None
+    # The one slow step of a first start on CPU that nothing else would announce.
+    logger.info("compiling the CPU kernels with %s (first start only, a few seconds)...", cc)
     errors = []
     for flags, out in candidates:
         error = _compile(cc, flags, out)
         if error is None:
-            logger.info("compiled the CPU kernels: %s", out)
+            logger.info("compiled the CPU kernels in %.1f s: %s", time.perf_counter() - started, out)
             return out
         errors.append(f"{cc} {' '.join(flags)}: {error}")
     logger.warning("could not compile the CPU kernels; attention and linear layers run on plain "

@@ -41,6 +41,8 @@ class EngineCoreClient:
         self.proc = start_engine_core_process(
             ipc.encode(config.to_builtins()), ipc.ipc_address(self.ipc_dir, "input"),
             ipc.ipc_address(self.ipc_dir, "output"))
+        logger.info("started the engine core process (pid %d); it starts the worker, which loads the model",
+                    self.proc.pid)
         self.ready_info: dict[str, Any] = {}
         self.closed = False
 

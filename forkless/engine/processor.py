@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
+from forkless.logger import init_logger
 from forkless.protocol.engine import EngineCoreRequest
 from forkless.sampling_params import SamplingParams
 
@@ -19,6 +20,8 @@ if TYPE_CHECKING:
 
     from forkless.config import EngineConfig
     from forkless.logits_processors import LogitsProcessor
+
+logger = init_logger(__name__)
 
 # A prompt: text, token ids, or a vLLM-style dict with "prompt" or "prompt_token_ids".
 PromptType = Union[str, Sequence[int], Mapping[str, Any]]
@@ -72,9 +75,13 @@ class Processor:
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The model's tokenizer (loaded on first use with ``AutoTokenizer``)."""
         if self._tokenizer is None:
+            started = time.perf_counter()
             from transformers import AutoTokenizer
 
-            self._tokenizer = AutoTokenizer.from_pretrained(self.config.model_config.tokenizer)
+            path = self.config.model_config.tokenizer
+            self._tokenizer = AutoTokenizer.from_pretrained(path)
+            # Importing transformers makes this one of the slow steps of a start.
+            logger.info("loaded the tokenizer in %.1f s: %s", time.perf_counter() - started, path)
         return self._tokenizer
 
     # --------------------------------------------------------------------- prompts

