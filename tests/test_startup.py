@@ -7,12 +7,23 @@ Every test runs real processes: the build backend on ``pyproject.toml``, and
 
 from __future__ import annotations
 
+import logging
+import re
+import signal
 import subprocess
 import sys
+import threading
+import time
 import tomllib
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+import pytest
 from packaging.requirements import Requirement
+
+from tests.conftest import plugin_env
+from tests.server.conftest import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,3 +47,194 @@ def test_building_the_metadata_prints_no_deprecation_warning(tmp_path: Path) -> 
     assert "deprecat" not in (proc.stdout + proc.stderr).lower(), proc.stderr[-3000:]
     metadata = next(tmp_path.glob("*.dist-info/METADATA")).read_text()
     assert "License-Expression: Apache-2.0" in metadata.splitlines()
+
+
+# ------------------------------------------------------- bad class paths fail at once
+
+
+def forkless_cli(args: list[str], env: dict[str, str], timeout: float = 300) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run ``forkless ARGS``; the finished process and how long it ran."""
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "forkless.entrypoints.cli.main", *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    return proc, time.monotonic() - started
+
+
+BAD_CLASS_PATHS = [
+    (["--logits-processors", "nosuch.mod:X"],
+     "error: --logits-processors: cannot import 'nosuch.mod:X': importing module 'nosuch.mod' failed: "
+     "ModuleNotFoundError: No module named 'nosuch'; expected a subclass of "
+     "forkless.logits_processors.interface.LogitsProcessor"),
+    (["--logits-processors", "forkless.logits_processors.min_p:MinPLogitsProcessor,collections:OrderedDict"],
+     "error: --logits-processors: collections.OrderedDict is not a subclass of "
+     "forkless.logits_processors.interface.LogitsProcessor"),
+    (["--scheduler-cls", "collections:OrderedDict"],
+     "error: --scheduler-cls: collections.OrderedDict is not a subclass of "
+     "forkless.core.sched.interface.SchedulerInterface"),
+    (["--distributed-executor-backend", "nonsense"],
+     "error: --distributed-executor-backend='nonsense' is invalid: expected one of mp, uni or an Executor"),
+    (["--distributed-executor-backend", "collections:OrderedDict"],
+     "error: --distributed-executor-backend: collections.OrderedDict is not a subclass of "
+     "forkless.executor.interface.Executor"),
+]
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], elapsed: float, expected: str,
+                          cache_root: Path) -> None:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and expected in errors[0], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) <= 3, proc.stderr
+    # Before the model was even resolved: the default model's GGUF was not expanded.
+    assert not (cache_root / "models").exists()
+    assert elapsed < 20, f"took {elapsed:.1f} s"  # ~1 s; generous for a loaded machine
+
+
+@pytest.mark.parametrize(("flags", "expected"), BAD_CLASS_PATHS)
+def test_serve_rejects_a_bad_class_path_at_once(tmp_path: Path, flags: list[str], expected: str) -> None:
+    env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="")
+    proc, elapsed = forkless_cli(["serve", "--port", str(free_port()), *flags], env)
+    assert_one_line_error(proc, elapsed, expected, tmp_path / "cache")
+
+
+@pytest.mark.parametrize(("flags", "expected"), BAD_CLASS_PATHS[::2])
+def test_generate_rejects_a_bad_class_path_at_once(tmp_path: Path, flags: list[str], expected: str) -> None:
+    env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="")
+    proc, elapsed = forkless_cli(["generate", "--prompt", "hi", *flags], env)
+    assert proc.stdout == ""
+    assert_one_line_error(proc, elapsed, expected, tmp_path / "cache")
+
+
+PLUGIN = '''
+def register() -> None:
+    from forkless.executor import register_executor
+
+    register_executor("h_startup_exec", "forkless.executor.uniproc:UniProcExecutor")
+'''
+
+
+def test_names_registered_by_general_plugins_pass_the_check(tmp_path: Path) -> None:
+    """General plugins load before the check: an executor name one registers is accepted
+    (the server then stops at the next check, a bad --middleware)."""
+    site = tmp_path / "site"
+    (site / "h_startup_plugin").mkdir(parents=True)
+    (site / "h_startup_plugin" / "__init__.py").write_text(PLUGIN)
+    dist = site / "h_startup_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: h-startup-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[forkless.general_plugins]\nh_startup = h_startup_plugin:register\n")
+    env = plugin_env(site, tmp_path, FORKLESS_PLUGINS="h_startup")
+    proc, elapsed = forkless_cli(["serve", "--port", str(free_port()), "--distributed-executor-backend",
+                                  "h_startup_exec", "--middleware", "nosuch_mw:M"], env)
+    assert_one_line_error(proc, elapsed, "error: --middleware 'nosuch_mw:M': cannot import", tmp_path / "cache")
+
+
+# ------------------------------------------------------------ a log line per phase
+
+
+@dataclass
+class TimedLines:
+    """A process's output lines, each with the ``time.monotonic()`` it arrived at."""
+
+    started: float
+    lines: list[tuple[float, str]] = field(default_factory=list)
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def find(self, pattern: str) -> list[int]:
+        return [i for i, (_, line) in enumerate(self.lines) if re.search(pattern, line)]
+
+
+def serve_until_ready(model: Path, tmp_path: Path, timeout: float = 300) -> TimedLines:
+    """Start ``forkless serve MODEL`` in a fresh cache root, collect its log until the
+    ready line, then stop it (SIGTERM) and check that it exits cleanly."""
+    port = free_port()
+    env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="")
+    cmd = [sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", str(model), "--port", str(port),
+           "--max-model-len", "256", "--kv-cache-memory", str(64 << 20), "--max-num-seqs", "8"]
+    out = TimedLines(time.monotonic())
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while not out.find(r"forkless\.serve: ready in "):
+            assert proc.poll() is None, f"server exited with {proc.returncode}:\n{out.text()[-5000:]}"
+            assert time.monotonic() < deadline, f"not ready in {timeout} s:\n{out.text()[-5000:]}"
+            time.sleep(0.1)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        reader.join(10)
+    assert proc.returncode == 0, out.text()[-5000:]
+    return out
+
+
+# In this order, each exactly once (a GGUF file as MODEL: its expansion is part of the start).
+PHASES = [
+    r"forkless\.serve: forkless \S+ serve: model \S+tiny\.gguf, starting$",
+    r"expanding the GGUF file \S+tiny\.gguf into a float32 model folder under \S+ \(once per file\)",
+    r"expanded \S+tiny\.gguf in [\d.]+ s: ",
+    r"started the engine core process \(pid \d+\)",
+    r"started worker process 0 \(pid \d+\)",
+    r"loaded the model weights in [\d.]+ s: LlamaForCausalLM",
+    r"(compiled the CPU kernels|loaded the CPU kernels from the cache) in [\d.]+ s: ",
+    r"KV cache: \d+ blocks of 16 tokens",
+    r"forkless\.serve: ready in [\d.]+ s: serving \S+ on http://127\.0\.0\.1:\d+ \(OpenAI API at /v1\)$",
+]
+
+
+def test_serve_logs_its_first_line_at_once_then_one_line_per_phase(tmp_path: Path) -> None:
+    from tests.model_loader.tiny_gguf import write_tiny_llama_gguf
+
+    model = write_tiny_llama_gguf(tmp_path / "src" / "tiny.gguf").path
+    out = serve_until_ready(model, tmp_path / "run")
+    first_at, first = out.lines[0]
+    assert re.search(PHASES[0], first), out.text()
+    # Right after argument parsing, before torch or transformers are imported: ~0.4 s
+    # (bounded generously: the machine running the tests is shared).
+    assert first_at - out.started < 3, f"first line after {first_at - out.started:.1f} s"
+    positions = []
+    for pattern in PHASES:
+        found = out.find(pattern)
+        assert len(found) == 1, f"{pattern!r} found {len(found)} times in:\n{out.text()}"
+        positions += found
+    assert positions == sorted(positions), out.text()
+    # The tokenizer loads in the API server while the engine core starts: after the
+    # engine core was started, before the server is ready.
+    tokenizer = out.find(r"loaded the tokenizer in [\d.]+ s: ")
+    assert len(tokenizer) == 1 and positions[3] < tokenizer[0] < positions[-1], out.text()
+
+
+def test_default_model_expansion_is_announced_on_first_start_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    from forkless.model_loader import default_model
+    from tests.model_loader.tiny_gguf import write_tiny_llama_gguf
+
+    tiny = write_tiny_llama_gguf(tmp_path / "src" / "tiny.gguf").path
+    monkeypatch.setattr(default_model, "default_gguf_path", lambda: tiny)
+    monkeypatch.setenv("FORKLESS_CACHE_ROOT", str(tmp_path / "cache"))
+    caplog.set_level(logging.INFO, logger="forkless.model_loader")
+    logging.getLogger("forkless").addHandler(caplog.handler)  # forkless does not propagate
+    try:
+        folder = default_model.default_model_path()
+        messages = [r.getMessage() for r in caplog.records]
+        assert messages[0] == (f"expanding the default model's GGUF into a ~0.5 GB float32 cache under "
+                               f"{tmp_path / 'cache' / 'models'} (first start only)...")
+        assert re.fullmatch(rf"expanded the default model in [\d.]+ s: {re.escape(str(folder))}", messages[1])
+        caplog.clear()
+        assert default_model.default_model_path() == folder
+        assert caplog.records == []  # reused silently
+    finally:
+        logging.getLogger("forkless").removeHandler(caplog.handler)

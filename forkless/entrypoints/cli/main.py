@@ -9,10 +9,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 
 from forkless.logger import configure_logging
 from forkless.plugins import DEPRECATIONS, DeprecatedError
 from forkless.version import __version__
+
+# When this process began running forkless code; start-up times are measured from it.
+STARTED = time.monotonic()
 
 # sub-command -> module with add_parser(subparsers); each sets args.func.
 SUBCOMMANDS = {

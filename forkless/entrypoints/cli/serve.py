@@ -11,12 +11,15 @@ import argparse
 import asyncio
 import contextlib
 import signal
+import socket
 import sys
+import time
 from typing import Any, Iterator
 
 import uvicorn
 
 from forkless import envs
+from forkless.entrypoints.cli.main import STARTED
 from forkless.logger import init_logger
 
 logger = init_logger("forkless.serve")
@@ -58,32 +61,48 @@ def add_parser(subparsers: Any) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from forkless.config import EngineArgs
-    from forkless.plugins import load_general_plugins
+    from forkless.model_loader.default_model import DEFAULT_MODEL_NAME
+    from forkless.version import __version__
 
+    # The first line, before anything slow: a start that takes a while is never silent.
+    logger.info("forkless %s serve: model %s, starting", __version__,
+                args.model or f"default ({DEFAULT_MODEL_NAME})")
     if args.api_server_count != 1:
-        print(f"forkless serve: error: --api-server-count {args.api_server_count} is not supported; "
-              "this release runs one API server process (use 1)", file=sys.stderr)
-        return 2
-    from forkless.entrypoints.openai.chat_options import ChatOptions
+        return _usage_error(f"--api-server-count {args.api_server_count} is not supported; "
+                            "this release runs one API server process (use 1)")
+    from forkless.executor import get_executor_cls
+    from forkless.plugins import PluginLoadError
 
-    load_general_plugins()
+    engine_args = EngineArgs.from_cli_args(args)
+    # Every class path on the command line is imported and checked here, before the model
+    # is resolved and before any engine or worker process starts: a typo fails in a second
+    # with one line (check_class_paths loads the general plugins first).
     try:
-        config = EngineArgs.from_cli_args(args).create_engine_config()
-        # Checked before the engine starts: a bad parser name should not cost a model load.
-        args.chat_options = ChatOptions.from_cli_args(args)
-    except (ValueError, TypeError, ImportError) as exc:
-        print(f"forkless serve: error: {exc}", file=sys.stderr)
-        return 2
-    # Checked before the engine starts, so a typo fails in a second, not after model loading.
+        engine_args.check_class_paths()
+        get_executor_cls(engine_args.distributed_executor_backend)
+    except (ValueError, TypeError, ImportError, PluginLoadError) as exc:
+        return _usage_error(str(exc))
     from forkless.entrypoints.openai.api_server import resolve_middleware
+    from forkless.entrypoints.openai.chat_options import ChatOptions
 
     for path in args.middleware:
         try:
             resolve_middleware(path)
         except (ValueError, TypeError, ImportError) as exc:
-            print(f"forkless serve: error: --middleware {path!r}: {exc}", file=sys.stderr)
-            return 2
+            return _usage_error(f"--middleware {path!r}: {exc}")
+    try:
+        config = engine_args.create_engine_config()
+        # Checked before the engine starts: a bad parser name should not cost a model load.
+        args.chat_options = ChatOptions.from_cli_args(args)
+    except (ValueError, TypeError, ImportError, PluginLoadError) as exc:
+        return _usage_error(str(exc))
     return asyncio.run(run_server(config, args))
+
+
+def _usage_error(message: str) -> int:
+    """Report a bad flag the way argparse does: one line, exit status 2."""
+    print(f"forkless serve: error: {message}", file=sys.stderr)
+    return 2
 
 
 class _Server(uvicorn.Server):
@@ -91,9 +110,21 @@ class _Server(uvicorn.Server):
     after its own shutdown, which would kill this process before the engine core and
     workers are stopped."""
 
+    def __init__(self, config: uvicorn.Config, model_name: str) -> None:
+        super().__init__(config)
+        self.model_name = model_name
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn exits the process when it cannot listen; returning means it listens.
+        await super().startup(sockets=sockets)
+        port = self.servers[0].sockets[0].getsockname()[1]  # the real one, also for --port 0
+        host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
+        logger.info("ready in %.1f s: serving %s on http://%s:%d (OpenAI API at /v1)",
+                    time.monotonic() - STARTED, self.model_name, host, port)
 
     def request_exit(self, sig: int) -> None:
         logger.info("received %s; shutting down", signal.Signals(sig).name)
@@ -131,7 +162,8 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace) -> int:
         logger.error("could not build the HTTP app: %s", exc)
         return 2
     server = _Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                    log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5))
+                                    log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5),
+                     names[0])
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, server.request_exit, sig)
@@ -143,7 +175,6 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace) -> int:
         server.should_exit = True
 
     watchdog = asyncio.create_task(stop_when_engine_dies())
-    logger.info("serving %s on http://%s:%d (OpenAI API at /v1)", names[0], args.host, args.port)
     try:
         await server.serve()
     finally:
