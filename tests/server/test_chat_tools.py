@@ -56,7 +56,9 @@ def collect_stream(stream) -> dict:
     for chunk in stream:
         for choice in chunk.choices:
             delta = choice.delta
-            out["reasoning"] += getattr(delta, "reasoning_content", None) or ""
+            # vLLM's field is "reasoning"; "reasoning_content" (its old name) mirrors it.
+            assert getattr(delta, "reasoning", None) == getattr(delta, "reasoning_content", None)
+            out["reasoning"] += getattr(delta, "reasoning", None) or ""
             out["content"] += delta.content or ""
             for call in delta.tool_calls or []:
                 if call.index not in out["calls"]:
@@ -75,7 +77,7 @@ def test_tool_call_and_reasoning(tool_server: Server, tokenizer) -> None:
         tools=[WEATHER_TOOL], extra_body=forced(tokenizer, OUTPUT))
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls"
-    assert choice.message.reasoning_content == REASONING
+    assert choice.message.reasoning == choice.message.reasoning_content == REASONING
     (call,) = choice.message.tool_calls
     assert call.id.startswith("chatcmpl-tool-") and call.type == "function"
     assert call.function.name == "get_weather"
@@ -90,7 +92,7 @@ def test_streamed_deltas_add_up_to_the_whole_message(tool_server: Server, tokeni
                                            extra_body=forced(tokenizer, OUTPUT)).choices[0]
     streamed = collect_stream(client.chat.completions.create(
         model=model, messages=MESSAGES, tools=[WEATHER_TOOL], stream=True, extra_body=forced(tokenizer, OUTPUT)))
-    assert streamed["reasoning"] == whole.message.reasoning_content == REASONING
+    assert streamed["reasoning"] == whole.message.reasoning == REASONING
     assert streamed["content"] == whole.message.content
     assert [(c["name"], c["arguments"]) for c in streamed["calls"].values()] == \
         [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
@@ -104,20 +106,31 @@ def test_without_tools_the_call_stays_text_but_reasoning_is_split(tool_server: S
         choice = client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
                                                 extra_body=forced(tokenizer, OUTPUT), **extra).choices[0]
         assert choice.finish_reason == "stop" and not choice.message.tool_calls
-        assert choice.message.reasoning_content == REASONING
+        assert choice.message.reasoning == REASONING
         assert choice.message.content.startswith("\n\n<tool_call>\n{\"name\": \"get_weather\"")
 
 
-def test_an_answer_without_think_block_or_call_is_plain_content(tool_server: Server, tokenizer) -> None:
+def test_with_thinking_off_an_answer_is_plain_content(tool_server: Server, tokenizer) -> None:
     client = tool_server.client()
     model = client.models.list().data[0].id
     text = "It is sunny in Paris."
+    off = {**forced(tokenizer, text), "chat_template_kwargs": {"enable_thinking": False}}
     choice = client.chat.completions.create(model=model, messages=MESSAGES, tools=[WEATHER_TOOL],
-                                            extra_body=forced(tokenizer, text)).choices[0]
-    assert (choice.message.content, choice.message.reasoning_content, choice.finish_reason) == (text, None, "stop")
+                                            extra_body=off).choices[0]
+    assert (choice.message.content, choice.message.reasoning, choice.finish_reason) == (text, None, "stop")
     streamed = collect_stream(client.chat.completions.create(
-        model=model, messages=MESSAGES, tools=[WEATHER_TOOL], stream=True, extra_body=forced(tokenizer, text)))
+        model=model, messages=MESSAGES, tools=[WEATHER_TOOL], stream=True, extra_body=off))
     assert (streamed["content"], streamed["reasoning"], streamed["calls"], streamed["finish"]) == (text, "", {}, "stop")
+
+
+def test_with_thinking_on_an_output_without_think_end_is_reasoning(tool_server: Server, tokenizer) -> None:
+    # As vLLM's qwen3 parser: the chat template opened the think block, so an output that
+    # never closes it is reasoning (the model was stopped while thinking).
+    client = tool_server.client()
+    text = "It is sunny in Paris."
+    choice = client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
+                                            extra_body=forced(tokenizer, text)).choices[0]
+    assert (choice.message.content, choice.message.reasoning) == (None, text)
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
