@@ -44,7 +44,21 @@ def _forward_to_old(old: str) -> Callable[..., Any]:
         return getattr(self, old)(*args, **kwargs)
 
     method.__name__ = RENAMED_METHODS[old]
+    method._forwards_to_old_name = True  # type: ignore[attr-defined]
     return method
+
+
+def _new_implementation(parser: "ReasoningParser", new: str) -> Callable[..., Any]:
+    """The nearest real implementation of ``new`` (not a forwarder to the old name), so
+    that ``super().extract_reasoning_content(...)`` in a parser written against the old
+    names reaches its parent's implementation instead of coming back to itself."""
+    for klass in type(parser).__mro__:
+        impl = klass.__dict__.get(new)
+        if impl is not None and not getattr(impl, "_forwards_to_old_name", False):
+            if getattr(impl, "__isabstractmethod__", False):
+                break
+            return impl.__get__(parser, type(parser))
+    raise NotImplementedError(f"{type(parser).__name__} implements neither {new} nor the deprecated name")
 
 
 @stability(Stability.PUBLIC)
@@ -152,7 +166,7 @@ class ReasoningParser(ABC):
                                   request: "ChatCompletionRequest") -> tuple[str | None, str | None]:
         """Deprecated: call :meth:`extract_reasoning`."""
         DEPRECATIONS.use(DeprecationKind.PYTHON_API, _deprecation_name("extract_reasoning_content"))
-        return self.extract_reasoning(model_output, request)
+        return _new_implementation(self, "extract_reasoning")(model_output, request)
 
     def extract_reasoning_content_streaming(
         self,
@@ -165,5 +179,5 @@ class ReasoningParser(ABC):
     ) -> "DeltaMessage | None":
         """Deprecated: call :meth:`extract_reasoning_streaming`."""
         DEPRECATIONS.use(DeprecationKind.PYTHON_API, _deprecation_name("extract_reasoning_content_streaming"))
-        return self.extract_reasoning_streaming(previous_text, current_text, delta_text, previous_token_ids,
-                                                current_token_ids, delta_token_ids)
+        return _new_implementation(self, "extract_reasoning_streaming")(
+            previous_text, current_text, delta_text, previous_token_ids, current_token_ids, delta_token_ids)

@@ -38,8 +38,9 @@ class Qwen3ReasoningParser(BaseThinkingReasoningParser):
     def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(tokenizer, *args, **kwargs)
         chat_kwargs = kwargs.get("chat_template_kwargs") or {}
-        # Qwen3 thinks by default; only an explicit False turns it off.
-        self.thinking_enabled = chat_kwargs.get("enable_thinking", True) is not False
+        # Qwen3 thinks by default; enable_thinking=False (or another false value, as in
+        # vLLM) turns it off.
+        self.thinking_enabled = bool(chat_kwargs.get("enable_thinking", True))
 
     def split(self, text: str, final: bool) -> tuple[str | None, str | None]:
         if not self.thinking_enabled:

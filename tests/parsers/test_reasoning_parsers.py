@@ -95,6 +95,7 @@ def test_constructors_take_vllms_arguments(tokenizer) -> None:
     assert Qwen3ReasoningParser(tokenizer, chat_template_kwargs={"enable_thinking": True}).thinking_enabled is True
     assert Qwen3ReasoningParser(tokenizer).thinking_enabled is True
     assert Qwen3ReasoningParser(tokenizer, chat_template_kwargs=None).thinking_enabled is True
+    assert Qwen3ReasoningParser(tokenizer, chat_template_kwargs={"enable_thinking": None}).thinking_enabled is False
     parser = make("deepseek_r1", tokenizer)
     assert parser.vocab == tokenizer.get_vocab() and parser.model_tokenizer is tokenizer
 
@@ -188,7 +189,18 @@ def test_overriding_an_old_name_of_a_new_style_parser_still_takes_effect(depreca
             reasoning, content = super().extract_reasoning(model_output, request)
             return reasoning, (content or "").upper() or None
 
+    class OldSuper(DeepSeekR1ReasoningParser):  # written against the old names throughout
+        def extract_reasoning_content(self, model_output, request):
+            reasoning, content = super().extract_reasoning_content(model_output, request)
+            return reasoning, (content or "").upper() or None
+
+        def extract_reasoning_content_streaming(self, *args):
+            delta = super().extract_reasoning_content_streaming(*args)
+            return delta and DeltaMessage(reasoning=delta.reasoning, content=(delta.content or "").upper() or None)
+
     assert Shouting(None).extract_reasoning("a</think>b", None) == ("a", "B")
+    assert OldSuper(None).extract_reasoning("a</think>b", None) == ("a", "B")
+    assert stream_reasoning(OldSuper(None), every_char("a</think>bc")) == ("a", "BC")
 
 
 def test_a_parser_subclassing_the_vllm_base_needs_only_its_tags() -> None:
