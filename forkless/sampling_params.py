@@ -251,6 +251,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
                 isinstance(w, str) and w.strip() for w in self.bad_words
             ):
                 raise _bad("bad_words", self.bad_words, "a list of strings that are not empty or only whitespace")
+            for word in self.bad_words:
+                try:
+                    word.encode("utf-8")
+                except UnicodeEncodeError:
+                    # A lone surrogate (JSON allows one) would fail tokenization in the worker.
+                    raise _bad("bad_words", self.bad_words, "valid Unicode strings") from None
             if len(self.bad_words) > MAX_BAD_WORDS:
                 raise _bad("bad_words", f"<{len(self.bad_words)} words>", f"at most {MAX_BAD_WORDS} words")
         if self.bad_words_token_ids is not None and not all(

@@ -35,6 +35,7 @@ from forkless.sampling_params import SamplingType
         ({"bad_words": ["ok", ""]}, "bad_words=", "not empty or only whitespace"),
         ({"bad_words": ["  "]}, "bad_words=", "not empty or only whitespace"),
         ({"bad_words": "word"}, "bad_words='word'", "a list of strings"),
+        ({"bad_words": ["ok", "\ud800"]}, "bad_words=", "valid Unicode"),
         ({"bad_words": [f"w{i}" for i in range(129)]}, "bad_words=", "at most 128 words"),
         ({"bad_words_token_ids": [[]]}, "bad_words_token_ids=", "non-empty lists"),
     ],
