@@ -262,7 +262,7 @@ class ModelRunner:
             prompt_parts = self._prompt_logprobs(rows, hidden, attn_md.query_start_loc_cpu)
             if not any(s.sample for s in rows):
                 # Only prefill chunks that end mid-prompt.
-                return _PendingStep(ready=self._record(), prompt_parts=prompt_parts)
+                return _PendingStep(ready=self._record() if prompt_parts else None, prompt_parts=prompt_parts)
             logits = self.model.compute_logits(hidden[last_idx])
         out = self.sampler(logits, metadata)
         # Row order of this step: the next step's placeholders read their tokens here.
