@@ -52,7 +52,7 @@ def add_parser(subparsers: Any) -> None:
     chat.add_argument("--tool-parser-plugin", default=None, metavar="FILE_OR_MODULE",
                       help="a .py file or module to import first; it registers tool parsers")
     chat.add_argument("--reasoning-parser", default=None, metavar="NAME",
-                      help="reasoning parser giving message.reasoning_content (built-in: deepseek_r1, qwen3)")
+                      help="reasoning parser giving message.reasoning (built-in: deepseek_r1, qwen3)")
     chat.add_argument("--reasoning-parser-plugin", default=None, metavar="FILE_OR_MODULE",
                       help="a .py file or module to import first; it registers reasoning parsers")
     # The server runs the model in worker processes by default (LLM runs it in-process).

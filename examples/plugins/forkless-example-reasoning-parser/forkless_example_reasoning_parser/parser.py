@@ -31,17 +31,17 @@ class ThoughtTagReasoningParser(ReasoningParser):
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
         return END in self.model_tokenizer.decode(list(input_ids))
 
-    def extract_reasoning_content(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
+    def extract_reasoning(self, model_output: str, request: Any) -> tuple[str | None, str | None]:
         reasoning, content = _split(model_output, final=True)
         return reasoning or None, content or None
 
-    def extract_reasoning_content_streaming(self, previous_text: str, current_text: str, delta_text: str,
-                                            previous_token_ids: Sequence[int], current_token_ids: Sequence[int],
-                                            delta_token_ids: Sequence[int]) -> DeltaMessage | None:
+    def extract_reasoning_streaming(self, previous_text: str, current_text: str, delta_text: str,
+                                    previous_token_ids: Sequence[int], current_token_ids: Sequence[int],
+                                    delta_token_ids: Sequence[int]) -> DeltaMessage | None:
         # Split the text before and after this step and send what grew.
         old_reasoning, old_content = _split(previous_text, final=False)
         reasoning, content = _split(current_text, final=False)
         reasoning, content = reasoning[len(old_reasoning):], content[len(old_content):]
         if not reasoning and not content:
             return None
-        return DeltaMessage(reasoning_content=reasoning or None, content=content or None)
+        return DeltaMessage(reasoning=reasoning or None, content=content or None)
