@@ -195,6 +195,8 @@ class EngineArgs:
     async_scheduling: bool = False
     distributed_executor_backend: str | type = "uni"
     num_threads: int | None = None
+    # Read by AsyncLLM.from_engine_args (the periodic throughput line; /metrics stays).
+    disable_log_stats: bool = False
 
     # ------------------------------------------------------------------------- CLI
 
@@ -249,6 +251,8 @@ class EngineArgs:
                        help="prepare step N+1 on the host while the device runs step N")
         g.add_argument("--distributed-executor-backend", default=d.distributed_executor_backend,
                        help="uni, mp, or an Executor class path")
+        g.add_argument("--disable-log-stats", action="store_true",
+                       help="do not log throughput periodically (the /metrics endpoint stays)")
         return parser
 
     @classmethod

@@ -87,6 +87,9 @@ class AsyncLLM:
 
     @classmethod
     def from_engine_args(cls, engine_args: "EngineArgs", **kwargs: Any) -> "AsyncLLM":
+        """Build from engine arguments; ``disable_log_stats`` turns the periodic log line
+        off unless ``log_stats`` is given explicitly (as vLLM's ``from_engine_args``)."""
+        kwargs.setdefault("log_stats", not engine_args.disable_log_stats)
         return cls(engine_args.create_engine_config(), **kwargs)
 
     # -- lifecycle ----------------------------------------------------------------------

@@ -49,3 +49,16 @@ def test_a_vllm_style_logger_is_driven_with_vllm_signatures(tiny_llama: Path) ->
     assert logger.initialized and logger.vllm_config is not None
     assert sum(n for _, n in logger.records) == 4
     assert {idx for idx, _ in logger.records} == {0}
+
+
+def test_disable_log_stats_is_an_engine_argument(tiny_llama: Path) -> None:
+    from forkless import AsyncLLM
+    from forkless.config import EngineArgs
+    from forkless.metrics import LoggingStatLogger
+
+    def kinds(**kwargs: object) -> set[type]:
+        args = EngineArgs(model=str(tiny_llama), max_model_len=128, **kwargs)  # type: ignore[arg-type]
+        return {type(s) for s in AsyncLLM.from_engine_args(args).stat_loggers}
+
+    assert LoggingStatLogger in kinds()
+    assert LoggingStatLogger not in kinds(disable_log_stats=True)

@@ -41,7 +41,6 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--middleware", action="append", default=[],
                        help="ASGI middleware class path or async function (repeatable)")
     group.add_argument("--api-server-count", type=int, default=1, help="API server processes (only 1)")
-    group.add_argument("--disable-log-stats", action="store_true", help="do not log throughput periodically")
     chat = parser.add_argument_group("chat")
     chat.add_argument("--chat-template", default=None,
                       help="Jinja chat template replacing the model's: a file path, or the template text")
