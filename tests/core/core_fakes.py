@@ -118,10 +118,23 @@ def check_step(scheduler: Scheduler, out: SchedulerOutput) -> None:
     ids = [item.request_id for item in out.scheduled_requests]
     assert len(ids) == len(set(ids))
     assert not set(ids) & set(out.preempted_request_ids)
+    num_prefills = num_long = 0
     for item in out.scheduled_requests:
         request = scheduler.requests[item.request_id]
         assert request in scheduler.running
         assert item.start_position + item.num_tokens <= scheduler.max_model_len
+        # Partial-prefill limits (chunked prefill only): a prefill had more than one token
+        # left to compute, a long one more than the threshold, whose chunks it caps.
+        left = request.num_tokens - item.start_position
+        if cfg.enable_chunked_prefill and left > 1:
+            num_prefills += 1
+            if 0 < cfg.long_prefill_token_threshold < left:
+                num_long += 1
+                assert item.num_tokens <= cfg.long_prefill_token_threshold
+    if cfg.enable_chunked_prefill:
+        if cfg.max_num_partial_prefills is not None:
+            assert num_prefills <= cfg.max_num_partial_prefills
+        assert num_long <= cfg.max_long_partial_prefills
     scheduler.kv_cache_manager.check_invariants()
 
 

@@ -21,6 +21,7 @@ def test_scheduler_config_defaults() -> None:
     cfg = SchedulerConfig(max_model_len=2048)
     assert (cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.policy) == (256, 8192, "fcfs")
     assert cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold == 0
+    assert (cfg.max_num_partial_prefills, cfg.max_long_partial_prefills) == (None, 1)
     kv = KVCacheConfig(num_blocks=10)
     assert (kv.block_size, kv.enable_prefix_caching) == (16, True)
 

@@ -23,7 +23,7 @@ def noisy_token(rid: str, index: int) -> int:
     return default_token(rid, index)
 
 
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("seed", range(40))
 def test_random_workload_keeps_invariants(seed: int) -> None:
     rng = random.Random(seed)
     block_size = rng.choice([1, 2, 4, 8])
@@ -31,6 +31,9 @@ def test_random_workload_keeps_invariants(seed: int) -> None:
     chunked = rng.random() < 0.8
     budget = rng.randint(1, 48) if chunked else max_model_len + rng.randint(0, 16)
     num_blocks = -(-max_model_len // block_size) * rng.choice([1, 1, 1, 2, 3])
+    # Partial-prefill limits (None: no limit); check_step asserts them every step.
+    max_partial = rng.choice([None, None, rng.randint(1, 4)]) if chunked else None
+    max_long = rng.randint(1, max_partial or 3)
     s, runner = make_scheduler(
         num_blocks=num_blocks,
         block_size=block_size,
@@ -42,6 +45,8 @@ def test_random_workload_keeps_invariants(seed: int) -> None:
         policy=rng.choice(["fcfs", "priority"]),
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=rng.choice([0, 0, rng.randint(1, 16)]),
+        max_num_partial_prefills=max_partial,
+        max_long_partial_prefills=max_long,
     )
     prefixes = [[rng.randrange(10, 50) for _ in range(rng.randint(1, 24))] for _ in range(3)]
     requests = {}

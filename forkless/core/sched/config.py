@@ -1,7 +1,8 @@
 """Configuration of the scheduler and of the KV cache it manages.
 
 Plain dataclasses so that the engine can build them from CLI flags or JSON and ship
-them to the engine-core process as plain data.
+them to the engine-core process as plain data. Every value is validated when the object
+is built, in whichever process builds it, so a bad flag fails before any step runs.
 """
 
 from __future__ import annotations
@@ -32,8 +33,19 @@ class SchedulerConfig:
         enable_chunked_prefill: Split prompts longer than the remaining budget across
             steps. When off, ``max_num_batched_tokens`` must be >= ``max_model_len`` so
             that every prompt fits one step.
-        long_prefill_token_threshold: When > 0, no prefill chunk is longer than this, so
-            one long prompt cannot starve the decodes that share its steps.
+        long_prefill_token_threshold: When > 0, a prefill with more tokens left to compute
+            than this is *long*, and no prefill chunk is longer than this: one long prompt
+            then takes at most this many tokens of a step, leaving the rest of the budget
+            to decodes and to newly arrived requests. 0 disables both (vLLM's meaning).
+            Left at 0 with ``max_num_partial_prefills`` > 1, it becomes 4 % of
+            ``max_model_len``, as in vLLM. Flag: ``--long-prefill-token-threshold``
+            (``EngineArgs`` picks a CPU default, see ``forkless.config``).
+        max_num_partial_prefills: Most requests prefilling in one step (with chunked
+            prefill); ``None`` for no limit other than ``max_num_seqs`` and the budget.
+            Flag: ``--max-num-partial-prefills``.
+        max_long_partial_prefills: Of those, most *long* ones (see
+            ``long_prefill_token_threshold``). A long prompt over this limit waits while
+            shorter ones behind it are admitted. Flag: ``--max-long-partial-prefills``.
         async_scheduling: Schedule and launch step N+1 before step N's sampled tokens
             reach the host (they are fed to N+1 on the device), so that the host's work
             overlaps the device's. Flag: ``--async-scheduling``. Requests whose sampling
@@ -47,6 +59,8 @@ class SchedulerConfig:
     policy: str = "fcfs"
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
+    max_num_partial_prefills: int | None = None
+    max_long_partial_prefills: int = 1
     async_scheduling: bool = False
 
     def __post_init__(self) -> None:
@@ -66,6 +80,26 @@ class SchedulerConfig:
                 "SchedulerConfig.long_prefill_token_threshold must be >= 0, got "
                 f"{self.long_prefill_token_threshold}"
             )
+        _check_positive("SchedulerConfig", max_long_partial_prefills=self.max_long_partial_prefills)
+        partial = self.max_num_partial_prefills
+        if partial is not None:
+            _check_positive("SchedulerConfig", max_num_partial_prefills=partial)
+            if self.max_long_partial_prefills > partial:
+                raise ValueError(
+                    f"max_long_partial_prefills ({self.max_long_partial_prefills}) must be <= "
+                    f"max_num_partial_prefills ({partial})"
+                )
+            if partial > 1:
+                if not self.enable_chunked_prefill:
+                    raise ValueError("max_num_partial_prefills > 1 needs chunked prefill enabled")
+                if self.long_prefill_token_threshold == 0:
+                    # vLLM's default: "long" must mean something once several prefills share a step.
+                    self.long_prefill_token_threshold = int(self.max_model_len * 0.04)
+                if self.long_prefill_token_threshold > self.max_model_len:
+                    raise ValueError(
+                        f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) "
+                        f"cannot be greater than max_model_len ({self.max_model_len})"
+                    )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "

@@ -36,6 +36,11 @@ class RequestQueue(ABC):
         """Remove a queued request (abort). Raises ValueError when absent."""
 
     @abstractmethod
+    def prepend(self, requests: list[Request]) -> None:
+        """Put back requests just popped and passed over, in the order they were popped,
+        ahead of everything still queued (where they were)."""
+
+    @abstractmethod
     def __len__(self) -> int: ...
 
     @abstractmethod
@@ -64,6 +69,9 @@ class FCFSRequestQueue(RequestQueue):
     def remove(self, request: Request) -> None:
         self._queue.remove(request)
 
+    def prepend(self, requests: list[Request]) -> None:
+        self._queue.extendleft(reversed(requests))
+
     def __len__(self) -> int:
         return len(self._queue)
 
@@ -80,6 +88,9 @@ class PriorityRequestQueue(RequestQueue):
     def __init__(self) -> None:
         self._heap: list[tuple[int, float, int, Request]] = []
         self._seq = itertools.count()
+        # Sequence numbers for requests put back by prepend(): below every number handed
+        # out so far, so a put-back request still wins ties against what was behind it.
+        self._front_seq = -1
 
     def add(self, request: Request) -> None:
         heapq.heappush(self._heap, (request.priority, request.arrival_time, next(self._seq), request))
@@ -91,6 +102,14 @@ class PriorityRequestQueue(RequestQueue):
 
     def pop(self) -> Request:
         return heapq.heappop(self._heap)[3]
+
+    def prepend(self, requests: list[Request]) -> None:
+        # Popped requests were at the top: each outranked (or tied and preceded) all that
+        # is still queued. Fresh numbers below every other keep that, and keep their order.
+        first = self._front_seq - len(requests) + 1
+        for i, request in enumerate(requests):
+            heapq.heappush(self._heap, (request.priority, request.arrival_time, first + i, request))
+        self._front_seq = first - 1
 
     def remove(self, request: Request) -> None:
         for i, entry in enumerate(self._heap):

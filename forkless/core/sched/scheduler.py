@@ -5,6 +5,19 @@ chunk of a partially computed prompt), then waiting requests are admitted in pol
 while the budget, ``max_num_seqs`` and the KV cache allow. Prefill and decode share
 steps; a prompt longer than the remaining budget is chunked across steps.
 
+Nobody stalls everyone else with a long prompt (with chunked prefill on). A prefill is a
+request with more than one token left to compute; it is *long* when more than
+``long_prefill_token_threshold`` (> 0) are left. Then, in every step:
+
+* a long prefill's chunk is at most ``long_prefill_token_threshold`` tokens, so while the
+  long prefills take at most ``max_long_partial_prefills * long_prefill_token_threshold``
+  tokens, the rest of the budget goes to decodes and to requests that just arrived: a
+  short request is admitted in the next step, not after the long prompt;
+* at most ``max_num_partial_prefills`` requests prefill (``None``: no limit), and at most
+  ``max_long_partial_prefills`` of them are long. A waiting long prompt over that limit is
+  passed over for this step, and the shorter requests queued behind it are admitted;
+  it keeps its place in the queue, so long prompts are still served in policy order.
+
 When a running request needs a block and none is free, the lowest-ranked running request
 is preempted by recomputation: its blocks are freed (full ones stay in the prefix cache)
 and it goes back to the waiting queue, to recompute prompt + output on readmission.
@@ -141,9 +154,17 @@ class Scheduler(SchedulerInterface):
         admitted: set[str] = set()
         preempted: list[str] = []
 
-        # _chunk's cap, hoisted: this loop runs once per running request per step.
-        cap = cfg.long_prefill_token_threshold if (
-            cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold > 0) else None
+        # Partial-prefill limits, hoisted: without chunked prefill no prefill is partial
+        # and none of them apply. A prefill is a request with more than one token left to
+        # compute (a decode computes exactly one); it is long when more than `threshold`.
+        limited = cfg.enable_chunked_prefill
+        threshold = cfg.long_prefill_token_threshold if limited else 0
+        max_prefills = cfg.max_num_partial_prefills if limited else None
+        max_long = cfg.max_long_partial_prefills
+        # Ids, not counts: a preempted victim's prefill must stop counting.
+        prefill_ids: set[str] = set()
+        long_ids: set[str] = set()
+
         running_status = RequestStatus.RUNNING
         allocate_slots = kv.allocate_slots
         for request in list(self.running):
@@ -155,8 +176,16 @@ class Scheduler(SchedulerInterface):
             if pending and self._finishes_with_pending(request):
                 continue  # the token in flight ends it: nothing more to compute
             num_new = request.num_tokens + pending - request.num_computed_tokens
-            if cap is not None and num_new > cap:
-                num_new = cap
+            is_prefill = is_long = False
+            if limited and num_new > 1:
+                is_prefill = True
+                is_long = 0 < threshold < num_new
+                if (max_prefills is not None and len(prefill_ids) >= max_prefills) or (
+                    is_long and len(long_ids) >= max_long
+                ):
+                    continue  # over the limits this step; it keeps its blocks
+                if is_long:
+                    num_new = threshold
             if num_new > budget:
                 num_new = budget
             if num_new == 0:
@@ -166,13 +195,22 @@ class Scheduler(SchedulerInterface):
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 budget += scheduled.pop(victim.request_id, 0)
+                prefill_ids.discard(victim.request_id)
+                long_ids.discard(victim.request_id)
                 if victim is request:
                     break
             else:
                 scheduled[request.request_id] = num_new
                 budget -= num_new
+                if is_prefill:
+                    prefill_ids.add(request.request_id)
+                    if is_long:
+                        long_ids.add(request.request_id)
 
         # Admitting while preempting would just thrash: the freed blocks go to running work.
+        # Long prompts over max_long_partial_prefills are set aside so that shorter ones
+        # behind them are admitted now; they go back to their places afterwards.
+        skipped: list[Request] = []
         while not preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             request = self.waiting.peek()
             hit_ids, num_hit = [], 0
@@ -181,7 +219,16 @@ class Scheduler(SchedulerInterface):
             remaining = request.num_tokens - num_hit
             if remaining > budget and not cfg.enable_chunked_prefill:
                 break
-            num_new = self._chunk(remaining, budget)
+            is_prefill = limited and remaining > 1
+            is_long = is_prefill and 0 < threshold < remaining
+            if is_prefill and max_prefills is not None and len(prefill_ids) >= max_prefills:
+                break
+            if is_long and len(long_ids) >= max_long:
+                skipped.append(self.waiting.pop())
+                continue
+            num_new = threshold if is_long else remaining
+            if num_new > budget:
+                num_new = budget
             if kv.allocate_slots(request, num_new, hit_ids) is None:
                 break
             self.waiting.pop()
@@ -193,6 +240,12 @@ class Scheduler(SchedulerInterface):
             scheduled[request.request_id] = num_new
             admitted.add(request.request_id)
             budget -= num_new
+            if is_prefill:
+                prefill_ids.add(request.request_id)
+                if is_long:
+                    long_ids.add(request.request_id)
+        if skipped:
+            self.waiting.prepend(skipped)
 
         output = SchedulerOutput(
             num_batched_tokens=cfg.max_num_batched_tokens - budget,
@@ -283,12 +336,6 @@ class Scheduler(SchedulerInterface):
         return self.kv_cache_manager.reset_prefix_cache()
 
     # -------------------------------------------------------------------------- helpers
-
-    def _chunk(self, num_tokens: int, budget: int) -> int:
-        cfg = self.scheduler_config
-        if cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold > 0:
-            num_tokens = min(num_tokens, cfg.long_prefill_token_threshold)
-        return min(num_tokens, budget)
 
     def _preemption_key(self, request: Request) -> tuple[float, ...]:
         # The maximum is preempted: the lowest priority, then the latest arrival.
