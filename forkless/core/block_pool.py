@@ -11,42 +11,151 @@ Every block is in exactly one of three places:
 from __future__ import annotations
 
 import hashlib
-import pickle
+from array import array
 from collections import OrderedDict, deque
 from typing import Hashable, Iterable, Sequence
 
-# An opaque prefix-cache key: an int for "builtin", 32 bytes for "sha256".
+# An opaque prefix-cache key: 32 bytes for the sha256 algorithms, an int for "builtin".
 BlockHash = Hashable
 
-HASH_ALGOS = ("builtin", "sha256")
+# The choices of --prefix-caching-hash-algo, the default first. vLLM's xxhash and
+# xxhash_cbor are missing: they need the optional xxhash package, which forkless does
+# not depend on; "builtin" is the fast choice instead.
+HASH_ALGOS = ("sha256", "sha256_cbor", "builtin")
+
+# The parent of every sequence's first block: a constant, so that the sha256 hashes are
+# the same in every process and every run (vLLM seeds its own from PYTHONHASHSEED or at
+# random). A first block would share a hash with a later one only if some block's digest
+# were this one: a SHA-256 preimage.
+ROOT_HASH = hashlib.sha256(b"forkless prefix cache, root block").digest()
 
 
 def hash_block_tokens(
     parent_hash: BlockHash | None,
     token_ids: Sequence[int],
     extra_key: Hashable | None = None,
-    algo: str = "builtin",
+    algo: str = "sha256",
 ) -> BlockHash:
     """Hash one full block, chained to the hash of the block before it.
 
     Chaining makes a block's hash identify the whole prefix up to and including it, so a
-    lookup can stop at the first miss.
+    lookup can stop at the first miss. Two blocks share KV only if their hashes are equal:
+    with a collision one request would read another's KV (another tenant's prompt), so
+    the default is collision-resistant.
 
     Args:
         parent_hash: Hash of the previous block of the sequence, ``None`` for the first.
         token_ids: The block's tokens (exactly ``block_size`` of them).
-        extra_key: Anything else the KV depends on (LoRA adapter, cache salt).
-        algo: ``"builtin"`` (Python's ``hash``: fast, 64-bit, per-process for str keys)
-            or ``"sha256"`` (collision-resistant, for untrusted multi-tenant prompts).
+        extra_key: Anything else the KV depends on (LoRA adapter, cache salt): ``None``,
+            a bool, int, str or bytes, or a tuple or list of those.
+        algo: ``"sha256"``: SHA-256 over a canonical byte encoding (below), 32 bytes, the
+            same in every process. ``"sha256_cbor"``: SHA-256 over canonical CBOR
+            (RFC 8949, section 4.2.1) of ``[parent, tokens, extra_key]``, for hashes that
+            other languages can reproduce (pure Python here: ~3x slower than
+            ``"sha256"``). ``"builtin"``: Python's ``hash`` of a tuple, ~4x faster than
+            ``"sha256"`` but 64 bits and not collision-resistant (colliding prompts can be
+            constructed), and randomized per process for ``str`` keys: only for trusted,
+            single-tenant traffic. For an 8k-token prompt in 16-token blocks: ~2 ms,
+            ~7 ms and ~0.5 ms on a 2-core CPU.
 
     Returns:
         The block's hash.
+
+    Raises:
+        TypeError: ``extra_key`` holds something other than the types above (sha256
+            algorithms only: their encodings must be canonical).
     """
-    key = (parent_hash, tuple(token_ids), extra_key)
+    if algo == "sha256":
+        # parent (32 bytes) | number of tokens (8 bytes) | tokens (8 bytes each) |
+        # tagged extra key: every field has a fixed length or a length prefix, so two
+        # different inputs never encode to the same bytes.
+        h = hashlib.sha256(ROOT_HASH if parent_hash is None else parent_hash)
+        h.update(len(token_ids).to_bytes(8, "little"))
+        h.update(array("q", token_ids))
+        if extra_key is None:
+            h.update(b"N")  # what _encode_key writes for None, without its call
+        else:
+            key = bytearray()
+            _encode_key(extra_key, key)
+            h.update(key)
+        return h.digest()
+    if algo == "sha256_cbor":
+        data = bytearray()
+        _cbor([ROOT_HASH if parent_hash is None else parent_hash, list(token_ids), extra_key], data)
+        return hashlib.sha256(data).digest()
     if algo == "builtin":
-        return hash(key)
-    # pickle is only a canonical byte encoding here; nothing is ever unpickled.
-    return hashlib.sha256(pickle.dumps(key, protocol=5)).digest()
+        return hash((parent_hash, tuple(token_ids), extra_key))
+    raise ValueError(f"unknown prefix-cache hash algorithm {algo!r}; choose one of {', '.join(HASH_ALGOS)}")
+
+
+def _encode_key(value: object, out: bytearray) -> None:
+    """Append a self-delimiting, type-tagged encoding of an extra key to ``out``."""
+    if value is None:
+        out += b"N"
+    elif value is True or value is False:
+        out += b"T" if value else b"F"
+    elif isinstance(value, int):
+        raw = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
+        out += b"i" + len(raw).to_bytes(8, "little") + raw
+    elif isinstance(value, str):
+        raw = value.encode("utf-8", "surrogatepass")
+        out += b"s" + len(raw).to_bytes(8, "little") + raw
+    elif isinstance(value, (bytes, bytearray)):
+        out += b"b" + len(value).to_bytes(8, "little") + value
+    elif isinstance(value, (tuple, list)):
+        out += b"t" + len(value).to_bytes(8, "little")
+        for item in value:
+            _encode_key(item, out)
+    else:
+        raise TypeError(f"a prefix-cache extra key cannot hold {type(value).__name__} ({value!r})")
+
+
+def _cbor_head(major: int, n: int, out: bytearray) -> None:
+    # Canonical CBOR: the shortest form of every length and integer.
+    if n < 24:
+        out.append(major << 5 | n)
+    elif n < 1 << 8:
+        out += bytes((major << 5 | 24, n))
+    elif n < 1 << 16:
+        out.append(major << 5 | 25)
+        out += n.to_bytes(2, "big")
+    elif n < 1 << 32:
+        out.append(major << 5 | 26)
+        out += n.to_bytes(4, "big")
+    else:
+        out.append(major << 5 | 27)
+        out += n.to_bytes(8, "big")
+
+
+def _cbor(value: object, out: bytearray) -> None:
+    """Append the canonical CBOR encoding of ``value`` to ``out`` (the types of
+    :func:`_encode_key`; tuples and lists are both arrays, as ``cbor2`` encodes them)."""
+    if value is None:
+        out.append(0xF6)
+    elif value is True or value is False:
+        out.append(0xF5 if value else 0xF4)
+    elif isinstance(value, int):
+        major, n = (0, value) if value >= 0 else (1, -1 - value)
+        if n < 1 << 64:
+            _cbor_head(major, n, out)
+        else:  # a bignum: tag 2 (or 3 for negative) over the big-endian magnitude
+            raw = n.to_bytes((n.bit_length() + 7) // 8, "big")
+            _cbor_head(6, 2 + major, out)
+            _cbor_head(2, len(raw), out)
+            out += raw
+    elif isinstance(value, (bytes, bytearray)):
+        _cbor_head(2, len(value), out)
+        out += value
+    elif isinstance(value, str):
+        raw = value.encode("utf-8", "surrogatepass")
+        _cbor_head(3, len(raw), out)
+        out += raw
+    elif isinstance(value, (tuple, list)):
+        _cbor_head(4, len(value), out)
+        for item in value:
+            _cbor(item, out)
+    else:
+        raise TypeError(f"a prefix-cache extra key cannot hold {type(value).__name__} ({value!r})")
 
 
 class KVCacheBlock:

@@ -30,6 +30,7 @@ class KVCacheManager:
         config: Number of blocks, block size, and prefix-caching settings.
 
     Attributes:
+        hash_algo: How full blocks are hashed (``--prefix-caching-hash-algo``).
         prefix_cache_queries: Tokens looked up in the prefix cache at admissions.
         prefix_cache_hits: Of those, tokens found cached.
     """
@@ -37,7 +38,7 @@ class KVCacheManager:
     def __init__(self, config: KVCacheConfig) -> None:
         self.block_size = config.block_size
         self.enable_caching = config.enable_prefix_caching
-        self._hash_algo = config.prefix_caching_hash_algo
+        self.hash_algo = config.prefix_caching_hash_algo
         self.pool = BlockPool(config.num_blocks)
         self._tables: dict[str, list[KVCacheBlock]] = {}
         self._requests: dict[str, Request] = {}
@@ -234,6 +235,6 @@ class KVCacheManager:
         parent = hashes[-1] if hashes else None
         for i in range(len(hashes), num_blocks):
             parent = hash_block_tokens(
-                parent, tokens[i * size : (i + 1) * size], request.cache_salt, self._hash_algo
+                parent, tokens[i * size : (i + 1) * size], request.cache_salt, self.hash_algo
             )
             hashes.append(parent)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core_fakes import Params
-from forkless.core.block_pool import hash_block_tokens
+from forkless.core.block_pool import HASH_ALGOS, hash_block_tokens
 from forkless.core.kv_cache_manager import KVCacheInvariantError, KVCacheManager
 from forkless.core.request import Request
 from forkless.core.sched import KVCacheConfig
@@ -96,19 +96,29 @@ def test_cache_salt_separates_prefixes() -> None:
     assert kv.get_computed_blocks(req("d", list(range(9)), salt="lora-1"))[1] == 8
 
 
-def test_hash_chain_depends_on_parent_and_extra_key() -> None:
-    h0 = hash_block_tokens(None, [1, 2])
-    assert hash_block_tokens(h0, [3, 4]) != hash_block_tokens(None, [3, 4])
-    assert hash_block_tokens(None, [1, 2], "x") != h0
-    assert hash_block_tokens(None, [1, 2]) == h0
-    digest = hash_block_tokens(None, [1, 2], algo="sha256")
+@pytest.mark.parametrize("algo", HASH_ALGOS)
+def test_hash_chain_depends_on_parent_and_extra_key(algo: str) -> None:
+    h0 = hash_block_tokens(None, [1, 2], algo=algo)
+    assert hash_block_tokens(h0, [3, 4], algo=algo) != hash_block_tokens(None, [3, 4], algo=algo)
+    assert hash_block_tokens(None, [1, 2], "x", algo) != h0
+    assert hash_block_tokens(None, [1, 2], algo=algo) == h0
+    assert hash_block_tokens(None, [2, 1], algo=algo) != h0
+
+
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
+def test_sha256_digests(algo: str) -> None:
+    digest = hash_block_tokens(None, [1, 2], algo=algo)
     assert isinstance(digest, bytes) and len(digest) == 32
+    assert digest != hash_block_tokens(None, [1, 2], algo="sha256_cbor" if algo == "sha256" else "sha256")
 
 
-def test_sha256_prefix_caching() -> None:
-    kv = make_kv(prefix_caching_hash_algo="sha256")
-    run_prefill(kv, req("a", list(range(9))))
-    assert kv.get_computed_blocks(req("b", list(range(9))))[1] == 8
+@pytest.mark.parametrize("algo", HASH_ALGOS)
+def test_prefix_caching_with_every_algo(algo: str) -> None:
+    kv = make_kv(prefix_caching_hash_algo=algo)
+    assert kv.hash_algo == algo
+    run_prefill(kv, req("a", list(range(9)), salt="t"))
+    assert kv.get_computed_blocks(req("b", list(range(9)), salt="t"))[1] == 8
+    assert kv.get_computed_blocks(req("c", list(range(9)), salt="u"))[1] == 0
 
 
 def test_freed_blocks_stay_cached_until_a_fresh_block_is_needed() -> None:
@@ -229,5 +239,5 @@ def test_invariant_check_catches_corruption() -> None:
 def test_bad_kv_config() -> None:
     with pytest.raises(ValueError, match="num_blocks"):
         KVCacheConfig(num_blocks=0)
-    with pytest.raises(ValueError, match="builtin, sha256"):
+    with pytest.raises(ValueError, match="sha256, sha256_cbor, builtin"):
         KVCacheConfig(num_blocks=4, prefix_caching_hash_algo="md5")

@@ -23,7 +23,7 @@ def test_scheduler_config_defaults() -> None:
     assert cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold == 0
     assert (cfg.max_num_partial_prefills, cfg.max_long_partial_prefills) == (None, 1)
     kv = KVCacheConfig(num_blocks=10)
-    assert (kv.block_size, kv.enable_prefix_caching) == (16, True)
+    assert (kv.block_size, kv.enable_prefix_caching, kv.prefix_caching_hash_algo) == (16, True, "sha256")
 
 
 def test_bad_policy_names_the_choices() -> None:

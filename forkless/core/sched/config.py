@@ -116,14 +116,16 @@ class KVCacheConfig:
         num_blocks: Number of KV-cache blocks the model runner allocated.
         block_size: Tokens per block.
         enable_prefix_caching: Reuse the KV of full blocks shared by requests' prefixes.
-        prefix_caching_hash_algo: ``"builtin"`` or ``"sha256"``; see
-            :func:`forkless.core.block_pool.hash_block_tokens`.
+        prefix_caching_hash_algo: ``"sha256"`` (the default, as in vLLM),
+            ``"sha256_cbor"`` or ``"builtin"`` (fast, not collision-resistant); see
+            :func:`forkless.core.block_pool.hash_block_tokens`. Flag:
+            ``--prefix-caching-hash-algo``.
     """
 
     num_blocks: int
     block_size: int = 16
     enable_prefix_caching: bool = True
-    prefix_caching_hash_algo: str = "builtin"
+    prefix_caching_hash_algo: str = "sha256"
 
     def __post_init__(self) -> None:
         _check_positive("KVCacheConfig", num_blocks=self.num_blocks, block_size=self.block_size)
