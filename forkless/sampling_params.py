@@ -356,5 +356,9 @@ def _int(value: Any, field: str, minimum: int | None) -> None:
 
 
 def _float(value: Any, field: str, expected: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    # NaN and +-inf are refused whatever the range: no sampling field can mean them, and
+    # a range check alone lets inf through wherever the range is open-ended.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _bad(field, value, expected)
+    if not math.isfinite(value):
+        raise _bad(field, value, f"a finite number, {expected}")
