@@ -121,15 +121,16 @@ class ParallelConfig:
     Attributes:
         distributed_executor_backend: ``"uni"``, ``"mp"`` or an ``Executor`` class path.
         world_size: Number of workers.
-        worker_cls: Worker class path; ``None`` uses the platform's ``worker_cls``
-            (``Platform.check_and_update_config`` fills it in).
+        worker_cls: Worker class path; ``"auto"`` (vLLM's spelling) leaves the choice
+            to the platform, whose ``check_and_update_config`` sets it (a ``"auto"``
+            left over means the platform's ``worker_cls`` attribute).
         device_communicator_cls: Collective-communication helper class path, chosen by
             the platform; ``None`` when the device needs none (one worker).
     """
 
     distributed_executor_backend: str = "uni"
     world_size: int = 1
-    worker_cls: str | None = None
+    worker_cls: str = "auto"
     device_communicator_cls: str | None = None
 
 
@@ -284,7 +285,8 @@ class EngineArgs:
         from forkless.platforms import current_platform
 
         try:  # a bad --attention-backend fails here, not later inside a worker
-            current_platform.get_attn_backend_cls(self.attention_backend)
+            # (by name: the platform's get_attn_backend_cls runs in the workers, with torch)
+            current_platform.attention_backend_path(self.attention_backend)
         except KeyError as exc:
             raise ValueError(f"--attention-backend: {exc}") from None
         model_path = resolve_model_path(self.model)
@@ -337,6 +339,7 @@ class EngineArgs:
             scheduler_cls=_as_path(self.scheduler_cls),
             logits_processors=_split_paths(self.logits_processors),
         )
+        current_platform.verify_model_arch(architecture)
         current_platform.check_and_update_config(config)
         return config
 

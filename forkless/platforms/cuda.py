@@ -1,19 +1,36 @@
-"""The built-in CUDA platform."""
+"""The built-in CUDA platform.
+
+Invariants: :meth:`CudaPlatform.is_available` answers without importing torch when the
+machine plainly has no GPU (importing torch costs a second); everything else imports
+torch when called, never at module level.
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from typing import TYPE_CHECKING
 
-from forkless.platforms.interface import Platform
+from forkless.platforms.interface import DeviceCapability, Platform, PlatformEnum, classproperty
+
+if TYPE_CHECKING:
+    import torch
 
 
 class CudaPlatform(Platform):
+    """NVIDIA GPUs through torch's CUDA runtime."""
+
+    _enum = PlatformEnum.CUDA
     name = "cuda"
     device_type = "cuda"
+    device_name = "cuda"
+    dispatch_key = "CUDA"
+    ray_device_key = "GPU"
+    dist_backend = "nccl"
+    device_control_env_var = "CUDA_VISIBLE_DEVICES"
 
-    @property
-    def default_attention_backend(self) -> str:  # type: ignore[override]
+    @classproperty
+    def default_attention_backend(cls) -> str:  # type: ignore[override]
         # The paged Triton kernels when Triton is installed; the reference otherwise.
         return "triton" if importlib.util.find_spec("triton") is not None else "torch"
 
@@ -28,26 +45,45 @@ class CudaPlatform(Platform):
 
         return bool(torch.cuda.is_available())
 
-    @property
-    def device_name(self) -> str:  # type: ignore[override]
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
         import torch
 
-        return torch.cuda.get_device_name(0)
+        return torch.cuda.get_device_name(device_id)
 
-    def total_memory_bytes(self, index: int = 0) -> int:
+    @classmethod
+    def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
         import torch
 
-        return int(torch.cuda.get_device_properties(index).total_memory)
+        return DeviceCapability(*torch.cuda.get_device_capability(device_id))
 
-    def free_memory_bytes(self, index: int = 0) -> int:
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        import torch
+
+        return int(torch.cuda.get_device_properties(device_id).total_memory)
+
+    @classmethod
+    def free_memory_bytes(cls, index: int = 0) -> int:
         import torch
 
         free, _total = torch.cuda.mem_get_info(index)
         return int(free)
 
-    def seed_everything(self, seed: int | None) -> None:
+    @classmethod
+    def set_device(cls, device: "torch.device") -> None:
+        import torch
+
+        torch.cuda.set_device(device)
+
+    @classmethod
+    def seed_everything(cls, seed: int | None = None) -> None:
         super().seed_everything(seed)
         if seed is not None:
             import torch
 
             torch.cuda.manual_seed_all(seed)
+
+    @classmethod
+    def supports_fp8(cls) -> bool:
+        return cls.has_device_capability(89)

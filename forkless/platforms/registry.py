@@ -71,7 +71,7 @@ def resolve_current_platform() -> "Platform":
     if active:
         name, path = next(iter(active.items()))
         platform = _instantiate(path, f"platform plugin {name!r}")
-        logger.info("using out-of-tree platform %r from plugin %r", platform.name, name)
+        logger.info("using out-of-tree platform %s (%r) from plugin %r", path, platform.name, name)
         return platform
     for name, path in BUILTIN_PLATFORMS.items():
         cls = import_path(path)

@@ -22,7 +22,9 @@ from forkless.attention import AttentionBackend, AttentionMetadata
 from forkless.logger import init_logger
 from forkless.logits_processors import build_logits_processors
 from forkless.model_loader import load_model, resolve_dtype
+from forkless.models.hf_config import get_head_dim
 from forkless.models.interface import CausalLMBase
+from forkless.platforms.interface import AttentionSelectorConfig
 from forkless.plugins import resolve_class
 from forkless.protocol.step import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
 from forkless.sample import InputBatch, LogprobsTensors, Sampler, gather_logprobs
@@ -95,13 +97,19 @@ class ModelRunner:
         self.device = device
         mc = config.model_config
         self.hf_config = AutoConfig.from_pretrained(mc.model)
+        self.dtype = resolve_dtype(mc.dtype, self.hf_config, device)
         # The platform picks the backend (its default, or --attention-backend), so a
-        # platform plugin can bring its own kernels without registering them.
-        backend_path = current_platform.get_attn_backend_cls(config.device_config.attention_backend)
+        # platform plugin can bring its own kernels without registering them. The call is
+        # vLLM's, so that a platform ported from vLLM overrides it unchanged.
+        selector = AttentionSelectorConfig(head_size=get_head_dim(self.hf_config), dtype=self.dtype,
+                                           kv_cache_dtype="auto", block_size=config.cache_config.block_size)
+        backend_path = current_platform.get_attn_backend_cls(
+            config.device_config.attention_backend, attn_selector_config=selector,
+            num_heads=int(self.hf_config.num_attention_heads))
         self.attn_backend = resolve_class(backend_path, AttentionBackend, "--attention-backend")
         logger.info("platform %s (%s), attention backend %s (%s)", current_platform.name,
-                    current_platform.device_name, self.attn_backend.name or backend_path, backend_path)
-        self.dtype = resolve_dtype(mc.dtype, self.hf_config, device)
+                    current_platform.get_device_name(device.index or 0), self.attn_backend.name or backend_path,
+                    backend_path)
         self.model = load_model(mc.model, self.hf_config, self.dtype, device, self.attn_backend, mc.load_format)
         self._use_cpu_kernels()
         self.kv_spec = type(self.model).get_kv_cache_spec(self.hf_config)

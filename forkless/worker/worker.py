@@ -142,8 +142,8 @@ class Worker:
 
 def create_worker(config: EngineConfig, rank: int = 0, local_rank: int | None = None,
                   distributed_init_method: str | None = None) -> Worker:
-    """Instantiate the platform's worker class (``config.parallel_config.worker_cls``
-    or ``current_platform.worker_cls``).
+    """Instantiate the platform's worker class (``config.parallel_config.worker_cls``,
+    or ``current_platform.worker_cls`` while that is still ``"auto"``).
 
     Raises:
         TypeError: The class does not subclass :class:`Worker`.
@@ -151,7 +151,9 @@ def create_worker(config: EngineConfig, rank: int = 0, local_rank: int | None = 
     from forkless.platforms import current_platform
     from forkless.plugins import resolve_class
 
-    path = config.parallel_config.worker_cls or current_platform.worker_cls
+    path = config.parallel_config.worker_cls
+    if path == "auto":  # a platform's check_and_update_config need not fill it in
+        path = current_platform.worker_cls
     cls = resolve_class(path, Worker, "worker_cls")
     return cls(config, rank=rank, local_rank=rank if local_rank is None else local_rank,
                distributed_init_method=distributed_init_method)
