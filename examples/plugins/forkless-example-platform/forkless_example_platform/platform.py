@@ -1,18 +1,26 @@
-"""A platform that runs on the CPU under its own name, with its own attention backend."""
+"""A platform that runs on the CPU under its own name, with its own attention backend.
+
+Its hooks are classmethods with vLLM's names and arguments, as on every forkless platform.
+"""
 
 from forkless.platforms.cpu import CpuPlatform
+from forkless.platforms.interface import PlatformEnum
 
 BACKEND_NAME = "example"
 BACKEND_PATH = "forkless_example_platform.attention:ExampleAttentionBackend"
 
 
 class ExampleCpuPlatform(CpuPlatform):
+    _enum = PlatformEnum.OOT
     name = "example_cpu"
     device_name = "example CPU device"
+    # The platform's own kernel needs no registration: it is selectable by name here.
+    attention_backends = {BACKEND_NAME: BACKEND_PATH}
     default_attention_backend = BACKEND_NAME
 
-    def get_attn_backend_cls(self, selected_backend=None, **kwargs):
-        # The platform's own kernel needs no registration: the platform hands out its path.
-        if self.resolved_attention_backend(selected_backend) == BACKEND_NAME:
-            return BACKEND_PATH
-        return super().get_attn_backend_cls(selected_backend, **kwargs)
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
+        # Each worker asks once, with what the backend must handle.
+        if attn_selector_config.use_mla:
+            raise NotImplementedError("the example_cpu platform has no MLA kernel")
+        return super().get_attn_backend_cls(selected_backend, attn_selector_config, num_heads)
