@@ -17,6 +17,7 @@ from forkless import envs
 from forkless.protocol import ipc
 from forkless.engine.core_client_mp import EngineCoreClient, EngineDeadError
 from forkless.engine.output_processor import OutputProcessor
+from forkless.engine.stop_strings import check_stop_strings
 from forkless.engine.processor import Processor
 from forkless.logger import init_logger
 from forkless.metrics import (
@@ -158,6 +159,8 @@ class AsyncLLM:
         if self.client is None:
             raise RuntimeError("AsyncLLM.start() was not awaited")
         try:
+            # Refused here, as a 400, rather than when the output processor indexes them.
+            check_stop_strings(sampling_params.stop if sampling_params is not None else None)
             processed = self.processor.process_inputs(request_id, prompt, sampling_params, priority=priority)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
@@ -234,6 +237,10 @@ class AsyncLLM:
                         await self.client.abort_requests(result.reqs_to_abort)
                     stats = iteration_stats(new_tokens, result.finished)
                     self._record(outputs.scheduler_stats, stats)
+                    # Let the streams and the other routes run before the next message:
+                    # when messages are queued up, reading one does not yield to the event
+                    # loop, and a backlog would otherwise hold every response back.
+                    await asyncio.sleep(0)
                 elif kind == ipc.REQUEST_ERROR:
                     data = ipc.decode(payload)
                     parent = self._parent_of.get(data["request_id"])

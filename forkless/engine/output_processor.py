@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
 
 from forkless.engine.detokenizer import IncrementalDetokenizer
-from forkless.engine.stop_strings import find_stop_string
+from forkless.engine.stop_strings import StopStringMatcher
 from forkless.metrics.stats import RequestTiming
 from forkless.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
 from forkless.sampling_params import RequestOutputKind
@@ -49,7 +49,7 @@ class _Completion:
     """State of one engine-core request (one of a parent's ``n`` completions)."""
 
     def __init__(self, request_id: str, index: int, params: SamplingParams, parent: _Parent,
-                 tokenizer: PreTrainedTokenizerBase | None) -> None:
+                 tokenizer: PreTrainedTokenizerBase | None, stop: StopStringMatcher) -> None:
         self.request_id = request_id
         self.index = index
         self.params = params
@@ -67,10 +67,10 @@ class _Completion:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.num_cached_tokens = 0
-        stop = params.stop or []
+        self.stop = stop
         # Text that could still be the start of a stop string is not shown before it is
         # known not to be one.
-        self.hold_back = max((len(s) for s in stop), default=1) - 1
+        self.hold_back = max(stop.max_length - 1, 0)
         self.sent_text = 0
         self.sent_tokens = 0
 
@@ -94,9 +94,8 @@ class _Completion:
         if self.detok is not None:
             new_text = self.detok.update(out.new_token_ids)
             self.text += new_text
-            stop = self.params.stop
-            if stop and new_text and len(self.token_ids) >= self.params.min_tokens:
-                found = find_stop_string(self.text, len(new_text), stop, self.params.include_stop_str_in_output)
+            if self.stop and new_text and len(self.token_ids) >= self.params.min_tokens:
+                found = self.stop.find(self.text, len(new_text), self.params.include_stop_str_in_output)
                 if found is not None:
                     self.stop_reason, keep = found
                     self.text = self.text[:keep]
@@ -219,13 +218,16 @@ class OutputProcessor:
         """Start tracking a request before its core requests are sent.
 
         Raises:
-            ValueError: The request id is already in flight.
+            ValueError: The request id is already in flight, or a stop string is too long.
         """
         if processed.request_id in self._parents:
             raise ValueError(f"request id {processed.request_id!r} is already in use")
+        # Indexed once here, shared by the n completions (they have the same stop
+        # strings): the per-step path only looks new text up in it.
+        stop = StopStringMatcher(processed.params.stop or ())
         parent = _Parent(processed)
         for index, core_req in enumerate(processed.core_requests):
-            child = _Completion(core_req.request_id, index, core_req.sampling_params, parent, self.tokenizer)
+            child = _Completion(core_req.request_id, index, core_req.sampling_params, parent, self.tokenizer, stop)
             parent.children.append(child)
             self._children[child.request_id] = child
         self._parents[parent.request_id] = parent
