@@ -1,9 +1,13 @@
-"""The API server's side of the engine core: a spawned process behind two ZeroMQ sockets."""
+"""The API server's side of the engine core: a spawned process behind two ZeroMQ sockets.
+
+The client makes the server's IPC directory (``forkless.protocol.ipc``): its own two
+sockets, and the engine core's worker sockets, live there. It removes the directory at
+shutdown, whether the engine core stopped when told or died.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import shutil
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -40,7 +44,7 @@ class EngineCoreClient:
         self.output.bind(ipc.ipc_address(self.ipc_dir, "output"))
         self.proc = start_engine_core_process(
             ipc.encode(config.to_builtins()), ipc.ipc_address(self.ipc_dir, "input"),
-            ipc.ipc_address(self.ipc_dir, "output"))
+            ipc.ipc_address(self.ipc_dir, "output"), self.ipc_dir)
         logger.info("started the engine core process (pid %d); it starts the worker, which loads the model",
                     self.proc.pid)
         self.ready_info: dict[str, Any] = {}
@@ -112,4 +116,4 @@ class EngineCoreClient:
         self.input.close(linger=0)
         self.output.close(linger=0)
         self.ctx.term()
-        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        ipc.remove_ipc_dir(self.ipc_dir)

@@ -4,6 +4,10 @@ Started with ``spawn`` by the API server. It receives requests and aborts on one
 socket and pushes ``EngineCoreOutputs`` on another. When the executor fails (a worker
 died), it reports ``DEAD`` with the reason and exits, so the API server can fail the
 in-flight requests at once instead of letting them hang.
+
+It works in the API server's IPC directory (its executor puts the worker sockets there).
+The API server removes that directory; but when the API server is gone (killed) as the
+engine core exits, the engine core removes it.
 """
 
 from __future__ import annotations
@@ -119,14 +123,24 @@ def _exit_on_sigterm(*_: Any) -> None:
     raise SystemExit(0)
 
 
-def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, parent_pid: int) -> None:
-    """Entry point of the spawned engine core process."""
+def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, parent_pid: int,
+                    ipc_dir: str) -> None:
+    """Entry point of the spawned engine core process.
+
+    Args:
+        config_bytes: The engine configuration, msgpack.
+        input_addr: Where requests come from (the API server binds it).
+        output_addr: Where outputs go (the API server binds it).
+        parent_pid: The API server's pid, watched to exit when it is gone.
+        ipc_dir: The API server's IPC directory, for the worker sockets too.
+    """
     from forkless.plugins import load_general_plugins
 
     # SIGINT goes to the whole process group on Ctrl-C; the API server orchestrates the
     # shutdown, so the engine core waits to be told (or for its parent to vanish).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    ipc.use_ipc_dir(ipc_dir)
     load_general_plugins()
     proc = None
     try:
@@ -141,15 +155,20 @@ def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, pare
                 proc._send(ipc.DEAD, {"error": f"{type(exc).__name__}: {exc}"})
             except Exception:  # the socket may be gone too
                 pass
+        ipc.remove_ipc_dir_if_orphaned(parent_pid, ipc_dir)
         os._exit(1)
     finally:
         if proc is not None:
             proc.close()
+    # After close(): the workers have stopped, so nothing uses the directory any more.
+    ipc.remove_ipc_dir_if_orphaned(parent_pid, ipc_dir)
 
 
-def start_engine_core_process(config_bytes: bytes, input_addr: str, output_addr: str) -> multiprocessing.process.BaseProcess:
+def start_engine_core_process(config_bytes: bytes, input_addr: str, output_addr: str,
+                              ipc_dir: str) -> multiprocessing.process.BaseProcess:
+    """Spawn the engine core process (see :func:`run_engine_core` for the arguments)."""
     ctx = multiprocessing.get_context("spawn")
     proc = ctx.Process(target=run_engine_core, name="forkless-engine-core",
-                       args=(config_bytes, input_addr, output_addr, os.getpid()))
+                       args=(config_bytes, input_addr, output_addr, os.getpid(), ipc_dir))
     proc.start()
     return proc

@@ -4,13 +4,16 @@ Each worker process loads the general plugins itself, builds the platform's work
 answers calls (``[method, msgpack args]``) on a ZeroMQ socket pair. The executor watches
 the workers while it waits: a worker that dies fails the call within a fraction of a
 second with an error naming it, so the engine core can report it instead of hanging.
+
+The worker sockets go in the IPC directory this process inherited (the API server's,
+in the engine core process), else in one the executor makes and removes at shutdown. A
+worker whose parent is gone (killed) removes that directory before it exits.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-import shutil
 import signal
 import traceback
 from typing import TYPE_CHECKING, Any
@@ -37,8 +40,18 @@ class WorkerDiedError(RuntimeError):
     """A worker process exited while the engine needed it."""
 
 
-def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, parent_pid: int) -> None:
-    """Entry point of a spawned worker process."""
+def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, parent_pid: int,
+                 ipc_dir: str) -> None:
+    """Entry point of a spawned worker process.
+
+    Args:
+        config_bytes: The engine configuration, msgpack.
+        addr_in: Where calls come from (the executor binds it).
+        addr_out: Where replies go (the executor binds it).
+        rank: This worker's rank.
+        parent_pid: The executor's process, watched to exit when it is gone.
+        ipc_dir: The directory of the sockets, removed if the parent is gone at exit.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server orchestrates shutdown
     from forkless.plugins import load_general_plugins
 
@@ -91,6 +104,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     inbox.close(linger=0)
     outbox.close()
     ctx.term()
+    ipc.remove_ipc_dir_if_orphaned(parent_pid, ipc_dir)
 
 
 class MultiprocExecutor(Executor):
@@ -99,7 +113,10 @@ class MultiprocExecutor(Executor):
     def __init__(self, config: "EngineConfig") -> None:
         super().__init__(config)
         self.world_size = 1
-        self.ipc_dir = ipc.make_ipc_dir("forkless-workers-")
+        inherited = ipc.inherited_ipc_dir()
+        # Removed at shutdown only if made here; an inherited one is its maker's.
+        self._owns_ipc_dir = inherited is None
+        self.ipc_dir = ipc.make_ipc_dir("forkless-workers-") if inherited is None else inherited
         self.ctx = zmq.Context()
         mp = multiprocessing.get_context("spawn")
         self.procs: list[multiprocessing.process.BaseProcess] = []
@@ -115,7 +132,7 @@ class MultiprocExecutor(Executor):
             pull = self.ctx.socket(zmq.PULL)
             pull.bind(addr_out)
             proc = mp.Process(target=_worker_main, name=f"forkless-worker-{rank}",
-                              args=(config_bytes, addr_in, addr_out, rank, os.getpid()))
+                              args=(config_bytes, addr_in, addr_out, rank, os.getpid(), self.ipc_dir))
             proc.start()
             logger.info("started worker process %d (pid %d); it imports torch and loads the model", rank, proc.pid)
             self.procs.append(proc)
@@ -194,4 +211,5 @@ class MultiprocExecutor(Executor):
             sock.close(linger=0)
         self.ctx.term()
         self.procs = []
-        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+        if self._owns_ipc_dir:
+            ipc.remove_ipc_dir(self.ipc_dir)

@@ -2,11 +2,26 @@
 
 Every message is ``[kind, payload]``: ``kind`` is a short ASCII tag, ``payload`` is
 msgpack (msgspec) of plain data. Nothing is pickled across a socket.
+
+IPC directories. The sockets live in private (0700) directories under the temp directory
+(``$TMPDIR``), named ``forkless-*``. Invariants:
+
+    * One server has one: the API server makes it (:func:`make_ipc_dir`) and hands it
+      to the engine core, which declares it its IPC directory (:func:`use_ipc_dir`); the
+      engine core's executor then puts the worker sockets in it instead of making
+      another. The offline engine, whose executor runs in the caller's process, has the
+      executor's own.
+    * The process that made a directory removes it when it shuts down, also after one of
+      its children died.
+    * A child whose parent is gone (killed: it never shut down) removes the directory
+      it was given before it exits (:func:`remove_ipc_dir_if_orphaned`). So a SIGKILL of
+      any one process of a server leaves no ``forkless-*`` directory behind.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from typing import Any
 
@@ -28,13 +43,47 @@ def ipc_address(directory: str, name: str) -> str:
 
 
 def make_ipc_dir(prefix: str) -> str:
-    """A private directory for this server's IPC sockets (removed at shutdown)."""
+    """A new private directory for IPC sockets, in the temp directory (its maker removes
+    it at shutdown)."""
     return tempfile.mkdtemp(prefix=prefix)
+
+
+# This process's IPC directory when its parent made it (see use_ipc_dir).
+_inherited_dir: str | None = None
+
+
+def use_ipc_dir(directory: str) -> None:
+    """Declare the IPC directory this process got from its parent: sockets this process
+    binds go in it too (see :func:`inherited_ipc_dir`)."""
+    global _inherited_dir
+    _inherited_dir = directory
+
+
+def inherited_ipc_dir() -> str | None:
+    """The IPC directory this process got from its parent, or ``None`` (it makes its own)."""
+    return _inherited_dir
+
+
+def remove_ipc_dir(directory: str) -> None:
+    """Remove an IPC directory and the socket files in it (no error if it is gone)."""
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def parent_alive(parent_pid: int) -> bool:
     """Whether the process that started us still runs (children exit when it dies)."""
     return os.getppid() == parent_pid
+
+
+def remove_ipc_dir_if_orphaned(parent_pid: int, directory: str) -> bool:
+    """Remove ``directory`` when the parent is gone: it was killed, and cannot.
+
+    Returns:
+        Whether the parent was gone.
+    """
+    if parent_alive(parent_pid):
+        return False
+    remove_ipc_dir(directory)
+    return True
 
 
 # Message kinds ----------------------------------------------------------------------

@@ -1,4 +1,8 @@
-"""Faults: a worker killed mid-request, a client gone mid-stream, shutdown signals."""
+"""Faults: a worker killed mid-request, a client gone mid-stream, shutdown signals.
+
+Each server here gets its own ``TMPDIR``, which must be empty once it is gone: no IPC
+directory outlives a server, however it ended.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +20,15 @@ from tests.server.conftest import Server, alive, descendants, start_server, stop
 from tests.server.test_metrics import scrape, value
 
 
+def _own_tmpdir(tmp_path: Path) -> Path:
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    return tmpdir
+
+
 def test_killed_worker_fails_health_and_requests_then_server_exits(tiny_llama: Path, tmp_path: Path) -> None:
-    srv = start_server(tiny_llama, tmp_path, "--max-model-len", "512")
+    tmpdir = _own_tmpdir(tmp_path)
+    srv = start_server(tiny_llama, tmp_path, "--max-model-len", "512", env_extra={"TMPDIR": str(tmpdir)})
     processes = descendants(srv.proc.pid)
     try:
         _, worker = srv.engine_pids()
@@ -43,6 +54,7 @@ def test_killed_worker_fails_health_and_requests_then_server_exits(tiny_llama: P
         assert wait_until(lambda: not any(alive(p) for p in processes), 15), \
             [p for p in processes if alive(p)]
         assert "worker 0" in srv.log() and "died" in srv.log()
+        assert os.listdir(tmpdir) == []  # the API server removed the IPC directory
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
@@ -77,7 +89,8 @@ def test_client_disconnect_aborts_the_request(server: Server) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_shuts_everything_down_cleanly(tiny_llama: Path, tmp_path: Path, sig: int) -> None:
-    srv = start_server(tiny_llama, tmp_path)
+    tmpdir = _own_tmpdir(tmp_path)
+    srv = start_server(tiny_llama, tmp_path, env_extra={"TMPDIR": str(tmpdir)})
     # a request in flight when the signal arrives must not keep the server up
     def stream_until_closed() -> None:
         try:
@@ -94,3 +107,5 @@ def test_signal_shuts_everything_down_cleanly(tiny_llama: Path, tmp_path: Path, 
     assert stop_and_check(srv, sig) == 0, srv.log()[-3000:]
     streamer.join(60)
     assert not streamer.is_alive()
+    assert "Traceback" not in srv.log(), srv.log()[-3000:]
+    assert os.listdir(tmpdir) == []
