@@ -2,15 +2,25 @@
 
 Field names follow the OpenAI API, plus the extra sampling fields vLLM accepts
 (``top_k``, ``min_p``, ``min_tokens``, ``priority``, ``ignore_eos``, ...).
+
+Invariants of request bodies (:class:`RequestModel`):
+    * Every string in them, dictionary keys and unknown fields included, is valid
+      Unicode: JSON can carry a lone surrogate (``"\\ud800"``), which no tokenizer, chat
+      template or UTF-8 encoder accepts, so it is refused here, naming where it is.
+    * They nest at most :data:`MAX_NESTING` levels deep.
+    * Every number is finite: Python's JSON reads ``NaN``, ``Infinity`` and ``1e999``,
+      which no sampling field can mean.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic_core import PydanticCustomError
 
 
 def random_id(prefix: str) -> str:
@@ -21,6 +31,61 @@ class OpenAIModel(BaseModel):
     # Unknown fields are accepted and ignored, as the OpenAI API and vLLM do, so that
     # newer clients keep working.
     model_config = ConfigDict(extra="allow")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+# Deeper JSON than any real request has (tool schemas included). Nested values such as
+# extra_args are deep-copied and serialized recursively further on; bounding the depth
+# here keeps those from exhausting the stack.
+MAX_NESTING = 64
+
+
+def find_invalid_json(data: Any) -> tuple[str, str] | None:
+    """The first place in decoded JSON that a request may not hold: a string that is not
+    valid Unicode (it has a lone surrogate), or nesting deeper than :data:`MAX_NESTING`.
+
+    Iterative, so that any input is checked without exhausting the stack.
+
+    Returns:
+        ``(dotted path, what is wrong there)``, or ``None`` when all is well.
+    """
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        where = ".".join(map(str, path)) or "body"
+        if isinstance(value, str):
+            bad = None if value.isascii() else _SURROGATE.search(value)
+            if bad is not None:
+                return where, f"not valid Unicode text (it contains a lone surrogate, U+{ord(bad.group()):04X})"
+            continue
+        if len(path) >= MAX_NESTING:
+            return where, f"nested deeper than {MAX_NESTING} levels"
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, str) and not key.isascii() and _SURROGATE.search(key):
+                    return where, "a key is not valid Unicode text (it contains a lone surrogate)"
+                if isinstance(item, (str, dict, list)):
+                    stack.append(((*path, key), item))
+        elif isinstance(value, list):
+            stack.extend(((*path, i), item) for i, item in enumerate(value) if isinstance(item, (str, dict, list)))
+    return None
+
+
+class RequestModel(OpenAIModel):
+    """A request body: valid Unicode text, bounded nesting and finite numbers only (see
+    the module)."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_json(cls, data: Any) -> Any:
+        invalid = find_invalid_json(data)
+        if invalid is not None:
+            # A model-level error has no location, so the path travels in ctx["param"].
+            raise PydanticCustomError("invalid_json", "{what}", {"param": invalid[0], "what": invalid[1]})
+        return data
 
 
 class ErrorInfo(OpenAIModel):
@@ -39,7 +104,7 @@ class StreamOptions(OpenAIModel):
     continuous_usage_stats: bool | None = False
 
 
-class SamplingFields(OpenAIModel):
+class SamplingFields(RequestModel):
     """Sampling fields shared by completions and chat completions."""
 
     model: str | None = None
@@ -53,7 +118,8 @@ class SamplingFields(OpenAIModel):
     seed: int | None = None
     presence_penalty: float | None = 0.0
     frequency_penalty: float | None = 0.0
-    logit_bias: dict[str, float] | None = None
+    # OpenAI's range: -100 bans a token, 100 all but forces it; more means nothing more.
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     user: str | None = None
     # vLLM extensions
     top_k: int | None = None
@@ -365,7 +431,7 @@ class ModelList(OpenAIModel):
     data: list[ModelCard]
 
 
-class TokenizeRequest(OpenAIModel):
+class TokenizeRequest(RequestModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -379,7 +445,7 @@ class TokenizeResponse(OpenAIModel):
     tokens: list[int]
 
 
-class DetokenizeRequest(OpenAIModel):
+class DetokenizeRequest(RequestModel):
     model: str | None = None
     tokens: list[int]
 
