@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     FORKLESS_LOG_STATS_INTERVAL: float
     FORKLESS_WORKER_THREADS: int
     FORKLESS_API_KEY: str | None
+    FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE: int
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -124,6 +125,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "FORKLESS_WORKER_THREADS": lambda: _number("FORKLESS_WORKER_THREADS", "1", int),
     # Default for ``forkless serve --api-key``.
     "FORKLESS_API_KEY": lambda: os.environ.get("FORKLESS_API_KEY") or None,
+    # Seconds ``forkless serve`` keeps an idle HTTP connection open between requests
+    # (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE; uvicorn's timeout_keep_alive).
+    "FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE": lambda: _number("FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE", "5", int),
 }
 
 
