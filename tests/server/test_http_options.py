@@ -1,4 +1,4 @@
-"""``--middleware``, ``--api-key`` / ``FORKLESS_API_KEY`` and ``--logits-processors`` by path."""
+"""``--middleware``, ``--api-key`` and ``--logits-processors`` by path."""
 
 from __future__ import annotations
 
@@ -60,10 +60,13 @@ def test_middleware_adds_a_header(options_server: Server) -> None:
     assert raw.headers["x-served-by"] == "test-middleware"
 
 
+# FORKLESS_API_KEY, and the key on every route (plugins' and the docs included):
+# tests/security/test_http_limits.py.
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}])
 def test_api_key_is_required_on_v1(options_server: Server, headers: dict) -> None:
     for method, path, body in [("GET", "/v1/models", None),
-                               ("POST", "/v1/completions", {"model": "tiny", "prompt": "hi"})]:
+                               ("POST", "/v1/completions", {"model": "tiny", "prompt": "hi"}),
+                               ("POST", "/tokenize", {"prompt": "hi"}), ("GET", "/openapi.json", None)]:
         resp = httpx.request(method, options_server.url + path, json=body, headers=headers, timeout=30)
         assert resp.status_code == 401, resp.text
         error = resp.json()["error"]
@@ -79,17 +82,6 @@ def test_official_client_with_and_without_key(options_server: Server) -> None:
 
 def test_logits_processor_by_class_path(options_server: Server) -> None:
     check_force_token_processor(options_server, "tiny")
-
-
-def test_api_key_from_environment(tiny_llama: Path, tmp_path: Path) -> None:
-    srv = start_server(tiny_llama, tmp_path, env_extra={"FORKLESS_API_KEY": "from-env"})
-    try:
-        assert httpx.get(srv.url + "/v1/models", timeout=30).status_code == 401
-        ok = httpx.get(srv.url + "/v1/models", headers={"Authorization": "Bearer from-env"}, timeout=30)
-        assert ok.status_code == 200
-        assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
-    finally:
-        assert stop_and_check(srv) == 0
 
 
 @pytest.mark.parametrize(("value", "fragment"), [

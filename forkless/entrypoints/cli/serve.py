@@ -35,7 +35,17 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     group.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     group.add_argument("--api-key", default=envs.FORKLESS_API_KEY,
-                       help="require 'Authorization: Bearer KEY' on /v1 routes (or FORKLESS_API_KEY)")
+                       help="require 'Authorization: Bearer KEY' on every route but /health, /version and "
+                            "/metrics (or FORKLESS_API_KEY)")
+    # Defaults (None) are HttpLimits' (forkless/entrypoints/openai/http_limits.py), which
+    # also checks the values; it is not imported here, to keep the first log line fast.
+    group.add_argument("--max-request-body-size", type=int, default=None, metavar="BYTES",
+                       help="refuse larger request bodies with 413 (default 33554432, 32 MiB)")
+    group.add_argument("--request-read-timeout", type=float, default=None, metavar="SECONDS",
+                       help="seconds a client has to send a request's headers (else the connection is "
+                            "closed), and again its body (else 408) (default 30)")
+    group.add_argument("--max-sequences-per-request", type=int, default=None, metavar="N",
+                       help="refuse requests asking for more sequences (prompts × n) with 400 (default 256)")
     group.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
     group.add_argument("--middleware", action="append", default=[],
@@ -83,6 +93,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return _usage_error(str(exc))
     from forkless.entrypoints.openai.api_server import resolve_middleware
     from forkless.entrypoints.openai.chat_options import ChatOptions
+    from forkless.entrypoints.openai.http_limits import HttpLimits
 
     for path in args.middleware:
         try:
@@ -90,6 +101,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except (ValueError, TypeError, ImportError) as exc:
             return _usage_error(f"--middleware {path!r}: {exc}")
     try:
+        args.http_limits = HttpLimits.from_cli_args(args)
         config = engine_args.create_engine_config()
         # Checked before the engine starts: a bad parser name should not cost a model load.
         args.chat_options = ChatOptions.from_cli_args(args)
@@ -156,12 +168,13 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace) -> int:
     try:
         app = build_app(engine, names, config.model_config.max_model_len, api_key=args.api_key,
                         middleware=args.middleware, metrics=engine.render_metrics,
-                        chat_options=args.chat_options)
+                        chat_options=args.chat_options, limits=args.http_limits)
     except Exception as exc:
         logger.error("could not build the HTTP app: %s", exc)
         return 2
     server = _Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                    log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5),
+                                    log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5,
+                                    **args.http_limits.uvicorn_options()),
                      names[0])
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

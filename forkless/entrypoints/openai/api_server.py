@@ -1,8 +1,19 @@
 """The FastAPI application of ``forkless serve``.
 
 Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``,
-``/version``, ``/tokenize``, ``/detokenize``, ``/metrics``; plus routes from opt-in
-endpoint plugins and ASGI middleware from ``--middleware``.
+``/version``, ``/tokenize``, ``/detokenize``, ``/metrics``, FastAPI's ``/docs``, ``/redoc``
+and ``/openapi.json``; plus routes from opt-in endpoint plugins and ASGI middleware from
+``--middleware``.
+
+Invariants:
+    * Every error answer has the OpenAI body (``errors.py``): the application's own,
+      FastAPI's (unknown route, wrong method, unparsable body) and the HTTP limits'.
+    * An unexpected exception is a 500 that leaves the connection usable, unless the
+      response had already started.
+    * Middleware, outermost first: ``--middleware`` (in the order given, the last one
+      outermost), the API key check, the HTTP limits (``http_limits.py``), the 500 guard;
+      then the routes, endpoint plugins' included. So with ``--api-key`` every route but
+      ``/health``, ``/version`` and ``/metrics`` needs the key, whoever added it.
 """
 
 from __future__ import annotations
@@ -14,10 +25,14 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from forkless.engine.async_llm import EngineDeadError, InvalidRequestError
 from forkless.entrypoints.openai.chat_options import ChatOptions
-from forkless.entrypoints.openai.errors import BadRequest, error_response
+from forkless.entrypoints.openai.errors import BadRequest, describe_validation_errors, error_response, quoted
+from forkless.entrypoints.openai.http_limits import ApiKeyMiddleware, HttpLimits, RequestLimitsMiddleware
 from forkless.protocol.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -38,9 +53,6 @@ if TYPE_CHECKING:
 
 logger = init_logger("forkless.entrypoints.openai")
 
-# Routes that --api-key protects; health, version and metrics stay open for probes.
-_PROTECTED_PREFIXES = ("/v1", "/tokenize", "/detokenize")
-
 
 async def _cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
     """Run ``work``; if the client disconnects first, cancel it (which aborts its requests)."""
@@ -60,6 +72,54 @@ async def _cancel_on_disconnect(request: Request, work: Awaitable[Any]) -> Any:
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
     return Response(status_code=499)
+
+
+class InternalErrorMiddleware:
+    """Answers an unexpected exception with a 500 and an OpenAI error body, logged with
+    its traceback. Starlette's own error middleware re-raises after answering, and uvicorn
+    then drops the connection; here it stays open for the client's next request. Once
+    the response has started the exception goes on up: that response is broken.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracked_send)
+        except ClientDisconnect:
+            pass  # nobody to answer
+        except Exception as exc:
+            if started:
+                raise
+            logger.error("unhandled error in %s %s", scope["method"], quoted(scope["path"]), exc_info=exc)
+            response = error_response(f"internal error: {type(exc).__name__}: {exc}", 500, "InternalServerError")
+            await response(scope, receive, send)
+
+
+def _http_error_message(request: Request, exc: HTTPException) -> str:
+    """What FastAPI's and Starlette's own HTTP errors say, in words a client can act on."""
+    path = quoted(request.url.path)
+    if exc.status_code == 404 and exc.detail == "Not Found":
+        return f"Not Found: there is no route {request.method} {path}"
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow") or (exc.headers or {}).get("allow")
+        return f"Method Not Allowed: {request.method} {path}" + (f" (allowed: {allowed})" if allowed else "")
+    if isinstance(exc.__cause__, UnicodeDecodeError):
+        return f"the request body is not valid UTF-8: {exc.__cause__.reason} at byte {exc.__cause__.start}"
+    if isinstance(exc.__cause__, RecursionError):
+        return "the request body is not valid JSON: it is nested too deeply to parse"
+    return str(exc.detail)
 
 
 def resolve_middleware(path: str) -> Any:
@@ -87,20 +147,24 @@ def _add_middleware(app: FastAPI, path: str) -> None:
 def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: int,
               api_key: str | None = None, middleware: list[str] | None = None,
               metrics: Callable[[], bytes] | None = None,
-              chat_options: ChatOptions | None = None) -> FastAPI:
+              chat_options: ChatOptions | None = None, limits: HttpLimits | None = None) -> FastAPI:
     """Assemble the FastAPI app around a running engine.
 
     Args:
         engine: The async engine the routes submit to.
         served_model_names: Names accepted in the ``model`` field; the first is reported.
         max_model_len: Context length, for validation and ``/v1/models``.
-        api_key: When set, protected routes require ``Authorization: Bearer <key>``.
+        api_key: When set, every route but ``/health``, ``/version`` and ``/metrics``
+            requires ``Authorization: Bearer <key>``.
         middleware: Class paths (or async functions) of ASGI middleware to add.
         metrics: Returns the Prometheus exposition text for ``/metrics``.
         chat_options: Chat template override and tool/reasoning parsers.
+        limits: Request body size and read timeout, sequences per request.
     """
+    limits = limits or HttpLimits()
     app = FastAPI(title="forkless", version=__version__)
-    serving = OpenAIServing(engine, served_model_names, max_model_len, chat_options)
+    serving = OpenAIServing(engine, served_model_names, max_model_len, chat_options,
+                            max_sequences_per_request=limits.max_sequences_per_request)
     app.state.serving = serving
     app.state.engine = engine
 
@@ -109,16 +173,18 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         return error_response(exc.message, exc.status, exc.err_type, exc.param, exc.code)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        first = errors[0] if errors else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        if first.get("type") == "json_invalid":
-            message = f"the request body is not valid JSON: {first.get('ctx', {}).get('error', first.get('msg'))}"
-        else:
-            message = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: {e.get('msg')}"
-                                for e in errors) or "invalid request"
-        return error_response(message, 400, "BadRequestError", ".".join(loc) or None)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = describe_validation_errors(exc.errors())
+        if "json" not in request.headers.get("content-type", ""):
+            # FastAPI reads a body without a JSON content type as bytes, not as JSON.
+            message += " (send the body as JSON, with Content-Type: application/json)"
+        return error_response(message, 400, "BadRequestError", param)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> Response:
+        if exc.status_code in (204, 304):  # no body allowed
+            return Response(status_code=exc.status_code, headers=exc.headers)
+        return error_response(_http_error_message(request, exc), exc.status_code, headers=exc.headers)
 
     @app.exception_handler(DeprecatedError)
     async def _deprecated(_: Request, exc: DeprecatedError) -> JSONResponse:
@@ -136,15 +202,6 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
         logger.error("unhandled error: %s", exc, exc_info=exc)
         return error_response(f"internal error: {type(exc).__name__}: {exc}", 500, "InternalServerError")
-
-    if api_key:
-        @app.middleware("http")
-        async def _authenticate(request: Request, call_next: Any) -> Response:
-            if request.method != "OPTIONS" and request.url.path.startswith(_PROTECTED_PREFIXES):
-                if request.headers.get("Authorization") != f"Bearer {api_key}":
-                    return error_response("invalid or missing API key (send Authorization: Bearer <key>)",
-                                          401, "AuthenticationError")
-            return await call_next(request)
 
     def check_deprecated(request: Request, body: Any) -> None:
         DEPRECATIONS.check_http_fields(request.url.path, body.model_dump(exclude_unset=True))
@@ -184,24 +241,12 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest, request: Request) -> TokenizeResponse:
         check_deprecated(request, req)
-        serving.check_model(req.model)
-        if req.messages is not None:
-            tokens = serving.render_chat(ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt))
-        elif req.prompt is not None:
-            tokens = engine.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
-        else:
-            raise BadRequest("give either prompt or messages", "prompt")
-        return TokenizeResponse(count=len(tokens), max_model_len=max_model_len, tokens=list(tokens))
+        return await serving.tokenize(req)
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest, request: Request) -> DetokenizeResponse:
         check_deprecated(request, req)
-        serving.check_model(req.model)
-        vocab = len(engine.tokenizer)
-        bad = [t for t in req.tokens if not 0 <= t < vocab]
-        if bad:
-            raise BadRequest(f"token ids out of range [0, {vocab}): {bad[:5]}", "tokens")
-        return DetokenizeResponse(prompt=engine.tokenizer.decode(req.tokens))
+        return await serving.detokenize(req)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -215,6 +260,12 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
             logger.info("endpoint plugin %r attached its routes", name)
         elif ok:
             logger.warning("endpoint plugin %r returned %r, which has no attach_router(app)", name, plugin)
+    # Added innermost first (each add_middleware wraps what is there), after the plugins,
+    # so that middleware a plugin adds is inside the key check too.
+    app.add_middleware(InternalErrorMiddleware)
+    app.add_middleware(RequestLimitsMiddleware, limits=limits)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     for path in middleware or []:
         _add_middleware(app, path)
     return app

@@ -2,21 +2,36 @@
 
 The engine yields cumulative ``RequestOutput``s; streaming sends what is new since the
 previous one, per choice.
+
+Invariants:
+    * Tokenizing, rendering chat templates and decoding whole prompts run in one
+      tokenizer thread, never on the event loop: a multi-megabyte prompt takes seconds,
+      during which the loop keeps serving health checks and streaming other responses.
+      One thread, as in vLLM: Hugging Face tokenizers are not safe to call from several
+      threads at once.
+    * A request asks for at most ``max_sequences_per_request`` sequences (prompts × n),
+      checked before any prompt is tokenized.
+    * ``text_offset`` in completions logprobs indexes into the choice's text as the client
+      receives it (echoed prompt included, across streamed chunks).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, TypeVar
 
+from forkless.engine.detokenizer import IncrementalDetokenizer
 from forkless.engine.processor import NoChatTemplateError
 from forkless.entrypoints.openai.chat_options import ChatOptions
 from forkless.entrypoints.openai.chat_parsing import ChoiceParser, make_choice_parser
-from forkless.entrypoints.openai.errors import BadRequest
+from forkless.entrypoints.openai.errors import BadRequest, quoted
+from forkless.entrypoints.openai.http_limits import DEFAULT_MAX_SEQUENCES_PER_REQUEST
 from forkless.protocol.openai import (
     ChatChoice,
     ChatCompletionChunk,
@@ -32,9 +47,14 @@ from forkless.protocol.openai import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
+    DetokenizeRequest,
+    DetokenizeResponse,
     PromptLogprob,
     PromptLogprobs,
+    RequestModel,
     SamplingFields,
+    TokenizeRequest,
+    TokenizeResponse,
     TopLogprob,
     UsageInfo,
     random_id,
@@ -49,6 +69,8 @@ if TYPE_CHECKING:
 logger = init_logger("forkless.entrypoints.openai")
 
 MAX_LOGPROBS = 20
+
+T = TypeVar("T")
 
 # vLLM request fields that forkless does not implement, with the values that ask for
 # nothing (clients that send those explicitly keep working); any other value is a 400
@@ -101,10 +123,47 @@ def _reject_unsupported(req: SamplingFields) -> None:
     endpoint = _UNSUPPORTED_COMPLETION_FIELDS if isinstance(req, CompletionRequest) else _UNSUPPORTED_CHAT_FIELDS
     for name, value in extra.items():
         if name == "best_of" and value not in (None, req.n):
-            raise BadRequest(f"best_of={value!r} is not supported (vLLM removed it too); use n", "best_of")
+            raise BadRequest(f"best_of={quoted(value)} is not supported (vLLM removed it too); use n", "best_of")
         accepted, reason = endpoint.get(name) or _UNSUPPORTED_FIELDS.get(name, ((value,), ""))
         if value not in accepted:
-            raise BadRequest(f"{name}={value!r}: {reason}", name)
+            raise BadRequest(f"{name}={quoted(value)}: {reason}", name)
+
+
+def _unknown_fields(req: RequestModel) -> list[str]:
+    """Top-level fields of a request that no model declares and no list above knows."""
+    known: dict[str, Any] = {}
+    if isinstance(req, SamplingFields):
+        endpoint = _UNSUPPORTED_COMPLETION_FIELDS if isinstance(req, CompletionRequest) else _UNSUPPORTED_CHAT_FIELDS
+        known = {**_UNSUPPORTED_FIELDS, **endpoint, "best_of": None}
+    return [name for name in req.model_extra or {} if name not in known]
+
+
+class IgnoredFieldsLog:
+    """Logs request fields the server accepts but ignores, once per field name.
+
+    As vLLM does ("The following fields were present in the request but ignored"), but
+    once per name rather than per request, and for at most ``max_names`` names: a client
+    could otherwise fill the log, or the memory of names seen, with random field names.
+    """
+
+    def __init__(self, max_names: int = 256) -> None:
+        self.max_names = max_names
+        self._seen: set[str] = set()
+
+    def note(self, names: Iterable[str]) -> None:
+        """Log the names not logged before (cut to 100 characters)."""
+        if len(self._seen) >= self.max_names:
+            return
+        new = sorted({quoted(name, 100) for name in names} - self._seen)
+        if not new:
+            return
+        new = new[: self.max_names - len(self._seen)]
+        self._seen.update(new)
+        # A set of reprs: quotes and escapes keep a field name from forging log lines.
+        logger.warning("The following fields were present in the request but ignored: {%s}%s",
+                       ", ".join(map(repr, new)),
+                       "" if len(self._seen) < self.max_names else
+                       f" (no more ignored field names are logged after {self.max_names})")
 
 
 def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None,
@@ -193,6 +252,35 @@ def _prompt_logprobs(out: "RequestOutput") -> PromptLogprobs | None:
         for tok, lp in entry.items()} for entry in out.prompt_logprobs]
 
 
+class _TextOffsets:
+    """Where each token's text starts in a choice's text (``text_offset``), token by token.
+
+    It replays the engine's incremental detokenization (same context tokens, same
+    special-token rule), so the offsets index into the text the engine produced, also
+    where one character spans several tokens: a token ending inside a character starts
+    where that character will. Offsets never pass the text actually returned (a stop
+    string may have cut it).
+
+    Args:
+        tokenizer: The model's tokenizer.
+        context_ids: The tokens before the first one (the prompt, for generated tokens).
+        skip_special_tokens: As the request's.
+        base: Added to every offset (the echoed prompt's length).
+    """
+
+    def __init__(self, tokenizer: Any, context_ids: list[int], skip_special_tokens: bool, base: int = 0) -> None:
+        self._detok = IncrementalDetokenizer(tokenizer, context_ids, skip_special_tokens)
+        self._base = base
+
+    def advance(self, token_ids: Iterable[int], text_len: int) -> list[int]:
+        """The offsets of the next tokens, in a text now ``text_len`` characters long (base excluded)."""
+        offsets = []
+        for token_id in token_ids:
+            offsets.append(self._base + min(len(self._detok.output_text), text_len))
+            self._detok.update([token_id])
+        return offsets
+
+
 def _join_logprobs(a: CompletionLogProbs, b: CompletionLogProbs) -> CompletionLogProbs:
     return CompletionLogProbs(text_offset=a.text_offset + b.text_offset, token_logprobs=a.token_logprobs
                               + b.token_logprobs, tokens=a.tokens + b.tokens, top_logprobs=a.top_logprobs
@@ -219,12 +307,20 @@ class OpenAIServing:
     """Completions and chat completions on top of an ``AsyncLLM``."""
 
     def __init__(self, engine: "AsyncLLM", served_model_names: list[str], max_model_len: int,
-                 chat_options: ChatOptions | None = None) -> None:
+                 chat_options: ChatOptions | None = None,
+                 max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST) -> None:
         self.engine = engine
         self.chat_options = chat_options or ChatOptions()
         self.served_model_names = served_model_names
         self.model_name = served_model_names[0]
         self.max_model_len = max_model_len
+        self.max_sequences_per_request = max_sequences_per_request
+        self.ignored_fields = IgnoredFieldsLog()
+        self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forkless-tokenizer")
+
+    async def in_tokenizer_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` in the tokenizer thread (see the module); its exceptions propagate."""
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, functools.partial(fn, *args))
 
     @property
     def tokenizer(self) -> Any:
@@ -238,7 +334,7 @@ class OpenAIServing:
                 as vLLM and OpenAI answer, so OpenAI clients raise ``NotFoundError``.
         """
         if model is not None and model not in self.served_model_names:
-            raise BadRequest(f"The model `{model}` does not exist; this server serves "
+            raise BadRequest(f"The model `{quoted(model)}` does not exist; this server serves "
                              f"{', '.join(self.served_model_names)}", "model",
                              err_type="NotFoundError", status=HTTPStatus.NOT_FOUND, code="model_not_found")
 
@@ -260,31 +356,41 @@ class OpenAIServing:
                 f"{len(token_ids) + max_tokens} in total.", "max_tokens",
                 code="context_length_exceeded")
 
+    def check_sequences(self, num_prompts: int, n: int) -> None:
+        """Refuse a request for more sequences (prompts × n) than the server allows.
+
+        Raises:
+            BadRequest: Naming ``n`` when it is above 1, else ``prompt``.
+        """
+        if num_prompts * n > self.max_sequences_per_request:
+            raise BadRequest(
+                f"this request asks for {num_prompts * n} sequences ({num_prompts} prompt(s) × n={n}); this "
+                f"server generates at most {self.max_sequences_per_request} per request "
+                "(--max-sequences-per-request)", "n" if n > 1 else "prompt")
+
     # -- completions ------------------------------------------------------------------
-    def _completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
+    @staticmethod
+    def _prompt_list(req: CompletionRequest) -> list[str | list[int]]:
+        """The request's prompts, untokenized: a string, a token-id list, or a list of either."""
         p = req.prompt
-        if isinstance(p, str):
-            texts: list[Any] = [p]
-        elif isinstance(p, list) and p and all(isinstance(x, int) for x in p):
-            texts = [p]
-        else:
-            texts = list(p)
-        if not texts:
+        if isinstance(p, str) or (isinstance(p, list) and p and all(isinstance(x, int) for x in p)):
+            return [p]
+        if not p:
             raise BadRequest("the prompt is empty", "prompt")
-        out = []
-        for t in texts:
-            ids = t if isinstance(t, list) else self.tokenizer.encode(t)
-            if isinstance(t, list) and not all(isinstance(x, int) for x in t):
-                raise BadRequest("a token-id prompt must be a list of integers", "prompt")
-            out.append(list(ids))
-        return out
+        return list(p)
+
+    def _tokenize_prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        return [list(p) if isinstance(p, list) else list(self.tokenizer.encode(p)) for p in prompts]
 
     async def create_completion(self, req: CompletionRequest, raw_request: Any) -> Any:
         self.check_model(req.model)
         if req.suffix:
             raise BadRequest("suffix is not supported", "suffix")
+        texts = self._prompt_list(req)
+        self.check_sequences(len(texts), req.n)
+        self.ignored_fields.note(_unknown_fields(req))
         prompts = [truncate_prompt(ids, req, req.max_tokens, self.max_model_len)
-                   for ids in self._completion_prompts(req)]
+                   for ids in await self.in_tokenizer_thread(self._tokenize_prompts, texts)]
         for ids in prompts:
             self._check_prompt(ids, req.max_tokens)
         base_id = random_id("cmpl")
@@ -295,18 +401,7 @@ class OpenAIServing:
         if req.stream:
             return self._stream_completion(req, base_id, prompts, streams, raw_request)
         finals = await self._collect(streams, raw_request)
-        choices = []
-        for p_idx, out in enumerate(finals):
-            for c in out.outputs:
-                echo = self.tokenizer.decode(prompts[p_idx]) if req.echo else ""
-                lp = None
-                if req.logprobs is not None:
-                    lp = self._completion_logprobs(c, 0, req.logprobs, offset=len(echo))
-                    if req.echo:
-                        lp = _join_logprobs(self._echo_logprobs(prompts[p_idx], out, req.logprobs), lp)
-                choices.append(CompletionChoice(
-                    index=p_idx * req.n + c.index, text=echo + c.text, finish_reason=c.finish_reason,
-                    stop_reason=c.stop_reason, logprobs=lp, prompt_logprobs=_prompt_logprobs(out)))
+        choices = await self.in_tokenizer_thread(self._completion_choices, req, prompts, finals)
         usage = UsageInfo()
         for out in finals:
             u = _usage(out)
@@ -315,32 +410,54 @@ class OpenAIServing:
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         return CompletionResponse(id=base_id, model=self.model_name, choices=choices, usage=usage)
 
+    def _completion_choices(self, req: CompletionRequest, prompts: list[list[int]],
+                            finals: list["RequestOutput"]) -> list[CompletionChoice]:
+        """The choices of a finished completions request (runs in the tokenizer thread)."""
+        choices = []
+        for p_idx, out in enumerate(finals):
+            echo, echo_lp = self._echo(prompts[p_idx], out, req.logprobs) if req.echo else ("", None)
+            for c in out.outputs:
+                lp = None
+                if req.logprobs is not None:
+                    offsets = _TextOffsets(self.tokenizer, prompts[p_idx], req.skip_special_tokens, base=len(echo))
+                    lp = self._completion_logprobs(c, 0, req.logprobs, offsets.advance(c.token_ids, len(c.text)))
+                    if echo_lp is not None:
+                        lp = _join_logprobs(echo_lp, lp)
+                choices.append(CompletionChoice(
+                    index=p_idx * req.n + c.index, text=echo + c.text, finish_reason=c.finish_reason,
+                    stop_reason=c.stop_reason, logprobs=lp, prompt_logprobs=_prompt_logprobs(out)))
+        return choices
+
     def _completion_logprobs(self, c: "CompletionOutput", start: int, n: int | None,
-                             offset: int = 0) -> CompletionLogProbs:
-        lp = CompletionLogProbs()
+                             offsets: list[int]) -> CompletionLogProbs:
+        """Logprobs of ``c``'s tokens from ``start`` on; ``offsets`` are their ``text_offset``s."""
+        lp = CompletionLogProbs(text_offset=offsets)
         for i in range(start, len(c.token_ids)):
             tok_id = c.token_ids[i]
             entries = (c.logprobs or [])[i] if c.logprobs and i < len(c.logprobs) else {}
-            token = self._token_text(tok_id, entries)
             chosen = entries.get(tok_id)
-            lp.tokens.append(token)
+            lp.tokens.append(self._token_text(tok_id, entries))
             lp.token_logprobs.append(chosen.logprob if chosen else None)
-            lp.text_offset.append(offset)
-            offset += len(token)
             top = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)[: (n or 0) + 1]
             lp.top_logprobs.append({self._token_text(t, entries): e.logprob for t, e in top} if n else None)
         return lp
 
-    def _echo_logprobs(self, prompt_ids: list[int], out: "RequestOutput", n: int | None) -> CompletionLogProbs:
-        """The echoed prompt's tokens in the completions ``logprobs`` format (as vLLM: the
-        first token has neither a logprob nor top logprobs)."""
+    def _echo(self, prompt_ids: list[int], out: "RequestOutput", n: int | None) -> tuple[str, CompletionLogProbs | None]:
+        """The echoed prompt's text, and with ``logprobs`` its tokens in the completions
+        ``logprobs`` format (as vLLM: the first token has neither a logprob nor top
+        logprobs). Runs in the tokenizer thread: the prompt may be long."""
         from forkless.outputs import CompletionOutput
 
+        text = self.tokenizer.decode(prompt_ids)
+        if n is None:
+            return text, None
         entries = [entry or {} for entry in out.prompt_logprobs or []]
-        lp = self._completion_logprobs(CompletionOutput(index=0, text="", token_ids=prompt_ids, logprobs=entries), 0, n)
+        offsets = _TextOffsets(self.tokenizer, [], skip_special_tokens=False).advance(prompt_ids, len(text))
+        lp = self._completion_logprobs(CompletionOutput(index=0, text="", token_ids=prompt_ids, logprobs=entries),
+                                       0, n, offsets)
         if lp.top_logprobs:
             lp.top_logprobs[0] = None
-        return lp
+        return text, lp
 
     def _token_text(self, token_id: int, entries: dict) -> str:
         e = entries.get(token_id)
@@ -351,7 +468,8 @@ class OpenAIServing:
     async def _stream_completion(self, req: CompletionRequest, base_id: str, prompts: list[list[int]],
                                  streams: list[AsyncIterator["RequestOutput"]], raw_request: Any) -> AsyncIterator[str]:
         created = int(time.time())
-        echoed: set[int] = set()
+        echoes: dict[int, tuple[str, CompletionLogProbs | None]] = {}
+        offsets: dict[int, _TextOffsets] = {}  # per choice: text_offset counts from its first chunk
         sent_text: dict[int, int] = {}
         sent_tokens: dict[int, int] = {}
         finals: dict[int, "RequestOutput"] = {}
@@ -362,16 +480,21 @@ class OpenAIServing:
             finals[p_idx] = out
             for c in out.outputs:
                 idx = p_idx * req.n + c.index
-                if req.echo and idx not in echoed:
-                    echoed.add(idx)  # text may still be held back, so sent_text is not enough
-                    echo = self.tokenizer.decode(prompts[p_idx])
-                    echo_lp = self._echo_logprobs(prompts[p_idx], out, req.logprobs) if req.logprobs is not None else None
-                    yield _sse(CompletionResponse(id=base_id, created=created, model=self.model_name,
-                                                  choices=[CompletionChoice(index=idx, text=echo, logprobs=echo_lp)]))
+                if idx not in offsets:
+                    echo, echo_lp = "", None
+                    if req.echo:  # text may still be held back, so sent_text cannot say whether it was sent
+                        if p_idx not in echoes:
+                            echoes[p_idx] = await self.in_tokenizer_thread(self._echo, prompts[p_idx], out, req.logprobs)
+                        echo, echo_lp = echoes[p_idx]
+                        yield _sse(CompletionResponse(id=base_id, created=created, model=self.model_name, choices=[
+                            CompletionChoice(index=idx, text=echo, logprobs=echo_lp)]))
+                    offsets[idx] = _TextOffsets(self.tokenizer, prompts[p_idx], req.skip_special_tokens, base=len(echo))
                 delta = c.text[sent_text.get(idx, 0):]
                 if not delta and not c.finish_reason:
                     continue  # tokens whose text is still held back (partial UTF-8, stop string)
-                lp = (self._completion_logprobs(c, sent_tokens.get(idx, 0), req.logprobs)
+                start = sent_tokens.get(idx, 0)
+                lp = (self._completion_logprobs(c, start, req.logprobs,
+                                                offsets[idx].advance(c.token_ids[start:], len(c.text)))
                       if req.logprobs is not None else None)
                 sent_text[idx] = len(c.text)
                 sent_tokens[idx] = len(c.token_ids)
@@ -390,8 +513,37 @@ class OpenAIServing:
                                           choices=[], usage=usage))
         yield _sse("[DONE]")
 
+    # -- tokenizer endpoints --------------------------------------------------------------
+    async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+        """``/tokenize``: a prompt's or a conversation's token ids."""
+        self.check_model(req.model)
+        self.ignored_fields.note(_unknown_fields(req))
+        if req.messages is not None:
+            chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
+            tokens = await self.in_tokenizer_thread(self.render_chat, chat)
+        elif req.prompt is not None:
+            tokens = await self.in_tokenizer_thread(
+                functools.partial(self.tokenizer.encode, add_special_tokens=req.add_special_tokens), req.prompt)
+        else:
+            raise BadRequest("give either prompt or messages", "prompt")
+        return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=list(tokens))
+
+    async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        """``/detokenize``: the text of token ids."""
+        self.check_model(req.model)
+        self.ignored_fields.note(_unknown_fields(req))
+        return DetokenizeResponse(prompt=await self.in_tokenizer_thread(self._detokenize, req.tokens))
+
+    def _detokenize(self, tokens: list[int]) -> str:
+        vocab = len(self.tokenizer)
+        bad = [t for t in tokens if not 0 <= t < vocab]
+        if bad:
+            raise BadRequest(f"token ids out of range [0, {vocab}): {bad[:5]}", "tokens")
+        return self.tokenizer.decode(tokens)
+
     # -- chat ---------------------------------------------------------------------------
     def render_chat(self, req: ChatCompletionRequest) -> list[int]:
+        """The prompt token ids of a conversation (blocking: call it in the tokenizer thread)."""
         if not req.messages:
             raise BadRequest("messages must not be empty", "messages")
         messages = [_template_message(m.model_dump(exclude_none=True)) for m in req.messages]
@@ -440,8 +592,10 @@ class OpenAIServing:
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Any) -> Any:
         self.check_model(req.model)
+        self.check_sequences(1, req.n)
+        self.ignored_fields.note(_unknown_fields(req))
         parsers = self._choice_parsers(req)
-        ids = self.render_chat(req)
+        ids = await self.in_tokenizer_thread(self.render_chat, req)
         ids = truncate_prompt(ids, req, req.max_completion_tokens if req.max_completion_tokens is not None
                               else req.max_tokens, self.max_model_len)
         for parser in parsers or ():
