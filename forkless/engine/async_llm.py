@@ -4,6 +4,12 @@ It tokenizes and validates requests here, sends them to the engine core process,
 detokenizes what comes back, and streams ``RequestOutput``s to each caller. It owns the
 stat loggers. If the engine core or a worker dies, every in-flight request fails at once
 with ``EngineDeadError`` and ``dead_event`` is set.
+
+A server shutting down calls :meth:`AsyncLLM.stop_accepting` (new requests are refused
+with ``EngineShuttingDownError``) and, when its grace period is over,
+:meth:`AsyncLLM.abort_in_flight` (the requests still running end with that error). It is
+an ``EngineDeadError``, so every path that answers a dead engine with a 503 (a JSON body,
+or an SSE error event and ``[DONE]`` once a stream has begun) answers it the same way.
 """
 
 from __future__ import annotations
@@ -35,11 +41,15 @@ if TYPE_CHECKING:
 
 logger = init_logger("forkless.engine.async_llm")
 
-__all__ = ["AsyncLLM", "EngineDeadError", "InvalidRequestError"]
+__all__ = ["AsyncLLM", "EngineDeadError", "EngineShuttingDownError", "InvalidRequestError"]
 
 
 class InvalidRequestError(ValueError):
     """The engine refused a request (bad prompt or sampling parameters)."""
+
+
+class EngineShuttingDownError(EngineDeadError):
+    """The server is shutting down: a new request is refused, or one in flight is ended."""
 
 
 class AsyncLLM:
@@ -75,6 +85,9 @@ class AsyncLLM:
         self._tasks: list[asyncio.Task[None]] = []
         self.errored = False
         self.dead_reason: str | None = None
+        # Set by stop_accepting() and abort_in_flight() when the server shuts down.
+        self._refuse_new: str | None = None
+        self._end_in_flight: str | None = None
         self.dead_event: asyncio.Event | None = None
         self.prometheus = PrometheusStatLogger(config.model_config)
         self.stat_loggers: list[StatLoggerBase] = [self.prometheus]
@@ -102,10 +115,14 @@ class AsyncLLM:
         # its workers are importing torch and loading the model meanwhile, so overlap them.
         tokenizer = asyncio.ensure_future(asyncio.to_thread(lambda: self.output_processor))
         try:
-            await self.client.wait_ready(timeout)
-        finally:
-            await asyncio.wait([tokenizer])
-        tokenizer.result()
+            try:
+                await self.client.wait_ready(timeout)
+            finally:
+                await asyncio.wait([tokenizer])
+            tokenizer.result()
+        except BaseException:
+            self.shutdown()  # a failed start leaves no process or IPC directory behind
+            raise
         for stat_logger in self.stat_loggers:
             stat_logger.log_engine_initialized()
         self._tasks.append(asyncio.create_task(self._handle_outputs()))
@@ -118,6 +135,29 @@ class AsyncLLM:
         self._tasks.clear()
         if self.client is not None:
             self.client.shutdown()
+
+    def stop_accepting(self) -> None:
+        """Refuse new requests from now on (``EngineShuttingDownError``); the requests
+        in flight carry on."""
+        self._refuse_new = "the server is shutting down and accepts no new requests"
+
+    def abort_in_flight(self, reason: str) -> int:
+        """End every request in flight, and any started later, with
+        ``EngineShuttingDownError(reason)``; they are aborted in the engine core.
+
+        Returns:
+            How many requests were in flight.
+        """
+        self._end_in_flight = reason
+        error = EngineShuttingDownError(reason)
+        for queue in self._queues.values():
+            queue.put_nowait(error)
+        return len(self._queues)
+
+    @property
+    def num_requests_in_flight(self) -> int:
+        """Requests whose outputs are being streamed to a caller."""
+        return len(self._queues)
 
     # -- properties the server uses -----------------------------------------------------
     @property
@@ -153,9 +193,12 @@ class AsyncLLM:
             InvalidRequestError: The prompt or parameters are invalid (raised here, before
                 anything is streamed, so a server can still answer 400).
             EngineDeadError: The engine died.
+            EngineShuttingDownError: The server is shutting down.
         """
         if self.errored:
             raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
+        if self._refuse_new is not None:
+            raise EngineShuttingDownError(self._refuse_new)
         if self.client is None:
             raise RuntimeError("AsyncLLM.start() was not awaited")
         try:
@@ -173,6 +216,8 @@ class AsyncLLM:
 
     async def _stream(self, processed: Any, payloads: list[bytes]) -> AsyncGenerator["RequestOutput", None]:
         assert self.client is not None
+        if self._end_in_flight is not None:  # validated before the grace period ended
+            raise EngineShuttingDownError(self._end_in_flight)
         request_id = processed.request_id
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self.output_processor.add_request(processed)
@@ -185,7 +230,9 @@ class AsyncLLM:
             while True:
                 item = await queue.get()
                 if isinstance(item, BaseException):
-                    finished = isinstance(item, EngineDeadError)
+                    # A dead engine has nothing left to abort; a refused request or one
+                    # ended by a shutdown is aborted below.
+                    finished = self.errored
                     raise item
                 yield item
                 if item.finished:

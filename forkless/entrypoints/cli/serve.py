@@ -3,6 +3,16 @@
 Three kinds of process: this one (API server: FastAPI + uvicorn, tokenizer, stat
 loggers), the engine core (scheduler, KV cache, executor) and the workers (model). The
 engine core and workers are spawned; each loads the general plugins itself.
+
+Lifecycle invariants:
+    * The listening socket is bound first, before the engine starts: a busy port fails in
+      about a second with one line, instead of after loading the model. The socket is
+      handed to uvicorn, which serves on it once the engine is ready.
+    * SIGTERM or SIGINT drains: no new connection is accepted and no new request admitted
+      (503), the requests in flight run on for ``--shutdown-timeout`` seconds, and those
+      still unfinished then end with an OpenAI error (a JSON 503, or an SSE error event
+      and ``data: [DONE]`` on a stream) before the engine is stopped. The process exits
+      0, without tracebacks. A second signal skips the rest of the wait.
 """
 
 from __future__ import annotations
@@ -10,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import signal
 import socket
 import sys
@@ -23,6 +34,25 @@ from forkless.entrypoints.cli.main import STARTED
 from forkless.logger import init_logger
 
 logger = init_logger("forkless.serve")
+
+# vLLM's default: on SIGTERM the requests in flight end at once (with an error).
+DEFAULT_SHUTDOWN_TIMEOUT = 0.0
+# After the shutdown timeout, how long the ended requests have to deliver their errors,
+# and then how long uvicorn waits for any other connection before cancelling it.
+_ERROR_DELIVERY_S = 5.0
+_FORCE_CLOSE_AFTER_S = 5.0
+_LISTEN_BACKLOG = 2048  # uvicorn's default
+
+
+def _non_negative_seconds(value: str) -> float:
+    """argparse type of ``--shutdown-timeout``: seconds, 0 or more."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0:  # nan compares false too
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {value!r}")
+    return seconds
 
 
 def add_parser(subparsers: Any) -> None:
@@ -51,6 +81,11 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--middleware", action="append", default=[],
                        help="ASGI middleware class path or async function (repeatable)")
     group.add_argument("--api-server-count", type=int, default=1, help="API server processes (only 1)")
+    group.add_argument("--shutdown-timeout", type=_non_negative_seconds, default=DEFAULT_SHUTDOWN_TIMEOUT,
+                       metavar="SECONDS",
+                       help="on SIGTERM/SIGINT, stop accepting requests and let those in flight finish for "
+                            "up to SECONDS, then end the rest with a 503 error (default "
+                            f"{DEFAULT_SHUTDOWN_TIMEOUT:g}, as vLLM: end them at once)")
     chat = parser.add_argument_group("chat")
     chat.add_argument("--chat-template", default=None,
                       help="Jinja chat template replacing the model's: a file path, or the template text")
@@ -79,6 +114,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.api_server_count != 1:
         return _usage_error(f"--api-server-count {args.api_server_count} is not supported; "
                             "this release runs one API server process (use 1)")
+    # The port is taken before anything slow (imports, plugins, the model): a busy one
+    # fails in a second instead of after a whole model load.
+    try:
+        listener = bind_listener(args.host, args.port)
+    except OSError as exc:
+        print(f"forkless serve: error: {_listen_error(args.host, args.port, exc)}", file=sys.stderr)
+        return 1
+    with listener:
+        return _check_and_serve(args, listener)
+
+
+def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
+    """The rest of ``forkless serve``, holding its port: check every flag, then serve."""
+    from forkless.config import EngineArgs
     from forkless.executor import get_executor_cls
     from forkless.plugins import PluginLoadError
 
@@ -107,7 +156,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.chat_options = ChatOptions.from_cli_args(args)
     except (ValueError, TypeError, ImportError, PluginLoadError) as exc:
         return _usage_error(str(exc))
-    return asyncio.run(run_server(config, args))
+    return asyncio.run(run_server(config, args, listener))
 
 
 def _usage_error(message: str) -> int:
@@ -116,21 +165,64 @@ def _usage_error(message: str) -> int:
     return 2
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, with signals handled here: uvicorn re-raises a caught SIGTERM
-    after its own shutdown, which would kill this process before the engine core and
-    workers are stopped."""
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind ``host:port`` and listen on it now; uvicorn serves on this socket later.
 
-    def __init__(self, config: uvicorn.Config, model_name: str) -> None:
+    Listening at once, not only binding, is what reserves the port: with
+    ``SO_REUSEADDR`` (set, as uvicorn does, so that a restart is not refused over
+    connections in TIME_WAIT) Linux lets a second socket bind a port that nobody listens
+    on yet. Clients that connect before the engine is ready wait in the backlog and are
+    answered once it is.
+
+    Raises:
+        OSError: The port is in use, the address is not local, or binding is not allowed.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(_LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _listen_error(host: str, port: int, exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return (f"port {port} on {host} is already in use (another server?); stop what listens "
+                "there or choose another --port")
+    return f"cannot listen on {host} port {port}: {exc.strerror or exc}"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, with signals handled here and a draining shutdown.
+
+    uvicorn re-raises a caught SIGTERM after its own shutdown, which would kill this
+    process before the engine core and workers are stopped; and its own shutdown cancels
+    the requests still running after its timeout, which cuts streams and answers
+    plain-text 500s with a traceback each. Here they end with OpenAI errors instead.
+
+    Args:
+        config: uvicorn's configuration.
+        model_name: The served model name, for the ready line.
+        engine: The engine the routes submit to (an ``AsyncLLM``).
+        shutdown_timeout: Seconds the requests in flight get to finish after a signal.
+    """
+
+    def __init__(self, config: uvicorn.Config, model_name: str, engine: Any, shutdown_timeout: float) -> None:
         super().__init__(config)
         self.model_name = model_name
+        self.engine = engine
+        self.shutdown_timeout = shutdown_timeout
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        # uvicorn exits the process when it cannot listen; returning means it listens.
+        # The socket already listens (bind_listener); from here on it is served.
         await super().startup(sockets=sockets)
         port = self.servers[0].sockets[0].getsockname()[1]  # the real one, also for --port 0
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
@@ -143,20 +235,63 @@ class _Server(uvicorn.Server):
             self.force_exit = True
         self.should_exit = True
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await self._drain()
+        # uvicorn's own shutdown now finds the connections closed (it cancels any that a
+        # client keeps open past _FORCE_CLOSE_AFTER_S) and runs the lifespan shutdown.
+        await super().shutdown(sockets=sockets)
 
-async def run_server(config: Any, args: argparse.Namespace) -> int:
+    async def _drain(self) -> None:
+        """Take no more work, give the requests in flight the shutdown timeout, then end
+        the rest with a 503 error (which they deliver before their connections close)."""
+        for server in self.servers:
+            server.close()  # no new connections
+        self.engine.stop_accepting()  # no new requests on the connections already open
+        for connection in list(self.server_state.connections):
+            connection.shutdown()  # an idle one closes now, a busy one after its response
+        in_flight = self.engine.num_requests_in_flight
+        if in_flight and self.shutdown_timeout > 0:
+            logger.info("waiting up to %g s for %d request(s) in flight (--shutdown-timeout)",
+                        self.shutdown_timeout, in_flight)
+        if await self._connections_closed(self.shutdown_timeout):
+            return
+        ended = self.engine.abort_in_flight(
+            f"the server is shutting down: the request did not finish within the shutdown timeout "
+            f"({self.shutdown_timeout:g} s, --shutdown-timeout)")
+        if ended:
+            logger.info("ended %d unfinished request(s) with a 503 error", ended)
+        await self._connections_closed(_ERROR_DELIVERY_S)
+
+    async def _connections_closed(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s (less after a second signal) for every connection to close.
+
+        Returns:
+            Whether they all closed.
+        """
+        deadline = time.monotonic() + timeout
+        while self.server_state.connections and not self.force_exit and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return not self.server_state.connections
+
+
+async def run_server(config: Any, args: argparse.Namespace, listener: socket.socket) -> int:
+    """Start the engine, then serve HTTP on ``listener`` until a signal or the engine dies.
+
+    Returns:
+        The exit status: 0 after a signal, non-zero when the engine failed or died.
+    """
     from forkless.engine.async_llm import AsyncLLM
 
     engine = AsyncLLM(config, log_stats=not args.disable_log_stats)
     # Whatever happens below, the engine core and workers must be stopped: they are
     # non-daemon processes, and the interpreter would otherwise wait for them at exit.
     try:
-        return await _serve(engine, config, args)
+        return await _serve(engine, config, args, listener)
     finally:
         engine.shutdown()
 
 
-async def _serve(engine: Any, config: Any, args: argparse.Namespace) -> int:
+async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: socket.socket) -> int:
     from forkless.entrypoints.openai.api_server import build_app
 
     try:
@@ -172,10 +307,10 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace) -> int:
     except Exception as exc:
         logger.error("could not build the HTTP app: %s", exc)
         return 2
-    server = _Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                    log_level=args.uvicorn_log_level, timeout_graceful_shutdown=5,
+    server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                                    timeout_graceful_shutdown=_FORCE_CLOSE_AFTER_S,
                                     **args.http_limits.uvicorn_options()),
-                     names[0])
+                     names[0], engine, args.shutdown_timeout)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, server.request_exit, sig)
@@ -188,7 +323,7 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace) -> int:
 
     watchdog = asyncio.create_task(stop_when_engine_dies())
     try:
-        await server.serve()
+        await server.serve(sockets=[listener])
     finally:
         watchdog.cancel()
     return 1 if engine.errored else 0
