@@ -21,10 +21,15 @@ def assert_openai_error(resp: httpx.Response, status: int = 400, fragment: str =
 @pytest.mark.parametrize(
     ("path", "body", "fragment", "param"),
     [
-        ("/v1/completions", {"model": "tiny", "prompt": "hi", "temperature": -1}, "temperature", None),
-        ("/v1/completions", {"model": "tiny", "prompt": "hi", "top_p": 1.5}, "top_p", None),
-        ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 0}, "max_tokens", None),
-        ("/v1/completions", {"model": "tiny", "prompt": "hi", "n": 0}, "n", None),
+        # SamplingParams errors name their field in param
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "temperature": -1}, "temperature", "temperature"),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "top_p": 1.5}, "top_p", "top_p"),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 0}, "max_tokens", "max_tokens"),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "n": 0}, "n", "n"),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "min_p": 2}, "min_p", "min_p"),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "top_k": -5}, "top_k", "top_k"),
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "repetition_penalty": 0}, "repetition_penalty",
+         "repetition_penalty"),
         ("/v1/completions", {"model": "tiny", "prompt": "word " * 400}, "maximum context length is 256", "prompt"),
         ("/v1/completions", {"model": "tiny", "prompt": "hi", "max_tokens": 1000}, "maximum context length", "max_tokens"),
         ("/v1/completions", {"model": "tiny", "prompt": ""}, "empty", "prompt"),
@@ -37,7 +42,7 @@ def assert_openai_error(resp: httpx.Response, status: int = 400, fragment: str =
         ("/v1/chat/completions", {"model": "tiny", "messages": []}, "messages must not be empty", "messages"),
         ("/v1/chat/completions", {"model": "tiny", "messages": "hi"}, "messages", "messages"),
         ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
-                                  "presence_penalty": 5}, "presence_penalty", None),
+                                  "presence_penalty": 5}, "presence_penalty", "presence_penalty"),
     ],
 )
 def test_bad_requests_are_400(server: Server, path: str, body: dict, fragment: str, param: str | None) -> None:
