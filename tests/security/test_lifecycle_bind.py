@@ -1,0 +1,33 @@
+"""Lifecycle: ``forkless serve`` on a busy port fails at once, before any model loads.
+
+(``test_lifecycle_shutdown.py`` also starts a second server on a running one's port and
+compares the two times.)
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import plugin_env
+
+
+def test_a_busy_port_fails_before_the_engine_starts(tiny_llama: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        start = time.monotonic()
+        run = subprocess.run([sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", str(tiny_llama),
+                              "--port", str(port)], env=plugin_env(None, tmp_path, FORKLESS_PLUGINS=""),
+                             capture_output=True, text=True, timeout=120)
+        elapsed = time.monotonic() - start
+    output = run.stdout + run.stderr
+    assert run.returncode == 1, output
+    assert f"forkless serve: error: port {port} on 127.0.0.1 is already in use" in output, output
+    # Nothing was started or loaded: the port is the first thing taken.
+    assert "engine core" not in output and "tokenizer" not in output and "serve: ready in" not in output, output
+    assert elapsed < 15, f"{elapsed:.1f} s"  # the imports of the command line only (a start takes 20 s and more)
