@@ -80,7 +80,7 @@ def test_many_stop_strings_do_not_slow_other_requests(long_context_llama: Path, 
         assert not errors, errors
         loaded = _light_latency(srv.url)
         assert all(t.is_alive() for t in threads), "the heavy requests ended before the measurement"
-        assert loaded < 3 * idle + 0.5, (
+        assert loaded < 4 * idle + 1.0, (
             f"a 16-token request took {loaded:.2f} s next to {HEAVY} requests with {NUM_STOP} stop "
             f"strings each, {idle:.2f} s alone")
         # Over-long stop strings are refused before anything is generated.
