@@ -158,6 +158,13 @@ def test_head_sent_a_line_at_a_time_is_cut_off(srv: Server) -> None:
         assert time.monotonic() - start < READ_TIMEOUT + 3
 
 
+@pytest.mark.parametrize("payload", [b"GARBAGE\r\n\r\n", b"GET /health HTTP/1.1\r\nContent-Length: x\r\n\r\n"])
+def test_malformed_http_is_400_with_the_openai_body(srv: Server, payload: bytes) -> None:
+    _, answer = raw_exchange(srv, payload)
+    assert answer.startswith(b"HTTP/1.1 400") and b"application/json" in answer, answer
+    assert b'"type": "BadRequestError"' in answer and b"not valid HTTP/1.1" in answer, answer
+
+
 def test_body_nobody_reads_is_cut_off_too(srv: Server) -> None:
     # The 404 goes out before the body arrives; uvicorn would otherwise wait for the rest
     # of it (and discard it) for as long as the client dribbles it in.

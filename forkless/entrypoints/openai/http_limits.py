@@ -123,6 +123,17 @@ class _H11ProtocolWithReadTimeout(H11Protocol):
         self._stop_read_timer()
         super().connection_lost(exc)
 
+    def send_400_response(self, msg: str) -> None:
+        # uvicorn answers a request h11 cannot parse (a bad request line or header, an
+        # unfinished head past h11's 16 KiB) in plain text; this is the same answer with
+        # the OpenAI body.
+        body = error_bytes(f"the request is not valid HTTP/1.1, or its head is too large ({msg.rstrip('.')})", 400)
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                      h11.Data(data=body), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
     def _body_unread(self) -> bool:
         return self.conn.their_state is h11.SEND_BODY and self.cycle is not None and self.cycle.response_complete
 
