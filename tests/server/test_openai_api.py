@@ -144,3 +144,20 @@ def test_streaming_echo_sends_the_prompt_once(server: Server) -> None:
     stream = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=6, temperature=0, echo=True,
                                        stream=True)
     assert "".join(c.choices[0].text for c in stream) == whole.choices[0].text
+
+
+def test_client_request_id_names_the_response_even_when_reused(server: Server) -> None:
+    client = server.client()
+
+    def complete() -> str:
+        return client.completions.create(model="tiny", prompt="Hi", max_tokens=2,
+                                         extra_body={"request_id": "job-7"}).id
+
+    async def twice_at_once() -> list[str]:
+        return await asyncio.gather(asyncio.to_thread(complete), asyncio.to_thread(complete))
+
+    assert asyncio.run(twice_at_once()) == ["cmpl-job-7", "cmpl-job-7"]
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=2, extra_body={"request_id": "job-8"})
+    assert chat.id == "chatcmpl-job-8"
+    assert client.completions.create(model="tiny", prompt="Hi", max_tokens=1).id.startswith("cmpl-")

@@ -393,10 +393,10 @@ class OpenAIServing:
                    for ids in await self.in_tokenizer_thread(self._tokenize_prompts, texts)]
         for ids in prompts:
             self._check_prompt(ids, req.max_tokens)
-        base_id = random_id("cmpl")
+        base_id, engine_id = _request_ids("cmpl", req.request_id)
         params = [to_sampling_params(req, req.max_tokens, req.logprobs,
                                      self._default_max_tokens(len(ids))) for ids in prompts]
-        streams = [self.engine.generate(ids, sp, f"{base_id}-{i}", priority=req.priority)
+        streams = [self.engine.generate(ids, sp, f"{engine_id}-{i}", priority=req.priority)
                    for i, (ids, sp) in enumerate(zip(prompts, params))]
         if req.stream:
             return self._stream_completion(req, base_id, prompts, streams, raw_request)
@@ -607,8 +607,8 @@ class OpenAIServing:
             raise BadRequest("top_logprobs requires logprobs to be true", "top_logprobs")
         params = to_sampling_params(req, max_tokens, (top or 0) if req.logprobs else None,
                                     self._default_max_tokens(len(ids)))
-        request_id = random_id("chatcmpl")
-        stream = self.engine.generate(ids, params, request_id, priority=req.priority)
+        request_id, engine_id = _request_ids("chatcmpl", req.request_id)
+        stream = self.engine.generate(ids, params, engine_id, priority=req.priority)
         if req.stream:
             return self._stream_chat(req, request_id, stream, raw_request, parsers)
         (final,) = await self._collect([stream], raw_request)
@@ -771,3 +771,17 @@ def _template_message(message: dict[str, Any]) -> dict[str, Any]:
             except ValueError:
                 pass  # leave it as the client sent it; the template decides
     return message
+
+
+def _request_ids(prefix: str, client_id: str | None) -> tuple[str, str]:
+    """``(response id, engine request id)``.
+
+    A client's ``request_id`` becomes the response id (``prefix-request_id``), as in vLLM;
+    the engine id adds a random suffix, because two clients may send the same id at once
+    and the engine needs it unique.
+    """
+    if client_id is None:
+        rid = random_id(prefix)
+        return rid, rid
+    public = f"{prefix}-{client_id}"
+    return public, random_id(public)
