@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from forkless.core.block_pool import HASH_ALGOS
 from forkless.core.sched.config import SCHEDULING_POLICIES, SchedulerConfig
 from forkless.logger import init_logger
 
@@ -41,6 +42,16 @@ CPU_DEFAULT_MAX_MODEL_LEN_CAP = 8192
 # in again; at 2,048 tokens they are reused from the heap: ~10 % faster prefill with the
 # default model than at 8,192 (benchmarks/README.md).
 CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+# On CPU a prompt with more than this many tokens left is long: it takes at most this many
+# tokens of each step, and one long prompt prefills at a time (vLLM's default is neither).
+# Uncapped, an 8k-token prompt filled four 2,048-token steps of ~20 s each and a short
+# request that arrived meanwhile waited for all of them; capped, it is admitted in the next
+# step and decodes next to the long prefill, each step slower by one chunk. On a 2-core CPU
+# with the default model, 16-token requests' p99 under a stream of 8k-token prompts is
+# 232x its baseline uncapped, 35x at 256, 8-9x at 64, 6x at 32; an 8k prompt alone takes
+# 3 % longer than uncapped at 256, 16 % at 64, 97 % at 16: 64 is the knee
+# (benchmarks/README.md, "Hostile clients").
+CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 64
 
 
 def _bad_flag(flag: str, value: Any, expected: str) -> ValueError:
@@ -85,6 +96,8 @@ class CacheConfig:
         gpu_memory_utilization: Fraction of device memory forkless may use (GPUs).
         kv_cache_memory: Explicit KV-cache size in bytes; overrides the utilization.
         enable_prefix_caching: Share the KV of common prompt prefixes.
+        prefix_caching_hash_algo: How prefix-cache blocks are hashed (see
+            ``forkless.core.block_pool.HASH_ALGOS``).
         num_blocks: Set by the engine core once the workers have sized the cache.
     """
 
@@ -92,6 +105,7 @@ class CacheConfig:
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None
     enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
     num_blocks: int | None = None
 
 
@@ -183,9 +197,14 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None
     enable_prefix_caching: bool = True
+    prefix_caching_hash_algo: str = "sha256"
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True
+    # None: CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD on CPU, vLLM's rule elsewhere.
+    long_prefill_token_threshold: int | None = None
+    max_num_partial_prefills: int | None = None  # None: no limit
+    max_long_partial_prefills: int = 1
     scheduling_policy: str = "fcfs"
     scheduler_cls: str | type | None = None
     logits_processors: str | type | list[str | type] | None = None
@@ -233,10 +252,24 @@ class EngineArgs:
                        help="KV-cache size in bytes (overrides --gpu-memory-utilization)")
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=d.enable_prefix_caching, help="reuse the KV cache of shared prompt prefixes")
+        g.add_argument("--prefix-caching-hash-algo", default=d.prefix_caching_hash_algo, choices=HASH_ALGOS,
+                       help="prefix-cache block hash: sha256 (collision-resistant), sha256_cbor "
+                            "(reproducible in other languages), builtin (fast, trusted tenants only)")
         g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
         g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
         g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                        default=d.enable_chunked_prefill, help="split long prompts across steps")
+        g.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                       help="a prefill with more tokens left than this is long and gets at most this "
+                            f"many tokens per step; 0: no cap (default: {CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD} "
+                            "on CPU; elsewhere 0, or 4%% of --max-model-len with --max-num-partial-prefills > 1, "
+                            "as vLLM)")
+        g.add_argument("--max-num-partial-prefills", type=int, default=None,
+                       help="most requests prefilling in one step (default: no limit; vLLM: 1, which its "
+                            "engine does not enforce)")
+        g.add_argument("--max-long-partial-prefills", type=int, default=d.max_long_partial_prefills,
+                       help="most long prompts prefilling in one step; shorter ones behind them go first "
+                            "(default: 1, as vLLM)")
         g.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=SCHEDULING_POLICIES,
                        help="fcfs, or priority (lower request priority runs first)")
         g.add_argument("--scheduler-cls", default=None,
@@ -299,14 +332,26 @@ class EngineArgs:
         if batched is None:
             budget = CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS if device_type == "cpu" else 8192
             batched = budget if self.enable_chunked_prefill else max(budget, max_model_len)
-        scheduler_config = SchedulerConfig(
-            max_model_len=max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=batched,
-            policy=self.scheduling_policy,
-            enable_chunked_prefill=self.enable_chunked_prefill,
-            async_scheduling=self.async_scheduling,
-        )
+        threshold = self.long_prefill_token_threshold
+        if threshold is None:
+            # 0 elsewhere: SchedulerConfig applies vLLM's 4 % rule when partial prefills > 1.
+            threshold = 0
+            if device_type == "cpu" and self.enable_chunked_prefill:
+                threshold = min(CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, max_model_len)
+        try:
+            scheduler_config = SchedulerConfig(
+                max_model_len=max_model_len,
+                max_num_seqs=self.max_num_seqs,
+                max_num_batched_tokens=batched,
+                policy=self.scheduling_policy,
+                enable_chunked_prefill=self.enable_chunked_prefill,
+                long_prefill_token_threshold=threshold,
+                max_num_partial_prefills=self.max_num_partial_prefills,
+                max_long_partial_prefills=self.max_long_partial_prefills,
+                async_scheduling=self.async_scheduling,
+            )
+        except ValueError as exc:  # a combination of flags (each was checked alone above)
+            raise ValueError(f"scheduler flags: {exc}") from None
         config = EngineConfig(
             model_config=ModelConfig(
                 model=str(model_path),
@@ -325,6 +370,7 @@ class EngineArgs:
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 kv_cache_memory=self.kv_cache_memory,
                 enable_prefix_caching=self.enable_prefix_caching,
+                prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             ),
             scheduler_config=scheduler_config,
             device_config=DeviceConfig(
@@ -391,10 +437,19 @@ class EngineArgs:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise _bad_flag("--scheduling-policy", self.scheduling_policy,
                             f"one of {', '.join(SCHEDULING_POLICIES)}")
+        if self.prefix_caching_hash_algo not in HASH_ALGOS:
+            raise _bad_flag("--prefix-caching-hash-algo", self.prefix_caching_hash_algo,
+                            f"one of {', '.join(HASH_ALGOS)}")
+        threshold = self.long_prefill_token_threshold
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int)
+                                      or threshold < 0):
+            raise _bad_flag("--long-prefill-token-threshold", threshold, "an integer >= 0")
         for flag, value in (("--block-size", self.block_size), ("--max-num-seqs", self.max_num_seqs),
                             ("--max-model-len", self.max_model_len),
                             ("--max-num-batched-tokens", self.max_num_batched_tokens),
                             ("--kv-cache-memory", self.kv_cache_memory),
+                            ("--max-num-partial-prefills", self.max_num_partial_prefills),
+                            ("--max-long-partial-prefills", self.max_long_partial_prefills),
                             ("--num-threads", self.num_threads)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise _bad_flag(flag, value, "a positive integer")

@@ -54,6 +54,7 @@ class EngineCore:
                 num_blocks=num_blocks,
                 block_size=config.cache_config.block_size,
                 enable_prefix_caching=config.cache_config.enable_prefix_caching,
+                prefix_caching_hash_algo=config.cache_config.prefix_caching_hash_algo,
             )
             scheduler_cls = get_scheduler_cls(config.scheduler_cls)
             self.scheduler = scheduler_cls(config.scheduler_config, kv_cache_config)

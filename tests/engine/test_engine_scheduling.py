@@ -1,6 +1,9 @@
-"""Scheduling choices seen from the engine: priority, a custom scheduler class, no leaks."""
+"""Scheduling choices seen from the engine: priority, a custom scheduler class, no leaks, and
+the fairness and prefix-cache hash flags."""
 
 from __future__ import annotations
+
+import pytest
 
 from forkless import LLM, SamplingParams
 from forkless.engine.llm_engine import LLMEngine
@@ -61,3 +64,52 @@ def test_abort_and_many_requests_leak_no_blocks(llama_dir) -> None:
     kv.check_invariants()
     assert kv.num_free_blocks == kv.num_blocks
     assert not engine.engine_core.has_unfinished_requests()
+
+
+def test_fairness_and_hash_flags_reach_the_scheduler(llama_dir) -> None:
+    import argparse
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = parser.parse_args([
+        str(llama_dir), "--kv-cache-memory", str(1 << 22), "--long-prefill-token-threshold", "32",
+        "--max-num-partial-prefills", "4", "--max-long-partial-prefills", "2",
+        "--prefix-caching-hash-algo", "sha256_cbor",
+    ])
+    engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+    scheduler = engine.engine_core.scheduler
+    cfg = scheduler.scheduler_config
+    assert (cfg.long_prefill_token_threshold, cfg.max_num_partial_prefills, cfg.max_long_partial_prefills) == (32, 4, 2)
+    assert scheduler.kv_cache_manager.hash_algo == "sha256_cbor"
+    engine.add_request("a", "Hello world " * 8, SamplingParams(max_tokens=2, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert all(isinstance(h, bytes) and len(h) == 32 for h in scheduler.kv_cache_manager.pool._by_hash)
+    engine.shutdown()
+
+
+def test_fairness_and_hash_defaults_on_cpu(llama_dir) -> None:
+    from forkless.config import CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
+
+    config = EngineArgs(model=str(llama_dir), max_model_len=200).create_engine_config()
+    cfg = config.scheduler_config
+    # Capped by max_model_len: a threshold above it would make no prompt long.
+    assert cfg.long_prefill_token_threshold == min(CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, 200)
+    assert (cfg.max_num_partial_prefills, cfg.max_long_partial_prefills) == (None, 1)
+    assert config.cache_config.prefix_caching_hash_algo == "sha256"
+    # vLLM's rule where no CPU default applies: 0, or 4 % of max_model_len with partial prefills > 1.
+    unchunked = EngineArgs(model=str(llama_dir), enable_chunked_prefill=False).create_engine_config()
+    assert unchunked.scheduler_config.long_prefill_token_threshold == 0
+    explicit = EngineArgs(model=str(llama_dir), long_prefill_token_threshold=0, max_num_partial_prefills=2)
+    assert explicit.create_engine_config().scheduler_config.long_prefill_token_threshold == int(256 * 0.04)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"prefix_caching_hash_algo": "md5"}, "--prefix-caching-hash-algo"),
+    ({"long_prefill_token_threshold": -1}, "--long-prefill-token-threshold"),
+    ({"max_num_partial_prefills": 0}, "--max-num-partial-prefills"),
+    ({"max_long_partial_prefills": 0}, "--max-long-partial-prefills"),
+    ({"max_num_partial_prefills": 1, "max_long_partial_prefills": 2}, "scheduler flags: max_long_partial_prefills"),
+])
+def test_bad_fairness_and_hash_flags(llama_dir, kwargs, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        EngineArgs(model=str(llama_dir), **kwargs).create_engine_config()
