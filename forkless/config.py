@@ -180,6 +180,11 @@ class EngineConfig:
         return msgspec.convert(data, cls)
 
 
+# vLLM's name for the whole configuration: plugins ported from vLLM annotate with it
+# (``from vllm.config import VllmConfig`` -> ``from forkless.config import VllmConfig``).
+VllmConfig = EngineConfig
+
+
 @dataclass
 class EngineArgs:
     """Engine arguments, named like vLLM's (``--max-model-len`` is ``max_model_len``).

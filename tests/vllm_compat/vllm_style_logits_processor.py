@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from forkless import SamplingParams
+from forkless.config import VllmConfig
 from forkless.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 
@@ -18,7 +19,7 @@ class TargetTokenLogitsProcessor(LogitsProcessor):
         if target is not None and not isinstance(target, int):
             raise ValueError(f"target_token value {target} is not int")
 
-    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool):
+    def __init__(self, vllm_config: VllmConfig, device: torch.device, is_pin_memory: bool):
         self.req_info: dict[int, int] = {}
 
     def is_argmax_invariant(self) -> bool:
