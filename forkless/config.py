@@ -18,7 +18,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -42,8 +42,11 @@ CPU_DEFAULT_MAX_MODEL_LEN_CAP = 8192
 # in again; at 2,048 tokens they are reused from the heap: ~10 % faster prefill with the
 # default model than at 8,192 (benchmarks/README.md).
 CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
-# On CPU a prompt with more than this many tokens left is long: it takes at most this many
-# tokens of each step, and one long prompt prefills at a time (vLLM's default is neither).
+# On CPU, for the server (AsyncEngineArgs), a prompt with more than this many tokens left is
+# long: it takes at most this many tokens of each step, and one long prompt prefills at a
+# time (vLLM's default is neither). The offline engine keeps vLLM's rule (no cap): a batch
+# job has no other client to be fair to, and serializing every prompt over 64 tokens would
+# cost its throughput.
 # Uncapped, an 8k-token prompt filled four 2,048-token steps of ~20 s each and a short
 # request that arrived meanwhile waited for all of them; capped, it is admitted in the next
 # step and decodes next to the long prefill, each step slower by one chunk. On a 2-core CPU
@@ -193,6 +196,10 @@ class EngineArgs:
     :meth:`add_cli_args` / :meth:`from_cli_args`.
     """
 
+
+    #: The CPU default of ``long_prefill_token_threshold`` (0: vLLM's rule, no cap).
+    cpu_long_prefill_token_threshold: ClassVar[int] = 0
+
     model: str | None = None
     tokenizer: str | None = None
     served_model_name: str | None = None
@@ -206,7 +213,8 @@ class EngineArgs:
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True
-    # None: CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD on CPU, vLLM's rule elsewhere.
+    # None: cpu_long_prefill_token_threshold on CPU (0 offline, so vLLM's rule; the server's
+    # AsyncEngineArgs caps), vLLM's rule elsewhere.
     long_prefill_token_threshold: int | None = None
     max_num_partial_prefills: int | None = None  # None: no limit
     max_long_partial_prefills: int = 1
@@ -267,8 +275,8 @@ class EngineArgs:
         g.add_argument("--long-prefill-token-threshold", type=int, default=None,
                        help="a prefill with more tokens left than this is long and gets at most this "
                             f"many tokens per step; 0: no cap (default: {CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD} "
-                            "on CPU; elsewhere 0, or 4%% of --max-model-len with --max-num-partial-prefills > 1, "
-                            "as vLLM)")
+                            "for forkless serve on CPU; otherwise 0, or 4%% of --max-model-len with "
+                            "--max-num-partial-prefills > 1, as vLLM)")
         g.add_argument("--max-num-partial-prefills", type=int, default=None,
                        help="most requests prefilling in one step (default: no limit; vLLM: 1, which its "
                             "engine does not enforce)")
@@ -341,8 +349,8 @@ class EngineArgs:
         if threshold is None:
             # 0 elsewhere: SchedulerConfig applies vLLM's 4 % rule when partial prefills > 1.
             threshold = 0
-            if device_type == "cpu" and self.enable_chunked_prefill:
-                threshold = min(CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, max_model_len)
+            if device_type == "cpu" and self.enable_chunked_prefill and self.cpu_long_prefill_token_threshold:
+                threshold = min(self.cpu_long_prefill_token_threshold, max_model_len)
         try:
             scheduler_config = SchedulerConfig(
                 max_model_len=max_model_len,
@@ -564,3 +572,16 @@ def _split_paths(value: str | type | list[str | type] | None) -> list[str]:
         else:
             raise _bad_flag("--logits-processors", item, "class paths pkg.mod:Class")
     return out
+
+
+@dataclass
+class AsyncEngineArgs(EngineArgs):
+    """Engine arguments for the server (``forkless serve``, as vLLM's ``AsyncEngineArgs``).
+
+    The same fields as :class:`EngineArgs`; only a default differs: on CPU a long prompt's
+    prefill is capped per step (``CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD``), so that a
+    short request from another client is admitted in the next step instead of waiting for
+    the whole prefill.
+    """
+
+    cpu_long_prefill_token_threshold: ClassVar[int] = CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD

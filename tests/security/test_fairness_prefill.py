@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from forkless import SamplingParams
-from forkless.config import CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, EngineArgs
+from forkless.config import CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, AsyncEngineArgs
 from forkless.engine.llm_engine import LLMEngine
 from tests.conftest import make_tiny_model
 
@@ -29,7 +29,7 @@ def long_context_model(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFa
 
 
 def test_short_request_finishes_before_the_long_prefill(long_context_model: Path) -> None:
-    engine = LLMEngine.from_engine_args(EngineArgs(model=str(long_context_model), kv_cache_memory=64 << 20))
+    engine = LLMEngine.from_engine_args(AsyncEngineArgs(model=str(long_context_model), kv_cache_memory=64 << 20))
     try:
         sched = engine.engine_core.scheduler.scheduler_config
         assert sched.long_prefill_token_threshold == CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD

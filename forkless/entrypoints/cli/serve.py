@@ -127,11 +127,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
     """The rest of ``forkless serve``, holding its port: check every flag, then serve."""
-    from forkless.config import EngineArgs
+    from forkless.config import AsyncEngineArgs
     from forkless.executor import get_executor_cls
     from forkless.plugins import PluginLoadError
 
-    engine_args = EngineArgs.from_cli_args(args)
+    engine_args = AsyncEngineArgs.from_cli_args(args)
     # Every class path on the command line is imported and checked here, before the model
     # is resolved and before any engine or worker process starts: a typo fails in a second
     # with one line (check_class_paths loads the general plugins first).
