@@ -1,9 +1,10 @@
 """Every message that crosses a forkless process boundary, in one leaf package.
 
 Invariants:
-    * Modules here import only the standard library, msgspec, pydantic and
-      ``forkless.sampling_params``; every other forkless package may import them, and they
-      import none of those (``tests/test_layering.py`` checks it).
+    * Modules here import only the standard library, msgspec, pydantic,
+      ``forkless.sampling_params`` and the extension system ``forkless.plugins`` (for the
+      deprecation helper); every other forkless package may import them, and they import
+      none of those (``tests/test_layering.py`` checks it).
     * Nothing here is pickled: msgspec encodes the step and engine messages to msgpack and
       decodes them back into the same types.
 
