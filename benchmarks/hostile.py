@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import os
 import random
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +32,10 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 import httpx
+
+# benchmarks/serve.py's: SIGTERM, then SIGKILL the group after 60 s (run as a script, this
+# folder is on sys.path).
+from serve import stop_server
 
 NORMAL_PROMPT_TOKENS = 16
 NORMAL_MAX_TOKENS = 16
@@ -178,15 +181,6 @@ def start_server(args: argparse.Namespace, port: int, log) -> subprocess.Popen:
             stop_server(proc)
             raise SystemExit(f"no /health OK within 300 s; see {log.name}")
         time.sleep(0.1)
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def cpu_model() -> str:
