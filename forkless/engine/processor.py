@@ -225,6 +225,9 @@ class Processor:
         eos = mc.eos_token_id if mc.eos_token_id is not None else tokenizer_eos
         core_params = params.clone()
         core_params.update_from_generation_config(mc.generation_config, tokenizer_eos)
+        # bad_words become token ids here, where the tokenizer already is: the workers
+        # never load one.
+        core_params.update_from_tokenizer(self.tokenizer)
         if params.n == 1:
             children = [(request_id, core_params)]
         else:

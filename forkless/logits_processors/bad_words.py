@@ -24,8 +24,8 @@ class BadWordsLogitsProcessor(LogitsProcessor):
     """Bans the last token of a bad word's token sequence when the output ends with the
     rest of that sequence (a one-token word is always banned).
 
-    Reads ``SamplingParams.bad_words_token_ids``; the model runner fills it from
-    ``bad_words`` with the model's tokenizer before the request joins the batch.
+    Reads ``SamplingParams.bad_words_token_ids``; the front end's ``Processor`` fills it
+    from ``bad_words`` with the model's tokenizer before the request reaches the engine.
     """
 
     def __init__(self, config: Any, device: torch.device, is_pin_memory: bool) -> None:

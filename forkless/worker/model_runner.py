@@ -127,7 +127,6 @@ class ModelRunner:
         self.sampler = Sampler()
         self.requests: dict[str, _RequestState] = {}
         self._admissions = itertools.count(1)
-        self._tokenizer: Any = None
         self.use_cuda_graphs = (
             device.type == "cuda"
             and not config.device_config.enforce_eager
@@ -137,15 +136,6 @@ class ModelRunner:
         # The last launched step's sampled ids (device) and each request's row in it.
         self._prev_sampled: torch.Tensor | None = None
         self._prev_row_of: dict[str, int] = {}
-
-    @property
-    def tokenizer(self) -> Any:
-        """The model's tokenizer, loaded on first use (only ``bad_words`` needs it here)."""
-        if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(self.config.model_config.tokenizer)
-        return self._tokenizer
 
     def _use_cpu_kernels(self) -> None:
         """Float32 on the CPU: let the model move its linear layers to the packed C kernels."""
@@ -409,8 +399,6 @@ class ModelRunner:
                     raise RuntimeError(f"request {rid!r} is scheduled as new without its sampling_params")
                 batch.remove_request(rid)
                 params = s.sampling_params
-                if params.bad_words and params.bad_words_token_ids is None:
-                    params.update_from_tokenizer(self.tokenizer)
                 prompt = list(s.prompt_token_ids or ())
                 # Readmitted with outputs: the prompt logprobs went out with the first one.
                 owes_prompt_logprobs = params.prompt_logprobs is not None and not s.output_token_ids
