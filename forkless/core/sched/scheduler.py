@@ -412,12 +412,10 @@ class Scheduler(SchedulerInterface):
         self._finished_ids.append(request.request_id)
 
 
-def _reads_output_history(params: SamplingParams | None) -> bool:
+def _reads_output_history(params: SamplingParams) -> bool:
     """Whether sampling this request reads the tokens it generated so far: penalties,
     a seeded generator (reseeded from the output length), ``min_tokens`` or
     ``bad_words`` (matched against the end of the output)."""
-    if params is None:
-        return False
     return (
         params.seed is not None
         or params.min_tokens > 0
@@ -428,8 +426,8 @@ def _reads_output_history(params: SamplingParams | None) -> bool:
     )
 
 
-def _skips_prefix_cache(params: SamplingParams | None) -> bool:
+def _skips_prefix_cache(params: SamplingParams) -> bool:
     """Whether a request must compute its whole prompt: prompt logprobs come from the
     logits of every prompt position, which a prefix-cache hit would skip (vLLM skips
     reading the cache for these requests too). Its blocks are still cached for others."""
-    return params is not None and params.prompt_logprobs is not None
+    return params.prompt_logprobs is not None
