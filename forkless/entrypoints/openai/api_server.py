@@ -45,7 +45,7 @@ from forkless.protocol.openai import (
 )
 from forkless.entrypoints.openai.serving import OpenAIServing
 from forkless.logger import init_logger
-from forkless.plugins import DEPRECATIONS, ENDPOINT_PLUGINS_GROUP, DeprecatedError, call_plugin, import_path, load_plugins_by_group
+from forkless.plugins import DEPRECATIONS, ENDPOINT_PLUGINS_GROUP, DeprecatedError, call_plugins_by_group, import_path
 from forkless.version import __version__
 
 if TYPE_CHECKING:
@@ -253,12 +253,12 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         body = metrics() if metrics is not None else b""
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    for name, factory in load_plugins_by_group(ENDPOINT_PLUGINS_GROUP).items():
-        ok, plugin = call_plugin(ENDPOINT_PLUGINS_GROUP, name, factory)
-        if ok and hasattr(plugin, "attach_router"):
+    # The loader logs a factory that fails (strict mode: one error naming every failure).
+    for name, plugin in call_plugins_by_group(ENDPOINT_PLUGINS_GROUP).items():
+        if hasattr(plugin, "attach_router"):  # the object a third-party factory returned
             plugin.attach_router(app)
             logger.info("endpoint plugin %r attached its routes", name)
-        elif ok:
+        else:
             logger.warning("endpoint plugin %r returned %r, which has no attach_router(app)", name, plugin)
     # Added innermost first (each add_middleware wraps what is there), after the plugins,
     # so that middleware a plugin adds is inside the key check too.
