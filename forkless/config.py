@@ -55,6 +55,12 @@ CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 # 3 % longer than uncapped at 256, 16 % at 64, 97 % at 16: 64 is the knee
 # (benchmarks/README.md, "Hostile clients").
 CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 64
+# On CPU, for the server, long prefills take at most half of the step time while other
+# requests run (forkless.core.sched.time_share): a token cap alone still let an 8k prompt
+# make 16-token requests 8x slower, because late in a long context even a few chunk
+# tokens cost more than a whole decode step. Half is a fair share between two clients:
+# the others then take at most twice as long as alone.
+CPU_DEFAULT_LONG_PREFILL_TIME_SHARE = 0.5
 
 
 def _bad_flag(flag: str, value: Any, expected: str) -> ValueError:
@@ -199,6 +205,8 @@ class EngineArgs:
 
     #: The CPU default of ``long_prefill_token_threshold`` (0: vLLM's rule, no cap).
     cpu_long_prefill_token_threshold: ClassVar[int] = 0
+    #: The CPU default of ``long_prefill_time_share`` (0: off).
+    cpu_long_prefill_time_share: ClassVar[float] = 0.0
 
     model: str | None = None
     tokenizer: str | None = None
@@ -218,6 +226,8 @@ class EngineArgs:
     long_prefill_token_threshold: int | None = None
     max_num_partial_prefills: int | None = None  # None: no limit
     max_long_partial_prefills: int = 1
+    # None: cpu_long_prefill_time_share on CPU when long prefills are capped, else 0.
+    long_prefill_time_share: float | None = None
     scheduling_policy: str = "fcfs"
     scheduler_cls: str | type | None = None
     logits_processors: str | type | list[str | type] | None = None
@@ -283,6 +293,11 @@ class EngineArgs:
         g.add_argument("--max-long-partial-prefills", type=int, default=d.max_long_partial_prefills,
                        help="most long prompts prefilling in one step; shorter ones behind them go first "
                             "(default: 1, as vLLM)")
+        g.add_argument("--long-prefill-time-share", type=float, default=None,
+                       help="while other requests run, long prefills take at most this share of the "
+                            "step time, in chunks sized to it (others then take at most 1/(1-share) "
+                            f"times as long); 0: off (default: {CPU_DEFAULT_LONG_PREFILL_TIME_SHARE} for "
+                            "forkless serve on CPU, else 0; forkless only)")
         g.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=SCHEDULING_POLICIES,
                        help="fcfs, or priority (lower request priority runs first)")
         g.add_argument("--scheduler-cls", default=None,
@@ -351,6 +366,9 @@ class EngineArgs:
             threshold = 0
             if device_type == "cpu" and self.enable_chunked_prefill and self.cpu_long_prefill_token_threshold:
                 threshold = min(self.cpu_long_prefill_token_threshold, max_model_len)
+        share = self.long_prefill_time_share
+        if share is None:
+            share = self.cpu_long_prefill_time_share if device_type == "cpu" and threshold else 0.0
         try:
             scheduler_config = SchedulerConfig(
                 max_model_len=max_model_len,
@@ -361,10 +379,16 @@ class EngineArgs:
                 long_prefill_token_threshold=threshold,
                 max_num_partial_prefills=self.max_num_partial_prefills,
                 max_long_partial_prefills=self.max_long_partial_prefills,
+                long_prefill_time_share=share,
                 async_scheduling=self.async_scheduling,
             )
         except ValueError as exc:  # a combination of flags (each was checked alone above)
             raise ValueError(f"scheduler flags: {exc}") from None
+        if share and not (scheduler_config.enable_chunked_prefill and scheduler_config.long_prefill_token_threshold):
+            raise ValueError(
+                f"--long-prefill-time-share {share} limits long prefills, and there are none: it needs "
+                "--enable-chunked-prefill and --long-prefill-token-threshold > 0"
+            )
         config = EngineConfig(
             model_config=ModelConfig(
                 model=str(model_path),
@@ -457,6 +481,10 @@ class EngineArgs:
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int)
                                       or threshold < 0):
             raise _bad_flag("--long-prefill-token-threshold", threshold, "an integer >= 0")
+        share = self.long_prefill_time_share
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                                  or not 0.0 <= share < 1.0):
+            raise _bad_flag("--long-prefill-time-share", share, "a fraction in [0, 1)")
         for flag, value in (("--block-size", self.block_size), ("--max-num-seqs", self.max_num_seqs),
                             ("--max-model-len", self.max_model_len),
                             ("--max-num-batched-tokens", self.max_num_batched_tokens),
@@ -585,3 +613,4 @@ class AsyncEngineArgs(EngineArgs):
     """
 
     cpu_long_prefill_token_threshold: ClassVar[int] = CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
+    cpu_long_prefill_time_share: ClassVar[float] = CPU_DEFAULT_LONG_PREFILL_TIME_SHARE

@@ -88,21 +88,28 @@ def test_fairness_and_hash_flags_reach_the_scheduler(llama_dir) -> None:
 
 
 def test_fairness_and_hash_defaults_on_cpu(llama_dir) -> None:
-    from forkless.config import CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, AsyncEngineArgs
+    from forkless.config import (
+        CPU_DEFAULT_LONG_PREFILL_TIME_SHARE,
+        CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD,
+        AsyncEngineArgs,
+    )
 
     # The offline engine keeps vLLM's rule (no cap): a batch job has nobody to be fair to.
     offline = EngineArgs(model=str(llama_dir), max_model_len=200).create_engine_config()
     assert offline.scheduler_config.long_prefill_token_threshold == 0
+    assert offline.scheduler_config.long_prefill_time_share == 0
     # The server caps a long prefill per step on CPU.
     config = AsyncEngineArgs(model=str(llama_dir), max_model_len=200).create_engine_config()
     cfg = config.scheduler_config
     # Capped by max_model_len: a threshold above it would make no prompt long.
     assert cfg.long_prefill_token_threshold == min(CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, 200)
     assert (cfg.max_num_partial_prefills, cfg.max_long_partial_prefills) == (None, 1)
+    assert cfg.long_prefill_time_share == CPU_DEFAULT_LONG_PREFILL_TIME_SHARE
     assert config.cache_config.prefix_caching_hash_algo == "sha256"
     # vLLM's rule where no CPU default applies: 0, or 4 % of max_model_len with partial prefills > 1.
     unchunked = AsyncEngineArgs(model=str(llama_dir), enable_chunked_prefill=False).create_engine_config()
     assert unchunked.scheduler_config.long_prefill_token_threshold == 0
+    assert unchunked.scheduler_config.long_prefill_time_share == 0  # no long prefills to limit
     explicit = EngineArgs(model=str(llama_dir), long_prefill_token_threshold=0, max_num_partial_prefills=2)
     assert explicit.create_engine_config().scheduler_config.long_prefill_token_threshold == int(256 * 0.04)
 
@@ -110,6 +117,10 @@ def test_fairness_and_hash_defaults_on_cpu(llama_dir) -> None:
 @pytest.mark.parametrize("kwargs, match", [
     ({"prefix_caching_hash_algo": "md5"}, "--prefix-caching-hash-algo"),
     ({"long_prefill_token_threshold": -1}, "--long-prefill-token-threshold"),
+    ({"long_prefill_time_share": 1.0}, "--long-prefill-time-share"),
+    ({"long_prefill_time_share": "half"}, "--long-prefill-time-share"),
+    # Offline the threshold is 0 on CPU: no prefill is long, nothing to share.
+    ({"long_prefill_time_share": 0.5}, "--long-prefill-time-share 0.5 limits long prefills"),
     ({"max_num_partial_prefills": 0}, "--max-num-partial-prefills"),
     ({"max_long_partial_prefills": 0}, "--max-long-partial-prefills"),
     ({"max_num_partial_prefills": 1, "max_long_partial_prefills": 2}, "scheduler flags: max_long_partial_prefills"),

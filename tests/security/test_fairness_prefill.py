@@ -54,8 +54,9 @@ def test_short_request_finishes_before_the_long_prefill(long_context_model: Path
         # Admitted in step 2, next to the long prefill's second chunk: first token at once.
         assert first_token_at["short"] == 2
         # Four tokens later it is done; the long prompt's prefill still has most of its
-        # chunks to go, and its first token comes only when all of them are done.
-        assert first_token_at["long"] == long_prefill_steps
+        # chunks to go, and its first token comes only when all of them are done. (While
+        # the short one runs, the time share may hold the long prompt back a few steps.)
+        assert long_prefill_steps <= first_token_at["long"] <= long_prefill_steps + 4
         assert finished_at["short"] < finished_at["long"] / 4
     finally:
         engine.shutdown()

@@ -46,6 +46,12 @@ class SchedulerConfig:
         max_long_partial_prefills: Of those, most *long* ones (see
             ``long_prefill_token_threshold``). A long prompt over this limit waits while
             shorter ones behind it are admitted. Flag: ``--max-long-partial-prefills``.
+        long_prefill_time_share: When > 0 (and ``long_prefill_token_threshold`` > 0),
+            while other requests run, long prefills take at most this share of the
+            measured step time, in chunks of at most ``long_prefill_token_threshold``
+            tokens sized to it; then the other requests take at most ``1 / (1 - share)``
+            times as long as alone. A long prompt alone is not limited. 0: off (vLLM has
+            no such limit). Flag: ``--long-prefill-time-share`` (forkless only).
         async_scheduling: Schedule and launch step N+1 before step N's sampled tokens
             reach the host (they are fed to N+1 on the device), so that the host's work
             overlaps the device's. Flag: ``--async-scheduling``. Requests whose sampling
@@ -61,6 +67,7 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     max_num_partial_prefills: int | None = None
     max_long_partial_prefills: int = 1
+    long_prefill_time_share: float = 0.0
     async_scheduling: bool = False
 
     def __post_init__(self) -> None:
@@ -81,6 +88,9 @@ class SchedulerConfig:
                 f"{self.long_prefill_token_threshold}"
             )
         _check_positive("SchedulerConfig", max_long_partial_prefills=self.max_long_partial_prefills)
+        share = self.long_prefill_time_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share < 1.0:
+            raise ValueError(f"SchedulerConfig.long_prefill_time_share must be in [0, 1), got {share!r}")
         partial = self.max_num_partial_prefills
         if partial is not None:
             _check_positive("SchedulerConfig", max_num_partial_prefills=partial)

@@ -18,6 +18,12 @@ request with more than one token left to compute; it is *long* when more than
   passed over for this step, and the shorter requests queued behind it are admitted;
   it keeps its place in the queue, so long prompts are still served in policy order.
 
+With ``long_prefill_time_share`` (> 0) a token cap becomes a time cap: while other
+requests run, long prefills take at most that share of the measured step time, in chunks
+sized to it (``time_share.py``); a long prompt alone is not limited. A prompt of more than
+``long_prefill_token_threshold`` tokens is then long until its prefill ends: its last
+tokens attend over all the others, so they are its dearest, not short work.
+
 When a running request needs a block and none is free, the lowest-ranked running request
 is preempted by recomputation: its blocks are freed (full ones stay in the prefix cache)
 and it goes back to the waiting queue, to recompute prompt + output on readmission.
@@ -39,6 +45,7 @@ from forkless.core.kv_cache_manager import KVCacheManager
 from forkless.core.request import RequestStatus
 from forkless.core.sched.interface import SchedulerInterface
 from forkless.core.sched.request_queue import create_request_queue
+from forkless.core.sched.time_share import LongPrefillTimeShare
 from forkless.protocol.step import (
     PLACEHOLDER_TOKEN_ID,
     EngineCoreOutput,
@@ -91,6 +98,10 @@ class Scheduler(SchedulerInterface):
         # Requests whose sampling reads their own output history, which lags by one
         # step under async scheduling: while any is present, steps run synchronously.
         self._history_dependent: set[str] = set()
+        self._time_share: LongPrefillTimeShare | None = None
+        cfg = scheduler_config
+        if cfg.long_prefill_time_share and cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold:
+            self._time_share = LongPrefillTimeShare(cfg.long_prefill_time_share, cfg.long_prefill_token_threshold)
 
     # ----------------------------------------------------------------- requests in / out
 
@@ -147,6 +158,16 @@ class Scheduler(SchedulerInterface):
     # ------------------------------------------------------------------------- the step
 
     def schedule(self) -> SchedulerOutput:
+        output = self._schedule(self._time_share is not None)
+        if self._time_share is not None and not output.scheduled_requests and not output.preempted_request_ids:
+            # Time share held a long prefill back, and nothing else could run (blocked on
+            # KV blocks or max_num_seqs): an empty step would never earn it the credit.
+            # (The first pass took the finished ids to report: hand them on.)
+            self._finished_ids = output.finished_request_ids + self._finished_ids
+            output = self._schedule(False)
+        return output
+
+    def _schedule(self, share_time: bool) -> SchedulerOutput:
         cfg = self.scheduler_config
         kv = self.kv_cache_manager
         budget = cfg.max_num_batched_tokens
@@ -164,6 +185,14 @@ class Scheduler(SchedulerInterface):
         # Ids, not counts: a preempted victim's prefill must stop counting.
         prefill_ids: set[str] = set()
         long_ids: set[str] = set()
+        # The token cap of a long chunk this step (0: long prefills sit this step out).
+        long_chunk = threshold
+        contended = False
+        time_share = self._time_share
+        if time_share is not None and share_time:
+            contended = self._contended(threshold)
+            long_chunk = time_share.long_chunk(contended)
+        largest_long = 0
 
         running_status = RequestStatus.RUNNING
         allocate_slots = kv.allocate_slots
@@ -179,13 +208,13 @@ class Scheduler(SchedulerInterface):
             is_prefill = is_long = False
             if limited and num_new > 1:
                 is_prefill = True
-                is_long = 0 < threshold < num_new
+                is_long = 0 < threshold < (num_new if time_share is None else max(num_new, request.num_prompt_tokens))
                 if (max_prefills is not None and len(prefill_ids) >= max_prefills) or (
-                    is_long and len(long_ids) >= max_long
+                    is_long and (len(long_ids) >= max_long or not long_chunk)
                 ):
                     continue  # over the limits this step; it keeps its blocks
                 if is_long:
-                    num_new = threshold
+                    num_new = min(num_new, long_chunk)
             if num_new > budget:
                 num_new = budget
             if num_new == 0:
@@ -206,6 +235,7 @@ class Scheduler(SchedulerInterface):
                     prefill_ids.add(request.request_id)
                     if is_long:
                         long_ids.add(request.request_id)
+                        largest_long = max(largest_long, num_new)
 
         # Admitting while preempting would just thrash: the freed blocks go to running work.
         # Long prompts over max_long_partial_prefills are set aside so that shorter ones
@@ -220,13 +250,14 @@ class Scheduler(SchedulerInterface):
             if remaining > budget and not cfg.enable_chunked_prefill:
                 break
             is_prefill = limited and remaining > 1
-            is_long = is_prefill and 0 < threshold < remaining
+            is_long = is_prefill and 0 < threshold < (
+                remaining if time_share is None else max(remaining, request.num_prompt_tokens))
             if is_prefill and max_prefills is not None and len(prefill_ids) >= max_prefills:
                 break
-            if is_long and len(long_ids) >= max_long:
+            if is_long and (len(long_ids) >= max_long or not long_chunk):
                 skipped.append(self.waiting.pop())
                 continue
-            num_new = threshold if is_long else remaining
+            num_new = min(remaining, long_chunk) if is_long else remaining
             if num_new > budget:
                 num_new = budget
             if kv.allocate_slots(request, num_new, hit_ids) is None:
@@ -244,6 +275,7 @@ class Scheduler(SchedulerInterface):
                 prefill_ids.add(request.request_id)
                 if is_long:
                     long_ids.add(request.request_id)
+                    largest_long = max(largest_long, num_new)
         if skipped:
             self.waiting.prepend(skipped)
 
@@ -258,12 +290,26 @@ class Scheduler(SchedulerInterface):
         output.scheduled_requests = [
             make(requests[rid], num_new, rid in admitted) for rid, num_new in scheduled.items()
         ]
+        if time_share is not None and scheduled:
+            # A preempted long prefill's chunk left the step, but its size still says
+            # what the step was meant to cost; good enough for a moving average.
+            time_share.scheduled(output, contended, largest_long if long_ids else 0)
         return output
+
+    def _contended(self, threshold: int) -> bool:
+        """Whether a request other than the long prefills is running or waiting."""
+        for request in self.running:
+            left = request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+            if left <= 1 or request.num_prompt_tokens <= threshold:
+                return True
+        return any(request.num_prompt_tokens <= threshold for request in self.waiting)
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         kv = self.kv_cache_manager
+        if self._time_share is not None:
+            self._time_share.done(scheduler_output)
         logprobs = runner_output.logprobs or {}
         prompt_logprobs = runner_output.prompt_logprobs or {}
         sampled = runner_output.sampled_token_ids
