@@ -8,7 +8,7 @@ baseline), then once per hostile case with that case's client running alongside.
 prints the p50 and p99 latencies and the ratio of each case's p99 to the baseline's;
 the target is within 2x.
 
-    python benchmarks/hostile.py                                 # every case, ~8 min
+    python benchmarks/hostile.py                                 # every case, ~12 min on a shared 2-core CPU
     python benchmarks/hostile.py --cases bad-text slowloris --duration 15
     python benchmarks/hostile.py --server-args --long-prefill-token-threshold 0
 
