@@ -89,6 +89,7 @@ class EngineCore:
                 eos_token_id=request.eos_token_id,
                 arrival_time=request.arrival_time,
                 priority=request.priority,
+                cache_salt=request.cache_salt,
             )
         )
 

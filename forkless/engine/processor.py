@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-# A prompt: text, token ids, or a vLLM-style dict with "prompt" or "prompt_token_ids".
+# A prompt: text, token ids, or a vLLM-style dict with "prompt" or "prompt_token_ids" (and
+# optionally "cache_salt", as vLLM's TextPrompt / TokensPrompt).
 PromptType = Union[str, Sequence[int], Mapping[str, Any]]
 
 
@@ -155,6 +156,16 @@ class Processor:
             return None, list(prompt)
         raise ValueError(f"a prompt must be a string, a list of token ids, or a dict; got {type(prompt).__name__}")
 
+    @staticmethod
+    def _cache_salt(prompt: PromptType) -> str | None:
+        """A prompt dict's ``cache_salt`` (vLLM's rule: a non-empty string, or absent/None)."""
+        if not isinstance(prompt, Mapping):
+            return None
+        salt = prompt.get("cache_salt")
+        if salt is not None and (not isinstance(salt, str) or not salt):
+            raise ValueError(f"cache_salt must be a non-empty string if given, got {salt!r:.50}")
+        return salt
+
     # ------------------------------------------------------------------ validation
 
     def _validate_prompt(self, ids: list[int]) -> None:
@@ -203,7 +214,9 @@ class Processor:
 
         Args:
             request_id: Unique id of the request.
-            prompt: Text, token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``.
+            prompt: Text, token ids, or ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}``;
+                a dict may add ``"cache_salt"``: the request then shares prefix-cache blocks
+                only with requests of the same salt (as vLLM).
             params: Sampling parameters (default ``SamplingParams()``); not modified.
             arrival_time: Default ``time.time()``.
             priority: Lower runs first under ``--scheduling-policy priority``.
@@ -213,10 +226,11 @@ class Processor:
 
         Raises:
             ValueError: Empty prompt, prompt not shorter than ``max_model_len``, token ids
-                outside the vocabulary, invalid sampling parameters, or a priority
-                without the priority policy.
+                outside the vocabulary, invalid sampling parameters, a priority without the
+                priority policy, or a ``cache_salt`` that is not a non-empty string.
         """
         params = self._validate_params(params if params is not None else SamplingParams(), priority)
+        cache_salt = self._cache_salt(prompt)
         text, ids = self._tokenize(prompt)
         self._validate_prompt(ids)
         arrival_time = time.time() if arrival_time is None else arrival_time
@@ -246,6 +260,7 @@ class Processor:
                 eos_token_id=eos,
                 arrival_time=arrival_time,
                 priority=priority,
+                cache_salt=cache_salt,
             )
             for rid, p in children
         ]

@@ -23,6 +23,8 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
         eos_token_id: The model's EOS token, or ``None``.
         arrival_time: ``time.time()`` when the request arrived.
         priority: Lower runs first under ``--scheduling-policy priority``.
+        cache_salt: Mixed into the request's prefix-cache hashes (vLLM's ``cache_salt``):
+            it shares cached blocks only with requests of the same salt. ``None``: no salt.
     """
 
     request_id: str
@@ -31,6 +33,7 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
     eos_token_id: int | None
     arrival_time: float
     priority: int = 0
+    cache_salt: str | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, kw_only=True):

@@ -19,7 +19,8 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator, model_serializer,
+                      model_validator)
 from pydantic_core import PydanticCustomError
 
 
@@ -142,6 +143,16 @@ class SamplingFields(RequestModel):
     request_id: str | None = None
     extra_args: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
+    # vLLM's: mixed into the prefix-cache hashes, so the request shares cached blocks
+    # only with requests of the same salt (one secret salt per tenant).
+    cache_salt: str | None = None
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _non_empty_cache_salt(cls, salt: str | None) -> str | None:
+        if salt is not None and not salt:
+            raise ValueError("cache_salt must be a non-empty string if given")
+        return salt
 
 
 class CompletionRequest(SamplingFields):

@@ -88,7 +88,6 @@ _UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "guided_regex": ((None,), "guided decoding is not supported"),
     "guided_choice": ((None,), "guided decoding is not supported"),
     "guided_grammar": ((None,), "guided decoding is not supported"),
-    "cache_salt": ((None,), "cache_salt is not supported"),
     "kv_transfer_params": ((None,), "disaggregated serving (kv_transfer_params) is not supported"),
     "ec_transfer_params": ((None,), "disaggregated serving (ec_transfer_params) is not supported"),
     "repetition_detection": ((None,), "repetition_detection is not supported"),
@@ -240,6 +239,14 @@ def truncate_prompt(ids: list[int], req: SamplingFields, max_tokens: int | None,
     if len(ids) <= keep:
         return ids
     return ids[-keep:] if (req.truncation_side or "left") == "left" else ids[:keep]
+
+
+def _engine_prompt(ids: list[int], req: SamplingFields) -> list[int] | dict[str, Any]:
+    """What the engine gets as the prompt: the token ids, in a vLLM ``TokensPrompt`` dict
+    with the request's ``cache_salt`` when it has one."""
+    if req.cache_salt is None:
+        return ids
+    return {"prompt_token_ids": ids, "cache_salt": req.cache_salt}
 
 
 def _prompt_logprobs(out: "RequestOutput") -> PromptLogprobs | None:
@@ -396,7 +403,7 @@ class OpenAIServing:
         base_id, engine_id = _request_ids("cmpl", req.request_id)
         params = [to_sampling_params(req, req.max_tokens, req.logprobs,
                                      self._default_max_tokens(len(ids))) for ids in prompts]
-        streams = [self.engine.generate(ids, sp, f"{engine_id}-{i}", priority=req.priority)
+        streams = [self.engine.generate(_engine_prompt(ids, req), sp, f"{engine_id}-{i}", priority=req.priority)
                    for i, (ids, sp) in enumerate(zip(prompts, params))]
         if req.stream:
             return self._stream_completion(req, base_id, prompts, streams, raw_request)
@@ -608,7 +615,7 @@ class OpenAIServing:
         params = to_sampling_params(req, max_tokens, (top or 0) if req.logprobs else None,
                                     self._default_max_tokens(len(ids)))
         request_id, engine_id = _request_ids("chatcmpl", req.request_id)
-        stream = self.engine.generate(ids, params, engine_id, priority=req.priority)
+        stream = self.engine.generate(_engine_prompt(ids, req), params, engine_id, priority=req.priority)
         if req.stream:
             return self._stream_chat(req, request_id, stream, raw_request, parsers)
         (final,) = await self._collect([stream], raw_request)
