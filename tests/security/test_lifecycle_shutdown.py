@@ -4,6 +4,12 @@ With ``--shutdown-timeout`` the requests in flight when SIGTERM arrives may fini
 the timeout is over, the rest end with an OpenAI error (an SSE error event and
 ``[DONE]`` on a stream, a JSON 503 otherwise), and the server exits 0 with no traceback
 in its log and no IPC directory left behind.
+
+What a load balancer sees during the drain: the listening socket is closed, so a health
+check on a new connection is refused, and an idle keep-alive connection is closed without
+an answer; a ``/health`` that still reaches the application after the signal (already
+read on an open connection, or in the instant before the listener closes) is a 503 with
+the OpenAI error body, never a 200.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -104,6 +111,10 @@ def test_sigterm_lets_requests_finish_then_ends_the_rest(long_context_llama: Pat
         running = lambda: value(scrape(srv), "forkless:num_requests_running")  # noqa: E731
         assert wait_until(lambda: running() >= 6, 60, 0.05), "the requests did not all start"
         assert all(c.first_event.is_set() and c.events for c in long_calls + short_calls if c.body["stream"])
+        # A load balancer's keep-alive connection, idle after a health check.
+        idle = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        idle.sendall(b"GET /health HTTP/1.1\r\nHost: lb\r\n\r\n")
+        assert idle.recv(4096).startswith(b"HTTP/1.1 200 "), "healthy before SIGTERM"
         processes = descendants(srv.proc.pid)
         srv.proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
@@ -118,6 +129,14 @@ def test_sigterm_lets_requests_finish_then_ends_the_rest(long_context_llama: Pat
             return False
 
         assert wait_until(refused, 10, 0.1), "new connections were still accepted after SIGTERM"
+        # The idle connection is closed by the server, with no answer (a 503 at most).
+        with idle:
+            try:
+                idle.sendall(b"GET /health HTTP/1.1\r\nHost: lb\r\n\r\n")
+                answer = idle.recv(4096)
+            except OSError:  # reset: closed before the request arrived
+                answer = b""
+            assert answer == b"" or answer.startswith(b"HTTP/1.1 503 "), answer
         assert srv.proc.wait(GRACE + 60) == 0, srv.log()[-3000:]
         took = time.monotonic() - signalled
     finally:
@@ -141,3 +160,36 @@ def test_sigterm_lets_requests_finish_then_ends_the_rest(long_context_llama: Pat
     log = srv.log()
     assert "Traceback" not in log and "ERROR" not in log, log[-5000:]
     assert sorted(os.listdir(tmpdir)) == [], "left in TMPDIR"
+
+
+def test_health_is_503_from_the_signal_on() -> None:
+    """The signal handler marks the app as shutting down at once: a ``/health`` that the
+    application still answers is a 503 with the OpenAI error body, and new requests are
+    refused; before it, ``/health`` is an empty 200."""
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    from forkless.entrypoints.cli.serve import _Server
+    from forkless.entrypoints.openai.api_server import build_app
+
+    class Engine:  # what build_app, /health and the signal handler use
+        errored = False
+        dead_reason = None
+        stopped = False
+
+        def stop_accepting(self) -> None:
+            self.stopped = True
+
+    engine = Engine()
+    app = build_app(engine, ["tiny"], 256)  # type: ignore[arg-type]
+    client = TestClient(app)
+    ok = client.get("/health")
+    assert ok.status_code == 200 and ok.content == b""
+    server = _Server(uvicorn.Config(app), "tiny", engine, shutdown_timeout=5)
+    server.request_exit(signal.SIGTERM)
+    assert server.should_exit and engine.stopped
+    resp = client.get("/health")
+    assert resp.status_code == 503 and resp.headers["content-type"] == "application/json"
+    error = resp.json()["error"]
+    assert error == {"message": error["message"], "type": "ServiceUnavailableError", "param": None, "code": 503}
+    assert error["message"].startswith("server is shutting down"), error

@@ -13,6 +13,10 @@ Lifecycle invariants:
       still unfinished then end with an OpenAI error (a JSON 503, or an SSE error event
       and ``data: [DONE]`` on a stream) before the engine is stopped. The process exits
       0, without tracebacks. A second signal skips the rest of the wait.
+    * What a load balancer sees from the signal on: a new connection is refused (it carried
+      no request, so a balancer can safely retry it on another server), an idle keep-alive connection is
+      closed, and a ``/health`` already read on an open connection, or answered in the
+      moment before the listener closes, is a 503 ("server is shutting down"), never 200.
 """
 
 from __future__ import annotations
@@ -234,6 +238,10 @@ class _Server(uvicorn.Server):
         if self.should_exit:
             self.force_exit = True
         self.should_exit = True
+        # At once, not when uvicorn's loop next notices should_exit (up to 0.1 s later):
+        # from the signal on, /health is a 503 and new requests are refused.
+        self.config.app.state.shutting_down = True
+        self.engine.stop_accepting()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         await self._drain()

@@ -6,6 +6,8 @@ and ``/openapi.json``; plus routes from opt-in endpoint plugins and ASGI middlew
 ``--middleware``.
 
 Invariants:
+    * ``/health`` is 200 while the server takes requests; a 503 with the OpenAI error body
+      once the engine is dead or a shutdown has begun (``app.state.shutting_down``).
     * Every error answer has the OpenAI body (``errors.py``): the application's own,
       FastAPI's (unknown route, wrong method, unparsable body) and the HTTP limits'.
     * An unexpected exception is a 500 that leaves the connection usable, unless the
@@ -167,6 +169,8 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
                             max_sequences_per_request=limits.max_sequences_per_request)
     app.state.serving = serving
     app.state.engine = engine
+    # Set by forkless serve when a signal starts its draining shutdown: /health is a 503 then.
+    app.state.shutting_down = False
 
     @app.exception_handler(BadRequest)
     async def _bad_request(_: Request, exc: BadRequest) -> JSONResponse:
@@ -217,6 +221,9 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     async def health() -> Response:
         if engine.errored:
             return error_response(f"engine is dead: {engine.dead_reason}", 503, "ServiceUnavailableError")
+        if app.state.shutting_down:
+            return error_response("server is shutting down: it accepts no new requests and is finishing "
+                                  "those in flight (--shutdown-timeout)", 503, "ServiceUnavailableError")
         return Response(status_code=200)
 
     @app.get("/version")
