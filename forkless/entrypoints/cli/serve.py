@@ -182,7 +182,10 @@ def bind_listener(host: str, port: int) -> socket.socket:
         OSError: The port is in use, the address is not local, or binding is not allowed.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets
+    # whose proto says TCP. With it on, the second answer on a kept-alive connection, and
+    # every SSE chunk after the first, waited ~40 ms for the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
