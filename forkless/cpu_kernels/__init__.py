@@ -1,4 +1,5 @@
-"""CPU kernels in C: decode attention over the paged cache, linear layers on packed weights,
+"""CPU kernels in C: decode attention and prefill attention over cached context, both reading
+the paged cache in place, linear layers on packed weights,
 and the element-wise layers (RMSNorm, rotary embeddings, SiLU-and-mul).
 
 The sources (``csrc/*.c``) are plain C with AVX2 intrinsics where the compiler targets
@@ -33,14 +34,16 @@ from forkless.logger import init_logger
 logger = init_logger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("paged_decode.c", "linear.c", "layers.c")
-_ABI_VERSION = 5
+_SOURCES = ("paged_decode.c", "paged_prefill.c", "linear.c", "layers.c")
+_ABI_VERSION = 6
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno")
 
 _ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {
     "forkless_paged_decode_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32, _i32,
                                   _i32, ctypes.c_float],
+    "forkless_paged_prefill_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32,
+                                   _i32, _i32, ctypes.c_float],
     "forkless_linear_f32": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
     "forkless_rms_norm_f32": [_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i32, _i32, _i32, ctypes.c_float],
     "forkless_rotary_f32": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32, _i32, _i32, _i32],

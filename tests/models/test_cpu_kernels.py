@@ -35,13 +35,13 @@ def threads(request):
     torch.set_num_threads(before)
 
 
-def _decode_step(hq: int, hkv: int, d: int, bs: int, lens: list[int], prefill: int, seed: int = 0):
-    """A cache with scattered blocks, one decode token per ``lens`` entry, then maybe a prefill."""
+def _paged_step(hq: int, hkv: int, d: int, bs: int, seqs: list[tuple[int, int]], seed: int = 0):
+    """A random cache with scattered blocks and one step in which sequence i, holding
+    ``seqs[i][0]`` cached tokens, adds ``seqs[i][1]`` new ones (1: a decode)."""
     gen = torch.Generator().manual_seed(seed)
-    num_blocks = sum(-(-n // bs) for n in lens) + -(-prefill // bs) + 3
+    num_blocks = sum(-(-(ctx + n) // bs) for ctx, n in seqs) + 3
     cache = torch.randn(get_attention_backend("torch").get_kv_cache_shape(num_blocks, bs, hkv, d), generator=gen)
     free = torch.randperm(num_blocks, generator=gen).tolist()
-    seqs = [(n - 1, 1) for n in lens] + ([(0, prefill)] if prefill else [])
     tables, slots, starts, seq_lens = [], [], [0], []
     for ctx, n in seqs:
         table = [free.pop() for _ in range(-(-(ctx + n) // bs))]
@@ -62,6 +62,12 @@ def _decode_step(hq: int, hkv: int, d: int, bs: int, lens: list[int], prefill: i
     t = starts[-1]
     q, k, v = (torch.randn(t, h, d, generator=gen) for h in (hq, hkv, hkv))
     return cache, md, q, k, v
+
+
+def _decode_step(hq: int, hkv: int, d: int, bs: int, lens: list[int], prefill: int, seed: int = 0):
+    """A cache with scattered blocks, one decode token per ``lens`` entry, then maybe a prefill."""
+    seqs = [(n - 1, 1) for n in lens] + ([(0, prefill)] if prefill else [])
+    return _paged_step(hq, hkv, d, bs, seqs, seed)
 
 
 @pytest.mark.parametrize(
@@ -94,6 +100,66 @@ def test_decode_kernel_threads_agree(threads):
     torch.set_num_threads(1)
     serial = backend.forward(q, k, v, cache, md())
     torch.testing.assert_close(parallel, serial, rtol=0, atol=0)
+
+
+def _compare_with_reference(hq, hkv, d, bs, seqs, seed=0):
+    """The cpu backend against the torch reference on one step; returns the cpu plan."""
+    cache, md, q, k, v = _paged_step(hq, hkv, d, bs, seqs, seed)
+    ref_cache, cpu_cache = cache.clone(), cache.clone()
+    scale = d**-0.5
+    ref = get_attention_backend("torch")(hq, hkv, d, scale).forward(q, k, v, ref_cache, md())
+    cpu_md = md()
+    out = get_attention_backend("cpu")(hq, hkv, d, scale).forward(q, k, v, cpu_cache, cpu_md)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(cpu_cache, ref_cache, rtol=0, atol=0)
+    return cpu_md.backend_state["cpu"]
+
+
+@pytest.mark.parametrize(
+    "hq,hkv,d,bs",
+    [
+        (9, 3, 64, 16),  # SmolLM2-135M
+        (4, 4, 64, 16),  # multi-head (G = 1): 144 tokens a tile
+        (16, 2, 128, 16),  # G = 8
+        (10, 2, 80, 5),  # head_dim 80, blocks of 5
+        (12, 1, 32, 4),  # G = 12
+        (6, 2, 20, 4),  # head_dim not a multiple of 4: the partial output tiles
+        (9, 3, 64, 1),  # one token a block
+    ],
+)
+def test_prefill_kernel_matches_reference(hq, hkv, d, bs):
+    # (cached tokens, new tokens): decodes, fresh prefills and chunks over cached context,
+    # starting and ending mid-block, one or several query tiles, short and long contexts.
+    seqs = [(7, 1), (0, 9), (1, 2), (max(bs - 1, 1), 3), (3 * bs + 5, 40), (300, 1), (2, 25), (0, 1), (613, 170),
+            (1500, 4)]
+    kp = _compare_with_reference(hq, hkv, d, bs, seqs)
+    # The chunks over cached context ran in the kernel, not through gather + SDPA.
+    assert kp.plan.context_ids == [2, 3, 4, 6, 8, 9]
+    assert all(p.gather_idx is None for p in kp.plan.prefills)
+
+
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+@pytest.mark.parametrize("seqs", [
+    [(3000, 4)],  # few tiles, long context: with 2 threads split into ranges and merged
+    [(2000, 2), (5, 1), (900, 300), (0, 30)],
+    [(4000, 64), (700, 16)],
+])
+def test_prefill_kernel_threads_match_reference(threads, seqs):
+    _compare_with_reference(9, 3, 64, 16, seqs, seed=threads)
+
+
+def test_prefill_kernel_is_causal_within_the_chunk():
+    """Later new tokens' keys must not reach earlier rows: change the last new token's key
+    and value, and only the last row's output may move."""
+    cache, md, q, k, v = _paged_step(9, 3, 64, 16, [(40, 20)])
+    backend = get_attention_backend("cpu")(9, 3, 64, 0.125)
+    before = backend.forward(q, k, v, cache.clone(), md())
+    k2, v2 = k.clone(), v.clone()
+    k2[-1] += 5.0
+    v2[-1] -= 3.0
+    after = backend.forward(q, k2, v2, cache.clone(), md())
+    torch.testing.assert_close(after[:-1], before[:-1], rtol=0, atol=0)
+    assert (after[-1] - before[-1]).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("out_features,in_features", [(24, 8), (50, 13), (96, 576), (7, 1)])

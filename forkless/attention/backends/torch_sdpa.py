@@ -10,7 +10,7 @@ work.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -107,6 +107,9 @@ class _Plan:
     # The decoding sequences and their token rows, in batch order.
     decode_ids: list[int]
     decode_rows: list[int]
+    # Prefills with cached context left out of ``prefills`` (``gather_context=False``): for
+    # a backend that attends them itself, with no gather indexes or masks.
+    context_ids: list[int] = field(default_factory=list)
 
 
 def _host_list(cpu: torch.Tensor | None, dev: torch.Tensor) -> list[int]:
@@ -137,8 +140,20 @@ def _decode_group(md: AttentionMetadata, ids: list[int], qsl: list[int], seq_len
     return _DecodeGroup(rows, gather_idx.flatten(), max_len, mask, all_rows)
 
 
-def _build_plan(md: AttentionMetadata, decode_group_keys: int | None, gather_decode: bool = True) -> _Plan:
-    """The step's plan; ``gather_decode=False`` leaves out the decode groups' gather indexes."""
+def _build_plan(md: AttentionMetadata, decode_group_keys: int | None, gather_decode: bool = True,
+                gather_context: bool = True) -> _Plan:
+    """The step's plan.
+
+    Args:
+        md: The step's metadata.
+        decode_group_keys: Padded keys a decode group may hold (see :func:`_length_groups`).
+        gather_decode: False leaves out the decode groups' gather indexes.
+        gather_context: False lists the prefills with cached context in ``context_ids``
+            instead of ``prefills``, without their gather indexes and masks.
+
+    Returns:
+        The plan every layer of the step shares.
+    """
     device = md.slot_mapping.device
     qsl = _host_list(md.query_start_loc_cpu, md.query_start_loc)
     seq_lens = _host_list(md.seq_lens_cpu, md.seq_lens)
@@ -149,6 +164,7 @@ def _build_plan(md: AttentionMetadata, decode_group_keys: int | None, gather_dec
     store_slots = slots[store_rows].long()
 
     decode_ids: list[int] = []
+    context_ids: list[int] = []
     prefills: list[_PrefillSeq] = []
     for i, seq_len in enumerate(seq_lens):
         start, end = qsl[i], qsl[i + 1]
@@ -164,6 +180,8 @@ def _build_plan(md: AttentionMetadata, decode_group_keys: int | None, gather_dec
             prefills.append(_PrefillSeq(start, end, None, None))
         elif q_len == 1:
             decode_ids.append(i)
+        elif not gather_context:
+            context_ids.append(i)
         else:
             pos = torch.arange(seq_len, device=device)
             gather_idx = _slots_of(md.block_tables[i : i + 1], pos[None], md.block_size)[0]
@@ -178,7 +196,8 @@ def _build_plan(md: AttentionMetadata, decode_group_keys: int | None, gather_dec
         # batch) sit after the real tokens: then scatter.
         all_rows = len(groups) == 1 and len(decode_ids) == md.slot_mapping.shape[0]
         decode = [_decode_group(md, ids, qsl, seq_lens, all_rows) for ids in groups]
-    return _Plan(store_rows, store_slots, decode, prefills, num_tokens, decode_ids, [qsl[i] for i in decode_ids])
+    return _Plan(store_rows, store_slots, decode, prefills, num_tokens, decode_ids, [qsl[i] for i in decode_ids],
+                 context_ids)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -225,7 +244,7 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Write the new keys and values into the cache; its ``[slots, Hkv, D]`` views."""
         if kv_cache is None or kv_cache.numel() == 0:
-            if plan.decode_ids or any(p.gather_idx is not None for p in plan.prefills):
+            if plan.decode_ids or plan.context_ids or any(p.gather_idx is not None for p in plan.prefills):
                 raise ValueError("sequences with cached context need a KV cache")
             return None, None
         key_cache = kv_cache[0].view(-1, self.num_kv_heads, self.head_dim)

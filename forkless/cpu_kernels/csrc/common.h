@@ -1,4 +1,4 @@
-/* What the CPU kernels share: AVX2 detection and a horizontal sum. */
+/* What the CPU kernels share: AVX2 detection, a horizontal sum, exp and a prefetch. */
 #ifndef FORKLESS_CPU_COMMON_H
 #define FORKLESS_CPU_COMMON_H
 
@@ -48,5 +48,18 @@ ALWAYS_INLINE __m256 exp8(__m256 x) {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
 }
 #endif
+
+/* Ask for row t (row floats long) of next ahead of its use: a sequence's blocks are
+ * scattered in the paged cache, so the hardware prefetcher cannot guess them. */
+ALWAYS_INLINE void prefetch_row(const float *next, int64_t t, int64_t row) {
+#ifdef FORKLESS_AVX2
+    const char *p = (const char *)(next + t * row);
+    for (int64_t i = 0; i < row * (int64_t)sizeof(float); i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
+#else
+    (void)next;
+    (void)t;
+    (void)row;
+#endif
+}
 
 #endif

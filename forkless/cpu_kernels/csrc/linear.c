@@ -16,7 +16,7 @@
 
 #define NR 24
 
-int forkless_cpu_kernels_abi_version(void) { return 5; }
+int forkless_cpu_kernels_abi_version(void) { return 6; }
 
 int forkless_linear_panel_width(void) { return NR; }
 

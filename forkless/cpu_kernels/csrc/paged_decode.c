@@ -42,20 +42,6 @@ ALWAYS_INLINE void head_scores(float *sh, int64_t L, const float *qh, const floa
     }
 }
 
-/* Ask for row t of the block that comes next while this block computes: a sequence's
- * blocks are scattered, so the hardware prefetcher cannot guess them, and one row per
- * token spreads the requests evenly. */
-ALWAYS_INLINE void prefetch_row(const float *next, int64_t t, int64_t row) {
-#ifdef FORKLESS_AVX2
-    const char *p = (const char *)(next + t * row);
-    for (int64_t i = 0; i < row * (int64_t)sizeof(float); i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
-#else
-    (void)next;
-    (void)t;
-    (void)row;
-#endif
-}
-
 /* s[(h * G + g) * L + t] = scale * (q_hg . k_th) for the block's tokens, all heads of a
  * token at once: a token's keys are one contiguous row, read front to back. */
 ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const float *k0, const float *next,

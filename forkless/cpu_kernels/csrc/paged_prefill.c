@@ -1,0 +1,429 @@
+/* Prefill attention over cached context on the CPU, reading keys and values in place in the
+ * paged KV cache.
+ *
+ * A chunk of q_len new tokens of a sequence that already holds ctx_len tokens in the cache
+ * (the 2nd..Nth chunk of a long prompt, or a prompt on top of a prefix-cache hit): new token
+ * r attends causally to keys [0, ctx_len + r]; its own keys are in the cache already.
+ *
+ * The work is cut into items of one KV head and a tile of QT new tokens: the tile's
+ * M = QT * G query rows (the G = Hq / Hkv query heads of that KV head, for each token, up to
+ * 144 rows) are held transposed, [head_dim][M], so M sits in the vector lanes and every key
+ * and value row loaded from the cache serves all M rows. The keys are walked in tiles of KT through
+ * the block table with an online softmax (running max and sum per row, the output
+ * rescaled as the max grows), so the scratch is a few KB per thread whatever the length,
+ * and each tile is two register-blocked products, 4 keys (or 4 output dims) x 24 rows in
+ * 12 accumulators, FMA-bound rather than load-bound. The lanes being rows, the softmax of a
+ * tile is vertical: max, exp and sum of 8 rows at once, no horizontal reductions.
+ *
+ * Against gather + scaled_dot_product_attention this reads the context once and copies
+ * nothing: the gather copied the whole context out of the cache on every layer (and built
+ * a [q_len, seq_len] mask), which for a few new tokens costs far more than their
+ * arithmetic. Items are spread over the OpenMP threads; when there are too few to keep
+ * them busy (a short chunk has one tile per KV head), the context of each item is split
+ * into ranges attended separately and merged by their softmax statistics.
+ *
+ * Built by forkless/cpu_kernels with the system C compiler and called through ctypes;
+ * float32 only.
+ */
+
+#include <math.h>
+#include <stdlib.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "common.h"
+
+/* Keys per tile: the tile's keys, values and scores (KT x M) stay in L1 next to the
+ * transposed queries and the output accumulators. */
+#define KT 32
+/* Query rows per item (up to): a multiple of the 24 rows a register tile covers. Every key
+ * and value row is loaded from memory once per item and serves all its rows from L1, so
+ * more rows mean less memory traffic: SmolLM2-135M's heads (G = 3) at context 7,500, 64 new
+ * tokens, one thread, took 47-51 ms with 24 rows per item, 29-35 ms with 48, 23-29 ms with
+ * 96 and 22-26 ms with 144 (24 GMAC/s, where a 512^3 matmul gets 30).
+ * The scratch grows with it: (2 D + KT + 4) * 144 floats a thread. */
+#define M_TARGET 144
+/* A context range attended on its own is at least this long: shorter ones are not worth
+ * their merge. */
+#define MIN_SPLIT_KEYS 256
+/* At most this many ranges per tile (the merge keeps their weights in the scratch). */
+#define MAX_PARTS 64
+
+typedef struct {
+    int seq;      /* index into the listed sequences */
+    int head;     /* KV head */
+    int r0, r1;   /* its new tokens [r0, r1) of the chunk */
+    int first;    /* first partial result of its context ranges (with num_parts > 1) */
+    int num_parts;
+} Tile;
+
+typedef struct {
+    int tile;
+    int part;     /* which range of the tile's keys */
+    int64_t k0, k1;
+} Item;
+
+/* s[t * ldm + c * 8 + j] = sum_d k[t][d] * qt[d * ldm + c * 8 + j] for 4 keys and NC (<= 3,
+ * a constant after inlining) vectors of rows. */
+ALWAYS_INLINE void scores_4(float *s, int ldm, const float *const *k, const float *qt, int D, int NC) {
+#ifdef FORKLESS_AVX2
+    __m256 acc[4][3];
+    for (int t = 0; t < 4; t++)
+        for (int c = 0; c < NC; c++) acc[t][c] = _mm256_setzero_ps();
+    for (int d = 0; d < D; d++) {
+        __m256 b[3];
+        for (int c = 0; c < NC; c++) {
+            b[c] = _mm256_loadu_ps(qt + (int64_t)d * ldm + 8 * c);
+            /* Keep it in a register: folded into each FMA as a memory operand it would be
+             * loaded 4 times, and the loop would wait on loads, not FMAs (as in linear.c). */
+            __asm__("" : "+x"(b[c]));
+        }
+        for (int t = 0; t < 4; t++) {
+            __m256 a = _mm256_broadcast_ss(k[t] + d);
+            for (int c = 0; c < NC; c++) acc[t][c] = _mm256_fmadd_ps(a, b[c], acc[t][c]);
+        }
+    }
+    for (int t = 0; t < 4; t++)
+        for (int c = 0; c < NC; c++) _mm256_storeu_ps(s + t * ldm + 8 * c, acc[t][c]);
+#else
+    for (int t = 0; t < 4; t++)
+        for (int j = 0; j < 8 * NC; j++) {
+            float sum = 0.0f;
+            for (int d = 0; d < D; d++) sum += k[t][d] * qt[(int64_t)d * ldm + j];
+            s[t * ldm + j] = sum;
+        }
+#endif
+}
+
+/* ot[(d0 + i) * ldm + c * 8 + j] = alpha * ot[...] + sum_t v[t][d0 + i] * p[t * ldm + c * 8 + j]
+ * for ND (<= 4) output dims and NC (<= 3) vectors of rows (both constants after inlining). */
+ALWAYS_INLINE void values_4(float *ot, int ldm, const float *const *v, int d0, const float *p, const float *alpha,
+                            int ntok, int ND, int NC) {
+#ifdef FORKLESS_AVX2
+    __m256 acc[4][3];
+    for (int c = 0; c < NC; c++) {
+        __m256 a = _mm256_loadu_ps(alpha + 8 * c);
+        for (int i = 0; i < ND; i++)
+            acc[i][c] = _mm256_mul_ps(a, _mm256_loadu_ps(ot + (int64_t)(d0 + i) * ldm + 8 * c));
+    }
+    for (int t = 0; t < ntok; t++) {
+        __m256 b[3];
+        for (int c = 0; c < NC; c++) {
+            b[c] = _mm256_loadu_ps(p + t * ldm + 8 * c);
+            __asm__("" : "+x"(b[c]));
+        }
+        for (int i = 0; i < ND; i++) {
+            __m256 a = _mm256_broadcast_ss(v[t] + d0 + i);
+            for (int c = 0; c < NC; c++) acc[i][c] = _mm256_fmadd_ps(a, b[c], acc[i][c]);
+        }
+    }
+    for (int i = 0; i < ND; i++)
+        for (int c = 0; c < NC; c++) _mm256_storeu_ps(ot + (int64_t)(d0 + i) * ldm + 8 * c, acc[i][c]);
+#else
+    for (int i = 0; i < ND; i++)
+        for (int j = 0; j < 8 * NC; j++) {
+            float sum = alpha[j] * ot[(int64_t)(d0 + i) * ldm + j];
+            for (int t = 0; t < ntok; t++) sum += v[t][d0 + i] * p[t * ldm + j];
+            ot[(int64_t)(d0 + i) * ldm + j] = sum;
+        }
+#endif
+}
+
+/* The next vector group of rows, up to 3 of the nc left: the dispatch that makes NC a
+ * constant. */
+#define SWITCH_NC(nc, CALL)       \
+    switch ((nc) < 3 ? (nc) : 3) { \
+    case 3: CALL(3); break; \
+    case 2: CALL(2); break; \
+    default: CALL(1); break; \
+    }
+
+/* The softmax of one tile of scores s[t * ldm + j], t < ntok, row j in the vector lanes:
+ * masks keys after each row's last visible position lim[j] (only when the tile reaches
+ * past first_masked), raises the running max mrow and sum lrow, leaves the numerators in s
+ * (zero where masked) and in alpha the factor the row's earlier output is rescaled by. */
+static void softmax_tile(float *s, int ldm, int ntok, int64_t pos0, int64_t first_masked, const float *lim,
+                         float *mrow, float *lrow, float *alpha) {
+    const int masked = pos0 + ntok - 1 > first_masked;
+#ifdef FORKLESS_AVX2
+    for (int c = 0; c < ldm; c += 8) {
+        const __m256 vlim = _mm256_loadu_ps(lim + c), minf = _mm256_set1_ps(-INFINITY);
+        const __m256 mold = _mm256_loadu_ps(mrow + c);
+        __m256 mx = mold;
+        for (int t = 0; t < ntok; t++) {
+            __m256 x = _mm256_loadu_ps(s + t * ldm + c);
+            if (masked) {
+                __m256 hide = _mm256_cmp_ps(_mm256_set1_ps((float)(pos0 + t)), vlim, _CMP_GT_OQ);
+                x = _mm256_blendv_ps(x, minf, hide);
+                _mm256_storeu_ps(s + t * ldm + c, x);
+            }
+            mx = _mm256_max_ps(mx, x);
+        }
+        /* Every row sees the item's first key, so mx is finite from the first tile on; the
+         * first tile's alpha, exp(-inf), multiplies zeros. */
+        _mm256_storeu_ps(alpha + c, exp8(_mm256_sub_ps(mold, mx)));
+        __m256 sum = _mm256_setzero_ps();
+        for (int t = 0; t < ntok; t++) {
+            __m256 x = _mm256_loadu_ps(s + t * ldm + c);
+            __m256 e = exp8(_mm256_sub_ps(x, mx));
+            /* exp8 clamps its input at -87: a masked key would still weigh 1e-38. */
+            if (masked) e = _mm256_andnot_ps(_mm256_cmp_ps(x, minf, _CMP_EQ_OQ), e);
+            _mm256_storeu_ps(s + t * ldm + c, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        _mm256_storeu_ps(lrow + c, _mm256_fmadd_ps(_mm256_loadu_ps(lrow + c), _mm256_loadu_ps(alpha + c), sum));
+        _mm256_storeu_ps(mrow + c, mx);
+    }
+#else
+    for (int j = 0; j < ldm; j++) {
+        float mx = mrow[j];
+        for (int t = 0; t < ntok; t++) {
+            if (masked && (float)(pos0 + t) > lim[j]) s[t * ldm + j] = -INFINITY;
+            mx = s[t * ldm + j] > mx ? s[t * ldm + j] : mx;
+        }
+        alpha[j] = expf(mrow[j] - mx);
+        float sum = 0.0f;
+        for (int t = 0; t < ntok; t++) {
+            const float x = s[t * ldm + j], e = x == -INFINITY ? 0.0f : expf(x - mx);
+            s[t * ldm + j] = e;
+            sum += e;
+        }
+        lrow[j] = lrow[j] * alpha[j] + sum;
+        mrow[j] = mx;
+    }
+#endif
+}
+
+/* Where the rows of keys [pos0, pos0 + n) of one head are (through the block table); asks
+ * for the key rows. */
+ALWAYS_INLINE void tile_rows(const float **kp, const float **vp, const float *k_cache, const float *v_cache,
+                             const int32_t *table, int block_size, int64_t slot_stride, int64_t offset, int64_t pos0,
+                             int64_t n, int D) {
+    for (int t = 0; t < n; t++) {
+        const int64_t pos = pos0 + t;
+        const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
+        kp[t] = k_cache + slot * slot_stride + offset;
+        vp[t] = v_cache + slot * slot_stride + offset;
+        prefetch_row(kp[t], 0, D);
+    }
+}
+
+/* Attend keys [k0, k1) of one KV head for new tokens [r0, r1): leaves the unnormalised
+ * output in ot ([D][ldm]), the running max and sum in mrow, lrow. */
+ALWAYS_INLINE void attend_item(const float *q, int64_t q_row_stride, const float *k_cache, const float *v_cache,
+                               const int32_t *table, int block_size, int num_kv_heads, int G, int D, float scale,
+                               int head, int64_t ctx_len, int64_t q_start, int r0, int r1, int64_t k0, int64_t k1,
+                               float *qt, float *s, float *ot, float *mrow, float *lrow, float *lim, float *alpha) {
+    const int M = (r1 - r0) * G, ldm = (M + 7) & ~7;
+    for (int j = 0; j < ldm; j++) {
+        const float *qj = j < M ? q + (q_start + r0 + j / G) * q_row_stride + (int64_t)(head * G + j % G) * D : NULL;
+        for (int d = 0; d < D; d++) qt[(int64_t)d * ldm + j] = qj ? qj[d] * scale : 0.0f;
+        mrow[j] = -INFINITY;
+        lrow[j] = 0.0f;
+        /* Padding rows see everything: their zero queries give finite scores. */
+        lim[j] = j < M ? (float)(ctx_len + r0 + j / G) : 3e38f;
+    }
+    for (int64_t i = 0; i < (int64_t)D * ldm; i++) ot[i] = 0.0f;
+    const int64_t slot_stride = (int64_t)num_kv_heads * D, first_masked = ctx_len + r0;
+    /* This tile's key and value rows, and the next tile's, whose keys are fetched while
+     * this one computes (the value rows while the scores are computed): a sequence's
+     * blocks are scattered, so the hardware prefetcher cannot guess them. */
+    const float *kbuf[2][KT], *vbuf[2][KT];
+    tile_rows(kbuf[0], vbuf[0], k_cache, v_cache, table, block_size, slot_stride, head * D, k0,
+              k1 - k0 < KT ? k1 - k0 : KT, D);
+    for (int64_t pos0 = k0, cur = 0; pos0 < k1; pos0 += KT, cur ^= 1) {
+        const int ntok = (int)(k1 - pos0 < KT ? k1 - pos0 : KT);
+        const float **kp = kbuf[cur], **vp = vbuf[cur];
+        for (int t = 0; t < ntok; t++) prefetch_row(vp[t], 0, D);
+        if (pos0 + KT < k1)
+            tile_rows(kbuf[cur ^ 1], vbuf[cur ^ 1], k_cache, v_cache, table, block_size, slot_stride, head * D,
+                      pos0 + KT, k1 - pos0 - KT < KT ? k1 - pos0 - KT : KT, D);
+        /* Scores come 4 keys at a time: the tail repeats the last key, its rows unused. */
+        for (int t = ntok; t < ((ntok + 3) & ~3); t++) kp[t] = kp[ntok - 1];
+        for (int t = 0; t < ntok; t += 4)
+            for (int c = 0; c < ldm / 8; c += 3) {
+#define CALL(NC) scores_4(s + t * ldm + 8 * c, ldm, kp + t, qt + 8 * c, D, NC)
+                SWITCH_NC(ldm / 8 - c, CALL)
+#undef CALL
+            }
+        softmax_tile(s, ldm, ntok, pos0, first_masked, lim, mrow, lrow, alpha);
+        for (int d0 = 0; d0 < D; d0 += 4)
+            for (int c = 0; c < ldm / 8; c += 3) {
+#define CALL(NC)                                                                           \
+    switch (D - d0 < 4 ? D - d0 : 4) {                                                     \
+    case 4: values_4(ot + 8 * c, ldm, vp, d0, s + 8 * c, alpha + 8 * c, ntok, 4, NC); break; \
+    case 3: values_4(ot + 8 * c, ldm, vp, d0, s + 8 * c, alpha + 8 * c, ntok, 3, NC); break; \
+    case 2: values_4(ot + 8 * c, ldm, vp, d0, s + 8 * c, alpha + 8 * c, ntok, 2, NC); break; \
+    default: values_4(ot + 8 * c, ldm, vp, d0, s + 8 * c, alpha + 8 * c, ntok, 1, NC); break; \
+    }
+                SWITCH_NC(ldm / 8 - c, CALL)
+#undef CALL
+            }
+    }
+}
+
+/* Attend the num_seqs prefill chunks.
+ *
+ * q, out:        [rows, num_heads, head_dim] contiguous; sequence i's new tokens are rows
+ *                q_starts[i] .. q_starts[i] + q_lens[i] - 1.
+ * k_cache, v_cache: [num_slots, num_kv_heads, head_dim] contiguous (slot = block * block_size
+ *                + offset), the new tokens' keys and values stored already.
+ * block_tables:  [*, bt_stride] int32; sequence i uses row seq_ids[i].
+ * seq_lens:      [*] int32, indexed by seq_ids[i]: keys of the sequence, the new ones
+ *                included (ctx_len = seq_len - q_len >= 0).
+ *
+ * Returns 0, or -1 when a scratch allocation failed (some rows are then left unwritten).
+ */
+int forkless_paged_prefill_f32(const float *q, const float *k_cache, const float *v_cache,
+                               const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                               const int32_t *seq_ids, const int32_t *q_starts, const int32_t *q_lens, float *out,
+                               int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                               float scale) {
+    const int G = num_heads / num_kv_heads, D = head_dim;
+    const int QT = M_TARGET / G > 0 ? M_TARGET / G : 1;
+    const int max_ldm = (QT * G + 7) & ~7;
+    const int64_t row_stride = (int64_t)num_heads * D;
+
+    /* The tiles, later tokens first: they see the most keys, and dynamic scheduling
+     * balances best when the longest items go out first. */
+    int num_tiles = 0;
+    double work = 0.0;
+    for (int i = 0; i < num_seqs; i++) {
+        num_tiles += num_kv_heads * ((q_lens[i] + QT - 1) / QT);
+        work += (double)q_lens[i] * num_heads * seq_lens[seq_ids[i]] * D * 2;
+    }
+    if (num_tiles == 0) return 0;
+    int threads = 1;
+#ifdef _OPENMP
+    threads = omp_get_max_threads();
+#endif
+    const int parallel = threads > 1 && work >= FORKLESS_PARALLEL_MIN_MACS;
+    /* Enough items that the threads finish close together. */
+    const int want = parallel ? 4 * threads : 1;
+    Tile *tiles = (Tile *)malloc(sizeof(Tile) * (size_t)num_tiles);
+    if (tiles == NULL) return -1;
+    int n = 0, num_items = 0, num_partials = 0;
+    for (int i = 0; i < num_seqs; i++) {
+        const int64_t ctx_len = seq_lens[seq_ids[i]] - q_lens[i];
+        for (int r0 = (q_lens[i] - 1) / QT * QT; r0 >= 0; r0 -= QT)
+            for (int h = 0; h < num_kv_heads; h++) {
+                Tile *tile = &tiles[n++];
+                tile->seq = i;
+                tile->head = h;
+                tile->r0 = r0;
+                tile->r1 = r0 + QT < q_lens[i] ? r0 + QT : q_lens[i];
+                int parts = num_tiles < want ? (want + num_tiles - 1) / num_tiles : 1;
+                parts = parts < MAX_PARTS ? parts : MAX_PARTS;
+                const int64_t most = ctx_len / MIN_SPLIT_KEYS;
+                parts = parts > most ? (int)(most > 1 ? most : 1) : parts;
+                tile->num_parts = parts;
+                tile->first = parts > 1 ? num_partials : -1;
+                num_partials += parts > 1 ? parts : 0;
+                num_items += parts;
+            }
+    }
+    Item *items = (Item *)malloc(sizeof(Item) * (size_t)num_items);
+    /* A split tile's ranges each leave [D][ldm] outputs, then ldm maxima and ldm sums. */
+    const int64_t partial_size = (int64_t)(D + 2) * max_ldm;
+    float *partials = num_partials ? (float *)malloc(sizeof(float) * (size_t)(partial_size * num_partials)) : NULL;
+    if (items == NULL || (num_partials && partials == NULL)) {
+        free(tiles);
+        free(items);
+        free(partials);
+        return -1;
+    }
+    n = 0;
+    for (int ti = 0; ti < num_tiles; ti++) {
+        const Tile *tile = &tiles[ti];
+        const int64_t ctx_len = seq_lens[seq_ids[tile->seq]] - q_lens[tile->seq];
+        const int64_t end = ctx_len + tile->r1;
+        /* The ranges split the context only, the last one running on to the tile's last
+         * key: so every range starts at a key that all its rows see. */
+        for (int p = 0; p < tile->num_parts; p++) {
+            Item *it = &items[n++];
+            it->tile = ti;
+            it->part = p;
+            it->k0 = ctx_len * p / tile->num_parts;
+            it->k1 = p + 1 < tile->num_parts ? ctx_len * (p + 1) / tile->num_parts : end;
+        }
+    }
+
+    int failed = 0;
+#pragma omp parallel if (parallel)
+    {
+        /* qt and ot [D][ldm], s [KT][ldm], mrow, lrow, lim, alpha [ldm] */
+        float *scratch = (float *)malloc(sizeof(float) * (size_t)max_ldm * (2 * D + KT + 4));
+        if (scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int ii = 0; ii < num_items; ii++) {
+            if (scratch == NULL) continue;
+            const Item *it = &items[ii];
+            const Tile *tile = &tiles[it->tile];
+            const int i = tile->seq, M = (tile->r1 - tile->r0) * G, ldm = (M + 7) & ~7;
+            float *qt = scratch, *ot = qt + (int64_t)D * max_ldm, *s = ot + (int64_t)D * max_ldm;
+            float *mrow = s + KT * max_ldm, *lrow = mrow + max_ldm, *lim = lrow + max_ldm, *alpha = lim + max_ldm;
+            if (tile->num_parts > 1) {
+                /* Written where the merge reads it. */
+                ot = partials + (tile->first + it->part) * partial_size;
+                mrow = ot + (int64_t)D * ldm;
+                lrow = mrow + ldm;
+            }
+            const int32_t *table = block_tables + (int64_t)seq_ids[i] * bt_stride;
+            const int64_t ctx_len = seq_lens[seq_ids[i]] - q_lens[i];
+#define ATTEND(D_) attend_item(q, row_stride, k_cache, v_cache, table, block_size, num_kv_heads, G, D_, scale, \
+                               tile->head, ctx_len, q_starts[i], tile->r0, tile->r1, it->k0, it->k1, qt, s, ot, \
+                               mrow, lrow, lim, alpha)
+            /* The common head sizes as constants: their loops unroll. */
+            if (D == 64) ATTEND(64);
+            else if (D == 128) ATTEND(128);
+            else ATTEND(D);
+#undef ATTEND
+            if (tile->num_parts == 1) {
+                for (int j = 0; j < M; j++) {
+                    float *o = out + (q_starts[i] + tile->r0 + j / G) * row_stride
+                               + (int64_t)(tile->head * G + j % G) * D;
+                    const float inv = 1.0f / lrow[j];
+                    for (int d = 0; d < D; d++) o[d] = ot[(int64_t)d * ldm + j] * inv;
+                }
+            }
+        }
+        /* The split tiles: weigh each range by exp(its max - the overall max). */
+#pragma omp for schedule(dynamic, 1)
+        for (int ti = 0; ti < num_tiles; ti++) {
+            const Tile *tile = &tiles[ti];
+            if (tile->num_parts == 1 || scratch == NULL) continue;
+            const int i = tile->seq, M = (tile->r1 - tile->r0) * G, ldm = (M + 7) & ~7;
+            float *w = scratch;
+            for (int j = 0; j < M; j++) {
+                float mx = -INFINITY, sum = 0.0f;
+                for (int p = 0; p < tile->num_parts; p++) {
+                    const float *part = partials + (tile->first + p) * partial_size + (int64_t)D * ldm;
+                    mx = part[j] > mx ? part[j] : mx;
+                }
+                for (int p = 0; p < tile->num_parts; p++) {
+                    const float *part = partials + (tile->first + p) * partial_size + (int64_t)D * ldm;
+                    w[p] = expf(part[j] - mx);
+                    sum += w[p] * part[ldm + j];
+                }
+                for (int p = 0; p < tile->num_parts; p++) w[p] /= sum;
+                float *o = out + (q_starts[i] + tile->r0 + j / G) * row_stride + (int64_t)(tile->head * G + j % G) * D;
+                for (int d = 0; d < D; d++) {
+                    float acc = 0.0f;
+                    for (int p = 0; p < tile->num_parts; p++)
+                        acc += w[p] * partials[(tile->first + p) * partial_size + (int64_t)d * ldm + j];
+                    o[d] = acc;
+                }
+            }
+        }
+        free(scratch);
+    }
+    free(tiles);
+    free(items);
+    free(partials);
+    return failed ? -1 : 0;
+}
