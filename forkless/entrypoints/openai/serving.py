@@ -9,6 +9,13 @@ Invariants:
       during which the loop keeps serving health checks and streaming other responses.
       One thread, as in vLLM: Hugging Face tokenizers are not safe to call from several
       threads at once.
+    * Text longer than ``max_text_chars`` (``max_model_len`` plus a margin, times the
+      longest token's length: a token covers at most that many characters) must make
+      more tokens than the context holds, so it is refused before it reaches the tokenizer
+      thread, or, for completions with ``truncate_prompt_tokens``, cut to that many
+      characters on the side truncation keeps. One request's text then costs that thread
+      at most about a second, not ~2 s per MB (a 10 MB prompt held every other request
+      behind it for 18 s).
     * A request asks for at most ``max_sequences_per_request`` sequences (prompts × n),
       checked before any prompt is tokenized.
     * ``text_offset`` in completions logprobs indexes into the choice's text as the client
@@ -300,6 +307,22 @@ def _usage(out: "RequestOutput") -> UsageInfo:
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
+# Tokens of margin in max_text_chars: a text cut there still makes more tokens than
+# truncation keeps, so the tokens at the cut (which may differ from the whole text's) go.
+_TEXT_MARGIN_TOKENS = 16
+
+
+def _text_chars(obj: Any) -> int:
+    """Characters in all the strings of a JSON-like value (a conversation, tools)."""
+    if isinstance(obj, str):
+        return len(obj)
+    if isinstance(obj, dict):
+        return sum(_text_chars(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_text_chars(v) for v in obj)
+    return 0
+
+
 def _sse_error(message: str, err_type: str, code: int) -> str:
     body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
     return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n"
@@ -332,6 +355,39 @@ class OpenAIServing:
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    @functools.cached_property
+    def max_text_chars(self) -> int:
+        """Characters beyond which a text surely has more than ``max_model_len`` tokens.
+
+        A token's text is at most as long as its vocabulary entry (byte-level BPE spells
+        one byte per character, SentencePiece ``▁`` is one space), so a text makes at
+        least ``len(text) / longest entry`` tokens.
+        """
+        longest = max(map(len, self.tokenizer.get_vocab()), default=1)
+        return (self.max_model_len + _TEXT_MARGIN_TOKENS) * longest
+
+    def check_text_size(self, chars: int, param: str) -> None:
+        """Refuse text that could not fit the context, before tokenizing it.
+
+        Raises:
+            BadRequest: ``context_length_exceeded``, naming ``param``.
+        """
+        if chars > self.max_text_chars:
+            raise BadRequest(
+                f"This model's maximum context length is {self.max_model_len} tokens, and {param} has "
+                f"{chars} characters: more than {self.max_text_chars}, beyond which text always makes "
+                "more tokens than that.", param, code="context_length_exceeded")
+
+    def _bounded_text(self, text: str, req: CompletionRequest) -> str:
+        """A completion prompt, cut to ``max_text_chars`` when truncation allows, else checked."""
+        limit = self.max_text_chars
+        if len(text) <= limit:
+            return text
+        if req.truncate_prompt_tokens is None:
+            self.check_text_size(len(text), "prompt")
+        # Truncation keeps at most max_model_len tokens; the cut text still has more.
+        return text[-limit:] if (req.truncation_side or "left") == "left" else text[:limit]
 
     def check_model(self, model: str | None) -> None:
         """Refuse a request naming a model this server does not serve.
@@ -396,8 +452,12 @@ class OpenAIServing:
         texts = self._prompt_list(req)
         self.check_sequences(len(texts), req.n)
         self.ignored_fields.note(_unknown_fields(req))
-        prompts = [truncate_prompt(ids, req, req.max_tokens, self.max_model_len)
-                   for ids in await self.in_tokenizer_thread(self._tokenize_prompts, texts)]
+        texts = [self._bounded_text(t, req) if isinstance(t, str) else t for t in texts]
+        if any(isinstance(t, str) for t in texts):
+            tokenized = await self.in_tokenizer_thread(self._tokenize_prompts, texts)
+        else:  # token ids: nothing to wait for the tokenizer thread for
+            tokenized = self._tokenize_prompts(texts)
+        prompts = [truncate_prompt(ids, req, req.max_tokens, self.max_model_len) for ids in tokenized]
         for ids in prompts:
             self._check_prompt(ids, req.max_tokens)
         base_id, engine_id = _request_ids("cmpl", req.request_id)
@@ -527,8 +587,10 @@ class OpenAIServing:
         self.ignored_fields.note(_unknown_fields(req))
         if req.messages is not None:
             chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
+            self.check_text_size(_text_chars([m.model_dump() for m in req.messages]), "messages")
             tokens = await self.in_tokenizer_thread(self.render_chat, chat)
         elif req.prompt is not None:
+            self.check_text_size(len(req.prompt), "prompt")
             tokens = await self.in_tokenizer_thread(
                 functools.partial(self.tokenizer.encode, add_special_tokens=req.add_special_tokens), req.prompt)
         else:
@@ -602,6 +664,8 @@ class OpenAIServing:
         self.check_sequences(1, req.n)
         self.ignored_fields.note(_unknown_fields(req))
         parsers = self._choice_parsers(req)
+        self.check_text_size(_text_chars([m.model_dump() for m in req.messages])
+                             + _text_chars(req.model_dump(include={"tools"})), "messages")
         ids = await self.in_tokenizer_thread(self.render_chat, req)
         ids = truncate_prompt(ids, req, req.max_completion_tokens if req.max_completion_tokens is not None
                               else req.max_tokens, self.max_model_len)
