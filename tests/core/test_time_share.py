@@ -13,6 +13,7 @@ from forkless.core.sched import Scheduler
 from forkless.core.sched.time_share import LongPrefillTimeShare
 
 PLAIN_S = 0.010
+DECODE_S = 0.002  # each decoding request in a step
 
 
 class Clock:
@@ -36,6 +37,8 @@ class CostedRunner:
             if item.start_position < self.scheduler.requests[item.request_id].num_prompt_tokens:
                 # A prompt chunk: dearer the later its tokens.
                 cost += item.num_tokens * PLAIN_S * (0.05 + item.start_position / 1000)
+            else:
+                cost += DECODE_S
         self.clock.now += cost
         return self.runner.execute(out)
 
@@ -49,9 +52,11 @@ def setup(share: float, **kw: object):  # noqa: ANN201
     return s, CostedRunner(s, runner, clock), clock
 
 
-def short_latencies(share: float, n: int = 12) -> tuple[list[float], float, int]:
+def short_latencies(share: float, n: int = 12, burst: int = 0) -> tuple[list[float], float, int]:
     """Latencies of ``n`` short requests sent one after another, with a long prompt
-    prefilling from position 1,000 on; also one alone, and the long prompt's progress."""
+    prefilling from position 1,000 on; also one alone, and the long prompt's progress.
+    ``burst`` requests decode next to the long prompt first, and are gone when the short
+    ones come."""
     s, runner, clock = setup(share)
     results: dict[str, Result] = {}
 
@@ -64,7 +69,9 @@ def short_latencies(share: float, n: int = 12) -> tuple[list[float], float, int]
 
     alone = run_short("alone")
     s.add_request(make_request("long", 4000, max_tokens=1))
-    while s.requests["long"].num_computed_tokens < 1000:
+    for i in range(burst):
+        s.add_request(make_request(f"burst{i}", 4, max_tokens=30, ignore_eos=True))
+    while s.requests["long"].num_computed_tokens < 1000 or any(f"burst{i}" in s.requests for i in range(burst)):
         step(s, runner, results)
     done_before = s.requests["long"].num_computed_tokens
     latencies = [run_short(f"short{i}") for i in range(n)]
@@ -81,6 +88,13 @@ def test_others_take_at_most_about_twice_as_long_while_a_long_prompt_prefills() 
     # 1 / (1 - share) = 2, plus at most one chunk's overshoot.
     assert max(ratios) <= 2.3, ratios
     assert progress > 0  # the long prompt is not starved either
+
+
+def test_a_heavy_batch_that_has_gone_does_not_set_the_pace() -> None:
+    # 60 requests decoding made steps 13x dearer; measured against those, every chunk of the
+    # long prompt looked free. What the others pay is measured against the batch of now.
+    ratios, _, _ = short_latencies(0.5, burst=60)
+    assert max(ratios) <= 2.3, ratios
 
 
 def test_without_the_time_share_the_token_cap_alone_lets_them_slow_down_far_more() -> None:

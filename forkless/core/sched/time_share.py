@@ -9,7 +9,9 @@ a small model. What the other clients feel is time, so this bounds time, measure
   or waiting. Uncontended steps are not limited (a long prompt alone runs at full speed).
 * Contended steps without a long chunk (*plain*) set ``plain``, a moving average of their
   duration. A contended step with long chunks (*laden*) costs the others its duration
-  minus ``plain``: the *extra*.
+  minus ``plain``: the *extra*. ``plain`` must describe the batch of now, not of a burst
+  long gone (a stale, too high one reads every chunk as free): it is forgotten when
+  contention ends, and every ``_REMEASURE_EVERY`` laden steps one step runs plain.
 * Long prefills hold a time credit. Every contended step earns them ``share / (1 -
   share)`` of its plain time; every laden step spends its extra. A long chunk is scheduled
   only while the credit is not negative, so over any stretch of contended steps the long
@@ -39,6 +41,9 @@ from typing import Any, Callable
 
 # Weight of the newest plain step in the moving average: a few steps forget an old batch.
 _EMA_WEIGHT = 0.25
+# Laden steps in a row before one runs plain to measure it again (the long prefill then
+# loses at most one turn in this many).
+_REMEASURE_EVERY = 8
 
 
 class LongPrefillTimeShare:
@@ -58,6 +63,7 @@ class LongPrefillTimeShare:
         self.max_chunk = max_chunk
         self.credit = 0.0
         self.plain: float | None = None
+        self._laden_in_a_row = 0
         # Seconds one long-chunk token adds to a step (moving average).
         self.token_cost: float | None = None
         # Steps scheduled and not yet back: (output, contended, long tokens, start time).
@@ -73,9 +79,9 @@ class LongPrefillTimeShare:
         """
         if not contended:
             return self.max_chunk
-        if self.plain is None or self.credit < 0.0:
-            # Without a plain measurement the extra could not be told apart: run one step
-            # without the long chunk first.
+        if self.plain is None or self.credit < 0.0 or self._laden_in_a_row >= _REMEASURE_EVERY:
+            # Without a (recent) plain measurement the extra could not be told apart: run
+            # one step without the long chunk first.
             return 0
         if self.token_cost is None:
             return 1
@@ -105,19 +111,23 @@ class LongPrefillTimeShare:
         now = self._clock()
         elapsed = now - max(started, self._last_done)
         self._last_done = now
-        if contended and not long_tokens:
+        if not contended:
+            self.credit = 0.0  # nobody was waiting: the long prefill owes no one
+            self.plain = None  # the next contended batch may be nothing like the last
+            if long_tokens:  # the whole step was the chunk: an upper bound of its cost
+                self._add_token_cost(elapsed / long_tokens)
+            return
+        if not long_tokens:
+            self._laden_in_a_row = 0
             self.plain = elapsed if self.plain is None else self.plain + _EMA_WEIGHT * (elapsed - self.plain)
             self.credit = min(self.credit + self.ratio * elapsed, self.ratio * self.plain)
             return
-        # What the long chunk cost: the step minus what it would have cost without it (alone,
-        # the whole step: an overestimate by the step's fixed cost, so the first contended
-        # chunk errs small).
-        plain = self.plain if contended and self.plain is not None else 0.0
+        plain = self.plain if self.plain is not None else 0.0
         extra = max(elapsed - plain, 0.0)
-        cost = extra / long_tokens
-        # A token's cost grows with its position; weigh the newest measurement heavily.
-        self.token_cost = cost if self.token_cost is None else 0.5 * (self.token_cost + cost)
-        if not contended:
-            self.credit = 0.0  # nobody was waiting: the long prefill owes no one
-            return
+        self._add_token_cost(extra / long_tokens)
+        self._laden_in_a_row += 1
         self.credit = min(self.credit + self.ratio * plain - extra, self.ratio * plain)
+
+    def _add_token_cost(self, cost: float) -> None:
+        # A token's cost grows with its position: weigh the newest measurement heavily.
+        self.token_cost = cost if self.token_cost is None else 0.5 * (self.token_cost + cost)
