@@ -17,7 +17,11 @@ class Executor(ABC):
 
     The engine core calls, in order: ``determine_num_blocks()``,
     ``initialize_cache(num_blocks)``, then ``execute_model(...)`` once per step, and
-    ``shutdown()`` at the end.
+    ``shutdown()`` at the end. With ``--async-scheduling`` and
+    :attr:`supports_async_scheduling` true it calls ``execute_model_async(...)`` instead,
+    launching step N+1 before it calls ``collect(...)`` on step N's handle: handles are
+    collected once each, in the order they were launched, and ``shutdown()`` may come
+    with one still uncollected.
 
     Args:
         config: The engine configuration; workers are created and their models loaded

@@ -2,8 +2,32 @@
 
 Each worker process loads the general plugins itself, builds the platform's worker and
 answers calls (``[method, msgpack args]``) on a ZeroMQ socket pair. The executor watches
-the workers while it waits: a worker that dies fails the call within a fraction of a
-second with an error naming it, so the engine core can report it instead of hanging.
+the workers while it sends and waits: a worker that dies fails the call within a fraction
+of a second with an error naming it, so the engine core can report it instead of hanging.
+
+Async scheduling (``--async-scheduling``). Each worker says at start-up (in its ``ready``
+message) whether its runner supports it; :attr:`MultiprocExecutor.supports_async_scheduling`
+is true when every rank does. Invariants of the async steps:
+
+    * ``execute_model_async`` sends ``[execute_model_async, (seq, SchedulerOutput)]`` to
+      every rank without waiting and returns a handle naming ``seq`` (numbered from 0,
+      one per step sent). Steps are collected in the order they were sent; collecting
+      any other handle (an old one, a newer one first, another executor's) raises.
+    * A worker keeps at most one step in flight: on a new step it launches it
+      (``Worker.execute_model_async``) and only then collects the previous one and sends
+      its output, so on a GPU step N+1 is queued behind step N. Replies are
+      ``[step_ok, (seq, ModelRunnerOutput)]`` or ``[step_error, (seq, error)]``, in ``seq``
+      order; the executor checks ``seq`` against the handle it collects.
+    * When the engine core collects the newest step sent, nothing newer would make the
+      worker finish it: the executor sends ``[flush, seq]`` first. A worker with no step
+      ``seq`` in flight (its launch failed and was already answered) ignores the flush.
+    * A step's error (launch or collect) is answered for that step, after the outputs
+      of the steps before it, so it surfaces on the matching :meth:`collect` with the
+      worker's traceback. Rank 0 samples for all: its output is returned, but every
+      rank's reply is awaited and any rank's error raised.
+    * Synchronous calls (``execute_model`` and the start-up calls) are refused while async
+      steps are uncollected: their replies would interleave with the steps'.
+    * Shutdown drops a step in flight: the worker exits without collecting it.
 
 The worker sockets go in the IPC directory this process inherited (the API server's,
 in the engine core process), else in one the executor makes and removes at shutdown. A
@@ -16,6 +40,8 @@ import multiprocessing
 import os
 import signal
 import traceback
+from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -32,12 +58,35 @@ if TYPE_CHECKING:
 logger = init_logger("forkless.executor.multiproc")
 
 _WORKER_METHODS = ("determine_num_blocks", "initialize_cache", "execute_model", "check_health")
+# Async steps (see the module docstring): launch one, finish the one in flight.
+_STEP = b"execute_model_async"
+_FLUSH = b"flush"
+_STEP_OK = b"step_ok"
+_STEP_ERROR = b"step_error"
 _POLL_MS = 100
 _STARTUP_TIMEOUT_S = 900.0
 
 
 class WorkerDiedError(RuntimeError):
     """A worker process exited while the engine needed it."""
+
+
+@dataclass(frozen=True)
+class StepHandle:
+    """An async step sent to the workers, for :meth:`MultiprocExecutor.collect`.
+
+    Attributes:
+        seq: The step's number (0, 1, ... in the order sent).
+        owner: The ``id()`` of the executor that sent it.
+    """
+
+    seq: int
+    owner: int
+
+
+def _error_payload(exc: BaseException) -> dict[str, str]:
+    """The wire form of an exception caught in the worker (message and traceback)."""
+    return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
 def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, parent_pid: int,
@@ -75,20 +124,57 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         worker = create_worker(config, rank=rank)
         worker.init_device()
         worker.load_model()
+        # Declared by the worker (its runner's answer), asked once: the executor reports it.
+        async_ok = bool(worker.supports_async_scheduling)
     except Exception as exc:
-        outbox.send_multipart([ipc.FAILED, ipc.encode({"error": f"{type(exc).__name__}: {exc}",
-                                                        "traceback": traceback.format_exc()})])
+        outbox.send_multipart([ipc.FAILED, ipc.encode(_error_payload(exc))])
         os._exit(1)
-    outbox.send_multipart([ipc.READY, ipc.encode({"pid": os.getpid(), "rank": rank})])
+    outbox.send_multipart([ipc.READY, ipc.encode({"pid": os.getpid(), "rank": rank,
+                                                  "async_scheduling": async_ok})])
+    # The async step launched and not yet collected: (seq, the runner's handle).
+    pending: tuple[int, Any] | None = None
+
+    def finish_pending() -> None:
+        # Collect the step in flight and send its output (or its error), tagged with seq.
+        nonlocal pending
+        if pending is None:
+            return
+        (seq, handle), pending = pending, None
+        try:
+            outbox.send_multipart([_STEP_OK, ipc.encode([seq, worker.collect(handle)])])
+        except Exception as exc:
+            outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, _error_payload(exc)])])
+
     while True:
         if not inbox.poll(1000):
             if not ipc.parent_alive(parent_pid):
                 break  # the engine core is gone: do not linger as an orphan
             continue
         method, payload = inbox.recv_multipart()
+        if method == _STEP:
+            # Launch the new step before finishing the previous one: on a GPU it is then
+            # queued behind it and the device never waits for this process.
+            seq, scheduler_output = ipc.decode(payload, tuple[int, SchedulerOutput])
+            try:
+                launched, error = worker.execute_model_async(scheduler_output), None
+            except Exception as exc:
+                launched, error = None, _error_payload(exc)
+            finish_pending()  # its reply goes out before this step's
+            if error is not None:
+                outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, error])])
+            else:
+                pending = (seq, launched)
+            continue
+        if method == _FLUSH:
+            # Only the step named: a flush for a step whose launch failed (already
+            # answered) must not finish anything else.
+            if pending is not None and pending[0] == ipc.decode(payload, int):
+                finish_pending()
+            continue
         name = method.decode()
         if name == "shutdown":
-            break
+            break  # a step in flight is dropped: its output has no reader any more
+        finish_pending()  # the executor never interleaves calls with steps; keep order if it did
         try:
             if name not in _WORKER_METHODS:
                 raise ValueError(f"unknown worker method {name!r}; expected one of {', '.join(_WORKER_METHODS)}")
@@ -98,8 +184,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
                 result = getattr(worker, name)(*ipc.decode(payload))
             outbox.send_multipart([b"ok", ipc.encode(result)])
         except Exception as exc:
-            outbox.send_multipart([b"error", ipc.encode({"error": f"{type(exc).__name__}: {exc}",
-                                                          "traceback": traceback.format_exc()})])
+            outbox.send_multipart([b"error", ipc.encode(_error_payload(exc))])
     worker.shutdown()
     inbox.close(linger=0)
     outbox.close()
@@ -123,6 +208,11 @@ class MultiprocExecutor(Executor):
         self.to_workers: list[zmq.Socket] = []
         self.from_workers: list[zmq.Socket] = []
         self.worker_pids: list[int] = []
+        # Async steps: whether every rank supports them (from its ready message), the
+        # next seq to send, and the seqs sent and not collected yet, oldest first.
+        self._async_ok = True
+        self._next_seq = 0
+        self._in_flight: deque[int] = deque()
         config_bytes = ipc.encode(config.to_builtins())
         for rank in range(self.world_size):
             addr_in = ipc.ipc_address(self.ipc_dir, f"to-worker-{rank}")
@@ -145,6 +235,24 @@ class MultiprocExecutor(Executor):
                 self.shutdown()
                 raise RuntimeError(f"worker {rank} failed to start: {data['error']}\n{data['traceback']}")
             self.worker_pids.append(data["pid"])
+            self._async_ok = self._async_ok and bool(data["async_scheduling"])
+
+    def _died(self, rank: int, starting: bool = False) -> WorkerDiedError:
+        proc = self.procs[rank]
+        what = "while starting" if starting else "while the engine was running"
+        return WorkerDiedError(f"worker {rank} (pid {proc.pid}) died {what} (exit code {proc.exitcode})")
+
+    def _send(self, rank: int, frames: list[bytes]) -> None:
+        """Send without blocking on a dead worker (a PUSH with no peer would wait forever)."""
+        sock, proc = self.to_workers[rank], self.procs[rank]
+        while True:
+            try:
+                sock.send_multipart(frames, flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                if not proc.is_alive():
+                    raise self._died(rank) from None
+                sock.poll(_POLL_MS, zmq.POLLOUT)
 
     def _receive(self, rank: int, timeout_s: float | None, starting: bool = False) -> tuple[bytes, bytes]:
         sock, proc = self.from_workers[rank], self.procs[rank]
@@ -154,24 +262,32 @@ class MultiprocExecutor(Executor):
                 kind, payload = sock.recv_multipart()
                 return kind, payload
             if not proc.is_alive():
-                what = "while starting" if starting else "while the engine was running"
-                raise WorkerDiedError(f"worker {rank} (pid {proc.pid}) died {what} "
-                                      f"(exit code {proc.exitcode})")
+                raise self._died(rank, starting)
             waited += _POLL_MS / 1000
             if timeout_s is not None and waited > timeout_s:
                 raise TimeoutError(f"worker {rank} did not answer within {timeout_s:.0f} s")
 
     def _call(self, method: str, *args: Any, payload: bytes | None = None) -> list[bytes]:
-        """Send one call to every worker; their replies, by rank."""
+        """Send one call to every worker; their replies, by rank.
+
+        Raises:
+            RuntimeError: A worker raised (its message and traceback), or async steps
+                are uncollected (their replies would come first).
+        """
+        if self._in_flight:
+            raise RuntimeError(f"{method} called while async steps {list(self._in_flight)} are not "
+                               "collected: collect() them first")
         data = ipc.encode(list(args)) if payload is None else payload
-        for sock in self.to_workers:
-            sock.send_multipart([method.encode(), data])
+        for rank in range(self.world_size):
+            self._send(rank, [method.encode(), data])
         results = []
         for rank in range(self.world_size):
             kind, reply = self._receive(rank, None)
             if kind == b"error":
                 err = ipc.decode(reply)
                 raise RuntimeError(f"worker {rank}: {method} failed: {err['error']}\n{err['traceback']}")
+            if kind != b"ok":
+                raise RuntimeError(f"worker {rank} answered {method} with {kind!r}: the call protocol is out of step")
             results.append(reply)
         return results
 
@@ -185,6 +301,80 @@ class MultiprocExecutor(Executor):
         replies = self._call("execute_model", payload=ipc.encode(scheduler_output))
         return ipc.decode(replies[0], ModelRunnerOutput)  # rank 0 samples for all
 
+    @property
+    def supports_async_scheduling(self) -> bool:
+        """Whether every worker's runner can launch steps before collecting the last one."""
+        return self._async_ok
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> StepHandle:
+        """Send one step to every worker without waiting for it.
+
+        Returns:
+            The handle to pass to :meth:`collect`, in the order the steps were sent.
+
+        Raises:
+            WorkerDiedError: A worker is dead.
+        """
+        seq = self._next_seq
+        self._next_seq += 1
+        data = ipc.encode([seq, scheduler_output])
+        # In flight before the send: a send that fails leaves the executor unusable
+        # anyway (a dead worker), and collect() then names the step.
+        self._in_flight.append(seq)
+        for rank in range(self.world_size):
+            self._send(rank, [_STEP, data])
+        return StepHandle(seq, id(self))
+
+    def collect(self, pending: StepHandle) -> ModelRunnerOutput:
+        """Wait for the output of the oldest uncollected step, which ``pending`` must name.
+
+        Raises:
+            RuntimeError: ``pending`` is not the oldest step in flight (collected
+                already, out of order, or another executor's), or a worker raised in the
+                step (its message and traceback).
+            WorkerDiedError: A worker died before answering.
+        """
+        if not isinstance(pending, StepHandle) or pending.owner != id(self):
+            raise RuntimeError(f"collect({pending!r}): not a step handle of this executor")
+        seq = pending.seq
+        if not self._in_flight or self._in_flight[0] != seq:
+            if not self._in_flight or seq < self._in_flight[0]:
+                raise RuntimeError(f"collect(step {seq}): that step was already collected")
+            raise RuntimeError(f"collect(step {seq}) out of order: step {self._in_flight[0]} was sent "
+                               "before it and must be collected first")
+        self._in_flight.popleft()
+        if seq == self._next_seq - 1:
+            # No newer step was sent to make the workers finish this one: ask them to.
+            flush = ipc.encode(seq)
+            for rank in range(self.world_size):
+                self._send(rank, [_FLUSH, flush])
+        output: ModelRunnerOutput | None = None
+        failure: RuntimeError | None = None
+        # Every rank answers every step: read them all, so that the next collect starts
+        # at its own step's replies even after an error here.
+        for rank in range(self.world_size):
+            kind, reply = self._receive(rank, None)
+            if kind == _STEP_OK:
+                got, result = ipc.decode(reply, tuple[int, ModelRunnerOutput])
+            elif kind == _STEP_ERROR:
+                got, err = ipc.decode(reply, tuple[int, dict[str, str]])
+                result = None
+                if failure is None:
+                    failure = RuntimeError(f"worker {rank}: step {seq} (execute_model_async) failed: "
+                                           f"{err['error']}\n{err['traceback']}")
+            else:
+                raise RuntimeError(f"worker {rank} answered step {seq} with {kind!r}: "
+                                   "the step protocol is out of step")
+            if got != seq:
+                raise RuntimeError(f"worker {rank} answered step {got} while step {seq} was collected: "
+                                   "outputs would be mixed up")
+            if rank == 0:
+                output = result  # rank 0 samples for all
+        if failure is not None:
+            raise failure
+        assert output is not None
+        return output
+
     def check_health(self) -> None:
         for rank, proc in enumerate(self.procs):
             if not proc.is_alive():
@@ -193,6 +383,8 @@ class MultiprocExecutor(Executor):
     def shutdown(self) -> None:
         if not self.procs:
             return
+        # A step in flight is dropped (the workers exit without collecting it).
+        self._in_flight.clear()
         for sock, proc in zip(self.to_workers, self.procs):
             if proc.is_alive():
                 try:

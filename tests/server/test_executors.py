@@ -67,3 +67,34 @@ def test_executor_path_that_is_not_an_executor_fails_at_startup(tiny_llama: Path
     assert proc.returncode != 0
     assert "--distributed-executor-backend" in proc.stderr
     assert "not a subclass of forkless.executor.interface.Executor" in proc.stderr
+
+
+def test_mp_executor_with_async_scheduling_serves_the_offline_engines_completions(tiny_llama: Path,
+                                                                                   tmp_path: Path) -> None:
+    # forkless serve runs its model in a worker process (mp, its default); with
+    # --async-scheduling the engine core launches step N+1 there before collecting step N.
+    # Greedy completions must be those of the offline engine stepping synchronously.
+    from forkless import LLM, SamplingParams
+
+    prompts = ["Hello", "The capital of France is", "1, 2, 3, 4,"]
+    srv = start_server(tiny_llama, tmp_path, "--served-model-name", "tiny", "--distributed-executor-backend", "mp",
+                       "--async-scheduling")
+    try:
+        client = srv.client()
+        served = [[c.text for c in sorted(client.completions.create(
+            model="tiny", prompt=p, max_tokens=12, temperature=0, n=2).choices, key=lambda c: c.index)]
+            for p in prompts]
+        batch = client.completions.create(model="tiny", prompt=prompts, max_tokens=12, temperature=0)
+        engine_core, worker = srv.engine_pids()  # the model runs in a worker process
+        assert worker != engine_core
+        assert "--async-scheduling is not supported" not in srv.log()
+    finally:
+        assert stop_and_check(srv) == 0, srv.log()[-3000:]
+    llm = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=64 << 20)
+    try:
+        offline = [o.outputs[0].text for o in llm.generate(
+            prompts, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)]
+    finally:
+        llm.llm_engine.shutdown()
+    assert served == [[text, text] for text in offline]
+    assert [c.text for c in sorted(batch.choices, key=lambda c: c.index)] == offline
