@@ -15,6 +15,7 @@ or an SSE error event and ``[DONE]`` once a stream has begun) answers it the sam
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import TYPE_CHECKING, Any, AsyncGenerator
 
 import msgspec
@@ -26,6 +27,7 @@ from forkless.engine.output_processor import OutputProcessor
 from forkless.engine.stop_strings import check_stop_strings
 from forkless.engine.processor import Processor
 from forkless.logger import init_logger
+from forkless.sampling_params import RequestOutputKind
 from forkless.metrics import (
     LoggingStatLogger,
     StatLoggerBase,
@@ -50,6 +52,38 @@ class InvalidRequestError(ValueError):
 
 class EngineShuttingDownError(EngineDeadError):
     """The server is shutting down: a new request is refused, or one in flight is ended."""
+
+
+class _OutputSlot:
+    """What a request's stream has not taken yet.
+
+    Each cumulative output holds everything before it, so when the stream fell behind
+    (hundreds of streams on one event loop) only the newest is kept: one chunk to send
+    instead of one per step it missed. Other kinds (``DELTA``) queue every output; an
+    error queues after the outputs it followed.
+    """
+
+    def __init__(self, coalesce: bool) -> None:
+        self._items: collections.deque[Any] = collections.deque()
+        self._ready = asyncio.Event()
+        self._coalesce = coalesce
+
+    def put_nowait(self, item: Any) -> None:
+        """Add an output or an exception (never blocks)."""
+        items = self._items
+        if (self._coalesce and items and not isinstance(item, BaseException)
+                and not isinstance(items[-1], BaseException)):
+            items[-1] = item
+        else:
+            items.append(item)
+        self._ready.set()
+
+    async def get(self) -> Any:
+        """The next output or exception, waiting for one."""
+        while not self._items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
 
 
 class AsyncLLM:
@@ -80,7 +114,7 @@ class AsyncLLM:
         # Built on first use: the tokenizer loads while the engine core starts (see start()).
         self._output_processor: OutputProcessor | None = None
         self.client: EngineCoreClient | None = None
-        self._queues: dict[str, asyncio.Queue[Any]] = {}
+        self._queues: dict[str, _OutputSlot] = {}
         self._parent_of: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.errored = False
@@ -219,7 +253,7 @@ class AsyncLLM:
         if self._end_in_flight is not None:  # validated before the grace period ended
             raise EngineShuttingDownError(self._end_in_flight)
         request_id = processed.request_id
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        queue = _OutputSlot(coalesce=processed.params.output_kind is RequestOutputKind.CUMULATIVE)
         self.output_processor.add_request(processed)
         self._queues[request_id] = queue
         finished = False

@@ -61,3 +61,39 @@ def test_async_llm_generate_abort_and_stat_loggers(tiny_llama: Path) -> None:
     assert instance.saw_scheduler_stats
     assert instance.finished.count("length") == 2
     assert instance.generated >= 10
+
+
+def test_a_stream_that_falls_behind_gets_the_newest_output(tiny_llama: Path) -> None:
+    # Cumulative outputs: a slow reader skips the ones it missed (each holds all before it)
+    # and loses nothing; DELTA outputs are never merged away.
+    from forkless.sampling_params import RequestOutputKind
+
+    async def main() -> tuple[list[list[int]], list[list[int]], list[int]]:
+        args = EngineArgs(model=str(tiny_llama), max_model_len=256, kv_cache_memory=32 << 20)
+        llm = AsyncLLM.from_engine_args(args, log_stats=False)
+        try:
+            await llm.start()
+
+            async def read(kind: RequestOutputKind, rid: str) -> list[list[int]]:
+                params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, output_kind=kind)
+                seen = []
+                async for out in llm.generate("Hello there", params, request_id=rid):
+                    seen.append(list(out.outputs[0].token_ids))
+                    await asyncio.sleep(0.1)  # slower than the engine's steps
+                return seen
+
+            reference = []
+            async for out in llm.generate("Hello there", SamplingParams(temperature=0, max_tokens=40,
+                                                                        ignore_eos=True), request_id="ref"):
+                reference = list(out.outputs[0].token_ids)
+            return await read(RequestOutputKind.CUMULATIVE, "slow"), await read(RequestOutputKind.DELTA, "delta"), \
+                reference
+        finally:
+            llm.shutdown()
+
+    cumulative, deltas, reference = asyncio.run(main())
+    assert len(reference) == 40
+    assert cumulative[-1] == reference
+    assert len(cumulative) < 20, len(cumulative)  # it skipped outputs it fell behind on
+    assert all(a == b[:len(a)] for a, b in zip(cumulative, cumulative[1:]))  # each one cumulative
+    assert [t for d in deltas for t in d] == reference  # every delta, in order

@@ -754,6 +754,15 @@ class OpenAIServing:
     async def _merge(self, streams: list[AsyncIterator["RequestOutput"]],
                      raw_request: Any) -> AsyncIterator[tuple[int, "RequestOutput"]]:
         """Interleave several engine streams, tagging each output with its stream index."""
+        if len(streams) == 1:  # the common case: no pump task and queue hop per output
+            try:
+                async for out in streams[0]:
+                    yield 0, out
+            finally:
+                aclose = getattr(streams[0], "aclose", None)
+                if aclose is not None:
+                    await aclose()  # aborts the request if it did not finish
+            return
         queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         done = object()
 
