@@ -2,7 +2,8 @@
 
 ``throughput`` runs the workload of ``forkless.bench.throughput`` (the same as
 ``benchmarks/throughput.py``) through forkless and through transformers ``generate`` in
-the same run and prints both rates and their ratio; ``latency`` times batch-1 decode
+the same run and prints both rates and their ratio, and the workload's hardware floor
+(``forkless.bench.floor``) next to the measured time; ``latency`` times batch-1 decode
 against the memory-bandwidth bound. ``--shape`` writes a model folder of a known shape
 (with ``--load-format dummy`` no weights are needed).
 """
@@ -34,6 +35,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     tp.add_argument("--hf-max-batches", type=int, default=None,
                     help="run only the first N baseline batches (its rate, not its total, is compared)")
     tp.add_argument("--skip-hf", action="store_true", help="forkless only")
+    tp.add_argument("--peak-tflops", type=float, default=None,
+                    help="peak FLOP/s (in TFLOP/s) for the floor's prefill compute (default: the "
+                         "device's data-sheet dense bf16 number; on the CPU a matmul measured in the run)")
     tp.set_defaults(func=run_throughput)
 
     lat = sub.add_parser("latency", help="batch-1 time per output token against the bandwidth bound")
@@ -41,6 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     lat.add_argument("--prompt-len", type=int, default=128)
     lat.add_argument("--output-len", type=int, default=256)
     lat.set_defaults(func=run_latency)
+
     return parser
 
 
@@ -74,8 +79,24 @@ def _emit(args: argparse.Namespace, result: dict[str, Any]) -> None:
         Path(args.json).write_text(json.dumps(result, indent=1))
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _dtype(args: argparse.Namespace, config: dict[str, Any], device_type: str) -> str:
+    """The dtype the engine runs (``auto``: float32 on the CPU, the config's elsewhere)."""
+    if args.dtype != "auto":
+        return args.dtype
+    if device_type == "cpu":
+        return "float32"
+    name = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
+    return name if name in DTYPE_BYTES else "float32"
+
+
 def run_throughput(args: argparse.Namespace) -> int:
+    from forkless.bench.floor import describe, load_shape, peak_flops, throughput_floor
+    from forkless.bench.latency import copy_bandwidth
     from forkless.bench.throughput import make_workload, run_forkless, run_transformers
+    from forkless.platforms import current_platform
 
     with tempfile.TemporaryDirectory() as tmp:
         model = _model(args, tmp)
@@ -85,19 +106,31 @@ def run_throughput(args: argparse.Namespace) -> int:
         kwargs = _engine_kwargs(args)
         if args.max_model_len is None:
             kwargs.pop("max_model_len")
+        device_type = current_platform.device_type
+        device = str(current_platform.torch_device())
+        dtype = _dtype(args, config, device_type)
         print(f"model={args.shape or model} n={len(work)} input={list(args.input_len)} "
               f"output={list(args.output_len)} dtype={args.dtype} load_format={args.load_format}", flush=True)
+        # The floor's measurements run before the engine holds the device's memory.
+        bandwidth = copy_bandwidth(device)
+        bw_source = "device copy, measured now" if device_type != "cpu" else "CPU memory copy, measured now"
+        flops, flops_source = peak_flops(device_type, args.peak_tflops)
+        floor = throughput_floor(load_shape(model, DTYPE_BYTES[dtype]), [(len(p), o) for p, o in work],
+                                 args.max_num_seqs, bandwidth, flops)
+        for line in describe(floor, bw_source, flops_source, args.max_num_seqs):
+            print(line, flush=True)
         fk = run_forkless(model, work, **kwargs)
         print(f"forkless:     {fk.tokens} tokens in {fk.seconds:7.2f} s = {fk.tokens_per_s:9.1f} output tok/s",
               flush=True)
+        print(f"forkless / floor: {fk.seconds / floor.seconds:.2f}x the floor's time "
+              f"({fk.seconds:.2f} s against {floor.seconds:.2f} s)", flush=True)
         result: dict[str, Any] = {"forkless": vars(fk) | {"tokens_per_s": fk.tokens_per_s}}
+        result["floor"] = vars(floor) | {"seconds": floor.seconds, "memory_seconds": floor.memory_seconds,
+                                         "compute_seconds": floor.compute_seconds,
+                                         "tokens_per_s": floor.tokens_per_s, "ratio": fk.seconds / floor.seconds,
+                                         "bandwidth_source": bw_source, "peak_flops_source": flops_source}
         if not args.skip_hf:
-            from forkless.platforms import current_platform
-
-            dtype = args.dtype if args.dtype != "auto" else (
-                "float32" if current_platform.device_type == "cpu" else config.get("dtype", "float32"))
-            hf = run_transformers(model, work, args.hf_batch_size, dtype=dtype,
-                                  device=str(current_platform.torch_device()),
+            hf = run_transformers(model, work, args.hf_batch_size, dtype=dtype, device=device,
                                   max_batches=args.hf_max_batches, load_format=args.load_format)
             ratio = fk.tokens_per_s / hf.tokens_per_s
             print(f"transformers: {hf.tokens} tokens in {hf.seconds:7.2f} s = {hf.tokens_per_s:9.1f} output tok/s "
@@ -111,6 +144,7 @@ def run_throughput(args: argparse.Namespace) -> int:
 
 def run_latency(args: argparse.Namespace) -> int:
     from forkless.bench.latency import copy_bandwidth, run_latency as latency
+    from forkless.platforms import current_platform
 
     with tempfile.TemporaryDirectory() as tmp:
         model = _model(args, tmp)
@@ -118,7 +152,7 @@ def run_latency(args: argparse.Namespace) -> int:
         kwargs.pop("max_num_seqs")  # batch 1 by definition
         if kwargs.get("max_model_len") is None:
             kwargs["max_model_len"] = args.prompt_len + args.output_len + 16
-        bandwidth = copy_bandwidth()
+        bandwidth = copy_bandwidth(str(current_platform.torch_device()))
         res = latency(model, args.prompt_len, args.output_len, **kwargs)
         weight_bytes = _weight_bytes(model, args.dtype)
         bound_ms = weight_bytes / bandwidth * 1e3
@@ -133,11 +167,10 @@ def run_latency(args: argparse.Namespace) -> int:
 
 def _weight_bytes(model: str, dtype: str) -> int:
     """Parameter bytes of the model (counted on the meta device, no memory used)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from forkless.bench.floor import count_parameters
 
-    config = AutoConfig.from_pretrained(model)
-    torch_dtype = getattr(torch, dtype if dtype != "auto" else str(config.dtype).removeprefix("torch."))
-    with torch.device("meta"):
-        m = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-    return sum(p.numel() * p.element_size() for p in m.parameters())
+    if dtype == "auto":
+        config = json.loads((Path(model) / "config.json").read_text())
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
+    return count_parameters(model) * DTYPE_BYTES.get(dtype, 4)
+

@@ -1,0 +1,208 @@
+"""The hardware floor of the throughput workload: the bytes that must move, the FLOPs that
+must run.
+
+The model of a continuous batch (stated again in ``forkless bench throughput``'s output):
+
+* **Decode reads the KV cache.** A request of ``i`` prompt tokens and ``o`` output tokens
+  gets its first token from the prefill, then runs ``o - 1`` decode steps; decode step
+  ``k`` (1-based) attends over ``i + k`` tokens, so it reads ``(o - 1) * i + (o - 1) * o / 2``
+  tokens' KV in all, each ``layers * 2 * kv_heads * head_dim * dtype bytes`` (K and V).
+* **Each decode step reads the weights once**, whatever the batch: every matrix but the
+  input embedding table (of which only the batch's rows are read), the LM head included.
+  The number of steps is that of a batch of ``max_num_seqs`` slots filled in request
+  order, each request holding its slot for its ``o - 1`` decode steps and a freed slot
+  taken at once by the next request (prefills ride along in decode steps, as with
+  chunked prefill): with every request fitting, the longest output minus one. KV-cache
+  capacity is assumed not to limit the batch.
+* **Prefill is compute**: ``2 * matmul params`` FLOPs per prompt token (the LM head only on
+  each prompt's last position) plus causal attention, ``2 * layers * heads * head_dim *
+  i * (i + 1)`` FLOPs per prompt (QK^T and PV over ``i (i + 1) / 2`` query-key pairs).
+* Decode's own FLOPs hide under its reads and are not counted; reads and compute do not
+  overlap: floor = bytes / bandwidth + prefill FLOPs / peak FLOP/s.
+
+The bandwidth is a device copy measured in the same run (``forkless.bench.latency.copy_bandwidth``);
+the peak FLOP/s is :data:`PEAK_TFLOPS` for the device name (``--peak-tflops`` overrides),
+or, on the CPU, a float32 matmul measured in the same run.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Dense BF16/FP16 tensor-core peak TFLOP/s by device-name substring (vendor data sheets;
+#: SXM parts). The first match in this order wins.
+PEAK_TFLOPS: dict[str, float] = {
+    "H200": 989.0,
+    "H100": 989.0,
+    "A100": 312.0,
+    "L40S": 362.0,
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the floor needs of a decoder-only transformer."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    hidden_size: int
+    vocab_size: int
+    num_params: int
+    tied_embeddings: bool
+    dtype_bytes: int
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters used as matmul weights per token: all but the embedding and LM head."""
+        embed = self.vocab_size * self.hidden_size
+        return self.num_params - embed * (1 if self.tied_embeddings else 2)
+
+    @property
+    def weight_bytes_per_step(self) -> int:
+        """The matmul weights plus the LM head (the input embedding table is not read whole)."""
+        return (self.matmul_params + self.vocab_size * self.hidden_size) * self.dtype_bytes
+
+
+def shape_from_config(config: dict, num_params: int, dtype_bytes: int) -> ModelShape:
+    """A :class:`ModelShape` from a Hugging Face ``config.json`` dict."""
+    heads = config["num_attention_heads"]
+    return ModelShape(
+        num_layers=config["num_hidden_layers"], num_heads=heads,
+        num_kv_heads=config.get("num_key_value_heads") or heads,
+        head_dim=config.get("head_dim") or config["hidden_size"] // heads,
+        hidden_size=config["hidden_size"], vocab_size=config["vocab_size"], num_params=num_params,
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)), dtype_bytes=dtype_bytes)
+
+
+def count_parameters(model: str | Path) -> int:
+    """Parameter count of a model folder (built on the meta device: no memory, no weights)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        m = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model))
+    return sum(p.numel() for p in m.parameters())
+
+
+def load_shape(model: str | Path, dtype_bytes: int) -> ModelShape:
+    config = json.loads((Path(model) / "config.json").read_text())
+    return shape_from_config(config.get("text_config", config), count_parameters(model), dtype_bytes)
+
+
+def decode_steps(output_lens: list[int], max_num_seqs: int) -> int:
+    """Decode steps of the continuous batch (see the module docstring): list scheduling of
+    ``o - 1`` steps per request on ``max_num_seqs`` slots, in request order."""
+    slots = [0] * min(max_num_seqs, len(output_lens))
+    end = 0
+    for o in output_lens:
+        start = heapq.heappop(slots)
+        end = max(end, start + max(o - 1, 0))
+        heapq.heappush(slots, start + max(o - 1, 0))
+    return end
+
+
+@dataclass
+class Floor:
+    """The workload's floor and the quantities it is made of."""
+
+    kv_bytes: int
+    weight_bytes: int
+    decode_steps: int
+    prefill_flops: int
+    bandwidth: float
+    peak_flops: float
+    output_tokens: int
+
+    @property
+    def memory_seconds(self) -> float:
+        return (self.kv_bytes + self.weight_bytes) / self.bandwidth
+
+    @property
+    def compute_seconds(self) -> float:
+        return self.prefill_flops / self.peak_flops
+
+    @property
+    def seconds(self) -> float:
+        return self.memory_seconds + self.compute_seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+
+def throughput_floor(shape: ModelShape, work: list[tuple[int, int]], max_num_seqs: int, bandwidth: float,
+                     peak_flops: float) -> Floor:
+    """The floor of ``work`` (``(input length, output length)`` per request), in request order."""
+    kv_tokens = sum((o - 1) * i + (o - 1) * o // 2 for i, o in work)
+    steps = decode_steps([o for _, o in work], max_num_seqs)
+    attn = sum(2 * shape.num_layers * shape.num_heads * shape.head_dim * i * (i + 1) for i, _ in work)
+    prefill = (2 * shape.matmul_params * sum(i for i, _ in work)
+               + 2 * shape.vocab_size * shape.hidden_size * len(work) + attn)
+    return Floor(kv_bytes=kv_tokens * shape.kv_bytes_per_token, weight_bytes=steps * shape.weight_bytes_per_step,
+                 decode_steps=steps, prefill_flops=prefill, bandwidth=bandwidth, peak_flops=peak_flops,
+                 output_tokens=sum(o for _, o in work))
+
+
+def peak_flops(device: str, override_tflops: float | None = None) -> tuple[float, str]:
+    """``(FLOP/s, where it came from)``: the override, the table by CUDA device name, or a
+    matmul measured on the CPU (or on an unknown GPU)."""
+    if override_tflops is not None:
+        return override_tflops * 1e12, "--peak-tflops"
+    if device != "cpu":
+        import torch
+
+        name = torch.cuda.get_device_name()
+        for key, tflops in PEAK_TFLOPS.items():
+            if key in name:
+                return tflops * 1e12, f"{name} data sheet, dense bf16"
+        return measured_matmul_flops(device, "bfloat16"), f"{name}: measured bf16 matmul"
+    return measured_matmul_flops("cpu", "float32"), "measured float32 matmul on the CPU"
+
+
+def measured_matmul_flops(device: str, dtype: str, n: int = 2048, repeats: int = 5) -> float:
+    """Median FLOP/s of an ``n x n`` matmul."""
+    import torch
+
+    a = torch.randn(n, n, device=device, dtype=getattr(torch, dtype))
+    times = []
+    for _ in range(repeats + 1):
+        if device != "cpu":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ a
+        if device != "cpu":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    times = sorted(times[1:])
+    return 2 * n**3 / times[len(times) // 2]
+
+
+def _si(value: float, unit: str) -> str:
+    """``1.234 TB``, ``56.7 GB``, ... : the largest prefix that keeps the number >= 1."""
+    for prefix, scale in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3f} {prefix}{unit}"
+    return f"{value:.3f} {unit}"
+
+
+def describe(fl: Floor, bandwidth_source: str, flops_source: str, max_num_seqs: int) -> list[str]:
+    """The lines ``forkless bench throughput`` prints."""
+    return [
+        f"floor: KV reads {_si(fl.kv_bytes, 'B')} + weights {_si(fl.weight_bytes, 'B')} "
+        f"({fl.decode_steps} decode steps) at {_si(fl.bandwidth, 'B/s')} ({bandwidth_source}) "
+        f"= {fl.memory_seconds:.3f} s; prefill {_si(fl.prefill_flops, 'FLOP')} at "
+        f"{_si(fl.peak_flops, 'FLOP/s')} ({flops_source}) = {fl.compute_seconds:.3f} s",
+        f"floor: {fl.seconds:.3f} s = {fl.tokens_per_s:.1f} output tok/s (model: each decode step reads every "
+        f"running sequence's KV and the weights once, {max_num_seqs} slots filled in request order; "
+        f"prefill compute-bound; no overlap)",
+    ]

@@ -1,0 +1,76 @@
+"""The throughput floor (``forkless.bench.floor``): hand-computed numbers, and the CLI prints it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from forkless.bench.floor import ModelShape, decode_steps, shape_from_config, throughput_floor
+from forkless.bench.shapes import SHAPES
+from tests.conftest import plugin_env, run_forkless
+
+SMALL = ModelShape(num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, hidden_size=64, vocab_size=1000,
+                   num_params=100_000, tied_embeddings=True, dtype_bytes=4)
+
+
+def test_kv_bytes_per_token_of_qwen3_0_6b_is_112_kib() -> None:
+    # 28 layers x 2 (K, V) x 8 KV heads x 128 x 2 bytes (bf16)
+    shape = shape_from_config(SHAPES["qwen3-0.6b"], num_params=0, dtype_bytes=2)
+    assert shape.kv_bytes_per_token == 28 * 2 * 8 * 128 * 2 == 112 * 1024
+
+
+def test_decode_steps_of_the_continuous_batch() -> None:
+    assert decode_steps([5, 3, 1], max_num_seqs=8) == 4  # all fit: the longest output - 1
+    assert decode_steps([5, 3, 1], max_num_seqs=1) == 4 + 2 + 0  # one slot: one after another
+    # 2 slots: A runs 0-4 (5 tokens), B runs 0-2 (3 tokens), then the third 2-2 (1 token).
+    assert decode_steps([5, 3, 1], max_num_seqs=2) == 4
+    assert decode_steps([3, 3, 3], max_num_seqs=2) == 4  # A 0-2, B 0-2, then 2-4
+
+
+def test_floor_of_a_small_workload_matches_the_hand_computation() -> None:
+    work = [(10, 5), (20, 3), (5, 1)]  # (input, output) tokens
+    fl = throughput_floor(SMALL, work, max_num_seqs=2, bandwidth=1e6, peak_flops=1e6)
+    # KV bytes per token: 2 layers x 2 x 2 KV heads x 16 x 4 bytes = 512.
+    assert SMALL.kv_bytes_per_token == 512
+    # Decode contexts: request 1 has 4 decode steps over 11, 12, 13, 14 tokens = 50;
+    # request 2 has 2 over 21, 22 = 43; request 3 none. 93 tokens x 512 B = 47,616 B.
+    assert fl.kv_bytes == 93 * 512 == 47_616
+    # Weights per step: 100,000 params - the tied 1000 x 64 embedding = 36,000 matmul
+    # params, + the 64,000 LM head = 100,000 params x 4 B = 400,000 B; 4 decode steps.
+    assert fl.decode_steps == 4
+    assert fl.weight_bytes == 4 * 400_000 == 1_600_000
+    # Prefill: 2 x 36,000 x 35 prompt tokens = 2,520,000; LM head on each prompt's last
+    # position: 2 x 1000 x 64 x 3 = 384,000; attention: 2 x 2 layers x 4 heads x 16 x
+    # (10x11 + 20x21 + 5x6 = 560) = 143,360. Total 3,047,360 FLOPs.
+    assert fl.prefill_flops == 2_520_000 + 384_000 + 143_360 == 3_047_360
+    # At 1 MB/s and 1 MFLOP/s: 1.647616 s + 3.04736 s; 9 output tokens.
+    assert fl.memory_seconds == pytest.approx(1.647616)
+    assert fl.compute_seconds == pytest.approx(3.04736)
+    assert fl.seconds == pytest.approx(4.694976)
+    assert fl.tokens_per_s == pytest.approx(9 / 4.694976)
+
+
+def test_untied_models_read_the_lm_head_not_the_embedding() -> None:
+    untied = ModelShape(**{**vars(SMALL), "num_params": 164_000, "tied_embeddings": False})
+    assert untied.matmul_params == 36_000
+    assert untied.weight_bytes_per_step == SMALL.weight_bytes_per_step == 400_000
+
+
+def test_bench_throughput_prints_the_floor_on_cpu(tiny_llama: Path, tmp_path: Path) -> None:
+    out = run_forkless(["bench", "throughput", "--model", str(tiny_llama), "-n", "3", "--input-len", "8", "8",
+                        "--output-len", "4", "4", "--skip-hf", "--max-num-seqs", "4", "--max-model-len", "64",
+                        "--kv-cache-memory", str(16 << 20), "--json", str(tmp_path / "r.json")],
+                       plugin_env(None, tmp_path), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "CPU memory copy, measured now" in out.stdout
+    assert "measured float32 matmul on the CPU" in out.stdout
+    assert "(3 decode steps)" in out.stdout  # 3 requests fit: the 4-token output - 1
+    assert "forkless / floor: " in out.stdout
+    import json
+
+    floor = json.loads((tmp_path / "r.json").read_text())["floor"]
+    # tiny_llama: 2 layers x 2 x 2 KV heads x 16 head dim x 4 bytes (float32 on the CPU) = 512 B/token;
+    # each request reads 3 decode steps over 9, 10, 11 tokens = 30 tokens.
+    assert floor["kv_bytes"] == 3 * 30 * 512
+    assert floor["ratio"] > 0
