@@ -39,9 +39,8 @@ from typing import Awaitable, Callable
 
 import httpx
 
-# benchmarks/serve.py's: SIGTERM, then SIGKILL the group after 60 s (run as a script, this
-# folder is on sys.path).
-from serve import stop_server
+# SIGTERM, then SIGKILL the group after 60 s (shared with forkless bench serve).
+from forkless.bench.serve import stop_server
 
 NORMAL_PROMPT_TOKENS = 16
 NORMAL_MAX_TOKENS = 16

@@ -1,17 +1,21 @@
-"""``forkless bench throughput|latency``: the offline benchmarks from the command line.
+"""``forkless bench throughput|latency|serve``: the benchmarks from the command line.
 
 ``throughput`` runs the workload of ``forkless.bench.throughput`` (the same as
 ``benchmarks/throughput.py``) through forkless and through transformers ``generate`` in
 the same run and prints both rates and their ratio, and the workload's hardware floor
 (``forkless.bench.floor``) next to the measured time; ``latency`` times batch-1 decode
 against the memory-bandwidth bound. ``--shape`` writes a model folder of a known shape
-(with ``--load-format dummy`` no weights are needed).
+(with ``--load-format dummy`` no weights are needed). ``serve`` is ``vllm bench serve``
+with its flag names and result table (``forkless.bench.serve``), against ``--base-url``
+or a ``forkless serve`` it starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import math
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     lat.add_argument("--output-len", type=int, default=256)
     lat.set_defaults(func=run_latency)
 
+    _add_serve(sub)
     return parser
 
 
@@ -174,3 +179,157 @@ def _weight_bytes(model: str, dtype: str) -> int:
         dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32").removeprefix("torch.")
     return count_parameters(model) * DTYPE_BYTES.get(dtype, 4)
 
+
+# -------------------------------------------------------------------------- serve
+
+
+def _dataset(value: str) -> str:
+    from forkless.bench.serve import DATASETS
+
+    if value not in DATASETS:
+        raise argparse.ArgumentTypeError(
+            f"unknown dataset {value!r}; forkless bench serve has: {', '.join(DATASETS)}")
+    return value
+
+
+def _rate(value: str) -> float:
+    rate = float(value)
+    if not rate > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 requests/s (or inf for all at once), got {value}")
+    return rate
+
+
+def _positive(kind: type) -> Any:
+    def parse(value: str) -> Any:
+        number = kind(value)
+        if not number > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+        return number
+    return parse
+
+
+def _ratio(value: str) -> float:
+    ratio = float(value)
+    if not 0.0 <= ratio < 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {value}")
+    return ratio
+
+
+def _csv_choice(value: str) -> list[str]:
+    from forkless.bench.serve import METRICS
+
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [n for n in names if n not in METRICS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown metric(s) {', '.join(bad)}; choose from {', '.join(METRICS)}")
+    return names
+
+
+def _percentiles(value: str) -> list[float]:
+    values = [float(v) for v in value.split(",") if v.strip()]
+    if not values or any(not 0 <= v <= 100 for v in values):
+        raise argparse.ArgumentTypeError(f"percentiles must be in [0, 100], got {value}")
+    return values
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    sv = sub.add_parser(
+        "serve", help="online serving, vllm bench serve's flags and table",
+        description="Streaming /v1/completions at a request rate against --base-url, or against a forkless "
+                    "serve started here (MODEL and --server-args ...), reported as vllm bench serve does.")
+    sv.add_argument("model_pos", nargs="?", default=None, metavar="MODEL",
+                    help="model to serve when no --base-url is given (default: the embedded default model)")
+    sv.add_argument("--model", default=None,
+                    help="model name in the requests (with --base-url; default: the first of /v1/models); "
+                         "without --base-url, the model to serve")
+    sv.add_argument("--base-url", default=None, help="a running server, e.g. http://127.0.0.1:8000")
+    sv.add_argument("--tokenizer", default=None,
+                    help="a local model folder whose config.json gives the vocabulary the random ids are drawn from")
+    sv.add_argument("--dataset-name", type=_dataset, default="random", help="random (the only one here)")
+    sv.add_argument("--random-input-len", type=_positive(int), default=1024)
+    sv.add_argument("--random-output-len", type=_positive(int), default=128)
+    sv.add_argument("--random-range-ratio", type=_ratio, default=0.0,
+                    help="lengths uniform in [len*(1-r), len*(1+r)], 0 <= r < 1")
+    sv.add_argument("--num-prompts", type=_positive(int), default=1000)
+    sv.add_argument("--request-rate", type=_rate, default=math.inf,
+                    help="requests/s, Poisson arrivals (gamma with --burstiness); inf: all at once")
+    sv.add_argument("--burstiness", type=_positive(float), default=1.0,
+                    help="gamma shape of the arrival gaps; 1 = Poisson, < 1 burstier, > 1 more uniform")
+    sv.add_argument("--max-concurrency", type=_positive(int), default=None, help="most requests in flight")
+    sv.add_argument("--percentile-metrics", type=_csv_choice, default=["ttft", "tpot", "itl"],
+                    help="comma-separated, of ttft,tpot,itl,e2el (default ttft,tpot,itl)")
+    sv.add_argument("--metric-percentiles", type=_percentiles, default=[99.0], help="comma-separated (default 99)")
+    sv.add_argument("--ignore-eos", action="store_true",
+                    help="accepted for vLLM's sake: the random dataset always ignores EOS, as vLLM's does")
+    sv.add_argument("--temperature", type=float, default=None, help="sent when given (default: the server's)")
+    sv.add_argument("--num-warmups", type=int, default=0, help="requests sent (and not counted) before the run")
+    sv.add_argument("--seed", type=int, default=0, help="seeds the lengths, the ids and the arrival times")
+    sv.add_argument("--save-result", action="store_true", help="write the result JSON")
+    sv.add_argument("--result-dir", default=None)
+    sv.add_argument("--result-filename", default=None,
+                    help="default: openai-{rate}qps[-concurrency{N}]-{model}-{date}.json")
+    sv.add_argument("--label", default=None, help="the result file name's prefix (default: openai)")
+    sv.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for the server's /health")
+    sv.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
+                    help="everything after this goes to forkless serve")
+    sv.set_defaults(func=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from datetime import datetime
+
+    import httpx
+
+    from forkless.bench import serve as bs
+
+    model_arg = args.model or args.model_pos
+    proc = None
+    startup = None
+    if args.base_url is None:
+        log = tempfile.NamedTemporaryFile("wb", prefix="forkless-serve-", suffix=".log", delete=False)
+        port = bs.free_port()
+        serve_args = [*([model_arg] if model_arg else []), "--uvicorn-log-level", "warning", *args.server_args]
+        proc, startup = bs.start_server(serve_args, port, log, timeout=args.startup_timeout)
+        base_url = f"http://127.0.0.1:{port}"
+        print(f"start -> /health OK: {startup:.2f} s; server log {log.name}", flush=True)
+    else:
+        base_url = args.base_url.rstrip("/").removesuffix("/v1")
+    try:
+        try:
+            model_id = (args.model if proc is None else None) or bs.served_model(base_url)
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            raise SystemExit(f"forkless bench serve: no model list at {base_url}/v1/models: {exc}") from None
+        vocab_from = args.tokenizer or (model_arg if args.base_url is None else args.model)
+        requests = bs.random_requests(args.num_prompts, args.random_input_len, args.random_output_len,
+                                      args.random_range_ratio, bs.vocab_size_of(vocab_from), args.seed)
+        extra = {} if args.temperature is None else {"temperature": args.temperature}
+        print(f"Traffic request rate: {args.request_rate}\nBurstiness factor: {args.burstiness} "
+              f"({'Poisson process' if args.burstiness == 1.0 else 'Gamma distribution'})\n"
+              f"Maximum request concurrency: {args.max_concurrency}", flush=True)
+        run = asyncio.run(bs.run_requests(base_url, model_id, requests, args.request_rate, args.burstiness,
+                                          args.max_concurrency, ignore_eos=True, seed=args.seed, extra_body=extra,
+                                          num_warmups=args.num_warmups))
+    finally:
+        if proc is not None:
+            bs.stop_server(proc)
+    metrics = bs.calculate_metrics(run, args.percentile_metrics, args.metric_percentiles)
+    for err in metrics["errors"][:10]:
+        print(f"failed request: {err}")
+    print(bs.format_result(metrics, args.percentile_metrics, args.metric_percentiles, args.max_concurrency,
+                           args.request_rate))
+    date = datetime.now().strftime("%Y%m%d-%H%M%S")
+    result = {"date": date, "endpoint_type": "openai", "backend": "openai", "label": args.label,
+              "model_id": model_id, "tokenizer_id": args.tokenizer or model_id, "num_prompts": args.num_prompts,
+              "request_rate": args.request_rate if not math.isinf(args.request_rate) else "inf",
+              "burstiness": args.burstiness, "max_concurrency": args.max_concurrency}
+    result |= {k: v for k, v in metrics.items() if k != "errors"}
+    if startup is not None:
+        result["server_startup_s"] = startup
+    if args.save_result:
+        name = args.result_filename or bs.result_filename(model_id, args.request_rate, args.max_concurrency, date,
+                                                          args.label)
+        path = Path(args.result_dir or ".") / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result))
+        print(f"result written to {path}")
+    return 0 if metrics["failed"] == 0 else 1
