@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import openai
 import pytest
 
 from tests.conftest import plugin_env
-from tests.server.conftest import children_of, cmdline, start_server, stop_and_check
+from tests.server.conftest import (alive, children_of, cmdline, descendants, start_server, stop_and_check,
+                                   wait_until)
 
 EXECUTOR = '''
 from forkless.executor.uniproc import UniProcExecutor
@@ -98,3 +102,28 @@ def test_mp_executor_with_async_scheduling_serves_the_offline_engines_completion
         llm.llm_engine.shutdown()
     assert served == [[text, text] for text in offline]
     assert [c.text for c in sorted(batch.choices, key=lambda c: c.index)] == offline
+
+
+def test_worker_killed_during_async_steps_fails_the_request_and_stops_the_server(tiny_llama: Path,
+                                                                                 tmp_path: Path) -> None:
+    # With a step always in flight in the worker, its death is still noticed while the
+    # engine core collects: the request fails (not hangs) and the server exits cleanly.
+    srv = start_server(tiny_llama, tmp_path, "--max-model-len", "512", "--async-scheduling")
+    processes = descendants(srv.proc.pid)
+    try:
+        _, worker = srv.engine_pids()
+        client = srv.client(timeout=60)  # a hang fails the test instead of blocking it
+        stream = client.completions.create(model=str(tiny_llama), prompt="Keep going", max_tokens=480,
+                                           temperature=0, stream=True, extra_body={"ignore_eos": True})
+        next(iter(stream))  # the request is running: steps are in flight
+        os.kill(worker, signal.SIGKILL)
+        with pytest.raises(openai.APIError) as caught:
+            for _ in stream:
+                pass
+        assert "died" in str(caught.value) or "dead" in str(caught.value), caught.value
+        assert srv.proc.wait(60) != 0  # the server notices and shuts itself down
+        assert wait_until(lambda: not any(alive(p) for p in processes), 15), [p for p in processes if alive(p)]
+        assert "worker 0" in srv.log() and "died while the engine was running" in srv.log()
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
