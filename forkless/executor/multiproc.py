@@ -338,6 +338,8 @@ class MultiprocExecutor(Executor):
             raise RuntimeError(f"collect({pending!r}): not a step handle of this executor")
         seq = pending.seq
         if not self._in_flight or self._in_flight[0] != seq:
+            if seq >= self._next_seq:
+                raise RuntimeError(f"collect(step {seq}): no such step was sent")
             if not self._in_flight or seq < self._in_flight[0]:
                 raise RuntimeError(f"collect(step {seq}): that step was already collected")
             raise RuntimeError(f"collect(step {seq}) out of order: step {self._in_flight[0]} was sent "

@@ -191,6 +191,8 @@ def test_handles_are_collected_in_order_once(mp_async: LLMEngine) -> None:
     assert executor.collect(second) == ModelRunnerOutput()  # the newest: flushed
     with pytest.raises(RuntimeError, match="not a step handle of this executor"):
         executor.collect(StepHandle(second.seq + 1, owner=0))
+    with pytest.raises(RuntimeError, match="no such step was sent"):
+        executor.collect(StepHandle(second.seq + 1, owner=second.owner))
     assert executor.execute_model(empty) == ModelRunnerOutput()  # synchronous steps still work
     assert executor.collect(executor.execute_model_async(empty)) == ModelRunnerOutput()
 
