@@ -20,10 +20,13 @@ write_model_folder(Path('/tmp/qwen3-0.6b'), 'qwen3-0.6b')"
 # 100-1,024 = 562 x (1 -/+ 0.822), vLLM's --random-range-ratio.
 for MODE in ${MODES:-async sync}; do
   A=""; [ "$MODE" = async ] && A=--async-scheduling
-  # A profile of the API server process while the requests stream.
-  (sleep "${SPY_AT:-30}"; P=$(pgrep -f "cli.main serve /tmp/qwen3-0.6b" | head -1)
-   [ -n "$P" ] && /tmp/site/bin/py-spy record -p "$P" -d 10 -r 100 -f raw -o "$OUT/api_$MODE.txt" --nonblocking \
-     > /dev/null 2>&1) &
+  # Profiles of the API server, engine core and worker processes while the requests stream.
+  (sleep "${SPY_AT:-30}"; P=$(pgrep -f "cli.main serve /tmp/qwen3-0.6b" | head -1); [ -z "$P" ] && exit
+   C=$(pgrep -P "$P" -f spawn_main | tail -1); W=$([ -n "$C" ] && pgrep -P "$C" -f spawn_main | tail -1)
+   for X in "api:$P" "core:$C" "worker:$W"; do
+     [ -n "${X#*:}" ] && /tmp/site/bin/py-spy record -p "${X#*:}" -d 10 -r 100 -f raw \
+       -o "$OUT/${X%%:*}_$MODE.txt" --nonblocking > /dev/null 2>&1 &
+   done; wait) &
   timeout 300 $F bench serve --model /tmp/qwen3-0.6b --dataset-name random --random-input-len 562 \
     --random-output-len 562 --random-range-ratio 0.822 --num-prompts $N --request-rate inf \
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result --result-dir "$OUT" \
