@@ -77,6 +77,9 @@ class Request:
         num_cached_tokens: Prompt tokens found in the prefix cache when the request was
             first admitted; -1 until then.
         block_ids: The request's block table (KV-cache block ids, in token order).
+        num_block_ids_sent: Leading ``block_ids`` the model runner already holds (sent in
+            earlier steps since the request was last admitted); the next step sends only
+            the rest. 0 while the request holds no blocks.
         block_hashes: Prefix-cache hashes of the request's full blocks, filled lazily by
             the KV-cache manager; valid across preemption since full blocks never change.
         finish_reason: Set once the request is finished.
@@ -113,6 +116,7 @@ class Request:
         self.num_output_placeholders = 0
         self.num_cached_tokens = -1
         self.block_ids: list[int] = []
+        self.num_block_ids_sent = 0
         self.block_hashes: list[Hashable] = []
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | None = None

@@ -6,6 +6,10 @@ Invariants:
       (``msgspec.msgpack.decode(data, type=SchedulerOutput)``): no dict -> object step.
     * This module imports nothing of forkless but ``forkless.sampling_params``: executors,
       workers, the scheduler and stat loggers all import it, so it sits below all of them.
+    * A step's size follows what changed, not what exists: a running request's
+      ``ScheduledRequest`` carries only the block ids appended since it was last
+      scheduled (``new_block_ids``, as vLLM's ``CachedRequestData``); its whole block table
+      crosses once, when it is (re)admitted. The runner keeps each request's table.
 """
 
 from __future__ import annotations
@@ -44,10 +48,19 @@ class ScheduledRequest:
             ``PLACEHOLDER_TOKEN_ID`` for one sampled by the step still in flight.
         start_position: Position of ``token_ids[0]`` (the request's computed tokens
             before this step, prefix-cache hits included).
-        block_ids: The request's whole block table (enough blocks for
-            ``start_position + len(token_ids)`` tokens).
+        new_block_ids: Block ids, in token order, that the runner does not hold yet for
+            this request. With ``is_new``: its whole block table (a readmitted request
+            recomputes into a fresh table; vLLM's ``NewRequestData.block_ids``). Otherwise:
+            the ids appended to its table since the step that last scheduled it, usually
+            none (vLLM's ``CachedRequestData.new_block_ids``). The runner appends them to
+            the table it keeps per request, which then holds enough blocks for
+            ``start_position + len(token_ids)`` tokens. Deltas suffice because a running
+            request's table only grows: the KV-cache manager appends to it (prefix-cache
+            hits only at admission) and frees it only whole, at finish or preemption, which
+            the runner learns from ``finished_request_ids`` / ``preempted_request_ids``.
         is_new: First step since (re)admission. The runner (re)registers the request from
-            this entry, replacing any state it still holds under this id.
+            this entry, replacing any state (block table included) it still holds under
+            this id.
         sample: This step reaches the end of the known tokens: the runner must sample
             one token for the request and return it in ``ModelRunnerOutput``.
         sampling_params: The request's sampling parameters; only when ``is_new``.
@@ -59,7 +72,7 @@ class ScheduledRequest:
     request_id: str
     token_ids: list[int]
     start_position: int
-    block_ids: list[int]
+    new_block_ids: list[int]
     is_new: bool
     sample: bool
     sampling_params: SamplingParams | None = None

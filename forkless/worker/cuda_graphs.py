@@ -35,6 +35,24 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
+def gather_block_rows(block_table: np.ndarray, table_rows: np.ndarray, out: np.ndarray) -> None:
+    """Copy rows of the runner's block table into ``out`` (one C-level gather).
+
+    Args:
+        block_table: ``[R, W]`` int32, padded with 0.
+        table_rows: ``[B]`` the rows to copy, in batch order.
+        out: ``[B, W']`` int32. Columns past ``W`` (a table narrower than ``out``) are
+            left as they are; columns past ``W'`` (one wider) are not copied: a decode
+            within ``max_model_len`` reads only the first ``W'``.
+    """
+    if block_table.shape[1] == out.shape[1]:
+        # mode="clip": the rows are valid, and "raise" would buffer the copy once more.
+        np.take(block_table, table_rows, axis=0, out=out, mode="clip")
+    else:
+        width = min(block_table.shape[1], out.shape[1])
+        out[:, :width] = block_table[table_rows, :width]
+
+
 class DecodeGraphs:
     """Captures and replays the model's forward pass for pure-decode batches.
 
@@ -67,14 +85,9 @@ class DecodeGraphs:
         self.seq_lens = buf((n,), torch.int32)
         self.query_start_loc = buf((n + 1,), torch.int32)
         self.block_tables = (torch.zeros((n, max_blocks), dtype=torch.int32, device=device), None)
-        # Pinned host copy of the block tables, kept across steps: row i holds the table
-        # of admission _row_key[i] up to _row_filled[i] blocks. A request's table only
-        # grows while it runs (a re-admission gets a new key), so a step rewrites just
-        # the rows whose request changed and the blocks appended since (one block per
-        # block_size tokens), not every row's whole table.
+        # Pinned staging of the batch's block tables: each step gathers its rows from the
+        # runner's persistent table (one C-level copy, no per-block Python work).
         self.block_staging = torch.zeros((n, max_blocks), dtype=torch.int32).pin_memory()
-        self._row_key = [-1] * n
-        self._row_filled = [0] * n
         self._copied: torch.cuda.Event | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -122,7 +135,7 @@ class DecodeGraphs:
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
     def run(self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray,
-            seq_lens: np.ndarray, block_rows: list[list[int]], row_keys: list[int],
+            seq_lens: np.ndarray, block_table: np.ndarray, table_rows: np.ndarray,
             ids_fix: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Replay the graph for this decode batch.
 
@@ -131,9 +144,9 @@ class DecodeGraphs:
             positions: ``[B]`` its position.
             slots: ``[B]`` its KV-cache slot.
             seq_lens: ``[B]`` lengths after this step.
-            block_rows: Each sequence's block ids.
-            row_keys: Each sequence's admission key: unique per (re)admission of a
-                request, so that an unchanged key means its table only grew.
+            block_table: The runner's int32 block tables, one row per request it holds,
+                padded with 0 (``ModelRunner.block_table``).
+            table_rows: ``[B]`` each sequence's row of ``block_table``.
             ids_fix: ``(rows, token ids)`` on the device, written over ``input_ids`` after
                 its copy (tokens that the previous step sampled and the host has not read).
 
@@ -141,7 +154,7 @@ class DecodeGraphs:
             ``[B, hidden]`` final hidden states (a view of the graph's output: use it
             before the next replay).
         """
-        b = len(block_rows)
+        b = len(table_rows)
         bs = next(s for s in self.sizes if s >= b)
         if self._copied is not None:
             # The previous step's copies read these pinned buffers; with async scheduling
@@ -162,19 +175,9 @@ class DecodeGraphs:
         qsl = self.query_start_loc[1].numpy()
         qsl[: b + 1] = np.arange(b + 1)
         qsl[b + 1 : bs + 1] = b  # padding sequences own no token
-        tables = self.block_staging.numpy()
-        keys, filled = self._row_key, self._row_filled
-        for i, (row, key) in enumerate(zip(block_rows, row_keys)):
-            done = filled[i]
-            if keys[i] != key or done > len(row):
-                keys[i] = key
-                done = 0
-            if done != len(row):
-                tables[i, done : len(row)] = row[done:]
-                filled[i] = len(row)
-        # Columns past a row's own blocks may hold another request's stale (valid) block
-        # ids: kernels read a row's table only up to its seq_len. Whole rows are copied so
-        # that source and destination stay contiguous (one DMA of b * max_blocks ints).
+        gather_block_rows(block_table, table_rows, self.block_staging.numpy()[:b])
+        # Whole rows are copied so that source and destination stay contiguous (one DMA
+        # of b * max_blocks ints).
         for dev, host in (self.input_ids, self.positions, self.slot_mapping, self.seq_lens):
             dev[:bs].copy_(host[:bs], non_blocking=True)
         self.query_start_loc[0][: bs + 1].copy_(self.query_start_loc[1][: bs + 1], non_blocking=True)

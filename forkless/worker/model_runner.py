@@ -4,6 +4,12 @@ It keeps a persistent ``InputBatch`` (one row per scheduled request, so logits p
 and seeded generators keep their state across steps) and the per-request state needed to
 put a request back in the batch after a step in which it was not scheduled.
 
+Block tables are kept here, not resent: each request the runner holds owns a row of the
+persistent ``block_table`` array, filled from ``ScheduledRequest.new_block_ids`` (the
+whole table at (re)admission, then the ids appended since) and freed when the request
+finishes or is preempted. A step's ``block_tables`` is a gather of its requests' rows, so
+its host work follows the blocks that changed, not every block of every request.
+
 Prompt logprobs are computed from the hidden states of each prefill chunk as it runs,
 kept per request until the prompt is done, and returned all at once with the request's
 first sampled token. A request readmitted with outputs already returned them.
@@ -11,7 +17,6 @@ first sampled token. A request readmitted with outputs already returned them.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -73,8 +78,9 @@ class _RequestState:
     prompt_token_ids: list[int]
     # The very list the input batch appends sampled tokens to.
     output_token_ids: list[int]
-    # Unique per (re)admission: the CUDA-graph block-table cache keys its rows by it.
-    admission: int = 0
+    # Its row of ModelRunner.block_table, and how many block ids that row holds.
+    table_row: int = -1
+    num_blocks: int = 0
     # While prompt logprobs are owed: one entry per prompt position 1.. (filled as the
     # prefill chunks run); None when not asked for or already returned.
     prompt_logprobs: list[Any] | None = None
@@ -126,7 +132,14 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self.requests: dict[str, _RequestState] = {}
-        self._admissions = itertools.count(1)
+        # Row r holds the block table of the request whose table_row is r, in its first
+        # num_blocks columns; the rest of the row is 0 (a kernel reading padding stays in
+        # bounds). The runner holds at most max_num_seqs requests (the scheduler's running
+        # set); rows and columns still grow on demand rather than fail.
+        sched = config.scheduler_config
+        self.block_table = np.zeros((sched.max_num_seqs, -(-sched.max_model_len // self.block_size)),
+                                    dtype=np.int32)
+        self._free_table_rows = list(range(sched.max_num_seqs - 1, -1, -1))
         self.use_cuda_graphs = (
             device.type == "cuda"
             and not config.device_config.enforce_eager
@@ -386,7 +399,9 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
         for rid in (*so.finished_request_ids, *so.preempted_request_ids):
-            self.requests.pop(rid, None)
+            state = self.requests.pop(rid, None)
+            if state is not None:
+                self._free_table_row(state)
             batch.remove_request(rid)
         scheduled = {s.request_id for s in so.scheduled_requests}
         # Rows must be exactly this step's requests; unscheduled ones keep their state.
@@ -402,21 +417,71 @@ class ModelRunner:
                 prompt = list(s.prompt_token_ids or ())
                 # Readmitted with outputs: the prompt logprobs went out with the first one.
                 owes_prompt_logprobs = params.prompt_logprobs is not None and not s.output_token_ids
-                self.requests[rid] = _RequestState(
+                old = self.requests.get(rid)
+                state = self.requests[rid] = _RequestState(
                     params,
                     prompt,
                     list(s.output_token_ids or ()),
-                    next(self._admissions),
-                    [None] * (len(prompt) - 1) if owes_prompt_logprobs else None,
+                    prompt_logprobs=[None] * (len(prompt) - 1) if owes_prompt_logprobs else None,
                 )
-            if rid not in batch.req_id_to_index:
+                # Its table starts over from the whole one this entry carries.
+                if old is not None:
+                    self._free_table_row(old)
+                self._take_table_row(state)
+            else:
                 state = self.requests.get(rid)
                 if state is None:
                     raise RuntimeError(
                         f"request {rid!r} was scheduled as a running request but the model runner "
                         "never received it with is_new=True"
                     )
+            if s.new_block_ids:
+                self._append_blocks(state, s.new_block_ids)
+            if state.num_blocks * self.block_size < s.start_position + len(s.token_ids):
+                raise RuntimeError(
+                    f"request {rid!r}: its block table holds {state.num_blocks} blocks, too few for "
+                    f"{s.start_position + len(s.token_ids)} tokens (block ids lost between steps?)"
+                )
+            if rid not in batch.req_id_to_index:
                 batch.add_request(rid, state.params, state.prompt_token_ids, state.output_token_ids)
+
+    def _take_table_row(self, state: _RequestState) -> None:
+        """Give a newly registered request an empty row of ``block_table``."""
+        if not self._free_table_rows:
+            # More requests than max_num_seqs held at once: the scheduler never runs that
+            # many, but a wider batch is better served than refused.
+            old = self.block_table
+            self.block_table = np.zeros((2 * len(old), old.shape[1]), dtype=np.int32)
+            self.block_table[: len(old)] = old
+            self._free_table_rows = list(range(len(self.block_table) - 1, len(old) - 1, -1))
+        state.table_row = self._free_table_rows.pop()
+        state.num_blocks = 0
+
+    def _free_table_row(self, state: _RequestState) -> None:
+        """Return a dropped request's row, zeroed so the next owner's padding reads 0."""
+        if state.table_row < 0:
+            return
+        self.block_table[state.table_row, : state.num_blocks] = 0
+        self._free_table_rows.append(state.table_row)
+        state.table_row = -1
+        state.num_blocks = 0
+
+    def _append_blocks(self, state: _RequestState, block_ids: list[int]) -> None:
+        """Append block ids to a request's row of ``block_table``."""
+        start = state.num_blocks
+        end = start + len(block_ids)
+        if end > self.block_table.shape[1]:
+            # Wider than max_model_len allows: grow rather than corrupt a neighbour row.
+            old = self.block_table
+            self.block_table = np.zeros((len(old), max(end, 2 * old.shape[1])), dtype=np.int32)
+            self.block_table[:, : old.shape[1]] = old
+        self.block_table[state.table_row, start:end] = block_ids
+        state.num_blocks = end
+
+    def _table_rows(self, rows: list[ScheduledRequest]) -> np.ndarray:
+        """Each row's index into ``block_table``."""
+        requests = self.requests
+        return np.fromiter((requests[s.request_id].table_row for s in rows), dtype=np.intp, count=len(rows))
 
     def _graph_fits(self, rows: list[ScheduledRequest]) -> bool:
         """A captured graph can run this step: every row decodes one sampled token."""
@@ -426,25 +491,38 @@ class ModelRunner:
             and all(len(s.token_ids) == 1 and s.sample for s in rows)
         )
 
-    def _run_decode_graph(self, rows: list[ScheduledRequest]) -> torch.Tensor:
-        assert self.graphs is not None
+    def _decode_inputs(
+        self, rows: list[ScheduledRequest]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Host inputs of a pure-decode batch (one token per row), for the decode graphs.
+
+        Returns:
+            ``(input_ids, positions, slots, seq_lens, table_rows)``: per row its token,
+            position, KV-cache slot, length after this step and row of ``block_table``.
+        """
         bs = self.block_size
         n = len(rows)
         requests = self.requests
         # One pass over the rows (this runs for every request of every decode step).
         flat = np.array(
-            [(s.token_ids[0], s.start_position, s.block_ids[s.start_position // bs]) for s in rows],
+            [(s.token_ids[0], s.start_position, requests[s.request_id].table_row) for s in rows],
             dtype=np.int64,
         ).reshape(n, 3)
-        positions = flat[:, 1]
-        input_ids = flat[:, 0].copy()
+        positions = flat[:, 1].copy()
+        table_rows = flat[:, 2].astype(np.intp)
+        blocks = self.block_table[table_rows, positions // bs].astype(np.int64)
+        return flat[:, 0].copy(), positions, blocks * bs + positions % bs, (positions + 1).astype(np.int32), table_rows
+
+    def _run_decode_graph(self, rows: list[ScheduledRequest]) -> torch.Tensor:
+        assert self.graphs is not None
+        input_ids, positions, slots, seq_lens, table_rows = self._decode_inputs(rows)
         return self.graphs.run(
             input_ids,
-            positions.copy(),
-            flat[:, 2] * bs + positions % bs,
-            (positions + 1).astype(np.int32),
-            [s.block_ids for s in rows],
-            [requests[s.request_id].admission for s in rows],
+            positions,
+            slots,
+            seq_lens,
+            self.block_table,
+            table_rows,
             self._placeholder_fix(input_ids, None, rows),
         )
 
@@ -459,21 +537,23 @@ class ModelRunner:
         self, rows: list[ScheduledRequest]
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor]:
         bs = self.block_size
-        num_tokens = [len(s.token_ids) for s in rows]
-        starts = np.zeros(len(rows) + 1, dtype=np.int32)
+        n = len(rows)
+        requests = self.requests
+        num_tokens = np.fromiter((len(s.token_ids) for s in rows), dtype=np.int64, count=n)
+        first_positions = np.fromiter((s.start_position for s in rows), dtype=np.int64, count=n)
+        table_rows = self._table_rows(rows)
+        starts = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(num_tokens, out=starts[1:])
-        positions = np.empty(starts[-1], dtype=np.int64)
-        slots = np.empty(starts[-1], dtype=np.int64)
-        max_blocks = max(len(s.block_ids) for s in rows)
-        # Padding entries point at block 0 so that a kernel reading them stays in bounds.
-        block_tables = np.zeros((len(rows), max_blocks), dtype=np.int32)
-        for i, s in enumerate(rows):
-            pos = np.arange(s.start_position, s.start_position + num_tokens[i])
-            table = np.asarray(s.block_ids, dtype=np.int64)
-            positions[starts[i] : starts[i + 1]] = pos
-            slots[starts[i] : starts[i + 1]] = table[pos // bs] * bs + pos % bs
-            block_tables[i, : len(table)] = table
-        seq_lens = np.array([s.start_position + n for s, n in zip(rows, num_tokens)], dtype=np.int32)
+        total = int(starts[-1])
+        row_of_token = np.repeat(np.arange(n), num_tokens)
+        # Each token's position: its row's first position plus its offset in the row.
+        positions = np.repeat(first_positions - starts[:-1], num_tokens) + np.arange(total)
+        max_blocks = max(requests[s.request_id].num_blocks for s in rows)
+        # A gather of the rows kept across steps; columns past a row's own blocks are 0,
+        # so a kernel reading padding stays in bounds.
+        block_tables = self.block_table[table_rows, :max_blocks]
+        slots = block_tables[row_of_token, positions // bs].astype(np.int64) * bs + positions % bs
+        seq_lens = (first_positions + num_tokens).astype(np.int32)
         input_ids = np.fromiter((t for s in rows for t in s.token_ids), dtype=np.int64, count=int(starts[-1]))
         starts_t = torch.from_numpy(starts)
         seq_lens_t = torch.from_numpy(seq_lens)
@@ -482,7 +562,7 @@ class ModelRunner:
             query_start_loc=self._to_device(starts),
             seq_lens=self._to_device(seq_lens),
             block_tables=self._to_device(block_tables),
-            max_query_len=max(num_tokens),
+            max_query_len=int(num_tokens.max()),
             max_seq_len=int(seq_lens.max()),
             block_size=bs,
             query_start_loc_cpu=starts_t,
@@ -490,7 +570,7 @@ class ModelRunner:
         )
         last_idx = self._to_device(starts[1:].astype(np.int64) - 1)
         input_ids_dev = self._to_device(input_ids)
-        fix = self._placeholder_fix(input_ids, np.repeat(np.arange(len(rows)), num_tokens), rows)
+        fix = self._placeholder_fix(input_ids, row_of_token, rows)
         if fix is not None:
             input_ids_dev.index_copy_(0, *fix)
         return input_ids_dev, self._to_device(positions), md, last_idx

@@ -5,6 +5,12 @@ runner must (registering on ``is_new``, dropping on finished/preempted), writes 
 computed token into a simulated paged KV cache through the block table, and checks that
 every position a step attends to holds the right token. A scheduler or block-manager bug
 (stale prefix hit, block reused while still in use, wrong positions) fails loudly here.
+
+Like the real runner it keeps each request's block table from the deltas the scheduler
+sends (``ScheduledRequest.new_block_ids``: the whole table when ``is_new``, then the ids
+appended since), in a :class:`BlockTableMirror`; ``step`` asserts after every step that
+the mirror equals every running request's ``block_ids``, so every test driven through
+``step`` / ``run_all`` also checks the deltas.
 """
 
 from __future__ import annotations
@@ -40,6 +46,33 @@ def default_token(request_id: str, index: int) -> int:
 TokenFn = Callable[[str, int], int]
 
 
+class BlockTableMirror:
+    """The runner's view of the block tables, rebuilt from the scheduler's deltas."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, list[int]] = {}
+
+    def apply(self, out: SchedulerOutput) -> None:
+        """Take one step's plan: drop finished/preempted tables, then apply the deltas."""
+        for rid in out.finished_request_ids + out.preempted_request_ids:
+            self.tables.pop(rid, None)
+        for item in out.scheduled_requests:
+            if item.is_new:
+                # A (re)admission carries the whole table and replaces any old one.
+                self.tables[item.request_id] = list(item.new_block_ids)
+            else:
+                assert item.request_id in self.tables, f"{item.request_id} scheduled but never registered"
+                self.tables[item.request_id].extend(item.new_block_ids)
+
+    def check(self, scheduler: Scheduler) -> None:
+        """Every running request's table here equals the scheduler's ``block_ids``."""
+        for request in scheduler.running:
+            assert self.tables.get(request.request_id) == request.block_ids, (
+                f"{request.request_id}: runner table {self.tables.get(request.request_id)} "
+                f"!= scheduler block_ids {request.block_ids}"
+            )
+
+
 class FakeRunner:
     """A model runner that samples deterministic tokens and checks the KV protocol.
 
@@ -58,11 +91,13 @@ class FakeRunner:
         self.num_prompt: dict[str, int] = {}
         self.computed: dict[str, int] = {}
         self.registrations: list[str] = []
+        self.block_tables = BlockTableMirror()
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         for rid in out.finished_request_ids + out.preempted_request_ids:
             self.tokens.pop(rid, None)
             self.computed.pop(rid, None)
+        self.block_tables.apply(out)
         sampled: dict[str, list[int]] = {}
         bs = self.block_size
         for item in out.scheduled_requests:
@@ -78,16 +113,17 @@ class FakeRunner:
                 assert item.prompt_token_ids is None and item.sampling_params is None
                 assert item.start_position == self.computed[rid], "positions skipped or repeated"
             tokens = self.tokens[rid]
+            table = self.block_tables.tables[rid]
             start, end = item.start_position, item.start_position + item.num_tokens
             assert item.num_tokens > 0
             assert item.token_ids == tokens[start:end]
-            assert len(item.block_ids) * bs >= end, "block table too short"
-            assert len(item.block_ids) == -(-end // bs), "block table longer than needed"
+            assert len(table) * bs >= end, "block table too short"
+            assert len(table) == -(-end // bs), "block table longer than needed"
             for pos in range(start, end):
-                self.slots[item.block_ids[pos // bs] * bs + pos % bs] = (tokens[pos], pos)
+                self.slots[table[pos // bs] * bs + pos % bs] = (tokens[pos], pos)
             # Attention reads every earlier position through the block table.
             for pos in range(end):
-                got = self.slots[item.block_ids[pos // bs] * bs + pos % bs]
+                got = self.slots[table[pos // bs] * bs + pos % bs]
                 assert got == (tokens[pos], pos), f"{rid}: KV at position {pos} is {got}"
             self.computed[rid] = end
             assert item.sample == (end == len(tokens))
@@ -143,6 +179,7 @@ def step(scheduler: Scheduler, runner: FakeRunner, results: dict[str, Result]) -
     out = scheduler.schedule()
     check_step(scheduler, out)
     runner_out = runner.execute(out)
+    runner.block_tables.check(scheduler)
     for eco in scheduler.update_from_output(out, runner_out):
         result = results.setdefault(eco.request_id, Result())
         result.token_ids.extend(eco.new_token_ids)
@@ -151,6 +188,7 @@ def step(scheduler: Scheduler, runner: FakeRunner, results: dict[str, Result]) -
             result.finish_reason = eco.finish_reason
             result.stop_reason = eco.stop_reason
     scheduler.kv_cache_manager.check_invariants()
+    runner.block_tables.check(scheduler)
     for rid, request in scheduler.requests.items():
         if rid in runner.tokens:
             assert runner.tokens[rid] == request.all_token_ids

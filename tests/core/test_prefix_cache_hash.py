@@ -47,11 +47,11 @@ def test_different_cache_salts_never_share_blocks(algo: str) -> None:
     # Same prompt, other tenant, while a still holds its (now cached) blocks.
     s.add_request(salted("b", prompt, "tenant-b"))
     (item,) = [i for i in step(s, runner, results).scheduled_requests if i.request_id == "b"]
-    assert item.start_position == 0 and not blocks_a & set(item.block_ids)
+    assert item.start_position == 0 and not blocks_a & set(item.new_block_ids)
     # Same tenant again: it does share a's blocks.
     s.add_request(salted("c", prompt, "tenant-a"))
     (item,) = [i for i in step(s, runner, results).scheduled_requests if i.request_id == "c"]
-    assert item.start_position == 20 and set(item.block_ids[:5]) <= blocks_a
+    assert item.start_position == 20 and set(item.new_block_ids[:5]) <= blocks_a
     run_all(s, runner, results)
     assert (results["a"].num_cached_tokens, results["b"].num_cached_tokens, results["c"].num_cached_tokens) == (0, 0, 20)
     # And a request without a salt shares with neither.

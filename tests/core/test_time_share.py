@@ -30,6 +30,7 @@ class CostedRunner:
     def __init__(self, scheduler: Scheduler, runner: FakeRunner, clock: Clock) -> None:
         self.scheduler, self.runner, self.clock = scheduler, runner, clock
         self.tokens = runner.tokens
+        self.block_tables = runner.block_tables
 
     def execute(self, out):  # noqa: ANN001, ANN201 - FakeRunner's signature
         cost = PLAIN_S

@@ -24,6 +24,12 @@ sized to it (``time_share.py``); a long prompt alone is not limited. A prompt of
 ``long_prefill_token_threshold`` tokens is then long until its prefill ends: its last
 tokens attend over all the others, so they are its dearest, not short work.
 
+A step sends the runner each running request's block ids appended since it was last
+scheduled, not its whole table (``ScheduledRequest.new_block_ids``): ``num_block_ids_sent``
+counts what the runner holds. That is sound because a running request's ``block_ids`` only
+grows (the KV-cache manager appends; cache hits come only at admission) until it is freed
+whole; a (re)admitted request sends its whole table and starts counting again.
+
 When a running request needs a block and none is free, the lowest-ranked running request
 is preempted by recomputation: its blocks are freed (full ones stay in the prefix cache)
 and it goes back to the waiting queue, to recompute prompt + output on readmission.
@@ -395,6 +401,8 @@ class Scheduler(SchedulerInterface):
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        # Its table is freed; the runner drops its copy and gets a fresh one on readmission.
+        request.num_block_ids_sent = 0
         # A token still in flight is dropped: recomputation samples it again.
         request.num_output_placeholders = 0
         request.num_preemptions += 1
@@ -420,11 +428,22 @@ class Scheduler(SchedulerInterface):
         sample = end == request.num_tokens + request.num_output_placeholders
         if sample:
             request.num_output_placeholders += 1
+        # Only the blocks the runner lacks: the whole table when (re)admitted, else those
+        # appended since the last step that scheduled it (one per block_size tokens).
+        block_ids = request.block_ids
+        sent = 0 if is_new else request.num_block_ids_sent
+        if sent > len(block_ids):
+            # Deltas assume the table only grew while the request ran (see the module doc).
+            raise RuntimeError(
+                f"request {request.request_id!r}: its block table shrank from {sent} to "
+                f"{len(block_ids)} blocks while it was running"
+            )
+        request.num_block_ids_sent = len(block_ids)
         item = ScheduledRequest(
             request_id=request.request_id,
             token_ids=token_ids,
             start_position=start,
-            block_ids=list(request.block_ids),
+            new_block_ids=block_ids[sent:] if sent < len(block_ids) else [],
             is_new=is_new,
             sample=sample,
         )
