@@ -65,7 +65,7 @@ def _check_decode_inputs(runner, steps) -> None:  # noqa: ANN001
     input_ids, positions, slots, seq_lens, table_rows = runner._decode_inputs(steps)
     ids_dev, positions_dev, md, _ = runner._prepare_inputs(steps)
     known = input_ids != PLACEHOLDER_TOKEN_ID
-    assert (input_ids[known] == ids_dev.numpy()[known]).all()
+    assert (input_ids[known] == ids_dev.cpu().numpy()[known]).all()
     assert positions.tolist() == positions_dev.tolist()
     assert slots.tolist() == md.slot_mapping.tolist()
     assert seq_lens.tolist() == md.seq_lens.tolist()
