@@ -34,3 +34,6 @@ for MODE in ${MODES:-async sync}; do
     --max-model-len 2048 $A 2>&1 | grep -v "^INFO" | tee "$OUT/serve_$MODE.log"
   wait
 done
+# One archive of the profiles (the device call returns a limited number of files).
+(cd "$OUT" && ls ./*_async.txt ./*_sync.txt > /dev/null 2>&1 && tar czf profiles.tgz ./*_async.txt ./*_sync.txt 2>/dev/null \
+  && rm -f ./*_async.txt ./*_sync.txt)
