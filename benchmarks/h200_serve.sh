@@ -35,5 +35,4 @@ for MODE in ${MODES:-async sync}; do
   wait
 done
 # One archive of the profiles (the device call returns a limited number of files).
-(cd "$OUT" && ls ./*_async.txt ./*_sync.txt > /dev/null 2>&1 && tar czf profiles.tgz ./*_async.txt ./*_sync.txt 2>/dev/null \
-  && rm -f ./*_async.txt ./*_sync.txt)
+(cd "$OUT" && P=$(ls ./*_async.txt ./*_sync.txt 2>/dev/null) && [ -n "$P" ] && tar czf profiles.tgz $P && rm -f $P)
