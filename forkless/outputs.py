@@ -54,6 +54,23 @@ class CompletionOutput(msgspec.Struct, kw_only=True):
         """Whether this completion is done."""
         return self.finish_reason is not None
 
+    def add(self, later: CompletionOutput) -> None:
+        """Append a later ``DELTA`` output of the same completion to this one (in place).
+
+        Text, token ids and logprobs are concatenated; the cumulative logprob, finish and
+        stop reasons are the later one's.
+        """
+        self.text += later.text
+        self.token_ids.extend(later.token_ids)
+        if later.logprobs is not None:
+            if self.logprobs is None:
+                self.logprobs = list(later.logprobs)
+            else:
+                self.logprobs.extend(later.logprobs)
+        self.cumulative_logprob = later.cumulative_logprob
+        self.finish_reason = later.finish_reason
+        self.stop_reason = later.stop_reason
+
 
 class RequestOutput(msgspec.Struct, kw_only=True):
     """The state of one request, as returned by ``LLM.generate`` or streamed by ``AsyncLLM``.
@@ -75,3 +92,31 @@ class RequestOutput(msgspec.Struct, kw_only=True):
     finished: bool
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int | None = None
+
+    def add(self, later: RequestOutput, aggregate: bool = True) -> None:
+        """Fold a later output of the same request into this one (in place), as vLLM's
+        ``RequestOutput.add``.
+
+        With ``aggregate`` (``DELTA`` outputs a slow reader has not taken yet) each
+        completion's text, token ids and logprobs are concatenated, per completion index (a
+        ``DELTA`` output may carry only the completions that changed); without it the later
+        completions replace the earlier ones. The prompt logprobs are the first that came;
+        ``finished`` and ``num_cached_tokens`` are the later output's.
+        """
+        self.finished = later.finished
+        self.num_cached_tokens = later.num_cached_tokens
+        if self.prompt_logprobs is None:
+            self.prompt_logprobs = later.prompt_logprobs
+        outputs = self.outputs
+        for completion in later.outputs:
+            for i, mine in enumerate(outputs):
+                if mine.index == completion.index:
+                    if aggregate:
+                        mine.add(completion)
+                    else:
+                        outputs[i] = completion
+                    break
+            else:
+                outputs.append(completion)
+                if len(outputs) > 1 and outputs[-2].index > completion.index:
+                    outputs.sort(key=lambda c: c.index)

@@ -57,23 +57,29 @@ class EngineShuttingDownError(EngineDeadError):
 class _OutputSlot:
     """What a request's stream has not taken yet.
 
-    Each cumulative output holds everything before it, so when the stream fell behind
-    (hundreds of streams on one event loop) only the newest is kept: one chunk to send
-    instead of one per step it missed. Other kinds (``DELTA``) queue every output; an
-    error queues after the outputs it followed.
+    When the stream fell behind (hundreds of streams on one event loop) the outputs it
+    missed become one: a ``CUMULATIVE`` output holds everything before it, so only the
+    newest is kept; a ``DELTA`` output is merged into the one waiting
+    (``RequestOutput.add``: per completion, text, token ids and logprobs concatenated).
+    One chunk to send instead of one per step it missed. ``FINAL_ONLY`` outputs queue
+    (there is one); an error queues after the outputs it followed.
     """
 
-    def __init__(self, coalesce: bool) -> None:
+    def __init__(self, kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> None:
         self._items: collections.deque[Any] = collections.deque()
         self._ready = asyncio.Event()
-        self._coalesce = coalesce
+        self._replace = kind is RequestOutputKind.CUMULATIVE
+        self._aggregate = kind is RequestOutputKind.DELTA
 
     def put_nowait(self, item: Any) -> None:
         """Add an output or an exception (never blocks)."""
         items = self._items
-        if (self._coalesce and items and not isinstance(item, BaseException)
+        if (items and (self._replace or self._aggregate) and not isinstance(item, BaseException)
                 and not isinstance(items[-1], BaseException)):
-            items[-1] = item
+            if self._replace:
+                items[-1] = item
+            else:
+                items[-1].add(item, aggregate=True)
         else:
             items.append(item)
         self._ready.set()
@@ -218,7 +224,9 @@ class AsyncLLM:
     # -- requests -----------------------------------------------------------------------
     def generate(self, prompt: Any, sampling_params: "SamplingParams", request_id: str,
                  priority: int = 0) -> AsyncGenerator["RequestOutput", None]:
-        """Validate a request now, and return the stream of its (cumulative) outputs.
+        """Validate a request now, and return the stream of its outputs (cumulative, or as
+        ``sampling_params.output_kind`` asks; ``DELTA`` outputs a slow reader missed arrive
+        merged into one).
 
         The request is sent to the engine when the stream is first iterated; closing the
         stream early (a client that went away) aborts it.
@@ -253,7 +261,7 @@ class AsyncLLM:
         if self._end_in_flight is not None:  # validated before the grace period ended
             raise EngineShuttingDownError(self._end_in_flight)
         request_id = processed.request_id
-        queue = _OutputSlot(coalesce=processed.params.output_kind is RequestOutputKind.CUMULATIVE)
+        queue = _OutputSlot(processed.params.output_kind)
         self.output_processor.add_request(processed)
         self._queues[request_id] = queue
         finished = False

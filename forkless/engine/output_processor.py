@@ -174,15 +174,22 @@ class _Parent:
         self.arrival_time = processed.arrival_time
         self.kind = processed.params.output_kind
         self.children: list[_Completion] = []
+        # Children not finished yet: counted down as each finishes (once: a finished
+        # child takes no more outputs), so ``finished`` costs nothing per output.
+        self.num_unfinished = 0
         self.prompt_logprobs: PromptLogprobs | None = None
         self.sent_prompt_logprobs = False
 
+    def add_child(self, child: _Completion) -> None:
+        self.children.append(child)
+        self.num_unfinished += 1
+
     @property
     def finished(self) -> bool:
-        return all(c.finished for c in self.children)
+        return self.num_unfinished == 0
 
     def make_output(self, updated: list[_Completion]) -> RequestOutput | None:
-        finished = self.finished
+        finished = self.num_unfinished == 0
         if self.kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
         delta = self.kind is RequestOutputKind.DELTA
@@ -195,7 +202,8 @@ class _Parent:
             request_id=self.request_id,
             prompt=self.prompt,
             prompt_token_ids=self.prompt_token_ids,
-            outputs=[c.make_output(self.kind) for c in sorted(chosen, key=lambda c: c.index)],
+            outputs=[c.make_output(self.kind) for c in
+                     (chosen if len(chosen) == 1 else sorted(chosen, key=lambda c: c.index))],
             finished=finished,
             prompt_logprobs=prompt_logprobs,
             num_cached_tokens=self.children[0].num_cached_tokens,
@@ -228,7 +236,7 @@ class OutputProcessor:
         parent = _Parent(processed)
         for index, core_req in enumerate(processed.core_requests):
             child = _Completion(core_req.request_id, index, core_req.sampling_params, parent, self.tokenizer, stop)
-            parent.children.append(child)
+            parent.add_child(child)
             self._children[child.request_id] = child
         self._parents[parent.request_id] = parent
 
@@ -257,6 +265,7 @@ class OutputProcessor:
             parent = child.parent
             if child.finish_reason is not None:
                 del children_by_id[child.request_id]
+                parent.num_unfinished -= 1
                 result.finished.append(child.timing())
             elif parent.kind is final_only:
                 # Nothing to show until the whole parent finishes, and it has not: this
@@ -268,7 +277,7 @@ class OutputProcessor:
             request_output = parent.make_output(children)
             if request_output is not None:
                 result.request_outputs.append(request_output)
-            if parent.finished:
+            if parent.num_unfinished == 0:
                 del self._parents[parent_id]
         return result
 

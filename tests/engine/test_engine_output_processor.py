@@ -116,3 +116,66 @@ def test_llm_generate_leaves_callers_params_untouched(llama_dir) -> None:
     out = llm.generate(["Hello", "Hi there"], params, use_tqdm=False)
     assert params.output_kind is RequestOutputKind.CUMULATIVE
     assert [len(o.outputs[0].token_ids) for o in out] == [5, 5] and all(o.finished for o in out)
+
+
+def test_n_children_delta_outputs_add_up_per_completion(parts) -> None:
+    # DELTA with n > 1: an output carries only the completions that changed; folding
+    # them with RequestOutput.add (what a slow AsyncLLM reader gets) gives each
+    # completion's whole text, tokens and logprobs. The parent finishes when its last
+    # child does, and CUMULATIVE outputs still carry everything.
+    processor, tok = parts
+    ids = tok.encode(TEXT)
+    for kind in (RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE):
+        params = SamplingParams(n=2, max_tokens=len(ids), logprobs=1, prompt_logprobs=1, output_kind=kind)
+        out_proc = OutputProcessor(tok)
+        out_proc.add_request(processor.process_inputs("p", "Hi there", params))
+        emitted = []
+        for step, tok_id in enumerate(ids):
+            last = step == len(ids) - 1
+            outs = [EngineCoreOutput("0_p", [tok_id], FinishReason.LENGTH if last else None,
+                                     new_logprobs=[[tok_id], [-0.5], 1],
+                                     new_prompt_logprobs=[[[5], [-1.0], 1]] if step == 0 else None)]
+            if step % 2 == 0 or last:  # the second child moves every other step
+                outs.append(EngineCoreOutput("1_p", [tok_id], FinishReason.LENGTH if last else None,
+                                             new_logprobs=[[tok_id], [-0.25], 1]))
+            emitted += out_proc.process_outputs(outs).request_outputs
+        assert not out_proc.has_unfinished_requests()
+        assert [o.finished for o in emitted] == [False] * (len(emitted) - 1) + [True]
+        if kind is RequestOutputKind.CUMULATIVE:
+            assert all(len(o.outputs) == 2 for o in emitted)
+            assert emitted[-1].outputs[0].text == TEXT and emitted[-1].outputs[0].token_ids == ids
+            assert emitted[-1].prompt_logprobs is not None
+            continue
+        assert [len(o.outputs) for o in emitted[:3]] == [2, 1, 2]
+        assert sum(o.prompt_logprobs is not None for o in emitted) == 1
+        first = emitted[0]
+        for later in emitted[1:]:
+            first.add(later, aggregate=True)
+        assert first.prompt_logprobs is not None and first.finished
+        assert [c.index for c in first.outputs] == [0, 1]
+        for c, value in zip(first.outputs, (-0.5, -0.25)):
+            sent = [t for t in ids] if c.index == 0 else [t for i, t in enumerate(ids)
+                                                          if i % 2 == 0 or i == len(ids) - 1]
+            assert c.token_ids == sent and c.finish_reason == "length"
+            assert [list(e) for e in c.logprobs] == [[t] for t in sent]
+            assert c.cumulative_logprob == pytest.approx(value * len(sent))
+        assert first.outputs[0].text == TEXT
+
+
+def test_a_delta_output_missing_a_lower_index_is_added_in_order() -> None:
+    from forkless.outputs import CompletionOutput, RequestOutput
+
+    def out(*completions: CompletionOutput, finished: bool = False) -> RequestOutput:
+        return RequestOutput(request_id="r", prompt=None, prompt_token_ids=[1], outputs=list(completions),
+                             finished=finished)
+
+    merged = out(CompletionOutput(index=1, text="b", token_ids=[2]))
+    merged.add(out(CompletionOutput(index=0, text="a", token_ids=[1])))
+    merged.add(out(CompletionOutput(index=1, text="B", token_ids=[3], finish_reason="stop", stop_reason="x"),
+                   finished=True))
+    assert [(c.index, c.text, c.token_ids, c.finish_reason) for c in merged.outputs] == [
+        (0, "a", [1], None), (1, "bB", [2, 3], "stop")]
+    assert merged.finished and merged.outputs[1].stop_reason == "x"
+    replaced = out(CompletionOutput(index=0, text="a", token_ids=[1]))
+    replaced.add(out(CompletionOutput(index=0, text="ab", token_ids=[1, 2])), aggregate=False)
+    assert replaced.outputs[0].text == "ab" and replaced.outputs[0].token_ids == [1, 2]

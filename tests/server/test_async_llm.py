@@ -65,8 +65,11 @@ def test_async_llm_generate_abort_and_stat_loggers(tiny_llama: Path) -> None:
 
 def test_a_stream_that_falls_behind_gets_the_newest_output(tiny_llama: Path) -> None:
     # Cumulative outputs: a slow reader skips the ones it missed (each holds all before it)
-    # and loses nothing; DELTA outputs are never merged away.
+    # and loses nothing; the DELTA outputs it missed arrive merged into one, so it gets
+    # fewer outputs than steps and their concatenation is the whole text.
     from forkless.sampling_params import RequestOutputKind
+
+    texts: dict = {}
 
     async def main() -> tuple[list[list[int]], list[list[int]], list[int]]:
         args = EngineArgs(model=str(tiny_llama), max_model_len=256, kv_cache_memory=32 << 20)
@@ -79,6 +82,7 @@ def test_a_stream_that_falls_behind_gets_the_newest_output(tiny_llama: Path) -> 
                 seen = []
                 async for out in llm.generate("Hello there", params, request_id=rid):
                     seen.append(list(out.outputs[0].token_ids))
+                    texts.setdefault(kind, []).append(out.outputs[0].text)
                     await asyncio.sleep(0.1)  # slower than the engine's steps
                 return seen
 
@@ -86,6 +90,7 @@ def test_a_stream_that_falls_behind_gets_the_newest_output(tiny_llama: Path) -> 
             async for out in llm.generate("Hello there", SamplingParams(temperature=0, max_tokens=40,
                                                                         ignore_eos=True), request_id="ref"):
                 reference = list(out.outputs[0].token_ids)
+                texts["ref"] = [out.outputs[0].text]
             return await read(RequestOutputKind.CUMULATIVE, "slow"), await read(RequestOutputKind.DELTA, "delta"), \
                 reference
         finally:
@@ -97,3 +102,132 @@ def test_a_stream_that_falls_behind_gets_the_newest_output(tiny_llama: Path) -> 
     assert len(cumulative) < 20, len(cumulative)  # it skipped outputs it fell behind on
     assert all(a == b[:len(a)] for a, b in zip(cumulative, cumulative[1:]))  # each one cumulative
     assert [t for d in deltas for t in d] == reference  # every delta, in order
+    assert len(deltas) < 20, len(deltas)  # the ones it fell behind on came merged
+    assert "".join(texts[RequestOutputKind.DELTA]) == texts["ref"][0] == texts[RequestOutputKind.CUMULATIVE][-1]
+
+
+def _rounded(obj):
+    """Logprobs to 3 decimals: a run that hits the prefix cache may differ in the 6th."""
+    if isinstance(obj, float):
+        return round(obj, 3)
+    if isinstance(obj, list):
+        return [_rounded(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    return obj
+
+
+def _sse_events(chunks: list[str]) -> list:
+    import json
+
+    events = []
+    for chunk in chunks:
+        for line in chunk.split("\n\n"):
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[len("data: "):]))
+    assert chunks[-1].endswith("data: [DONE]\n\n")
+    return events
+
+
+def test_openai_streams_that_fall_behind_send_the_same_choices(tiny_llama: Path) -> None:
+    # The server streams DELTA outputs; a reader slower than the engine gets the steps it
+    # missed merged. What the client sees, joined per choice, must not depend on that:
+    # text, tokens, logprobs, text_offset (echo included), finish and stop reasons, usage;
+    # and it must equal the non-streaming answer. n > 1, two prompts, a stop string held
+    # back, chat with logprobs.
+    from forkless.entrypoints.openai.serving import OpenAIServing
+    from forkless.protocol.openai import ChatCompletionRequest, CompletionRequest
+
+    completion = dict(prompt="Hello there", n=2, max_tokens=48, temperature=0,
+                      logprobs=2, echo=True, stop=[" the", "ing"], include_stop_str_in_output=False,
+                      stream_options={"include_usage": True})
+    completion2 = dict(completion, prompt=["Hello there", "The capital of France"])
+    chat = dict(messages=[{"role": "user", "content": "Say something"}], n=2, max_tokens=48, temperature=0,
+                logprobs=True, top_logprobs=2, stop=["ing"], stream_options={"include_usage": True})
+
+    async def read(stream, delay: float) -> list[str]:
+        chunks = []
+        async for chunk in stream:
+            chunks.append(chunk)
+            await asyncio.sleep(delay)
+        return chunks
+
+    async def main() -> dict:
+        args = EngineArgs(model=str(tiny_llama), max_model_len=256, kv_cache_memory=32 << 20)
+        llm = AsyncLLM.from_engine_args(args, log_stats=False)
+        results: dict = {}
+        try:
+            await llm.start()
+            serving = OpenAIServing(llm, ["tiny"], max_model_len=256)
+            for delay in (0.0, 0.03):
+                results["cmpl", delay] = await read(await serving.create_completion(
+                    CompletionRequest(stream=True, **completion), None), delay)
+                # Several prompts: each stream is pumped into one queue, so nothing merges
+                # (as before), but the chunks must be right too.
+                results["cmpl2", delay] = await read(await serving.create_completion(
+                    CompletionRequest(stream=True, **completion2), None), delay)
+                results["chat", delay] = await read(await serving.create_chat_completion(
+                    ChatCompletionRequest(stream=True, **chat), None), delay)
+            results["cmpl"] = await serving.create_completion(CompletionRequest(**completion), None)
+            results["cmpl2"] = await serving.create_completion(CompletionRequest(**completion2), None)
+            results["chat"] = await serving.create_chat_completion(ChatCompletionRequest(**chat), None)
+        finally:
+            llm.shutdown()
+        return results
+
+    results = asyncio.run(main())
+
+    def joined_completions(events: list) -> tuple[dict, dict]:
+        choices: dict = {}
+        for e in events[:-1]:
+            (c,) = e["choices"]
+            got = choices.setdefault(c["index"], {"text": "", "finish": [], "stop": None, "tokens": [],
+                                                  "token_logprobs": [], "top_logprobs": [], "text_offset": []})
+            got["text"] += c["text"]
+            if c["finish_reason"] is not None:
+                got["finish"].append(c["finish_reason"])
+                got["stop"] = c["stop_reason"]
+            for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                got[key] += _rounded(c["logprobs"][key])
+        return choices, events[-1]["usage"]
+
+    for key, indices in (("cmpl", [0, 1]), ("cmpl2", [0, 1, 2, 3])):
+        fast, fast_usage = joined_completions(_sse_events(results[key, 0.0]))
+        slow, slow_usage = joined_completions(_sse_events(results[key, 0.03]))
+        if key == "cmpl":  # the slow reader got merged outputs
+            assert len(results[key, 0.03]) < len(results[key, 0.0])
+        assert fast == slow and fast_usage == slow_usage
+        whole = results[key]
+        assert sorted(fast) == [c.index for c in whole.choices] == indices
+        for c in whole.choices:
+            got = fast[c.index]
+            assert got["finish"] == [c.finish_reason] and got["stop"] == c.stop_reason
+            assert got["text"] == c.text
+            lp = c.logprobs.model_dump()
+            for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                assert got[name] == _rounded(lp[name]), name
+        assert (fast_usage["prompt_tokens"], fast_usage["completion_tokens"]) == (
+            whole.usage.prompt_tokens, whole.usage.completion_tokens)
+
+    def joined_chat(events: list) -> tuple[dict, dict]:
+        choices: dict = {}
+        for e in events[:-1]:
+            (c,) = e["choices"]
+            got = choices.setdefault(c["index"], {"content": "", "finish": [], "logprobs": []})
+            got["content"] += c["delta"].get("content") or ""
+            if c["finish_reason"] is not None:
+                got["finish"].append(c["finish_reason"])
+            if c.get("logprobs"):
+                got["logprobs"] += _rounded(c["logprobs"]["content"])
+        return choices, events[-1]["usage"]
+
+    fast, fast_usage = joined_chat(_sse_events(results["chat", 0.0]))
+    slow, slow_usage = joined_chat(_sse_events(results["chat", 0.03]))
+    assert len(results["chat", 0.03]) < len(results["chat", 0.0])
+    assert fast == slow and fast_usage == slow_usage
+    whole = results["chat"]
+    for c in whole.choices:
+        got = fast[c.index]
+        assert got["content"] == c.message.content and got["finish"] == [c.finish_reason]
+        assert got["logprobs"] == _rounded(c.logprobs.model_dump()["content"])
+    assert fast_usage["completion_tokens"] == whole.usage.completion_tokens

@@ -1,7 +1,11 @@
 """The OpenAI endpoints' logic: request -> ``SamplingParams`` -> engine -> response/SSE.
 
-The engine yields cumulative ``RequestOutput``s; streaming sends what is new since the
-previous one, per choice.
+As vLLM's server, a stream asks the engine for ``DELTA`` outputs (what is new since the
+previous output, per choice; outputs a slow stream missed arrive merged into one) and a
+non-streaming request for ``FINAL_ONLY`` (one output when it finishes), so no step copies
+what came before it: a request of n tokens costs O(n), not O(n^2). Each stream keeps per
+choice what a chunk needs (tokens whose text is held back, text length for ``text_offset``,
+token counts for usage; the whole text only for chat parsers, which read it).
 
 Invariants:
     * Tokenizing, rendering chat templates and decoding whole prompts run in one
@@ -67,7 +71,7 @@ from forkless.protocol.openai import (
     random_id,
 )
 from forkless.logger import init_logger
-from forkless.sampling_params import SamplingParams
+from forkless.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from forkless.engine.async_llm import AsyncLLM
@@ -174,7 +178,11 @@ class IgnoredFieldsLog:
 
 def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None,
                        default_max_tokens: int) -> SamplingParams:
-    """Translate request fields into ``SamplingParams``; bad values raise ``BadRequest``."""
+    """Translate request fields into ``SamplingParams``; bad values raise ``BadRequest``.
+
+    A stream asks for ``DELTA`` outputs, anything else for ``FINAL_ONLY`` (as vLLM's
+    ``to_sampling_params``).
+    """
     _reject_unsupported(req)
     extra = dict(req.vllm_xargs or {})
     extra.update(req.extra_args or {})
@@ -218,6 +226,7 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
         allowed_token_ids=req.allowed_token_ids,
         bad_words=req.bad_words or None,
         extra_args=extra or None,
+        output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
     )
     try:
         return SamplingParams(**kwargs)
@@ -299,6 +308,51 @@ def _join_logprobs(a: CompletionLogProbs, b: CompletionLogProbs) -> CompletionLo
     return CompletionLogProbs(text_offset=a.text_offset + b.text_offset, token_logprobs=a.token_logprobs
                               + b.token_logprobs, tokens=a.tokens + b.tokens, top_logprobs=a.top_logprobs
                               + b.top_logprobs)
+
+
+class _StreamedChoice:
+    """What a stream keeps of one choice between ``DELTA`` outputs.
+
+    Attributes:
+        token_ids, logprobs: Tokens received but not sent yet (their text is held back:
+            a partial UTF-8 character, a possible stop string, a parser's hold-back).
+        text_len: Characters of text received (all sent: the engine holds text back).
+        num_tokens: Tokens received (usage).
+        text, all_token_ids: The whole text and token ids, kept only for chat parsers.
+    """
+
+    __slots__ = ("token_ids", "logprobs", "text_len", "num_tokens", "text", "all_token_ids")
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.logprobs: list[Any] = []
+        self.text_len = 0
+        self.num_tokens = 0
+        self.text = ""
+        self.all_token_ids: list[int] = []
+
+    def receive(self, c: "CompletionOutput", keep_whole: bool = False) -> None:
+        self.token_ids.extend(c.token_ids)
+        if c.logprobs:
+            self.logprobs.extend(c.logprobs)
+        self.text_len += len(c.text)
+        self.num_tokens += len(c.token_ids)
+        if keep_whole:
+            self.text += c.text
+            self.all_token_ids.extend(c.token_ids)
+
+    def take(self, index: int) -> "CompletionOutput":
+        """The tokens not sent yet, as a ``CompletionOutput`` (for the logprobs helpers)."""
+        from forkless.outputs import CompletionOutput
+
+        out = CompletionOutput(index=index, text="", token_ids=self.token_ids, logprobs=self.logprobs)
+        self.token_ids, self.logprobs = [], []
+        return out
+
+
+def _usage_of(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                     total_tokens=prompt_tokens + completion_tokens)
 
 
 def _usage(out: "RequestOutput") -> UsageInfo:
@@ -537,17 +591,27 @@ class OpenAIServing:
         created = int(time.time())
         echoes: dict[int, tuple[str, CompletionLogProbs | None]] = {}
         offsets: dict[int, _TextOffsets] = {}  # per choice: text_offset counts from its first chunk
-        sent_text: dict[int, int] = {}
-        sent_tokens: dict[int, int] = {}
-        finals: dict[int, "RequestOutput"] = {}
+        choices: dict[int, _StreamedChoice] = {}
+        prompt_tokens: dict[int, int] = {}
+        want_logprobs = req.logprobs is not None
         async for p_idx, out in self._merge_or_error(streams, raw_request):
             if isinstance(out, str):
                 yield out
                 return
-            finals[p_idx] = out
-            for c in out.outputs:
-                idx = p_idx * req.n + c.index
-                if idx not in offsets:
+            # DELTA outputs carry the completions that changed; every choice of a prompt
+            # starts (echo, offsets) in index order with the prompt's first output.
+            if p_idx not in prompt_tokens:
+                prompt_tokens[p_idx] = len(out.prompt_token_ids or [])
+                by_index = {c.index: c for c in out.outputs}
+                todo: Iterable[tuple[int, "CompletionOutput | None"]] = (
+                    (i, by_index.get(i)) for i in range(req.n))
+            else:
+                todo = ((c.index, c) for c in out.outputs)
+            for index, c in todo:
+                idx = p_idx * req.n + index
+                state = choices.get(idx)
+                if state is None:
+                    state = choices[idx] = _StreamedChoice()
                     echo, echo_lp = "", None
                     if req.echo:  # text may still be held back, so sent_text cannot say whether it was sent
                         if p_idx not in echoes:
@@ -556,26 +620,21 @@ class OpenAIServing:
                         yield _sse(CompletionResponse(id=base_id, created=created, model=self.model_name, choices=[
                             CompletionChoice(index=idx, text=echo, logprobs=echo_lp)]))
                     offsets[idx] = _TextOffsets(self.tokenizer, prompts[p_idx], req.skip_special_tokens, base=len(echo))
-                delta = c.text[sent_text.get(idx, 0):]
-                if not delta and not c.finish_reason:
+                if c is None:
+                    continue
+                state.receive(c)
+                if not c.text and not c.finish_reason:
                     continue  # tokens whose text is still held back (partial UTF-8, stop string)
-                start = sent_tokens.get(idx, 0)
-                lp = (self._completion_logprobs(c, start, req.logprobs,
-                                                offsets[idx].advance(c.token_ids[start:], len(c.text)))
-                      if req.logprobs is not None else None)
-                sent_text[idx] = len(c.text)
-                sent_tokens[idx] = len(c.token_ids)
+                pending = state.take(c.index)
+                lp = (self._completion_logprobs(pending, 0, req.logprobs,
+                                                offsets[idx].advance(pending.token_ids, state.text_len))
+                      if want_logprobs else None)
                 chunk = CompletionResponse(id=base_id, created=created, model=self.model_name, choices=[
-                    CompletionChoice(index=idx, text=delta, logprobs=lp, finish_reason=c.finish_reason,
+                    CompletionChoice(index=idx, text=c.text, logprobs=lp, finish_reason=c.finish_reason,
                                      stop_reason=c.stop_reason)])
                 yield _sse(chunk)
         if req.stream_options and req.stream_options.include_usage:
-            usage = UsageInfo()
-            for out in finals.values():
-                u = _usage(out)
-                usage.prompt_tokens += u.prompt_tokens
-                usage.completion_tokens += u.completion_tokens
-            usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+            usage = _usage_of(sum(prompt_tokens.values()), sum(st.num_tokens for st in choices.values()))
             yield _sse(CompletionResponse(id=base_id, created=created, model=self.model_name,
                                           choices=[], usage=usage))
         yield _sse("[DONE]")
@@ -719,35 +778,37 @@ class OpenAIServing:
 
         for i in range(req.n):
             yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
-        sent_text: dict[int, int] = {}
-        sent_tokens: dict[int, int] = {}
-        final = None
+        choices = [_StreamedChoice() for _ in range(req.n)]
+        keep_whole = parsers is not None  # the parsers read the whole text and token ids
+        prompt_tokens = None
         async for _, out in self._merge_or_error([stream], raw_request):
             if isinstance(out, str):
                 yield out
                 return
-            final = out
+            if prompt_tokens is None:
+                prompt_tokens = len(out.prompt_token_ids or [])
             for c in out.outputs:
-                delta = c.text[sent_text.get(c.index, 0):]
+                state = choices[c.index]
+                state.receive(c, keep_whole)
+                delta = c.text
                 if not delta and not c.finish_reason:
                     continue
-                lp = self._chat_logprobs(c, sent_tokens.get(c.index, 0), top) if req.logprobs else None
-                sent_text[c.index] = len(c.text)
-                sent_tokens[c.index] = len(c.token_ids)
+                pending = state.take(c.index)
+                lp = self._chat_logprobs(pending, 0, top) if req.logprobs else None
                 finish = c.finish_reason
                 if parsers is None:
                     message: DeltaMessage | None = DeltaMessage(content=delta)
                 else:
                     parser = parsers[c.index]
-                    message = _merge_deltas(parser.step(c.text, list(c.token_ids)),
-                                            parser.finish(c.text) if finish else None)
+                    message = _merge_deltas(parser.step(state.text, list(state.all_token_ids)),
+                                            parser.finish(state.text) if finish else None)
                     finish = _finish_reason(finish, parser.called_tools)
                     if message is None and not finish and lp is None:
                         continue  # the parsers hold this text back for now
                 yield chunk([ChatStreamChoice(index=c.index, delta=message or DeltaMessage(), logprobs=lp,
                                               finish_reason=finish, stop_reason=c.stop_reason)])
-        if req.stream_options and req.stream_options.include_usage and final is not None:
-            yield chunk([], usage=_usage(final))
+        if req.stream_options and req.stream_options.include_usage and prompt_tokens is not None:
+            yield chunk([], usage=_usage_of(prompt_tokens, sum(st.num_tokens for st in choices)))
         yield _sse("[DONE]")
 
     # -- plumbing -----------------------------------------------------------------------
