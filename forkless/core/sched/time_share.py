@@ -5,8 +5,8 @@ costs the others: late in an 8k-token prompt one chunk token attends over the wh
 context, and on a CPU even a one-token chunk there costs more than a whole decode step of
 a small model. What the other clients feel is time, so this bounds time, measured:
 
-* A step is *contended* when a long prefill could run and some other request is running
-  or waiting. Uncontended steps are not limited (a long prompt alone runs at full speed).
+* A step is *contended* when some request other than the long prefills is running or
+  waiting. Uncontended steps are not limited (a long prompt alone runs at full speed).
 * Contended steps without a long chunk (*plain*) set ``plain``, a moving average of their
   duration. A contended step with long chunks (*laden*) costs the others its duration
   minus ``plain``: the *extra*. ``plain`` must describe the batch of now, not of a burst
