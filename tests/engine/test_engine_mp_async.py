@@ -22,14 +22,8 @@ from forkless.engine.llm_engine import LLMEngine
 from forkless.executor.multiproc import MultiprocExecutor, StepHandle, WorkerDiedError
 from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
 from tests.engine.mp_workers import FAIL_AT_STEP
+from tests.engine.test_engine_parity import PROMPTS
 
-PROMPTS = [
-    "The quick brown fox",
-    "Paris is the capital of France; Berlin is",
-    "Hello",
-    "Numbers 0123456789 and symbols !@#$%^&*() appear too. The quick brown fox jumps over the lazy dog.",
-    "Caf\u00e9 cr\u00e8me",
-]
 
 # Every prompt with every kind of request; the history-dependent ones (seed, penalties,
 # min_tokens) make the engine step synchronously while they run, the others overlap.

@@ -15,14 +15,8 @@ import pytest
 from forkless import LLM, SamplingParams
 from forkless.protocol.step import PLACEHOLDER_TOKEN_ID
 from forkless.worker.cuda_graphs import gather_block_rows
+from tests.engine.test_engine_parity import PROMPTS
 
-PROMPTS = [
-    "The quick brown fox",
-    "Paris is the capital of France; Berlin is",
-    "Hello",
-    "Numbers 0123456789 and symbols !@#$%^&*() appear too. The quick brown fox jumps over the lazy dog.",
-    "Caf\u00e9 cr\u00e8me",
-]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
 # 16 blocks of 4 tokens with 3 running requests: they preempt each other (see test_engine_parity).
 TINY_KV = {"block_size": 4, "max_model_len": 64, "max_num_seqs": 3, "kv_cache_memory": 16 * 4 * 2 * 2 * 2 * 16 * 4}
