@@ -16,8 +16,8 @@ float32 only; other dtypes, and machines without a C compiler, take the torch pa
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -75,10 +75,13 @@ class CpuAttentionBackend(TorchAttentionBackend):
         out = q.new_empty(q.shape) if kp.all_rows else q.new_zeros(q.shape)
         if plan.decode_ids:
             assert key_cache is not None and value_cache is not None
-            self._decode_kernel(lib, q, key_cache, value_cache, kp, out)
+            self._run_kernel(lib.forkless_paged_decode_f32, q, key_cache, value_cache, kp,
+                             (kp.seq_ids, kp.q_rows), len(kp.plan.decode_ids), out)
         if plan.context_ids:
             assert key_cache is not None and value_cache is not None
-            self._prefill_kernel(lib, q, key_cache, value_cache, kp, out)
+            # The prefills with cached context, into their rows of ``out``.
+            self._run_kernel(lib.forkless_paged_prefill_f32, q, key_cache, value_cache, kp,
+                             (kp.context_ids, kp.context_starts, kp.context_lens), len(kp.plan.context_ids), out)
         self._prefill_into(out, q, k, v, key_cache, value_cache, plan)
         return out.view(q.shape[0], self.num_heads * self.head_dim)
 
@@ -106,37 +109,22 @@ class CpuAttentionBackend(TorchAttentionBackend):
             not plan.prefills and len(plan.decode_ids) + int(context_lens.sum()) == num_rows,
         )
 
-    def _decode_kernel(
+    def _run_kernel(
         self,
-        lib: ctypes.CDLL,
+        kernel: Any,
         q: torch.Tensor,
         key_cache: torch.Tensor,
         value_cache: torch.Tensor,
         kp: _KernelPlan,
+        rows: tuple[torch.Tensor, ...],
+        num_seqs: int,
         out: torch.Tensor,
     ) -> None:
-        args = (
+        """Call ``paged_decode.c`` or ``paged_prefill.c``: both take the paged cache and the
+        step's block tables, then their per-sequence arrays ``rows``, then the head shape."""
+        cpu_kernels.check(kernel(
             q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
             kp.block_tables.data_ptr(), kp.block_tables.stride(0), kp.seq_lens.data_ptr(),
-            kp.seq_ids.data_ptr(), kp.q_rows.data_ptr(), out.data_ptr(),
-        )
-        tail = (self.num_heads, self.num_kv_heads, self.head_dim, kp.block_size, self.scale)
-        cpu_kernels.check(lib.forkless_paged_decode_f32(*args, len(kp.plan.decode_ids), *tail))
-
-    def _prefill_kernel(
-        self,
-        lib: ctypes.CDLL,
-        q: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
-        kp: _KernelPlan,
-        out: torch.Tensor,
-    ) -> None:
-        """Attend the prefills with cached context in ``paged_prefill.c``, into their rows of ``out``."""
-        args = (
-            q.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
-            kp.block_tables.data_ptr(), kp.block_tables.stride(0), kp.seq_lens.data_ptr(),
-            kp.context_ids.data_ptr(), kp.context_starts.data_ptr(), kp.context_lens.data_ptr(), out.data_ptr(),
-        )
-        tail = (self.num_heads, self.num_kv_heads, self.head_dim, kp.block_size, self.scale)
-        cpu_kernels.check(lib.forkless_paged_prefill_f32(*args, len(kp.plan.context_ids), *tail))
+            *(t.data_ptr() for t in rows), out.data_ptr(), num_seqs,
+            self.num_heads, self.num_kv_heads, self.head_dim, kp.block_size, self.scale,
+        ))
