@@ -189,6 +189,44 @@ def test_body_over_the_limit_is_413(srv: Server) -> None:
     assert httpx.post(srv.url + "/tokenize", json={"prompt": "small"}, headers=AUTH).status_code == 200
 
 
+def test_413_on_content_length_reaches_a_client_still_sending() -> None:
+    """A body over the limit, refused on its Content-Length while the client is still
+    sending it (larger than the sockets' buffers): the client reads the 413. (Closed at
+    once, the connection was reset and httpx's async client saw ``ReadError``.)"""
+    import threading
+
+    import uvicorn
+
+    limit = 4 << 20
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        raise AssertionError("the body should have been refused before the application")
+
+    limits = http_limits.HttpLimits(max_request_body_size=limit)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(http_limits.RequestLimitsMiddleware(app, limits), port=port,
+                                           log_level="warning", lifespan="off", **limits.uvicorn_options()))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+
+    async def post_over_the_limit() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+            return [await client.post(f"http://127.0.0.1:{port}/v1/completions", content=b"x" * (limit + 1))
+                    for _ in range(3)]
+
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for resp in asyncio.run(post_over_the_limit()):
+            assert_openai_error(resp, 413)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
 def test_sequences_per_request_are_capped(srv: Server) -> None:
     client = srv.client()
     with pytest.raises(openai.BadRequestError, match="--max-sequences-per-request") as info:

@@ -11,7 +11,12 @@ Invariants:
       the connection closed. Neither keeps a connection (or the memory of a half-read
       body) for longer.
     * Every answer from this module has the OpenAI error body and closes the connection
-      (``Connection: close``), because the rest of the request is never read.
+      (``Connection: close``), because the rest of the request is never read. The close
+      is graceful when the body is unread (a 413 on its ``Content-Length``, a 408, an
+      early 401): the server half-closes and discards what still arrives, at most
+      ``--max-request-body-size`` bytes for at most :data:`LINGER_SECONDS`, before it
+      closes. Closing a socket with unread data makes the kernel reset the connection, and
+      a client still sending its body would read ``ECONNRESET`` instead of the answer.
     * With an API key, every route needs ``Authorization: Bearer KEY``, compared in
       constant time, except :data:`OPEN_PATHS` (probes and Prometheus). Routes added by
       endpoint plugins and mounted apps are covered too: the check is ASGI middleware in
@@ -45,6 +50,10 @@ OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
 DEFAULT_MAX_REQUEST_BODY_SIZE = 32 << 20
 DEFAULT_REQUEST_READ_TIMEOUT = 30.0
 DEFAULT_MAX_SEQUENCES_PER_REQUEST = 256
+# How long a connection closed with its request body unread keeps discarding the body
+# (nginx's lingering_time is 30 s; a client that means to read its answer has sent the
+# rest of a 32 MiB body by then even at a few MB/s, and a slow one is cut off anyway).
+LINGER_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,7 @@ class HttpLimits:
 
     def uvicorn_options(self) -> dict[str, Any]:
         """Keyword arguments for ``uvicorn.Config`` that enforce the connection limits."""
-        return {"http": h11_protocol(self.request_read_timeout),
+        return {"http": h11_protocol(self.request_read_timeout, self.max_request_body_size),
                 "timeout_keep_alive": envs.FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE}
 
 
@@ -101,13 +110,25 @@ class _H11ProtocolWithReadTimeout(H11Protocol):
     """
 
     read_timeout: float = DEFAULT_REQUEST_READ_TIMEOUT
+    linger_bytes: int = DEFAULT_MAX_REQUEST_BODY_SIZE
     _read_timer: asyncio.TimerHandle | None = None
+    # Set while closing gracefully (see _LingeringClose): the timer that ends it.
+    _linger_timer: asyncio.TimerHandle | None = None
+    _linger_left = 0
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+        self._raw_transport = transport
+        # uvicorn closes through the transport it was given (the protocol and each
+        # request's cycle): this one decides whether that close lingers.
+        super().connection_made(_LingeringClose(transport, self))  # type: ignore[arg-type]
         self._start_read_timer()
 
     def data_received(self, data: bytes) -> None:
+        if self._linger_timer is not None:
+            self._linger_left -= len(data)  # the unread body, discarded
+            if self._linger_left < 0:
+                self._raw_transport.close()
+            return
         super().data_received(data)
         if self.conn.their_state is h11.IDLE or self._body_unread():
             self._start_read_timer()
@@ -121,7 +142,26 @@ class _H11ProtocolWithReadTimeout(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_read_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         super().connection_lost(exc)
+
+    def close_gracefully(self) -> bool:
+        """Half-close instead of closing when the request body is still arriving.
+
+        Returns:
+            Whether the connection now lingers (else the caller closes it).
+        """
+        raw = self._raw_transport
+        if (self._linger_timer is not None or raw.is_closing() or self.conn.their_state is not h11.SEND_BODY
+                or not raw.can_write_eof()):
+            return self._linger_timer is not None
+        self._stop_read_timer()
+        self._linger_left = self.linger_bytes
+        self._linger_timer = self.loop.call_later(LINGER_SECONDS, raw.close)
+        raw.write_eof()  # sends FIN once the answer is flushed
+        raw.resume_reading()  # uvicorn may have paused it for a body nobody read
+        return True
 
     def send_400_response(self, msg: str) -> None:
         # uvicorn answers a request h11 cannot parse (a bad request line or header, an
@@ -151,12 +191,46 @@ class _H11ProtocolWithReadTimeout(H11Protocol):
         if (self.conn.their_state is h11.IDLE or self._body_unread()) and not self.transport.is_closing():
             logger.info("closed a connection from %s: the request did not arrive within %g s "
                         "(--request-read-timeout)", self.client, self.read_timeout)
-            self.transport.close()
+            self._raw_transport.close()  # too slow: no lingering
 
 
-def h11_protocol(read_timeout: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol class with the read timeout above (for ``uvicorn.Config(http=)``)."""
-    return type("H11ProtocolWithReadTimeout", (_H11ProtocolWithReadTimeout,), {"read_timeout": read_timeout})
+class _LingeringClose:
+    """A transport whose ``close()`` half-closes while the request body is unread.
+
+    uvicorn closes the transport right after an answer with ``Connection: close``; when
+    the client is still sending its body, the kernel then resets the connection (data
+    arrived that nobody will read) and the client, busy writing, never reads the answer.
+    Here that close sends FIN after the answer and discards the rest of the body, bounded
+    by ``--max-request-body-size`` bytes and :data:`LINGER_SECONDS`; the client reads its
+    413 or 408. Everything else is the wrapped transport's.
+    """
+
+    def __init__(self, transport: asyncio.Transport, protocol: _H11ProtocolWithReadTimeout) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def close(self) -> None:
+        if not self._protocol.close_gracefully():
+            self._transport.close()
+
+    def is_closing(self) -> bool:
+        # While lingering the connection is closed as far as uvicorn is concerned.
+        return self._protocol._linger_timer is not None or self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+def h11_protocol(read_timeout: float, linger_bytes: int = DEFAULT_MAX_REQUEST_BODY_SIZE) -> type[H11Protocol]:
+    """uvicorn's h11 protocol class with the read timeout above (for ``uvicorn.Config(http=)``).
+
+    Args:
+        read_timeout: ``--request-read-timeout``.
+        linger_bytes: Most bytes of an unread body discarded before closing
+            (``--max-request-body-size``).
+    """
+    return type("H11ProtocolWithReadTimeout", (_H11ProtocolWithReadTimeout,),
+                {"read_timeout": read_timeout, "linger_bytes": linger_bytes})
 
 
 async def send_error(send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
