@@ -68,6 +68,10 @@ class Request:
         priority: Scheduling priority under the ``priority`` policy; lower runs first.
         cache_salt: Extra key mixed into the prefix-cache hashes (a LoRA adapter name,
             a tenant salt...). Requests only share cached blocks when their salts match.
+        group_id: The request this one is a sequence of: the ``n`` children of a request
+            and the prompts of one API request share it, and the scheduler's
+            ``max_running_seqs_per_request`` counts them together. Default: ``request_id``
+            (a group of its own).
 
     Attributes:
         status: Where the request is in its lifecycle.
@@ -96,8 +100,10 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: Hashable | None = None,
+        group_id: str | None = None,
     ) -> None:
         self.request_id = request_id
+        self.group_id = request_id if group_id is None else group_id
         self.prompt_token_ids: list[int] = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id

@@ -16,6 +16,7 @@ the mirror equals every running request's ``block_ids``, so every test driven th
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -171,6 +172,10 @@ def check_step(scheduler: Scheduler, out: SchedulerOutput) -> None:
         if cfg.max_num_partial_prefills is not None:
             assert num_prefills <= cfg.max_num_partial_prefills
         assert num_long <= cfg.max_long_partial_prefills
+    if cfg.max_running_seqs_per_request:
+        per_group = Counter(request.group_id for request in scheduler.running)
+        assert max(per_group.values(), default=0) <= cfg.max_running_seqs_per_request, per_group
+        assert scheduler._group_running == dict(per_group)
     scheduler.kv_cache_manager.check_invariants()
 
 
@@ -216,6 +221,7 @@ def make_request(
     max_tokens: int | None = 8,
     arrival: float = 0.0,
     priority: int = 0,
+    group_id: str | None = None,
     **params: object,
 ) -> Request:
     """A request; an int ``prompt`` makes that many distinct tokens from ``rid``."""
@@ -223,7 +229,7 @@ def make_request(
         prompt = [default_token(rid, -1 - i) for i in range(prompt)]
     return Request(
         rid, prompt, Params(max_tokens=max_tokens, **params),  # type: ignore[arg-type]
-        eos_token_id=EOS, arrival_time=arrival, priority=priority,
+        eos_token_id=EOS, arrival_time=arrival, priority=priority, group_id=group_id,
     )
 
 
@@ -234,6 +240,7 @@ def assert_no_leaks(scheduler: Scheduler) -> None:
     assert kv.num_free_blocks == kv.num_blocks
     assert kv.usage == 0.0
     assert not scheduler.running and not len(scheduler.waiting) and not scheduler.requests
+    assert not scheduler._group_running
 
 
 class CustomScheduler(Scheduler):

@@ -52,6 +52,13 @@ class SchedulerConfig:
             tokens sized to it; then the other requests take at most ``1 / (1 - share)``
             times as long as alone. A long prompt alone is not limited. 0: off (vLLM has
             no such limit). Flag: ``--long-prefill-time-share`` (forkless only).
+        max_running_seqs_per_request: When > 0, most sequences of one request running at
+            once (the ``n`` children and prompts sharing a ``Request.group_id``); the
+            request's other sequences wait, and requests queued behind them are admitted
+            first. One request for hundreds of sequences then takes a bounded part of each
+            step, not every slot of ``max_num_seqs`` and a step hundreds of sequences long.
+            0: no limit (vLLM has none). Flag: ``--max-running-seqs-per-request`` (forkless
+            only; ``EngineArgs`` picks a CPU default for the server, see ``forkless.config``).
         async_scheduling: Schedule and launch step N+1 before step N's sampled tokens
             reach the host (they are fed to N+1 on the device), so that the host's work
             overlaps the device's. Flag: ``--async-scheduling``. Requests whose sampling
@@ -68,6 +75,7 @@ class SchedulerConfig:
     max_num_partial_prefills: int | None = None
     max_long_partial_prefills: int = 1
     long_prefill_time_share: float = 0.0
+    max_running_seqs_per_request: int = 0
     async_scheduling: bool = False
 
     def __post_init__(self) -> None:
@@ -91,6 +99,10 @@ class SchedulerConfig:
         share = self.long_prefill_time_share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share < 1.0:
             raise ValueError(f"SchedulerConfig.long_prefill_time_share must be in [0, 1), got {share!r}")
+        per_request = self.max_running_seqs_per_request
+        if isinstance(per_request, bool) or not isinstance(per_request, int) or per_request < 0:
+            raise ValueError("SchedulerConfig.max_running_seqs_per_request must be an integer >= 0 "
+                             f"(0: no limit), got {per_request!r}")
         partial = self.max_num_partial_prefills
         if partial is not None:
             _check_positive("SchedulerConfig", max_num_partial_prefills=partial)

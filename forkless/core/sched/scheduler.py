@@ -24,6 +24,13 @@ sized to it (``time_share.py``); a long prompt alone is not limited. A prompt of
 ``long_prefill_token_threshold`` tokens is then long until its prefill ends: its last
 tokens attend over all the others, so they are its dearest, not short work.
 
+One request for many sequences (``n`` children, many prompts: one ``Request.group_id``)
+does not take every slot either: with ``max_running_seqs_per_request`` (> 0) at most that
+many of a group's sequences run at once. A waiting sequence of a group at the limit is
+passed over, like a long prompt over its limit, and keeps its place; the requests queued
+behind it are admitted. As the group's running sequences finish, its next ones are
+admitted, so the group and the others take turns instead of the others waiting for it all.
+
 A step sends the runner each running request's block ids appended since it was last
 scheduled, not its whole table (``ScheduledRequest.new_block_ids``): ``num_block_ids_sent``
 counts what the runner holds. That is sound because a running request's ``block_ids`` only
@@ -104,6 +111,9 @@ class Scheduler(SchedulerInterface):
         # Requests whose sampling reads their own output history, which lags by one
         # step under async scheduling: while any is present, steps run synchronously.
         self._history_dependent: set[str] = set()
+        # Running sequences per group_id, kept only with max_running_seqs_per_request.
+        self._max_per_group = scheduler_config.max_running_seqs_per_request
+        self._group_running: dict[str, int] = {}
         self._time_share: LongPrefillTimeShare | None = None
         cfg = scheduler_config
         if cfg.long_prefill_time_share and cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold:
@@ -244,11 +254,15 @@ class Scheduler(SchedulerInterface):
                         largest_long = max(largest_long, num_new)
 
         # Admitting while preempting would just thrash: the freed blocks go to running work.
-        # Long prompts over max_long_partial_prefills are set aside so that shorter ones
-        # behind them are admitted now; they go back to their places afterwards.
+        # Long prompts over max_long_partial_prefills, and sequences of a group at
+        # max_running_seqs_per_request, are set aside so that the requests behind them are
+        # admitted now; they go back to their places afterwards.
         skipped: list[Request] = []
         while not preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             request = self.waiting.peek()
+            if self._max_per_group and self._group_running.get(request.group_id, 0) >= self._max_per_group:
+                skipped.append(self.waiting.pop())
+                continue
             hit_ids, num_hit = [], 0
             if not _skips_prefix_cache(request.sampling_params):
                 hit_ids, num_hit = kv.get_computed_blocks(request)
@@ -274,6 +288,8 @@ class Scheduler(SchedulerInterface):
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit
             self.running.append(request)
+            if self._max_per_group:
+                self._group_running[request.group_id] = self._group_running.get(request.group_id, 0) + 1
             scheduled[request.request_id] = num_new
             admitted.add(request.request_id)
             budget -= num_new
@@ -396,8 +412,18 @@ class Scheduler(SchedulerInterface):
             return (request.priority, request.arrival_time, seq)
         return (request.arrival_time, seq)
 
+    def _left_running(self, request: Request) -> None:
+        # Called for every request leaving `running` (preempted or finished while running).
+        if self._max_per_group:
+            left = self._group_running[request.group_id] - 1
+            if left:
+                self._group_running[request.group_id] = left
+            else:
+                del self._group_running[request.group_id]
+
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
+        self._left_running(request)
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -468,6 +494,8 @@ class Scheduler(SchedulerInterface):
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         # The caller removes the request from `running` (in one pass for many requests).
+        if request.status is RequestStatus.RUNNING:
+            self._left_running(request)
         request.status = status
         request.finish_reason = status.finish_reason
         self.kv_cache_manager.free(request)
