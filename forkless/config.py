@@ -30,6 +30,9 @@ logger = init_logger(__name__)
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMAT_CHOICES = ("auto", "dummy")
+#: ``--kv-cache-dtype`` values (vLLM's names): ``auto`` stores the model dtype; ``fp8`` and
+#: ``fp8_e4m3`` store float8 e4m3 (one byte per element) with per-layer scales of 1.0.
+KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3")
 GiB = 1 << 30
 # On CPU the KV cache lives in host memory next to everything else: take a modest share.
 CPU_KV_CACHE_FRACTION = 0.25
@@ -108,10 +111,15 @@ class CacheConfig:
         enable_prefix_caching: Share the KV of common prompt prefixes.
         prefix_caching_hash_algo: How prefix-cache blocks are hashed (see
             ``forkless.core.block_pool.HASH_ALGOS``).
+        cache_dtype: ``--kv-cache-dtype``: ``"auto"`` (the model dtype), ``"fp8"`` or
+            ``"fp8_e4m3"`` (float8 e4m3, per-layer scales of 1.0, as vLLM without
+            checkpoint scales); the attention backend must list it in
+            ``supported_kv_cache_dtypes``.
         num_blocks: Set by the engine core once the workers have sized the cache.
     """
 
     block_size: int = 16
+    cache_dtype: str = "auto"
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None
     enable_prefix_caching: bool = True
@@ -217,6 +225,7 @@ class EngineArgs:
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None
+    kv_cache_dtype: str = "auto"
     enable_prefix_caching: bool = True
     prefix_caching_hash_algo: str = "sha256"
     max_num_seqs: int = 256
@@ -274,6 +283,10 @@ class EngineArgs:
                        help="fraction of device memory to use (model + KV cache)")
         g.add_argument("--kv-cache-memory", type=int, default=None,
                        help="KV-cache size in bytes (overrides --gpu-memory-utilization)")
+        g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_CACHE_DTYPE_CHOICES,
+                       help="KV-cache storage: auto = the model dtype; fp8 / fp8_e4m3 = float8 e4m3, "
+                            "1 byte per element (twice the blocks), scale 1.0 (the triton backend on "
+                            "CUDA, or --attention-backend torch)")
         g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=d.enable_prefix_caching, help="reuse the KV cache of shared prompt prefixes")
         g.add_argument("--prefix-caching-hash-algo", default=d.prefix_caching_hash_algo, choices=HASH_ALGOS,
@@ -407,6 +420,7 @@ class EngineArgs:
                 block_size=self.block_size,
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 kv_cache_memory=self.kv_cache_memory,
+                cache_dtype=self.kv_cache_dtype,
                 enable_prefix_caching=self.enable_prefix_caching,
                 prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             ),
@@ -472,6 +486,8 @@ class EngineArgs:
             raise _bad_flag("--dtype", self.dtype, f"one of {', '.join(DTYPE_CHOICES)}")
         if self.load_format not in LOAD_FORMAT_CHOICES:
             raise _bad_flag("--load-format", self.load_format, f"one of {', '.join(LOAD_FORMAT_CHOICES)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
+            raise _bad_flag("--kv-cache-dtype", self.kv_cache_dtype, f"one of {', '.join(KV_CACHE_DTYPE_CHOICES)}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise _bad_flag("--scheduling-policy", self.scheduling_policy,
                             f"one of {', '.join(SCHEDULING_POLICIES)}")

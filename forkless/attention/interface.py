@@ -95,6 +95,10 @@ class AttentionBackend(abc.ABC):
     #: Whether a decode step's forward pass may be captured in a CUDA graph (the backend
     #: then reads everything it needs from the metadata's device tensors).
     supports_cuda_graphs: ClassVar[bool] = False
+    #: The ``--kv-cache-dtype`` values the backend reads and writes. ``"auto"``: the cache
+    #: holds the model dtype; ``"fp8"`` / ``"fp8_e4m3"``: float8 e4m3 holding ``x / scale``
+    #: with the layer's :attr:`k_scale` / :attr:`v_scale`.
+    supported_kv_cache_dtypes: ClassVar[tuple[str, ...]] = ("auto",)
 
     def __init__(
         self,
@@ -113,6 +117,10 @@ class AttentionBackend(abc.ABC):
         self.head_dim = head_dim
         self.scale = scale
         self.layer_idx = layer_idx
+        #: Per-tensor scales of an fp8 KV cache (stored = x / scale). forkless, like vLLM
+        #: without checkpoint scales or ``--calculate-kv-scales``, uses 1.0.
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     @classmethod
     @abc.abstractmethod

@@ -82,8 +82,9 @@ class AttentionSelectorConfig(NamedTuple):
     Attributes:
         head_size: Per-head dimension of the model's attention.
         dtype: The ``torch.dtype`` the model runs in.
-        kv_cache_dtype: ``"auto"`` (the KV cache holds ``dtype``): forkless has no
-            quantized KV cache.
+        kv_cache_dtype: ``--kv-cache-dtype``: ``"auto"`` (the KV cache holds ``dtype``),
+            ``"fp8"`` or ``"fp8_e4m3"`` (float8 e4m3, per-layer scales of 1.0); the chosen
+            backend must list it in ``supported_kv_cache_dtypes``.
         block_size: Tokens per KV-cache block (``--block-size``); vLLM passes ``None``
             unless the user set it, forkless always knows it.
         use_mla: Multi-head latent attention (always ``False`` in forkless).

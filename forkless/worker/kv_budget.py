@@ -1,13 +1,60 @@
-"""How many KV-cache blocks a worker can afford."""
+"""How many KV-cache blocks a worker can afford, and what one element of it costs.
+
+A block's bytes come from the model runner (``ModelRunner.bytes_per_block``), which
+multiplies the cache's element count by the element size of ``--kv-cache-dtype``: the
+model dtype for ``auto``, one byte for ``fp8`` / ``fp8_e4m3``, so the same budget holds
+twice the blocks of a 16-bit model.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import torch
+
     from forkless.config import EngineConfig
 
-from forkless.config import CPU_KV_CACHE_FRACTION, CPU_KV_CACHE_MAX_BYTES
+from forkless.config import CPU_KV_CACHE_FRACTION, CPU_KV_CACHE_MAX_BYTES, KV_CACHE_DTYPE_CHOICES
+
+
+def kv_cache_torch_dtype(cache_dtype: str, model_dtype: "torch.dtype", backend: type, device: "torch.device",
+                         ) -> "torch.dtype":
+    """The torch dtype the KV cache holds for ``--kv-cache-dtype cache_dtype``.
+
+    Args:
+        cache_dtype: The flag's value.
+        model_dtype: The dtype the model runs in (``auto`` stores it).
+        backend: The attention backend class; it lists what it reads in
+            ``supported_kv_cache_dtypes``.
+        device: Where the cache lives.
+
+    Returns:
+        ``model_dtype`` or ``torch.float8_e4m3fn``.
+
+    Raises:
+        ValueError: An unknown value, one the backend does not read, or fp8 on a GPU
+            older than compute capability 8.9; the message names the flag and what works.
+    """
+    import torch
+
+    if cache_dtype not in KV_CACHE_DTYPE_CHOICES:
+        raise ValueError(f"--kv-cache-dtype={cache_dtype!r} is invalid: expected one of "
+                         f"{', '.join(KV_CACHE_DTYPE_CHOICES)}")
+    supported = tuple(getattr(backend, "supported_kv_cache_dtypes", ("auto",)))
+    name = getattr(backend, "name", "") or backend.__name__
+    if cache_dtype not in supported:
+        raise ValueError(
+            f"--kv-cache-dtype {cache_dtype} is not supported by the {name!r} attention backend on "
+            f"{device.type} (it supports: {', '.join(supported)}); fp8 needs the 'triton' backend on a CUDA "
+            "GPU, or --attention-backend torch (the reference, slow)")
+    if cache_dtype == "auto":
+        return model_dtype
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(f"--kv-cache-dtype {cache_dtype} needs a GPU of compute capability 8.9 or newer "
+                         f"(float8 e4m3 conversions); this one is {major}.{minor}: use --kv-cache-dtype auto")
+    return torch.float8_e4m3fn
 
 
 def kv_budget_bytes(

@@ -34,6 +34,7 @@ from forkless.plugins import resolve_class
 from forkless.protocol.step import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
 from forkless.sample import InputBatch, LogprobsTensors, Sampler, gather_logprobs
 from forkless.sampling_params import SamplingParams
+from forkless.worker.kv_budget import kv_cache_torch_dtype
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
@@ -107,12 +108,15 @@ class ModelRunner:
         # The platform picks the backend (its default, or --attention-backend), so a
         # platform plugin can bring its own kernels without registering them. The call is
         # vLLM's, so that a platform ported from vLLM overrides it unchanged.
+        cache_dtype = config.cache_config.cache_dtype
         selector = AttentionSelectorConfig(head_size=get_head_dim(self.hf_config), dtype=self.dtype,
-                                           kv_cache_dtype="auto", block_size=config.cache_config.block_size)
+                                           kv_cache_dtype=cache_dtype, block_size=config.cache_config.block_size)
         backend_path = current_platform.get_attn_backend_cls(
             config.device_config.attention_backend, attn_selector_config=selector,
             num_heads=int(self.hf_config.num_attention_heads))
         self.attn_backend = resolve_class(backend_path, AttentionBackend, "--attention-backend")
+        #: What the KV cache holds: the model dtype, or float8 e4m3 (one byte per element).
+        self.kv_cache_dtype = kv_cache_torch_dtype(cache_dtype, self.dtype, self.attn_backend, device)
         logger.info("platform %s (%s), attention backend %s (%s)", current_platform.name,
                     current_platform.get_device_name(device.index or 0), self.attn_backend.name or backend_path,
                     backend_path)
@@ -171,7 +175,7 @@ class ModelRunner:
     def bytes_per_block(self) -> int:
         """KV bytes of one block, all layers together."""
         elems = int(np.prod(self._layer_shape(1)))
-        return elems * self.dtype.itemsize * self.kv_spec.num_layers
+        return elems * self.kv_cache_dtype.itemsize * self.kv_spec.num_layers
 
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate one cache tensor per layer (zeroed: kernels may read padding)."""
@@ -189,11 +193,11 @@ class ModelRunner:
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         if self.device.type != "cpu":
-            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+            return torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
         # calloc'd memory: the OS hands out zero pages on first touch, so a multi-GiB
         # cache costs nothing until used (torch.zeros would memset it all up front).
-        nbytes = int(np.prod(shape)) * self.dtype.itemsize
-        return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(self.dtype).view(shape)
+        nbytes = int(np.prod(shape)) * self.kv_cache_dtype.itemsize
+        return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(self.kv_cache_dtype).view(shape)
 
     @torch.inference_mode()
     def profile_run(self) -> None:

@@ -1,4 +1,9 @@
-"""The Triton paged backend against the torch reference, kernel level, on the GPU."""
+"""The Triton paged backend against the torch reference, kernel level, on the GPU.
+
+Every decode launch the backend can choose (KV heads per program, tile, splits) and the
+fp8 cache (keys/values rounded to e4m3 with per-tensor scales) must give the reference's
+output on prefill, prefill over cached context, mixed steps and decode.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import pytest
 import torch
 
 from forkless.attention import AttentionMetadata, get_attention_backend
+from forkless.attention.backends.triton_paged import DecodeLaunch
 
 HQ, HKV, D, BS, NUM_BLOCKS = 16, 8, 128, 16, 256
 
@@ -20,16 +26,47 @@ def _steps():
     ]
 
 
+LAUNCHES = [
+    None,  # the backend's own choice
+    DecodeLaunch(kv_per_prog=1, block_n=64),
+    DecodeLaunch(kv_per_prog=2, block_n=32, num_warps=8),
+    DecodeLaunch(kv_per_prog=8, block_n=16, num_stages=2),
+    DecodeLaunch(kv_per_prog=8, block_n=16, num_warps=8, splits=3),
+    DecodeLaunch(block_n=128, num_stages=2, splits=2, fp8_via_fp16=False),
+]
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("splits", [None, 4])
-def test_matches_reference(dtype, tol, splits):
+@pytest.mark.parametrize("launch", LAUNCHES, ids=lambda x: "auto" if x is None else
+                         f"kv{x.kv_per_prog}-n{x.block_n}-w{x.num_warps}-s{x.num_stages}-sp{x.splits}")
+def test_matches_reference(dtype, tol, splits, launch):
+    _check(dtype, tol, splits, launch)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16])
+@pytest.mark.parametrize("splits", [None, 4])
+@pytest.mark.parametrize("launch", [LAUNCHES[i] for i in (0, 2, 4, 5)], ids=lambda x: "auto" if x is None else
+                         f"kv{x.kv_per_prog}-fp16{x.fp8_via_fp16}")
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.5, 2.0)])
+def test_fp8_cache_matches_reference(dtype, splits, launch, scales):
+    """An fp8 cache stores e4m3(x / scale) and attends as the reference does over the
+    dequantized keys/values (the rounding to fp8 is the only error it adds)."""
+    _check(dtype, 2e-2 if dtype == torch.bfloat16 else 1e-5, splits, launch, kv_dtype=torch.float8_e4m3fn,
+           scales=scales)
+
+
+def _check(dtype, tol, splits, launch, kv_dtype=None, scales=(1.0, 1.0)):
     dev = torch.device("cuda")
+    kv_dtype = kv_dtype or dtype
     ref = get_attention_backend("torch")(HQ, HKV, D, D**-0.5)
     tri = get_attention_backend("triton")(HQ, HKV, D, D**-0.5)
     tri.decode_splits = splits
+    tri.decode_override = launch
+    tri.k_scale, tri.v_scale = scales
     shape = ref.get_kv_cache_shape(NUM_BLOCKS, BS, HKV, D)
     cache_ref = torch.zeros(shape, dtype=dtype, device=dev)
-    cache_tri = torch.zeros(shape, dtype=dtype, device=dev)
+    cache_tri = torch.zeros(shape, dtype=kv_dtype, device=dev)
     gen = torch.Generator(device=dev).manual_seed(0)
     free = torch.randperm(NUM_BLOCKS).tolist()
     tables: dict[str, list[int]] = {}
@@ -64,12 +101,21 @@ def test_matches_reference(dtype, tol, splits):
 
         t = len(slots)
         q, k, v = (torch.randn(t, h, D, generator=gen, device=dev, dtype=dtype) for h in (HQ, HKV, HKV))
-        # The reference computes in float32 from the same (rounded) inputs.
-        out_ref = ref.forward(q.float(), k.float(), v.float(), cache_ref.float(), md())
-        cache_ref.copy_(_store_like(cache_ref, k, v, slots))
+        # The reference computes in float32 from the same (rounded) inputs: for an fp8
+        # cache, the keys/values as the cache holds them, dequantized.
+        kq, vq = k.float(), v.float()
+        if kv_dtype != dtype:
+            kq = (k.float() / scales[0]).to(kv_dtype).float() * scales[0]
+            vq = (v.float() / scales[1]).to(kv_dtype).float() * scales[1]
+        out_ref = ref.forward(q.float(), kq, vq, cache_ref.float(), md())
+        cache_ref.copy_(_store_like(cache_ref, kq, vq, slots))
         out = tri.forward(q, k, v, cache_tri, md())
         n = starts[-1]
-        assert torch.equal(cache_tri, cache_ref), "keys/values stored in the wrong slots"
+        if kv_dtype == dtype:
+            assert torch.equal(cache_tri, cache_ref), "keys/values stored in the wrong slots"
+        else:
+            stored = torch.stack([cache_tri[0].float() * scales[0], cache_tri[1].float() * scales[1]])
+            assert torch.equal(stored, cache_ref.float()), "fp8 keys/values stored wrong"
         err = (out[:n].float() - out_ref[:n]).norm() / out_ref[:n].norm()
         assert err < tol, f"{batch}: relative error {err:.2e} over {tol}"
 

@@ -48,6 +48,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
     """
 
     name = "cpu"
+    # The C kernels read float32 caches only; an fp8 cache would run the torch reference's
+    # casts at a fraction of their speed, so ask for --attention-backend torch explicitly.
+    supported_kv_cache_dtypes = ("auto",)
 
     def forward(
         self,

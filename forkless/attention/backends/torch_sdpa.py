@@ -5,6 +5,12 @@ on accelerators; on CPU, groups of similar length small enough to stay in the CP
 each prefilling sequence (fresh, chunked, or on top of a prefix-cache hit) is attended on
 its own, since padding a long prompt together with short ones would waste most of the
 work.
+
+An fp8 cache (``--kv-cache-dtype fp8``, ``torch.float8_e4m3fn``) holds
+``e4m3(clamp(x / scale, +-448))`` with the layer's ``k_scale`` / ``v_scale``; reads multiply
+the scale back. New keys/values of a step are rounded the same way before attending, so a
+fresh prefill sees what later steps read from the cache (as the Triton backend, which
+always reads the cache). Index ops run on ``uint8`` views: CPU torch has no float8 indexing.
 """
 
 from __future__ import annotations
@@ -16,6 +22,22 @@ import torch
 import torch.nn.functional as F
 
 from forkless.attention.interface import AttentionBackend, AttentionMetadata
+
+#: Largest finite float8_e4m3fn value: stores saturate here rather than becoming NaN.
+FP8_E4M3_MAX = 448.0
+
+
+def fp8_quantize(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """``x / scale`` rounded to float8 e4m3 (nearest even), saturated at +-448."""
+    return (x.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def _read(cache: torch.Tensor, idx: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """Rows ``idx`` of a ``[slots, Hkv, D]`` cache view, in ``dtype`` (fp8 dequantized)."""
+    if cache.dtype != torch.float8_e4m3fn:
+        return cache[idx].to(dtype)
+    rows = cache.view(torch.uint8)[idx].view(torch.float8_e4m3fn)
+    return (rows.float() * scale).to(dtype)
 
 
 @dataclass
@@ -208,6 +230,7 @@ class TorchAttentionBackend(AttentionBackend):
     """
 
     name = "torch"
+    supported_kv_cache_dtypes = ("auto", "fp8", "fp8_e4m3")
 
     @classmethod
     def get_kv_cache_shape(
@@ -230,6 +253,9 @@ class TorchAttentionBackend(AttentionBackend):
                 key_bytes = 2 * self.num_kv_heads * self.head_dim * q.element_size()  # key + value
                 group_keys = _CPU_DECODE_GROUP_BYTES // key_bytes
             plan = attn_metadata.backend_state["torch"] = _build_plan(attn_metadata, group_keys)
+        if kv_cache is not None and kv_cache.dtype == torch.float8_e4m3fn:
+            k = (fp8_quantize(k, self.k_scale).float() * self.k_scale).to(q.dtype)
+            v = (fp8_quantize(v, self.v_scale).float() * self.v_scale).to(q.dtype)
         key_cache, value_cache = self._store(k, v, kv_cache, plan)
         if plan.decode and plan.decode[0].all_rows:
             return self._decode(q, key_cache, value_cache, plan.decode[0]).view(q.shape[0], -1)
@@ -249,6 +275,12 @@ class TorchAttentionBackend(AttentionBackend):
             return None, None
         key_cache = kv_cache[0].view(-1, self.num_kv_heads, self.head_dim)
         value_cache = kv_cache[1].view(-1, self.num_kv_heads, self.head_dim)
+        if kv_cache.dtype == torch.float8_e4m3fn:
+            key_cache.view(torch.uint8).index_copy_(
+                0, plan.store_slots, fp8_quantize(k[plan.store_rows], self.k_scale).view(torch.uint8))
+            value_cache.view(torch.uint8).index_copy_(
+                0, plan.store_slots, fp8_quantize(v[plan.store_rows], self.v_scale).view(torch.uint8))
+            return key_cache, value_cache
         key_cache.index_copy_(0, plan.store_slots, k[plan.store_rows].to(key_cache.dtype))
         value_cache.index_copy_(0, plan.store_slots, v[plan.store_rows].to(value_cache.dtype))
         return key_cache, value_cache
@@ -272,8 +304,8 @@ class TorchAttentionBackend(AttentionBackend):
                 o = self._sdpa(queries, keys, values, None, causal=True)
             else:
                 assert key_cache is not None and value_cache is not None
-                keys = key_cache[p.gather_idx].to(q.dtype).transpose(0, 1)[None]
-                values = value_cache[p.gather_idx].to(q.dtype).transpose(0, 1)[None]
+                keys = _read(key_cache, p.gather_idx, q.dtype, self.k_scale).transpose(0, 1)[None]
+                values = _read(value_cache, p.gather_idx, q.dtype, self.v_scale).transpose(0, 1)[None]
                 o = self._sdpa(queries, keys, values, p.mask, causal=False)
             out[p.start : p.end] = o[0].transpose(0, 1)
 
@@ -289,8 +321,8 @@ class TorchAttentionBackend(AttentionBackend):
             torch.index_select(key_cache, 0, d.gather_idx, out=keys)
             torch.index_select(value_cache, 0, d.gather_idx, out=values)
         else:
-            keys = key_cache[d.gather_idx].to(q.dtype)
-            values = value_cache[d.gather_idx].to(q.dtype)
+            keys = _read(key_cache, d.gather_idx, q.dtype, self.k_scale)
+            values = _read(value_cache, d.gather_idx, q.dtype, self.v_scale)
         # [Bd, S, Hkv, D] -> [Bd, Hkv, S, D]
         keys = keys.view(kv_shape).transpose(1, 2)
         values = values.view(kv_shape).transpose(1, 2)

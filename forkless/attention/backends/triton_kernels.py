@@ -3,15 +3,29 @@
 Three kernels:
 
 * ``store_kv``: writes each new token's key and value into its cache slot (slot ``-1``
-  is padding and is skipped, so CUDA-graph batches can be padded freely).
-* ``paged_attention``: one program per (sequence, tile of new tokens, KV head). Query
-  rows are (token, query head of the GQA group) pairs, so a decode step still fills a
-  tensor-core tile with the heads that share one KV head. Keys are read from the
-  cache through the block table, which covers prefill, chunked prefill and prefill on
-  top of a prefix-cache hit with one code path (new keys are stored first).
+  is padding and is skipped, so CUDA-graph batches can be padded freely). An fp8 cache
+  (``--kv-cache-dtype fp8``) stores ``x / scale`` rounded to e4m3, clamped to its finite
+  range (+-448).
+* ``paged_attention``: one program per (sequence, tile of new tokens, group of
+  ``KV_PER_PROG`` KV heads). Query rows are (token, query head) pairs of the group, so a
+  decode step still fills a tensor-core tile with the heads that share its KV heads. A
+  key tile's rows are (token, KV head of the group) pairs: with ``KV_PER_PROG > 1`` one
+  dot product scores every query head against every key row of the tile and a mask
+  keeps only the pairs of the same KV head (the wasted products are free in a
+  memory-bound decode step, and the rows of one token are contiguous in the cache, so
+  the loads are wider). Keys are read from the cache through the block table, which
+  covers prefill, chunked prefill and prefill on top of a prefix-cache hit with one code
+  path (new keys are stored first). With ``ONE_BLOCK`` (the tile's tokens never cross a
+  cache block) the tile reads one block-table entry instead of one per token. An fp8
+  cache (``KV_FP8`` 1 or 2) is converted after loading, to the query dtype (1) or, for
+  16-bit queries, to float16 with the queries (2): e4m3 -> f16 is one hardware conversion
+  per two elements on sm_89+, while e4m3 -> bf16 is several (measured on an H200: the bf16
+  route ran the fp8 cache at 0.26-0.40 of the copy bandwidth). The key scale is folded
+  into the softmax scale and the value scale applied to the output.
 * split-KV decode (``paged_attention`` with ``NUM_SPLITS > 1`` + ``combine_splits``):
-  when a decode batch has too few (sequence, KV head) pairs to fill the GPU, each pair
-  is split along the context and the partial softmaxes are merged.
+  when a decode batch has too few programs to fill the GPU, or contexts of very
+  different lengths, each (sequence, KV-head group) is split along the context and the
+  partial softmaxes are merged.
 
 All grids depend only on tensor shapes and host integers known before the step, never
 on device values, so the kernels can be captured in CUDA graphs.
@@ -23,13 +37,16 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634
+#: Largest finite float8_e4m3fn value: stores saturate here instead of becoming NaN.
+FP8_E4M3_MAX = 448.0
 
 
 @triton.jit
 def store_kv_kernel(
     k_ptr, v_ptr, cache_ptr, slot_ptr,
     k_stride_t, v_stride_t, cache_kv_stride,
-    HKV_D: tl.constexpr, BLOCK: tl.constexpr,
+    k_inv_scale, v_inv_scale,
+    HKV_D: tl.constexpr, BLOCK: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
@@ -38,6 +55,9 @@ def store_kv_kernel(
     k = tl.load(k_ptr + t * k_stride_t + offs, mask=mask)
     v = tl.load(v_ptr + t * v_stride_t + offs, mask=mask)
     dst = cache_ptr + slot * HKV_D + offs
+    if KV_FP8:
+        k = tl.clamp(k.to(tl.float32) * k_inv_scale, -448.0, 448.0)
+        v = tl.clamp(v.to(tl.float32) * v_inv_scale, -448.0, 448.0)
     tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
     tl.store(dst + cache_kv_stride, v.to(cache_ptr.dtype.element_ty), mask=mask)
 
@@ -46,20 +66,23 @@ def store_kv_kernel(
 def paged_attention_kernel(
     q_ptr, out_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
     part_acc_ptr, part_ml_ptr,
-    scale_log2,
+    scale_log2, v_scale,
     q_stride_t, q_stride_h, o_stride_t, o_stride_h,
     bt_stride, cache_kv_stride, block_size,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    KV_PER_PROG: tl.constexpr, ONE_BLOCK: tl.constexpr, KV_FP8: tl.constexpr,
     NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
 ):
     seq = tl.program_id(0)
     tile = tl.program_id(1)
-    kvh = tl.program_id(2)
+    kvg = tl.program_id(2)
     # With splits the second grid axis indexes the split (decode: one query tile).
     qblk = tile if NUM_SPLITS == 1 else 0
     split = tile if NUM_SPLITS > 1 else 0
+    ROWS_PER_TOK: tl.constexpr = KV_PER_PROG * GROUP
+    KV_ROWS: tl.constexpr = BLOCK_N * KV_PER_PROG
 
     q_start = tl.load(qsl_ptr + seq)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
@@ -67,15 +90,19 @@ def paged_attention_kernel(
     if qblk * BLOCK_Q < q_len:
         ctx_len = seq_len - q_len
         offs_m = tl.arange(0, BLOCK_M)
-        tok = qblk * BLOCK_Q + offs_m // GROUP
-        head = kvh * GROUP + offs_m % GROUP
-        m_valid = (offs_m < BLOCK_Q * GROUP) & (tok < q_len)
+        tok = qblk * BLOCK_Q + offs_m // ROWS_PER_TOK
+        head = kvg * ROWS_PER_TOK + offs_m % ROWS_PER_TOK
+        m_kv = (offs_m % ROWS_PER_TOK) // GROUP  # the row's KV head within the group
+        m_valid = (offs_m < BLOCK_Q * ROWS_PER_TOK) & (tok < q_len)
         offs_d = tl.arange(0, BLOCK_D)
         d_valid = offs_d < HEAD_DIM
         q = tl.load(
             q_ptr + (q_start + tok)[:, None] * q_stride_t + head[:, None] * q_stride_h + offs_d[None, :],
             mask=m_valid[:, None] & d_valid[None, :], other=0.0,
         )
+        if KV_FP8 == 2:
+            # Queries beyond float16's range would become inf; real ones are far below it.
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0).to(tl.float16)
         q_pos = ctx_len + tok
         # Keys this tile can see: up to its last query's position.
         kv_end = tl.minimum(seq_len, ctx_len + (qblk + 1) * BLOCK_Q)
@@ -85,22 +112,35 @@ def paged_attention_kernel(
             kv_begin = split * chunk
             kv_end = tl.minimum(kv_end, kv_begin + chunk)
 
+        offs_r = tl.arange(0, KV_ROWS)
+        r_tok = offs_r // KV_PER_PROG
+        r_kv = offs_r % KV_PER_PROG
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
         for start_n in range(kv_begin, kv_end, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
+            offs_n = start_n + r_tok
             n_valid = offs_n < kv_end
-            blk = tl.load(block_tables_ptr + seq * bt_stride + offs_n // block_size, mask=n_valid, other=0)
-            slot = blk.to(tl.int64) * block_size + offs_n % block_size
-            kv_off = (slot * NUM_KV_HEADS + kvh) * HEAD_DIM
+            if ONE_BLOCK:
+                blk = tl.load(block_tables_ptr + seq * bt_stride + start_n // block_size)
+                slot = blk.to(tl.int64) * block_size + offs_n % block_size
+            else:
+                blk = tl.load(block_tables_ptr + seq * bt_stride + offs_n // block_size, mask=n_valid, other=0)
+                slot = blk.to(tl.int64) * block_size + offs_n % block_size
+            kv_off = (slot * NUM_KV_HEADS + kvg * KV_PER_PROG + r_kv) * HEAD_DIM
             kv_mask = n_valid[:, None] & d_valid[None, :]
             k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            if KV_FP8 == 1:
+                k = k.to(q_ptr.dtype.element_ty)
+            elif KV_FP8 == 2:
+                k = k.to(tl.float16)
             if IEEE:
                 qk = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
                 qk = tl.dot(q, tl.trans(k))
             visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
+            if KV_PER_PROG > 1:
+                visible = visible & (r_kv[None, :] == m_kv[:, None])
             qk = tl.where(visible, qk * scale_log2, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             # A row that has seen no key yet keeps m = -inf; exp2 of (-inf) - 0 is 0.
@@ -109,11 +149,17 @@ def paged_attention_kernel(
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(cache_ptr + cache_kv_stride + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+            if KV_FP8 == 1:
+                v = v.to(q_ptr.dtype.element_ty)
+            elif KV_FP8 == 2:
+                v = v.to(tl.float16)
             if IEEE:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             else:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
+        if KV_FP8 != 0:
+            acc = acc * v_scale
 
         if NUM_SPLITS == 1:
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

@@ -4,12 +4,18 @@ Same cache layout as the reference backend, so the two are interchangeable and t
 reference is the oracle in tests. Every step stores the new keys/values first and then
 attends over the cache, so prefill, chunked prefill, prefix-cache hits and decode share
 one kernel. The forward pass reads no device value on the host and launches grids that
-depend only on shapes and ``max_query_len``: it can be captured in a CUDA graph.
+depend only on shapes, ``max_query_len`` and ``block_size``: it can be captured in a
+CUDA graph.
+
+The cache holds the model dtype (``--kv-cache-dtype auto``) or float8 e4m3
+(``fp8``/``fp8_e4m3``, one byte per element), told apart by the cache tensor's dtype; the
+per-layer scales are ``k_scale`` / ``v_scale`` (1.0, as vLLM without checkpoint scales).
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -29,6 +35,33 @@ _BLOCK_N = 64
 _MAX_SPLITS = 16
 
 
+class DecodeLaunch(NamedTuple):
+    """How a decode step's attention is launched (all host integers).
+
+    Attributes:
+        kv_per_prog: KV heads one program attends (a divisor of ``num_kv_heads``).
+        block_n: Tokens per key tile.
+        num_warps: Warps per program.
+        num_stages: Software-pipelining depth of the key/value loads.
+        splits: Context splits per (sequence, KV-head group); ``None``: chosen from the
+            number of programs and the GPU's SM count.
+        fp8_via_fp16: With an fp8 cache and 16-bit queries, convert keys/values (and the
+            queries) to float16 rather than to the query dtype (see ``triton_kernels``).
+    """
+
+    kv_per_prog: int = 1
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    splits: int | None = None
+    fp8_via_fp16: bool = True
+
+
+#: The decode launch before the tuning of issue #14 (one KV head per program, 64-token
+#: tiles), kept so ``benchmarks/attention_bw.py`` can measure against it.
+DECODE_BASELINE = DecodeLaunch()
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -44,6 +77,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
     name = "triton"
     #: The forward pass may be captured in a CUDA graph (see the model runner).
     supports_cuda_graphs = True
+    supported_kv_cache_dtypes = ("auto", "fp8", "fp8_e4m3")
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer_idx: int = 0) -> None:
         super().__init__(num_heads, num_kv_heads, head_dim, scale, layer_idx)
@@ -51,6 +85,8 @@ class TritonAttentionBackend(TorchAttentionBackend):
         self.block_d = triton.next_power_of_2(head_dim)
         #: Fixed number of decode context splits (tests); ``None`` chooses from the GPU.
         self.decode_splits: int | None = None
+        #: Fixed decode launch (benchmarks, tests); ``None`` uses :meth:`decode_launch`.
+        self.decode_override: DecodeLaunch | None = None
 
     def forward(
         self,
@@ -65,40 +101,51 @@ class TritonAttentionBackend(TorchAttentionBackend):
         md = attn_metadata
         num_tokens = q.shape[0]
         hkv_d = self.num_kv_heads * self.head_dim
+        kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
         k = k if k.stride(-1) == 1 and k.stride(-2) == self.head_dim else k.contiguous()
         v = v if v.stride(-1) == 1 and v.stride(-2) == self.head_dim else v.contiguous()
         store_kv_kernel[(num_tokens,)](
             k, v, kv_cache, md.slot_mapping,
             k.stride(0), v.stride(0), kv_cache.stride(0),
-            HKV_D=hkv_d, BLOCK=triton.next_power_of_2(hkv_d),
+            1.0 / self.k_scale, 1.0 / self.v_scale,
+            HKV_D=hkv_d, BLOCK=triton.next_power_of_2(hkv_d), KV_FP8=kv_fp8,
         )
         out = torch.empty(num_tokens, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         num_seqs = md.seq_lens.shape[0]
         if md.max_query_len == 1:
+            launch = self.decode_launch(num_seqs, md.block_size, q.device)
+            kv_per_prog, block_n, splits = launch.kv_per_prog, launch.block_n, launch.splits
             block_q = 1
-            block_m = max(16, triton.next_power_of_2(self.group))
-            splits = self._decode_splits(num_seqs, q.device)
+            block_m = max(16, triton.next_power_of_2(kv_per_prog * self.group))
+            num_warps, num_stages = launch.num_warps, launch.num_stages
+            via_fp16 = launch.fp8_via_fp16
         else:
+            kv_per_prog, block_n, splits = 1, _BLOCK_N, 1
             block_q = max(1, _PREFILL_ROWS // self.group)
             block_m = max(16, triton.next_power_of_2(block_q * self.group))
-            splits = 1
+            num_warps, num_stages = 4, 3
+            via_fp16 = True
+        # 0: the cache holds q's dtype; 1: fp8 read as q's dtype; 2: fp8 read as float16.
+        fp8_mode = 0 if not kv_fp8 else 2 if via_fp16 and q.dtype in (torch.bfloat16, torch.float16) else 1
+        assert splits is not None
         tiles = splits if splits > 1 else triton.cdiv(md.max_query_len, block_q)
         part_acc = part_ml = out  # unused placeholders when not splitting
         if splits > 1:
             part_acc = torch.empty(num_seqs * splits * self.num_heads, self.head_dim,
                                    dtype=torch.float32, device=q.device)
             part_ml = torch.empty(num_seqs * splits * self.num_heads, 2, dtype=torch.float32, device=q.device)
-        paged_attention_kernel[(num_seqs, tiles, self.num_kv_heads)](
+        paged_attention_kernel[(num_seqs, tiles, self.num_kv_heads // kv_per_prog)](
             q, out, kv_cache, md.block_tables, md.seq_lens, md.query_start_loc,
             part_acc, part_ml,
-            self.scale * LOG2E,
+            self.scale * LOG2E * (self.k_scale if kv_fp8 else 1.0), self.v_scale,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1),
             md.block_tables.stride(0), kv_cache.stride(0), md.block_size,
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group,
             HEAD_DIM=self.head_dim, BLOCK_D=self.block_d,
-            BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=_BLOCK_N,
+            BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
+            KV_PER_PROG=kv_per_prog, ONE_BLOCK=md.block_size % block_n == 0, KV_FP8=fp8_mode,
             NUM_SPLITS=splits, IEEE=q.dtype == torch.float32,
-            num_warps=4,
+            num_warps=num_warps, num_stages=num_stages,
         )
         if splits > 1:
             combine_splits_kernel[(num_seqs, self.num_heads)](
@@ -108,13 +155,21 @@ class TritonAttentionBackend(TorchAttentionBackend):
             )
         return out.view(num_tokens, self.num_heads * self.head_dim)
 
-    def _decode_splits(self, num_seqs: int, device: torch.device) -> int:
-        """Split the context when (sequence, KV head) programs alone would leave SMs idle."""
-        if self.decode_splits is not None:
-            return self.decode_splits
+    def decode_launch(self, num_seqs: int, block_size: int, device: torch.device) -> DecodeLaunch:
+        """The decode launch for a batch of ``num_seqs`` sequences (host integers only)."""
+        launch = self.decode_override or DECODE_BASELINE
+        kv_per_prog = launch.kv_per_prog if self.num_kv_heads % launch.kv_per_prog == 0 else 1
+        # tl.dot needs at least 16 key rows.
+        block_n = max(launch.block_n, triton.cdiv(16, kv_per_prog))
+        splits = self.decode_splits if self.decode_splits is not None else launch.splits
+        if splits is None:
+            splits = self._decode_splits(num_seqs * (self.num_kv_heads // kv_per_prog), device)
+        return launch._replace(kv_per_prog=kv_per_prog, block_n=block_n, splits=splits)
+
+    def _decode_splits(self, programs: int, device: torch.device) -> int:
+        """Split the context when the (sequence, KV-head group) programs alone would leave SMs idle."""
         if device.type != "cuda":
             return 1
-        programs = num_seqs * self.num_kv_heads
         target = 2 * _sm_count(device.index or 0)
         if programs >= target:
             return 1
