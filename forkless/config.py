@@ -65,6 +65,12 @@ CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 64
 # as long as alone, plus one chunk; half (a fair share between two clients, 2x) measured
 # 1.8-2.1x, too close to the 2x the hostile-client benchmark holds them to.
 CPU_DEFAULT_LONG_PREFILL_TIME_SHARE = 0.4
+# On CPU, for the server, at most this many sequences of one request (its prompts x n) run
+# at once (forkless.core.sched.scheduler). A decode step's time grows with its batch on a
+# CPU: one request for 256 sequences at once made every other request's step ~20x
+# slower, and made it wait for all 256 first (48x its p99 on a 2-core CPU with the
+# default model; benchmarks/README.md, "Hostile clients").
+CPU_DEFAULT_MAX_RUNNING_SEQS_PER_REQUEST = 8
 
 
 def _bad_flag(flag: str, value: Any, expected: str) -> ValueError:
@@ -216,6 +222,8 @@ class EngineArgs:
     cpu_long_prefill_token_threshold: ClassVar[int] = 0
     #: The CPU default of ``long_prefill_time_share`` (0: off).
     cpu_long_prefill_time_share: ClassVar[float] = 0.0
+    #: The CPU default of ``max_running_seqs_per_request`` (0: no limit, as vLLM).
+    cpu_max_running_seqs_per_request: ClassVar[int] = 0
 
     model: str | None = None
     tokenizer: str | None = None
@@ -238,6 +246,8 @@ class EngineArgs:
     max_long_partial_prefills: int = 1
     # None: cpu_long_prefill_time_share on CPU when long prefills are capped, else 0.
     long_prefill_time_share: float | None = None
+    # None: cpu_max_running_seqs_per_request on CPU, else 0 (no limit).
+    max_running_seqs_per_request: int | None = None
     scheduling_policy: str = "fcfs"
     scheduler_cls: str | type | None = None
     logits_processors: str | type | list[str | type] | None = None
@@ -312,6 +322,11 @@ class EngineArgs:
                             "step time, in chunks sized to it (others then take at most 1/(1-share) "
                             f"times as long); 0: off (default: {CPU_DEFAULT_LONG_PREFILL_TIME_SHARE} for "
                             "forkless serve on CPU, else 0; forkless only)")
+        g.add_argument("--max-running-seqs-per-request", type=int, default=None,
+                       help="most sequences of one request (its prompts x n) running at once; its "
+                            "others wait while requests behind them run; 0: no limit (default: "
+                            f"{CPU_DEFAULT_MAX_RUNNING_SEQS_PER_REQUEST} for forkless serve on CPU, else 0; "
+                            "forkless only)")
         g.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=SCHEDULING_POLICIES,
                        help="fcfs, or priority (lower request priority runs first)")
         g.add_argument("--scheduler-cls", default=None,
@@ -383,6 +398,9 @@ class EngineArgs:
         share = self.long_prefill_time_share
         if share is None:
             share = self.cpu_long_prefill_time_share if device_type == "cpu" and threshold else 0.0
+        per_request = self.max_running_seqs_per_request
+        if per_request is None:
+            per_request = self.cpu_max_running_seqs_per_request if device_type == "cpu" else 0
         try:
             scheduler_config = SchedulerConfig(
                 max_model_len=max_model_len,
@@ -394,6 +412,7 @@ class EngineArgs:
                 max_num_partial_prefills=self.max_num_partial_prefills,
                 max_long_partial_prefills=self.max_long_partial_prefills,
                 long_prefill_time_share=share,
+                max_running_seqs_per_request=per_request,
                 async_scheduling=self.async_scheduling,
             )
         except ValueError as exc:  # a combination of flags (each was checked alone above)
@@ -502,6 +521,10 @@ class EngineArgs:
         if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
                                   or not 0.0 <= share < 1.0):
             raise _bad_flag("--long-prefill-time-share", share, "a fraction in [0, 1)")
+        per_request = self.max_running_seqs_per_request
+        if per_request is not None and (isinstance(per_request, bool) or not isinstance(per_request, int)
+                                        or per_request < 0):
+            raise _bad_flag("--max-running-seqs-per-request", per_request, "an integer >= 0 (0: no limit)")
         for flag, value in (("--block-size", self.block_size), ("--max-num-seqs", self.max_num_seqs),
                             ("--max-model-len", self.max_model_len),
                             ("--max-num-batched-tokens", self.max_num_batched_tokens),
@@ -623,11 +646,13 @@ def _split_paths(value: str | type | list[str | type] | None) -> list[str]:
 class AsyncEngineArgs(EngineArgs):
     """Engine arguments for the server (``forkless serve``, as vLLM's ``AsyncEngineArgs``).
 
-    The same fields as :class:`EngineArgs`; only a default differs: on CPU a long prompt's
-    prefill is capped per step (``CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD``), so that a
-    short request from another client is admitted in the next step instead of waiting for
-    the whole prefill.
+    The same fields as :class:`EngineArgs`; only defaults differ, on CPU: a long prompt's
+    prefill is capped per step (``CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD``) and in time
+    (``CPU_DEFAULT_LONG_PREFILL_TIME_SHARE``), so that a short request from another client
+    is admitted in the next step instead of waiting for the whole prefill; and one request
+    runs at most ``CPU_DEFAULT_MAX_RUNNING_SEQS_PER_REQUEST`` sequences at once.
     """
 
     cpu_long_prefill_token_threshold: ClassVar[int] = CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
     cpu_long_prefill_time_share: ClassVar[float] = CPU_DEFAULT_LONG_PREFILL_TIME_SHARE
+    cpu_max_running_seqs_per_request: ClassVar[int] = CPU_DEFAULT_MAX_RUNNING_SEQS_PER_REQUEST

@@ -223,7 +223,7 @@ class AsyncLLM:
 
     # -- requests -----------------------------------------------------------------------
     def generate(self, prompt: Any, sampling_params: "SamplingParams", request_id: str,
-                 priority: int = 0) -> AsyncGenerator["RequestOutput", None]:
+                 priority: int = 0, group_id: str | None = None) -> AsyncGenerator["RequestOutput", None]:
         """Validate a request now, and return the stream of its outputs (cumulative, or as
         ``sampling_params.output_kind`` asks; ``DELTA`` outputs a slow reader missed arrive
         merged into one).
@@ -246,7 +246,8 @@ class AsyncLLM:
         try:
             # Refused here, as a 400, rather than when the output processor indexes them.
             check_stop_strings(sampling_params.stop if sampling_params is not None else None)
-            processed = self.processor.process_inputs(request_id, prompt, sampling_params, priority=priority)
+            processed = self.processor.process_inputs(request_id, prompt, sampling_params, priority=priority,
+                                                      group_id=group_id)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
         try:  # encoded now, so that a value msgpack cannot carry is the client's 400, not a 500

@@ -90,6 +90,7 @@ class EngineCore:
                 arrival_time=request.arrival_time,
                 priority=request.priority,
                 cache_salt=request.cache_salt,
+                group_id=request.group_id,
             )
         )
 

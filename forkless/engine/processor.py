@@ -209,6 +209,7 @@ class Processor:
         *,
         arrival_time: float | None = None,
         priority: int = 0,
+        group_id: str | None = None,
     ) -> ProcessedRequest:
         """Tokenize and validate one request.
 
@@ -220,6 +221,9 @@ class Processor:
             params: Sampling parameters (default ``SamplingParams()``); not modified.
             arrival_time: Default ``time.time()``.
             priority: Lower runs first under ``--scheduling-policy priority``.
+            group_id: The larger request this one is part of (the API server's id of a
+                request with several prompts), which the scheduler's per-request limits
+                count as one. Default: ``request_id`` (its ``n`` children share it).
 
         Returns:
             The processed request.
@@ -261,6 +265,7 @@ class Processor:
                 arrival_time=arrival_time,
                 priority=priority,
                 cache_salt=cache_salt,
+                group_id=request_id if group_id is None else group_id,
             )
             for rid, p in children
         ]

@@ -25,6 +25,9 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
         priority: Lower runs first under ``--scheduling-policy priority``.
         cache_salt: Mixed into the request's prefix-cache hashes (vLLM's ``cache_salt``):
             it shares cached blocks only with requests of the same salt. ``None``: no salt.
+        group_id: The request it is a sequence of (the ``n`` children and the prompts of
+            one API request share it), for the scheduler's per-request limits
+            (``--max-running-seqs-per-request``). ``None``: ``request_id``.
     """
 
     request_id: str
@@ -34,6 +37,7 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
     arrival_time: float
     priority: int = 0
     cache_salt: str | None = None
+    group_id: str | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, kw_only=True):

@@ -517,7 +517,10 @@ class OpenAIServing:
         base_id, engine_id = _request_ids("cmpl", req.request_id)
         params = [to_sampling_params(req, req.max_tokens, req.logprobs,
                                      self._default_max_tokens(len(ids))) for ids in prompts]
-        streams = [self.engine.generate(_engine_prompt(ids, req), sp, f"{engine_id}-{i}", priority=req.priority)
+        # One group_id: the scheduler's --max-running-seqs-per-request counts all the
+        # prompts' sequences as one request's.
+        streams = [self.engine.generate(_engine_prompt(ids, req), sp, f"{engine_id}-{i}", priority=req.priority,
+                                        group_id=engine_id)
                    for i, (ids, sp) in enumerate(zip(prompts, params))]
         if req.stream:
             return self._stream_completion(req, base_id, prompts, streams, raw_request)
