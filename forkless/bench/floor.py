@@ -6,7 +6,8 @@ The model of a continuous batch (stated again in ``forkless bench throughput``'s
 * **Decode reads the KV cache.** A request of ``i`` prompt tokens and ``o`` output tokens
   gets its first token from the prefill, then runs ``o - 1`` decode steps; decode step
   ``k`` (1-based) attends over ``i + k`` tokens, so it reads ``(o - 1) * i + (o - 1) * o / 2``
-  tokens' KV in all, each ``layers * 2 * kv_heads * head_dim * dtype bytes`` (K and V).
+  tokens' KV in all, each ``layers * 2 * kv_heads * head_dim * KV element bytes`` (K and V;
+  the element is the model dtype's, or one byte with ``--kv-cache-dtype fp8``).
 * **Each decode step reads the weights once**, whatever the batch: every matrix but the
   input embedding table (of which only the batch's rows are read), the LM head included.
   The number of steps is that of a batch of ``max_num_seqs`` slots filled in request
@@ -56,10 +57,16 @@ class ModelShape:
     num_params: int
     tied_embeddings: bool
     dtype_bytes: int
+    #: Bytes of one KV-cache element; ``None``: ``dtype_bytes`` (``--kv-cache-dtype auto``).
+    kv_dtype_bytes: int | None = None
+
+    @property
+    def kv_element_bytes(self) -> int:
+        return self.kv_dtype_bytes if self.kv_dtype_bytes is not None else self.dtype_bytes
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * self.kv_element_bytes
 
     @property
     def matmul_params(self) -> int:
@@ -73,15 +80,32 @@ class ModelShape:
         return (self.matmul_params + self.vocab_size * self.hidden_size) * self.dtype_bytes
 
 
-def shape_from_config(config: dict, num_params: int, dtype_bytes: int) -> ModelShape:
-    """A :class:`ModelShape` from a Hugging Face ``config.json`` dict."""
+#: Bytes per KV-cache element of the quantized ``--kv-cache-dtype`` values.
+KV_CACHE_DTYPE_BYTES: dict[str, int] = {"fp8": 1, "fp8_e4m3": 1}
+
+
+def kv_dtype_bytes(kv_cache_dtype: str | None, dtype_bytes: int) -> int:
+    """Bytes of one KV-cache element: ``dtype_bytes`` for ``auto``, 1 for fp8."""
+    if kv_cache_dtype in (None, "auto"):
+        return dtype_bytes
+    if kv_cache_dtype not in KV_CACHE_DTYPE_BYTES:
+        raise ValueError(f"--kv-cache-dtype={kv_cache_dtype!r} is invalid: expected auto or one of "
+                         f"{', '.join(KV_CACHE_DTYPE_BYTES)}")
+    return KV_CACHE_DTYPE_BYTES[kv_cache_dtype]
+
+
+def shape_from_config(config: dict, num_params: int, dtype_bytes: int,
+                      kv_dtype_bytes: int | None = None) -> ModelShape:
+    """A :class:`ModelShape` from a Hugging Face ``config.json`` dict (``kv_dtype_bytes``:
+    the KV-cache element size when it differs from the model dtype's)."""
     heads = config["num_attention_heads"]
     return ModelShape(
         num_layers=config["num_hidden_layers"], num_heads=heads,
         num_kv_heads=config.get("num_key_value_heads") or heads,
         head_dim=config.get("head_dim") or config["hidden_size"] // heads,
         hidden_size=config["hidden_size"], vocab_size=config["vocab_size"], num_params=num_params,
-        tied_embeddings=bool(config.get("tie_word_embeddings", False)), dtype_bytes=dtype_bytes)
+        tied_embeddings=bool(config.get("tie_word_embeddings", False)), dtype_bytes=dtype_bytes,
+        kv_dtype_bytes=kv_dtype_bytes)
 
 
 def count_parameters(model: str | Path) -> int:
@@ -94,9 +118,11 @@ def count_parameters(model: str | Path) -> int:
     return sum(p.numel() for p in m.parameters())
 
 
-def load_shape(model: str | Path, dtype_bytes: int) -> ModelShape:
+def load_shape(model: str | Path, dtype_bytes: int, kv_dtype_bytes: int | None = None) -> ModelShape:
+    """The shape of a model folder; ``kv_dtype_bytes`` as in :func:`shape_from_config`."""
     config = json.loads((Path(model) / "config.json").read_text())
-    return shape_from_config(config.get("text_config", config), count_parameters(model), dtype_bytes)
+    return shape_from_config(config.get("text_config", config), count_parameters(model), dtype_bytes,
+                             kv_dtype_bytes)
 
 
 def decode_steps(output_lens: list[int], max_num_seqs: int) -> int:

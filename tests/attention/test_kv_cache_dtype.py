@@ -148,3 +148,21 @@ def test_fp8_cache_holds_twice_the_blocks_and_generates(llama_dir: Path) -> None
             llm.shutdown()
     assert blocks["fp8"] == 2 * blocks["auto"]
     assert all(len(ids) == 12 for ids in texts["fp8"])
+
+
+def test_fp8_kv_cache_halves_the_kv_reads_but_not_the_weights() -> None:
+    from forkless.bench.floor import kv_dtype_bytes, shape_from_config, throughput_floor
+    from forkless.bench.shapes import SHAPES
+
+    bf16 = shape_from_config(SHAPES["qwen3-0.6b"], num_params=600_000_000, dtype_bytes=2)
+    fp8 = shape_from_config(SHAPES["qwen3-0.6b"], num_params=600_000_000, dtype_bytes=2,
+                            kv_dtype_bytes=kv_dtype_bytes("fp8", 2))
+    assert fp8.kv_bytes_per_token == 56 * 1024
+    assert fp8.weight_bytes_per_step == bf16.weight_bytes_per_step
+    work = [(100, 50), (300, 20)]
+    a, b = (throughput_floor(s, work, max_num_seqs=4, bandwidth=1e12, peak_flops=1e15) for s in (bf16, fp8))
+    assert b.kv_bytes * 2 == a.kv_bytes and b.weight_bytes == a.weight_bytes
+    assert kv_dtype_bytes("auto", 2) == 2 and kv_dtype_bytes("fp8_e4m3", 2) == 1
+    with pytest.raises(ValueError, match="--kv-cache-dtype='int8' is invalid"):
+        kv_dtype_bytes("int8", 2)
+
