@@ -132,7 +132,7 @@ def _candidates():
     from forkless.attention.backends.triton_paged import DecodeLaunch as L
 
     out = [L(1, bn, 4, st, sp) for bn, st in ((64, 2), (64, 3), (128, 2), (128, 3)) for sp in (1, 2, 4, 8)]
-    return out + [L(1, 128, 8, 2, 1), L(1, 64, 4, 2, 1, fp8_via_fp16=False)]
+    return out + [L(1, 128, 8, 2, 1), L(1, 64, 4, 2, 1, fp8_via_fp16=True)]
 
 
 def bandwidth(args: argparse.Namespace) -> None:
@@ -156,7 +156,7 @@ def bandwidth(args: argparse.Namespace) -> None:
             b = TritonAttentionBackend(HQ, HKV, D, D**-0.5)
             b.decode_override = c
             backends[f"kv/prog {c.kv_per_prog} tile {c.block_n} warps {c.num_warps} stages {c.num_stages} "
-                     f"splits {c.splits or 'auto'}{'' if c.fp8_via_fp16 else ' fp8->bf16'}"] = b
+                     f"splits {c.splits or 'auto'}{' fp8->f16' if c.fp8_via_fp16 else ''}"] = b
     dtypes = [("bf16", torch.bfloat16)]
     if not args.no_fp8:
         dtypes.append(("fp8", torch.float8_e4m3fn))

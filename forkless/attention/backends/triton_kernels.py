@@ -18,10 +18,12 @@ Three kernels:
   path (new keys are stored first). With ``ONE_BLOCK`` (the tile's tokens never cross a
   cache block) the tile reads one block-table entry instead of one per token. An fp8
   cache (``KV_FP8`` 1 or 2) is converted after loading, to the query dtype (1) or, for
-  16-bit queries, to float16 with the queries (2): e4m3 -> f16 is one hardware conversion
-  per two elements on sm_89+, while e4m3 -> bf16 is several (measured on an H200: the bf16
-  route ran the fp8 cache at 0.26-0.40 of the copy bandwidth). The key scale is folded
-  into the softmax scale and the value scale applied to the output.
+  16-bit queries, to float16 with the queries (2). Route 1 is the one run on an H200: it is
+  correct but slow (decode read the fp8 cache at 0.26-0.40 of the copy bandwidth, slower
+  in absolute time than a bf16 cache at batch 512). Route 2 is an untried guess at why:
+  e4m3 -> f16 is one hardware conversion per two elements on sm_89+, e4m3 -> bf16 is
+  several. The key scale is folded into the softmax scale and the value scale applied to
+  the output.
 * split-KV decode (``paged_attention`` with ``NUM_SPLITS > 1`` + ``combine_splits``):
   when a decode batch has too few programs to fill the GPU, or contexts of very
   different lengths, each (sequence, KV-head group) is split along the context and the

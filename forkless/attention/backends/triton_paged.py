@@ -47,6 +47,8 @@ class DecodeLaunch(NamedTuple):
             number of programs and the GPU's SM count.
         fp8_via_fp16: With an fp8 cache and 16-bit queries, convert keys/values (and the
             queries) to float16 rather than to the query dtype (see ``triton_kernels``).
+            Off by default: not yet run on a GPU (the route through the query dtype is the
+            one measured and tested on the H200).
     """
 
     kv_per_prog: int = 1
@@ -54,12 +56,21 @@ class DecodeLaunch(NamedTuple):
     num_warps: int = 4
     num_stages: int = 3
     splits: int | None = None
-    fp8_via_fp16: bool = True
+    fp8_via_fp16: bool = False
 
 
 #: The decode launch before the tuning of issue #14 (one KV head per program, 64-token
-#: tiles), kept so ``benchmarks/attention_bw.py`` can measure against it.
+#: tiles, 3 stages), kept so ``benchmarks/attention_bw.py`` can measure against it.
 DECODE_BASELINE = DecodeLaunch()
+#: The default decode launch. Measured on an H200 (bf16, Qwen3-0.6B's heads, contexts of
+#: 100-2048 tokens; benchmarks/README.md): 2 pipeline stages instead of 3 read the cache at
+#: 0.963 of the copy bandwidth at batch 512 (0.939 before) and 0.894 at batch 256 (0.875),
+#: and need a third less shared memory, so every dtype and head size that compiled before
+#: still does. More KV heads per program, 16- or 32-token tiles and 8 warps were all slower
+#: at both batches; 128-token tiles with 3 stages matched 2 stages at 512 (0.963) and beat
+#: it at 256 (0.914), but need twice the shared memory (too much for float32 or head
+#: size 256).
+DECODE_DEFAULT = DecodeLaunch(num_stages=2)
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,7 +135,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             block_q = max(1, _PREFILL_ROWS // self.group)
             block_m = max(16, triton.next_power_of_2(block_q * self.group))
             num_warps, num_stages = 4, 3
-            via_fp16 = True
+            via_fp16 = False
         # 0: the cache holds q's dtype; 1: fp8 read as q's dtype; 2: fp8 read as float16.
         fp8_mode = 0 if not kv_fp8 else 2 if via_fp16 and q.dtype in (torch.bfloat16, torch.float16) else 1
         assert splits is not None
@@ -157,7 +168,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
 
     def decode_launch(self, num_seqs: int, block_size: int, device: torch.device) -> DecodeLaunch:
         """The decode launch for a batch of ``num_seqs`` sequences (host integers only)."""
-        launch = self.decode_override or DECODE_BASELINE
+        launch = self.decode_override or DECODE_DEFAULT
         kv_per_prog = launch.kv_per_prog if self.num_kv_heads % launch.kv_per_prog == 0 else 1
         # tl.dot needs at least 16 key rows.
         block_n = max(launch.block_n, triton.cdiv(16, kv_per_prog))
