@@ -37,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, TypeVar
 
+import msgspec
+
 from forkless.engine.detokenizer import IncrementalDetokenizer
 from forkless.engine.processor import NoChatTemplateError
 from forkless.entrypoints.openai.chat_options import ChatOptions
@@ -299,7 +301,7 @@ class _TextOffsets:
         """The offsets of the next tokens, in a text now ``text_len`` characters long (base excluded)."""
         offsets = []
         for token_id in token_ids:
-            offsets.append(self._base + min(len(self._detok.output_text), text_len))
+            offsets.append(self._base + min(self._detok.num_chars, text_len))
             self._detok.update([token_id])
         return offsets
 
@@ -385,6 +387,33 @@ def _sse_error(message: str, err_type: str, code: int) -> str:
 def _sse(obj: Any) -> str:
     data = obj if isinstance(obj, str) else obj.model_dump_json(exclude_unset=False)
     return f"data: {data}\n\n"
+
+
+_json_str = msgspec.json.Encoder().encode
+
+
+class _TextChunks:
+    """The SSE event of a completions chunk that carries text alone, written directly.
+
+    Most chunks of a stream are that (no logprobs, not the last): building and dumping
+    the pydantic ``CompletionResponse`` costs ~10 us a chunk, a large share of the API
+    server's time per token with hundreds of streams. The JSON is the model's, field for
+    field (a test compares them); the text goes through msgspec's JSON string encoder.
+    """
+
+    __slots__ = ("_head", "_tail")
+
+    def __init__(self, request_id: str, created: int, model: str) -> None:
+        head = CompletionResponse(id=request_id, created=created, model=model, choices=[
+            CompletionChoice(index=0, text="")]).model_dump_json(exclude_unset=False)
+        # Split the model's own JSON around the choice's index and text.
+        marker = '"choices":[{"index":0,"text":"",'
+        at = head.index(marker)
+        self._head = "data: " + head[:at] + '"choices":[{"index":'
+        self._tail = "," + head[at + len(marker):] + "\n\n"
+
+    def __call__(self, index: int, text: str) -> str:
+        return f'{self._head}{index},"text":{_json_str(text).decode()}{self._tail}'
 
 
 class OpenAIServing:
@@ -597,6 +626,7 @@ class OpenAIServing:
         choices: dict[int, _StreamedChoice] = {}
         prompt_tokens: dict[int, int] = {}
         want_logprobs = req.logprobs is not None
+        text_chunk = _TextChunks(base_id, created, self.model_name)
         async for p_idx, out in self._merge_or_error(streams, raw_request):
             if isinstance(out, str):
                 yield out
@@ -628,6 +658,10 @@ class OpenAIServing:
                 state.receive(c)
                 if not c.text and not c.finish_reason:
                     continue  # tokens whose text is still held back (partial UTF-8, stop string)
+                if not want_logprobs and c.finish_reason is None:
+                    state.token_ids.clear()
+                    yield text_chunk(idx, c.text)
+                    continue
                 pending = state.take(c.index)
                 lp = (self._completion_logprobs(pending, 0, req.logprobs,
                                                 offsets[idx].advance(pending.token_ids, state.text_len))
