@@ -23,7 +23,8 @@ for MODE in ${MODES:-async sync}; do
   # Profiles of the API server, engine core and worker processes while the requests stream.
   (sleep "${SPY_AT:-30}"; P=$(pgrep -f "cli.main serve /tmp/qwen3-0.6b" | head -1); [ -z "$P" ] && exit
    C=$(pgrep -P "$P" -f spawn_main | tail -1); W=$([ -n "$C" ] && pgrep -P "$C" -f spawn_main | tail -1)
-   for X in "api:$P" "core:$C" "worker:$W"; do
+   B=$(pgrep -f "cli.main bench serve" | head -1)  # the benchmark's own client
+   for X in "api:$P" "core:$C" "worker:$W" "client:$B"; do
      [ -n "${X#*:}" ] && /tmp/site/bin/py-spy record -p "${X#*:}" -d 10 -r 100 -f raw \
        -o "$OUT/${X%%:*}_$MODE.txt" --nonblocking > /dev/null 2>&1 &
    done; wait) &
@@ -35,4 +36,4 @@ for MODE in ${MODES:-async sync}; do
   wait
 done
 # One archive of the profiles (the device call returns a limited number of files).
-(cd "$OUT" && P=$(ls ./*_async.txt ./*_sync.txt 2>/dev/null) && [ -n "$P" ] && tar czf profiles.tgz $P && rm -f $P)
+(cd "$OUT" && P=$(ls ./*_async.txt ./*_sync.txt 2>/dev/null); [ -n "$P" ] && tar czf profiles.tgz $P && rm -f $P)
