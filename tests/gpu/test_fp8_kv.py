@@ -26,8 +26,8 @@ def _decode_batch(lens: list[int], dev: torch.device, gen: torch.Generator):
         at += nb
         slots.append(t[(n - 1) // BS] * BS + (n - 1) % BS)
         tables.append(t + [0] * (max(nblocks) - nb))
-    # Keys/values of a normed model's scale (Qwen3 norms its keys): a few units.
-    cache = torch.randn(2, total, BS, HKV, D, generator=gen, device=dev).mul_(3).to(torch.bfloat16)
+    # Unit-variance keys/values/queries: the scale of a model that RMS-norms q and k (Qwen3).
+    cache = torch.randn(2, total, BS, HKV, D, generator=gen, device=dev).to(torch.bfloat16)
     b = len(lens)
     md = AttentionMetadata(
         slot_mapping=torch.tensor(slots, device=dev),
@@ -36,15 +36,17 @@ def _decode_batch(lens: list[int], dev: torch.device, gen: torch.Generator):
         block_tables=torch.tensor(tables, dtype=torch.int32, device=dev),
         max_query_len=1, max_seq_len=max(lens), block_size=BS,
     )
-    q, k, v = (torch.randn(b, h, D, generator=gen, device=dev).mul_(3).to(torch.bfloat16) for h in (HQ, HKV, HKV))
+    q, k, v = (torch.randn(b, h, D, generator=gen, device=dev).to(torch.bfloat16) for h in (HQ, HKV, HKV))
     return cache, md, q, k, v
 
 
 @pytest.mark.parametrize("batch", [4, 64, 512])
 def test_fp8_attention_is_close_to_bf16(batch):
-    """fp8 e4m3 keeps 3 mantissa bits (rounding error up to 6.25 % per element); over
-    contexts of 100-2048 tokens the decode output stays within 5 % (relative L2) of the same
-    step over a bf16 cache, and both stay close to a float32 reference."""
+    """The Triton kernel over an fp8 cache computes what the float32 reference computes over
+    the same (dequantized) cache, within 1 %; and fp8 itself costs under 6 % (relative L2)
+    of the decode output against a bf16 cache. e4m3 keeps 3 mantissa bits (rounding error
+    up to 6.25 % per element); with unit-variance queries and keys over contexts of
+    100-2048 tokens the torch reference shows 3.9 % (CPU, 8 sequences)."""
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(batch)
     rng = random.Random(batch)
@@ -55,11 +57,17 @@ def test_fp8_attention_is_close_to_bf16(batch):
     out_fp8 = tri.forward(q, k, v, cache.to(torch.float8_e4m3fn), md).float()
     ref = get_attention_backend("torch")(HQ, HKV, D, D**-0.5)
     out_ref = ref.forward(q.float(), k.float(), v.float(), cache.float(), md).float()
-    err_fp8 = ((out_fp8 - out_bf16).norm() / out_bf16.norm()).item()
+    md.backend_state.clear()
+    fp8 = cache.to(torch.float8_e4m3fn)
+    k8, v8 = (x.to(torch.float8_e4m3fn).float() for x in (k, v))
+    out_ref8 = ref.forward(q.float(), k8, v8, fp8.float(), md).float()
     err_bf16 = ((out_bf16 - out_ref).norm() / out_ref.norm()).item()
+    err_kernel = ((out_fp8 - out_ref8).norm() / out_ref8.norm()).item()
+    err_fp8 = ((out_fp8 - out_bf16).norm() / out_bf16.norm()).item()
     assert torch.isfinite(out_fp8).all()
     assert err_bf16 < 1e-2, err_bf16
-    assert 0 < err_fp8 < 5e-2, err_fp8
+    assert err_kernel < 1e-2, err_kernel
+    assert 0 < err_fp8 < 6e-2, err_fp8
 
 
 def _run(model, kv_cache_dtype: str, dtype: str = "bfloat16", **engine_args):
