@@ -1,8 +1,10 @@
 """The built-in CUDA platform.
 
-Invariants: :meth:`CudaPlatform.is_available` answers without importing torch when the
-machine plainly has no GPU (importing torch costs a second); everything else imports
-torch when called, never at module level.
+Invariants: :meth:`CudaPlatform.is_available` answers without importing torch (importing
+torch and making a CUDA context cost the API server seconds): no device node, or NVML's
+device count (``forkless.platforms.nvml``) and the torch build's own version file; only
+where NVML cannot answer does it ask torch. Everything else imports torch when called,
+never at module level.
 """
 
 from __future__ import annotations
@@ -15,6 +17,27 @@ from forkless.platforms.interface import DeviceCapability, Platform, PlatformEnu
 
 if TYPE_CHECKING:
     import torch
+
+
+def torch_has_cuda() -> bool:
+    """Whether the installed torch is a CUDA build, read from its files (no import).
+
+    A CPU build of torch on a machine with a GPU cannot use it; the version file every
+    torch build ships says which build it is.
+    """
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    version = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+    try:
+        with open(version, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return True  # cannot tell: let torch decide when the worker starts
+    for line in text.splitlines():
+        if line.startswith("cuda"):
+            return "None" not in line.split("=", 1)[-1]
+    return True
 
 
 class CudaPlatform(Platform):
@@ -41,6 +64,13 @@ class CudaPlatform(Platform):
             return False
         if not (os.path.exists("/dev/nvidiactl") or os.environ.get("CUDA_VISIBLE_DEVICES")):
             return False
+        # NVML answers without torch or a CUDA context (the API server asks this first
+        # thing; torch + CUDA would cost it seconds before the engine core starts).
+        from forkless.platforms.nvml import visible_gpu_count
+
+        count = visible_gpu_count()
+        if count is not None:
+            return count > 0 and torch_has_cuda()
         import torch
 
         return bool(torch.cuda.is_available())
