@@ -124,7 +124,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
         out = torch.empty(num_tokens, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         num_seqs = md.seq_lens.shape[0]
         if md.max_query_len == 1:
-            launch = self.decode_launch(num_seqs, md.block_size, q.device)
+            launch = self.decode_launch(num_seqs, q.device)
             kv_per_prog, block_n, splits = launch.kv_per_prog, launch.block_n, launch.splits
             block_q = 1
             block_m = max(16, triton.next_power_of_2(kv_per_prog * self.group))
@@ -166,7 +166,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             )
         return out.view(num_tokens, self.num_heads * self.head_dim)
 
-    def decode_launch(self, num_seqs: int, block_size: int, device: torch.device) -> DecodeLaunch:
+    def decode_launch(self, num_seqs: int, device: torch.device) -> DecodeLaunch:
         """The decode launch for a batch of ``num_seqs`` sequences (host integers only)."""
         launch = self.decode_override or DECODE_DEFAULT
         kv_per_prog = launch.kv_per_prog if self.num_kv_heads % launch.kv_per_prog == 0 else 1
