@@ -413,6 +413,13 @@ def start_server(args: argparse.Namespace, port: int, log) -> subprocess.Popen:
         time.sleep(0.1)
 
 
+def load_average() -> str:
+    """The machine's load average at the end of a case: on a shared machine, whether a
+    figure was measured alone."""
+    one, five, _ = os.getloadavg()
+    return f"load average at the end: {one:.2f} (1 min), {five:.2f} (5 min)"
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -456,11 +463,11 @@ def main() -> None:
               f"{args.rate:g}/s for {args.duration:g} s per case", flush=True)
         rows: list[tuple[str, list[float], list[str]]] = []
         baseline, _ = asyncio.run(run_case(None, args, base_url, model, max_model_len))
-        rows.append(("baseline (no hostile client)", baseline, []))
+        rows.append(("baseline (no hostile client)", baseline, [load_average()]))
         print(f"  baseline: p50 {percentile(baseline, 50):.2f} s, p99 {percentile(baseline, 99):.2f} s", flush=True)
         for case in cases:
             latencies, notes = asyncio.run(run_case(case, args, base_url, model, max_model_len))
-            rows.append((case.name, latencies, notes))
+            rows.append((case.name, latencies, [*notes, load_average()]))
             print(f"  {case.name}: p50 {percentile(latencies, 50):.2f} s, p99 {percentile(latencies, 99):.2f} s",
                   flush=True)
     finally:
