@@ -173,6 +173,24 @@ class ParallelConfig:
 
 
 @dataclass(kw_only=True)
+class LoRAConfig:
+    """Multi-LoRA serving (``--enable-lora``).
+
+    Attributes:
+        max_loras: Adapters one step may use (``--max-loras``): the worker preallocates
+            this many weight slots per adapted layer.
+        max_lora_rank: Largest adapter rank accepted (``--max-lora-rank``); slots are
+            padded to it.
+        max_cpu_loras: Adapters the worker keeps loaded on the host
+            (``--max-cpu-loras``); the least recently used one is evicted.
+    """
+
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 1
+
+
+@dataclass(kw_only=True)
 class EngineConfig:
     """Everything an engine process needs, as plain data.
 
@@ -184,6 +202,7 @@ class EngineConfig:
         parallel_config: Executor and workers.
         scheduler_cls: ``--scheduler-cls`` class path, or ``None`` for the built-in.
         logits_processors: ``--logits-processors`` class paths.
+        lora_config: Multi-LoRA serving, or ``None`` without ``--enable-lora``.
     """
 
     model_config: ModelConfig
@@ -193,6 +212,7 @@ class EngineConfig:
     parallel_config: ParallelConfig
     scheduler_cls: str | None = None
     logits_processors: list[str] = field(default_factory=list)
+    lora_config: LoRAConfig | None = None
 
     def to_builtins(self) -> dict[str, Any]:
         """Plain dicts/lists/scalars, ready for msgpack or JSON."""
@@ -260,6 +280,10 @@ class EngineArgs:
     num_threads: int | None = None
     # Read by AsyncLLM.from_engine_args (the periodic throughput line; /metrics stays).
     disable_log_stats: bool = False
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None  # None: max_loras
 
     # ------------------------------------------------------------------------- CLI
 
@@ -344,6 +368,13 @@ class EngineArgs:
                        help="uni, mp, or an Executor class path")
         g.add_argument("--disable-log-stats", action="store_true",
                        help="do not log throughput periodically (the /metrics endpoint stays)")
+        g.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (PEFT folders)")
+        g.add_argument("--max-loras", type=int, default=d.max_loras,
+                       help="LoRA adapters one step may use (weight slots on the device)")
+        g.add_argument("--max-lora-rank", type=int, default=d.max_lora_rank, help="largest LoRA rank accepted")
+        g.add_argument("--max-cpu-loras", type=int, default=None,
+                       help="LoRA adapters kept loaded on the host, least recently used evicted "
+                            "(default: --max-loras)")
         return parser
 
     @classmethod
@@ -455,6 +486,11 @@ class EngineArgs:
                 distributed_executor_backend=_as_path(self.distributed_executor_backend)),
             scheduler_cls=_as_path(self.scheduler_cls),
             logits_processors=_split_paths(self.logits_processors),
+            lora_config=LoRAConfig(
+                max_loras=self.max_loras,
+                max_lora_rank=self.max_lora_rank,
+                max_cpu_loras=self.max_cpu_loras or self.max_loras,
+            ) if self.enable_lora else None,
         )
         current_platform.verify_model_arch(architecture)
         current_platform.check_and_update_config(config)
@@ -531,9 +567,14 @@ class EngineArgs:
                             ("--kv-cache-memory", self.kv_cache_memory),
                             ("--max-num-partial-prefills", self.max_num_partial_prefills),
                             ("--max-long-partial-prefills", self.max_long_partial_prefills),
-                            ("--num-threads", self.num_threads)):
+                            ("--num-threads", self.num_threads),
+                            ("--max-loras", self.max_loras), ("--max-lora-rank", self.max_lora_rank),
+                            ("--max-cpu-loras", self.max_cpu_loras)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise _bad_flag(flag, value, "a positive integer")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise _bad_flag("--max-cpu-loras", self.max_cpu_loras,
+                            f"at least --max-loras ({self.max_loras}): adapters in slots stay loaded")
         util = self.gpu_memory_utilization
         if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0.0 < util <= 1.0:
             raise _bad_flag("--gpu-memory-utilization", util, "a fraction in (0, 1]")

@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     {"forkless.attention", "forkless.sample", "forkless.core"},
     {"forkless.models", "forkless.platforms"},
     {"forkless.model_loader"},
+    {"forkless.lora"},
     {"forkless.config"},
     {"forkless.worker"},
     {"forkless.executor"},

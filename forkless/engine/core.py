@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from forkless.core.sched import SchedulerStats
     from forkless.protocol.step import SchedulerOutput
     from forkless.protocol.engine import EngineCoreRequest
+    from forkless.protocol.lora import LoRARequest
 
 logger = init_logger(__name__)
 
@@ -70,6 +71,9 @@ class EngineCore:
                                "scheduler (or a custom logits processor is loaded): stepping synchronously")
             # The launched step whose tokens are not collected yet: (plan, handle).
             self._pending: tuple[SchedulerOutput, Any] | None = None
+            # The adapter of each unfinished request that has one: the scheduler does not
+            # know adapters, so the plan's admissions get theirs here (_attach_loras).
+            self._lora_of: dict[str, LoRARequest] = {}
         except BaseException:
             self.executor.shutdown()
             raise
@@ -79,8 +83,18 @@ class EngineCore:
 
         Raises:
             ValueError: It can never be served (empty prompt, prompt of ``max_model_len``
-                tokens or more, duplicate id).
+                tokens or more, duplicate id), or it names a LoRA adapter and the engine
+                was started without ``--enable-lora``.
         """
+        salt: Any = request.cache_salt
+        lora = request.lora_request
+        if lora is not None:
+            if self.config.lora_config is None:
+                raise ValueError(f"request {request.request_id!r} names LoRA adapter {lora.lora_name!r} but "
+                                 "the engine was started without --enable-lora (enable_lora=True)")
+            # An adapter changes every block's KV: two adapters (or an adapter and the
+            # base model) must never share prefix-cache blocks.
+            salt = ("lora", lora.lora_int_id, lora.lora_name, request.cache_salt)
         self.scheduler.add_request(
             Request(
                 request_id=request.request_id,
@@ -89,10 +103,23 @@ class EngineCore:
                 eos_token_id=request.eos_token_id,
                 arrival_time=request.arrival_time,
                 priority=request.priority,
-                cache_salt=request.cache_salt,
+                cache_salt=salt,
                 group_id=request.group_id,
             )
         )
+        if lora is not None:
+            self._lora_of[request.request_id] = lora
+
+    def _attach_loras(self, scheduler_output: SchedulerOutput) -> SchedulerOutput:
+        """Give the plan's admissions their adapters, and forget finished requests' ones."""
+        lora_of = self._lora_of
+        if lora_of:
+            for rid in scheduler_output.finished_request_ids:
+                lora_of.pop(rid, None)
+            for s in scheduler_output.scheduled_requests:
+                if s.is_new:
+                    s.lora_request = lora_of.get(s.request_id)
+        return scheduler_output
 
     def abort_requests(self, request_ids: Iterable[str], finish_reason: FinishReason = FinishReason.ABORT) -> None:
         """Finish requests now (client gone, stop string hit). Unknown ids are ignored."""
@@ -108,7 +135,7 @@ class EngineCore:
             return self._step_async()
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.make_stats(), timestamp=time.time())
-        scheduler_output = self.scheduler.schedule()
+        scheduler_output = self._attach_loras(self.scheduler.schedule())
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
@@ -127,7 +154,7 @@ class EngineCore:
             pending = None
         launched = None
         if self.scheduler.has_unfinished_requests():
-            scheduler_output = self.scheduler.schedule()
+            scheduler_output = self._attach_loras(self.scheduler.schedule())
             launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
         if pending is not None:
             outputs += self._collect(pending)

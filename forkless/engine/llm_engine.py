@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from forkless.config import EngineArgs, EngineConfig
+    from forkless.protocol.lora import LoRARequest
     from forkless.core.sched import SchedulerStats
     from forkless.engine.processor import PromptType
     from forkless.outputs import RequestOutput
@@ -58,14 +59,16 @@ class LLMEngine:
         *,
         arrival_time: float | None = None,
         priority: int = 0,
+        lora_request: LoRARequest | None = None,
     ) -> None:
-        """Validate, tokenize and queue a request.
+        """Validate, tokenize and queue a request (with ``lora_request``: on that adapter).
 
         Raises:
             ValueError: Invalid prompt or parameters (see :meth:`Processor.process_inputs`).
         """
         processed = self.processor.process_inputs(
-            request_id, prompt, params, arrival_time=arrival_time, priority=priority
+            request_id, prompt, params, arrival_time=arrival_time, priority=priority,
+            lora_request=lora_request,
         )
         self.output_processor.add_request(processed)
         added: list[str] = []

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 from forkless.logger import init_logger
 from forkless.protocol.engine import EngineCoreRequest
+from forkless.protocol.lora import LoRARequest
 from forkless.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -71,6 +72,9 @@ class Processor:
         self.config = config
         self._tokenizer = tokenizer
         self._custom_lp: list[type[LogitsProcessor]] | None = None
+        # Adapters already checked (their folders are read once per engine).
+        self._checked_loras: set[LoRARequest] = set()
+        self._lora_shapes: dict[str, tuple[int, int]] | None = None
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -199,6 +203,51 @@ class Processor:
             )
         return params
 
+    def check_lora(self, lora: Any) -> LoRARequest:
+        """Check that an adapter can be served: LoRA on, folder readable, shapes fit the model.
+
+        Torch-free (the adapter's config and safetensors header only); the worker reads
+        the tensors when a request first uses it.
+
+        Args:
+            lora: A :class:`LoRARequest`.
+
+        Returns:
+            The same request.
+
+        Raises:
+            ValueError: LoRA is off, ``lora`` is not a ``LoRARequest``, or the adapter is
+                malformed (``forkless.lora.peft.LoRAAdapterError``, naming the adapter).
+        """
+        if not isinstance(lora, LoRARequest):
+            raise ValueError(f"lora_request must be a forkless.lora.LoRARequest, got {type(lora).__name__}")
+        lc = self.config.lora_config
+        if lc is None:
+            raise ValueError(f"LoRA adapter {lora.lora_name!r} was requested but LoRA is off: start the engine "
+                             "with --enable-lora (LLM(..., enable_lora=True))")
+        if lora in self._checked_loras:
+            return lora
+        from forkless.lora.peft import read_adapter
+
+        read_adapter(lora, max_rank=lc.max_lora_rank, module_shapes=self._model_lora_shapes())
+        self._checked_loras.add(lora)
+        return lora
+
+    def _model_lora_shapes(self) -> dict[str, tuple[int, int]] | None:
+        """The built-in architectures' adaptable projections (others are checked in the worker)."""
+        from forkless.lora.peft import LLAMA_FAMILY, llama_lora_shapes
+
+        mc = self.config.model_config
+        if mc.architecture not in LLAMA_FAMILY:
+            return None
+        if self._lora_shapes is None:
+            import json
+            from pathlib import Path
+
+            hf = json.loads((Path(mc.model) / "config.json").read_text())
+            self._lora_shapes = llama_lora_shapes(hf.get("text_config") or hf)
+        return self._lora_shapes
+
     # --------------------------------------------------------------------- requests
 
     def process_inputs(
@@ -210,6 +259,7 @@ class Processor:
         arrival_time: float | None = None,
         priority: int = 0,
         group_id: str | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> ProcessedRequest:
         """Tokenize and validate one request.
 
@@ -224,6 +274,7 @@ class Processor:
             group_id: The larger request this one is part of (the API server's id of a
                 request with several prompts), which the scheduler's per-request limits
                 count as one. Default: ``request_id`` (its ``n`` children share it).
+            lora_request: The LoRA adapter to generate with (``None``: the base model).
 
         Returns:
             The processed request.
@@ -231,10 +282,13 @@ class Processor:
         Raises:
             ValueError: Empty prompt, prompt not shorter than ``max_model_len``, token ids
                 outside the vocabulary, invalid sampling parameters, a priority without the
-                priority policy, or a ``cache_salt`` that is not a non-empty string.
+                priority policy, a ``cache_salt`` that is not a non-empty string, or a
+                LoRA adapter that cannot be served (see :meth:`check_lora`).
         """
         params = self._validate_params(params if params is not None else SamplingParams(), priority)
         cache_salt = self._cache_salt(prompt)
+        if lora_request is not None:
+            self.check_lora(lora_request)
         text, ids = self._tokenize(prompt)
         self._validate_prompt(ids)
         arrival_time = time.time() if arrival_time is None else arrival_time
@@ -266,6 +320,7 @@ class Processor:
                 priority=priority,
                 cache_salt=cache_salt,
                 group_id=request_id if group_id is None else group_id,
+                lora_request=lora_request,
             )
             for rid, p in children
         ]

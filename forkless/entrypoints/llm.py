@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from forkless.engine.processor import PromptType
     from forkless.outputs import RequestOutput
+    from forkless.protocol.lora import LoRARequest
 
 Conversation = list[dict[str, Any]]
 
@@ -55,6 +56,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for prompts, batched by the engine.
 
@@ -65,15 +67,17 @@ class LLM:
                 ``SamplingParams()``.
             use_tqdm: Show a progress bar over requests.
             priority: Per-prompt priority (``--scheduling-policy priority``).
+            lora_request: A LoRA adapter for every prompt, or a list with one adapter (or
+                ``None``: the base model) per prompt; needs ``enable_lora=True``.
 
         Returns:
             One finished ``RequestOutput`` per prompt, in input order.
 
         Raises:
-            ValueError: An invalid prompt or parameter; nothing is left running.
+            ValueError: An invalid prompt, parameter or adapter; nothing is left running.
         """
         prompt_list = self._as_list(prompts)
-        return self._run(prompt_list, sampling_params, use_tqdm, priority)
+        return self._run(prompt_list, sampling_params, use_tqdm, priority, lora_request)
 
     def chat(
         self,
@@ -115,7 +119,7 @@ class LLM:
             )
             for conv in conversations
         ]
-        return self._run(prompts, sampling_params, use_tqdm, None)
+        return self._run(prompts, sampling_params, use_tqdm, None, None)
 
     # ------------------------------------------------------------------- helpers
 
@@ -134,6 +138,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool,
         priority: Sequence[int] | None,
+        lora_request: Any,
     ) -> list[RequestOutput]:
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompts)
@@ -151,12 +156,19 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
+        if lora_request is None or not isinstance(lora_request, (list, tuple)):
+            loras = [lora_request] * len(prompts)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(prompts):
+                raise ValueError(f"got {len(loras)} lora_request entries for {len(prompts)} prompts: pass one, "
+                                 "or one per prompt")
         engine = self.llm_engine
         ids: list[str] = []
         try:
-            for prompt, params, prio in zip(prompts, params_list, priorities):
+            for prompt, params, prio, lora in zip(prompts, params_list, priorities, loras):
                 request_id = str(next(self._counter))
-                engine.add_request(request_id, prompt, params, priority=prio)
+                engine.add_request(request_id, prompt, params, priority=prio, lora_request=lora)
                 ids.append(request_id)
             return self._run_engine(ids, use_tqdm)
         except BaseException:

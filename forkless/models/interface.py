@@ -12,6 +12,8 @@ runner relies on exactly this:
   over a flattened batch and returns hidden states; ``model.compute_logits(hidden)``
   turns the rows the sampler needs into float32 logits.
 - ``model.load_weights(weights)`` takes Hugging Face parameter names.
+- With ``--enable-lora``, ``model.lora_modules()`` (when ``supports_lora``) names the
+  linear layers LoRA adapters apply to; the runner wraps them (``forkless.lora``).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class CausalLMBase(nn.Module, abc.ABC):
 
     #: Whether :meth:`use_cpu_kernels` moves the model onto forkless's C kernels.
     supports_cpu_kernels: ClassVar[bool] = False
+    #: Whether :meth:`lora_modules` maps LoRA adapters onto this model's layers.
+    supports_lora: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -80,6 +84,21 @@ class CausalLMBase(nn.Module, abc.ABC):
         :attr:`supports_cpu_kernels` is true and the kernels are available.
         """
         raise NotImplementedError(f"{type(self).__qualname__} declares no CPU-kernel support")
+
+    def lora_modules(self) -> dict[str, list[tuple[str, int]]]:
+        """The linear layers LoRA adapters apply to, and the checkpoint modules in each.
+
+        A fused layer lists the checkpoint projections stacked in its output, in order
+        (``qkv_proj``: ``q_proj``, ``k_proj``, ``v_proj``); the runner gives each its own
+        adapter weights. Called after :meth:`use_cpu_kernels`, so a layer may be any module
+        mapping ``[T, in_features]`` to ``[T, out_features]``.
+
+        Returns:
+            This model's module path (``model.layers.0.self_attn.qkv_proj``) -> one
+            ``(checkpoint module name, output width)`` per stacked projection, e.g.
+            ``("model.layers.0.self_attn.q_proj", 2048)``.
+        """
+        raise NotImplementedError(f"{type(self).__qualname__} declares no LoRA support")
 
     @abc.abstractmethod
     def forward(

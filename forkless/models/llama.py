@@ -229,6 +229,23 @@ class LlamaForCausalLM(CausalLMBase):
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
     supports_cpu_kernels = True
+    supports_lora = True
+
+    def lora_modules(self) -> dict[str, list[tuple[str, int]]]:
+        cfg = self.config
+        q_size = cfg.num_attention_heads * self.head_dim
+        kv_size = self.num_kv_heads * self.head_dim
+        inter = cfg.intermediate_size
+        hidden = cfg.hidden_size
+        out: dict[str, list[tuple[str, int]]] = {}
+        for i in range(len(self.model.layers)):
+            attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
+            out[f"{attn}.qkv_proj"] = [(f"{attn}.q_proj", q_size), (f"{attn}.k_proj", kv_size),
+                                       (f"{attn}.v_proj", kv_size)]
+            out[f"{attn}.o_proj"] = [(f"{attn}.o_proj", hidden)]
+            out[f"{mlp}.gate_up_proj"] = [(f"{mlp}.gate_proj", inter), (f"{mlp}.up_proj", inter)]
+            out[f"{mlp}.down_proj"] = [(f"{mlp}.down_proj", hidden)]
+        return out
 
     def use_cpu_kernels(self) -> None:
         """Run every linear layer and the LM head on the packed-weight CPU kernels.

@@ -12,6 +12,7 @@ Modules:
     step: scheduler -> model runner -> scheduler -> engine (``SchedulerOutput``,
         ``ModelRunnerOutput``, ``EngineCoreOutput``, ``SchedulerStats``).
     engine: API server <-> engine core (``EngineCoreRequest``, ``EngineCoreOutputs``).
+    lora: ``LoRARequest``, the adapter a request names (inside the two above).
     ipc: the ZeroMQ frame format and message kinds shared by those two boundaries.
     openai: the OpenAI-compatible HTTP request and response bodies (client <-> API server).
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from forkless.protocol.lora import LoRARequest
 from forkless.protocol.step import EngineCoreOutput, SchedulerStats
 from forkless.sampling_params import SamplingParams
 
@@ -28,6 +29,8 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
         group_id: The request it is a sequence of (the ``n`` children and the prompts of
             one API request share it), for the scheduler's per-request limits
             (``--max-running-seqs-per-request``). ``None``: ``request_id``.
+        lora_request: The LoRA adapter to run with (already checked by the processor);
+            ``None``: the base model.
     """
 
     request_id: str
@@ -38,6 +41,7 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
     priority: int = 0
     cache_salt: str | None = None
     group_id: str | None = None
+    lora_request: LoRARequest | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, kw_only=True):

@@ -4,8 +4,9 @@ Invariants:
     * Dataclasses of ints, strings, lists, ``SamplingParams`` and opaque logprobs only, so
       that msgspec encodes them to msgpack and decodes them back into these exact types
       (``msgspec.msgpack.decode(data, type=SchedulerOutput)``): no dict -> object step.
-    * This module imports nothing of forkless but ``forkless.sampling_params``: executors,
-      workers, the scheduler and stat loggers all import it, so it sits below all of them.
+    * This module imports nothing of forkless but ``forkless.sampling_params`` and
+      ``forkless.protocol.lora``: executors, workers, the scheduler and stat loggers all
+      import it, so it sits below all of them.
     * A step's size follows what changed, not what exists: a running request's
       ``ScheduledRequest`` carries only the block ids appended since it was last
       scheduled (``new_block_ids``, as vLLM's ``CachedRequestData``); its whole block table
@@ -18,6 +19,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from forkless.protocol.lora import LoRARequest
 from forkless.sampling_params import SamplingParams
 
 
@@ -67,6 +69,8 @@ class ScheduledRequest:
         prompt_token_ids: The original prompt; only when ``is_new``.
         output_token_ids: Tokens generated before this admission (non-empty after a
             preemption; penalties need them); only when ``is_new``.
+        lora_request: The LoRA adapter the request runs with (``None``: the base model);
+            only when ``is_new``.
     """
 
     request_id: str
@@ -78,6 +82,7 @@ class ScheduledRequest:
     sampling_params: SamplingParams | None = None
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None
+    lora_request: LoRARequest | None = None
 
     @property
     def num_tokens(self) -> int:

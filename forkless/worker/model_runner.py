@@ -38,6 +38,8 @@ from forkless.worker.kv_budget import kv_cache_torch_dtype
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
+    from forkless.lora.layers import LoRAModelManager
+    from forkless.protocol.lora import LoRARequest
     from forkless.protocol.step import ScheduledRequest, SchedulerOutput
     from forkless.sample.sampler import SamplerOutput
     from forkless.worker.cuda_graphs import DecodeGraphs
@@ -85,6 +87,8 @@ class _RequestState:
     # While prompt logprobs are owed: one entry per prompt position 1.. (filled as the
     # prefill chunks run); None when not asked for or already returned.
     prompt_logprobs: list[Any] | None = None
+    # Its LoRA adapter, None for the base model.
+    lora: LoRARequest | None = None
 
 
 class ModelRunner:
@@ -122,6 +126,14 @@ class ModelRunner:
                     backend_path)
         self.model = load_model(mc.model, self.hf_config, self.dtype, device, self.attn_backend, mc.load_format)
         self._use_cpu_kernels()
+        self.lora_manager: LoRAModelManager | None = None
+        if config.lora_config is not None:
+            from forkless.lora.layers import LoRAModelManager
+
+            lc = config.lora_config
+            self.lora_manager = LoRAModelManager(
+                self.model, max_loras=lc.max_loras, max_lora_rank=lc.max_lora_rank,
+                max_cpu_loras=lc.max_cpu_loras, dtype=self.dtype, device=device)
         self.kv_spec = type(self.model).get_kv_cache_spec(self.hf_config)
         self.block_size = config.cache_config.block_size
         self.kv_caches: list[torch.Tensor] = []
@@ -148,6 +160,8 @@ class ModelRunner:
             device.type == "cuda"
             and not config.device_config.enforce_eager
             and self.attn_backend.supports_cuda_graphs
+            # The LoRA layers read a per-step mask a captured graph would not see.
+            and config.lora_config is None
         )
         self.graphs: DecodeGraphs | None = None
         # The last launched step's sampled ids (device) and each request's row in it.
@@ -219,6 +233,8 @@ class ModelRunner:
             seq_lens_cpu=torch.tensor(lens, dtype=torch.int32),
         )
         input_ids = torch.zeros(total, dtype=torch.int64, device=self.device)
+        if self.lora_manager is not None:
+            self.lora_manager.clear_step()
         empty = [torch.empty(0, dtype=self.dtype, device=self.device)] * self.kv_spec.num_layers
         hidden = self.model(input_ids, positions, empty, md)
         self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
@@ -273,6 +289,11 @@ class ModelRunner:
             logits = self.model.compute_logits(self._run_decode_graph(rows))
         else:
             input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
+            if self.lora_manager is not None:
+                requests = self.requests
+                self.lora_manager.set_step([requests[s.request_id].lora for s in rows],
+                                           np.fromiter((len(s.token_ids) for s in rows), dtype=np.int64,
+                                                       count=len(rows)))
             hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
             prompt_parts = self._prompt_logprobs(rows, hidden, attn_md.query_start_loc_cpu)
             if not any(s.sample for s in rows):
@@ -427,6 +448,7 @@ class ModelRunner:
                     prompt,
                     list(s.output_token_ids or ()),
                     prompt_logprobs=[None] * (len(prompt) - 1) if owes_prompt_logprobs else None,
+                    lora=s.lora_request,
                 )
                 # Its table starts over from the whole one this entry carries.
                 if old is not None:

@@ -1,0 +1,295 @@
+"""Batched multi-LoRA execution in torch: slot-stacked weights and the wrapped layers.
+
+Invariants:
+    * Adapter weights live in ``max_loras`` preallocated slots per wrapped layer, padded
+      to ``max_lora_rank`` with zeros, so any adapter fits any slot and a smaller rank
+      adds exact zeros. ``lora_B`` is stored pre-multiplied by the adapter's scaling.
+    * One step sets one :class:`LoRAStepContext`: a ``[T, slots]`` 0/1 mask, one row per
+      token, with a 1 in the column of the token's adapter slot (an all-zero row for the
+      base model). Every wrapped layer reads it, so a layer's LoRA work is two matmuls
+      (shrink over all used slots at once, expand per stacked projection), whatever the
+      mix of adapters: no Python loop over requests or adapters.
+    * A step without adapters (mask ``None``) runs the base layer alone.
+    * The same code runs on CUDA (no Triton shrink/expand kernels yet, and no CUDA
+      graphs with LoRA: the runner runs eagerly when LoRA is on).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from forkless.logger import init_logger
+from forkless.lora.peft import AdapterSpec, read_adapter
+
+if TYPE_CHECKING:
+    from forkless.protocol.lora import LoRARequest
+
+logger = init_logger(__name__)
+
+
+class LoRAStepContext:
+    """The current step's token -> slot assignment, shared by every wrapped layer.
+
+    Attributes:
+        mask: ``[T, num_slots]`` in the model dtype (1 where a token uses a slot), or
+            ``None`` when no token of the step uses an adapter.
+        num_slots: Slots ``[0, num_slots)`` are the ones the mask covers (the highest
+            used slot + 1): layers skip the slots above.
+    """
+
+    def __init__(self) -> None:
+        self.mask: torch.Tensor | None = None
+        self.num_slots = 0
+
+
+class LoRALinear(nn.Module):
+    """A linear layer (plain, packed or fused) plus the LoRA deltas of up to ``max_loras`` adapters.
+
+    ``y = base(x) + sum_i mask[:, s] * (x A_{s,i}^T) B_{s,i}^T`` per stacked projection
+    ``i`` (its columns of ``y``) and slot ``s``.
+
+    Args:
+        base: The layer to wrap; maps ``[T, in_features]`` to ``[T, sum(widths)]``.
+        in_features: Its input width.
+        widths: Output width of each stacked projection, in column order.
+        max_loras: Slots.
+        max_rank: Rank every slot is padded to.
+        ctx: The shared step context.
+        dtype: Weight dtype (the model's).
+        device: Where the slots live.
+    """
+
+    def __init__(self, base: nn.Module, in_features: int, widths: list[int], max_loras: int, max_rank: int,
+                 ctx: LoRAStepContext, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.base = base
+        self.in_features = in_features
+        self.widths = list(widths)
+        self.offsets = [int(o) for o in np.cumsum([0, *widths[:-1]])]
+        self.max_rank = max_rank
+        self.ctx = ctx
+        n = len(widths)
+        # [slot, projection, rank, in]: the used slots are one contiguous leading block,
+        # so a step's shrink is a single matmul over a view.
+        self.register_buffer("lora_a", torch.zeros(max_loras, n, max_rank, in_features, dtype=dtype, device=device),
+                             persistent=False)
+        for i, width in enumerate(widths):
+            self.register_buffer(f"lora_b{i}", torch.zeros(max_loras, max_rank, width, dtype=dtype, device=device),
+                                 persistent=False)
+
+    def lora_b(self, i: int) -> torch.Tensor:
+        """``[slots, rank, width]`` expand weights of stacked projection ``i`` (scaled, transposed)."""
+        return getattr(self, f"lora_b{i}")
+
+    def set_slot(self, slot: int, weights: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
+        """Write one adapter into ``slot``.
+
+        Args:
+            slot: The slot.
+            weights: Per stacked projection, ``(A [r, in], B_scaled [out, r])``, or
+                ``None`` where the adapter does not target it (zeros).
+        """
+        self.lora_a[slot].zero_()
+        for i, pair in enumerate(weights):
+            b = self.lora_b(i)
+            b[slot].zero_()
+            if pair is None:
+                continue
+            a, bs = pair
+            r = a.shape[0]
+            self.lora_a[slot, i, :r].copy_(a)
+            b[slot, :r].copy_(bs.t())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        mask = self.ctx.mask
+        if mask is None:
+            return y
+        hi = self.ctx.num_slots
+        n = len(self.widths)
+        rank = self.max_rank
+        x2 = x.reshape(-1, self.in_features)
+        t = x2.shape[0]
+        y2 = y.reshape(t, y.shape[-1])  # the same tensor for the [T, out] of the models here
+        # Shrink: every used slot and stacked projection in one product, then keep each
+        # token's own slot (the mask zeroes the others and the base model's tokens).
+        h = (x2 @ self.lora_a[:hi].view(hi * n * rank, self.in_features).t()).view(t, hi, n, rank)
+        h = h * mask[:, :hi, None, None]
+        for i, (off, width) in enumerate(zip(self.offsets, self.widths)):
+            hi_i = h[:, :, i, :].reshape(t, hi * rank)
+            delta = hi_i @ self.lora_b(i)[:hi].view(hi * rank, width)
+            if n == 1:
+                y2 += delta
+            else:
+                y2[:, off:off + width] += delta
+        return y2.reshape(y.shape)
+
+
+@dataclass
+class _Loaded:
+    """An adapter's tensors on the host, per checkpoint module: ``(A, B * scaling)``."""
+
+    spec: AdapterSpec
+    tensors: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+class LoRAModelManager:
+    """Wraps a model's LoRA layers and keeps adapters in slots and in a host LRU cache.
+
+    Args:
+        model: A model whose class sets ``supports_lora`` (weights loaded; after
+            ``use_cpu_kernels``).
+        max_loras: Slots: adapters one step may use.
+        max_lora_rank: Largest rank accepted.
+        max_cpu_loras: Adapters kept loaded on the host (least recently used evicted).
+        dtype: The model dtype.
+        device: The model's device.
+
+    Raises:
+        ValueError: The model does not support LoRA.
+    """
+
+    def __init__(self, model: nn.Module, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        if not getattr(type(model), "supports_lora", False):
+            raise ValueError(f"--enable-lora: the model class {type(model).__qualname__} does not support LoRA "
+                             "(supports_lora is False)")
+        self.model = model
+        self.max_loras = max_loras
+        self.max_lora_rank = max_lora_rank
+        self.max_cpu_loras = max_cpu_loras
+        self.dtype = dtype
+        self.device = device
+        self.ctx = LoRAStepContext()
+        # Checkpoint module name -> (wrapped layer, its stacked projection index).
+        self._targets: dict[str, tuple[LoRALinear, int]] = {}
+        self._shapes: dict[str, tuple[int, int]] = {}
+        self._layers: list[LoRALinear] = []
+        for path, parts in model.lora_modules().items():
+            parent_path, _, attr = path.rpartition(".")
+            parent = model.get_submodule(parent_path)
+            base = getattr(parent, attr)
+            in_features = int(getattr(base, "in_features"))
+            layer = LoRALinear(base, in_features, [w for _, w in parts], max_loras, max_lora_rank,
+                               self.ctx, dtype, device)
+            setattr(parent, attr, layer)
+            self._layers.append(layer)
+            for i, (name, width) in enumerate(parts):
+                self._targets[name] = (layer, i)
+                self._shapes[name] = (in_features, width)
+        # Host cache: lora_int_id -> tensors, most recently used last.
+        self._cpu: OrderedDict[int, _Loaded] = OrderedDict()
+        # Slots: lora_int_id -> slot, most recently used last.
+        self._slot_of: OrderedDict[int, int] = OrderedDict()
+        self.loads = 0
+        self.evictions = 0
+
+    @property
+    def module_shapes(self) -> dict[str, tuple[int, int]]:
+        """Checkpoint module name -> ``(in_features, out_features)`` of every adaptable projection."""
+        return dict(self._shapes)
+
+    def loaded_ids(self) -> list[int]:
+        """Adapters in the host cache, least recently used first."""
+        return list(self._cpu)
+
+    def add_adapter(self, lora: LoRARequest) -> None:
+        """Load an adapter into the host cache (evicting the least recently used one).
+
+        Raises:
+            forkless.lora.peft.LoRAAdapterError: The adapter is malformed or does not fit
+                the model.
+        """
+        if lora.lora_int_id in self._cpu:
+            self._cpu.move_to_end(lora.lora_int_id)
+            return
+        from safetensors import safe_open
+
+        spec = read_adapter(lora, max_rank=self.max_lora_rank, module_shapes=self._shapes)
+        tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        with safe_open(str(spec.weights_file), framework="pt", device="cpu") as f:
+            for module, (a_key, b_key) in spec.modules.items():
+                a = f.get_tensor(a_key).to(torch.float32)
+                b = f.get_tensor(b_key).to(torch.float32) * spec.scaling
+                tensors[module] = (a.to(self.dtype), b.to(self.dtype))
+        while len(self._cpu) >= self.max_cpu_loras:
+            old, _ = self._cpu.popitem(last=False)
+            self.evictions += 1
+            logger.info("LoRA: evicted adapter id %d from the host cache (--max-cpu-loras %d)",
+                        old, self.max_cpu_loras)
+        self._cpu[lora.lora_int_id] = _Loaded(spec, tensors)
+        self.loads += 1
+        logger.info("LoRA: loaded adapter %r (id %d, r=%d, %d modules) from %s", lora.lora_name,
+                    lora.lora_int_id, spec.rank, len(tensors), spec.path)
+
+    def remove_adapter(self, lora_int_id: int) -> bool:
+        """Drop an adapter from the host cache and its slot; whether it was there."""
+        found = self._cpu.pop(lora_int_id, None) is not None
+        return self._slot_of.pop(lora_int_id, None) is not None or found
+
+    def _activate(self, lora: LoRARequest, in_use: set[int]) -> int:
+        """The slot of ``lora``, writing it into one (the least recently used one not in ``in_use``)."""
+        lid = lora.lora_int_id
+        slot = self._slot_of.get(lid)
+        if slot is not None:
+            self._slot_of.move_to_end(lid)
+            return slot
+        self.add_adapter(lora)
+        taken = set(self._slot_of.values())
+        free = [s for s in range(self.max_loras) if s not in taken]
+        if free:
+            slot = free[0]
+        else:
+            victim = next((v for v in self._slot_of if v not in in_use), None)
+            if victim is None:
+                raise RuntimeError(f"a step uses more than --max-loras {self.max_loras} adapters")
+            slot = self._slot_of.pop(victim)
+        loaded = self._cpu[lid]
+        self._cpu.move_to_end(lid)
+        per_layer: dict[int, list[Any]] = {}
+        for name, (layer, i) in self._targets.items():
+            entry = per_layer.setdefault(id(layer), [layer, [None] * len(layer.widths)])
+            entry[1][i] = loaded.tensors.get(name)
+        for layer, weights in per_layer.values():
+            layer.set_slot(slot, [None if w is None else (w[0].to(self.device), w[1].to(self.device))
+                                  for w in weights])
+        self._slot_of[lid] = slot
+        return slot
+
+    def set_step(self, loras: list[LoRARequest | None], num_tokens: np.ndarray) -> None:
+        """Assign this step's adapters to slots and build the token mask.
+
+        Args:
+            loras: Per row of the step, its adapter or ``None`` (the base model).
+            num_tokens: Per row, its tokens this step.
+
+        Raises:
+            RuntimeError: The rows use more than ``max_loras`` adapters.
+        """
+        ids = {lora.lora_int_id for lora in loras if lora is not None}
+        if not ids:
+            self.ctx.mask = None
+            self.ctx.num_slots = 0
+            return
+        if len(ids) > self.max_loras:
+            raise RuntimeError(f"a step uses {len(ids)} adapters, more than --max-loras {self.max_loras}")
+        row_slot = np.fromiter((-1 if lora is None else self._activate(lora, ids) for lora in loras),
+                               dtype=np.int64, count=len(loras))
+        token_slot = np.repeat(row_slot, num_tokens)
+        hi = int(row_slot.max()) + 1
+        mask = np.zeros((token_slot.shape[0], hi), dtype=np.float32)
+        used = token_slot >= 0
+        mask[np.flatnonzero(used), token_slot[used]] = 1.0
+        self.ctx.mask = torch.from_numpy(mask).to(device=self.device, dtype=self.dtype)
+        self.ctx.num_slots = hi
+
+    def clear_step(self) -> None:
+        """No adapters until the next :meth:`set_step` (profiling runs, graphs)."""
+        self.ctx.mask = None
+        self.ctx.num_slots = 0
