@@ -135,7 +135,8 @@ def _candidates():
     # Larger tiles halve the loop's per-iteration overhead per byte; with an fp8 cache a
     # 256-token tile moves what a 128-token bf16 tile does (bf16 may not fit: reported).
     return out + [L(1, 128, 8, 2, 1), L(1, 256, 8, 2, 1), L(1, 64, 4, 2, 1, fp8_via_fp16=True),
-                  L(1, 128, 4, 2, 1, fp8_via_fp16=True)]
+                  L(1, 128, 4, 2, 1, fp8_via_fp16=True), L(1, 64, 4, 2, 1, keys_first=True),
+                  L(1, 128, 4, 2, 1, keys_first=True), L(1, 128, 4, 2, 1, fp8_via_fp16=True, keys_first=True)]
 
 
 def bandwidth(args: argparse.Namespace) -> None:
@@ -159,11 +160,12 @@ def bandwidth(args: argparse.Namespace) -> None:
             b = TritonAttentionBackend(HQ, HKV, D, D**-0.5)
             b.decode_override = c
             backends[f"kv/prog {c.kv_per_prog} tile {c.block_n} warps {c.num_warps} stages {c.num_stages} "
-                     f"splits {c.splits or 'auto'}{' fp8->f16' if c.fp8_via_fp16 else ''}"] = b
+                     f"splits {c.splits or 'auto'}{' fp8->f16' if c.fp8_via_fp16 else ''}"
+                     f"{' keys-first' if c.keys_first else ''}"] = b
     dtypes = [("bf16", torch.bfloat16)]
     if not args.no_fp8:
         dtypes.append(("fp8", torch.float8_e4m3fn))
-    print(f"{'launch':58s} {'kv':>4s} {'batch':>5s} {'us':>8s} {'TB/s':>6s} {'/copy':>6s} {'rel err':>8s}")
+    print(f"{'launch':70s} {'kv':>4s} {'batch':>5s} {'us':>8s} {'TB/s':>6s} {'/copy':>6s} {'rel err':>8s}")
     for kv_name, kv_dtype in dtypes:
         for batch in args.batch:
             bt = Batch(batch, kv_dtype)
@@ -180,10 +182,10 @@ def bandwidth(args: argparse.Namespace) -> None:
                         err = f"{((out - ref).norm() / ref.norm()).item():.1e}"
                     sec = backend_time = bt.time(backend)
                 except Exception as exc:  # a candidate that does not compile is reported, not fatal
-                    print(f"{name:58s} {kv_name:>4s} {batch:5d} failed: {type(exc).__name__}: {str(exc)[:200]}")
+                    print(f"{name:70s} {kv_name:>4s} {batch:5d} failed: {type(exc).__name__}: {str(exc)[:200]}")
                     continue
                 bw = bt.bytes / sec
-                print(f"{name:58s} {kv_name:>4s} {batch:5d} {backend_time * 1e6:8.1f} {bw / 1e12:6.3f} "
+                print(f"{name:70s} {kv_name:>4s} {batch:5d} {backend_time * 1e6:8.1f} {bw / 1e12:6.3f} "
                       f"{bw / copy_bw:6.3f} {err:>8s}", flush=True)
             del bt
 

@@ -39,21 +39,23 @@ LAUNCHES = [
     DecodeLaunch(kv_per_prog=8, block_n=16, num_stages=2),
     DecodeLaunch(kv_per_prog=8, block_n=16, num_warps=8, num_stages=2, splits=3),
     DecodeLaunch(block_n=64, num_stages=2, splits=2, fp8_via_fp16=True),
+    DecodeLaunch(kv_per_prog=2, block_n=32, num_stages=2, keys_first=True),
 ]
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("splits", [None, 4])
 @pytest.mark.parametrize("launch", LAUNCHES, ids=lambda x: "auto" if x is None else
-                         f"kv{x.kv_per_prog}-n{x.block_n}-w{x.num_warps}-s{x.num_stages}-sp{x.splits}")
+                         f"kv{x.kv_per_prog}-n{x.block_n}-w{x.num_warps}-s{x.num_stages}-sp{x.splits}"
+                         f"{'-kfirst' if x.keys_first else ''}")
 def test_matches_reference(dtype, tol, splits, launch):
     _check(dtype, tol, splits, launch)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16])
 @pytest.mark.parametrize("splits", [None, 4])
-@pytest.mark.parametrize("launch", [LAUNCHES[i] for i in (0, 2, 4, 5)], ids=lambda x: "auto" if x is None else
-                         f"kv{x.kv_per_prog}-fp16{x.fp8_via_fp16}")
+@pytest.mark.parametrize("launch", [LAUNCHES[i] for i in (0, 2, 4, 5, 6)], ids=lambda x: "auto" if x is None else
+                         f"kv{x.kv_per_prog}-fp16{x.fp8_via_fp16}-kfirst{x.keys_first}")
 @pytest.mark.parametrize("scales", [(1.0, 1.0), (0.5, 2.0)])
 def test_fp8_cache_matches_reference(dtype, splits, launch, scales):
     """An fp8 cache stores e4m3(x / scale) and attends as the reference does over the

@@ -23,7 +23,8 @@ Three kernels:
   in absolute time than a bf16 cache at batch 512). Route 2 is an untried guess at why:
   e4m3 -> f16 is one hardware conversion per two elements on sm_89+, e4m3 -> bf16 is
   several. The key scale is folded into the softmax scale and the value scale applied to
-  the output.
+  the output. ``KEYS_FIRST`` computes the scores transposed (keys as the first operand of
+  the dot, so a converted fp8 tile needs no transpose); not yet run on a GPU.
 * split-KV decode (``paged_attention`` with ``NUM_SPLITS > 1`` + ``combine_splits``):
   when a decode batch has too few programs to fill the GPU, or contexts of very
   different lengths, each (sequence, KV-head group) is split along the context and the
@@ -74,7 +75,7 @@ def paged_attention_kernel(
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    KV_PER_PROG: tl.constexpr, ONE_BLOCK: tl.constexpr, KV_FP8: tl.constexpr,
+    KV_PER_PROG: tl.constexpr, ONE_BLOCK: tl.constexpr, KV_FP8: tl.constexpr, KEYS_FIRST: tl.constexpr,
     NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -114,6 +115,8 @@ def paged_attention_kernel(
             kv_begin = split * chunk
             kv_end = tl.minimum(kv_end, kv_begin + chunk)
 
+        if KEYS_FIRST:
+            q_t = tl.trans(q)
         offs_r = tl.arange(0, KV_ROWS)
         r_tok = offs_r // KV_PER_PROG
         r_kv = offs_r % KV_PER_PROG
@@ -136,18 +139,33 @@ def paged_attention_kernel(
                 k = k.to(q_ptr.dtype.element_ty)
             elif KV_FP8 == 2:
                 k = k.to(tl.float16)
-            if IEEE:
-                qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+            if KEYS_FIRST:
+                # Scores transposed, [key rows, query rows]: the key tile is the dot's
+                # first operand, loaded (and converted) as it lies, with no transpose.
+                if IEEE:
+                    s_t = tl.dot(k, q_t, input_precision="ieee")
+                else:
+                    s_t = tl.dot(k, q_t)
+                visible_t = (offs_n[:, None] <= q_pos[None, :]) & n_valid[:, None]
+                if KV_PER_PROG > 1:
+                    visible_t = visible_t & (r_kv[:, None] == m_kv[None, :])
+                s_t = tl.where(visible_t, s_t * scale_log2, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(s_t, 0))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.trans(tl.exp2(s_t - m_safe[None, :]))
             else:
-                qk = tl.dot(q, tl.trans(k))
-            visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
-            if KV_PER_PROG > 1:
-                visible = visible & (r_kv[None, :] == m_kv[:, None])
-            qk = tl.where(visible, qk * scale_log2, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(qk, 1))
-            # A row that has seen no key yet keeps m = -inf; exp2 of (-inf) - 0 is 0.
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(qk - m_safe[:, None])
+                if IEEE:
+                    qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+                else:
+                    qk = tl.dot(q, tl.trans(k))
+                visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
+                if KV_PER_PROG > 1:
+                    visible = visible & (r_kv[None, :] == m_kv[:, None])
+                qk = tl.where(visible, qk * scale_log2, float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(qk, 1))
+                # A row that has seen no key yet keeps m = -inf; exp2 of (-inf) - 0 is 0.
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.exp2(qk - m_safe[:, None])
             alpha = tl.exp2(m_i - m_safe)
             l_i = l_i * alpha + tl.sum(p, 1)
             v = tl.load(cache_ptr + cache_kv_stride + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)

@@ -49,6 +49,8 @@ class DecodeLaunch(NamedTuple):
             queries) to float16 rather than to the query dtype (see ``triton_kernels``).
             Off by default: not yet run on a GPU (the route through the query dtype is the
             one measured and tested on the H200).
+        keys_first: Compute the scores transposed, the key tile as the dot's first
+            operand (no transpose of a converted fp8 tile); not yet run on a GPU.
     """
 
     kv_per_prog: int = 1
@@ -57,6 +59,7 @@ class DecodeLaunch(NamedTuple):
     num_stages: int = 3
     splits: int | None = None
     fp8_via_fp16: bool = False
+    keys_first: bool = False
 
 
 #: The decode launch before the tuning of issue #14 (one KV head per program, 64-token
@@ -129,13 +132,13 @@ class TritonAttentionBackend(TorchAttentionBackend):
             block_q = 1
             block_m = max(16, triton.next_power_of_2(kv_per_prog * self.group))
             num_warps, num_stages = launch.num_warps, launch.num_stages
-            via_fp16 = launch.fp8_via_fp16
+            via_fp16, keys_first = launch.fp8_via_fp16, launch.keys_first
         else:
             kv_per_prog, block_n, splits = 1, _BLOCK_N, 1
             block_q = max(1, _PREFILL_ROWS // self.group)
             block_m = max(16, triton.next_power_of_2(block_q * self.group))
             num_warps, num_stages = 4, 3
-            via_fp16 = False
+            via_fp16 = keys_first = False
         # 0: the cache holds q's dtype; 1: fp8 read as q's dtype; 2: fp8 read as float16.
         fp8_mode = 0 if not kv_fp8 else 2 if via_fp16 and q.dtype in (torch.bfloat16, torch.float16) else 1
         assert splits is not None
@@ -154,7 +157,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group,
             HEAD_DIM=self.head_dim, BLOCK_D=self.block_d,
             BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
-            KV_PER_PROG=kv_per_prog, ONE_BLOCK=md.block_size % block_n == 0, KV_FP8=fp8_mode,
+            KV_PER_PROG=kv_per_prog, ONE_BLOCK=md.block_size % block_n == 0, KV_FP8=fp8_mode, KEYS_FIRST=keys_first,
             NUM_SPLITS=splits, IEEE=q.dtype == torch.float32,
             num_warps=num_warps, num_stages=num_stages,
         )
