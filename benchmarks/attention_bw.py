@@ -284,6 +284,10 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true", help="profile without CUDA graphs")
     parser.add_argument("--top", type=int, default=20)
     args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("attention_bw.py measures the Triton kernels: it needs a CUDA GPU (none is available)")
     if not args.no_bandwidth:
         bandwidth(args)
     if args.step_profile:
