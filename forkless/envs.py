@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     FORKLESS_CONFIGURE_LOGGING: bool
     FORKLESS_LOG_STATS_INTERVAL: float
     FORKLESS_WORKER_THREADS: int
+    FORKLESS_STEP_TRACE_DIR: str | None
     FORKLESS_API_KEY: str | None
     FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE: int
 
@@ -123,6 +124,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "FORKLESS_LOG_STATS_INTERVAL": lambda: _number("FORKLESS_LOG_STATS_INTERVAL", "10", float),
     # torch threads per worker process (several processes share few cores; 0 = torch's default).
     "FORKLESS_WORKER_THREADS": lambda: _number("FORKLESS_WORKER_THREADS", "1", int),
+    # A folder: each multiprocess worker appends one JSON record per async step there
+    # (host timings; device busy and idle time on CUDA), for
+    # ``python -m forkless.metrics.step_trace DIR``. Unset: no trace.
+    "FORKLESS_STEP_TRACE_DIR": lambda: os.environ.get("FORKLESS_STEP_TRACE_DIR") or None,
     # Default for ``forkless serve --api-key``.
     "FORKLESS_API_KEY": lambda: os.environ.get("FORKLESS_API_KEY") or None,
     # Seconds ``forkless serve`` keeps an idle HTTP connection open between requests

@@ -89,6 +89,14 @@ def _error_payload(exc: BaseException) -> dict[str, str]:
     return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
+def _device_step_timer() -> Any:
+    """Device timing events for the step trace (a ``CudaStepTimer``), where the platform is CUDA."""
+    from forkless.metrics.step_trace import CudaStepTimer
+    from forkless.platforms import current_platform
+
+    return CudaStepTimer() if current_platform.device_type == "cuda" else None
+
+
 def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, parent_pid: int,
                  ipc_dir: str) -> None:
     """Entry point of a spawned worker process.
@@ -133,6 +141,12 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
                                                   "async_scheduling": async_ok})])
     # The async step launched and not yet collected: (seq, the runner's handle).
     pending: tuple[int, Any] | None = None
+    # FORKLESS_STEP_TRACE_DIR: one record per async step (forkless.metrics.step_trace).
+    from forkless.metrics.step_trace import StepTrace
+
+    trace = StepTrace.open(f"worker{rank}")
+    timer = _device_step_timer() if trace is not None else None
+    traced: dict[int, dict[str, Any]] = {}
 
     def finish_pending() -> None:
         # Collect the step in flight and send its output (or its error), tagged with seq.
@@ -140,10 +154,18 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         if pending is None:
             return
         (seq, handle), pending = pending, None
+        collect_start = collected = StepTrace.now() if trace is not None else 0.0
         try:
-            outbox.send_multipart([_STEP_OK, ipc.encode([seq, worker.collect(handle)])])
+            output = worker.collect(handle)
+            if trace is not None:
+                collected = StepTrace.now()
+            outbox.send_multipart([_STEP_OK, ipc.encode([seq, output])])
         except Exception as exc:
             outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, _error_payload(exc)])])
+        if trace is not None:
+            gpu_ms, idle_ms = timer.read(seq) if timer is not None else (None, None)
+            trace.add(**traced.pop(seq, {"seq": seq}), collect_start=collect_start, collected=collected,
+                      sent=StepTrace.now(), gpu_ms=gpu_ms, gpu_idle_ms=idle_ms)
 
     while True:
         if not inbox.poll(1000):
@@ -154,11 +176,21 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         if method == _STEP:
             # Launch the new step before finishing the previous one: on a GPU it is then
             # queued behind it and the device never waits for this process.
+            received = StepTrace.now() if trace is not None else 0.0
             seq, scheduler_output = ipc.decode(payload, tuple[int, SchedulerOutput])
+            decoded = StepTrace.now() if trace is not None else 0.0
+            if timer is not None:
+                timer.start(seq)
             try:
                 launched, error = worker.execute_model_async(scheduler_output), None
             except Exception as exc:
                 launched, error = None, _error_payload(exc)
+            if trace is not None:
+                if timer is not None:
+                    timer.end(seq)
+                traced[seq] = {"seq": seq, "num_reqs": len(scheduler_output.scheduled_requests),
+                               "num_tokens": scheduler_output.num_batched_tokens, "received": received,
+                               "decoded": decoded, "launched": StepTrace.now()}
             finish_pending()  # its reply goes out before this step's
             if error is not None:
                 outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, error])])
@@ -185,6 +217,8 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
             outbox.send_multipart([b"ok", ipc.encode(result)])
         except Exception as exc:
             outbox.send_multipart([b"error", ipc.encode(_error_payload(exc))])
+    if trace is not None:
+        trace.close()
     worker.shutdown()
     inbox.close(linger=0)
     outbox.close()

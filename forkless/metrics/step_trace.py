@@ -1,0 +1,162 @@
+"""Per-step timing records of the step loop, to find where a step's time goes.
+
+Set ``FORKLESS_STEP_TRACE_DIR`` and every multiprocess worker (``--distributed-executor-backend
+mp``) appends one JSON object per async step to ``<dir>/steps-worker<rank>-<pid>.jsonl``;
+``python -m forkless.metrics.step_trace DIR`` summarises them. A record says when the
+worker received the step, decoded its message, launched it, began waiting for its
+results, had them and sent them. On CUDA the worker also brackets each launched step with
+timing events, so ``gpu_ms`` is the step's own time on the device and ``gpu_idle_ms`` the
+gap between the previous step's end and this one's start: time the device sat idle
+waiting for the host.
+
+Invariants:
+    * Off unless the variable is set: :meth:`StepTrace.open` then returns ``None`` and the
+      step loop pays one ``is None`` test per step.
+    * Times are ``time.monotonic()`` seconds, one clock for every process of a machine,
+      so records of several processes line up.
+    * Records are appended 64 at a time and at :meth:`StepTrace.close`: a killed process
+      loses at most its last 63.
+    * Device events are read only after their step was collected (its results waited
+      for), so tracing adds no synchronisation to the step loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from forkless import envs
+
+_FLUSH_EVERY = 64
+
+
+class StepTrace:
+    """Buffered JSON-lines records of one process's steps.
+
+    Args:
+        path: The file to append to.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._rows: list[str] = []
+
+    @classmethod
+    def open(cls, role: str) -> StepTrace | None:
+        """The trace of this process in the role given, or ``None`` when tracing is off."""
+        directory = envs.FORKLESS_STEP_TRACE_DIR
+        if not directory:
+            return None
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        return cls(Path(directory) / f"steps-{role}-{os.getpid()}.jsonl")
+
+    @staticmethod
+    def now() -> float:
+        """The trace's clock."""
+        return time.monotonic()
+
+    def add(self, **record: Any) -> None:
+        """Add one step's record (numbers and strings)."""
+        self._rows.append(json.dumps(record))
+        if len(self._rows) >= _FLUSH_EVERY:
+            self.flush()
+
+    def flush(self) -> None:
+        """Append the buffered records to the file."""
+        if self._rows:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write("\n".join(self._rows) + "\n")
+            self._rows.clear()
+
+    def close(self) -> None:
+        """Flush what is left."""
+        self.flush()
+
+
+class CudaStepTimer:
+    """Timing events around each launched step on the current CUDA stream.
+
+    ``start(seq)`` before a step's launch and ``end(seq)`` after it queue the events;
+    ``read(seq)``, once the step's results were waited for, gives the step's device time
+    and the idle gap since the previous step's end (``None`` for the first step).
+    """
+
+    def __init__(self) -> None:
+        import torch
+
+        self._event = lambda: torch.cuda.Event(enable_timing=True)
+        self._marks: dict[int, tuple[Any, Any]] = {}
+        self._last_end: Any = None
+
+    def start(self, seq: int) -> None:
+        ev = self._event()
+        ev.record()
+        self._marks[seq] = (ev, None)
+
+    def end(self, seq: int) -> None:
+        ev = self._event()
+        ev.record()
+        self._marks[seq] = (self._marks[seq][0], ev)
+
+    def read(self, seq: int) -> tuple[float | None, float | None]:
+        marks = self._marks.pop(seq, None)
+        if marks is None or marks[1] is None:
+            return None, None
+        start, end = marks
+        idle = self._last_end.elapsed_time(start) if self._last_end is not None else None
+        self._last_end = end
+        return start.elapsed_time(end), idle
+
+
+# ------------------------------------------------------------------------- summary
+
+_INTERVALS = {
+    "worker": [("decode message", "received", "decoded"), ("prepare + launch", "decoded", "launched"),
+               ("wait for results", "collect_start", "collected"), ("send results", "collected", "sent")],
+}
+
+
+def _stats(values: list[float]) -> str:
+    values = sorted(values)
+    n = len(values)
+    return (f"mean {sum(values) / n:8.2f}  p50 {values[n // 2]:8.2f}  p90 {values[int(n * 0.9)]:8.2f}  "
+            f"sum {sum(values) / 1e3:8.2f} s")
+
+
+def summarize(directory: str | Path) -> list[str]:
+    """One block of lines per trace file in ``directory`` (milliseconds unless said)."""
+    lines: list[str] = []
+    for path in sorted(Path(directory).glob("steps-*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        role = path.name.split("-")[1].rstrip("0123456789")
+        if not records:
+            continue
+        span = records[-1]["received"] - records[0]["received"]
+        lines.append(f"{path.name}: {len(records)} steps over {span:.2f} s")
+        for name, a, b in _INTERVALS.get(role, []):
+            values = [(r[b] - r[a]) * 1e3 for r in records if r.get(a) is not None and r.get(b) is not None]
+            if values:
+                lines.append(f"  {name:18s} {_stats(values)}")
+        for key, name in (("gpu_ms", "device busy"), ("gpu_idle_ms", "device idle before")):
+            values = [r[key] for r in records if r.get(key) is not None]
+            if values:
+                lines.append(f"  {name:18s} {_stats(values)}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m forkless.metrics.step_trace DIR", file=sys.stderr)
+        return 2
+    lines = summarize(args[0])
+    print("\n".join(lines) if lines else f"no step traces (steps-*.jsonl) in {args[0]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""FORKLESS_STEP_TRACE_DIR: the multiprocess worker writes one record per async step."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from forkless import SamplingParams
+from forkless.metrics.step_trace import StepTrace, main, summarize
+from tests.engine.test_engine_mp_async import _engine
+
+
+def test_trace_is_off_without_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FORKLESS_STEP_TRACE_DIR", raising=False)
+    assert StepTrace.open("core") is None
+
+
+def test_mp_worker_records_every_step_in_order(llama_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                               capsys: pytest.CaptureFixture) -> None:
+    trace_dir = tmp_path / "trace"
+    monkeypatch.setenv("FORKLESS_STEP_TRACE_DIR", str(trace_dir))  # inherited by the spawned worker
+    engine = _engine(llama_dir)
+    try:
+        engine.add_request("a", "Hello there", SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+        engine.add_request("b", "Once upon", SamplingParams(temperature=0.0, max_tokens=9, ignore_eos=True))
+        steps = 0
+        while engine.has_unfinished_requests():
+            engine.step()
+            steps += 1
+    finally:
+        engine.shutdown()  # the worker flushes its records as it exits
+    files = list(trace_dir.glob("steps-worker0-*.jsonl"))
+    assert len(files) == 1
+    records = [json.loads(line) for line in files[0].read_text().splitlines()]
+    # One record per launched step (prefill + decodes), in launch order, each with its
+    # timings in the order they happen; no device timings on the CPU.
+    assert [r["seq"] for r in records] == list(range(len(records)))
+    assert 9 <= len(records) <= steps
+    for r in records:
+        assert r["received"] <= r["decoded"] <= r["launched"] <= r["collect_start"] <= r["collected"] <= r["sent"]
+        assert r["gpu_ms"] is None and r["gpu_idle_ms"] is None
+    assert records[0]["num_tokens"] > records[-1]["num_tokens"] == 1  # the prompts, then one decode
+    lines = summarize(trace_dir)
+    assert lines[0].startswith(files[0].name) and any("prepare + launch" in line for line in lines)
+    assert main([str(trace_dir)]) == 0
+    assert "wait for results" in capsys.readouterr().out
