@@ -28,12 +28,17 @@ for MODE in ${MODES:-async sync}; do
      [ -n "${X#*:}" ] && /tmp/site/bin/py-spy record -p "${X#*:}" -d 10 -r 100 -f raw \
        -o "$OUT/${X%%:*}_$MODE.txt" --nonblocking > /dev/null 2>&1 &
    done; wait) &
+  # Per-step timings of the worker (device busy / idle per step), summarised below.
+  export FORKLESS_STEP_TRACE_DIR="$OUT/trace_$MODE"
   timeout 300 $F bench serve --model /tmp/qwen3-0.6b --dataset-name random --random-input-len 562 \
     --random-output-len 562 --random-range-ratio 0.822 --num-prompts $N --request-rate inf \
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 --save-result --result-dir "$OUT" \
     --result-filename "serve_$MODE.json" --server-args --load-format dummy --dtype bfloat16 --max-num-seqs 512 \
     --max-model-len 2048 $A 2>&1 | grep -v "^INFO" | tee "$OUT/serve_$MODE.log"
   wait
+  unset FORKLESS_STEP_TRACE_DIR
+  python3 -m forkless.metrics.step_trace "$OUT/trace_$MODE" | tee -a "$OUT/serve_$MODE.log"
+  rm -rf "$OUT/trace_$MODE"
 done
 # One archive of the profiles (the device call returns a limited number of files).
 (cd "$OUT" && P=$(ls ./*_async.txt ./*_sync.txt 2>/dev/null); [ -n "$P" ] && tar czf profiles.tgz $P && rm -f $P)
