@@ -7,6 +7,7 @@ way it only sees ``EngineCoreRequest`` in and ``EngineCoreOutputs`` out.
 from __future__ import annotations
 
 import time
+from collections import Counter, deque
 from typing import TYPE_CHECKING, Any, Iterable
 
 from forkless.core.request import Request
@@ -71,9 +72,14 @@ class EngineCore:
                                "scheduler (or a custom logits processor is loaded): stepping synchronously")
             # The launched step whose tokens are not collected yet: (plan, handle).
             self._pending: tuple[SchedulerOutput, Any] | None = None
-            # The adapter of each unfinished request that has one: the scheduler does not
-            # know adapters, so the plan's admissions get theirs here (_attach_loras).
+            # The adapter of each request the scheduler holds that has one: the scheduler
+            # does not know adapters, so the plan's admissions get theirs here
+            # (_attach_loras), and at most --max-loras adapters are in the scheduler at
+            # once (so no step can need more slots than the workers have): a request for
+            # another adapter is held here, in arrival order, until one of them is done.
             self._lora_of: dict[str, LoRARequest] = {}
+            self._lora_count: Counter[int] = Counter()
+            self._lora_held: deque[tuple[Request, LoRARequest]] = deque()
         except BaseException:
             self.executor.shutdown()
             raise
@@ -95,35 +101,73 @@ class EngineCore:
             # An adapter changes every block's KV: two adapters (or an adapter and the
             # base model) must never share prefix-cache blocks.
             salt = ("lora", lora.lora_int_id, lora.lora_name, request.cache_salt)
-        self.scheduler.add_request(
-            Request(
-                request_id=request.request_id,
-                prompt_token_ids=request.prompt_token_ids,
-                sampling_params=request.sampling_params,
-                eos_token_id=request.eos_token_id,
-                arrival_time=request.arrival_time,
-                priority=request.priority,
-                cache_salt=salt,
-                group_id=request.group_id,
-            )
+        core_request = Request(
+            request_id=request.request_id,
+            prompt_token_ids=request.prompt_token_ids,
+            sampling_params=request.sampling_params,
+            eos_token_id=request.eos_token_id,
+            arrival_time=request.arrival_time,
+            priority=request.priority,
+            cache_salt=salt,
+            group_id=request.group_id,
         )
-        if lora is not None:
-            self._lora_of[request.request_id] = lora
+        if lora is None:
+            self.scheduler.add_request(core_request)
+            return
+        if self._lora_held or not self._lora_fits(lora):
+            if any(r.request_id == request.request_id for r, _ in self._lora_held):
+                raise ValueError(f"duplicate request id {request.request_id!r}")
+            self._lora_held.append((core_request, lora))
+            return
+        self._admit_lora(core_request, lora)
+
+    def _lora_fits(self, lora: LoRARequest) -> bool:
+        assert self.config.lora_config is not None
+        return lora.lora_int_id in self._lora_count or len(self._lora_count) < self.config.lora_config.max_loras
+
+    def _admit_lora(self, request: Request, lora: LoRARequest) -> None:
+        self.scheduler.add_request(request)
+        self._lora_of[request.request_id] = lora
+        self._lora_count[lora.lora_int_id] += 1
+
+    def _lora_done(self, request_ids: Iterable[str]) -> None:
+        """Requests left the scheduler: free their adapters' places, admit what now fits."""
+        freed = False
+        for rid in request_ids:
+            lora = self._lora_of.pop(rid, None)
+            if lora is not None:
+                self._lora_count[lora.lora_int_id] -= 1
+                if not self._lora_count[lora.lora_int_id]:
+                    del self._lora_count[lora.lora_int_id]
+                    freed = True
+        # In arrival order; a request whose adapter still does not fit waits, and so do
+        # the ones behind it (no overtaking, as in the scheduler's own queue).
+        while freed and self._lora_held and self._lora_fits(self._lora_held[0][1]):
+            self._admit_lora(*self._lora_held.popleft())
 
     def _attach_loras(self, scheduler_output: SchedulerOutput) -> SchedulerOutput:
-        """Give the plan's admissions their adapters, and forget finished requests' ones."""
+        """Give the plan's admissions their adapters."""
         lora_of = self._lora_of
         if lora_of:
-            for rid in scheduler_output.finished_request_ids:
-                lora_of.pop(rid, None)
             for s in scheduler_output.scheduled_requests:
                 if s.is_new:
                     s.lora_request = lora_of.get(s.request_id)
         return scheduler_output
 
+    def _finished(self, outputs: list) -> list:
+        if self._lora_of:
+            self._lora_done([o.request_id for o in outputs if o.finish_reason is not None])
+        return outputs
+
     def abort_requests(self, request_ids: Iterable[str], finish_reason: FinishReason = FinishReason.ABORT) -> None:
         """Finish requests now (client gone, stop string hit). Unknown ids are ignored."""
-        self.scheduler.finish_requests(list(request_ids), finish_reason)
+        ids = list(request_ids)
+        if self._lora_held:
+            gone = set(ids)
+            self._lora_held = deque(held for held in self._lora_held if held[0].request_id not in gone)
+        self.scheduler.finish_requests(ids, finish_reason)
+        if self._lora_of:
+            self._lora_done(ids)
 
     def step(self) -> EngineCoreOutputs:
         """Schedule, execute and update once.
@@ -137,7 +181,7 @@ class EngineCore:
             return EngineCoreOutputs(scheduler_stats=self.make_stats(), timestamp=time.time())
         scheduler_output = self._attach_loras(self.scheduler.schedule())
         runner_output = self.executor.execute_model(scheduler_output)
-        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
     def _step_async(self) -> EngineCoreOutputs:
@@ -168,15 +212,17 @@ class EngineCore:
 
     def _collect(self, pending: tuple[SchedulerOutput, Any]) -> list:
         scheduler_output, handle = pending
-        return self.scheduler.update_from_output(scheduler_output, self.executor.collect(handle))
+        return self._finished(self.scheduler.update_from_output(scheduler_output, self.executor.collect(handle)))
 
     def has_unfinished_requests(self) -> bool:
         """Whether any request is waiting or running (or a launched step is uncollected)."""
-        return self.scheduler.has_unfinished_requests() or self._pending is not None
+        return self.scheduler.has_unfinished_requests() or self._pending is not None or bool(self._lora_held)
 
     def make_stats(self) -> SchedulerStats:
         """Queue lengths, KV usage and prefix-cache counters."""
-        return self.scheduler.make_stats()
+        stats = self.scheduler.make_stats()
+        stats.num_waiting += len(self._lora_held)  # held for an adapter slot: waiting too
+        return stats
 
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix."""

@@ -77,3 +77,22 @@ def test_mixed_batch_matches_alone(arch_llm):
     mixed = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False, lora_request=per_prompt))
     for i, (tokens, lora) in enumerate(zip(mixed, per_prompt)):
         assert tokens == alone[lora][i // len(choices)], f"{arch} prompt {i} adapter {lora}"
+
+
+def test_prefix_cache_is_per_adapter(arch_llm):
+    arch, base, adapters, llm, loras = arch_llm
+    if arch != "llama":
+        pytest.skip("one architecture is enough: the cache key does not depend on it")
+    long_prompt = " ".join(PROMPTS * 4)  # several full 16-token blocks
+    lora = loras["all-r8"]
+    first = llm.generate(long_prompt, GREEDY, use_tqdm=False, lora_request=lora)[0]
+    base_out = llm.generate(long_prompt, GREEDY, use_tqdm=False)[0]
+    again = llm.generate(long_prompt, GREEDY, use_tqdm=False, lora_request=lora)[0]
+    other = llm.generate(long_prompt, GREEDY, use_tqdm=False, lora_request=loras["qv-r16-rslora"])[0]
+    assert again.num_cached_tokens >= 32  # the adapter's own blocks are reused...
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    # ...and never another adapter's or the base model's (cached before: 0 hits).
+    prompt_ids = [llm.get_tokenizer().encode(long_prompt)]
+    assert list(base_out.outputs[0].token_ids) == _hf_greedy(base, None, prompt_ids)[0]
+    assert list(other.outputs[0].token_ids) == _hf_greedy(base, adapters["qv-r16-rslora"], prompt_ids)[0]
+    assert other.num_cached_tokens == 0 and base_out.num_cached_tokens == 0

@@ -1,0 +1,118 @@
+"""Malformed adapters are clear errors naming the adapter and the problem; the engine lives on.
+Also: --max-loras smaller than the adapters in flight, and --max-cpu-loras eviction."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from forkless import LLM, SamplingParams
+from forkless.lora import LoRARequest
+from tests.lora.conftest import make_adapter, make_base
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+PROMPTS = ["The quick brown fox", "Paris is the capital of"]
+
+
+@pytest.fixture(scope="module")
+def llama(lora_models):
+    return lora_models["llama"]
+
+
+@pytest.fixture(scope="module")
+def llm(llama):
+    base, _ = llama
+    engine = LLM(str(base), enable_lora=True, max_loras=2, max_lora_rank=16, max_model_len=128, max_num_seqs=8)
+    yield engine
+    engine.shutdown()
+
+
+def _copy(src: Path, dst: Path, **config_changes) -> Path:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "adapter_config.json").read_text())
+    cfg.update(config_changes)
+    (dst / "adapter_config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def _bad_cases(llama, tmp: Path) -> dict[str, tuple[Path, str]]:
+    base, adapters = llama
+    good = adapters["all-r8"]
+    other_base = make_base(tmp / "other-base", "llama", hidden_size=32, intermediate_size=64)
+    bin_only = _copy(good, tmp / "bin-only")
+    (bin_only / "adapter_model.safetensors").rename(bin_only / "adapter_model.bin")
+    no_config = _copy(good, tmp / "no-config")
+    (no_config / "adapter_config.json").unlink()
+    garbage = _copy(good, tmp / "garbage")
+    (garbage / "adapter_model.safetensors").write_bytes(b"\xff" * 64)
+    return {
+        "too-big": (adapters["mlp-o-r32"], "rank r=32 is above --max-lora-rank 16"),
+        "unknown-module": (_copy(good, tmp / "unknown", target_modules=["q_proj", "lm_head"]),
+                           "target module 'lm_head' is not supported"),
+        "wrong-shapes": (make_adapter(other_base, tmp / "wrong-shapes", 8, 16, False, ["q_proj"]),
+                         "is 32 -> 32 in the adapter but 64 -> 64 in the model"),
+        "missing": (tmp / "does-not-exist", "no such folder"),
+        "bin-only": (bin_only, "adapter_model.bin"),
+        "no-config": (no_config, "no adapter_config.json"),
+        "garbage": (garbage, "adapter_model.safetensors:"),
+        "dora": (_copy(good, tmp / "dora", use_dora=True), "use_dora=True is not supported"),
+    }
+
+
+def test_malformed_adapters_are_clear_errors(llm, llama, tmp_path):
+    expected = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    for i, (name, (path, problem)) in enumerate(_bad_cases(llama, tmp_path).items()):
+        with pytest.raises(ValueError) as info:
+            llm.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=LoRARequest(name, 100 + i, str(path)))
+        message = str(info.value)
+        assert f"LoRA adapter {name!r}" in message and problem in message, message
+    # Nothing reached the engine: it still serves.
+    again = llm.generate(PROMPTS, GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in expected]
+
+
+def test_lora_request_without_enable_lora(llama):
+    base, adapters = llama
+    engine = LLM(str(base), max_model_len=128, max_num_seqs=4)
+    try:
+        with pytest.raises(ValueError, match="--enable-lora"):
+            engine.generate(PROMPTS, GREEDY, use_tqdm=False,
+                            lora_request=LoRARequest("a", 1, str(adapters["all-r8"])))
+    finally:
+        engine.shutdown()
+
+
+def test_bad_lora_request_values():
+    with pytest.raises(ValueError, match="lora_int_id must be an integer >= 1"):
+        LoRARequest("a", 0, "/x")
+    with pytest.raises(ValueError, match="lora_name must be a non-empty string"):
+        LoRARequest("", 1, "/x")
+
+
+def test_more_adapters_than_slots_and_host_cache(llama, llm):
+    """4 adapters in one batch with --max-loras 1 and --max-cpu-loras 2: requests for an
+    adapter wait for a slot, adapters are evicted and reloaded, and every output is what it
+    is alone (on an engine with room for all of them)."""
+    base, adapters = llama
+    names = ["all-r8", "qv-r16-rslora", "all-r8-again", "qv-r16-rslora-again"]
+    paths = [adapters["all-r8"], adapters["qv-r16-rslora"]] * 2
+    loras = [LoRARequest(n, i + 1, str(p)) for i, (n, p) in enumerate(zip(names, paths))]
+    alone = {lora.lora_name: [o.outputs[0].token_ids for o in
+                              llm.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=lora)]
+             for lora in loras}
+    tight = LLM(str(base), enable_lora=True, max_loras=1, max_cpu_loras=2, max_lora_rank=16,
+                max_model_len=128, max_num_seqs=8)
+    try:
+        prompts = [p for p in PROMPTS for _ in loras] * 2
+        per_prompt = [lora for _ in PROMPTS for lora in loras] * 2
+        out = tight.generate(prompts, GREEDY, use_tqdm=False, lora_request=per_prompt)
+        for i, (o, lora) in enumerate(zip(out, per_prompt)):
+            assert o.outputs[0].token_ids == alone[lora.lora_name][(i // len(loras)) % len(PROMPTS)]
+        runner = tight.llm_engine.engine_core.executor.worker.model_runner
+        manager = runner.lora_manager
+        assert manager.evictions >= 2 and len(manager.loaded_ids()) == 2
+    finally:
+        tight.shutdown()
