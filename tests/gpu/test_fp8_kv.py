@@ -106,9 +106,12 @@ def test_fp8_cache_holds_twice_the_blocks_and_generates(bf16_run, fp8_run):
 
 def test_fp8_prompt_logprobs_are_close_to_bf16(bf16_run, fp8_run):
     """Teacher-forced log-probabilities of every prompt token (chunked prefill over an fp8
-    cache, prefix-cache hits included) within 0.05 nats of the bf16 cache's."""
-    worst = max(abs(a - b) for la, lb in zip(bf16_run[2], fp8_run[2]) for a, b in zip(la, lb))
-    assert worst < 0.05, worst
+    cache, prefix-cache hits included) stay close to the bf16 cache's: mean difference
+    under 0.05 nats, largest under 0.2. The torch reference on the CPU, same model and
+    prompts: 0.027 mean, 0.090 largest (bf16 against float32 activations: 0.006, 0.029)."""
+    diffs = [abs(a - b) for la, lb in zip(bf16_run[2], fp8_run[2]) for a, b in zip(la, lb)]
+    assert sum(diffs) / len(diffs) < 0.05, sum(diffs) / len(diffs)
+    assert max(diffs) < 0.2, max(diffs)
 
 
 def test_fp8_cuda_graphs_equal_eager(real_size_model):
