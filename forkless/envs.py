@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     FORKLESS_STEP_TRACE_DIR: str | None
     FORKLESS_API_KEY: str | None
     FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE: int
+    FORKLESS_ALLOW_RUNTIME_LORA_UPDATING: bool
+    FORKLESS_LORA_RESOLVER_CACHE_DIR: str | None
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -133,6 +135,14 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Seconds ``forkless serve`` keeps an idle HTTP connection open between requests
     # (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE; uvicorn's timeout_keep_alive).
     "FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE": lambda: _number("FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE", "5", int),
+    # ``1``: ``forkless serve --enable-lora`` adds POST /v1/load_lora_adapter and
+    # /v1/unload_lora_adapter, and asks the registered LoRA resolvers for a ``model`` it
+    # does not know (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+    "FORKLESS_ALLOW_RUNTIME_LORA_UPDATING": lambda: parse_bool("FORKLESS_ALLOW_RUNTIME_LORA_UPDATING", False),
+    # The built-in filesystem LoRA resolver serves ``<this folder>/<model name>/`` (a PEFT
+    # adapter folder); unset: that resolver finds nothing (vLLM's VLLM_LORA_RESOLVER_CACHE_DIR).
+    "FORKLESS_LORA_RESOLVER_CACHE_DIR": lambda: _path(os.environ["FORKLESS_LORA_RESOLVER_CACHE_DIR"])
+    if os.environ.get("FORKLESS_LORA_RESOLVER_CACHE_DIR") else None,
 }
 
 

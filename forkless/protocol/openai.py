@@ -434,12 +434,28 @@ class ModelCard(OpenAIModel):
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "forkless"
     root: str | None = None
+    # A LoRA adapter's base model (the served model's name); None for the base model.
+    parent: str | None = None
     max_model_len: int | None = None
 
 
 class ModelList(OpenAIModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class LoadLoRAAdapterRequest(RequestModel):
+    """``POST /v1/load_lora_adapter`` (with ``FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1``)."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(RequestModel):
+    """``POST /v1/unload_lora_adapter`` (with ``FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1``)."""
+
+    lora_name: str
+    lora_int_id: int | None = None
 
 
 class TokenizeRequest(RequestModel):

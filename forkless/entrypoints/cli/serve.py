@@ -91,6 +91,9 @@ def add_parser(subparsers: Any) -> None:
                        help="on SIGTERM/SIGINT, stop accepting requests and let those in flight finish for "
                             "up to SECONDS, then end the rest with a 503 error (default "
                             f"{DEFAULT_SHUTDOWN_TIMEOUT:g}, as vLLM: end them at once)")
+    group.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
+                       help="LoRA adapters served under their names (needs --enable-lora): name=path, or "
+                            "the JSON form '{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'")
     chat = parser.add_argument_group("chat")
     chat.add_argument("--chat-template", default=None,
                       help="Jinja chat template replacing the model's: a file path, or the template text")
@@ -148,6 +151,7 @@ def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
     from forkless.entrypoints.openai.api_server import resolve_middleware
     from forkless.entrypoints.openai.chat_options import ChatOptions
     from forkless.entrypoints.openai.http_limits import HttpLimits
+    from forkless.entrypoints.openai.serving_models import parse_lora_module
 
     for path in args.middleware:
         try:
@@ -156,6 +160,9 @@ def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
             return _usage_error(f"--middleware {path!r}: {exc}")
     try:
         args.http_limits = HttpLimits.from_cli_args(args)
+        args.lora_module_paths = [parse_lora_module(v) for v in args.lora_modules]
+        if args.lora_module_paths and not engine_args.enable_lora:
+            raise ValueError("--lora-modules needs --enable-lora")
         config = engine_args.create_engine_config()
         # Checked before the engine starts: a bad parser name should not cost a model load.
         args.chat_options = ChatOptions.from_cli_args(args)
@@ -315,7 +322,8 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: s
     try:
         app = build_app(engine, names, config.model_config.max_model_len, api_key=args.api_key,
                         middleware=args.middleware, metrics=engine.render_metrics,
-                        chat_options=args.chat_options, limits=args.http_limits)
+                        chat_options=args.chat_options, limits=args.http_limits,
+                        lora_modules=args.lora_module_paths)
     except Exception as exc:
         logger.error("could not build the HTTP app: %s", exc)
         return 2

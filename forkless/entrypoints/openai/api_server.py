@@ -2,8 +2,9 @@
 
 Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``,
 ``/version``, ``/tokenize``, ``/detokenize``, ``/metrics``, FastAPI's ``/docs``, ``/redoc``
-and ``/openapi.json``; plus routes from opt-in endpoint plugins and ASGI middleware from
-``--middleware``.
+and ``/openapi.json``; ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` with
+``--enable-lora`` and ``FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1``; plus routes from opt-in
+endpoint plugins and ASGI middleware from ``--middleware``.
 
 Invariants:
     * ``/health`` is 200 while the server takes requests; a 503 with the OpenAI error body
@@ -40,12 +41,14 @@ from forkless.protocol.openai import (
     CompletionRequest,
     DetokenizeRequest,
     DetokenizeResponse,
-    ModelCard,
+    LoadLoRAAdapterRequest,
     ModelList,
     TokenizeRequest,
     TokenizeResponse,
+    UnloadLoRAAdapterRequest,
 )
 from forkless.entrypoints.openai.serving import OpenAIServing
+from forkless.entrypoints.openai.serving_models import LoRAModulePath, ServingModels
 from forkless.logger import init_logger
 from forkless.plugins import DEPRECATIONS, ENDPOINT_PLUGINS_GROUP, DeprecatedError, call_plugins_by_group, import_path
 from forkless.version import __version__
@@ -149,7 +152,8 @@ def _add_middleware(app: FastAPI, path: str) -> None:
 def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: int,
               api_key: str | None = None, middleware: list[str] | None = None,
               metrics: Callable[[], bytes] | None = None,
-              chat_options: ChatOptions | None = None, limits: HttpLimits | None = None) -> FastAPI:
+              chat_options: ChatOptions | None = None, limits: HttpLimits | None = None,
+              lora_modules: list[LoRAModulePath] | None = None) -> FastAPI:
     """Assemble the FastAPI app around a running engine.
 
     Args:
@@ -162,11 +166,18 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         metrics: Returns the Prometheus exposition text for ``/metrics``.
         chat_options: Chat template override and tool/reasoning parsers.
         limits: Request body size and read timeout, sequences per request.
+        lora_modules: ``--lora-modules`` adapters, served under their names (needs
+            ``--enable-lora``).
+
+    Raises:
+        ValueError: A ``--lora-modules`` adapter cannot be served (the message names it).
     """
     limits = limits or HttpLimits()
     app = FastAPI(title="forkless", version=__version__)
+    models = ServingModels(engine, served_model_names, max_model_len)
+    models.load_static(lora_modules or [])
     serving = OpenAIServing(engine, served_model_names, max_model_len, chat_options,
-                            max_sequences_per_request=limits.max_sequences_per_request)
+                            max_sequences_per_request=limits.max_sequences_per_request, models=models)
     app.state.serving = serving
     app.state.engine = engine
     # Set by forkless serve when a signal starts its draining shutdown: /health is a 503 then.
@@ -231,9 +242,20 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         return {"version": __version__}
 
     @app.get("/v1/models")
-    async def models() -> ModelList:
-        root = str(engine.model_path)
-        return ModelList(data=[ModelCard(id=n, root=root, max_model_len=max_model_len) for n in served_model_names])
+    async def list_models() -> ModelList:
+        return ModelList(data=models.model_cards())
+
+    if models.runtime_updating:
+        # vLLM's routes and answers; only with FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1.
+        @app.post("/v1/load_lora_adapter")
+        async def load_lora_adapter(req: LoadLoRAAdapterRequest) -> Response:
+            await models.add_lora(req.lora_name, req.lora_path)
+            return Response(f"Success: LoRA adapter '{req.lora_name}' added successfully.", media_type="text/plain")
+
+        @app.post("/v1/unload_lora_adapter")
+        async def unload_lora_adapter(req: UnloadLoRAAdapterRequest) -> Response:
+            models.remove_lora(req.lora_name)
+            return Response(f"Success: LoRA adapter '{req.lora_name}' removed successfully.", media_type="text/plain")
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:

@@ -34,7 +34,6 @@ import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, TypeVar
 
 import msgspec
@@ -45,6 +44,7 @@ from forkless.entrypoints.openai.chat_options import ChatOptions
 from forkless.entrypoints.openai.chat_parsing import ChoiceParser, make_choice_parser
 from forkless.entrypoints.openai.errors import BadRequest, quoted
 from forkless.entrypoints.openai.http_limits import DEFAULT_MAX_SEQUENCES_PER_REQUEST
+from forkless.entrypoints.openai.serving_models import ServingModels
 from forkless.protocol.openai import (
     ChatChoice,
     ChatCompletionChunk,
@@ -73,6 +73,7 @@ from forkless.protocol.openai import (
     random_id,
 )
 from forkless.logger import init_logger
+from forkless.lora import LoRARequest
 from forkless.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
@@ -421,8 +422,11 @@ class OpenAIServing:
 
     def __init__(self, engine: "AsyncLLM", served_model_names: list[str], max_model_len: int,
                  chat_options: ChatOptions | None = None,
-                 max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST) -> None:
+                 max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST,
+                 models: ServingModels | None = None) -> None:
         self.engine = engine
+        # The model names requests may give: the served model's and its LoRA adapters'.
+        self.models = models or ServingModels(engine, served_model_names, max_model_len)
         self.chat_options = chat_options or ChatOptions()
         self.served_model_names = served_model_names
         self.model_name = served_model_names[0]
@@ -472,17 +476,15 @@ class OpenAIServing:
         # Truncation keeps at most max_model_len tokens; the cut text still has more.
         return text[-limit:] if (req.truncation_side or "left") == "left" else text[:limit]
 
-    def check_model(self, model: str | None) -> None:
-        """Refuse a request naming a model this server does not serve.
+    async def check_model(self, model: str | None) -> LoRARequest | None:
+        """The LoRA adapter a request's ``model`` names (``None``: the served model).
 
         Raises:
             BadRequest: HTTP 404 with type ``NotFoundError`` and code ``model_not_found``,
-                as vLLM and OpenAI answer, so OpenAI clients raise ``NotFoundError``.
+                as vLLM and OpenAI answer, so OpenAI clients raise ``NotFoundError``, for
+                a model this server does not serve (nor a resolver finds).
         """
-        if model is not None and model not in self.served_model_names:
-            raise BadRequest(f"The model `{quoted(model)}` does not exist; this server serves "
-                             f"{', '.join(self.served_model_names)}", "model",
-                             err_type="NotFoundError", status=HTTPStatus.NOT_FOUND, code="model_not_found")
+        return await self.models.resolve(model)
 
     def _default_max_tokens(self, prompt_len: int) -> int:
         return max(1, self.max_model_len - prompt_len)
@@ -529,7 +531,7 @@ class OpenAIServing:
         return [list(p) if isinstance(p, list) else list(self.tokenizer.encode(p)) for p in prompts]
 
     async def create_completion(self, req: CompletionRequest, raw_request: Any) -> Any:
-        self.check_model(req.model)
+        lora = await self.check_model(req.model)
         if req.suffix:
             raise BadRequest("suffix is not supported", "suffix")
         texts = self._prompt_list(req)
@@ -549,7 +551,7 @@ class OpenAIServing:
         # One group_id: the scheduler's --max-running-seqs-per-request counts all the
         # prompts' sequences as one request's.
         streams = [self.engine.generate(_engine_prompt(ids, req), sp, f"{engine_id}-{i}", priority=req.priority,
-                                        group_id=engine_id)
+                                        group_id=engine_id, lora_request=lora)
                    for i, (ids, sp) in enumerate(zip(prompts, params))]
         if req.stream:
             return self._stream_completion(req, base_id, prompts, streams, raw_request)
@@ -679,7 +681,7 @@ class OpenAIServing:
     # -- tokenizer endpoints --------------------------------------------------------------
     async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         """``/tokenize``: a prompt's or a conversation's token ids."""
-        self.check_model(req.model)
+        await self.check_model(req.model)
         self.ignored_fields.note(_unknown_fields(req))
         if req.messages is not None:
             chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
@@ -695,7 +697,7 @@ class OpenAIServing:
 
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         """``/detokenize``: the text of token ids."""
-        self.check_model(req.model)
+        await self.check_model(req.model)
         self.ignored_fields.note(_unknown_fields(req))
         return DetokenizeResponse(prompt=await self.in_tokenizer_thread(self._detokenize, req.tokens))
 
@@ -756,7 +758,7 @@ class OpenAIServing:
         return parsers
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Any) -> Any:
-        self.check_model(req.model)
+        lora = await self.check_model(req.model)
         self.check_sequences(1, req.n)
         self.ignored_fields.note(_unknown_fields(req))
         parsers = self._choice_parsers(req)
@@ -775,7 +777,8 @@ class OpenAIServing:
         params = to_sampling_params(req, max_tokens, (top or 0) if req.logprobs else None,
                                     self._default_max_tokens(len(ids)))
         request_id, engine_id = _request_ids("chatcmpl", req.request_id)
-        stream = self.engine.generate(_engine_prompt(ids, req), params, engine_id, priority=req.priority)
+        stream = self.engine.generate(_engine_prompt(ids, req), params, engine_id, priority=req.priority,
+                                      lora_request=lora)
         if req.stream:
             return self._stream_chat(req, request_id, stream, raw_request, parsers)
         (final,) = await self._collect([stream], raw_request)

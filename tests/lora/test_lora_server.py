@@ -1,0 +1,148 @@
+"""LoRA through a real ``forkless serve`` with the openai client: --lora-modules (both forms),
+/v1/models, adapter selection by ``model``, runtime load/unload and their errors, and
+host-cache eviction with 4 adapters in rotation over --max-cpu-loras 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.lora.test_lora_offline import _hf_greedy
+from tests.server.conftest import start_server, stop_and_check
+
+PROMPT_IDS = [[54, 71, 66, 35, 82, 84, 72, 68, 74], [48, 65, 82, 73, 83, 35, 73, 83]]
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def llama(lora_models):
+    return lora_models["llama"]
+
+
+@pytest.fixture(scope="module")
+def references(llama):
+    base, adapters = llama
+    refs = {None: _hf_greedy(base, None, PROMPT_IDS)}
+    for name, path in adapters.items():
+        refs[name] = _hf_greedy(base, path, PROMPT_IDS)
+    return refs
+
+
+@pytest.fixture(scope="module")
+def lora_server(llama, tmp_path_factory):
+    base, adapters = llama
+    tmp = tmp_path_factory.mktemp("lora-server")
+    json_form = json.dumps({"name": "qv", "path": str(adapters["qv-r16-rslora"]), "base_model_name": "tiny"})
+    srv = start_server(base, tmp, "--served-model-name", "tiny", "--enable-lora", "--max-loras", "2",
+                       "--max-cpu-loras", "2", "--max-lora-rank", "32",
+                       "--lora-modules", f"all={adapters['all-r8']}", json_form,
+                       env_extra={"FORKLESS_ALLOW_RUNTIME_LORA_UPDATING": "1"})
+    yield srv
+    assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
+def _tokens(client: openai.OpenAI, model: str, tokenizer_ids: list[int]) -> str:
+    # The text, without a trailing incomplete UTF-8 sequence: the server holds one back.
+    return client.completions.create(model=model, prompt=tokenizer_ids, max_tokens=MAX_TOKENS, temperature=0.0,
+                                     extra_body={"ignore_eos": True}).choices[0].text.rstrip("\ufffd")
+
+
+@pytest.fixture(scope="module")
+def detok(llama):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(llama[0])
+    return lambda ids: tok.decode(ids, skip_special_tokens=True).rstrip("\ufffd")
+
+
+def test_models_lists_adapters_with_parent(lora_server):
+    cards = {m.id: m for m in lora_server.client().models.list().data}
+    assert set(cards) >= {"tiny", "all", "qv"}
+    assert cards["all"].parent == "tiny" and cards["qv"].parent == "tiny"
+    assert getattr(cards["tiny"], "parent", None) is None
+
+
+def test_model_field_selects_the_adapter(lora_server, references, detok):
+    client = lora_server.client()
+    for model, ref in (("tiny", None), ("all", "all-r8"), ("qv", "qv-r16-rslora")):
+        for ids, expected in zip(PROMPT_IDS, references[ref]):
+            assert _tokens(client, model, ids) == detok(expected), model
+    chat = client.chat.completions.create(model="all", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert chat.choices[0].message.content is not None
+
+
+def test_unknown_model_is_404(lora_server):
+    with pytest.raises(openai.NotFoundError) as info:
+        lora_server.client().completions.create(model="nope", prompt="x", max_tokens=1)
+    err = info.value.body
+    assert err["code"] == "model_not_found" and "tiny, all, qv" in err["message"]
+
+
+def test_runtime_load_unload_and_errors(lora_server, llama, references, detok, tmp_path):
+    base, adapters = llama
+    url = lora_server.url
+    ok = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "mlp", "lora_path": str(adapters["mlp-o-r32"])})
+    assert ok.status_code == 200, ok.text
+    assert _tokens(lora_server.client(), "mlp", PROMPT_IDS[0]) == detok(references["mlp-o-r32"][0])
+    dup = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "mlp", "lora_path": str(adapters["all-r8"])})
+    assert dup.status_code == 400 and "already been loaded" in dup.json()["error"]["message"]
+    bad = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(tmp_path / "none")})
+    assert bad.status_code == 400 and "LoRA adapter 'bad'" in bad.json()["error"]["message"]
+    missing_field = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "x"})
+    assert missing_field.status_code == 400
+    gone = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "mlp"})
+    assert gone.status_code == 200, gone.text
+    again = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "mlp"})
+    assert again.status_code == 404 and again.json()["error"]["type"] == "NotFoundError"
+    with pytest.raises(openai.NotFoundError):
+        lora_server.client().completions.create(model="mlp", prompt="x", max_tokens=1)
+    assert "mlp" not in {m.id for m in lora_server.client().models.list().data}
+
+
+def test_eviction_with_four_adapters_in_rotation(lora_server, llama, references, detok):
+    """--max-cpu-loras 2 and --max-loras 2 with 4 adapters requested in turn (and at once)."""
+    base, adapters = llama
+    for name in ("rot-a", "rot-b"):
+        src = adapters["mlp-o-r32"] if name == "rot-a" else adapters["qv-r16-rslora"]
+        r = httpx.post(f"{lora_server.url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": str(src)})
+        assert r.status_code == 200, r.text
+    expected = {"all": "all-r8", "qv": "qv-r16-rslora", "rot-a": "mlp-o-r32", "rot-b": "qv-r16-rslora"}
+    client = lora_server.client()
+    for _ in range(2):
+        for model, ref in expected.items():
+            assert _tokens(client, model, PROMPT_IDS[1]) == detok(references[ref][1]), model
+
+    async def all_at_once():
+        import asyncio
+
+        aclient = lora_server.async_client()
+        models = list(expected) * 2
+        outs = await asyncio.gather(*(aclient.completions.create(
+            model=m, prompt=PROMPT_IDS[0], max_tokens=MAX_TOKENS, temperature=0.0, extra_body={"ignore_eos": True})
+            for m in models))
+        return list(zip(models, outs))
+
+    import asyncio
+
+    for model, out in asyncio.run(all_at_once()):
+        assert out.choices[0].text.rstrip("\ufffd") == detok(references[expected[model]][0]), model
+    assert "evicted adapter" in lora_server.log()
+    for name in ("rot-a", "rot-b"):
+        httpx.post(f"{lora_server.url}/v1/unload_lora_adapter", json={"lora_name": name})
+
+
+def test_lora_modules_errors(llama, tmp_path):
+    from tests.conftest import plugin_env, run_forkless
+
+    base, adapters = llama
+    env = plugin_env(None, tmp_path)
+    no_enable = run_forkless(["serve", str(base), "--port", "0", "--lora-modules", f"a={adapters['all-r8']}"], env,
+                             timeout=120)
+    assert no_enable.returncode == 2 and "--lora-modules needs --enable-lora" in no_enable.stderr
+    bad_form = run_forkless(["serve", str(base), "--port", "0", "--enable-lora", "--lora-modules", "just-a-name"],
+                            env, timeout=120)
+    assert bad_form.returncode == 2 and "expected name=path" in bad_form.stderr
