@@ -57,10 +57,14 @@ def test_untied_models_read_the_lm_head_not_the_embedding() -> None:
     assert untied.weight_bytes_per_step == SMALL.weight_bytes_per_step == 400_000
 
 
-def test_bench_throughput_prints_the_floor_on_cpu(tiny_llama: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_bench_throughput_prints_the_floor_on_cpu(tiny_llama: Path, tmp_path: Path, kv_cache_dtype: str) -> None:
+    # fp8 runs on the torch reference backend (the cpu backend refuses it); its KV
+    # elements are 1 byte, so the floor's KV bytes are a quarter of float32's.
+    extra = ["--kv-cache-dtype", "fp8", "--attention-backend", "torch"] if kv_cache_dtype == "fp8" else []
     out = run_forkless(["bench", "throughput", "--model", str(tiny_llama), "-n", "3", "--input-len", "8", "8",
                         "--output-len", "4", "4", "--skip-hf", "--max-num-seqs", "4", "--max-model-len", "64",
-                        "--kv-cache-memory", str(16 << 20), "--json", str(tmp_path / "r.json")],
+                        "--kv-cache-memory", str(16 << 20), "--json", str(tmp_path / "r.json"), *extra],
                        plugin_env(None, tmp_path), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "CPU memory copy, measured now" in out.stdout
@@ -70,7 +74,7 @@ def test_bench_throughput_prints_the_floor_on_cpu(tiny_llama: Path, tmp_path: Pa
     import json
 
     floor = json.loads((tmp_path / "r.json").read_text())["floor"]
-    # tiny_llama: 2 layers x 2 x 2 KV heads x 16 head dim x 4 bytes (float32 on the CPU) = 512 B/token;
-    # each request reads 3 decode steps over 9, 10, 11 tokens = 30 tokens.
-    assert floor["kv_bytes"] == 3 * 30 * 512
+    # tiny_llama: 2 layers x 2 x 2 KV heads x 16 head dim x 4 bytes (float32 on the CPU) = 512 B/token
+    # (128 with 1-byte fp8 elements); each request reads 3 decode steps over 9, 10, 11 tokens = 30 tokens.
+    assert floor["kv_bytes"] == 3 * 30 * (512 if kv_cache_dtype == "auto" else 128)
     assert floor["ratio"] > 0

@@ -98,7 +98,7 @@ def _dtype(args: argparse.Namespace, config: dict[str, Any], device_type: str) -
 
 
 def run_throughput(args: argparse.Namespace) -> int:
-    from forkless.bench.floor import describe, load_shape, peak_flops, throughput_floor
+    from forkless.bench.floor import describe, kv_dtype_bytes, load_shape, peak_flops, throughput_floor
     from forkless.bench.latency import copy_bandwidth
     from forkless.bench.throughput import make_workload, run_forkless, run_transformers
     from forkless.platforms import current_platform
@@ -120,7 +120,10 @@ def run_throughput(args: argparse.Namespace) -> int:
         bandwidth = copy_bandwidth(device)
         bw_source = "device copy, measured now" if device_type != "cpu" else "CPU memory copy, measured now"
         flops, flops_source = peak_flops(device_type, args.peak_tflops)
-        floor = throughput_floor(load_shape(model, DTYPE_BYTES[dtype]), [(len(p), o) for p, o in work],
+        # The KV element size apart from the weights' (1 byte with --kv-cache-dtype fp8).
+        width = DTYPE_BYTES[dtype]
+        shape = load_shape(model, width, kv_dtype_bytes(args.kv_cache_dtype, width))
+        floor = throughput_floor(shape, [(len(p), o) for p, o in work],
                                  args.max_num_seqs, bandwidth, flops)
         for line in describe(floor, bw_source, flops_source, args.max_num_seqs):
             print(line, flush=True)
