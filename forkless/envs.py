@@ -126,8 +126,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "FORKLESS_LOG_STATS_INTERVAL": lambda: _number("FORKLESS_LOG_STATS_INTERVAL", "10", float),
     # torch threads per worker process (several processes share few cores; 0 = torch's default).
     "FORKLESS_WORKER_THREADS": lambda: _number("FORKLESS_WORKER_THREADS", "1", int),
-    # A folder: each multiprocess worker appends one JSON record per async step there
-    # (host timings; device busy and idle time on CUDA), for
+    # A folder: with --async-scheduling the engine core and each multiprocess worker append
+    # one JSON record per step there (host timings; device busy and idle time on CUDA), for
     # ``python -m forkless.metrics.step_trace DIR``. Unset: no trace.
     "FORKLESS_STEP_TRACE_DIR": lambda: os.environ.get("FORKLESS_STEP_TRACE_DIR") or None,
     # Default for ``forkless serve --api-key``.

@@ -10,12 +10,13 @@ import time
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any, Iterable
 
-from forkless.core.request import Request
+from forkless.core.request import Request, RequestStatus
 from forkless.protocol.step import FinishReason
 from forkless.core.sched import KVCacheConfig, get_scheduler_cls
 from forkless.protocol.engine import EngineCoreOutputs
 from forkless.executor import get_executor_cls
 from forkless.logger import init_logger
+from forkless.metrics.step_trace import StepTrace
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
@@ -47,6 +48,10 @@ class EngineCore:
 
         load_general_plugins()
         self.config = config
+        # FORKLESS_STEP_TRACE_DIR: one record per async step (forkless.metrics.step_trace);
+        # _collect adds its waiting and updating times to the step's record.
+        self._trace = StepTrace.open("core")
+        self._trace_wait = self._trace_update = 0.0
         self.executor = get_executor_cls(config.parallel_config.distributed_executor_backend)(config)
         try:
             num_blocks = self.executor.determine_num_blocks()
@@ -78,6 +83,8 @@ class EngineCore:
             # once (so no step can need more slots than the workers have): a request for
             # another adapter is held here, in arrival order, until one of them is done.
             self._lora_of: dict[str, LoRARequest] = {}
+            # The same requests' objects, whose status the scheduler keeps (for the stats).
+            self._lora_requests: dict[str, Request] = {}
             self._lora_count: Counter[int] = Counter()
             self._lora_held: deque[tuple[Request, LoRARequest]] = deque()
         except BaseException:
@@ -128,6 +135,7 @@ class EngineCore:
     def _admit_lora(self, request: Request, lora: LoRARequest) -> None:
         self.scheduler.add_request(request)
         self._lora_of[request.request_id] = lora
+        self._lora_requests[request.request_id] = request
         self._lora_count[lora.lora_int_id] += 1
 
     def _lora_done(self, request_ids: Iterable[str]) -> None:
@@ -135,6 +143,7 @@ class EngineCore:
         freed = False
         for rid in request_ids:
             lora = self._lora_of.pop(rid, None)
+            self._lora_requests.pop(rid, None)
             if lora is not None:
                 self._lora_count[lora.lora_int_id] -= 1
                 if not self._lora_count[lora.lora_int_id]:
@@ -190,6 +199,8 @@ class EngineCore:
         # behind N so the device never waits for the host. Tokens of N reach N+1 on the
         # device (placeholders). The outputs returned are step N's.
         outputs: list = []
+        trace = self._trace
+        started = scheduled = launched_at = trace.now() if trace is not None else 0.0
         pending, self._pending = self._pending, None
         if pending is not None and not self.scheduler.can_schedule_async():
             # A request that reads its latest tokens is waiting: finish N before
@@ -199,7 +210,9 @@ class EngineCore:
         launched = None
         if self.scheduler.has_unfinished_requests():
             scheduler_output = self._attach_loras(self.scheduler.schedule())
+            scheduled = trace.now() if trace is not None else 0.0
             launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
+            launched_at = trace.now() if trace is not None else 0.0
         if pending is not None:
             outputs += self._collect(pending)
         if launched is not None:
@@ -208,11 +221,26 @@ class EngineCore:
             else:
                 # It admitted a history-dependent request: no step may stay in flight.
                 outputs += self._collect(launched)
+        if trace is not None:
+            plan = launched[0] if launched is not None else None
+            trace.add(started=started, scheduled=scheduled, launched=launched_at, ended=trace.now(),
+                      wait_ms=self._trace_wait * 1e3, update_ms=self._trace_update * 1e3,
+                      num_reqs=len(plan.scheduled_requests) if plan is not None else 0,
+                      num_tokens=plan.num_batched_tokens if plan is not None else 0, num_outputs=len(outputs))
+            self._trace_wait = self._trace_update = 0.0
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
     def _collect(self, pending: tuple[SchedulerOutput, Any]) -> list:
         scheduler_output, handle = pending
-        return self._finished(self.scheduler.update_from_output(scheduler_output, self.executor.collect(handle)))
+        if self._trace is None:
+            return self._finished(self.scheduler.update_from_output(scheduler_output, self.executor.collect(handle)))
+        t0 = self._trace.now()
+        runner_output = self.executor.collect(handle)
+        t1 = self._trace.now()
+        outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
+        self._trace_wait += t1 - t0
+        self._trace_update += self._trace.now() - t1
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         """Whether any request is waiting or running (or a launched step is uncollected)."""
@@ -222,6 +250,16 @@ class EngineCore:
         """Queue lengths, KV usage and prefix-cache counters."""
         stats = self.scheduler.make_stats()
         stats.num_waiting += len(self._lora_held)  # held for an adapter slot: waiting too
+        if self._lora_of or self._lora_held:
+            running: Counter[str] = Counter()
+            waiting: Counter[str] = Counter()
+            for rid, request in self._lora_requests.items():
+                name = self._lora_of[rid].lora_name
+                (running if request.status == RequestStatus.RUNNING else waiting)[name] += 1
+            for _, lora in self._lora_held:
+                waiting[lora.lora_name] += 1
+            stats.running_lora_adapters = dict(running)
+            stats.waiting_lora_adapters = dict(waiting)
         return stats
 
     def reset_prefix_cache(self) -> bool:
@@ -234,4 +272,6 @@ class EngineCore:
 
     def shutdown(self) -> None:
         """Stop the workers (idempotent)."""
+        if self._trace is not None:
+            self._trace.close()
         self.executor.shutdown()

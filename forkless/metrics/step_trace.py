@@ -1,10 +1,13 @@
 """Per-step timing records of the step loop, to find where a step's time goes.
 
-Set ``FORKLESS_STEP_TRACE_DIR`` and every multiprocess worker (``--distributed-executor-backend
-mp``) appends one JSON object per async step to ``<dir>/steps-worker<rank>-<pid>.jsonl``;
-``python -m forkless.metrics.step_trace DIR`` summarises them. A record says when the
-worker received the step, decoded its message, launched it, began waiting for its
-results, had them and sent them. On CUDA the worker also brackets each launched step with
+Set ``FORKLESS_STEP_TRACE_DIR`` and, with ``--async-scheduling``, the engine core and
+every multiprocess worker (``--distributed-executor-backend mp``) append one JSON object
+per step to ``<dir>/steps-<role>-<pid>.jsonl`` (role ``core`` or ``worker<rank>``);
+``python -m forkless.metrics.step_trace DIR`` summarises them. A core record says when the
+step began, was scheduled and launched, how long the core waited for the workers' results
+and applied them; a worker record says when the worker received the step, decoded its
+message, launched it, began waiting for its results, had them and sent them. On CUDA the
+worker also brackets each launched step with
 timing events, so ``gpu_ms`` is the step's own time on the device and ``gpu_idle_ms`` the
 gap between the previous step's end and this one's start: time the device sat idle
 waiting for the host.
@@ -115,6 +118,7 @@ class CudaStepTimer:
 # ------------------------------------------------------------------------- summary
 
 _INTERVALS = {
+    "core": [("schedule", "started", "scheduled"), ("send to workers", "scheduled", "launched")],
     "worker": [("decode message", "received", "decoded"), ("prepare + launch", "decoded", "launched"),
                ("wait for results", "collect_start", "collected"), ("send results", "collected", "sent")],
 }
@@ -135,13 +139,15 @@ def summarize(directory: str | Path) -> list[str]:
         role = path.name.split("-")[1].rstrip("0123456789")
         if not records:
             continue
-        span = records[-1]["received"] - records[0]["received"]
+        start = "started" if role == "core" else "received"
+        span = records[-1][start] - records[0][start]
         lines.append(f"{path.name}: {len(records)} steps over {span:.2f} s")
         for name, a, b in _INTERVALS.get(role, []):
             values = [(r[b] - r[a]) * 1e3 for r in records if r.get(a) is not None and r.get(b) is not None]
             if values:
                 lines.append(f"  {name:18s} {_stats(values)}")
-        for key, name in (("gpu_ms", "device busy"), ("gpu_idle_ms", "device idle before")):
+        for key, name in (("wait_ms", "wait for workers"), ("update_ms", "apply outputs"),
+                          ("gpu_ms", "device busy"), ("gpu_idle_ms", "device idle before")):
             values = [r[key] for r in records if r.get(key) is not None]
             if values:
                 lines.append(f"  {name:18s} {_stats(values)}")

@@ -1,4 +1,4 @@
-"""FORKLESS_STEP_TRACE_DIR: the multiprocess worker writes one record per async step."""
+"""FORKLESS_STEP_TRACE_DIR: the engine core and the multiprocess worker write one record per async step."""
 
 from __future__ import annotations
 
@@ -42,7 +42,18 @@ def test_mp_worker_records_every_step_in_order(llama_dir: Path, tmp_path: Path, 
         assert r["received"] <= r["decoded"] <= r["launched"] <= r["collect_start"] <= r["collected"] <= r["sent"]
         assert r["gpu_ms"] is None and r["gpu_idle_ms"] is None
     assert records[0]["num_tokens"] > records[-1]["num_tokens"] == 1  # the prompts, then one decode
+    (core_file,) = trace_dir.glob("steps-core-*.jsonl")
+    core = [json.loads(line) for line in core_file.read_text().splitlines()]
+    assert len(core) == steps
+    for r in core:
+        assert r["started"] <= r["scheduled"] <= r["launched"] <= r["ended"]
+        assert r["wait_ms"] >= 0 and r["update_ms"] >= 0
+    # Every launched step's plan is recorded once, and every sampled token came back.
+    assert sum(r["num_reqs"] > 0 for r in core) == len(records)
+    assert sum(r["num_outputs"] for r in core) >= 6 + 9
     lines = summarize(trace_dir)
-    assert lines[0].startswith(files[0].name) and any("prepare + launch" in line for line in lines)
+    assert any(line.startswith(core_file.name) for line in lines)
+    assert any(line.startswith(files[0].name) for line in lines) and any("prepare + launch" in line for line in lines)
+    assert any("wait for workers" in line for line in lines)
     assert main([str(trace_dir)]) == 0
     assert "wait for results" in capsys.readouterr().out
