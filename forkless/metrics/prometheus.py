@@ -17,9 +17,15 @@ _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 
 
 
 class PrometheusStatLogger(StatLoggerBase):
-    """Counters, gauges and histograms in a registry of its own (``self.registry``)."""
+    """Counters, gauges and histograms in a registry of its own (``self.registry``).
 
-    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+    Args:
+        vllm_config: The model config (its ``served_model_name`` labels every series).
+        engine_index: The engine's index (a label too).
+        max_loras: ``--max-loras`` when LoRA is on: adds ``forkless:lora_requests_info``.
+    """
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0, max_loras: int | None = None) -> None:
         super().__init__(vllm_config, engine_index)
         self.registry = CollectorRegistry()
         model = getattr(vllm_config, "served_model_name", None) or "model"
@@ -53,6 +59,12 @@ class PrometheusStatLogger(StatLoggerBase):
         token_buckets = tuple(float(2**i) for i in range(15))
         self.req_prompt = histogram("forkless:request_prompt_tokens", "Prompt length of finished requests.", token_buckets)
         self.req_gen = histogram("forkless:request_generation_tokens", "Generated length of finished requests.", token_buckets)
+        # vLLM's lora_requests_info: one series, its labels the adapters now running and
+        # waiting (comma-separated), its value the time they were seen.
+        self.max_loras = max_loras
+        self.lora_info = None if max_loras is None else Gauge(
+            "forkless:lora_requests_info", "LoRA adapters with running and waiting requests.",
+            [*names, "max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=r)
         # counters in SchedulerStats are cumulative; Prometheus wants increments
         self._last_queries = self._last_hits = self._last_preemptions = 0
 
@@ -69,6 +81,12 @@ class PrometheusStatLogger(StatLoggerBase):
             self.preemptions.inc(max(0, s.num_preemptions - self._last_preemptions))
             self._last_queries, self._last_hits = s.prefix_cache_queries, s.prefix_cache_hits
             self._last_preemptions = s.num_preemptions
+            if self.lora_info is not None:
+                self.lora_info.clear()
+                self.lora_info.labels(**self._labels, max_lora=str(self.max_loras),
+                                      running_lora_adapters=",".join(sorted(s.running_lora_adapters)),
+                                      waiting_lora_adapters=",".join(sorted(s.waiting_lora_adapters)),
+                                      ).set_to_current_time()
         if iteration_stats is not None:
             it = iteration_stats
             self.prompt_tokens.inc(it.num_prompt_tokens)

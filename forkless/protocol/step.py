@@ -176,6 +176,9 @@ class SchedulerStats:
         prefix_cache_queries: Tokens looked up in the prefix cache so far (cumulative).
         prefix_cache_hits: Of those, tokens found (cumulative).
         num_preemptions: Preemptions so far (cumulative).
+        running_lora_adapters: LoRA adapter name -> its running requests (with
+            ``--enable-lora``; adapters without running requests are left out).
+        waiting_lora_adapters: LoRA adapter name -> its waiting requests.
     """
 
     num_running: int = 0
@@ -184,3 +187,5 @@ class SchedulerStats:
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
     num_preemptions: int = 0
+    running_lora_adapters: dict[str, int] = field(default_factory=dict)
+    waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
