@@ -10,7 +10,9 @@ enabled, and small limits so that the tests are fast.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Iterator
@@ -189,15 +191,11 @@ def test_body_over_the_limit_is_413(srv: Server) -> None:
     assert httpx.post(srv.url + "/tokenize", json={"prompt": "small"}, headers=AUTH).status_code == 200
 
 
-def test_413_on_content_length_reaches_a_client_still_sending() -> None:
-    """A body over the limit, refused on its Content-Length while the client is still
-    sending it (larger than the sockets' buffers): the client reads the 413. (Closed at
-    once, the connection was reset and httpx's async client saw ``ReadError``.)"""
-    import threading
-
+@contextlib.contextmanager
+def limits_only_server(limit: int) -> Iterator[tuple[int, threading.Thread, object]]:
+    """An in-process uvicorn server with the body limit and the read timeout alone (no
+    model): (port, the thread it runs in, the uvicorn.Server), stopped afterwards."""
     import uvicorn
-
-    limit = 4 << 20
 
     async def app(scope: dict, receive: object, send: object) -> None:
         raise AssertionError("the body should have been refused before the application")
@@ -210,21 +208,46 @@ def test_413_on_content_length_reaches_a_client_still_sending() -> None:
                                            log_level="warning", lifespan="off", **limits.uvicorn_options()))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-
-    async def post_over_the_limit() -> list[httpx.Response]:
-        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
-            return [await client.post(f"http://127.0.0.1:{port}/v1/completions", content=b"x" * (limit + 1))
-                    for _ in range(3)]
-
     try:
         deadline = time.monotonic() + 30
         while not server.started and time.monotonic() < deadline:
             time.sleep(0.05)
-        for resp in asyncio.run(post_over_the_limit()):
-            assert_openai_error(resp, 413)
+        yield port, thread, server
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def test_413_on_content_length_reaches_a_client_still_sending() -> None:
+    """A body over the limit, refused on its Content-Length while the client is still
+    sending it (larger than the sockets' buffers): the client reads the 413. (Closed at
+    once, the connection was reset and httpx's async client saw ``ReadError``.)"""
+    limit = 4 << 20
+
+    async def post_over_the_limit(port: int) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=0)) as client:
+            return [await client.post(f"http://127.0.0.1:{port}/v1/completions", content=b"x" * (limit + 1))
+                    for _ in range(3)]
+
+    with limits_only_server(limit) as (port, _, _):
+        for resp in asyncio.run(post_over_the_limit(port)):
+            assert_openai_error(resp, 413)
+
+
+def test_a_lingering_connection_does_not_hold_up_shutdown(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Discarding a refused body never ends here (an hour); stopping the server ends it.
+    monkeypatch.setattr(http_limits, "LINGER_SECONDS", 3600.0)
+    with limits_only_server(1000) as (port, thread, server):
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n" + b"x" * 100)
+            sock.settimeout(30)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                answer += sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 413"), answer
+            server.should_exit = True  # while the connection lingers, the client silent
+            thread.join(30)
+            assert not thread.is_alive(), "the server waited for the lingering connection"
 
 
 def test_sequences_per_request_are_capped(srv: Server) -> None:

@@ -146,6 +146,12 @@ class _H11ProtocolWithReadTimeout(H11Protocol):
             self._linger_timer.cancel()
         super().connection_lost(exc)
 
+    def shutdown(self) -> None:
+        if self._linger_timer is not None:
+            self._raw_transport.close()  # the server is stopping: it waits for no client's body
+            return
+        super().shutdown()
+
     def close_gracefully(self) -> bool:
         """Half-close instead of closing when the request body is still arriving.
 
