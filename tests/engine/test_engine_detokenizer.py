@@ -56,3 +56,12 @@ def test_both_paths_give_the_same_text(llama_dir) -> None:
             assert (detok._backend is None) == (view is not tok)
             pieces[view is tok] = [detok.update([i]) for i in ids]
         assert "".join(pieces[True]) == "".join(pieces[False]) == text
+
+
+def test_several_tokens_at_once_give_the_same_text(llama_dir) -> None:
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    for text in TEXTS:
+        ids = tok.encode(text)
+        for view in (tok, _SlowView(tok)):
+            detok = IncrementalDetokenizer(view, tok.encode("Prompt:"), skip_special_tokens=True)
+            assert detok.update(ids[:3]) + detok.update(ids[3:]) == text
