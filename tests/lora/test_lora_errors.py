@@ -116,3 +116,29 @@ def test_more_adapters_than_slots_and_host_cache(llama, llm):
         assert manager.evictions >= 2 and len(manager.loaded_ids()) == 2
     finally:
         tight.shutdown()
+
+
+def test_lora_stats_and_prometheus_info(llm, llama):
+    """Per-adapter running/waiting counts reach SchedulerStats and forkless:lora_requests_info."""
+    from forkless.metrics.prometheus import PrometheusStatLogger
+
+    _, adapters = llama
+    engine = llm.llm_engine
+    names = ["s-a", "s-b", "s-c"]  # --max-loras 2: the third waits for a slot
+    loras = [LoRARequest(n, 50 + i, str(adapters["all-r8"])) for i, n in enumerate(names)]
+    for i, lora in enumerate(loras):
+        engine.add_request(f"stats-{i}", PROMPTS[0], GREEDY, lora_request=lora)
+    stats = engine.engine_core.make_stats()
+    assert stats.waiting_lora_adapters == {"s-a": 1, "s-b": 1, "s-c": 1} and not stats.running_lora_adapters
+    engine.step()
+    stats = engine.engine_core.make_stats()
+    assert stats.running_lora_adapters == {"s-a": 1, "s-b": 1} and stats.waiting_lora_adapters == {"s-c": 1}
+    logger = PrometheusStatLogger(engine.config.model_config, max_loras=engine.config.lora_config.max_loras)
+    logger.record(stats, None)
+    text = logger.render().decode()
+    assert 'max_lora="2"' in text and 'running_lora_adapters="s-a,s-b"' in text
+    assert 'waiting_lora_adapters="s-c"' in text and "forkless:lora_requests_info" in text
+    while engine.has_unfinished_requests():
+        engine.step()
+    stats = engine.engine_core.make_stats()
+    assert not stats.running_lora_adapters and not stats.waiting_lora_adapters

@@ -146,3 +146,96 @@ def test_lora_modules_errors(llama, tmp_path):
     bad_form = run_forkless(["serve", str(base), "--port", "0", "--enable-lora", "--lora-modules", "just-a-name"],
                             env, timeout=120)
     assert bad_form.returncode == 2 and "expected name=path" in bad_form.stderr
+
+
+def _copy_for(src: Path, dst: Path, base_model_name: str) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "adapter_config.json").read_text())
+    cfg["base_model_name_or_path"] = base_model_name
+    (dst / "adapter_config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def resolver_server(llama, plugin_site, tmp_path_factory):
+    """The filesystem resolver (forkless's own plugin) and the example resolver plugin
+    (installed as a real package), both enabled by FORKLESS_PLUGINS."""
+    base, adapters = llama
+    tmp = tmp_path_factory.mktemp("lora-resolvers")
+    cache = tmp / "lora-cache"
+    cache.mkdir()
+    _copy_for(adapters["all-r8"], cache / "fs-adapter", "tiny")
+    _copy_for(adapters["all-r8"], cache / "both", "tiny")
+    _copy_for(adapters["all-r8"], cache / "other-base", "some-other-model")
+    table = tmp / "table.json"
+    table.write_text(json.dumps({"table-adapter": str(adapters["mlp-o-r32"]),
+                                 "both": str(adapters["qv-r16-rslora"]), "broken": str(tmp / "nothing")}))
+    srv = start_server(base, tmp, "--served-model-name", "tiny", "--enable-lora", "--max-loras", "2",
+                       "--max-lora-rank", "32", site=plugin_site,
+                       env_extra={"FORKLESS_ALLOW_RUNTIME_LORA_UPDATING": "1",
+                                  "FORKLESS_PLUGINS": "lora_filesystem_resolver,example_lora_resolver",
+                                  "FORKLESS_LORA_RESOLVER_CACHE_DIR": str(cache),
+                                  "FORKLESS_EXAMPLE_LORA_TABLE": str(table)})
+    yield srv
+    assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
+def test_resolvers_find_adapters_in_registration_order(resolver_server, references, detok):
+    client = resolver_server.client()
+    assert _tokens(client, "fs-adapter", PROMPT_IDS[0]) == detok(references["all-r8"][0])
+    assert _tokens(client, "table-adapter", PROMPT_IDS[0]) == detok(references["mlp-o-r32"][0])
+    # Both know "both": example_lora_resolver sorts first, so its table answers.
+    assert _tokens(client, "both", PROMPT_IDS[0]) == detok(references["qv-r16-rslora"][0])
+    listed = {m.id: m.parent for m in client.models.list().data}
+    assert listed["fs-adapter"] == listed["table-adapter"] == "tiny"
+    # An adapter for another base model, a name nobody knows: 404 naming the known models.
+    for name in ("other-base", "nobody-knows", "../fs-adapter"):
+        with pytest.raises(openai.NotFoundError) as info:
+            client.completions.create(model=name, prompt="x", max_tokens=1)
+        assert "fs-adapter" in info.value.body["message"]
+    # A resolver that names a folder without an adapter: the request's 400, the server lives on.
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="broken", prompt="x", max_tokens=1)
+    assert "LoRA adapter 'broken'" in info.value.body["message"]
+    assert _tokens(client, "fs-adapter", PROMPT_IDS[1]) == detok(references["all-r8"][1])
+
+
+def test_filesystem_resolver_is_a_filterable_plugin(plugin_site, tmp_path):
+    from tests.conftest import plugin_env, run_forkless
+
+    env = plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS="example_model", FORKLESS_LORA_RESOLVER_CACHE_DIR=str(tmp_path))
+    rows = {r["name"]: r for r in json.loads(run_forkless(["plugins", "list", "--json"], env).stdout)}
+    assert rows["lora_filesystem_resolver"]["status"] == "filtered"
+    assert rows["lora_filesystem_resolver"]["dist"] == "forkless"
+    env = plugin_env(plugin_site, tmp_path, FORKLESS_LORA_RESOLVER_CACHE_DIR=str(tmp_path))
+    rows = {r["name"]: r for r in json.loads(run_forkless(["plugins", "list", "--json"], env).stdout)}
+    assert rows["lora_filesystem_resolver"]["status"] == "loaded"
+    assert rows["example_lora_resolver"]["status"] == "loaded"
+
+
+def test_resolver_registry_api():
+    from forkless.lora import LoRARequest, LoRAResolver, LoRAResolverRegistry
+
+    class Fixed(LoRAResolver):
+        async def resolve_lora(self, base_model_name, lora_name):
+            return LoRARequest(lora_name, 1, "/nowhere")
+
+    resolver = Fixed()
+    try:
+        LoRAResolverRegistry.register_resolver("test_fixed", resolver)
+        LoRAResolverRegistry.register_resolver("test_fixed", resolver)  # re-entrant
+        assert LoRAResolverRegistry.get_resolver("test_fixed") is resolver
+        assert "test_fixed" in LoRAResolverRegistry.get_supported_resolvers()
+        with pytest.raises(KeyError, match="no LoRA resolver named 'nope'; registered: .*test_fixed"):
+            LoRAResolverRegistry.get_resolver("nope")
+        with pytest.raises(TypeError, match="expected a LoRAResolver"):
+            LoRAResolverRegistry.register_resolver("bad", object())
+    finally:
+        LoRAResolverRegistry.unregister_resolver("test_fixed")
+
+
+def test_metrics_have_lora_requests_info(lora_server):
+    text = httpx.get(f"{lora_server.url}/metrics").text
+    assert "forkless:lora_requests_info{" in text and 'max_lora="2"' in text

@@ -111,7 +111,7 @@ def test_check_reports_an_inactive_detector(plugin_site: Path, tmp_path: Path) -
                         "forkless does not use it on this machine")
     proc = run_forkless(["plugins", "check", "--json", "example_cpu"],
                         plugin_env(plugin_site, tmp_path, FORKLESS_EXAMPLE_PLATFORM="1"))
-    (result,) = json.loads(proc.stdout)
+    (result,) = _site_plugins(json.loads(proc.stdout))
     assert result["ok"] and result["inactive"] is False
 
 
@@ -127,6 +127,11 @@ def fake_plugin(site: Path, module: str, source: str, group: str = "forkless.gen
         (site / f"{name}.py").write_text(body)
 
 
+def _site_plugins(results: list[dict]) -> list[dict]:
+    """``plugins check --json`` results without forkless's own plugins (its LoRA resolver)."""
+    return [r for r in results if r.get("dist") != "forkless"]
+
+
 def test_check_imports_every_registered_class_path(tmp_path: Path) -> None:
     """A typo in a registered path fails check, not the first model load."""
     site = tmp_path / "site"
@@ -140,7 +145,7 @@ def test_check_imports_every_registered_class_path(tmp_path: Path) -> None:
         typo_plugin_model="class GoodModel:\n    pass\n")
     proc = run_forkless(["plugins", "check", "--json"], plugin_env(site, tmp_path))
     assert proc.returncode == 1
-    (result,) = json.loads(proc.stdout)
+    (result,) = _site_plugins(json.loads(proc.stdout))
     problems = [p for p in result["problems"] if p.startswith("registered ")]
     assert len(problems) == 2, result["problems"]
     assert problems[0].startswith("registered model architecture 'TypoForCausalLM' -> "
@@ -176,7 +181,7 @@ def test_check_flags_eager_heavy_imports(tmp_path: Path) -> None:
     (site / "eager_plugin-1.0.dist-info" / "entry_points.txt").write_text("[forkless.general_plugins]\neager = eager_plugin:register\n")
     proc = run_forkless(["plugins", "check", "--json"], plugin_env(site, tmp_path))
     assert proc.returncode == 1
-    (result,) = json.loads(proc.stdout)
+    (result,) = _site_plugins(json.loads(proc.stdout))
     assert result["heavy_imports"] == ["torch"]
     assert "not lazy: registration imported torch" in result["problems"][0]
 
@@ -187,7 +192,7 @@ def test_check_shortens_a_long_list_of_imported_modules(tmp_path: Path) -> None:
     imports = "".join(f"    import {name}\n" for name in extra)
     fake_plugin(site, "many_plugin", f"def register():\n{imports}", **extra)
     proc = run_forkless(["plugins", "check", "--json"], plugin_env(site, tmp_path))
-    (result,) = json.loads(proc.stdout)
+    (result,) = _site_plugins(json.loads(proc.stdout))
     assert result["imported_modules"] == sorted([*extra, "many_plugin"])  # JSON keeps them all
     proc = run_forkless(["plugins", "check"], plugin_env(site, tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -25,14 +25,15 @@ def test_cache_matches_scan_and_sees_new_installs(tmp_path: Path) -> None:
     site = tmp_path / "site"
     install_packages(site, [EXAMPLES / "forkless-example-model"])
     scanned = discover(site, tmp_path, "0")
-    assert [e[1] for e in scanned] == ["example_model"]
+    # forkless's own plugins (its LoRA filesystem resolver) are found too; these tests are about the site.
+    assert [e[1] for e in scanned if e[2] != "forkless"] == ["example_model"]
     assert not (tmp_path / "cache" / "entry_points").exists()  # cache off: nothing written
     assert discover(site, tmp_path, "1") == scanned
     assert len(list((tmp_path / "cache" / "entry_points").glob("*.json"))) == 1
     assert discover(site, tmp_path, "1") == scanned  # served from the cache
     install_packages(site, [EXAMPLES / "forkless-example-endpoint"])
     after = discover(site, tmp_path, "1")
-    assert [e[1] for e in after] == ["example_hello", "example_model"]
+    assert [e[1] for e in after if e[2] != "forkless"] == ["example_hello", "example_model"]
     assert after == discover(site, tmp_path, "0")
 
 
