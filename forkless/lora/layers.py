@@ -4,12 +4,13 @@ Invariants:
     * Adapter weights live in ``max_loras`` preallocated slots per wrapped layer, padded
       to ``max_lora_rank`` with zeros, so any adapter fits any slot and a smaller rank
       adds exact zeros. ``lora_B`` is stored pre-multiplied by the adapter's scaling.
-    * One step sets one :class:`LoRAStepContext`: a ``[T, slots]`` 0/1 mask, one row per
-      token, with a 1 in the column of the token's adapter slot (an all-zero row for the
-      base model). Every wrapped layer reads it, so a layer's LoRA work is two matmuls
-      (shrink over all used slots at once, expand per stacked projection), whatever the
-      mix of adapters: no Python loop over requests or adapters.
-    * A step without adapters (mask ``None``) runs the base layer alone.
+    * One step sets one :class:`LoRAStepContext`: the step's adapter tokens grouped by
+      slot into a ``[slots, longest group]`` table of token indexes (punica's SGMV layout,
+      padded). Every wrapped layer reads it, so a layer's LoRA work is one gather, one
+      batched shrink over all used slots and one batched expand + scatter-add per stacked
+      projection, whatever the mix of adapters: no Python loop over requests or adapters,
+      and each token multiplies only its own adapter's weights (base-model tokens none).
+    * A step without adapters (``LoRAStepContext.active`` false) runs the base layer alone.
     * The same code runs on CUDA (no Triton shrink/expand kernels yet, and no CUDA
       graphs with LoRA: the runner runs eagerly when LoRA is on).
 """
@@ -34,25 +35,62 @@ logger = init_logger(__name__)
 
 
 class LoRAStepContext:
-    """The current step's token -> slot assignment, shared by every wrapped layer.
+    """The current step's tokens grouped by adapter slot, shared by every wrapped layer.
 
     Attributes:
-        mask: ``[T, num_slots]`` in the model dtype (1 where a token uses a slot), or
-            ``None`` when no token of the step uses an adapter.
-        num_slots: Slots ``[0, num_slots)`` are the ones the mask covers (the highest
-            used slot + 1): layers skip the slots above.
+        active: Whether any token of the step uses an adapter (else layers run the base
+            layer alone).
+        num_slots: Slots ``[0, num_slots)`` are the ones the step uses (the highest used
+            slot + 1).
+        group_len: Tokens in the largest slot group (each group is padded to it).
+        src: ``[num_slots * group_len]`` token index of each group entry (0 for padding).
+        valid: Positions in ``src`` that are real tokens, in order.
+        dest: ``[len(valid)]`` the token index of each of them (``src[valid]``).
     """
 
     def __init__(self) -> None:
-        self.mask: torch.Tensor | None = None
+        self.active = False
         self.num_slots = 0
+        self.group_len = 0
+        self.src: torch.Tensor | None = None
+        self.valid: torch.Tensor | None = None
+        self.dest: torch.Tensor | None = None
+
+    def set(self, token_slot: np.ndarray, device: torch.device) -> None:
+        """Group tokens by slot (``token_slot[t]``: its slot, or -1 for the base model)."""
+        used = np.flatnonzero(token_slot >= 0)
+        if used.size == 0:
+            self.clear()
+            return
+        slots = token_slot[used]
+        order = np.argsort(slots, kind="stable")
+        tokens, slots = used[order], slots[order]
+        num_slots = int(slots[-1]) + 1
+        counts = np.bincount(slots, minlength=num_slots)
+        group_len = int(counts.max())
+        # Entry k of slot s is at s * group_len + k.
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        positions = slots * group_len + (np.arange(tokens.size) - starts[slots])
+        src = np.zeros(num_slots * group_len, dtype=np.int64)
+        src[positions] = tokens
+        self.active = True
+        self.num_slots, self.group_len = num_slots, group_len
+        self.src = torch.from_numpy(src).to(device)
+        self.valid = torch.from_numpy(positions.astype(np.int64)).to(device)
+        self.dest = torch.from_numpy(tokens.astype(np.int64)).to(device)
+
+    def clear(self) -> None:
+        """No adapters in this step."""
+        self.active = False
+        self.num_slots = self.group_len = 0
+        self.src = self.valid = self.dest = None
 
 
 class LoRALinear(nn.Module):
     """A linear layer (plain, packed or fused) plus the LoRA deltas of up to ``max_loras`` adapters.
 
-    ``y = base(x) + sum_i mask[:, s] * (x A_{s,i}^T) B_{s,i}^T`` per stacked projection
-    ``i`` (its columns of ``y``) and slot ``s``.
+    ``y[t] += (x[t] A_{s,i}^T) B_{s,i}^T`` for each token ``t`` of an adapter (in slot ``s``)
+    and each stacked projection ``i`` (its columns of ``y``).
 
     Args:
         base: The layer to wrap; maps ``[T, in_features]`` to ``[T, sum(widths)]``.
@@ -108,26 +146,24 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        mask = self.ctx.mask
-        if mask is None:
+        ctx = self.ctx
+        if not ctx.active:
             return y
-        hi = self.ctx.num_slots
+        slots, group = ctx.num_slots, ctx.group_len
         n = len(self.widths)
         rank = self.max_rank
         x2 = x.reshape(-1, self.in_features)
-        t = x2.shape[0]
-        y2 = y.reshape(t, y.shape[-1])  # the same tensor for the [T, out] of the models here
-        # Shrink: every used slot and stacked projection in one product, then keep each
-        # token's own slot (the mask zeroes the others and the base model's tokens).
-        h = (x2 @ self.lora_a[:hi].view(hi * n * rank, self.in_features).t()).view(t, hi, n, rank)
-        h = h * mask[:, :hi, None, None]
+        y2 = y.reshape(x2.shape[0], y.shape[-1])  # the same tensor for the [T, out] of the models here
+        # Shrink: [slots, group, in] x [slots, in, n * rank], every stacked projection at once.
+        xs = x2.index_select(0, ctx.src).view(slots, group, self.in_features)
+        a = self.lora_a[:slots].view(slots, n * rank, self.in_features).transpose(1, 2)
+        h = torch.bmm(xs, a).view(slots, group, n, rank)
         for i, (off, width) in enumerate(zip(self.offsets, self.widths)):
-            hi_i = h[:, :, i, :].reshape(t, hi * rank)
-            delta = hi_i @ self.lora_b(i)[:hi].view(hi * rank, width)
-            if n == 1:
-                y2 += delta
-            else:
-                y2[:, off:off + width] += delta
+            # Expand: [slots, group, rank] x [slots, rank, width], then each real entry
+            # adds into its token's row (padding entries are dropped).
+            delta = torch.bmm(h[:, :, i, :], self.lora_b(i)[:slots]).view(slots * group, width)
+            target = y2 if n == 1 else y2[:, off:off + width]
+            target.index_add_(0, ctx.dest, delta.index_select(0, ctx.valid))
         return y2.reshape(y.shape)
 
 
@@ -263,7 +299,7 @@ class LoRAModelManager:
         return slot
 
     def set_step(self, loras: list[LoRARequest | None], num_tokens: np.ndarray) -> None:
-        """Assign this step's adapters to slots and build the token mask.
+        """Assign this step's adapters to slots and group the tokens by slot.
 
         Args:
             loras: Per row of the step, its adapter or ``None`` (the base model).
@@ -274,22 +310,14 @@ class LoRAModelManager:
         """
         ids = {lora.lora_int_id for lora in loras if lora is not None}
         if not ids:
-            self.ctx.mask = None
-            self.ctx.num_slots = 0
+            self.ctx.clear()
             return
         if len(ids) > self.max_loras:
             raise RuntimeError(f"a step uses {len(ids)} adapters, more than --max-loras {self.max_loras}")
         row_slot = np.fromiter((-1 if lora is None else self._activate(lora, ids) for lora in loras),
                                dtype=np.int64, count=len(loras))
-        token_slot = np.repeat(row_slot, num_tokens)
-        hi = int(row_slot.max()) + 1
-        mask = np.zeros((token_slot.shape[0], hi), dtype=np.float32)
-        used = token_slot >= 0
-        mask[np.flatnonzero(used), token_slot[used]] = 1.0
-        self.ctx.mask = torch.from_numpy(mask).to(device=self.device, dtype=self.dtype)
-        self.ctx.num_slots = hi
+        self.ctx.set(np.repeat(row_slot, num_tokens), self.device)
 
     def clear_step(self) -> None:
         """No adapters until the next :meth:`set_step` (profiling runs, graphs)."""
-        self.ctx.mask = None
-        self.ctx.num_slots = 0
+        self.ctx.clear()

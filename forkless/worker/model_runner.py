@@ -160,7 +160,7 @@ class ModelRunner:
             device.type == "cuda"
             and not config.device_config.enforce_eager
             and self.attn_backend.supports_cuda_graphs
-            # The LoRA layers read a per-step mask a captured graph would not see.
+            # The LoRA layers read a per-step token grouping a captured graph would not see.
             and config.lora_config is None
         )
         self.graphs: DecodeGraphs | None = None
