@@ -87,6 +87,8 @@ class EngineCore:
             self._lora_requests: dict[str, Request] = {}
             self._lora_count: Counter[int] = Counter()
             self._lora_held: deque[tuple[Request, LoRARequest]] = deque()
+            # The workers' cumulative adapter loads and evictions, as last reported.
+            self._lora_loads = self._lora_evictions = 0
         except BaseException:
             self.executor.shutdown()
             raise
@@ -163,6 +165,13 @@ class EngineCore:
                     s.lora_request = lora_of.get(s.request_id)
         return scheduler_output
 
+    def _note_lora(self, runner_output: Any) -> Any:
+        """Keep the workers' LoRA load and eviction counts for the stats."""
+        if runner_output.lora_loads:
+            self._lora_loads = runner_output.lora_loads
+            self._lora_evictions = runner_output.lora_evictions
+        return runner_output
+
     def _finished(self, outputs: list) -> list:
         if self._lora_of:
             self._lora_done([o.request_id for o in outputs if o.finish_reason is not None])
@@ -189,7 +198,7 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.make_stats(), timestamp=time.time())
         scheduler_output = self._attach_loras(self.scheduler.schedule())
-        runner_output = self.executor.execute_model(scheduler_output)
+        runner_output = self._note_lora(self.executor.execute_model(scheduler_output))
         outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
@@ -233,9 +242,10 @@ class EngineCore:
     def _collect(self, pending: tuple[SchedulerOutput, Any]) -> list:
         scheduler_output, handle = pending
         if self._trace is None:
-            return self._finished(self.scheduler.update_from_output(scheduler_output, self.executor.collect(handle)))
+            runner_output = self._note_lora(self.executor.collect(handle))
+            return self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
         t0 = self._trace.now()
-        runner_output = self.executor.collect(handle)
+        runner_output = self._note_lora(self.executor.collect(handle))
         t1 = self._trace.now()
         outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
         self._trace_wait += t1 - t0
@@ -260,6 +270,7 @@ class EngineCore:
                 waiting[lora.lora_name] += 1
             stats.running_lora_adapters = dict(running)
             stats.waiting_lora_adapters = dict(waiting)
+        stats.lora_loads, stats.lora_evictions = self._lora_loads, self._lora_evictions
         return stats
 
     def reset_prefix_cache(self) -> bool:

@@ -65,6 +65,11 @@ class PrometheusStatLogger(StatLoggerBase):
         self.lora_info = None if max_loras is None else Gauge(
             "forkless:lora_requests_info", "LoRA adapters with running and waiting requests.",
             [*names, "max_lora", "running_lora_adapters", "waiting_lora_adapters"], registry=r)
+        self.lora_loads = None if max_loras is None else counter(
+            "forkless:lora_loads", "LoRA adapters loaded from disk by the workers.")
+        self.lora_evictions = None if max_loras is None else counter(
+            "forkless:lora_evictions", "LoRA adapters evicted from the workers' host caches (--max-cpu-loras).")
+        self._last_lora_loads = self._last_lora_evictions = 0
         # counters in SchedulerStats are cumulative; Prometheus wants increments
         self._last_queries = self._last_hits = self._last_preemptions = 0
 
@@ -87,6 +92,10 @@ class PrometheusStatLogger(StatLoggerBase):
                                       running_lora_adapters=",".join(sorted(s.running_lora_adapters)),
                                       waiting_lora_adapters=",".join(sorted(s.waiting_lora_adapters)),
                                       ).set_to_current_time()
+            if self.lora_loads is not None and self.lora_evictions is not None:
+                self.lora_loads.inc(max(0, s.lora_loads - self._last_lora_loads))
+                self.lora_evictions.inc(max(0, s.lora_evictions - self._last_lora_evictions))
+                self._last_lora_loads, self._last_lora_evictions = s.lora_loads, s.lora_evictions
         if iteration_stats is not None:
             it = iteration_stats
             self.prompt_tokens.inc(it.num_prompt_tokens)

@@ -128,11 +128,16 @@ class ModelRunnerOutput:
             ``[token_ids, logprobs, rank]`` (prompt token first, then the top-k) per
             prompt position 1.. (``None`` for a position that was not computed).
             Opaque to the scheduler, which passes them through like ``logprobs``.
+        lora_loads: LoRA adapters the worker has loaded from disk so far (cumulative;
+            0 without ``--enable-lora``).
+        lora_evictions: Adapters it evicted from its host cache so far (``--max-cpu-loras``).
     """
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     logprobs: dict[str, Any] | None = None
     prompt_logprobs: dict[str, Any] | None = None
+    lora_loads: int = 0
+    lora_evictions: int = 0
 
 
 @dataclass
@@ -179,6 +184,8 @@ class SchedulerStats:
         running_lora_adapters: LoRA adapter name -> its running requests (with
             ``--enable-lora``; adapters without running requests are left out).
         waiting_lora_adapters: LoRA adapter name -> its waiting requests.
+        lora_loads: LoRA adapters loaded by the workers so far (cumulative).
+        lora_evictions: Adapters evicted from the workers' host caches so far (cumulative).
     """
 
     num_running: int = 0
@@ -189,3 +196,5 @@ class SchedulerStats:
     num_preemptions: int = 0
     running_lora_adapters: dict[str, int] = field(default_factory=dict)
     waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
+    lora_loads: int = 0
+    lora_evictions: int = 0

@@ -373,7 +373,7 @@ class ModelRunner:
             for offset, (ids, values, rank) in enumerate(entries):
                 owed[part.first_position + offset] = [ids, values, rank]
         if pending.out is None:
-            return ModelRunnerOutput()
+            return self._lora_counts(ModelRunnerOutput())
         rows, out = pending.rows, pending.out
         assert pending.sampled_host is not None
         sampled = pending.sampled_host.tolist()
@@ -401,7 +401,14 @@ class ModelRunner:
                 if state.prompt_logprobs is not None:
                     result.prompt_logprobs[rid] = state.prompt_logprobs
                     state.prompt_logprobs = None  # returned: a recomputation adds nothing
-        return result
+        return self._lora_counts(result)
+
+    def _lora_counts(self, output: ModelRunnerOutput) -> ModelRunnerOutput:
+        """Add the LoRA manager's cumulative loads and evictions (for the metrics)."""
+        if self.lora_manager is not None:
+            output.lora_loads = self.lora_manager.loads
+            output.lora_evictions = self.lora_manager.evictions
+        return output
 
     def _placeholder_fix(self, ids: np.ndarray, row_of_index: np.ndarray | None,
                          rows: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor] | None:

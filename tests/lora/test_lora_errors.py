@@ -114,6 +114,8 @@ def test_more_adapters_than_slots_and_host_cache(llama, llm):
         runner = tight.llm_engine.engine_core.executor.worker.model_runner
         manager = runner.lora_manager
         assert manager.evictions >= 2 and len(manager.loaded_ids()) == 2
+        stats = tight.llm_engine.engine_core.make_stats()  # the worker's counts reach the stats
+        assert (stats.lora_loads, stats.lora_evictions) == (manager.loads, manager.evictions)
     finally:
         tight.shutdown()
 
@@ -142,3 +144,6 @@ def test_lora_stats_and_prometheus_info(llm, llama):
         engine.step()
     stats = engine.engine_core.make_stats()
     assert not stats.running_lora_adapters and not stats.waiting_lora_adapters
+    assert stats.lora_loads >= 1
+    logger.record(stats, None)
+    assert "forkless:lora_loads_total" in logger.render().decode()

@@ -237,5 +237,9 @@ def test_resolver_registry_api():
 
 
 def test_metrics_have_lora_requests_info(lora_server):
+    _tokens(lora_server.client(), "all", PROMPT_IDS[0])  # the worker loads an adapter on first use
     text = httpx.get(f"{lora_server.url}/metrics").text
     assert "forkless:lora_requests_info{" in text and 'max_lora="2"' in text
+    loads = [line for line in text.splitlines() if line.startswith("forkless:lora_loads_total{")]
+    assert loads and float(loads[0].rsplit(" ", 1)[1]) >= 1
+    assert "forkless:lora_evictions_total{" in text
