@@ -44,8 +44,9 @@ class LoRAStepContext:
             slot + 1).
         group_len: Tokens in the largest slot group (each group is padded to it).
         src: ``[num_slots * group_len]`` token index of each group entry (0 for padding).
-        valid: Positions in ``src`` that are real tokens, in order.
-        dest: ``[len(valid)]`` the token index of each of them (``src[valid]``).
+        back: ``[T]`` for each token of the step, its position in ``src``, or
+            ``num_slots * group_len`` (a zero row appended to the deltas) for a
+            base-model token: the deltas come back in token order with one gather.
     """
 
     def __init__(self) -> None:
@@ -53,8 +54,7 @@ class LoRAStepContext:
         self.num_slots = 0
         self.group_len = 0
         self.src: torch.Tensor | None = None
-        self.valid: torch.Tensor | None = None
-        self.dest: torch.Tensor | None = None
+        self.back: torch.Tensor | None = None
 
     def set(self, token_slot: np.ndarray, device: torch.device) -> None:
         """Group tokens by slot (``token_slot[t]``: its slot, or -1 for the base model)."""
@@ -73,17 +73,18 @@ class LoRAStepContext:
         positions = slots * group_len + (np.arange(tokens.size) - starts[slots])
         src = np.zeros(num_slots * group_len, dtype=np.int64)
         src[positions] = tokens
+        back = np.full(token_slot.shape[0], num_slots * group_len, dtype=np.int64)
+        back[tokens] = positions
         self.active = True
         self.num_slots, self.group_len = num_slots, group_len
         self.src = torch.from_numpy(src).to(device)
-        self.valid = torch.from_numpy(positions.astype(np.int64)).to(device)
-        self.dest = torch.from_numpy(tokens.astype(np.int64)).to(device)
+        self.back = torch.from_numpy(back).to(device)
 
     def clear(self) -> None:
         """No adapters in this step."""
         self.active = False
         self.num_slots = self.group_len = 0
-        self.src = self.valid = self.dest = None
+        self.src = self.back = None
 
 
 class LoRALinear(nn.Module):
@@ -113,9 +114,9 @@ class LoRALinear(nn.Module):
         self.max_rank = max_rank
         self.ctx = ctx
         n = len(widths)
-        # [slot, projection, rank, in]: the used slots are one contiguous leading block,
-        # so a step's shrink is a single matmul over a view.
-        self.register_buffer("lora_a", torch.zeros(max_loras, n, max_rank, in_features, dtype=dtype, device=device),
+        # [slot, in, projection * rank] (A transposed): the used slots are one contiguous
+        # leading block, so a step's shrink is one batched matmul over a view.
+        self.register_buffer("lora_a", torch.zeros(max_loras, in_features, n * max_rank, dtype=dtype, device=device),
                              persistent=False)
         for i, width in enumerate(widths):
             self.register_buffer(f"lora_b{i}", torch.zeros(max_loras, max_rank, width, dtype=dtype, device=device),
@@ -141,7 +142,8 @@ class LoRALinear(nn.Module):
                 continue
             a, bs = pair
             r = a.shape[0]
-            self.lora_a[slot, i, :r].copy_(a)
+            lo = i * self.max_rank
+            self.lora_a[slot, :, lo:lo + r].copy_(a.t())
             b[slot, :r].copy_(bs.t())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -156,14 +158,21 @@ class LoRALinear(nn.Module):
         y2 = y.reshape(x2.shape[0], y.shape[-1])  # the same tensor for the [T, out] of the models here
         # Shrink: [slots, group, in] x [slots, in, n * rank], every stacked projection at once.
         xs = x2.index_select(0, ctx.src).view(slots, group, self.in_features)
-        a = self.lora_a[:slots].view(slots, n * rank, self.in_features).transpose(1, 2)
-        h = torch.bmm(xs, a).view(slots, group, n, rank)
+        h = torch.bmm(xs, self.lora_a[:slots])  # [slots, group, n * rank]
+        if n > 1:  # [n, slots, group, rank]: each projection's block contiguous
+            h = h.view(slots, group, n, rank).permute(2, 0, 1, 3).contiguous()
+        else:
+            h = h.unsqueeze(0)
         for i, (off, width) in enumerate(zip(self.offsets, self.widths)):
-            # Expand: [slots, group, rank] x [slots, rank, width], then each real entry
-            # adds into its token's row (padding entries are dropped).
-            delta = torch.bmm(h[:, :, i, :], self.lora_b(i)[:slots]).view(slots * group, width)
-            target = y2 if n == 1 else y2[:, off:off + width]
-            target.index_add_(0, ctx.dest, delta.index_select(0, ctx.valid))
+            # Expand: [slots, group, rank] x [slots, rank, width]; a zero row appended for
+            # the base model's tokens, then one gather puts the rows in token order (each
+            # token is in one group at most: no scatter-add needed).
+            delta = torch.bmm(h[i], self.lora_b(i)[:slots]).view(slots * group, width)
+            delta = torch.cat([delta, delta.new_zeros(1, width)]).index_select(0, ctx.back)
+            if n == 1:
+                y2 += delta
+            else:
+                y2[:, off:off + width] += delta
         return y2.reshape(y.shape)
 
 
