@@ -193,6 +193,10 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
                                "decoded": decoded, "launched": StepTrace.now()}
             finish_pending()  # its reply goes out before this step's
             if error is not None:
+                if trace is not None:  # never collected: no record
+                    traced.pop(seq, None)
+                    if timer is not None:
+                        timer.drop(seq)
                 outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, error])])
             else:
                 pending = (seq, launched)

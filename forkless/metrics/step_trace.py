@@ -20,7 +20,8 @@ Invariants:
     * Records are appended 64 at a time and at :meth:`StepTrace.close`: a killed process
       loses at most its last 63.
     * Device events are read only after their step was collected (its results waited
-      for), so tracing adds no synchronisation to the step loop.
+      for); the one extra wait, for the event queued right after the step's last work,
+      lasts microseconds: tracing does not change the step loop's overlap.
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ class CudaStepTimer:
         self._marks: dict[int, tuple[Any, Any]] = {}
         self._last_end: Any = None
 
+    def drop(self, seq: int) -> None:
+        """Forget a step that was never collected (its launch failed)."""
+        self._marks.pop(seq, None)
+
     def start(self, seq: int) -> None:
         ev = self._event()
         ev.record()
@@ -110,6 +115,10 @@ class CudaStepTimer:
         if marks is None or marks[1] is None:
             return None, None
         start, end = marks
+        # The step's results were waited for, i.e. its last work; `end` was queued right
+        # after it, with nothing between, so this wait is at most a few microseconds (and
+        # elapsed_time refuses an event not yet reached).
+        end.synchronize()
         idle = self._last_end.elapsed_time(start) if self._last_end is not None else None
         self._last_end = end
         return start.elapsed_time(end), idle
