@@ -75,6 +75,19 @@ def test_model_field_selects_the_adapter(lora_server, references, detok):
     assert chat.choices[0].message.content is not None
 
 
+def test_responses_name_the_adapter(lora_server):
+    # As vLLM: a response names the model it came from, the adapter for an adapter's request.
+    client = lora_server.client()
+    for model in ("tiny", "qv"):
+        assert client.completions.create(model=model, prompt="Hi", max_tokens=2).model == model
+        chunks = list(client.completions.create(model=model, prompt="Hi", max_tokens=3, stream=True))
+        assert chunks and {c.model for c in chunks} == {model}
+        messages = [{"role": "user", "content": "Hi"}]
+        assert client.chat.completions.create(model=model, messages=messages, max_tokens=2).model == model
+        chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=3, stream=True))
+        assert chunks and {c.model for c in chunks} == {model}
+
+
 def test_unknown_model_is_404(lora_server):
     with pytest.raises(openai.NotFoundError) as info:
         lora_server.client().completions.create(model="nope", prompt="x", max_tokens=1)

@@ -476,6 +476,10 @@ class OpenAIServing:
         # Truncation keeps at most max_model_len tokens; the cut text still has more.
         return text[-limit:] if (req.truncation_side or "left") == "left" else text[:limit]
 
+    def _response_model(self, lora: LoRARequest | None) -> str:
+        """The ``model`` a response names: the adapter's name for an adapter's request (as vLLM)."""
+        return lora.lora_name if lora is not None else self.model_name
+
     async def check_model(self, model: str | None) -> LoRARequest | None:
         """The LoRA adapter a request's ``model`` names (``None``: the served model).
 
@@ -553,8 +557,9 @@ class OpenAIServing:
         streams = [self.engine.generate(_engine_prompt(ids, req), sp, f"{engine_id}-{i}", priority=req.priority,
                                         group_id=engine_id, lora_request=lora)
                    for i, (ids, sp) in enumerate(zip(prompts, params))]
+        model_name = self._response_model(lora)
         if req.stream:
-            return self._stream_completion(req, base_id, prompts, streams, raw_request)
+            return self._stream_completion(req, base_id, prompts, streams, raw_request, model_name)
         finals = await self._collect(streams, raw_request)
         choices = await self.in_tokenizer_thread(self._completion_choices, req, prompts, finals)
         usage = UsageInfo()
@@ -563,7 +568,7 @@ class OpenAIServing:
             usage.prompt_tokens += u.prompt_tokens
             usage.completion_tokens += u.completion_tokens
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
-        return CompletionResponse(id=base_id, model=self.model_name, choices=choices, usage=usage)
+        return CompletionResponse(id=base_id, model=model_name, choices=choices, usage=usage)
 
     def _completion_choices(self, req: CompletionRequest, prompts: list[list[int]],
                             finals: list["RequestOutput"]) -> list[CompletionChoice]:
@@ -621,14 +626,15 @@ class OpenAIServing:
         return self.tokenizer.decode([token_id])
 
     async def _stream_completion(self, req: CompletionRequest, base_id: str, prompts: list[list[int]],
-                                 streams: list[AsyncIterator["RequestOutput"]], raw_request: Any) -> AsyncIterator[str]:
+                                 streams: list[AsyncIterator["RequestOutput"]], raw_request: Any,
+                                 model_name: str) -> AsyncIterator[str]:
         created = int(time.time())
         echoes: dict[int, tuple[str, CompletionLogProbs | None]] = {}
         offsets: dict[int, _TextOffsets] = {}  # per choice: text_offset counts from its first chunk
         choices: dict[int, _StreamedChoice] = {}
         prompt_tokens: dict[int, int] = {}
         want_logprobs = req.logprobs is not None
-        text_chunk = _TextChunks(base_id, created, self.model_name)
+        text_chunk = _TextChunks(base_id, created, model_name)
         async for p_idx, out in self._merge_or_error(streams, raw_request):
             if isinstance(out, str):
                 yield out
@@ -652,7 +658,7 @@ class OpenAIServing:
                         if p_idx not in echoes:
                             echoes[p_idx] = await self.in_tokenizer_thread(self._echo, prompts[p_idx], out, req.logprobs)
                         echo, echo_lp = echoes[p_idx]
-                        yield _sse(CompletionResponse(id=base_id, created=created, model=self.model_name, choices=[
+                        yield _sse(CompletionResponse(id=base_id, created=created, model=model_name, choices=[
                             CompletionChoice(index=idx, text=echo, logprobs=echo_lp)]))
                     offsets[idx] = _TextOffsets(self.tokenizer, prompts[p_idx], req.skip_special_tokens, base=len(echo))
                 if c is None:
@@ -668,13 +674,13 @@ class OpenAIServing:
                 lp = (self._completion_logprobs(pending, 0, req.logprobs,
                                                 offsets[idx].advance(pending.token_ids, state.text_len))
                       if want_logprobs else None)
-                chunk = CompletionResponse(id=base_id, created=created, model=self.model_name, choices=[
+                chunk = CompletionResponse(id=base_id, created=created, model=model_name, choices=[
                     CompletionChoice(index=idx, text=c.text, logprobs=lp, finish_reason=c.finish_reason,
                                      stop_reason=c.stop_reason)])
                 yield _sse(chunk)
         if req.stream_options and req.stream_options.include_usage:
             usage = _usage_of(sum(prompt_tokens.values()), sum(st.num_tokens for st in choices.values()))
-            yield _sse(CompletionResponse(id=base_id, created=created, model=self.model_name,
+            yield _sse(CompletionResponse(id=base_id, created=created, model=model_name,
                                           choices=[], usage=usage))
         yield _sse("[DONE]")
 
@@ -779,8 +785,9 @@ class OpenAIServing:
         request_id, engine_id = _request_ids("chatcmpl", req.request_id)
         stream = self.engine.generate(_engine_prompt(ids, req), params, engine_id, priority=req.priority,
                                       lora_request=lora)
+        model_name = self._response_model(lora)
         if req.stream:
-            return self._stream_chat(req, request_id, stream, raw_request, parsers)
+            return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers)
         (final,) = await self._collect([stream], raw_request)
         choices = []
         for c in final.outputs:
@@ -788,7 +795,7 @@ class OpenAIServing:
             choices.append(ChatChoice(
                 index=c.index, message=message, finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls)),
                 stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None))
-        return ChatCompletionResponse(id=request_id, model=self.model_name, choices=choices, usage=_usage(final),
+        return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=_usage(final),
                                       prompt_logprobs=_prompt_logprobs(final))
 
     def _chat_logprobs(self, c: "CompletionOutput", start: int, top: int | None) -> ChatLogprobs:
@@ -807,13 +814,13 @@ class OpenAIServing:
         return ChatLogprobs(content=content)
 
     async def _stream_chat(self, req: ChatCompletionRequest, request_id: str,
-                           stream: AsyncIterator["RequestOutput"], raw_request: Any,
+                           stream: AsyncIterator["RequestOutput"], raw_request: Any, model_name: str,
                            parsers: list[ChoiceParser] | None = None) -> AsyncIterator[str]:
         created = int(time.time())
         top = req.top_logprobs if req.logprobs else None
 
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
-            return _sse(ChatCompletionChunk(id=request_id, created=created, model=self.model_name,
+            return _sse(ChatCompletionChunk(id=request_id, created=created, model=model_name,
                                             choices=choices, usage=usage))
 
         for i in range(req.n):
