@@ -79,10 +79,10 @@ def test_mixed_batch_matches_alone(arch_llm):
         assert tokens == alone[lora][i // len(choices)], f"{arch} prompt {i} adapter {lora}"
 
 
+# One architecture is enough: the cache key does not depend on it.
+@pytest.mark.parametrize("arch_llm", ["llama"], indirect=True)
 def test_prefix_cache_is_per_adapter(arch_llm):
     arch, base, adapters, llm, loras = arch_llm
-    if arch != "llama":
-        pytest.skip("one architecture is enough: the cache key does not depend on it")
     long_prompt = " ".join(PROMPTS * 4)  # several full 16-token blocks
     lora = loras["all-r8"]
     first = llm.generate(long_prompt, GREEDY, use_tqdm=False, lora_request=lora)[0]
