@@ -10,14 +10,22 @@ Invariants:
       batched shrink over all used slots and one batched expand + scatter-add per stacked
       projection, whatever the mix of adapters: no Python loop over requests or adapters,
       and each token multiplies only its own adapter's weights (base-model tokens none).
-    * A step without adapters (``LoRAStepContext.active`` false) runs the base layer alone.
-    * The same code runs on CUDA (no Triton shrink/expand kernels yet, and no CUDA
-      graphs with LoRA: the runner runs eagerly when LoRA is on).
+    * A step without adapters (``LoRAStepContext.active`` false) runs the base layer alone
+      (except while a CUDA graph is captured: the graph must hold the LoRA kernels).
+    * On CUDA (with Triton) the layers run the shrink / expand kernels of
+      :mod:`forkless.lora.triton_ops` instead: the context keeps the step's grouping in
+      two persistent int32 device buffers (token indexes sorted by slot, and each slot's
+      segment start), rewritten before every step, and the kernels' grid covers all
+      ``max_loras`` slots whatever the step uses. So a decode graph captured once (with
+      every segment empty) replays right for any mix of adapters, and swapping adapters
+      only rewrites slot weights in place: nothing is ever recaptured.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,27 +45,67 @@ logger = init_logger(__name__)
 class LoRAStepContext:
     """The current step's tokens grouped by adapter slot, shared by every wrapped layer.
 
+    Args:
+        max_loras: Slots.
+        device: Where the layers run.
+        backend: ``"torch"`` (batched matmuls; every device) or ``"triton"`` (the
+            kernels of :mod:`forkless.lora.triton_ops`; CUDA, or the CPU under
+            ``TRITON_INTERPRET=1`` for tests).
+        max_tokens: Tokens the persistent buffers of the Triton path hold (a step with
+            more adapter tokens uses a buffer of its own, never seen by a graph).
+
     Attributes:
         active: Whether any token of the step uses an adapter (else layers run the base
             layer alone).
+        capturing: A CUDA graph is being captured: the Triton path launches its kernels
+            even with no adapter token, so that replays run them.
         num_slots: Slots ``[0, num_slots)`` are the ones the step uses (the highest used
-            slot + 1).
-        group_len: Tokens in the largest slot group (each group is padded to it).
+            slot + 1). Torch path.
+        group_len: Tokens in the largest slot group (each group is padded to it). Torch path.
         src: ``[num_slots * group_len]`` token index of each group entry (0 for padding).
+            Torch path.
         back: ``[T]`` for each token of the step, its position in ``src``, or
             ``num_slots * group_len`` (a zero row appended to the deltas) for a
-            base-model token: the deltas come back in token order with one gather.
+            base-model token: the deltas come back in token order with one gather. Torch path.
+        sorted: int32 adapter tokens grouped by slot (a persistent buffer). Triton path.
+        seg: ``[max_loras + 1]`` int32 segment starts into ``sorted`` (persistent). Triton path.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_loras: int = 1, device: torch.device | None = None, backend: str = "torch",
+                 max_tokens: int = 8192) -> None:
+        if backend not in ("torch", "triton"):
+            raise ValueError(f"unknown LoRA backend {backend!r} (torch, triton)")
+        self.max_loras = max_loras
+        self.backend = backend
         self.active = False
+        self.capturing = False
         self.num_slots = 0
         self.group_len = 0
         self.src: torch.Tensor | None = None
         self.back: torch.Tensor | None = None
+        self.ops: Any = None
+        if backend == "triton":
+            from forkless.lora import triton_ops
+
+            device = device or torch.device("cuda")
+            self.ops = triton_ops
+            self._device = device
+            self._cuda = device.type == "cuda"
+            self._sorted_buf = torch.zeros(max_tokens, dtype=torch.int32, device=device)
+            self.seg = torch.zeros(max_loras + 1, dtype=torch.int32, device=device)
+            self.sorted = self._sorted_buf
+            # One pinned staging area (segment starts, then tokens): two non-blocking
+            # copies a step; the event guards it against the next step's host writes.
+            staging = torch.zeros(max_loras + 1 + max_tokens, dtype=torch.int32)
+            self._staging = staging.pin_memory() if self._cuda else staging
+            self._copied: Any = None
+            self._seg_is_zero = True
 
     def set(self, token_slot: np.ndarray, device: torch.device) -> None:
         """Group tokens by slot (``token_slot[t]``: its slot, or -1 for the base model)."""
+        if self.ops is not None:
+            self._set_buffers(token_slot)
+            return
         used = np.flatnonzero(token_slot >= 0)
         if used.size == 0:
             self.clear()
@@ -80,8 +128,44 @@ class LoRAStepContext:
         self.src = torch.from_numpy(src).to(device)
         self.back = torch.from_numpy(back).to(device)
 
+    def _set_buffers(self, token_slot: np.ndarray) -> None:
+        """Triton path: write the step's segments into the persistent device buffers.
+
+        A captured graph reads these very buffers, so they are written for every step,
+        eager or replayed (skipped only when they already say "no adapter token").
+        """
+        used = np.flatnonzero(token_slot >= 0)
+        self.active = used.size > 0
+        if not self.active and self._seg_is_zero:
+            self.sorted = self._sorted_buf
+            return
+        slots = token_slot[used]
+        order = np.argsort(slots, kind="stable")
+        seg_len = self.max_loras + 1
+        if self._copied is not None:
+            self._copied.synchronize()  # the last step's copies read the staging area
+        staging = self._staging.numpy()
+        staging[0] = 0
+        np.cumsum(np.bincount(slots, minlength=self.max_loras), out=staging[1:seg_len])
+        n = used.size
+        if n <= self._sorted_buf.shape[0]:
+            staging[seg_len:seg_len + n] = used[order]
+            self.sorted = self._sorted_buf
+            if n:
+                self.sorted[:n].copy_(self._staging[seg_len:seg_len + n], non_blocking=self._cuda)
+        else:  # more adapter tokens than the buffer: an eager step, never a graph's
+            self.sorted = torch.from_numpy(used[order].astype(np.int32)).to(self._device)
+        self.seg.copy_(self._staging[:seg_len], non_blocking=self._cuda)
+        self._seg_is_zero = n == 0
+        if self._cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+
     def clear(self) -> None:
         """No adapters in this step."""
+        if self.ops is not None:
+            self._set_buffers(np.full(0, -1, dtype=np.int64))
+            return
         self.active = False
         self.num_slots = self.group_len = 0
         self.src = self.back = None
@@ -149,6 +233,10 @@ class LoRALinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
         ctx = self.ctx
+        if ctx.ops is not None:
+            if ctx.active or ctx.capturing:
+                self._forward_triton(x, y)
+            return y
         if not ctx.active:
             return y
         slots, group = ctx.num_slots, ctx.group_len
@@ -175,6 +263,19 @@ class LoRALinear(nn.Module):
                 y2[:, off:off + width] += delta
         return y2.reshape(y.shape)
 
+    def _forward_triton(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        """Add the deltas into ``y`` in place with the Triton kernels (one shrink, one expand
+        per stacked projection; grids over every slot, so graph-capturable)."""
+        ctx = self.ctx
+        ops = ctx.ops
+        x2 = x.reshape(-1, self.in_features)
+        y2 = y.view(x2.shape[0], y.shape[-1])  # a view: the kernels write y itself
+        h = ops.lora_shrink(x2, self.lora_a, ctx.sorted, ctx.seg, ctx.max_loras)
+        rank = self.max_rank
+        for i, (off, width) in enumerate(zip(self.offsets, self.widths)):
+            ops.lora_expand(h[:, :, i * rank:(i + 1) * rank], self.lora_b(i), y2[:, off:off + width],
+                            ctx.sorted, ctx.seg, ctx.max_loras)
+
 
 @dataclass
 class _Loaded:
@@ -195,13 +296,18 @@ class LoRAModelManager:
         max_cpu_loras: Adapters kept loaded on the host (least recently used evicted).
         dtype: The model dtype.
         device: The model's device.
+        backend: ``"torch"`` or ``"triton"`` (see :class:`LoRAStepContext`); ``None``:
+            Triton on CUDA where it is installed, else torch.
+        max_tokens: Largest step, in tokens (``max(max_num_batched_tokens,
+            max_num_seqs)``): sizes the Triton path's persistent buffers.
 
     Raises:
         ValueError: The model does not support LoRA.
     """
 
     def __init__(self, model: nn.Module, *, max_loras: int, max_lora_rank: int, max_cpu_loras: int,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 dtype: torch.dtype, device: torch.device, backend: str | None = None,
+                 max_tokens: int = 8192) -> None:
         if not getattr(type(model), "supports_lora", False):
             raise ValueError(f"--enable-lora: the model class {type(model).__qualname__} does not support LoRA "
                              "(supports_lora is False)")
@@ -211,7 +317,9 @@ class LoRAModelManager:
         self.max_cpu_loras = max_cpu_loras
         self.dtype = dtype
         self.device = device
-        self.ctx = LoRAStepContext()
+        if backend is None:
+            backend = "triton" if device.type == "cuda" and triton_available() else "torch"
+        self.ctx = LoRAStepContext(max_loras, device, backend, max_tokens)
         # Checkpoint module name -> (wrapped layer, its stacked projection index).
         self._targets: dict[str, tuple[LoRALinear, int]] = {}
         self._shapes: dict[str, tuple[int, int]] = {}
@@ -330,3 +438,25 @@ class LoRAModelManager:
     def clear_step(self) -> None:
         """No adapters until the next :meth:`set_step` (profiling runs, graphs)."""
         self.ctx.clear()
+
+    @property
+    def supports_cuda_graphs(self) -> bool:
+        """Whether decode graphs may be captured with these layers (the Triton path)."""
+        return self.ctx.ops is not None and self.device.type == "cuda"
+
+    @contextmanager
+    def capturing(self) -> Iterator[None]:
+        """While CUDA graphs are captured: every segment empty, kernels launched anyway."""
+        self.ctx.clear()
+        self.ctx.capturing = True
+        try:
+            yield
+        finally:
+            self.ctx.capturing = False
+
+
+def triton_available() -> bool:
+    """Whether Triton can be imported (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("triton") is not None

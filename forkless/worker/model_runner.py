@@ -131,9 +131,11 @@ class ModelRunner:
             from forkless.lora.layers import LoRAModelManager
 
             lc = config.lora_config
+            sc = config.scheduler_config
             self.lora_manager = LoRAModelManager(
                 self.model, max_loras=lc.max_loras, max_lora_rank=lc.max_lora_rank,
-                max_cpu_loras=lc.max_cpu_loras, dtype=self.dtype, device=device)
+                max_cpu_loras=lc.max_cpu_loras, dtype=self.dtype, device=device,
+                max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs))
         self.kv_spec = type(self.model).get_kv_cache_spec(self.hf_config)
         self.block_size = config.cache_config.block_size
         self.kv_caches: list[torch.Tensor] = []
@@ -160,8 +162,9 @@ class ModelRunner:
             device.type == "cuda"
             and not config.device_config.enforce_eager
             and self.attn_backend.supports_cuda_graphs
-            # The LoRA layers read a per-step token grouping a captured graph would not see.
-            and config.lora_config is None
+            # The LoRA layers' Triton path keeps its per-step token grouping in persistent
+            # buffers a graph reads; the torch path (no Triton) builds new tensors per step.
+            and (self.lora_manager is None or self.lora_manager.supports_cuda_graphs)
         )
         self.graphs: DecodeGraphs | None = None
         # The last launched step's sampled ids (device) and each request's row in it.
@@ -203,7 +206,11 @@ class ModelRunner:
                 self.model, self.kv_caches, sched.max_num_seqs,
                 -(-sched.max_model_len // self.block_size), self.block_size, self.device,
             )
-            self.graphs.capture()
+            if self.lora_manager is not None:
+                with self.lora_manager.capturing():
+                    self.graphs.capture()
+            else:
+                self.graphs.capture()
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         if self.device.type != "cpu":
@@ -284,16 +291,17 @@ class ModelRunner:
         by_id = {s.request_id: s for s in scheduler_output.scheduled_requests}
         rows = [by_id[rid] for rid in self.input_batch.req_ids if rid is not None]
         prompt_parts: list[_PromptPart] = []
+        if self.lora_manager is not None:
+            # Before a graph replay too: the graph reads the grouping from the buffers.
+            requests = self.requests
+            self.lora_manager.set_step([requests[s.request_id].lora for s in rows],
+                                       np.fromiter((len(s.token_ids) for s in rows), dtype=np.int64,
+                                                   count=len(rows)))
         if self._graph_fits(rows):
             # Every row decodes its last known token: no prompt position to score.
             logits = self.model.compute_logits(self._run_decode_graph(rows))
         else:
             input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
-            if self.lora_manager is not None:
-                requests = self.requests
-                self.lora_manager.set_step([requests[s.request_id].lora for s in rows],
-                                           np.fromiter((len(s.token_ids) for s in rows), dtype=np.int64,
-                                                       count=len(rows)))
             hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
             prompt_parts = self._prompt_logprobs(rows, hidden, attn_md.query_start_loc_cpu)
             if not any(s.sample for s in rows):

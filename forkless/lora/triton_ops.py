@@ -1,0 +1,198 @@
+"""Triton shrink / expand kernels for batched multi-LoRA on CUDA (punica SGMV style).
+
+A wrapped layer adds ``(x[t] @ A_s) @ B_s`` (``B`` pre-scaled) to the rows of the tokens
+``t`` of each adapter slot ``s``: :func:`lora_shrink` computes ``x @ A`` for every stacked
+projection at once, :func:`lora_expand` adds one projection's ``h @ B`` into its columns
+of the base layer's output.
+
+Invariants:
+    * A step is described by two int32 device tensors that the caller keeps in persistent
+      buffers: ``sorted_tokens`` (the step's adapter tokens, grouped by slot) and
+      ``seg_start`` (``[max_loras + 1]``: slot ``s``'s tokens are
+      ``sorted_tokens[seg_start[s]:seg_start[s + 1]]``). Base-model tokens are in no
+      segment. The launch grid depends only on the token count ``T``, the slot count and
+      the weight shapes, never on which adapters a step uses, so a captured CUDA graph
+      replays right for any mix of adapters once those two buffers are rewritten.
+    * Programs whose token block lies past their slot's segment exit at once: a step with
+      no adapter token (or a slot no token uses) costs launches, not work.
+    * :func:`lora_shrink` writes float32 partial sums per split of the reduction
+      (``[split_k, T, N]``; rows of base tokens are left unwritten); :func:`lora_expand`
+      sums the splits, rounds to the weight dtype (where the torch path rounds ``x @ A``)
+      and rounds ``h @ B`` once more before adding it, as the torch path does. Each token is
+      in one segment at most, so every output element is written by one program: no
+      atomics, and results do not depend on scheduling.
+    * This module imports Triton: :mod:`forkless.lora.layers` imports it only for CUDA
+      tensors, so importing forkless on a machine without Triton still works.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _shrink_kernel(
+    x_ptr, a_ptr, h_ptr, tok_ptr, seg_ptr,
+    K, N,
+    sx_t, sx_k, sa_s, sa_k, sa_n, sh_s, sh_t, sh_n,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    pid_mn = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    slot = tl.program_id(2)
+    num_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid_mn // num_n
+    pid_n = pid_mn % num_n
+    start = tl.load(seg_ptr + slot)
+    length = tl.load(seg_ptr + slot + 1) - start
+    if pid_m * BLOCK_M >= length:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < length
+    tok = tl.load(tok_ptr + start + offs_m, mask=m_mask, other=0).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+    offs_k = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    a_base = a_ptr + slot.to(tl.int64) * sa_s
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # Split s reduces k-blocks s, s + SPLIT_K, ...: small batches get SPLIT_K times the
+    # programs, and the expand kernel sums the splits.
+    for it in range(0, tl.cdiv(K, BLOCK_K * SPLIT_K)):
+        kk = offs_k + it * BLOCK_K * SPLIT_K
+        k_mask = kk < K
+        xv = tl.load(x_ptr + tok[:, None] * sx_t + kk[None, :] * sx_k,
+                     mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+        av = tl.load(a_base + kk[:, None] * sa_k + offs_n[None, :] * sa_n,
+                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+        if IEEE:  # float32 models: full precision, as torch's default float32 matmul
+            acc += tl.dot(xv, av, input_precision="ieee")
+        else:
+            acc += tl.dot(xv, av)
+    tl.store(h_ptr + pid_k * sh_s + tok[:, None] * sh_t + offs_n[None, :] * sh_n, acc,
+             mask=m_mask[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _expand_kernel(
+    h_ptr, b_ptr, y_ptr, tok_ptr, seg_ptr,
+    R, W,
+    sh_s, sh_t, sh_n, sb_s, sb_r, sb_w, sy_t, sy_w,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_K: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    pid_mn = tl.program_id(0)
+    slot = tl.program_id(1)
+    num_n = tl.cdiv(W, BLOCK_N)
+    pid_m = pid_mn // num_n
+    pid_n = pid_mn % num_n
+    start = tl.load(seg_ptr + slot)
+    length = tl.load(seg_ptr + slot + 1) - start
+    if pid_m * BLOCK_M >= length:
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < length
+    tok = tl.load(tok_ptr + start + offs_m, mask=m_mask, other=0).to(tl.int64)
+    offs_r = tl.arange(0, BLOCK_R)
+    r_mask = offs_r < R
+    h = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):
+        h += tl.load(h_ptr + s * sh_s + tok[:, None] * sh_t + offs_r[None, :] * sh_n,
+                     mask=m_mask[:, None] & r_mask[None, :], other=0.0)
+    hv = h.to(b_ptr.dtype.element_ty)  # x @ A rounded to the model dtype, as in torch
+    offs_w = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_mask = offs_w < W
+    bv = tl.load(b_ptr + slot.to(tl.int64) * sb_s + offs_r[:, None] * sb_r + offs_w[None, :] * sb_w,
+                 mask=r_mask[:, None] & w_mask[None, :], other=0.0)
+    if IEEE:
+        delta = tl.dot(hv, bv, input_precision="ieee")
+    else:
+        delta = tl.dot(hv, bv)
+    y_ptrs = y_ptr + tok[:, None] * sy_t + offs_w[None, :] * sy_w
+    mask = m_mask[:, None] & w_mask[None, :]
+    y = tl.load(y_ptrs, mask=mask, other=0.0)
+    # Round the delta, then the sum: torch computes delta in the model dtype, then y += delta.
+    out = y.to(tl.float32) + delta.to(y.dtype).to(tl.float32)
+    tl.store(y_ptrs, out.to(y.dtype), mask=mask)
+
+
+def _pow2(n: int, lo: int = 16) -> int:
+    return max(lo, triton.next_power_of_2(n))
+
+
+def shrink_split(num_tokens: int, in_features: int) -> int:
+    """How many splits of the reduction :func:`lora_shrink` uses for this shape.
+
+    Decode-sized batches have few token blocks per slot, so the reduction over
+    ``in_features`` is split to keep more multiprocessors busy; prefill-sized ones have
+    parallelism enough.
+    """
+    if num_tokens > 256:
+        return 1
+    return max(1, min(8, in_features // 256))
+
+
+def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, sorted_tokens: torch.Tensor,
+                seg_start: torch.Tensor, num_slots: int) -> torch.Tensor:
+    """``x[t] @ lora_a[s]`` for every adapter token ``t`` of every slot ``s``.
+
+    Args:
+        x: ``[T, K]`` layer input.
+        lora_a: ``[slots, K, N]`` shrink weights (A transposed, projections side by side).
+        sorted_tokens: ``int32`` token indexes grouped by slot (see the module notes).
+        seg_start: ``[num_slots + 1]`` int32 segment starts into ``sorted_tokens``.
+        num_slots: Slots to cover (the grid's third axis; fixed for a captured graph).
+
+    Returns:
+        ``[split_k, T, N]`` float32 partial sums (see :func:`shrink_split`); rows of
+        base-model tokens hold garbage and must not be read.
+    """
+    t, k = x.shape
+    n = lora_a.shape[2]
+    split = shrink_split(t, k)
+    h = torch.empty((split, t, n), dtype=torch.float32, device=x.device)
+    if t == 0:
+        return h
+    block_m = 16 if t <= 256 else 64
+    block_n = min(128, _pow2(n))
+    block_k = 128 if block_m == 16 else 64
+    grid = (triton.cdiv(t, block_m) * triton.cdiv(n, block_n), split, num_slots)
+    _shrink_kernel[grid](
+        x, lora_a, h, sorted_tokens, seg_start, k, n,
+        x.stride(0), x.stride(1), lora_a.stride(0), lora_a.stride(1), lora_a.stride(2),
+        h.stride(0), h.stride(1), h.stride(2),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split,
+        IEEE=x.dtype == torch.float32,
+    )
+    return h
+
+
+def lora_expand(h: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, sorted_tokens: torch.Tensor,
+                seg_start: torch.Tensor, num_slots: int) -> None:
+    """``y[t] += h[t] @ lora_b[s]`` in place, for every adapter token ``t`` of every slot ``s``.
+
+    Args:
+        h: ``[split_k, T, R]`` one projection's columns of :func:`lora_shrink`'s result
+            (a view is fine).
+        lora_b: ``[slots, R, W]`` expand weights (scaled, transposed).
+        y: ``[T, W]`` the projection's columns of the base output (a view is fine).
+        sorted_tokens: As for :func:`lora_shrink`.
+        seg_start: As for :func:`lora_shrink`.
+        num_slots: As for :func:`lora_shrink`.
+    """
+    split, t, r = h.shape
+    w = lora_b.shape[2]
+    if t == 0:
+        return
+    block_m = 16 if t <= 256 else 64
+    block_n = 128 if block_m == 16 else 64
+    grid = (triton.cdiv(t, block_m) * triton.cdiv(w, block_n), num_slots)
+    _expand_kernel[grid](
+        h, lora_b, y, sorted_tokens, seg_start, r, w,
+        h.stride(0), h.stride(1), h.stride(2), lora_b.stride(0), lora_b.stride(1), lora_b.stride(2),
+        y.stride(0), y.stride(1),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=_pow2(r), SPLIT_K=split,
+        IEEE=y.dtype == torch.float32,
+    )
