@@ -7,6 +7,7 @@
 # Usage (device machine, repo root; wheels of what the machine lacks in .venv-whl/ -- msgspec,
 # pyzmq, ... as for h200_serve.sh -- and pytest with its dependencies in .lora-whl/):
 #   bash benchmarks/h200_lora.sh        # writes logs and JSON under $OUT (or ./h200-out)
+#   PARTS="kernels bench8" bash benchmarks/h200_lora.sh   # some parts only (kernels bench8 e2e bench32)
 OUT=${OUT:-h200-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   .venv-whl/*.whl .lora-whl/*.whl || exit 1
@@ -15,10 +16,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 B="python3 benchmarks/lora.py --shape qwen3-0.6b --load-format dummy --dtype bfloat16 --max-model-len 1024 --repeats 1"
 # The kernels first (quick), then the issue's benchmark, then the end-to-end tests, then swapping.
 F='^INFO.*(Loading|loaded adapter|evicted adapter)'
-timeout ${T_KERNELS:-50} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_lora_triton.py -k kernels 2>&1 \
+PARTS=" ${PARTS:-kernels bench8 e2e bench32} "
+[[ $PARTS == *" kernels "* ]] && timeout ${T_KERNELS:-50} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_lora_triton.py -k kernels 2>&1 \
   | tail -30 | tee "$OUT/tests_kernels.log"
-timeout ${T_BENCH:-90} $B --json "$OUT/bench8.json" 2>&1 | grep -E -v "$F" | tail -30 | tee "$OUT/bench8.log"
-timeout ${T_E2E:-100} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_lora_triton.py -k "not kernels" 2>&1 \
+[[ $PARTS == *" bench8 "* ]] && timeout ${T_BENCH:-90} $B --json "$OUT/bench8.json" 2>&1 | grep -E -v "$F" | tail -30 | tee "$OUT/bench8.log"
+[[ $PARTS == *" e2e "* ]] && timeout ${T_E2E:-100} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_lora_triton.py -k "not kernels" 2>&1 \
   | grep -E -v "$F" | tail -40 | tee "$OUT/tests_e2e.log"
-timeout ${T_SWAP:-60} $B --adapters 32 --max-loras 4 --json "$OUT/bench32.json" 2>&1 | grep -E -v "$F" | tail -30 \
+[[ $PARTS == *" bench32 "* ]] && timeout ${T_SWAP:-60} $B --adapters 32 --max-loras 4 --json "$OUT/bench32.json" 2>&1 | grep -E -v "$F" | tail -30 \
   | tee "$OUT/bench32.log"

@@ -202,13 +202,15 @@ class LoRALinear(nn.Module):
         # leading block, so a step's shrink is one batched matmul over a view.
         self.register_buffer("lora_a", torch.zeros(max_loras, in_features, n * max_rank, dtype=dtype, device=device),
                              persistent=False)
-        for i, width in enumerate(widths):
-            self.register_buffer(f"lora_b{i}", torch.zeros(max_loras, max_rank, width, dtype=dtype, device=device),
-                                 persistent=False)
+        # [slot, rank, sum(widths)]: the projections' B (scaled, transposed) side by side in
+        # the output's column order, so the Triton path expands them all in one launch.
+        self.register_buffer("lora_b_all", torch.zeros(max_loras, max_rank, sum(widths), dtype=dtype,
+                                                       device=device), persistent=False)
 
     def lora_b(self, i: int) -> torch.Tensor:
-        """``[slots, rank, width]`` expand weights of stacked projection ``i`` (scaled, transposed)."""
-        return getattr(self, f"lora_b{i}")
+        """``[slots, rank, width]`` expand weights of stacked projection ``i`` (scaled, transposed; a view)."""
+        off = self.offsets[i]
+        return self.lora_b_all[:, :, off:off + self.widths[i]]
 
     def set_slot(self, slot: int, weights: list[tuple[torch.Tensor, torch.Tensor] | None]) -> None:
         """Write one adapter into ``slot``.
@@ -264,17 +266,14 @@ class LoRALinear(nn.Module):
         return y2.reshape(y.shape)
 
     def _forward_triton(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Add the deltas into ``y`` in place with the Triton kernels (one shrink, one expand
-        per stacked projection; grids over every slot, so graph-capturable)."""
+        """Add the deltas into ``y`` in place with the Triton kernels (one shrink and one
+        expand for all stacked projections; grids over every slot, so graph-capturable)."""
         ctx = self.ctx
         ops = ctx.ops
         x2 = x.reshape(-1, self.in_features)
         y2 = y.view(x2.shape[0], y.shape[-1])  # a view: the kernels write y itself
         h = ops.lora_shrink(x2, self.lora_a, ctx.sorted, ctx.seg, ctx.max_loras)
-        rank = self.max_rank
-        for i, (off, width) in enumerate(zip(self.offsets, self.widths)):
-            ops.lora_expand(h[:, :, i * rank:(i + 1) * rank], self.lora_b(i), y2[:, off:off + width],
-                            ctx.sorted, ctx.seg, ctx.max_loras)
+        ops.lora_expand(h, self.lora_b_all, y2, self.widths, ctx.sorted, ctx.seg, ctx.max_loras)
 
 
 @dataclass

@@ -27,6 +27,8 @@ Invariants:
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 import triton
 import triton.language as tl
@@ -78,10 +80,10 @@ def _shrink_kernel(
 @triton.jit
 def _expand_kernel(
     h_ptr, b_ptr, y_ptr, tok_ptr, seg_ptr,
-    R, W,
+    R, W, OFF1, OFF2,
     sh_s, sh_t, sh_n, sb_s, sb_r, sb_w, sy_t, sy_w,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, SPLIT_K: tl.constexpr,
-    IEEE: tl.constexpr,
+    NUM_SLICES: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_mn = tl.program_id(0)
     slot = tl.program_id(1)
@@ -97,24 +99,42 @@ def _expand_kernel(
     tok = tl.load(tok_ptr + start + offs_m, mask=m_mask, other=0).to(tl.int64)
     offs_r = tl.arange(0, BLOCK_R)
     r_mask = offs_r < R
-    h = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-    for s in tl.static_range(SPLIT_K):
-        h += tl.load(h_ptr + s * sh_s + tok[:, None] * sh_t + offs_r[None, :] * sh_n,
-                     mask=m_mask[:, None] & r_mask[None, :], other=0.0)
-    hv = h.to(b_ptr.dtype.element_ty)  # x @ A rounded to the model dtype, as in torch
-    offs_w = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col0 = pid_n * BLOCK_N
+    offs_w = col0 + tl.arange(0, BLOCK_N)
     w_mask = offs_w < W
-    bv = tl.load(b_ptr + slot.to(tl.int64) * sb_s + offs_r[:, None] * sb_r + offs_w[None, :] * sb_w,
-                 mask=r_mask[:, None] & w_mask[None, :], other=0.0)
-    if IEEE:
-        delta = tl.dot(hv, bv, input_precision="ieee")
-    else:
-        delta = tl.dot(hv, bv)
+    b_base = b_ptr + slot.to(tl.int64) * sb_s
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # Stacked projection i owns columns [lo, hi) of y and columns [i R, (i + 1) R) of h;
+    # a column block usually lies in one of them, but may straddle two.
+    for i in tl.static_range(NUM_SLICES):
+        if i == 0:
+            lo = 0
+            hi = OFF1
+        elif i == 1:
+            lo = OFF1
+            hi = OFF2
+        else:
+            lo = OFF2
+            hi = W
+        if (col0 < hi) & (col0 + BLOCK_N > lo):
+            h = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                h += tl.load(h_ptr + s * sh_s + tok[:, None] * sh_t + (i * R + offs_r[None, :]) * sh_n,
+                             mask=m_mask[:, None] & r_mask[None, :], other=0.0)
+            hv = h.to(b_ptr.dtype.element_ty)  # x @ A rounded to the model dtype, as in torch
+            in_slice = (offs_w >= lo) & (offs_w < hi)
+            bv = tl.load(b_base + offs_r[:, None] * sb_r + offs_w[None, :] * sb_w,
+                         mask=r_mask[:, None] & in_slice[None, :], other=0.0)
+            if IEEE:
+                acc += tl.dot(hv, bv, input_precision="ieee")
+            else:
+                acc += tl.dot(hv, bv)
     y_ptrs = y_ptr + tok[:, None] * sy_t + offs_w[None, :] * sy_w
     mask = m_mask[:, None] & w_mask[None, :]
     y = tl.load(y_ptrs, mask=mask, other=0.0)
-    # Round the delta, then the sum: torch computes delta in the model dtype, then y += delta.
-    out = y.to(tl.float32) + delta.to(y.dtype).to(tl.float32)
+    # Each column got one projection's delta: round it, then the sum, as torch computes the
+    # delta in the model dtype and then y += delta.
+    out = y.to(tl.float32) + acc.to(y.dtype).to(tl.float32)
     tl.store(y_ptrs, out.to(y.dtype), mask=mask)
 
 
@@ -169,30 +189,39 @@ def lora_shrink(x: torch.Tensor, lora_a: torch.Tensor, sorted_tokens: torch.Tens
     return h
 
 
-def lora_expand(h: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, sorted_tokens: torch.Tensor,
-                seg_start: torch.Tensor, num_slots: int) -> None:
-    """``y[t] += h[t] @ lora_b[s]`` in place, for every adapter token ``t`` of every slot ``s``.
+def lora_expand(h: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, widths: list[int],
+                sorted_tokens: torch.Tensor, seg_start: torch.Tensor, num_slots: int) -> None:
+    """``y[t, cols_i] += h[t, i-th rank block] @ lora_b[s][:, cols_i]`` in place, for every
+    stacked projection ``i`` and every adapter token ``t`` of every slot ``s``: one launch.
 
     Args:
-        h: ``[split_k, T, R]`` one projection's columns of :func:`lora_shrink`'s result
-            (a view is fine).
-        lora_b: ``[slots, R, W]`` expand weights (scaled, transposed).
-        y: ``[T, W]`` the projection's columns of the base output (a view is fine).
+        h: ``[split_k, T, len(widths) * R]`` :func:`lora_shrink`'s result.
+        lora_b: ``[slots, R, sum(widths)]`` expand weights (scaled, transposed), the
+            projections side by side in column order.
+        y: ``[T, sum(widths)]`` the base layer's output.
+        widths: Output width of each stacked projection (at most 3).
         sorted_tokens: As for :func:`lora_shrink`.
         seg_start: As for :func:`lora_shrink`.
         num_slots: As for :func:`lora_shrink`.
     """
-    split, t, r = h.shape
+    split, t, nr = h.shape
+    n = len(widths)
+    if not 1 <= n <= 3:
+        raise ValueError(f"lora_expand: 1 to 3 stacked projections, got {n}")
+    r = nr // n
     w = lora_b.shape[2]
     if t == 0:
         return
+    bounds = list(accumulate(widths))
+    off1 = bounds[0] if n > 1 else w
+    off2 = bounds[1] if n > 2 else w
     block_m = 16 if t <= 256 else 64
     block_n = 128 if block_m == 16 else 64
     grid = (triton.cdiv(t, block_m) * triton.cdiv(w, block_n), num_slots)
     _expand_kernel[grid](
-        h, lora_b, y, sorted_tokens, seg_start, r, w,
+        h, lora_b, y, sorted_tokens, seg_start, r, w, off1, off2,
         h.stride(0), h.stride(1), h.stride(2), lora_b.stride(0), lora_b.stride(1), lora_b.stride(2),
         y.stride(0), y.stride(1),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=_pow2(r), SPLIT_K=split,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=_pow2(r), SPLIT_K=split, NUM_SLICES=n,
         IEEE=y.dtype == torch.float32,
     )
