@@ -29,8 +29,11 @@ SampleLogprobs = list[dict[int, Logprob]]
 PromptLogprobs = list[dict[int, Logprob] | None]
 
 
-class CompletionOutput(msgspec.Struct, kw_only=True):
+class CompletionOutput(msgspec.Struct, kw_only=True, gc=False):
     """One completion of a request (a request with ``n > 1`` has several).
+
+    A streaming server makes one per stream per step: not tracked by the garbage
+    collector (it holds no cycles), so collections do not scan them.
 
     Attributes:
         index: Which of the request's ``n`` completions this is.
@@ -72,7 +75,7 @@ class CompletionOutput(msgspec.Struct, kw_only=True):
         self.stop_reason = later.stop_reason
 
 
-class RequestOutput(msgspec.Struct, kw_only=True):
+class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
     """The state of one request, as returned by ``LLM.generate`` or streamed by ``AsyncLLM``.
 
     Attributes:

@@ -44,6 +44,11 @@ if TYPE_CHECKING:
 
 logger = init_logger("forkless.engine.async_llm")
 
+# How long the output handler may go on applying queued engine-core messages before it
+# lets the streams and routes run (a few steps' worth at hundreds of streams; short
+# enough that /health and new requests never wait noticeably).
+OUTPUT_DRAIN_SECONDS = 0.025
+
 __all__ = ["AsyncLLM", "EngineDeadError", "EngineShuttingDownError", "InvalidRequestError"]
 
 
@@ -302,9 +307,8 @@ class AsyncLLM:
 
     # -- background tasks ---------------------------------------------------------------
     async def _handle_outputs(self) -> None:
-        from forkless.protocol.engine import EngineCoreOutputs
-
         assert self.client is not None
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 message = await self.client.get_message(500)
@@ -313,40 +317,49 @@ class AsyncLLM:
                         self._die(f"the engine core process exited with code {self.client.proc.exitcode}")
                         return
                     continue
-                kind, payload = message
-                if kind == ipc.OUTPUTS:
-                    outputs = ipc.decode(payload, EngineCoreOutputs)
-                    # A request finished here (stop string) or aborted may still get a
-                    # token from a step the core had already begun; nobody sees it, so
-                    # the metrics must not count it either.
-                    new_tokens = sum(len(o.new_token_ids) for o in outputs.outputs
-                                     if self.output_processor.is_tracking(o.request_id))
-                    result = self.output_processor.process_outputs(outputs.outputs)
-                    for request_output in result.request_outputs:
-                        queue = self._queues.get(request_output.request_id)
-                        if queue is not None:
-                            queue.put_nowait(request_output)
-                    if result.reqs_to_abort:
-                        await self.client.abort_requests(result.reqs_to_abort)
-                    stats = iteration_stats(new_tokens, result.finished)
-                    self._record(outputs.scheduler_stats, stats)
-                    # Let the streams and the other routes run before the next message:
-                    # when messages are queued up, reading one does not yield to the event
-                    # loop, and a backlog would otherwise hold every response back.
-                    await asyncio.sleep(0)
-                elif kind == ipc.REQUEST_ERROR:
-                    data = ipc.decode(payload)
-                    parent = self._parent_of.get(data["request_id"])
-                    if parent is not None and parent in self._queues:
-                        self._queues[parent].put_nowait(InvalidRequestError(data["error"]))
-                elif kind == ipc.DEAD:
-                    self._die(ipc.decode(payload)["error"])
-                    return
+                # Every message already queued is applied before the streams run, within
+                # OUTPUT_DRAIN_SECONDS. A server that keeps up sees one message at a time;
+                # one that fell behind (hundreds of streams) merges the steps it missed
+                # into one chunk per stream (_OutputSlot), so each stream's send costs it
+                # once per batch of steps instead of once per step, and the backlog
+                # shrinks instead of growing by the sends' excess over the step time.
+                deadline = loop.time() + OUTPUT_DRAIN_SECONDS
+                while message is not None:
+                    if not await self._handle_message(*message):
+                        return
+                    message = self.client.next_queued_message() if loop.time() < deadline else None
+                # Let the streams and the other routes run before the next message.
+                await asyncio.sleep(0)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.error("output handler failed", exc_info=True)
             self._die(f"output handler failed: {type(exc).__name__}: {exc}")
+
+    async def _handle_message(self, kind: bytes, payload: bytes) -> bool:
+        """Apply one message from the engine core; False once the engine is dead."""
+        from forkless.protocol.engine import EngineCoreOutputs
+
+        assert self.client is not None
+        if kind == ipc.OUTPUTS:
+            outputs = ipc.decode(payload, EngineCoreOutputs)
+            result = self.output_processor.process_outputs(outputs.outputs)
+            for request_output in result.request_outputs:
+                queue = self._queues.get(request_output.request_id)
+                if queue is not None:
+                    queue.put_nowait(request_output)
+            if result.reqs_to_abort:
+                await self.client.abort_requests(result.reqs_to_abort)
+            self._record(outputs.scheduler_stats, iteration_stats(result.num_new_tokens, result.finished))
+        elif kind == ipc.REQUEST_ERROR:
+            data = ipc.decode(payload)
+            parent = self._parent_of.get(data["request_id"])
+            if parent is not None and parent in self._queues:
+                self._queues[parent].put_nowait(InvalidRequestError(data["error"]))
+        elif kind == ipc.DEAD:
+            self._die(ipc.decode(payload)["error"])
+            return False
+        return True
 
     def _record(self, scheduler_stats: Any, stats: Any) -> None:
         for stat_logger in self.stat_loggers:

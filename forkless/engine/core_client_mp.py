@@ -42,6 +42,8 @@ class EngineCoreClient:
         self.input.bind(ipc.ipc_address(self.ipc_dir, "input"))
         self.output = self.ctx.socket(zmq.PULL)
         self.output.bind(ipc.ipc_address(self.ipc_dir, "output"))
+        # The same socket, read without the event loop: see next_queued_message().
+        self._output_now = zmq.Socket.shadow(self.output.underlying)
         self.proc = start_engine_core_process(
             ipc.encode(config.to_builtins()), ipc.ipc_address(self.ipc_dir, "input"),
             ipc.ipc_address(self.ipc_dir, "output"), self.ipc_dir)
@@ -91,6 +93,15 @@ class EngineCoreClient:
             kind, payload = await self.output.recv_multipart()
             return kind, payload
         return None
+
+    def next_queued_message(self) -> tuple[bytes, bytes] | None:
+        """The next message from the engine core if one is already queued, else ``None``
+        (never waits, never yields to the event loop)."""
+        try:
+            kind, payload = self._output_now.recv_multipart(flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        return kind, payload
 
     def is_alive(self) -> bool:
         return self.proc.is_alive()

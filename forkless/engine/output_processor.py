@@ -38,11 +38,15 @@ class OutputProcessorOutput:
         request_outputs: One ``RequestOutput`` per parent request with news.
         reqs_to_abort: Engine-core ids finished by a stop string: abort them in the core.
         finished: Timings of completions that finished.
+        num_new_tokens: Tokens the step generated for requests still tracked (a request
+            finished or aborted here may get one more from a step the core had begun;
+            nobody sees it, so the metrics do not count it).
     """
 
     request_outputs: list[RequestOutput] = field(default_factory=list)
     reqs_to_abort: list[str] = field(default_factory=list)
     finished: list[RequestTiming] = field(default_factory=list)
+    num_new_tokens: int = 0
 
 
 class _Completion:
@@ -256,10 +260,12 @@ class OutputProcessor:
         updated: dict[str, list[_Completion]] = {}
         children_by_id = self._children
         final_only = RequestOutputKind.FINAL_ONLY
+        num_new_tokens = 0
         for out in outputs:
             child = children_by_id.get(out.request_id)
             if child is None or child.finish_reason is not None:
                 continue
+            num_new_tokens += len(out.new_token_ids)
             if child.update(out, now):
                 result.reqs_to_abort.append(child.request_id)
             parent = child.parent
@@ -279,6 +285,7 @@ class OutputProcessor:
                 result.request_outputs.append(request_output)
             if parent.num_unfinished == 0:
                 del self._parents[parent_id]
+        result.num_new_tokens = num_new_tokens
         return result
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
@@ -297,10 +304,6 @@ class OutputProcessor:
                 if self._children.pop(child.request_id, None) is not None:
                     to_abort.append(child.request_id)
         return to_abort
-
-    def is_tracking(self, request_id: str) -> bool:
-        """Whether outputs for this engine-core request id are still wanted."""
-        return request_id in self._children
 
     def has_unfinished_requests(self) -> bool:
         """Whether any request is in flight."""

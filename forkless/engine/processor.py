@@ -78,13 +78,13 @@ class Processor:
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
-        """The model's tokenizer (loaded on first use with ``AutoTokenizer``)."""
+        """The model's tokenizer (loaded on first use, as ``AutoTokenizer`` loads it)."""
         if self._tokenizer is None:
             started = time.perf_counter()
-            from transformers import AutoTokenizer
+            from forkless.tokenizers.loading import load_tokenizer
 
             path = self.config.model_config.tokenizer
-            self._tokenizer = AutoTokenizer.from_pretrained(path)
+            self._tokenizer = load_tokenizer(path)
             # Importing transformers makes this one of the slow steps of a start.
             logger.info("loaded the tokenizer in %.1f s: %s", time.perf_counter() - started, path)
         return self._tokenizer

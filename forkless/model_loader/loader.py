@@ -45,7 +45,7 @@ def load_model(
 
     Args:
         model_dir: Hugging Face model folder (``config.json`` + ``*.safetensors``).
-        hf_config: The folder's config; ``None`` reads it with ``AutoConfig``.
+        hf_config: The folder's config; ``None`` reads it (``load_hf_config``).
         dtype: A ``torch.dtype`` or a ``--dtype`` name (see
             :func:`forkless.model_loader.resolve_dtype`).
         device: Where parameters are created (``"cpu"``, ``"cuda:0"``...).
@@ -64,9 +64,9 @@ def load_model(
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"unknown load_format {load_format!r}; choose one of: {', '.join(LOAD_FORMATS)}")
     if hf_config is None:
-        from transformers import AutoConfig
+        from forkless.models.hf_config import load_hf_config
 
-        hf_config = AutoConfig.from_pretrained(model_dir)
+        hf_config = load_hf_config(model_dir)
     if isinstance(attn_backend, str):
         from forkless.attention import get_attention_backend
 

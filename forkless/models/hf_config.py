@@ -1,7 +1,23 @@
-"""Reading the fields forkless needs from a Hugging Face config, across transformers versions."""
+"""Reading the fields forkless needs from a Hugging Face config, across transformers versions.
+
+Invariants:
+    * A worker reads the config of a built-in architecture from ``config.json`` itself
+      (:func:`load_hf_config`): importing transformers' config classes pulls in much of
+      transformers and of torch (generation, ``torch.distributed.tensor``, ``torch._dynamo``,
+      sympy), ~5-7 s of every start on the H200, for a dozen numbers. It fills what the
+      file omits with the defaults of transformers' config class of that model type, and
+      applies the same derivations (``head_dim``, the key/value heads, Qwen's sliding
+      window switch); tests/models/test_hf_config.py compares every field the models read
+      with ``AutoConfig``'s.
+    * Anything else -- another model type, an architecture a plugin registered (its model
+      class may expect a ``PretrainedConfig``), a file without the fields the models need
+      -- is read with ``AutoConfig``, as before.
+"""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -74,3 +90,83 @@ def get_rope_parameters(hf_config: "PretrainedConfig") -> dict[str, Any]:
         if factor is not None:
             params["partial_rotary_factor"] = float(factor)
     return params
+
+
+# transformers' defaults, per model type, for the fields forkless's models read (the
+# values of LlamaConfig, MistralConfig, Qwen2Config and Qwen3Config's signatures).
+_COMMON_DEFAULTS: dict[str, Any] = {
+    "hidden_act": "silu", "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "rope_theta": 10000.0,
+    "rope_scaling": None, "head_dim": None, "attention_bias": False,
+}
+_JSON_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
+    "llama": {**_COMMON_DEFAULTS, "max_position_embeddings": 2048, "mlp_bias": False, "num_key_value_heads": None},
+    "mistral": {**_COMMON_DEFAULTS, "max_position_embeddings": 4096 * 32, "sliding_window": 4096,
+                "num_key_value_heads": 8},
+    "qwen2": {**_COMMON_DEFAULTS, "max_position_embeddings": 32768, "use_sliding_window": False,
+              "sliding_window": 4096, "num_key_value_heads": 32},
+    "qwen3": {**_COMMON_DEFAULTS, "max_position_embeddings": 32768, "use_sliding_window": False,
+              "sliding_window": 4096, "num_key_value_heads": 32, "head_dim": 128},
+}
+# Fields a config.json must have to be read without transformers (its defaults for them
+# are a reference model's, never what a real checkpoint means).
+_REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+
+
+class JsonHFConfig:
+    """A Hugging Face config read from ``config.json`` (see :func:`load_hf_config`).
+
+    Every key of the file is an attribute, after the model type's defaults; missing
+    attributes raise ``AttributeError`` as on a ``PretrainedConfig``, so ``getattr(config,
+    name, default)`` behaves the same.
+    """
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.__dict__.update(_JSON_CONFIG_DEFAULTS[data["model_type"]])
+        self.__dict__.update(data)
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.model_type in ("qwen2", "qwen3") and not self.use_sliding_window:
+            self.sliding_window = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields, as a new dict."""
+        return dict(self.__dict__)
+
+    def get_text_config(self, **_: Any) -> "JsonHFConfig":
+        """The text model's config: this one (these are text-only models)."""
+        return self
+
+    def __repr__(self) -> str:
+        return f"JsonHFConfig({self.__dict__})"
+
+
+def load_hf_config(model_dir: str | Path) -> Any:
+    """A model folder's config, for building the model in a worker.
+
+    Read from ``config.json`` directly when every architecture it names is a built-in
+    forkless model of a known model type, else with transformers' ``AutoConfig`` (see the
+    module's invariants).
+
+    Args:
+        model_dir: The model folder.
+
+    Returns:
+        A :class:`JsonHFConfig` or a ``transformers.PretrainedConfig``.
+    """
+    from forkless.models.registry import ModelRegistry
+
+    path = Path(model_dir) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = None
+    archs = data.get("architectures") if isinstance(data, dict) else None
+    if (isinstance(archs, list) and archs and data.get("model_type") in _JSON_CONFIG_DEFAULTS
+            and all(k in data for k in _REQUIRED)
+            and all((ModelRegistry.get_path(a) or "").startswith("forkless.models.") for a in archs)):
+        return JsonHFConfig(data)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir)

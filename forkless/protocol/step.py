@@ -19,6 +19,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from forkless.protocol.lora import LoRARequest
 from forkless.sampling_params import SamplingParams
 
@@ -140,9 +142,12 @@ class ModelRunnerOutput:
     lora_evictions: int = 0
 
 
-@dataclass
-class EngineCoreOutput:
+class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
     """News about one request after a step, for the engine / API server.
+
+    One per running request per step, hundreds a step: encoded as an array (no field
+    names on the wire) and never tracked by the garbage collector (it holds no cycles),
+    so that the API server's collections do not scan a step's worth of them.
 
     Attributes:
         request_id: The request.

@@ -100,14 +100,13 @@ class ModelRunner:
     """
 
     def __init__(self, config: EngineConfig, device: torch.device) -> None:
-        from transformers import AutoConfig
-
+        from forkless.models.hf_config import load_hf_config
         from forkless.platforms import current_platform
 
         self.config = config
         self.device = device
         mc = config.model_config
-        self.hf_config = AutoConfig.from_pretrained(mc.model)
+        self.hf_config = load_hf_config(mc.model)
         self.dtype = resolve_dtype(mc.dtype, self.hf_config, device)
         # The platform picks the backend (its default, or --attention-backend), so a
         # platform plugin can bring its own kernels without registering them. The call is
