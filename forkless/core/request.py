@@ -72,6 +72,9 @@ class Request:
             and the prompts of one API request share it, and the scheduler's
             ``max_running_seqs_per_request`` counts them together. Default: ``request_id``
             (a group of its own).
+        client_key: Who sent it; the scheduler's ``max_prefill_tokens_per_client`` shares
+            a step's prefill among clients. ``None``: no client (one client, the offline
+            engine's).
 
     Attributes:
         status: Where the request is in its lifecycle.
@@ -101,9 +104,11 @@ class Request:
         priority: int = 0,
         cache_salt: Hashable | None = None,
         group_id: str | None = None,
+        client_key: str | None = None,
     ) -> None:
         self.request_id = request_id
         self.group_id = request_id if group_id is None else group_id
+        self.client_key = client_key
         self.prompt_token_ids: list[int] = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self.eos_token_id = eos_token_id

@@ -59,6 +59,15 @@ class SchedulerConfig:
             step, not every slot of ``max_num_seqs`` and a step hundreds of sequences long.
             0: no limit (vLLM has none). Flag: ``--max-running-seqs-per-request`` (forkless
             only; ``EngineArgs`` picks a CPU default for the server, see ``forkless.config``).
+        max_prefill_tokens_per_client: When > 0, while requests of more than one client
+            (``Request.client_key``) are running or waiting, the prompt tokens one client's
+            requests compute: this many a step on average, at most twice this in one
+            step (a credit earned every step). Its prompts that the credit does not cover
+            wait, and other clients' requests queued behind them are admitted first. Many
+            connections of one client then add a bounded amount of prefill to the steps,
+            instead of a step as large as all their prompts. 0: no limit (vLLM has none).
+            Flag: ``--max-prefill-tokens-per-client`` (forkless only; ``EngineArgs`` picks
+            a CPU default for the server, see ``forkless.config``).
         async_scheduling: Schedule and launch step N+1 before step N's sampled tokens
             reach the host (they are fed to N+1 on the device), so that the host's work
             overlaps the device's. Flag: ``--async-scheduling``. Requests whose sampling
@@ -76,6 +85,7 @@ class SchedulerConfig:
     max_long_partial_prefills: int = 1
     long_prefill_time_share: float = 0.0
     max_running_seqs_per_request: int = 0
+    max_prefill_tokens_per_client: int = 0
     async_scheduling: bool = False
 
     def __post_init__(self) -> None:
@@ -103,6 +113,10 @@ class SchedulerConfig:
         if isinstance(per_request, bool) or not isinstance(per_request, int) or per_request < 0:
             raise ValueError("SchedulerConfig.max_running_seqs_per_request must be an integer >= 0 "
                              f"(0: no limit), got {per_request!r}")
+        per_client = self.max_prefill_tokens_per_client
+        if isinstance(per_client, bool) or not isinstance(per_client, int) or per_client < 0:
+            raise ValueError("SchedulerConfig.max_prefill_tokens_per_client must be an integer >= 0 "
+                             f"(0: no limit), got {per_client!r}")
         partial = self.max_num_partial_prefills
         if partial is not None:
             _check_positive("SchedulerConfig", max_num_partial_prefills=partial)

@@ -31,6 +31,33 @@ passed over, like a long prompt over its limit, and keeps its place; the request
 behind it are admitted. As the group's running sequences finish, its next ones are
 admitted, so the group and the others take turns instead of the others waiting for it all.
 
+Nor does one client with many connections (``Request.client_key``: the API server's
+``user`` field or peer address; ``None`` for the offline engine, whose requests are all one
+client). With ``max_prefill_tokens_per_client`` = R (> 0), while requests of more than one
+client are running or waiting, each client with requests earns R prompt tokens of credit a
+step and holds at most 2R (it starts full); its prefills (chunks of its running prompts,
+the prompts it gets admitted) spend it. A running prompt's chunk is cut to the credit; a
+waiting prompt starts once the credit covers it (or is full, for a prompt over 2R) and is
+otherwise passed over like a long prompt over its limit, keeping its place, so that other
+clients' requests queued behind it are admitted in this step. One client's prompts then
+take at most 2R tokens of a step and R a step on average; every client earns credit every
+step, so none starves. A client alone is not limited, nor are decodes (one token a
+request, bounded by ``max_num_seqs`` and ``max_running_seqs_per_request``), and when
+credit holds back every prompt and nothing else can run, the step runs them anyway
+(``schedule``), so the share never idles the engine.
+
+Why credit per step rather than round-robin admission: what one client's requests feel
+from another's is the step time, and on a CPU that grows with each prompt in the step
+(2 cores, default model: ~2 ms a prompt token and ~15 ms a new request; a decode step of 7
+requests takes ~75 ms). 32 connections that each sent a 16-token prompt and dropped after
+its first token put ~30 prompts in one step (~3 s) while another client's request decoded
+one token a step (11.6x its p99); round-robin would still admit all 30 in that step,
+since the budget (2,048 tokens) holds them. A cap per step (one 16-token prompt a step)
+measured ~2.1x: the prompt and the new request in every step cost as much as the others'
+decodes. Credit of R a step with bursts of 2R lets a short prompt go whole in one step
+(chunks would pay the per-step cost twice) every other step: ~1.5x
+(benchmarks/README.md, "Hostile clients").
+
 A step sends the runner each running request's block ids appended since it was last
 scheduled, not its whole table (``ScheduledRequest.new_block_ids``): ``num_block_ids_sent``
 counts what the runner holds. That is sound because a running request's ``block_ids`` only
@@ -114,6 +141,13 @@ class Scheduler(SchedulerInterface):
         # Running sequences per group_id, kept only with max_running_seqs_per_request.
         self._max_per_group = scheduler_config.max_running_seqs_per_request
         self._group_running: dict[str, int] = {}
+        # Requests (running or waiting) per client_key, kept only with
+        # max_prefill_tokens_per_client: the cap applies while it has two keys or more.
+        self._max_per_client = scheduler_config.max_prefill_tokens_per_client
+        self._client_requests: dict[str | None, int] = {}
+        # Prompt tokens each client may compute in the step being scheduled (see
+        # _refill_client_credit); empty while fewer than two clients have requests.
+        self._client_credit: dict[str | None, int] = {}
         self._time_share: LongPrefillTimeShare | None = None
         cfg = scheduler_config
         if cfg.long_prefill_time_share and cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold:
@@ -135,6 +169,8 @@ class Scheduler(SchedulerInterface):
             raise ValueError(f"request {request.request_id!r} is {request.status.name}, not WAITING")
         self.requests[request.request_id] = request
         self._arrival_seq[request.request_id] = next(self._seq)
+        if self._max_per_client:
+            self._client_requests[request.client_key] = self._client_requests.get(request.client_key, 0) + 1
         if _reads_output_history(request.sampling_params):
             self._history_dependent.add(request.request_id)
         self.waiting.add(request)
@@ -174,16 +210,34 @@ class Scheduler(SchedulerInterface):
     # ------------------------------------------------------------------------- the step
 
     def schedule(self) -> SchedulerOutput:
-        output = self._schedule(self._time_share is not None)
-        if self._time_share is not None and not output.scheduled_requests and not output.preempted_request_ids:
-            # Time share held a long prefill back, and nothing else could run (blocked on
-            # KV blocks or max_num_seqs): an empty step would never earn it the credit.
+        share_clients = self._refill_client_credit()
+        output = self._schedule(self._time_share is not None, share_clients)
+        if (self._time_share is not None or share_clients) and not output.scheduled_requests \
+                and not output.preempted_request_ids:
+            # Time share held a long prefill back, or the client shares held every prompt
+            # back, and nothing else could run (blocked on KV blocks or max_num_seqs, or
+            # only prompts waiting): an empty step would never earn anyone the credit.
             # (The first pass took the finished ids to report: hand them on.)
             self._finished_ids = output.finished_request_ids + self._finished_ids
-            output = self._schedule(False)
+            output = self._schedule(False, False)
         return output
 
-    def _schedule(self, share_time: bool) -> SchedulerOutput:
+    def _refill_client_credit(self) -> bool:
+        """Give each client with requests its prompt tokens for this step; whether the
+        client shares apply to it (several clients have requests)."""
+        rate = self._max_per_client
+        if not rate or len(self._client_requests) < 2:
+            self._client_credit.clear()  # when contention starts again, everyone starts full
+            return False
+        burst = 2 * rate
+        credit = self._client_credit
+        for key in self._client_requests:
+            credit[key] = min(credit.get(key, burst) + rate, burst)
+        for key in [k for k in credit if k not in self._client_requests]:
+            del credit[key]
+        return True
+
+    def _schedule(self, share_time: bool, share_clients: bool = False) -> SchedulerOutput:
         cfg = self.scheduler_config
         kv = self.kv_cache_manager
         budget = cfg.max_num_batched_tokens
@@ -209,6 +263,11 @@ class Scheduler(SchedulerInterface):
             contended = self._contended(threshold)
             long_chunk = time_share.long_chunk(contended)
         largest_long = 0
+        # The prompt tokens each client may still compute this step, while the client
+        # shares apply; what each request took, to give back a preempted victim's.
+        credit = self._client_credit if share_clients else None
+        burst = 2 * self._max_per_client
+        client_tokens: dict[str, int] = {}
 
         running_status = RequestStatus.RUNNING
         allocate_slots = kv.allocate_slots
@@ -231,6 +290,11 @@ class Scheduler(SchedulerInterface):
                     continue  # over the limits this step; it keeps its blocks
                 if is_long:
                     num_new = min(num_new, long_chunk)
+            if credit is not None and is_prefill:
+                allowance = credit[request.client_key]
+                if allowance < 1:
+                    continue  # its client's share of this step is spent; it keeps its blocks
+                num_new = min(num_new, allowance)
             if num_new > budget:
                 num_new = budget
             if num_new == 0:
@@ -240,6 +304,8 @@ class Scheduler(SchedulerInterface):
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 budget += scheduled.pop(victim.request_id, 0)
+                if victim.request_id in client_tokens:
+                    credit[victim.client_key] += client_tokens.pop(victim.request_id)  # type: ignore[index]
                 prefill_ids.discard(victim.request_id)
                 long_ids.discard(victim.request_id)
                 if victim is request:
@@ -249,20 +315,33 @@ class Scheduler(SchedulerInterface):
                 budget -= num_new
                 if is_prefill:
                     prefill_ids.add(request.request_id)
+                    if credit is not None:
+                        credit[request.client_key] -= num_new
+                        client_tokens[request.request_id] = num_new
                     if is_long:
                         long_ids.add(request.request_id)
                         largest_long = max(largest_long, num_new)
 
         # Admitting while preempting would just thrash: the freed blocks go to running work.
         # Long prompts over max_long_partial_prefills, and sequences of a group at
-        # max_running_seqs_per_request, are set aside so that the requests behind them are
-        # admitted now; they go back to their places afterwards.
+        # max_running_seqs_per_request, and prompts of a client whose share of the step
+        # (max_prefill_tokens_per_client) is spent, are set aside so that the requests
+        # behind them are admitted now; they go back to their places afterwards.
         skipped: list[Request] = []
         while not preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             request = self.waiting.peek()
             if self._max_per_group and self._group_running.get(request.group_id, 0) >= self._max_per_group:
                 skipped.append(self.waiting.pop())
                 continue
+            allowance = 0
+            if credit is not None:
+                allowance = credit[request.client_key]
+                # A prompt starts once its client's credit covers it, up to a full burst:
+                # a short one then goes whole rather than in chunks over several steps.
+                # Without chunked prefill it goes whole anyway, on a full burst.
+                if allowance < min(request.num_tokens, burst):
+                    skipped.append(self.waiting.pop())
+                    continue
             hit_ids, num_hit = [], 0
             if not _skips_prefix_cache(request.sampling_params):
                 hit_ids, num_hit = kv.get_computed_blocks(request)
@@ -278,6 +357,8 @@ class Scheduler(SchedulerInterface):
                 skipped.append(self.waiting.pop())
                 continue
             num_new = min(remaining, long_chunk) if is_long else remaining
+            if credit is not None and remaining > 1 and cfg.enable_chunked_prefill:
+                num_new = min(num_new, allowance)
             if num_new > budget:
                 num_new = budget
             if kv.allocate_slots(request, num_new, hit_ids) is None:
@@ -293,6 +374,11 @@ class Scheduler(SchedulerInterface):
             scheduled[request.request_id] = num_new
             admitted.add(request.request_id)
             budget -= num_new
+            if credit is not None and remaining > 1:
+                # (Without chunked prefill a whole prompt may overdraw it: never below 0, so
+                # that one long prompt does not bar its client for many steps.)
+                credit[request.client_key] = max(allowance - num_new, 0)
+                client_tokens[request.request_id] = num_new
             if is_prefill:
                 prefill_ids.add(request.request_id)
                 if is_long:
@@ -501,6 +587,12 @@ class Scheduler(SchedulerInterface):
         self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         del self._arrival_seq[request.request_id]
+        if self._max_per_client:
+            left = self._client_requests[request.client_key] - 1
+            if left:
+                self._client_requests[request.client_key] = left
+            else:
+                del self._client_requests[request.client_key]
         self._history_dependent.discard(request.request_id)
         self._finished_ids.append(request.request_id)
 
