@@ -89,6 +89,9 @@ class EngineCore:
             self._lora_held: deque[tuple[Request, LoRARequest]] = deque()
             # The workers' cumulative adapter loads and evictions, as last reported.
             self._lora_loads = self._lora_evictions = 0
+            # (request id, reason) of requests a worker could not run (their adapter failed
+            # to load), finished here; the caller tells their clients (take_request_errors).
+            self._request_errors: list[tuple[str, str]] = []
         except BaseException:
             self.executor.shutdown()
             raise
@@ -166,11 +169,25 @@ class EngineCore:
         return scheduler_output
 
     def _note_lora(self, runner_output: Any) -> Any:
-        """Keep the workers' LoRA load and eviction counts for the stats."""
+        """Keep the workers' LoRA load and eviction counts for the stats, and finish the
+        requests a worker could not run (before the output is applied, which then skips them)."""
         if runner_output.lora_loads:
             self._lora_loads = runner_output.lora_loads
             self._lora_evictions = runner_output.lora_evictions
+        failed = runner_output.failed_requests
+        if failed:
+            ids = list(failed)
+            self.scheduler.finish_requests(ids, FinishReason.ABORT)
+            if self._lora_of:
+                self._lora_done(ids)
+            self._request_errors.extend(failed.items())
         return runner_output
+
+    def take_request_errors(self) -> list[tuple[str, str]]:
+        """``(request id, reason)`` of the requests failed since the last call (a worker could
+        not run them: their LoRA adapter failed to load); they are finished already."""
+        errors, self._request_errors = self._request_errors, []
+        return errors
 
     def _finished(self, outputs: list) -> list:
         if self._lora_of:

@@ -106,6 +106,10 @@ class EngineCoreProc:
             if self.core.has_unfinished_requests():
                 outputs = self.core.step()
                 self._send(ipc.OUTPUTS, outputs)
+                # Requests a worker could not run (their LoRA adapter failed to load): each
+                # fails alone, with the reason, as a request the engine refused.
+                for request_id, reason in self.core.take_request_errors():
+                    self._send(ipc.REQUEST_ERROR, {"request_id": request_id, "error": reason})
                 self.last_stats = time.monotonic()
             elif time.monotonic() - self.last_stats > STATS_INTERVAL_S:
                 self._send_stats()

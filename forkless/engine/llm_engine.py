@@ -86,11 +86,22 @@ class LLMEngine:
 
         Returns:
             Outputs of requests with news (finished ones have ``finished=True``).
+
+        Raises:
+            ValueError: A worker could not run some requests (their LoRA adapter failed
+                to load); those are finished, the others stay in flight.
         """
         core_outputs = self.engine_core.step()
         processed = self.output_processor.process_outputs(core_outputs.outputs, core_outputs.timestamp)
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort, FinishReason.STOP)
+        errors = self.engine_core.take_request_errors()
+        if errors:
+            # A worker could not run them (their LoRA adapter failed to load): finished in
+            # the engine core already, the other requests go on. Offline there is no
+            # per-request error channel, so the step fails with the reasons.
+            self.output_processor.abort_requests([rid for rid, _ in errors])
+            raise ValueError("; ".join(f"request {rid!r}: {reason}" for rid, reason in errors))
         return processed.request_outputs
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:

@@ -133,6 +133,9 @@ class ModelRunnerOutput:
         lora_loads: LoRA adapters the worker has loaded from disk so far (cumulative;
             0 without ``--enable-lora``).
         lora_evictions: Adapters it evicted from its host cache so far (``--max-cpu-loras``).
+        failed_requests: Requests the worker could not run, with the reason (their LoRA
+            adapter failed to load): the engine core finishes them with that error; the
+            step's other requests ran.
     """
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
@@ -140,6 +143,7 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, Any] | None = None
     lora_loads: int = 0
     lora_evictions: int = 0
+    failed_requests: dict[str, str] | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):

@@ -126,6 +126,10 @@ class ModelRunner:
         self.model = load_model(mc.model, self.hf_config, self.dtype, device, self.attn_backend, mc.load_format)
         self._use_cpu_kernels()
         self.lora_manager: LoRAModelManager | None = None
+        # Requests whose adapter failed to load: reported with the next collected step
+        # (the engine core finishes them), and skipped until the core says they finished.
+        self._lora_failed: dict[str, str] = {}
+        self._lora_failed_ids: set[str] = set()
         if config.lora_config is not None:
             from forkless.lora.layers import LoRAModelManager
 
@@ -286,6 +290,8 @@ class ModelRunner:
         self._update_states(scheduler_output)
         if scheduler_output.is_empty:
             return _PendingStep()
+        if self._lora_failed_ids and not self.input_batch.req_id_to_index:
+            return _PendingStep()  # every scheduled request's adapter failed to load
         metadata = self.input_batch.refresh()
         by_id = {s.request_id: s for s in scheduler_output.scheduled_requests}
         rows = [by_id[rid] for rid in self.input_batch.req_ids if rid is not None]
@@ -411,11 +417,32 @@ class ModelRunner:
         return self._lora_counts(result)
 
     def _lora_counts(self, output: ModelRunnerOutput) -> ModelRunnerOutput:
-        """Add the LoRA manager's cumulative loads and evictions (for the metrics)."""
+        """Add the LoRA manager's cumulative loads and evictions (for the metrics), and the
+        requests whose adapter failed to load since the last collected step."""
         if self.lora_manager is not None:
             output.lora_loads = self.lora_manager.loads
             output.lora_evictions = self.lora_manager.evictions
+            if self._lora_failed:
+                output.failed_requests, self._lora_failed = self._lora_failed, {}
         return output
+
+    def _load_lora(self, rid: str, lora: LoRARequest) -> bool:
+        """Load a new request's adapter into the host cache; on failure fail that request alone.
+
+        Returns:
+            Whether it loaded; if not, the request is recorded as failed (with the reason,
+            for the engine core) and the step runs without it.
+        """
+        assert self.lora_manager is not None
+        try:
+            self.lora_manager.add_adapter(lora)
+        except Exception as exc:  # a bad adapter must not fail the step's other requests
+            reason = f"LoRA adapter {lora.lora_name!r} (id {lora.lora_int_id}) failed to load: {exc}"
+            logger.warning("request %r: %s", rid, reason)
+            self._lora_failed[rid] = reason
+            self._lora_failed_ids.add(rid)
+            return False
+        return True
 
     def _placeholder_fix(self, ids: np.ndarray, row_of_index: np.ndarray | None,
                          rows: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -442,16 +469,25 @@ class ModelRunner:
             if state is not None:
                 self._free_table_row(state)
             batch.remove_request(rid)
+            self._lora_failed_ids.discard(rid)
         scheduled = {s.request_id for s in so.scheduled_requests}
         # Rows must be exactly this step's requests; unscheduled ones keep their state.
         for rid in [r for r in batch.req_id_to_index if r not in scheduled]:
             batch.remove_request(rid)
+        failed_ids = self._lora_failed_ids
         for s in so.scheduled_requests:
             rid = s.request_id
+            if failed_ids and rid in failed_ids:
+                continue  # its adapter failed to load: reported, and the core finishes it
             if s.is_new:
                 if s.sampling_params is None:
                     raise RuntimeError(f"request {rid!r} is scheduled as new without its sampling_params")
                 batch.remove_request(rid)
+                if s.lora_request is not None and not self._load_lora(rid, s.lora_request):
+                    old = self.requests.pop(rid, None)
+                    if old is not None:
+                        self._free_table_row(old)
+                    continue
                 params = s.sampling_params
                 prompt = list(s.prompt_token_ids or ())
                 # Readmitted with outputs: the prompt logprobs went out with the first one.

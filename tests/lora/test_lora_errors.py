@@ -147,3 +147,53 @@ def test_lora_stats_and_prometheus_info(llm, llama):
     assert stats.lora_loads >= 1
     logger.record(stats, None)
     assert "forkless:lora_loads_total" in logger.render().decode()
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_worker_load_failure_fails_only_its_requests(llama, monkeypatch, async_scheduling):
+    """An adapter that passes the engine's check but fails to load in the worker (changed on
+    disk since, say) fails its own requests with the reason; the step's other requests and
+    the engine go on."""
+    from forkless.lora import layers
+    from forkless.lora.peft import LoRAAdapterError
+
+    base, adapters = llama
+    real = layers.LoRAModelManager.add_adapter
+
+    def add_adapter(self, lora):
+        if lora.lora_name == "flaky":
+            raise LoRAAdapterError("LoRA adapter 'flaky': simulated read failure")
+        return real(self, lora)
+
+    # The offline engine's worker runs in this process (the uni executor): the patch reaches it.
+    monkeypatch.setattr(layers.LoRAModelManager, "add_adapter", add_adapter)
+    engine = LLM(str(base), enable_lora=True, max_loras=2, max_lora_rank=16, max_model_len=128, max_num_seqs=8,
+                 async_scheduling=async_scheduling)
+    try:
+        good = LoRARequest("good", 1, str(adapters["all-r8"]))
+        flaky = LoRARequest("flaky", 2, str(adapters["qv-r16-rslora"]))
+        want = [list(o.outputs[0].token_ids)
+                for o in engine.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=good)]
+        eng = engine.llm_engine
+        eng.add_request("g0", PROMPTS[0], GREEDY, lora_request=good)
+        eng.add_request("f0", PROMPTS[0], GREEDY, lora_request=flaky)
+        eng.add_request("g1", PROMPTS[1], GREEDY, lora_request=good)
+        finished: dict[str, list[int]] = {}
+        errors: list[str] = []
+        while eng.has_unfinished_requests():
+            try:
+                for out in eng.step():
+                    if out.finished:
+                        finished[out.request_id] = list(out.outputs[0].token_ids)
+            except ValueError as exc:
+                errors.append(str(exc))
+        assert len(errors) == 1, errors
+        assert "'f0'" in errors[0] and "'flaky'" in errors[0] and "simulated read failure" in errors[0]
+        assert finished == {"g0": want[0], "g1": want[1]}
+        # An offline call with such a request fails with the reason; the engine lives on.
+        with pytest.raises(ValueError, match="simulated read failure"):
+            engine.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=[good, flaky])
+        again = engine.generate(PROMPTS, GREEDY, use_tqdm=False, lora_request=good)
+        assert [list(o.outputs[0].token_ids) for o in again] == want
+    finally:
+        engine.shutdown()
