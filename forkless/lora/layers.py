@@ -3,7 +3,8 @@
 Invariants:
     * Adapter weights live in ``max_loras`` preallocated slots per wrapped layer, padded
       to ``max_lora_rank`` with zeros, so any adapter fits any slot and a smaller rank
-      adds exact zeros. ``lora_B`` is stored pre-multiplied by the adapter's scaling.
+      adds exact zeros. ``lora_B`` is stored pre-multiplied by the adapter's scaling, the
+      stacked projections' side by side in one ``[slot, rank, sum(widths)]`` tensor.
     * One step sets one :class:`LoRAStepContext`: the step's adapter tokens grouped by
       slot into a ``[slots, longest group]`` table of token indexes (punica's SGMV layout,
       padded). Every wrapped layer reads it, so a layer's LoRA work is one gather, one

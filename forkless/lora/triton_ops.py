@@ -2,8 +2,9 @@
 
 A wrapped layer adds ``(x[t] @ A_s) @ B_s`` (``B`` pre-scaled) to the rows of the tokens
 ``t`` of each adapter slot ``s``: :func:`lora_shrink` computes ``x @ A`` for every stacked
-projection at once, :func:`lora_expand` adds one projection's ``h @ B`` into its columns
-of the base layer's output.
+projection at once, :func:`lora_expand` adds every projection's ``h_i @ B_i`` into its
+columns of the base layer's output, also in one launch: two launches per wrapped layer,
+which is what a decode graph pays for (the work itself is tiny).
 
 Invariants:
     * A step is described by two int32 device tensors that the caller keeps in persistent
