@@ -71,6 +71,13 @@ CPU_DEFAULT_LONG_PREFILL_TIME_SHARE = 0.4
 # slower, and made it wait for all 256 first (48x its p99 on a 2-core CPU with the
 # default model; benchmarks/README.md, "Hostile clients").
 CPU_DEFAULT_MAX_RUNNING_SEQS_PER_REQUEST = 8
+# On CPU, for the server, while requests of more than one client are in the engine, one
+# client's prompts compute this many tokens a step on average, twice this at most in one
+# step (forkless.core.sched.scheduler). 32 streams of one client that each dropped after
+# their first token made a step prefill ~30 prompts (~3 s on a 2-core CPU) and another
+# client's 16-token request 11.6x slower at the p99; at 8 (a 16-token prompt every other
+# step) ~1.5x, at 16 (one every step) ~2.1x (benchmarks/README.md, "Hostile clients").
+CPU_DEFAULT_MAX_PREFILL_TOKENS_PER_CLIENT = 8
 
 
 def _bad_flag(flag: str, value: Any, expected: str) -> ValueError:
@@ -244,6 +251,8 @@ class EngineArgs:
     cpu_long_prefill_time_share: ClassVar[float] = 0.0
     #: The CPU default of ``max_running_seqs_per_request`` (0: no limit, as vLLM).
     cpu_max_running_seqs_per_request: ClassVar[int] = 0
+    #: The CPU default of ``max_prefill_tokens_per_client`` (0: no limit, as vLLM).
+    cpu_max_prefill_tokens_per_client: ClassVar[int] = 0
 
     model: str | None = None
     tokenizer: str | None = None
@@ -268,6 +277,8 @@ class EngineArgs:
     long_prefill_time_share: float | None = None
     # None: cpu_max_running_seqs_per_request on CPU, else 0 (no limit).
     max_running_seqs_per_request: int | None = None
+    # None: cpu_max_prefill_tokens_per_client on CPU, else 0 (no limit).
+    max_prefill_tokens_per_client: int | None = None
     scheduling_policy: str = "fcfs"
     scheduler_cls: str | type | None = None
     logits_processors: str | type | list[str | type] | None = None
@@ -351,6 +362,13 @@ class EngineArgs:
                             "others wait while requests behind them run; 0: no limit (default: "
                             f"{CPU_DEFAULT_MAX_RUNNING_SEQS_PER_REQUEST} for forkless serve on CPU, else 0; "
                             "forkless only)")
+        g.add_argument("--max-prefill-tokens-per-client", type=int, default=None,
+                       help="while requests of several clients (the OpenAI user field, else the peer "
+                            "address) are in the engine, prompt tokens one client computes a step on "
+                            "average (twice this at most in one step); its other prompts wait while "
+                            "other clients' are admitted; 0: no limit (default: "
+                            f"{CPU_DEFAULT_MAX_PREFILL_TOKENS_PER_CLIENT} for forkless serve on CPU, "
+                            "else 0; forkless only)")
         g.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=SCHEDULING_POLICIES,
                        help="fcfs, or priority (lower request priority runs first)")
         g.add_argument("--scheduler-cls", default=None,
@@ -432,6 +450,9 @@ class EngineArgs:
         per_request = self.max_running_seqs_per_request
         if per_request is None:
             per_request = self.cpu_max_running_seqs_per_request if device_type == "cpu" else 0
+        per_client = self.max_prefill_tokens_per_client
+        if per_client is None:
+            per_client = self.cpu_max_prefill_tokens_per_client if device_type == "cpu" else 0
         try:
             scheduler_config = SchedulerConfig(
                 max_model_len=max_model_len,
@@ -444,6 +465,7 @@ class EngineArgs:
                 max_long_partial_prefills=self.max_long_partial_prefills,
                 long_prefill_time_share=share,
                 max_running_seqs_per_request=per_request,
+                max_prefill_tokens_per_client=per_client,
                 async_scheduling=self.async_scheduling,
             )
         except ValueError as exc:  # a combination of flags (each was checked alone above)
@@ -561,6 +583,10 @@ class EngineArgs:
         if per_request is not None and (isinstance(per_request, bool) or not isinstance(per_request, int)
                                         or per_request < 0):
             raise _bad_flag("--max-running-seqs-per-request", per_request, "an integer >= 0 (0: no limit)")
+        per_client = self.max_prefill_tokens_per_client
+        if per_client is not None and (isinstance(per_client, bool) or not isinstance(per_client, int)
+                                       or per_client < 0):
+            raise _bad_flag("--max-prefill-tokens-per-client", per_client, "an integer >= 0 (0: no limit)")
         for flag, value in (("--block-size", self.block_size), ("--max-num-seqs", self.max_num_seqs),
                             ("--max-model-len", self.max_model_len),
                             ("--max-num-batched-tokens", self.max_num_batched_tokens),
@@ -691,9 +717,12 @@ class AsyncEngineArgs(EngineArgs):
     prefill is capped per step (``CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD``) and in time
     (``CPU_DEFAULT_LONG_PREFILL_TIME_SHARE``), so that a short request from another client
     is admitted in the next step instead of waiting for the whole prefill; and one request
-    runs at most ``CPU_DEFAULT_MAX_RUNNING_SEQS_PER_REQUEST`` sequences at once.
+    runs at most ``CPU_DEFAULT_MAX_RUNNING_SEQS_PER_REQUEST`` sequences at once, and one
+    client's prompts ``CPU_DEFAULT_MAX_PREFILL_TOKENS_PER_CLIENT`` tokens a step on average
+    while other clients have requests in the engine.
     """
 
     cpu_long_prefill_token_threshold: ClassVar[int] = CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
     cpu_long_prefill_time_share: ClassVar[float] = CPU_DEFAULT_LONG_PREFILL_TIME_SHARE
     cpu_max_running_seqs_per_request: ClassVar[int] = CPU_DEFAULT_MAX_RUNNING_SEQS_PER_REQUEST
+    cpu_max_prefill_tokens_per_client: ClassVar[int] = CPU_DEFAULT_MAX_PREFILL_TOKENS_PER_CLIENT

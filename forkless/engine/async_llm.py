@@ -231,13 +231,17 @@ class AsyncLLM:
     # -- requests -----------------------------------------------------------------------
     def generate(self, prompt: Any, sampling_params: "SamplingParams", request_id: str,
                  priority: int = 0, group_id: str | None = None,
-                 lora_request: "LoRARequest | None" = None) -> AsyncGenerator["RequestOutput", None]:
+                 lora_request: "LoRARequest | None" = None,
+                 client_key: str | None = None) -> AsyncGenerator["RequestOutput", None]:
         """Validate a request now, and return the stream of its outputs (cumulative, or as
         ``sampling_params.output_kind`` asks; ``DELTA`` outputs a slow reader missed arrive
         merged into one). With ``lora_request`` it generates with that LoRA adapter.
 
         The request is sent to the engine when the stream is first iterated; closing the
-        stream early (a client that went away) aborts it.
+        stream early (a client that went away) aborts it. ``client_key`` names who sent it
+        (the API server's ``user`` field or peer address): with
+        ``--max-prefill-tokens-per-client`` the scheduler shares each step's prefill
+        among the clients with requests in the engine.
 
         Raises:
             InvalidRequestError: The prompt or parameters are invalid (raised here, before
@@ -255,7 +259,8 @@ class AsyncLLM:
             # Refused here, as a 400, rather than when the output processor indexes them.
             check_stop_strings(sampling_params.stop if sampling_params is not None else None)
             processed = self.processor.process_inputs(request_id, prompt, sampling_params, priority=priority,
-                                                      group_id=group_id, lora_request=lora_request)
+                                                      group_id=group_id, lora_request=lora_request,
+                                                      client_key=client_key)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
         try:  # encoded now, so that a value msgpack cannot carry is the client's 400, not a 500

@@ -122,6 +122,7 @@ class EngineCore:
             priority=request.priority,
             cache_salt=salt,
             group_id=request.group_id,
+            client_key=request.client_key,
         )
         if lora is None:
             self.scheduler.add_request(core_request)

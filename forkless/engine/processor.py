@@ -260,6 +260,7 @@ class Processor:
         priority: int = 0,
         group_id: str | None = None,
         lora_request: LoRARequest | None = None,
+        client_key: str | None = None,
     ) -> ProcessedRequest:
         """Tokenize and validate one request.
 
@@ -275,6 +276,8 @@ class Processor:
                 request with several prompts), which the scheduler's per-request limits
                 count as one. Default: ``request_id`` (its ``n`` children share it).
             lora_request: The LoRA adapter to generate with (``None``: the base model).
+            client_key: Who sent it (the API server's), for the scheduler's per-client
+                share of a step's prefill. ``None``: no client (offline).
 
         Returns:
             The processed request.
@@ -321,6 +324,7 @@ class Processor:
                 cache_salt=cache_salt,
                 group_id=request_id if group_id is None else group_id,
                 lora_request=lora_request,
+                client_key=client_key,
             )
             for rid, p in children
         ]

@@ -31,6 +31,9 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
             (``--max-running-seqs-per-request``). ``None``: ``request_id``.
         lora_request: The LoRA adapter to run with (already checked by the processor);
             ``None``: the base model.
+        client_key: Who sent it (the API server's ``user`` field or peer address), for
+            the scheduler's per-client share (``--max-prefill-tokens-per-client``).
+            ``None``: no client (the offline ``LLM``; all such requests are one client).
     """
 
     request_id: str
@@ -42,6 +45,7 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
     cache_salt: str | None = None
     group_id: str | None = None
     lora_request: LoRARequest | None = None
+    client_key: str | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, kw_only=True):

@@ -342,8 +342,11 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: s
     # that rare (benchmarks/README.md, the server on the H200); unreachable cycles wait a
     # little longer to be freed.
     gc.set_threshold(_GC_YOUNG_THRESHOLD, 10, 10)
+    # proxy_headers=False: uvicorn would otherwise take the client's address from an
+    # X-Forwarded-For header sent from 127.0.0.1, which any local client can write; the
+    # scheduler's per-client share keys on that address (serving._client_key).
     server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                                    timeout_graceful_shutdown=_FORCE_CLOSE_AFTER_S,
+                                    timeout_graceful_shutdown=_FORCE_CLOSE_AFTER_S, proxy_headers=False,
                                     **args.http_limits.uvicorn_options()),
                      names[0], engine, args.shutdown_timeout)
     loop = asyncio.get_running_loop()

@@ -268,6 +268,22 @@ def _engine_prompt(ids: list[int], req: SamplingFields) -> list[int] | dict[str,
     return {"prompt_token_ids": ids, "cache_salt": req.cache_salt}
 
 
+def _client_key(req: SamplingFields, raw_request: Any) -> str | None:
+    """Who the scheduler's per-client share (``--max-prefill-tokens-per-client``) counts
+    a request against: the OpenAI ``user`` field when given, else the peer's IP address.
+
+    ``X-Forwarded-For`` is not read: any client can write it. Behind a proxy every
+    request has the proxy's address, so the proxy should send ``user``. A client that sends
+    a different ``user`` on each request counts as many clients: put a proxy that sets it in
+    front of clients that cannot be trusted with it.
+    """
+    if req.user:
+        return f"user:{req.user}"
+    peer = getattr(raw_request, "client", None)
+    host = getattr(peer, "host", None)
+    return f"ip:{host}" if host else None
+
+
 def _prompt_logprobs(out: "RequestOutput") -> PromptLogprobs | None:
     """``RequestOutput.prompt_logprobs`` for a response body (-inf, which JSON cannot
     carry, becomes -9999.0 as in vLLM)."""
@@ -554,8 +570,9 @@ class OpenAIServing:
                                      self._default_max_tokens(len(ids))) for ids in prompts]
         # One group_id: the scheduler's --max-running-seqs-per-request counts all the
         # prompts' sequences as one request's.
+        client_key = _client_key(req, raw_request)
         streams = [self.engine.generate(_engine_prompt(ids, req), sp, f"{engine_id}-{i}", priority=req.priority,
-                                        group_id=engine_id, lora_request=lora)
+                                        group_id=engine_id, lora_request=lora, client_key=client_key)
                    for i, (ids, sp) in enumerate(zip(prompts, params))]
         model_name = self._response_model(lora)
         if req.stream:
@@ -784,7 +801,7 @@ class OpenAIServing:
                                     self._default_max_tokens(len(ids)))
         request_id, engine_id = _request_ids("chatcmpl", req.request_id)
         stream = self.engine.generate(_engine_prompt(ids, req), params, engine_id, priority=req.priority,
-                                      lora_request=lora)
+                                      lora_request=lora, client_key=_client_key(req, raw_request))
         model_name = self._response_model(lora)
         if req.stream:
             return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers)
