@@ -11,6 +11,13 @@ the target is within 2x.
     python benchmarks/hostile.py                                 # every case, ~12 min on a shared 2-core CPU
     python benchmarks/hostile.py --cases bad-text slowloris --duration 15
     python benchmarks/hostile.py --server-args --long-prefill-token-threshold 0
+    python benchmarks/hostile.py --hostile-address 127.0.0.1   # hostile and normal: one client
+
+The hostile client connects from ``--hostile-address`` (127.0.0.2, a loopback address of
+its own) and the normal requests from 127.0.0.1, so that the server sees two clients, as
+it would see two users on two machines (its per-client share,
+``--max-prefill-tokens-per-client``, keys on the peer address when a request has no
+``user``).
 
 Adding a case: write an ``async def my_case(ctx: Context) -> None`` that keeps abusing
 the server until it is cancelled -- usually ``await repeat(ctx, "what", send, expected={...})``,
@@ -54,6 +61,7 @@ class Context:
 
     Attributes:
         base_url: The OpenAI API root (``http://127.0.0.1:PORT/v1``).
+        source: The local address the hostile client connects from.
         model: The served model name.
         max_model_len: The server's context length.
         max_body: The server's --max-request-body-size.
@@ -68,6 +76,7 @@ class Context:
     max_body: int
     max_sequences: int
     rng: random.Random
+    source: str = "127.0.0.2"
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -125,8 +134,9 @@ async def repeat(ctx: Context, what: str, send: Send, expected: set, concurrency
     # A new connection for each request: on a kept-alive one the server's answers now wait
     # ~40 ms each for the client's delayed ACK (its sockets lack TCP_NODELAY), which would
     # slow a client sending as fast as it is answered down to ~20 requests a second.
-    async with httpx.AsyncClient(base_url=ctx.root_url, timeout=None, limits=httpx.Limits(
-            max_connections=concurrency, max_keepalive_connections=0)) as client:
+    transport = httpx.AsyncHTTPTransport(local_address=ctx.source, limits=httpx.Limits(
+        max_connections=concurrency, max_keepalive_connections=0))
+    async with httpx.AsyncClient(base_url=ctx.root_url, timeout=None, transport=transport) as client:
         try:
             await asyncio.gather(*(worker(client) for _ in range(concurrency)))
         finally:
@@ -219,7 +229,7 @@ async def slowloris_client(ctx: Context) -> None:
     host, port = httpx.URL(ctx.root_url).host, httpx.URL(ctx.root_url).port
 
     async def dribble(_: httpx.AsyncClient) -> Outcome:
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, local_addr=(ctx.source, 0))
         try:
             for i in range(0, len(payload), 4):
                 writer.write(payload[i:i + 4])
@@ -341,7 +351,8 @@ def percentile(values: list[float], q: float) -> float:
 async def run_case(case: HostileCase | None, args: argparse.Namespace, base_url: str, model: str,
                    max_model_len: int) -> tuple[list[float], list[str]]:
     ctx = Context(base_url, model, max_model_len, server_flag(args, "--max-request-body-size", 32 << 20),
-                  server_flag(args, "--max-sequences-per-request", 256), random.Random(args.seed + 1))
+                  server_flag(args, "--max-sequences-per-request", 256), random.Random(args.seed + 1),
+                  args.hostile_address)
     hostile = None
     if case is not None:
         hostile = asyncio.create_task(case.run(ctx))
@@ -440,6 +451,9 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=40.0, help="seconds of normal requests per case")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds of abuse before measuring")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hostile-address", default="127.0.0.2",
+                    help="local address the hostile client connects from (the normal requests come from "
+                         "127.0.0.1; give 127.0.0.1 to make them one client)")
     ap.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
                     help="everything after this goes to forkless serve")
     args = ap.parse_args()
@@ -453,7 +467,8 @@ def main() -> None:
     t0 = time.perf_counter()
     proc = start_server(args, port, log)
     print(f"{cpu_model()}, {os.cpu_count()} cores; server up in {time.perf_counter() - t0:.1f} s "
-          f"(log {log.name}); server args: {' '.join(args.server_args) or '(defaults)'}", flush=True)
+          f"(log {log.name}); server args: {' '.join(args.server_args) or '(defaults)'}; hostile client "
+          f"from {args.hostile_address}", flush=True)
     try:
         base_url = f"http://127.0.0.1:{port}/v1"
         info = httpx.get(f"{base_url}/models").json()["data"][0]
