@@ -2,8 +2,9 @@
 and end to end: a mixed batch of base + adapters on CUDA (graphs on) equals each alone.
 
 The kernel checks also run on the CPU under ``TRITON_INTERPRET=1`` when called directly
-(``DEVICE`` falls back to the CPU); under pytest the GPU conftest skips this file where
-CUDA or Triton is missing.
+(``DEVICE`` falls back to the CPU; float32 only: the interpreter's bfloat16 ``tl.dot``
+returns garbage); under pytest the GPU conftest skips this file where CUDA or Triton is
+missing.
 """
 
 from __future__ import annotations
