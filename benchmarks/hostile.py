@@ -12,6 +12,7 @@ the target is within 2x.
     python benchmarks/hostile.py --cases bad-text slowloris --duration 15
     python benchmarks/hostile.py --server-args --long-prefill-token-threshold 0
     python benchmarks/hostile.py --hostile-address 127.0.0.1   # hostile and normal: one client
+    python benchmarks/hostile.py --cases bad-text disconnects --baseline-each   # a baseline before each
 
 The hostile client connects from ``--hostile-address`` (127.0.0.2, a loopback address of
 its own) and the normal requests from 127.0.0.1, so that the server sees two clients, as
@@ -451,6 +452,9 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=40.0, help="seconds of normal requests per case")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds of abuse before measuring")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--baseline-each", action="store_true",
+                    help="measure the baseline again before each case (on a shared machine whose load "
+                         "changes, each ratio then compares like with like)")
     ap.add_argument("--hostile-address", default="127.0.0.2",
                     help="local address the hostile client connects from (the normal requests come from "
                          "127.0.0.1; give 127.0.0.1 to make them one client)")
@@ -477,10 +481,13 @@ def main() -> None:
         print(f"normal requests: {NORMAL_PROMPT_TOKENS}-token prompts, {NORMAL_MAX_TOKENS} tokens out, "
               f"{args.rate:g}/s for {args.duration:g} s per case", flush=True)
         rows: list[tuple[str, list[float], list[str]]] = []
-        baseline, _ = asyncio.run(run_case(None, args, base_url, model, max_model_len))
-        rows.append(("baseline (no hostile client)", baseline, [load_average()]))
-        print(f"  baseline: p50 {percentile(baseline, 50):.2f} s, p99 {percentile(baseline, 99):.2f} s", flush=True)
-        for case in cases:
+        baseline: list[float] = []
+        for i, case in enumerate(cases):
+            if i == 0 or args.baseline_each:
+                baseline, _ = asyncio.run(run_case(None, args, base_url, model, max_model_len))
+                rows.append(("baseline (no hostile client)", baseline, [load_average()]))
+                print(f"  baseline: p50 {percentile(baseline, 50):.2f} s, p99 {percentile(baseline, 99):.2f} s",
+                      flush=True)
             latencies, notes = asyncio.run(run_case(case, args, base_url, model, max_model_len))
             rows.append((case.name, latencies, [*notes, load_average()]))
             print(f"  {case.name}: p50 {percentile(latencies, 50):.2f} s, p99 {percentile(latencies, 99):.2f} s",
@@ -488,11 +495,13 @@ def main() -> None:
     finally:
         stop_server(proc)
 
-    base_p99 = percentile(baseline, 99)
     print()
     print(f"{'case':<30}{'requests':>9}{'p50 s':>9}{'p99 s':>9}{'p99 ratio':>11}")
+    base_p99 = 0.0
     for name, latencies, notes in rows:
         p99 = percentile(latencies, 99)
+        if name.startswith("baseline"):  # each case's ratio is to the baseline before it
+            base_p99 = p99
         ratio = p99 / base_p99
         flag = "" if name.startswith("baseline") else ("  ok (<= 2x)" if ratio <= 2 else "  OVER 2x")
         print(f"{name:<30}{len(latencies):>9}{percentile(latencies, 50):>9.2f}{p99:>9.2f}{ratio:>10.2f}x{flag}")
