@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"forkless.protocol", "forkless.outputs", "forkless.tokenizers"},
     {"forkless.cpu_kernels", "forkless.tool_parsers", "forkless.reasoning", "forkless.metrics",
      "forkless.logits_processors"},
-    {"forkless.attention", "forkless.sample", "forkless.core"},
+    {"forkless.attention", "forkless.sample", "forkless.core", "forkless.spec_decode"},
     {"forkless.models", "forkless.platforms"},
     {"forkless.model_loader"},
     {"forkless.lora"},

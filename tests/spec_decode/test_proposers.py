@@ -1,0 +1,99 @@
+"""The ngram proposer, the proposer registry and ``--speculative-config`` parsing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from forkless.plugins import RegistryError
+from forkless.spec_decode import ProposalBatch, Proposer, ProposerRegistry, SpeculativeConfig
+from forkless.spec_decode.ngram import NgramProposer, propose_ngram
+
+
+def _batch(*histories: list[int]) -> ProposalBatch:
+    width = max(len(h) for h in histories)
+    ids = np.full((len(histories), width), -7, dtype=np.int64)  # padding is never read
+    for i, h in enumerate(histories):
+        ids[i, : len(h)] = h
+    return ProposalBatch([f"r{i}" for i in range(len(histories))], ids,
+                         np.array([len(h) for h in histories], dtype=np.int64))
+
+
+def test_ngram_continues_the_latest_earlier_occurrence() -> None:
+    #           0  1  2  3  4  5  6  7  8  9 10 11
+    history = [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7]
+    # Suffix "5 6 7" occurs at 0 (followed by 8 1 ...) and at 5 (followed by 9 2 ...):
+    # the latest wins.
+    assert propose_ngram(np.array(history), 1, 3, 3).tolist() == [9, 2, 5]
+
+
+def test_ngram_prefers_the_longest_suffix() -> None:
+    # "7" alone last occurs at 5 (-> 3); "6 7" occurs only at 1..2 (-> 4): longer wins.
+    history = [1, 6, 7, 4, 0, 7, 3, 9, 6, 7]
+    assert propose_ngram(np.array(history), 1, 2, 2).tolist() == [4, 0]
+    assert propose_ngram(np.array(history), 1, 1, 2).tolist() == [3, 9]
+
+
+def test_ngram_no_match_no_draft_and_never_past_the_end() -> None:
+    assert propose_ngram(np.array([1, 2, 3, 4]), 1, 3, 4).tolist() == []
+    assert propose_ngram(np.array([1]), 1, 3, 4).tolist() == []
+    # The match is right before the end: fewer than k tokens follow it.
+    assert propose_ngram(np.array([4, 4, 4]), 1, 2, 5).tolist() == [4]
+
+
+def test_ngram_proposer_reads_each_row_to_its_length() -> None:
+    config = SpeculativeConfig.from_json(
+        '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 2}')
+    proposer = ProposerRegistry.resolve(config.method)(config)
+    assert isinstance(proposer, NgramProposer)
+    out = proposer.propose(_batch([1, 2, 3, 1, 2], [9, 8, 9], [5]))
+    assert out == [[3, 1], [8, 9], []]
+
+
+def test_ngram_is_vectorised_on_a_long_history() -> None:
+    rng = np.random.default_rng(0)
+    history = rng.integers(0, 50_000, size=32_768)
+    history[-4:] = history[100:104]
+    assert propose_ngram(history, 2, 4, 4).tolist() == history[104:108].tolist()
+
+
+def test_config_keys_and_errors() -> None:
+    c = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5})
+    assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)  # vLLM: one given means both
+    assert SpeculativeConfig.from_json({"model": "/m", "num_speculative_tokens": 2}).method == "draft_model"
+    bad = [
+        ("[1]", "JSON object"),
+        ("{", "not valid JSON"),
+        ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "lookahead": 1}', "'lookahead'"),
+        ('{"method": "ngram", "num_speculative_tokens": 0, "prompt_lookup_max": 3}', "num_speculative_tokens"),
+        ('{"method": "ngram", "num_speculative_tokens": 2}', "prompt_lookup_max"),
+        ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}',
+         "larger than"),
+        ('{"method": "draft_model", "num_speculative_tokens": 2}', "'model'"),
+        ('{"model": "/m", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}', "only 1"),
+        ('{"num_speculative_tokens": 2}', "'method' is required"),
+    ]
+    for text, needle in bad:
+        with pytest.raises(ValueError, match=None) as info:
+            SpeculativeConfig.from_json(text)
+        assert needle in str(info.value), (text, str(info.value))
+
+
+class EchoLast(Proposer):
+    """Guesses that the last token repeats."""
+
+    def propose(self, batch: ProposalBatch) -> list[list[int]]:
+        return [[int(batch.token_ids[i, n - 1])] * self.num_speculative_tokens
+                for i, n in enumerate(batch.num_tokens)]
+
+
+def test_registry_by_name_by_path_and_unknown_names() -> None:
+    ProposerRegistry.register("echo-last", f"{__name__}:EchoLast")
+    config = SpeculativeConfig(method="echo-last", num_speculative_tokens=2)
+    assert ProposerRegistry.resolve("echo-last") is EchoLast
+    assert "echo-last" in ProposerRegistry.get_supported_methods()
+    assert ProposerRegistry.resolve(f"{__name__}:EchoLast")(config).propose(_batch([3, 4])) == [[4, 4]]
+    with pytest.raises(RegistryError, match="registered: .*ngram"):
+        ProposerRegistry.resolve("eagle9")
+    with pytest.raises(TypeError, match="not a forkless.spec_decode.Proposer"):
+        ProposerRegistry.resolve("numpy:ndarray")
