@@ -84,7 +84,8 @@ def test_the_default_model_loads_directly_without_torch() -> None:
     assert direct_tokenizer_class_name(folder) is not None
     code = ("import sys; from forkless.tokenizers.loading import load_tokenizer; "
             f"tok = load_tokenizer({str(folder)!r}); "
-            "print(type(tok).__name__, 'torch' in sys.modules, 'transformers.models.auto.tokenization_auto' in sys.modules)")
+            "print(type(tok).__name__, 'torch' in sys.modules, "
+            "'transformers.models.auto.tokenization_auto' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["False", "False"], proc.stdout
