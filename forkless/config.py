@@ -25,6 +25,7 @@ import msgspec
 from forkless.core.block_pool import HASH_ALGOS
 from forkless.core.sched.config import SCHEDULING_POLICIES, SchedulerConfig
 from forkless.logger import init_logger
+from forkless.spec_decode.config import SpeculativeConfig
 
 logger = init_logger(__name__)
 
@@ -210,6 +211,7 @@ class EngineConfig:
         scheduler_cls: ``--scheduler-cls`` class path, or ``None`` for the built-in.
         logits_processors: ``--logits-processors`` class paths.
         lora_config: Multi-LoRA serving, or ``None`` without ``--enable-lora``.
+        speculative_config: Speculative decoding (``--speculative-config``), or ``None``.
     """
 
     model_config: ModelConfig
@@ -220,6 +222,7 @@ class EngineConfig:
     scheduler_cls: str | None = None
     logits_processors: list[str] = field(default_factory=list)
     lora_config: LoRAConfig | None = None
+    speculative_config: SpeculativeConfig | None = None
 
     def to_builtins(self) -> dict[str, Any]:
         """Plain dicts/lists/scalars, ready for msgpack or JSON."""
@@ -295,6 +298,8 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None  # None: max_loras
+    # --speculative-config: a JSON object (string) or a dict, vLLM's keys.
+    speculative_config: str | dict[str, Any] | None = None
 
     # ------------------------------------------------------------------------- CLI
 
@@ -386,6 +391,9 @@ class EngineArgs:
                        help="uni, mp, or an Executor class path")
         g.add_argument("--disable-log-stats", action="store_true",
                        help="do not log throughput periodically (the /metrics endpoint stays)")
+        g.add_argument("--speculative-config", default=None, metavar="JSON",
+                       help='speculative decoding, vLLM\'s keys: {"method": "ngram", "num_speculative_tokens": 4, '
+                            '"prompt_lookup_max": 4} (method: a registered proposer or a class path)')
         g.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (PEFT folders)")
         g.add_argument("--max-loras", type=int, default=d.max_loras,
                        help="LoRA adapters one step may use (weight slots on the device)")
@@ -513,10 +521,37 @@ class EngineArgs:
                 max_lora_rank=self.max_lora_rank,
                 max_cpu_loras=self.max_cpu_loras or self.max_loras,
             ) if self.enable_lora else None,
+            speculative_config=self._speculative_config(),
         )
         current_platform.verify_model_arch(architecture)
         current_platform.check_and_update_config(config)
         return config
+
+    def _speculative_config(self) -> SpeculativeConfig | None:
+        """``--speculative-config`` parsed and checked against the other flags; ``None`` without it.
+
+        Raises:
+            ValueError: Invalid JSON or keys, an unknown ``method`` (the message lists the
+                registered ones), or a combination not supported yet.
+        """
+        if self.speculative_config is None:
+            return None
+        spec = SpeculativeConfig.from_json(self.speculative_config)
+        if self.async_scheduling:
+            raise ValueError("--speculative-config does not work with --async-scheduling yet: the drafts of a "
+                             "step depend on the tokens of the one before; leave one of them out")
+        if self.logits_processors:
+            raise ValueError("--speculative-config does not work with --logits-processors yet: verification "
+                             "keeps the model's own distribution, which a custom processor changes")
+        from forkless.plugins import RegistryError, load_general_plugins
+        from forkless.spec_decode.registry import ProposerRegistry
+
+        load_general_plugins()  # once per process: a plugin may register the method
+        try:
+            ProposerRegistry.resolve(spec.method)  # an unknown method fails here, not in a worker
+        except RegistryError as exc:
+            raise ValueError(f"--speculative-config: {exc.args[0]}") from None
+        return spec
 
     def check_class_paths(self) -> None:
         """Import the classes ``--scheduler-cls`` and ``--logits-processors`` name, and check

@@ -125,6 +125,9 @@ class Request:
         # that samples this request is in flight); their positions are already counted
         # in num_computed_tokens by the step that feeds them (async scheduling).
         self.num_output_placeholders = 0
+        # Draft tokens the worker's speculative proposer guessed after the last step; the
+        # next step computes them after the last token, and the target keeps what it agrees with.
+        self.spec_token_ids: list[int] = []
         self.num_cached_tokens = -1
         self.block_ids: list[int] = []
         self.num_block_ids_sent = 0

@@ -135,8 +135,10 @@ class AsyncLLM:
         self._refuse_new: str | None = None
         self._end_in_flight: str | None = None
         self.dead_event: asyncio.Event | None = None
+        spec = config.speculative_config
         self.prometheus = PrometheusStatLogger(
-            config.model_config, max_loras=config.lora_config.max_loras if config.lora_config is not None else None)
+            config.model_config, max_loras=config.lora_config.max_loras if config.lora_config is not None else None,
+            num_speculative_tokens=spec.num_speculative_tokens if spec is not None else None)
         self.stat_loggers: list[StatLoggerBase] = [self.prometheus]
         if log_stats:
             self.stat_loggers.append(LoggingStatLogger(config))

@@ -6,12 +6,13 @@ way it only sees ``EngineCoreRequest`` in and ``EngineCoreOutputs`` out.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any, Iterable
 
 from forkless.core.request import Request, RequestStatus
-from forkless.protocol.step import FinishReason
+from forkless.protocol.step import FinishReason, SpecDecodeStats
 from forkless.core.sched import KVCacheConfig, get_scheduler_cls
 from forkless.protocol.engine import EngineCoreOutputs
 from forkless.executor import get_executor_cls
@@ -87,6 +88,8 @@ class EngineCore:
             self._lora_requests: dict[str, Request] = {}
             self._lora_count: Counter[int] = Counter()
             self._lora_held: deque[tuple[Request, LoRARequest]] = deque()
+            # Speculative decoding's counters so far (None without it).
+            self._spec_stats = SpecDecodeStats() if config.speculative_config is not None else None
             # The workers' cumulative adapter loads and evictions, as last reported.
             self._lora_loads = self._lora_evictions = 0
             # (request id, reason) of requests a worker could not run (their adapter failed
@@ -172,6 +175,8 @@ class EngineCore:
     def _note_lora(self, runner_output: Any) -> Any:
         """Keep the workers' LoRA load and eviction counts for the stats, and finish the
         requests a worker could not run (before the output is applied, which then skips them)."""
+        if runner_output.spec_stats is not None and self._spec_stats is not None:
+            self._spec_stats.add(runner_output.spec_stats)
         if runner_output.lora_loads:
             self._lora_loads = runner_output.lora_loads
             self._lora_evictions = runner_output.lora_evictions
@@ -289,6 +294,9 @@ class EngineCore:
             stats.running_lora_adapters = dict(running)
             stats.waiting_lora_adapters = dict(waiting)
         stats.lora_loads, stats.lora_evictions = self._lora_loads, self._lora_evictions
+        if self._spec_stats is not None:
+            stats.spec_decode = dataclasses.replace(
+                self._spec_stats, num_accepted_tokens_per_pos=list(self._spec_stats.num_accepted_tokens_per_pos))
         return stats
 
     def reset_prefix_cache(self) -> bool:

@@ -23,6 +23,7 @@ class LoggingStatLogger(StatLoggerBase):
         self._reset(time.monotonic())
         self.last_scheduler_stats: SchedulerStats | None = None
         self._last_queries = self._last_hits = 0
+        self._last_drafts = self._last_accepted = 0
 
     def _reset(self, now: float) -> None:
         self.last_log_time = now
@@ -59,6 +60,14 @@ class LoggingStatLogger(StatLoggerBase):
             s.num_waiting if s else 0, 100 * (s.kv_cache_usage if s else 0.0),
             100 * hits / queries if queries else 0.0,
         )
+        spec = s.spec_decode if s is not None else None
+        if spec is not None and spec.num_drafts > self._last_drafts:
+            drafts = spec.num_drafts - self._last_drafts
+            accepted = spec.num_accepted_tokens - self._last_accepted
+            # vLLM's figure: tokens a verified draft sequence yields, its own token included.
+            logger.info("engine %d: speculative decoding: mean acceptance length %.2f over %d drafts",
+                        self.engine_index, 1 + accepted / drafts, drafts)
+            self._last_drafts, self._last_accepted = spec.num_drafts, spec.num_accepted_tokens
         self._reset(now)
 
     def log_engine_initialized(self) -> None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from forkless.metrics.interface import StatLoggerBase
+from forkless.protocol.step import SpecDecodeStats
 
 if TYPE_CHECKING:
     from forkless.metrics.stats import IterationStats
@@ -25,7 +26,8 @@ class PrometheusStatLogger(StatLoggerBase):
         max_loras: ``--max-loras`` when LoRA is on: adds ``forkless:lora_requests_info``.
     """
 
-    def __init__(self, vllm_config: Any, engine_index: int = 0, max_loras: int | None = None) -> None:
+    def __init__(self, vllm_config: Any, engine_index: int = 0, max_loras: int | None = None,
+                 num_speculative_tokens: int | None = None) -> None:
         super().__init__(vllm_config, engine_index)
         self.registry = CollectorRegistry()
         model = getattr(vllm_config, "served_model_name", None) or "model"
@@ -70,6 +72,20 @@ class PrometheusStatLogger(StatLoggerBase):
         self.lora_evictions = None if max_loras is None else counter(
             "forkless:lora_evictions", "LoRA adapters evicted from the workers' host caches (--max-cpu-loras).")
         self._last_lora_loads = self._last_lora_evictions = 0
+        # Speculative decoding (vLLM's names), with --speculative-config only.
+        self.spec = None
+        if num_speculative_tokens is not None:
+            self.spec = {
+                "num_drafts": counter("forkless:spec_decode_num_drafts", "Requests' draft sequences verified."),
+                "num_draft_tokens": counter("forkless:spec_decode_num_draft_tokens", "Draft tokens verified."),
+                "num_accepted_tokens": counter("forkless:spec_decode_num_accepted_tokens",
+                                               "Draft tokens the target model accepted."),
+            }
+            per_pos = Counter("forkless:spec_decode_num_accepted_tokens_per_pos",
+                              "Accepted draft tokens by position in the draft (0: the first).",
+                              [*names, "position"], registry=r)
+            self.spec_per_pos = [per_pos.labels(**labels, position=str(j)) for j in range(num_speculative_tokens)]
+            self._last_spec = SpecDecodeStats()
         # counters in SchedulerStats are cumulative; Prometheus wants increments
         self._last_queries = self._last_hits = self._last_preemptions = 0
 
@@ -92,6 +108,14 @@ class PrometheusStatLogger(StatLoggerBase):
                                       running_lora_adapters=",".join(sorted(s.running_lora_adapters)),
                                       waiting_lora_adapters=",".join(sorted(s.waiting_lora_adapters)),
                                       ).set_to_current_time()
+            if self.spec is not None and s.spec_decode is not None:
+                last, now = self._last_spec, s.spec_decode
+                for name, metric in self.spec.items():
+                    metric.inc(max(0, getattr(now, name) - getattr(last, name)))
+                previous = last.num_accepted_tokens_per_pos
+                for j, (metric, n) in enumerate(zip(self.spec_per_pos, now.num_accepted_tokens_per_pos)):
+                    metric.inc(max(0, n - (previous[j] if j < len(previous) else 0)))
+                self._last_spec = now
             if self.lora_loads is not None and self.lora_evictions is not None:
                 self.lora_loads.inc(max(0, s.lora_loads - self._last_lora_loads))
                 self.lora_evictions.inc(max(0, s.lora_evictions - self._last_lora_evictions))

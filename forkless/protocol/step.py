@@ -73,6 +73,9 @@ class ScheduledRequest:
             preemption; penalties need them); only when ``is_new``.
         lora_request: The LoRA adapter the request runs with (``None``: the base model);
             only when ``is_new``.
+        num_spec_tokens: The last this many of ``token_ids`` are draft tokens (speculative
+            decoding) to verify: the runner scores every position and returns the drafts
+            the target agrees with, then its own next token (``sample`` is set).
     """
 
     request_id: str
@@ -85,6 +88,7 @@ class ScheduledRequest:
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] | None = None
     lora_request: LoRARequest | None = None
+    num_spec_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -117,6 +121,34 @@ class SchedulerOutput:
 
 
 @dataclass
+class SpecDecodeStats:
+    """What one step's speculative verification did (vLLM's counters).
+
+    Attributes:
+        num_drafts: Requests that had drafts to verify.
+        num_draft_tokens: Draft tokens verified.
+        num_accepted_tokens: Draft tokens the target agreed with.
+        num_accepted_tokens_per_pos: Accepted drafts by position (index 0: the first
+            draft of a request), as long as ``num_speculative_tokens``.
+    """
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def add(self, other: SpecDecodeStats) -> None:
+        """Add another step's counts to these."""
+        self.num_drafts += other.num_drafts
+        self.num_draft_tokens += other.num_draft_tokens
+        self.num_accepted_tokens += other.num_accepted_tokens
+        per_pos = self.num_accepted_tokens_per_pos
+        per_pos.extend([0] * (len(other.num_accepted_tokens_per_pos) - len(per_pos)))
+        for j, n in enumerate(other.num_accepted_tokens_per_pos):
+            per_pos[j] += n
+
+
+@dataclass
 class ModelRunnerOutput:
     """What the model runner produced for one step.
 
@@ -136,6 +168,9 @@ class ModelRunnerOutput:
         failed_requests: Requests the worker could not run, with the reason (their LoRA
             adapter failed to load): the engine core finishes them with that error; the
             step's other requests ran.
+        spec_token_ids: Speculative decoding: per request, the draft tokens the proposer
+            guessed for the next step (absent: none).
+        spec_stats: Speculative decoding: what this step's verification accepted.
     """
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
@@ -144,6 +179,8 @@ class ModelRunnerOutput:
     lora_loads: int = 0
     lora_evictions: int = 0
     failed_requests: dict[str, str] | None = None
+    spec_token_ids: dict[str, list[int]] | None = None
+    spec_stats: SpecDecodeStats | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
@@ -195,6 +232,8 @@ class SchedulerStats:
         waiting_lora_adapters: LoRA adapter name -> its waiting requests.
         lora_loads: LoRA adapters loaded by the workers so far (cumulative).
         lora_evictions: Adapters evicted from the workers' host caches so far (cumulative).
+        spec_decode: Speculative decoding's counters so far (cumulative), or ``None``
+            without ``--speculative-config``.
     """
 
     num_running: int = 0
@@ -207,3 +246,4 @@ class SchedulerStats:
     waiting_lora_adapters: dict[str, int] = field(default_factory=dict)
     lora_loads: int = 0
     lora_evictions: int = 0
+    spec_decode: SpecDecodeStats | None = None

@@ -4,9 +4,11 @@ Public names (provisional tier): :class:`Proposer` (subclass it for a proposer),
 :class:`ProposerRegistry` (``register(name, "pkg.mod:Class")`` from a general plugin),
 :class:`ProposalBatch`, :class:`SpeculativeConfig`. Built-in: ``ngram``.
 
-Status: the proposer interface, the registry, ``ngram``, the configuration and the
-rejection sampler exist and are tested on their own; the engine does not run them yet
-(``--speculative-config`` is not a flag yet), nor is ``draft_model`` built.
+The engine runs them with ``--speculative-config`` (``forkless/worker/speculation.py``
+verifies and proposes in the worker; the scheduler schedules drafts after a request's
+last token and rolls back the rejected ones). Not built yet: ``draft_model``, proposers
+that read the target's hidden states, verification under CUDA graphs and with
+``--async-scheduling`` (refused with it).
 """
 
 from __future__ import annotations

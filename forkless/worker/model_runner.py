@@ -35,6 +35,7 @@ from forkless.protocol.step import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
 from forkless.sample import InputBatch, LogprobsTensors, Sampler, gather_logprobs
 from forkless.sampling_params import SamplingParams
 from forkless.worker.kv_budget import kv_cache_torch_dtype
+from forkless.worker.speculation import Verification, propose, speculates, verify
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from forkless.protocol.lora import LoRARequest
     from forkless.protocol.step import ScheduledRequest, SchedulerOutput
     from forkless.sample.sampler import SamplerOutput
+    from forkless.spec_decode.interface import Proposer
     from forkless.worker.cuda_graphs import DecodeGraphs
 
 logger = init_logger(__name__)
@@ -73,6 +75,8 @@ class _PendingStep:
     prompt_parts: list[_PromptPart] = field(default_factory=list)
     # Requests whose prompt logprobs are complete once this step's parts are in.
     prompt_done: list[tuple[str, _RequestState]] = field(default_factory=list)
+    # Speculative decoding: this step's verified drafts, being copied to the host.
+    verification: Verification | None = None
 
 
 @dataclass
@@ -152,6 +156,12 @@ class ModelRunner:
             logits_processors=processors,
         )
         self.sampler = Sampler()
+        self.proposer: Proposer | None = None
+        if config.speculative_config is not None:
+            from forkless.spec_decode.registry import ProposerRegistry
+
+            spec = config.speculative_config
+            self.proposer = ProposerRegistry.resolve(spec.method)(spec, device=device, dtype=self.dtype)
         self.requests: dict[str, _RequestState] = {}
         # Row r holds the block table of the request whose table_row is r, in its first
         # num_blocks columns; the rest of the row is 0 (a kernel reading padding stays in
@@ -296,6 +306,7 @@ class ModelRunner:
         by_id = {s.request_id: s for s in scheduler_output.scheduled_requests}
         rows = [by_id[rid] for rid in self.input_batch.req_ids if rid is not None]
         prompt_parts: list[_PromptPart] = []
+        verification: Verification | None = None
         if self.lora_manager is not None:
             # Before a graph replay too: the graph reads the grouping from the buffers.
             requests = self.requests
@@ -313,6 +324,11 @@ class ModelRunner:
                 # Only prefill chunks that end mid-prompt.
                 return _PendingStep(ready=self._record() if prompt_parts else None, prompt_parts=prompt_parts)
             logits = self.model.compute_logits(hidden[last_idx])
+            if any(s.num_spec_tokens for s in rows):
+                requests = self.requests
+                verification = verify(rows, [requests[s.request_id].params for s in rows], hidden,
+                                      attn_md.query_start_loc_cpu, self.model.compute_logits, self._to_device,
+                                      self._to_host)
         out = self.sampler(logits, metadata)
         # Row order of this step: the next step's placeholders read their tokens here.
         self._prev_sampled = out.sampled_token_ids
@@ -326,7 +342,7 @@ class ModelRunner:
         prompt_done = [(s.request_id, state) for s in rows if s.sample
                        and (state := requests[s.request_id]).prompt_logprobs is not None]
         return _PendingStep(rows, out, metadata.num_logprobs, host, self._record(),
-                            prompt_parts, prompt_done)
+                            prompt_parts, prompt_done, verification)
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """Queue a device -> host copy (complete once the next ``_record()`` event is)."""
@@ -389,7 +405,11 @@ class ModelRunner:
             return self._lora_counts(ModelRunnerOutput())
         rows, out = pending.rows, pending.out
         assert pending.sampled_host is not None
-        sampled = pending.sampled_host.tolist()
+        sampled: list[list[int]] = [[t] for t in pending.sampled_host.tolist()]
+        if pending.verification is not None:
+            # A row with drafts emits the ones the target kept, then its own token.
+            for i, tokens in pending.verification.emitted().items():
+                sampled[i] = tokens
         requests = self.requests
         for s, t in zip(rows, sampled):
             if s.sample:
@@ -398,10 +418,12 @@ class ModelRunner:
                 # as the scheduler drops it.
                 state = requests.get(s.request_id)
                 if state is not None:
-                    state.output_token_ids.append(t)
+                    state.output_token_ids.extend(t)
         result = ModelRunnerOutput(
-            sampled_token_ids={s.request_id: [t] for s, t in zip(rows, sampled) if s.sample}
+            sampled_token_ids={s.request_id: t for s, t in zip(rows, sampled) if s.sample}
         )
+        if self.proposer is not None:
+            self._propose(rows, result, pending.verification)
         if out.logprobs is not None:
             per_row = out.logprobs.tolists(pending.num_logprobs)
             result.logprobs = {
@@ -415,6 +437,18 @@ class ModelRunner:
                     result.prompt_logprobs[rid] = state.prompt_logprobs
                     state.prompt_logprobs = None  # returned: a recomputation adds nothing
         return self._lora_counts(result)
+
+    def _propose(self, rows: list[ScheduledRequest], result: ModelRunnerOutput,
+                 verification: Verification | None) -> None:
+        """Drafts for the next step of every request that may speculate (with this step's
+        tokens in its history), and this step's verification counts."""
+        assert self.proposer is not None
+        requests = self.requests
+        histories = [(s.request_id, state.prompt_token_ids, state.output_token_ids) for s in rows
+                     if s.sample and (state := requests.get(s.request_id)) is not None and speculates(state.params)]
+        result.spec_token_ids = propose(self.proposer, histories)
+        if verification is not None:
+            result.spec_stats = verification.stats(self.proposer.num_speculative_tokens)
 
     def _lora_counts(self, output: ModelRunnerOutput) -> ModelRunnerOutput:
         """Add the LoRA manager's cumulative loads and evictions (for the metrics), and the

@@ -242,6 +242,7 @@ class Scheduler(SchedulerInterface):
         kv = self.kv_cache_manager
         budget = cfg.max_num_batched_tokens
         scheduled: dict[str, int] = {}  # insertion order is batch order
+        spec_of: dict[str, int] = {}  # draft tokens among a running request's scheduled ones
         admitted: set[str] = set()
         preempted: list[str] = []
 
@@ -295,6 +296,10 @@ class Scheduler(SchedulerInterface):
                 if allowance < 1:
                     continue  # its client's share of this step is spent; it keeps its blocks
                 num_new = min(num_new, allowance)
+            num_spec = 0
+            if request.spec_token_ids and num_new == 1 and not pending:
+                num_spec = self._num_spec_tokens(request, budget)
+                num_new += num_spec
             if num_new > budget:
                 num_new = budget
             if num_new == 0:
@@ -304,6 +309,7 @@ class Scheduler(SchedulerInterface):
                 self._preempt(victim)
                 preempted.append(victim.request_id)
                 budget += scheduled.pop(victim.request_id, 0)
+                spec_of.pop(victim.request_id, None)
                 if victim.request_id in client_tokens:
                     credit[victim.client_key] += client_tokens.pop(victim.request_id)  # type: ignore[index]
                 prefill_ids.discard(victim.request_id)
@@ -312,6 +318,8 @@ class Scheduler(SchedulerInterface):
                     break
             else:
                 scheduled[request.request_id] = num_new
+                if num_spec:
+                    spec_of[request.request_id] = num_spec
                 budget -= num_new
                 if is_prefill:
                     prefill_ids.add(request.request_id)
@@ -396,7 +404,7 @@ class Scheduler(SchedulerInterface):
         requests = self.requests
         make = self._make_scheduled
         output.scheduled_requests = [
-            make(requests[rid], num_new, rid in admitted) for rid, num_new in scheduled.items()
+            make(requests[rid], num_new, rid in admitted, spec_of.get(rid, 0)) for rid, num_new in scheduled.items()
         ]
         if time_share is not None and scheduled:
             # A preempted long prefill's chunk left the step, but its size still says
@@ -421,6 +429,7 @@ class Scheduler(SchedulerInterface):
         logprobs = runner_output.logprobs or {}
         prompt_logprobs = runner_output.prompt_logprobs or {}
         sampled = runner_output.sampled_token_ids
+        drafts = runner_output.spec_token_ids or {}
         outputs: list[EngineCoreOutput] = []
         any_finished = False
         # Hoisted out of the loop: it runs once per request per step.
@@ -458,6 +467,12 @@ class Scheduler(SchedulerInterface):
             if status is not None:
                 self._finish(request, status)
                 any_finished = True
+            else:
+                if item.num_spec_tokens:
+                    # The drafts the target rejected were computed at positions that now
+                    # hold other tokens: computed again, from the first rejected one.
+                    request.num_computed_tokens -= item.num_spec_tokens + 1 - len(token_ids)
+                request.spec_token_ids = drafts.get(item.request_id, [])
             outputs.append(
                 EngineCoreOutput(
                     request_id=request.request_id,
@@ -517,6 +532,7 @@ class Scheduler(SchedulerInterface):
         request.num_block_ids_sent = 0
         # A token still in flight is dropped: recomputation samples it again.
         request.num_output_placeholders = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.add_preempted(request)
@@ -529,15 +545,30 @@ class Scheduler(SchedulerInterface):
             return True
         return request.num_tokens + pending >= self.max_model_len
 
-    def _make_scheduled(self, request: Request, num_new: int, is_new: bool) -> ScheduledRequest:
+    def _num_spec_tokens(self, request: Request, budget: int) -> int:
+        """How many of a decoding request's drafts to verify this step: no more than the
+        budget leaves after its own token, nor past ``max_tokens`` or ``max_model_len``
+        (a token there would be cut anyway)."""
+        room = min(len(request.spec_token_ids), budget - 1, self.max_model_len - request.num_tokens - 1)
+        if request.max_tokens is not None:
+            room = min(room, request.max_tokens - request.num_output_tokens - 1)
+        return max(room, 0)
+
+    def _make_scheduled(self, request: Request, num_new: int, is_new: bool, num_spec: int = 0) -> ScheduledRequest:
         start = request.num_computed_tokens
         end = start + num_new
         request.num_computed_tokens = end
-        token_ids = request.all_token_ids[start:end]
-        if len(token_ids) < num_new:
-            # Tokens sampled by the step in flight: the runner takes them on the device.
-            token_ids.extend([PLACEHOLDER_TOKEN_ID] * (num_new - len(token_ids)))
-        sample = end == request.num_tokens + request.num_output_placeholders
+        if num_spec:
+            # The last known token, then the drafts (update_from_output rolls back the
+            # positions of those the target rejects).
+            token_ids = request.all_token_ids[start:end - num_spec] + request.spec_token_ids[:num_spec]
+            sample = True
+        else:
+            token_ids = request.all_token_ids[start:end]
+            if len(token_ids) < num_new:
+                # Tokens sampled by the step in flight: the runner takes them on the device.
+                token_ids.extend([PLACEHOLDER_TOKEN_ID] * (num_new - len(token_ids)))
+            sample = end == request.num_tokens + request.num_output_placeholders
         if sample:
             request.num_output_placeholders += 1
         # Only the blocks the runner lacks: the whole table when (re)admitted, else those
@@ -558,6 +589,7 @@ class Scheduler(SchedulerInterface):
             new_block_ids=block_ids[sent:] if sent < len(block_ids) else [],
             is_new=is_new,
             sample=sample,
+            num_spec_tokens=num_spec,
         )
         if is_new:
             item.sampling_params = request.sampling_params

@@ -1,0 +1,108 @@
+"""Speculative decoding (``ngram``) against plain decoding, on the same requests.
+
+Two workloads, greedy, each run on a fresh ``LLM`` without and with
+``--speculative-config '{"method": "ngram", "num_speculative_tokens": K,
+"prompt_lookup_min": 1, "prompt_lookup_max": 4}'``, interleaved, best of ``--repeats``:
+
+* ``copy``: "Repeat the following text exactly" prompts over paragraphs of this
+  repository's docs, so the output copies the prompt (prompt lookup's best case);
+* ``no-repeat``: prompts of random token ids, sampled output with no reason to repeat
+  anything (its worst case: every draft costs verification and little is accepted).
+
+At batch 1 (one request at a time) and batch 8 (8 at once). Prints output tokens per
+second, the ratio with / without, and the acceptance (mean tokens a draft sequence
+yields, its own token included; the share of draft tokens accepted).
+
+    python benchmarks/spec_decode.py                 # the default model, this machine's CPU
+    python benchmarks/spec_decode.py --model PATH --k 4 --max-tokens 128
+
+The issue's bars: copy at batch 1 >= 1.8x, no-repeat never below 0.95x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def copy_prompts(n: int) -> list[str]:
+    """Chat-free "repeat this" prompts over paragraphs of the docs (80-120 words each)."""
+    text = " ".join((REPO / "docs" / "architecture.md").read_text().split())
+    words = text.split(" ")
+    rng = random.Random(0)
+    out = []
+    for _ in range(n):
+        start = rng.randrange(0, len(words) - 150)
+        passage = " ".join(words[start : start + rng.randrange(80, 120)])
+        out.append(f"Repeat the following text exactly.\n\nText: {passage}\n\nRepeated text: {passage[:40]}")
+    return out
+
+
+def run(model: str, prompts: list, batch: int, spec: dict | None, args: argparse.Namespace,
+        random_ids: bool) -> tuple[float, dict | None]:
+    from forkless import LLM, SamplingParams
+
+    llm = LLM(model, max_model_len=2048, speculative_config=spec, seed=0)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    inputs = [{"prompt_token_ids": p} for p in prompts] if random_ids else prompts
+    llm.generate(inputs[:1], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)  # warm-up
+    start = time.perf_counter()
+    tokens = 0
+    for i in range(0, len(inputs), batch):
+        outs = llm.generate(inputs[i : i + batch], params, use_tqdm=False)
+        tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+    elapsed = time.perf_counter() - start
+    stats = llm.llm_engine.engine_core.make_stats().spec_decode
+    llm.shutdown()
+    acc = None
+    if stats is not None and stats.num_drafts:
+        acc = {"mean_acceptance_length": 1 + stats.num_accepted_tokens / stats.num_drafts,
+               "accepted_share": stats.num_accepted_tokens / max(stats.num_draft_tokens, 1)}
+    return tokens / elapsed, acc
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
+    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    args = parser.parse_args()
+    import torch
+
+    torch.set_num_threads(2)
+    if args.model is None:
+        from forkless.model_loader.default_model import default_model_path
+
+        args.model = str(default_model_path())
+    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    rng = random.Random(1)
+    workloads = {
+        "copy": (copy_prompts(args.num_prompts), False),
+        "no-repeat": ([[rng.randrange(100, 40000) for _ in range(64)] for _ in range(args.num_prompts)], True),
+    }
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    print(f"model {args.model}, CPU {cpu}, torch threads {torch.get_num_threads()}, k {args.k}, "
+          f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy")
+    print("| workload | batch | plain tok/s | ngram tok/s | ratio | mean acceptance length | drafts accepted |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, (prompts, random_ids) in workloads.items():
+        for batch in args.batches:
+            plain, fast, acc = 0.0, 0.0, None
+            for _ in range(args.repeats):
+                plain = max(plain, run(args.model, prompts, batch, None, args, random_ids)[0])
+                rate, acc = run(args.model, prompts, batch, spec, args, random_ids)
+                fast = max(fast, rate)
+            a = acc or {"mean_acceptance_length": 1.0, "accepted_share": 0.0}
+            print(f"| {name} | {batch} | {plain:.1f} | {fast:.1f} | **{fast / plain:.2f}x** | "
+                  f"{a['mean_acceptance_length']:.2f} | {100 * a['accepted_share']:.0f} % |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

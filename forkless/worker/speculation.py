@@ -1,0 +1,121 @@
+"""Speculative decoding in the worker: verify this step's drafts, propose the next ones.
+
+A request the scheduler gave drafts runs its last known token and ``k`` drafts in one row
+of the step (``ScheduledRequest.num_spec_tokens``); the target's logits at those ``k + 1``
+positions go through the rejection sampler (``forkless.spec_decode.rejection_sampler``),
+which returns the drafts the target agrees with and then one token of its own. After the
+step's tokens are on the host, the proposer guesses the next drafts of every request it
+may speculate for; they travel back to the scheduler in ``ModelRunnerOutput``.
+
+Invariants:
+    * Only requests whose next-token distribution is the model's own, scaled by the
+      temperature, speculate (:func:`speculates`): greedy or plain sampling, no top-k /
+      top-p / min-p, penalties, logits processors, logprobs or seed. The rejection
+      sampler keeps exactly that distribution; the others decode a token a step, in the
+      same batches.
+    * The verification is batched on the device; its tokens reach the host with the
+      step's own sampled tokens, in the same copy wait.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from forkless.protocol.step import ScheduledRequest, SpecDecodeStats
+from forkless.sampling_params import SAMPLING_EPS, SamplingParams
+from forkless.spec_decode.interface import ProposalBatch, Proposer
+from forkless.spec_decode.rejection_sampler import PAD_TOKEN_ID, rejection_sample
+
+
+
+def speculates(params: SamplingParams) -> bool:
+    """Whether a request may take drafts (see the module's invariants)."""
+    plain = params.temperature < SAMPLING_EPS or (
+        params.top_k in (0, -1) and params.top_p >= 1.0 and not params.min_p and params.seed is None)
+    return (plain and params.logprobs is None and params.repetition_penalty == 1.0
+            and not params.presence_penalty and not params.frequency_penalty and not params.logit_bias
+            and not params.allowed_token_ids and not params.bad_words and not params.bad_words_token_ids
+            and not params.min_tokens)
+
+
+@dataclass
+class Verification:
+    """One step's verification, its results being copied to the host.
+
+    Attributes:
+        row_indices: The step's rows that had drafts, in row order.
+        num_drafts: Each one's draft count.
+        tokens: ``[len(row_indices), k + 1]`` emitted tokens (host copy).
+        num_emitted: ``[len(row_indices)]`` (host copy).
+    """
+
+    row_indices: list[int]
+    num_drafts: np.ndarray
+    tokens: torch.Tensor
+    num_emitted: torch.Tensor
+
+    def emitted(self) -> dict[int, list[int]]:
+        """Row index -> its emitted tokens (once the copy is complete)."""
+        tokens, counts = self.tokens.tolist(), self.num_emitted.tolist()
+        return {i: row[:n] for i, row, n in zip(self.row_indices, tokens, counts)}
+
+    def stats(self, k: int) -> SpecDecodeStats:
+        accepted = self.num_emitted.numpy() - 1
+        per_pos = [int((accepted > j).sum()) for j in range(k)]
+        return SpecDecodeStats(num_drafts=len(self.row_indices), num_draft_tokens=int(self.num_drafts.sum()),
+                               num_accepted_tokens=int(accepted.sum()), num_accepted_tokens_per_pos=per_pos)
+
+
+def verify(rows: list[ScheduledRequest], params: list[SamplingParams], hidden: torch.Tensor,
+           query_starts: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor],
+           to_device: Callable[[np.ndarray], torch.Tensor],
+           to_host: Callable[[torch.Tensor], torch.Tensor]) -> Verification:
+    """Verify the drafts of this step's rows that have some.
+
+    Args:
+        rows: The step's rows, in batch order.
+        params: Each row's sampling parameters.
+        hidden: The model's output, one row per token of the step.
+        query_starts: ``[len(rows) + 1]`` (host): where each row's tokens start in ``hidden``.
+        compute_logits: The model's LM head.
+        to_device: Host array -> device tensor.
+        to_host: Queues a device -> host copy.
+    """
+    idx = [i for i, s in enumerate(rows) if s.num_spec_tokens]
+    num_drafts = np.array([rows[i].num_spec_tokens for i in idx], dtype=np.int64)
+    k = int(num_drafts.max())
+    # A row's last known token sits just before its drafts, at the end of the row.
+    first = np.array([int(query_starts[i]) + len(rows[i].token_ids) - 1 - rows[i].num_spec_tokens for i in idx],
+                     dtype=np.int64)
+    # k + 1 positions per row; a row with fewer drafts repeats its last (never read).
+    gather = np.minimum(first[:, None] + np.arange(k + 1)[None, :], (first + num_drafts)[:, None])
+    logits = compute_logits(hidden[to_device(gather.reshape(-1))]).view(len(idx), k + 1, -1)
+    drafts = np.full((len(idx), k), PAD_TOKEN_ID, dtype=np.int64)
+    for j, i in enumerate(idx):
+        drafts[j, : num_drafts[j]] = rows[i].token_ids[len(rows[i].token_ids) - num_drafts[j]:]
+    temperature = np.array([params[i].temperature for i in idx], dtype=np.float32)
+    temperature[temperature < SAMPLING_EPS] = 0.0
+    tokens, emitted = rejection_sample(to_device(drafts), to_device(num_drafts), logits, to_device(temperature))
+    return Verification(idx, num_drafts, to_host(tokens), to_host(emitted))
+
+
+def propose(proposer: Proposer, histories: list[tuple[str, list[int], list[int]]]) -> dict[str, list[int]]:
+    """The proposer's drafts for requests ``(id, prompt, output)``; only non-empty ones."""
+    if not histories:
+        return {}
+    lengths = np.array([len(p) + len(o) for _, p, o in histories], dtype=np.int64)
+    ids = np.zeros((len(histories), int(lengths.max())), dtype=np.int64)
+    for row, (_, prompt, output) in enumerate(histories):
+        ids[row, : len(prompt)] = prompt
+        ids[row, len(prompt) : lengths[row]] = output
+    batch = ProposalBatch([rid for rid, _, _ in histories], ids, lengths)
+    drafts = proposer.propose(batch)
+    k = proposer.num_speculative_tokens
+    return {rid: [int(t) for t in d[:k]] for (rid, _, _), d in zip(histories, drafts) if len(d)}
+
+
+__all__ = ["Verification", "propose", "speculates", "verify"]

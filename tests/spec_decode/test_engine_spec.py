@@ -1,0 +1,128 @@
+"""Speculative decoding in the engine (``ngram``): greedy outputs are token for token
+those of plain decoding, whatever the drafts, and the drafts are really verified."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from forkless.entrypoints.llm import LLM
+from forkless.sampling_params import SamplingParams
+from tests.engine.tiny_models import make_model
+
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+# Repetitive prompts, so that the tiny model's greedy continuations repeat too and the
+# drafts get accepted; one that is not.
+PROMPTS = [
+    "the cat sat on the mat the cat sat on the mat the cat sat on",
+    "a b c d a b c d a b c d a b c d a b",
+    "Paris is the capital of France. Paris is the capital of",
+    "one two three four five six seven",
+]
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_model(tmp_path_factory.mktemp("tiny-llama-spec"), "llama")
+
+
+def _tokens(llm: LLM, prompts: list[str], params: SamplingParams | list[SamplingParams]) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def reference(llama_dir: Path) -> LLM:
+    llm = LLM(str(llama_dir), max_model_len=256)
+    yield llm
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("executor", ["uni", "mp"])
+def test_greedy_ngram_equals_plain_decoding(llama_dir: Path, reference: LLM, executor: str) -> None:
+    params = SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
+    expected = _tokens(reference, PROMPTS, params)
+    llm = LLM(str(llama_dir), max_model_len=256, speculative_config=NGRAM, distributed_executor_backend=executor)
+    try:
+        assert _tokens(llm, PROMPTS, params) == expected
+        # Again, now from the prefix cache: the same.
+        assert _tokens(llm, PROMPTS, params) == expected
+        stats = llm.llm_engine.engine_core.make_stats().spec_decode
+        assert stats is not None and stats.num_drafts > 0
+        assert 0 < stats.num_accepted_tokens <= stats.num_draft_tokens
+        assert len(stats.num_accepted_tokens_per_pos) == 4
+        assert stats.num_accepted_tokens_per_pos[0] >= stats.num_accepted_tokens_per_pos[-1]
+        assert sum(stats.num_accepted_tokens_per_pos) == stats.num_accepted_tokens
+    finally:
+        llm.shutdown()
+
+
+@pytest.fixture(scope="module")
+def spec_llm(llama_dir: Path) -> LLM:
+    llm = LLM(str(llama_dir), max_model_len=256, speculative_config=NGRAM)
+    yield llm
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5, 7, 13])
+def test_max_tokens_inside_an_accepted_run(spec_llm: LLM, reference: LLM, max_tokens: int) -> None:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    got = _tokens(spec_llm, PROMPTS, params)
+    assert got == _tokens(reference, PROMPTS, params)
+    assert all(len(t) == max_tokens for t in got)
+
+
+def test_stops_inside_an_accepted_run(spec_llm: LLM, reference: LLM) -> None:
+    plain = [o.outputs[0] for o in reference.generate(
+        PROMPTS[:2], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True), use_tqdm=False)]
+    text = plain[1].text
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    assert stop.strip(), text
+    # Stop on a token that comes after a few accepted ones, and on a stop string.
+    params = [SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=[plain[0].token_ids[9]]),
+              SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop=[stop])]
+    got = [o.outputs[0] for o in spec_llm.generate(PROMPTS[:2], params, use_tqdm=False)]
+    want = [o.outputs[0] for o in reference.generate(PROMPTS[:2], params, use_tqdm=False)]
+    for g, w in zip(got, want):
+        assert (list(g.token_ids), g.text, g.finish_reason, g.stop_reason) == (
+            list(w.token_ids), w.text, w.finish_reason, w.stop_reason)
+    assert got[0].finish_reason == "stop" and got[0].stop_reason == plain[0].token_ids[9]
+    assert got[1].finish_reason == "stop" and got[1].stop_reason == stop
+
+
+def test_mixed_batch_some_requests_do_not_speculate(spec_llm: LLM, reference: LLM) -> None:
+    """Logprobs, penalties and min_tokens keep a request out of speculation; the batch mixes."""
+    params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=2),
+              SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, repetition_penalty=1.3),
+              SamplingParams(max_tokens=24, temperature=0, min_tokens=5)]
+    got = spec_llm.generate(PROMPTS, params, use_tqdm=False)
+    want = reference.generate(PROMPTS, params, use_tqdm=False)
+    for g, w in zip(got, want):
+        assert list(g.outputs[0].token_ids) == list(w.outputs[0].token_ids)
+    lp_got, lp_want = got[1].outputs[0].logprobs, want[1].outputs[0].logprobs
+    assert [sorted(e) for e in lp_got] == [sorted(e) for e in lp_want]
+
+
+def test_sampled_requests_speculate_and_finish(spec_llm: LLM) -> None:
+    params = SamplingParams(max_tokens=30, temperature=0.8, ignore_eos=True)
+    before = spec_llm.llm_engine.engine_core.make_stats().spec_decode.num_drafts
+    outs = _tokens(spec_llm, PROMPTS * 2, params)
+    assert all(len(t) == 30 for t in outs)
+    assert spec_llm.llm_engine.engine_core.make_stats().spec_decode.num_drafts > before
+
+
+@pytest.mark.parametrize("config,needle", [
+    ({"method": "medusa9", "num_speculative_tokens": 2}, "registered: ngram"),
+    ({"method": "ngram", "num_speculative_tokens": 2}, "prompt_lookup_max"),
+    ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "k": 1}', "'k'"),
+])
+def test_bad_configs_fail_before_the_model_loads(llama_dir: Path, config: object, needle: str) -> None:
+    with pytest.raises(ValueError) as info:
+        LLM(str(llama_dir), max_model_len=256, speculative_config=config)
+    assert needle in str(info.value)
+
+
+def test_async_scheduling_is_refused(llama_dir: Path) -> None:
+    with pytest.raises(ValueError, match="--async-scheduling"):
+        LLM(str(llama_dir), max_model_len=256, speculative_config=NGRAM, async_scheduling=True)
