@@ -1,13 +1,15 @@
 """Speculative decoding (``ngram``) against plain decoding, on the same requests.
 
-Two workloads, greedy, each run on a fresh ``LLM`` without and with
+Two workloads, each run on a fresh ``LLM`` without and with
 ``--speculative-config '{"method": "ngram", "num_speculative_tokens": K,
 "prompt_lookup_min": 1, "prompt_lookup_max": 4}'``, interleaved, best of ``--repeats``:
 
 * ``copy``: "Repeat the following text exactly" prompts over paragraphs of this
   repository's docs, so the output copies the prompt (prompt lookup's best case);
-* ``no-repeat``: prompts of random token ids, sampled output with no reason to repeat
-  anything (its worst case: every draft costs verification and little is accepted).
+* ``no-repeat``: prompts of random token ids and sampled output (temperature 1, no
+  top-k / top-p: still speculated), with no reason to repeat anything -- prompt lookup's
+  worst case, where drafts cost verification and little is accepted. (Greedy decoding of
+  random prompts falls into loops that prompt lookup predicts well, so it would flatter.)
 
 At batch 1 (one request at a time) and batch 8 (8 at once). Prints output tokens per
 second, the ratio with / without, and the acceptance (mean tokens a draft sequence
@@ -47,7 +49,7 @@ def run(model: str, prompts: list, batch: int, spec: dict | None, args: argparse
     from forkless import LLM, SamplingParams
 
     llm = LLM(model, max_model_len=2048, speculative_config=spec, seed=0)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0 if random_ids else 0, ignore_eos=True)
     inputs = [{"prompt_token_ids": p} for p in prompts] if random_ids else prompts
     llm.generate(inputs[:1], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)  # warm-up
     start = time.perf_counter()
@@ -89,7 +91,7 @@ def main() -> None:
     }
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     print(f"model {args.model}, CPU {cpu}, torch threads {torch.get_num_threads()}, k {args.k}, "
-          f"{args.num_prompts} prompts x {args.max_tokens} tokens, greedy")
+          f"{args.num_prompts} prompts x {args.max_tokens} tokens; copy greedy, no-repeat sampled")
     print("| workload | batch | plain tok/s | ngram tok/s | ratio | mean acceptance length | drafts accepted |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, (prompts, random_ids) in workloads.items():
