@@ -7,7 +7,8 @@ distribution ``p_j`` is the target's next-token distribution after the drafts be
 * Greedy requests (temperature 0) keep drafts while each equals ``argmax p_j``; the first
   that does not is replaced by that argmax, and when all are kept the argmax of
   ``p_{k+1}`` (the bonus token) follows. Exactly greedy decoding's tokens.
-* Sampled requests keep ``d_j`` with probability ``min(1, p_j(d_j) / q_j(d_j))``, ``q_j``
+* Sampled requests (whose ``p_j`` is the tempered distribution, cut to its top-k and top-p
+  set when the request asks, as the sampler cuts it) keep ``d_j`` with probability ``min(1, p_j(d_j) / q_j(d_j))``, ``q_j``
   the draft's distribution (a draft without one, such as ``ngram``'s, is one-hot:
   ``q_j(d_j) = 1``). At the first rejection the token is drawn from the residual
   ``max(p_j - q_j, 0)`` renormalised; when all are kept, from ``p_{k+1}``. Every emitted
@@ -26,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+from forkless.sample.top_k_top_p import apply_top_k_top_p
+
 #: Marks the unused tail of a row of drafts or of emitted tokens.
 PAD_TOKEN_ID = -1
 
@@ -41,6 +44,8 @@ def rejection_sample(
     temperature: torch.Tensor,
     draft_probs: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
+    top_k: torch.Tensor | None = None,
+    top_p: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify a batch of drafts against the target's logits.
 
@@ -55,6 +60,9 @@ def rejection_sample(
         draft_probs: ``[B, K, V]`` the draft's distributions, or ``None`` for one-hot
             drafts (a proposer that guesses without a distribution).
         generator: Random source for the sampled rows.
+        top_k: ``[B]`` int64 (vocabulary size = off), or ``None``: the sampled rows'
+            target is the tempered distribution cut to its top k, as the sampler cuts it.
+        top_p: ``[B]`` float32 (1.0 = off), or ``None``: and then to its top-p nucleus.
 
     Returns:
         ``(tokens, num_emitted)``: ``[B, K + 1]`` int64 emitted tokens (``PAD_TOKEN_ID``
@@ -69,7 +77,13 @@ def rejection_sample(
     logits = target_logits.float()
     target_argmax = logits.argmax(dim=-1)  # [B, K+1]
     scale = torch.where(greedy, torch.ones_like(temperature), temperature).float()
-    probs = torch.softmax(logits / scale.view(batch, 1, 1), dim=-1)  # [B, K+1, V]
+    scaled = logits / scale.view(batch, 1, 1)
+    if top_k is not None or top_p is not None:
+        # The sampler's order: temperature, then top-k, then top-p, on every position.
+        flat = scaled.view(batch * (k + 1), -1)
+        apply_top_k_top_p(flat, None if top_k is None else top_k.repeat_interleave(k + 1),
+                          None if top_p is None else top_p.float().repeat_interleave(k + 1))
+    probs = torch.softmax(scaled, dim=-1)  # [B, K+1, V]
 
     # Which drafts are accepted.
     p_draft = probs[:, :k].gather(2, drafts.unsqueeze(2)).squeeze(2)  # [B, K]

@@ -9,10 +9,9 @@ may speculate for; they travel back to the scheduler in ``ModelRunnerOutput``.
 
 Invariants:
     * Only requests whose next-token distribution is the model's own, scaled by the
-      temperature, speculate (:func:`speculates`): greedy or plain sampling, no top-k /
-      top-p / min-p, penalties, logits processors, logprobs or seed. The rejection
-      sampler keeps exactly that distribution; the others decode a token a step, in the
-      same batches.
+      temperature and cut by top-k / top-p, speculate (:func:`speculates`): no min-p,
+      penalties, logits processors, logprobs or seed. The rejection sampler keeps exactly
+      that distribution; the others decode a token a step, in the same batches.
     * The verification is batched on the device; its tokens reach the host with the
       step's own sampled tokens, in the same copy wait.
 """
@@ -34,8 +33,7 @@ from forkless.spec_decode.rejection_sampler import PAD_TOKEN_ID, rejection_sampl
 
 def speculates(params: SamplingParams) -> bool:
     """Whether a request may take drafts (see the module's invariants)."""
-    plain = params.temperature < SAMPLING_EPS or (
-        params.top_k in (0, -1) and params.top_p >= 1.0 and not params.min_p and params.seed is None)
+    plain = params.temperature < SAMPLING_EPS or (not params.min_p and params.seed is None)
     return (plain and params.logprobs is None and params.repetition_penalty == 1.0
             and not params.presence_penalty and not params.frequency_penalty and not params.logit_bias
             and not params.allowed_token_ids and not params.bad_words and not params.bad_words_token_ids
@@ -99,7 +97,13 @@ def verify(rows: list[ScheduledRequest], params: list[SamplingParams], hidden: t
         drafts[j, : num_drafts[j]] = rows[i].token_ids[len(rows[i].token_ids) - num_drafts[j]:]
     temperature = np.array([params[i].temperature for i in idx], dtype=np.float32)
     temperature[temperature < SAMPLING_EPS] = 0.0
-    tokens, emitted = rejection_sample(to_device(drafts), to_device(num_drafts), logits, to_device(temperature))
+    vocab = logits.shape[-1]
+    top_k = np.array([params[i].top_k if 0 < params[i].top_k < vocab else vocab for i in idx], dtype=np.int64)
+    top_p = np.array([params[i].top_p for i in idx], dtype=np.float32)
+    tokens, emitted = rejection_sample(
+        to_device(drafts), to_device(num_drafts), logits, to_device(temperature),
+        top_k=to_device(top_k) if (top_k < vocab).any() else None,
+        top_p=to_device(top_p) if (top_p < 1.0).any() else None)
     return Verification(idx, num_drafts, to_host(tokens), to_host(emitted))
 
 

@@ -105,9 +105,10 @@ def test_mixed_batch_some_requests_do_not_speculate(spec_llm: LLM, reference: LL
 
 
 def test_sampled_requests_speculate_and_finish(spec_llm: LLM) -> None:
-    params = SamplingParams(max_tokens=30, temperature=0.8, ignore_eos=True)
+    params = [SamplingParams(max_tokens=30, temperature=0.8, ignore_eos=True),
+              SamplingParams(max_tokens=30, temperature=0.8, top_k=5, top_p=0.9, ignore_eos=True)]
     before = spec_llm.llm_engine.engine_core.make_stats().spec_decode.num_drafts
-    outs = _tokens(spec_llm, PROMPTS * 2, params)
+    outs = _tokens(spec_llm, PROMPTS * 2, params * len(PROMPTS))
     assert all(len(t) == 30 for t in outs)
     assert spec_llm.llm_engine.engine_core.make_stats().spec_decode.num_drafts > before
 

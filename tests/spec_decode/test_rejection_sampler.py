@@ -104,3 +104,25 @@ def test_temperature_scales_the_target() -> None:
     tokens, _ = rejection_sample(drafts, torch.ones(n, dtype=torch.long), logits, torch.full((n,), temperature),
                                  generator=gen)
     assert _chi2(torch.bincount(tokens[:, 0], minlength=V).float(), sharpened) < CHI2_CRIT_DF5
+
+
+def test_top_k_and_top_p_cut_the_target_as_the_sampler_does() -> None:
+    gen = torch.Generator().manual_seed(11)
+    n = 200_000
+    p, q = _target_and_draft()
+    # Top-3 of p is {1, 3, 4} (0.30, 0.25, 0.20); top-p 0.5 keeps {1, 3} (0.55 of the mass:
+    # the smallest set from the top that reaches 0.5).
+    cases = [(3, 1.0, [1, 3, 4]), (6, 0.5, [1, 3])]
+    for k, top_p, kept in cases:
+        want = torch.zeros(V)
+        want[kept] = p[kept] / p[kept].sum()
+        drafts = torch.multinomial(q, n, replacement=True, generator=gen).view(n, 1)
+        logits = torch.log(p).expand(n, 2, V).clone()
+        tokens, _ = rejection_sample(drafts, torch.ones(n, dtype=torch.long), logits, torch.ones(n),
+                                     draft_probs=q.expand(n, 1, V), generator=gen,
+                                     top_k=torch.full((n,), k), top_p=torch.full((n,), top_p))
+        counts = torch.bincount(tokens[:, 0], minlength=V).float()
+        assert counts[[i for i in range(V) if i not in kept]].sum() == 0, (k, top_p, counts)
+        df = len(kept) - 1
+        crit = {1: 10.828, 2: 13.816}[df]  # chi-square critical values at 0.001
+        assert _chi2(counts[kept], want[kept]) < crit, (k, top_p, counts)
