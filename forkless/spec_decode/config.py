@@ -17,6 +17,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 
+#: ``ngram``'s ``prompt_lookup_min`` and ``prompt_lookup_max`` when neither is given (vLLM's).
+DEFAULT_PROMPT_LOOKUP = 5
+
+
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """What to speculate with.
@@ -26,8 +30,10 @@ class SpeculativeConfig:
             or a class path.
         num_speculative_tokens: Draft tokens per request per step (k, >= 1).
         prompt_lookup_min: ``ngram``: the shortest suffix of a request's tokens looked up
-            in its history (>= 1).
-        prompt_lookup_max: ``ngram``: the longest (>= ``prompt_lookup_min``).
+            in its history (>= 1; as vLLM: ``prompt_lookup_max`` when only that is given,
+            5 when neither is).
+        prompt_lookup_max: ``ngram``: the longest (>= ``prompt_lookup_min``; defaults
+            likewise).
         model: ``draft_model``: the draft model's folder (same tokenizer as the target).
         draft_tensor_parallel_size: vLLM's key; only 1 is supported.
     """
@@ -48,16 +54,14 @@ class SpeculativeConfig:
             raise ValueError(f"speculative config: 'num_speculative_tokens' must be an integer >= 1, got {k!r}")
         if self.method == "ngram":
             lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
-            # vLLM's rule: one of them given means both are that value.
+            for name, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+                if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                    raise ValueError(f"speculative config: {name!r} must be an integer >= 1, got {value!r}")
+            # vLLM's rules: neither given means both are 5; one given means both are it.
+            if lo is None and hi is None:
+                lo = hi = DEFAULT_PROMPT_LOOKUP
             lo = hi if lo is None else lo
             hi = lo if hi is None else hi
-            if lo is None or hi is None:
-                raise ValueError("speculative config: method 'ngram' needs 'prompt_lookup_max' "
-                                 "(and optionally 'prompt_lookup_min'), e.g. "
-                                 '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}')
-            for name, value in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
-                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                    raise ValueError(f"speculative config: {name!r} must be an integer >= 1, got {value!r}")
             if lo > hi:
                 raise ValueError(f"speculative config: 'prompt_lookup_min' ({lo}) is larger than "
                                  f"'prompt_lookup_max' ({hi})")

@@ -115,7 +115,7 @@ def test_sampled_requests_speculate_and_finish(spec_llm: LLM) -> None:
 
 @pytest.mark.parametrize("config,needle", [
     ({"method": "medusa9", "num_speculative_tokens": 2}, "registered: ngram"),
-    ({"method": "ngram", "num_speculative_tokens": 2}, "prompt_lookup_max"),
+    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": -1}, "prompt_lookup_max"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "k": 1}', "'k'"),
 ])
 def test_bad_configs_fail_before_the_model_loads(llama_dir: Path, config: object, needle: str) -> None:

@@ -60,13 +60,17 @@ def test_ngram_is_vectorised_on_a_long_history() -> None:
 def test_config_keys_and_errors() -> None:
     c = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5})
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)  # vLLM: one given means both
+    c = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2})
+    assert (c.prompt_lookup_min, c.prompt_lookup_max) == (2, 2)
+    c = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 4})
+    assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)  # vLLM: neither given means 5
     assert SpeculativeConfig.from_json({"model": "/m", "num_speculative_tokens": 2}).method == "draft_model"
     bad = [
         ("[1]", "JSON object"),
         ("{", "not valid JSON"),
         ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "lookahead": 1}', "'lookahead'"),
         ('{"method": "ngram", "num_speculative_tokens": 0, "prompt_lookup_max": 3}', "num_speculative_tokens"),
-        ('{"method": "ngram", "num_speculative_tokens": 2}', "prompt_lookup_max"),
+        ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 0}', "prompt_lookup_min"),
         ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}',
          "larger than"),
         ('{"method": "draft_model", "num_speculative_tokens": 2}', "'model'"),
