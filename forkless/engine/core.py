@@ -172,9 +172,10 @@ class EngineCore:
                     s.lora_request = lora_of.get(s.request_id)
         return scheduler_output
 
-    def _note_lora(self, runner_output: Any) -> Any:
-        """Keep the workers' LoRA load and eviction counts for the stats, and finish the
-        requests a worker could not run (before the output is applied, which then skips them)."""
+    def _note_worker_output(self, runner_output: Any) -> Any:
+        """Keep what the workers report besides tokens -- speculative decoding's counts, LoRA
+        loads and evictions -- for the stats, and finish the requests a worker could not run
+        (before the output is applied, which then skips them)."""
         if runner_output.spec_stats is not None and self._spec_stats is not None:
             self._spec_stats.add(runner_output.spec_stats)
         if runner_output.lora_loads:
@@ -221,7 +222,7 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.make_stats(), timestamp=time.time())
         scheduler_output = self._attach_loras(self.scheduler.schedule())
-        runner_output = self._note_lora(self.executor.execute_model(scheduler_output))
+        runner_output = self._note_worker_output(self.executor.execute_model(scheduler_output))
         outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
@@ -265,10 +266,10 @@ class EngineCore:
     def _collect(self, pending: tuple[SchedulerOutput, Any]) -> list:
         scheduler_output, handle = pending
         if self._trace is None:
-            runner_output = self._note_lora(self.executor.collect(handle))
+            runner_output = self._note_worker_output(self.executor.collect(handle))
             return self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
         t0 = self._trace.now()
-        runner_output = self._note_lora(self.executor.collect(handle))
+        runner_output = self._note_worker_output(self.executor.collect(handle))
         t1 = self._trace.now()
         outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
         self._trace_wait += t1 - t0
