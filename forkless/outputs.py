@@ -1,9 +1,14 @@
 """What a generation request returns to its caller (vLLM-compatible shapes).
 
-These are ``msgspec.Struct``s so that they can cross a process boundary as msgpack.
+The generation outputs are ``msgspec.Struct``s so that they can cross a process boundary
+as msgpack. The pooling outputs (``PoolingRequestOutput`` and vLLM's task-shaped variants)
+hold numpy arrays and are built where they are used: pooled values cross processes as
+``forkless.pooling_params.PooledData``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import msgspec
 
@@ -123,3 +128,114 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
                 outputs.append(completion)
                 if len(outputs) > 1 and outputs[-2].index > completion.index:
                     outputs.sort(key=lambda c: c.index)
+
+
+class PoolingOutput:
+    """A pooling request's result (vLLM's ``PoolingOutput``).
+
+    Attributes:
+        data: float32 numpy array: ``[dim]`` (one vector or one probability per class)
+            or ``[tokens, dim]`` (per-token tasks).
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: Any) -> None:
+        self.data = data
+
+    def __repr__(self) -> str:
+        return f"PoolingOutput(data={self.data!r})"
+
+
+class PoolingRequestOutput:
+    """A finished pooling request, as returned by ``LLM.encode`` or ``AsyncLLM.encode``.
+
+    Attributes:
+        request_id: The request's id.
+        outputs: Its :class:`PoolingOutput`.
+        prompt_token_ids: The prompt's token ids.
+        finished: Always true (a pooling request finishes in one step).
+    """
+
+    __slots__ = ("request_id", "outputs", "prompt_token_ids", "finished")
+
+    def __init__(self, request_id: str, outputs: PoolingOutput, prompt_token_ids: list[int],
+                 finished: bool = True) -> None:
+        self.request_id = request_id
+        self.outputs = outputs
+        self.prompt_token_ids = prompt_token_ids
+        self.finished = finished
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(request_id={self.request_id!r}, outputs={self.outputs!r}, "
+                f"prompt_token_ids={self.prompt_token_ids!r})")
+
+
+class EmbeddingOutput:
+    """vLLM's ``EmbeddingOutput``: ``embedding`` is a list of floats."""
+
+    __slots__ = ("embedding",)
+
+    def __init__(self, embedding: list[float]) -> None:
+        self.embedding = embedding
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+    def __repr__(self) -> str:
+        return f"EmbeddingOutput(hidden_size={self.hidden_size})"
+
+
+class ClassificationOutput:
+    """vLLM's ``ClassificationOutput``: ``probs`` has one entry per class."""
+
+    __slots__ = ("probs",)
+
+    def __init__(self, probs: list[float]) -> None:
+        self.probs = probs
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+    def __repr__(self) -> str:
+        return f"ClassificationOutput(num_classes={self.num_classes})"
+
+
+class ScoringOutput:
+    """vLLM's ``ScoringOutput``: one relevance score."""
+
+    __slots__ = ("score",)
+
+    def __init__(self, score: float) -> None:
+        self.score = score
+
+    def __repr__(self) -> str:
+        return f"ScoringOutput(score={self.score})"
+
+
+class EmbeddingRequestOutput(PoolingRequestOutput):
+    """``LLM.embed``'s result per prompt: ``outputs.embedding``."""
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput) -> EmbeddingRequestOutput:
+        return cls(out.request_id, EmbeddingOutput(out.outputs.data.reshape(-1).tolist()),  # type: ignore[arg-type]
+                   out.prompt_token_ids, out.finished)
+
+
+class ClassificationRequestOutput(PoolingRequestOutput):
+    """``LLM.classify``'s result per prompt: ``outputs.probs``."""
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput) -> ClassificationRequestOutput:
+        return cls(out.request_id, ClassificationOutput(out.outputs.data.reshape(-1).tolist()),  # type: ignore[arg-type]
+                   out.prompt_token_ids, out.finished)
+
+
+class ScoringRequestOutput(PoolingRequestOutput):
+    """``LLM.score``'s result per pair: ``outputs.score``."""
+
+    def __init__(self, request_id: str, outputs: ScoringOutput, prompt_token_ids: list[int],  # type: ignore[override]
+                 finished: bool = True) -> None:
+        super().__init__(request_id, outputs, prompt_token_ids, finished)  # type: ignore[arg-type]

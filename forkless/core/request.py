@@ -12,6 +12,7 @@ import enum
 import time
 from typing import Hashable, Iterable
 
+from forkless.pooling_params import PoolingParams
 from forkless.protocol.step import FinishReason
 from forkless.sampling_params import SamplingParams
 
@@ -75,6 +76,8 @@ class Request:
         client_key: Who sent it; the scheduler's ``max_prefill_tokens_per_client`` shares
             a step's prefill among clients. ``None``: no client (one client, the offline
             engine's).
+        pooling_params: Set for a pooling request: its whole prompt runs in one step,
+            after which it finishes with the pooled values (no token is sampled).
 
     Attributes:
         status: Where the request is in its lifecycle.
@@ -105,8 +108,10 @@ class Request:
         cache_salt: Hashable | None = None,
         group_id: str | None = None,
         client_key: str | None = None,
+        pooling_params: PoolingParams | None = None,
     ) -> None:
         self.request_id = request_id
+        self.pooling_params = pooling_params
         self.group_id = request_id if group_id is None else group_id
         self.client_key = client_key
         self.prompt_token_ids: list[int] = list(prompt_token_ids)

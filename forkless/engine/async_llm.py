@@ -38,7 +38,8 @@ from forkless.metrics import (
 
 if TYPE_CHECKING:
     from forkless.config import EngineArgs, EngineConfig
-    from forkless.outputs import RequestOutput
+    from forkless.outputs import PoolingRequestOutput, RequestOutput
+    from forkless.pooling_params import PoolingParams
     from forkless.protocol.lora import LoRARequest
     from forkless.sampling_params import SamplingParams
 
@@ -270,6 +271,34 @@ class AsyncLLM:
         except (OverflowError, TypeError, msgspec.EncodeError) as exc:
             raise InvalidRequestError(f"the request has a value the engine cannot accept: {exc} "
                                       "(e.g. an integer outside the 64-bit range)") from None
+        return self._stream(processed, payloads)
+
+    def encode(self, prompt: Any, pooling_params: "PoolingParams | None", request_id: str, priority: int = 0,
+               group_id: str | None = None, client_key: str | None = None
+               ) -> AsyncGenerator["PoolingRequestOutput", None]:
+        """Validate a pooling request now, and return the stream of its one output (a
+        ``PoolingRequestOutput``, when its prompt has run).
+
+        Raises:
+            InvalidRequestError: The input or parameters are invalid (before anything is
+                streamed), or the model is not a pooling model.
+            EngineDeadError: The engine died.
+            EngineShuttingDownError: The server is shutting down.
+        """
+        if self.errored:
+            raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
+        if self._refuse_new is not None:
+            raise EngineShuttingDownError(self._refuse_new)
+        if self.client is None:
+            raise RuntimeError("AsyncLLM.start() was not awaited")
+        try:
+            processed = self.processor.process_pooling_inputs(request_id, prompt, pooling_params, priority=priority,
+                                                              group_id=group_id, client_key=client_key)
+            payloads = [ipc.encode(r) for r in processed.core_requests]
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+            raise InvalidRequestError(f"the request has a value the engine cannot accept: {exc}") from None
         return self._stream(processed, payloads)
 
     async def _stream(self, processed: Any, payloads: list[bytes]) -> AsyncGenerator["RequestOutput", None]:

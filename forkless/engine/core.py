@@ -126,6 +126,7 @@ class EngineCore:
             cache_salt=salt,
             group_id=request.group_id,
             client_key=request.client_key,
+            pooling_params=request.pooling_params,
         )
         if lora is None:
             self.scheduler.add_request(core_request)

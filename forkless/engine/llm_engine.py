@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from forkless.core.sched import SchedulerStats
     from forkless.engine.processor import PromptType
     from forkless.outputs import RequestOutput
+    from forkless.pooling_params import PoolingParams
     from forkless.sampling_params import SamplingParams
 
 
@@ -79,6 +80,21 @@ class LLMEngine:
         except BaseException:
             self.output_processor.abort_requests([request_id])
             self.engine_core.abort_requests(added)
+            raise
+
+    def add_pooling_request(self, request_id: str, prompt: PromptType, pooling_params: PoolingParams | None = None,
+                            *, priority: int = 0) -> None:
+        """Validate, tokenize and queue a pooling request (embedding, classification, score).
+
+        Raises:
+            ValueError: Invalid input (see :meth:`Processor.process_pooling_inputs`).
+        """
+        processed = self.processor.process_pooling_inputs(request_id, prompt, pooling_params, priority=priority)
+        self.output_processor.add_request(processed)
+        try:
+            self.engine_core.add_request(processed.core_requests[0])
+        except BaseException:
+            self.output_processor.abort_requests([request_id])
             raise
 
     def step(self) -> list[RequestOutput]:

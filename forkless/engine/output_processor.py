@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from forkless.engine.detokenizer import IncrementalDetokenizer
 from forkless.engine.stop_strings import StopStringMatcher
 from forkless.metrics.stats import RequestTiming
-from forkless.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput
+from forkless.outputs import CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, PromptLogprobs, RequestOutput
 from forkless.sampling_params import RequestOutputKind
 
 if TYPE_CHECKING:
@@ -77,6 +77,8 @@ class _Completion:
         self.hold_back = max(stop.max_length - 1, 0)
         self.sent_text = 0
         self.sent_tokens = 0
+        # A pooling request's result (it arrives with the request's only output).
+        self.pooled: Any = None
 
     @property
     def finished(self) -> bool:
@@ -91,6 +93,8 @@ class _Completion:
         if out.new_token_ids:
             self.last_token_time = now
         self.num_cached_tokens = out.num_cached_tokens
+        if out.pooling_output is not None:
+            self.pooled = out.pooling_output
         self.token_ids.extend(out.new_token_ids)
         if out.new_logprobs is not None and self.logprobs is not None:
             self._add_logprobs(out.new_logprobs)
@@ -183,6 +187,7 @@ class _Parent:
         self.num_unfinished = 0
         self.prompt_logprobs: PromptLogprobs | None = None
         self.sent_prompt_logprobs = False
+        self.pooling = processed.pooling_params is not None
 
     def add_child(self, child: _Completion) -> None:
         self.children.append(child)
@@ -192,8 +197,13 @@ class _Parent:
     def finished(self) -> bool:
         return self.num_unfinished == 0
 
-    def make_output(self, updated: list[_Completion]) -> RequestOutput | None:
+    def make_output(self, updated: list[_Completion]) -> RequestOutput | PoolingRequestOutput | None:
         finished = self.num_unfinished == 0
+        if self.pooling:
+            pooled = self.children[0].pooled
+            if not finished or pooled is None:
+                return None  # an aborted pooling request has no result to show
+            return PoolingRequestOutput(self.request_id, PoolingOutput(pooled.to_numpy()), self.prompt_token_ids)
         if self.kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
         delta = self.kind is RequestOutputKind.DELTA

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 from forkless.logger import init_logger
+from forkless.pooling_params import PoolingParams
 from forkless.protocol.engine import EngineCoreRequest
 from forkless.protocol.lora import LoRARequest
-from forkless.sampling_params import SamplingParams
+from forkless.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -41,6 +42,8 @@ class ProcessedRequest:
         arrival_time: ``time.time()`` at arrival.
         core_requests: What to send to the engine core: one request (same id) for
             ``n == 1``, else ``n`` children with ids ``"{i}_{request_id}"``.
+        pooling_params: Set for a pooling request (its output is a
+            ``PoolingRequestOutput``).
     """
 
     request_id: str
@@ -49,6 +52,7 @@ class ProcessedRequest:
     params: SamplingParams
     arrival_time: float
     core_requests: list[EngineCoreRequest]
+    pooling_params: PoolingParams | None = None
 
 
 class NoChatTemplateError(ValueError):
@@ -288,6 +292,10 @@ class Processor:
                 priority policy, a ``cache_salt`` that is not a non-empty string, or a
                 LoRA adapter that cannot be served (see :meth:`check_lora`).
         """
+        if self.config.model_config.pooler_config is not None:
+            raise ValueError(f"{self.config.model_config.served_model_name} is a pooling model (--runner pooling): "
+                             "it makes embeddings, classifications and scores, not text (use embed / classify / "
+                             "score, or /v1/embeddings, /classify, /score, /pooling)")
         params = self._validate_params(params if params is not None else SamplingParams(), priority)
         cache_salt = self._cache_salt(prompt)
         if lora_request is not None:
@@ -329,3 +337,103 @@ class Processor:
             for rid, p in children
         ]
         return ProcessedRequest(request_id, text, ids, params, arrival_time, core_requests)
+
+    # ---------------------------------------------------------------------- pooling
+
+    def tokenize_pair(self, text: str, text_pair: str) -> dict[str, Any]:
+        """A cross-encoder's input: ``text`` and ``text_pair`` as one prompt, with segment ids.
+
+        Returns:
+            A prompt dict with ``prompt_token_ids`` and ``token_type_ids``.
+        """
+        enc = self.tokenizer(text, text_pair, return_token_type_ids=True)
+        types = enc.get("token_type_ids") or [0] * len(enc["input_ids"])
+        return {"prompt_token_ids": list(enc["input_ids"]), "token_type_ids": list(types)}
+
+    def process_pooling_inputs(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        pooling_params: PoolingParams | None = None,
+        *,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        group_id: str | None = None,
+        client_key: str | None = None,
+    ) -> ProcessedRequest:
+        """Tokenize and validate one pooling request (embedding, classification, score).
+
+        Args:
+            request_id: Unique id of the request.
+            prompt: Text, token ids, or a dict with ``prompt`` / ``prompt_token_ids`` (and
+                ``token_type_ids`` for a cross-encoder pair, see :meth:`tokenize_pair`).
+            pooling_params: How to pool (default: the model's task and settings).
+            arrival_time: Default ``time.time()``.
+            priority: Lower runs first under ``--scheduling-policy priority``.
+            group_id: The larger request this one is part of.
+            client_key: Who sent it.
+
+        Returns:
+            The processed request (one engine-core request, which finishes after its prompt).
+
+        Raises:
+            ValueError: The model is not a pooling model, the task is not one it serves,
+                the prompt is empty, longer than ``max_model_len`` or has ids outside the
+                vocabulary, ``dimensions`` the model does not allow, or a priority without
+                the priority policy.
+        """
+        mc = self.config.model_config
+        pooler = mc.pooler_config
+        if pooler is None:
+            raise ValueError(f"{mc.served_model_name} is a generative model: it has no embeddings or classifier "
+                             "(serve a pooling model, or this one with --runner pooling --convert embed)")
+        params = PoolingParams() if pooling_params is None else pooling_params.clone()
+        if not isinstance(params, PoolingParams):
+            raise ValueError(f"pooling_params must be a PoolingParams, got {type(params).__name__}")
+        if params.task is None:
+            params.task = pooler.task
+        if params.task not in pooler.tasks:
+            raise ValueError(f"this model does not serve the {params.task!r} task (it serves: "
+                             f"{', '.join(pooler.tasks)})")
+        if params.dimensions is not None:
+            if pooler.matryoshka_dimensions is None:
+                raise ValueError(f"dimensions={params.dimensions}: the model does not support Matryoshka "
+                                 "representation, so its embeddings cannot be shortened")
+            allowed = pooler.matryoshka_dimensions
+            if (allowed and params.dimensions not in allowed) or params.dimensions > self._hidden_size():
+                raise ValueError(f"dimensions={params.dimensions} is not one the model allows "
+                                 f"({allowed or f'1..{self._hidden_size()}'})")
+        if priority != 0 and self.config.scheduler_config.policy != "priority":
+            raise ValueError(f"priority={priority} was given but the scheduling policy is "
+                             f"{self.config.scheduler_config.policy!r}: start the engine with "
+                             "--scheduling-policy priority")
+        text, ids = self._tokenize(prompt)
+        if isinstance(prompt, Mapping) and prompt.get("token_type_ids") is not None:
+            params.token_type_ids = [int(t) for t in prompt["token_type_ids"]]
+            if len(params.token_type_ids) != len(ids):
+                raise ValueError(f"token_type_ids has {len(params.token_type_ids)} entries for a prompt of "
+                                 f"{len(ids)} tokens")
+        if not ids:
+            raise ValueError("the input is empty: it must contain at least one token")
+        if len(ids) > mc.max_model_len:
+            raise ValueError(f"the input has {len(ids)} tokens, but this model's maximum context length "
+                             f"(--max-model-len) is {mc.max_model_len} tokens")
+        bad = [t for t in ids if not 0 <= t < mc.vocab_size]
+        if bad:
+            raise ValueError(f"the input has token ids {bad[:5]} outside the vocabulary [0, {mc.vocab_size})")
+        arrival_time = time.time() if arrival_time is None else arrival_time
+        # A pooling request samples nothing; these parameters only satisfy the engine's shape.
+        sampling = SamplingParams(max_tokens=1, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY)
+        core = EngineCoreRequest(
+            request_id=request_id, prompt_token_ids=ids, sampling_params=sampling, eos_token_id=None,
+            arrival_time=arrival_time, priority=priority,
+            group_id=request_id if group_id is None else group_id, client_key=client_key,
+            pooling_params=params)
+        return ProcessedRequest(request_id, text, ids, sampling, arrival_time, [core], pooling_params=params)
+
+    def _hidden_size(self) -> int:
+        import json
+        from pathlib import Path
+
+        hf = json.loads((Path(self.config.model_config.model) / "config.json").read_text())
+        return int(hf.get("hidden_size") or 0)

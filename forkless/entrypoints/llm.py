@@ -1,14 +1,24 @@
-"""The offline API: ``LLM(model).generate(prompts, params)`` and ``LLM.chat(messages, params)``."""
+"""The offline API: ``LLM(model).generate(prompts, params)`` and ``LLM.chat(messages, params)``;
+for pooling models ``LLM.embed``, ``LLM.classify``, ``LLM.score`` and ``LLM.encode``."""
 
 from __future__ import annotations
 
 import itertools
 
 import msgspec
+import numpy as np
 from typing import TYPE_CHECKING, Any, Sequence
 
 from forkless.config import EngineArgs
 from forkless.engine.llm_engine import LLMEngine
+from forkless.outputs import (
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    PoolingRequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
+from forkless.pooling_params import PoolingParams
 from forkless.sampling_params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
@@ -120,6 +130,111 @@ class LLM:
             for conv in conversations
         ]
         return self._run(prompts, sampling_params, use_tqdm, None, None)
+
+    # ------------------------------------------------------------------- pooling
+
+    def encode(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        use_tqdm: bool = True,
+        pooling_task: str | None = None,
+    ) -> list[PoolingRequestOutput]:
+        """Pool prompts with a pooling model (``--runner pooling``), batched by the engine.
+
+        Args:
+            prompts: One prompt or a list (text, token ids, or prompt dicts).
+            pooling_params: One for all prompts, one per prompt, or ``None`` (the model's
+                defaults).
+            use_tqdm: Show a progress bar over requests.
+            pooling_task: ``embed``, ``classify``, ``score``, ``token_embed``... for every
+                prompt whose parameters name none (``None``: the model's task).
+
+        Returns:
+            One ``PoolingRequestOutput`` per prompt, in input order (``outputs.data`` a
+            float32 numpy array).
+
+        Raises:
+            ValueError: The model is not a pooling model, or an input is invalid; nothing
+                is left running.
+        """
+        prompt_list = self._as_list(prompts)
+        if pooling_params is None or isinstance(pooling_params, PoolingParams):
+            params_list = [pooling_params or PoolingParams()] * len(prompt_list)
+        else:
+            params_list = list(pooling_params)
+            if len(params_list) != len(prompt_list):
+                raise ValueError(f"got {len(params_list)} pooling_params for {len(prompt_list)} prompts: pass "
+                                 "one, or one per prompt")
+        if pooling_task is not None:
+            params_list = [p if p.task is not None else msgspec.structs.replace(p, task=pooling_task)
+                           for p in params_list]
+        engine = self.llm_engine
+        ids: list[str] = []
+        try:
+            for prompt, params in zip(prompt_list, params_list):
+                request_id = str(next(self._counter))
+                engine.add_pooling_request(request_id, prompt, params)
+                ids.append(request_id)
+            return self._run_engine(ids, use_tqdm)  # type: ignore[return-value]
+        except BaseException:
+            engine.abort_request(ids)
+            raise
+
+    def embed(self, prompts: PromptType | Sequence[PromptType],
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+        """Embeddings of prompts (``outputs.embedding``, a list of floats), as vLLM's ``LLM.embed``."""
+        outs = self.encode(prompts, pooling_params, use_tqdm, pooling_task="embed")
+        return [EmbeddingRequestOutput.from_base(o) for o in outs]
+
+    def classify(self, prompts: PromptType | Sequence[PromptType],
+                 pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+                 use_tqdm: bool = True) -> list[ClassificationRequestOutput]:
+        """Class probabilities of prompts (``outputs.probs``), as vLLM's ``LLM.classify``."""
+        outs = self.encode(prompts, pooling_params, use_tqdm, pooling_task="classify")
+        return [ClassificationRequestOutput.from_base(o) for o in outs]
+
+    def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str],
+              use_tqdm: bool = True) -> list[ScoringRequestOutput]:
+        """Relevance of text pairs, as vLLM's ``LLM.score``.
+
+        One ``data_1`` is paired with every ``data_2``; otherwise the lists pair up one to
+        one. A cross-encoder (a classifier with one label) scores each pair in one pass
+        (the sigmoid of its logit); an embedding model scores the cosine similarity of
+        the two embeddings.
+
+        Returns:
+            One ``ScoringRequestOutput`` per pair (``outputs.score``), in order.
+
+        Raises:
+            ValueError: Lists of different lengths, or a model that cannot score.
+        """
+        left = [data_1] if isinstance(data_1, str) else list(data_1)
+        right = [data_2] if isinstance(data_2, str) else list(data_2)
+        if len(left) == 1:
+            left = left * len(right)
+        if len(left) != len(right) or not right:
+            raise ValueError(f"score: {len(left)} texts to pair with {len(right)}: pass one text and a list, "
+                             "or two lists of the same (non-zero) length")
+        pooler = self.llm_engine.config.model_config.pooler_config
+        if pooler is None or "score" not in pooler.tasks:
+            raise ValueError("this model cannot score pairs: it needs a cross-encoder (a classifier with one "
+                             "label) or an embedding model")
+        if pooler.task == "classify":
+            processor = self.llm_engine.processor
+            pairs = [processor.tokenize_pair(a, b) for a, b in zip(left, right)]
+            outs = self.encode(pairs, PoolingParams(task="score"), use_tqdm)
+            return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.outputs.data.reshape(-1)[0])),
+                                         o.prompt_token_ids) for o in outs]
+        texts = list(dict.fromkeys([*left, *right]))
+        vectors = {t: o.outputs.data for t, o in zip(texts, self.encode(texts, PoolingParams(task="embed"), use_tqdm))}
+        out = []
+        for i, (a, b) in enumerate(zip(left, right)):
+            va, vb = vectors[a], vectors[b]
+            cos = float((va @ vb) / max(float(np.linalg.norm(va) * np.linalg.norm(vb)), 1e-12))
+            out.append(ScoringRequestOutput(f"score-{i}", ScoringOutput(cos), []))
+        return out
 
     # ------------------------------------------------------------------- helpers
 

@@ -106,6 +106,10 @@ _JSON_CONFIG_DEFAULTS: dict[str, dict[str, Any]] = {
               "sliding_window": 4096, "num_key_value_heads": 32},
     "qwen3": {**_COMMON_DEFAULTS, "max_position_embeddings": 32768, "use_sliding_window": False,
               "sliding_window": 4096, "num_key_value_heads": 32, "head_dim": 128},
+    # BertConfig's; num_labels follows id2label as in PretrainedConfig (2 without one).
+    "bert": {"hidden_act": "gelu", "layer_norm_eps": 1e-12, "max_position_embeddings": 512,
+             "type_vocab_size": 2, "position_embedding_type": "absolute", "pad_token_id": 0,
+             "head_dim": None, "num_key_value_heads": None, "tie_word_embeddings": True},
 }
 # Fields a config.json must have to be read without transformers (its defaults for them
 # are a reference model's, never what a real checkpoint means).
@@ -129,6 +133,9 @@ class JsonHFConfig:
             self.num_key_value_heads = self.num_attention_heads
         if self.model_type in ("qwen2", "qwen3") and not self.use_sliding_window:
             self.sliding_window = None
+        if "num_labels" not in data and self.model_type == "bert":
+            labels = data.get("id2label")
+            self.num_labels = len(labels) if isinstance(labels, dict) else 2
 
     def to_dict(self) -> dict[str, Any]:
         """The fields, as a new dict."""

@@ -15,6 +15,13 @@ _BUILTIN_MODELS = {
     "MistralForCausalLM": "forkless.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "forkless.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "forkless.models.qwen3:Qwen3ForCausalLM",
+    # Pooling models (--runner pooling; forkless.pooling.config says which task each serves).
+    "BertModel": "forkless.models.bert:BertModel",
+    "BertForSequenceClassification": "forkless.models.bert:BertForSequenceClassification",
+    "LlamaForSequenceClassification": "forkless.models.seq_cls:LlamaForSequenceClassification",
+    "MistralForSequenceClassification": "forkless.models.seq_cls:LlamaForSequenceClassification",
+    "Qwen2ForSequenceClassification": "forkless.models.seq_cls:Qwen2ForSequenceClassification",
+    "Qwen3ForSequenceClassification": "forkless.models.seq_cls:Qwen3ForSequenceClassification",
 }
 
 

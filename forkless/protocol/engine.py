@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
+from forkless.pooling_params import PoolingParams
 from forkless.protocol.lora import LoRARequest
 from forkless.protocol.step import EngineCoreOutput, SchedulerStats
 from forkless.sampling_params import SamplingParams
@@ -34,6 +35,8 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
         client_key: Who sent it (the API server's ``user`` field or peer address), for
             the scheduler's per-client share (``--max-prefill-tokens-per-client``).
             ``None``: no client (the offline ``LLM``; all such requests are one client).
+        pooling_params: Set for a pooling request (embeddings, classification, scores):
+            it runs its prompt once and finishes with the pooled values, no token.
     """
 
     request_id: str
@@ -46,6 +49,7 @@ class EngineCoreRequest(msgspec.Struct, kw_only=True):
     group_id: str | None = None
     lora_request: LoRARequest | None = None
     client_key: str | None = None
+    pooling_params: PoolingParams | None = None
 
 
 class EngineCoreOutputs(msgspec.Struct, kw_only=True):

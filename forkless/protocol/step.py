@@ -4,8 +4,8 @@ Invariants:
     * Dataclasses of ints, strings, lists, ``SamplingParams`` and opaque logprobs only, so
       that msgspec encodes them to msgpack and decodes them back into these exact types
       (``msgspec.msgpack.decode(data, type=SchedulerOutput)``): no dict -> object step.
-    * This module imports nothing of forkless but ``forkless.sampling_params`` and
-      ``forkless.protocol.lora``: executors, workers, the scheduler and stat loggers all
+    * This module imports nothing of forkless but ``forkless.sampling_params``,
+      ``forkless.pooling_params`` and ``forkless.protocol.lora``: executors, workers, the scheduler and stat loggers all
       import it, so it sits below all of them.
     * A step's size follows what changed, not what exists: a running request's
       ``ScheduledRequest`` carries only the block ids appended since it was last
@@ -21,6 +21,7 @@ from typing import Any
 
 import msgspec
 
+from forkless.pooling_params import PooledData, PoolingParams
 from forkless.protocol.lora import LoRARequest
 from forkless.sampling_params import SamplingParams
 
@@ -76,6 +77,9 @@ class ScheduledRequest:
         num_spec_tokens: The last this many of ``token_ids`` are draft tokens (speculative
             decoding) to verify: the runner scores every position and returns the drafts
             the target agrees with, then its own next token (``sample`` is set).
+        pooling_params: Set for a pooling request (only when ``is_new``): its whole
+            prompt is in this step and ``sample`` is set; the runner pools the hidden
+            states and returns ``ModelRunnerOutput.pooler_output`` instead of a token.
     """
 
     request_id: str
@@ -89,6 +93,7 @@ class ScheduledRequest:
     output_token_ids: list[int] | None = None
     lora_request: LoRARequest | None = None
     num_spec_tokens: int = 0
+    pooling_params: PoolingParams | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -171,6 +176,7 @@ class ModelRunnerOutput:
         spec_token_ids: Speculative decoding: per request, the draft tokens the proposer
             guessed for the next step (absent: none).
         spec_stats: Speculative decoding: what this step's verification accepted.
+        pooler_output: Per pooling request scheduled with ``sample``, its pooled values.
     """
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
@@ -181,6 +187,7 @@ class ModelRunnerOutput:
     failed_requests: dict[str, str] | None = None
     spec_token_ids: dict[str, list[int]] | None = None
     spec_stats: SpecDecodeStats | None = None
+    pooler_output: dict[str, PooledData] | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
@@ -200,6 +207,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
             (only in the output of its first sampled token).
         stop_reason: The ``stop_token_ids`` entry that finished it, if one did (``None``
             when EOS did, as in vLLM).
+        pooling_output: A pooling request's pooled values (it finishes in that output).
     """
 
     request_id: str
@@ -209,6 +217,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
     new_logprobs: Any = None
     stop_reason: int | None = None
     new_prompt_logprobs: Any = None
+    pooling_output: PooledData | None = None
 
     @property
     def finished(self) -> bool:

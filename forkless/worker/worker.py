@@ -62,6 +62,11 @@ class Worker:
         from forkless.worker.model_runner import ModelRunner
 
         assert self.device is not None, "call init_device() first"
+        if self.config.model_config.pooler_config is not None:  # --runner pooling
+            from forkless.worker.pooling_runner import PoolingModelRunner
+
+            self.model_runner = PoolingModelRunner(self.config, self.device)
+            return
         self.model_runner = ModelRunner(self.config, self.device)
 
     def determine_num_blocks(self) -> int:

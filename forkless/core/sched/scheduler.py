@@ -160,7 +160,8 @@ class Scheduler(SchedulerInterface):
             raise ValueError(f"request id {request.request_id!r} is already in use")
         if request.num_prompt_tokens == 0:
             raise ValueError(f"request {request.request_id!r} has an empty prompt")
-        if request.num_prompt_tokens >= self.max_model_len:
+        # A pooling request generates nothing: its prompt may fill max_model_len.
+        if request.num_prompt_tokens >= self.max_model_len + (request.pooling_params is not None):
             raise ValueError(
                 f"request {request.request_id!r}: the prompt has {request.num_prompt_tokens} "
                 f"tokens, leaving no room to generate within max_model_len ({self.max_model_len})"
@@ -278,8 +279,10 @@ class Scheduler(SchedulerInterface):
             if request.status is not running_status:
                 continue  # preempted earlier in this loop
             pending = request.num_output_placeholders
-            if pending and self._finishes_with_pending(request):
-                continue  # the token in flight ends it: nothing more to compute
+            if pending and (request.pooling_params is not None or self._finishes_with_pending(request)):
+                # The token in flight ends it, or its pooled prompt is in flight (a pooling
+                # request never decodes): nothing more to compute.
+                continue
             num_new = request.num_tokens + pending - request.num_computed_tokens
             is_prefill = is_long = False
             if limited and num_new > 1:
@@ -351,7 +354,7 @@ class Scheduler(SchedulerInterface):
                     skipped.append(self.waiting.pop())
                     continue
             hit_ids, num_hit = [], 0
-            if not _skips_prefix_cache(request.sampling_params):
+            if not _skips_prefix_cache(request.sampling_params) and request.pooling_params is None:
                 hit_ids, num_hit = kv.get_computed_blocks(request)
             remaining = request.num_tokens - num_hit
             if remaining > budget and not cfg.enable_chunked_prefill:
@@ -369,6 +372,10 @@ class Scheduler(SchedulerInterface):
                 num_new = min(num_new, allowance)
             if num_new > budget:
                 num_new = budget
+            if request.pooling_params is not None and num_new < remaining:
+                # A pooled prompt runs whole in one step: an encoder attends both ways and
+                # the pooler reads every position; it waits for a step with room.
+                break
             if kv.allocate_slots(request, num_new, hit_ids) is None:
                 break
             self.waiting.pop()
@@ -447,6 +454,10 @@ class Scheduler(SchedulerInterface):
                 cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
             if not item.sample:
                 continue
+            if request.pooling_params is not None:
+                outputs.append(self._finish_pooling(request, runner_output))
+                any_finished = True
+                continue
             token_ids = sampled.get(item.request_id)
             if not token_ids:
                 # Skipping would leave the request with nothing to compute: it would hang.
@@ -487,6 +498,17 @@ class Scheduler(SchedulerInterface):
         if any_finished:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
+
+    def _finish_pooling(self, request: Request, runner_output: ModelRunnerOutput) -> EngineCoreOutput:
+        """A pooling request's prompt ran: it finishes with its pooled values."""
+        pooled = (runner_output.pooler_output or {}).get(request.request_id)
+        if pooled is None:
+            raise RuntimeError(f"the model runner returned no pooled output for pooling request "
+                               f"{request.request_id!r}, whose whole prompt it ran")
+        request.num_output_placeholders = 0
+        self._finish(request, RequestStatus.FINISHED_STOPPED)
+        return EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
+                                finish_reason=request.finish_reason, pooling_output=pooled)
 
     # ---------------------------------------------------------------------------- stats
 
@@ -593,6 +615,7 @@ class Scheduler(SchedulerInterface):
         )
         if is_new:
             item.sampling_params = request.sampling_params
+            item.pooling_params = request.pooling_params
             item.prompt_token_ids = list(request.prompt_token_ids)
             item.output_token_ids = list(request.output_token_ids)
         return item

@@ -1,0 +1,264 @@
+"""BERT encoders (``BertModel``, ``BertForSequenceClassification``) for the pooling runner.
+
+Invariants:
+    * Attention is bidirectional over each sequence's tokens of the step, which always
+      hold its whole prompt (the scheduler never chunks a pooling request). It never reads
+      or writes the paged KV cache, so it does not depend on the attention backend: it
+      runs torch's ``scaled_dot_product_attention`` over the step's sequences, padded to
+      the longest one with a key mask (the linear layers see no padding).
+    * Positions are absolute (learned embeddings); token types come from the request's
+      ``PoolingParams.token_type_ids`` (0 when absent).
+    * Parameter names are Hugging Face's except one fusion, ``attention.self.qkv``
+      (query, key, value rows stacked), so one product computes all three.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from forkless.models.hf_config import KVCacheSpec, kv_cache_spec
+from forkless.models.layers.cpu_linear import pack_linear_layers
+from forkless.models.weight_loading import FusedShard, load_named_weights
+from forkless.pooling.interface import SupportsPooling
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from forkless.attention import AttentionBackend, AttentionMetadata
+
+_ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+def _activation(config: "PretrainedConfig"):
+    name = getattr(config, "hidden_act", "gelu")
+    if name not in _ACTIVATIONS:
+        raise ValueError(f"BERT hidden_act {name!r} is not supported ({', '.join(_ACTIVATIONS)})")
+    return _ACTIVATIONS[name]
+
+
+class BertEmbeddings(nn.Module):
+    """Word + absolute position + token-type embeddings, then LayerNorm."""
+
+    def __init__(self, config: "PretrainedConfig", dtype: torch.dtype) -> None:
+        super().__init__()
+        kind = getattr(config, "position_embedding_type", "absolute")
+        if kind != "absolute":
+            raise ValueError(f"BERT position_embedding_type {kind!r} is not supported (only 'absolute')")
+        h = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, h, dtype=dtype)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, h, dtype=dtype)
+        self.token_type_embeddings = nn.Embedding(getattr(config, "type_vocab_size", 2), h, dtype=dtype)
+        self.LayerNorm = nn.LayerNorm(h, eps=getattr(config, "layer_norm_eps", 1e-12), dtype=dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        return self.LayerNorm(x)
+
+
+class _Padding:
+    """Where each token of the flattened batch sits in the ``[B, L_max]`` padded layout."""
+
+    def __init__(self, starts: np.ndarray, device: torch.device) -> None:
+        lens = np.diff(starts)
+        self.batch = len(lens)
+        self.max_len = int(lens.max())
+        offsets = np.arange(int(starts[-1])) - np.repeat(starts[:-1], lens)
+        index = np.repeat(np.arange(self.batch) * self.max_len, lens) + offsets
+        self.index = torch.from_numpy(index.astype(np.int64)).to(device)
+        mask = np.arange(self.max_len)[None, :] < lens[:, None]
+        # [B, 1, 1, L]: every query of a sequence sees its own keys, none of the padding.
+        self.mask = torch.from_numpy(mask).to(device)[:, None, None, :]
+        self.uniform = bool((lens == self.max_len).all())
+
+
+class BertSelfAttention(nn.Module):
+    """Bidirectional multi-head attention within each sequence of the step."""
+
+    def __init__(self, config: "PretrainedConfig", dtype: torch.dtype) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = h // self.num_heads
+        self.qkv = nn.Linear(h, 3 * h, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, pad: _Padding) -> torch.Tensor:
+        t, h = x.shape
+        qkv = self.qkv(x)
+        if pad.uniform:
+            padded = qkv.view(pad.batch, pad.max_len, 3, self.num_heads, self.head_dim)
+        else:
+            padded = qkv.new_zeros((pad.batch * pad.max_len, 3 * h))
+            padded.index_copy_(0, pad.index, qkv)
+            padded = padded.view(pad.batch, pad.max_len, 3, self.num_heads, self.head_dim)
+        q, k, v = padded.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, L, head_dim]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if pad.uniform else pad.mask)
+        out = out.transpose(1, 2).reshape(pad.batch * pad.max_len, h)
+        return out if pad.uniform else out.index_select(0, pad.index)
+
+
+class BertLayer(nn.Module):
+    """Post-norm attention block and feed-forward block (HF names: attention, intermediate, output)."""
+
+    def __init__(self, config: "PretrainedConfig", dtype: torch.dtype) -> None:
+        super().__init__()
+        h, eps = config.hidden_size, getattr(config, "layer_norm_eps", 1e-12)
+        self.attention = nn.Module()
+        self.attention.self = BertSelfAttention(config, dtype)
+        self.attention.output = nn.Module()
+        self.attention.output.dense = nn.Linear(h, h, dtype=dtype)
+        self.attention.output.LayerNorm = nn.LayerNorm(h, eps=eps, dtype=dtype)
+        self.intermediate = nn.Module()
+        self.intermediate.dense = nn.Linear(h, config.intermediate_size, dtype=dtype)
+        self.output = nn.Module()
+        self.output.dense = nn.Linear(config.intermediate_size, h, dtype=dtype)
+        self.output.LayerNorm = nn.LayerNorm(h, eps=eps, dtype=dtype)
+        self.act = _activation(config)
+
+    def forward(self, x: torch.Tensor, pad: _Padding) -> torch.Tensor:
+        a = self.attention
+        x = a.output.LayerNorm(a.output.dense(a.self(x, pad)) + x)
+        y = self.output.dense(self.act(self.intermediate.dense(x)))
+        return self.output.LayerNorm(y + x)
+
+
+class _BertCore(nn.Module):
+    """Embeddings and encoder layers (and the CLS pooler when a classifier needs it)."""
+
+    def __init__(self, config: "PretrainedConfig", dtype: torch.dtype, with_pooler: bool) -> None:
+        super().__init__()
+        self.embeddings = BertEmbeddings(config, dtype)
+        self.encoder = nn.Module()
+        self.encoder.layer = nn.ModuleList(BertLayer(config, dtype) for _ in range(config.num_hidden_layers))
+        if with_pooler:
+            self.pooler = nn.Module()
+            self.pooler.dense = nn.Linear(config.hidden_size, config.hidden_size, dtype=dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: "AttentionMetadata",
+                token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        starts = attn_metadata.query_start_loc_cpu
+        if starts is None:
+            starts = attn_metadata.query_start_loc.cpu()
+        pad = _Padding(starts.numpy(), input_ids.device)
+        x = self.embeddings(input_ids, positions, token_type_ids)
+        for layer in self.encoder.layer:
+            x = layer(x, pad)
+        return x
+
+
+def _fused(hidden: int) -> dict[str, FusedShard]:
+    return {"query": FusedShard("qkv", 0, hidden), "key": FusedShard("qkv", hidden, hidden),
+            "value": FusedShard("qkv", 2 * hidden, hidden)}
+
+
+def _renamed(weights: Iterable[tuple[str, torch.Tensor]], prefix: str, drop: tuple[str, ...]):
+    """Checkpoint names as this model's: old ``gamma``/``beta`` LayerNorm names, an optional
+    ``bert.`` prefix, and heads this model does not have dropped."""
+    for name, tensor in weights:
+        if name.endswith(".gamma"):
+            name = name[: -len("gamma")] + "weight"
+        elif name.endswith(".beta"):
+            name = name[: -len("beta")] + "bias"
+        if prefix and not name.startswith(prefix) and not name.startswith("classifier."):
+            name = prefix + name
+        elif not prefix and name.startswith("bert."):
+            name = name[len("bert."):]
+        if name.startswith(drop) or name.endswith("position_ids"):
+            continue
+        yield name, tensor
+
+
+class BertModel(nn.Module, SupportsPooling):
+    """``BertModel``: the encoder whose hidden states the pooler reads (sentence-transformers).
+
+    Args:
+        hf_config: The model's Hugging Face config.
+        dtype: Parameter and activation dtype.
+        attn_backend: Unused: the encoder attends within the step (see the module).
+    """
+
+    is_encoder: ClassVar[bool] = True
+    takes_token_type_ids: ClassVar[bool] = True
+    supports_cpu_kernels: ClassVar[bool] = True
+
+    def __init__(self, hf_config: "PretrainedConfig", dtype: torch.dtype,
+                 attn_backend: "type[AttentionBackend] | None" = None) -> None:
+        super().__init__()
+        self.config = hf_config
+        self.dtype = dtype
+        self.model = _BertCore(hf_config, dtype, with_pooler=False)
+
+    @classmethod
+    def get_kv_cache_spec(cls, hf_config: "PretrainedConfig") -> KVCacheSpec:
+        """The scheduler's blocks (the encoder itself never touches them)."""
+        return kv_cache_spec(hf_config)
+
+    def use_cpu_kernels(self) -> None:
+        """Run the linear layers on the packed-weight CPU kernels."""
+        pack_linear_layers(self)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                attn_metadata: "AttentionMetadata", token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, attn_metadata, token_type_ids)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        named = ((f"model.{n}", t) for n, t in _renamed(weights, "", ("pooler.", "cls.", "classifier.")))
+        return load_named_weights(self, named, _fused(self.config.hidden_size))
+
+
+class BertForSequenceClassification(nn.Module, SupportsPooling):
+    """BERT with its CLS pooler and classifier head (cross-encoders, text classifiers).
+
+    Args:
+        hf_config: The model's Hugging Face config (``id2label`` / ``num_labels``).
+        dtype: Parameter and activation dtype.
+        attn_backend: Unused (see the module).
+    """
+
+    is_encoder: ClassVar[bool] = True
+    takes_token_type_ids: ClassVar[bool] = True
+    supports_cpu_kernels: ClassVar[bool] = True
+
+    def __init__(self, hf_config: "PretrainedConfig", dtype: torch.dtype,
+                 attn_backend: "type[AttentionBackend] | None" = None) -> None:
+        super().__init__()
+        self.config = hf_config
+        self.dtype = dtype
+        labels = getattr(hf_config, "id2label", None)
+        self.num_labels = int(getattr(hf_config, "num_labels", 0) or (len(labels) if labels else 2))
+        self.bert = _BertCore(hf_config, dtype, with_pooler=True)
+        self.classifier = nn.Linear(hf_config.hidden_size, self.num_labels, dtype=dtype)
+
+    @classmethod
+    def get_kv_cache_spec(cls, hf_config: "PretrainedConfig") -> KVCacheSpec:
+        """The scheduler's blocks (the encoder itself never touches them)."""
+        return kv_cache_spec(hf_config)
+
+    def use_cpu_kernels(self) -> None:
+        """Run the linear layers on the packed-weight CPU kernels."""
+        pack_linear_layers(self)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                attn_metadata: "AttentionMetadata", token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self.bert(input_ids, positions, attn_metadata, token_type_ids)
+
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        """BERT's head: ``classifier(tanh(pooler.dense(h_CLS)))``."""
+        return self.classifier(torch.tanh(self.bert.pooler.dense(pooled)))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_named_weights(self, _renamed(weights, "bert.", ("cls.",)), _fused(self.config.hidden_size))

@@ -1,0 +1,80 @@
+"""Causal LMs with a sequence-classification head (``*ForSequenceClassification``).
+
+Invariants:
+    * The decoder is the generative class unchanged; the checkpoint's ``score`` (``[labels,
+      hidden]``, no bias) replaces the LM head, which such checkpoints do not have.
+    * The pooling runner pools the last token (vLLM's default for these) and calls
+      :meth:`classify` on it; nothing here samples.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable
+
+import torch
+from torch import nn
+
+from forkless.models.llama import LlamaForCausalLM
+from forkless.models.qwen2 import Qwen2ForCausalLM
+from forkless.models.qwen3 import Qwen3ForCausalLM
+from forkless.pooling.interface import SupportsPooling
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from forkless.attention import AttentionBackend
+
+
+class _SequenceClassification(SupportsPooling):
+    """Mixin over a causal LM class: drops the LM head, adds ``score``."""
+
+    supports_lora = False
+    # The decoder's own kernels (SupportsPooling comes first in the MRO and says no).
+    supports_cpu_kernels = True
+
+    def _add_score(self, hf_config: "PretrainedConfig", dtype: torch.dtype) -> None:
+        labels = getattr(hf_config, "id2label", None)
+        self.num_labels = int(getattr(hf_config, "num_labels", 0) or (len(labels) if labels else 2))
+        self.score = nn.Linear(hf_config.hidden_size, self.num_labels, bias=False, dtype=dtype)
+        # No LM head: the tied alias adds no parameter, and load_weights then skips the name.
+        self.tie_word_embeddings = True
+        self.lm_head = self.model.embed_tokens
+
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.score(pooled)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        rest = []
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if name == "score.weight":
+                with torch.no_grad():
+                    self.score.weight.copy_(tensor)
+                loaded.add(name)
+            else:
+                rest.append((name, tensor))
+        if not loaded:
+            raise ValueError("the checkpoint has no 'score.weight': a *ForSequenceClassification model needs its "
+                             "classifier head")
+        return super().load_weights(rest) | loaded  # type: ignore[misc]
+
+
+def _build(base: type) -> type:
+    class Model(_SequenceClassification, base):  # type: ignore[misc, valid-type]
+        def __init__(self, hf_config: "PretrainedConfig", dtype: torch.dtype,
+                     attn_backend: "type[AttentionBackend]") -> None:
+            base.__init__(self, hf_config, dtype, attn_backend)
+            self._add_score(hf_config, dtype)
+
+        def use_cpu_kernels(self) -> None:
+            base.use_cpu_kernels(self)
+            self.lm_head = self.model.embed_tokens  # no packed copy of a head that never runs
+
+    Model.__name__ = Model.__qualname__ = base.__name__.replace("ForCausalLM", "ForSequenceClassification")
+    Model.__doc__ = f"{base.__name__} with a ``score`` classifier head instead of the LM head."
+    return Model
+
+
+LlamaForSequenceClassification = _build(LlamaForCausalLM)
+Qwen2ForSequenceClassification = _build(Qwen2ForCausalLM)
+Qwen3ForSequenceClassification = _build(Qwen3ForCausalLM)
