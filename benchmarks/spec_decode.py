@@ -48,7 +48,7 @@ def run(model: str, prompts: list, batch: int, spec: dict | None, args: argparse
         random_ids: bool) -> tuple[float, dict | None]:
     from forkless import LLM, SamplingParams
 
-    llm = LLM(model, max_model_len=2048, speculative_config=spec, seed=0)
+    llm = LLM(model, max_model_len=2048, speculative_config=spec, seed=0, dtype=args.dtype)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0 if random_ids else 0, ignore_eos=True)
     inputs = [{"prompt_token_ids": p} for p in prompts] if random_ids else prompts
     llm.generate(inputs[:1], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)  # warm-up
@@ -75,6 +75,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--dtype", default="auto", help="model dtype (auto: float32 on the CPU)")
     args = parser.parse_args()
     import torch
 

@@ -4,6 +4,13 @@ A decode step of a small model is hundreds of tiny kernel launches; replaying a 
 turns them into one launch. The graphs read their inputs from static device buffers,
 which each step fills with a handful of non-blocking copies from pinned host memory, so
 the decode loop synchronises with the device only to read the sampled tokens.
+
+With speculative decoding a second set of graphs runs *verification* steps: every row
+holds ``q = 1 + k`` query tokens (its last known token and up to ``k`` drafts). A row with
+fewer drafts is padded to ``q`` tokens that store nothing (slot -1) and whose outputs are
+never read; its sequence length counts the padding, because the attention kernel places a
+row's query tokens at the end of its sequence. Causality keeps the real tokens' outputs
+independent of the padding behind them.
 """
 
 from __future__ import annotations
@@ -63,16 +70,25 @@ class DecodeGraphs:
         max_blocks: Block-table width (``ceil(max_model_len / block_size)``).
         block_size: Tokens per KV block.
         device: The CUDA device.
+        num_spec_tokens: ``k`` of speculative decoding: also capture verification graphs
+            of ``1 + k`` tokens per row (0: none).
+        max_spec_batch: Largest verification batch to capture.
     """
 
     def __init__(self, model: CausalLMBase, kv_caches: list[torch.Tensor], max_num_seqs: int,
-                 max_blocks: int, block_size: int, device: torch.device) -> None:
+                 max_blocks: int, block_size: int, device: torch.device, num_spec_tokens: int = 0,
+                 max_spec_batch: int = 64) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
-        self.sizes = graph_batch_sizes(max_num_seqs)
-        n = self.sizes[-1]
+        #: Captured batch sizes per query length (1: decode; 1 + k: verification).
+        self.sizes_of: dict[int, list[int]] = {1: graph_batch_sizes(max_num_seqs)}
+        if num_spec_tokens:
+            self.sizes_of[1 + num_spec_tokens] = graph_batch_sizes(min(max_num_seqs, max_spec_batch))
+        self.sizes = self.sizes_of[1]
+        n = max(q * sizes[-1] for q, sizes in self.sizes_of.items())  # tokens
+        rows = self.sizes[-1]
         self.max_blocks = max_blocks
 
         def buf(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,109 +98,126 @@ class DecodeGraphs:
         self.input_ids = buf((n,), torch.int64)
         self.positions = buf((n,), torch.int64)
         self.slot_mapping = buf((n,), torch.int64)
-        self.seq_lens = buf((n,), torch.int32)
-        self.query_start_loc = buf((n + 1,), torch.int32)
-        self.block_tables = (torch.zeros((n, max_blocks), dtype=torch.int32, device=device), None)
+        self.seq_lens = buf((rows,), torch.int32)
+        self.query_start_loc = buf((rows + 1,), torch.int32)
+        self.block_tables = (torch.zeros((rows, max_blocks), dtype=torch.int32, device=device), None)
         # Pinned staging of the batch's block tables: each step gathers its rows from the
         # runner's persistent table (one C-level copy, no per-block Python work).
-        self.block_staging = torch.zeros((n, max_blocks), dtype=torch.int32).pin_memory()
+        self.block_staging = torch.zeros((rows, max_blocks), dtype=torch.int32).pin_memory()
         self._copied: torch.cuda.Event | None = None
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        #: Graphs and their outputs by ``(query length, batch size)``.
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
+        #: Verification steps replayed (tests read it to tell graphs from eager runs).
+        self.spec_replays = 0
 
-    def max_batch(self) -> int:
-        """The largest batch a graph can run."""
-        return self.sizes[-1]
+    def max_batch(self, query_len: int = 1) -> int:
+        """The largest batch a graph of ``query_len`` tokens per row can run (0: none)."""
+        sizes = self.sizes_of.get(query_len)
+        return sizes[-1] if sizes else 0
 
-    def _metadata(self, bs: int) -> AttentionMetadata:
+    def _metadata(self, q: int, bs: int) -> AttentionMetadata:
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[0][:bs],
+            slot_mapping=self.slot_mapping[0][: bs * q],
             query_start_loc=self.query_start_loc[0][: bs + 1],
             seq_lens=self.seq_lens[0][:bs],
             block_tables=self.block_tables[0][:bs],
-            max_query_len=1,
+            max_query_len=q,
             max_seq_len=self.max_blocks * self.block_size,
             block_size=self.block_size,
         )
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture one graph per size, largest first so the smaller ones reuse its memory."""
-        n = self.sizes[-1]
-        # Dummy decode batch: one token per sequence, nothing stored (slot -1).
+        """Capture one graph per (query length, size), most tokens first so that the
+        smaller ones reuse its memory."""
+        # Dummy batches: q tokens per sequence, nothing stored (slot -1).
         self.slot_mapping[0].fill_(-1)
-        self.seq_lens[0].fill_(1)
-        self.query_start_loc[0].copy_(torch.arange(n + 1, dtype=torch.int32, device=self.device))
         pool = None
-        for bs in reversed(self.sizes):
-            md = self._metadata(bs)
+        shapes = sorted(((q, bs) for q, sizes in self.sizes_of.items() for bs in sizes),
+                        key=lambda qb: -qb[0] * qb[1])
+        for q, bs in shapes:
+            self.seq_lens[0].fill_(q)
+            self.query_start_loc[0][: bs + 1].copy_(
+                torch.arange(0, q * bs + 1, q, dtype=torch.int32, device=self.device))
+            md = self._metadata(q, bs)
+            tokens = q * bs
 
             def args() -> tuple:
                 # Fresh views each call: a layer that memoizes per positions tensor (the
                 # rotary tables do) must not hand the capture the warm-up's eager result,
                 # which would freeze it into the graph (stale, and later freed, memory).
-                return self.input_ids[0][:bs], self.positions[0][:bs], self.kv_caches, md
+                return self.input_ids[0][:tokens], self.positions[0][:tokens], self.kv_caches, md
 
             self.model(*args())  # warm-up: compiles kernels, settles allocations
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self.model(*args())
+                self.outputs[q, bs] = self.model(*args())
             pool = graph.pool()
-            self.graphs[bs] = graph
+            self.graphs[q, bs] = graph
         torch.cuda.synchronize(self.device)
-        logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
+        for q, sizes in self.sizes_of.items():
+            logger.info("captured CUDA graphs for %s batch sizes %s", "decode" if q == 1 else
+                        f"verification ({q} tokens a row)", sizes)
 
     def run(self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray,
             seq_lens: np.ndarray, block_table: np.ndarray, table_rows: np.ndarray,
-            ids_fix: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """Replay the graph for this decode batch.
+            ids_fix: tuple[torch.Tensor, torch.Tensor] | None = None, query_len: int = 1) -> torch.Tensor:
+        """Replay the graph for this decode (or verification) batch.
 
         Args:
-            input_ids: ``[B]`` the token each sequence decodes.
-            positions: ``[B]`` its position.
-            slots: ``[B]`` its KV-cache slot.
-            seq_lens: ``[B]`` lengths after this step.
+            input_ids: ``[B * q]`` each sequence's ``q`` tokens (``q`` = ``query_len``).
+            positions: ``[B * q]`` their positions.
+            slots: ``[B * q]`` their KV-cache slots (-1: padding, stores nothing).
+            seq_lens: ``[B]`` lengths after this step (padding included).
             block_table: The runner's int32 block tables, one row per request it holds,
                 padded with 0 (``ModelRunner.block_table``).
             table_rows: ``[B]`` each sequence's row of ``block_table``.
-            ids_fix: ``(rows, token ids)`` on the device, written over ``input_ids`` after
-                its copy (tokens that the previous step sampled and the host has not read).
+            ids_fix: ``(token indices, token ids)`` on the device, written over
+                ``input_ids`` after its copy (tokens that the previous step sampled and
+                the host has not read).
+            query_len: Tokens per sequence: 1, or ``1 + k`` for verification.
 
         Returns:
-            ``[B, hidden]`` final hidden states (a view of the graph's output: use it
+            ``[B * q, hidden]`` final hidden states (a view of the graph's output: use it
             before the next replay).
         """
+        q = query_len
         b = len(table_rows)
-        bs = next(s for s in self.sizes if s >= b)
+        bs = next(s for s in self.sizes_of[q] if s >= b)
+        real, padded = b * q, bs * q
         if self._copied is not None:
             # The previous step's copies read these pinned buffers; with async scheduling
             # the host may get here before the device ran them (normally long done).
             self._copied.synchronize()
-        self.input_ids[1][:b] = torch.from_numpy(input_ids)
-        self.positions[1][:b] = torch.from_numpy(positions)
+        self.input_ids[1][:real] = torch.from_numpy(input_ids)
+        self.positions[1][:real] = torch.from_numpy(positions)
         # Padding rows still embed a token: make it a valid id, not whatever an earlier
         # step left there (a placeholder -1 under async scheduling).
-        self.input_ids[1][b:bs] = 0
-        self.positions[1][b:bs] = 0
+        self.input_ids[1][real:padded] = 0
+        self.positions[1][real:padded] = 0
         slot_host = self.slot_mapping[1].numpy()
-        slot_host[:b] = slots
-        slot_host[b:bs] = -1  # padding rows store nothing
+        slot_host[:real] = slots
+        slot_host[real:padded] = -1  # padding rows store nothing
         lens_host = self.seq_lens[1].numpy()
         lens_host[:b] = seq_lens
         lens_host[b:bs] = 0
         qsl = self.query_start_loc[1].numpy()
-        qsl[: b + 1] = np.arange(b + 1)
-        qsl[b + 1 : bs + 1] = b  # padding sequences own no token
+        qsl[: b + 1] = np.arange(0, real + 1, q)
+        qsl[b + 1 : bs + 1] = real  # padding sequences own no token
         gather_block_rows(block_table, table_rows, self.block_staging.numpy()[:b])
         # Whole rows are copied so that source and destination stay contiguous (one DMA
         # of b * max_blocks ints).
-        for dev, host in (self.input_ids, self.positions, self.slot_mapping, self.seq_lens):
-            dev[:bs].copy_(host[:bs], non_blocking=True)
+        for dev, host in (self.input_ids, self.positions, self.slot_mapping):
+            dev[:padded].copy_(host[:padded], non_blocking=True)
+        self.seq_lens[0][:bs].copy_(self.seq_lens[1][:bs], non_blocking=True)
         self.query_start_loc[0][: bs + 1].copy_(self.query_start_loc[1][: bs + 1], non_blocking=True)
         self.block_tables[0][:b].copy_(self.block_staging[:b], non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
         if ids_fix is not None:
             self.input_ids[0].index_copy_(0, *ids_fix)
-        self.graphs[bs].replay()
-        return self.outputs[bs][:b]
+        self.graphs[q, bs].replay()
+        if q > 1:
+            self.spec_replays += 1
+        return self.outputs[q, bs][:real]

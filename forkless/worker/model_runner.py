@@ -215,9 +215,13 @@ class ModelRunner:
             from forkless.worker.cuda_graphs import DecodeGraphs
 
             sched = self.config.scheduler_config
+            # Verification graphs too, unless LoRA is on: its per-step token grouping
+            # counts a row's real tokens, not the graph's padded ones.
+            spec = self.config.speculative_config
             self.graphs = DecodeGraphs(
                 self.model, self.kv_caches, sched.max_num_seqs,
                 -(-sched.max_model_len // self.block_size), self.block_size, self.device,
+                num_spec_tokens=spec.num_speculative_tokens if spec is not None and self.lora_manager is None else 0,
             )
             if self.lora_manager is not None:
                 with self.lora_manager.capturing():
@@ -316,6 +320,10 @@ class ModelRunner:
         if self._graph_fits(rows):
             # Every row decodes its last known token: no prompt position to score.
             logits = self.model.compute_logits(self._run_decode_graph(rows))
+        elif self._verify_graph_fits(rows):
+            hidden, starts, last_idx = self._run_verify_graph(rows)
+            logits = self.model.compute_logits(hidden[last_idx])
+            verification = self._verify(rows, hidden, starts)
         else:
             input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
             hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
@@ -325,10 +333,7 @@ class ModelRunner:
                 return _PendingStep(ready=self._record() if prompt_parts else None, prompt_parts=prompt_parts)
             logits = self.model.compute_logits(hidden[last_idx])
             if any(s.num_spec_tokens for s in rows):
-                requests = self.requests
-                verification = verify(rows, [requests[s.request_id].params for s in rows], hidden,
-                                      attn_md.query_start_loc_cpu, self.model.compute_logits, self._to_device,
-                                      self._to_host)
+                verification = self._verify(rows, hidden, attn_md.query_start_loc_cpu)
         out = self.sampler(logits, metadata)
         # Row order of this step: the next step's placeholders read their tokens here.
         self._prev_sampled = out.sampled_token_ids
@@ -437,6 +442,13 @@ class ModelRunner:
                     result.prompt_logprobs[rid] = state.prompt_logprobs
                     state.prompt_logprobs = None  # returned: a recomputation adds nothing
         return self._lora_counts(result)
+
+    def _verify(self, rows: list[ScheduledRequest], hidden: torch.Tensor, starts: torch.Tensor) -> Verification:
+        """Queue the verification of this step's drafts (``starts``: each row's first
+        token in ``hidden``, on the host)."""
+        requests = self.requests
+        return verify(rows, [requests[s.request_id].params for s in rows], hidden, starts,
+                      self.model.compute_logits, self._to_device, self._to_host)
 
     def _propose(self, rows: list[ScheduledRequest], result: ModelRunnerOutput,
                  verification: Verification | None) -> None:
@@ -600,6 +612,50 @@ class ModelRunner:
             and len(rows) <= self.graphs.max_batch()
             and all(len(s.token_ids) == 1 and s.sample for s in rows)
         )
+
+    def _verify_graph_fits(self, rows: list[ScheduledRequest]) -> bool:
+        """A verification graph can run this step: every row decodes its last token and
+        its drafts (some have drafts), and the padded rows stay within ``max_model_len``."""
+        if self.graphs is None or self.proposer is None:
+            return False
+        q = 1 + self.proposer.num_speculative_tokens
+        limit = self.config.scheduler_config.max_model_len - q
+        return (
+            len(rows) <= self.graphs.max_batch(q)
+            and any(s.num_spec_tokens for s in rows)
+            and all(s.sample and len(s.token_ids) == 1 + s.num_spec_tokens and s.start_position <= limit
+                    for s in rows)
+        )
+
+    def _run_verify_graph(self, rows: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run a verification batch in its graph, each row padded to ``q = 1 + k`` tokens.
+
+        Returns:
+            ``(hidden, starts, last_idx)``: the hidden states of the ``len(rows) * q``
+            tokens, where each row starts in them (host) and each row's last real token
+            (device).
+        """
+        assert self.graphs is not None and self.proposer is not None
+        q = 1 + self.proposer.num_speculative_tokens
+        n, bs = len(rows), self.block_size
+        requests = self.requests
+        ids = np.zeros((n, q), dtype=np.int64)
+        counts = np.empty(n, dtype=np.int64)
+        first = np.empty(n, dtype=np.int64)
+        table_rows = np.empty(n, dtype=np.intp)
+        for i, s in enumerate(rows):
+            m = len(s.token_ids)
+            ids[i, :m] = s.token_ids
+            counts[i], first[i], table_rows[i] = m, s.start_position, requests[s.request_id].table_row
+        positions = first[:, None] + np.arange(q)[None, :]
+        slots = self.block_table[table_rows[:, None], positions // bs].astype(np.int64) * bs + positions % bs
+        slots[np.arange(q)[None, :] >= counts[:, None]] = -1  # padding stores nothing
+        starts = np.arange(0, n * q + 1, q, dtype=np.int32)
+        flat_ids = ids.reshape(-1)
+        hidden = self.graphs.run(flat_ids, positions.reshape(-1), slots.reshape(-1),
+                                 (first + q).astype(np.int32), self.block_table, table_rows,
+                                 self._placeholder_fix(flat_ids, np.repeat(np.arange(n), q), rows), query_len=q)
+        return hidden, torch.from_numpy(starts), self._to_device(starts[:-1].astype(np.int64) + counts - 1)
 
     def _decode_inputs(
         self, rows: list[ScheduledRequest]

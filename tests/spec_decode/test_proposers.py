@@ -101,3 +101,27 @@ def test_registry_by_name_by_path_and_unknown_names() -> None:
         ProposerRegistry.resolve("eagle9")
     with pytest.raises(TypeError, match="not a forkless.spec_decode.Proposer"):
         ProposerRegistry.resolve("numpy:ndarray")
+
+
+def test_ngram_backs_off_after_rejected_drafts() -> None:
+    # Over tokens 1-3 the lookup always finds a guess; a target that always emits another
+    # token than the guess's first gets fewer and fewer drafts.
+    config = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 2,
+                                          "prompt_lookup_min": 1, "prompt_lookup_max": 2})
+    proposer = NgramProposer(config)
+    history = [1, 2, 3, 1, 2, 3, 1, 2]
+    drafted = []
+    for _ in range(24):
+        draft = proposer.propose(ProposalBatch(["r"], np.array([history]), np.array([len(history)])))[0]
+        drafted.append(bool(draft))
+        history = history + [draft[0] % 3 + 1 if draft else 1]  # never the guess
+    # Two rejected drafts in a row -> 2 lookups skipped, three -> 4, then 8, then 16 (the cap).
+    assert [i for i, d in enumerate(drafted) if d] == [0, 1, 4, 9, 18]
+    # A kept draft token ends a streak: a target that follows the guesses gets a draft
+    # every step, and so does a new request (state is per request).
+    for rid in ("r", "s"):
+        history = [1, 2, 3, 1, 2, 3, 1, 2]
+        for _ in range(12):
+            draft = proposer.propose(ProposalBatch([rid], np.array([history]), np.array([len(history)])))[0]
+            assert draft
+            history = history + draft[:1]
