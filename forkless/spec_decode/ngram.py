@@ -13,6 +13,14 @@ Invariants:
       and a draft never reads past the history.
     * The latest occurrence wins: in text that repeats, the nearest repetition is the most
       likely to continue the same way (and in code edits, the most recent version).
+    * A request whose drafts keep being rejected gets fewer of them: after ``m >= 2``
+      drafts in a row of which the target kept nothing, the next ``min(2 ** (m - 1),
+      MAX_BACKOFF)`` lookups for it are skipped, and one kept draft token ends the streak.
+      A rejected draft costs a verification of ``1 + k`` positions and the rejection
+      sampler for one token, so text that does not repeat decodes at about the plain
+      speed, while text that does keeps its drafts. Whether a draft was kept is read off
+      the history (the tokens that followed it), so no feedback channel is needed; the
+      state of a request that leaves the batch is dropped (it starts afresh).
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from forkless.spec_decode.config import SpeculativeConfig
 from forkless.spec_decode.interface import ProposalBatch, Proposer
+
+#: Most lookups skipped after a streak of rejected drafts.
+MAX_BACKOFF = 16
 
 
 def propose_ngram(history: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:
@@ -58,8 +69,27 @@ class NgramProposer(Proposer):
         assert config.prompt_lookup_min is not None and config.prompt_lookup_max is not None
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
+        # Request id -> (its last draft, history length then, rejected streak, lookups to skip).
+        self._last: dict[str, tuple[list[int], int, int, int]] = {}
 
     def propose(self, batch: ProposalBatch) -> list[list[int]]:
         k = self.num_speculative_tokens
-        return [propose_ngram(batch.token_ids[i, : int(n)], self.min_n, self.max_n, k).tolist()
-                for i, n in enumerate(batch.num_tokens)]
+        drafts: list[list[int]] = []
+        last: dict[str, tuple[list[int], int, int, int]] = {}
+        for i, rid in enumerate(batch.request_ids):
+            n = int(batch.num_tokens[i])
+            history = batch.token_ids[i, :n]
+            previous, then, streak, skip = self._last.get(rid, ([], 0, 0, 0))
+            if previous and n > then:
+                # The target kept the draft's first token iff it follows the old history.
+                streak = 0 if int(history[then]) == previous[0] else streak + 1
+                skip = min(2 ** (streak - 1), MAX_BACKOFF) if streak >= 2 else 0
+            if skip:
+                skip -= 1
+                draft: list[int] = []
+            else:
+                draft = propose_ngram(history, self.min_n, self.max_n, k).tolist()
+            last[rid] = (draft, n, streak, skip)
+            drafts.append(draft)
+        self._last = last
+        return drafts
