@@ -6,11 +6,16 @@ kernel times) and the wall time per step. The gap between the two is host time t
 device waited for; kernel counts show what fusion would remove.
 
     python benchmarks/profile_decode.py --shape llama3-8b --dtype bfloat16 [--enforce-eager]
+    python benchmarks/profile_decode.py --shape qwen3-0.6b --batch 64 --lora-adapters 8  # multi-LoRA
+
+``--lora-adapters N`` spreads the batch round-robin over N random rank-``--lora-rank``
+adapters on every projection (as ``benchmarks/lora.py`` writes them).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +31,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--async-scheduling", action="store_true")
+    parser.add_argument("--lora-adapters", type=int, default=0)
+    parser.add_argument("--lora-rank", type=int, default=16)
     args = parser.parse_args()
 
     import torch
@@ -36,15 +43,29 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model = write_model_folder(Path(tmp) / args.shape, args.shape, dtype=args.dtype)
+        loras, lora_args = None, {}
+        if args.lora_adapters:
+            import json
+
+            from forkless.lora import LoRARequest
+
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from lora import write_adapter  # benchmarks/lora.py
+
+            hf = json.loads((model / "config.json").read_text())
+            loras = [LoRARequest(f"a{i}", i + 1, str(write_adapter(Path(tmp) / f"a{i}", hf, args.lora_rank, i)))
+                     for i in range(args.lora_adapters)]
+            loras = [loras[j % len(loras)] for j in range(args.batch)]
+            lora_args = dict(enable_lora=True, max_loras=args.lora_adapters, max_lora_rank=args.lora_rank)
         llm = LLM(str(model), dtype=args.dtype, load_format="dummy", max_num_seqs=max(args.batch, 1),
-                  enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling)
+                  enforce_eager=args.enforce_eager, async_scheduling=args.async_scheduling, **lora_args)
         prompts = [{"prompt_token_ids": [100 + i + j for i in range(args.prompt_len)]}
                    for j in range(args.batch)]
 
         def run(n: int) -> float:
             params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True, detokenize=False)
             t0 = time.perf_counter()
-            llm.generate(prompts, params, use_tqdm=False)
+            llm.generate(prompts, params, use_tqdm=False, lora_request=loras)
             return time.perf_counter() - t0
 
         run(8)
@@ -60,7 +81,7 @@ def main() -> None:
     events.sort(key=dev_time, reverse=True)
     total = sum(dev_time(e) for e in events)
     steps = args.steps + 1
-    print(f"shape={args.shape} dtype={args.dtype} batch={args.batch} "
+    print(f"shape={args.shape} dtype={args.dtype} batch={args.batch} lora_adapters={args.lora_adapters} "
           f"eager={args.enforce_eager} async={args.async_scheduling}")
     print(f"wall per decode step: {wall * 1e3:.3f} ms; GPU kernel time per step "
           f"(incl. prefill, /{steps}): {total / steps / 1e3:.3f} ms")
