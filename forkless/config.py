@@ -553,7 +553,7 @@ class EngineArgs:
                 max_lora_rank=self.max_lora_rank,
                 max_cpu_loras=self.max_cpu_loras or self.max_loras,
             ) if self.enable_lora else None,
-            speculative_config=self._speculative_config(),
+            speculative_config=self._speculative_config(model_path),
         )
         current_platform.verify_model_arch(architecture)
         current_platform.check_and_update_config(config)
@@ -577,12 +577,14 @@ class EngineArgs:
                 raise ValueError("--speculative-config applies to generation, not to --runner pooling")
         return pooler, st_max_len
 
-    def _speculative_config(self) -> SpeculativeConfig | None:
-        """``--speculative-config`` parsed and checked against the other flags; ``None`` without it.
+    def _speculative_config(self, model_path: Path) -> SpeculativeConfig | None:
+        """``--speculative-config`` parsed and checked against the other flags and, for a
+        draft model, against the target in ``model_path``; ``None`` without it.
 
         Raises:
             ValueError: Invalid JSON or keys, an unknown ``method`` (the message lists the
-                registered ones), or a combination not supported yet.
+                registered ones), a draft model of another vocabulary, or a combination not
+                supported yet.
         """
         if self.speculative_config is None:
             return None
@@ -601,6 +603,10 @@ class EngineArgs:
             ProposerRegistry.resolve(spec.method)  # an unknown method fails here, not in a worker
         except RegistryError as exc:
             raise ValueError(f"--speculative-config: {exc.args[0]}") from None
+        if spec.method == "draft_model":
+            from forkless.spec_decode.config import check_draft_model
+
+            check_draft_model(model_path, spec.model or "")
         return spec
 
     def check_class_paths(self) -> None:

@@ -100,16 +100,23 @@ class _Completion:
             self._add_logprobs(out.new_logprobs)
         stopped_by_text = False
         if self.detok is not None:
-            new_text = self.detok.update(out.new_token_ids)
-            self.text += new_text
-            if self.stop and new_text and len(self.token_ids) >= self.params.min_tokens:
-                found = self.stop.find(self.text, len(new_text), self.params.include_stop_str_in_output)
-                if found is not None:
-                    self.stop_reason, keep = found
-                    self.text = self.text[:keep]
-                    stopped_by_text = out.finish_reason is None
-                    self.finish_reason = "stop"
-                    return stopped_by_text
+            new_ids = out.new_token_ids
+            # Several tokens at once (accepted speculative drafts) go one by one while stop
+            # strings apply: the output ends at the token that completes one, as without
+            # speculation.
+            pieces = [[t] for t in new_ids] if self.stop and len(new_ids) > 1 else [new_ids]
+            for after, piece in enumerate(reversed(range(len(pieces)))):
+                new_text = self.detok.update(pieces[after])
+                self.text += new_text
+                if self.stop and new_text and len(self.token_ids) - piece >= self.params.min_tokens:
+                    found = self.stop.find(self.text, len(new_text), self.params.include_stop_str_in_output)
+                    if found is not None:
+                        del self.token_ids[len(self.token_ids) - piece:]
+                        self.stop_reason, keep = found
+                        self.text = self.text[:keep]
+                        stopped_by_text = out.finish_reason is None
+                        self.finish_reason = "stop"
+                        return stopped_by_text
         if out.finish_reason is not None:
             self.finish_reason = str(getattr(out.finish_reason, "value", out.finish_reason))
             self.stop_reason = out.stop_reason

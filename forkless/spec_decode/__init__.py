@@ -2,19 +2,20 @@
 
 Public names (provisional tier): :class:`Proposer` (subclass it for a proposer),
 :class:`ProposerRegistry` (``register(name, "pkg.mod:Class")`` from a general plugin),
-:class:`ProposalBatch`, :class:`SpeculativeConfig`. Built-in: ``ngram``.
+:class:`ProposalBatch`, :class:`StepRow`, :class:`SpeculativeConfig`. Built-in: ``ngram``
+and ``draft_model`` (``forkless.worker.draft_model``: a smaller model with its own paged
+KV cache in the worker). A proposer may ask for the target's last hidden states
+(``Proposer.needs_hidden_states``).
 
 The engine runs them with ``--speculative-config`` (``forkless/worker/speculation.py``
 verifies and proposes in the worker; the scheduler schedules drafts after a request's
-last token and rolls back the rejected ones). Not built yet: ``draft_model``, proposers
-that read the target's hidden states, verification under CUDA graphs and with
-``--async-scheduling`` (refused with it).
+last token and rolls back the rejected ones). ``--async-scheduling`` is refused with it.
 """
 
 from __future__ import annotations
 
 from forkless.spec_decode.config import SpeculativeConfig
-from forkless.spec_decode.interface import ProposalBatch, Proposer
+from forkless.spec_decode.interface import ProposalBatch, Proposer, StepRow
 from forkless.spec_decode.registry import ProposerRegistry
 
-__all__ = ["ProposalBatch", "Proposer", "ProposerRegistry", "SpeculativeConfig"]
+__all__ = ["ProposalBatch", "Proposer", "ProposerRegistry", "SpeculativeConfig", "StepRow"]

@@ -11,7 +11,15 @@ Invariants:
       ``num_speculative_tokens`` draft tokens. An empty list means "no guess": that
       request decodes one token as without speculation.
     * A proposer that wants the target's last hidden states says so with
-      :attr:`Proposer.needs_hidden_states`; only then are they gathered for it.
+      :attr:`Proposer.needs_hidden_states`; only then are they gathered for it. Row ``i``
+      is the hidden state (after the final norm, the LM head's input) at request ``i``'s
+      last computed position, the one whose logits gave its newest token.
+    * A proposer that runs a model of its own over the requests' tokens says so with
+      :attr:`Proposer.uses_kv_cache`: the worker then sizes the KV cache for it
+      (:meth:`Proposer.kv_bytes_per_block`, :meth:`Proposer.kv_reserved_bytes`), calls
+      :meth:`Proposer.initialize_cache` with the block count, and gives every step's rows
+      to :meth:`Proposer.propose` (``ProposalBatch.step``), speculating or not, so that its
+      cache holds what the target's holds, block for block.
     * Proposals never change what the user gets: a wrong guess costs time, not output
       (the verification keeps exactly the tokens the target itself produces).
 """
@@ -32,6 +40,30 @@ if TYPE_CHECKING:
 
 
 @dataclass
+class StepRow:
+    """One request's tokens that a step made known, for a proposer with ``uses_kv_cache``.
+
+    Attributes:
+        request_id: The request.
+        start_position: The position of ``token_ids[0]``.
+        token_ids: Tokens at ``start_position`` onwards that the target computed this step
+            (a prompt chunk, a decoded token, the accepted drafts), followed, for a
+            request of the batch (``ProposalBatch.request_ids``), by the tokens it emitted
+            this step. Rejected drafts are not in it.
+        block_ids: The request's KV-cache block ids, in order (the target's table: the
+            proposer's own cache uses the same ids).
+        speculates: Whether the request may take drafts at all (its sampling parameters
+            allow it); one that may not is only ever in the batch as a row of the step.
+    """
+
+    request_id: str
+    start_position: int
+    token_ids: list[int]
+    block_ids: "np.ndarray"
+    speculates: bool = True
+
+
+@dataclass
 class ProposalBatch:
     """The speculating requests of one step, for :meth:`Proposer.propose`.
 
@@ -41,14 +73,18 @@ class ProposalBatch:
             prompt and output tokens in its first ``num_tokens[i]`` columns (the rest is
             padding, never read).
         num_tokens: ``[len(request_ids)]`` int64: each row's token count.
-        hidden_states: ``[len(request_ids), hidden]``: the target's last hidden state per
-            request, only for a proposer with ``needs_hidden_states``; else ``None``.
+        hidden_states: ``[len(request_ids), hidden]`` (a device tensor): the target's
+            last hidden state per request, only for a proposer with
+            ``needs_hidden_states``; else ``None``.
+        step: Every row of the step (:class:`StepRow`), the batch's requests among them,
+            only for a proposer with ``uses_kv_cache``; else ``None``.
     """
 
     request_ids: list[str]
     token_ids: "np.ndarray"
     num_tokens: "np.ndarray"
     hidden_states: Any = None
+    step: "list[StepRow] | None" = None
 
 
 @stability(Stability.PROVISIONAL)
@@ -58,12 +94,17 @@ class Proposer(abc.ABC):
     Args:
         config: The speculative configuration (``num_speculative_tokens`` and the
             method's own keys).
-        **kwargs: What the worker passes besides (the device, the target's dtype); a
-            proposer takes what it needs and ignores the rest.
+        **kwargs: What the worker passes besides: ``device``, ``dtype`` (the target's),
+            ``target_model`` (the target, e.g. for its ``compute_logits``), ``runner``
+            (the worker's model runner: its engine config, attention backend and KV
+            cache dtype). A proposer takes what it needs and ignores the rest.
     """
 
     #: Whether :meth:`propose` needs ``ProposalBatch.hidden_states``.
     needs_hidden_states: ClassVar[bool] = False
+    #: Whether the proposer keeps a paged KV cache of its own in step with the target's
+    #: (see the module's invariants); :meth:`propose` then gets ``ProposalBatch.step``.
+    uses_kv_cache: ClassVar[bool] = False
 
     def __init__(self, config: "SpeculativeConfig", **kwargs: Any) -> None:
         self.config = config
@@ -77,3 +118,15 @@ class Proposer(abc.ABC):
             One list per request, in batch order, of at most ``num_speculative_tokens``
             token ids (possibly empty).
         """
+
+    def kv_bytes_per_block(self) -> int:
+        """Bytes of the proposer's own KV cache per block of the target's (``uses_kv_cache``);
+        the worker divides its KV budget by the sum of both."""
+        return 0
+
+    def kv_reserved_bytes(self) -> int:
+        """Bytes besides (scratch space), taken from the KV budget before it is divided."""
+        return 0
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        """Allocate the proposer's cache for ``num_blocks`` blocks (``uses_kv_cache``)."""

@@ -1,7 +1,8 @@
 """``ProposerRegistry``: speculative proposers by name, imported on first use.
 
-``--speculative-config``'s ``method`` is a name registered here (the built-in ``ngram``;
-``draft_model`` is not built yet), or one a general plugin registers with
+``--speculative-config``'s ``method`` is a name registered here (the built-ins ``ngram`` and
+``draft_model``, the latter in ``forkless.worker.draft_model`` since it runs a model in the
+worker), or one a general plugin registers with
 :meth:`ProposerRegistry.register`) or a ``pkg.mod:Class`` path; an unknown name is an
 error listing the registered ones.
 """
@@ -15,6 +16,7 @@ from forkless.spec_decode.interface import Proposer
 
 _BUILTIN_PROPOSERS = {
     "ngram": "forkless.spec_decode.ngram:NgramProposer",
+    "draft_model": "forkless.worker.draft_model:DraftModelProposer",
 }
 
 

@@ -35,7 +35,8 @@ from forkless.protocol.step import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
 from forkless.sample import InputBatch, LogprobsTensors, Sampler, gather_logprobs
 from forkless.sampling_params import SamplingParams
 from forkless.worker.kv_budget import kv_cache_torch_dtype
-from forkless.worker.speculation import Verification, propose, speculates, verify
+from forkless.spec_decode.interface import StepRow
+from forkless.worker.speculation import Verification, last_hidden_states, propose, speculates, verify
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
@@ -77,6 +78,8 @@ class _PendingStep:
     prompt_done: list[tuple[str, _RequestState]] = field(default_factory=list)
     # Speculative decoding: this step's verified drafts, being copied to the host.
     verification: Verification | None = None
+    # Each row's hidden state at its last scheduled position, for a proposer that reads them.
+    last_hidden: torch.Tensor | None = None
 
 
 @dataclass
@@ -161,7 +164,8 @@ class ModelRunner:
             from forkless.spec_decode.registry import ProposerRegistry
 
             spec = config.speculative_config
-            self.proposer = ProposerRegistry.resolve(spec.method)(spec, device=device, dtype=self.dtype)
+            self.proposer = ProposerRegistry.resolve(spec.method)(spec, device=device, dtype=self.dtype,
+                                                                  target_model=self.model, runner=self)
         self.requests: dict[str, _RequestState] = {}
         # Row r holds the block table of the request whose table_row is r, in its first
         # num_blocks columns; the rest of the row is 0 (a kernel reading padding stays in
@@ -203,14 +207,22 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        """KV bytes of one block, all layers together."""
+        """KV bytes of one block, all layers together (a draft model's cache included)."""
         elems = int(np.prod(self._layer_shape(1)))
-        return elems * self.kv_cache_dtype.itemsize * self.kv_spec.num_layers
+        own = elems * self.kv_cache_dtype.itemsize * self.kv_spec.num_layers
+        return own + (self.proposer.kv_bytes_per_block() if self.proposer is not None else 0)
+
+    @property
+    def kv_reserved_bytes(self) -> int:
+        """KV-budget bytes taken before it is divided into blocks (a draft model's scratch)."""
+        return self.proposer.kv_reserved_bytes() if self.proposer is not None else 0
 
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate one cache tensor per layer (zeroed: kernels may read padding)."""
         shape = self._layer_shape(num_blocks)
         self.kv_caches = [self._zeros(shape) for _ in range(self.kv_spec.num_layers)]
+        if self.proposer is not None:
+            self.proposer.initialize_cache(num_blocks)
         if self.use_cuda_graphs:
             from forkless.worker.cuda_graphs import DecodeGraphs
 
@@ -319,7 +331,8 @@ class ModelRunner:
                                                    count=len(rows)))
         if self._graph_fits(rows):
             # Every row decodes its last known token: no prompt position to score.
-            logits = self.model.compute_logits(self._run_decode_graph(rows))
+            hidden, last_idx = self._run_decode_graph(rows), None
+            logits = self.model.compute_logits(hidden)
         elif self._verify_graph_fits(rows):
             hidden, starts, last_idx = self._run_verify_graph(rows)
             logits = self.model.compute_logits(hidden[last_idx])
@@ -330,10 +343,14 @@ class ModelRunner:
             prompt_parts = self._prompt_logprobs(rows, hidden, attn_md.query_start_loc_cpu)
             if not any(s.sample for s in rows):
                 # Only prefill chunks that end mid-prompt.
-                return _PendingStep(ready=self._record() if prompt_parts else None, prompt_parts=prompt_parts)
+                # (A draft model computes them too: the rows go to collect().)
+                return _PendingStep(rows, ready=self._record() if prompt_parts else None, prompt_parts=prompt_parts)
             logits = self.model.compute_logits(hidden[last_idx])
             if any(s.num_spec_tokens for s in rows):
                 verification = self._verify(rows, hidden, attn_md.query_start_loc_cpu)
+        last_hidden = None
+        if self.proposer is not None and self.proposer.needs_hidden_states:
+            last_hidden = hidden if last_idx is None else hidden[last_idx]
         out = self.sampler(logits, metadata)
         # Row order of this step: the next step's placeholders read their tokens here.
         self._prev_sampled = out.sampled_token_ids
@@ -347,7 +364,7 @@ class ModelRunner:
         prompt_done = [(s.request_id, state) for s in rows if s.sample
                        and (state := requests[s.request_id]).prompt_logprobs is not None]
         return _PendingStep(rows, out, metadata.num_logprobs, host, self._record(),
-                            prompt_parts, prompt_done, verification)
+                            prompt_parts, prompt_done, verification, last_hidden)
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """Queue a device -> host copy (complete once the next ``_record()`` event is)."""
@@ -407,6 +424,8 @@ class ModelRunner:
             for offset, (ids, values, rank) in enumerate(entries):
                 owed[part.first_position + offset] = [ids, values, rank]
         if pending.out is None:
+            if pending.rows and self.proposer is not None and self.proposer.uses_kv_cache:
+                self._propose(pending.rows, [[] for _ in pending.rows], ModelRunnerOutput(), pending)
             return self._lora_counts(ModelRunnerOutput())
         rows, out = pending.rows, pending.out
         assert pending.sampled_host is not None
@@ -428,7 +447,7 @@ class ModelRunner:
             sampled_token_ids={s.request_id: t for s, t in zip(rows, sampled) if s.sample}
         )
         if self.proposer is not None:
-            self._propose(rows, result, pending.verification)
+            self._propose(rows, sampled, result, pending)
         if out.logprobs is not None:
             per_row = out.logprobs.tolists(pending.num_logprobs)
             result.logprobs = {
@@ -450,17 +469,41 @@ class ModelRunner:
         return verify(rows, [requests[s.request_id].params for s in rows], hidden, starts,
                       self.model.compute_logits, self._to_device, self._to_host)
 
-    def _propose(self, rows: list[ScheduledRequest], result: ModelRunnerOutput,
-                 verification: Verification | None) -> None:
+    def _propose(self, rows: list[ScheduledRequest], sampled: list[list[int]], result: ModelRunnerOutput,
+                 pending: _PendingStep) -> None:
         """Drafts for the next step of every request that may speculate (with this step's
         tokens in its history), and this step's verification counts."""
-        assert self.proposer is not None
+        proposer = self.proposer
+        assert proposer is not None
         requests = self.requests
-        histories = [(s.request_id, state.prompt_token_ids, state.output_token_ids) for s in rows
+        spec_rows = [i for i, s in enumerate(rows)
                      if s.sample and (state := requests.get(s.request_id)) is not None and speculates(state.params)]
-        result.spec_token_ids = propose(self.proposer, histories)
-        if verification is not None:
-            result.spec_stats = verification.stats(self.proposer.num_speculative_tokens)
+        histories = [(rows[i].request_id, (state := requests[rows[i].request_id]).prompt_token_ids,
+                      state.output_token_ids) for i in spec_rows]
+        hidden = None
+        if proposer.needs_hidden_states and spec_rows and pending.last_hidden is not None:
+            hidden = last_hidden_states(pending.last_hidden, pending.verification, spec_rows, self._to_device)
+        step = self._step_rows(rows, sampled, set(spec_rows)) if proposer.uses_kv_cache else None
+        result.spec_token_ids = propose(proposer, histories, hidden, step)
+        if pending.verification is not None:
+            result.spec_stats = pending.verification.stats(proposer.num_speculative_tokens)
+
+    def _step_rows(self, rows: list[ScheduledRequest], sampled: list[list[int]], emitting: set[int]) -> list[StepRow]:
+        """The step's rows for a proposer with a KV cache of its own: the tokens the target
+        computed (rejected drafts left out), then, for the rows in ``emitting``, the
+        tokens they emitted."""
+        step = []
+        requests = self.requests
+        for i, s in enumerate(rows):
+            state = requests.get(s.request_id)
+            if state is None:
+                continue
+            tokens = s.token_ids[: len(s.token_ids) - s.num_spec_tokens]
+            if i in emitting:
+                tokens = tokens + sampled[i]
+            step.append(StepRow(s.request_id, s.start_position, list(tokens),
+                                self.block_table[state.table_row, : state.num_blocks], speculates(state.params)))
+        return step
 
     def _lora_counts(self, output: ModelRunnerOutput) -> ModelRunnerOutput:
         """Add the LoRA manager's cumulative loads and evictions (for the metrics), and the

@@ -14,19 +14,22 @@ Invariants:
       that distribution; the others decode a token a step, in the same batches.
     * The verification is batched on the device; its tokens reach the host with the
       step's own sampled tokens, in the same copy wait.
+    * A proposer's hidden states (``needs_hidden_states``) are each request's hidden state
+      at its last computed position: for a verified row, the position of its last
+      accepted draft (or of its last known token when none was), picked on the device.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from forkless.protocol.step import ScheduledRequest, SpecDecodeStats
 from forkless.sampling_params import SAMPLING_EPS, SamplingParams
-from forkless.spec_decode.interface import ProposalBatch, Proposer
+from forkless.spec_decode.interface import ProposalBatch, Proposer, StepRow
 from forkless.spec_decode.rejection_sampler import PAD_TOKEN_ID, rejection_sample
 
 
@@ -49,12 +52,16 @@ class Verification:
         num_drafts: Each one's draft count.
         tokens: ``[len(row_indices), k + 1]`` emitted tokens (host copy).
         num_emitted: ``[len(row_indices)]`` (host copy).
+        hidden: ``[len(row_indices), k + 1, hidden]`` the target's hidden states at the
+            verified positions (device; what the logits came from), for proposers that
+            read them.
     """
 
     row_indices: list[int]
     num_drafts: np.ndarray
     tokens: torch.Tensor
     num_emitted: torch.Tensor
+    hidden: torch.Tensor | None = None
 
     def emitted(self) -> dict[int, list[int]]:
         """Row index -> its emitted tokens (once the copy is complete)."""
@@ -91,7 +98,8 @@ def verify(rows: list[ScheduledRequest], params: list[SamplingParams], hidden: t
                      dtype=np.int64)
     # k + 1 positions per row; a row with fewer drafts repeats its last (never read).
     gather = np.minimum(first[:, None] + np.arange(k + 1)[None, :], (first + num_drafts)[:, None])
-    logits = compute_logits(hidden[to_device(gather.reshape(-1))]).view(len(idx), k + 1, -1)
+    scored = hidden[to_device(gather.reshape(-1))]
+    logits = compute_logits(scored).view(len(idx), k + 1, -1)
     drafts = np.full((len(idx), k), PAD_TOKEN_ID, dtype=np.int64)
     for j, i in enumerate(idx):
         drafts[j, : num_drafts[j]] = rows[i].token_ids[len(rows[i].token_ids) - num_drafts[j]:]
@@ -104,22 +112,50 @@ def verify(rows: list[ScheduledRequest], params: list[SamplingParams], hidden: t
         to_device(drafts), to_device(num_drafts), logits, to_device(temperature),
         top_k=to_device(top_k) if (top_k < vocab).any() else None,
         top_p=to_device(top_p) if (top_p < 1.0).any() else None)
-    return Verification(idx, num_drafts, to_host(tokens), to_host(emitted))
+    return Verification(idx, num_drafts, to_host(tokens), to_host(emitted), scored.view(len(idx), k + 1, -1))
 
 
-def propose(proposer: Proposer, histories: list[tuple[str, list[int], list[int]]]) -> dict[str, list[int]]:
-    """The proposer's drafts for requests ``(id, prompt, output)``; only non-empty ones."""
+def last_hidden_states(last_hidden: torch.Tensor, verification: Verification | None, rows: list[int],
+                       to_device: Callable[[np.ndarray], torch.Tensor]) -> torch.Tensor:
+    """Each of ``rows``' hidden state at its last computed position (see the invariants).
+
+    Args:
+        last_hidden: ``[num_rows, hidden]``: each row's hidden state at its last scheduled
+            position (right for the rows without drafts).
+        verification: The step's verification (its results on the host), or ``None``.
+        rows: The step's row indexes wanted, in order.
+        to_device: Host array -> device tensor.
+    """
+    if verification is not None and verification.hidden is not None:
+        last_hidden = last_hidden.clone()
+        emitted = verification.num_emitted.numpy().astype(np.int64)
+        picked = verification.hidden[to_device(np.arange(len(emitted))), to_device(emitted - 1)]
+        last_hidden[to_device(np.asarray(verification.row_indices, dtype=np.int64))] = picked
+    return last_hidden[to_device(np.asarray(rows, dtype=np.int64))]
+
+
+def propose(proposer: Proposer, histories: list[tuple[str, list[int], list[int]]], hidden_states: Any = None,
+            step: list[StepRow] | None = None) -> dict[str, list[int]]:
+    """The proposer's drafts for requests ``(id, prompt, output)``; only non-empty ones.
+
+    ``hidden_states`` and ``step`` go into the :class:`ProposalBatch` (for the proposers
+    that ask for them). With ``step``, the proposer runs even without requests to propose
+    for: its cache must follow every step.
+    """
     if not histories:
+        if step:
+            proposer.propose(ProposalBatch([], np.zeros((0, 0), dtype=np.int64), np.zeros(0, dtype=np.int64),
+                                           step=step))
         return {}
     lengths = np.array([len(p) + len(o) for _, p, o in histories], dtype=np.int64)
     ids = np.zeros((len(histories), int(lengths.max())), dtype=np.int64)
     for row, (_, prompt, output) in enumerate(histories):
         ids[row, : len(prompt)] = prompt
         ids[row, len(prompt) : lengths[row]] = output
-    batch = ProposalBatch([rid for rid, _, _ in histories], ids, lengths)
+    batch = ProposalBatch([rid for rid, _, _ in histories], ids, lengths, hidden_states, step)
     drafts = proposer.propose(batch)
     k = proposer.num_speculative_tokens
     return {rid: [int(t) for t in d[:k]] for (rid, _, _), d in zip(histories, drafts) if len(d)}
 
 
-__all__ = ["Verification", "propose", "speculates", "verify"]
+__all__ = ["Verification", "last_hidden_states", "propose", "speculates", "verify"]

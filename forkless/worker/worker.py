@@ -101,6 +101,9 @@ class Worker:
             used_bytes=used,
             bytes_per_block=per_block,
         )
+        # A draft model's scratch blocks come out of the same budget (its per-block share
+        # is in per_block already).
+        budget = max(0, budget - runner.kv_reserved_bytes)
         num_blocks = num_blocks_for(budget, per_block, self.config)
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB)",

@@ -114,7 +114,7 @@ def test_sampled_requests_speculate_and_finish(spec_llm: LLM) -> None:
 
 
 @pytest.mark.parametrize("config,needle", [
-    ({"method": "medusa9", "num_speculative_tokens": 2}, "registered: ngram"),
+    ({"method": "medusa9", "num_speculative_tokens": 2}, "registered: draft_model, ngram"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": -1}, "prompt_lookup_max"),
     ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2, "k": 1}', "'k'"),
 ])
