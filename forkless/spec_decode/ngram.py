@@ -7,8 +7,9 @@ occurrence are the draft (up to ``num_speculative_tokens``, fewer when the histo
 first). No occurrence: no draft.
 
 Invariants:
-    * The lookup is vectorised over the history with numpy (sliding windows compared at
-      once); Python loops only over requests and over the few ``n``.
+    * The lookup is vectorised over the history with numpy (one comparison with the last
+      token finds every candidate, which are then extended backwards together); Python
+      loops only over requests and over the few ``n``.
     * An occurrence must end before the last token, so the suffix never matches itself,
       and a draft never reads past the history.
     * The latest occurrence wins: in text that repeats, the nearest repetition is the most
@@ -28,7 +29,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
 from forkless.spec_decode.config import SpeculativeConfig
 from forkless.spec_decode.interface import ProposalBatch, Proposer
@@ -40,6 +40,11 @@ MAX_BACKOFF = 16
 def propose_ngram(history: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:
     """The draft for one token history.
 
+    The longest suffix of ``n <= max_n`` tokens that occurred before wins; among its
+    occurrences, the latest. Found from the occurrences of the last token alone (one
+    comparison over the history), each extended backwards up to ``max_n`` tokens, so the
+    cost is a handful of numpy calls whatever ``max_n``.
+
     Args:
         history: 1-D int array, the request's tokens in order.
         min_n: Shortest suffix looked up.
@@ -50,15 +55,25 @@ def propose_ngram(history: np.ndarray, min_n: int, max_n: int, k: int) -> np.nda
         A 1-D int array of 0 to ``k`` tokens.
     """
     length = len(history)
-    for n in range(min(max_n, length - 1), min_n - 1, -1):
-        # Windows that start at 0 .. length-n-1: every earlier occurrence, never the
-        # suffix itself (which starts at length-n).
-        windows = sliding_window_view(history[: length - 1], n)
-        hits = np.flatnonzero((windows == history[length - n:]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return history[start : start + k]
-    return history[:0]
+    # Where earlier occurrences end: the last token's occurrences before the last position.
+    ends = np.flatnonzero(history[: length - 1] == history[length - 1])
+    if ends.size == 0 or min_n > length - 1:
+        return history[:0]
+    # matched[c]: how many tokens, counted backwards from ends[c], equal the suffix's.
+    matched = np.ones(ends.size, dtype=np.int64)
+    alive = np.ones(ends.size, dtype=bool)
+    for j in range(1, min(max_n, length - 1)):
+        prev = ends - j
+        alive &= prev >= 0
+        alive[alive] = history[prev[alive]] == history[length - 1 - j]
+        if not alive.any():
+            break
+        matched += alive
+    n = int(matched.max())
+    if n < min_n:
+        return history[:0]
+    start = int(ends[np.flatnonzero(matched >= n)[-1]]) + 1
+    return history[start : start + k]
 
 
 class NgramProposer(Proposer):

@@ -117,11 +117,40 @@ def test_ngram_backs_off_after_rejected_drafts() -> None:
         history = history + [draft[0] % 3 + 1 if draft else 1]  # never the guess
     # Two rejected drafts in a row -> 2 lookups skipped, three -> 4, then 8, then 16 (the cap).
     assert [i for i, d in enumerate(drafted) if d] == [0, 1, 4, 9, 18]
-    # A kept draft token ends a streak: a target that follows the guesses gets a draft
-    # every step, and so does a new request (state is per request).
-    for rid in ("r", "s"):
-        history = [1, 2, 3, 1, 2, 3, 1, 2]
-        for _ in range(12):
-            draft = proposer.propose(ProposalBatch([rid], np.array([history]), np.array([len(history)])))[0]
-            assert draft
-            history = history + draft[:1]
+    # Once the skipped lookups are over, a kept draft token ends the streak: a target that
+    # follows the guesses gets a draft every step.
+    def step(rid: str, follow: bool) -> list[int]:
+        nonlocal history
+        draft = proposer.propose(ProposalBatch([rid], np.array([history]), np.array([len(history)])))[0]
+        history = history + (draft[:1] if draft and follow else [1])
+        return draft
+
+    while not step("r", follow=True):
+        pass
+    assert all(step("r", follow=True) for _ in range(12))
+    # State is per request: a new one gets drafts at once.
+    history = [1, 2, 3, 1, 2, 3, 1, 2]
+    assert all(step("s", follow=True) for _ in range(12))
+
+
+def _lookup_by_hand(history: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    # The definition, one window at a time: longest suffix first, latest occurrence first.
+    length = len(history)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = history[length - n:]
+        for start in range(length - 1 - n, -1, -1):
+            if history[start:start + n] == suffix:
+                return history[start + n:start + n + k]
+    return []
+
+
+def test_ngram_lookup_equals_its_definition() -> None:
+    # Small vocabularies, so that suffixes repeat at every length.
+    rng = np.random.RandomState(0)
+    for _ in range(3000):
+        history = rng.randint(0, rng.randint(1, 6), size=rng.randint(1, 40)).tolist()
+        min_n = rng.randint(1, 4)
+        max_n = rng.randint(min_n, 6)
+        k = rng.randint(1, 6)
+        got = propose_ngram(np.array(history, dtype=np.int64), min_n, max_n, k).tolist()
+        assert got == _lookup_by_hand(history, min_n, max_n, k), (history, min_n, max_n, k)
