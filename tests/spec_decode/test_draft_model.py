@@ -21,14 +21,10 @@ from forkless.sampling_params import SamplingParams
 from forkless.spec_decode import ProposalBatch, Proposer
 from forkless.spec_decode.ngram import propose_ngram
 from tests.engine.tiny_models import make_model
+from tests.spec_decode import test_engine_spec as ngram_tests
 
 K = 3
-PROMPTS = [
-    "the cat sat on the mat the cat sat on the mat the cat sat on",
-    "a b c d a b c d a b c d a b c d a b",
-    "Paris is the capital of France. Paris is the capital of",
-    "one two three four five six seven",
-]
+PROMPTS = ngram_tests.PROMPTS
 GREEDY = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
 
 
@@ -145,42 +141,20 @@ def test_chunked_prefill_and_prefix_hits(draft_llm: LLM, reference: LLM) -> None
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
 
 
+# The ngram tests' checks, here with drafts from a model.
 @pytest.mark.parametrize("max_tokens", [1, 2, 4, 6, 9])
 def test_max_tokens_inside_an_accepted_run(same_llm: LLM, reference: LLM, max_tokens: int) -> None:
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    got = _tokens(same_llm, PROMPTS, params)
-    assert got == _tokens(reference, PROMPTS, params)
-    assert all(len(t) == max_tokens for t in got)
+    ngram_tests.test_max_tokens_inside_an_accepted_run(same_llm, reference, max_tokens)
 
 
 def test_stops_inside_an_accepted_run(same_llm: LLM, reference: LLM) -> None:
-    plain = [o.outputs[0] for o in reference.generate(PROMPTS[:2], GREEDY, use_tqdm=False)]
-    text = plain[1].text
-    stop = text[len(text) // 2: len(text) // 2 + 3]
-    assert stop.strip(), text
-    params = [SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=[plain[0].token_ids[9]]),
-              SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop=[stop])]
-    got = [o.outputs[0] for o in same_llm.generate(PROMPTS[:2], params, use_tqdm=False)]
-    want = [o.outputs[0] for o in reference.generate(PROMPTS[:2], params, use_tqdm=False)]
-    for g, w in zip(got, want):
-        assert (list(g.token_ids), g.text, g.finish_reason, g.stop_reason) == (
-            list(w.token_ids), w.text, w.finish_reason, w.stop_reason)
-    assert got[0].stop_reason == plain[0].token_ids[9] and got[1].stop_reason == stop
+    ngram_tests.test_stops_inside_an_accepted_run(same_llm, reference)
 
 
 def test_mixed_batch_logprobs_and_sampling(draft_llm: LLM, reference: LLM) -> None:
     """Logprobs and penalties keep a request from speculating: it still runs in the draft's
     batches (its blocks may be hit later), and nothing changes for it."""
-    params = [SamplingParams(max_tokens=24, temperature=0, ignore_eos=True),
-              SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=2),
-              SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, repetition_penalty=1.3),
-              SamplingParams(max_tokens=24, temperature=0, min_tokens=5)]
-    got = draft_llm.generate(PROMPTS, params, use_tqdm=False)
-    want = reference.generate(PROMPTS, params, use_tqdm=False)
-    for g, w in zip(got, want):
-        assert list(g.outputs[0].token_ids) == list(w.outputs[0].token_ids)
-    lp_got, lp_want = got[1].outputs[0].logprobs, want[1].outputs[0].logprobs
-    assert [sorted(e) for e in lp_got] == [sorted(e) for e in lp_want]
+    ngram_tests.test_mixed_batch_some_requests_do_not_speculate(draft_llm, reference)
     # The prompt of the logprobs request, hit from the cache by a speculating one.
     assert _tokens(draft_llm, PROMPTS[1:2], GREEDY) == _tokens(reference, PROMPTS[1:2], GREEDY)
     sampled = SamplingParams(max_tokens=20, temperature=0.8, top_k=20, ignore_eos=True)
