@@ -12,16 +12,17 @@ if TYPE_CHECKING:
     from forkless.engine.async_llm import AsyncLLM
     from forkless.entrypoints.llm import LLM
     from forkless.models.registry import ModelRegistry
-    from forkless.sampling_params import SamplingParams
+    from forkless.sampling_params import SamplingParams, StructuredOutputsParams
 
 _LAZY = {
     "LLM": "forkless.entrypoints.llm",
     "SamplingParams": "forkless.sampling_params",
+    "StructuredOutputsParams": "forkless.sampling_params",
     "AsyncLLM": "forkless.engine.async_llm",
     "ModelRegistry": "forkless.models.registry",
 }
 
-__all__ = ["LLM", "SamplingParams", "AsyncLLM", "ModelRegistry", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "AsyncLLM", "ModelRegistry", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

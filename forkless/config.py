@@ -27,6 +27,7 @@ from forkless.core.sched.config import SCHEDULING_POLICIES, SchedulerConfig
 from forkless.logger import init_logger
 from forkless.pooling.config import CONVERTS, RUNNERS, PoolerConfig
 from forkless.spec_decode.config import SpeculativeConfig
+from forkless.structured_output.config import StructuredOutputsConfig
 
 logger = init_logger(__name__)
 
@@ -220,6 +221,8 @@ class EngineConfig:
         logits_processors: ``--logits-processors`` class paths.
         lora_config: Multi-LoRA serving, or ``None`` without ``--enable-lora``.
         speculative_config: Speculative decoding (``--speculative-config``), or ``None``.
+        structured_outputs_config: Structured outputs (``--structured-outputs-config``);
+            ``None``: the defaults (backend ``xgrammar``).
     """
 
     model_config: ModelConfig
@@ -231,6 +234,7 @@ class EngineConfig:
     logits_processors: list[str] = field(default_factory=list)
     lora_config: LoRAConfig | None = None
     speculative_config: SpeculativeConfig | None = None
+    structured_outputs_config: StructuredOutputsConfig | None = None
 
     def to_builtins(self) -> dict[str, Any]:
         """Plain dicts/lists/scalars, ready for msgpack or JSON."""
@@ -308,6 +312,8 @@ class EngineArgs:
     max_cpu_loras: int | None = None  # None: max_loras
     # --speculative-config: a JSON object (string) or a dict, vLLM's keys.
     speculative_config: str | dict[str, Any] | None = None
+    # --structured-outputs-config: a JSON object (string) or a dict, vLLM's keys.
+    structured_outputs_config: str | dict[str, Any] | None = None
     # --runner / --convert / --pooler-config (vLLM's): pooling models.
     runner: str = "auto"
     convert: str = "auto"
@@ -403,6 +409,10 @@ class EngineArgs:
                        help="uni, mp, or an Executor class path")
         g.add_argument("--disable-log-stats", action="store_true",
                        help="do not log throughput periodically (the /metrics endpoint stays)")
+        g.add_argument("--structured-outputs-config", default=None, metavar="JSON",
+                       help='structured outputs, vLLM\'s keys: {"backend": "xgrammar"} (xgrammar, guidance, auto or a '
+                            'class path; also disable_fallback, disable_any_whitespace, '
+                            'disable_additional_properties)')
         g.add_argument("--speculative-config", default=None, metavar="JSON",
                        help='speculative decoding, vLLM\'s keys: {"method": "ngram", "num_speculative_tokens": 4, '
                             '"prompt_lookup_max": 4} (method: a registered proposer or a class path)')
@@ -554,6 +564,7 @@ class EngineArgs:
                 max_cpu_loras=self.max_cpu_loras or self.max_loras,
             ) if self.enable_lora else None,
             speculative_config=self._speculative_config(model_path),
+            structured_outputs_config=self._structured_outputs_config(),
         )
         current_platform.verify_model_arch(architecture)
         current_platform.check_and_update_config(config)
@@ -576,6 +587,22 @@ class EngineArgs:
             if self.speculative_config is not None:
                 raise ValueError("--speculative-config applies to generation, not to --runner pooling")
         return pooler, st_max_len
+
+    def _structured_outputs_config(self) -> StructuredOutputsConfig:
+        """``--structured-outputs-config`` parsed, its backend resolved (after the general
+        plugins, which may register it).
+
+        Raises:
+            ValueError: Invalid JSON or keys, or an unknown backend (the message lists the
+                available ones).
+        """
+        from forkless.plugins import load_general_plugins
+        from forkless.structured_output.registry import check_backend
+
+        so = StructuredOutputsConfig.from_json(self.structured_outputs_config)
+        load_general_plugins()
+        check_backend(so.backend)
+        return so
 
     def _speculative_config(self, model_path: Path) -> SpeculativeConfig | None:
         """``--speculative-config`` parsed and checked against the other flags and, for a

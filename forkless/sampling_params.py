@@ -49,8 +49,7 @@ def _bad(field: str, value: Any, expected: str) -> ValueError:
 # vLLM that passes such a value gets a ValueError saying so, instead of Python's bare
 # "unexpected keyword argument"; the do-nothing values are accepted and dropped.
 _UNSUPPORTED_ARGS: dict[str, tuple[tuple[Any, ...], str]] = {
-    "structured_outputs": ((None,), "structured outputs (guided decoding) are not implemented"),
-    "guided_decoding": ((None,), "guided decoding is not implemented"),
+    "guided_decoding": ((None,), "vLLM replaced it with structured_outputs=StructuredOutputsParams(...)"),
     "logprob_token_ids": ((None,), "not implemented; use logprobs"),
     "prompt_logprob_token_ids": ((None,), "not implemented; use prompt_logprobs"),
     "prompt_logprob_start": ((None, 0), "prompt logprobs always start at the first prompt token"),
@@ -72,6 +71,85 @@ _UNSUPPORTED_ARGS: dict[str, tuple[tuple[Any, ...], str]] = {
     "logits_processors": ((None, []), "per-request callables are not supported; select batch-level "
                                       "processors with --logits-processors and pass arguments in extra_args"),
 }
+
+
+class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A constraint on what a request may generate (vLLM's ``StructuredOutputsParams``).
+
+    Exactly one of ``json``, ``regex``, ``choice``, ``grammar`` or ``json_object`` is
+    set. The engine compiles it into a grammar (``--structured-outputs-config``'s backend)
+    and masks, at every step, the tokens that would leave it; the request finishes with
+    ``stop`` when the grammar is complete.
+
+    Attributes:
+        json: A JSON schema (a dict, or its JSON text): the output is one JSON value valid
+            against it.
+        regex: A regular expression the whole output matches.
+        choice: The output is exactly one of these strings.
+        grammar: A context-free grammar: EBNF (xgrammar's GBNF dialect, ``root ::= ...``)
+            or Lark (``start: ...``; the guidance backend reads both).
+        json_object: ``True``: any JSON object.
+        disable_fallback: With backend ``auto``, fail instead of falling back to another
+            backend when the first cannot handle the constraint.
+        disable_any_whitespace: No whitespace between JSON tokens (compact JSON).
+        disable_additional_properties: JSON objects have only the schema's properties,
+            as if every object schema said ``"additionalProperties": false``.
+        whitespace_pattern: Not supported (a ValueError says so), as vLLM's v1 engine.
+        structural_tag: Not supported (a ValueError says so).
+    """
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+    # The backend the API server chose for this request ("auto" resolved); filled in by
+    # validation, read by the engine core. Not for users (vLLM's name).
+    _backend: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.choice, tuple):
+            self.choice = list(self.choice)
+        kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        if self.json_object:
+            kinds.append("json_object")
+        if self.structural_tag is not None:
+            raise ValueError("StructuredOutputsParams.structural_tag is not supported by forkless; use json, "
+                             "regex, choice or grammar")
+        if self.whitespace_pattern is not None:
+            raise ValueError("StructuredOutputsParams.whitespace_pattern is not supported (as in vLLM's v1 "
+                             "engine); use disable_any_whitespace=True for compact JSON")
+        if len(kinds) != 1:
+            raise ValueError(
+                "StructuredOutputsParams needs exactly one of json, regex, choice, grammar or json_object=True; "
+                f"got {', '.join(kinds) if kinds else 'none'}")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError(f"StructuredOutputsParams.json={self.json!r:.80} is invalid: expected a JSON schema "
+                             "(a dict or its JSON text)")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"StructuredOutputsParams.{name}={value!r:.80} is invalid: expected a non-empty "
+                                 "string")
+        if self.choice is not None and (
+            not isinstance(self.choice, list) or not self.choice
+            or not all(isinstance(c, str) and c for c in self.choice)
+        ):
+            raise ValueError(f"StructuredOutputsParams.choice={self.choice!r:.80} is invalid: expected a "
+                             "non-empty list of non-empty strings")
+
+    @property
+    def kind(self) -> str:
+        """Which constraint this is: ``json``, ``regex``, ``choice``, ``grammar`` or ``json_object``."""
+        for name in ("json", "regex", "choice", "grammar"):
+            if getattr(self, name) is not None:
+                return name
+        return "json_object"
 
 
 class _SamplingParamsMeta(type(msgspec.Struct)):  # type: ignore[misc]
@@ -135,6 +213,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
             validates its own keys in ``LogitsProcessor.validate_params``.
         eos_token_ids: The model's EOS token ids; the engine fills this from the
             generation config (``update_from_generation_config``), users need not.
+        structured_outputs: Constrain the output to a JSON schema, regex, choice or
+            grammar (:class:`StructuredOutputsParams`); ``None``: unconstrained.
         bad_words_token_ids: ``bad_words`` as token sequences; filled by
             ``update_from_tokenizer`` (the model runner calls it when it is unset).
     """
@@ -166,6 +246,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
     extra_args: dict[str, Any] | None = None
     eos_token_ids: list[int] | None = None
     bad_words_token_ids: list[list[int]] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         # Normalize first so that validate() and every consumer see one spelling.
@@ -281,6 +362,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
                     raise _bad("logit_bias", self.logit_bias, "token ids >= 0 mapped to numbers")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise _bad("extra_args", self.extra_args, "a dict")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise _bad("structured_outputs", self.structured_outputs, "a StructuredOutputsParams")
 
     # -- derived properties -------------------------------------------------------------
     @property

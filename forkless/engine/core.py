@@ -18,6 +18,8 @@ from forkless.protocol.engine import EngineCoreOutputs
 from forkless.executor import get_executor_cls
 from forkless.logger import init_logger
 from forkless.metrics.step_trace import StepTrace
+from forkless.structured_output.config import StructuredOutputsConfig
+from forkless.structured_output.manager import StructuredOutputManager
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
@@ -95,6 +97,10 @@ class EngineCore:
             # (request id, reason) of requests a worker could not run (their adapter failed
             # to load), finished here; the caller tells their clients (take_request_errors).
             self._request_errors: list[tuple[str, str]] = []
+            # Structured outputs: constrained requests wait here, with their adapter, while
+            # their grammar compiles on the manager's threads (forkless.structured_output).
+            self._structured = _structured_output_manager(config)
+            self._grammar_held: dict[str, tuple[Request, LoRARequest | None]] = {}
         except BaseException:
             self.executor.shutdown()
             raise
@@ -128,12 +134,24 @@ class EngineCore:
             client_key=request.client_key,
             pooling_params=request.pooling_params,
         )
+        so = request.sampling_params.structured_outputs if request.sampling_params is not None else None
+        if so is not None:
+            if request.request_id in self._grammar_held:
+                raise ValueError(f"duplicate request id {request.request_id!r}")
+            # Into the scheduler once its grammar is compiled (_admit_compiled).
+            self._grammar_held[request.request_id] = (core_request, lora)
+            self._structured.submit(request.request_id, so)
+            return
+        self._queue(core_request, lora)
+
+    def _queue(self, core_request: Request, lora: LoRARequest | None) -> None:
+        """Hand a request to the scheduler (or hold it for an adapter slot)."""
         if lora is None:
             self.scheduler.add_request(core_request)
             return
         if self._lora_held or not self._lora_fits(lora):
-            if any(r.request_id == request.request_id for r, _ in self._lora_held):
-                raise ValueError(f"duplicate request id {request.request_id!r}")
+            if any(r.request_id == core_request.request_id for r, _ in self._lora_held):
+                raise ValueError(f"duplicate request id {core_request.request_id!r}")
             self._lora_held.append((core_request, lora))
             return
         self._admit_lora(core_request, lora)
@@ -186,6 +204,7 @@ class EngineCore:
         if failed:
             ids = list(failed)
             self.scheduler.finish_requests(ids, FinishReason.ABORT)
+            self._structured.finish(ids)
             if self._lora_of:
                 self._lora_done(ids)
             self._request_errors.extend(failed.items())
@@ -197,7 +216,41 @@ class EngineCore:
         errors, self._request_errors = self._request_errors, []
         return errors
 
+    def _admit_compiled(self) -> None:
+        """Queue the constrained requests whose grammar is ready; fail those whose
+        constraint did not compile (their clients get the reason)."""
+        ready, failed = self._structured.poll()
+        for rid in ready:
+            held = self._grammar_held.pop(rid, None)
+            if held is not None:
+                try:
+                    self._queue(*held)
+                except ValueError as exc:
+                    self._structured.finish([rid])
+                    self._request_errors.append((rid, str(exc)))
+        for rid, reason in failed:
+            if self._grammar_held.pop(rid, None) is not None:
+                self._request_errors.append((rid, reason))
+
+    def _plan(self) -> SchedulerOutput:
+        """The scheduler's next step, with its admissions' adapters and the constrained
+        requests' grammar bitmask."""
+        scheduler_output = self._attach_loras(self.scheduler.schedule())
+        self._structured.fill_bitmask(scheduler_output)
+        return scheduler_output
+
     def _finished(self, outputs: list) -> list:
+        if self._structured.has_grammars():
+            # Advance the grammars; one that is complete finishes its request ("stop"),
+            # even where the model's EOS would not (ignore_eos).
+            complete, rejected = self._structured.accept(outputs)
+            if complete or rejected:
+                done = set(complete)
+                self.scheduler.finish_requests(complete + [rid for rid, _ in rejected], FinishReason.STOP)
+                self._request_errors.extend(rejected)
+                for out in outputs:
+                    if out.request_id in done:
+                        out.finish_reason = FinishReason.STOP
         if self._lora_of:
             self._lora_done([o.request_id for o in outputs if o.finish_reason is not None])
         return outputs
@@ -205,6 +258,10 @@ class EngineCore:
     def abort_requests(self, request_ids: Iterable[str], finish_reason: FinishReason = FinishReason.ABORT) -> None:
         """Finish requests now (client gone, stop string hit). Unknown ids are ignored."""
         ids = list(request_ids)
+        if self._grammar_held:
+            for rid in ids:
+                self._grammar_held.pop(rid, None)
+        self._structured.finish(ids)
         if self._lora_held:
             gone = set(ids)
             self._lora_held = deque(held for held in self._lora_held if held[0].request_id not in gone)
@@ -218,11 +275,19 @@ class EngineCore:
         Returns:
             The step's outputs (empty, with stats, when there is nothing to run).
         """
+        if self._grammar_held:
+            self._admit_compiled()
+            if self._grammar_held and not self.scheduler.has_unfinished_requests() and self._pending is None:
+                # Only grammars to wait for: sleep on them rather than spin (the compile
+                # threads need the core), a little at a time so that new requests and
+                # aborts are still read.
+                self._structured.wait(0.05)
+                self._admit_compiled()
         if self.async_scheduling:
             return self._step_async()
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(scheduler_stats=self.make_stats(), timestamp=time.time())
-        scheduler_output = self._attach_loras(self.scheduler.schedule())
+        scheduler_output = self._plan()
         runner_output = self._note_worker_output(self.executor.execute_model(scheduler_output))
         outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
@@ -243,7 +308,7 @@ class EngineCore:
             pending = None
         launched = None
         if self.scheduler.has_unfinished_requests():
-            scheduler_output = self._attach_loras(self.scheduler.schedule())
+            scheduler_output = self._plan()
             scheduled = trace.now() if trace is not None else 0.0
             launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
             launched_at = trace.now() if trace is not None else 0.0
@@ -279,12 +344,14 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         """Whether any request is waiting or running (or a launched step is uncollected)."""
-        return self.scheduler.has_unfinished_requests() or self._pending is not None or bool(self._lora_held)
+        return (self.scheduler.has_unfinished_requests() or self._pending is not None or bool(self._lora_held)
+                or bool(self._grammar_held))
 
     def make_stats(self) -> SchedulerStats:
         """Queue lengths, KV usage and prefix-cache counters."""
         stats = self.scheduler.make_stats()
         stats.num_waiting += len(self._lora_held)  # held for an adapter slot: waiting too
+        stats.num_waiting += len(self._grammar_held)  # and for a grammar
         if self._lora_of or self._lora_held:
             running: Counter[str] = Counter()
             waiting: Counter[str] = Counter()
@@ -313,4 +380,18 @@ class EngineCore:
         """Stop the workers (idempotent)."""
         if self._trace is not None:
             self._trace.close()
+        self._structured.shutdown()
         self.executor.shutdown()
+
+
+def _structured_output_manager(config: EngineConfig) -> StructuredOutputManager:
+    """The engine core's grammar manager (it builds nothing until a constrained request
+    arrives)."""
+    mc = config.model_config
+    eos = [mc.eos_token_id] if mc.eos_token_id is not None else []
+    extra = mc.generation_config.get("eos_token_id")
+    for tok in extra if isinstance(extra, list) else [extra]:
+        if tok is not None and int(tok) not in eos:
+            eos.append(int(tok))
+    return StructuredOutputManager(config.structured_outputs_config or StructuredOutputsConfig(), mc.tokenizer,
+                                   mc.vocab_size, eos, config.scheduler_config.max_num_seqs)

@@ -207,6 +207,22 @@ class Processor:
             )
         return params
 
+    def _structured_output_backend(self, params: SamplingParams) -> str:
+        """The backend that compiles the request's constraint (see ``choose_backend``).
+
+        Raises:
+            ValueError: The constraint is invalid or no backend supports it; the message
+                names the problem.
+        """
+        from forkless.structured_output import StructuredOutputsConfig, choose_backend
+
+        assert params.structured_outputs is not None
+        config = self.config.structured_outputs_config or StructuredOutputsConfig()
+        try:
+            return choose_backend(params.structured_outputs, config)
+        except ValueError as exc:
+            raise ValueError(f"structured_outputs: {exc}") from None
+
     def check_lora(self, lora: Any) -> LoRARequest:
         """Check that an adapter can be served: LoRA on, folder readable, shapes fit the model.
 
@@ -307,6 +323,10 @@ class Processor:
         tokenizer_eos = self.tokenizer.eos_token_id
         eos = mc.eos_token_id if mc.eos_token_id is not None else tokenizer_eos
         core_params = params.clone()
+        if core_params.structured_outputs is not None:
+            # Checked here (torch-free), so that a bad schema, regex or grammar is refused
+            # before it reaches the engine core; the engine core compiles with this backend.
+            core_params.structured_outputs._backend = self._structured_output_backend(core_params)
         core_params.update_from_generation_config(mc.generation_config, tokenizer_eos)
         # bad_words become token ids here, where the tokenizer already is: the workers
         # never load one.

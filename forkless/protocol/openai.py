@@ -105,6 +105,25 @@ class StreamOptions(OpenAIModel):
     continuous_usage_stats: bool | None = False
 
 
+class JsonSchemaFormat(OpenAIModel):
+    """``response_format.json_schema``: OpenAI's structured-outputs schema."""
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    """OpenAI's ``response_format``: ``text``, ``json_object`` (any JSON object) or
+    ``json_schema`` (a JSON value valid against ``json_schema.schema``)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(RequestModel):
     """Sampling fields shared by completions and chat completions."""
 
@@ -146,6 +165,10 @@ class SamplingFields(RequestModel):
     # vLLM's: mixed into the prefix-cache hashes, so the request shares cached blocks
     # only with requests of the same salt (one secret salt per tenant).
     cache_salt: str | None = None
+    # Constrained decoding: OpenAI's response_format, and vLLM's structured_outputs
+    # ({json|regex|choice|grammar|json_object, ...}: StructuredOutputsParams' fields).
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     @field_validator("cache_salt")
     @classmethod

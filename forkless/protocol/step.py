@@ -112,12 +112,21 @@ class SchedulerOutput:
             step; the runner drops their state (ids it never saw are ignored).
         preempted_request_ids: Requests preempted by this step; the runner drops their
             state too. They come back later with ``is_new`` set.
+        structured_output_request_ids: The requests of ``grammar_bitmask``'s rows, in
+            order (constrained requests that sample this step).
+        grammar_bitmask: Structured outputs: the bytes of a C-ordered int32 array of
+            ``len(structured_output_request_ids)`` rows of ``ceil(vocab_size / 32)``
+            words; bit ``t % 32`` of word ``t // 32`` set allows token ``t``. The runner
+            sets every other logit of those requests to ``-inf`` before sampling.
+            ``None``: no constrained request samples this step.
     """
 
     scheduled_requests: list[ScheduledRequest] = field(default_factory=list)
     num_batched_tokens: int = 0
     finished_request_ids: list[str] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)
+    structured_output_request_ids: list[str] = field(default_factory=list)
+    grammar_bitmask: bytes | None = None
 
     @property
     def is_empty(self) -> bool:

@@ -348,6 +348,8 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[last_idx])
             if any(s.num_spec_tokens for s in rows):
                 verification = self._verify(rows, hidden, attn_md.query_start_loc_cpu)
+        if scheduler_output.grammar_bitmask is not None:
+            self._apply_grammar_bitmask(logits, rows, scheduler_output)
         last_hidden = None
         if self.proposer is not None and self.proposer.needs_hidden_states:
             last_hidden = hidden if last_idx is None else hidden[last_idx]
@@ -365,6 +367,21 @@ class ModelRunner:
                        and (state := requests[s.request_id]).prompt_logprobs is not None]
         return _PendingStep(rows, out, metadata.num_logprobs, host, self._record(),
                             prompt_parts, prompt_done, verification, last_hidden)
+
+    def _apply_grammar_bitmask(self, logits: torch.Tensor, rows: list[ScheduledRequest],
+                               scheduler_output: SchedulerOutput) -> None:
+        """Structured outputs: mask the constrained rows' logits with the engine core's
+        bitmask, in one batched operation (``forkless.structured_output.bitmask``)."""
+        from forkless.structured_output.bitmask import apply_token_bitmask
+
+        ids = scheduler_output.structured_output_request_ids
+        assert scheduler_output.grammar_bitmask is not None
+        bitmask = np.frombuffer(scheduler_output.grammar_bitmask, dtype=np.int32).reshape(len(ids), -1)
+        row_of = {s.request_id: i for i, s in enumerate(rows)}
+        keep = [j for j, rid in enumerate(ids) if rid in row_of]  # a failed LoRA load drops a row
+        if len(keep) < len(ids):
+            bitmask = bitmask[keep]
+        apply_token_bitmask(logits, bitmask, [row_of[ids[j]] for j in keep])
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """Queue a device -> host copy (complete once the next ``_record()`` event is)."""

@@ -10,7 +10,8 @@ may speculate for; they travel back to the scheduler in ``ModelRunnerOutput``.
 Invariants:
     * Only requests whose next-token distribution is the model's own, scaled by the
       temperature and cut by top-k / top-p, speculate (:func:`speculates`): no min-p,
-      penalties, logits processors, logprobs or seed. The rejection sampler keeps exactly
+      penalties, logits processors, logprobs, seed or structured outputs (whose grammar
+      bitmask covers one position a step). The rejection sampler keeps exactly
       that distribution; the others decode a token a step, in the same batches.
     * The verification is batched on the device; its tokens reach the host with the
       step's own sampled tokens, in the same copy wait.
@@ -40,7 +41,7 @@ def speculates(params: SamplingParams) -> bool:
     return (plain and params.logprobs is None and params.repetition_penalty == 1.0
             and not params.presence_penalty and not params.frequency_penalty and not params.logit_bias
             and not params.allowed_token_ids and not params.bad_words and not params.bad_words_token_ids
-            and not params.min_tokens)
+            and not params.min_tokens and params.structured_outputs is None)
 
 
 @dataclass

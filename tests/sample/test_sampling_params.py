@@ -153,7 +153,6 @@ def test_bad_words_are_tokenized_with_and_without_a_leading_space_once_each():
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
-    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
     ({"guided_decoding": {"json": {}}}, "guided_decoding"),
     ({"logprob_token_ids": [3]}, "logprob_token_ids"),
     ({"best_of": 3}, "best_of"),

@@ -227,13 +227,13 @@ def test_streamed_offsets_count_from_the_start_of_the_choice(srv: Server, echo: 
 
 # -- 9. fields forkless does not support ----------------------------------------------
 
-def test_response_format_other_than_text_is_400(srv: Server) -> None:
+def test_a_malformed_response_format_is_400(srv: Server) -> None:
     client = srv.client()
     messages = [{"role": "user", "content": "hi"}]
-    for fmt in ({"type": "json_object"}, {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}):
-        with pytest.raises(openai.BadRequestError, match="response_format") as info:
-            client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, response_format=fmt)
-        assert info.value.param == "response_format"
+    with pytest.raises(openai.BadRequestError, match="response_format") as info:
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2,
+                                       response_format={"type": "json_schema"})
+    assert info.value.param == "response_format"
     r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, response_format={"type": "text"})
     assert r.usage.completion_tokens == 2
 

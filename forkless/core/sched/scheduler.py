@@ -654,10 +654,12 @@ class Scheduler(SchedulerInterface):
 
 def _reads_output_history(params: SamplingParams) -> bool:
     """Whether sampling this request reads the tokens it generated so far: penalties,
-    a seeded generator (reseeded from the output length), ``min_tokens`` or
-    ``bad_words`` (matched against the end of the output)."""
+    a seeded generator (reseeded from the output length), ``min_tokens``, ``bad_words``
+    (matched against the end of the output) or structured outputs (the engine core's
+    grammar must have accepted the previous token before it fills the next bitmask)."""
     return (
         params.seed is not None
+        or params.structured_outputs is not None
         or params.min_tokens > 0
         or bool(params.bad_words)
         or params.presence_penalty != 0.0

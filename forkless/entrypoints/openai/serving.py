@@ -72,9 +72,11 @@ from forkless.protocol.openai import (
     UsageInfo,
     random_id,
 )
+from forkless.entrypoints.openai.structured import (ForcedToolCalls, forced_tool_choice, request_constraint,
+                                                     tool_constraint)
 from forkless.logger import init_logger
 from forkless.lora import LoRARequest
-from forkless.sampling_params import RequestOutputKind, SamplingParams
+from forkless.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from forkless.engine.async_llm import AsyncLLM
@@ -96,12 +98,10 @@ _UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "watermarking": ((None, False), "watermarking is not supported"),
     "logprob_token_ids": ((None,), "logprob_token_ids is not supported; use logprobs"),
     "prompt_embeds": ((None,), "prompt embeddings are not supported"),
-    "response_format": ((None, {"type": "text"}), "response_format (JSON mode, structured outputs) is not supported"),
-    "structured_outputs": ((None,), "structured outputs (guided decoding) are not supported"),
-    "guided_json": ((None,), "guided decoding is not supported"),
-    "guided_regex": ((None,), "guided decoding is not supported"),
-    "guided_choice": ((None,), "guided decoding is not supported"),
-    "guided_grammar": ((None,), "guided decoding is not supported"),
+    "guided_json": ((None,), 'vLLM replaced it: use structured_outputs={"json": ...}'),
+    "guided_regex": ((None,), 'vLLM replaced it: use structured_outputs={"regex": ...}'),
+    "guided_choice": ((None,), 'vLLM replaced it: use structured_outputs={"choice": [...]}'),
+    "guided_grammar": ((None,), 'vLLM replaced it: use structured_outputs={"grammar": ...}'),
     "kv_transfer_params": ((None,), "disaggregated serving (kv_transfer_params) is not supported"),
     "ec_transfer_params": ((None,), "disaggregated serving (ec_transfer_params) is not supported"),
     "repetition_detection": ((None,), "repetition_detection is not supported"),
@@ -180,13 +180,18 @@ class IgnoredFieldsLog:
 
 
 def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                       default_max_tokens: int) -> SamplingParams:
+                       default_max_tokens: int, structured: StructuredOutputsParams | None = None) -> SamplingParams:
     """Translate request fields into ``SamplingParams``; bad values raise ``BadRequest``.
 
     A stream asks for ``DELTA`` outputs, anything else for ``FINAL_ONLY`` (as vLLM's
-    ``to_sampling_params``).
+    ``to_sampling_params``). ``structured`` is a forced tool choice's constraint, which
+    ``response_format`` and ``structured_outputs`` may not add to.
     """
     _reject_unsupported(req)
+    constraint = request_constraint(req)
+    if structured is not None and constraint is not None:
+        raise BadRequest('tool_choice "required" or a named function already constrains the output; leave '
+                         "out response_format / structured_outputs", "tool_choice")
     extra = dict(req.vllm_xargs or {})
     extra.update(req.extra_args or {})
     if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
@@ -230,6 +235,7 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
         bad_words=req.bad_words or None,
         extra_args=extra or None,
         output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
+        structured_outputs=structured or constraint,
     )
     try:
         return SamplingParams(**kwargs)
@@ -758,11 +764,7 @@ class OpenAIServing:
         opts = self.chat_options
         choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
         if choice == "required" or isinstance(choice, NamedToolChoice):
-            shown = "required" if choice == "required" else "a named function"
-            raise BadRequest(
-                f"tool_choice={shown} needs guided decoding to force a tool call, which forkless "
-                'does not support yet; use tool_choice="auto" (with --enable-auto-tool-choice) or "none"',
-                "tool_choice")
+            return None  # constrained to the tools' schemas: ForcedToolCalls reads the calls
         if choice == "none" or not req.tools:
             return None
         if not (opts.enable_auto_tool_choice and opts.tool_parser):
@@ -770,12 +772,15 @@ class OpenAIServing:
                              "--enable-auto-tool-choice and --tool-call-parser NAME", "tool_choice")
         return opts.tool_parser
 
-    def _choice_parsers(self, req: ChatCompletionRequest) -> list[ChoiceParser] | None:
+    def _choice_parsers(self, req: ChatCompletionRequest, forced: str | None = None) -> list[ChoiceParser] | None:
         tool_parser = self._tool_parser_for(req)
         reasoning_parser = self.chat_options.reasoning_parser
-        if tool_parser is None and reasoning_parser is None:
+        if tool_parser is None and reasoning_parser is None and forced is None:
             return None
         parsers = [make_choice_parser(req, self.tokenizer, reasoning_parser, tool_parser) for _ in range(req.n)]
+        if forced is not None:
+            for parser in parsers:
+                parser.tools = ForcedToolCalls(forced)  # type: ignore[assignment]
         if parsers[0].tools is not None:
             parsers[0].tools.adjust_request(req)
         return parsers
@@ -784,7 +789,8 @@ class OpenAIServing:
         lora = await self.check_model(req.model)
         self.check_sequences(1, req.n)
         self.ignored_fields.note(_unknown_fields(req))
-        parsers = self._choice_parsers(req)
+        forced = forced_tool_choice(req)
+        parsers = self._choice_parsers(req, forced)
         self.check_text_size(_text_chars([m.model_dump() for m in req.messages])
                              + _text_chars(req.model_dump(include={"tools"})), "messages")
         ids = await self.in_tokenizer_thread(self.render_chat, req)
@@ -798,7 +804,8 @@ class OpenAIServing:
         if req.top_logprobs is not None and not req.logprobs:
             raise BadRequest("top_logprobs requires logprobs to be true", "top_logprobs")
         params = to_sampling_params(req, max_tokens, (top or 0) if req.logprobs else None,
-                                    self._default_max_tokens(len(ids)))
+                                    self._default_max_tokens(len(ids)),
+                                    tool_constraint(req, forced) if forced is not None else None)
         request_id, engine_id = _request_ids("chatcmpl", req.request_id)
         stream = self.engine.generate(_engine_prompt(ids, req), params, engine_id, priority=req.priority,
                                       lora_request=lora, client_key=_client_key(req, raw_request))

@@ -1,0 +1,161 @@
+"""Constrained decoding in the OpenAI API: ``response_format``, vLLM's
+``structured_outputs`` field, and ``tool_choice`` ``"required"`` or a named function.
+
+A forced tool choice is a JSON-schema constraint, as in vLLM: a named function's output
+is its arguments object (valid against the tool's ``parameters``); ``"required"``'s is a
+JSON array of ``{"name", "parameters"}`` objects, one per call, each naming a listed tool
+and valid against its schema. The model's output then always parses into the calls
+(:class:`ForcedToolCalls`), whatever tool parser the server runs.
+
+Invariants:
+    * Every bad value is a ``BadRequest`` naming the field; the schema itself is checked
+      by the processor (``forkless.structured_output``), before the engine core.
+    * At most one constraint per request: two (``response_format`` and
+      ``structured_outputs``, or either with a forced tool choice) is a 400.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from forkless.entrypoints.openai.errors import BadRequest
+from forkless.protocol.openai import (
+    DeltaFunctionCall,
+    DeltaMessage,
+    DeltaToolCall,
+    ExtractedToolCallInformation,
+    FunctionCall,
+    NamedToolChoice,
+    ToolCall,
+    random_id,
+)
+from forkless.sampling_params import StructuredOutputsParams
+
+if TYPE_CHECKING:
+    from forkless.protocol.openai import ChatCompletionRequest, SamplingFields
+
+_EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+def _params(fields: dict[str, Any], param: str) -> StructuredOutputsParams:
+    try:
+        return StructuredOutputsParams(**fields)
+    except TypeError as exc:
+        known = "json, regex, choice, grammar, json_object, disable_fallback, disable_any_whitespace, " \
+                "disable_additional_properties"
+        raise BadRequest(f"{param}: {exc} (known fields: {known})", param) from None
+    except ValueError as exc:
+        raise BadRequest(f"{param}: {exc}", param) from None
+
+
+def request_constraint(req: SamplingFields) -> StructuredOutputsParams | None:
+    """The constraint of ``response_format`` or ``structured_outputs`` (``None``: none).
+
+    Raises:
+        BadRequest: Both are given, or one is malformed.
+    """
+    found: list[tuple[str, StructuredOutputsParams]] = []
+    if req.structured_outputs is not None:
+        fields = {k: v for k, v in req.structured_outputs.items() if not k.startswith("_")}
+        found.append(("structured_outputs", _params(fields, "structured_outputs")))
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text":
+        if fmt.type == "json_object":
+            found.append(("response_format", StructuredOutputsParams(json_object=True)))
+        else:
+            if fmt.json_schema is None:
+                raise BadRequest('response_format of type "json_schema" needs a "json_schema" object '
+                                 '({"name": ..., "schema": {...}})', "response_format")
+            schema = fmt.json_schema.json_schema
+            found.append(("response_format", StructuredOutputsParams(json=schema if schema is not None
+                                                                     else {"type": "object"})))
+    if len(found) > 1:
+        raise BadRequest("give one of response_format and structured_outputs, not both", "structured_outputs")
+    return found[0][1] if found else None
+
+
+def forced_tool_choice(req: ChatCompletionRequest) -> str | None:
+    """``"required"``, the named function, or ``None`` when the tool choice is free.
+
+    Raises:
+        BadRequest: A forced choice without tools, or naming a function not in ``tools``.
+    """
+    choice = req.tool_choice
+    if choice == "required":
+        if not req.tools:
+            raise BadRequest('tool_choice="required" needs tools', "tool_choice")
+        return "required"
+    if isinstance(choice, NamedToolChoice):
+        name = choice.function.get("name")
+        names = [t.function.name for t in req.tools or []]
+        if not isinstance(name, str) or name not in names:
+            raise BadRequest(f"tool_choice names function {name!r}, which is not in tools "
+                             f"({', '.join(map(repr, names)) or 'none given'})", "tool_choice")
+        return name
+    return None
+
+
+def tool_constraint(req: ChatCompletionRequest, forced: str) -> StructuredOutputsParams:
+    """The JSON schema a forced tool choice constrains the output to (see the module)."""
+    tools = req.tools or []
+    if forced != "required":
+        tool = next(t for t in tools if t.function.name == forced)
+        return StructuredOutputsParams(json=tool.function.parameters or _EMPTY_PARAMETERS)
+    calls = [{"type": "object",
+              "properties": {"name": {"type": "string", "enum": [t.function.name]},
+                             "parameters": t.function.parameters or _EMPTY_PARAMETERS},
+              "required": ["name", "parameters"]}
+             for t in tools]
+    schema: dict[str, Any] = {"type": "array", "minItems": 1,
+                              "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+    if req.parallel_tool_calls is False:
+        schema["maxItems"] = 1
+    return StructuredOutputsParams(json=schema)
+
+
+class ForcedToolCalls:
+    """The tool-call "parser" of a forced tool choice: the output is the calls' JSON.
+
+    Used where a :class:`~forkless.tool_parsers.ToolParser` is (``ChoiceParser.tools``).
+    A named function streams its arguments as they come; ``"required"`` sends its calls
+    when the array is complete.
+
+    Args:
+        forced: ``"required"`` or the function's name.
+    """
+
+    def __init__(self, forced: str) -> None:
+        self.forced = forced
+        self._call_id = random_id("chatcmpl-tool")
+
+    def adjust_request(self, request: ChatCompletionRequest) -> ChatCompletionRequest:
+        return request
+
+    def extract_tool_calls(self, model_output: str, request: ChatCompletionRequest) -> ExtractedToolCallInformation:
+        if self.forced != "required":
+            call = ToolCall(id=self._call_id, function=FunctionCall(name=self.forced, arguments=model_output))
+            return ExtractedToolCallInformation(tools_called=True, tool_calls=[call], content=None)
+        try:
+            items = json.loads(model_output)
+        except json.JSONDecodeError:
+            # Cut by max_tokens: no complete call to return; the text stays content.
+            return ExtractedToolCallInformation(tools_called=False, content=model_output)
+        calls = [ToolCall(id=random_id("chatcmpl-tool"),
+                          function=FunctionCall(name=item["name"],
+                                                arguments=json.dumps(item["parameters"], ensure_ascii=False)))
+                 for item in items if isinstance(item, dict) and "name" in item and "parameters" in item]
+        return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls,
+                                            content=None if calls else model_output)
+
+    def extract_tool_calls_streaming(self, previous_text: str, current_text: str, delta_text: str,
+                                     previous_token_ids: Any, current_token_ids: Any, delta_token_ids: Any,
+                                     request: ChatCompletionRequest) -> DeltaMessage | None:
+        if self.forced == "required" or not delta_text:
+            return None  # the whole array is parsed at the end (ChoiceParser.finish)
+        if not previous_text:
+            call = DeltaToolCall(index=0, id=self._call_id, type="function",
+                                 function=DeltaFunctionCall(name=self.forced, arguments=delta_text))
+        else:
+            call = DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=delta_text))
+        return DeltaMessage(tool_calls=[call])

@@ -1,0 +1,131 @@
+"""The ``xgrammar`` backend (the default): XGrammar's compiler and matchers.
+
+xgrammar (and with it torch) is imported only when the backend is built, in the engine
+core; :meth:`XgrammarBackend.validate_params` runs in the API server without it.
+Compiled grammars are cached by xgrammar's compiler, keyed on the constraint, so a
+repeated schema costs a matcher, not a compilation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from forkless.structured_output.interface import StructuredOutputBackend, StructuredOutputGrammar
+from forkless.structured_output.validation import (
+    describe,
+    grammar_spec,
+    is_lark,
+    llguidance_problems,
+    unenforceable_keywords,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from forkless.sampling_params import StructuredOutputsParams
+    from forkless.structured_output.config import StructuredOutputsConfig
+
+def choice_as_ebnf(choices: list[str]) -> str:
+    """An EBNF grammar whose language is exactly ``choices``."""
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)
+
+
+class XgrammarGrammar(StructuredOutputGrammar):
+    """A request's ``xgrammar.GrammarMatcher``."""
+
+    def __init__(self, matcher: Any) -> None:
+        self.matcher = matcher
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        for token in tokens:
+            if not self.matcher.accept_token(token):
+                return False
+        return True
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        accepted = 0
+        for token in tokens:
+            if not self.matcher.accept_token(token):
+                break
+            accepted += 1
+        if accepted:
+            self.matcher.rollback(accepted)
+        return tokens[:accepted]
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+
+    def fill_bitmask(self, bitmask: np.ndarray, index: int) -> None:
+        import torch
+
+        # A view of the same memory: xgrammar writes the row in place.
+        self.matcher.fill_next_token_bitmask(torch.from_numpy(bitmask), index)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def reset(self) -> None:
+        self.matcher.reset()
+
+
+class XgrammarBackend(StructuredOutputBackend):
+    """XGrammar: JSON schemas, regexes, choices and EBNF (GBNF) grammars."""
+
+    name = "xgrammar"
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int],
+                 config: StructuredOutputsConfig) -> None:
+        super().__init__(tokenizer, vocab_size, eos_token_ids, config)
+        import xgrammar as xgr
+
+        self._xgr = xgr
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                  stop_token_ids=self.eos_token_ids or None)
+        # Compilation runs on the engine core's compile threads; xgrammar's own threads
+        # parallelise one compilation. Keep both small: the step loop shares the cores.
+        self._compiler = xgr.GrammarCompiler(info, max_threads=max(1, min(4, (os.cpu_count() or 2) // 2)),
+                                             cache_enabled=True, cache_limit_bytes=256 << 20)
+
+    @classmethod
+    def validate_params(cls, params: StructuredOutputsParams) -> None:
+        from forkless.structured_output.config import StructuredOutputsConfig
+
+        kind, spec, _ = grammar_spec(params, StructuredOutputsConfig())
+        if kind == "json":
+            keywords = unenforceable_keywords(json.loads(spec))
+            if keywords:
+                raise ValueError(f"the JSON schema uses {', '.join(keywords)}, which the xgrammar backend cannot "
+                                 "enforce")
+        if kind == "grammar" and is_lark(spec):
+            raise ValueError("the xgrammar backend reads EBNF grammars (root ::= ...); this grammar has no '::=' "
+                             "rule (Lark?): use the guidance backend or auto for Lark grammars")
+        problems = llguidance_problems(kind, spec, strict=False)
+        if problems:
+            raise ValueError(f"invalid {describe(kind)}: {problems[0]}")
+
+    def compile_grammar(self, request_type: str, spec: str, *, any_whitespace: bool = True) -> StructuredOutputGrammar:
+        compiler = self._compiler
+        try:
+            if request_type == "json":
+                compiled = compiler.compile_json_schema(spec, any_whitespace=any_whitespace)
+            elif request_type == "json_object":
+                compiled = compiler.compile_json_schema('{"type": "object"}', any_whitespace=any_whitespace)
+            elif request_type == "regex":
+                compiled = compiler.compile_regex(spec)
+            elif request_type == "choice":
+                compiled = compiler.compile_grammar(choice_as_ebnf(json.loads(spec)))
+            elif request_type == "grammar":
+                compiled = compiler.compile_grammar(spec)
+            else:
+                raise ValueError(f"unknown structured-output request type {request_type!r}")
+        except RuntimeError as exc:
+            # xgrammar prefixes its messages with a timestamp and a source location.
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"xgrammar cannot compile the {describe(request_type)}: "
+                             f"{message.split(': ', 1)[-1]}") from None
+        return XgrammarGrammar(self._xgr.GrammarMatcher(compiled))
+
+    def destroy(self) -> None:
+        self._compiler.clear_cache()

@@ -1,0 +1,69 @@
+"""``--structured-outputs-config``: vLLM's keys, checked where they are given.
+
+Invariants:
+    * Every key forkless reads is a field here; an unknown key is an error naming it and
+      the known ones (nothing is accepted and ignored).
+    * ``backend`` is ``auto``, a registered backend name or a ``pkg.mod:Class`` path;
+      whether it resolves is checked when the engine is built, after general plugins
+      have had their chance to register it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any
+
+DEFAULT_BACKEND = "xgrammar"
+
+
+@dataclass(frozen=True)
+class StructuredOutputsConfig:
+    """How constrained requests are compiled.
+
+    Attributes:
+        backend: ``xgrammar`` (default), ``guidance`` (llguidance), ``auto`` (xgrammar,
+            else guidance for what xgrammar cannot do), another registered name, or a
+            ``StructuredOutputBackend`` class path.
+        disable_fallback: With ``auto``: refuse rather than fall back to guidance.
+        disable_any_whitespace: Compact JSON for every request (no whitespace between
+            tokens).
+        disable_additional_properties: JSON objects get only their schema's properties.
+    """
+
+    backend: str = DEFAULT_BACKEND
+    disable_fallback: bool = False
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+
+    @classmethod
+    def from_json(cls, value: str | dict[str, Any] | StructuredOutputsConfig | None) -> StructuredOutputsConfig:
+        """Parse the flag's JSON (or a dict, as ``LLM(structured_outputs_config=...)`` takes).
+
+        Raises:
+            ValueError: Not a JSON object, an unknown key, or a value of the wrong type.
+        """
+        if value is None:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"--structured-outputs-config: not valid JSON ({exc})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"--structured-outputs-config: expected a JSON object, got {value!r:.80}")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"--structured-outputs-config: unknown key(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(known)}")
+        backend = value.get("backend", DEFAULT_BACKEND)
+        if not isinstance(backend, str) or not backend:
+            raise ValueError(f"--structured-outputs-config: backend={backend!r} is invalid: expected 'xgrammar', "
+                             "'guidance', 'auto', another registered name or a class path")
+        for name in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
+            if name in value and not isinstance(value[name], bool):
+                raise ValueError(f"--structured-outputs-config: {name}={value[name]!r} is invalid: expected a bool")
+        return cls(**value)

@@ -1,0 +1,199 @@
+"""The engine core's side of structured outputs: compile off the step loop, one packed
+bitmask per step, grammars advanced with the sampled tokens.
+
+Invariants:
+    * Compilation (and building a backend: loading the tokenizer, xgrammar's vocabulary
+      tables) runs on a small thread pool, never on the step loop. A constrained request
+      waits here, outside the scheduler, until its grammar is ready; the requests already
+      running keep stepping meanwhile.
+    * A constrained request's grammar has accepted exactly its output tokens whenever a
+      step is planned: the scheduler steps synchronously while one is present (its
+      sampling reads its own history, like penalties), and constrained requests do not
+      take speculative drafts.
+    * The step's bitmask has one row per scheduled request that samples and has a
+      grammar, in ``SchedulerOutput.structured_output_request_ids`` order; it crosses
+      to the worker as the bytes of a C-ordered int32 array (no pickle).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from forkless.logger import init_logger
+from forkless.structured_output.config import StructuredOutputsConfig
+from forkless.structured_output.registry import StructuredOutputBackendRegistry
+from forkless.structured_output.validation import grammar_spec
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from forkless.protocol.step import EngineCoreOutput, SchedulerOutput
+    from forkless.sampling_params import StructuredOutputsParams
+    from forkless.structured_output.interface import StructuredOutputBackend, StructuredOutputGrammar
+
+logger = init_logger(__name__)
+
+
+class StructuredOutputManager:
+    """Grammars of the engine core's constrained requests.
+
+    Args:
+        config: The server's structured-output settings.
+        tokenizer_path: Folder of the model's tokenizer (loaded on first use, on a
+            compile thread).
+        vocab_size: Width of the model's logits.
+        eos_token_ids: The model's EOS ids (what a complete grammar allows).
+        max_num_seqs: Rows of the bitmask (requests in one step).
+    """
+
+    def __init__(self, config: StructuredOutputsConfig, tokenizer_path: str, vocab_size: int,
+                 eos_token_ids: list[int], max_num_seqs: int) -> None:
+        self.config = config
+        self.tokenizer_path = tokenizer_path
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.max_num_seqs = max_num_seqs
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self._tokenizer: Any = None
+        self._backends: dict[str, StructuredOutputBackend] = {}
+        self._compiling: dict[str, concurrent.futures.Future] = {}
+        self._grammars: dict[str, StructuredOutputGrammar] = {}
+        self._bitmask: np.ndarray | None = None
+
+    # ------------------------------------------------------------------ compilation
+
+    def _backend(self, name: str) -> StructuredOutputBackend:
+        """The backend called ``name`` (built once, on a compile thread)."""
+        with self._lock:
+            backend = self._backends.get(name)
+            if backend is None:
+                if self._tokenizer is None:
+                    from forkless.tokenizers.loading import load_tokenizer
+
+                    self._tokenizer = load_tokenizer(self.tokenizer_path)
+                started = time.perf_counter()
+                cls = StructuredOutputBackendRegistry.resolve(name)
+                backend = cls(self._tokenizer, self.vocab_size, self.eos_token_ids, self.config)
+                logger.info("structured outputs: backend %s ready in %.1f s", name, time.perf_counter() - started)
+                self._backends[name] = backend
+            return backend
+
+    def _compile(self, params: StructuredOutputsParams) -> StructuredOutputGrammar:
+        backend = self._backend(params._backend or self.config.backend)
+        kind, spec, any_whitespace = grammar_spec(params, self.config)
+        return backend.compile_grammar(kind, spec, any_whitespace=any_whitespace)
+
+    def submit(self, request_id: str, params: StructuredOutputsParams) -> None:
+        """Start compiling a request's grammar; :meth:`poll` says when it is ready."""
+        if self._pool is None:
+            # Two threads: one compilation may wait on another's backend being built;
+            # more would only take cores from the step loop.
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=min(2, os.cpu_count() or 1), thread_name_prefix="forkless-grammar")
+        self._compiling[request_id] = self._pool.submit(self._compile, params)
+
+    def has_compiling(self) -> bool:
+        """Whether a request is still waiting for its grammar."""
+        return bool(self._compiling)
+
+    def wait(self, timeout: float) -> None:
+        """Block until a compilation ends or ``timeout`` seconds pass (when nothing else
+        can run: spinning would only take the compile threads' core)."""
+        if self._compiling:
+            concurrent.futures.wait(list(self._compiling.values()), timeout=timeout,
+                                    return_when=concurrent.futures.FIRST_COMPLETED)
+
+    def poll(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """Requests whose compilation ended since the last call.
+
+        Returns:
+            ``(ready, failed)``: ids now holding a grammar, in submission order, and
+            ``(id, reason)`` of those whose constraint did not compile.
+        """
+        ready: list[str] = []
+        failed: list[tuple[str, str]] = []
+        for rid, future in list(self._compiling.items()):
+            if not future.done():
+                continue
+            del self._compiling[rid]
+            try:
+                self._grammars[rid] = future.result()
+                ready.append(rid)
+            except Exception as exc:  # a bad constraint fails its own request only
+                reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+                failed.append((rid, f"structured outputs: {reason}"))
+        return ready, failed
+
+    # ------------------------------------------------------------------ the step
+
+    def has_grammars(self) -> bool:
+        """Whether any request holds a grammar."""
+        return bool(self._grammars)
+
+    def fill_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        """Put the step's bitmask in the plan (a no-op when no constrained request samples)."""
+        grammars = self._grammars
+        if not grammars:
+            return
+        rows = [(s.request_id, g) for s in scheduler_output.scheduled_requests
+                if s.sample and (g := grammars.get(s.request_id)) is not None]
+        if not rows:
+            return
+        import numpy as np
+
+        bitmask = self._bitmask
+        if bitmask is None or len(bitmask) < len(rows):
+            words = (self.vocab_size + 31) // 32
+            bitmask = self._bitmask = np.empty((max(self.max_num_seqs, len(rows)), words), dtype=np.int32)
+        for i, (_, grammar) in enumerate(rows):
+            grammar.fill_bitmask(bitmask, i)
+        scheduler_output.structured_output_request_ids = [rid for rid, _ in rows]
+        scheduler_output.grammar_bitmask = bitmask[: len(rows)].tobytes()
+
+    def accept(self, outputs: list[EngineCoreOutput]) -> tuple[list[str], list[tuple[str, str]]]:
+        """Advance the grammars of a step's outputs.
+
+        Returns:
+            ``(complete, rejected)``: unfinished requests whose grammar is now complete
+            (the caller finishes them with ``stop``), and ``(id, reason)`` of requests
+            that sampled a token their grammar refuses (a backend fault; the caller fails
+            them).
+        """
+        complete: list[str] = []
+        rejected: list[tuple[str, str]] = []
+        grammars = self._grammars
+        for out in outputs:
+            grammar = grammars.get(out.request_id)
+            if grammar is None:
+                continue
+            if out.finish_reason is not None:
+                del grammars[out.request_id]
+                continue
+            if not grammar.accept_tokens(out.request_id, out.new_token_ids):
+                del grammars[out.request_id]
+                rejected.append((out.request_id, f"structured outputs: the grammar refused token(s) "
+                                                  f"{out.new_token_ids} it had allowed"))
+            elif grammar.is_terminated():
+                del grammars[out.request_id]
+                complete.append(out.request_id)
+        return complete, rejected
+
+    def finish(self, request_ids: Any) -> None:
+        """Forget requests (finished, aborted, failed); unknown ids are ignored."""
+        for rid in request_ids:
+            self._grammars.pop(rid, None)
+            future = self._compiling.pop(rid, None)
+            if future is not None:
+                future.cancel()
+
+    def shutdown(self) -> None:
+        """Stop the compile threads and release the backends."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        for backend in self._backends.values():
+            backend.destroy()

@@ -1,0 +1,129 @@
+"""Structured outputs through the offline ``LLM`` on the default model (SmolLM2-135M-Instruct):
+every output satisfies its constraint, for both built-in backends, greedy and sampled;
+unconstrained requests in the same batches are untouched; async scheduling and
+speculative decoding keep constrained requests correct."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from forkless import LLM, SamplingParams, StructuredOutputsParams
+from tests.structured_output.schemas import CHOICES, EBNF, LARK, PROMPTS, REGEX, SCHEMAS
+
+pytestmark = pytest.mark.slow
+
+UNCONSTRAINED = ["The capital of France is", "def fibonacci(n):"]
+
+
+def _chat(llm: LLM, question: str) -> str:
+    return llm.get_tokenizer().apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                                   add_generation_prompt=True)
+
+
+def _llm(model: Path, **kwargs: Any) -> LLM:
+    return LLM(str(model), max_model_len=512, max_num_seqs=16, **kwargs)
+
+
+@pytest.fixture(scope="module", params=["xgrammar", "guidance"])
+def llm(request: pytest.FixtureRequest, smollm2_folder: Path):
+    engine = _llm(smollm2_folder, structured_outputs_config={"backend": request.param})
+    engine.backend = request.param  # type: ignore[attr-defined]
+    yield engine
+    engine.shutdown()
+
+
+def _json_batch(llm: LLM) -> tuple[list[str], list[SamplingParams], list[tuple[str, float]]]:
+    prompts, params, cases = [], [], []
+    for name, schema in SCHEMAS.items():
+        for temperature in (0.0, 0.8):
+            prompts.append(_chat(llm, PROMPTS[name]))
+            params.append(SamplingParams(temperature=temperature, seed=7 if temperature else None, max_tokens=120,
+                                         structured_outputs=StructuredOutputsParams(json=schema)))
+            cases.append((name, temperature))
+    return prompts, params, cases
+
+
+def test_json_schemas_in_a_mixed_batch(llm: LLM) -> None:
+    greedy = SamplingParams(temperature=0.0, max_tokens=24)
+    alone = [o.outputs[0].token_ids for o in llm.generate(UNCONSTRAINED, greedy, use_tqdm=False)]
+    prompts, params, cases = _json_batch(llm)
+    outputs = llm.generate(prompts + UNCONSTRAINED, params + [greedy] * len(UNCONSTRAINED), use_tqdm=False)
+    for (name, temperature), out in zip(cases, outputs):
+        text = out.outputs[0].text
+        assert out.outputs[0].finish_reason == "stop", (name, temperature, text)
+        jsonschema.validate(json.loads(text), SCHEMAS[name])
+    # The unconstrained requests of the batch got exactly what they get alone.
+    assert [o.outputs[0].token_ids for o in outputs[len(cases):]] == alone
+
+
+def test_regex_choice_grammar_and_json_object(llm: LLM) -> None:
+    grammar = EBNF if llm.backend == "xgrammar" else LARK  # type: ignore[attr-defined]
+    constraints = [
+        (_chat(llm, "Give me a phone number."), StructuredOutputsParams(regex=REGEX),
+         lambda t: re.fullmatch(REGEX, t)),
+        (_chat(llm, "What is the capital of France?"), StructuredOutputsParams(choice=CHOICES),
+         lambda t: t in CHOICES),
+        (_chat(llm, "Is the sky blue?"), StructuredOutputsParams(grammar=grammar),
+         lambda t: re.fullmatch(r"The answer is (yes|no)\.", t)),
+        (_chat(llm, PROMPTS["person"]), StructuredOutputsParams(json_object=True, disable_any_whitespace=True),
+         lambda t: isinstance(json.loads(t), dict) and "\n" not in t),
+    ]
+    cases = [(c, t) for t in (0.0, 1.0) for c in constraints]
+    params = [SamplingParams(temperature=t, seed=3 if t else None, max_tokens=80, structured_outputs=so)
+              for (_, so, _), t in cases]
+    outputs = llm.generate([p for (p, _, _), _ in cases], params, use_tqdm=False)
+    for ((_, so, check), temperature), out in zip(cases, outputs):
+        text = out.outputs[0].text
+        assert out.outputs[0].finish_reason == "stop" and check(text), (so.kind, temperature, text)
+
+
+def test_a_complete_grammar_finishes_with_stop_even_with_ignore_eos(llm: LLM) -> None:
+    out = llm.generate([_chat(llm, "Capital of France?")],
+                       SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
+                                      structured_outputs=StructuredOutputsParams(choice=CHOICES)), use_tqdm=False)
+    assert out[0].outputs[0].text in CHOICES and out[0].outputs[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(("so", "message"), [
+    (StructuredOutputsParams(regex="[0-9"), "regex"),
+    (StructuredOutputsParams(json={"type": "object", "properties": {"a": {"type": "strin"}}}), "strin"),
+    (StructuredOutputsParams(grammar="root ::= undefined_rule"), "undefined_rule"),
+])
+def test_a_bad_constraint_is_a_value_error_naming_it(llm: LLM, so: StructuredOutputsParams, message: str) -> None:
+    with pytest.raises(ValueError, match="structured_outputs") as info:
+        llm.generate(["Hi"], SamplingParams(max_tokens=4, structured_outputs=so), use_tqdm=False)
+    assert message in str(info.value)
+    # The engine goes on.
+    assert llm.generate(["Hi"], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+
+
+def _greedy_cases(llm: LLM) -> tuple[list[str], list[SamplingParams]]:
+    prompts = [_chat(llm, PROMPTS["person"]), _chat(llm, PROMPTS["array"]), _chat(llm, "Capital of France?")]
+    params = [SamplingParams(temperature=0, max_tokens=80, structured_outputs=StructuredOutputsParams(json=SCHEMAS[n]))
+              for n in ("person", "array")]
+    params.append(SamplingParams(temperature=0, max_tokens=8, structured_outputs=StructuredOutputsParams(choice=CHOICES)))
+    return prompts + UNCONSTRAINED, params + [SamplingParams(temperature=0, max_tokens=24)] * len(UNCONSTRAINED)
+
+
+@pytest.mark.parametrize("llm", ["xgrammar"], indirect=True)  # this checks the engine, not the backend
+@pytest.mark.parametrize("engine_kwargs", [
+    {"async_scheduling": True},
+    {"speculative_config": {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}},
+], ids=["async-scheduling", "speculative"])
+def test_async_scheduling_and_speculation_give_the_same_outputs(smollm2_folder: Path, llm: LLM,
+                                                                 engine_kwargs: dict) -> None:
+    prompts, params = _greedy_cases(llm)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    other = _llm(smollm2_folder, **engine_kwargs)
+    try:
+        got = other.generate(prompts, params, use_tqdm=False)
+    finally:
+        other.shutdown()
+    assert [o.outputs[0].token_ids for o in got] == expected
+    jsonschema.validate(json.loads(got[0].outputs[0].text), SCHEMAS["person"])

@@ -1,0 +1,142 @@
+"""Structured outputs without a model: the request surface, the registry, the torch-free
+checks and the worker's bitmask operation."""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+import pytest
+import torch
+
+from forkless import SamplingParams, StructuredOutputsParams
+from forkless.plugins import RegistryError
+from forkless.structured_output import (
+    StructuredOutputBackend,
+    StructuredOutputBackendRegistry,
+    StructuredOutputsConfig,
+    choose_backend,
+)
+from forkless.structured_output.bitmask import apply_token_bitmask, unpack_bitmask
+
+
+def test_params_cross_the_socket_with_the_chosen_backend() -> None:
+    so = StructuredOutputsParams(json={"type": "object"})
+    so._backend = "guidance"
+    params = SamplingParams(structured_outputs=so)
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=SamplingParams)
+    assert back.structured_outputs == so and back.structured_outputs._backend == "guidance"
+    assert back.structured_outputs.kind == "json"
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({}, "exactly one of json, regex, choice, grammar or json_object=True; got none"),
+    ({"regex": "a", "choice": ["b"]}, "got regex, choice"),
+    ({"choice": []}, "choice=[] is invalid"),
+    ({"regex": ""}, "regex='' is invalid"),
+    ({"json": 3}, "json=3 is invalid"),
+    ({"regex": "a", "structural_tag": "{}"}, "structural_tag is not supported"),
+])
+def test_bad_params_name_the_problem(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match="StructuredOutputsParams") as info:
+        StructuredOutputsParams(**kwargs)
+    assert message in str(info.value)
+
+
+def test_guided_decoding_names_its_replacement() -> None:
+    with pytest.raises(ValueError, match="structured_outputs=StructuredOutputsParams"):
+        SamplingParams(guided_decoding={"json": {}})
+
+
+def test_unknown_backend_lists_the_available_ones() -> None:
+    with pytest.raises(RegistryError) as info:
+        StructuredOutputBackendRegistry.resolve("outlines")
+    assert "'outlines'" in str(info.value) and "auto, guidance, xgrammar" in str(info.value)
+    from forkless.config import EngineArgs
+
+    with pytest.raises(ValueError, match="--structured-outputs-config: unknown structured-output backend"):
+        EngineArgs(structured_outputs_config={"backend": "outlines"})._structured_outputs_config()
+    with pytest.raises(ValueError, match="unknown key"):
+        StructuredOutputsConfig.from_json('{"backend": "xgrammar", "bakend": 1}')
+
+
+def test_backends_are_imported_lazily_and_are_backends() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from forkless.structured_output import StructuredOutputBackendRegistry as R, choose_backend, "
+            "StructuredOutputsConfig as C; from forkless import StructuredOutputsParams as P; "
+            "print(choose_backend(P(json={'type': 'object'}), C()), R.resolve('guidance').__name__, "
+            "sorted({'torch', 'xgrammar', 'transformers'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    # The API server's check imports neither torch nor xgrammar.
+    assert out.split() == ["xgrammar", "GuidanceBackend", "[]"]
+    for name in ("xgrammar", "guidance"):
+        assert issubclass(StructuredOutputBackendRegistry.resolve(name), StructuredOutputBackend)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"json": '{"type": "objec'}, "not valid JSON"),
+    ({"json": {"type": "foo"}}, "foo"),
+    ({"json": {"type": "integer", "minimum": "x"}}, "minimum"),
+    ({"json": {"type": "array", "uniqueItems": True}}, "uniqueItems"),
+    ({"regex": "a(b"}, "unclosed group"),
+    ({"grammar": "root ::= foo"}, "foo"),
+    ({"grammar": 'start: "a"'}, "Lark"),
+])
+def test_xgrammar_checks_refuse_bad_constraints(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        choose_backend(StructuredOutputsParams(**kwargs), StructuredOutputsConfig())
+    assert message in str(info.value)
+
+
+def test_auto_falls_back_to_guidance_unless_told_not_to() -> None:
+    lark = StructuredOutputsParams(grammar='start: "yes" | "no"')
+    assert choose_backend(lark, StructuredOutputsConfig(backend="auto")) == "guidance"
+    with pytest.raises(ValueError, match="Lark"):
+        choose_backend(lark, StructuredOutputsConfig(backend="auto", disable_fallback=True))
+    plain = StructuredOutputsParams(regex="[0-9]+")
+    assert choose_backend(plain, StructuredOutputsConfig(backend="auto")) == "xgrammar"
+    # Neither enforces uniqueItems: the error names it.
+    with pytest.raises(ValueError, match="uniqueItems"):
+        choose_backend(StructuredOutputsParams(json={"type": "array", "uniqueItems": True}),
+                       StructuredOutputsConfig(backend="auto"))
+
+
+def _reference(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int]) -> torch.Tensor:
+    out = logits.clone()
+    vocab = logits.shape[1]
+    for i, row in enumerate(rows):
+        for t in range(vocab):
+            word = t // 32
+            allowed = word < bitmask.shape[1] and (int(bitmask[i, word]) >> (t % 32)) & 1
+            if not allowed:
+                out[row, t] = float("-inf")
+    return out
+
+
+@pytest.mark.parametrize("vocab", [64, 70, 100])
+def test_bitmask_masks_exactly_the_disallowed_tokens(vocab: int) -> None:
+    gen = np.random.default_rng(0)
+    logits = torch.randn(5, vocab)
+    words = (min(vocab, 96) + 31) // 32  # vocab 100: a bitmask narrower than the logits
+    bitmask = gen.integers(-2**31, 2**31, size=(3, words), dtype=np.int64).astype(np.int32)
+    rows = [4, 0, 2]
+    expected = _reference(logits, bitmask, rows)
+    got = logits.clone()
+    apply_token_bitmask(got, bitmask, rows)
+    assert torch.equal(got, expected)
+    # Every row, in order: the in-place path.
+    full = gen.integers(-2**31, 2**31, size=(5, words), dtype=np.int64).astype(np.int32)
+    got = logits.clone()
+    apply_token_bitmask(got, full, [0, 1, 2, 3, 4])
+    assert torch.equal(got, _reference(logits, full, [0, 1, 2, 3, 4]))
+
+
+def test_bitmask_unpacks_the_same_on_numpy_and_torch_paths() -> None:
+    gen = np.random.default_rng(1)
+    bitmask = gen.integers(-2**31, 2**31, size=(4, 3), dtype=np.int64).astype(np.int32)
+    cpu = unpack_bitmask(bitmask, 90, torch.device("cpu"))
+    # The device path (shifts), run on the CPU through a fake device type check.
+    shifts = torch.arange(32, dtype=torch.int32)
+    manual = ((torch.from_numpy(bitmask).unsqueeze(-1) >> shifts) & 1).bool().view(4, 96)[:, :90]
+    assert torch.equal(cpu, manual)
