@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"forkless.sampling_params", "forkless.pooling_params"},
     {"forkless.protocol", "forkless.outputs", "forkless.tokenizers"},
     {"forkless.cpu_kernels", "forkless.tool_parsers", "forkless.reasoning", "forkless.metrics",
-     "forkless.logits_processors", "forkless.structured_output"},
+     "forkless.logits_processors", "forkless.structured_output", "forkless.io_processors"},
     {"forkless.attention", "forkless.sample", "forkless.core", "forkless.pooling"},
     {"forkless.models", "forkless.platforms", "forkless.spec_decode"},
     {"forkless.model_loader"},

@@ -8,6 +8,9 @@ Invariants:
       the longest one with a key mask (the linear layers see no padding).
     * Positions are absolute (learned embeddings); token types come from the request's
       ``PoolingParams.token_type_ids`` (0 when absent).
+    * The linear layers stay torch's (oneDNN / MKL): a pooling step multiplies thousands of
+      rows at once, where they are ~2x faster than forkless's packed CPU kernels, which
+      are built for decode-sized batches (benchmarks/README.md, "Embeddings").
     * Parameter names are Hugging Face's except one fusion, ``attention.self.qkv``
       (query, key, value rows stacked), so one product computes all three.
 """
@@ -22,7 +25,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from forkless.models.hf_config import KVCacheSpec, kv_cache_spec
-from forkless.models.layers.cpu_linear import pack_linear_layers
 from forkless.models.weight_loading import FusedShard, load_named_weights
 from forkless.pooling.interface import SupportsPooling
 
@@ -193,7 +195,6 @@ class BertModel(nn.Module, SupportsPooling):
 
     is_encoder: ClassVar[bool] = True
     takes_token_type_ids: ClassVar[bool] = True
-    supports_cpu_kernels: ClassVar[bool] = True
 
     def __init__(self, hf_config: "PretrainedConfig", dtype: torch.dtype,
                  attn_backend: "type[AttentionBackend] | None" = None) -> None:
@@ -206,10 +207,6 @@ class BertModel(nn.Module, SupportsPooling):
     def get_kv_cache_spec(cls, hf_config: "PretrainedConfig") -> KVCacheSpec:
         """The scheduler's blocks (the encoder itself never touches them)."""
         return kv_cache_spec(hf_config)
-
-    def use_cpu_kernels(self) -> None:
-        """Run the linear layers on the packed-weight CPU kernels."""
-        pack_linear_layers(self)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attn_metadata: "AttentionMetadata", token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -231,7 +228,6 @@ class BertForSequenceClassification(nn.Module, SupportsPooling):
 
     is_encoder: ClassVar[bool] = True
     takes_token_type_ids: ClassVar[bool] = True
-    supports_cpu_kernels: ClassVar[bool] = True
 
     def __init__(self, hf_config: "PretrainedConfig", dtype: torch.dtype,
                  attn_backend: "type[AttentionBackend] | None" = None) -> None:
@@ -247,10 +243,6 @@ class BertForSequenceClassification(nn.Module, SupportsPooling):
     def get_kv_cache_spec(cls, hf_config: "PretrainedConfig") -> KVCacheSpec:
         """The scheduler's blocks (the encoder itself never touches them)."""
         return kv_cache_spec(hf_config)
-
-    def use_cpu_kernels(self) -> None:
-        """Run the linear layers on the packed-weight CPU kernels."""
-        pack_linear_layers(self)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                 attn_metadata: "AttentionMetadata", token_type_ids: torch.Tensor | None = None) -> torch.Tensor:

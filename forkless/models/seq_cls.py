@@ -44,19 +44,9 @@ class _SequenceClassification(SupportsPooling):
         return self.score(pooled)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        rest = []
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if name == "score.weight":
-                with torch.no_grad():
-                    self.score.weight.copy_(tensor)
-                loaded.add(name)
-            else:
-                rest.append((name, tensor))
-        if not loaded:
-            raise ValueError("the checkpoint has no 'score.weight': a *ForSequenceClassification model needs its "
-                             "classifier head")
-        return super().load_weights(rest) | loaded  # type: ignore[misc]
+        # ``score.weight`` is one of this model's parameters: the decoder's loader fills it
+        # like the others, and names it when the checkpoint lacks it.
+        return super().load_weights(weights)  # type: ignore[misc]
 
 
 def _build(base: type) -> type:

@@ -51,3 +51,36 @@ def st_reference(minilm: Path, sentences: list[str]):
 
     model = SentenceTransformer(str(minilm), device="cpu")
     return model.encode(sentences, batch_size=32, convert_to_numpy=True)
+
+
+def make_tiny_bert(out: Path, minilm: Path, num_labels: int, seed: int = 0) -> Path:
+    """A tiny random ``BertForSequenceClassification`` with MiniLM's tokenizer."""
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(minilm / name, out / name)
+    labels = {i: f"class_{i}" for i in range(num_labels)}
+    cfg = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                     intermediate_size=64, max_position_embeddings=128, num_labels=num_labels,
+                     id2label=labels, label2id={v: k for k, v in labels.items()})
+    torch.manual_seed(seed)
+    model = BertForSequenceClassification(cfg)
+    with torch.no_grad():  # larger weights than the init, so that classes differ clearly
+        for p in model.parameters():
+            p.mul_(3.0) if p.dim() > 1 else None
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_classifier(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert-cls"), minilm, num_labels=3)
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(minilm: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-cross-encoder"), minilm, num_labels=1, seed=1)

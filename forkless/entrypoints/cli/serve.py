@@ -97,6 +97,9 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME=PATH",
                        help="LoRA adapters served under their names (needs --enable-lora): name=path, or "
                             "the JSON form '{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'")
+    group.add_argument("--io-processor-plugin", default=None, metavar="NAME",
+                       help="IO processor plugin (a forkless.io_processor_plugins entry point) for /pooling "
+                            "requests with a data field")
     chat = parser.add_argument_group("chat")
     chat.add_argument("--chat-template", default=None,
                       help="Jinja chat template replacing the model's: a file path, or the template text")
@@ -169,9 +172,26 @@ def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
         config = engine_args.create_engine_config()
         # Checked before the engine starts: a bad parser name should not cost a model load.
         args.chat_options = ChatOptions.from_cli_args(args)
+        args.io_processor = _io_processor(config, args.io_processor_plugin)
     except (ValueError, TypeError, ImportError, PluginLoadError) as exc:
         return _usage_error(str(exc))
     return asyncio.run(run_server(config, args, listener))
+
+
+def _io_processor(config: Any, name: str | None) -> Any:
+    """The ``--io-processor-plugin`` processor (``None`` without the flag).
+
+    Raises:
+        ValueError: No such plugin, or the model is not a pooling model.
+    """
+    if name is None:
+        return None
+    if config.model_config.pooler_config is None:
+        raise ValueError(f"--io-processor-plugin {name!r}: IO processors serve pooling models, and this model "
+                         "generates (add --runner pooling)")
+    from forkless.io_processors import get_io_processor
+
+    return get_io_processor(config, name)
 
 
 def _usage_error(message: str) -> int:
@@ -326,7 +346,7 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: s
         app = build_app(engine, names, config.model_config.max_model_len, api_key=args.api_key,
                         middleware=args.middleware, metrics=engine.render_metrics,
                         chat_options=args.chat_options, limits=args.http_limits,
-                        lora_modules=args.lora_module_paths)
+                        lora_modules=args.lora_module_paths, io_processor=args.io_processor)
     except Exception as exc:
         logger.error("could not build the HTTP app: %s", exc)
         return 2

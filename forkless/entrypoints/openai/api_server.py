@@ -49,6 +49,7 @@ from forkless.protocol.openai import (
 )
 from forkless.entrypoints.openai.serving import OpenAIServing
 from forkless.entrypoints.openai.serving_models import LoRAModulePath, ServingModels
+from forkless.entrypoints.openai.serving_pooling import attach_pooling_routes
 from forkless.logger import init_logger
 from forkless.plugins import DEPRECATIONS, ENDPOINT_PLUGINS_GROUP, DeprecatedError, call_plugins_by_group, import_path
 from forkless.version import __version__
@@ -153,7 +154,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
               api_key: str | None = None, middleware: list[str] | None = None,
               metrics: Callable[[], bytes] | None = None,
               chat_options: ChatOptions | None = None, limits: HttpLimits | None = None,
-              lora_modules: list[LoRAModulePath] | None = None) -> FastAPI:
+              lora_modules: list[LoRAModulePath] | None = None, io_processor: Any = None) -> FastAPI:
     """Assemble the FastAPI app around a running engine.
 
     Args:
@@ -168,6 +169,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         limits: Request body size and read timeout, sequences per request.
         lora_modules: ``--lora-modules`` adapters, served under their names (needs
             ``--enable-lora``).
+        io_processor: The ``--io-processor-plugin`` processor for ``/pooling`` ``data``.
 
     Raises:
         ValueError: A ``--lora-modules`` adapter cannot be served (the message names it).
@@ -257,14 +259,18 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
             models.remove_lora(req.lora_name)
             return Response(f"Success: LoRA adapter '{req.lora_name}' removed successfully.", media_type="text/plain")
 
+    pooling = attach_pooling_routes(app, engine, serving, io_processor, _cancel_on_disconnect)
+
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
         check_deprecated(request, req)
+        pooling.refuse_generation("/v1/completions")
         return respond(await _cancel_on_disconnect(request, serving.create_completion(req, request)))
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request) -> Response:
         check_deprecated(request, req)
+        pooling.refuse_generation("/v1/chat/completions")
         return respond(await _cancel_on_disconnect(request, serving.create_chat_completion(req, request)))
 
     @app.post("/tokenize")

@@ -1,0 +1,378 @@
+"""The pooling endpoints: ``/v1/embeddings`` (OpenAI), ``/pooling``, ``/classify``, ``/score``,
+``/rerank`` (vLLM; also under ``/v1``, and ``/v2/rerank``).
+
+Invariants:
+    * Each input of a request is one engine request (``AsyncLLM.encode``): the engine
+      batches them with every other request's, and each finishes after its prompt.
+    * Inputs are tokenized in one batch call, in the tokenizer thread, off the event loop.
+    * A bad input (empty, too long, token ids outside the vocabulary, a task the model
+      does not serve) is a 400 with an OpenAI-style error naming it, before anything runs;
+      a pooling model asked for completions, and a generative model asked for pooling,
+      are 400s too (the engine's processor refuses them).
+    * ``/pooling`` with ``data`` goes through the server's IO processor plugin
+      (``--io-processor-plugin``); without one it is a 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from forkless.entrypoints.openai.errors import BadRequest
+from forkless.logger import init_logger
+from forkless.pooling_params import PoolingParams
+from forkless.protocol.openai import UsageInfo, random_id
+from forkless.protocol.pooling import (
+    ClassificationData,
+    ClassificationRequest,
+    ClassificationResponse,
+    EmbeddingData,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    IOProcessorResponse,
+    PoolingData,
+    PoolingInput,
+    PoolingRequest,
+    PoolingResponse,
+    RerankDocument,
+    RerankRequest,
+    RerankResponse,
+    RerankResult,
+    RerankUsage,
+    ScoreData,
+    ScoreRequest,
+    ScoreResponse,
+)
+
+if TYPE_CHECKING:
+    from forkless.engine.async_llm import AsyncLLM
+    from forkless.entrypoints.openai.serving import OpenAIServing
+    from forkless.io_processors import IOProcessor
+    from forkless.outputs import PoolingRequestOutput
+
+logger = init_logger(__name__)
+
+
+def _encode(values: np.ndarray, encoding_format: str) -> list[Any] | str:
+    """Floats as a list, or OpenAI's ``base64``: little-endian float32 bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.ascontiguousarray(values, dtype="<f4").tobytes()).decode("ascii")
+    return values.tolist()
+
+
+def _params(**fields: Any) -> PoolingParams:
+    """The request's pooling parameters; a bad value is the client's 400, naming it."""
+    try:
+        return PoolingParams(**fields)
+    except ValueError as exc:
+        param = "task" if "task" in str(exc) else "dimensions"
+        raise BadRequest(str(exc), param) from None
+
+
+class OpenAIServingPooling:
+    """Pooling requests on top of an ``AsyncLLM``.
+
+    Args:
+        engine: The engine.
+        serving: The completions serving object (model names, the tokenizer thread).
+        io_processor: The IO processor plugin for ``/pooling`` ``data``, if one is selected.
+    """
+
+    def __init__(self, engine: AsyncLLM, serving: OpenAIServing, io_processor: IOProcessor | None = None) -> None:
+        self.engine = engine
+        self.serving = serving
+        self.io_processor = io_processor
+        self.pooler = engine.processor.config.model_config.pooler_config
+        self.max_model_len = engine.processor.config.model_config.max_model_len
+        self._labels: dict[int, str] | None = None
+
+    # -- inputs ---------------------------------------------------------------------------
+    def _check_pooling_model(self, endpoint: str) -> None:
+        if self.pooler is None:
+            raise BadRequest(f"{endpoint}: {self.serving.model_name} is a generative model: it has no embeddings "
+                             "or classifier (serve a pooling model, or this one with --runner pooling --convert "
+                             "embed)", "model")
+
+    @staticmethod
+    def _input_list(value: PoolingInput | None, param: str = "input") -> list[str | list[int]]:
+        if value is None:
+            raise BadRequest(f"{param} is required", param)
+        if isinstance(value, str):
+            return [value]
+        if not value:
+            raise BadRequest(f"{param} is an empty list: give at least one input", param)
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+            return [list(value)]  # type: ignore[arg-type]
+        out = list(value)
+        for i, item in enumerate(out):
+            if isinstance(item, list) and not item or isinstance(item, str) and not item:
+                raise BadRequest(f"{param}[{i}] is empty", param)
+        return out  # type: ignore[return-value]
+
+    def _tokenize(self, items: list[str | list[int]], truncate: int | None) -> list[list[int]]:
+        """Token ids of every input; texts in one batch call."""
+        tok = self.serving.tokenizer
+        texts = [(i, t) for i, t in enumerate(items) if isinstance(t, str)]
+        out: list[Any] = list(items)
+        if texts:
+            kwargs: dict[str, Any] = {}
+            if truncate is not None:
+                kwargs = {"truncation": True, "max_length": self.max_model_len if truncate == -1 else truncate}
+            enc = tok([t for _, t in texts], **kwargs)["input_ids"]
+            for (i, _), ids in zip(texts, enc):
+                out[i] = list(ids)
+        if truncate is not None:
+            limit = self.max_model_len if truncate == -1 else truncate
+            out = [ids[:limit] for ids in out]
+        return out
+
+    async def _pool(self, prompts: list[Any], params: PoolingParams | list[PoolingParams], raw_request: Any,
+                    req: Any, prefix: str) -> list[PoolingRequestOutput]:
+        """Run every prompt as its own engine request; their outputs, in order."""
+        from forkless.engine.async_llm import InvalidRequestError
+
+        base_id = random_id(prefix) if req.request_id is None else f"{prefix}-{req.request_id}"
+        client = self.serving_client_key(req, raw_request)
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        try:
+            streams = [self.engine.encode(p, pp, f"{base_id}-{i}", priority=req.priority, group_id=base_id,
+                                          client_key=client)
+                       for i, (p, pp) in enumerate(zip(prompts, params_list))]
+        except InvalidRequestError as exc:
+            raise BadRequest(str(exc), "input") from None
+        return await asyncio.gather(*(self._last(s) for s in streams))
+
+    @staticmethod
+    async def _last(stream: AsyncIterator[Any]) -> Any:
+        last = None
+        async for out in stream:
+            last = out
+        return last
+
+    @staticmethod
+    def serving_client_key(req: Any, raw_request: Any) -> str | None:
+        from forkless.entrypoints.openai.serving import _client_key
+
+        return _client_key(req, raw_request)
+
+    async def _prompts(self, value: PoolingInput | None, req: Any, param: str = "input") -> list[list[int]]:
+        items = self._input_list(value, param)
+        self.serving.check_sequences(len(items), 1)
+        for item in items:
+            if isinstance(item, str):
+                self.serving.check_text_size(len(item), param)
+        return await self.serving.in_tokenizer_thread(self._tokenize, items, req.truncate_prompt_tokens)
+
+    @staticmethod
+    def _usage(outs: list[PoolingRequestOutput]) -> UsageInfo:
+        n = sum(len(o.prompt_token_ids) for o in outs)
+        return UsageInfo(prompt_tokens=n, total_tokens=n)
+
+    # -- endpoints ------------------------------------------------------------------------
+    async def create_embedding(self, req: EmbeddingRequest, raw_request: Any) -> EmbeddingResponse:
+        await self.serving.check_model(req.model)
+        self._check_pooling_model("/v1/embeddings")
+        prompts = await self._prompts(req.input, req)
+        params = _params(task="embed", dimensions=req.dimensions, normalize=req.normalize)
+        outs = await self._pool(prompts, params, raw_request, req, "embd")
+        data = [EmbeddingData(index=i, embedding=_encode(o.outputs.data, req.encoding_format))
+                for i, o in enumerate(outs)]
+        return EmbeddingResponse(id=random_id("embd"), created=int(time.time()), model=self.serving.model_name,
+                                 data=data, usage=self._usage(outs))
+
+    async def create_pooling(self, req: PoolingRequest, raw_request: Any) -> PoolingResponse | IOProcessorResponse:
+        await self.serving.check_model(req.model)
+        self._check_pooling_model("/pooling")
+        if req.data is not None:
+            return await self._io_process(req, raw_request)
+        prompts = await self._prompts(req.input, req)
+        params = _params(task=req.task, dimensions=req.dimensions, normalize=req.normalize,
+                         use_activation=req.use_activation)
+        outs = await self._pool(prompts, params, raw_request, req, "pool")
+        data = [PoolingData(index=i, data=_encode(o.outputs.data, req.encoding_format)) for i, o in enumerate(outs)]
+        return PoolingResponse(id=random_id("pool"), created=int(time.time()), model=self.serving.model_name,
+                               data=data, usage=self._usage(outs))
+
+    async def _io_process(self, req: PoolingRequest, raw_request: Any) -> IOProcessorResponse:
+        proc = self.io_processor
+        if proc is None:
+            raise BadRequest("this request has a 'data' field, which only an IO processor plugin reads, and the "
+                             "server runs none (start it with --io-processor-plugin NAME)", "data")
+        request_id = req.request_id or random_id("pool")
+        try:
+            parsed = proc.parse_request(req)
+            params = proc.validate_or_generate_params(None)
+            prompts = await proc.pre_process_async(parsed, request_id)
+        except ValueError as exc:
+            raise BadRequest(f"IO processor: {exc}", "data") from None
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts
+                                                and all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if not prompts:
+            raise BadRequest("IO processor: the data made no prompts to pool", "data")
+        texts = [(i, p) for i, p in enumerate(prompts) if isinstance(p, str)]
+        if texts:
+            ids = await self.serving.in_tokenizer_thread(self._tokenize, [p for _, p in texts], None)
+            for (i, _), t in zip(texts, ids):
+                prompts[i] = t
+        outs = await self._pool(prompts, params, raw_request, req, "pool")
+
+        async def pairs() -> AsyncIterator[tuple[int, PoolingRequestOutput]]:
+            for i, out in enumerate(outs):
+                yield i, out
+
+        try:
+            result = await proc.post_process_async(pairs(), request_id)
+            body = proc.output_to_response(result)
+        except ValueError as exc:
+            raise BadRequest(f"IO processor: {exc}", "data") from None
+        return IOProcessorResponse(request_id=request_id, created_at=int(time.time()), data=body)
+
+    def _label(self, index: int) -> str | None:
+        """The class name of ``index`` (``config.json``'s ``id2label``; ``LABEL_i`` without one)."""
+        if self._labels is None:
+            import json
+            from pathlib import Path
+
+            hf = json.loads((Path(self.engine.processor.config.model_config.model) / "config.json").read_text())
+            self._labels = {int(k): v for k, v in (hf.get("id2label") or {}).items()}
+        return self._labels.get(index, f"LABEL_{index}")
+
+    def refuse_generation(self, endpoint: str) -> None:
+        """A pooling model has no completions: a 400 naming the endpoints it has.
+
+        Raises:
+            BadRequest: When the served model is a pooling model.
+        """
+        if self.pooler is not None:
+            raise BadRequest(f"{endpoint}: {self.serving.model_name} is a pooling model (--runner pooling): it makes "
+                             "embeddings, classifications and scores, not text; use /v1/embeddings, /pooling, "
+                             "/classify, /score or /rerank", "model")
+
+    async def create_classify(self, req: ClassificationRequest, raw_request: Any) -> ClassificationResponse:
+        await self.serving.check_model(req.model)
+        self._check_pooling_model("/classify")
+        prompts = await self._prompts(req.input, req)
+        params = _params(task="classify", use_activation=req.use_activation)
+        outs = await self._pool(prompts, params, raw_request, req, "classify")
+        data = []
+        for i, o in enumerate(outs):
+            probs = o.outputs.data.reshape(-1)
+            data.append(ClassificationData(index=i, label=self._label(int(np.argmax(probs))), probs=probs.tolist(),
+                                           num_classes=len(probs)))
+        return ClassificationResponse(id=random_id("classify"), created=int(time.time()),
+                                      model=self.serving.model_name, data=data, usage=self._usage(outs))
+
+    async def _scores(self, left: list[str], right: list[str], req: Any, raw_request: Any,
+                      prefix: str) -> tuple[list[float], int]:
+        """Relevance of each (left, right) pair, and the prompt tokens used."""
+        pooler = self.pooler
+        assert pooler is not None
+        if "score" not in pooler.tasks:
+            raise BadRequest(f"{self.serving.model_name} cannot score pairs: it needs a cross-encoder (a classifier "
+                             "with one label) or an embedding model", "model")
+        if len(left) == 1:
+            left = left * len(right)
+        if not right or len(left) != len(right):
+            raise BadRequest(f"{len(left)} texts to pair with {len(right)}: give one text and a list, or two lists "
+                             "of the same (non-zero) length", "text_2")
+        self.serving.check_sequences(len(right), 1)
+        if pooler.task == "classify":  # a cross-encoder reads each pair at once
+            processor = self.engine.processor
+
+            def pairs() -> list[dict[str, Any]]:
+                return [processor.tokenize_pair(a, b) for a, b in zip(left, right)]
+
+            prompts = await self.serving.in_tokenizer_thread(pairs)
+            outs = await self._pool(prompts, PoolingParams(task="score"), raw_request, req, prefix)
+            return [float(o.outputs.data.reshape(-1)[0]) for o in outs], sum(len(o.prompt_token_ids) for o in outs)
+        texts = list(dict.fromkeys([*left, *right]))
+        ids = await self.serving.in_tokenizer_thread(self._tokenize, texts, req.truncate_prompt_tokens)
+        outs = await self._pool(ids, PoolingParams(task="embed"), raw_request, req, prefix)
+        vec = {t: o.outputs.data.astype(np.float64) for t, o in zip(texts, outs)}
+        scores = [float(vec[a] @ vec[b] / max(np.linalg.norm(vec[a]) * np.linalg.norm(vec[b]), 1e-12))
+                  for a, b in zip(left, right)]
+        return scores, sum(len(o.prompt_token_ids) for o in outs)
+
+    @staticmethod
+    def _texts(value: str | list[str] | None, param: str) -> list[str]:
+        if value is None:
+            raise BadRequest(f"{param} is required", param)
+        items = [value] if isinstance(value, str) else list(value)
+        if not items:
+            raise BadRequest(f"{param} is an empty list", param)
+        return items
+
+    async def create_score(self, req: ScoreRequest, raw_request: Any) -> ScoreResponse:
+        await self.serving.check_model(req.model)
+        self._check_pooling_model("/score")
+        left = self._texts(req.text_1 if req.text_1 is not None else req.queries, "text_1")
+        right = self._texts(req.text_2 if req.text_2 is not None else req.documents, "text_2")
+        scores, tokens = await self._scores(left, right, req, raw_request, "score")
+        return ScoreResponse(id=random_id("score"), created=int(time.time()), model=self.serving.model_name,
+                             data=[ScoreData(index=i, score=s) for i, s in enumerate(scores)],
+                             usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens))
+
+    async def create_rerank(self, req: RerankRequest, raw_request: Any) -> RerankResponse:
+        await self.serving.check_model(req.model)
+        self._check_pooling_model("/rerank")
+        if not req.documents:
+            raise BadRequest("documents is an empty list", "documents")
+        scores, tokens = await self._scores([req.query], list(req.documents), req, raw_request, "rerank")
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])
+        if req.top_n:
+            order = order[: req.top_n]
+        results = [RerankResult(index=i, relevance_score=scores[i],
+                                document=RerankDocument(text=req.documents[i]) if req.return_documents else None)
+                   for i in order]
+        return RerankResponse(id=random_id("rerank"), model=self.serving.model_name,
+                              usage=RerankUsage(total_tokens=tokens), results=results)
+
+
+def attach_pooling_routes(app: FastAPI, engine: AsyncLLM, serving: OpenAIServing,
+                          io_processor: IOProcessor | None, run: Any) -> OpenAIServingPooling:
+    """Add the pooling routes to ``app``.
+
+    Args:
+        app: The server's app.
+        engine: The engine.
+        serving: The completions serving object.
+        io_processor: The ``--io-processor-plugin`` processor, or ``None``.
+        run: ``run(request, awaitable)`` -> the result, cancelled when the client goes away.
+
+    Returns:
+        The serving object behind the routes.
+    """
+    pooling = OpenAIServingPooling(engine, serving, io_processor)
+
+    def respond(result: Any) -> JSONResponse:
+        return JSONResponse(result.model_dump(exclude_none=isinstance(result, RerankResponse)))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest, request: Request) -> JSONResponse:
+        return respond(await run(request, pooling.create_embedding(req, request)))
+
+    async def pool(req: PoolingRequest, request: Request) -> JSONResponse:
+        return respond(await run(request, pooling.create_pooling(req, request)))
+
+    async def classify(req: ClassificationRequest, request: Request) -> JSONResponse:
+        return respond(await run(request, pooling.create_classify(req, request)))
+
+    async def score(req: ScoreRequest, request: Request) -> JSONResponse:
+        return respond(await run(request, pooling.create_score(req, request)))
+
+    async def rerank(req: RerankRequest, request: Request) -> JSONResponse:
+        return respond(await run(request, pooling.create_rerank(req, request)))
+
+    for path, endpoint in (("/pooling", pool), ("/classify", classify), ("/score", score), ("/rerank", rerank)):
+        app.add_api_route(path, endpoint, methods=["POST"])
+        app.add_api_route("/v1" + path, endpoint, methods=["POST"])
+    app.add_api_route("/v2/rerank", rerank, methods=["POST"])
+    return pooling

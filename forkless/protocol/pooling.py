@@ -1,0 +1,164 @@
+"""Request and response bodies of the pooling endpoints (OpenAI's and vLLM's shapes).
+
+``/v1/embeddings`` is OpenAI's; ``/pooling``, ``/classify``, ``/score`` and ``/rerank``
+are vLLM's. Invariants: unknown fields are accepted and ignored (as OpenAI and vLLM do);
+a field of the wrong type or value is a 400 naming it (pydantic's validation, turned into
+an OpenAI-style error by the server).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import Field
+
+from forkless.protocol.openai import OpenAIModel, RequestModel, UsageInfo
+
+# An input: one text, texts, one token-id list, or token-id lists (OpenAI's ``input``).
+PoolingInput = Union[str, list[str], list[int], list[list[int]]]
+
+
+class _PoolingRequestBase(RequestModel):
+    model: str | None = None
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    priority: int = 0
+    request_id: str | None = None
+
+
+class EmbeddingRequest(_PoolingRequestBase):
+    """``POST /v1/embeddings``."""
+
+    input: PoolingInput
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    normalize: bool | None = None
+
+
+class PoolingRequest(_PoolingRequestBase):
+    """``POST /pooling``: ``input`` through the model's pooler, or ``data`` through the
+    server's IO processor plugin (``--io-processor-plugin``)."""
+
+    input: PoolingInput | None = None
+    data: Any = None
+    task: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    normalize: bool | None = None
+    use_activation: bool | None = None
+
+
+class ClassificationRequest(_PoolingRequestBase):
+    """``POST /classify``."""
+
+    input: PoolingInput
+    use_activation: bool | None = None
+
+
+class ScoreRequest(_PoolingRequestBase):
+    """``POST /score``: ``text_1`` against each ``text_2`` (vLLM's names; ``queries`` /
+    ``documents`` are accepted too)."""
+
+    text_1: str | list[str] | None = None
+    text_2: str | list[str] | None = None
+    queries: str | list[str] | None = None
+    documents: str | list[str] | None = None
+
+
+class RerankRequest(_PoolingRequestBase):
+    """``POST /rerank``: documents ordered by relevance to ``query``."""
+
+    query: str
+    documents: list[str]
+    top_n: int | None = Field(default=None, ge=0)
+    return_documents: bool = True
+
+
+class EmbeddingData(OpenAIModel):
+    index: int
+    object: str = "embedding"
+    embedding: list[float] | str
+
+
+class EmbeddingResponse(OpenAIModel):
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[EmbeddingData]
+    usage: UsageInfo
+
+
+class PoolingData(OpenAIModel):
+    index: int
+    object: str = "pooling"
+    data: list[Any] | str
+
+
+class PoolingResponse(OpenAIModel):
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[PoolingData]
+    usage: UsageInfo
+
+
+class IOProcessorResponse(OpenAIModel):
+    """``/pooling`` answered by an IO processor plugin: what its ``output_to_response`` made."""
+
+    request_id: str | None = None
+    created_at: int
+    data: Any
+
+
+class ClassificationData(OpenAIModel):
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(OpenAIModel):
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[ClassificationData]
+    usage: UsageInfo
+
+
+class ScoreData(OpenAIModel):
+    index: int
+    object: str = "score"
+    score: float
+
+
+class ScoreResponse(OpenAIModel):
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: UsageInfo
+
+
+class RerankDocument(OpenAIModel):
+    text: str
+
+
+class RerankResult(OpenAIModel):
+    index: int
+    document: RerankDocument | None = None
+    relevance_score: float
+
+
+class RerankUsage(OpenAIModel):
+    total_tokens: int
+
+
+class RerankResponse(OpenAIModel):
+    id: str
+    model: str
+    usage: RerankUsage
+    results: list[RerankResult]

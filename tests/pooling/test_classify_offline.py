@@ -1,0 +1,93 @@
+"""Offline classification and scoring against transformers: BERT heads, a cross-encoder,
+and a causal ``*ForSequenceClassification`` model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from forkless import LLM
+
+
+def test_bert_classifier_equals_transformers(tiny_bert_classifier: Path) -> None:
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    texts = ["I loved this film.", "Terrible, never again " * 5, "ok"]
+    llm = LLM(str(tiny_bert_classifier), kv_cache_memory=8 << 20)
+    try:
+        assert llm.llm_engine.config.model_config.pooler_config.task == "classify"
+        outs = llm.classify(texts, use_tqdm=False)
+        with pytest.raises(ValueError, match="cannot score"):
+            llm.score("a", ["b"], use_tqdm=False)
+    finally:
+        llm.shutdown()
+    tok = AutoTokenizer.from_pretrained(tiny_bert_classifier)
+    ref_model = BertForSequenceClassification.from_pretrained(tiny_bert_classifier).eval()
+    for text, out in zip(texts, outs):
+        with torch.no_grad():
+            logits = ref_model(**tok(text, return_tensors="pt")).logits[0]
+        probs = torch.softmax(logits, -1).numpy()
+        assert out.outputs.num_classes == 3
+        assert np.allclose(out.outputs.probs, probs, atol=1e-5), (out.outputs.probs, probs)
+
+
+def test_cross_encoder_scores_pairs_with_token_types(tiny_cross_encoder: Path) -> None:
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    query, docs = "what do cats eat", ["Cats eat fish and meat.", "The stock market fell today.", "Kittens drink milk"]
+    llm = LLM(str(tiny_cross_encoder), kv_cache_memory=8 << 20)
+    try:
+        outs = llm.score(query, docs, use_tqdm=False)
+        pairs = llm.score([query, docs[0]], [docs[1], docs[2]], use_tqdm=False)
+    finally:
+        llm.shutdown()
+    tok = AutoTokenizer.from_pretrained(tiny_cross_encoder)
+    ref_model = BertForSequenceClassification.from_pretrained(tiny_cross_encoder).eval()
+
+    def ref(a: str, b: str) -> float:
+        enc = tok(a, b, return_tensors="pt")
+        assert enc["token_type_ids"].max() == 1  # the pair's second segment has type 1
+        with torch.no_grad():
+            return float(torch.sigmoid(ref_model(**enc).logits[0, 0]))
+
+    for doc, out in zip(docs, outs):
+        assert abs(out.outputs.score - ref(query, doc)) < 1e-5
+    assert abs(pairs[0].outputs.score - ref(query, docs[1])) < 1e-5
+    assert abs(pairs[1].outputs.score - ref(docs[0], docs[2])) < 1e-5
+
+
+@pytest.mark.slow
+def test_causal_sequence_classification_equals_transformers(tiny_llama: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForSequenceClassification
+
+    folder = tmp_path / "llama-cls"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tiny_llama / name).exists():
+            shutil.copy(tiny_llama / name, folder / name)
+    cfg = json.loads((tiny_llama / "config.json").read_text())
+    config = LlamaConfig(vocab_size=cfg["vocab_size"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, num_labels=4, pad_token_id=0,
+                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    ref_model = LlamaForSequenceClassification(config).eval()
+    ref_model.save_pretrained(folder, safe_serialization=True)
+    texts = ["first text to classify", "a second, longer text to classify " * 3]
+    llm = LLM(str(folder), kv_cache_memory=8 << 20)
+    try:
+        assert llm.llm_engine.config.model_config.pooler_config.pooling_type == "LAST"
+        outs = llm.classify(texts, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    tok = AutoTokenizer.from_pretrained(folder)
+    for text, out in zip(texts, outs):
+        ids = tok(text)["input_ids"]
+        with torch.no_grad():
+            logits = ref_model(torch.tensor([ids])).logits[0]
+        assert np.allclose(out.outputs.probs, torch.softmax(logits, -1).numpy(), atol=1e-5)

@@ -1,0 +1,167 @@
+"""The pooling endpoints through a real server: the official ``openai`` client, vLLM's routes,
+bad inputs, and the example IO processor plugin installed as a real package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.server.conftest import start_server
+
+pytestmark = pytest.mark.slow  # one MiniLM server for the module (~15 s to start)
+
+
+def _cos(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.fixture(scope="module")
+def minilm_server(minilm: Path, plugin_site: Path, tmp_path_factory: pytest.TempPathFactory):
+    """all-MiniLM-L6-v2 with the example zero-shot IO processor plugin."""
+    srv = start_server(minilm, tmp_path_factory.mktemp("minilm-server"), "--served-model-name", "minilm",
+                       "--io-processor-plugin", "zero_shot", site=plugin_site,
+                       env_extra={"FORKLESS_PLUGINS": "zero_shot"})
+    yield srv
+    srv.stop()
+
+
+def test_openai_embeddings_equal_sentence_transformers(minilm_server, minilm: Path, sentences, st_reference) -> None:
+    from transformers import AutoTokenizer
+
+    import base64
+
+    client = minilm_server.client()
+    got: list = []
+    # The client asks for base64 when no format is given, and decodes it (float32) itself.
+    for fmt in ("float", None):
+        for start in range(0 if fmt == "float" else 50, 50 if fmt == "float" else 100, 25):
+            batch = sentences[start:start + 25]
+            kwargs = {"encoding_format": fmt} if fmt else {}
+            resp = client.embeddings.create(model="minilm", input=batch, **kwargs)
+            assert [d.index for d in resp.data] == list(range(len(batch)))
+            tok = AutoTokenizer.from_pretrained(minilm)
+            n = sum(len(ids) for ids in tok(batch)["input_ids"])
+            assert resp.usage.prompt_tokens == resp.usage.total_tokens == n
+            got += [d.embedding for d in resp.data]
+    assert len(got) == 100
+    for s, e, ref in zip(sentences, got, st_reference):
+        assert len(e) == 384
+        assert _cos(e, ref) >= 0.9999, s
+    one = client.embeddings.create(model="minilm", input=sentences[3], encoding_format="base64")
+    raw = np.frombuffer(base64.b64decode(one.data[0].embedding), dtype="<f4")
+    assert _cos(raw, st_reference[3]) >= 0.9999
+    ids = AutoTokenizer.from_pretrained(minilm)(sentences[4])["input_ids"]
+    by_ids = client.embeddings.create(model="minilm", input=ids, encoding_format="float")
+    assert _cos(by_ids.data[0].embedding, st_reference[4]) >= 0.9999
+
+
+@pytest.mark.parametrize("path,body,param,words", [
+    ("/v1/embeddings", {"input": []}, "input", "empty"),
+    ("/v1/embeddings", {"input": "word " * 400}, "input", "maximum context length"),
+    ("/v1/embeddings", {"input": "hello", "encoding_format": "int8"}, "encoding_format", "'float' or 'base64'"),
+    ("/v1/embeddings", {"input": [101, 99999, 102]}, "input", "outside the vocabulary"),
+    ("/v1/embeddings", {"input": [[101, 102], [-1]]}, "input", "outside the vocabulary"),
+    ("/v1/embeddings", {"input": "hello", "dimensions": 8}, "input", "Matryoshka"),
+    ("/v1/completions", {"prompt": "hello"}, "model", "pooling model"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "model", "pooling model"),
+    ("/classify", {"input": "hello"}, "input", "classify"),
+    ("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_2", "same"),
+    ("/rerank", {"query": "q", "documents": []}, "documents", "empty"),
+    ("/pooling", {"input": "hello", "task": "sing"}, "task", "sing"),
+    ("/pooling", {"data": {"texts": "not a list", "labels": ["x"]}}, "data", "data.texts"),
+    ("/pooling", {"data": {"texts": ["t"], "labels": ["x"], "top_k": 5}}, "data", "top_k"),
+])
+def test_bad_inputs_are_400(minilm_server, path, body, param, words) -> None:
+    r = httpx.post(minilm_server.url + path, json={"model": "minilm", **body}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert words in err["message"], err
+    if param is not None:
+        assert err["param"] == param
+    assert err["type"] == "BadRequestError"
+
+
+def test_bad_input_through_openai_client(minilm_server) -> None:
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        minilm_server.client().embeddings.create(model="minilm", input=[[1, 2, 40000]])
+
+
+def test_pooling_score_and_rerank(minilm_server, minilm: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(str(minilm), device="cpu")
+    docs = ["Kittens are young cats.", "The central bank raised interest rates.", "Dogs bark at night."]
+    ref = st.encode(["cats", *docs])
+    r = httpx.post(minilm_server.url + "/pooling", json={"input": ["cats", "dogs"]}, timeout=60).json()
+    assert r["object"] == "list" and r["data"][0]["object"] == "pooling"
+    assert _cos(r["data"][0]["data"], ref[0]) >= 0.9999
+    score = httpx.post(minilm_server.url + "/score", json={"text_1": "cats", "text_2": docs}, timeout=60).json()
+    want = [_cos(ref[0], d) for d in ref[1:]]
+    assert [round(d["score"], 4) for d in score["data"]] == [round(w, 4) for w in want]
+    rerank = httpx.post(minilm_server.url + "/v1/rerank",
+                        json={"query": "cats", "documents": docs, "top_n": 2}, timeout=60).json()
+    order = list(np.argsort(-np.asarray(want))[:2])
+    assert [res["index"] for res in rerank["results"]] == order
+    assert rerank["results"][0]["document"]["text"] == docs[order[0]]
+    tokens = httpx.post(minilm_server.url + "/pooling", json={"input": "cats", "task": "token_embed"},
+                        timeout=60).json()
+    assert np.asarray(tokens["data"][0]["data"]).shape == (3, 384)  # [CLS] cats [SEP]
+
+
+def test_io_processor_plugin_zero_shot(minilm_server) -> None:
+    labels = ["sports", "cooking", "finance"]
+    texts = ["The striker scored twice in the final.", "Simmer the sauce and add basil.",
+             "Shares fell as bond yields rose."]
+    r = httpx.post(minilm_server.url + "/pooling", json={"data": {"texts": texts, "labels": labels, "top_k": 2}},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    results = body["data"]["results"]
+    assert [res["labels"][0]["label"] for res in results] == labels
+    assert all(len(res["labels"]) == 2 and res["labels"][0]["score"] >= res["labels"][1]["score"]
+               for res in results)
+    first = body["data"]["labels_embedded"]
+    assert first == 3
+    again = httpx.post(minilm_server.url + "/pooling",
+                       json={"data": {"texts": ["Whisk the eggs."], "labels": labels + ["travel"]}}, timeout=60).json()
+    assert again["data"]["results"][0]["labels"][0]["label"] == "cooking"
+    assert again["data"]["labels_embedded"] == first + 1  # only the new label was embedded
+
+
+@pytest.mark.slow
+def test_classify_server_and_generative_server_refusals(tiny_bert_classifier: Path, tiny_llama: Path,
+                                                         tmp_path: Path) -> None:
+    from forkless import LLM
+
+    texts = ["good", "bad movie " * 4]
+    srv = start_server(tiny_bert_classifier, tmp_path, "--max-model-len", "128")
+    try:
+        r = httpx.post(srv.url + "/classify", json={"input": texts}, timeout=60)
+        assert r.status_code == 200, r.text
+        data = r.json()["data"]
+        emb = httpx.post(srv.url + "/v1/embeddings", json={"input": "x"}, timeout=60)
+        assert emb.status_code == 400 and "embed" in emb.json()["error"]["message"]
+    finally:
+        srv.stop()
+    llm = LLM(str(tiny_bert_classifier), kv_cache_memory=8 << 20)
+    try:
+        offline = llm.classify(texts, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    for d, o in zip(data, offline):
+        assert np.allclose(d["probs"], o.outputs.probs, atol=1e-6)
+        assert d["label"] == f"class_{int(np.argmax(o.outputs.probs))}" and d["num_classes"] == 3
+    gen = start_server(tiny_llama, tmp_path)
+    try:
+        for path, body in (("/v1/embeddings", {"input": "hello"}), ("/pooling", {"input": "hello"}),
+                           ("/classify", {"input": "hello"})):
+            r = httpx.post(gen.url + path, json=body, timeout=60)
+            assert r.status_code == 400 and "generative model" in r.json()["error"]["message"], r.text
+    finally:
+        gen.stop()
