@@ -806,6 +806,10 @@ class OpenAIServing:
         params = to_sampling_params(req, max_tokens, (top or 0) if req.logprobs else None,
                                     self._default_max_tokens(len(ids)),
                                     tool_constraint(req, forced) if forced is not None else None)
+        if params.structured_outputs is not None:
+            # The constraint holds from the first token: there is no reasoning to split off.
+            for parser in parsers or ():
+                parser.reasoning = None
         request_id, engine_id = _request_ids("chatcmpl", req.request_id)
         stream = self.engine.generate(_engine_prompt(ids, req), params, engine_id, priority=req.priority,
                                       lora_request=lora, client_key=_client_key(req, raw_request))
