@@ -215,22 +215,28 @@ class ScoringOutput:
         return f"ScoringOutput(score={self.score})"
 
 
-class EmbeddingRequestOutput(PoolingRequestOutput):
+class _TaskRequestOutput(PoolingRequestOutput):
+    """A ``PoolingRequestOutput`` whose ``outputs`` is a task's shape (``output_cls`` of the values)."""
+
+    output_cls: type = PoolingOutput
+
+    @classmethod
+    def from_base(cls, out: PoolingRequestOutput) -> Any:
+        """The task-shaped view of a pooling result (its values as a flat list)."""
+        return cls(out.request_id, cls.output_cls(out.outputs.data.reshape(-1).tolist()), out.prompt_token_ids,
+                   out.finished)
+
+
+class EmbeddingRequestOutput(_TaskRequestOutput):
     """``LLM.embed``'s result per prompt: ``outputs.embedding``."""
 
-    @classmethod
-    def from_base(cls, out: PoolingRequestOutput) -> EmbeddingRequestOutput:
-        return cls(out.request_id, EmbeddingOutput(out.outputs.data.reshape(-1).tolist()),  # type: ignore[arg-type]
-                   out.prompt_token_ids, out.finished)
+    output_cls = EmbeddingOutput
 
 
-class ClassificationRequestOutput(PoolingRequestOutput):
+class ClassificationRequestOutput(_TaskRequestOutput):
     """``LLM.classify``'s result per prompt: ``outputs.probs``."""
 
-    @classmethod
-    def from_base(cls, out: PoolingRequestOutput) -> ClassificationRequestOutput:
-        return cls(out.request_id, ClassificationOutput(out.outputs.data.reshape(-1).tolist()),  # type: ignore[arg-type]
-                   out.prompt_token_ids, out.finished)
+    output_cls = ClassificationOutput
 
 
 class ScoringRequestOutput(PoolingRequestOutput):

@@ -252,12 +252,7 @@ class AsyncLLM:
             EngineDeadError: The engine died.
             EngineShuttingDownError: The server is shutting down.
         """
-        if self.errored:
-            raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
-        if self._refuse_new is not None:
-            raise EngineShuttingDownError(self._refuse_new)
-        if self.client is None:
-            raise RuntimeError("AsyncLLM.start() was not awaited")
+        self._check_open()
         try:
             # Refused here, as a 400, rather than when the output processor indexes them.
             check_stop_strings(sampling_params.stop if sampling_params is not None else None)
@@ -273,6 +268,15 @@ class AsyncLLM:
                                       "(e.g. an integer outside the 64-bit range)") from None
         return self._stream(processed, payloads)
 
+    def _check_open(self) -> None:
+        """Raise unless the engine takes new requests (dead, draining, or not started)."""
+        if self.errored:
+            raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
+        if self._refuse_new is not None:
+            raise EngineShuttingDownError(self._refuse_new)
+        if self.client is None:
+            raise RuntimeError("AsyncLLM.start() was not awaited")
+
     def encode(self, prompt: Any, pooling_params: "PoolingParams | None", request_id: str, priority: int = 0,
                group_id: str | None = None, client_key: str | None = None
                ) -> AsyncGenerator["PoolingRequestOutput", None]:
@@ -285,12 +289,7 @@ class AsyncLLM:
             EngineDeadError: The engine died.
             EngineShuttingDownError: The server is shutting down.
         """
-        if self.errored:
-            raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
-        if self._refuse_new is not None:
-            raise EngineShuttingDownError(self._refuse_new)
-        if self.client is None:
-            raise RuntimeError("AsyncLLM.start() was not awaited")
+        self._check_open()
         try:
             processed = self.processor.process_pooling_inputs(request_id, prompt, pooling_params, priority=priority,
                                                               group_id=group_id, client_key=client_key)

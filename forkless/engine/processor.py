@@ -79,6 +79,7 @@ class Processor:
         # Adapters already checked (their folders are read once per engine).
         self._checked_loras: set[LoRARequest] = set()
         self._lora_shapes: dict[str, tuple[int, int]] | None = None
+        self._config_json: dict[str, Any] | None = None
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -420,9 +421,10 @@ class Processor:
                 raise ValueError(f"dimensions={params.dimensions}: the model does not support Matryoshka "
                                  "representation, so its embeddings cannot be shortened")
             allowed = pooler.matryoshka_dimensions
-            if (allowed and params.dimensions not in allowed) or params.dimensions > self._hidden_size():
+            hidden = int(self._model_json().get("hidden_size") or 0)
+            if (allowed and params.dimensions not in allowed) or params.dimensions > hidden:
                 raise ValueError(f"dimensions={params.dimensions} is not one the model allows "
-                                 f"({allowed or f'1..{self._hidden_size()}'})")
+                                 f"({allowed or f'1..{hidden}'})")
         if priority != 0 and self.config.scheduler_config.policy != "priority":
             raise ValueError(f"priority={priority} was given but the scheduling policy is "
                              f"{self.config.scheduler_config.policy!r}: start the engine with "
@@ -430,9 +432,13 @@ class Processor:
         text, ids = self._tokenize(prompt)
         if isinstance(prompt, Mapping) and prompt.get("token_type_ids") is not None:
             params.token_type_ids = [int(t) for t in prompt["token_type_ids"]]
-            if len(params.token_type_ids) != len(ids):
-                raise ValueError(f"token_type_ids has {len(params.token_type_ids)} entries for a prompt of "
-                                 f"{len(ids)} tokens")
+        if params.token_type_ids is not None:
+            # Checked here: a wrong length or type would fail the worker's step.
+            types = params.token_type_ids
+            num_types = int(self._model_json().get("type_vocab_size") or 1)
+            if len(types) != len(ids) or any(not 0 <= t < num_types for t in types):
+                raise ValueError(f"token_type_ids must hold one type in [0, {num_types}) per prompt token "
+                                 f"({len(ids)}), got {len(types)} entries")
         if not ids:
             raise ValueError("the input is empty: it must contain at least one token")
         if len(ids) > mc.max_model_len:
@@ -451,9 +457,11 @@ class Processor:
             pooling_params=params)
         return ProcessedRequest(request_id, text, ids, sampling, arrival_time, [core], pooling_params=params)
 
-    def _hidden_size(self) -> int:
-        import json
-        from pathlib import Path
+    def _model_json(self) -> dict[str, Any]:
+        """The model's ``config.json`` (read once)."""
+        if self._config_json is None:
+            import json
+            from pathlib import Path
 
-        hf = json.loads((Path(self.config.model_config.model) / "config.json").read_text())
-        return int(hf.get("hidden_size") or 0)
+            self._config_json = json.loads((Path(self.config.model_config.model) / "config.json").read_text())
+        return self._config_json

@@ -170,6 +170,12 @@ class LLM:
             params_list = [p if p.task is not None else msgspec.structs.replace(p, task=pooling_task)
                            for p in params_list]
         engine = self.llm_engine
+        texts = [i for i, p in enumerate(prompt_list) if isinstance(p, str)]
+        if texts:  # one batch call into the tokenizer, not one per text
+            encoded = engine.get_tokenizer()([prompt_list[i] for i in texts])["input_ids"]
+            prompt_list = list(prompt_list)
+            for i, token_ids in zip(texts, encoded):
+                prompt_list[i] = {"prompt": prompt_list[i], "prompt_token_ids": list(token_ids)}
         ids: list[str] = []
         try:
             for prompt, params in zip(prompt_list, params_list):

@@ -26,6 +26,7 @@ from torch import nn
 
 from forkless.models.hf_config import KVCacheSpec, kv_cache_spec
 from forkless.models.weight_loading import FusedShard, load_named_weights
+from forkless.pooling.config import num_labels_of
 from forkless.pooling.interface import SupportsPooling
 
 if TYPE_CHECKING:
@@ -184,7 +185,32 @@ def _renamed(weights: Iterable[tuple[str, torch.Tensor]], prefix: str, drop: tup
         yield name, tensor
 
 
-class BertModel(nn.Module, SupportsPooling):
+class _BertBase(nn.Module, SupportsPooling):
+    """What both BERT classes share: the encoder (under ``core_name``, the checkpoint's
+    prefix) and the runner's entry points."""
+
+    is_encoder: ClassVar[bool] = True
+    takes_token_type_ids: ClassVar[bool] = True
+    #: The encoder's attribute: ``bert`` in classifier checkpoints, none in ``BertModel`` ones.
+    core_name: ClassVar[str] = "model"
+
+    def __init__(self, hf_config: "PretrainedConfig", dtype: torch.dtype, with_pooler: bool) -> None:
+        super().__init__()
+        self.config = hf_config
+        self.dtype = dtype
+        setattr(self, self.core_name, _BertCore(hf_config, dtype, with_pooler=with_pooler))
+
+    @classmethod
+    def get_kv_cache_spec(cls, hf_config: "PretrainedConfig") -> KVCacheSpec:
+        """The scheduler's blocks (the encoder itself never touches them)."""
+        return kv_cache_spec(hf_config)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
+                attn_metadata: "AttentionMetadata", token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return getattr(self, self.core_name)(input_ids, positions, attn_metadata, token_type_ids)
+
+
+class BertModel(_BertBase):
     """``BertModel``: the encoder whose hidden states the pooler reads (sentence-transformers).
 
     Args:
@@ -193,31 +219,16 @@ class BertModel(nn.Module, SupportsPooling):
         attn_backend: Unused: the encoder attends within the step (see the module).
     """
 
-    is_encoder: ClassVar[bool] = True
-    takes_token_type_ids: ClassVar[bool] = True
-
     def __init__(self, hf_config: "PretrainedConfig", dtype: torch.dtype,
                  attn_backend: "type[AttentionBackend] | None" = None) -> None:
-        super().__init__()
-        self.config = hf_config
-        self.dtype = dtype
-        self.model = _BertCore(hf_config, dtype, with_pooler=False)
-
-    @classmethod
-    def get_kv_cache_spec(cls, hf_config: "PretrainedConfig") -> KVCacheSpec:
-        """The scheduler's blocks (the encoder itself never touches them)."""
-        return kv_cache_spec(hf_config)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                attn_metadata: "AttentionMetadata", token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.model(input_ids, positions, attn_metadata, token_type_ids)
+        super().__init__(hf_config, dtype, with_pooler=False)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         named = ((f"model.{n}", t) for n, t in _renamed(weights, "", ("pooler.", "cls.", "classifier.")))
         return load_named_weights(self, named, _fused(self.config.hidden_size))
 
 
-class BertForSequenceClassification(nn.Module, SupportsPooling):
+class BertForSequenceClassification(_BertBase):
     """BERT with its CLS pooler and classifier head (cross-encoders, text classifiers).
 
     Args:
@@ -226,27 +237,13 @@ class BertForSequenceClassification(nn.Module, SupportsPooling):
         attn_backend: Unused (see the module).
     """
 
-    is_encoder: ClassVar[bool] = True
-    takes_token_type_ids: ClassVar[bool] = True
+    core_name: ClassVar[str] = "bert"
 
     def __init__(self, hf_config: "PretrainedConfig", dtype: torch.dtype,
                  attn_backend: "type[AttentionBackend] | None" = None) -> None:
-        super().__init__()
-        self.config = hf_config
-        self.dtype = dtype
-        labels = getattr(hf_config, "id2label", None)
-        self.num_labels = int(getattr(hf_config, "num_labels", 0) or (len(labels) if labels else 2))
-        self.bert = _BertCore(hf_config, dtype, with_pooler=True)
+        super().__init__(hf_config, dtype, with_pooler=True)
+        self.num_labels = num_labels_of(hf_config)
         self.classifier = nn.Linear(hf_config.hidden_size, self.num_labels, dtype=dtype)
-
-    @classmethod
-    def get_kv_cache_spec(cls, hf_config: "PretrainedConfig") -> KVCacheSpec:
-        """The scheduler's blocks (the encoder itself never touches them)."""
-        return kv_cache_spec(hf_config)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
-                attn_metadata: "AttentionMetadata", token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.bert(input_ids, positions, attn_metadata, token_type_ids)
 
     def classify(self, pooled: torch.Tensor) -> torch.Tensor:
         """BERT's head: ``classifier(tanh(pooler.dense(h_CLS)))``."""

@@ -17,6 +17,7 @@ from torch import nn
 from forkless.models.llama import LlamaForCausalLM
 from forkless.models.qwen2 import Qwen2ForCausalLM
 from forkless.models.qwen3 import Qwen3ForCausalLM
+from forkless.pooling.config import num_labels_of
 from forkless.pooling.interface import SupportsPooling
 
 if TYPE_CHECKING:
@@ -33,8 +34,7 @@ class _SequenceClassification(SupportsPooling):
     supports_cpu_kernels = True
 
     def _add_score(self, hf_config: "PretrainedConfig", dtype: torch.dtype) -> None:
-        labels = getattr(hf_config, "id2label", None)
-        self.num_labels = int(getattr(hf_config, "num_labels", 0) or (len(labels) if labels else 2))
+        self.num_labels = num_labels_of(hf_config)
         self.score = nn.Linear(hf_config.hidden_size, self.num_labels, bias=False, dtype=dtype)
         # No LM head: the tied alias adds no parameter, and load_weights then skips the name.
         self.tie_word_embeddings = True

@@ -79,6 +79,17 @@ class PoolerConfig:
     is_encoder: bool = False
 
 
+def num_labels_of(hf_config: Any) -> int:
+    """A classifier's outputs: ``num_labels``, else ``id2label``'s size, else 2 (transformers').
+
+    Args:
+        hf_config: ``config.json`` as a dict, or a config object.
+    """
+    get = hf_config.get if isinstance(hf_config, dict) else lambda key: getattr(hf_config, key, None)
+    labels = get("id2label")
+    return int(get("num_labels") or (len(labels) if labels else 2))
+
+
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -214,10 +225,7 @@ def resolve_runner(runner: str, convert: str, pooler_config: str | dict[str, Any
         task, default_type = "embed", "LAST"
     st_type, st_normalize, st_max_len = sentence_transformers_pooling(model_dir)
     flags = parse_pooler_config(pooler_config)
-    num_labels = 0
-    if task == "classify":
-        labels = hf.get("id2label")
-        num_labels = int(hf.get("num_labels") or (len(labels) if isinstance(labels, dict) else 2))
+    num_labels = num_labels_of(hf) if task == "classify" else 0
     pooling_type = flags.get("pooling_type") or st_type or default_type
     normalize = flags.get("normalize")
     if normalize is None:

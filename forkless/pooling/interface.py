@@ -48,3 +48,4 @@ class SupportsPooling:
             ``[N, num_labels]`` logits.
         """
         raise NotImplementedError(f"{type(self).__qualname__} has no classifier head")
+

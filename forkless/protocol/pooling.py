@@ -74,19 +74,24 @@ class RerankRequest(_PoolingRequestBase):
     return_documents: bool = True
 
 
+class _ListResponse(OpenAIModel):
+    """OpenAI's list envelope: every pooling response but rerank's and an IO processor's."""
+
+    id: str
+    object: str = "list"
+    created: int
+    model: str
+    usage: UsageInfo
+
+
 class EmbeddingData(OpenAIModel):
     index: int
     object: str = "embedding"
     embedding: list[float] | str
 
 
-class EmbeddingResponse(OpenAIModel):
-    id: str
-    object: str = "list"
-    created: int
-    model: str
+class EmbeddingResponse(_ListResponse):
     data: list[EmbeddingData]
-    usage: UsageInfo
 
 
 class PoolingData(OpenAIModel):
@@ -95,13 +100,8 @@ class PoolingData(OpenAIModel):
     data: list[Any] | str
 
 
-class PoolingResponse(OpenAIModel):
-    id: str
-    object: str = "list"
-    created: int
-    model: str
+class PoolingResponse(_ListResponse):
     data: list[PoolingData]
-    usage: UsageInfo
 
 
 class IOProcessorResponse(OpenAIModel):
@@ -119,13 +119,8 @@ class ClassificationData(OpenAIModel):
     num_classes: int
 
 
-class ClassificationResponse(OpenAIModel):
-    id: str
-    object: str = "list"
-    created: int
-    model: str
+class ClassificationResponse(_ListResponse):
     data: list[ClassificationData]
-    usage: UsageInfo
 
 
 class ScoreData(OpenAIModel):
@@ -134,13 +129,8 @@ class ScoreData(OpenAIModel):
     score: float
 
 
-class ScoreResponse(OpenAIModel):
-    id: str
-    object: str = "list"
-    created: int
-    model: str
+class ScoreResponse(_ListResponse):
     data: list[ScoreData]
-    usage: UsageInfo
 
 
 class RerankDocument(OpenAIModel):

@@ -252,6 +252,16 @@ class ModelRunner:
     @torch.inference_mode()
     def profile_run(self) -> None:
         """A forward pass at the step's token budget without a KV cache (peak activations)."""
+        hidden, _ = self._profile_forward()
+        sched = self.config.scheduler_config
+        self.model.compute_logits(hidden[: min(sched.max_num_batched_tokens, sched.max_num_seqs)])
+
+    def _profile_forward(self) -> tuple[torch.Tensor, np.ndarray]:
+        """The model over ``max_num_batched_tokens`` tokens in sequences of ``max_model_len``.
+
+        Returns:
+            ``(hidden states, the sequences' cumulative token counts)``.
+        """
         sched = self.config.scheduler_config
         total = sched.max_num_batched_tokens
         lens = [min(sched.max_model_len, total - i) for i in range(0, total, sched.max_model_len)]
@@ -272,8 +282,7 @@ class ModelRunner:
         if self.lora_manager is not None:
             self.lora_manager.clear_step()
         empty = [torch.empty(0, dtype=self.dtype, device=self.device)] * self.kv_spec.num_layers
-        hidden = self.model(input_ids, positions, empty, md)
-        self.model.compute_logits(hidden[: min(total, sched.max_num_seqs)])
+        return self.model(input_ids, positions, empty, md), starts
 
     # -------------------------------------------------------------------- a step
 

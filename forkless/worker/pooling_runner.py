@@ -73,24 +73,8 @@ class PoolingModelRunner(ModelRunner):
     @torch.inference_mode()
     def profile_run(self) -> None:
         """A forward pass at the step's token budget (peak activations), pooled."""
-        sched = self.config.scheduler_config
-        total = sched.max_num_batched_tokens
-        lens = [min(sched.max_model_len, total - i) for i in range(0, total, sched.max_model_len)]
-        starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-        from forkless.attention import AttentionMetadata
-
-        md = AttentionMetadata(
-            slot_mapping=torch.full((total,), -1, dtype=torch.int64, device=self.device),
-            query_start_loc=torch.from_numpy(starts).to(self.device),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device),
-            block_tables=torch.zeros((len(lens), 1), dtype=torch.int32, device=self.device),
-            max_query_len=max(lens), max_seq_len=max(lens), block_size=self.block_size,
-            query_start_loc_cpu=torch.from_numpy(starts), seq_lens_cpu=torch.tensor(lens, dtype=torch.int32))
-        positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lens])).to(self.device)
-        input_ids = torch.zeros(total, dtype=torch.int64, device=self.device)
-        empty = [torch.empty(0, dtype=self.dtype, device=self.device)] * self.kv_spec.num_layers
-        hidden = self.model(input_ids, positions, empty, md)
-        pool_step(self.model, hidden, starts, [PoolingParams() for _ in lens], self.pooler_config)
+        hidden, starts = self._profile_forward()
+        pool_step(self.model, hidden, starts, [PoolingParams() for _ in starts[1:]], self.pooler_config)
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

@@ -91,3 +91,16 @@ def test_causal_sequence_classification_equals_transformers(tiny_llama: Path, tm
         with torch.no_grad():
             logits = ref_model(torch.tensor([ids])).logits[0]
         assert np.allclose(out.outputs.probs, torch.softmax(logits, -1).numpy(), atol=1e-5)
+
+
+def test_bad_token_types_are_refused_before_the_engine(tiny_cross_encoder: Path) -> None:
+    from forkless.pooling_params import PoolingParams
+
+    llm = LLM(str(tiny_cross_encoder), kv_cache_memory=8 << 20)
+    try:
+        for types in ([0, 1], [0, 0, 7]):
+            with pytest.raises(ValueError, match="token_type_ids"):
+                llm.encode([[101, 2000, 102]], PoolingParams(token_type_ids=types), use_tqdm=False)
+        assert len(llm.score("a", ["b"], use_tqdm=False)) == 1  # still serving
+    finally:
+        llm.shutdown()
