@@ -48,4 +48,3 @@ class SupportsPooling:
             ``[N, num_labels]`` logits.
         """
         raise NotImplementedError(f"{type(self).__qualname__} has no classifier head")
-
