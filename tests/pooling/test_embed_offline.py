@@ -125,3 +125,29 @@ def test_bad_runner_flags(tiny_llama: Path, minilm: Path) -> None:
         LLM(str(tiny_llama), runner="pooling", pooler_config='{"pooling_type": "MAX"}')
     with pytest.raises(ValueError, match="classifier head"):
         LLM(str(tiny_llama), convert="classify")
+
+
+def test_matryoshka_dimensions(minilm: Path, tmp_path: Path) -> None:
+    """A model whose config allows truncation (``is_matryoshka``) cuts and renormalises, as
+    sentence-transformers' ``truncate_dim`` does."""
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    folder = tmp_path / "minilm-matryoshka"
+    shutil.copytree(minilm, folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "is_matryoshka": True}))
+    texts = ["Short.", "A somewhat longer sentence about shortened embeddings."]
+    llm = LLM(str(folder), kv_cache_memory=8 << 20)
+    try:
+        outs = llm.embed(texts, PoolingParams(dimensions=128), use_tqdm=False)
+        with pytest.raises(ValueError, match="dimensions=999"):
+            llm.embed(texts, PoolingParams(dimensions=999), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    ref = SentenceTransformer(str(minilm), device="cpu").encode(texts, truncate_dim=128, normalize_embeddings=True)
+    for out, r in zip(outs, ref):
+        assert len(out.outputs.embedding) == 128
+        assert _cos(out.outputs.embedding, r) >= 0.9999
+        assert abs(np.linalg.norm(out.outputs.embedding) - 1.0) < 1e-4
