@@ -104,3 +104,17 @@ def test_bad_token_types_are_refused_before_the_engine(tiny_cross_encoder: Path)
         assert len(llm.score("a", ["b"], use_tqdm=False)) == 1  # still serving
     finally:
         llm.shutdown()
+
+
+def test_bert_configs_read_without_transformers_match_autoconfig(minilm: Path, tiny_bert_classifier: Path) -> None:
+    from transformers import AutoConfig
+
+    from forkless.models.hf_config import JsonHFConfig, load_hf_config
+
+    fields = ("hidden_size", "num_attention_heads", "num_hidden_layers", "intermediate_size", "hidden_act",
+              "layer_norm_eps", "max_position_embeddings", "type_vocab_size", "vocab_size",
+              "num_labels")
+    for folder in (minilm, tiny_bert_classifier):
+        ours, ref = load_hf_config(folder), AutoConfig.from_pretrained(folder)
+        assert isinstance(ours, JsonHFConfig)  # the fast path, no transformers config class
+        assert {f: getattr(ours, f) for f in fields} == {f: getattr(ref, f) for f in fields}
