@@ -47,8 +47,9 @@ TYPICAL = {
 }
 
 
-def compile_times(model: str, backend: str) -> tuple[float, float]:
-    """(first compile, cache hit) of TYPICAL, in seconds, on a fresh backend."""
+def compile_times(model: str, backend: str, batch: int) -> tuple[float, float, tuple[float, float]]:
+    """(first compile, cache hit) of TYPICAL, in seconds, on a fresh backend, and the
+    bitmask's cost per step at ``batch`` (:func:`step_costs`)."""
     from forkless.model_loader.default_model import resolve_model_path
     from forkless.structured_output import StructuredOutputBackendRegistry, StructuredOutputsConfig
     from forkless.tokenizers.loading import load_tokenizer
@@ -64,7 +65,33 @@ def compile_times(model: str, backend: str) -> tuple[float, float]:
     first = time.perf_counter() - started
     started = time.perf_counter()
     instance.compile_grammar("json", spec)
-    return first, time.perf_counter() - started
+    return first, time.perf_counter() - started, step_costs(instance, batch)
+
+
+def step_costs(backend, batch: int, repeats: int = 20) -> tuple[float, float]:
+    """(engine core's fill of ``batch`` rows, worker's apply to ``[batch, vocab]`` float32
+    logits on the CPU), seconds per step: the bitmask's whole cost, apart from the
+    transfer of its bytes."""
+    import torch
+
+    from forkless.structured_output.bitmask import apply_token_bitmask
+
+    grammars = [backend.compile_grammar("json", json.dumps(LONG_ARRAY, sort_keys=True)) for _ in range(batch)]
+    bitmask = backend.allocate_token_bitmask(batch)
+    logits = torch.randn(batch, backend.vocab_size)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        for i, grammar in enumerate(grammars):
+            grammar.fill_bitmask(bitmask, i)
+        packed = bitmask.tobytes()
+    fill = (time.perf_counter() - started) / repeats
+    import numpy as np
+
+    rows = np.frombuffer(packed, dtype=np.int32).reshape(batch, -1)
+    started = time.perf_counter()
+    for _ in range(repeats):
+        apply_token_bitmask(logits, rows, list(range(batch)))
+    return fill, (time.perf_counter() - started) / repeats
 
 
 def main() -> None:
@@ -78,8 +105,10 @@ def main() -> None:
 
     from forkless import LLM, SamplingParams, StructuredOutputsParams
 
-    first, hit = compile_times(args.model, args.backend)
+    first, hit, (fill, apply) = compile_times(args.model, args.backend, args.batch)
     print(f"compile a typical schema ({args.backend}): {first * 1e3:.1f} ms; cache hit: {hit * 1e3:.2f} ms")
+    print(f"bitmask per step at batch {args.batch}: fill {fill * 1e3:.2f} ms (engine core), "
+          f"apply {apply * 1e3:.2f} ms (worker, CPU)")
 
     llm = LLM(args.model, max_num_seqs=max(args.batch, 8), structured_outputs_config={"backend": args.backend})
     tokenizer = llm.get_tokenizer()

@@ -19,14 +19,15 @@ _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
 
 def unpack_bitmask(bitmask: np.ndarray, vocab_size: int, device: torch.device) -> torch.Tensor:
-    """``[n, vocab_size]`` bool on ``device``: whether each token is allowed."""
+    """``[n, vocab_size]`` bool on ``device``: whether each token is *disallowed* (what
+    ``masked_fill_`` takes, so that no negation pass is needed)."""
     n, words = bitmask.shape
     width = min(words * 32, vocab_size)
     if device.type == "cpu" and sys.byteorder == "little":
         # Word j's bit k is byte 4j + k // 8, bit k % 8: little-endian order, so
         # unpackbits(bitorder="little") lists token 32j + k at index 32j + k.
         bits = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :width]
-        allowed = torch.from_numpy(bits).bool()
+        disallowed = torch.from_numpy(bits == 0)
     else:
         shifts = _SHIFTS.get(device)
         if shifts is None:
@@ -35,10 +36,10 @@ def unpack_bitmask(bitmask: np.ndarray, vocab_size: int, device: torch.device) -
         if device.type == "cuda":
             packed = packed.pin_memory()
         packed = packed.to(device, non_blocking=True)
-        allowed = ((packed.unsqueeze(-1) >> shifts) & 1).bool().view(n, words * 32)[:, :width]
+        disallowed = ((packed.unsqueeze(-1) >> shifts) & 1).view(n, words * 32)[:, :width] == 0
     if width < vocab_size:
-        allowed = torch.nn.functional.pad(allowed, (0, vocab_size - width), value=False)
-    return allowed
+        disallowed = torch.nn.functional.pad(disallowed, (0, vocab_size - width), value=True)
+    return disallowed
 
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int]) -> None:
@@ -51,11 +52,11 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[in
     """
     if not rows:
         return
-    allowed = unpack_bitmask(bitmask, logits.shape[1], logits.device)
+    disallowed = unpack_bitmask(bitmask, logits.shape[1], logits.device)
     if len(rows) == logits.shape[0] and rows == list(range(len(rows))):
-        logits.masked_fill_(~allowed, float("-inf"))
+        logits.masked_fill_(disallowed, float("-inf"))
         return
     index = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
     picked = logits.index_select(0, index)
-    picked.masked_fill_(~allowed, float("-inf"))
+    picked.masked_fill_(disallowed, float("-inf"))
     logits.index_copy_(0, index, picked)

@@ -132,11 +132,11 @@ def test_bitmask_masks_exactly_the_disallowed_tokens(vocab: int) -> None:
     assert torch.equal(got, _reference(logits, full, [0, 1, 2, 3, 4]))
 
 
-def test_bitmask_unpacks_the_same_on_numpy_and_torch_paths() -> None:
+def test_bitmask_unpacks_to_the_disallowed_tokens() -> None:
     gen = np.random.default_rng(1)
     bitmask = gen.integers(-2**31, 2**31, size=(4, 3), dtype=np.int64).astype(np.int32)
-    cpu = unpack_bitmask(bitmask, 90, torch.device("cpu"))
-    # The device path (shifts), run on the CPU through a fake device type check.
+    cpu = unpack_bitmask(bitmask, 100, torch.device("cpu"))
+    # What the device path computes (shifts), on the CPU; past the bitmask: disallowed.
     shifts = torch.arange(32, dtype=torch.int32)
-    manual = ((torch.from_numpy(bitmask).unsqueeze(-1) >> shifts) & 1).bool().view(4, 96)[:, :90]
-    assert torch.equal(cpu, manual)
+    manual = ((torch.from_numpy(bitmask).unsqueeze(-1) >> shifts) & 1).view(4, 96) == 0
+    assert torch.equal(cpu[:, :96], manual) and bool(cpu[:, 96:].all())
