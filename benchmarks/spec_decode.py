@@ -1,8 +1,18 @@
-"""Speculative decoding (``ngram``) against plain decoding, on the same requests.
+"""Speculative decoding against plain decoding, on the same requests.
 
-Two workloads, each run on a fresh ``LLM`` without and with
-``--speculative-config '{"method": "ngram", "num_speculative_tokens": K,
-"prompt_lookup_min": 1, "prompt_lookup_max": 4}'``, interleaved, best of ``--repeats``:
+Two workloads, each run on a fresh ``LLM`` without and with each ``--methods`` entry,
+interleaved, best of ``--repeats``:
+
+* ``ngram``: ``{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1,
+  "prompt_lookup_max": 4}``;
+* ``draft-same``: ``{"method": "draft_model", "model": MODEL, ...}``, the model as its own
+  draft: every guess is accepted, so it shows the mechanics (K + 1 tokens a target step)
+  and what the draft's K passes cost when the draft is as large as the target;
+* ``draft-layers``: a draft made of the model's first ``--draft-layers`` layers (and its
+  embeddings, final norm and LM head; written to a temporary folder): a smaller model of
+  the same tokenizer, untrained as a draft.
+
+The workloads:
 
 * ``copy``: "Repeat the following text exactly" prompts over paragraphs of this
   repository's docs, so the output copies the prompt (prompt lookup's best case);
@@ -18,7 +28,7 @@ yields, its own token included; the share of draft tokens accepted).
     python benchmarks/spec_decode.py                 # the default model, this machine's CPU
     python benchmarks/spec_decode.py --model PATH --k 4 --max-tokens 128
 
-The issue's bars: copy at batch 1 >= 1.8x, no-repeat never below 0.95x.
+The issue's bars (ngram): copy at batch 1 >= 1.8x, no-repeat never below 0.95x.
 """
 
 from __future__ import annotations
@@ -67,10 +77,39 @@ def run(model: str, prompts: list, batch: int, spec: dict | None, args: argparse
     return tokens / elapsed, acc
 
 
+def layer_draft(model: str, layers: int, out: Path) -> str:
+    """A copy of ``model`` that keeps only its first ``layers`` decoder layers."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = Path(model)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.suffix in (".json", ".jinja") and f.name != "forkless_gguf.json":
+            shutil.copy(f, out / f.name)
+    config = json.loads((src / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    (out / "config.json").write_text(json.dumps(config))
+    weights = {}
+    for f in sorted(src.glob("*.safetensors")):
+        for name, tensor in load_file(f).items():
+            parts = name.split(".")
+            if "layers" in parts and int(parts[parts.index("layers") + 1]) >= layers:
+                continue
+            weights[name] = tensor
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
+    return str(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="model folder (default: the embedded default model)")
     parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    parser.add_argument("--methods", nargs="+", default=["ngram", "draft-same", "draft-layers"],
+                        choices=["ngram", "draft-same", "draft-layers"])
+    parser.add_argument("--draft-layers", type=int, default=6, help="layers of the draft-layers draft")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=2)
@@ -84,7 +123,15 @@ def main() -> None:
         from forkless.model_loader.default_model import default_model_path
 
         args.model = str(default_model_path())
-    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1, "prompt_lookup_max": 4}
+    import tempfile
+
+    specs = {
+        "ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1, "prompt_lookup_max": 4},
+        "draft-same": {"method": "draft_model", "model": args.model, "num_speculative_tokens": args.k},
+    }
+    if "draft-layers" in args.methods:
+        folder = layer_draft(args.model, args.draft_layers, Path(tempfile.mkdtemp()) / "draft")
+        specs["draft-layers"] = {"method": "draft_model", "model": folder, "num_speculative_tokens": args.k}
     rng = random.Random(1)
     workloads = {
         "copy": (copy_prompts(args.num_prompts), False),
@@ -93,18 +140,23 @@ def main() -> None:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     print(f"model {args.model}, CPU {cpu}, torch threads {torch.get_num_threads()}, k {args.k}, "
           f"{args.num_prompts} prompts x {args.max_tokens} tokens; copy greedy, no-repeat sampled")
-    print("| workload | batch | plain tok/s | ngram tok/s | ratio | mean acceptance length | drafts accepted |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| workload | batch | method | plain tok/s | spec tok/s | ratio | mean acceptance length | drafts accepted |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
     for name, (prompts, random_ids) in workloads.items():
         for batch in args.batches:
-            plain, fast, acc = 0.0, 0.0, None
+            plain = 0.0
+            fast = dict.fromkeys(args.methods, 0.0)
+            acc: dict = {}
             for _ in range(args.repeats):
                 plain = max(plain, run(args.model, prompts, batch, None, args, random_ids)[0])
-                rate, acc = run(args.model, prompts, batch, spec, args, random_ids)
-                fast = max(fast, rate)
-            a = acc or {"mean_acceptance_length": 1.0, "accepted_share": 0.0}
-            print(f"| {name} | {batch} | {plain:.1f} | {fast:.1f} | **{fast / plain:.2f}x** | "
-                  f"{a['mean_acceptance_length']:.2f} | {100 * a['accepted_share']:.0f} % |", flush=True)
+                for method in args.methods:
+                    rate, acc[method] = run(args.model, prompts, batch, specs[method], args, random_ids)
+                    fast[method] = max(fast[method], rate)
+            for method in args.methods:
+                a = acc[method] or {"mean_acceptance_length": 1.0, "accepted_share": 0.0}
+                print(f"| {name} | {batch} | {method} | {plain:.1f} | {fast[method]:.1f} | "
+                      f"**{fast[method] / plain:.2f}x** | {a['mean_acceptance_length']:.2f} | "
+                      f"{100 * a['accepted_share']:.0f} % |", flush=True)
 
 
 if __name__ == "__main__":
