@@ -19,6 +19,7 @@ import time
 import traceback
 from typing import Any
 
+from forkless.gc_tuning import tune_process
 from forkless.protocol import ipc
 from forkless.logger import init_logger
 
@@ -149,6 +150,7 @@ def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, pare
     proc = None
     try:
         proc = EngineCoreProc(config_bytes, input_addr, output_addr, parent_pid)
+        tune_process()  # this process is forkless's alone (forkless.gc_tuning)
         proc.run()
     except SystemExit:
         pass

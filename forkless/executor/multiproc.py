@@ -50,6 +50,7 @@ from forkless import envs
 from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
 from forkless.protocol import ipc
 from forkless.executor.interface import Executor
+from forkless.gc_tuning import tune_process
 from forkless.logger import init_logger
 
 if TYPE_CHECKING:
@@ -134,6 +135,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         worker.load_model()
         # Declared by the worker (its runner's answer), asked once: the executor reports it.
         async_ok = bool(worker.supports_async_scheduling)
+        tune_process()  # this process is forkless's alone (forkless.gc_tuning)
     except Exception as exc:
         outbox.send_multipart([ipc.FAILED, ipc.encode(_error_payload(exc))])
         os._exit(1)

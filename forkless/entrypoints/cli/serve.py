@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import contextlib
 import errno
-import gc
 import signal
 import socket
 import sys
@@ -36,12 +35,10 @@ import uvicorn
 
 from forkless import envs
 from forkless.entrypoints.cli.main import STARTED
+from forkless.gc_tuning import tune_process
 from forkless.logger import init_logger
 
 logger = init_logger("forkless.serve")
-
-# Allocations between young garbage collections in the API server (Python's default: 700).
-_GC_YOUNG_THRESHOLD = 50_000
 
 # vLLM's default: on SIGTERM the requests in flight end at once (with an error).
 DEFAULT_SHUTDOWN_TIMEOUT = 0.0
@@ -350,18 +347,11 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: s
     except Exception as exc:
         logger.error("could not build the HTTP app: %s", exc)
         return 2
-    # Everything imported and built so far lives as long as the server: move it out of
-    # the garbage collector's generations (as vLLM's server does), so that the collections
-    # which hundreds of streams' short-lived objects trigger do not scan it again each time.
-    gc.collect()
-    gc.freeze()
-    # Streaming, the server allocates a few objects per token per stream: with Python's
-    # default (a young collection every 700 allocations) hundreds of streams collect
-    # hundreds of times a second, and every tenth time the older generation too, which by
-    # then holds every stream's state. One young collection per 50,000 allocations makes
-    # that rare (benchmarks/README.md, the server on the H200); unreachable cycles wait a
-    # little longer to be freed.
-    gc.set_threshold(_GC_YOUNG_THRESHOLD, 10, 10)
+    # Everything imported and built so far lives as long as the server: out of the
+    # collector's generations (as vLLM's server does); and streaming, the server allocates
+    # a few objects per token per stream, so young collections only every
+    # gc_tuning.YOUNG_THRESHOLD allocations (benchmarks/README.md, the server on the H200).
+    tune_process()
     # proxy_headers=False: uvicorn would otherwise take the client's address from an
     # X-Forwarded-For header sent from 127.0.0.1, which any local client can write; the
     # scheduler's per-client share keys on that address (serving._client_key).
