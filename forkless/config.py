@@ -631,9 +631,16 @@ class EngineArgs:
         except RegistryError as exc:
             raise ValueError(f"--speculative-config: {exc.args[0]}") from None
         if spec.method == "draft_model":
+            from forkless.model_loader.default_model import ModelNotFoundError, resolve_model_path
             from forkless.spec_decode.config import check_draft_model
 
-            check_draft_model(model_path, spec.model or "")
+            # Found like the target: a folder, a GGUF file (converted once), the default
+            # model's name; the workers get the folder.
+            try:
+                draft = resolve_model_path(spec.model)
+            except ModelNotFoundError as exc:
+                raise ValueError(f"speculative config: the draft 'model': {exc}") from None
+            spec = dataclasses.replace(spec, model=str(check_draft_model(model_path, draft)))
         return spec
 
     def check_class_paths(self) -> None:

@@ -216,8 +216,11 @@ def test_a_proposer_gets_the_target_hidden_states(models: dict[str, Path], refer
 
 def test_bad_drafts_are_refused_with_the_reason(models: dict[str, Path], tmp_path: Path) -> None:
     target = str(models["target"])
-    with pytest.raises(ValueError, match="not a model folder"):
+    with pytest.raises(ValueError, match="the draft 'model': .*nowhere' is not a local folder or file"):
         LLM(target, max_model_len=256, speculative_config=_spec(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="the draft 'model': .*empty is a folder but has no config.json"):
+        LLM(target, max_model_len=256, speculative_config=_spec(tmp_path / "empty"))
     with pytest.raises(ValueError, match="draft_tensor_parallel_size"):
         LLM(target, max_model_len=256, speculative_config=_spec(models["near"], draft_tensor_parallel_size=2))
     wider = shutil.copytree(models["other"], tmp_path / "wider")
