@@ -161,6 +161,16 @@ def test_mixed_batch_logprobs_and_sampling(draft_llm: LLM, reference: LLM) -> No
     assert all(len(t) == 20 for t in _tokens(draft_llm, PROMPTS, sampled))
 
 
+def test_guesses_stop_at_max_model_len(same_llm: LLM, reference: LLM) -> None:
+    # 240 prompt tokens of 256: the draft's guesses, and its scratch positions, end at the
+    # model's length, and the output is plain decoding's up to it.
+    prompt = {"prompt_token_ids": [11, 12, 13, 14, 15] * 48}
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    got = same_llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    want = reference.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+    assert list(got.token_ids) == list(want.token_ids) and len(got.token_ids) == 16
+
+
 def test_preemption_with_a_tiny_kv_budget(models: dict[str, Path], reference: LLM) -> None:
     # 16 blocks of 16 tokens (max_model_len 256), target and draft caches together, plus
     # the draft's scratch; four requests of ~80 tokens need 20 blocks: some are preempted.
