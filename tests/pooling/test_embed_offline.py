@@ -151,3 +151,14 @@ def test_matryoshka_dimensions(minilm: Path, tmp_path: Path) -> None:
         assert len(out.outputs.embedding) == 128
         assert _cos(out.outputs.embedding, r) >= 0.9999
         assert abs(np.linalg.norm(out.outputs.embedding) - 1.0) < 1e-4
+
+
+def test_score_with_an_embedding_model_is_cosine(minilm_llm, minilm: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    docs = ["Kittens are young cats.", "Bond yields rose again."]
+    ref = SentenceTransformer(str(minilm), device="cpu").encode(["cats", *docs])
+    outs = minilm_llm.score("cats", docs, use_tqdm=False)
+    assert [round(o.outputs.score, 4) for o in outs] == [round(_cos(ref[0], r), 4) for r in ref[1:]]
+    with pytest.raises(ValueError, match="same"):
+        minilm_llm.score(["a", "b"], ["c", "d", "e"], use_tqdm=False)

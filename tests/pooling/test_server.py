@@ -165,3 +165,19 @@ def test_classify_server_and_generative_server_refusals(tiny_bert_classifier: Pa
             assert r.status_code == 400 and "generative model" in r.json()["error"]["message"], r.text
     finally:
         gen.stop()
+
+
+def test_truncate_prompt_tokens(minilm_server) -> None:
+    r = httpx.post(minilm_server.url + "/v1/embeddings",
+                   json={"input": "word " * 400, "truncate_prompt_tokens": 16}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == 16
+
+
+def test_unknown_io_processor_plugin_fails_at_start(minilm: Path, plugin_site: Path, tmp_path: Path) -> None:
+    from tests.conftest import plugin_env, run_forkless
+
+    env = plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS="zero_shot")
+    proc = run_forkless(["serve", str(minilm), "--port", "0", "--io-processor-plugin", "nope"], env, timeout=120)
+    assert proc.returncode != 0
+    assert "nope" in proc.stderr and "zero_shot" in proc.stderr, proc.stderr[-2000:]
