@@ -81,8 +81,7 @@ def step_costs(backend, batch: int, repeats: int = 20) -> tuple[float, float]:
     logits = torch.randn(batch, backend.vocab_size)
     started = time.perf_counter()
     for _ in range(repeats):
-        for i, grammar in enumerate(grammars):
-            grammar.fill_bitmask(bitmask, i)
+        backend.fill_bitmasks(grammars, bitmask, list(range(batch)))
         packed = bitmask.tobytes()
     fill = (time.perf_counter() - started) / repeats
     import numpy as np

@@ -134,6 +134,14 @@ class StructuredOutputBackend(abc.ABC):
             ValueError: The constraint does not compile; the message says why.
         """
 
+    def fill_bitmasks(self, grammars: list[StructuredOutputGrammar], bitmask: np.ndarray,
+                      indices: list[int]) -> None:
+        """Fill the rows ``indices`` of ``bitmask`` from ``grammars`` (this backend's), in
+        one call per step. The default asks each grammar in turn; a backend that can
+        fill many rows at once (on several threads) overrides it."""
+        for grammar, index in zip(grammars, indices):
+            grammar.fill_bitmask(bitmask, index)
+
     def allocate_token_bitmask(self, max_num_seqs: int) -> np.ndarray:
         """A ``[max_num_seqs, ceil(vocab_size / 32)]`` int32 array, all tokens allowed."""
         import numpy as np

@@ -62,7 +62,9 @@ class StructuredOutputManager:
         self._tokenizer: Any = None
         self._backends: dict[str, StructuredOutputBackend] = {}
         self._compiling: dict[str, concurrent.futures.Future] = {}
+        # Each constrained request's grammar, and the backend that compiled it.
         self._grammars: dict[str, StructuredOutputGrammar] = {}
+        self._backend_of: dict[str, StructuredOutputBackend] = {}
         self._bitmask: np.ndarray | None = None
 
     # ------------------------------------------------------------------ compilation
@@ -83,10 +85,10 @@ class StructuredOutputManager:
                 self._backends[name] = backend
             return backend
 
-    def _compile(self, params: StructuredOutputsParams) -> StructuredOutputGrammar:
+    def _compile(self, params: StructuredOutputsParams) -> tuple[StructuredOutputGrammar, StructuredOutputBackend]:
         backend = self._backend(params._backend or self.config.backend)
         kind, spec, any_whitespace = grammar_spec(params, self.config)
-        return backend.compile_grammar(kind, spec, any_whitespace=any_whitespace)
+        return backend.compile_grammar(kind, spec, any_whitespace=any_whitespace), backend
 
     def submit(self, request_id: str, params: StructuredOutputsParams) -> None:
         """Start compiling a request's grammar; :meth:`poll` says when it is ready."""
@@ -122,7 +124,7 @@ class StructuredOutputManager:
                 continue
             del self._compiling[rid]
             try:
-                self._grammars[rid] = future.result()
+                self._grammars[rid], self._backend_of[rid] = future.result()
                 ready.append(rid)
             except Exception as exc:  # a bad constraint fails its own request only
                 reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
@@ -150,8 +152,15 @@ class StructuredOutputManager:
         if bitmask is None or len(bitmask) < len(rows):
             words = (self.vocab_size + 31) // 32
             bitmask = self._bitmask = np.empty((max(self.max_num_seqs, len(rows)), words), dtype=np.int32)
-        for i, (_, grammar) in enumerate(rows):
-            grammar.fill_bitmask(bitmask, i)
+        by_backend: dict[int, tuple[StructuredOutputBackend, list[StructuredOutputGrammar], list[int]]] = {}
+        backend_of = self._backend_of
+        for i, (rid, grammar) in enumerate(rows):
+            backend = backend_of[rid]
+            group = by_backend.setdefault(id(backend), (backend, [], []))
+            group[1].append(grammar)
+            group[2].append(i)
+        for backend, grammars_of, indices in by_backend.values():
+            backend.fill_bitmasks(grammars_of, bitmask, indices)
         scheduler_output.structured_output_request_ids = [rid for rid, _ in rows]
         scheduler_output.grammar_bitmask = bitmask[: len(rows)].tobytes()
 
@@ -172,24 +181,28 @@ class StructuredOutputManager:
             if grammar is None:
                 continue
             if out.finish_reason is not None:
-                del grammars[out.request_id]
+                self._drop(out.request_id)
                 continue
             if not grammar.accept_tokens(out.request_id, out.new_token_ids):
-                del grammars[out.request_id]
+                self._drop(out.request_id)
                 rejected.append((out.request_id, f"structured outputs: the grammar refused token(s) "
                                                   f"{out.new_token_ids} it had allowed"))
             elif grammar.is_terminated():
-                del grammars[out.request_id]
+                self._drop(out.request_id)
                 complete.append(out.request_id)
         return complete, rejected
 
     def finish(self, request_ids: Any) -> None:
         """Forget requests (finished, aborted, failed); unknown ids are ignored."""
         for rid in request_ids:
-            self._grammars.pop(rid, None)
+            self._drop(rid)
             future = self._compiling.pop(rid, None)
             if future is not None:
                 future.cancel()
+
+    def _drop(self, request_id: str) -> None:
+        self._grammars.pop(request_id, None)
+        self._backend_of.pop(request_id, None)
 
     def shutdown(self) -> None:
         """Stop the compile threads and release the backends."""

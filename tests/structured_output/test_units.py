@@ -140,3 +140,27 @@ def test_bitmask_unpacks_to_the_disallowed_tokens() -> None:
     shifts = torch.arange(32, dtype=torch.int32)
     manual = ((torch.from_numpy(bitmask).unsqueeze(-1) >> shifts) & 1).view(4, 96) == 0
     assert torch.equal(cpu[:, :96], manual) and bool(cpu[:, 96:].all())
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_a_steps_rows_filled_at_once_equal_one_by_one(smollm2_folder, backend: str) -> None:
+    import json
+
+    from forkless.tokenizers.loading import load_tokenizer
+    from tests.structured_output.schemas import SCHEMAS
+
+    tokenizer = load_tokenizer(smollm2_folder)
+    instance = StructuredOutputBackendRegistry.resolve(backend)(tokenizer, 49152, [2], StructuredOutputsConfig())
+    specs = [json.dumps(s) for s in SCHEMAS.values()] * 8  # 32 rows: xgrammar's threaded path
+    grammars = [instance.compile_grammar("json", spec) for spec in specs]
+    prefix = tokenizer.encode('{"', add_special_tokens=False)
+    for grammar in grammars[::2]:  # half of them one step further
+        assert grammar.accept_tokens("r", prefix[:1])
+    at_once = instance.allocate_token_bitmask(40)
+    one_by_one = instance.allocate_token_bitmask(40)
+    indices = list(range(3, 35))
+    instance.fill_bitmasks(grammars, at_once, indices)
+    for grammar, index in zip(grammars, indices):
+        grammar.fill_bitmask(one_by_one, index)
+    assert np.array_equal(at_once, one_by_one)
+    assert not np.array_equal(at_once[3], at_once[4])  # the rows really differ
