@@ -48,6 +48,9 @@ CPU_DEFAULT_MAX_MODEL_LEN_CAP = 8192
 # in again; at 2,048 tokens they are reused from the heap: ~10 % faster prefill with the
 # default model than at 8,192 (benchmarks/README.md).
 CPU_DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+# A pooling step on CPU: an encoder's activations are small, and 8,192 tokens a step embed
+# ~15-20 % faster than 2,048 (fewer, larger attention calls; benchmarks/README.md, "Embeddings").
+CPU_POOLING_MAX_NUM_BATCHED_TOKENS = 8192
 # On CPU, for the server (AsyncEngineArgs), a prompt with more than this many tokens left is
 # long: it takes at most this many tokens of each step, and one long prompt prefills at a
 # time (vLLM's default is neither). The offline engine keeps vLLM's rule (no cap): a batch
@@ -500,6 +503,8 @@ class EngineArgs:
             # A pooling request runs its whole prompt in one step (vLLM turns chunked
             # prefill off for pooling too), reads no prefix cache and never decodes.
             chunked = prefix_caching = False
+            if self.max_num_batched_tokens is None and device_type == "cpu":
+                batched = CPU_POOLING_MAX_NUM_BATCHED_TOKENS
             batched = max(batched, max_model_len)
             threshold, share, per_client = 0, 0.0, 0
         try:
