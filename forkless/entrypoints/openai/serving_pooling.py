@@ -88,9 +88,18 @@ class OpenAIServingPooling:
         self.engine = engine
         self.serving = serving
         self.io_processor = io_processor
-        self.pooler = engine.processor.config.model_config.pooler_config
-        self.max_model_len = engine.processor.config.model_config.max_model_len
         self._labels: dict[int, str] | None = None
+
+    # Read from the engine when a request needs them, not when the app is built: building
+    # the app asks nothing of the engine beyond what /health needs.
+    @property
+    def pooler(self) -> Any:
+        """The model's pooler configuration (``None``: a generative model)."""
+        return self.engine.processor.config.model_config.pooler_config
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.processor.config.model_config.max_model_len
 
     # -- inputs ---------------------------------------------------------------------------
     def _check_pooling_model(self, endpoint: str) -> None:
