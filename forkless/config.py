@@ -520,7 +520,9 @@ class EngineArgs:
                 long_prefill_time_share=share,
                 max_running_seqs_per_request=per_request,
                 max_prefill_tokens_per_client=per_client,
-                async_scheduling=self.async_scheduling and pooler is None,
+                # The pooling runner says it cannot; the engine core then warns and steps
+                # synchronously.
+                async_scheduling=self.async_scheduling,
             )
         except ValueError as exc:  # a combination of flags (each was checked alone above)
             raise ValueError(f"scheduler flags: {exc}") from None
