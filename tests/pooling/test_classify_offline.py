@@ -12,6 +12,10 @@ import torch
 
 from forkless import LLM
 
+# Each test builds an engine on a real or tiny model and compares it with transformers or
+# sentence-transformers: ~10-60 s apiece on the shared 2-core CPU.
+pytestmark = pytest.mark.slow
+
 
 def test_bert_classifier_equals_transformers(tiny_bert_classifier: Path) -> None:
     from transformers import AutoTokenizer, BertForSequenceClassification
@@ -60,7 +64,6 @@ def test_cross_encoder_scores_pairs_with_token_types(tiny_cross_encoder: Path) -
     assert abs(pairs[1].outputs.score - ref(docs[0], docs[2])) < 1e-5
 
 
-@pytest.mark.slow
 def test_causal_sequence_classification_equals_transformers(tiny_llama: Path, tmp_path: Path) -> None:
     import shutil
 

@@ -10,6 +10,10 @@ import pytest
 import torch
 
 from forkless import LLM
+
+# Each test builds an engine on a real or tiny model and compares it with transformers or
+# sentence-transformers: ~10-60 s apiece on the shared 2-core CPU.
+pytestmark = pytest.mark.slow
 from forkless.pooling_params import PoolingParams
 
 
@@ -81,7 +85,6 @@ def _hf_hidden(folder: Path, ids: list[int]) -> torch.Tensor:
     return out.hidden_states[-1][0]
 
 
-@pytest.mark.slow
 def test_convert_embed_last_pooling_equals_transformers(tiny_llama: Path) -> None:
     llm = LLM(str(tiny_llama), convert="embed", kv_cache_memory=16 << 20)
     try:
@@ -101,7 +104,6 @@ def test_convert_embed_last_pooling_equals_transformers(tiny_llama: Path) -> Non
         assert np.allclose(all_tokens.outputs.data, hidden.numpy(), atol=1e-3)
 
 
-@pytest.mark.slow
 def test_pooler_config_mean_and_cls(tiny_llama: Path) -> None:
     prompt = "Pooling types change what one vector stands for."
     for kind in ("MEAN", "CLS"):

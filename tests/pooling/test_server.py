@@ -134,7 +134,6 @@ def test_io_processor_plugin_zero_shot(minilm_server) -> None:
     assert again["data"]["labels_embedded"] == first + 1  # only the new label was embedded
 
 
-@pytest.mark.slow
 def test_classify_server_and_generative_server_refusals(tiny_bert_classifier: Path, tiny_llama: Path,
                                                          tmp_path: Path) -> None:
     from forkless import LLM
