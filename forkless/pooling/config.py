@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from forkless.json_arg import json_object_arg
+
 #: vLLM's pooling types that forkless implements (``STEP`` is not).
 POOLING_TYPES = ("LAST", "ALL", "CLS", "MEAN")
 RUNNERS = ("auto", "generate", "pooling")
@@ -146,13 +148,7 @@ def parse_pooler_config(value: str | dict[str, Any] | None) -> dict[str, Any]:
     """
     if value is None:
         return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except ValueError as exc:
-            raise ValueError(f"--pooler-config: not valid JSON ({exc}): {value!r}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"--pooler-config must be a JSON object, got {value!r}")
+    value = json_object_arg(value, "--pooler-config")
     for key in value:
         if key in _UNSUPPORTED_KEYS:
             raise ValueError(f"--pooler-config: {key!r} is not supported by forkless")

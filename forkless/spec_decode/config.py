@@ -20,6 +20,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from forkless.json_arg import json_object_arg
+
 
 #: ``ngram``'s ``prompt_lookup_min`` and ``prompt_lookup_max`` when neither is given (vLLM's).
 DEFAULT_PROMPT_LOOKUP = 5
@@ -98,13 +100,7 @@ class SpeculativeConfig:
         """
         if isinstance(value, SpeculativeConfig):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise ValueError(f"--speculative-config is not valid JSON: {exc}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"speculative config must be a JSON object, got {type(value).__name__}")
+        value = json_object_arg(value, "--speculative-config")
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(value) - set(known))
         if unknown:

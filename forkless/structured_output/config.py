@@ -10,9 +10,10 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from typing import Any
+
+from forkless.json_arg import json_object_arg
 
 DEFAULT_BACKEND = "xgrammar"
 
@@ -47,13 +48,7 @@ class StructuredOutputsConfig:
             return cls()
         if isinstance(value, cls):
             return value
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"--structured-outputs-config: not valid JSON ({exc})") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"--structured-outputs-config: expected a JSON object, got {value!r:.80}")
+        value = json_object_arg(value, "--structured-outputs-config")
         known = {f.name: f for f in fields(cls)}
         unknown = sorted(set(value) - set(known))
         if unknown:
