@@ -24,6 +24,7 @@ import msgspec
 
 from forkless.core.block_pool import HASH_ALGOS
 from forkless.core.sched.config import SCHEDULING_POLICIES, SchedulerConfig
+from forkless.kv_transfer.config import KVTransferConfig
 from forkless.logger import init_logger
 from forkless.pooling.config import CONVERTS, RUNNERS, PoolerConfig
 from forkless.spec_decode.config import SpeculativeConfig
@@ -226,6 +227,7 @@ class EngineConfig:
         speculative_config: Speculative decoding (``--speculative-config``), or ``None``.
         structured_outputs_config: Structured outputs (``--structured-outputs-config``);
             ``None``: the defaults (backend ``xgrammar``).
+        kv_transfer_config: The KV connector (``--kv-transfer-config``), or ``None``.
     """
 
     model_config: ModelConfig
@@ -238,6 +240,7 @@ class EngineConfig:
     lora_config: LoRAConfig | None = None
     speculative_config: SpeculativeConfig | None = None
     structured_outputs_config: StructuredOutputsConfig | None = None
+    kv_transfer_config: KVTransferConfig | None = None
 
     def to_builtins(self) -> dict[str, Any]:
         """Plain dicts/lists/scalars, ready for msgpack or JSON."""
@@ -317,6 +320,8 @@ class EngineArgs:
     speculative_config: str | dict[str, Any] | None = None
     # --structured-outputs-config: a JSON object (string) or a dict, vLLM's keys.
     structured_outputs_config: str | dict[str, Any] | None = None
+    # --kv-transfer-config: a JSON object (string), a dict or a KVTransferConfig, vLLM's keys.
+    kv_transfer_config: str | dict[str, Any] | KVTransferConfig | None = None
     # --runner / --convert / --pooler-config (vLLM's): pooling models.
     runner: str = "auto"
     convert: str = "auto"
@@ -419,6 +424,10 @@ class EngineArgs:
         g.add_argument("--speculative-config", default=None, metavar="JSON",
                        help='speculative decoding, vLLM\'s keys: {"method": "ngram", "num_speculative_tokens": 4, '
                             '"prompt_lookup_max": 4} (method: a registered proposer or a class path)')
+        g.add_argument("--kv-transfer-config", default=None, metavar="JSON",
+                       help='KV connector, vLLM\'s keys: {"kv_connector": "SharedStorageConnector", "kv_role": '
+                            '"kv_both", "kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}} '
+                            "(kv_role: kv_producer, kv_consumer, kv_both; also kv_connector_module_path)")
         g.add_argument("--runner", default=d.runner, choices=RUNNERS,
                        help="generate, or pooling (embeddings, classification, scores); auto: pooling for "
                             "encoders and *ForSequenceClassification models or with --convert")
@@ -572,6 +581,7 @@ class EngineArgs:
             ) if self.enable_lora else None,
             speculative_config=self._speculative_config(model_path),
             structured_outputs_config=self._structured_outputs_config(),
+            kv_transfer_config=self._kv_transfer_config(pooler is not None),
         )
         current_platform.verify_model_arch(architecture)
         current_platform.check_and_update_config(config)
@@ -610,6 +620,30 @@ class EngineArgs:
         load_general_plugins()
         check_backend(so.backend)
         return so
+
+    def _kv_transfer_config(self, pooling: bool) -> KVTransferConfig | None:
+        """``--kv-transfer-config`` parsed and its connector resolved (after the general
+        plugins, which may register it); ``None`` without it.
+
+        Raises:
+            ValueError: Invalid JSON or keys, an unknown connector (the message lists the
+                registered ones), or a combination not supported yet.
+        """
+        ktc = KVTransferConfig.from_json(self.kv_transfer_config)
+        if ktc is None:
+            return None
+        if pooling:
+            raise ValueError("--kv-transfer-config applies to generation, not to --runner pooling (a pooled "
+                             "prompt's KV is not kept)")
+        if self.async_scheduling:
+            raise ValueError("--kv-transfer-config does not work with --async-scheduling yet: a failed load must "
+                             "be undone before the next step is planned; leave one of them out")
+        from forkless.kv_transfer.registry import KVConnectorFactory
+        from forkless.plugins import load_general_plugins
+
+        load_general_plugins()
+        KVConnectorFactory.get_connector_class(ktc)  # an unknown connector fails here, not in a worker
+        return ktc
 
     def _speculative_config(self, model_path: Path) -> SpeculativeConfig | None:
         """``--speculative-config`` parsed and checked against the other flags and, for a

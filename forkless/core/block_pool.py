@@ -88,6 +88,29 @@ def hash_block_tokens(
     raise ValueError(f"unknown prefix-cache hash algorithm {algo!r}; choose one of {', '.join(HASH_ALGOS)}")
 
 
+def extend_block_hashes(hashes: list[BlockHash], token_ids: Sequence[int], num_blocks: int, block_size: int,
+                        extra_key: Hashable | None = None, algo: str = "sha256") -> list[BlockHash]:
+    """Extend a sequence's chain of full-block hashes to ``num_blocks`` (in place).
+
+    Args:
+        hashes: The hashes of the sequence's first blocks so far (a request's
+            ``block_hashes``); never recomputed, since a full block never changes.
+        token_ids: The sequence's tokens (at least ``num_blocks * block_size``).
+        num_blocks: How many leading full blocks must be hashed.
+        block_size: Tokens per block.
+        extra_key: As for :func:`hash_block_tokens`.
+        algo: As for :func:`hash_block_tokens`.
+
+    Returns:
+        ``hashes``.
+    """
+    parent = hashes[-1] if hashes else None
+    for i in range(len(hashes), num_blocks):
+        parent = hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size], extra_key, algo)
+        hashes.append(parent)
+    return hashes
+
+
 def _encode_key(value: object, out: bytearray) -> None:
     """Append a self-delimiting, type-tagged encoding of an extra key to ``out``."""
     if value is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Sequence
 
-from forkless.core.block_pool import BlockPool, hash_block_tokens
+from forkless.core.block_pool import BlockPool, extend_block_hashes
 
 if TYPE_CHECKING:
     from forkless.core.block_pool import KVCacheBlock
@@ -229,12 +229,5 @@ class KVCacheManager:
             raise KVCacheInvariantError("; ".join(errors))
 
     def _ensure_hashes(self, request: Request, num_blocks: int) -> None:
-        hashes = request.block_hashes
-        tokens = request.all_token_ids
-        size = self.block_size
-        parent = hashes[-1] if hashes else None
-        for i in range(len(hashes), num_blocks):
-            parent = hash_block_tokens(
-                parent, tokens[i * size : (i + 1) * size], request.cache_salt, self.hash_algo
-            )
-            hashes.append(parent)
+        extend_block_hashes(request.block_hashes, request.all_token_ids, num_blocks, self.block_size,
+                            request.cache_salt, self.hash_algo)

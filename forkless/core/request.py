@@ -24,6 +24,9 @@ class RequestStatus(enum.IntEnum):
     """
 
     WAITING = enum.auto()
+    # Admitted with blocks, which a KV connector is filling between steps; it runs (as
+    # WAITING again, first in line) once the worker reports the load done.
+    WAITING_FOR_REMOTE_KVS = enum.auto()
     RUNNING = enum.auto()
     # Evicted to free KV blocks; waits again and recomputes (prompt + output) on readmission.
     PREEMPTED = enum.auto()

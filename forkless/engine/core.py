@@ -68,6 +68,16 @@ class EngineCore:
             )
             scheduler_cls = get_scheduler_cls(config.scheduler_cls)
             self.scheduler = scheduler_cls(config.scheduler_config, kv_cache_config)
+            # The KV connector's scheduler side (its worker side is in each worker).
+            self._kv_connector = config.kv_transfer_config is not None
+            if self._kv_connector:
+                if not scheduler_cls.supports_kv_connector:
+                    raise ValueError(f"--kv-transfer-config: the scheduler {scheduler_cls.__qualname__} does not host "
+                                     "KV connectors (supports_kv_connector is False)")
+                from forkless.kv_transfer import KVConnectorFactory, KVConnectorRole
+
+                self.scheduler.set_kv_connector(
+                    KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, kv_cache_config))
             # Async scheduling needs a runner that can launch without waiting and a
             # scheduler that tracks tokens in flight; otherwise the flag is a no-op.
             self.async_scheduling = (
@@ -290,6 +300,10 @@ class EngineCore:
         scheduler_output = self._plan()
         runner_output = self._note_worker_output(self.executor.execute_model(scheduler_output))
         outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
+        if self._kv_connector and scheduler_output.is_empty:
+            # Only a KV connector's transfers are in flight: let its threads have the CPU
+            # rather than spin on empty steps.
+            time.sleep(0.001)
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
     def _step_async(self) -> EngineCoreOutputs:

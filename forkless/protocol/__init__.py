@@ -13,6 +13,7 @@ Modules:
         ``ModelRunnerOutput``, ``EngineCoreOutput``, ``SchedulerStats``).
     engine: API server <-> engine core (``EngineCoreRequest``, ``EngineCoreOutputs``).
     lora: ``LoRARequest``, the adapter a request names (inside the two above).
+    kv_transfer: what KV connectors report back from the workers (inside ``step``).
     ipc: the ZeroMQ frame format and message kinds shared by those two boundaries.
     openai: the OpenAI-compatible HTTP request and response bodies (client <-> API server).
 

@@ -5,8 +5,9 @@ Invariants:
       that msgspec encodes them to msgpack and decodes them back into these exact types
       (``msgspec.msgpack.decode(data, type=SchedulerOutput)``): no dict -> object step.
     * This module imports nothing of forkless but ``forkless.sampling_params``,
-      ``forkless.pooling_params`` and ``forkless.protocol.lora``: executors, workers, the scheduler and stat loggers all
-      import it, so it sits below all of them.
+      ``forkless.pooling_params``, ``forkless.protocol.lora`` and
+      ``forkless.protocol.kv_transfer``: executors, workers, the scheduler and stat
+      loggers all import it, so it sits below all of them.
     * A step's size follows what changed, not what exists: a running request's
       ``ScheduledRequest`` carries only the block ids appended since it was last
       scheduled (``new_block_ids``, as vLLM's ``CachedRequestData``); its whole block table
@@ -22,6 +23,7 @@ from typing import Any
 import msgspec
 
 from forkless.pooling_params import PooledData, PoolingParams
+from forkless.protocol.kv_transfer import KVConnectorOutput, KVTransferStats
 from forkless.protocol.lora import LoRARequest
 from forkless.sampling_params import SamplingParams
 
@@ -119,6 +121,10 @@ class SchedulerOutput:
             words; bit ``t % 32`` of word ``t // 32`` set allows token ``t``. The runner
             sets every other logit of those requests to ``-inf`` before sampling.
             ``None``: no constrained request samples this step.
+        kv_connector_metadata: With a KV connector (``--kv-transfer-config``): its
+            scheduler side's plan for this step (what to load and save), msgpack-encoded
+            (``forkless.kv_transfer``); the workers' connectors decode it. Present even
+            in a step without scheduled requests, which may still start loads.
     """
 
     scheduled_requests: list[ScheduledRequest] = field(default_factory=list)
@@ -127,6 +133,7 @@ class SchedulerOutput:
     preempted_request_ids: list[str] = field(default_factory=list)
     structured_output_request_ids: list[str] = field(default_factory=list)
     grammar_bitmask: bytes | None = None
+    kv_connector_metadata: bytes | None = None
 
     @property
     def is_empty(self) -> bool:
@@ -186,6 +193,7 @@ class ModelRunnerOutput:
             guessed for the next step (absent: none).
         spec_stats: Speculative decoding: what this step's verification accepted.
         pooler_output: Per pooling request scheduled with ``sample``, its pooled values.
+        kv_connector_output: With a KV connector: the transfers that ended this step.
     """
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
@@ -197,6 +205,7 @@ class ModelRunnerOutput:
     spec_token_ids: dict[str, list[int]] | None = None
     spec_stats: SpecDecodeStats | None = None
     pooler_output: dict[str, PooledData] | None = None
+    kv_connector_output: KVConnectorOutput | None = None
 
 
 class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
@@ -252,6 +261,8 @@ class SchedulerStats:
         lora_evictions: Adapters evicted from the workers' host caches so far (cumulative).
         spec_decode: Speculative decoding's counters so far (cumulative), or ``None``
             without ``--speculative-config``.
+        kv_transfer: The KV connector's counters so far (cumulative), or ``None``
+            without ``--kv-transfer-config``.
     """
 
     num_running: int = 0
@@ -265,3 +276,4 @@ class SchedulerStats:
     lora_loads: int = 0
     lora_evictions: int = 0
     spec_decode: SpecDecodeStats | None = None
+    kv_transfer: KVTransferStats | None = None

@@ -44,8 +44,10 @@ if TYPE_CHECKING:
     from forkless.protocol.lora import LoRARequest
     from forkless.protocol.step import ScheduledRequest, SchedulerOutput
     from forkless.sample.sampler import SamplerOutput
+    from forkless.protocol.kv_transfer import KVConnectorOutput
     from forkless.spec_decode.interface import Proposer
     from forkless.worker.cuda_graphs import DecodeGraphs
+    from forkless.worker.kv_connector import WorkerKVConnector
 
 logger = init_logger(__name__)
 
@@ -80,6 +82,10 @@ class _PendingStep:
     verification: Verification | None = None
     # Each row's hidden state at its last scheduled position, for a proposer that reads them.
     last_hidden: torch.Tensor | None = None
+    # With a KV connector: what its transfers did this step, and the requests whose loaded
+    # blocks failed (the scheduler recomputes them: their tokens of this step are dropped).
+    kv_connector_output: KVConnectorOutput | None = None
+    kv_failed: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -184,6 +190,8 @@ class ModelRunner:
             and (self.lora_manager is None or self.lora_manager.supports_cuda_graphs)
         )
         self.graphs: DecodeGraphs | None = None
+        # The KV connector's worker side (--kv-transfer-config), made with the cache.
+        self.kv_connector: WorkerKVConnector | None = None
         # The last launched step's sampled ids (device) and each request's row in it.
         self._prev_sampled: torch.Tensor | None = None
         self._prev_row_of: dict[str, int] = {}
@@ -223,6 +231,13 @@ class ModelRunner:
         self.kv_caches = [self._zeros(shape) for _ in range(self.kv_spec.num_layers)]
         if self.proposer is not None:
             self.proposer.initialize_cache(num_blocks)
+        if self.config.kv_transfer_config is not None:
+            from forkless.worker.kv_connector import WorkerKVConnector
+
+            self.kv_connector = WorkerKVConnector(self.config, self.model, self.kv_caches)
+            if self.use_cuda_graphs and self.kv_connector.requires_layer_hooks_in_decode:
+                logger.info("CUDA graphs are off: the KV connector's layer hooks run in every step")
+                self.use_cuda_graphs = False
         if self.use_cuda_graphs:
             from forkless.worker.cuda_graphs import DecodeGraphs
 
@@ -322,6 +337,26 @@ class ModelRunner:
         ``PLACEHOLDER_TOKEN_ID`` entries of the plan take the tokens sampled by the
         previous launched step, on the device. Pass the result to :meth:`collect`.
         """
+        kv = self.kv_connector
+        if kv is None:
+            return self._launch(scheduler_output)
+        # (Synchronous steps only, --kv-transfer-config refuses --async-scheduling: the
+        # saves read the cache this step wrote.)
+        kv.begin(scheduler_output)
+        try:
+            pending = self._launch(scheduler_output)
+        finally:
+            kv_output = kv.end(scheduler_output)
+        pending.kv_connector_output = kv_output
+        if kv_output.invalid_block_ids:
+            bad = set(kv_output.invalid_block_ids)
+            for s in pending.rows:
+                state = self.requests.get(s.request_id)
+                if state is not None and not bad.isdisjoint(self.block_table[state.table_row, : state.num_blocks].tolist()):
+                    pending.kv_failed.add(s.request_id)
+        return pending
+
+    def _launch(self, scheduler_output: SchedulerOutput) -> _PendingStep:
         self._update_states(scheduler_output)
         if scheduler_output.is_empty:
             return _PendingStep()
@@ -452,7 +487,7 @@ class ModelRunner:
         if pending.out is None:
             if pending.rows and self.proposer is not None and self.proposer.uses_kv_cache:
                 self._propose(pending.rows, [[] for _ in pending.rows], ModelRunnerOutput(), pending)
-            return self._lora_counts(ModelRunnerOutput())
+            return self._lora_counts(ModelRunnerOutput(kv_connector_output=pending.kv_connector_output))
         rows, out = pending.rows, pending.out
         assert pending.sampled_host is not None
         sampled: list[list[int]] = [[t] for t in pending.sampled_host.tolist()]
@@ -461,8 +496,9 @@ class ModelRunner:
             for i, tokens in pending.verification.emitted().items():
                 sampled[i] = tokens
         requests = self.requests
+        failed = pending.kv_failed
         for s, t in zip(rows, sampled):
-            if s.sample:
+            if s.sample and not (failed and s.request_id in failed):
                 # The very list the input batch and the processors read. A request
                 # finished or preempted since the launch is gone: its token is dropped,
                 # as the scheduler drops it.
@@ -470,7 +506,8 @@ class ModelRunner:
                 if state is not None:
                     state.output_token_ids.extend(t)
         result = ModelRunnerOutput(
-            sampled_token_ids={s.request_id: t for s, t in zip(rows, sampled) if s.sample}
+            sampled_token_ids={s.request_id: t for s, t in zip(rows, sampled) if s.sample},
+            kv_connector_output=pending.kv_connector_output,
         )
         if self.proposer is not None:
             self._propose(rows, sampled, result, pending)
@@ -486,6 +523,11 @@ class ModelRunner:
                 if state.prompt_logprobs is not None:
                     result.prompt_logprobs[rid] = state.prompt_logprobs
                     state.prompt_logprobs = None  # returned: a recomputation adds nothing
+        if failed:
+            # Sampled over KV that failed to load: dropped, here and in the scheduler.
+            for per_request in (result.sampled_token_ids, result.logprobs, result.spec_token_ids):
+                for rid in failed:
+                    (per_request or {}).pop(rid, None)
         return self._lora_counts(result)
 
     def _verify(self, rows: list[ScheduledRequest], hidden: torch.Tensor, starts: torch.Tensor) -> Verification:

@@ -137,7 +137,9 @@ class Worker:
         self._runner()
 
     def shutdown(self) -> None:
-        """Free the model and the KV cache."""
+        """Free the model and the KV cache (after a KV connector's transfers end)."""
+        if self.model_runner is not None and self.model_runner.kv_connector is not None:
+            self.model_runner.kv_connector.shutdown()
         self.model_runner = None
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -7,7 +7,7 @@ selecting a custom implementation logs a warning once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 from forkless.plugins import Stability, stability
 
@@ -45,9 +45,19 @@ class SchedulerInterface(ABC):
     #: :meth:`can_schedule_async`. Without it, ``--async-scheduling`` steps synchronously.
     supports_async_scheduling: ClassVar[bool] = False
 
+    #: Whether the scheduler hosts a KV connector's scheduler side
+    #: (``--kv-transfer-config``): :meth:`set_kv_connector` is then called once, before the
+    #: first request. Without it, ``--kv-transfer-config`` is refused.
+    supports_kv_connector: ClassVar[bool] = False
+
     @abstractmethod
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_config: KVCacheConfig) -> None:
         raise NotImplementedError
+
+    def set_kv_connector(self, connector: Any) -> None:
+        """Host ``connector``, a ``forkless.kv_transfer.KVConnectorBase`` (its scheduler
+        side); only asked when :attr:`supports_kv_connector` is true."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not host KV connectors")
 
     def can_schedule_async(self) -> bool:
         """Whether the next step may be planned before the previous one's tokens are back.

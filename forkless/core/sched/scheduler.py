@@ -78,6 +78,7 @@ that would exceed ``max_model_len`` is cut there with finish reason ``"length"``
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -86,6 +87,8 @@ from forkless.core.request import RequestStatus
 from forkless.core.sched.interface import SchedulerInterface
 from forkless.core.sched.request_queue import create_request_queue
 from forkless.core.sched.time_share import LongPrefillTimeShare
+from forkless.logger import init_logger
+from forkless.protocol.kv_transfer import KVConnectorOutput, KVTransferStats, encode_connector_metadata
 from forkless.protocol.step import (
     PLACEHOLDER_TOKEN_ID,
     EngineCoreOutput,
@@ -100,6 +103,8 @@ if TYPE_CHECKING:
     from forkless.core.sched.config import KVCacheConfig, SchedulerConfig
     from forkless.protocol.step import ModelRunnerOutput
     from forkless.sampling_params import SamplingParams
+
+logger = init_logger(__name__)
 
 
 class Scheduler(SchedulerInterface):
@@ -152,6 +157,15 @@ class Scheduler(SchedulerInterface):
         cfg = scheduler_config
         if cfg.long_prefill_time_share and cfg.enable_chunked_prefill and cfg.long_prefill_token_threshold:
             self._time_share = LongPrefillTimeShare(cfg.long_prefill_time_share, cfg.long_prefill_token_threshold)
+        # The KV connector's scheduler side (--kv-transfer-config; set_kv_connector).
+        self.connector: Any = None  # a forkless.kv_transfer.KVConnectorBase
+        # Requests admitted with blocks that the connector is loading into between steps:
+        # id -> (request, tokens computed once the load ends).
+        self._remote_loads: dict[str, tuple[Request, int]] = {}
+        # Finished requests whose blocks the connector still uses (an asynchronous save
+        # reads them, or a load writes them): freed when a worker reports it done.
+        self._kv_busy: dict[str, Request] = {}
+        self._kv_stats = KVTransferStats()
 
     # ----------------------------------------------------------------- requests in / out
 
@@ -169,6 +183,8 @@ class Scheduler(SchedulerInterface):
         if request.status is not RequestStatus.WAITING:
             raise ValueError(f"request {request.request_id!r} is {request.status.name}, not WAITING")
         self.requests[request.request_id] = request
+        if self.connector is not None:
+            self.connector.on_new_request(request)
         self._arrival_seq[request.request_id] = next(self._seq)
         if self._max_per_client:
             self._client_requests[request.client_key] = self._client_requests.get(request.client_key, 0) + 1
@@ -189,6 +205,8 @@ class Scheduler(SchedulerInterface):
                 continue
             if request.status is RequestStatus.RUNNING:
                 done_running = True
+            elif request.status is RequestStatus.WAITING_FOR_REMOTE_KVS:
+                del self._remote_loads[rid]
             else:
                 self.waiting.remove(request)
             self._finish(request, status)
@@ -196,9 +214,14 @@ class Scheduler(SchedulerInterface):
             self.running = [r for r in self.running if not r.is_finished]
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.requests)
+        # Blocks a connector still uses need steps too: the workers report them done.
+        return bool(self.requests) or bool(self._kv_busy)
 
     supports_async_scheduling = True
+    supports_kv_connector = True
+
+    def set_kv_connector(self, connector: Any) -> None:
+        self.connector = connector
 
     def can_schedule_async(self) -> bool:
         """Whether the next step may be scheduled before the previous one's tokens
@@ -221,6 +244,10 @@ class Scheduler(SchedulerInterface):
             # (The first pass took the finished ids to report: hand them on.)
             self._finished_ids = output.finished_request_ids + self._finished_ids
             output = self._schedule(False, False)
+        if self.connector is not None:
+            # Once per step, after the plan is final (a first pass's admissions stay
+            # admitted: their loads are in the connector's state already).
+            output.kv_connector_metadata = encode_connector_metadata(self.connector.build_connector_meta(output))
         return output
 
     def _refill_client_credit(self) -> bool:
@@ -353,10 +380,30 @@ class Scheduler(SchedulerInterface):
                 if allowance < min(request.num_tokens, burst):
                     skipped.append(self.waiting.pop())
                     continue
-            hit_ids, num_hit = [], 0
-            if not _skips_prefix_cache(request.sampling_params) and request.pooling_params is None:
+            hit_ids, num_hit, num_external = [], 0, 0
+            cacheable = not _skips_prefix_cache(request.sampling_params) and request.pooling_params is None
+            loaded = bool(request.block_ids)
+            if loaded:
+                # Back from a KV connector's load: it holds its blocks, filled this far.
+                num_hit = request.num_computed_tokens
+            elif cacheable:
                 hit_ids, num_hit = kv.get_computed_blocks(request)
-            remaining = request.num_tokens - num_hit
+                if self.connector is not None:
+                    num_external, load_async = self._external_tokens(request, num_hit)
+                    if num_external is None:  # the connector does not know yet: ask next step
+                        skipped.append(self.waiting.pop())
+                        continue
+                    if load_async:
+                        # Its blocks now, its tokens once the load ends; it takes no budget.
+                        if kv.allocate_slots(request, num_external, hit_ids) is None:
+                            break
+                        self.waiting.pop()
+                        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                        request.num_computed_tokens = num_hit
+                        self._remote_loads[request.request_id] = (request, num_hit + num_external)
+                        self._connector_admitted(request, num_hit, num_external, True)
+                        continue
+            remaining = request.num_tokens - num_hit - num_external
             if remaining > budget and not cfg.enable_chunked_prefill:
                 break
             is_prefill = limited and remaining > 1
@@ -376,13 +423,16 @@ class Scheduler(SchedulerInterface):
                 # A pooled prompt runs whole in one step: an encoder attends both ways and
                 # the pooler reads every position; it waits for a step with room.
                 break
-            if kv.allocate_slots(request, num_new, hit_ids) is None:
+            if kv.allocate_slots(request, num_external + num_new, hit_ids) is None:
                 break
             self.waiting.pop()
             request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_hit
+            request.num_computed_tokens = num_hit + num_external
             if request.num_cached_tokens < 0:
-                request.num_cached_tokens = num_hit
+                request.num_cached_tokens = num_hit + num_external
+            if self.connector is not None and cacheable:
+                # (Loaded before this step's forward pass, when num_external > 0.)
+                self._connector_admitted(request, num_hit, num_external, not loaded)
             self.running.append(request)
             if self._max_per_group:
                 self._group_running[request.group_id] = self._group_running.get(request.group_id, 0) + 1
@@ -419,6 +469,69 @@ class Scheduler(SchedulerInterface):
             time_share.scheduled(output, contended, largest_long if long_ids else 0)
         return output
 
+    def _external_tokens(self, request: Request, num_hit: int) -> tuple[int | None, bool]:
+        """What the KV connector adds to a local prefix-cache hit at admission:
+        ``(tokens, load_async)``; ``tokens`` is ``None`` while it does not know yet. A
+        claim that reaches the last token is trimmed (computing it yields the first
+        output token)."""
+        assert self.connector is not None
+        matched, load_async = self.connector.get_num_new_matched_tokens(request, num_hit)
+        if matched is None:
+            return None, False
+        matched = max(0, min(matched, request.num_tokens - 1 - num_hit))
+        return matched, load_async and matched > 0
+
+    def _connector_admitted(self, request: Request, num_hit: int, num_external: int, count: bool) -> None:
+        """Tell the connector an admitted request's blocks, and count the lookup (not
+        again for a request back from its load)."""
+        assert self.connector is not None
+        if count:
+            self._kv_stats.external_prefix_cache_queries += request.num_tokens - num_hit
+            self._kv_stats.external_prefix_cache_hits += num_external
+        self.connector.update_state_after_alloc(request, list(request.block_ids), num_external)
+
+    def _apply_kv_output(self, out: KVConnectorOutput) -> dict[str, int]:
+        """Take in what the workers' connectors reported for a step.
+
+        Returns:
+            Running requests whose loaded blocks failed, with the token count to go back
+            to (the start of the first failed block): this step's results past it were
+            computed over bad KV and are dropped.
+        """
+        assert self.connector is not None
+        if out.stats is not None:
+            self._kv_stats.add(out.stats)
+        rolled_back: dict[str, int] = {}
+        if out.invalid_block_ids:
+            bad = set(out.invalid_block_ids)
+            size = self.kv_cache_config.block_size
+            holders = [r for r in self.running] + [r for r, _ in self._remote_loads.values()]
+            for request in holders:
+                first = next((i for i, b in enumerate(request.block_ids) if b in bad), None)
+                if first is None:
+                    continue
+                logger.warning("request %s: KV blocks from %d on failed to load; computing them instead",
+                               request.request_id, first)
+                rid = request.request_id
+                if rid in self._remote_loads:
+                    self._remote_loads[rid] = (request, min(self._remote_loads[rid][1], first * size))
+                elif request.num_computed_tokens > first * size:
+                    rolled_back[rid] = first * size
+        for rid in out.finished_recving:
+            loading = self._remote_loads.pop(rid, None)
+            if loading is not None:
+                request, computed = loading
+                request.status = RequestStatus.WAITING
+                request.num_computed_tokens = computed
+                self.waiting.prepend([request])  # it was admitted already: first in line
+            elif rid in self._kv_busy:
+                self.kv_cache_manager.free(self._kv_busy.pop(rid))
+        for rid in out.finished_sending:
+            if rid in self._kv_busy:
+                self.kv_cache_manager.free(self._kv_busy.pop(rid))
+        self.connector.update_connector_output(out)
+        return rolled_back
+
     def _contended(self, threshold: int) -> bool:
         """Whether a request other than the long prefills is running or waiting."""
         for request in self.running:
@@ -437,6 +550,9 @@ class Scheduler(SchedulerInterface):
         prompt_logprobs = runner_output.prompt_logprobs or {}
         sampled = runner_output.sampled_token_ids
         drafts = runner_output.spec_token_ids or {}
+        rolled_back: dict[str, int] = {}
+        if self.connector is not None and runner_output.kv_connector_output is not None:
+            rolled_back = self._apply_kv_output(runner_output.kv_connector_output)
         outputs: list[EngineCoreOutput] = []
         any_finished = False
         # Hoisted out of the loop: it runs once per request per step.
@@ -447,6 +563,14 @@ class Scheduler(SchedulerInterface):
             request = requests.get(item.request_id)
             if request is None or request.status is not running:
                 continue  # aborted while the step ran
+            if rolled_back and request.request_id in rolled_back:
+                # Its loaded KV was bad: recompute from the first bad block; whatever this
+                # step sampled for it is dropped.
+                request.num_computed_tokens = rolled_back[request.request_id]
+                request.num_cached_tokens = min(request.num_cached_tokens, request.num_computed_tokens)
+                request.num_output_placeholders = 0
+                request.spec_token_ids = []
+                continue
             if cache_blocks is not None:
                 # The step computed these blocks; only now may other requests hit them.
                 # (With async scheduling num_computed_tokens may count a position whose
@@ -521,6 +645,7 @@ class Scheduler(SchedulerInterface):
             prefix_cache_queries=kv.prefix_cache_queries,
             prefix_cache_hits=kv.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            kv_transfer=dataclasses.replace(self._kv_stats) if self.connector is not None else None,
         )
 
     def reset_prefix_cache(self) -> bool:
@@ -637,9 +762,16 @@ class Scheduler(SchedulerInterface):
         # The caller removes the request from `running` (in one pass for many requests).
         if request.status is RequestStatus.RUNNING:
             self._left_running(request)
+        loading = request.status is RequestStatus.WAITING_FOR_REMOTE_KVS
         request.status = status
         request.finish_reason = status.finish_reason
-        self.kv_cache_manager.free(request)
+        keep = False
+        if self.connector is not None:
+            keep, _ = self.connector.request_finished(request, request.block_ids)
+        if keep or loading:
+            self._kv_busy[request.request_id] = request  # freed when a worker reports it done
+        else:
+            self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
         del self._arrival_seq[request.request_id]
         if self._max_per_client:

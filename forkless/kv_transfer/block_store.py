@@ -1,0 +1,411 @@
+"""Connectors over a store of KV-cache blocks keyed by the prefix-block hash chain.
+
+A full block's key is the SHA-256 chain hash of every token up to and including it (the
+prefix cache's own ``sha256`` hash, ``forkless.core.block_pool``), under a namespace that
+names the model, dtypes and block size. So a key says everything its KV depends on, any
+engine of the same model that finds the key may use the block, and a lookup walks the
+request's blocks in order and stops at the first key the store lacks.
+
+A subclass supplies the store: :meth:`BlockStoreConnector.contains`,
+:meth:`BlockStoreConnector.get` and :meth:`BlockStoreConnector.put`, and says whether it
+loads and saves on a background thread (:attr:`BlockStoreConnector.load_async`,
+:attr:`BlockStoreConnector.save_async`).
+
+Invariants:
+    * Only prompt blocks are saved, once each, by the step that completes them; the
+      request's last prompt token is never loaded (its logits give the first output).
+    * A stored block is the bytes of one safetensors file holding one tensor, all layers'
+      keys and values of the block (``[layers, 2, block_size, kv_heads, head_dim]``),
+      with the key and a CRC-32 of the tensor in its metadata: a load checks the key,
+      the shape, the dtype and the checksum, so a corrupt, truncated, foreign or missing
+      block is reported (``get_block_ids_with_load_errors``) and recomputed, never used.
+    * A store that fails (unreachable, full, corrupt) never fails a request: a failed
+      lookup finds nothing, a failed save is dropped, a failed load is recomputed; each
+      is logged (at most once per 10 s per kind).
+    * With ``save_async`` a save reads the cache on the thread, after the step: the
+      request keeps its blocks until the worker reports the save done (``request_finished``
+      returns True), and a preempted request's saves end before the next forward pass.
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+import threading
+import time
+import zlib
+from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from forkless.core.block_pool import extend_block_hashes
+from forkless.kv_transfer.interface import ForwardContext, KVConnectorBase, KVConnectorMetadata, KVConnectorRole
+from forkless.logger import init_logger
+from forkless.protocol.kv_transfer import KVTransferStats
+
+if TYPE_CHECKING:
+    import torch
+
+    from forkless.attention.interface import AttentionMetadata
+    from forkless.core.request import Request
+    from forkless.core.sched.config import KVCacheConfig
+    from forkless.protocol.step import SchedulerOutput
+
+logger = init_logger(__name__)
+
+_WARN_EVERY_S = 10.0
+
+
+@dataclass
+class BlockTransfer:
+    """Blocks of one request to load or save, in token order.
+
+    Attributes:
+        request_id: The request.
+        keys: The blocks' store keys.
+        block_ids: The KV-cache blocks they go to or come from.
+    """
+
+    request_id: str
+    keys: list[str]
+    block_ids: list[int]
+
+
+@dataclass
+class BlockStoreMetadata(KVConnectorMetadata):
+    """One step's transfers.
+
+    Attributes:
+        loads: Blocks to load (before the forward pass, or started then with ``load_async``).
+        saves: Prompt blocks this step computes, to save after it.
+        preempted: Requests preempted by this step: their saves must end before it runs.
+    """
+
+    loads: list[BlockTransfer] = field(default_factory=list)
+    saves: list[BlockTransfer] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+
+
+class BlockLoadError(Exception):
+    """A stored block cannot be used (missing, corrupt, or of another shape)."""
+
+
+class BlockStoreConnector(KVConnectorBase):
+    """A KV connector over a key -> bytes store of whole blocks (provisional).
+
+    Attributes:
+        load_async: Load on a background thread between steps (the request waits in
+            ``WAITING_FOR_REMOTE_KVS``) rather than before the step's forward pass.
+        save_async: Save on a background thread after the step rather than in
+            ``wait_for_save``.
+        store_name: What the store is, for log messages.
+    """
+
+    metadata_cls = BlockStoreMetadata
+    # Only prompt blocks move, all of it in start_load_kv / wait_for_save: decode steps
+    # (and their CUDA graphs) never need the layer hooks.
+    requires_layer_hooks_in_decode = False
+    load_async: ClassVar[bool] = False
+    save_async: ClassVar[bool] = False
+    store_name: ClassVar[str] = "block store"
+
+    def __init__(self, config: Any, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig | None = None) -> None:
+        super().__init__(config, role, kv_cache_config)
+        self.block_size = config.cache_config.block_size
+        self.namespace = store_namespace(config)
+        ktc = self._kv_transfer_config
+        self.is_producer = ktc.is_kv_producer
+        self.is_consumer = ktc.is_kv_consumer
+        # The prefix cache's chain is the key chain when it hashes with sha256.
+        self._shares_request_hashes = config.cache_config.prefix_caching_hash_algo == "sha256"
+        self._last_warning: dict[str, float] = {}
+        # Scheduler side.
+        self._requests: dict[str, Request] = {}
+        self._own_hashes: dict[str, list[bytes]] = {}
+        self._lookup_start: dict[str, int] = {}  # first block the connector was asked about
+        self._pending_loads: list[BlockTransfer] = []
+        self._num_saved: dict[str, int] = {}  # leading blocks saved, loaded or already present
+        self._saving: set[str] = set()  # requests whose async saves may still read blocks
+        # Worker side.
+        self._caches: list[torch.Tensor] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._loading: dict[str, tuple[BlockTransfer, Future[list[bytes | None]]]] = {}
+        self._saves: defaultdict[str, list[Future[None]]] = defaultdict(list)
+        self._finished: set[str] = set()
+        self._load_errors: set[int] = set()
+        self._stats = KVTransferStats()
+        self._stats_lock = threading.Lock()
+
+    # --------------------------------------------------------------- the store
+
+    @abc.abstractmethod
+    def contains(self, keys: list[str]) -> list[bool]:
+        """Whether each key is in the store (scheduler side).
+
+        Raises:
+            Exception: The store cannot be asked (then nothing is found).
+        """
+
+    @abc.abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """A block's bytes, ``None`` when absent."""
+
+    @abc.abstractmethod
+    def put(self, key: str, data: bytes) -> None:
+        """Store a block's bytes (replacing a block of the same key is harmless: same KV)."""
+
+    # ------------------------------------------------------------ helpers
+
+    def _warn(self, kind: str, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now - self._last_warning.get(kind, -_WARN_EVERY_S) >= _WARN_EVERY_S:
+            self._last_warning[kind] = now
+            logger.warning(message, *args)
+
+    def _keys(self, request: Request, num_blocks: int) -> list[str]:
+        """The store keys of the request's first ``num_blocks`` full blocks."""
+        if self._shares_request_hashes:
+            hashes = request.block_hashes
+        else:
+            hashes = self._own_hashes.setdefault(request.request_id, [])
+        extend_block_hashes(hashes, request.all_token_ids, num_blocks, self.block_size, request.cache_salt)
+        return [f"{self.namespace}-{h.hex()}" for h in hashes[:num_blocks]]  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------ scheduler side
+
+    def on_new_request(self, request: Request) -> None:
+        self._requests[request.request_id] = request
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if not self.is_consumer:
+            return 0, False
+        start = num_computed_tokens // self.block_size
+        limit = (request.num_tokens - 1) // self.block_size  # never the last token
+        if limit <= start:
+            return 0, False
+        keys = self._keys(request, limit)[start:]
+        try:
+            found = self.contains(keys)
+        except Exception as exc:  # noqa: BLE001 - any store failure means "not found"
+            self._warn("lookup", "%s lookup failed, computing the prompt instead: %s", self.store_name, exc)
+            return 0, False
+        hits = 0
+        while hits < len(found) and found[hits]:
+            hits += 1
+        self._lookup_start[request.request_id] = start
+        return hits * self.block_size, self.load_async and hits > 0
+
+    def update_state_after_alloc(self, request: Request, block_ids: list[int], num_external_tokens: int) -> None:
+        start = self._lookup_start.pop(request.request_id, 0)
+        if not num_external_tokens:
+            return
+        end = start + num_external_tokens // self.block_size
+        self._pending_loads.append(
+            BlockTransfer(request.request_id, self._keys(request, end)[start:], list(block_ids[start:end])))
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> BlockStoreMetadata:
+        meta = BlockStoreMetadata(loads=self._pending_loads, preempted=list(scheduler_output.preempted_request_ids))
+        self._pending_loads = []
+        if not self.is_producer:
+            return meta
+        for item in scheduler_output.scheduled_requests:
+            request = self._requests.get(item.request_id)
+            if request is None:
+                continue
+            rid = item.request_id
+            if item.is_new:
+                # Everything before its first computed position was hit, loaded or is
+                # being recomputed after a preemption (and was saved the first time).
+                self._num_saved[rid] = item.start_position // self.block_size
+            done = self._num_saved.get(rid, 0)
+            full = min(item.start_position + len(item.token_ids), request.num_prompt_tokens) // self.block_size
+            if full > done:
+                meta.saves.append(BlockTransfer(rid, self._keys(request, full)[done:], request.block_ids[done:full]))
+                self._num_saved[rid] = full
+                if self.save_async:
+                    self._saving.add(rid)
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        for state in (self._requests, self._own_hashes, self._lookup_start, self._num_saved):
+            state.pop(rid, None)  # type: ignore[attr-defined]
+        if rid in self._saving:
+            self._saving.discard(rid)
+            return True, None
+        return False, None
+
+    # --------------------------------------------------------------- worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        self._caches = list(kv_caches.values())
+        if self.load_async or self.save_async:
+            self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"forkless-{self.store_name}")
+
+    def handle_preemptions(self, kv_connector_metadata: BlockStoreMetadata) -> None:
+        for rid in kv_connector_metadata.preempted:
+            for future in self._saves.pop(rid, ()):
+                future.result()  # _save_blocks logs its own failures; this only waits
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        meta: BlockStoreMetadata = self._get_connector_metadata()
+        for transfer in meta.loads:
+            if self._pool is not None and self.load_async:
+                self._loading[transfer.request_id] = (transfer, self._pool.submit(self._fetch, transfer))
+            else:
+                self._apply(transfer, self._fetch(transfer))
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Nothing: every load is in the cache before the forward pass (or before the
+        request runs at all, with ``load_async``)."""
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata,
+                      **kwargs: Any) -> None:
+        """Nothing: a block is saved whole, all layers together, in :meth:`wait_for_save`."""
+
+    def wait_for_save(self) -> None:
+        meta: BlockStoreMetadata = self._get_connector_metadata()
+        for transfer in meta.saves:
+            if self._pool is not None and self.save_async:
+                self._saves[transfer.request_id].append(self._pool.submit(self._save_blocks, transfer))
+            else:
+                self._save_blocks(transfer)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        received: set[str] = set()
+        for rid, (transfer, future) in list(self._loading.items()):
+            if future.done():
+                del self._loading[rid]
+                if rid not in finished_req_ids:  # an aborted request's blocks are not read again
+                    self._apply(transfer, future.result())
+                received.add(rid)
+        sent: set[str] = set()
+        self._finished |= finished_req_ids & self._saves.keys()
+        for rid in list(self._finished):
+            if all(future.done() for future in self._saves[rid]):
+                del self._saves[rid]
+                self._finished.discard(rid)
+                sent.add(rid)
+        return sent or None, received or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def get_kv_connector_stats(self) -> KVTransferStats | None:
+        with self._stats_lock:
+            stats, self._stats = self._stats, KVTransferStats()
+        return stats if stats.load_bytes or stats.save_bytes else None
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    # -------------------------------------------------------- moving the bytes
+
+    def _fetch(self, transfer: BlockTransfer) -> list[bytes | None]:
+        """The stored bytes of a transfer's blocks (``None`` where absent or unreadable)."""
+        started = time.perf_counter()
+        out: list[bytes | None] = []
+        for key in transfer.keys:
+            try:
+                out.append(self.get(key))
+            except Exception as exc:  # noqa: BLE001 - the block is recomputed instead
+                self._warn("load", "%s: reading block %s failed: %s", self.store_name, key, exc)
+                out.append(None)
+        with self._stats_lock:
+            self._stats.load_seconds += time.perf_counter() - started
+        return out
+
+    def _apply(self, transfer: BlockTransfer, blobs: list[bytes | None]) -> None:
+        """Write fetched blocks into the cache; report those that cannot be used."""
+        import torch
+
+        started = time.perf_counter()
+        good_ids: list[int] = []
+        tensors: list[torch.Tensor] = []
+        for key, block_id, blob in zip(transfer.keys, transfer.block_ids, blobs):
+            try:
+                if blob is None:
+                    raise BlockLoadError("not in the store")
+                tensors.append(self._decode(key, blob))
+                good_ids.append(block_id)
+            except BlockLoadError as exc:
+                self._warn("corrupt", "%s: block %s of request %s cannot be used (%s); its tokens are computed "
+                           "instead", self.store_name, key, transfer.request_id, exc)
+                self._load_errors.add(block_id)
+        if good_ids:
+            device = self._caches[0].device
+            ids = torch.tensor(good_ids, dtype=torch.long, device=device)
+            data = torch.stack(tensors).to(device)  # [n, layers, 2, block, heads, dim]
+            for layer, cache in enumerate(self._caches):
+                cache.index_copy_(1, ids, data[:, layer].transpose(0, 1))
+        with self._stats_lock:
+            self._stats.load_bytes += sum(t.numel() * t.element_size() for t in tensors)
+            self._stats.load_seconds += time.perf_counter() - started
+
+    def _save_blocks(self, transfer: BlockTransfer) -> None:
+        """Copy a transfer's blocks out of the cache and store them (failures are logged)."""
+        import torch
+
+        started = time.perf_counter()
+        try:
+            ids = torch.tensor(transfer.block_ids, dtype=torch.long, device=self._caches[0].device)
+            # [layers, 2, n, block, heads, dim] -> [n, layers, 2, block, heads, dim], on the host
+            data = torch.stack([cache.index_select(1, ids) for cache in self._caches]).permute(2, 0, 1, 3, 4, 5)
+            data = data.to("cpu").contiguous()
+            nbytes = 0
+            for key, block in zip(transfer.keys, data):
+                blob = self._encode(key, block)
+                self.put(key, blob)
+                nbytes += block.numel() * block.element_size()
+        except Exception as exc:  # noqa: BLE001 - a dropped save is a later cache miss
+            self._warn("save", "%s: saving blocks of request %s failed: %s", self.store_name,
+                       transfer.request_id, exc)
+            return
+        with self._stats_lock:
+            self._stats.save_bytes += nbytes
+            self._stats.save_seconds += time.perf_counter() - started
+
+    def _encode(self, key: str, block: torch.Tensor) -> bytes:
+        from safetensors.torch import save
+
+        block = block.contiguous()
+        crc = zlib.crc32(_raw_bytes(block))
+        return save({"kv": block}, metadata={"key": key, "crc32": str(crc)})
+
+    def _decode(self, key: str, blob: bytes) -> torch.Tensor:
+        from safetensors.torch import load
+
+        try:
+            (header_len,) = (int.from_bytes(blob[:8], "little"),)
+            metadata = json.loads(blob[8 : 8 + header_len]).get("__metadata__", {})
+            block = load(blob)["kv"]
+        except Exception as exc:  # noqa: BLE001 - any parse failure is a corrupt block
+            raise BlockLoadError(f"not a stored block: {exc}") from None
+        if metadata.get("key") != key:
+            raise BlockLoadError(f"it holds block {metadata.get('key')!r}")
+        cache = self._caches[0]
+        expected = (len(self._caches), 2, *cache.shape[2:])
+        if tuple(block.shape) != expected or block.dtype != cache.dtype:
+            raise BlockLoadError(f"shape {tuple(block.shape)} {block.dtype}, expected {expected} {cache.dtype}")
+        if str(zlib.crc32(_raw_bytes(block))) != metadata.get("crc32"):
+            raise BlockLoadError("checksum mismatch")
+        return block
+
+
+def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+    import torch
+
+    return memoryview(tensor.contiguous().view(torch.uint8).numpy())
+
+
+def store_namespace(config: Any) -> str:
+    """A short name for what a block's KV depends on besides its tokens: the model, its
+    dtype, the cache dtype and the block size (shapes are checked again at load)."""
+    mc, cc = config.model_config, config.cache_config
+    ident = json.dumps([mc.model, mc.dtype, cc.cache_dtype, cc.block_size])
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]

@@ -1,0 +1,77 @@
+"""``RedisConnector``: KV blocks in a Redis server that engines on several machines share.
+
+``kv_connector_extra_config.url`` names the server (``redis://host:6379/0``, the
+default ``redis://127.0.0.1:6379``); ``ttl_seconds`` (optional) lets Redis expire blocks.
+A block is one value, under ``forkless:kv:<key>`` (``forkless.kv_transfer.block_store``
+says what the key is).
+
+Invariants:
+    * Network round trips never hold up the step loop: loads are fetched on a background
+      thread while the request waits (``WAITING_FOR_REMOTE_KVS``) and copied into the cache
+      between steps; saves read the cache and write on the thread after the step, and the
+      request keeps its blocks until they are written.
+    * The only Redis call on the scheduler's path is the admission lookup (one pipelined
+      ``EXISTS`` per block); an unreachable server fails it within ``timeout_seconds``
+      (default 2) and the request computes its prompt.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from forkless.kv_transfer.block_store import BlockStoreConnector
+
+if TYPE_CHECKING:
+    from forkless.core.sched.config import KVCacheConfig
+    from forkless.kv_transfer.interface import KVConnectorRole
+
+_PREFIX = "forkless:kv:"
+
+
+class RedisConnector(BlockStoreConnector):
+    """KV blocks in Redis, loaded and saved asynchronously (provisional).
+
+    Raises:
+        ValueError: A malformed ``url``, ``ttl_seconds`` or ``timeout_seconds``, or the
+            ``redis`` package is missing.
+    """
+
+    load_async = True
+    save_async = True
+    store_name = "redis"
+
+    def __init__(self, config: Any, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig | None = None) -> None:
+        super().__init__(config, role, kv_cache_config)
+        ktc = self._kv_transfer_config
+        url = ktc.get_from_extra_config("url", "redis://127.0.0.1:6379")
+        ttl = ktc.get_from_extra_config("ttl_seconds", None)
+        timeout = ktc.get_from_extra_config("timeout_seconds", 2.0)
+        if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0):
+            raise ValueError(f"--kv-transfer-config: ttl_seconds={ttl!r} is invalid: expected a positive integer")
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
+            raise ValueError(f"--kv-transfer-config: timeout_seconds={timeout!r} is invalid: expected a positive "
+                             "number")
+        try:
+            import redis
+        except ImportError:
+            raise ValueError("--kv-transfer-config: RedisConnector needs the redis package "
+                             "(pip install redis)") from None
+        try:
+            self._client: Any = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        except ValueError as exc:
+            raise ValueError(f"--kv-transfer-config: url={url!r} is invalid: {exc}") from None
+        self._ttl = ttl
+        self.store_name = f"redis {url}"
+
+    def contains(self, keys: list[str]) -> list[bool]:
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(_PREFIX + key)
+        return [bool(n) for n in pipe.execute()]
+
+    def get(self, key: str) -> bytes | None:
+        return self._client.get(_PREFIX + key)
+
+    def put(self, key: str, data: bytes) -> None:
+        self._client.set(_PREFIX + key, data, ex=self._ttl)

@@ -1,0 +1,84 @@
+"""``SharedStorageConnector``: KV blocks as files in a folder that engines share.
+
+``kv_connector_extra_config.shared_storage_path`` names the folder (local, or a network
+file system that several machines mount). Each block is one file,
+``<path>/<namespace>/<key[:2]>/<key>.safetensors`` (``forkless.kv_transfer.block_store``
+says what the key and namespace are), so any engine of the same model pointing at the
+folder reuses the prefill of another.
+
+Invariants:
+    * Loads and saves are synchronous: a request's blocks are read into the cache before
+      the forward pass of the step that admits it, and the step's new prompt blocks are
+      written right after it (so nothing is deferred and no block is kept past its
+      request).
+    * A file appears whole or not at all (written to a temporary name, then renamed), so
+      a reader never sees half a block; a block already on disk is not written again.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from forkless.kv_transfer.block_store import BlockStoreConnector
+
+if TYPE_CHECKING:
+    from forkless.core.sched.config import KVCacheConfig
+    from forkless.kv_transfer.interface import KVConnectorRole
+
+
+class SharedStorageConnector(BlockStoreConnector):
+    """KV blocks in a shared folder, one file per block (provisional).
+
+    Raises:
+        ValueError: ``shared_storage_path`` is missing or cannot be created.
+    """
+
+    store_name = "shared storage"
+
+    def __init__(self, config: Any, role: KVConnectorRole,
+                 kv_cache_config: KVCacheConfig | None = None) -> None:
+        super().__init__(config, role, kv_cache_config)
+        path = self._kv_transfer_config.get_from_extra_config("shared_storage_path", None)
+        if not isinstance(path, str) or not path:
+            raise ValueError("--kv-transfer-config: SharedStorageConnector needs kv_connector_extra_config."
+                             f"shared_storage_path (a folder), got {path!r}")
+        self.root = Path(path) / self.namespace
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--kv-transfer-config: shared_storage_path {path!r} cannot be used: {exc}") from None
+
+    def _path(self, key: str) -> Path:
+        digest = key.rsplit("-", 1)[-1]
+        return self.root / digest[:2] / f"{digest}.safetensors"
+
+    def contains(self, keys: list[str]) -> list[bool]:
+        found = []
+        for key in keys:
+            found.append(self._path(key).is_file())
+            if not found[-1]:
+                break  # a lookup stops at the first miss anyway
+        return found
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        if path.is_file():
+            return
+        path.parent.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
