@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"forkless.cpu_kernels", "forkless.tool_parsers", "forkless.reasoning", "forkless.metrics",
      "forkless.logits_processors", "forkless.structured_output", "forkless.io_processors"},
     {"forkless.attention", "forkless.sample", "forkless.core", "forkless.pooling"},
-    {"forkless.models", "forkless.platforms", "forkless.spec_decode"},
+    {"forkless.models", "forkless.platforms", "forkless.spec_decode", "forkless.kv_transfer"},
     {"forkless.model_loader"},
     {"forkless.lora"},
     {"forkless.config"},
