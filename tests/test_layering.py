@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"forkless.engine"},
     {"forkless.entrypoints", "forkless.entrypoints.llm", "forkless.entrypoints.openai",
      "forkless.entrypoints.chat_utils", "forkless.entrypoints.generate"},
-    {"forkless.bench"},
+    {"forkless.bench", "forkless.entrypoints.disagg_proxy"},
     {"forkless.entrypoints.cli"},
     # vLLM's import paths, aliases of forkless modules for ported plugins; nothing imports them.
     {"forkless.v1"},

@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "generate": "forkless.entrypoints.cli.generate",
     "plugins": "forkless.entrypoints.cli.plugins",
     "bench": "forkless.entrypoints.cli.bench",
+    "disagg-proxy": "forkless.entrypoints.cli.disagg_proxy",
 }
 
 
