@@ -1,14 +1,17 @@
 """``forkless disagg-proxy`` in front of two real servers, used with the ``openai`` client.
 
-Two ``forkless serve`` processes on the tiny Llama (one as prefill server, one as decode
-server, both requiring an API key) and the proxy as its own process. Whatever the KV
-connectors do, a request through the proxy must answer exactly what the decode server
-answers directly (greedy), and the prefill server must have seen it once, cut to one
-token. Backends that are down sit on free loopback ports nobody listens on.
+Two ``forkless serve`` processes on the tiny Llama on one ``SharedStorageConnector``
+folder (a ``kv_producer`` as prefill server, a ``kv_consumer`` as decode server, both
+requiring an API key) and the proxy as its own process. A request through the proxy must
+answer exactly what a server without a connector answers (greedy), the prefill server must
+have run it once, cut to one token, and the decode server must have loaded the prompt's
+KV rather than computed it. Backends that are down sit on free loopback ports nobody
+listens on.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
@@ -31,8 +34,16 @@ from tests.server.test_metrics import scrape, value
 pytestmark = pytest.mark.slow  # two servers start (~10-20 s on the shared CPU)
 
 API_KEY = "sk-disagg-test"
-PROMPT = "The disaggregated prefill proxy sends every request twice, first"
-MESSAGES = [{"role": "user", "content": "Tell me about prefill and decode servers."}]
+# Over 100 tokens: several KV blocks to hand over.
+PROMPT = 3 * ("The disaggregated prefill proxy sends every request twice: first to a prefill server, which "
+              "computes the prompt and stores its KV cache, then to a decode server, which loads it. ")
+MESSAGES = [{"role": "user", "content": "Tell me about prefill and decode servers. " + PROMPT}]
+BLOCK_SIZE = 16  # the servers' KV block (the default): the store holds whole blocks only
+
+
+def prompt(tag: str) -> str:
+    """A prompt no other test sends: the decode server has none of its blocks yet."""
+    return f"{tag}: {PROMPT}"
 
 
 @dataclass
@@ -78,8 +89,15 @@ def wait_ready(proxy: Proxy) -> None:
 def stack(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     tmp = tmp_path_factory.mktemp("disagg")
     args = ("--served-model-name", "tiny", "--max-model-len", "512")
+
+    def kv(role: str) -> tuple[str, str]:
+        return "--kv-transfer-config", json.dumps({
+            "kv_connector": "SharedStorageConnector", "kv_role": role,
+            "kv_connector_extra_config": {"shared_storage_path": str(tmp / "kv")}})
+
     with ThreadPoolExecutor(2) as pool:
-        started = [pool.submit(start_server, tiny_llama, tmp, *args, api_key=API_KEY) for _ in range(2)]
+        started = [pool.submit(start_server, tiny_llama, tmp, *args, *kv(role), api_key=API_KEY)
+                   for role in ("kv_producer", "kv_consumer")]
         prefill, decode = (f.result() for f in started)
     down = f"http://127.0.0.1:{free_port()}"
     proxies = {
@@ -118,40 +136,54 @@ class PrefillCalls:
         assert delta(now, "forkless:prompt_tokens_total") == prompt_tokens
 
 
-def test_completion_answers_what_the_decode_server_answers(stack: SimpleNamespace) -> None:
-    calls = PrefillCalls(stack.prefill)
-    kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, n=2)
+def external_hits(server: Server) -> float:
+    return value(scrape(server), "forkless:external_prefix_cache_hits_total")
+
+
+def loaded_all_but_the_last_block(hits: float, prompt_tokens: int) -> bool:
+    """Whether the decode server took at least the prompt's whole blocks but the last
+    from the store (the token it must compute itself may end a block)."""
+    return hits >= (prompt_tokens - 1) // BLOCK_SIZE * BLOCK_SIZE - BLOCK_SIZE
+
+
+def test_completion_answers_what_a_single_server_answers(stack: SimpleNamespace, server: Server) -> None:
+    calls, hits = PrefillCalls(stack.prefill), external_hits(stack.decode)
+    kwargs = dict(model="tiny", prompt=prompt("completion"), max_tokens=24, temperature=0, n=2)
     via = stack.main.client().completions.create(**kwargs)
-    direct = stack.decode.client().completions.create(**kwargs)
-    assert [c.text for c in via.choices] == [c.text for c in direct.choices]
+    alone = server.client().completions.create(**kwargs)
+    assert [c.text for c in via.choices] == [c.text for c in alone.choices]
     assert via.choices[0].text and len(via.choices) == 2
-    assert via.usage == direct.usage
-    calls.check(requests=1, prompt_tokens=direct.usage.prompt_tokens)  # n=2 still prefilled once
+    assert via.usage == alone.usage
+    calls.check(requests=1, prompt_tokens=alone.usage.prompt_tokens)  # n=2 still prefilled once
+    assert loaded_all_but_the_last_block(external_hits(stack.decode) - hits, alone.usage.prompt_tokens)
 
 
-def test_streamed_completion_is_relayed_chunk_by_chunk(stack: SimpleNamespace) -> None:
-    calls = PrefillCalls(stack.prefill)
-    kwargs = dict(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0)
+def test_streamed_completion_is_relayed_chunk_by_chunk(stack: SimpleNamespace, server: Server) -> None:
+    calls, hits = PrefillCalls(stack.prefill), external_hits(stack.decode)
+    kwargs = dict(model="tiny", prompt=prompt("stream"), max_tokens=24, temperature=0)
     chunks = list(stack.main.client().completions.create(**kwargs, stream=True,
                                                          stream_options={"include_usage": True}))
-    direct = stack.decode.client().completions.create(**kwargs)
+    alone = server.client().completions.create(**kwargs)
     assert len(chunks) > 3  # a stream, not one buffered answer
-    assert "".join(c.choices[0].text for c in chunks if c.choices) == direct.choices[0].text
-    assert chunks[-1].usage == direct.usage  # stream_options reached the decode server
-    calls.check(requests=1, prompt_tokens=direct.usage.prompt_tokens)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == alone.choices[0].text
+    assert chunks[-1].usage == alone.usage  # stream_options reached the decode server
+    calls.check(requests=1, prompt_tokens=alone.usage.prompt_tokens)
+    assert loaded_all_but_the_last_block(external_hits(stack.decode) - hits, alone.usage.prompt_tokens)
 
 
-def test_chat_streamed_and_not_answers_what_the_decode_server_answers(stack: SimpleNamespace) -> None:
-    calls = PrefillCalls(stack.prefill)
+def test_chat_streamed_and_not_answers_what_a_single_server_answers(stack: SimpleNamespace, server: Server) -> None:
+    calls, hits = PrefillCalls(stack.prefill), external_hits(stack.decode)
     kwargs = dict(model="tiny", messages=MESSAGES, max_completion_tokens=20, temperature=0)
-    direct = stack.decode.client().chat.completions.create(**kwargs)
+    alone = server.client().chat.completions.create(**kwargs)
     via = stack.main.client().chat.completions.create(**kwargs)
+    # (the second time, the decode server finds the prompt in its own prefix cache)
     streamed = list(stack.main.client().chat.completions.create(**kwargs, stream=True))
-    assert via.choices[0].message.content == direct.choices[0].message.content
+    assert via.choices[0].message.content == alone.choices[0].message.content
     assert via.choices[0].message.content
-    assert via.usage == direct.usage
-    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == direct.choices[0].message.content
-    calls.check(requests=2, prompt_tokens=2 * direct.usage.prompt_tokens)
+    assert via.usage == alone.usage
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == alone.choices[0].message.content
+    calls.check(requests=2, prompt_tokens=2 * alone.usage.prompt_tokens)  # max_completion_tokens cut to 1 too
+    assert loaded_all_but_the_last_block(external_hits(stack.decode) - hits, alone.usage.prompt_tokens)
 
 
 def test_a_backend_error_comes_back_unchanged(stack: SimpleNamespace) -> None:
@@ -223,7 +255,7 @@ def test_models_come_from_the_decode_server(stack: SimpleNamespace) -> None:
 
 def test_a_client_that_hangs_up_aborts_the_decode_request(stack: SimpleNamespace) -> None:
     before = scrape(stack.decode)
-    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 400, "ignore_eos": True, "temperature": 0,
+    body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 300, "ignore_eos": True, "temperature": 0,
             "stream": True}
     with httpx.Client(timeout=60) as client:
         with client.stream("POST", stack.main.url + "/v1/completions", json=body,
@@ -236,9 +268,9 @@ def test_a_client_that_hangs_up_aborts_the_decode_request(stack: SimpleNamespace
         return value(m, "forkless:kv_cache_usage_perc") == 0 and value(m, "forkless:num_requests_running") == 0
 
     assert wait_until(idle, 15), "the decode server still runs the request of a client that left"
-    # aborted, not run to the end: far fewer than 400 tokens were generated
+    # aborted, not run to the end: far fewer than 300 tokens were generated
     after = scrape(stack.decode)
-    assert value(after, "forkless:generation_tokens_total") - value(before, "forkless:generation_tokens_total") < 400
+    assert value(after, "forkless:generation_tokens_total") - value(before, "forkless:generation_tokens_total") < 300
 
 
 def test_malformed_backend_urls_fail_at_once_naming_the_value(tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 Serves the OpenAI routes of one server in front of a prefill server and a decode server
 (forkless/entrypoints/disagg_proxy.py says what each request does). It loads no model and
-imports no torch: it starts in about a second and can run anywhere both servers are
-reachable from.
+imports no torch: it starts in seconds and can run anywhere both servers are reachable
+from.
 
 Invariants:
     * Every flag is checked before the port is taken: a malformed URL fails at once with
