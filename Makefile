@@ -9,7 +9,7 @@ PIP := $(PY) -m pip --disable-pip-version-check --quiet
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: install serve test bench clean
+.PHONY: install system-deps serve test bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,13 @@ install: $(VENV)/.installed
 serve: install
 	$(VENV)/bin/forkless serve $(ARGS)
 
-test: install
+# What the tests need from the system: redis-server (Debian's package) for the Redis KV
+# connector's tests, installed when missing (CI runs as root).
+system-deps:
+	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+
+test: install system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install

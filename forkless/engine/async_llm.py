@@ -139,7 +139,8 @@ class AsyncLLM:
         spec = config.speculative_config
         self.prometheus = PrometheusStatLogger(
             config.model_config, max_loras=config.lora_config.max_loras if config.lora_config is not None else None,
-            num_speculative_tokens=spec.num_speculative_tokens if spec is not None else None)
+            num_speculative_tokens=spec.num_speculative_tokens if spec is not None else None,
+            kv_transfer=config.kv_transfer_config is not None)
         self.stat_loggers: list[StatLoggerBase] = [self.prometheus]
         if log_stats:
             self.stat_loggers.append(LoggingStatLogger(config))

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from forkless.metrics.interface import StatLoggerBase
+from forkless.protocol.kv_transfer import KVTransferStats
 from forkless.protocol.step import SpecDecodeStats
 
 if TYPE_CHECKING:
@@ -24,10 +25,13 @@ class PrometheusStatLogger(StatLoggerBase):
         vllm_config: The model config (its ``served_model_name`` labels every series).
         engine_index: The engine's index (a label too).
         max_loras: ``--max-loras`` when LoRA is on: adds ``forkless:lora_requests_info``.
+        num_speculative_tokens: With ``--speculative-config``: adds the spec-decode counters.
+        kv_transfer: With ``--kv-transfer-config``: adds the external prefix cache's and the
+            KV transfers' counters.
     """
 
     def __init__(self, vllm_config: Any, engine_index: int = 0, max_loras: int | None = None,
-                 num_speculative_tokens: int | None = None) -> None:
+                 num_speculative_tokens: int | None = None, kv_transfer: bool = False) -> None:
         super().__init__(vllm_config, engine_index)
         self.registry = CollectorRegistry()
         model = getattr(vllm_config, "served_model_name", None) or "model"
@@ -86,6 +90,21 @@ class PrometheusStatLogger(StatLoggerBase):
                               [*names, "position"], registry=r)
             self.spec_per_pos = [per_pos.labels(**labels, position=str(j)) for j in range(num_speculative_tokens)]
             self._last_spec = SpecDecodeStats()
+        # KV connectors (tokens, bytes, seconds), with --kv-transfer-config only.
+        self.kv = None
+        if kv_transfer:
+            self.kv = {
+                "external_prefix_cache_queries": counter(
+                    "forkless:external_prefix_cache_queries",
+                    "Prompt tokens looked up in the KV connector's store (those the local prefix cache lacked)."),
+                "external_prefix_cache_hits": counter(
+                    "forkless:external_prefix_cache_hits", "Prompt tokens found in the KV connector's store."),
+                "load_bytes": counter("forkless:kv_transfer_load_bytes", "KV bytes loaded by the KV connector."),
+                "load_seconds": counter("forkless:kv_transfer_load_seconds", "Time the KV connector spent loading."),
+                "save_bytes": counter("forkless:kv_transfer_save_bytes", "KV bytes saved by the KV connector."),
+                "save_seconds": counter("forkless:kv_transfer_save_seconds", "Time the KV connector spent saving."),
+            }
+            self._last_kv = KVTransferStats()
         # counters in SchedulerStats are cumulative; Prometheus wants increments
         self._last_queries = self._last_hits = self._last_preemptions = 0
 
@@ -116,6 +135,10 @@ class PrometheusStatLogger(StatLoggerBase):
                 for j, (metric, n) in enumerate(zip(self.spec_per_pos, now.num_accepted_tokens_per_pos)):
                     metric.inc(max(0, n - (previous[j] if j < len(previous) else 0)))
                 self._last_spec = now
+            if self.kv is not None and s.kv_transfer is not None:
+                for name, metric in self.kv.items():
+                    metric.inc(max(0, getattr(s.kv_transfer, name) - getattr(self._last_kv, name)))
+                self._last_kv = s.kv_transfer
             if self.lora_loads is not None and self.lora_evictions is not None:
                 self.lora_loads.inc(max(0, s.lora_loads - self._last_lora_loads))
                 self.lora_evictions.inc(max(0, s.lora_evictions - self._last_lora_evictions))
