@@ -162,9 +162,10 @@ class Scheduler(SchedulerInterface):
         # Requests admitted with blocks that the connector is loading into between steps:
         # id -> (request, tokens computed once the load ends).
         self._remote_loads: dict[str, tuple[Request, int]] = {}
-        # Finished requests whose blocks the connector still uses (an asynchronous save
-        # reads them, or a load writes them): freed when a worker reports it done.
-        self._kv_busy: dict[str, Request] = {}
+        # Finished requests whose blocks the connector still uses -- an asynchronous save
+        # reads them ("send"), a load writes them ("recv") -- and which of the two: freed
+        # once the workers report every one done.
+        self._kv_busy: dict[str, tuple[Request, set[str]]] = {}
         self._kv_stats = KVTransferStats()
 
     # ----------------------------------------------------------------- requests in / out
@@ -524,13 +525,23 @@ class Scheduler(SchedulerInterface):
                 request.status = RequestStatus.WAITING
                 request.num_computed_tokens = computed
                 self.waiting.prepend([request])  # it was admitted already: first in line
-            elif rid in self._kv_busy:
-                self.kv_cache_manager.free(self._kv_busy.pop(rid))
+            else:
+                self._kv_done(rid, "recv")
         for rid in out.finished_sending:
-            if rid in self._kv_busy:
-                self.kv_cache_manager.free(self._kv_busy.pop(rid))
+            self._kv_done(rid, "send")
         self.connector.update_connector_output(out)
         return rolled_back
+
+    def _kv_done(self, rid: str, use: str) -> None:
+        """A finished request's blocks are no longer used for ``use``: freed if nothing else
+        uses them. (A report for a request the scheduler is not waiting on is ignored.)"""
+        busy = self._kv_busy.get(rid)
+        if busy is None:
+            return
+        busy[1].discard(use)
+        if not busy[1]:
+            del self._kv_busy[rid]
+            self.kv_cache_manager.free(busy[0])
 
     def _contended(self, threshold: int) -> bool:
         """Whether a request other than the long prefills is running or waiting."""
@@ -769,7 +780,9 @@ class Scheduler(SchedulerInterface):
         if self.connector is not None:
             keep, _ = self.connector.request_finished(request, request.block_ids)
         if keep or loading:
-            self._kv_busy[request.request_id] = request  # freed when a worker reports it done
+            # Freed when the workers report it done.
+            uses = {use for use, busy in (("send", keep), ("recv", loading)) if busy}
+            self._kv_busy[request.request_id] = (request, uses)
         else:
             self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
