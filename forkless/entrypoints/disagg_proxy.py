@@ -14,7 +14,7 @@ Invariants:
       unless the prefill server answered ``kv_transfer_params``: then the body with those
       added (vLLM's hand-over for connectors that pair the two requests).
     * The client sees the decode server's answer unchanged: its status and JSON, or its
-      SSE stream relayed chunk by chunk. A backend's own error (any non-200, from either
+      SSE stream relayed event by event as the events arrive. A backend's own error (any non-200, from either
       step) comes back unchanged too, and a prefill error stops the request before the
       decode server is called. A backend that cannot be reached becomes a 502 (504 on a
       connect timeout) whose OpenAI-style message names the role and the URL.
@@ -143,20 +143,33 @@ def _kv_transfer_params(resp: httpx.Response) -> Any:
     return answer.get("kv_transfer_params") if isinstance(answer, dict) else None
 
 
+def _event_end(data: bytes | bytearray) -> int:
+    """Where the last complete SSE event of ``data`` ends (0: none is complete)."""
+    ends = [at + len(sep) for sep in (b"\n\n", b"\r\n\r\n") if (at := data.rfind(sep)) >= 0]
+    return max(ends, default=0)
+
+
 async def _relay(resp: httpx.Response, role: str, url: str) -> AsyncIterator[bytes]:
-    """The upstream SSE stream, chunk by chunk; an upstream failure mid-stream ends it with
-    an SSE error event and ``[DONE]``, as forkless serve ends its own failed streams."""
-    tail = b"\n\n"  # the last two bytes relayed: whether an event was left half-sent
+    """The upstream SSE stream, whole events as they arrive.
+
+    An event split across reads is held back until its end arrives, so that an upstream
+    failure mid-stream never leaves a half event before the SSE error event (and
+    ``[DONE]``) that ends the stream then, as forkless serve ends its own failed streams.
+    """
+    pending = bytearray()
     try:
         async for chunk in resp.aiter_bytes():
-            if chunk:
-                tail = (tail + chunk)[-2:]
-                yield chunk
+            pending += chunk
+            end = _event_end(pending)
+            if end:
+                yield bytes(pending[:end])
+                del pending[:end]
+        if pending:  # a last event without its blank line: the client decides
+            yield bytes(pending)
     except httpx.HTTPError as exc:
         message = f"the {role} server at {url} broke off the stream: {type(exc).__name__}: {exc}"
-        logger.warning("%s", message)
-        event = b"data: " + json.dumps(error_body(message, 502)).encode() + b"\n\ndata: [DONE]\n\n"
-        yield event if tail == b"\n\n" else b"\n\n" + event
+        logger.warning("%s (%d bytes of a half-sent event dropped)", message, len(pending))
+        yield b"data: " + json.dumps(error_body(message, 502)).encode() + b"\n\ndata: [DONE]\n\n"
     finally:
         await resp.aclose()
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socketserver
 import subprocess
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,6 +273,65 @@ def test_a_client_that_hangs_up_aborts_the_decode_request(stack: SimpleNamespace
     # aborted, not run to the end: far fewer than 300 tokens were generated
     after = scrape(stack.decode)
     assert value(after, "forkless:generation_tokens_total") - value(before, "forkless:generation_tokens_total") < 300
+
+
+class BrokenStreamBackend(socketserver.ThreadingTCPServer):
+    """A backend that breaks off its stream: it answers the prefill call and ``/health``,
+    then sends a streamed answer's first event and part of a second, in a chunked body
+    cut short (as when a server dies mid-stream), and closes the connection."""
+
+    FIRST = b'data: {"id":"cmpl-1","object":"text_completion","created":0,"model":"tiny",' \
+            b'"choices":[{"index":0,"text":"Hello","finish_reason":null}]}\n\n'
+    daemon_threads = True
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):
+                head += self.rfile.read(1)
+            length = re.search(rb"content-length: *(\d+)", head, flags=re.I)
+            body = json.loads(self.rfile.read(int(length.group(1)))) if length else {}
+            if not body.get("stream"):
+                answer = b'{"id":"cmpl-0","choices":[]}'
+                self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(answer), answer))
+                return
+            half = b'data: {"id":"cmpl-1","choi'
+            self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n")
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(self.server.FIRST), self.server.FIRST))
+            self.wfile.write(b"%x\r\n%s" % (len(half) + 100, half))  # 100 bytes short
+            self.wfile.flush()
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), self.Handler)
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+
+def test_a_stream_broken_off_upstream_ends_with_an_error_event(tmp_path: Path) -> None:
+    backend = BrokenStreamBackend()
+    proxy = launch_proxy(tmp_path, [backend.url], [backend.url])
+    try:
+        wait_ready(proxy)
+        r = httpx.post(proxy.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "stream": True})
+        assert r.status_code == 200
+        # The whole first event, then (the half event dropped) an error event and [DONE].
+        first, error, done, rest = r.content.split(b"\n\n")
+        assert first + b"\n\n" == BrokenStreamBackend.FIRST
+        message = json.loads(error.removeprefix(b"data: "))["error"]["message"]
+        assert message.startswith(f"the decode server at {backend.url} broke off the stream: RemoteProtocolError")
+        assert (done, rest) == (b"data: [DONE]", b"")
+        texts = []
+        with pytest.raises(openai.APIError, match="broke off the stream"):
+            for chunk in proxy.client().completions.create(model="tiny", prompt="x", stream=True):
+                texts.append(chunk.choices[0].text)
+        assert texts == ["Hello"]
+    finally:
+        proxy.proc.send_signal(signal.SIGTERM)
+        assert proxy.proc.wait(30) == 0, proxy.log()
+        backend.shutdown()
+        backend.server_close()
 
 
 def test_malformed_backend_urls_fail_at_once_naming_the_value(tmp_path: Path) -> None:
