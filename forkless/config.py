@@ -642,7 +642,8 @@ class EngineArgs:
         from forkless.plugins import load_general_plugins
 
         load_general_plugins()
-        KVConnectorFactory.get_connector_class(ktc)  # an unknown connector fails here, not in a worker
+        # An unknown connector, or settings it refuses, fail here, not in an engine process.
+        KVConnectorFactory.get_connector_class(ktc).check_config(ktc)
         return ktc
 
     def _speculative_config(self, model_path: Path) -> SpeculativeConfig | None:

@@ -115,6 +115,15 @@ class KVConnectorBase(abc.ABC):
         self._role = role
         self._connector_metadata: Any = None
 
+    @classmethod
+    def check_config(cls, kv_transfer_config: Any) -> None:
+        """Refuse a ``KVTransferConfig`` this connector cannot work with, where the flag is
+        given (before any engine process starts). Default: accept.
+
+        Raises:
+            ValueError: Naming the bad key, its value and what was expected.
+        """
+
     @property
     def role(self) -> KVConnectorRole:
         """Which side this instance is."""

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from forkless.kv_transfer.interface import KVConnectorRole
 
 _PREFIX = "forkless:kv:"
+DEFAULT_URL = "redis://127.0.0.1:6379"
 
 
 class RedisConnector(BlockStoreConnector):
@@ -44,7 +45,22 @@ class RedisConnector(BlockStoreConnector):
                  kv_cache_config: KVCacheConfig | None = None) -> None:
         super().__init__(config, role, kv_cache_config)
         ktc = self._kv_transfer_config
-        url = ktc.get_from_extra_config("url", "redis://127.0.0.1:6379")
+        self.check_config(ktc)
+        import redis
+
+        url = ktc.get_from_extra_config("url", DEFAULT_URL)
+        timeout = ktc.get_from_extra_config("timeout_seconds", 2.0)
+        self._client: Any = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        self._ttl = ktc.get_from_extra_config("ttl_seconds", None)
+        self.store_name = f"redis {url}"
+
+    @classmethod
+    def check_config(cls, kv_transfer_config: Any) -> None:
+        ktc = kv_transfer_config
+        unknown = sorted(set(ktc.kv_connector_extra_config) - {"url", "ttl_seconds", "timeout_seconds"})
+        if unknown:
+            raise ValueError(f"--kv-transfer-config: RedisConnector: unknown kv_connector_extra_config key(s) "
+                             f"{', '.join(unknown)}; known: url, ttl_seconds, timeout_seconds")
         ttl = ktc.get_from_extra_config("ttl_seconds", None)
         timeout = ktc.get_from_extra_config("timeout_seconds", 2.0)
         if ttl is not None and (not isinstance(ttl, int) or isinstance(ttl, bool) or ttl <= 0):
@@ -57,12 +73,13 @@ class RedisConnector(BlockStoreConnector):
         except ImportError:
             raise ValueError("--kv-transfer-config: RedisConnector needs the redis package "
                              "(pip install redis)") from None
+        url = ktc.get_from_extra_config("url", DEFAULT_URL)
         try:
-            self._client: Any = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+            redis.connection.parse_url(url) if isinstance(url, str) else None
         except ValueError as exc:
             raise ValueError(f"--kv-transfer-config: url={url!r} is invalid: {exc}") from None
-        self._ttl = ttl
-        self.store_name = f"redis {url}"
+        if not isinstance(url, str):
+            raise ValueError(f"--kv-transfer-config: url={url!r} is invalid: expected redis://host:port[/db]")
 
     def contains(self, keys: list[str]) -> list[bool]:
         pipe = self._client.pipeline(transaction=False)

@@ -41,15 +41,23 @@ class SharedStorageConnector(BlockStoreConnector):
     def __init__(self, config: Any, role: KVConnectorRole,
                  kv_cache_config: KVCacheConfig | None = None) -> None:
         super().__init__(config, role, kv_cache_config)
-        path = self._kv_transfer_config.get_from_extra_config("shared_storage_path", None)
-        if not isinstance(path, str) or not path:
-            raise ValueError("--kv-transfer-config: SharedStorageConnector needs kv_connector_extra_config."
-                             f"shared_storage_path (a folder), got {path!r}")
-        self.root = Path(path) / self.namespace
+        self.check_config(self._kv_transfer_config)
+        self.root = Path(self._kv_transfer_config.kv_connector_extra_config["shared_storage_path"]) / self.namespace
         try:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise ValueError(f"--kv-transfer-config: shared_storage_path {path!r} cannot be used: {exc}") from None
+            raise ValueError(f"--kv-transfer-config: shared_storage_path cannot be used: {exc}") from None
+
+    @classmethod
+    def check_config(cls, kv_transfer_config: Any) -> None:
+        unknown = sorted(set(kv_transfer_config.kv_connector_extra_config) - {"shared_storage_path"})
+        if unknown:
+            raise ValueError(f"--kv-transfer-config: SharedStorageConnector: unknown kv_connector_extra_config "
+                             f"key(s) {', '.join(unknown)}; known: shared_storage_path")
+        path = kv_transfer_config.get_from_extra_config("shared_storage_path", None)
+        if not isinstance(path, str) or not path:
+            raise ValueError("--kv-transfer-config: SharedStorageConnector needs kv_connector_extra_config."
+                             f"shared_storage_path (a folder), got {path!r}")
 
     def _path(self, key: str) -> Path:
         digest = key.rsplit("-", 1)[-1]
