@@ -278,7 +278,11 @@ def test_a_client_that_hangs_up_aborts_the_decode_request(stack: SimpleNamespace
 class BrokenStreamBackend(socketserver.ThreadingTCPServer):
     """A backend that breaks off its stream: it answers the prefill call and ``/health``,
     then sends a streamed answer's first event and part of a second, in a chunked body
-    cut short (as when a server dies mid-stream), and closes the connection."""
+    cut short (as when a server dies mid-stream), and closes the connection.
+
+    Its JSON answers carry ``kv_transfer_params`` (as vLLM's prefill servers' do for
+    connectors that pair the two requests); ``seen`` records each request's headers and body.
+    """
 
     FIRST = b'data: {"id":"cmpl-1","object":"text_completion","created":0,"model":"tiny",' \
             b'"choices":[{"index":0,"text":"Hello","finish_reason":null}]}\n\n'
@@ -291,8 +295,9 @@ class BrokenStreamBackend(socketserver.ThreadingTCPServer):
                 head += self.rfile.read(1)
             length = re.search(rb"content-length: *(\d+)", head, flags=re.I)
             body = json.loads(self.rfile.read(int(length.group(1)))) if length else {}
+            self.server.seen.append((head.decode().lower(), body))
             if not body.get("stream"):
-                answer = b'{"id":"cmpl-0","choices":[]}'
+                answer = b'{"id":"cmpl-0","choices":[],"kv_transfer_params":{"remote_block_ids":[1,2]}}'
                 self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
                                  b"content-length: %d\r\n\r\n%s" % (len(answer), answer))
                 return
@@ -304,34 +309,60 @@ class BrokenStreamBackend(socketserver.ThreadingTCPServer):
             self.wfile.flush()
 
     def __init__(self) -> None:
+        self.seen: list[tuple[str, dict]] = []
         super().__init__(("127.0.0.1", 0), self.Handler)
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
         threading.Thread(target=self.serve_forever, daemon=True).start()
 
 
-def test_a_stream_broken_off_upstream_ends_with_an_error_event(tmp_path: Path) -> None:
+@pytest.fixture
+def broken(tmp_path: Path) -> Iterator[tuple[BrokenStreamBackend, Proxy]]:
+    """A proxy whose prefill and decode server is one ``BrokenStreamBackend``."""
     backend = BrokenStreamBackend()
     proxy = launch_proxy(tmp_path, [backend.url], [backend.url])
     try:
         wait_ready(proxy)
-        r = httpx.post(proxy.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "stream": True})
-        assert r.status_code == 200
-        # The whole first event, then (the half event dropped) an error event and [DONE].
-        first, error, done, rest = r.content.split(b"\n\n")
-        assert first + b"\n\n" == BrokenStreamBackend.FIRST
-        message = json.loads(error.removeprefix(b"data: "))["error"]["message"]
-        assert message.startswith(f"the decode server at {backend.url} broke off the stream: RemoteProtocolError")
-        assert (done, rest) == (b"data: [DONE]", b"")
-        texts = []
-        with pytest.raises(openai.APIError, match="broke off the stream"):
-            for chunk in proxy.client().completions.create(model="tiny", prompt="x", stream=True):
-                texts.append(chunk.choices[0].text)
-        assert texts == ["Hello"]
+        backend.seen.clear()
+        yield backend, proxy
     finally:
         proxy.proc.send_signal(signal.SIGTERM)
         assert proxy.proc.wait(30) == 0, proxy.log()
         backend.shutdown()
         backend.server_close()
+
+
+def test_a_stream_broken_off_upstream_ends_with_an_error_event(broken: tuple[BrokenStreamBackend, Proxy]) -> None:
+    backend, proxy = broken
+    r = httpx.post(proxy.url + "/v1/completions", json={"model": "tiny", "prompt": "x", "stream": True})
+    assert r.status_code == 200
+    # The whole first event, then (the half event dropped) an error event and [DONE].
+    first, error, done, rest = r.content.split(b"\n\n")
+    assert first + b"\n\n" == BrokenStreamBackend.FIRST
+    message = json.loads(error.removeprefix(b"data: "))["error"]["message"]
+    assert message.startswith(f"the decode server at {backend.url} broke off the stream: RemoteProtocolError")
+    assert (done, rest) == (b"data: [DONE]", b"")
+    texts = []
+    with pytest.raises(openai.APIError, match="broke off the stream"):
+        for chunk in proxy.client().completions.create(model="tiny", prompt="x", stream=True):
+            texts.append(chunk.choices[0].text)
+    assert texts == ["Hello"]
+
+
+def test_the_prefill_call_is_cut_to_one_token_and_kv_transfer_params_go_on(
+        broken: tuple[BrokenStreamBackend, Proxy]) -> None:
+    backend, proxy = broken
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 50, "max_completion_tokens": 40, "n": 2,
+            "min_tokens": 5, "temperature": 0}
+    r = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer k1"})
+    assert r.status_code == 200 and r.json()["kv_transfer_params"] == {"remote_block_ids": [1, 2]}
+    (prefill_head, prefill_body), (decode_head, decode_body) = backend.seen
+    assert prefill_body == {"model": "tiny", "messages": MESSAGES, "max_tokens": 1, "max_completion_tokens": 1,
+                            "n": 1, "temperature": 0, "stream": False}
+    assert decode_body == {**body, "kv_transfer_params": {"remote_block_ids": [1, 2]}}
+    for head in (prefill_head, decode_head):
+        assert "authorization: bearer k1\r\n" in head
+    request_id = re.search(r"x-request-id: (\S+)", prefill_head).group(1)
+    assert f"x-request-id: {request_id}\r\n" in decode_head  # one id for both calls
 
 
 def test_malformed_backend_urls_fail_at_once_naming_the_value(tmp_path: Path) -> None:
