@@ -68,6 +68,16 @@ When a running request needs a block and none is free, the lowest-ranked running
 is preempted by recomputation: its blocks are freed (full ones stay in the prefix cache)
 and it goes back to the waiting queue, to recompute prompt + output on readmission.
 
+With a KV connector (``set_kv_connector``), admission asks it after the local prefix
+cache how many more of the prompt's tokens it can load. A synchronous connector's tokens
+count as computed in the admitting step (the worker loads them before the forward pass);
+an asynchronous connector's request holds its blocks in ``WAITING_FOR_REMOTE_KVS``, outside
+``running`` and the budget, until a worker reports the load done, and then returns to the
+head of the waiting queue. Blocks a connector still uses when their request finishes (an
+asynchronous save reads them, a load writes them) are freed only once every such transfer
+is reported done, and until then ``has_unfinished_requests`` stays true so that the engine
+keeps stepping. Blocks that failed to load set their holder back to the first failed one.
+
 Requests that could never be served are refused up front so the loop cannot deadlock:
 ``add_request`` raises ``ValueError`` for an empty prompt or one of ``max_model_len``
 tokens or more (no room for a generated token), and the constructor raises when the KV
