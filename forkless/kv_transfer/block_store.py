@@ -247,8 +247,12 @@ class BlockStoreConnector(KVConnectorBase):
 
     def handle_preemptions(self, kv_connector_metadata: BlockStoreMetadata) -> None:
         for rid in kv_connector_metadata.preempted:
-            for future in self._saves.pop(rid, ()):
-                future.result()  # _save_blocks logs its own failures; this only waits
+            if rid in self._saves:
+                for future in self._saves[rid]:
+                    future.result()  # _save_blocks logs its own failures; this only waits
+                # (The key stays: the scheduler still waits for the request's saves to be
+                # reported when it finishes.)
+                self._saves[rid] = []
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta: BlockStoreMetadata = self._get_connector_metadata()
