@@ -42,7 +42,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from forkless.entrypoints.openai.errors import error_body, error_response, quoted
 from forkless.logger import init_logger
@@ -202,10 +202,13 @@ async def _read_json_object(request: Request, limit: int) -> dict[str, Any] | Re
     if declared.isdigit() and int(declared) > limit:
         return error_response(f"the request body is {declared} bytes; the limit is {limit}", 413)
     raw = bytearray()
-    async for piece in request.stream():
-        raw += piece
-        if len(raw) > limit:
-            return error_response(f"the request body is over the limit of {limit} bytes", 413)
+    try:
+        async for piece in request.stream():
+            raw += piece
+            if len(raw) > limit:
+                return error_response(f"the request body is over the limit of {limit} bytes", 413)
+    except ClientDisconnect:
+        return Response(status_code=499)  # gone before its body arrived: nobody to answer
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -256,6 +259,11 @@ def build_proxy_app(prefill_urls: Iterable[str], decode_urls: Iterable[str], *,
         else:
             message = str(exc.detail)
         return error_response(message, exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette logs the traceback after this answer; the client gets an OpenAI error.
+        return error_response(f"internal error in the proxy: {type(exc).__name__}: {exc}", 500)
 
     def upstream_headers(request: Request) -> dict[str, str]:
         headers = {k: request.headers[k] for k in _FORWARDED_REQUEST_HEADERS if k in request.headers}

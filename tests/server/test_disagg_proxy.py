@@ -65,12 +65,12 @@ class Proxy:
         return self.log_path.read_text(errors="replace")
 
 
-def launch_proxy(tmp: Path, prefill: list[str], decode: list[str]) -> Proxy:
+def launch_proxy(tmp: Path, prefill: list[str], decode: list[str], *args: str) -> Proxy:
     """Start ``forkless disagg-proxy`` (``wait_ready`` waits for it to answer)."""
     port = free_port()
     log_path = tmp / f"proxy-{port}.log"
     cmd = [sys.executable, "-m", "forkless.entrypoints.cli.main", "disagg-proxy", "--port", str(port),
-           "--uvicorn-log-level", "warning"]
+           "--uvicorn-log-level", "warning", *args]
     cmd += [a for url in prefill for a in ("--prefill", url)] + [a for url in decode for a in ("--decode", url)]
     proc = subprocess.Popen(cmd, env=plugin_env(None, tmp), stdout=open(log_path, "wb"), stderr=subprocess.STDOUT)
     return Proxy(proc, port, log_path)
@@ -319,7 +319,7 @@ class BrokenStreamBackend(socketserver.ThreadingTCPServer):
 def broken(tmp_path: Path) -> Iterator[tuple[BrokenStreamBackend, Proxy]]:
     """A proxy whose prefill and decode server is one ``BrokenStreamBackend``."""
     backend = BrokenStreamBackend()
-    proxy = launch_proxy(tmp_path, [backend.url], [backend.url])
+    proxy = launch_proxy(tmp_path, [backend.url], [backend.url], "--max-request-body-size", "4096")
     try:
         wait_ready(proxy)
         backend.seen.clear()
@@ -363,6 +363,13 @@ def test_the_prefill_call_is_cut_to_one_token_and_kv_transfer_params_go_on(
         assert "authorization: bearer k1\r\n" in head
     request_id = re.search(r"x-request-id: (\S+)", prefill_head).group(1)
     assert f"x-request-id: {request_id}\r\n" in decode_head  # one id for both calls
+
+
+def test_a_body_over_the_limit_is_refused_before_any_backend_call(broken: tuple[BrokenStreamBackend, Proxy]) -> None:
+    backend, proxy = broken
+    r = httpx.post(proxy.url + "/v1/completions", json={"model": "tiny", "prompt": "x" * 5000})
+    assert r.status_code == 413 and "the limit is 4096" in r.json()["error"]["message"]
+    assert backend.seen == []
 
 
 def test_malformed_backend_urls_fail_at_once_naming_the_value(tmp_path: Path) -> None:
