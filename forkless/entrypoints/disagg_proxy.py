@@ -74,10 +74,9 @@ def check_backend_url(value: str) -> str:
     expected = f"expected http://HOST:PORT or https://HOST:PORT (no path), got {value!r}"
     try:
         parts = urlsplit(value.strip())
-        port = parts.port  # raises ValueError on a port that is not a number in range
+        _ = parts.port  # raises ValueError on a port that is not a number in range
     except ValueError:
         raise ValueError(expected) from None
-    del port
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(expected)
     if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username or parts.password:
