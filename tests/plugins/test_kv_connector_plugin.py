@@ -107,11 +107,17 @@ def test_unknown_connector_lists_the_registered_ones(model: Path, plugin_site: P
     assert "registered: RedisConnector, SQLiteConnector, SharedStorageConnector." in error
 
 
-def test_missing_sqlite_path_is_a_clear_error(model: Path, plugin_site: Path, tmp_path: Path) -> None:
-    config = {"kv_connector": "SQLiteConnector", "kv_connector_extra_config": {"sqlite_file": "kv.db"}}
-    error = run_engine(model, plugin_env(plugin_site, tmp_path), config, [])["error"]
+def test_missing_or_misspelt_sqlite_path_is_a_clear_error(model: Path, plugin_site: Path, tmp_path: Path) -> None:
+    env = plugin_env(plugin_site, tmp_path)
+    config = {"kv_connector": "SQLiteConnector", "kv_connector_extra_config": {}}
+    error = run_engine(model, env, config, [])["error"]
     assert error == ("ValueError: --kv-transfer-config: SQLiteConnector needs kv_connector_extra_config.sqlite_path "
                      "(a database file, created if absent), got None")
+    config["kv_connector_extra_config"] = {"sqlite_file": str(tmp_path / "kv.db")}
+    error = run_engine(model, env, config, [])["error"]
+    assert error == ("ValueError: --kv-transfer-config: SQLiteConnector: unknown kv_connector_extra_config key(s) "
+                     "sqlite_file; known: sqlite_path")
+    assert not (tmp_path / "kv.db").exists()
 
 
 def test_module_path_loads_a_connector_nobody_registered(model: Path, plugin_site: Path, tmp_path: Path) -> None:

@@ -35,8 +35,8 @@ class SQLiteConnector(BlockStoreConnector):
     """KV blocks in one SQLite file (provisional interface).
 
     Raises:
-        ValueError: ``kv_connector_extra_config.sqlite_path`` is missing, or the file
-            cannot be opened as a database.
+        ValueError: ``kv_connector_extra_config.sqlite_path`` is missing, another key is
+            given, or the file cannot be opened as a database.
     """
 
     # Synchronous loads and saves (BlockStoreConnector's default): a local file is fast,
@@ -47,14 +47,24 @@ class SQLiteConnector(BlockStoreConnector):
     save_async = False
     store_name = "sqlite"
 
-    def __init__(self, config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
-        super().__init__(config, role, kv_cache_config)
-        # Settings come from kv_connector_extra_config; check them here, so that a bad
-        # value stops the engine at start with a message naming it.
-        path = self._kv_transfer_config.get_from_extra_config("sqlite_path", None)
+    @classmethod
+    def check_config(cls, kv_transfer_config: Any) -> None:
+        # Runs where --kv-transfer-config is given, before any engine process starts: a
+        # bad setting is refused there, with a message naming it.
+        extra = kv_transfer_config.kv_connector_extra_config
+        unknown = sorted(set(extra) - {"sqlite_path"})
+        if unknown:
+            raise ValueError(f"--kv-transfer-config: SQLiteConnector: unknown kv_connector_extra_config key(s) "
+                             f"{', '.join(unknown)}; known: sqlite_path")
+        path = extra.get("sqlite_path")
         if not isinstance(path, str) or not path:
             raise ValueError("--kv-transfer-config: SQLiteConnector needs kv_connector_extra_config.sqlite_path "
                              f"(a database file, created if absent), got {path!r}")
+
+    def __init__(self, config: Any, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(config, role, kv_cache_config)
+        self.check_config(self._kv_transfer_config)  # also when built without EngineArgs
+        path = self._kv_transfer_config.kv_connector_extra_config["sqlite_path"]
         self.store_name = f"sqlite {path}"
         self._lock = threading.Lock()
         try:
