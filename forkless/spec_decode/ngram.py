@@ -22,6 +22,12 @@ Invariants:
       speed, while text that does keeps its drafts. Whether a draft was kept is read off
       the history (the tokens that followed it), so no feedback channel is needed; the
       state of a request that leaves the batch is dropped (it starts afresh).
+    * A request's draft length follows how much of its drafts the target keeps: halved
+      (down to 1) after a draft the target cut short, doubled (up to
+      ``num_speculative_tokens``) after one it kept whole. Each drafted position costs a
+      verified position whether kept or not, so a request whose drafts are right only
+      for a token or two stops paying for the rest, and one whose drafts are right gets
+      them back within a few steps.
 """
 
 from __future__ import annotations
@@ -84,27 +90,32 @@ class NgramProposer(Proposer):
         assert config.prompt_lookup_min is not None and config.prompt_lookup_max is not None
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
-        # Request id -> (its last draft, history length then, rejected streak, lookups to skip).
-        self._last: dict[str, tuple[list[int], int, int, int]] = {}
+        # Request id -> (its last draft, history length then, rejected streak, lookups to
+        # skip, draft length now).
+        self._last: dict[str, tuple[list[int], int, int, int, int]] = {}
 
     def propose(self, batch: ProposalBatch) -> list[list[int]]:
         k = self.num_speculative_tokens
         drafts: list[list[int]] = []
-        last: dict[str, tuple[list[int], int, int, int]] = {}
+        last: dict[str, tuple[list[int], int, int, int, int]] = {}
         for i, rid in enumerate(batch.request_ids):
             n = int(batch.num_tokens[i])
             history = batch.token_ids[i, :n]
-            previous, then, streak, skip = self._last.get(rid, ([], 0, 0, 0))
+            previous, then, streak, skip, size = self._last.get(rid, ([], 0, 0, 0, k))
             if previous and n > then:
-                # The target kept the draft's first token iff it follows the old history.
-                streak = 0 if int(history[then]) == previous[0] else streak + 1
+                # The target kept the draft's tokens that the old history goes on with.
+                kept = 0
+                while kept < len(previous) and then + kept < n and int(history[then + kept]) == previous[kept]:
+                    kept += 1
+                streak = 0 if kept else streak + 1
                 skip = min(2 ** (streak - 1), MAX_BACKOFF) if streak >= 2 else 0
+                size = min(2 * size, k) if kept == len(previous) else max(size // 2, 1)
             if skip:
                 skip -= 1
                 draft: list[int] = []
             else:
-                draft = propose_ngram(history, self.min_n, self.max_n, k).tolist()
-            last[rid] = (draft, n, streak, skip)
+                draft = propose_ngram(history, self.min_n, self.max_n, size).tolist()
+            last[rid] = (draft, n, streak, skip, size)
             drafts.append(draft)
         self._last = last
         return drafts

@@ -128,6 +128,18 @@ def test_ngram_backs_off_after_rejected_drafts() -> None:
     while not step("r", follow=True):
         pass
     assert all(step("r", follow=True) for _ in range(12))
+    # A target that keeps only the first token of each draft gets 1-token drafts (the
+    # second token would be verified for nothing); one that keeps whole drafts gets
+    # num_speculative_tokens again.
+    assert {len(step("r", follow=True)) for _ in range(6)} == {1}
+
+    def keep_all(rid: str) -> list[int]:
+        nonlocal history
+        draft = proposer.propose(ProposalBatch([rid], np.array([history]), np.array([len(history)])))[0]
+        history = history + draft + [draft[-1] % 3 + 1] if draft else history + [1]
+        return draft
+
+    assert [len(keep_all("r")) for _ in range(4)] == [1, 2, 2, 2]
     # State is per request: a new one gets drafts at once.
     history = [1, 2, 3, 1, 2, 3, 1, 2]
     assert all(step("s", follow=True) for _ in range(12))
