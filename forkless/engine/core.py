@@ -395,7 +395,11 @@ class EngineCore:
         if self._trace is not None:
             self._trace.close()
         self._structured.shutdown()
-        self.executor.shutdown()
+        try:
+            self.executor.shutdown()
+        finally:
+            if self._kv_connector:
+                self.scheduler.connector.shutdown()
 
 
 def _structured_output_manager(config: EngineConfig) -> StructuredOutputManager:

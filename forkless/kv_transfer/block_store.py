@@ -2,7 +2,7 @@
 
 A full block's key is the SHA-256 chain hash of every token up to and including it (the
 prefix cache's own ``sha256`` hash, ``forkless.core.block_pool``), under a namespace that
-names the model, dtypes and block size. So a key says everything its KV depends on, any
+names the model (its served name), dtypes and block size. So a key says everything its KV depends on, any
 engine of the same model that finds the key may use the block, and a lookup walks the
 request's blocks in order and stops at the first key the store lacks.
 
@@ -408,8 +408,10 @@ def _raw_bytes(tensor: torch.Tensor) -> memoryview:
 
 
 def store_namespace(config: Any) -> str:
-    """A short name for what a block's KV depends on besides its tokens: the model, its
-    dtype, the cache dtype and the block size (shapes are checked again at load)."""
+    """A short name for what a block's KV depends on besides its tokens: the model as its
+    clients name it (``--served-model-name``, by default the model argument as given, so
+    that engines on several machines agree however their copies are laid out), its dtype,
+    the cache dtype and the block size (shapes are checked again at load)."""
     mc, cc = config.model_config, config.cache_config
-    ident = json.dumps([mc.model, mc.dtype, cc.cache_dtype, cc.block_size])
+    ident = json.dumps([mc.served_model_name, mc.dtype, cc.cache_dtype, cc.block_size])
     return hashlib.sha256(ident.encode()).hexdigest()[:16]

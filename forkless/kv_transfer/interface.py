@@ -74,12 +74,11 @@ class ForwardContext:
 
     Attributes:
         kv_caches: Layer name (``model.layers.0.self_attn.attn``) -> that layer's cache.
-        attn_metadata: The step's attention metadata, or ``None`` for a step without a
-            forward pass (only transfers).
+            (Unlike vLLM's, it has no attention metadata: the loads start before the
+            step's inputs are prepared; the layer hooks get the metadata.)
     """
 
     kv_caches: dict[str, "torch.Tensor"]
-    attn_metadata: "AttentionMetadata | None" = None
 
 
 @stability(Stability.PROVISIONAL)

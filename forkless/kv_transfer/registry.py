@@ -2,7 +2,8 @@
 
 ``--kv-transfer-config``'s ``kv_connector`` is a name registered here (the built-ins, or
 one a general plugin registers with :meth:`KVConnectorFactory.register_connector`), or,
-with ``kv_connector_module_path``, a class of that module. An unknown name is an error
+with ``kv_connector_module_path``, a class of that module (which then wins over a
+registered name). An unknown name is an error
 listing the registered ones.
 """
 
@@ -65,8 +66,10 @@ class _KVConnectorFactory:
         module_path = kv_transfer_config.kv_connector_module_path
         where = f"--kv-transfer-config: kv_connector {name!r}"
         try:
-            if name in self._registry or module_path is None:
+            if module_path is None:
                 return self._registry.resolve(name)
+            # A module path given is used even when the name is also registered (it is
+            # the more explicit of the two, and is never silently passed over).
             try:
                 cls = getattr(importlib.import_module(module_path), name)
             except (ImportError, AttributeError) as exc:

@@ -48,7 +48,7 @@ def connector(cls: type, role: str = "kv_both") -> BlockStoreConnector:
     config = SimpleNamespace(
         kv_transfer_config=KVTransferConfig(kv_connector=cls.__name__, kv_role=role),
         cache_config=SimpleNamespace(block_size=BLOCK, prefix_caching_hash_algo="sha256", cache_dtype="auto"),
-        model_config=SimpleNamespace(model="fake", dtype="float32"),
+        model_config=SimpleNamespace(served_model_name="fake", dtype="float32"),
     )
     return cls(config, KVConnectorRole.SCHEDULER)
 
