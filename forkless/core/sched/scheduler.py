@@ -405,8 +405,10 @@ class Scheduler(SchedulerInterface):
                         skipped.append(self.waiting.pop())
                         continue
                     if load_async:
-                        # Its blocks now, its tokens once the load ends; it takes no budget.
-                        if kv.allocate_slots(request, num_external, hit_ids) is None:
+                        # Its blocks now -- for the whole prompt, so that once loaded it
+                        # needs no more to run -- its tokens once the load ends; it takes
+                        # no budget.
+                        if kv.allocate_slots(request, request.num_tokens - num_hit, hit_ids) is None:
                             break
                         self.waiting.pop()
                         request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
