@@ -30,8 +30,10 @@ Invariants:
 from __future__ import annotations
 
 import abc
+import functools
 import hashlib
 import json
+import math
 import threading
 import time
 import zlib
@@ -56,6 +58,15 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 _WARN_EVERY_S = 10.0
+
+
+@functools.cache
+def _dtype_names() -> dict[Any, str]:
+    """safetensors' name of each cache dtype (the header's ``dtype``)."""
+    import torch
+
+    return {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+            torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
 
 
 @dataclass
@@ -138,6 +149,7 @@ class BlockStoreConnector(KVConnectorBase):
         self._load_errors: set[int] = set()
         self._stats = KVTransferStats()
         self._stats_lock = threading.Lock()
+        self._local = threading.local()  # per-thread transfer buffers (_buffers)
 
     # --------------------------------------------------------------- the store
 
@@ -156,6 +168,21 @@ class BlockStoreConnector(KVConnectorBase):
     @abc.abstractmethod
     def put(self, key: str, data: bytes) -> None:
         """Store a block's bytes (replacing a block of the same key is harmless: same KV)."""
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """Several blocks' bytes (``None`` where absent). Default: :meth:`get` per key; a
+        store with round trips overrides it to batch them.
+
+        Raises:
+            Exception: The store cannot be read (every block of the call then counts as
+                missing).
+        """
+        return [self.get(key) for key in keys]
+
+    def put_many(self, items: list[tuple[str, bytes]]) -> None:
+        """Store several blocks. Default: :meth:`put` per block."""
+        for key, data in items:
+            self.put(key, data)
 
     # ------------------------------------------------------------ helpers
 
@@ -314,41 +341,75 @@ class BlockStoreConnector(KVConnectorBase):
         """The stored bytes of a transfer's blocks (``None`` where absent or unreadable)."""
         started = time.perf_counter()
         out: list[bytes | None] = []
-        for key in transfer.keys:
+        step = self._chunk_blocks()
+        for first in range(0, len(transfer.keys), step):
+            keys = transfer.keys[first : first + step]
             try:
-                out.append(self.get(key))
-            except Exception as exc:  # noqa: BLE001 - the block is recomputed instead
-                self._warn("load", "%s: reading block %s failed: %s", self.store_name, key, exc)
-                out.append(None)
+                out.extend(self.get_many(keys))
+            except Exception as exc:  # noqa: BLE001 - the blocks are recomputed instead
+                self._warn("load", "%s: reading blocks of request %s failed: %s", self.store_name,
+                           transfer.request_id, exc)
+                out.extend([None] * len(keys))
         with self._stats_lock:
             self._stats.load_seconds += time.perf_counter() - started
         return out
 
+    def _chunk_blocks(self) -> int:
+        """Blocks moved through the host at once: ~16 MiB."""
+        cache = self._caches[0]
+        block_bytes = len(self._caches) * 2 * cache[0, 0].numel() * cache.element_size()
+        return max(1, (16 << 20) // block_bytes)
+
+    def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """This thread's ``(device, host)`` buffers of :meth:`_chunk_blocks` blocks, each
+        ``[n, layers, 2, block, heads, dim]``: allocated once and reused, since freshly
+        mapped memory costs more in page faults than the copies themselves (the host one
+        pinned on CUDA)."""
+        import torch
+
+        local = self._local
+        if getattr(local, "buffers", None) is None:
+            cache = self._caches[0]
+            shape = (self._chunk_blocks(), len(self._caches), 2, *cache.shape[2:])
+            device = torch.empty(shape, dtype=cache.dtype, device=cache.device)
+            host = device if cache.device.type == "cpu" else torch.empty(
+                shape, dtype=cache.dtype, pin_memory=cache.device.type == "cuda")
+            local.buffers = (device, host)
+        return local.buffers
+
     def _apply(self, transfer: BlockTransfer, blobs: list[bytes | None]) -> None:
         """Write fetched blocks into the cache; report those that cannot be used."""
+        import numpy as np
         import torch
 
         started = time.perf_counter()
-        good_ids: list[int] = []
-        tensors: list[torch.Tensor] = []
+        good: list[tuple[int, memoryview]] = []
         for key, block_id, blob in zip(transfer.keys, transfer.block_ids, blobs):
             try:
                 if blob is None:
                     raise BlockLoadError("not in the store")
-                tensors.append(self._decode(key, blob))
-                good_ids.append(block_id)
+                good.append((block_id, self._check(key, blob)))
             except BlockLoadError as exc:
                 self._warn("corrupt", "%s: block %s of request %s cannot be used (%s); its tokens are computed "
                            "instead", self.store_name, key, transfer.request_id, exc)
                 self._load_errors.add(block_id)
-        if good_ids:
-            device = self._caches[0].device
-            ids = torch.tensor(good_ids, dtype=torch.long, device=device)
-            data = torch.stack(tensors).to(device)  # [n, layers, 2, block, heads, dim]
-            for layer, cache in enumerate(self._caches):
-                cache.index_copy_(1, ids, data[:, layer].transpose(0, 1))
+        cache = self._caches[0]
+        step = self._chunk_blocks()
+        for first in range(0, len(good), step):
+            part = good[first : first + step]
+            device_buf, host_buf = self._buffers()
+            host = host_buf[: len(part)]
+            rows = host.view(torch.uint8).view(len(part), -1).numpy()
+            for row, (_, raw) in zip(rows, part):
+                row[:] = np.frombuffer(raw, dtype=np.uint8)
+            data = device_buf[: len(part)]  # [n, layers, 2, block, heads, dim]
+            if device_buf is not host_buf:
+                data.copy_(host)
+            ids = torch.tensor([block_id for block_id, _ in part], dtype=torch.long, device=cache.device)
+            for layer, layer_cache in enumerate(self._caches):
+                layer_cache.index_copy_(1, ids, data[:, layer].transpose(0, 1))
         with self._stats_lock:
-            self._stats.load_bytes += sum(t.numel() * t.element_size() for t in tensors)
+            self._stats.load_bytes += sum(len(raw) for _, raw in good)
             self._stats.load_seconds += time.perf_counter() - started
 
     def _save_blocks(self, transfer: BlockTransfer) -> None:
@@ -356,16 +417,22 @@ class BlockStoreConnector(KVConnectorBase):
         import torch
 
         started = time.perf_counter()
+        nbytes = 0
+        step = self._chunk_blocks()
         try:
-            ids = torch.tensor(transfer.block_ids, dtype=torch.long, device=self._caches[0].device)
-            # [layers, 2, n, block, heads, dim] -> [n, layers, 2, block, heads, dim], on the host
-            data = torch.stack([cache.index_select(1, ids) for cache in self._caches]).permute(2, 0, 1, 3, 4, 5)
-            data = data.to("cpu").contiguous()
-            nbytes = 0
-            for key, block in zip(transfer.keys, data):
-                blob = self._encode(key, block)
-                self.put(key, blob)
-                nbytes += block.numel() * block.element_size()
+            for first in range(0, len(transfer.block_ids), step):
+                ids = torch.tensor(transfer.block_ids[first : first + step], dtype=torch.long,
+                                   device=self._caches[0].device)
+                device_buf, host_buf = self._buffers()
+                data = device_buf[: len(ids)]  # [n, layers, 2, block, heads, dim]
+                for layer, cache in enumerate(self._caches):
+                    data[:, layer].copy_(cache.index_select(1, ids).transpose(0, 1))
+                if host_buf is not device_buf:
+                    host_buf[: len(ids)].copy_(data)
+                    data = host_buf[: len(ids)]
+                keys = transfer.keys[first : first + step]
+                self.put_many([(key, self._encode(key, block)) for key, block in zip(keys, data)])
+                nbytes += data.numel() * data.element_size()
         except Exception as exc:  # noqa: BLE001 - a dropped save is a later cache miss
             self._warn("save", "%s: saving blocks of request %s failed: %s", self.store_name,
                        transfer.request_id, exc)
@@ -377,28 +444,39 @@ class BlockStoreConnector(KVConnectorBase):
     def _encode(self, key: str, block: torch.Tensor) -> bytes:
         from safetensors.torch import save
 
-        block = block.contiguous()
         crc = zlib.crc32(_raw_bytes(block))
         return save({"kv": block}, metadata={"key": key, "crc32": str(crc)})
 
-    def _decode(self, key: str, blob: bytes) -> torch.Tensor:
-        from safetensors.torch import load
+    def _check(self, key: str, blob: bytes) -> memoryview:
+        """The raw tensor bytes of a stored block, once its key, dtype, shape, size and
+        checksum are what this cache expects (the safetensors header read by hand, so
+        that the data is not copied before it goes into the cache).
 
+        Raises:
+            BlockLoadError: Why the block cannot be used.
+        """
+        view = memoryview(blob)
         try:
-            (header_len,) = (int.from_bytes(blob[:8], "little"),)
-            metadata = json.loads(blob[8 : 8 + header_len]).get("__metadata__", {})
-            block = load(blob)["kv"]
+            header_len = int.from_bytes(view[:8], "little")
+            header = json.loads(bytes(view[8 : 8 + header_len]))
+            metadata = header.get("__metadata__", {})
+            entry = header["kv"]
+            begin, end = (8 + header_len + offset for offset in entry["data_offsets"])
         except Exception as exc:  # noqa: BLE001 - any parse failure is a corrupt block
             raise BlockLoadError(f"not a stored block: {exc}") from None
         if metadata.get("key") != key:
             raise BlockLoadError(f"it holds block {metadata.get('key')!r}")
         cache = self._caches[0]
-        expected = (len(self._caches), 2, *cache.shape[2:])
-        if tuple(block.shape) != expected or block.dtype != cache.dtype:
-            raise BlockLoadError(f"shape {tuple(block.shape)} {block.dtype}, expected {expected} {cache.dtype}")
-        if str(zlib.crc32(_raw_bytes(block))) != metadata.get("crc32"):
+        expected = [len(self._caches), 2, *cache.shape[2:]]
+        dtype = _dtype_names().get(cache.dtype)
+        if entry.get("shape") != expected or entry.get("dtype") != dtype:
+            raise BlockLoadError(f"shape {entry.get('shape')} {entry.get('dtype')}, expected {expected} {dtype}")
+        raw = view[begin:end]
+        if len(raw) != math.prod(expected) * cache.element_size() or end > len(view):
+            raise BlockLoadError(f"{len(raw)} bytes of data, truncated")
+        if str(zlib.crc32(raw)) != metadata.get("crc32"):
             raise BlockLoadError("checksum mismatch")
-        return block
+        return raw
 
 
 def _raw_bytes(tensor: torch.Tensor) -> memoryview:

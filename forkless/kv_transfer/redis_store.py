@@ -9,7 +9,8 @@ Invariants:
     * Network round trips never hold up the step loop: loads are fetched on a background
       thread while the request waits (``WAITING_FOR_REMOTE_KVS``) and copied into the cache
       between steps; saves read the cache and write on the thread after the step, and the
-      request keeps its blocks until they are written.
+      request keeps its blocks until they are written. Blocks travel ~16 MiB per round
+      trip (``MGET``, a pipeline of ``SET``), not one block per round trip.
     * The only Redis call on the scheduler's path is the admission lookup (one pipelined
       ``EXISTS`` per block); an unreachable server fails it within ``timeout_seconds``
       (default 2) and the request computes its prompt.
@@ -92,3 +93,13 @@ class RedisConnector(BlockStoreConnector):
 
     def put(self, key: str, data: bytes) -> None:
         self._client.set(_PREFIX + key, data, ex=self._ttl)
+
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        # One round trip for a chunk of blocks (~16 MiB), not one per block.
+        return self._client.mget([_PREFIX + key for key in keys])
+
+    def put_many(self, items: list[tuple[str, bytes]]) -> None:
+        pipe = self._client.pipeline(transaction=False)
+        for key, data in items:
+            pipe.set(_PREFIX + key, data, ex=self._ttl)
+        pipe.execute()
