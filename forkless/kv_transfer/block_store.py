@@ -22,9 +22,13 @@ Invariants:
     * A store that fails (unreachable, full, corrupt) never fails a request: a failed
       lookup finds nothing, a failed save is dropped, a failed load is recomputed; each
       is logged (at most once per 10 s per kind).
-    * With ``save_async`` a save reads the cache on the thread, after the step: the
-      request keeps its blocks until the worker reports the save done (``request_finished``
-      returns True), and a preempted request's saves end before the next forward pass.
+    * A save copies its blocks out of the cache and encodes them right after the step,
+      on the step's thread (CPU work, ~1 ms a block, that a background thread would only
+      fight the forward pass's threads for); with ``save_async`` only the write to the
+      store runs on a thread. The request still keeps its blocks until the write ends
+      (``request_finished`` returns True, the worker reports it in ``finished_sending``),
+      and a preempted request's writes end before the next forward pass, so that a
+      request's KV is in the store, or dropped, before anything of it is reused.
 """
 
 from __future__ import annotations
@@ -276,7 +280,7 @@ class BlockStoreConnector(KVConnectorBase):
         for rid in kv_connector_metadata.preempted:
             if rid in self._saves:
                 for future in self._saves[rid]:
-                    future.result()  # _save_blocks logs its own failures; this only waits
+                    future.result()  # _put_blocks logs its own failures; this only waits
                 # (The key stays: the scheduler still waits for the request's saves to be
                 # reported when it finishes.)
                 self._saves[rid] = []
@@ -300,10 +304,19 @@ class BlockStoreConnector(KVConnectorBase):
     def wait_for_save(self) -> None:
         meta: BlockStoreMetadata = self._get_connector_metadata()
         for transfer in meta.saves:
+            # The blocks are copied out and encoded here, on the step's thread: that is
+            # CPU work, which a background thread would only contend with the forward
+            # pass's threads for; what may wait on a store -- the write -- goes to the
+            # thread with save_async.
+            started = time.perf_counter()
+            items = self._encode_blocks(transfer)
+            if items is None:
+                continue
             if self._pool is not None and self.save_async:
-                self._saves[transfer.request_id].append(self._pool.submit(self._save_blocks, transfer))
+                future = self._pool.submit(self._put_blocks, transfer, items, time.perf_counter() - started)
+                self._saves[transfer.request_id].append(future)
             else:
-                self._save_blocks(transfer)
+                self._put_blocks(transfer, items, time.perf_counter() - started)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         received: set[str] = set()
@@ -412,12 +425,12 @@ class BlockStoreConnector(KVConnectorBase):
             self._stats.load_bytes += sum(len(raw) for _, raw in good)
             self._stats.load_seconds += time.perf_counter() - started
 
-    def _save_blocks(self, transfer: BlockTransfer) -> None:
-        """Copy a transfer's blocks out of the cache and store them (failures are logged)."""
+    def _encode_blocks(self, transfer: BlockTransfer) -> list[tuple[str, bytes]] | None:
+        """A transfer's blocks copied out of the cache and encoded (``None``, logged, if
+        that fails)."""
         import torch
 
-        started = time.perf_counter()
-        nbytes = 0
+        items: list[tuple[str, bytes]] = []
         step = self._chunk_blocks()
         try:
             for first in range(0, len(transfer.block_ids), step):
@@ -431,15 +444,29 @@ class BlockStoreConnector(KVConnectorBase):
                     host_buf[: len(ids)].copy_(data)
                     data = host_buf[: len(ids)]
                 keys = transfer.keys[first : first + step]
-                self.put_many([(key, self._encode(key, block)) for key, block in zip(keys, data)])
-                nbytes += data.numel() * data.element_size()
+                items.extend((key, self._encode(key, block)) for key, block in zip(keys, data))
+        except Exception as exc:  # noqa: BLE001 - a dropped save is a later cache miss
+            self._warn("save", "%s: saving blocks of request %s failed: %s", self.store_name,
+                       transfer.request_id, exc)
+            return None
+        return items
+
+    def _put_blocks(self, transfer: BlockTransfer, items: list[tuple[str, bytes]], encode_seconds: float) -> None:
+        """Write encoded blocks to the store, a chunk per round trip (failures are logged)."""
+        started = time.perf_counter()
+        step = self._chunk_blocks()
+        try:
+            for first in range(0, len(items), step):
+                self.put_many(items[first : first + step])
         except Exception as exc:  # noqa: BLE001 - a dropped save is a later cache miss
             self._warn("save", "%s: saving blocks of request %s failed: %s", self.store_name,
                        transfer.request_id, exc)
             return
+        cache = self._caches[0]
+        block_bytes = len(self._caches) * 2 * cache[0, 0].numel() * cache.element_size()
         with self._stats_lock:
-            self._stats.save_bytes += nbytes
-            self._stats.save_seconds += time.perf_counter() - started
+            self._stats.save_bytes += len(items) * block_bytes
+            self._stats.save_seconds += encode_seconds + time.perf_counter() - started
 
     def _encode(self, key: str, block: torch.Tensor) -> bytes:
         from safetensors.torch import save

@@ -8,8 +8,8 @@ says what the key is).
 Invariants:
     * Network round trips never hold up the step loop: loads are fetched on a background
       thread while the request waits (``WAITING_FOR_REMOTE_KVS``) and copied into the cache
-      between steps; saves read the cache and write on the thread after the step, and the
-      request keeps its blocks until they are written. Blocks travel ~16 MiB per round
+      between steps; a save's blocks are copied out and encoded after the step and written
+      on the thread, and the request keeps its blocks until they are written. Blocks travel ~16 MiB per round
       trip (``MGET``, a pipeline of ``SET``), not one block per round trip.
     * The only Redis call on the scheduler's path is the admission lookup (one pipelined
       ``EXISTS`` per block); an unreachable server fails it within ``timeout_seconds``
