@@ -9,7 +9,6 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 import torch
 
 from forkless.kv_transfer.block_store import BlockStoreConnector, BlockStoreMetadata, BlockTransfer
