@@ -146,6 +146,12 @@ class BlockStoreConnector(KVConnectorBase):
         self._saving: set[str] = set()  # requests whose async saves may still read blocks
         # Worker side.
         self._caches: list[torch.Tensor] = []
+        # One stored block, all layers: [layers, 2, block_size, kv_heads, head_dim]; its
+        # size; and how many blocks go through the host at once (~16 MiB). Set with the
+        # caches (register_kv_caches).
+        self._block_shape: tuple[int, ...] = ()
+        self._block_bytes = 0
+        self._chunk = 1
         self._pool: ThreadPoolExecutor | None = None
         self._loading: dict[str, tuple[BlockTransfer, Future[list[bytes | None]]]] = {}
         self._saves: defaultdict[str, list[Future[None]]] = defaultdict(list)
@@ -273,6 +279,10 @@ class BlockStoreConnector(KVConnectorBase):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._caches = list(kv_caches.values())
+        cache = self._caches[0]
+        self._block_shape = (len(self._caches), 2, *cache.shape[2:])
+        self._block_bytes = math.prod(self._block_shape) * cache.element_size()
+        self._chunk = max(1, (16 << 20) // self._block_bytes)
         if self.load_async or self.save_async:
             self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"forkless-{self.store_name}")
 
@@ -354,7 +364,7 @@ class BlockStoreConnector(KVConnectorBase):
         """The stored bytes of a transfer's blocks (``None`` where absent or unreadable)."""
         started = time.perf_counter()
         out: list[bytes | None] = []
-        step = self._chunk_blocks()
+        step = self._chunk
         for first in range(0, len(transfer.keys), step):
             keys = transfer.keys[first : first + step]
             try:
@@ -367,14 +377,8 @@ class BlockStoreConnector(KVConnectorBase):
             self._stats.load_seconds += time.perf_counter() - started
         return out
 
-    def _chunk_blocks(self) -> int:
-        """Blocks moved through the host at once: ~16 MiB."""
-        cache = self._caches[0]
-        block_bytes = len(self._caches) * 2 * cache[0, 0].numel() * cache.element_size()
-        return max(1, (16 << 20) // block_bytes)
-
     def _buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This thread's ``(device, host)`` buffers of :meth:`_chunk_blocks` blocks, each
+        """This thread's ``(device, host)`` buffers of ``_chunk`` blocks, each
         ``[n, layers, 2, block, heads, dim]``: allocated once and reused, since freshly
         mapped memory costs more in page faults than the copies themselves (the host one
         pinned on CUDA)."""
@@ -383,7 +387,7 @@ class BlockStoreConnector(KVConnectorBase):
         local = self._local
         if getattr(local, "buffers", None) is None:
             cache = self._caches[0]
-            shape = (self._chunk_blocks(), len(self._caches), 2, *cache.shape[2:])
+            shape = (self._chunk, *self._block_shape)
             device = torch.empty(shape, dtype=cache.dtype, device=cache.device)
             host = device if cache.device.type == "cpu" else torch.empty(
                 shape, dtype=cache.dtype, pin_memory=cache.device.type == "cuda")
@@ -407,7 +411,7 @@ class BlockStoreConnector(KVConnectorBase):
                            "instead", self.store_name, key, transfer.request_id, exc)
                 self._load_errors.add(block_id)
         cache = self._caches[0]
-        step = self._chunk_blocks()
+        step = self._chunk
         for first in range(0, len(good), step):
             part = good[first : first + step]
             device_buf, host_buf = self._buffers()
@@ -431,7 +435,7 @@ class BlockStoreConnector(KVConnectorBase):
         import torch
 
         items: list[tuple[str, bytes]] = []
-        step = self._chunk_blocks()
+        step = self._chunk
         try:
             for first in range(0, len(transfer.block_ids), step):
                 ids = torch.tensor(transfer.block_ids[first : first + step], dtype=torch.long,
@@ -454,7 +458,7 @@ class BlockStoreConnector(KVConnectorBase):
     def _put_blocks(self, transfer: BlockTransfer, items: list[tuple[str, bytes]], encode_seconds: float) -> None:
         """Write encoded blocks to the store, a chunk per round trip (failures are logged)."""
         started = time.perf_counter()
-        step = self._chunk_blocks()
+        step = self._chunk
         try:
             for first in range(0, len(items), step):
                 self.put_many(items[first : first + step])
@@ -462,10 +466,8 @@ class BlockStoreConnector(KVConnectorBase):
             self._warn("save", "%s: saving blocks of request %s failed: %s", self.store_name,
                        transfer.request_id, exc)
             return
-        cache = self._caches[0]
-        block_bytes = len(self._caches) * 2 * cache[0, 0].numel() * cache.element_size()
         with self._stats_lock:
-            self._stats.save_bytes += len(items) * block_bytes
+            self._stats.save_bytes += len(items) * self._block_bytes
             self._stats.save_seconds += encode_seconds + time.perf_counter() - started
 
     def _encode(self, key: str, block: torch.Tensor) -> bytes:
@@ -493,13 +495,12 @@ class BlockStoreConnector(KVConnectorBase):
             raise BlockLoadError(f"not a stored block: {exc}") from None
         if metadata.get("key") != key:
             raise BlockLoadError(f"it holds block {metadata.get('key')!r}")
-        cache = self._caches[0]
-        expected = [len(self._caches), 2, *cache.shape[2:]]
-        dtype = _dtype_names().get(cache.dtype)
+        expected = list(self._block_shape)
+        dtype = _dtype_names().get(self._caches[0].dtype)
         if entry.get("shape") != expected or entry.get("dtype") != dtype:
             raise BlockLoadError(f"shape {entry.get('shape')} {entry.get('dtype')}, expected {expected} {dtype}")
         raw = view[begin:end]
-        if len(raw) != math.prod(expected) * cache.element_size() or end > len(view):
+        if len(raw) != self._block_bytes or end > len(view):
             raise BlockLoadError(f"{len(raw)} bytes of data, truncated")
         if str(zlib.crc32(raw)) != metadata.get("crc32"):
             raise BlockLoadError("checksum mismatch")

@@ -352,7 +352,9 @@ class ModelRunner:
             bad = set(kv_output.invalid_block_ids)
             for s in pending.rows:
                 state = self.requests.get(s.request_id)
-                if state is not None and not bad.isdisjoint(self.block_table[state.table_row, : state.num_blocks].tolist()):
+                if state is None:
+                    continue
+                if not bad.isdisjoint(self.block_table[state.table_row, : state.num_blocks].tolist()):
                     pending.kv_failed.add(s.request_id)
         return pending
 

@@ -114,22 +114,12 @@ class Engine:
             else:
                 self._save(transfer)
         # Transfers in flight age; those due end (a load writes its blocks now).
-        for entry in list(self.loads):
-            left, transfer = entry
-            self.loads.remove(entry)
-            if left > 0:
-                self.loads.append((left - 1, transfer))
-            else:
-                if transfer.request_id not in out.finished_request_ids:
-                    bad += self._load(transfer)
-                received.append(transfer.request_id)
-        for entry in list(self.saves):
-            left, transfer = entry
-            self.saves.remove(entry)
-            if left > 0:
-                self.saves.append((left - 1, transfer))
-            else:
-                self._save(transfer)
+        for transfer in _age(self.loads):
+            if transfer.request_id not in out.finished_request_ids:
+                bad += self._load(transfer)
+            received.append(transfer.request_id)
+        for transfer in _age(self.saves):
+            self._save(transfer)
         self.saving_finished |= set(out.finished_request_ids)
         pending = {e[1].request_id for e in self.saves}
         sent = sorted(r for r in self.saving_finished if r not in pending)
@@ -170,6 +160,13 @@ class Engine:
                 return self.results
             self.step()
         raise AssertionError("the engine did not finish")
+
+
+def _age(in_flight: list[tuple[int, Any]]) -> list[Any]:
+    """One step passes for the transfers in flight: those due leave the list, in order."""
+    due = [transfer for left, transfer in in_flight if left == 0]
+    in_flight[:] = [(left - 1, transfer) for left, transfer in in_flight if left > 0]
+    return due
 
 
 PROMPT = [default_token("p", i) % 50 + 3 for i in range(23)]  # 5 full blocks + 3 tokens
