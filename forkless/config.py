@@ -658,9 +658,6 @@ class EngineArgs:
         if self.speculative_config is None:
             return None
         spec = SpeculativeConfig.from_json(self.speculative_config)
-        if self.async_scheduling:
-            raise ValueError("--speculative-config does not work with --async-scheduling yet: the drafts of a "
-                             "step depend on the tokens of the one before; leave one of them out")
         if self.logits_processors:
             raise ValueError("--speculative-config does not work with --logits-processors yet: verification "
                              "keeps the model's own distribution, which a custom processor changes")

@@ -9,7 +9,10 @@ KV cache in the worker). A proposer may ask for the target's last hidden states
 
 The engine runs them with ``--speculative-config`` (``forkless/worker/speculation.py``
 verifies and proposes in the worker; the scheduler schedules drafts after a request's
-last token and rolls back the rejected ones). ``--async-scheduling`` is refused with it.
+last token and rolls back the rejected ones). With ``--async-scheduling``, a step in which
+drafts wait to be verified is planned after the step before it is collected (the
+positions of a request's next tokens depend on how many drafts were kept); steps without
+drafts overlap as usual.
 """
 
 from __future__ import annotations

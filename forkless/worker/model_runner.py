@@ -104,6 +104,16 @@ class _RequestState:
     lora: LoRARequest | None = None
 
 
+def _history_slice(state: _RequestState, start: int, length: int) -> list[int]:
+    """A request's tokens at positions ``start .. start + length - 1`` (prompt, then output)."""
+    prompt = state.prompt_token_ids
+    if start + length <= len(prompt):
+        return prompt[start:start + length]
+    head = prompt[start:]
+    out_start = max(start - len(prompt), 0)
+    return head + state.output_token_ids[out_start:out_start + length - len(head)]
+
+
 class ModelRunner:
     """Owns the model, its KV cache and the sampling state of one worker.
 
@@ -569,6 +579,9 @@ class ModelRunner:
             if state is None:
                 continue
             tokens = s.token_ids[: len(s.token_ids) - s.num_spec_tokens]
+            if PLACEHOLDER_TOKEN_ID in tokens:
+                # An async step's input that the step before sampled: by now in the history.
+                tokens = _history_slice(state, s.start_position, len(tokens))
             if i in emitting:
                 tokens = tokens + sampled[i]
             step.append(StepRow(s.request_id, s.start_position, list(tokens),

@@ -98,6 +98,23 @@ def test_draft_of_the_same_model_has_every_guess_accepted(models: dict[str, Path
         llm.shutdown()
 
 
+def test_async_scheduling_keeps_the_drafts_cache_right(models: dict[str, Path], reference: LLM) -> None:
+    """Under --async-scheduling the step after a prompt runs with the prompt's sampled token
+    still on the device: the draft's own cache must get that token, not the placeholder, or
+    its later guesses would be rejected. With the same model as draft, every one is kept."""
+    params = [GREEDY, GREEDY, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=1), GREEDY]
+    expected = _tokens(reference, PROMPTS, params)
+    llm = LLM(str(models["target"]), max_model_len=256, speculative_config=_spec(models["target"]),
+              async_scheduling=True, distributed_executor_backend="mp")
+    try:
+        assert llm.llm_engine.engine_core.async_scheduling
+        assert _tokens(llm, PROMPTS, params) == expected
+        stats = _stats(llm)
+        assert stats.num_drafts > 0 and stats.num_accepted_tokens == stats.num_draft_tokens
+    finally:
+        llm.shutdown()
+
+
 def test_other_drafts_keep_the_output(models: dict[str, Path], reference: LLM) -> None:
     expected = _tokens(reference, PROMPTS, GREEDY)
     for name in ("near", "other"):

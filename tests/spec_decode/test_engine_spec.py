@@ -124,6 +124,31 @@ def test_bad_configs_fail_before_the_model_loads(llama_dir: Path, config: object
     assert needle in str(info.value)
 
 
-def test_async_scheduling_is_refused(llama_dir: Path) -> None:
-    with pytest.raises(ValueError, match="--async-scheduling"):
-        LLM(str(llama_dir), max_model_len=256, speculative_config=NGRAM, async_scheduling=True)
+@pytest.mark.parametrize("executor", ["uni", "mp"])
+def test_async_scheduling_with_ngram_equals_plain_decoding(llama_dir: Path, reference: LLM, executor: str) -> None:
+    """With --async-scheduling the drafts are still verified (steps with drafts wait for
+    the step before), the steps without drafts overlap, and greedy outputs do not change;
+    a mixed batch (logprobs, penalties keep requests from speculating) too."""
+    params = [SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=40, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=2),
+              SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, repetition_penalty=1.3)]
+    want = reference.generate(PROMPTS, params, use_tqdm=False)
+    llm = LLM(str(llama_dir), max_model_len=256, speculative_config=NGRAM, async_scheduling=True,
+              distributed_executor_backend=executor)
+    try:
+        core = llm.llm_engine.engine_core
+        assert core.async_scheduling  # not silently turned off
+        for _ in range(2):  # the second time from the prefix cache
+            got = llm.generate(PROMPTS, params, use_tqdm=False)
+            assert [list(o.outputs[0].token_ids) for o in got] == [list(o.outputs[0].token_ids) for o in want]
+        assert [sorted(e) for e in got[2].outputs[0].logprobs] == [sorted(e) for e in want[2].outputs[0].logprobs]
+        # Lengths landing inside an accepted run, and sampled requests, finish too.
+        short = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+        assert _tokens(llm, PROMPTS, short) == _tokens(reference, PROMPTS, short)
+        sampled = _tokens(llm, PROMPTS, SamplingParams(max_tokens=30, temperature=0.8, ignore_eos=True))
+        assert all(len(t) == 30 for t in sampled)
+        stats = core.make_stats().spec_decode
+        assert stats is not None and stats.num_drafts > 0 and stats.num_accepted_tokens > 0
+    finally:
+        llm.shutdown()

@@ -153,6 +153,9 @@ class Scheduler(SchedulerInterface):
         # Requests whose sampling reads their own output history, which lags by one
         # step under async scheduling: while any is present, steps run synchronously.
         self._history_dependent: set[str] = set()
+        # Requests holding drafts to verify: they too keep steps synchronous (a draft
+        # row's positions depend on how many of the step before's drafts were kept).
+        self._drafted: set[str] = set()
         # Running sequences per group_id, kept only with max_running_seqs_per_request.
         self._max_per_group = scheduler_config.max_running_seqs_per_request
         self._group_running: dict[str, int] = {}
@@ -236,8 +239,9 @@ class Scheduler(SchedulerInterface):
 
     def can_schedule_async(self) -> bool:
         """Whether the next step may be scheduled before the previous one's tokens
-        are back (no request's sampling depends on its latest tokens)."""
-        return not self._history_dependent
+        are back (no request's sampling depends on its latest tokens, none holds drafts
+        to verify)."""
+        return not self._history_dependent and not self._drafted
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.requests)
@@ -593,6 +597,7 @@ class Scheduler(SchedulerInterface):
                 request.num_cached_tokens = min(request.num_cached_tokens, request.num_computed_tokens)
                 request.num_output_placeholders = 0
                 request.spec_token_ids = []
+                self._drafted.discard(request.request_id)
                 continue
             if cache_blocks is not None:
                 # The step computed these blocks; only now may other requests hit them.
@@ -631,6 +636,10 @@ class Scheduler(SchedulerInterface):
                     # hold other tokens: computed again, from the first rejected one.
                     request.num_computed_tokens -= item.num_spec_tokens + 1 - len(token_ids)
                 request.spec_token_ids = drafts.get(item.request_id, [])
+                if request.spec_token_ids:
+                    self._drafted.add(request.request_id)
+                else:
+                    self._drafted.discard(request.request_id)
             outputs.append(
                 EngineCoreOutput(
                     request_id=request.request_id,
@@ -703,6 +712,7 @@ class Scheduler(SchedulerInterface):
         # A token still in flight is dropped: recomputation samples it again.
         request.num_output_placeholders = 0
         request.spec_token_ids = []
+        self._drafted.discard(request.request_id)
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.add_preempted(request)
@@ -806,6 +816,7 @@ class Scheduler(SchedulerInterface):
             else:
                 del self._client_requests[request.client_key]
         self._history_dependent.discard(request.request_id)
+        self._drafted.discard(request.request_id)
         self._finished_ids.append(request.request_id)
 
 
