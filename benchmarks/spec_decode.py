@@ -27,6 +27,7 @@ yields, its own token included; the share of draft tokens accepted).
 
     python benchmarks/spec_decode.py                 # the default model, this machine's CPU
     python benchmarks/spec_decode.py --model PATH --k 4 --max-tokens 128
+    python benchmarks/spec_decode.py --async-scheduling   # both sides with async steps
 
 The issue's bars (ngram): copy at batch 1 >= 1.8x, no-repeat never below 0.95x.
 """
@@ -58,7 +59,8 @@ def run(model: str, prompts: list, batch: int, spec: dict | None, args: argparse
         random_ids: bool) -> tuple[float, dict | None]:
     from forkless import LLM, SamplingParams
 
-    llm = LLM(model, max_model_len=2048, speculative_config=spec, seed=0, dtype=args.dtype)
+    llm = LLM(model, max_model_len=2048, speculative_config=spec, seed=0, dtype=args.dtype,
+              async_scheduling=args.async_scheduling)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0 if random_ids else 0, ignore_eos=True)
     inputs = [{"prompt_token_ids": p} for p in prompts] if random_ids else prompts
     llm.generate(inputs[:1], SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)  # warm-up
@@ -115,6 +117,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--dtype", default="auto", help="model dtype (auto: float32 on the CPU)")
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="both sides with --async-scheduling (the baseline overlaps its steps too)")
     args = parser.parse_args()
     import torch
 
@@ -139,7 +143,8 @@ def main() -> None:
     }
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     print(f"model {args.model}, CPU {cpu}, torch threads {torch.get_num_threads()}, k {args.k}, "
-          f"{args.num_prompts} prompts x {args.max_tokens} tokens; copy greedy, no-repeat sampled")
+          f"{args.num_prompts} prompts x {args.max_tokens} tokens; copy greedy, no-repeat sampled"
+          f"{'; --async-scheduling on both sides' if args.async_scheduling else ''}")
     print("| workload | batch | method | plain tok/s | spec tok/s | ratio | mean acceptance length | drafts accepted |")
     print("|---|---:|---|---:|---:|---:|---:|---:|")
     for name, (prompts, random_ids) in workloads.items():

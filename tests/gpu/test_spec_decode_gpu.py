@@ -1,6 +1,6 @@
 """Speculative decoding (``ngram``) on the GPU: greedy outputs equal plain decoding with
 the Triton backend, eager and with verification steps replayed in CUDA graphs (rows padded
-to ``1 + k`` tokens), and sampled requests still speculate."""
+to ``1 + k`` tokens), also with ``--async-scheduling``, and sampled requests still speculate."""
 
 from __future__ import annotations
 
@@ -45,9 +45,11 @@ def reference(real_size_model):
     return _run(real_size_model, enforce_eager=True)[0]
 
 
-@pytest.mark.parametrize("eager", [True, False], ids=["eager", "graphs"])
-def test_ngram_greedy_equals_plain_decoding(real_size_model, reference, eager):
-    tokens, (runner, stats) = _run(real_size_model, enforce_eager=eager, speculative_config=NGRAM)
+@pytest.mark.parametrize("eager,async_scheduling", [(True, False), (False, False), (False, True)],
+                         ids=["eager", "graphs", "graphs-async"])
+def test_ngram_greedy_equals_plain_decoding(real_size_model, reference, eager, async_scheduling):
+    tokens, (runner, stats) = _run(real_size_model, enforce_eager=eager, speculative_config=NGRAM,
+                                   async_scheduling=async_scheduling)
     assert tokens == reference
     assert stats is not None and stats.num_drafts > 0 and stats.num_accepted_tokens > 0
     if not eager:
