@@ -10,7 +10,7 @@ from forkless.models.layers.norm import RMSNorm
 from forkless.models.layers.rotary import RotaryEmbedding
 
 # Imports Triton: the GPU conftest skips these tests where it is missing.
-fused_triton = pytest.importorskip("forkless.models.layers.fused_triton",
+fused_triton = pytest.importorskip("forkless.ops.fused_triton",
                                    reason="needs Triton; not installed")
 
 DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 1e-2)]

@@ -49,15 +49,10 @@ def test_cuda_graph_decode_equals_eager(real_size_model, reference):
 
 
 def test_plain_pytorch_layers_equal_fused_kernels(real_size_model, reference, monkeypatch):
-    # The reference ran the fused Triton norm/rotary/SiLU kernels; this runs PyTorch ops.
-    from forkless.models.layers import fused
-
+    # The reference ran the fused Triton norm/rotary/SiLU kernels; this runs PyTorch ops
+    # (the custom ops read the variable when the model builds them).
     monkeypatch.setenv("FORKLESS_FUSED_KERNELS", "0")
-    fused._fused_module.cache_clear()
-    try:
-        assert _greedy(real_size_model, attention_backend="torch", enforce_eager=True) == reference
-    finally:
-        fused._fused_module.cache_clear()
+    assert _greedy(real_size_model, attention_backend="torch", enforce_eager=True) == reference
 
 
 def test_cuda_default_backend_is_triton():

@@ -14,10 +14,8 @@ import torch.nn.functional as F
 
 from forkless import cpu_kernels
 from forkless.attention import AttentionMetadata, get_attention_backend
-from forkless.models.layers import fused_cpu
 from forkless.models.layers.activation import SiluAndMul
 from forkless.models.layers.cpu_linear import PackedLinear, pack_linear_layers
-from forkless.models.layers.fused import fused_ops
 from forkless.models.layers.norm import RMSNorm
 from forkless.models.layers.rotary import RotaryEmbedding
 
@@ -251,35 +249,37 @@ def test_cpu_backend_without_kernels_is_the_reference(monkeypatch, caplog):
 def test_fused_layer_ops_match_pytorch_layers(rows, threads, monkeypatch):
     torch.manual_seed(rows)
     x = torch.randn(rows, 3 * 96)
-    assert fused_ops(x) is fused_cpu
-    norm = RMSNorm(96, eps=1e-5)
-    norm.weight.data.normal_()
+    weight = torch.randn(96)
     residual = torch.randn(rows, 96)
-    act = SiluAndMul()
     # Rotary on strided views of a fused qkv projection, as the models call it.
-    rope = RotaryEmbedding(32, {"rope_type": "default", "rope_theta": 10000.0})
     positions = torch.randint(0, 500, (rows,))
     qkv = torch.randn(rows, (6 + 2 + 2) * 32)
 
-    def run():
+    def run(implementation):
+        # Each op picks its implementation when it is built.
+        norm = RMSNorm(96, eps=1e-5)
+        norm.weight.data.copy_(weight)
+        act = SiluAndMul()
+        rope = RotaryEmbedding(32, {"rope_type": "default", "rope_theta": 10000.0})
+        assert {norm.implementation, act.implementation, rope.implementation} == {implementation}
         buf = qkv.clone()  # the fused rotary works in place
         q = buf[:, : 6 * 32].reshape(rows, 6, 32)
         k = buf[:, 6 * 32 : 8 * 32].reshape(rows, 2, 32)
-        rope._memo = None
         rq, rk = rope(positions, q, k)
         per_head = norm(x[:, :96].reshape(rows, 1, 96).expand(rows, 2, 96))
         return (norm(x[:, 96:192]), *norm(x[:, :96], residual), act(x[:, :192] * 4), rq, rk, per_head)
 
-    fused = run()
+    fused = run("forward_cpu")
     monkeypatch.setenv("FORKLESS_FUSED_KERNELS", "0")
-    assert fused_ops(x) is None
-    plain = run()
+    plain = run("forward_native")
     for a, b in zip(fused, plain):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_silu_and_mul_saturates_like_pytorch(monkeypatch):
     x = torch.tensor([[-200.0, -90.0, -20.0, -1e-3, 0.0, 3.0, 90.0, 200.0] * 2 + [1.0] * 16])
-    fused = SiluAndMul()(x)
+    fused = SiluAndMul()
     monkeypatch.setenv("FORKLESS_FUSED_KERNELS", "0")
-    torch.testing.assert_close(fused, SiluAndMul()(x), rtol=1e-5, atol=1e-6)
+    plain = SiluAndMul()
+    assert (fused.implementation, plain.implementation) == ("forward_cpu", "forward_native")
+    torch.testing.assert_close(fused(x), plain(x), rtol=1e-5, atol=1e-6)

@@ -77,13 +77,14 @@ def models(request, tmp_path_factory):
     folder = tmp_path_factory.mktemp(config)
     hf_model.save_pretrained(folder)
     backend = get_attention_backend(variant)
-    model = load_model(folder, AutoConfig.from_pretrained(folder), torch.float32, "cpu", backend)
+    with pytest.MonkeyPatch.context() as mp:
+        # Read when the layer ops are built: they pick their implementation then.
+        mp.setenv("FORKLESS_FUSED_KERNELS", "1" if variant == "cpu" else "0")
+        model = load_model(folder, AutoConfig.from_pretrained(folder), torch.float32, "cpu", backend)
     if variant == "cpu":
         assert cpu_kernels.load() is not None, "the CPU kernels did not build (see the log)"
         model.use_cpu_kernels()
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("FORKLESS_FUSED_KERNELS", "1" if variant == "cpu" else "0")
-        yield hf_model, model, backend
+    yield hf_model, model, backend
 
 
 @torch.inference_mode()
@@ -155,7 +156,8 @@ def test_inv_freq_matches_hf(models):
 def test_rotary_matters(models, monkeypatch):
     """Guards the comparison itself: with rotary embeddings disabled, logits differ."""
     hf_model, model, backend = models
-    monkeypatch.setattr(RotaryEmbedding, "forward", lambda self, positions, q, k: (q, k))
+    for rope in (m for m in model.modules() if isinstance(m, RotaryEmbedding)):
+        monkeypatch.setattr(rope, "forward", lambda positions, q, k: (q, k))
     (seq,) = prompts(4, [12])
     (logits,) = PagedHarness(model, backend).step([("s", seq)])
     assert (logits - hf_logits(hf_model, seq)).abs().max() > 100 * ATOL

@@ -1,6 +1,8 @@
-"""The fused layer ops of :mod:`~forkless.models.layers.fused_triton`, on the CPU kernels.
+"""The fused layer ops of :mod:`~forkless.ops.fused_triton`, on the CPU kernels.
 
 Same functions, same signatures, float32 only (see ``forkless/cpu_kernels/csrc/layers.c``).
+The built-in custom ops call them from ``forward_cpu`` (:mod:`forkless.ops.kernels` binds
+that only where the kernels loaded).
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from forkless import cpu_kernels
-from forkless.models.layers.fused_buffers import rms_norm_buffers
+from forkless.ops.fused_buffers import rms_norm_buffers
 
 
 def _lib():

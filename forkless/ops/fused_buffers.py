@@ -1,7 +1,7 @@
 """Buffers the fused kernels read and write, shared by the Triton and the C versions.
 
-Its own module so that ``fused_triton`` and ``fused_cpu`` need not import ``fused``,
-which chooses between them (that would be an import cycle).
+Its own module so that neither kernel module imports the other (``fused_triton`` imports
+Triton, which a CPU process may not have).
 """
 
 from __future__ import annotations

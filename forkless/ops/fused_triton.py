@@ -8,7 +8,7 @@ they add up to a sizeable share of a decode step. Each function here is one laun
 Every kernel rounds where the PyTorch code it replaces rounds (the ``dtype`` of each
 intermediate), so outputs match the reference layers to the last bit in float32 and
 within one rounding step in half precision. This module imports Triton: use it through
-:func:`forkless.models.layers.fused.fused_ops`, which imports it only for CUDA tensors.
+:mod:`forkless.ops.kernels`, which imports it only where a custom op binds ``forward_cuda``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from forkless.models.layers.fused_buffers import rms_norm_buffers
+from forkless.ops.fused_buffers import rms_norm_buffers
 
 
 @triton.jit
