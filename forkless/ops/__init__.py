@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from forkless.ops.registry import op_class, op_names, register_oot, unregister_oot
+from forkless.ops.registry import oot_ops, op_class, op_names, register_oot, unregister_oot
 
 if TYPE_CHECKING:
     from forkless.ops.interface import CustomOp
@@ -29,4 +29,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'forkless.ops' has no attribute {name!r}")
 
 
-__all__ = ["CustomOp", "op_class", "op_names", "register_oot", "unregister_oot"]
+__all__ = ["CustomOp", "oot_ops", "op_class", "op_names", "register_oot", "unregister_oot"]

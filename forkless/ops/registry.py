@@ -117,6 +117,11 @@ def op_names() -> list[str]:
     return _in_tree.names()
 
 
+def oot_ops() -> dict[str, str]:
+    """The registered replacements, ``{op name: "pkg.mod:Class"}`` (nothing is imported)."""
+    return {name: _oot.get_path(name) or _path_of(_oot.resolve(name)) for name in _oot.names()}
+
+
 def op_class(name: str) -> type:
     """The in-tree class of op ``name`` (imported on first use).
 

@@ -8,6 +8,7 @@ from forkless.platforms.interface import PlatformEnum
 
 BACKEND_NAME = "example"
 BACKEND_PATH = "forkless_example_platform.attention:ExampleAttentionBackend"
+SILU_AND_MUL_PATH = "forkless_example_platform.ops:ExampleSiluAndMul"
 
 
 class ExampleCpuPlatform(CpuPlatform):
@@ -17,6 +18,15 @@ class ExampleCpuPlatform(CpuPlatform):
     # The platform's own kernel needs no registration: it is selectable by name here.
     attention_backends = {BACKEND_NAME: BACKEND_PATH}
     default_attention_backend = BACKEND_NAME
+
+    @classmethod
+    def pre_register_and_update(cls, parser=None):
+        # Every process, once the platform is chosen: by path, so that only the processes
+        # that build a model import the op (the API server never imports torch).
+        from forkless.ops import register_oot
+
+        super().pre_register_and_update(parser)
+        register_oot("silu_and_mul", SILU_AND_MUL_PATH)
 
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None):
