@@ -94,9 +94,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Root of every file forkless caches (converted GGUF models, compiled kernels, the
     # entry-point scan). Default: ``$XDG_CACHE_HOME/forkless``, or ``~/.cache/forkless``.
     "FORKLESS_CACHE_ROOT": _cache_root,
-    # Decoder layers run fused kernels for RMSNorm, rotary embeddings and SiLU-and-mul
-    # (Triton on CUDA, the C kernels of FORKLESS_CPU_KERNELS on the CPU). ``0`` runs the
-    # plain PyTorch ops instead (to compare or to debug).
+    # The custom ops (forkless.ops: RMSNorm, rotary embeddings, SiLU-and-mul) run their
+    # device implementation: Triton on CUDA, the C kernels of FORKLESS_CPU_KERNELS on the
+    # CPU, a platform plugin's own. ``0`` makes every op built afterwards run its plain
+    # PyTorch ``forward_native`` instead (to compare or to debug); read when an op is built.
     "FORKLESS_FUSED_KERNELS": lambda: parse_bool("FORKLESS_FUSED_KERNELS", True),
     # On CPU (float32), decode attention, the linear layers and the fused layer ops run C
     # kernels compiled once with the system C compiler (``$CC`` or ``cc``) into

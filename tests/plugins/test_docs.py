@@ -207,7 +207,7 @@ def test_every_documented_import_exists_unless_coming(probe: dict) -> None:
     assert not exists, "documented as coming but exists: update the docs:\n" + "\n".join(exists)
     # The contract's coming paths are all in the guide, marked coming.
     coming = {(m, n) for m, names, c in imports if c for n in names}
-    for module, name in [("forkless.distributed", "DeviceCommunicatorBase"), ("forkless.ops", "CustomOp")]:
+    for module, name in [("forkless.distributed", "DeviceCommunicatorBase")]:
         assert (module, name) in coming, f"{module}.{name} should be in the guide, marked coming"
 
 
