@@ -20,7 +20,7 @@ To add a variable, add one entry to :data:`environment_variables` and its type t
 """
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE: int
     FORKLESS_ALLOW_RUNTIME_LORA_UPDATING: bool
     FORKLESS_LORA_RESOLVER_CACHE_DIR: str | None
+    FORKLESS_RAY_PLACEMENT_STRATEGY: str
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -144,7 +145,34 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # adapter folder); unset: that resolver finds nothing (vLLM's VLLM_LORA_RESOLVER_CACHE_DIR).
     "FORKLESS_LORA_RESOLVER_CACHE_DIR": lambda: _path(os.environ["FORKLESS_LORA_RESOLVER_CACHE_DIR"])
     if os.environ.get("FORKLESS_LORA_RESOLVER_CACHE_DIR") else None,
+    # How ``--distributed-executor-backend ray`` places its one bundle per rank on the Ray
+    # cluster: PACK (Ray's and vLLM's default: as few nodes as fit), SPREAD, STRICT_PACK
+    # (one node) or STRICT_SPREAD (one rank per node).
+    "FORKLESS_RAY_PLACEMENT_STRATEGY": lambda: _choice("FORKLESS_RAY_PLACEMENT_STRATEGY", "PACK",
+                                                       ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")),
 }
+
+
+def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = os.environ.get(name, "").strip().upper() or default
+    if raw not in choices:
+        raise ValueError(f"{name}={os.environ[name]!r} is not valid; expected one of {', '.join(choices)}")
+    return raw
+
+
+def forwarded_environment(extra: Iterable[str] = ()) -> dict[str, str]:
+    """The variables a worker on another machine gets from the engine core (the Ray
+    executor's actors do not inherit its environment).
+
+    Args:
+        extra: Further names to copy when set (a platform's ``additional_env_vars``).
+
+    Returns:
+        Every ``FORKLESS_*`` variable set here (plugins' own included), the Hugging Face
+        token, and ``extra``'s.
+    """
+    names = set(extra) | {"HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
+    return {k: v for k, v in os.environ.items() if k.startswith("FORKLESS_") or k in names}
 
 
 def __getattr__(name: str) -> Any:

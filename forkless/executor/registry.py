@@ -18,6 +18,8 @@ _registry: LazyRegistry[type[Executor]] = LazyRegistry(
 )
 _registry.register("uni", "forkless.executor.uniproc:UniProcExecutor")
 _registry.register("mp", "forkless.executor.multiproc:MultiprocExecutor")
+# Imports Ray when chosen (the optional extra forkless[ray]).
+_registry.register("ray", "forkless.executor.ray_executor:RayExecutor")
 
 
 def register_executor(name: str, executor: Any) -> None:
@@ -41,8 +43,8 @@ def get_executor_cls(name_or_path: str | type[Any] | None) -> type[Executor]:
 
     Args:
         name_or_path: A registered name (``"uni"``: the worker in this process;
-            ``"mp"``: one worker process per device), a class path ``pkg.mod:Class``, or
-            a class.
+            ``"mp"``: one worker process per device; ``"ray"``: one Ray actor per
+            rank), a class path ``pkg.mod:Class``, or a class.
 
     Returns:
         An :class:`Executor` subclass.

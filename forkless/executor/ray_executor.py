@@ -1,0 +1,489 @@
+"""The Ray executor: one Ray actor per rank, in a placement group (``--distributed-executor-backend ray``).
+
+``forkless serve`` on the head node is all a user runs. The engine core connects to a Ray
+cluster (``RAY_ADDRESS``; else the one ``ray start`` started on this machine; else it
+starts a local one and stops it at shutdown), reserves one bundle per rank in a placement
+group (``{"CPU": 1}``, or ``{<Platform.ray_device_key>: 1}`` such as ``{"GPU": 1}``;
+``FORKLESS_RAY_PLACEMENT_STRATEGY``, ``PACK`` by default, may spread them over nodes) and
+starts one actor in each bundle. Each actor then does what a worker process of the ``mp``
+executor does: it takes the engine core's ``FORKLESS_*`` variables (and the platform's
+``additional_env_vars``), loads the general plugins, sets the torch threads and builds the
+platform's worker with ``(config, rank, local_rank, distributed_init_method)``.
+
+Invariants:
+    * Ray is imported by this module only: forkless imports without it, and choosing
+      ``ray`` without it installed fails at startup with the ``pip install`` to run.
+    * Nothing of forkless's is pickled: the configuration and each step cross to an actor
+      as msgpack bytes (``forkless.protocol.ipc``), decoded there; an actor answers
+      ``(kind, msgpack bytes)``. Ray pickles only those bytes, ints and strings.
+    * Ranks: those on the engine core's node come first (rank 0 there when a bundle is),
+      then node by node. ``local_rank`` counts a rank's place on its node; with a device
+      resource, every actor of a node sees all the devices given to that node's actors
+      (``Platform.device_control_env_var``) and ``local_rank`` indexes its own. The
+      rendezvous is ``tcp://<rank 0's node IP>:<a port free there>``.
+    * Calls go to every rank and are awaited on all of them together: an actor that dies
+      (its process killed, its node gone) fails the call in flight within a fraction of a
+      second with :class:`WorkerDiedError` naming its rank, pid and node, even while the
+      other ranks wait for it in a collective. Before raising, the executor kills the
+      other actors and removes the placement group: the engine core may exit without
+      calling :meth:`RayExecutor.shutdown`.
+    * Async scheduling keeps the ``mp`` executor's protocol: ``execute_model_async`` sends
+      ``launch(seq, step)`` to every actor, which launches the step and only then finishes
+      the one before it (so a device never waits for the host); ``collect`` asks each
+      actor for ``result(seq)``, which finishes step ``seq`` if nothing newer did. Ray runs
+      a (synchronous) actor's tasks one at a time in the order one caller submitted them,
+      which is what keeps steps in order. Steps are collected once each, in launch order;
+      synchronous calls are refused while steps are uncollected.
+    * Shutdown: each actor shuts its worker down, then is killed; the placement group is
+      removed; this process leaves Ray if it joined it here. The actors and the placement
+      group belong to this process's Ray job, so Ray removes them itself if the engine
+      core is killed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+try:
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+except ImportError as exc:  # the extra is optional: say how to get it
+    raise ImportError("--distributed-executor-backend ray needs Ray: pip install 'forkless[ray]' "
+                      f"(ray>=2.40) ({exc})") from exc
+
+from forkless import envs
+from forkless.executor.interface import Executor
+from forkless.executor.multiproc import _WORKER_METHODS, StepHandle, WorkerDiedError, _error_payload
+from forkless.logger import init_logger
+from forkless.protocol import ipc
+from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
+
+if TYPE_CHECKING:
+    from forkless.config import EngineConfig
+
+logger = init_logger("forkless.executor.ray")
+
+_OK = b"ok"
+_ERROR = b"error"
+_STEP_OK = b"step_ok"
+_STEP_ERROR = b"step_error"
+_POLL_S = 0.1
+_STARTUP_TIMEOUT_S = 900.0
+# How long a placement group may wait for the cluster's resources before startup fails.
+_PLACEMENT_TIMEOUT_S = 120.0
+_HEALTH_TIMEOUT_S = 30.0
+_SHUTDOWN_WAIT_S = 10.0
+# Steps bigger than this go to the object store once instead of once per actor.
+_INLINE_BYTES = 100_000
+# The object store of a Ray instance this executor starts itself: steps and replies are
+# small, and Ray's default (30 % of memory) would claim /dev/shm for nothing.
+_LOCAL_OBJECT_STORE_BYTES = 128 << 20
+
+
+class RayWorkerActor:
+    """One rank's worker inside a Ray actor; only :class:`RayExecutor` calls it.
+
+    Created empty (Ray places it first); :meth:`start` builds the worker once the executor
+    has chosen its rank and the rendezvous.
+    """
+
+    def __init__(self) -> None:
+        self.worker: Any = None
+        self.rank = -1
+        # Async steps: the one launched and not finished, and finished outputs by seq.
+        self.pending: tuple[int, Any] | None = None
+        self.done: dict[int, tuple[bytes, bytes]] = {}
+
+    def node_info(self) -> dict[str, Any]:
+        """Where this actor runs: node id and IP, pid, and the device ids Ray gave it."""
+        context = ray.get_runtime_context()
+        devices = {key: [str(i) for i in ids] for key, ids in context.get_accelerator_ids().items()}
+        return {"node_id": context.get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "pid": os.getpid(), "devices": devices}
+
+    def free_port(self) -> int:
+        """A TCP port free on this node, for the rendezvous of the ranks."""
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return int(s.getsockname()[1])
+
+    def start(self, config_bytes: bytes, rank: int, local_rank: int, init_method: str,
+              env: dict[str, str]) -> tuple[bytes, bytes]:
+        """Build the worker as an ``mp`` worker process does.
+
+        Args:
+            config_bytes: The engine configuration, msgpack.
+            rank: This worker's global rank.
+            local_rank: Its device index on this node.
+            init_method: The ranks' rendezvous address.
+            env: Variables of the engine core's to set here first (``FORKLESS_*``...).
+
+        Returns:
+            ``(READY, {pid, rank, async_scheduling})`` or ``(FAILED, {error, traceback})``.
+        """
+        os.environ.update(env)  # before anything reads them: plugins, platform, threads
+        try:
+            from forkless.plugins import load_general_plugins
+
+            load_general_plugins()
+            import torch
+
+            if envs.FORKLESS_WORKER_THREADS > 0:
+                torch.set_num_threads(envs.FORKLESS_WORKER_THREADS)
+            from forkless.config import EngineConfig
+            from forkless.gc_tuning import tune_process
+            from forkless.worker.worker import create_worker
+
+            config = EngineConfig.from_builtins(ipc.decode(config_bytes))
+            worker = create_worker(config, rank=rank, local_rank=local_rank, distributed_init_method=init_method)
+            worker.init_device()
+            worker.load_model()
+            async_ok = bool(worker.supports_async_scheduling)
+            tune_process()  # this actor's process is forkless's alone (forkless.gc_tuning)
+        except Exception as exc:
+            return ipc.FAILED, ipc.encode(_error_payload(exc))
+        self.worker, self.rank = worker, rank
+        return ipc.READY, ipc.encode({"pid": os.getpid(), "rank": rank, "async_scheduling": async_ok})
+
+    def call(self, method: str, payload: bytes) -> tuple[bytes, bytes]:
+        """Run one synchronous worker method; ``(ok, result)`` or ``(error, {error, traceback})``."""
+        self._finish_pending()  # the executor never interleaves calls with steps; keep order if it did
+        try:
+            if method not in _WORKER_METHODS:
+                raise ValueError(f"unknown worker method {method!r}; expected one of {', '.join(_WORKER_METHODS)}")
+            if method == "execute_model":
+                result: Any = self.worker.execute_model(ipc.decode(payload, SchedulerOutput))
+            else:
+                result = getattr(self.worker, method)(*ipc.decode(payload))
+            return _OK, ipc.encode(result)
+        except Exception as exc:
+            return _ERROR, ipc.encode(_error_payload(exc))
+
+    def launch(self, seq: int, payload: bytes) -> None:
+        """Launch async step ``seq``, then finish the one before it (its output is kept)."""
+        try:
+            launched, error = self.worker.execute_model_async(ipc.decode(payload, SchedulerOutput)), None
+        except Exception as exc:
+            launched, error = None, _error_payload(exc)
+        self._finish_pending()
+        if error is not None:
+            self.done[seq] = (_STEP_ERROR, ipc.encode(error))
+        else:
+            self.pending = (seq, launched)
+
+    def result(self, seq: int) -> tuple[bytes, bytes]:
+        """Step ``seq``'s output, finishing it if no newer step did: ``(step_ok|step_error, ...)``."""
+        if seq not in self.done and self.pending is not None and self.pending[0] == seq:
+            self._finish_pending()
+        if seq not in self.done:
+            return _STEP_ERROR, ipc.encode({"error": f"RuntimeError: worker {self.rank} has no step {seq}",
+                                            "traceback": ""})
+        return self.done.pop(seq)
+
+    def _finish_pending(self) -> None:
+        if self.pending is None:
+            return
+        (seq, handle), self.pending = self.pending, None
+        try:
+            self.done[seq] = (_STEP_OK, ipc.encode(self.worker.collect(handle)))
+        except Exception as exc:
+            self.done[seq] = (_STEP_ERROR, ipc.encode(_error_payload(exc)))
+
+    def ping(self) -> bool:
+        """Answered while the actor lives (check_health when no step is in flight)."""
+        return self.worker is not None
+
+    def shutdown(self) -> None:
+        """Free the worker (a step in flight is dropped: its output has no reader)."""
+        self.pending = None
+        if self.worker is not None:
+            self.worker.shutdown()
+            self.worker = None
+
+
+class RayExecutor(Executor):
+    """Workers in Ray actors, one per rank (``config.parallel_config.world_size``)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        super().__init__(config)
+        self.world_size = config.parallel_config.world_size
+        self.actors: list[Any] = []  # by rank
+        self.actor_info: list[dict[str, Any]] = []  # by rank: node_id, ip, pid, devices
+        self.placement_group: Any = None
+        self._joined_ray = False  # whether this executor called ray.init (it leaves at shutdown)
+        self._dead: WorkerDiedError | None = None
+        self._closed = False
+        self._async_ok = True
+        self._next_seq = 0
+        self._in_flight: deque[int] = deque()
+        self._launched: list[Any] = []  # the refs of the last async launch, one per rank
+        try:
+            self._connect()
+            self._start()
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # -- startup ---------------------------------------------------------------------
+    def _connect(self) -> None:
+        if ray.is_initialized():
+            return  # the embedding program joined a cluster already: use it, leave it joined
+        common = {"logging_level": logging.WARNING, "log_to_driver": True}
+        if os.environ.get("RAY_ADDRESS"):  # Ray's own variable: that cluster or a clear error
+            ray.init(**common)
+        else:
+            try:  # a cluster `ray start` started on this machine
+                ray.init(address="auto", **common)
+            except ConnectionError:
+                logger.info("no Ray cluster is running here (RAY_ADDRESS is unset): starting a local one")
+                ray.init(address="local", include_dashboard=False,
+                         object_store_memory=_LOCAL_OBJECT_STORE_BYTES, **common)
+        self._joined_ray = True
+
+    def _start(self) -> None:
+        from forkless.platforms import current_platform
+
+        device_key = current_platform.ray_device_key or "CPU"
+        bundles = [{device_key: 1.0} for _ in range(self.world_size)]
+        strategy = envs.FORKLESS_RAY_PLACEMENT_STRATEGY
+        self.placement_group = placement_group(bundles, strategy=strategy)
+        ready, _ = ray.wait([self.placement_group.ready()], timeout=_PLACEMENT_TIMEOUT_S)
+        if not ready:
+            raise RuntimeError(
+                f"the Ray cluster could not place {self.world_size} bundle(s) {bundles[0]} ({strategy}) within "
+                f"{_PLACEMENT_TIMEOUT_S:.0f} s: it has {ray.cluster_resources()} in "
+                f"{len([n for n in ray.nodes() if n.get('Alive')])} node(s), {ray.available_resources()} free")
+        if device_key == "CPU":
+            options: dict[str, Any] = {"num_cpus": 1}
+        elif device_key == "GPU":
+            options = {"num_cpus": 0, "num_gpus": 1}
+        else:
+            options = {"num_cpus": 0, "resources": {device_key: 1}}
+        actor_cls = ray.remote(**options)(RayWorkerActor)
+        created = [actor_cls.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=self.placement_group, placement_group_bundle_index=i)).remote()
+            for i in range(self.world_size)]
+        self.actors = created  # killed at shutdown even if startup fails below
+        infos = self._gather([a.node_info.remote() for a in created], "node_info", _STARTUP_TIMEOUT_S, True)
+        # Ranks: the engine core's node first, then node by node (bundle order within one).
+        here = ray.get_runtime_context().get_node_id()
+        order = sorted(range(self.world_size), key=lambda i: (infos[i]["node_id"] != here, infos[i]["node_id"], i))
+        self.actors = [created[i] for i in order]
+        self.actor_info = [infos[i] for i in order]
+        for rank, info in enumerate(self.actor_info):
+            logger.info("worker %d: Ray actor pid %d on node %s (%s)", rank, info["pid"], info["ip"],
+                        info["node_id"][:12])
+        port = self._gather([self.actors[0].free_port.remote()], "free_port", _STARTUP_TIMEOUT_S, True)[0]
+        ip = self.actor_info[0]["ip"]
+        init_method = f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
+        config_bytes = ipc.encode(self.config.to_builtins())
+        refs = [actor.start.remote(config_bytes, rank, local_rank, init_method, env)
+                for rank, (actor, local_rank, env) in enumerate(zip(self.actors, *self._placement_env(
+                    device_key, current_platform.device_control_env_var, current_platform.additional_env_vars)))]
+        for rank, (kind, payload) in enumerate(self._gather(refs, "start", _STARTUP_TIMEOUT_S, True)):
+            data = ipc.decode(payload)
+            if kind == ipc.FAILED:
+                raise RuntimeError(f"worker {rank} failed to start: {data['error']}\n{data['traceback']}")
+            self._async_ok = self._async_ok and bool(data["async_scheduling"])
+
+    def _placement_env(self, device_key: str, device_var: str,
+                       additional: list[str] | tuple[str, ...]) -> tuple[list[int], list[dict[str, str]]]:
+        """Each rank's ``local_rank`` and the variables its actor sets before building the worker."""
+        base = envs.forwarded_environment(additional)
+        local_ranks: list[int] = []
+        envs_by_rank: list[dict[str, str]] = []
+        for info in self.actor_info:
+            same_node = [i for i in self.actor_info if i["node_id"] == info["node_id"]]
+            env = dict(base)
+            own = info["devices"].get(device_key, [])
+            if device_key != "CPU" and device_var and own:
+                # Every actor of the node sees the node's devices (peer access between
+                # ranks); local_rank picks its own.
+                node_ids = sorted({d for i in same_node for d in i["devices"].get(device_key, [])},
+                                  key=lambda d: (len(d), d))
+                env[device_var] = ",".join(node_ids)
+                local_ranks.append(node_ids.index(own[0]))
+            else:
+                local_ranks.append(same_node.index(info))
+            envs_by_rank.append(env)
+        return local_ranks, envs_by_rank
+
+    # -- calls -----------------------------------------------------------------------
+    def _gather(self, refs: list[Any], what: str, timeout_s: float | None = None,
+                starting: bool = False) -> list[Any]:
+        """The results of one task per rank, failing as soon as any rank's actor dies.
+
+        Raises:
+            WorkerDiedError: An actor died (the executor has released everything).
+            TimeoutError: ``timeout_s`` passed.
+        """
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        waiting = list(refs)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while waiting:
+            ready, waiting = ray.wait(waiting, num_returns=1, timeout=_POLL_S)
+            for ref in ready:
+                results[rank_of[ref]] = self._get(rank_of[ref], ref, what, starting)
+            if deadline is not None and waiting and time.monotonic() > deadline:
+                ranks = sorted(rank_of[r] for r in waiting)
+                raise TimeoutError(f"worker(s) {ranks} did not answer {what} within {timeout_s:.0f} s")
+        return results
+
+    def _get(self, rank: int, ref: Any, what: str, starting: bool = False) -> Any:
+        """One rank's finished task's result; its actor's death as :class:`WorkerDiedError`."""
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayActorError as exc:
+            raise self._died(rank, exc, starting) from None
+        except ray.exceptions.RayError as exc:
+            raise RuntimeError(f"worker {rank}: {what} failed in its Ray actor: {exc}") from None
+
+    def _died(self, rank: int, exc: Exception, starting: bool) -> WorkerDiedError:
+        info = self.actor_info[rank] if rank < len(self.actor_info) else {}
+        where = f"pid {info['pid']} on node {info['ip']}" if info else "not placed yet"
+        when = "while starting" if starting else "while the engine was running"
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        error = WorkerDiedError(f"worker {rank} (Ray actor, {where}) died {when}: {reason}")
+        logger.error("%s; stopping the other workers", error)
+        self._dead = error
+        # The engine core may exit without shutdown(): leave nothing behind. No polite
+        # shutdown: the other ranks may be waiting for the dead one in a collective.
+        self._release(graceful=False)
+        return error
+
+    def _usable(self) -> None:
+        if self._dead is not None:
+            raise self._dead
+        if self._closed:
+            raise RuntimeError("the Ray executor is shut down")
+
+    def _step_data(self, scheduler_output: SchedulerOutput) -> Any:
+        data = ipc.encode(scheduler_output)
+        return ray.put(data) if self.world_size > 1 and len(data) > _INLINE_BYTES else data
+
+    def _call(self, method: str, *args: Any, payload: Any = None) -> list[bytes]:
+        """Run a worker method on every rank; the replies by rank.
+
+        Raises:
+            RuntimeError: A worker raised (its message and traceback), or async steps
+                are uncollected.
+            WorkerDiedError: An actor died.
+        """
+        self._usable()
+        if self._in_flight:
+            raise RuntimeError(f"{method} called while async steps {list(self._in_flight)} are not "
+                               "collected: collect() them first")
+        data = ipc.encode(list(args)) if payload is None else payload
+        replies = self._gather([a.call.remote(method, data) for a in self.actors], method)
+        for rank, (kind, reply) in enumerate(replies):
+            if kind == _ERROR:
+                err = ipc.decode(reply)
+                raise RuntimeError(f"worker {rank}: {method} failed: {err['error']}\n{err['traceback']}")
+        return [reply for _, reply in replies]
+
+    def determine_num_blocks(self) -> int:
+        return min(ipc.decode(r, int) for r in self._call("determine_num_blocks"))
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self._call("initialize_cache", num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        replies = self._call("execute_model", payload=self._step_data(scheduler_output))
+        return ipc.decode(replies[0], ModelRunnerOutput)  # rank 0 samples for all
+
+    @property
+    def supports_async_scheduling(self) -> bool:
+        """Whether every rank's runner can launch steps before collecting the last one."""
+        return self._async_ok
+
+    def execute_model_async(self, scheduler_output: SchedulerOutput) -> StepHandle:
+        """Launch one step on every rank without waiting (see the module docstring).
+
+        Returns:
+            The handle to pass to :meth:`collect`, in launch order.
+        """
+        self._usable()
+        seq = self._next_seq
+        self._next_seq += 1
+        data = self._step_data(scheduler_output)
+        self._in_flight.append(seq)
+        self._launched = [a.launch.remote(seq, data) for a in self.actors]
+        return StepHandle(seq, id(self))
+
+    def collect(self, pending: StepHandle) -> ModelRunnerOutput:
+        """The output of the oldest uncollected step, which ``pending`` must name.
+
+        Raises:
+            RuntimeError: ``pending`` is not that step (collected already, out of order,
+                another executor's), or a worker raised in the step.
+            WorkerDiedError: An actor died before answering.
+        """
+        self._usable()
+        if not isinstance(pending, StepHandle) or pending.owner != id(self):
+            raise RuntimeError(f"collect({pending!r}): not a step handle of this executor")
+        seq = pending.seq
+        if not self._in_flight or self._in_flight[0] != seq:
+            oldest = self._in_flight[0] if self._in_flight else None
+            raise RuntimeError(f"collect(step {seq}): steps are collected once each in launch order; "
+                               f"the oldest uncollected step is {oldest}")
+        self._in_flight.popleft()
+        replies = self._gather([a.result.remote(seq) for a in self.actors], f"step {seq}")
+        for rank, (kind, reply) in enumerate(replies):
+            if kind == _STEP_ERROR:
+                err = ipc.decode(reply)
+                raise RuntimeError(f"worker {rank}: step {seq} (execute_model_async) failed: "
+                                   f"{err['error']}\n{err['traceback']}")
+        return ipc.decode(replies[0][1], ModelRunnerOutput)  # rank 0 samples for all
+
+    def check_health(self) -> None:
+        """Raise if an actor is dead: a launch that failed, else a ping of every rank."""
+        self._usable()
+        if self._in_flight:
+            # Each actor is busy with steps: a ping would wait behind them. A dead actor's
+            # launch is already answered with its death.
+            ready, _ = ray.wait(self._launched, num_returns=len(self._launched), timeout=0)
+            for rank, ref in enumerate(self._launched):
+                if ref in ready:
+                    self._get(rank, ref, "check_health")
+            return
+        self._gather([a.ping.remote() for a in self.actors], "check_health", _HEALTH_TIMEOUT_S)
+
+    # -- shutdown --------------------------------------------------------------------
+    def _release(self, graceful: bool = True) -> None:
+        """Kill the actors (after stopping their workers when ``graceful``) and remove the
+        placement group; best effort."""
+        actors, self.actors = self.actors, []
+        self._in_flight.clear()
+        self._launched = []
+        if actors and graceful:
+            try:
+                ray.wait([a.shutdown.remote() for a in actors], num_returns=len(actors), timeout=_SHUTDOWN_WAIT_S)
+            except Exception:  # a dead actor or a lost cluster: killing is all that is left
+                pass
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+        pg, self.placement_group = self.placement_group, None
+        if pg is not None:
+            try:
+                remove_placement_group(pg)
+            except Exception:
+                pass
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._release()
+        if self._joined_ray:
+            self._joined_ray = False
+            ray.shutdown()  # leaves the cluster; stops it if it was started here

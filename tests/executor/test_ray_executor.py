@@ -1,0 +1,198 @@
+"""``--distributed-executor-backend ray`` on a real two-node Ray cluster on this machine.
+
+The cluster (``ray start --head`` and ``ray start --address ...``, 2 CPUs each, each node
+with its own temp dir) is started once for the module with ``--block``: stopping those
+two processes stops exactly this cluster's processes (never ``ray stop``, which stops
+every Ray process of the machine). Both nodes see the example plugins, as if installed
+on every machine; the servers reach the cluster through ``RAY_ADDRESS``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterator
+
+import openai
+import pytest
+
+from tests.conftest import plugin_env, run_python
+from tests.server.conftest import alive, descendants, free_port, start_server, stop_and_check, wait_until
+
+pytest.importorskip("ray", reason="the ray extra (pip install 'forkless[ray]') is not installed")
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["Hello", "The capital of France is", "1, 2, 3, 4,"]
+_ACTOR_LINE = re.compile(r"worker (\d+): Ray actor pid (\d+) on node (\S+) \((\w+)\)")
+_RAY = str(Path(sys.executable).with_name("ray"))
+
+
+class RayCluster:
+    """Two Ray nodes started with ``ray start --block`` (head and worker)."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.temp_dirs: list[str] = []
+        self.procs: list[subprocess.Popen] = []
+        self.pids: list[int] = []  # every process of the two nodes, for the teardown
+
+    def start_node(self, *args: str) -> None:
+        temp = tempfile.mkdtemp(prefix="fkray-")  # short: Ray's socket paths live under it
+        self.temp_dirs.append(temp)
+        log = open(os.path.join(temp, "ray-start.log"), "wb")
+        self.procs.append(subprocess.Popen(
+            [_RAY, "start", "--block", "--num-cpus", "2", "--temp-dir", temp, "--object-store-memory", "100000000",
+             "--disable-usage-stats", *args], env=self.env, stdout=log, stderr=subprocess.STDOUT))
+
+    def query(self, code: str, timeout: float = 120) -> dict:
+        """Run ``code`` in a fresh Ray driver connected to the cluster; the JSON it prints last."""
+        script = ("import json, ray\nray.init(address=%r, logging_level='ERROR', log_to_driver=False)\n%s\n"
+                  "ray.shutdown()\n") % (self.address, code)
+        proc = run_python(script, self.env, timeout=timeout)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    def state(self) -> dict:
+        """Alive nodes, total and free CPUs, and placement groups not removed."""
+        return self.query(
+            "from ray.util import placement_group_table\n"
+            "pgs = [p for p in placement_group_table().values() if p['state'] != 'REMOVED']\n"
+            "print(json.dumps({'nodes': sum(n['Alive'] for n in ray.nodes()), "
+            "'cpus': ray.cluster_resources().get('CPU', 0), 'free_cpus': ray.available_resources().get('CPU', 0), "
+            "'placement_groups': len(pgs)}))")
+
+    def stop(self) -> None:
+        self.pids = sorted({p for proc in self.procs for p in descendants(proc.pid)} | set(self.pids))
+        for proc in reversed(self.procs):  # the worker node first, then the head
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        for pid in self.pids:  # whatever of this cluster outlived its `ray start`
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        for temp in self.temp_dirs:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(plugin_site: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    env = plugin_env(plugin_site, tmp_path_factory.mktemp("ray-env"), RAY_USAGE_STATS_ENABLED="0")
+    cluster = RayCluster(env)
+    try:
+        cluster.start_node("--head", "--port", str(cluster.port), "--include-dashboard=false")
+        cluster.start_node("--address", cluster.address)
+        assert wait_until(lambda: cluster.state()["nodes"] == 2, 120, 1), "the worker node did not join"
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def ray_env(cluster: RayCluster, **extra: str) -> dict[str, str]:
+    return {"RAY_ADDRESS": cluster.address, **extra}
+
+
+def actors(log: str) -> dict[int, tuple[int, str]]:
+    """``{rank: (pid, node id prefix)}`` from the executor's start-up lines."""
+    return {int(m[1]): (int(m[2]), m[4]) for m in _ACTOR_LINE.finditer(log)}
+
+
+def completions(srv, **kwargs) -> list[str]:
+    client = srv.client(timeout=120)
+    out = [client.completions.create(model="tiny", prompt=p, max_tokens=12, temperature=0, **kwargs).choices[0].text
+           for p in PROMPTS]
+    batch = client.completions.create(model="tiny", prompt=PROMPTS, max_tokens=12, temperature=0, **kwargs)
+    assert [c.text for c in sorted(batch.choices, key=lambda c: c.index)] == out
+    return out
+
+
+@pytest.fixture(scope="module")
+def mp_outputs(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    srv = start_server(tiny_llama, tmp_path_factory.mktemp("mp"), "--served-model-name", "tiny",
+                       "--distributed-executor-backend", "mp")
+    try:
+        return completions(srv)
+    finally:
+        assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_ray_serves_the_greedy_completions_of_mp_with_the_plugins_loaded_in_the_actor(
+        async_scheduling: bool, ray_cluster: RayCluster, mp_outputs: list[str], tiny_llama: Path,
+        plugin_site: Path, tmp_path: Path) -> None:
+    records = tmp_path / "records"
+    records.mkdir()
+    flags = ["--async-scheduling"] if async_scheduling else []
+    srv = start_server(tiny_llama, tmp_path, "--served-model-name", "tiny", "--distributed-executor-backend", "ray",
+                       *flags, site=plugin_site,
+                       env_extra=ray_env(ray_cluster, FORKLESS_PLUGINS="example_model",
+                                         FORKLESS_EXAMPLE_RECORD_DIR=str(records)))
+    try:
+        assert completions(srv) == mp_outputs
+        ((rank, (pid, _)),) = actors(srv.log()).items()
+        assert rank == 0
+        assert pid not in descendants(srv.proc.pid)  # the worker runs in Ray's process, not below the server
+        # The general plugin ran in the actor's process, loaded by the actor itself.
+        events = [json.loads(line) for line in (records / f"{pid}.jsonl").read_text().splitlines()]
+        assert [e["event"] for e in events] == ["registered"]
+        if async_scheduling:
+            assert "--async-scheduling is not supported" not in srv.log()
+        assert ray_cluster.state()["placement_groups"] == 1  # one bundle reserved while serving
+    finally:
+        assert stop_and_check(srv) == 0, srv.log()[-3000:]
+    assert not alive(pid)  # shutdown killed the actor
+    state = ray_cluster.state()
+    assert (state["placement_groups"], state["free_cpus"]) == (0, state["cpus"]), state
+
+
+def test_killed_actor_fails_the_request_within_seconds_and_leaves_nothing_behind(
+        ray_cluster: RayCluster, tiny_llama: Path, tmp_path: Path) -> None:
+    srv = start_server(tiny_llama, tmp_path, "--max-model-len", "512", "--distributed-executor-backend", "ray",
+                       env_extra=ray_env(ray_cluster))
+    processes = descendants(srv.proc.pid)
+    try:
+        ((_, (pid, _)),) = actors(srv.log()).items()
+        client = srv.client(timeout=60)  # a hang fails the test instead of blocking it
+        stream = client.completions.create(model=str(tiny_llama), prompt="Keep going", max_tokens=480,
+                                           temperature=0, stream=True, extra_body={"ignore_eos": True})
+        next(iter(stream))  # the request is running
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(openai.APIError) as caught:
+            for _ in stream:
+                pass
+        assert time.monotonic() - killed < 10
+        assert "died" in str(caught.value) or "dead" in str(caught.value), caught.value
+        assert srv.proc.wait(60) != 0  # the server notices and shuts itself down
+        assert wait_until(lambda: not any(alive(p) for p in processes), 15), [p for p in processes if alive(p)]
+        assert re.search(r"worker 0 \(Ray actor, pid \d+ on node \S+\) died while the engine was running", srv.log())
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    state = ray_cluster.state()
+    assert (state["nodes"], state["placement_groups"], state["free_cpus"]) == (2, 0, state["cpus"]), state
+
+
+def test_ray_is_optional(tmp_path: Path) -> None:
+    # forkless imports and serves other executors without Ray; choosing ray says what to install.
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "import forkless\n"
+            "from forkless.executor import available_executors, get_executor_cls\n"
+            "assert 'ray' in available_executors() and get_executor_cls('mp').__name__ == 'MultiprocExecutor'\n"
+            "try:\n    get_executor_cls('ray')\nexcept ImportError as exc:\n    print(exc)\n")
+    proc = run_python(code, plugin_env(None, tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "pip install 'forkless[ray]'" in proc.stdout
