@@ -78,6 +78,10 @@ class ProposalBatch:
             ``needs_hidden_states``; else ``None``.
         step: Every row of the step (:class:`StepRow`), the batch's requests among them,
             only for a proposer with ``uses_kv_cache``; else ``None``.
+        num_verified: ``[len(request_ids)]`` int64: how many of each request's previous
+            drafts this step scored (the rest were never scored: the step had no room for
+            them, or, with async scheduling, ran before they were known; 0 for all of
+            them). ``None`` when not known: then every draft counts as scored.
     """
 
     request_ids: list[str]
@@ -85,6 +89,7 @@ class ProposalBatch:
     num_tokens: "np.ndarray"
     hidden_states: Any = None
     step: "list[StepRow] | None" = None
+    num_verified: "np.ndarray | None" = None
 
 
 @stability(Stability.PROVISIONAL)

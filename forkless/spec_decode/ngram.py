@@ -20,8 +20,10 @@ Invariants:
       A rejected draft costs a verification of ``1 + k`` positions and the rejection
       sampler for one token, so text that does not repeat decodes at about the plain
       speed, while text that does keeps its drafts. Whether a draft was kept is read off
-      the history (the tokens that followed it), so no feedback channel is needed; the
-      state of a request that leaves the batch is dropped (it starts afresh).
+      the history (the tokens that followed it), up to the drafts the step scored
+      (``ProposalBatch.num_verified``: a draft never scored, because the step had no room
+      or ran before it was known, says nothing either way); the state of a request that
+      leaves the batch is dropped (it starts afresh).
     * A request's draft length follows how much of its drafts the target keeps: halved
       (down to 1) after a draft the target cut short, doubled (up to
       ``num_speculative_tokens``) after one it kept whole. Each drafted position costs a
@@ -102,14 +104,15 @@ class NgramProposer(Proposer):
             n = int(batch.num_tokens[i])
             history = batch.token_ids[i, :n]
             previous, then, streak, skip, size = self._last.get(rid, ([], 0, 0, 0, k))
-            if previous and n > then:
+            scored = len(previous) if batch.num_verified is None else min(int(batch.num_verified[i]), len(previous))
+            if scored and n > then:
                 # The target kept the draft's tokens that the old history goes on with.
                 kept = 0
-                while kept < len(previous) and then + kept < n and int(history[then + kept]) == previous[kept]:
+                while kept < scored and then + kept < n and int(history[then + kept]) == previous[kept]:
                     kept += 1
                 streak = 0 if kept else streak + 1
                 skip = min(2 ** (streak - 1), MAX_BACKOFF) if streak >= 2 else 0
-                size = min(2 * size, k) if kept == len(previous) else max(size // 2, 1)
+                size = min(2 * size, k) if kept == scored else max(size // 2, 1)
             if skip:
                 skip -= 1
                 draft: list[int] = []

@@ -136,12 +136,12 @@ def last_hidden_states(last_hidden: torch.Tensor, verification: Verification | N
 
 
 def propose(proposer: Proposer, histories: list[tuple[str, list[int], list[int]]], hidden_states: Any = None,
-            step: list[StepRow] | None = None) -> dict[str, list[int]]:
+            step: list[StepRow] | None = None, num_verified: list[int] | None = None) -> dict[str, list[int]]:
     """The proposer's drafts for requests ``(id, prompt, output)``; only non-empty ones.
 
-    ``hidden_states`` and ``step`` go into the :class:`ProposalBatch` (for the proposers
-    that ask for them). With ``step``, the proposer runs even without requests to propose
-    for: its cache must follow every step.
+    ``hidden_states``, ``step`` and ``num_verified`` (per request, the drafts this step
+    scored) go into the :class:`ProposalBatch`. With ``step``, the proposer runs even
+    without requests to propose for: its cache must follow every step.
     """
     if not histories:
         if step:
@@ -153,7 +153,8 @@ def propose(proposer: Proposer, histories: list[tuple[str, list[int], list[int]]
     for row, (_, prompt, output) in enumerate(histories):
         ids[row, : len(prompt)] = prompt
         ids[row, len(prompt) : lengths[row]] = output
-    batch = ProposalBatch([rid for rid, _, _ in histories], ids, lengths, hidden_states, step)
+    verified = None if num_verified is None else np.array(num_verified, dtype=np.int64)
+    batch = ProposalBatch([rid for rid, _, _ in histories], ids, lengths, hidden_states, step, verified)
     drafts = proposer.propose(batch)
     k = proposer.num_speculative_tokens
     return {rid: [int(t) for t in d[:k]] for (rid, _, _), d in zip(histories, drafts) if len(d)}

@@ -145,6 +145,40 @@ def test_ngram_backs_off_after_rejected_drafts() -> None:
     assert all(step("s", follow=True) for _ in range(12))
 
 
+def test_ngram_judges_only_the_drafts_a_step_scored() -> None:
+    """A draft the step never scored (async scheduling ran the step before the draft was
+    known, or the budget left no room) neither shrinks the draft length nor backs off;
+    the scored part of a draft cut short by the scheduler counts as kept whole."""
+    config = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 4,
+                                          "prompt_lookup_min": 1, "prompt_lookup_max": 2})
+    proposer = NgramProposer(config)
+    history = [1, 2, 3, 4, 5, 6, 7, 1, 2]
+
+    def step(appended: list[int], scored: int) -> list[int]:
+        nonlocal history
+        history = history + appended
+        return proposer.propose(ProposalBatch(["r"], np.array([history]), np.array([len(history)]),
+                                              num_verified=np.array([scored])))[0]
+
+    assert step([], 0) == [3, 4, 5, 6]
+    # Unscored steps whose one token differs from the guess: nothing learnt, the drafts
+    # are a fresh proposer's (full length, no lookup skipped).
+    for token in (5, 1, 3, 7):
+        draft = step([token], 0)
+        fresh = NgramProposer(config).propose(ProposalBatch(["r"], np.array([history]), np.array([len(history)])))
+        assert draft and draft == fresh[0]
+    # Scored and rejected twice in a row: the lookups back off, as without async steps.
+    history = [1, 2, 3, 4, 5, 6, 7, 1, 2]
+    proposer = NgramProposer(config)
+    assert step([], 0)
+    assert step([5], 4) and not step([1], 2)
+    # Two of four scored and both kept: kept whole, the length stays 4.
+    proposer = NgramProposer(config)
+    history = [1, 2, 3, 4, 5, 6, 7, 1, 2]
+    assert step([], 0) == [3, 4, 5, 6]
+    assert len(step([3, 4, 7], 2)) == 4
+
+
 def _lookup_by_hand(history: list[int], min_n: int, max_n: int, k: int) -> list[int]:
     # The definition, one window at a time: longest suffix first, latest occurrence first.
     length = len(history)
