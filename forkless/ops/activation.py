@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from forkless.ops.interface import CustomOp
-from forkless.ops.kernels import FusedKernelOp
+from forkless.ops import fused_cpu
+from forkless.ops.kernels import FusedKernelOp, triton_kernels
 
 
 @CustomOp.register("silu_and_mul")
@@ -28,9 +29,9 @@ class SiluAndMul(FusedKernelOp):
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype is not torch.float32:  # the C kernels are float32 only
             return self.forward_native(x)
-        return self.kernels.silu_and_mul(x)
+        return fused_cpu.silu_and_mul(x)
 
     def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
         if not x.is_cuda:
             return self.forward_native(x)
-        return self.kernels.silu_and_mul(x)
+        return triton_kernels().silu_and_mul(x)

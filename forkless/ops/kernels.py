@@ -44,17 +44,14 @@ def triton_kernels() -> ModuleType | None:
 class FusedKernelOp(CustomOp):
     """A built-in op whose ``forward_cpu`` / ``forward_cuda`` run forkless's fused kernels.
 
-    Attributes:
-        kernels: The kernel module the chosen method calls (None for ``forward_native``).
+    Where those kernels are missing, the op binds ``forward_native`` instead.
     """
-
-    kernels: ModuleType | None = None
 
     def dispatch_forward(self) -> Callable[..., Any]:
         method = super().dispatch_forward()
         name = method.__name__
-        if name in ("forward_cpu", "forward_cuda"):
-            self.kernels = cpu_kernels() if name == "forward_cpu" else triton_kernels()
-            if self.kernels is None:
-                return self.forward_native
+        if name == "forward_cpu" and cpu_kernels() is None:
+            return self.forward_native
+        if name == "forward_cuda" and triton_kernels() is None:
+            return self.forward_native
         return method

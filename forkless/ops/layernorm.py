@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from forkless.ops.interface import CustomOp
-from forkless.ops.kernels import FusedKernelOp
+from forkless.ops import fused_cpu
+from forkless.ops.kernels import FusedKernelOp, triton_kernels
 
 
 @CustomOp.register("rms_norm")
@@ -54,7 +55,7 @@ class RMSNorm(FusedKernelOp):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if x.dtype is not torch.float32:  # the C kernels are float32 only
             return self.forward_native(x, residual)
-        out, summed = self.kernels.rms_norm(x, self.weight, self.eps, residual)
+        out, summed = fused_cpu.rms_norm(x, self.weight, self.eps, residual)
         return out if residual is None else (out, summed)
 
     def forward_cuda(
@@ -62,5 +63,5 @@ class RMSNorm(FusedKernelOp):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if not x.is_cuda:
             return self.forward_native(x, residual)
-        out, summed = self.kernels.rms_norm(x, self.weight, self.eps, residual)
+        out, summed = triton_kernels().rms_norm(x, self.weight, self.eps, residual)
         return out if residual is None else (out, summed)

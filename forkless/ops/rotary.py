@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 import torch
 from forkless.ops.interface import CustomOp
-from forkless.ops.kernels import FusedKernelOp
+from forkless.ops import fused_cpu
+from forkless.ops.kernels import FusedKernelOp, triton_kernels
 
 
 def _default_inv_freq(base: float, dim: int) -> torch.Tensor:
@@ -127,7 +128,7 @@ class RotaryEmbedding(FusedKernelOp):
         if q.dtype is not torch.float32:  # the C kernels are float32 only
             return self.forward_native(positions, q, k)
         cos, sin = self._cos_sin(positions, q.dtype)
-        self.kernels.rotary_(q, k, cos, sin, self.rotary_dim)
+        fused_cpu.rotary_(q, k, cos, sin, self.rotary_dim)
         return q, k
 
     def forward_cuda(
@@ -136,5 +137,5 @@ class RotaryEmbedding(FusedKernelOp):
         if not q.is_cuda:
             return self.forward_native(positions, q, k)
         cos, sin = self._cos_sin(positions, q.dtype)
-        self.kernels.rotary_(q, k, cos, sin, self.rotary_dim)
+        triton_kernels().rotary_(q, k, cos, sin, self.rotary_dim)
         return q, k

@@ -18,14 +18,14 @@ def _ops() -> list[CustomOp]:
 
 
 def test_cuda_platform_binds_the_triton_kernels():
-    from forkless.ops import fused_triton
+    from forkless.ops import fused_triton, kernels
     from forkless.platforms import current_platform
 
     assert current_platform.is_cuda()
     for op in _ops():
         assert op.implementation == "forward_cuda"
         assert op.forward.__func__ is type(op).forward_cuda
-        assert op.kernels is fused_triton
+    assert kernels.triton_kernels() is fused_triton
 
 
 def test_fused_kernels_off_binds_forward_native(monkeypatch):

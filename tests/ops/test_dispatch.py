@@ -51,6 +51,18 @@ def test_cpu_platform_binds_forward_cpu_as_the_forward_itself():
         assert op.forward.__func__ is type(op).forward_cpu
 
 
+def test_a_copied_op_runs_its_own_bound_method():
+    import copy
+
+    norm = RMSNorm(64)
+    norm.weight.data.normal_()
+    twin = copy.deepcopy(norm)
+    assert twin.forward.__self__ is twin and twin.implementation == "forward_cpu"
+    twin.weight.data.mul_(2)  # the copy's own weight, not the original's
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(twin(x), norm(x) * 2)
+
+
 def test_fused_kernels_off_binds_forward_native(monkeypatch):
     monkeypatch.setenv("FORKLESS_FUSED_KERNELS", "0")
     for op in _ops():
