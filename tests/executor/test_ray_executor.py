@@ -34,6 +34,10 @@ pytestmark = pytest.mark.slow
 PROMPTS = ["Hello", "The capital of France is", "1, 2, 3, 4,"]
 _ACTOR_LINE = re.compile(r"worker (\d+): Ray actor pid (\d+) on node (\S+) \((\w+)\)")
 _RAY = str(Path(sys.executable).with_name("ray"))
+# A Ray instance that ray.init() starts turns token authentication on and writes a token
+# to ~/.ray, which every later `ray start` of the machine then requires: the tests say
+# which mode they want instead.
+NO_TOKEN = {"RAY_AUTH_MODE": "disabled"}
 
 
 class RayCluster:
@@ -90,7 +94,7 @@ class RayCluster:
 
 @pytest.fixture(scope="module")
 def ray_cluster(plugin_site: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
-    env = plugin_env(plugin_site, tmp_path_factory.mktemp("ray-env"), RAY_USAGE_STATS_ENABLED="0")
+    env = plugin_env(plugin_site, tmp_path_factory.mktemp("ray-env"), RAY_USAGE_STATS_ENABLED="0", **NO_TOKEN)
     cluster = RayCluster(env)
     try:
         cluster.start_node("--head", "--port", str(cluster.port), "--include-dashboard=false")
@@ -102,7 +106,7 @@ def ray_cluster(plugin_site: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def ray_env(cluster: RayCluster, **extra: str) -> dict[str, str]:
-    return {"RAY_ADDRESS": cluster.address, **extra}
+    return {"RAY_ADDRESS": cluster.address, **NO_TOKEN, **extra}
 
 
 def actors(log: str) -> dict[int, tuple[int, str]]:
@@ -127,6 +131,39 @@ def mp_outputs(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> li
         return completions(srv)
     finally:
         assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
+LOCAL_RAY = '''
+import json, sys
+sys.path.insert(0, {repo!r})
+from forkless import LLM, SamplingParams
+from tests.server.conftest import descendants
+
+if __name__ == "__main__":
+    llm = LLM({model!r}, distributed_executor_backend="ray", max_model_len=256, kv_cache_memory=32 << 20)
+    outs = llm.generate({prompts!r}, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    started = descendants(__import__("os").getpid())  # the Ray instance this process started
+    llm.llm_engine.shutdown()
+    print(json.dumps({{"texts": [o.outputs[0].text for o in outs], "ray_processes": started}}))
+'''
+
+
+def test_without_a_cluster_the_engine_starts_a_ray_instance_of_its_own_and_stops_it(
+        mp_outputs: list[str], tiny_llama: Path, tmp_path: Path) -> None:
+    # No RAY_ADDRESS and no Ray cluster on this machine (this test runs before the module's
+    # cluster starts): the offline engine starts a local Ray instance, runs its worker
+    # there, and stops it at shutdown.
+    script = tmp_path / "local_ray.py"
+    script.write_text(LOCAL_RAY.format(repo=str(Path(__file__).parents[2]), model=str(tiny_llama), prompts=PROMPTS))
+    proc = subprocess.run([sys.executable, str(script)], env=plugin_env(None, tmp_path, RAY_ADDRESS=None, **NO_TOKEN),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "no Ray cluster is running here (RAY_ADDRESS is unset): starting a local one" in proc.stderr
+    assert report["texts"] == mp_outputs
+    assert report["ray_processes"]  # its GCS, raylet...: children of the engine's process
+    assert wait_until(lambda: not any(alive(p) for p in report["ray_processes"]), 30), \
+        [p for p in report["ray_processes"] if alive(p)]
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
@@ -196,3 +233,4 @@ def test_ray_is_optional(tmp_path: Path) -> None:
     proc = run_python(code, plugin_env(None, tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert "pip install 'forkless[ray]'" in proc.stdout
+
