@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     {"forkless.protocol", "forkless.outputs", "forkless.tokenizers"},
     {"forkless.cpu_kernels", "forkless.tool_parsers", "forkless.reasoning", "forkless.metrics",
      "forkless.logits_processors", "forkless.structured_output", "forkless.io_processors"},
-    {"forkless.attention", "forkless.sample", "forkless.core", "forkless.pooling"},
+    {"forkless.attention", "forkless.sample", "forkless.core", "forkless.pooling", "forkless.distributed"},
     {"forkless.platforms"},
     {"forkless.ops"},
     {"forkless.models", "forkless.spec_decode", "forkless.kv_transfer"},

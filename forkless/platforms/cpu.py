@@ -33,6 +33,8 @@ class CpuPlatform(Platform):
     device_name = _host.processor() or _host.machine() or "cpu"
     dispatch_key = "CPU"
     dist_backend = "gloo"
+    # Tensor parallelism between CPU worker processes (forkless.distributed).
+    device_communicator_cls = "forkless.distributed.gloo:GlooCommunicator"
     device_control_env_var = "CPU_VISIBLE_MEMORY_NODES"
     # The torch reference plus a compiled C decode kernel (the reference path without a
     # C compiler).

@@ -50,6 +50,7 @@ class CudaPlatform(Platform):
     dispatch_key = "CUDA"
     ray_device_key = "GPU"
     dist_backend = "nccl"
+    device_communicator_cls = "forkless.distributed.nccl:NcclCommunicator"
     device_control_env_var = "CUDA_VISIBLE_DEVICES"
 
     @classproperty

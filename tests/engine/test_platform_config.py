@@ -22,7 +22,8 @@ def test_unknown_attention_backend_fails_at_config_time_listing_names(llama_dir:
 def test_platform_fills_worker_and_communicator(llama_dir: Path) -> None:
     config = EngineArgs(model=str(llama_dir)).create_engine_config()
     assert config.parallel_config.worker_cls == "forkless.worker.worker:Worker"
-    assert config.parallel_config.device_communicator_cls is None  # the CPU needs none
+    # gloo between CPU worker processes (tensor parallelism); built only with -tp > 1
+    assert config.parallel_config.device_communicator_cls == "forkless.distributed.gloo:GlooCommunicator"
     explicit = EngineArgs(model=str(llama_dir)).create_engine_config()
     explicit.parallel_config.worker_cls = "pkg.mod:MyWorker"
     from forkless.platforms import current_platform
