@@ -179,7 +179,9 @@ class ParallelConfig:
 
     Attributes:
         distributed_executor_backend: ``"uni"``, ``"mp"`` or an ``Executor`` class path.
-        world_size: Number of workers.
+        world_size: Number of workers (``tensor_parallel_size * pipeline_parallel_size``).
+        tensor_parallel_size: Ranks each layer is split across (``-tp``).
+        pipeline_parallel_size: Stages the layers are split into (``-pp``; only 1 so far).
         worker_cls: Worker class path; ``"auto"`` (vLLM's spelling) leaves the choice
             to the platform, whose ``check_and_update_config`` sets it (a ``"auto"``
             left over means the platform's ``worker_cls`` attribute).
@@ -189,6 +191,8 @@ class ParallelConfig:
 
     distributed_executor_backend: str = "uni"
     world_size: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     worker_cls: str = "auto"
     device_communicator_cls: str | None = None
 
@@ -309,6 +313,9 @@ class EngineArgs:
     enforce_eager: bool = False
     async_scheduling: bool = False
     distributed_executor_backend: str | type = "uni"
+    # -tp / -pp (vLLM's): workers = tp x pp; more than one runs on the mp executor.
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     num_threads: int | None = None
     # Read by AsyncLLM.from_engine_args (the periodic throughput line; /metrics stays).
     disable_log_stats: bool = False
@@ -414,7 +421,11 @@ class EngineArgs:
         g.add_argument("--async-scheduling", action="store_true",
                        help="prepare step N+1 on the host while the device runs step N")
         g.add_argument("--distributed-executor-backend", default=d.distributed_executor_backend,
-                       help="uni, mp, or an Executor class path")
+                       help="uni, mp, or an Executor class path (uni becomes mp with more than one worker)")
+        g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
+                       help="split every layer across this many worker processes (one device each)")
+        g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=d.pipeline_parallel_size,
+                       help="split the layers into this many stages (only 1 is supported yet)")
         g.add_argument("--disable-log-stats", action="store_true",
                        help="do not log throughput periodically (the /metrics endpoint stays)")
         g.add_argument("--structured-outputs-config", default=None, metavar="JSON",
@@ -570,8 +581,7 @@ class EngineArgs:
                 seed=self.seed,
                 num_threads=self.num_threads,
             ),
-            parallel_config=ParallelConfig(
-                distributed_executor_backend=_as_path(self.distributed_executor_backend)),
+            parallel_config=self._parallel_config(hf, pooler is not None),
             scheduler_cls=_as_path(self.scheduler_cls),
             logits_processors=_split_paths(self.logits_processors),
             lora_config=LoRAConfig(
@@ -586,6 +596,42 @@ class EngineArgs:
         current_platform.verify_model_arch(architecture)
         current_platform.check_and_update_config(config)
         return config
+
+    def _parallel_config(self, hf: dict[str, Any], pooling: bool) -> ParallelConfig:
+        """``-tp`` / ``-pp`` checked against the model and the other flags.
+
+        Raises:
+            ValueError: The model's heads or widths do not split into ``-tp`` parts (the
+                message names the field and the sizes that would), or a feature that does
+                not work with tensor parallelism yet.
+        """
+        tp = self.tensor_parallel_size
+        backend = _as_path(self.distributed_executor_backend)
+        if tp > 1:
+            text = {**_text_config(hf), **hf}
+            heads = int(text.get("num_attention_heads") or 0)
+            kv = int(text.get("num_key_value_heads") or heads)
+            checks = [("num_attention_heads", heads, heads % tp == 0),
+                      # Fewer KV heads than ranks: each rank keeps a copy of one KV head.
+                      ("num_key_value_heads", kv, kv % tp == 0 or tp % kv == 0),
+                      ("intermediate_size", int(text.get("intermediate_size") or 0),
+                       int(text.get("intermediate_size") or 0) % tp == 0)]
+            for name, value, ok in checks:
+                if not ok:
+                    fits = [n for n in range(1, value + 1) if value % n == 0] if value else []
+                    raise _bad_flag("--tensor-parallel-size", tp,
+                                    f"a size the model's {name} ({value}) splits into evenly"
+                                    + (f": one of {', '.join(map(str, fits))}" if fits else ""))
+            for on, what in ((pooling, "--runner pooling"), (self.enable_lora, "--enable-lora"),
+                             (self.kv_transfer_config is not None, "--kv-transfer-config"),
+                             (self.speculative_config is not None, "--speculative-config")):
+                if on:
+                    raise ValueError(f"{what} does not work with --tensor-parallel-size > 1 yet: "
+                                     "leave one of them out")
+            if backend == "uni":  # the in-process executor runs one worker
+                backend = "mp"
+        return ParallelConfig(distributed_executor_backend=backend, world_size=tp * self.pipeline_parallel_size,
+                              tensor_parallel_size=tp, pipeline_parallel_size=self.pipeline_parallel_size)
 
     def _pooling(self, hf: dict[str, Any], model_path: Path, architecture: str) -> tuple[PoolerConfig | None, int | None]:
         """``--runner`` / ``--convert`` / ``--pooler-config`` resolved (``forkless.pooling.config``), and
@@ -758,10 +804,15 @@ class EngineArgs:
                             ("--max-num-partial-prefills", self.max_num_partial_prefills),
                             ("--max-long-partial-prefills", self.max_long_partial_prefills),
                             ("--num-threads", self.num_threads),
+                            ("--tensor-parallel-size", self.tensor_parallel_size),
+                            ("--pipeline-parallel-size", self.pipeline_parallel_size),
                             ("--max-loras", self.max_loras), ("--max-lora-rank", self.max_lora_rank),
                             ("--max-cpu-loras", self.max_cpu_loras)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise _bad_flag(flag, value, "a positive integer")
+        if self.pipeline_parallel_size != 1:
+            raise _bad_flag("--pipeline-parallel-size", self.pipeline_parallel_size,
+                            "1: pipeline parallelism is not supported yet (use --tensor-parallel-size)")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise _bad_flag("--max-cpu-loras", self.max_cpu_loras,
                             f"at least --max-loras ({self.max_loras}): adapters in slots stay loaded")

@@ -1,5 +1,12 @@
 """The multiprocess executor: one spawned worker process per rank (``--distributed-executor-backend mp``).
 
+With ``world_size`` (``-tp``) workers, every rank gets the same calls and runs the same
+step; the ranks meet through ``torch.distributed`` at ``tcp://127.0.0.1:<free port>``
+(each joins in ``Worker.init_device``). Rank 0's output is the step's; every rank's reply
+is awaited, and a rank that dies or fails, at start-up or in a step, fails the call with
+its name: while waiting for any rank the executor watches all of them, since the others
+then wait in a collective for the dead one.
+
 Each worker process loads the general plugins itself, builds the platform's worker and
 answers calls (``[method, msgpack args]``) on a ZeroMQ socket pair. The executor watches
 the workers while it sends and waits: a worker that dies fails the call within a fraction
@@ -98,8 +105,17 @@ def _device_step_timer() -> Any:
     return CudaStepTimer() if current_platform.device_type == "cuda" else None
 
 
+def _free_port() -> int:
+    """A TCP port free on the loopback now, for the ranks' rendezvous."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, parent_pid: int,
-                 ipc_dir: str) -> None:
+                 ipc_dir: str, init_method: str | None = None) -> None:
     """Entry point of a spawned worker process.
 
     Args:
@@ -109,6 +125,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         rank: This worker's rank.
         parent_pid: The executor's process, watched to exit when it is gone.
         ipc_dir: The directory of the sockets, removed if the parent is gone at exit.
+        init_method: The ranks' ``torch.distributed`` rendezvous (several workers only).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server orchestrates shutdown
     from forkless.plugins import load_general_plugins
@@ -130,7 +147,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     outbox.connect(addr_out)
     try:
         config = EngineConfig.from_builtins(ipc.decode(config_bytes))
-        worker = create_worker(config, rank=rank)
+        worker = create_worker(config, rank=rank, distributed_init_method=init_method)
         worker.init_device()
         worker.load_model()
         # Declared by the worker (its runner's answer), asked once: the executor reports it.
@@ -233,11 +250,12 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
 
 
 class MultiprocExecutor(Executor):
-    """Worker processes behind ZeroMQ; this build runs one worker (world size 1)."""
+    """Worker processes behind ZeroMQ, one per rank (``parallel_config.world_size``)."""
 
     def __init__(self, config: "EngineConfig") -> None:
         super().__init__(config)
-        self.world_size = 1
+        self.world_size = config.parallel_config.world_size
+        init_method = f"tcp://127.0.0.1:{_free_port()}" if self.world_size > 1 else None
         inherited = ipc.inherited_ipc_dir()
         # Removed at shutdown only if made here; an inherited one is its maker's.
         self._owns_ipc_dir = inherited is None
@@ -262,20 +280,29 @@ class MultiprocExecutor(Executor):
             pull = self.ctx.socket(zmq.PULL)
             pull.bind(addr_out)
             proc = mp.Process(target=_worker_main, name=f"forkless-worker-{rank}",
-                              args=(config_bytes, addr_in, addr_out, rank, os.getpid(), self.ipc_dir))
+                              args=(config_bytes, addr_in, addr_out, rank, os.getpid(), self.ipc_dir,
+                                    init_method))
             proc.start()
             logger.info("started worker process %d (pid %d); it imports torch and loads the model", rank, proc.pid)
             self.procs.append(proc)
             self.to_workers.append(push)
             self.from_workers.append(pull)
-        for rank in range(self.world_size):
-            kind, payload = self._receive(rank, _STARTUP_TIMEOUT_S, starting=True)
+        # Ranks answer in any order; one that fails leaves the others waiting for it at
+        # the rendezvous, so its own answer (or death) is what gets reported.
+        pids: dict[int, int] = {}
+        while len(pids) < self.world_size:
+            try:
+                rank, kind, payload = self._receive_any(set(range(self.world_size)) - set(pids), _STARTUP_TIMEOUT_S)
+            except (WorkerDiedError, TimeoutError):
+                self.shutdown()
+                raise
             data = ipc.decode(payload)
             if kind == ipc.FAILED:
                 self.shutdown()
                 raise RuntimeError(f"worker {rank} failed to start: {data['error']}\n{data['traceback']}")
-            self.worker_pids.append(data["pid"])
+            pids[rank] = data["pid"]
             self._async_ok = self._async_ok and bool(data["async_scheduling"])
+        self.worker_pids = [pids[rank] for rank in range(self.world_size)]
 
     def _died(self, rank: int, starting: bool = False) -> WorkerDiedError:
         proc = self.procs[rank]
@@ -294,15 +321,41 @@ class MultiprocExecutor(Executor):
                     raise self._died(rank) from None
                 sock.poll(_POLL_MS, zmq.POLLOUT)
 
+    def _receive_any(self, ranks: set[int], timeout_s: float) -> tuple[int, bytes, bytes]:
+        """The first start-up answer of ``ranks``: ``(rank, kind, payload)``.
+
+        Raises:
+            WorkerDiedError: A worker (any rank) exited first.
+            TimeoutError: None answered within ``timeout_s``.
+        """
+        poller = zmq.Poller()
+        for rank in ranks:
+            poller.register(self.from_workers[rank], zmq.POLLIN)
+        waited = 0.0
+        while True:
+            ready = dict(poller.poll(_POLL_MS))
+            for rank in sorted(ranks):
+                if self.from_workers[rank] in ready:
+                    kind, payload = self.from_workers[rank].recv_multipart()
+                    return rank, kind, payload
+            for rank, proc in enumerate(self.procs):
+                if not proc.is_alive() and (rank in ranks or proc.exitcode != 0):
+                    raise self._died(rank, starting=True)
+            waited += _POLL_MS / 1000
+            if waited > timeout_s:
+                raise TimeoutError(f"workers {sorted(ranks)} did not answer within {timeout_s:.0f} s")
+
     def _receive(self, rank: int, timeout_s: float | None, starting: bool = False) -> tuple[bytes, bytes]:
-        sock, proc = self.from_workers[rank], self.procs[rank]
+        sock = self.from_workers[rank]
         waited = 0.0
         while True:
             if sock.poll(_POLL_MS):
                 kind, payload = sock.recv_multipart()
                 return kind, payload
-            if not proc.is_alive():
-                raise self._died(rank, starting)
+            # Any rank: with several, the others wait in a collective for a dead one.
+            for other, proc in enumerate(self.procs):
+                if not proc.is_alive():
+                    raise self._died(other, starting)
             waited += _POLL_MS / 1000
             if timeout_s is not None and waited > timeout_s:
                 raise TimeoutError(f"worker {rank} did not answer within {timeout_s:.0f} s")

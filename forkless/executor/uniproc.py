@@ -21,6 +21,9 @@ class UniProcExecutor(Executor):
 
     def __init__(self, config: EngineConfig) -> None:
         super().__init__(config)
+        if config.parallel_config.world_size != 1:
+            raise ValueError(f"the uni executor runs one worker, and this configuration has "
+                             f"{config.parallel_config.world_size}: use --distributed-executor-backend mp")
         self.worker = create_worker(config, rank=0)
         self.worker.init_device()
         self.worker.load_model()

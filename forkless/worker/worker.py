@@ -27,8 +27,8 @@ class Worker:
         config: The engine configuration.
         rank: Global rank of this worker.
         local_rank: Device index on this host.
-        distributed_init_method: Rendezvous address for multi-worker setups (unused by
-            a single worker).
+        distributed_init_method: Rendezvous address (``tcp://host:port``) of the
+            engine's workers; unused by a single worker.
     """
 
     def __init__(
@@ -46,15 +46,33 @@ class Worker:
         self.model_runner: ModelRunner | None = None
 
     def init_device(self) -> None:
-        """Select the device, apply the thread count, and seed the global generators."""
+        """Select the device, apply the thread count, seed the global generators, and,
+        with several workers, join them (``forkless.distributed.parallel_state``: the
+        process groups and the platform's device communicator)."""
         from forkless.platforms import current_platform
 
         self.device = current_platform.torch_device(self.local_rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        parallel = self.config.parallel_config
         threads = self.config.device_config.num_threads
+        if threads is None and self.device.type == "cpu" and parallel.world_size > 1:
+            # Workers of one host share its cores: each takes its share (OpenMP threads
+            # of two processes fighting over the same cores would slow both down).
+            import os
+
+            threads = max(1, len(os.sched_getaffinity(0)) // parallel.world_size)
         if threads is not None:
             torch.set_num_threads(threads)
+        if parallel.world_size > 1:
+            from forkless.distributed.parallel_state import init_parallel_state
+
+            init_parallel_state(world_size=parallel.world_size, rank=self.rank,
+                                tensor_parallel_size=parallel.tensor_parallel_size,
+                                pipeline_parallel_size=parallel.pipeline_parallel_size,
+                                init_method=self.distributed_init_method, device=self.device,
+                                dist_backend=current_platform.dist_backend,
+                                communicator=parallel.device_communicator_cls)
         current_platform.seed_everything(self.config.device_config.seed)
 
     def load_model(self) -> None:
@@ -141,6 +159,10 @@ class Worker:
         if self.model_runner is not None and self.model_runner.kv_connector is not None:
             self.model_runner.kv_connector.shutdown()
         self.model_runner = None
+        if self.config.parallel_config.world_size > 1:
+            from forkless.distributed.parallel_state import destroy_parallel_state
+
+            destroy_parallel_state()
         if self.device is not None and self.device.type == "cuda":
             torch.cuda.empty_cache()
 
