@@ -74,12 +74,22 @@ def load_model(
     device = torch.device(device)
     dtype = resolve_dtype(dtype, hf_config, device)
     model_cls, arch = ModelRegistry.resolve_model_cls(getattr(hf_config, "architectures", None) or [])
+    from forkless.distributed.parallel_state import get_tp_group
+    from forkless.models.interface import CausalLMBase
+
+    tp = get_tp_group().world_size
+    if tp > 1 and not (issubclass(model_cls, CausalLMBase) and model_cls.supports_tensor_parallel):
+        raise ValueError(f"{arch} ({model_cls.__module__}.{model_cls.__qualname__}) does not support tensor "
+                         f"parallelism (supports_tensor_parallel is False): run it with --tensor-parallel-size 1, "
+                         f"not {tp}")
 
     start = time.perf_counter()
     with torch.device(device):
         model = model_cls(hf_config, dtype, attn_backend)
     if load_format == "dummy":
         _init_dummy(model)
+    elif model.tensor_parallel_size > 1:  # each rank reads its part of every sharded tensor
+        model.load_weights(iterate_weights(model_dir, dtype, shard=model.weight_shard))
     else:
         model.load_weights(iterate_weights(model_dir, dtype))
     model.eval().requires_grad_(False)

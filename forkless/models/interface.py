@@ -12,6 +12,11 @@ runner relies on exactly this:
   over a flattened batch and returns hidden states; ``model.compute_logits(hidden)``
   turns the rows the sampler needs into float32 logits.
 - ``model.load_weights(weights)`` takes Hugging Face parameter names.
+- With ``-tp N`` (``supports_tensor_parallel``), the model is built in each of the N
+  ranks, holding its share of every layer (``tensor_parallel_size``/``_rank`` come from
+  ``forkless.distributed.parallel_state.get_tp_group()``); ``model.weight_shard(name,
+  shape)`` tells the loader which part of each checkpoint tensor the rank reads, and
+  ``num_kv_heads`` is the rank's own (its KV cache holds only those heads).
 - With ``--enable-lora``, ``model.lora_modules()`` (when ``supports_lora``) names the
   linear layers LoRA adapters apply to; the runner wraps them (``forkless.lora``).
 """
@@ -24,7 +29,10 @@ from typing import TYPE_CHECKING, ClassVar, Iterable
 import torch
 from torch import nn
 
+from forkless.distributed.parallel_state import get_tp_group
 from forkless.models.hf_config import KVCacheSpec, kv_cache_spec
+from forkless.models.layers.parallel import kv_heads_per_rank
+from forkless.models.weight_loading import TensorShard
 from forkless.plugins import Stability, stability
 
 if TYPE_CHECKING:
@@ -49,6 +57,8 @@ class CausalLMBase(nn.Module, abc.ABC):
     supports_cpu_kernels: ClassVar[bool] = False
     #: Whether :meth:`lora_modules` maps LoRA adapters onto this model's layers.
     supports_lora: ClassVar[bool] = False
+    #: Whether the model splits its layers across ``-tp`` ranks (:meth:`weight_shard`).
+    supports_tensor_parallel: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -61,8 +71,27 @@ class CausalLMBase(nn.Module, abc.ABC):
         self.dtype = dtype
         spec = self.get_kv_cache_spec(hf_config)
         self.num_layers = spec.num_layers
-        self.num_kv_heads = spec.num_kv_heads
+        tp = get_tp_group()
+        #: Ranks the layers are split across, and this one's place among them.
+        self.tensor_parallel_size = tp.world_size
+        self.tensor_parallel_rank = tp.rank_in_group
+        #: KV heads this rank caches (all of them without tensor parallelism).
+        self.num_kv_heads = spec.num_kv_heads if tp.world_size == 1 else kv_heads_per_rank(
+            spec.num_kv_heads, tp.world_size)
         self.head_dim = spec.head_dim
+
+    def weight_shard(self, name: str, shape: tuple[int, ...]) -> TensorShard | None:
+        """The part of checkpoint tensor ``name`` this tensor-parallel rank reads.
+
+        Args:
+            name: The checkpoint (Hugging Face) name.
+            shape: The tensor's full shape in the checkpoint.
+
+        Returns:
+            A :class:`forkless.models.weight_loading.TensorShard`, or None for the whole
+            tensor (replicated parameters, and every tensor without tensor parallelism).
+        """
+        return None
 
     @classmethod
     def get_kv_cache_spec(cls, hf_config: "PretrainedConfig") -> KVCacheSpec:

@@ -4,6 +4,13 @@ Parameter names mirror the Hugging Face checkpoint layout except for two fusions
 save matmul launches: ``self_attn.qkv_proj`` (q, k, v rows stacked) and
 ``mlp.gate_up_proj`` (gate rows, then up rows). :meth:`LlamaForCausalLM.load_weights`
 splits checkpoint tensors into them.
+
+Tensor parallelism (``-tp N``, see :mod:`forkless.models.layers.parallel`): each rank
+builds the same modules with its share of the sizes -- its query and KV heads in
+``qkv_proj``, its rows of ``gate_up_proj``, the matching columns of ``o_proj`` and
+``down_proj``, its rows of the vocabulary -- and all-reduces after ``o_proj``, the MLP
+and the embedding, and all-gathers the logits. With one rank none of that exists: the
+layers are built at full size and no collective runs (``tp_group`` is None).
 """
 
 from __future__ import annotations
@@ -15,14 +22,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from forkless.distributed.parallel_state import GroupCoordinator, get_tp_group
 from forkless.logger import init_logger
 from forkless.models.hf_config import get_head_dim, get_num_kv_heads, get_rope_parameters
 from forkless.models.interface import CausalLMBase
 from forkless.models.layers.cpu_linear import PackedLinear, pack_linear_layers
 from forkless.models.layers.mlp import SwiGLUMLP
 from forkless.models.layers.norm import RMSNorm
+from forkless.models.layers.parallel import (
+    VocabParallelEmbedding,
+    kv_head_index,
+    kv_heads_per_rank,
+    split_evenly,
+    vocab_per_rank,
+)
 from forkless.models.layers.rotary import RotaryEmbedding
-from forkless.models.weight_loading import FusedShard, load_named_weights
+from forkless.models.weight_loading import FusedShard, TensorShard, load_named_weights
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -33,6 +48,12 @@ logger = init_logger(__name__)
 
 # Vocabulary rows per LM-head product on CPU (see LlamaForCausalLM.compute_logits).
 _CPU_LOGITS_SLICE = 1024
+
+
+def _tp_group() -> GroupCoordinator | None:
+    """The TP group when the model is split across ranks, else None (no collectives)."""
+    group = get_tp_group()
+    return group if group.world_size > 1 else None
 
 
 @dataclass(frozen=True)
@@ -56,8 +77,11 @@ class LlamaAttention(nn.Module):
         options: AttentionOptions,
     ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = get_num_kv_heads(config)
+        self.tp_group = _tp_group()
+        tp = 1 if self.tp_group is None else self.tp_group.world_size
+        # This rank's heads (all of them with one rank).
+        self.num_heads = split_evenly(config.num_attention_heads, tp, "num_attention_heads")
+        self.num_kv_heads = kv_heads_per_rank(get_num_kv_heads(config), tp)
         self.head_dim = get_head_dim(config)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
@@ -94,7 +118,9 @@ class LlamaAttention(nn.Module):
             k = self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
         out = self.attn.forward(q, k, v, kv_cache, attn_metadata)
-        return self.o_proj(out)
+        if self.tp_group is None:
+            return self.o_proj(out)
+        return self.tp_group.all_reduce(self.o_proj(out))  # partial sums of o_proj's columns
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -109,10 +135,12 @@ class LlamaDecoderLayer(nn.Module):
         options: AttentionOptions,
     ) -> None:
         super().__init__()
+        self.tp_group = _tp_group()
         self.self_attn = LlamaAttention(config, layer_idx, dtype, attn_backend, options)
         self.mlp = SwiGLUMLP(
             config.hidden_size,
-            config.intermediate_size,
+            split_evenly(config.intermediate_size, 1 if self.tp_group is None else self.tp_group.world_size,
+                         "intermediate_size"),
             bias=bool(getattr(config, "mlp_bias", False)),
             dtype=dtype,
         )
@@ -134,7 +162,9 @@ class LlamaDecoderLayer(nn.Module):
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        if self.tp_group is None:
+            return self.mlp(hidden_states), residual
+        return self.tp_group.all_reduce(self.mlp(hidden_states)), residual  # down_proj's partial sums
 
 
 class LlamaModel(nn.Module):
@@ -148,7 +178,11 @@ class LlamaModel(nn.Module):
         options: AttentionOptions,
     ) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        group = _tp_group()
+        if group is None:
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
+        else:
+            self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, group, dtype=dtype)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, dtype, attn_backend, options)
             for i in range(config.num_hidden_layers)
@@ -208,10 +242,13 @@ class LlamaForCausalLM(CausalLMBase):
         _check_supported(hf_config)
         self.model = LlamaModel(hf_config, dtype, attn_backend, self.attention_options(hf_config))
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.tp_group = _tp_group()
         if self.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
-            self.lm_head = nn.Linear(hf_config.hidden_size, hf_config.vocab_size, bias=False, dtype=dtype)
+            rows = hf_config.vocab_size if self.tp_group is None else vocab_per_rank(
+                hf_config.vocab_size, self.tp_group.world_size)
+            self.lm_head = nn.Linear(hf_config.hidden_size, rows, bias=False, dtype=dtype)
 
     @classmethod
     def attention_options(cls, hf_config: "PretrainedConfig") -> AttentionOptions:
@@ -230,6 +267,7 @@ class LlamaForCausalLM(CausalLMBase):
 
     supports_cpu_kernels = True
     supports_lora = True
+    supports_tensor_parallel = True
 
     def lora_modules(self) -> dict[str, list[tuple[str, int]]]:
         cfg = self.config
@@ -258,6 +296,15 @@ class LlamaForCausalLM(CausalLMBase):
             self.lm_head = PackedLinear(self.model.embed_tokens.weight)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.tp_group is None:
+            return self._head_logits(hidden_states)
+        # Every rank gets the whole vocabulary's logits (and samples the same tokens).
+        logits = self.tp_group.all_gather(self._head_logits(hidden_states), dim=-1)
+        vocab = self.config.vocab_size
+        return logits if logits.shape[-1] == vocab else logits[:, :vocab].contiguous()
+
+    def _head_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """This rank's vocabulary rows' logits (all of them with one rank)."""
         if isinstance(self.lm_head, PackedLinear):
             return self.lm_head(hidden_states)
         weight = self.lm_head.weight
@@ -268,11 +315,39 @@ class LlamaForCausalLM(CausalLMBase):
             return torch.cat([F.linear(hidden_states, w) for w in weight.split(_CPU_LOGITS_SLICE)], dim=1).float()
         return F.linear(hidden_states, weight).float()
 
+    def _rank_sizes(self) -> tuple[int, int, int]:
+        """This rank's ``(q rows, k or v rows, gate or up rows)``: all of them with one rank."""
+        cfg, tp = self.config, self.tensor_parallel_size
+        return (cfg.num_attention_heads // tp * self.head_dim, self.num_kv_heads * self.head_dim,
+                cfg.intermediate_size // tp)
+
+    def weight_shard(self, name: str, shape: tuple[int, ...]) -> TensorShard | None:
+        """Column-parallel q/k/v and gate/up (rows), row-parallel o/down (columns; their
+        biases whole), the vocabulary by rows; norms whole."""
+        tp, rank = self.tensor_parallel_size, self.tensor_parallel_rank
+        if tp == 1:
+            return None
+        parts = name.split(".")
+        module, kind = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", "")
+        q_rows, kv_rows, inter_rows = self._rank_sizes()
+        if module == "q_proj":
+            return TensorShard(0, rank * q_rows, q_rows)
+        if module in ("k_proj", "v_proj"):
+            total_kv = get_num_kv_heads(self.config)
+            return TensorShard(0, kv_head_index(total_kv, tp, rank) * self.head_dim, kv_rows)
+        if module in ("gate_proj", "up_proj"):
+            return TensorShard(0, rank * inter_rows, inter_rows)
+        if module in ("o_proj", "down_proj") and kind == "weight":
+            cols = q_rows if module == "o_proj" else inter_rows
+            return TensorShard(1, rank * cols, cols)
+        if module in ("embed_tokens", "lm_head"):
+            per_rank = vocab_per_rank(self.config.vocab_size, tp)
+            start = min(rank * per_rank, shape[0])
+            return TensorShard(0, start, max(0, min(per_rank, shape[0] - start)))
+        return None
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        cfg = self.config
-        q_size = cfg.num_attention_heads * self.head_dim
-        kv_size = self.num_kv_heads * self.head_dim
-        inter = cfg.intermediate_size
+        q_size, kv_size, inter = self._rank_sizes()
         fused = {
             "q_proj": FusedShard("qkv_proj", 0, q_size),
             "k_proj": FusedShard("qkv_proj", q_size, kv_size),
@@ -284,4 +359,13 @@ class LlamaForCausalLM(CausalLMBase):
         skip = ("rotary_emb.inv_freq", "lm_head.weight") if self.tie_word_embeddings else (
             "rotary_emb.inv_freq",
         )
-        return load_named_weights(self, weights, fused, skip)
+        if self.tensor_parallel_size == 1:
+            return load_named_weights(self, weights, fused, skip)
+        loaded = load_named_weights(self, weights, fused, skip,
+                                    padded=("model.embed_tokens.weight", "lm_head.weight"))
+        if self.tensor_parallel_rank != 0:
+            # Row-parallel biases are added once, after the all-reduce sums the ranks' outputs.
+            for name, param in self.named_parameters():
+                if name.endswith(("o_proj.bias", "down_proj.bias")):
+                    param.data.zero_()
+        return loaded

@@ -13,6 +13,20 @@ from forkless.logger import init_logger
 logger = init_logger(__name__)
 
 
+class TensorShard(NamedTuple):
+    """The part of a checkpoint tensor one tensor-parallel rank reads.
+
+    Attributes:
+        dim: The dimension it is cut along.
+        start: Its first index along ``dim``.
+        size: How many indices it spans.
+    """
+
+    dim: int
+    start: int
+    size: int
+
+
 class FusedShard(NamedTuple):
     """Where a checkpoint module's rows live inside a fused module of the model.
 
@@ -33,6 +47,7 @@ def load_named_weights(
     weights: Iterable[tuple[str, torch.Tensor]],
     fused: Mapping[str, FusedShard],
     skip_suffixes: tuple[str, ...] = (),
+    padded: tuple[str, ...] = (),
 ) -> set[str]:
     """Load ``(name, tensor)`` pairs into ``model``'s parameters.
 
@@ -41,6 +56,9 @@ def load_named_weights(
         weights: Checkpoint pairs with Hugging Face names.
         fused: Checkpoint module name (``"q_proj"``) -> its shard of a fused module.
         skip_suffixes: Checkpoint names ending with any of these are ignored.
+        padded: Parameter names whose first dimension may be longer than the tensor's
+            (a rank's share of a padded vocabulary): the tensor fills its first rows, the
+            rest stay as they are (zeros).
 
     Returns:
         The model parameter names that were fully loaded.
@@ -68,6 +86,8 @@ def load_named_weights(
                 unexpected.append(name)
                 continue
             dest = param.data if shard is None else param.data.narrow(0, shard.offset, shard.size)
+            if param_name in padded and tensor.dim() == dest.dim() and tensor.shape[0] < dest.shape[0]:
+                dest = dest.narrow(0, 0, tensor.shape[0])
             if dest.shape != tensor.shape:
                 raise ValueError(
                     f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, but "
