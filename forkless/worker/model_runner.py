@@ -163,6 +163,8 @@ class ModelRunner:
                 max_cpu_loras=lc.max_cpu_loras, dtype=self.dtype, device=device,
                 max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs))
         self.kv_spec = type(self.model).get_kv_cache_spec(self.hf_config)
+        if config.parallel_config.tensor_parallel_size > 1:  # each rank caches only its KV heads
+            self.kv_spec = self.kv_spec._replace(num_kv_heads=self.model.num_kv_heads)
         self.block_size = config.cache_config.block_size
         self.kv_caches: list[torch.Tensor] = []
         self.pin_memory = device.type == "cuda"
