@@ -117,10 +117,13 @@ class SchedulerOutput:
         structured_output_request_ids: The requests of ``grammar_bitmask``'s rows, in
             order (constrained requests that sample this step).
         grammar_bitmask: Structured outputs: the bytes of a C-ordered int32 array of
-            ``len(structured_output_request_ids)`` rows of ``ceil(vocab_size / 32)``
-            words; bit ``t % 32`` of word ``t // 32`` set allows token ``t``. The runner
-            sets every other logit of those requests to ``-inf`` before sampling.
-            ``None``: no constrained request samples this step.
+            ``ceil(vocab_size / 32)``-word rows, ``1 + num_spec_tokens`` consecutive rows
+            per request of ``structured_output_request_ids`` (one per position it
+            samples or verifies: row ``j`` is what its grammar allows after its first
+            ``j`` drafts; a row after a draft the grammar refuses repeats the row that
+            refuses it); bit ``t % 32`` of word ``t // 32`` set allows token ``t``. The
+            runner sets every other logit of those positions to ``-inf`` before sampling
+            and verifying. ``None``: no constrained request samples this step.
         kv_connector_metadata: With a KV connector (``--kv-transfer-config``): its
             scheduler side's plan for this step (what to load and save), msgpack-encoded
             (``forkless.kv_transfer``); the workers' connectors decode it. Present even

@@ -6,14 +6,22 @@ Invariants:
       disallowed logits of all rows are set to ``-inf`` together.
     * Row ``i`` of the bitmask belongs to logits row ``rows[i]``; other rows are untouched.
       Token ids past the bitmask's width are disallowed.
+    * A step's bitmask (:class:`StepBitmask`) has ``1 + num_spec_tokens`` rows per
+      constrained request: the sampled position takes its last row, the ``j``-th
+      verified position its row ``j`` (``forkless.protocol.step.SchedulerOutput``).
 """
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from forkless.protocol.step import SchedulerOutput, ScheduledRequest
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
 
@@ -60,3 +68,55 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[in
     picked = logits.index_select(0, index)
     picked.masked_fill_(disallowed, float("-inf"))
     logits.index_copy_(0, index, picked)
+
+
+@dataclass
+class StepBitmask:
+    """A step's bitmask, its rows matched to the step's rows (see the invariants).
+
+    Attributes:
+        bitmask: Every row the engine core sent.
+        first: Step row index -> its first bitmask row, for the constrained rows.
+        num_spec: Step row index -> its draft count, for the constrained rows.
+    """
+
+    bitmask: np.ndarray
+    first: dict[int, int]
+    num_spec: dict[int, int]
+
+    @classmethod
+    def from_plan(cls, scheduler_output: SchedulerOutput, rows: list[ScheduledRequest]) -> StepBitmask:
+        assert scheduler_output.grammar_bitmask is not None
+        spec = {s.request_id: s.num_spec_tokens for s in scheduler_output.scheduled_requests}
+        ids = scheduler_output.structured_output_request_ids
+        bitmask = np.frombuffer(scheduler_output.grammar_bitmask, dtype=np.int32)
+        bitmask = bitmask.reshape(sum(1 + spec[rid] for rid in ids), -1)
+        row_of = {s.request_id: i for i, s in enumerate(rows)}
+        first: dict[int, int] = {}
+        num_spec: dict[int, int] = {}
+        offset = 0
+        for rid in ids:
+            i = row_of.get(rid)  # None: a failed LoRA load dropped its row
+            if i is not None:
+                first[i], num_spec[i] = offset, spec[rid]
+            offset += 1 + spec[rid]
+        return cls(bitmask, first, num_spec)
+
+    def apply_sampled(self, logits: torch.Tensor) -> None:
+        """Mask the sampler's logits (one row per step row, at its last position)."""
+        rows = list(self.first)
+        apply_token_bitmask(logits, self.bitmask[[self.first[i] + self.num_spec[i] for i in rows]], rows)
+
+    def apply_verified(self, logits: torch.Tensor, row_indices: list[int]) -> None:
+        """Mask verification logits ``[len(row_indices), k + 1, V]`` (position ``j`` of a
+        row verifying ``m`` drafts: its row ``j``, for ``j <= m``)."""
+        width = logits.shape[1]
+        flat: list[int] = []
+        picked: list[int] = []
+        for n, i in enumerate(row_indices):
+            if i in self.first:
+                m = self.num_spec[i]
+                flat.extend(range(n * width, n * width + m + 1))
+                picked.extend(range(self.first[i], self.first[i] + m + 1))
+        if flat:
+            apply_token_bitmask(logits.view(-1, logits.shape[-1]), self.bitmask[picked], flat)

@@ -8,11 +8,13 @@ Invariants:
       running keep stepping meanwhile.
     * A constrained request's grammar has accepted exactly its output tokens whenever a
       step is planned: the scheduler steps synchronously while one is present (its
-      sampling reads its own history, like penalties), and constrained requests do not
-      take speculative drafts.
-    * The step's bitmask has one row per scheduled request that samples and has a
-      grammar, in ``SchedulerOutput.structured_output_request_ids`` order; it crosses
-      to the worker as the bytes of a C-ordered int32 array (no pickle).
+      sampling reads its own history, like penalties). Speculative drafts advance it
+      only while its bitmask rows are filled, and are rolled back before the step
+      runs.
+    * The step's bitmask has ``1 + num_spec_tokens`` rows per scheduled request that
+      samples and has a grammar (one per position it samples or verifies), in
+      ``SchedulerOutput.structured_output_request_ids`` order; it crosses to the worker
+      as the bytes of a C-ordered int32 array (no pickle).
 """
 
 from __future__ import annotations
@@ -138,31 +140,79 @@ class StructuredOutputManager:
         return bool(self._grammars)
 
     def fill_bitmask(self, scheduler_output: SchedulerOutput) -> None:
-        """Put the step's bitmask in the plan (a no-op when no constrained request samples)."""
+        """Put the step's bitmask in the plan (a no-op when no constrained request samples).
+
+        A request verifying ``m`` drafts gets ``m + 1`` rows: its grammar is advanced
+        through the drafts it accepts, a row filled after each, then rolled back (the
+        tokens the target keeps are accepted for good in :meth:`accept`). A draft the
+        grammar refuses, or one that would complete it, ends the advance: the rows after
+        it repeat the row at it, which refuses that draft, so the target rejects it there
+        (and a completed grammar's stop token is only ever emitted last).
+        """
         grammars = self._grammars
         if not grammars:
             return
-        rows = [(s.request_id, g) for s in scheduler_output.scheduled_requests
+        rows = [(s, g) for s in scheduler_output.scheduled_requests
                 if s.sample and (g := grammars.get(s.request_id)) is not None]
         if not rows:
             return
         import numpy as np
 
+        offsets = []
+        total = 0
+        for s, _ in rows:
+            offsets.append(total)
+            total += 1 + s.num_spec_tokens
         bitmask = self._bitmask
-        if bitmask is None or len(bitmask) < len(rows):
+        if bitmask is None or len(bitmask) < total:
             words = (self.vocab_size + 31) // 32
-            bitmask = self._bitmask = np.empty((max(self.max_num_seqs, len(rows)), words), dtype=np.int32)
+            bitmask = self._bitmask = np.empty((max(self.max_num_seqs, total), words), dtype=np.int32)
+        self._fill(bitmask, [(s.request_id, g, offset) for (s, g), offset in zip(rows, offsets)])
+        if total > len(rows):
+            self._fill_drafts(bitmask, rows, offsets)
+        scheduler_output.structured_output_request_ids = [s.request_id for s, _ in rows]
+        scheduler_output.grammar_bitmask = bitmask[:total].tobytes()
+
+    def _fill(self, bitmask: np.ndarray, rows: list[tuple[str, StructuredOutputGrammar, int]]) -> None:
+        """Fill bitmask rows from grammars at their current state, one call per backend."""
         by_backend: dict[int, tuple[StructuredOutputBackend, list[StructuredOutputGrammar], list[int]]] = {}
         backend_of = self._backend_of
-        for i, (rid, grammar) in enumerate(rows):
+        for rid, grammar, index in rows:
             backend = backend_of[rid]
             group = by_backend.setdefault(id(backend), (backend, [], []))
             group[1].append(grammar)
-            group[2].append(i)
+            group[2].append(index)
         for backend, grammars_of, indices in by_backend.values():
             backend.fill_bitmasks(grammars_of, bitmask, indices)
-        scheduler_output.structured_output_request_ids = [rid for rid, _ in rows]
-        scheduler_output.grammar_bitmask = bitmask[: len(rows)].tobytes()
+
+    def _fill_drafts(self, bitmask: np.ndarray, rows: list, offsets: list[int]) -> None:
+        """The rows of the verified positions after each request's first (see
+        :meth:`fill_bitmask`)."""
+        drafts: list[list[int]] = []
+        for s, grammar in rows:
+            m = s.num_spec_tokens
+            valid = grammar.validate_tokens(list(s.token_ids[len(s.token_ids) - m:])) if m else []
+            drafts.append(valid)
+        advanced = [0] * len(rows)
+        for j in range(max(s.num_spec_tokens for s, _ in rows)):
+            to_fill = []
+            for i, (s, grammar) in enumerate(rows):
+                if j >= s.num_spec_tokens:
+                    continue
+                row = offsets[i] + j + 1
+                if advanced[i] == j and j < len(drafts[i]):
+                    grammar.accept_tokens(s.request_id, [drafts[i][j]])
+                    if grammar.is_terminated():
+                        grammar.rollback(1)  # complete: its stop token may only come last
+                    else:
+                        advanced[i] += 1
+                        to_fill.append((s.request_id, grammar, row))
+                        continue
+                bitmask[row] = bitmask[offsets[i] + advanced[i]]
+            self._fill(bitmask, to_fill)
+        for (_, grammar), n in zip(rows, advanced):
+            if n:
+                grammar.rollback(n)
 
     def accept(self, outputs: list[EngineCoreOutput]) -> tuple[list[str], list[tuple[str, str]]]:
         """Advance the grammars of a step's outputs.

@@ -36,6 +36,7 @@ from forkless.sample import InputBatch, LogprobsTensors, Sampler, gather_logprob
 from forkless.sampling_params import SamplingParams
 from forkless.worker.kv_budget import kv_cache_torch_dtype
 from forkless.spec_decode.interface import StepRow
+from forkless.structured_output.bitmask import StepBitmask
 from forkless.worker.speculation import Verification, last_hidden_states, propose, speculates, verify
 
 if TYPE_CHECKING:
@@ -381,6 +382,7 @@ class ModelRunner:
         rows = [by_id[rid] for rid in self.input_batch.req_ids if rid is not None]
         prompt_parts: list[_PromptPart] = []
         verification: Verification | None = None
+        grammar = StepBitmask.from_plan(scheduler_output, rows) if scheduler_output.grammar_bitmask else None
         if self.lora_manager is not None:
             # Before a graph replay too: the graph reads the grouping from the buffers.
             requests = self.requests
@@ -394,7 +396,7 @@ class ModelRunner:
         elif self._verify_graph_fits(rows):
             hidden, starts, last_idx = self._run_verify_graph(rows)
             logits = self.model.compute_logits(hidden[last_idx])
-            verification = self._verify(rows, hidden, starts)
+            verification = self._verify(rows, hidden, starts, grammar)
         else:
             input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
             hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
@@ -405,9 +407,10 @@ class ModelRunner:
                 return _PendingStep(rows, ready=self._record() if prompt_parts else None, prompt_parts=prompt_parts)
             logits = self.model.compute_logits(hidden[last_idx])
             if any(s.num_spec_tokens for s in rows):
-                verification = self._verify(rows, hidden, attn_md.query_start_loc_cpu)
-        if scheduler_output.grammar_bitmask is not None:
-            self._apply_grammar_bitmask(logits, rows, scheduler_output)
+                verification = self._verify(rows, hidden, attn_md.query_start_loc_cpu, grammar)
+        if grammar is not None:
+            # Structured outputs: one batched masking of the constrained rows' logits.
+            grammar.apply_sampled(logits)
         last_hidden = None
         if self.proposer is not None and self.proposer.needs_hidden_states:
             last_hidden = hidden if last_idx is None else hidden[last_idx]
@@ -425,21 +428,6 @@ class ModelRunner:
                        and (state := requests[s.request_id]).prompt_logprobs is not None]
         return _PendingStep(rows, out, metadata.num_logprobs, host, self._record(),
                             prompt_parts, prompt_done, verification, last_hidden)
-
-    def _apply_grammar_bitmask(self, logits: torch.Tensor, rows: list[ScheduledRequest],
-                               scheduler_output: SchedulerOutput) -> None:
-        """Structured outputs: mask the constrained rows' logits with the engine core's
-        bitmask, in one batched operation (``forkless.structured_output.bitmask``)."""
-        from forkless.structured_output.bitmask import apply_token_bitmask
-
-        ids = scheduler_output.structured_output_request_ids
-        assert scheduler_output.grammar_bitmask is not None
-        bitmask = np.frombuffer(scheduler_output.grammar_bitmask, dtype=np.int32).reshape(len(ids), -1)
-        row_of = {s.request_id: i for i, s in enumerate(rows)}
-        keep = [j for j, rid in enumerate(ids) if rid in row_of]  # a failed LoRA load drops a row
-        if len(keep) < len(ids):
-            bitmask = bitmask[keep]
-        apply_token_bitmask(logits, bitmask, [row_of[ids[j]] for j in keep])
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """Queue a device -> host copy (complete once the next ``_record()`` event is)."""
@@ -544,12 +532,14 @@ class ModelRunner:
                     (per_request or {}).pop(rid, None)
         return self._lora_counts(result)
 
-    def _verify(self, rows: list[ScheduledRequest], hidden: torch.Tensor, starts: torch.Tensor) -> Verification:
+    def _verify(self, rows: list[ScheduledRequest], hidden: torch.Tensor, starts: torch.Tensor,
+                grammar: StepBitmask | None) -> Verification:
         """Queue the verification of this step's drafts (``starts``: each row's first
-        token in ``hidden``, on the host)."""
+        token in ``hidden``, on the host; ``grammar``: the constrained rows' masks)."""
         requests = self.requests
         return verify(rows, [requests[s.request_id].params for s in rows], hidden, starts,
-                      self.model.compute_logits, self._to_device, self._to_host)
+                      self.model.compute_logits, self._to_device, self._to_host,
+                      None if grammar is None else grammar.apply_verified)
 
     def _propose(self, rows: list[ScheduledRequest], sampled: list[list[int]], result: ModelRunnerOutput,
                  pending: _PendingStep) -> None:

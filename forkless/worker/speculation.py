@@ -10,9 +10,11 @@ may speculate for; they travel back to the scheduler in ``ModelRunnerOutput``.
 Invariants:
     * Only requests whose next-token distribution is the model's own, scaled by the
       temperature and cut by top-k / top-p, speculate (:func:`speculates`): no min-p,
-      penalties, logits processors, logprobs, seed or structured outputs (whose grammar
-      bitmask covers one position a step). The rejection sampler keeps exactly
+      penalties, logits processors, logprobs or seed. The rejection sampler keeps exactly
       that distribution; the others decode a token a step, in the same batches.
+      Structured outputs speculate too: their grammar's mask at each verified position
+      (the engine core's bitmask has a row per position) cuts the target's logits there
+      before verification, so the kept tokens are the constrained distribution's.
     * The verification is batched on the device; its tokens reach the host with the
       step's own sampled tokens, in the same copy wait.
     * A proposer's hidden states (``needs_hidden_states``) are each request's hidden state
@@ -41,7 +43,7 @@ def speculates(params: SamplingParams) -> bool:
     return (plain and params.logprobs is None and params.repetition_penalty == 1.0
             and not params.presence_penalty and not params.frequency_penalty and not params.logit_bias
             and not params.allowed_token_ids and not params.bad_words and not params.bad_words_token_ids
-            and not params.min_tokens and params.structured_outputs is None)
+            and not params.min_tokens)
 
 
 @dataclass
@@ -79,7 +81,8 @@ class Verification:
 def verify(rows: list[ScheduledRequest], params: list[SamplingParams], hidden: torch.Tensor,
            query_starts: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor],
            to_device: Callable[[np.ndarray], torch.Tensor],
-           to_host: Callable[[torch.Tensor], torch.Tensor]) -> Verification:
+           to_host: Callable[[torch.Tensor], torch.Tensor],
+           mask: Callable[[torch.Tensor, list[int]], None] | None = None) -> Verification:
     """Verify the drafts of this step's rows that have some.
 
     Args:
@@ -90,6 +93,9 @@ def verify(rows: list[ScheduledRequest], params: list[SamplingParams], hidden: t
         compute_logits: The model's LM head.
         to_device: Host array -> device tensor.
         to_host: Queues a device -> host copy.
+        mask: Structured outputs: masks, in place, the ``[rows with drafts, k + 1, V]``
+            logits of the constrained rows among those (given as step row indexes) at
+            each position with what their grammar allows there.
     """
     idx = [i for i, s in enumerate(rows) if s.num_spec_tokens]
     num_drafts = np.array([rows[i].num_spec_tokens for i in idx], dtype=np.int64)
@@ -101,6 +107,8 @@ def verify(rows: list[ScheduledRequest], params: list[SamplingParams], hidden: t
     gather = np.minimum(first[:, None] + np.arange(k + 1)[None, :], (first + num_drafts)[:, None])
     scored = hidden[to_device(gather.reshape(-1))]
     logits = compute_logits(scored).view(len(idx), k + 1, -1)
+    if mask is not None:
+        mask(logits, idx)
     drafts = np.full((len(idx), k), PAD_TOKEN_ID, dtype=np.int64)
     for j, i in enumerate(idx):
         drafts[j, : num_drafts[j]] = rows[i].token_ids[len(rows[i].token_ids) - num_drafts[j]:]

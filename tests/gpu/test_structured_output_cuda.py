@@ -51,7 +51,10 @@ def test_cuda_bitmask_time_at_batch_256() -> None:
     assert per_step < 2e-3
 
 
-@pytest.mark.parametrize("engine_kwargs", [{}, {"async_scheduling": True}], ids=["graphs", "graphs-async"])
+@pytest.mark.parametrize("engine_kwargs", [
+    {}, {"async_scheduling": True},
+    {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}},
+], ids=["graphs", "graphs-async", "graphs-speculative"])
 def test_constrained_outputs_on_cuda(smollm2_folder, engine_kwargs: dict) -> None:
     from forkless import LLM, SamplingParams, StructuredOutputsParams
 

@@ -127,3 +127,30 @@ def test_async_scheduling_and_speculation_give_the_same_outputs(smollm2_folder: 
         other.shutdown()
     assert [o.outputs[0].token_ids for o in got] == expected
     jsonschema.validate(json.loads(got[0].outputs[0].text), SCHEMAS["person"])
+
+
+def test_constrained_requests_verify_drafts(smollm2_folder: Path, llm: LLM) -> None:
+    """Constrained requests take speculative drafts: each verified position is masked by
+    its grammar, so greedy outputs are those of plain constrained decoding, drafts are
+    really verified and kept, and sampled outputs still satisfy the schema."""
+    person = {"name": "Ada Lovelace", "age": 36, "email": "ada@example.com"}
+    spec = _llm(smollm2_folder, structured_outputs_config={"backend": llm.backend},  # type: ignore[attr-defined]
+                speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3})
+    try:
+        prompts = [_chat(llm, f"Repeat this JSON exactly: {json.dumps(person)}"),
+                   _chat(llm, PROMPTS["array"]), _chat(llm, "Give me a phone number.")]
+        constraints = [StructuredOutputsParams(json=SCHEMAS["person"]), StructuredOutputsParams(json=SCHEMAS["array"]),
+                       StructuredOutputsParams(regex=REGEX)]
+        greedy = [SamplingParams(temperature=0, max_tokens=80, structured_outputs=c) for c in constraints]
+        want = llm.generate(prompts, greedy, use_tqdm=False)
+        got = spec.generate(prompts, greedy, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+        assert json.loads(got[0].outputs[0].text)["name"] == person["name"]  # copied: the drafts' best case
+        stats = spec.llm_engine.engine_core.make_stats().spec_decode
+        assert stats is not None and stats.num_drafts > 0 and stats.num_accepted_tokens > 0
+        sampled = [SamplingParams(temperature=0.8, max_tokens=80, structured_outputs=c) for c in constraints[:2]]
+        for out in spec.generate(prompts[:2], sampled, use_tqdm=False):
+            assert out.outputs[0].finish_reason == "stop", out.outputs[0].text
+            json.loads(out.outputs[0].text)
+    finally:
+        spec.shutdown()

@@ -164,3 +164,52 @@ def test_a_steps_rows_filled_at_once_equal_one_by_one(smollm2_folder, backend: s
         grammar.fill_bitmask(one_by_one, index)
     assert np.array_equal(at_once, one_by_one)
     assert not np.array_equal(at_once[3], at_once[4])  # the rows really differ
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_a_verifying_request_gets_a_bitmask_row_per_position(smollm2_folder, backend: str) -> None:
+    """Speculative drafts of a constrained request: row j is what the grammar allows after
+    the first j drafts; after a draft it refuses, the rows repeat the one that refuses it;
+    a draft that would complete the grammar is refused there too (its stop token may only
+    come last); and the grammar is left where it was."""
+    import time
+
+    from forkless.protocol.step import ScheduledRequest, SchedulerOutput
+    from forkless.structured_output.manager import StructuredOutputManager
+    from forkless.tokenizers.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(smollm2_folder)
+    manager = StructuredOutputManager(StructuredOutputsConfig(backend=backend), str(smollm2_folder), 49152, [2], 8)
+    try:
+        manager.submit("r", StructuredOutputsParams(choice=["yes please", "no thanks"]))
+        deadline = time.monotonic() + 60
+        while not manager.poll()[0]:
+            assert time.monotonic() < deadline
+            manager.wait(0.1)
+        good = tokenizer.encode("yes please", add_special_tokens=False)
+        bad = tokenizer.encode("no", add_special_tokens=False)[:1]
+
+        def plan(drafts: list[int]) -> np.ndarray:
+            step = SchedulerOutput(scheduled_requests=[ScheduledRequest(
+                "r", [7] + drafts, 10, [], False, True, num_spec_tokens=len(drafts))])
+            manager.fill_bitmask(step)
+            assert step.structured_output_request_ids == ["r"]
+            return np.frombuffer(step.grammar_bitmask, dtype=np.int32).reshape(1 + len(drafts), -1)
+
+        def allows(row: np.ndarray, token: int) -> bool:
+            return bool((int(row[token // 32]) >> (token % 32)) & 1)
+
+        first = plan([])[0].copy()
+        assert allows(first, good[0]) and allows(first, bad[0])
+        rows = plan(good[:1])
+        assert allows(rows[0], good[0]) and allows(rows[1], good[1]) and not allows(rows[1], bad[0])
+        # The draft that completes the grammar (xgrammar: the stop token after the text;
+        # guidance: the text's last token) is refused where it would be verified: the
+        # rows from there on repeat the one before.
+        rows = plan(good + [2])
+        assert len(rows) == len(good) + 2 and np.array_equal(rows[-1], rows[-2])
+        rows = plan(good[:1] + bad + good[1:])  # a refused draft in second place
+        assert not allows(rows[1], bad[0]) and np.array_equal(rows[2], rows[1])
+        assert np.array_equal(plan([])[0], first)  # nothing stayed accepted
+    finally:
+        manager.shutdown()
