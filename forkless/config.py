@@ -178,7 +178,7 @@ class ParallelConfig:
     """How the engine core reaches its workers.
 
     Attributes:
-        distributed_executor_backend: ``"uni"``, ``"mp"`` or an ``Executor`` class path.
+        distributed_executor_backend: ``"uni"``, ``"mp"``, ``"ray"`` or an ``Executor`` class path.
         world_size: Number of workers (``tensor_parallel_size * pipeline_parallel_size``).
         tensor_parallel_size: Ranks each layer is split across (``-tp``).
         pipeline_parallel_size: Stages the layers are split into (``-pp``; only 1 so far).
@@ -421,7 +421,8 @@ class EngineArgs:
         g.add_argument("--async-scheduling", action="store_true",
                        help="prepare step N+1 on the host while the device runs step N")
         g.add_argument("--distributed-executor-backend", default=d.distributed_executor_backend,
-                       help="uni, mp, or an Executor class path (uni becomes mp with more than one worker)")
+                       help="uni, mp, ray (one Ray actor per worker), or an Executor class path (uni becomes mp "
+                            "with more than one worker)")
         g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
                        help="split every layer across this many worker processes (one device each)")
         g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=d.pipeline_parallel_size,
@@ -823,7 +824,7 @@ class EngineArgs:
             raise _bad_flag("--seed", self.seed, "an integer")
         if not self.distributed_executor_backend:
             raise _bad_flag("--distributed-executor-backend", self.distributed_executor_backend,
-                            "uni, mp, or an Executor class path")
+                            "uni, mp, ray, or an Executor class path")
 
 
 # ------------------------------------------------------------------------- helpers

@@ -123,14 +123,17 @@ def completions(srv, **kwargs) -> list[str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def mp_outputs(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    srv = start_server(tiny_llama, tmp_path_factory.mktemp("mp"), "--served-model-name", "tiny",
-                       "--distributed-executor-backend", "mp")
+def served_by_mp(model: Path, tmp_path: Path, *args: str) -> list[str]:
+    srv = start_server(model, tmp_path, "--served-model-name", "tiny", "--distributed-executor-backend", "mp", *args)
     try:
         return completions(srv)
     finally:
         assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def mp_outputs(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    return served_by_mp(tiny_llama, tmp_path_factory.mktemp("mp"))
 
 
 LOCAL_RAY = '''
@@ -195,13 +198,19 @@ def test_ray_serves_the_greedy_completions_of_mp_with_the_plugins_loaded_in_the_
     assert (state["placement_groups"], state["free_cpus"]) == (0, state["cpus"]), state
 
 
+@pytest.mark.parametrize("tp", [1, 2])
 def test_killed_actor_fails_the_request_within_seconds_and_leaves_nothing_behind(
-        ray_cluster: RayCluster, tiny_llama: Path, tmp_path: Path) -> None:
+        tp: int, ray_cluster: RayCluster, tiny_llama: Path, tmp_path: Path) -> None:
+    # With -tp 2 the last rank is killed, on the other node: rank 0 is then waiting for it
+    # in a collective, and must not hold the request up.
     srv = start_server(tiny_llama, tmp_path, "--max-model-len", "512", "--distributed-executor-backend", "ray",
-                       env_extra=ray_env(ray_cluster))
+                       "-tp", str(tp),
+                       env_extra=ray_env(ray_cluster, FORKLESS_RAY_PLACEMENT_STRATEGY="STRICT_SPREAD"))
     processes = descendants(srv.proc.pid)
     try:
-        ((_, (pid, _)),) = actors(srv.log()).items()
+        ranks = actors(srv.log())
+        assert sorted(ranks) == list(range(tp))
+        pid = ranks[tp - 1][0]
         client = srv.client(timeout=60)  # a hang fails the test instead of blocking it
         stream = client.completions.create(model=str(tiny_llama), prompt="Keep going", max_tokens=480,
                                            temperature=0, stream=True, extra_body={"ignore_eos": True})
@@ -215,10 +224,12 @@ def test_killed_actor_fails_the_request_within_seconds_and_leaves_nothing_behind
         assert "died" in str(caught.value) or "dead" in str(caught.value), caught.value
         assert srv.proc.wait(60) != 0  # the server notices and shuts itself down
         assert wait_until(lambda: not any(alive(p) for p in processes), 15), [p for p in processes if alive(p)]
-        assert re.search(r"worker 0 \(Ray actor, pid \d+ on node \S+\) died while the engine was running", srv.log())
+        assert re.search(rf"worker {tp - 1} \(Ray actor, pid {pid} on node \S+\) died while the engine was running",
+                         srv.log())
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
+    assert not any(alive(p) for p, _ in ranks.values())
     state = ray_cluster.state()
     assert (state["nodes"], state["placement_groups"], state["free_cpus"]) == (2, 0, state["cpus"]), state
 
@@ -234,3 +245,28 @@ def test_ray_is_optional(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "pip install 'forkless[ray]'" in proc.stdout
 
+
+
+def test_tp2_on_ray_puts_one_rank_on_each_node_and_serves_the_completions_of_mp_tp2(
+        ray_cluster: RayCluster, tiny_llama: Path, plugin_site: Path, tmp_path: Path) -> None:
+    (tmp_path / "mp").mkdir()
+    expected = served_by_mp(tiny_llama, tmp_path / "mp", "-tp", "2")
+    records = tmp_path / "records"
+    records.mkdir()
+    srv = start_server(tiny_llama, tmp_path, "--served-model-name", "tiny", "--distributed-executor-backend", "ray",
+                       "-tp", "2", "--async-scheduling", site=plugin_site,
+                       env_extra=ray_env(ray_cluster, FORKLESS_RAY_PLACEMENT_STRATEGY="STRICT_SPREAD",
+                                         FORKLESS_PLUGINS="example_model", FORKLESS_EXAMPLE_RECORD_DIR=str(records)))
+    try:
+        assert completions(srv) == expected
+        ranks = actors(srv.log())
+        assert sorted(ranks) == [0, 1]
+        assert ranks[0][1] != ranks[1][1]  # one rank on each node
+        for pid, _ in ranks.values():  # the general plugin loaded in both actors
+            assert [json.loads(line)["event"] for line in (records / f"{pid}.jsonl").read_text().splitlines()] \
+                == ["registered"]
+    finally:
+        assert stop_and_check(srv) == 0, srv.log()[-3000:]
+    assert not any(alive(pid) for pid, _ in ranks.values())
+    state = ray_cluster.state()
+    assert (state["placement_groups"], state["free_cpus"]) == (0, state["cpus"]), state
