@@ -58,7 +58,7 @@ def load_named_weights(
         skip_suffixes: Checkpoint names ending with any of these are ignored.
         padded: Parameter names whose first dimension may be longer than the tensor's
             (a rank's share of a padded vocabulary): the tensor fills its first rows, the
-            rest stay as they are (zeros).
+            rest are zeroed.
 
     Returns:
         The model parameter names that were fully loaded.
@@ -87,6 +87,7 @@ def load_named_weights(
                 continue
             dest = param.data if shard is None else param.data.narrow(0, shard.offset, shard.size)
             if param_name in padded and tensor.dim() == dest.dim() and tensor.shape[0] < dest.shape[0]:
+                dest.narrow(0, tensor.shape[0], dest.shape[0] - tensor.shape[0]).zero_()
                 dest = dest.narrow(0, 0, tensor.shape[0])
             if dest.shape != tensor.shape:
                 raise ValueError(

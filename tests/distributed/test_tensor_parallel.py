@@ -1,0 +1,127 @@
+"""Tensor parallelism (``-tp 2``) on the CPU: two gloo worker processes give the same greedy
+tokens as one worker, on Llama (untied head, odd vocabulary, async scheduling), Qwen2 (one
+KV head replicated on both ranks, q/k/v biases, tied head) and Qwen3 (q/k norms, odd
+vocabulary); each rank holds and reads half of the weights; bad sizes are refused up front.
+
+One engine per architecture and size, shared by the tests of this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from forkless import LLM, SamplingParams
+from forkless.config import EngineArgs
+from tests.distributed.conftest import PROMPTS
+
+ARCHS = ("llama", "qwen2", "qwen3")
+GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=3)
+
+
+def _run(model: Path, tp: int, **kwargs) -> list:
+    llm = LLM(model=str(model), tensor_parallel_size=tp, max_model_len=128, kv_cache_memory=16 << 20, **kwargs)
+    try:
+        return [o.outputs[0] for o in llm.generate(PROMPTS, GREEDY)]
+    finally:
+        llm.shutdown()  # the workers exit before the next engine starts (two cores)
+
+
+@pytest.fixture(scope="module")
+def outputs(tp_models: dict[str, Path]) -> dict[tuple[str, int], list]:
+    """Completions of every architecture with one worker and with two (computed once)."""
+    out: dict[tuple[str, int], list] = {}
+    for arch in ARCHS:
+        out[arch, 1] = _run(tp_models[arch], 1)
+        # The llama engine also checks async scheduling with two ranks.
+        out[arch, 2] = _run(tp_models[arch], 2, async_scheduling=arch == "llama")
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_two_ranks_give_the_same_greedy_tokens_as_one(outputs: dict, arch: str) -> None:
+    one, two = outputs[arch, 1], outputs[arch, 2]
+    assert [o.token_ids for o in two] == [o.token_ids for o in one]
+    assert len({tuple(o.token_ids) for o in one}) > 1  # the prompts lead to different text
+    for a, b in zip(one, two):  # the logits match too, not only their argmax
+        for lp_a, lp_b in zip(a.logprobs, b.logprobs):
+            assert lp_a.keys() == lp_b.keys()
+            for tok in lp_a:
+                assert lp_a[tok].logprob == pytest.approx(lp_b[tok].logprob, abs=1e-4)
+
+
+def _load_rank(model: Path, rank: int, tp: int, monkeypatch: pytest.MonkeyPatch):
+    """The model as rank ``rank`` of ``tp`` builds and loads it (no collective runs while
+    loading, so the group needs no peers here)."""
+    from forkless.distributed import parallel_state as ps
+    from forkless.model_loader import load_model
+
+    with monkeypatch.context() as m:
+        m.setattr(ps, "_TP", ps.GroupCoordinator(list(range(tp)), rank, name="tp") if tp > 1 else None)
+        return load_model(model, None, "float32", "cpu", "torch")
+
+
+def _weight_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_rank_holds_and_reads_half_of_the_weights(tp_models: dict[str, Path], arch: str,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from forkless.model_loader.weights import iterate_weights
+
+    model_dir = tp_models[arch]
+    full = _load_rank(model_dir, 0, 1, monkeypatch)
+    ranks = [_load_rank(model_dir, r, 2, monkeypatch) for r in range(2)]
+    # Norms are replicated (a few hundred floats) and the vocabulary may gain a padding row;
+    # with one KV head both ranks hold it (its k/v rows: 2 of 6 head-widths of qkv_proj).
+    replicated = sum(p.numel() * 4 for n, p in full.named_parameters() if "norm" in n)
+    if full.num_kv_heads == 1:
+        replicated += sum(p.numel() * 4 // 6 for n, p in full.named_parameters() if "qkv_proj" in n)
+    row = full.config.hidden_size * 4
+    for model in ranks:
+        assert _weight_bytes(model) <= _weight_bytes(full) / 2 + replicated + row
+        assert model.num_kv_heads == max(1, full.num_kv_heads // 2)
+        # What the loader reads for this rank: its slices, never the whole checkpoint.
+        read = sum(t.numel() * 4 for _, t in iterate_weights(model_dir, torch.float32, shard=model.weight_shard))
+        whole = sum(t.numel() * 4 for _, t in iterate_weights(model_dir, torch.float32))
+        assert read <= whole / 2 + replicated + row, (read, whole)
+    # The ranks' pieces put back together are the unsplit weights.
+    attn = [m.model.layers[0].self_attn for m in (full, *ranks)]
+    q = full.config.num_attention_heads * full.head_dim
+    torch.testing.assert_close(torch.cat([a.qkv_proj.weight[: q // 2] for a in attn[1:]]),
+                               attn[0].qkv_proj.weight[:q])
+    torch.testing.assert_close(torch.cat([a.o_proj.weight for a in attn[1:]], dim=1), attn[0].o_proj.weight)
+    emb = torch.cat([m.model.embed_tokens.weight for m in ranks])
+    torch.testing.assert_close(emb[: full.config.vocab_size], full.model.embed_tokens.weight)
+    assert not emb[full.config.vocab_size:].any()  # the padding rows are zeros
+    if full.config.num_key_value_heads == 1:  # the one KV head, replicated on both ranks
+        kv = attn[0].qkv_proj.weight[q:]
+        for a in attn[1:]:
+            torch.testing.assert_close(a.qkv_proj.weight[q // 2:], kv)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(tensor_parallel_size=3), "--tensor-parallel-size=3 is invalid: expected a size the model's "
+                                   "num_attention_heads (4) splits into evenly: one of 1, 2, 4"),
+    (dict(tensor_parallel_size=0), "--tensor-parallel-size=0 is invalid: expected a positive integer"),
+    (dict(pipeline_parallel_size=2), "pipeline parallelism is not supported yet"),
+    (dict(tensor_parallel_size=2, enable_lora=True), "--enable-lora does not work with --tensor-parallel-size"),
+    (dict(tensor_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+     "--speculative-config does not work with --tensor-parallel-size"),
+])
+def test_bad_sizes_and_combinations_fail_before_any_process(tp_models: dict[str, Path], kwargs: dict,
+                                                            message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        EngineArgs(model=str(tp_models["llama"]), **kwargs).create_engine_config()
+    assert message in str(info.value)
+
+
+def test_more_ranks_than_kv_heads_must_be_a_multiple(tp_models: dict[str, Path]) -> None:
+    # Qwen2 here: 4 query heads, 1 KV head: 2 and 4 ranks work (the KV head is copied).
+    config = EngineArgs(model=str(tp_models["qwen2"]), tensor_parallel_size=4).create_engine_config()
+    assert config.parallel_config.world_size == 4
+    assert config.parallel_config.distributed_executor_backend == "mp"  # uni runs one worker
