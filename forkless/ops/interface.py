@@ -61,7 +61,10 @@ class CustomOp(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        method = self.dispatch_forward()
+        self.bind_forward(self.dispatch_forward())
+
+    def bind_forward(self, method: Callable[..., Any]) -> None:
+        """Make ``method`` (a bound method of this op) the one every call runs."""
         self._forward_method = method
         if type(self).forward is CustomOp.forward:
             # An instance attribute shadows the class's forward: nn.Module calls the
@@ -119,7 +122,11 @@ class CustomOp(nn.Module):
 
     @property
     def implementation(self) -> str:
-        """The name of the method this op runs (``"forward_cpu"``, ``"forward_native"``...)."""
+        """The name of the method this op runs (``"forward_cpu"``, ``"forward_native"``...).
+
+        An op built on the CPU before the C kernels were loaded says
+        ``"_load_cpu_kernels_then_bind"`` until its first call.
+        """
         return self._forward_method.__name__
 
     @classmethod

@@ -5,8 +5,12 @@ Invariants:
       (:mod:`forkless.ops.fused_cpu`, float32, built by :mod:`forkless.cpu_kernels`) and
       the Triton kernels (:mod:`forkless.ops.fused_triton`, imported only where Triton is
       installed and a CUDA platform binds ``forward_cuda``).
-    * An op whose kernels are missing binds ``forward_native`` at construction, so the
-      check is never repeated per call.
+    * An op whose kernels are missing binds ``forward_native``, so the check is never
+      repeated per call. Building an op never compiles the C kernels: the model runner
+      loads them after the weights (a first start compiles them, a few seconds, which
+      would otherwise count as loading the model). An op built before that binds a
+      method that, on its first call, binds ``forward_cpu`` or, where the kernels did
+      not build, ``forward_native``, and runs it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from forkless.ops.interface import CustomOp
 
 @functools.cache
 def cpu_kernels() -> ModuleType | None:
-    """:mod:`forkless.ops.fused_cpu`, or None where the C kernels did not build (see the log)."""
+    """:mod:`forkless.ops.fused_cpu`, or None where the C kernels did not build (see the log).
+
+    The first call loads the kernels, compiling them on a first start.
+    """
     from forkless import cpu_kernels as lib
 
     if lib.load() is None:
@@ -29,6 +36,11 @@ def cpu_kernels() -> ModuleType | None:
     from forkless.ops import fused_cpu
 
     return fused_cpu
+
+
+def cpu_kernels_known() -> bool:
+    """Whether :func:`cpu_kernels` has run in this process (so it costs nothing now)."""
+    return cpu_kernels.cache_info().currsize > 0
 
 
 @functools.cache
@@ -50,8 +62,16 @@ class FusedKernelOp(CustomOp):
     def dispatch_forward(self) -> Callable[..., Any]:
         method = super().dispatch_forward()
         name = method.__name__
-        if name == "forward_cpu" and cpu_kernels() is None:
-            return self.forward_native
+        if name == "forward_cpu":
+            if not cpu_kernels_known():
+                return self._load_cpu_kernels_then_bind
+            if cpu_kernels() is None:
+                return self.forward_native
         if name == "forward_cuda" and triton_kernels() is None:
             return self.forward_native
         return method
+
+    def _load_cpu_kernels_then_bind(self, *args: Any, **kwargs: Any) -> Any:
+        # The first call on the CPU platform, the C kernels not loaded when the op was built.
+        self.bind_forward(self.forward_cpu if cpu_kernels() is not None else self.forward_native)
+        return self._forward_method(*args, **kwargs)

@@ -255,6 +255,10 @@ def test_fused_layer_ops_match_pytorch_layers(rows, threads, monkeypatch):
     positions = torch.randint(0, 500, (rows,))
     qkv = torch.randn(rows, (6 + 2 + 2) * 32)
 
+    from forkless.ops import kernels
+
+    assert kernels.cpu_kernels() is not None  # loaded first, as the model runner does
+
     def run(implementation):
         # Each op picks its implementation when it is built.
         norm = RMSNorm(96, eps=1e-5)
@@ -277,6 +281,9 @@ def test_fused_layer_ops_match_pytorch_layers(rows, threads, monkeypatch):
 
 
 def test_silu_and_mul_saturates_like_pytorch(monkeypatch):
+    from forkless.ops import kernels
+
+    assert kernels.cpu_kernels() is not None
     x = torch.tensor([[-200.0, -90.0, -20.0, -1e-3, 0.0, 3.0, 90.0, 200.0] * 2 + [1.0] * 16])
     fused = SiluAndMul()
     monkeypatch.setenv("FORKLESS_FUSED_KERNELS", "0")

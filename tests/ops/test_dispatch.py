@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from forkless import cpu_kernels
-from forkless.ops import CustomOp, oot_ops, op_class, op_names, register_oot, unregister_oot
+from forkless.ops import CustomOp, kernels, oot_ops, op_class, op_names, register_oot, unregister_oot
 from forkless.ops.activation import SiluAndMul
 from forkless.ops.layernorm import RMSNorm
 from forkless.ops.rotary import RotaryEmbedding
@@ -23,7 +23,8 @@ ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 @pytest.fixture(autouse=True)
 def _cpu_platform_with_kernels():
     assert current_platform.is_cpu(), current_platform
-    assert cpu_kernels.load() is not None, "the CPU kernels did not build (see the log)"
+    # Loaded before the ops are built, as in a worker once its model runs.
+    assert kernels.cpu_kernels() is not None, "the CPU kernels did not build (see the log)"
 
 
 def _ops() -> list[CustomOp]:
@@ -71,15 +72,28 @@ def test_fused_kernels_off_binds_forward_native(monkeypatch):
 
 
 def test_without_the_c_kernels_forward_native_runs(monkeypatch):
-    from forkless.ops import kernels
-
     kernels.cpu_kernels.cache_clear()
     monkeypatch.setattr(cpu_kernels, "load", lambda: None)
     try:
+        before = RMSNorm(64)  # built before anything asked for the kernels
+        assert kernels.cpu_kernels() is None
         assert {op.implementation for op in _ops()} == {"forward_native"}
+        x = torch.randn(2, 64)
+        torch.testing.assert_close(before(x), before.forward_native(x))
+        assert before.implementation == "forward_native"
     finally:
         monkeypatch.undo()
         kernels.cpu_kernels.cache_clear()
+
+
+def test_building_an_op_does_not_load_the_c_kernels():
+    # The model runner loads them after the weights; an op built before binds on first call.
+    code = ("import torch; from forkless import cpu_kernels; from forkless.ops.layernorm import RMSNorm; "
+            "n = RMSNorm(8); print(n.implementation, cpu_kernels.load.cache_info().currsize); "
+            "x = torch.randn(2, 8); y = n(x); print(n.implementation, torch.allclose(y, n.forward_native(x)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["_load_cpu_kernels_then_bind", "0", "forward_cpu", "True"], out.stdout
 
 
 @pytest.mark.parametrize("rows", [1, 7, 300])
