@@ -105,6 +105,14 @@ class XgrammarBackend(StructuredOutputBackend):
         matchers = [g.matcher for g in grammars]  # type: ignore[attr-defined]
         self._batch.batch_fill_next_token_bitmask(matchers, torch.from_numpy(bitmask), indices)
 
+    def accept_tokens_batch(self, grammars: list[StructuredOutputGrammar], request_ids: list[str],
+                            tokens: list[list[int]]) -> list[bool]:
+        if len(grammars) < _BATCH_FILL_MIN or any(len(t) != 1 for t in tokens):
+            return super().accept_tokens_batch(grammars, request_ids, tokens)
+        # One token each (no drafts kept this step): advanced on xgrammar's threads.
+        matchers = [g.matcher for g in grammars]  # type: ignore[attr-defined]
+        return list(self._batch.batch_accept_token(matchers, [t[0] for t in tokens]))
+
     @classmethod
     def validate_params(cls, params: StructuredOutputsParams) -> None:
         from forkless.structured_output.config import StructuredOutputsConfig

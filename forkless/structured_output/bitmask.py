@@ -24,6 +24,26 @@ if TYPE_CHECKING:
     from forkless.protocol.step import SchedulerOutput, ScheduledRequest
 
 _SHIFTS: dict[torch.device, torch.Tensor] = {}
+# Per CUDA device: a pinned staging buffer, reused (pinning a fresh one every step costs
+# milliseconds), and the event of the last copy out of it.
+_STAGING: dict[torch.device, tuple[torch.Tensor, torch.cuda.Event | None]] = {}
+
+
+def _staged_to_cuda(bitmask: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``bitmask`` on ``device``, copied through the reused pinned buffer."""
+    size = bitmask.size
+    staging, copied = _STAGING.get(device, (None, None))
+    if staging is None or staging.numel() < size:
+        staging, copied = torch.empty(size, dtype=torch.int32, pin_memory=True), None
+    if copied is not None:
+        copied.synchronize()  # the step before's copy has left the buffer
+    view = staging[:size].view(bitmask.shape)
+    view.numpy()[...] = bitmask
+    packed = view.to(device, non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    _STAGING[device] = (staging, event)
+    return packed
 
 
 def unpack_bitmask(bitmask: np.ndarray, vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -40,10 +60,10 @@ def unpack_bitmask(bitmask: np.ndarray, vocab_size: int, device: torch.device) -
         shifts = _SHIFTS.get(device)
         if shifts is None:
             shifts = _SHIFTS[device] = torch.arange(32, dtype=torch.int32, device=device)
-        packed = torch.from_numpy(bitmask if bitmask.flags.writeable else bitmask.copy())
         if device.type == "cuda":
-            packed = packed.pin_memory()
-        packed = packed.to(device, non_blocking=True)
+            packed = _staged_to_cuda(bitmask, device)
+        else:
+            packed = torch.from_numpy(bitmask if bitmask.flags.writeable else bitmask.copy()).to(device)
         disallowed = ((packed.unsqueeze(-1) >> shifts) & 1).view(n, words * 32)[:, :width] == 0
     if width < vocab_size:
         disallowed = torch.nn.functional.pad(disallowed, (0, vocab_size - width), value=True)

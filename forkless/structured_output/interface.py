@@ -142,6 +142,13 @@ class StructuredOutputBackend(abc.ABC):
         for grammar, index in zip(grammars, indices):
             grammar.fill_bitmask(bitmask, index)
 
+    def accept_tokens_batch(self, grammars: list[StructuredOutputGrammar], request_ids: list[str],
+                            tokens: list[list[int]]) -> list[bool]:
+        """Advance ``grammars`` (this backend's) over a step's tokens, in one call per
+        step; each result is :meth:`StructuredOutputGrammar.accept_tokens`'s. The default
+        asks each grammar in turn; a backend that can advance many at once overrides it."""
+        return [g.accept_tokens(rid, t) for g, rid, t in zip(grammars, request_ids, tokens)]
+
     def allocate_token_bitmask(self, max_num_seqs: int) -> np.ndarray:
         """A ``[max_num_seqs, ceil(vocab_size / 32)]`` int32 array, all tokens allowed."""
         import numpy as np

@@ -226,6 +226,9 @@ class StructuredOutputManager:
         complete: list[str] = []
         rejected: list[tuple[str, str]] = []
         grammars = self._grammars
+        backend_of = self._backend_of
+        # Per backend: (backend, grammars, outputs), advanced in one call each.
+        groups: dict[int, tuple[StructuredOutputBackend, list[StructuredOutputGrammar], list[EngineCoreOutput]]] = {}
         for out in outputs:
             grammar = grammars.get(out.request_id)
             if grammar is None:
@@ -233,13 +236,21 @@ class StructuredOutputManager:
             if out.finish_reason is not None:
                 self._drop(out.request_id)
                 continue
-            if not grammar.accept_tokens(out.request_id, out.new_token_ids):
-                self._drop(out.request_id)
-                rejected.append((out.request_id, f"structured outputs: the grammar refused token(s) "
-                                                  f"{out.new_token_ids} it had allowed"))
-            elif grammar.is_terminated():
-                self._drop(out.request_id)
-                complete.append(out.request_id)
+            backend = backend_of[out.request_id]
+            group = groups.setdefault(id(backend), (backend, [], []))
+            group[1].append(grammar)
+            group[2].append(out)
+        for backend, grammars_of, outs in groups.values():
+            accepted = backend.accept_tokens_batch(grammars_of, [o.request_id for o in outs],
+                                                   [o.new_token_ids for o in outs])
+            for grammar, out, ok in zip(grammars_of, outs, accepted):
+                if not ok:
+                    self._drop(out.request_id)
+                    rejected.append((out.request_id, f"structured outputs: the grammar refused token(s) "
+                                                      f"{out.new_token_ids} it had allowed"))
+                elif grammar.is_terminated():
+                    self._drop(out.request_id)
+                    complete.append(out.request_id)
         return complete, rejected
 
     def finish(self, request_ids: Any) -> None:

@@ -20,14 +20,17 @@ def test_cuda_bitmask_equals_cpu() -> None:
 
     gen = np.random.default_rng(0)
     vocab = 151936
-    logits = torch.randn(64, vocab)
-    bitmask = gen.integers(-2**31, 2**31, size=(40, (vocab + 31) // 32), dtype=np.int64).astype(np.int32)
-    rows = sorted(gen.choice(64, 40, replace=False).tolist())
-    on_cpu = logits.clone()
-    apply_token_bitmask(on_cpu, bitmask, rows)
-    on_gpu = logits.cuda()
-    apply_token_bitmask(on_gpu, bitmask, rows)
-    assert torch.equal(on_gpu.cpu(), on_cpu)
+    # Several steps in a row, of other sizes: the pinned staging buffer is reused.
+    for n in (40, 8, 64, 40):
+        logits = torch.randn(64, vocab)
+        bitmask = gen.integers(-2**31, 2**31, size=(n, (vocab + 31) // 32), dtype=np.int64).astype(np.int32)
+        bitmask.flags.writeable = False  # as np.frombuffer gives it
+        rows = sorted(gen.choice(64, n, replace=False).tolist())
+        on_cpu = logits.clone()
+        apply_token_bitmask(on_cpu, bitmask, rows)
+        on_gpu = logits.cuda()
+        apply_token_bitmask(on_gpu, bitmask, rows)
+        assert torch.equal(on_gpu.cpu(), on_cpu)
 
 
 def test_cuda_bitmask_time_at_batch_256() -> None:
