@@ -46,6 +46,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
@@ -321,6 +322,22 @@ class MultiprocExecutor(Executor):
                     raise self._died(rank) from None
                 sock.poll(_POLL_MS, zmq.POLLOUT)
 
+    def _dead_peer(self, grace_s: float = 2.0) -> WorkerDiedError | None:
+        """The first worker found dead within ``grace_s`` (several workers only), else None.
+
+        A rank whose peer was killed sees its collective fail (connection reset) about when
+        the peer's exit becomes visible here: the grace lets that death, the cause, be
+        reported rather than its echo.
+        """
+        if self.world_size == 1:
+            return None
+        for _ in range(max(1, int(grace_s * 1000 / _POLL_MS))):
+            for rank, proc in enumerate(self.procs):
+                if not proc.is_alive():
+                    return self._died(rank)
+            time.sleep(_POLL_MS / 1000)
+        return None
+
     def _receive_any(self, ranks: set[int], timeout_s: float) -> tuple[int, bytes, bytes]:
         """The first start-up answer of ``ranks``: ``(rank, kind, payload)``.
 
@@ -378,7 +395,9 @@ class MultiprocExecutor(Executor):
             kind, reply = self._receive(rank, None)
             if kind == b"error":
                 err = ipc.decode(reply)
-                raise RuntimeError(f"worker {rank}: {method} failed: {err['error']}\n{err['traceback']}")
+                failure = RuntimeError(f"worker {rank}: {method} failed: {err['error']}\n{err['traceback']}")
+                # A collective fails on the living ranks when a peer dies: name the dead one.
+                raise self._dead_peer() or failure from failure
             if kind != b"ok":
                 raise RuntimeError(f"worker {rank} answered {method} with {kind!r}: the call protocol is out of step")
             results.append(reply)

@@ -8,6 +8,7 @@ from forkless.platforms.interface import PlatformEnum
 
 BACKEND_NAME = "example"
 BACKEND_PATH = "forkless_example_platform.attention:ExampleAttentionBackend"
+COMMUNICATOR_PATH = "forkless_example_platform.communicator:CountingGlooCommunicator"
 SILU_AND_MUL_PATH = "forkless_example_platform.ops:ExampleSiluAndMul"
 
 
@@ -18,6 +19,8 @@ class ExampleCpuPlatform(CpuPlatform):
     # The platform's own kernel needs no registration: it is selectable by name here.
     attention_backends = {BACKEND_NAME: BACKEND_PATH}
     default_attention_backend = BACKEND_NAME
+    # Its own collectives for tensor parallelism (-tp): gloo that counts its calls.
+    device_communicator_cls = COMMUNICATOR_PATH
 
     @classmethod
     def pre_register_and_update(cls, parser=None):
