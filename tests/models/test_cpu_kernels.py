@@ -26,6 +26,19 @@ def _kernels_built():
 
 
 @pytest.fixture
+def ops_on_cpu(monkeypatch):
+    """The layer ops pick their implementation by platform: the CPU's, even on a GPU host,
+    with the C kernels loaded first, as the model runner does."""
+    from forkless import platforms
+    from forkless.ops import kernels
+    from forkless.platforms.cpu import CpuPlatform
+
+    if not platforms.current_platform.is_cpu():
+        monkeypatch.setattr(platforms, "_current", CpuPlatform())
+    assert kernels.cpu_kernels() is not None
+
+
+@pytest.fixture
 def threads(request):
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
@@ -246,7 +259,7 @@ def test_cpu_backend_without_kernels_is_the_reference(monkeypatch, caplog):
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)
 @pytest.mark.parametrize("rows", [1, 5, 300])
-def test_fused_layer_ops_match_pytorch_layers(rows, threads, monkeypatch):
+def test_fused_layer_ops_match_pytorch_layers(rows, threads, monkeypatch, ops_on_cpu):
     torch.manual_seed(rows)
     x = torch.randn(rows, 3 * 96)
     weight = torch.randn(96)
@@ -254,10 +267,6 @@ def test_fused_layer_ops_match_pytorch_layers(rows, threads, monkeypatch):
     # Rotary on strided views of a fused qkv projection, as the models call it.
     positions = torch.randint(0, 500, (rows,))
     qkv = torch.randn(rows, (6 + 2 + 2) * 32)
-
-    from forkless.ops import kernels
-
-    assert kernels.cpu_kernels() is not None  # loaded first, as the model runner does
 
     def run(implementation):
         # Each op picks its implementation when it is built.
@@ -280,10 +289,7 @@ def test_fused_layer_ops_match_pytorch_layers(rows, threads, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
-def test_silu_and_mul_saturates_like_pytorch(monkeypatch):
-    from forkless.ops import kernels
-
-    assert kernels.cpu_kernels() is not None
+def test_silu_and_mul_saturates_like_pytorch(monkeypatch, ops_on_cpu):
     x = torch.tensor([[-200.0, -90.0, -20.0, -1e-3, 0.0, 3.0, 90.0, 200.0] * 2 + [1.0] * 16])
     fused = SiluAndMul()
     monkeypatch.setenv("FORKLESS_FUSED_KERNELS", "0")
