@@ -57,6 +57,14 @@ logger = init_logger(__name__)
 _PROMPT_LOGPROBS_SLICE = 256
 
 
+def _tp_collectives_capturable() -> bool:
+    """Whether this rank's TP communicator declares its collectives capturable in a CUDA graph."""
+    from forkless.distributed.parallel_state import get_tp_group
+
+    communicator = get_tp_group().communicator
+    return communicator is None or communicator.supports_cuda_graphs
+
+
 @dataclass
 class _PromptPart:
     """Prompt logprobs of consecutive prompt positions, being copied to the host."""
@@ -201,6 +209,8 @@ class ModelRunner:
             # The LoRA layers' Triton path keeps its per-step token grouping in persistent
             # buffers a graph reads; the torch path (no Triton) builds new tensors per step.
             and (self.lora_manager is None or self.lora_manager.supports_cuda_graphs)
+            # With -tp > 1 a graph replays the layers' collectives: the communicator must allow it.
+            and (config.parallel_config.tensor_parallel_size == 1 or _tp_collectives_capturable())
         )
         self.graphs: DecodeGraphs | None = None
         # The KV connector's worker side (--kv-transfer-config), made with the cache.
