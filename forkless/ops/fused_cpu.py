@@ -1,6 +1,7 @@
 """The fused layer ops of :mod:`~forkless.ops.fused_triton`, on the CPU kernels.
 
-Same functions, same signatures, float32 only (see ``forkless/cpu_kernels/csrc/layers.c``).
+Same functions, same signatures and arguments (documented there), float32 only (see
+``forkless/cpu_kernels/csrc/layers.c``).
 The built-in custom ops call them from ``forward_cpu`` (:mod:`forkless.ops.kernels` binds
 that only where the kernels loaded).
 """
@@ -21,17 +22,7 @@ def _lib():
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """RMSNorm over the last dimension, after adding ``residual`` when given.
-
-    Args:
-        x: ``[T, N]`` or ``[T, H, N]`` (per-head norm); the last dimension contiguous.
-        weight: ``[N]``.
-        eps: Added to the mean square.
-        residual: ``[T, N]``, only with a 2-D ``x``.
-
-    Returns:
-        ``(normalised, x + residual)``; the second item is None without a residual.
-    """
+    """:func:`forkless.ops.fused_triton.rms_norm` on the C kernel (float32)."""
     x3, residual, out, res_out = rms_norm_buffers(x, residual)
     t, h, n = x3.shape
     weight = weight.contiguous()
@@ -46,15 +37,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
             rotary_dim: int) -> None:
-    """Rotate the first ``rotary_dim`` channels of every query and key head, in place.
-
-    Args:
-        q: ``[T, Hq, D]``, head dimension contiguous.
-        k: ``[T, Hkv, D]``, same.
-        cos: ``[T, 1, rotary_dim]`` (``cat(freqs, freqs).cos()``), dtype of ``q``.
-        sin: Same shape, the sines.
-        rotary_dim: Rotated channels per head (``D`` unless partial rotary).
-    """
+    """:func:`forkless.ops.fused_triton.rotary_` on the C kernel (float32, in place)."""
     if cos.stride(-1) != 1 or sin.stride(-1) != 1 or sin.stride(0) != cos.stride(0):
         cos, sin = cos.contiguous(), sin.contiguous()
     _lib().forkless_rotary_f32(
@@ -63,14 +46,7 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` for ``x = [T, 2 * d]`` (gate first).
-
-    Args:
-        x: ``[T, 2 * d]``, last dimension contiguous.
-
-    Returns:
-        ``[T, d]``.
-    """
+    """:func:`forkless.ops.fused_triton.silu_and_mul` on the C kernel (float32)."""
     if x.stride(-1) != 1:
         x = x.contiguous()
     t, d = x.shape[0], x.shape[1] // 2
