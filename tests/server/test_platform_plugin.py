@@ -28,3 +28,5 @@ def test_example_platform_runs_the_server_with_its_own_backend(
     assert ("platform example_cpu (example CPU device), attention backend example_cpu "
             "(forkless_example_platform.attention:ExampleAttentionBackend)") in log, log[-3000:]
     assert "example_cpu attention backend: first forward pass" in log, log[-3000:]
+    # Its own silu_and_mul custom op replaced forkless's in the worker.
+    assert "example_cpu silu_and_mul: first call" in log, log[-3000:]
