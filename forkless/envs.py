@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     FORKLESS_CACHE_ROOT: str
     FORKLESS_FUSED_KERNELS: bool
+    FORKLESS_CUSTOM_OPS: str
     FORKLESS_CPU_KERNELS: bool
     FORKLESS_KERNEL_CACHE_DIR: str
     FORKLESS_PLUGINS: str | None
@@ -100,6 +101,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # CPU, a platform plugin's own. ``0`` makes every op built afterwards run its plain
     # PyTorch ``forward_native`` instead (to compare or to debug); read when an op is built.
     "FORKLESS_FUSED_KERNELS": lambda: parse_bool("FORKLESS_FUSED_KERNELS", True),
+    # Which custom ops run their device implementation, per op (vLLM's ``custom_ops``):
+    # comma-separated ``all``, ``none``, ``+op`` (on), ``-op`` (off), e.g. ``-rms_norm`` or
+    # ``none,+silu_and_mul``; the default is FORKLESS_FUSED_KERNELS's. Raw text;
+    # forkless.ops parses and checks it when an op is built.
+    "FORKLESS_CUSTOM_OPS": lambda: os.environ.get("FORKLESS_CUSTOM_OPS", ""),
     # On CPU (float32), decode attention, the linear layers and the fused layer ops run C
     # kernels compiled once with the system C compiler (``$CC`` or ``cc``) into
     # FORKLESS_KERNEL_CACHE_DIR. ``0`` runs plain torch ops instead (to compare or to debug).

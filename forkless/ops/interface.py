@@ -3,8 +3,9 @@
 Invariants:
     * The implementation is chosen once, when the op is built, never per call: the
       current platform picks ``forward_cpu`` (CPU), ``forward_cuda`` (CUDA),
-      ``forward_oot`` (an out-of-tree platform) or ``forward_native`` (any other), and
-      ``FORKLESS_FUSED_KERNELS=0`` picks ``forward_native`` everywhere. The chosen bound
+      ``forward_oot`` (an out-of-tree platform) or ``forward_native`` (any other);
+      ``FORKLESS_FUSED_KERNELS=0`` picks ``forward_native`` everywhere, and
+      ``FORKLESS_CUSTOM_OPS`` per op (``-rms_norm``, ``none,+silu_and_mul``). The chosen bound
       method becomes the instance's ``forward``, so ``nn.Module.__call__`` reaches it with
       no dispatch in between.
     * A device method an op does not override is bound as ``forward_native`` itself, not
@@ -42,10 +43,10 @@ class CustomOp(nn.Module):
 
     Attributes:
         name: The registered op name (``"rms_norm"``); set by :meth:`register` and
-            :meth:`register_oot`.
+            :meth:`register_oot`, None on an op that is not registered.
     """
 
-    name: ClassVar[str]
+    name: ClassVar[str | None] = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> CustomOp:
         get_current_platform()  # its pre_register_and_update registers its replacements
@@ -95,9 +96,13 @@ class CustomOp(nn.Module):
     def enabled(cls) -> bool:
         """Whether the op runs its device implementation (False: ``forward_native``).
 
-        ``FORKLESS_FUSED_KERNELS=0`` turns every op's device implementation off.
+        ``FORKLESS_FUSED_KERNELS=0`` turns every op's device implementation off by default;
+        ``FORKLESS_CUSTOM_OPS`` turns ops on and off by name (vLLM's ``custom_ops``).
+
+        Raises:
+            ValueError: ``FORKLESS_CUSTOM_OPS`` is malformed or names an unknown op.
         """
-        return envs.FORKLESS_FUSED_KERNELS
+        return registry.op_enabled(cls.name, envs.FORKLESS_CUSTOM_OPS, envs.FORKLESS_FUSED_KERNELS)
 
     def dispatch_forward(self) -> Callable[..., Any]:
         """The bound method this op runs, chosen by :meth:`enabled` and the current platform.

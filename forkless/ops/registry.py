@@ -79,9 +79,9 @@ def op_name(name: str) -> str:
         return name
     if name in _class_names:
         return _class_names[name]
-    raise RegistryError(f"no custom op named {name!r} to replace; custom ops: "
+    raise RegistryError(f"unknown custom op {name!r}; custom ops: "
                         f"{', '.join(op_names())} (or their class names: "
-                        f"{', '.join(sorted(_class_names))}). {_HINT}")
+                        f"{', '.join(sorted(_class_names))})")
 
 
 def register_oot(name: str, op: Any) -> str:
@@ -105,6 +105,49 @@ def register_oot(name: str, op: Any) -> str:
         return name  # the class of the path already registered (its module is importing)
     _oot.register(name, op)
     return name
+
+
+def op_enabled(name: str | None, custom_ops: str, default: bool) -> bool:
+    """Whether op ``name`` runs its device implementation (else ``forward_native``).
+
+    vLLM's ``custom_ops`` rules: ``+op`` turns an op on, ``-op`` off, ``none`` turns off
+    every op not named with ``+``, ``all`` turns on every op not named with ``-``.
+
+    Args:
+        name: The op name; None for an op that is not registered (only ``all`` / ``none``
+            and the default apply).
+        custom_ops: ``FORKLESS_CUSTOM_OPS``: comma-separated ``all``, ``none``, ``+op``,
+            ``-op`` (op names or their class names).
+        default: Whether ops are on when ``custom_ops`` names neither ``all`` nor ``none``
+            (``FORKLESS_FUSED_KERNELS``).
+
+    Raises:
+        ValueError: An entry of another form, an unknown op name (the message lists the op
+            names), ``all`` with ``none``, or one op both on and off.
+    """
+    on: set[str] = set()
+    off: set[str] = set()
+    entries = [e.strip() for e in custom_ops.split(",") if e.strip()]
+    for entry in entries:
+        if entry in ("all", "none"):
+            continue
+        if entry[0] not in "+-" or len(entry) == 1:
+            raise ValueError(f"FORKLESS_CUSTOM_OPS={custom_ops!r}: {entry!r} is not 'all', 'none', "
+                             f"'+op' or '-op'; custom ops: {', '.join(op_names())}")
+        try:
+            (on if entry[0] == "+" else off).add(op_name(entry[1:]))
+        except RegistryError as err:
+            raise ValueError(f"FORKLESS_CUSTOM_OPS={custom_ops!r}: {err.args[0]}") from None
+    if "all" in entries and "none" in entries:
+        raise ValueError(f"FORKLESS_CUSTOM_OPS={custom_ops!r} says both 'all' and 'none'")
+    if on & off:
+        raise ValueError(f"FORKLESS_CUSTOM_OPS={custom_ops!r} turns {', '.join(sorted(on & off))} "
+                         "both on and off")
+    if "all" in entries:
+        default = True
+    elif "none" in entries:
+        default = False
+    return (default or name in on) and name not in off
 
 
 def unregister_oot(name: str) -> None:

@@ -3,6 +3,7 @@ and the C kernels (forward_cpu) against plain PyTorch (forward_native)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -73,6 +74,33 @@ def test_fused_kernels_off_binds_forward_native(monkeypatch):
     for op in _ops():
         assert op.implementation == "forward_native"
         assert op.forward.__func__ is type(op).forward_native
+
+
+@pytest.mark.parametrize("custom_ops,fused,want", [
+    ("-rms_norm", "1", {"rms_norm": "forward_native"}),
+    ("-RMSNorm, -silu_and_mul", "1", {"rms_norm": "forward_native", "silu_and_mul": "forward_native"}),
+    ("none,+silu_and_mul", "1", {"rms_norm": "forward_native", "rotary_embedding": "forward_native"}),
+    ("+rotary_embedding", "0", {"rms_norm": "forward_native", "silu_and_mul": "forward_native"}),
+    ("all,-rotary_embedding", "0", {"rotary_embedding": "forward_native"}),
+    ("", "1", {}),
+])
+def test_custom_ops_turns_ops_on_and_off_by_name(monkeypatch, custom_ops, fused, want):
+    monkeypatch.setenv("FORKLESS_CUSTOM_OPS", custom_ops)
+    monkeypatch.setenv("FORKLESS_FUSED_KERNELS", fused)
+    got = {op.name: op.implementation for op in _ops()}
+    assert got == {name: want.get(name, "forward_cpu") for name in got}
+
+
+@pytest.mark.parametrize("custom_ops,message", [
+    ("-rms_norn", "unknown custom op 'rms_norn'; custom ops: rms_norm, rotary_embedding, silu_and_mul"),
+    ("rms_norm", "'rms_norm' is not 'all', 'none', '+op' or '-op'"),
+    ("all,none", "both 'all' and 'none'"),
+    ("+silu_and_mul,-SiluAndMul", "turns silu_and_mul both on and off"),
+])
+def test_a_bad_custom_ops_value_names_what_is_wrong(monkeypatch, custom_ops, message):
+    monkeypatch.setenv("FORKLESS_CUSTOM_OPS", custom_ops)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        SiluAndMul()
 
 
 def test_without_the_c_kernels_forward_native_runs(monkeypatch):

@@ -56,6 +56,8 @@ def runs(tiny_llama: Path, plugin_site: Path, tmp_path_factory: pytest.TempPathF
         "cpu": _run(tiny_llama, plugin_site, tmp),
         "native": _run(tiny_llama, plugin_site, tmp, FORKLESS_FUSED_KERNELS="0"),
         "example": _run(tiny_llama, plugin_site, tmp, FORKLESS_EXAMPLE_PLATFORM="1"),
+        "example, -silu_and_mul": _run(tiny_llama, plugin_site, tmp, FORKLESS_EXAMPLE_PLATFORM="1",
+                                       FORKLESS_CUSTOM_OPS="-silu_and_mul"),
     }
 
 
@@ -66,6 +68,12 @@ def test_example_platform_runs_its_own_silu_and_mul(runs):
     assert example["calls"] >= NUM_LAYERS * MAX_TOKENS, example["calls"]
     assert example["calls"] % NUM_LAYERS == 0, example["calls"]
     assert "example_cpu silu_and_mul: first call" in example["log"]
+
+
+def test_custom_ops_can_turn_the_platforms_op_off(runs):
+    off = runs["example, -silu_and_mul"]
+    assert off["platform"] == "example_cpu"
+    assert off["calls"] == 0  # its class was built, but runs forward_native
 
 
 def test_without_the_platform_its_op_is_not_even_imported(runs):
@@ -79,3 +87,4 @@ def test_greedy_outputs_do_not_depend_on_the_implementation(runs):
     assert [len(t) for t in tokens] == [MAX_TOKENS, MAX_TOKENS]
     assert runs["cpu"]["tokens"] == tokens  # C kernels vs PyTorch ops
     assert runs["example"]["tokens"] == tokens  # the platform's op
+    assert runs["example, -silu_and_mul"]["tokens"] == tokens
