@@ -49,6 +49,7 @@ import signal
 import time
 import traceback
 from collections import deque
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -250,7 +251,42 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     ipc.remove_ipc_dir_if_orphaned(parent_pid, ipc_dir)
 
 
-class MultiprocExecutor(Executor):
+class RankedWorkersExecutor(Executor):
+    """An executor whose workers, one per rank, all answer every call (``mp``, ``ray``): the
+    methods that do not depend on how the calls travel.
+
+    Subclasses implement :meth:`_call` and set ``_async_ok`` (whether every rank's runner
+    supports async scheduling) once their workers are up.
+    """
+
+    _async_ok = False
+
+    @abstractmethod
+    def _call(self, method: str, *args: Any, payload: Any = None) -> list[bytes]:
+        """Run a worker method on every rank (``args`` msgpack-encoded, or ``payload``
+        as it is); the msgpack replies by rank."""
+
+    def _step_payload(self, scheduler_output: SchedulerOutput) -> Any:
+        """What carries one step to the workers (msgpack bytes)."""
+        return ipc.encode(scheduler_output)
+
+    def determine_num_blocks(self) -> int:
+        return min(ipc.decode(r, int) for r in self._call("determine_num_blocks"))
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self._call("initialize_cache", num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        replies = self._call("execute_model", payload=self._step_payload(scheduler_output))
+        return ipc.decode(replies[0], ModelRunnerOutput)  # rank 0 samples for all
+
+    @property
+    def supports_async_scheduling(self) -> bool:
+        """Whether every worker's runner can launch steps before collecting the last one."""
+        return self._async_ok
+
+
+class MultiprocExecutor(RankedWorkersExecutor):
     """Worker processes behind ZeroMQ, one per rank (``parallel_config.world_size``)."""
 
     def __init__(self, config: "EngineConfig") -> None:
@@ -402,21 +438,6 @@ class MultiprocExecutor(Executor):
                 raise RuntimeError(f"worker {rank} answered {method} with {kind!r}: the call protocol is out of step")
             results.append(reply)
         return results
-
-    def determine_num_blocks(self) -> int:
-        return min(ipc.decode(r, int) for r in self._call("determine_num_blocks"))
-
-    def initialize_cache(self, num_blocks: int) -> None:
-        self._call("initialize_cache", num_blocks)
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        replies = self._call("execute_model", payload=ipc.encode(scheduler_output))
-        return ipc.decode(replies[0], ModelRunnerOutput)  # rank 0 samples for all
-
-    @property
-    def supports_async_scheduling(self) -> bool:
-        """Whether every worker's runner can launch steps before collecting the last one."""
-        return self._async_ok
 
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> StepHandle:
         """Send one step to every worker without waiting for it.

@@ -29,11 +29,13 @@ Invariants:
       calling :meth:`RayExecutor.shutdown`.
     * Async scheduling keeps the ``mp`` executor's protocol: ``execute_model_async`` sends
       ``launch(seq, step)`` to every actor, which launches the step and only then finishes
-      the one before it (so a device never waits for the host); ``collect`` asks each
-      actor for ``result(seq)``, which finishes step ``seq`` if nothing newer did. Ray runs
-      a (synchronous) actor's tasks one at a time in the order one caller submitted them,
-      which is what keeps steps in order. Steps are collected once each, in launch order;
-      synchronous calls are refused while steps are uncollected.
+      the one before it (so a device never waits for the host) and returns that one's
+      output: while steps overlap, ``collect(seq)`` reads step ``seq + 1``'s launch, one
+      Ray task per step. Only the newest step is asked for on its own (``result(seq)``,
+      which finishes it). Ray runs a (synchronous) actor's tasks one at a time in the
+      order one caller submitted them, which is what keeps steps in order. Steps are
+      collected once each, in launch order; synchronous calls are refused while steps are
+      uncollected.
     * Shutdown: each actor shuts its worker down, then is killed; the placement group is
       removed; this process leaves Ray if it joined it here. The actors and the placement
       group belong to this process's Ray job, so Ray removes them itself if the engine
@@ -58,8 +60,8 @@ except ImportError as exc:  # the extra is optional: say how to get it
                       f"(ray>=2.40) ({exc})") from exc
 
 from forkless import envs
-from forkless.executor.interface import Executor
-from forkless.executor.multiproc import _WORKER_METHODS, StepHandle, WorkerDiedError, _error_payload
+from forkless.executor.multiproc import (_WORKER_METHODS, RankedWorkersExecutor, StepHandle, WorkerDiedError,
+                                         _error_payload)
 from forkless.logger import init_logger
 from forkless.protocol import ipc
 from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
@@ -113,7 +115,7 @@ class RayWorkerActor:
             s.bind(("", 0))
             return int(s.getsockname()[1])
 
-    def start(self, config_bytes: bytes, rank: int, local_rank: int, init_method: str,
+    def start(self, config_bytes: bytes, rank: int, local_rank: int, init_method: str | None,
               env: dict[str, str]) -> tuple[bytes, bytes]:
         """Build the worker as an ``mp`` worker process does.
 
@@ -121,7 +123,7 @@ class RayWorkerActor:
             config_bytes: The engine configuration, msgpack.
             rank: This worker's global rank.
             local_rank: Its device index on this node.
-            init_method: The ranks' rendezvous address.
+            init_method: The ranks' rendezvous address (``None`` for a single worker).
             env: Variables of the engine core's to set here first (``FORKLESS_*``...).
 
         Returns:
@@ -165,8 +167,13 @@ class RayWorkerActor:
         except Exception as exc:
             return _ERROR, ipc.encode(_error_payload(exc))
 
-    def launch(self, seq: int, payload: bytes) -> None:
-        """Launch async step ``seq``, then finish the one before it (its output is kept)."""
+    def launch(self, seq: int, payload: bytes) -> tuple[bytes, bytes] | None:
+        """Launch async step ``seq``, then finish the one before it.
+
+        Returns:
+            Step ``seq - 1``'s output when it was not handed out yet (the executor
+            collects it from this task), else ``None``.
+        """
         try:
             launched, error = self.worker.execute_model_async(ipc.decode(payload, SchedulerOutput)), None
         except Exception as exc:
@@ -176,6 +183,7 @@ class RayWorkerActor:
             self.done[seq] = (_STEP_ERROR, ipc.encode(error))
         else:
             self.pending = (seq, launched)
+        return self.done.pop(seq - 1, None)
 
     def result(self, seq: int) -> tuple[bytes, bytes]:
         """Step ``seq``'s output, finishing it if no newer step did: ``(step_ok|step_error, ...)``."""
@@ -207,7 +215,7 @@ class RayWorkerActor:
             self.worker = None
 
 
-class RayExecutor(Executor):
+class RayExecutor(RankedWorkersExecutor):
     """Workers in Ray actors, one per rank (``config.parallel_config.world_size``)."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -223,6 +231,8 @@ class RayExecutor(Executor):
         self._next_seq = 0
         self._in_flight: deque[int] = deque()
         self._launched: list[Any] = []  # the refs of the last async launch, one per rank
+        # seq -> the launch refs (of step seq + 1) that carry step seq's output.
+        self._carriers: dict[int, list[Any]] = {}
         try:
             self._connect()
             self._start()
@@ -279,9 +289,11 @@ class RayExecutor(Executor):
         for rank, info in enumerate(self.actor_info):
             logger.info("worker %d: Ray actor pid %d on node %s (%s)", rank, info["pid"], info["ip"],
                         info["node_id"][:12])
-        port = self._gather([self.actors[0].free_port.remote()], "free_port", _STARTUP_TIMEOUT_S, True)[0]
-        ip = self.actor_info[0]["ip"]
-        init_method = f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
+        init_method = None  # one worker joins no one (as with mp)
+        if self.world_size > 1:
+            port = self._gather([self.actors[0].free_port.remote()], "free_port", _STARTUP_TIMEOUT_S, True)[0]
+            ip = self.actor_info[0]["ip"]
+            init_method = f"tcp://[{ip}]:{port}" if ":" in ip else f"tcp://{ip}:{port}"
         config_bytes = ipc.encode(self.config.to_builtins())
         refs = [actor.start.remote(config_bytes, rank, local_rank, init_method, env)
                 for rank, (actor, local_rank, env) in enumerate(zip(self.actors, *self._placement_env(
@@ -364,7 +376,7 @@ class RayExecutor(Executor):
         if self._closed:
             raise RuntimeError("the Ray executor is shut down")
 
-    def _step_data(self, scheduler_output: SchedulerOutput) -> Any:
+    def _step_payload(self, scheduler_output: SchedulerOutput) -> Any:
         data = ipc.encode(scheduler_output)
         return ray.put(data) if self.world_size > 1 and len(data) > _INLINE_BYTES else data
 
@@ -388,21 +400,6 @@ class RayExecutor(Executor):
                 raise RuntimeError(f"worker {rank}: {method} failed: {err['error']}\n{err['traceback']}")
         return [reply for _, reply in replies]
 
-    def determine_num_blocks(self) -> int:
-        return min(ipc.decode(r, int) for r in self._call("determine_num_blocks"))
-
-    def initialize_cache(self, num_blocks: int) -> None:
-        self._call("initialize_cache", num_blocks)
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        replies = self._call("execute_model", payload=self._step_data(scheduler_output))
-        return ipc.decode(replies[0], ModelRunnerOutput)  # rank 0 samples for all
-
-    @property
-    def supports_async_scheduling(self) -> bool:
-        """Whether every rank's runner can launch steps before collecting the last one."""
-        return self._async_ok
-
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> StepHandle:
         """Launch one step on every rank without waiting (see the module docstring).
 
@@ -412,9 +409,12 @@ class RayExecutor(Executor):
         self._usable()
         seq = self._next_seq
         self._next_seq += 1
-        data = self._step_data(scheduler_output)
+        data = self._step_payload(scheduler_output)
+        carries = bool(self._in_flight) and self._in_flight[-1] == seq - 1
         self._in_flight.append(seq)
         self._launched = [a.launch.remote(seq, data) for a in self.actors]
+        if carries:  # step seq - 1 is uncollected: this launch finishes it and returns its output
+            self._carriers[seq - 1] = self._launched
         return StepHandle(seq, id(self))
 
     def collect(self, pending: StepHandle) -> ModelRunnerOutput:
@@ -434,8 +434,14 @@ class RayExecutor(Executor):
             raise RuntimeError(f"collect(step {seq}): steps are collected once each in launch order; "
                                f"the oldest uncollected step is {oldest}")
         self._in_flight.popleft()
-        replies = self._gather([a.result.remote(seq) for a in self.actors], f"step {seq}")
-        for rank, (kind, reply) in enumerate(replies):
+        # One Ray task per step while steps overlap: the next step's launch carries this
+        # one's output; only the newest step is asked for on its own.
+        refs = self._carriers.pop(seq, None) or [a.result.remote(seq) for a in self.actors]
+        replies = self._gather(refs, f"step {seq}")
+        for rank, answer in enumerate(replies):
+            if answer is None:
+                raise RuntimeError(f"worker {rank} had no output for step {seq}: the step protocol is out of step")
+            kind, reply = answer
             if kind == _STEP_ERROR:
                 err = ipc.decode(reply)
                 raise RuntimeError(f"worker {rank}: step {seq} (execute_model_async) failed: "
@@ -462,6 +468,7 @@ class RayExecutor(Executor):
         actors, self.actors = self.actors, []
         self._in_flight.clear()
         self._launched = []
+        self._carriers.clear()
         if actors and graceful:
             try:
                 ray.wait([a.shutdown.remote() for a in actors], num_returns=len(actors), timeout=_SHUTDOWN_WAIT_S)
