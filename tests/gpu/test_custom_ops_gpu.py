@@ -33,6 +33,12 @@ def test_fused_kernels_off_binds_forward_native(monkeypatch):
     assert {op.implementation for op in _ops()} == {"forward_native"}
 
 
+def test_custom_ops_turns_one_op_to_forward_native(monkeypatch):
+    monkeypatch.setenv("FORKLESS_CUSTOM_OPS", "-rms_norm")
+    assert {op.name: op.implementation for op in _ops()} == {
+        "rms_norm": "forward_native", "rotary_embedding": "forward_cuda", "silu_and_mul": "forward_cuda"}
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_forward_cuda_equals_forward_native(dtype, tol):
     torch.manual_seed(0)
