@@ -111,6 +111,12 @@ class EngineCore:
             # their grammar compiles on the manager's threads (forkless.structured_output).
             self._structured = _structured_output_manager(config)
             self._grammar_held: dict[str, tuple[Request, LoRARequest | None]] = {}
+            # Under async scheduling, a step planned while the one before still runs
+            # leaves its constrained rows' bitmask for later: the grammars take the
+            # step before's tokens, and fill it, while the device runs the new step's
+            # forward (SchedulerOutput.defer_sampling). Needs an executor that can.
+            self._defer_grammar = self.async_scheduling and self.executor.supports_deferred_sampling
+            self.scheduler.set_grammar_deferred(self._defer_grammar)
         except BaseException:
             self.executor.shutdown()
             raise
@@ -242,12 +248,22 @@ class EngineCore:
             if self._grammar_held.pop(rid, None) is not None:
                 self._request_errors.append((rid, reason))
 
-    def _plan(self) -> SchedulerOutput:
+    def _plan(self, in_flight: bool = False) -> SchedulerOutput:
         """The scheduler's next step, with its admissions' adapters and the constrained
-        requests' grammar bitmask."""
+        requests' grammar bitmask (left for :meth:`_sample_deferred` when a step is
+        ``in_flight``: the grammars have not taken its tokens yet)."""
         scheduler_output = self._attach_loras(self.scheduler.schedule())
-        self._structured.fill_bitmask(scheduler_output)
+        if in_flight and self._defer_grammar:
+            self._structured.defer(scheduler_output)
+        else:
+            self._structured.fill_bitmask(scheduler_output)
         return scheduler_output
+
+    def _sample_deferred(self, launched: tuple[SchedulerOutput, Any]) -> None:
+        """Fill a deferred step's bitmask (the grammars now hold the tokens of the step
+        before) and let the workers sample it."""
+        scheduler_output, handle = launched
+        self.executor.sample_deferred(handle, self._structured.fill_deferred(scheduler_output))
 
     def _finished(self, outputs: list) -> list:
         if self._structured.has_grammars():
@@ -322,12 +338,14 @@ class EngineCore:
             pending = None
         launched = None
         if self.scheduler.has_unfinished_requests():
-            scheduler_output = self._plan()
+            scheduler_output = self._plan(in_flight=pending is not None)
             scheduled = trace.now() if trace is not None else 0.0
             launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
             launched_at = trace.now() if trace is not None else 0.0
         if pending is not None:
             outputs += self._collect(pending)
+        if launched is not None and launched[0].defer_sampling:
+            self._sample_deferred(launched)
         if launched is not None:
             if self.scheduler.can_schedule_async():
                 self._pending = launched

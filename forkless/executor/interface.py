@@ -56,6 +56,19 @@ class Executor(ABC):
         """The output of a step launched by :meth:`execute_model_async`."""
         return pending
 
+    @property
+    def supports_deferred_sampling(self) -> bool:
+        """Whether async steps may be planned with ``SchedulerOutput.defer_sampling``
+        and sampled by :meth:`sample_deferred` (default: no; then requests with
+        structured outputs keep steps synchronous)."""
+        return False
+
+    def sample_deferred(self, pending: Any, grammar_bitmask: bytes | None) -> None:
+        """Sample a step launched with ``defer_sampling``, its constrained rows masked by
+        ``grammar_bitmask``; called once, before :meth:`collect` and before the next
+        step is launched. Only called when :attr:`supports_deferred_sampling` is true."""
+        raise NotImplementedError(f"{type(self).__name__} does not sample deferred steps")
+
     @abstractmethod
     def check_health(self) -> None:
         """Raise if a worker is dead or unhealthy."""

@@ -47,6 +47,13 @@ class UniProcExecutor(Executor):
     def collect(self, pending: Any) -> ModelRunnerOutput:
         return self.worker.collect(pending)
 
+    @property
+    def supports_deferred_sampling(self) -> bool:
+        return self.worker.supports_async_scheduling
+
+    def sample_deferred(self, pending: Any, grammar_bitmask: bytes | None) -> None:
+        self.worker.sample_deferred(pending, grammar_bitmask)
+
     def check_health(self) -> None:
         self.worker.check_health()
 

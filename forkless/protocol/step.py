@@ -123,7 +123,13 @@ class SchedulerOutput:
             ``j`` drafts; a row after a draft the grammar refuses repeats the row that
             refuses it); bit ``t % 32`` of word ``t // 32`` set allows token ``t``. The
             runner sets every other logit of those positions to ``-inf`` before sampling
-            and verifying. ``None``: no constrained request samples this step.
+            and verifying. ``None``: no constrained request samples this step, or
+            ``defer_sampling``.
+        defer_sampling: Structured outputs under async scheduling: the plan was made
+            while the step before was still running, so its constrained rows' bitmask
+            (one row each, no drafts) comes later. The runner computes the logits and
+            samples only once ``sample_deferred`` brings the bitmask (the engine core
+            advances the grammars and fills it while the device runs the forward).
         kv_connector_metadata: With a KV connector (``--kv-transfer-config``): its
             scheduler side's plan for this step (what to load and save), msgpack-encoded
             (``forkless.kv_transfer``); the workers' connectors decode it. Present even
@@ -136,6 +142,7 @@ class SchedulerOutput:
     preempted_request_ids: list[str] = field(default_factory=list)
     structured_output_request_ids: list[str] = field(default_factory=list)
     grammar_bitmask: bytes | None = None
+    defer_sampling: bool = False
     kv_connector_metadata: bytes | None = None
 
     @property

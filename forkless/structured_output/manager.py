@@ -6,11 +6,15 @@ Invariants:
       tables) runs on a small thread pool, never on the step loop. A constrained request
       waits here, outside the scheduler, until its grammar is ready; the requests already
       running keep stepping meanwhile.
-    * A constrained request's grammar has accepted exactly its output tokens whenever a
-      step is planned: the scheduler steps synchronously while one is present (its
-      sampling reads its own history, like penalties). Speculative drafts advance it
-      only while its bitmask rows are filled, and are rolled back before the step
-      runs.
+    * A constrained request's grammar has accepted exactly its output tokens whenever its
+      bitmask is filled. Synchronous steps fill it at the plan. Under async scheduling
+      with an executor that samples deferred steps, a plan made while the step before
+      still runs is marked :meth:`defer`: the engine core fills it (:meth:`fill_deferred`)
+      after that step's tokens are accepted, while the device runs the new step's
+      forward; otherwise constrained requests keep steps synchronous (their sampling
+      reads their own history, like penalties). Speculative drafts advance a grammar
+      only while its bitmask rows are filled (steps with drafts are synchronous), and
+      are rolled back before the step runs.
     * The step's bitmask has ``1 + num_spec_tokens`` rows per scheduled request that
       samples and has a grammar (one per position it samples or verifies), in
       ``SchedulerOutput.structured_output_request_ids`` order; it crosses to the worker
@@ -156,22 +160,62 @@ class StructuredOutputManager:
                 if s.sample and (g := grammars.get(s.request_id)) is not None]
         if not rows:
             return
-        import numpy as np
-
         offsets = []
         total = 0
         for s, _ in rows:
             offsets.append(total)
             total += 1 + s.num_spec_tokens
-        bitmask = self._bitmask
-        if bitmask is None or len(bitmask) < total:
-            words = (self.vocab_size + 31) // 32
-            bitmask = self._bitmask = np.empty((max(self.max_num_seqs, total), words), dtype=np.int32)
+        bitmask = self._rows(total)
         self._fill(bitmask, [(s.request_id, g, offset) for (s, g), offset in zip(rows, offsets)])
         if total > len(rows):
             self._fill_drafts(bitmask, rows, offsets)
         scheduler_output.structured_output_request_ids = [s.request_id for s, _ in rows]
         scheduler_output.grammar_bitmask = bitmask[:total].tobytes()
+
+    def defer(self, scheduler_output: SchedulerOutput) -> None:
+        """Mark a plan made while the step before still runs: its constrained rows'
+        bitmask comes from :meth:`fill_deferred`, once the grammars hold that step's
+        tokens (``SchedulerOutput.defer_sampling``)."""
+        grammars = self._grammars
+        if not grammars:
+            return
+        rows = [s for s in scheduler_output.scheduled_requests if s.sample and s.request_id in grammars]
+        if not rows:
+            return
+        if any(s.num_spec_tokens for s in rows):
+            # Drafts keep steps synchronous (the scheduler's invariant): never deferred.
+            raise RuntimeError("a constrained request with drafts was planned while a step was in flight")
+        scheduler_output.structured_output_request_ids = [s.request_id for s in rows]
+        scheduler_output.defer_sampling = True
+
+    def fill_deferred(self, scheduler_output: SchedulerOutput) -> bytes:
+        """The bitmask of a plan marked by :meth:`defer`, one row per constrained row,
+        from the grammars as they are now. A request whose grammar is gone (it completed,
+        failed or was aborted since the plan) gets a row that allows everything: it has
+        finished, and whatever its row samples is dropped."""
+        import numpy as np
+
+        ids = scheduler_output.structured_output_request_ids
+        bitmask = self._rows(len(ids))
+        live = []
+        for i, rid in enumerate(ids):
+            grammar = self._grammars.get(rid)
+            if grammar is None:
+                bitmask[i] = -1
+            else:
+                live.append((rid, grammar, i))
+        self._fill(bitmask, live)
+        return np.ascontiguousarray(bitmask[: len(ids)]).tobytes()
+
+    def _rows(self, n: int) -> np.ndarray:
+        """The reused bitmask array, with at least ``n`` rows."""
+        import numpy as np
+
+        bitmask = self._bitmask
+        if bitmask is None or len(bitmask) < n:
+            words = (self.vocab_size + 31) // 32
+            bitmask = self._bitmask = np.empty((max(self.max_num_seqs, n), words), dtype=np.int32)
+        return bitmask
 
     def _fill(self, bitmask: np.ndarray, rows: list[tuple[str, StructuredOutputGrammar, int]]) -> None:
         """Fill bitmask rows from grammars at their current state, one call per backend."""

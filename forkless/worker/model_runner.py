@@ -95,6 +95,9 @@ class _PendingStep:
     # blocks failed (the scheduler recomputes them: their tokens of this step are dropped).
     kv_connector_output: KVConnectorOutput | None = None
     kv_failed: set[str] = field(default_factory=set)
+    # A step planned with defer_sampling, until sample_deferred(): (logits, sampler
+    # metadata, the plan).
+    deferred: tuple[torch.Tensor, Any, SchedulerOutput] | None = None
 
 
 @dataclass
@@ -418,12 +421,42 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[last_idx])
             if any(s.num_spec_tokens for s in rows):
                 verification = self._verify(rows, hidden, attn_md.query_start_loc_cpu, grammar)
-        if grammar is not None:
-            # Structured outputs: one batched masking of the constrained rows' logits.
-            grammar.apply_sampled(logits)
         last_hidden = None
         if self.proposer is not None and self.proposer.needs_hidden_states:
             last_hidden = hidden if last_idx is None else hidden[last_idx]
+        pending = _PendingStep(rows, prompt_parts=prompt_parts, verification=verification, last_hidden=last_hidden)
+        if scheduler_output.defer_sampling:
+            if verification is not None:
+                raise RuntimeError("a step with drafts to verify cannot defer its sampling")
+            # The forward is queued; the bitmask comes with sample_deferred().
+            pending.deferred = (logits, metadata, scheduler_output)
+            return pending
+        return self._sample(pending, logits, metadata, grammar)
+
+    @torch.inference_mode()
+    def sample_deferred(self, pending: _PendingStep, grammar_bitmask: bytes | None) -> None:
+        """Sample a step launched with ``defer_sampling``, its constrained rows masked by
+        ``grammar_bitmask`` (one row each, as ``SchedulerOutput.grammar_bitmask``; ``None``:
+        none left to mask). Before the next step is launched: its placeholders read these
+        tokens."""
+        if pending.deferred is None:
+            raise RuntimeError("sample_deferred() on a step that was not launched with defer_sampling, "
+                               "or was sampled already")
+        logits, metadata, plan = pending.deferred
+        pending.deferred = None
+        grammar = None
+        if grammar_bitmask is not None:
+            plan.grammar_bitmask = grammar_bitmask
+            grammar = StepBitmask.from_plan(plan, pending.rows)
+        self._sample(pending, logits, metadata, grammar)
+
+    def _sample(self, pending: _PendingStep, logits: torch.Tensor, metadata: Any,
+                grammar: StepBitmask | None) -> _PendingStep:
+        """Sample a launched step's rows into ``pending`` and queue the tokens' copy."""
+        rows = pending.rows
+        if grammar is not None:
+            # Structured outputs: one batched masking of the constrained rows' logits.
+            grammar.apply_sampled(logits)
         out = self.sampler(logits, metadata)
         # Row order of this step: the next step's placeholders read their tokens here.
         self._prev_sampled = out.sampled_token_ids
@@ -431,13 +464,13 @@ class ModelRunner:
         # Queue the copy to the host now and wait for it alone in collect(): a plain
         # tolist() there would sync the whole stream, i.e. also wait for the step launched
         # after this one, which is exactly the overlap async scheduling is for.
-        sampled = out.sampled_token_ids
-        host = self._to_host(sampled)
+        pending.out, pending.num_logprobs = out, metadata.num_logprobs
+        pending.sampled_host = self._to_host(out.sampled_token_ids)
         requests = self.requests
-        prompt_done = [(s.request_id, state) for s in rows if s.sample
-                       and (state := requests[s.request_id]).prompt_logprobs is not None]
-        return _PendingStep(rows, out, metadata.num_logprobs, host, self._record(),
-                            prompt_parts, prompt_done, verification, last_hidden)
+        pending.prompt_done = [(s.request_id, state) for s in rows if s.sample
+                               and (state := requests[s.request_id]).prompt_logprobs is not None]
+        pending.ready = self._record()
+        return pending
 
     def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """Queue a device -> host copy (complete once the next ``_record()`` event is)."""
@@ -486,6 +519,8 @@ class ModelRunner:
 
     def collect(self, pending: _PendingStep) -> ModelRunnerOutput:
         """Wait for a launched step's sampled tokens and record them."""
+        if pending.deferred is not None:
+            raise RuntimeError("collect() before sample_deferred() on a step launched with defer_sampling")
         if pending.ready is not None:
             pending.ready.synchronize()  # the one device -> host wait of a step
         for part in pending.prompt_parts:

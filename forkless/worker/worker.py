@@ -146,6 +146,10 @@ class Worker:
         """Launch one step (see :meth:`ModelRunner.execute_model_async`)."""
         return self._runner().execute_model_async(scheduler_output)
 
+    def sample_deferred(self, pending: Any, grammar_bitmask: bytes | None) -> None:
+        """Sample a step launched with ``defer_sampling`` (see :meth:`ModelRunner.sample_deferred`)."""
+        self._runner().sample_deferred(pending, grammar_bitmask)
+
     def collect(self, pending: Any) -> ModelRunnerOutput:
         """Wait for a launched step's tokens (see :meth:`ModelRunner.collect`)."""
         return self._runner().collect(pending)

@@ -154,3 +154,33 @@ def test_constrained_requests_verify_drafts(smollm2_folder: Path, llm: LLM) -> N
             json.loads(out.outputs[0].text)
     finally:
         spec.shutdown()
+
+
+@pytest.mark.parametrize("llm", ["xgrammar", "guidance"], indirect=True)
+def test_async_scheduling_overlaps_the_grammar_with_the_forward(smollm2_folder: Path, llm: LLM) -> None:
+    """Under --async-scheduling a constrained request no longer keeps steps synchronous:
+    steps are planned while the one before runs, and their bitmask is filled after that
+    step's tokens reach the grammars (sample_deferred). The outputs are those of
+    synchronous steps, including requests whose grammar completes while the next step is
+    already planned (choice) and unconstrained requests of the same batches."""
+    prompts, params = _greedy_cases(llm)
+    prompts.append(_chat(llm, "Is the sky blue?"))
+    params.append(SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(
+        choice=["yes", "no", "maybe so"])))
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    other = _llm(smollm2_folder, async_scheduling=True,
+                 structured_outputs_config={"backend": llm.backend})  # type: ignore[attr-defined]
+    try:
+        core = other.llm_engine.engine_core
+        deferred = []
+        sample = core.executor.sample_deferred
+        core.executor.sample_deferred = lambda handle, bitmask: (deferred.append(bitmask), sample(handle, bitmask))
+        got = other.generate(prompts, params, use_tqdm=False)
+        assert [o.outputs[0].token_ids for o in got] == expected
+        assert [o.outputs[0].finish_reason for o in got][:3] == ["stop"] * 3
+        # Most steps overlapped: one per token of the longest constrained output, less the
+        # first (nothing in flight then) and the few the end of a request makes synchronous.
+        assert len(deferred) > len(got[0].outputs[0].token_ids) // 2, len(deferred)
+        assert any(b is not None for b in deferred)
+    finally:
+        other.shutdown()

@@ -66,6 +66,13 @@ class SchedulerInterface(ABC):
         """
         return False
 
+    def set_grammar_deferred(self, deferred: bool) -> None:
+        """Told once, before the first request: whether the engine core advances the
+        grammars of requests with structured outputs after planning (it fills their
+        bitmask while the device runs the step, ``SchedulerOutput.defer_sampling``). Then
+        such requests need not keep steps synchronous. Default: ignored (a scheduler
+        that does not know keeps them synchronous if it tracks history at all)."""
+
     @abstractmethod
     def add_request(self, request: Request) -> None:
         """Queue a new request.

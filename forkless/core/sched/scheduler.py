@@ -156,6 +156,9 @@ class Scheduler(SchedulerInterface):
         # Requests holding drafts to verify: they too keep steps synchronous (a draft
         # row's positions depend on how many of the step before's drafts were kept).
         self._drafted: set[str] = set()
+        # Whether the engine core fills structured outputs' bitmasks after planning
+        # (set_grammar_deferred): their requests then do not keep steps synchronous.
+        self._grammar_deferred = False
         # Running sequences per group_id, kept only with max_running_seqs_per_request.
         self._max_per_group = scheduler_config.max_running_seqs_per_request
         self._group_running: dict[str, int] = {}
@@ -202,7 +205,7 @@ class Scheduler(SchedulerInterface):
         self._arrival_seq[request.request_id] = next(self._seq)
         if self._max_per_client:
             self._client_requests[request.client_key] = self._client_requests.get(request.client_key, 0) + 1
-        if _reads_output_history(request.sampling_params):
+        if _reads_output_history(request.sampling_params, self._grammar_deferred):
             self._history_dependent.add(request.request_id)
         self.waiting.add(request)
 
@@ -236,6 +239,9 @@ class Scheduler(SchedulerInterface):
 
     def set_kv_connector(self, connector: Any) -> None:
         self.connector = connector
+
+    def set_grammar_deferred(self, deferred: bool) -> None:
+        self._grammar_deferred = deferred
 
     def can_schedule_async(self) -> bool:
         """Whether the next step may be scheduled before the previous one's tokens
@@ -820,14 +826,15 @@ class Scheduler(SchedulerInterface):
         self._finished_ids.append(request.request_id)
 
 
-def _reads_output_history(params: SamplingParams) -> bool:
+def _reads_output_history(params: SamplingParams, grammar_deferred: bool = False) -> bool:
     """Whether sampling this request reads the tokens it generated so far: penalties,
     a seeded generator (reseeded from the output length), ``min_tokens``, ``bad_words``
     (matched against the end of the output) or structured outputs (the engine core's
-    grammar must have accepted the previous token before it fills the next bitmask)."""
+    grammar must have accepted the previous token before it fills the next bitmask;
+    not with ``grammar_deferred``, where it fills it after the plan)."""
     return (
         params.seed is not None
-        or params.structured_outputs is not None
+        or (params.structured_outputs is not None and not grammar_deferred)
         or params.min_tokens > 0
         or bool(params.bad_words)
         or params.presence_penalty != 0.0
