@@ -7,15 +7,12 @@ capture them (the NCCL group is created, and warmed by one collective, before ca
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 
 from forkless.distributed.interface import DeviceCommunicatorBase
-
-if TYPE_CHECKING:
-    from torch.distributed import ProcessGroup
 
 
 class NcclCommunicator(DeviceCommunicatorBase):
@@ -23,14 +20,8 @@ class NcclCommunicator(DeviceCommunicatorBase):
 
     supports_cuda_graphs: ClassVar[bool] = True
 
-    def __init__(
-        self,
-        cpu_group: ProcessGroup,
-        device: torch.device | None = None,
-        device_group: ProcessGroup | None = None,
-        unique_name: str = "",
-    ) -> None:
-        super().__init__(cpu_group, device, device_group, unique_name)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # DeviceCommunicatorBase's arguments
+        super().__init__(*args, **kwargs)
         if self.device.type != "cuda":
             raise ValueError(f"NcclCommunicator needs a CUDA device, got {self.device}")
         # NCCL makes its communicator lazily, on the first collective: do it now, outside

@@ -149,6 +149,21 @@ def wait_until(predicate, timeout: float = 30, interval: float = 0.2):
         time.sleep(interval)
 
 
+def kill_during_stream(srv: Server, pid: int, stream, processes: list[int]) -> None:
+    """SIGKILL ``pid`` (a worker) while ``stream`` (a streamed completion, started) runs:
+    the stream fails with an error saying a process died, the server exits non-zero, and
+    none of ``processes`` is left."""
+    import openai
+
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(openai.APIError) as caught:
+        for _ in stream:
+            pass
+    assert "died" in str(caught.value) or "dead" in str(caught.value), caught.value
+    assert srv.proc.wait(60) != 0  # the server notices and shuts itself down
+    assert wait_until(lambda: not any(alive(p) for p in processes), 20), [p for p in processes if alive(p)]
+
+
 def stop_and_check(srv: Server, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
     """Send ``sig`` to the API server; its exit status, after checking no process is left."""
     pids = descendants(srv.proc.pid)
