@@ -125,3 +125,16 @@ def test_more_ranks_than_kv_heads_must_be_a_multiple(tp_models: dict[str, Path])
     config = EngineArgs(model=str(tp_models["qwen2"]), tensor_parallel_size=4).create_engine_config()
     assert config.parallel_config.world_size == 4
     assert config.parallel_config.distributed_executor_backend == "mp"  # uni runs one worker
+
+
+@pytest.mark.slow
+def test_a_gguf_file_runs_split_like_one_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The GGUF is converted once into a safetensors folder (in this process), and each rank
+    # then reads its slices of that folder.
+    from tests.model_loader.tiny_gguf import write_tiny_llama_gguf
+
+    monkeypatch.setenv("FORKLESS_CACHE_ROOT", str(tmp_path / "cache"))  # the workers inherit it
+    gguf_file = write_tiny_llama_gguf(tmp_path / "m.gguf", architecture="qwen2", model_type="qwen2").path
+    one, two = _run(gguf_file, 1), _run(gguf_file, 2)
+    assert [o.token_ids for o in two] == [o.token_ids for o in one]
+    assert all(len(o.token_ids) == GREEDY.max_tokens for o in two)
