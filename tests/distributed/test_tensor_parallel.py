@@ -138,3 +138,15 @@ def test_a_gguf_file_runs_split_like_one_worker(tmp_path: Path, monkeypatch: pyt
     one, two = _run(gguf_file, 1), _run(gguf_file, 2)
     assert [o.token_ids for o in two] == [o.token_ids for o in one]
     assert all(len(o.token_ids) == GREEDY.max_tokens for o in two)
+
+
+def test_a_model_class_without_tensor_parallel_support_is_refused(tp_models: dict[str, Path],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # A plugin's model class declares supports_tensor_parallel (default False): one that
+    # does not is refused before it is built, rather than run unsplit on every rank.
+    from forkless.models.llama import LlamaForCausalLM
+
+    monkeypatch.setattr(LlamaForCausalLM, "supports_tensor_parallel", False)
+    with pytest.raises(ValueError, match=r"LlamaForCausalLM .* does not support tensor parallelism .* "
+                                         r"--tensor-parallel-size 1, not 2"):
+        _load_rank(tp_models["llama"], 0, 2, monkeypatch)
