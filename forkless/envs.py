@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     FORKLESS_ALLOW_RUNTIME_LORA_UPDATING: bool
     FORKLESS_LORA_RESOLVER_CACHE_DIR: str | None
     FORKLESS_RAY_PLACEMENT_STRATEGY: str
+    FORKLESS_RAY_PLACEMENT_TIMEOUT: float
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -156,6 +157,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # (one node) or STRICT_SPREAD (one rank per node).
     "FORKLESS_RAY_PLACEMENT_STRATEGY": lambda: _choice("FORKLESS_RAY_PLACEMENT_STRATEGY", "PACK",
                                                        ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")),
+    # Seconds the Ray executor waits for the cluster to place its bundles before startup
+    # fails (an autoscaling cluster may be adding nodes; vLLM waits as long).
+    "FORKLESS_RAY_PLACEMENT_TIMEOUT": lambda: _number("FORKLESS_RAY_PLACEMENT_TIMEOUT", "1800", float),
 }
 
 

@@ -77,8 +77,8 @@ _STEP_OK = b"step_ok"
 _STEP_ERROR = b"step_error"
 _POLL_S = 0.1
 _STARTUP_TIMEOUT_S = 900.0
-# How long a placement group may wait for the cluster's resources before startup fails.
-_PLACEMENT_TIMEOUT_S = 120.0
+# How often startup says what the placement group still waits for.
+_PLACEMENT_WARN_S = 30.0
 _HEALTH_TIMEOUT_S = 30.0
 _SHUTDOWN_WAIT_S = 10.0
 # Steps bigger than this go to the object store once instead of once per actor.
@@ -263,12 +263,7 @@ class RayExecutor(RankedWorkersExecutor):
         bundles = [{device_key: 1.0} for _ in range(self.world_size)]
         strategy = envs.FORKLESS_RAY_PLACEMENT_STRATEGY
         self.placement_group = placement_group(bundles, strategy=strategy)
-        ready, _ = ray.wait([self.placement_group.ready()], timeout=_PLACEMENT_TIMEOUT_S)
-        if not ready:
-            raise RuntimeError(
-                f"the Ray cluster could not place {self.world_size} bundle(s) {bundles[0]} ({strategy}) within "
-                f"{_PLACEMENT_TIMEOUT_S:.0f} s: it has {ray.cluster_resources()} in "
-                f"{len([n for n in ray.nodes() if n.get('Alive')])} node(s), {ray.available_resources()} free")
+        self._wait_for_placement(bundles, strategy)
         if device_key == "CPU":
             options: dict[str, Any] = {"num_cpus": 1}
         elif device_key == "GPU":
@@ -303,6 +298,28 @@ class RayExecutor(RankedWorkersExecutor):
             if kind == ipc.FAILED:
                 raise RuntimeError(f"worker {rank} failed to start: {data['error']}\n{data['traceback']}")
             self._async_ok = self._async_ok and bool(data["async_scheduling"])
+
+    def _wait_for_placement(self, bundles: list[dict[str, float]], strategy: str) -> None:
+        """Wait for the placement group (an autoscaling cluster may add nodes meanwhile),
+        saying what is missing every so often.
+
+        Raises:
+            RuntimeError: Not placed within ``FORKLESS_RAY_PLACEMENT_TIMEOUT`` seconds.
+        """
+        timeout = envs.FORKLESS_RAY_PLACEMENT_TIMEOUT
+        ready_ref = self.placement_group.ready()
+        start = time.monotonic()
+        while True:
+            left = timeout - (time.monotonic() - start)
+            if ray.wait([ready_ref], timeout=max(0.0, min(_PLACEMENT_WARN_S, left)))[0]:
+                return
+            nodes = len([n for n in ray.nodes() if n.get("Alive")])
+            what = (f"{self.world_size} bundle(s) {bundles[0]} ({strategy}) on a cluster of {nodes} node(s) "
+                    f"with {ray.cluster_resources()}, {ray.available_resources()} free")
+            if time.monotonic() - start >= timeout:
+                raise RuntimeError(f"the Ray cluster could not place {what} within {timeout:g} s "
+                                   "(FORKLESS_RAY_PLACEMENT_TIMEOUT)")
+            logger.warning("still waiting for Ray to place %s", what)
 
     def _placement_env(self, device_key: str, device_var: str,
                        additional: list[str] | tuple[str, ...]) -> tuple[list[int], list[dict[str, str]]]:

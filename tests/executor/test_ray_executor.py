@@ -270,3 +270,20 @@ def test_tp2_on_ray_puts_one_rank_on_each_node_and_serves_the_completions_of_mp_
     assert not any(alive(pid) for pid, _ in ranks.values())
     state = ray_cluster.state()
     assert (state["placement_groups"], state["free_cpus"]) == (0, state["cpus"]), state
+
+
+def test_ranks_the_cluster_cannot_place_fail_the_start_naming_what_is_missing(
+        ray_cluster: RayCluster, tiny_llama: Path, tmp_path: Path) -> None:
+    # Four ranks, one per node, on two nodes: Ray can never place them.
+    env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="", FORKLESS_RAY_PLACEMENT_STRATEGY="STRICT_SPREAD",
+                     FORKLESS_RAY_PLACEMENT_TIMEOUT="3", **ray_env(ray_cluster))
+    proc = subprocess.run(
+        [sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", str(tiny_llama), "--port", str(free_port()),
+         "--max-model-len", "256", "--kv-cache-memory", str(32 << 20), "--distributed-executor-backend", "ray",
+         "-tp", "4"], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert ("the Ray cluster could not place 4 bundle(s) {'CPU': 1.0} (STRICT_SPREAD) on a cluster of 2 node(s)"
+            in proc.stderr), proc.stderr[-3000:]
+    assert "within 3 s (FORKLESS_RAY_PLACEMENT_TIMEOUT)" in proc.stderr
+    state = ray_cluster.state()
+    assert (state["placement_groups"], state["free_cpus"]) == (0, state["cpus"]), state
