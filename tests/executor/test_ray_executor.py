@@ -25,7 +25,8 @@ import openai
 import pytest
 
 from tests.conftest import plugin_env, run_python
-from tests.server.conftest import alive, descendants, free_port, start_server, stop_and_check, wait_until
+from tests.server.conftest import (alive, children_of, cmdline, descendants, free_port, start_server, stop_and_check,
+                                   wait_until)
 
 pytest.importorskip("ray", reason="the ray extra (pip install 'forkless[ray]') is not installed")
 
@@ -287,3 +288,25 @@ def test_ranks_the_cluster_cannot_place_fail_the_start_naming_what_is_missing(
     assert "within 3 s (FORKLESS_RAY_PLACEMENT_TIMEOUT)" in proc.stderr
     state = ray_cluster.state()
     assert (state["placement_groups"], state["free_cpus"]) == (0, state["cpus"]), state
+
+
+def test_killed_engine_core_leaves_no_actor_nor_placement_group(ray_cluster: RayCluster, tiny_llama: Path,
+                                                                 tmp_path: Path) -> None:
+    # The engine core is the actors' owner: when it is SIGKILLed (no shutdown runs), Ray
+    # itself removes its actors and its placement group.
+    srv = start_server(tiny_llama, tmp_path, "--distributed-executor-backend", "ray", env_extra=ray_env(ray_cluster))
+    try:
+        ((_, (pid, _)),) = actors(srv.log()).items()
+        (engine_core,) = [c for c in children_of(srv.proc.pid) if "resource_tracker" not in cmdline(c)]
+        os.kill(engine_core, signal.SIGKILL)
+        assert srv.proc.wait(60) != 0  # the API server notices its engine is gone
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    assert wait_until(lambda: not alive(pid), 30)
+
+    def released() -> bool:
+        state = ray_cluster.state()
+        return (state["placement_groups"], state["free_cpus"]) == (0, state["cpus"])
+
+    assert wait_until(released, 60, 2), ray_cluster.state()
