@@ -327,7 +327,7 @@ class RayExecutor(RankedWorkersExecutor):
         base = envs.forwarded_environment(additional)
         local_ranks: list[int] = []
         envs_by_rank: list[dict[str, str]] = []
-        for info in self.actor_info:
+        for rank, info in enumerate(self.actor_info):
             same_node = [i for i in self.actor_info if i["node_id"] == info["node_id"]]
             env = dict(base)
             own = info["devices"].get(device_key, [])
@@ -338,8 +338,8 @@ class RayExecutor(RankedWorkersExecutor):
                                   key=lambda d: (len(d), d))
                 env[device_var] = ",".join(node_ids)
                 local_ranks.append(node_ids.index(own[0]))
-            else:
-                local_ranks.append(same_node.index(info))
+            else:  # the rank's place among its node's ranks
+                local_ranks.append(sum(i["node_id"] == info["node_id"] for i in self.actor_info[:rank]))
             envs_by_rank.append(env)
         return local_ranks, envs_by_rank
 

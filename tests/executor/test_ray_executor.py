@@ -310,3 +310,26 @@ def test_killed_engine_core_leaves_no_actor_nor_placement_group(ray_cluster: Ray
         return (state["placement_groups"], state["free_cpus"]) == (0, state["cpus"])
 
     assert wait_until(released, 60, 2), ray_cluster.state()
+
+
+def test_each_node_s_actors_see_the_node_s_devices_and_index_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The GPU placement logic, which a CPU machine cannot run for real: Ray gives each actor
+    # one GPU id; every actor of a node then sees all of that node's ids (numerically
+    # ordered) and its local_rank indexes its own; the engine core's FORKLESS_* variables go
+    # to every rank.
+    from forkless.executor.ray_executor import RayExecutor
+
+    monkeypatch.setenv("FORKLESS_SOMETHING", "x")
+    executor = RayExecutor.__new__(RayExecutor)
+    executor.actor_info = [{"node_id": "a", "devices": {"GPU": ["10"]}}, {"node_id": "a", "devices": {"GPU": ["9"]}},
+                           {"node_id": "b", "devices": {"GPU": ["0"]}}]
+    local_ranks, envs_by_rank = executor._placement_env("GPU", "CUDA_VISIBLE_DEVICES", ())
+    assert local_ranks == [1, 0, 0]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs_by_rank] == ["9,10", "9,10", "0"]
+    assert all(e["FORKLESS_SOMETHING"] == "x" for e in envs_by_rank)
+    # CPU bundles: the place among the node's ranks, no device variable.
+    executor.actor_info = [{"node_id": "a", "devices": {}}, {"node_id": "b", "devices": {}},
+                           {"node_id": "a", "devices": {}}]
+    local_ranks, envs_by_rank = executor._placement_env("CPU", "", ())
+    assert local_ranks == [0, 0, 1]
+    assert not any("CUDA_VISIBLE_DEVICES" in e for e in envs_by_rank)
