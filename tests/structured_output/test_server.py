@@ -1,5 +1,5 @@
 """Structured outputs through the OpenAI server and the official ``openai`` client, on
-the default model, one server per backend: ``response_format``, vLLM's
+the default model, one server per backend (xgrammar's with async scheduling): ``response_format``, vLLM's
 ``structured_outputs`` field, ``tool_choice`` ``"required"`` and named, streaming, and
 bad constraints (400, and the server keeps serving)."""
 
@@ -30,13 +30,17 @@ from tests.structured_output.schemas import (
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module", params=["xgrammar", "guidance"])
+# The xgrammar server also runs --async-scheduling: its constrained steps sample deferred
+# (the grammars advance while the next forward runs); the guidance one steps synchronously.
+@pytest.fixture(scope="module", params=[("xgrammar", True), ("guidance", False)], ids=["xgrammar-async", "guidance"])
 def server(request: pytest.FixtureRequest, smollm2_folder: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    backend, async_steps = request.param
     srv = start_server(smollm2_folder, tmp_path_factory.mktemp("so-server"), "--served-model-name", "smol",
                        "--max-model-len", "1024", "--kv-cache-memory", str(256 << 20),
-                       "--structured-outputs-config", json.dumps({"backend": request.param}))
-    srv.extra["backend"] = request.param
+                       "--structured-outputs-config", json.dumps({"backend": backend}),
+                       *(["--async-scheduling"] if async_steps else []))
+    srv.extra["backend"] = backend
     yield srv
     assert stop_and_check(srv) == 0, srv.log()[-3000:]
 
