@@ -181,7 +181,7 @@ class ParallelConfig:
         distributed_executor_backend: ``"uni"``, ``"mp"``, ``"ray"`` or an ``Executor`` class path.
         world_size: Number of workers (``tensor_parallel_size * pipeline_parallel_size``).
         tensor_parallel_size: Ranks each layer is split across (``-tp``).
-        pipeline_parallel_size: Stages the layers are split into (``-pp``; only 1 so far).
+        pipeline_parallel_size: Stages the layers are split into (``-pp``).
         worker_cls: Worker class path; ``"auto"`` (vLLM's spelling) leaves the choice
             to the platform, whose ``check_and_update_config`` sets it (a ``"auto"``
             left over means the platform's ``worker_cls`` attribute).
@@ -426,7 +426,7 @@ class EngineArgs:
         g.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
                        help="split every layer across this many worker processes (one device each)")
         g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=d.pipeline_parallel_size,
-                       help="split the layers into this many stages (only 1 is supported yet)")
+                       help="split the layers into this many stages, one worker process each (x -tp)")
         g.add_argument("--disable-log-stats", action="store_true",
                        help="do not log throughput periodically (the /metrics endpoint stays)")
         g.add_argument("--structured-outputs-config", default=None, metavar="JSON",
@@ -606,8 +606,12 @@ class EngineArgs:
                 message names the field and the sizes that would), or a feature that does
                 not work with tensor parallelism yet.
         """
-        tp = self.tensor_parallel_size
+        tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
         backend = _as_path(self.distributed_executor_backend)
+        if pp > 1:
+            layers = int(hf.get("num_hidden_layers") or _text_config(hf).get("num_hidden_layers") or 0)
+            if layers < pp:
+                raise _bad_flag("--pipeline-parallel-size", pp, f"at most the model's num_hidden_layers ({layers})")
         if tp > 1:
             text = {**_text_config(hf), **hf}
             heads = int(text.get("num_attention_heads") or 0)
@@ -623,16 +627,17 @@ class EngineArgs:
                     raise _bad_flag("--tensor-parallel-size", tp,
                                     f"a size the model's {name} ({value}) splits into evenly"
                                     + (f": one of {', '.join(map(str, fits))}" if fits else ""))
+        if tp * pp > 1:
+            flag = "--tensor-parallel-size" if tp > 1 else "--pipeline-parallel-size"
             for on, what in ((pooling, "--runner pooling"), (self.enable_lora, "--enable-lora"),
                              (self.kv_transfer_config is not None, "--kv-transfer-config"),
                              (self.speculative_config is not None, "--speculative-config")):
                 if on:
-                    raise ValueError(f"{what} does not work with --tensor-parallel-size > 1 yet: "
-                                     "leave one of them out")
+                    raise ValueError(f"{what} does not work with {flag} > 1 yet: leave one of them out")
             if backend == "uni":  # the in-process executor runs one worker
                 backend = "mp"
-        return ParallelConfig(distributed_executor_backend=backend, world_size=tp * self.pipeline_parallel_size,
-                              tensor_parallel_size=tp, pipeline_parallel_size=self.pipeline_parallel_size)
+        return ParallelConfig(distributed_executor_backend=backend, world_size=tp * pp,
+                              tensor_parallel_size=tp, pipeline_parallel_size=pp)
 
     def _pooling(self, hf: dict[str, Any], model_path: Path, architecture: str) -> tuple[PoolerConfig | None, int | None]:
         """``--runner`` / ``--convert`` / ``--pooler-config`` resolved (``forkless.pooling.config``), and
@@ -811,9 +816,6 @@ class EngineArgs:
                             ("--max-cpu-loras", self.max_cpu_loras)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise _bad_flag(flag, value, "a positive integer")
-        if self.pipeline_parallel_size != 1:
-            raise _bad_flag("--pipeline-parallel-size", self.pipeline_parallel_size,
-                            "1: pipeline parallelism is not supported yet (use --tensor-parallel-size)")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise _bad_flag("--max-cpu-loras", self.max_cpu_loras,
                             f"at least --max-loras ({self.max_loras}): adapters in slots stay loaded")

@@ -74,7 +74,7 @@ def load_model(
     device = torch.device(device)
     dtype = resolve_dtype(dtype, hf_config, device)
     model_cls, arch = ModelRegistry.resolve_model_cls(getattr(hf_config, "architectures", None) or [])
-    from forkless.distributed.parallel_state import get_tp_group
+    from forkless.distributed.parallel_state import get_pp_group, get_tp_group
     from forkless.models.interface import CausalLMBase
 
     tp = get_tp_group().world_size
@@ -82,13 +82,19 @@ def load_model(
         raise ValueError(f"{arch} ({model_cls.__module__}.{model_cls.__qualname__}) does not support tensor "
                          f"parallelism (supports_tensor_parallel is False): run it with --tensor-parallel-size 1, "
                          f"not {tp}")
+    pp = get_pp_group().world_size
+    if pp > 1 and not (issubclass(model_cls, CausalLMBase) and model_cls.supports_pipeline_parallel):
+        raise ValueError(f"{arch} ({model_cls.__module__}.{model_cls.__qualname__}) does not support pipeline "
+                         f"parallelism (supports_pipeline_parallel is False): run it with "
+                         f"--pipeline-parallel-size 1, not {pp}")
 
     start = time.perf_counter()
     with torch.device(device):
         model = model_cls(hf_config, dtype, attn_backend)
     if load_format == "dummy":
         _init_dummy(model)
-    elif model.tensor_parallel_size > 1:  # each rank reads its part of every sharded tensor
+    elif model.tensor_parallel_size > 1 or model.pipeline_parallel_size > 1:
+        # Each rank reads its part of every tensor it shares, and nothing of another stage's.
         model.load_weights(iterate_weights(model_dir, dtype, shard=model.weight_shard))
     else:
         model.load_weights(iterate_weights(model_dir, dtype))

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, ClassVar, Iterable
 import torch
 from torch import nn
 
-from forkless.distributed.parallel_state import get_tp_group
+from forkless.distributed.parallel_state import get_pp_group, get_tp_group
 from forkless.models.hf_config import KVCacheSpec, kv_cache_spec
-from forkless.models.layers.parallel import kv_heads_per_rank
+from forkless.models.layers.parallel import kv_heads_per_rank, pp_layer_range
 from forkless.models.weight_loading import TensorShard
 from forkless.plugins import Stability, stability
 
@@ -59,6 +59,9 @@ class CausalLMBase(nn.Module, abc.ABC):
     supports_lora: ClassVar[bool] = False
     #: Whether the model splits its layers across ``-tp`` ranks (:meth:`weight_shard`).
     supports_tensor_parallel: ClassVar[bool] = False
+    #: Whether the model runs only its stage's layers under ``-pp`` (sending the hidden
+    #: states on, and sharing the last stage's logits).
+    supports_pipeline_parallel: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -70,7 +73,14 @@ class CausalLMBase(nn.Module, abc.ABC):
         self.config = hf_config
         self.dtype = dtype
         spec = self.get_kv_cache_spec(hf_config)
-        self.num_layers = spec.num_layers
+        pp = get_pp_group()
+        #: Pipeline stages, this one's place among them, and its layers ``[start, end)``.
+        self.pipeline_parallel_size = pp.world_size
+        self.pipeline_parallel_rank = pp.rank_in_group
+        self.start_layer, self.end_layer = (0, spec.num_layers) if pp.world_size == 1 else pp_layer_range(
+            spec.num_layers, pp.world_size, pp.rank_in_group)
+        #: Layers whose KV this rank caches (all of them without pipeline parallelism).
+        self.num_layers = self.end_layer - self.start_layer
         tp = get_tp_group()
         #: Ranks the layers are split across, and this one's place among them.
         self.tensor_parallel_size = tp.world_size

@@ -11,6 +11,13 @@ builds the same modules with its share of the sizes -- its query and KV heads in
 ``down_proj``, its rows of the vocabulary -- and all-reduces after ``o_proj``, the MLP
 and the embedding, and all-gathers the logits. With one rank none of that exists: the
 layers are built at full size and no collective runs (``tp_group`` is None).
+
+Pipeline parallelism (``-pp N``): stage ``p`` builds only its layers (the others are
+:class:`PPMissingLayer`, holding nothing), the first stage the embedding, the last the
+final norm and the head; a stage receives the hidden states and the residual stream of the
+one before (one ``[2, tokens, hidden]`` tensor) and sends its own on; the last stage's
+logits are broadcast to the others, so every rank samples the same tokens. Stages run one
+after the other within a step (no micro-batches in flight yet).
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from forkless.distributed.parallel_state import GroupCoordinator, get_tp_group
+from forkless.distributed.parallel_state import GroupCoordinator, get_pp_group, get_tp_group
 from forkless.logger import init_logger
 from forkless.models.hf_config import get_head_dim, get_num_kv_heads, get_rope_parameters
 from forkless.models.interface import CausalLMBase
@@ -30,9 +37,11 @@ from forkless.models.layers.cpu_linear import PackedLinear, pack_linear_layers
 from forkless.models.layers.mlp import SwiGLUMLP
 from forkless.models.layers.norm import RMSNorm
 from forkless.models.layers.parallel import (
+    PPMissingLayer,
     VocabParallelEmbedding,
     kv_head_index,
     kv_heads_per_rank,
+    pp_layer_range,
     split_evenly,
     vocab_per_rank,
 )
@@ -53,6 +62,12 @@ _CPU_LOGITS_SLICE = 1024
 def _tp_group() -> GroupCoordinator | None:
     """The TP group when the model is split across ranks, else None (no collectives)."""
     group = get_tp_group()
+    return group if group.world_size > 1 else None
+
+
+def _pp_group() -> GroupCoordinator | None:
+    """The PP group when the layers are split into stages, else None."""
+    group = get_pp_group()
     return group if group.world_size > 1 else None
 
 
@@ -179,19 +194,29 @@ class LlamaModel(nn.Module):
     ) -> None:
         super().__init__()
         group = _tp_group()
-        if group is None:
+        self.pp_group = _pp_group()
+        pp = self.pp_group
+        self.start_layer, self.end_layer = (0, config.num_hidden_layers) if pp is None else pp_layer_range(
+            config.num_hidden_layers, pp.world_size, pp.rank_in_group)
+        self.hidden_size, self.dtype = config.hidden_size, dtype
+        if pp is not None and not pp.is_first_rank:
+            self.embed_tokens = PPMissingLayer()
+        elif group is None:
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, dtype=dtype)
         else:
             self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, group, dtype=dtype)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, dtype, attn_backend, options)
+            if self.start_layer <= i < self.end_layer else PPMissingLayer()
             for i in range(config.num_hidden_layers)
         )
         # Every layer rotates by the same table: one shared module computes a step's
         # cos/sin once instead of once per layer (it holds no checkpoint weights).
-        for layer in self.layers[1:]:
-            layer.self_attn.rotary_emb = self.layers[0].self_attn.rotary_emb
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        own = self.layers[self.start_layer:self.end_layer]
+        for layer in own[1:]:
+            layer.self_attn.rotary_emb = own[0].self_attn.rotary_emb
+        last = pp is None or pp.is_last_rank
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype) if last else PPMissingLayer()
 
     def forward(
         self,
@@ -200,12 +225,28 @@ class LlamaModel(nn.Module):
         kv_caches: list[torch.Tensor],
         attn_metadata: "AttentionMetadata",
     ) -> torch.Tensor:
-        hidden_states = self.embed_tokens(input_ids)
-        residual = None
-        for i, layer in enumerate(self.layers):
-            # No caches at all is a profiling run: attention then sees only new tokens.
-            kv_cache = kv_caches[i] if kv_caches else None
-            hidden_states, residual = layer(positions, hidden_states, residual, kv_cache, attn_metadata)
+        pp = self.pp_group
+        if pp is None:
+            hidden_states = self.embed_tokens(input_ids)
+            residual = None
+            for i, layer in enumerate(self.layers):
+                # No caches at all is a profiling run: attention then sees only new tokens.
+                kv_cache = kv_caches[i] if kv_caches else None
+                hidden_states, residual = layer(positions, hidden_states, residual, kv_cache, attn_metadata)
+            hidden_states, _ = self.norm(hidden_states, residual)
+            return hidden_states
+        if pp.is_first_rank:
+            hidden_states, residual = self.embed_tokens(input_ids), None
+        else:  # the previous stage's hidden states and residual stream
+            both = pp.recv((2, input_ids.shape[0], self.hidden_size), self.dtype)
+            hidden_states, residual = both[0], both[1]
+        for i in range(self.start_layer, self.end_layer):
+            # This stage caches its own layers only: cache j is layer start_layer + j.
+            kv_cache = kv_caches[i - self.start_layer] if kv_caches else None
+            hidden_states, residual = self.layers[i](positions, hidden_states, residual, kv_cache, attn_metadata)
+        if not pp.is_last_rank:
+            pp.send(torch.stack([hidden_states, residual]))
+            return hidden_states  # not final: the last stage's logits are what count
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -243,8 +284,15 @@ class LlamaForCausalLM(CausalLMBase):
         self.model = LlamaModel(hf_config, dtype, attn_backend, self.attention_options(hf_config))
         self.tie_word_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
         self.tp_group = _tp_group()
-        if self.tie_word_embeddings:
+        self.pp_group = _pp_group()
+        if self.pp_group is not None and not self.pp_group.is_last_rank:
+            self.lm_head = PPMissingLayer()
+        elif self.tie_word_embeddings and (self.pp_group is None or self.pp_group.is_first_rank):
             self.lm_head = self.model.embed_tokens
+        elif self.tie_word_embeddings:  # the last stage's copy of the first stage's embedding
+            self.lm_head = (nn.Embedding(hf_config.vocab_size, hf_config.hidden_size, dtype=dtype)
+                            if self.tp_group is None else VocabParallelEmbedding(
+                                hf_config.vocab_size, hf_config.hidden_size, self.tp_group, dtype=dtype))
         else:
             rows = hf_config.vocab_size if self.tp_group is None else vocab_per_rank(
                 hf_config.vocab_size, self.tp_group.world_size)
@@ -268,6 +316,7 @@ class LlamaForCausalLM(CausalLMBase):
     supports_cpu_kernels = True
     supports_lora = True
     supports_tensor_parallel = True
+    supports_pipeline_parallel = True
 
     def lora_modules(self) -> dict[str, list[tuple[str, int]]]:
         cfg = self.config
@@ -292,10 +341,22 @@ class LlamaForCausalLM(CausalLMBase):
         available. A tied head gets its own packed copy: the embedding still needs its rows.
         """
         pack_linear_layers(self)
-        if self.tie_word_embeddings:
-            self.lm_head = PackedLinear(self.model.embed_tokens.weight)
+        if self.tie_word_embeddings and not isinstance(self.lm_head, PPMissingLayer):
+            self.lm_head = PackedLinear(self.lm_head.weight)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        pp = self.pp_group
+        if pp is not None:  # the last stage computes them, every stage samples from them
+            if pp.is_last_rank:
+                logits = self._tp_logits(hidden_states).contiguous()
+            else:
+                logits = torch.empty(hidden_states.shape[0], self.config.vocab_size, dtype=torch.float32,
+                                     device=hidden_states.device)
+            return pp.broadcast(logits, src=pp.world_size - 1)
+        return self._tp_logits(hidden_states)
+
+    def _tp_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The logits of every vocabulary row (gathered from the TP ranks)."""
         if self.tp_group is None:
             return self._head_logits(hidden_states)
         # Every rank gets the whole vocabulary's logits (and samples the same tokens).
@@ -325,6 +386,8 @@ class LlamaForCausalLM(CausalLMBase):
         """Column-parallel q/k/v and gate/up (rows), row-parallel o/down (columns; their
         biases whole), the vocabulary by rows; norms whole."""
         tp, rank = self.tensor_parallel_size, self.tensor_parallel_rank
+        if self.pipeline_parallel_size > 1 and self._stage_name(name) is None:
+            return TensorShard(0, 0, 0)  # another stage's: nothing of it is read
         if tp == 1:
             return None
         parts = name.split(".")
@@ -346,6 +409,22 @@ class LlamaForCausalLM(CausalLMBase):
             return TensorShard(0, start, max(0, min(per_rank, shape[0] - start)))
         return None
 
+    def _stage_name(self, name: str) -> str | None:
+        """Where checkpoint tensor ``name`` goes on this pipeline stage (its own name, or
+        ``lm_head.weight`` for a tied embedding on the last stage), or None: not here."""
+        first, last = self.pipeline_parallel_rank == 0, self.pipeline_parallel_rank == self.pipeline_parallel_size - 1
+        if name.startswith("model.layers."):
+            return name if self.start_layer <= int(name.split(".")[2]) < self.end_layer else None
+        if name.startswith("model.embed_tokens."):
+            if first:
+                return name
+            return "lm_head." + name.split(".")[-1] if last and self.tie_word_embeddings else None
+        if name.startswith("model.norm."):
+            return name if last else None
+        if name.startswith("lm_head."):
+            return name if last and not self.tie_word_embeddings else None
+        return name
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         q_size, kv_size, inter = self._rank_sizes()
         fused = {
@@ -359,8 +438,11 @@ class LlamaForCausalLM(CausalLMBase):
         skip = ("rotary_emb.inv_freq", "lm_head.weight") if self.tie_word_embeddings else (
             "rotary_emb.inv_freq",
         )
-        if self.tensor_parallel_size == 1:
+        if self.tensor_parallel_size == 1 and self.pipeline_parallel_size == 1:
             return load_named_weights(self, weights, fused, skip)
+        if self.pipeline_parallel_size > 1:  # this stage's tensors only (a tied head: its copy)
+            weights = ((target, t) for name, t in weights if (target := self._stage_name(name)) is not None)
+            skip = ("rotary_emb.inv_freq",)
         loaded = load_named_weights(self, weights, fused, skip,
                                     padded=("model.embed_tokens.weight", "lm_head.weight"))
         if self.tensor_parallel_rank != 0:

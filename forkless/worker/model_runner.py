@@ -175,8 +175,9 @@ class ModelRunner:
                 max_cpu_loras=lc.max_cpu_loras, dtype=self.dtype, device=device,
                 max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs))
         self.kv_spec = type(self.model).get_kv_cache_spec(self.hf_config)
-        if config.parallel_config.tensor_parallel_size > 1:  # each rank caches only its KV heads
-            self.kv_spec = self.kv_spec._replace(num_kv_heads=self.model.num_kv_heads)
+        if config.parallel_config.world_size > 1:  # each rank caches only its KV heads, of its layers
+            self.kv_spec = self.kv_spec._replace(num_kv_heads=self.model.num_kv_heads,
+                                                 num_layers=self.model.num_layers)
         self.block_size = config.cache_config.block_size
         self.kv_caches: list[torch.Tensor] = []
         self.pin_memory = device.type == "cuda"
@@ -214,6 +215,8 @@ class ModelRunner:
             and (self.lora_manager is None or self.lora_manager.supports_cuda_graphs)
             # With -tp > 1 a graph replays the layers' collectives: the communicator must allow it.
             and (config.parallel_config.tensor_parallel_size == 1 or _tp_collectives_capturable())
+            # -pp > 1: a stage's send / recv and the logits' broadcast run eagerly (not tried in graphs yet).
+            and config.parallel_config.pipeline_parallel_size == 1
         )
         self.graphs: DecodeGraphs | None = None
         # The KV connector's worker side (--kv-transfer-config), made with the cache.

@@ -2,6 +2,8 @@
 tokens as one worker, on Llama (untied head, odd vocabulary, async scheduling), Qwen2 (one
 KV head replicated on both ranks, q/k/v biases, tied head) and Qwen3 (q/k norms, odd
 vocabulary); each rank holds and reads half of the weights; bad sizes are refused up front.
+Pipeline parallelism likewise: ``-pp 2`` (Llama) and ``-tp 2 -pp 2`` (Qwen2, four
+processes, its tied head copied to the last stage, async scheduling).
 
 One engine per architecture and size, shared by the tests of this module.
 """
@@ -21,8 +23,9 @@ ARCHS = ("llama", "qwen2", "qwen3")
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=3)
 
 
-def _run(model: Path, tp: int, **kwargs) -> list:
-    llm = LLM(model=str(model), tensor_parallel_size=tp, max_model_len=128, kv_cache_memory=16 << 20, **kwargs)
+def _run(model: Path, tp: int, pp: int = 1, **kwargs) -> list:
+    llm = LLM(model=str(model), tensor_parallel_size=tp, pipeline_parallel_size=pp, max_model_len=128,
+              kv_cache_memory=16 << 20, **kwargs)
     try:
         return [o.outputs[0] for o in llm.generate(PROMPTS, GREEDY)]
     finally:
@@ -37,13 +40,15 @@ def outputs(tp_models: dict[str, Path]) -> dict[tuple[str, int], list]:
         out[arch, 1] = _run(tp_models[arch], 1)
         # The llama engine also checks async scheduling with two ranks.
         out[arch, 2] = _run(tp_models[arch], 2, async_scheduling=arch == "llama")
+    out["llama", "pp2"] = _run(tp_models["llama"], 1, pp=2)
+    out["qwen2", "tp2pp2"] = _run(tp_models["qwen2"], 2, pp=2, async_scheduling=True)
     return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ARCHS)
-def test_two_ranks_give_the_same_greedy_tokens_as_one(outputs: dict, arch: str) -> None:
-    one, two = outputs[arch, 1], outputs[arch, 2]
+@pytest.mark.parametrize(("arch", "split"), [(a, 2) for a in ARCHS] + [("llama", "pp2"), ("qwen2", "tp2pp2")])
+def test_split_ranks_give_the_same_greedy_tokens_as_one(outputs: dict, arch: str, split) -> None:
+    one, two = outputs[arch, 1], outputs[arch, split]
     assert [o.token_ids for o in two] == [o.token_ids for o in one]
     assert len({tuple(o.token_ids) for o in one}) > 1  # the prompts lead to different text
     for a, b in zip(one, two):  # the logits match too, not only their argmax
@@ -53,14 +58,15 @@ def test_two_ranks_give_the_same_greedy_tokens_as_one(outputs: dict, arch: str) 
                 assert lp_a[tok].logprob == pytest.approx(lp_b[tok].logprob, abs=1e-4)
 
 
-def _load_rank(model: Path, rank: int, tp: int, monkeypatch: pytest.MonkeyPatch):
-    """The model as rank ``rank`` of ``tp`` builds and loads it (no collective runs while
-    loading, so the group needs no peers here)."""
+def _load_rank(model: Path, rank: int, tp: int, monkeypatch: pytest.MonkeyPatch, pp: int = 1):
+    """The model as TP rank ``rank`` of ``tp`` (or stage ``rank`` of ``pp``) builds and loads
+    it (no collective runs while loading, so the group needs no peers here)."""
     from forkless.distributed import parallel_state as ps
     from forkless.model_loader import load_model
 
     with monkeypatch.context() as m:
         m.setattr(ps, "_TP", ps.GroupCoordinator(list(range(tp)), rank, name="tp") if tp > 1 else None)
+        m.setattr(ps, "_PP", ps.GroupCoordinator(list(range(pp)), rank, name="pp") if pp > 1 else None)
         return load_model(model, None, "float32", "cpu", "torch")
 
 
@@ -108,7 +114,9 @@ def test_each_rank_holds_and_reads_half_of_the_weights(tp_models: dict[str, Path
     (dict(tensor_parallel_size=3), "--tensor-parallel-size=3 is invalid: expected a size the model's "
                                    "num_attention_heads (4) splits into evenly: one of 1, 2, 4"),
     (dict(tensor_parallel_size=0), "--tensor-parallel-size=0 is invalid: expected a positive integer"),
-    (dict(pipeline_parallel_size=2), "pipeline parallelism is not supported yet"),
+    (dict(pipeline_parallel_size=3), "--pipeline-parallel-size=3 is invalid: expected at most the model's "
+                                     "num_hidden_layers (2)"),
+    (dict(pipeline_parallel_size=2, enable_lora=True), "--enable-lora does not work with --pipeline-parallel-size"),
     (dict(tensor_parallel_size=2, enable_lora=True), "--enable-lora does not work with --tensor-parallel-size"),
     (dict(tensor_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
      "--speculative-config does not work with --tensor-parallel-size"),
@@ -150,3 +158,28 @@ def test_a_model_class_without_tensor_parallel_support_is_refused(tp_models: dic
     with pytest.raises(ValueError, match=r"LlamaForCausalLM .* does not support tensor parallelism .* "
                                          r"--tensor-parallel-size 1, not 2"):
         _load_rank(tp_models["llama"], 0, 2, monkeypatch)
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen2"))
+def test_each_stage_holds_and_reads_only_its_layers(tp_models: dict[str, Path], arch: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from forkless.model_loader.weights import iterate_weights
+
+    model_dir = tp_models[arch]
+    full = _load_rank(model_dir, 0, 1, monkeypatch)
+    stages = [_load_rank(model_dir, r, 1, monkeypatch, pp=2) for r in range(2)]
+    names = [set(dict(m.named_parameters())) for m in stages]
+    assert all(n.startswith(("model.embed_tokens.", "model.layers.0.")) for n in names[0])
+    assert all(n.startswith(("model.layers.1.", "model.norm.", "lm_head.")) for n in names[1])
+    assert [m.num_layers for m in stages] == [1, 1]  # each caches its own layer's KV only
+    # Every weight of the model is on one stage, with the same values; a tied head is the
+    # last stage's copy of the embedding.
+    params = dict(full.named_parameters())
+    for model in stages:
+        for name, param in model.named_parameters():
+            expected = params.get(name, params["model.embed_tokens.weight"] if name == "lm_head.weight" else None)
+            torch.testing.assert_close(param, expected)
+    assert set(params) - {"lm_head.weight"} <= names[0] | names[1]
+    for model in stages:
+        read = {n for n, t in iterate_weights(model_dir, torch.float32, shard=model.weight_shard) if t.numel()}
+        assert read and all(model._stage_name(n) is not None for n in read), read  # nothing of the other stage

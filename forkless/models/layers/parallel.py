@@ -86,3 +86,25 @@ class VocabParallelEmbedding(nn.Embedding):
         out = super().forward(local.masked_fill(outside, 0))
         out.masked_fill_(outside.unsqueeze(-1), 0.0)
         return self.group.all_reduce(out)
+
+
+def pp_layer_range(num_layers: int, pp_size: int, pp_rank: int) -> tuple[int, int]:
+    """The decoder layers ``[start, end)`` pipeline stage ``pp_rank`` of ``pp_size`` runs:
+    an even split, the first ``num_layers % pp_size`` stages taking one more.
+
+    Raises:
+        ValueError: Fewer layers than stages.
+    """
+    if num_layers < pp_size:
+        raise ValueError(f"{num_layers} layers do not split into {pp_size} pipeline stages")
+    base, extra = divmod(num_layers, pp_size)
+    start = pp_rank * base + min(pp_rank, extra)
+    return start, start + base + (1 if pp_rank < extra else 0)
+
+
+class PPMissingLayer(nn.Module):
+    """Stands where a module of another pipeline stage would be: holds no parameter, and
+    keeps the indices (``model.layers.<i>``) of the stage's own layers the checkpoint's."""
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("this module runs on another pipeline stage")
