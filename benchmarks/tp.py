@@ -3,9 +3,10 @@
 Three measurements, one command:
 
 * **Weights per rank**, from the model classes themselves: each shape is built on the
-  ``meta`` device as rank 0 and rank 1 of ``-tp 2`` (and rank 0 of ``-tp 8`` / ``16`` for
-  the 70B shape) and its parameters counted, against ``-tp 1``; plus the KV-cache bytes per
-  token a rank holds (its KV heads only).
+  ``meta`` device as rank 0 and rank 1 of ``-tp 2``, and as stage 0 and 1 of ``-pp 2`` (and
+  rank 0 of ``-tp 8`` / ``16`` and stage 0 / 1 of ``-tp 8 -pp 2`` for the 70B shape) and its
+  parameters counted, against ``-tp 1``; plus the KV-cache bytes per token a rank holds (its
+  KV heads of its layers only).
 * **A decode step**, ``-tp 1`` vs ``-tp 2``: an offline ``LLM`` on the ``mp`` executor
   (both, so both pay the same process hop) on Qwen3-0.6B's width with ``--layers`` layers,
   random weights (``load_format="dummy"``), ``--batch`` requests of ``--tokens`` greedy
@@ -44,8 +45,9 @@ LLAMA_70B = {
 }
 
 
-def weights_per_rank(folder: Path, tp: int, rank: int, dtype: str) -> tuple[int, int]:
-    """``(parameter bytes, KV bytes per token)`` of rank ``rank`` of ``tp``, built on meta."""
+def weights_per_rank(folder: Path, tp: int, rank: int, dtype: str, pp: int = 1, stage: int = 0) -> tuple[int, int]:
+    """``(parameter bytes, KV bytes per token)`` of TP rank ``rank`` of ``tp`` on stage
+    ``stage`` of ``pp``, built on meta."""
     import torch
 
     from forkless.distributed import parallel_state as ps
@@ -55,13 +57,14 @@ def weights_per_rank(folder: Path, tp: int, rank: int, dtype: str) -> tuple[int,
 
     hf = load_hf_config(folder)
     cls, _ = ModelRegistry.resolve_model_cls(hf.architectures)
-    saved = ps._TP
+    saved = ps._TP, ps._PP
     ps._TP = ps.GroupCoordinator(list(range(tp)), rank, name="tp") if tp > 1 else None
+    ps._PP = ps.GroupCoordinator(list(range(pp)), stage, name="pp") if pp > 1 else None
     try:
         with torch.device("meta"):
             model = cls(hf, getattr(torch, dtype), get_attention_backend("torch"))
     finally:
-        ps._TP = saved
+        ps._TP, ps._PP = saved
     size = torch.tensor([], dtype=getattr(torch, dtype)).element_size()
     params = sum(p.numel() for p in model.parameters()) * size
     kv = 2 * model.num_layers * model.num_kv_heads * model.head_dim * size
@@ -158,14 +161,17 @@ def main() -> None:
         folders["llama-70b"].mkdir()
         (folders["llama-70b"] / "config.json").write_text(json.dumps(LLAMA_70B))
         print("\nweights per rank (bf16, the model classes built on meta):")
-        print(f"{'shape':<12} {'tp':>3} {'rank':>4} {'weights GiB':>12} {'x tp=1':>7} {'KV KiB/token':>13}")
+        print(f"{'shape':<12} {'tp':>3} {'pp':>3} {'rank':>4} {'stage':>5} {'weights GiB':>12} {'x tp=1':>7} "
+              f"{'KV KiB/token':>13}")
         for name, folder in folders.items():
             full, full_kv = weights_per_rank(folder, 1, 0, "bfloat16")
-            print(f"{name:<12} {1:>3} {0:>4} {full / 2**30:>12.3f} {1.0:>7.3f} {full_kv / 1024:>13.1f}")
-            for tp in ((2, 8, 16) if name == "llama-70b" else (2,)):
-                for rank in ((0, tp - 1) if tp == 2 else (0,)):
-                    got, kv = weights_per_rank(folder, tp, rank, "bfloat16")
-                    print(f"{name:<12} {tp:>3} {rank:>4} {got / 2**30:>12.3f} {got / full:>7.3f} {kv / 1024:>13.1f}")
+            cases = [(2, 0, 1, 0), (2, 1, 1, 0), (1, 0, 2, 0), (1, 0, 2, 1)]
+            if name == "llama-70b":
+                cases += [(8, 0, 1, 0), (16, 0, 1, 0), (8, 0, 2, 0), (8, 0, 2, 1)]
+            for tp, rank, pp, stage in [(1, 0, 1, 0)] + cases:
+                got, kv = weights_per_rank(folder, tp, rank, "bfloat16", pp, stage)
+                print(f"{name:<12} {tp:>3} {pp:>3} {rank:>4} {stage:>5} {got / 2**30:>12.3f} {got / full:>7.3f} "
+                      f"{kv / 1024:>13.1f}")
         folder = write_model_folder(Path(tmp, "step"), "qwen3-0.6b", dtype="float32", num_layers=args.layers)
         shape = SHAPES["qwen3-0.6b"]
         one = decode_step_ms(folder, 1, args.batch, args.tokens, args.repeats)
