@@ -27,7 +27,7 @@ import concurrent.futures
 import os
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from forkless.logger import init_logger
 from forkless.structured_output.config import StructuredOutputsConfig
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from forkless.structured_output.interface import StructuredOutputBackend, StructuredOutputGrammar
 
 logger = init_logger(__name__)
+
+_T = TypeVar("_T")
 
 
 class StructuredOutputManager:
@@ -193,8 +195,6 @@ class StructuredOutputManager:
         from the grammars as they are now. A request whose grammar is gone (it completed,
         failed or was aborted since the plan) gets a row that allows everything: it has
         finished, and whatever its row samples is dropped."""
-        import numpy as np
-
         ids = scheduler_output.structured_output_request_ids
         bitmask = self._rows(len(ids))
         live = []
@@ -205,7 +205,7 @@ class StructuredOutputManager:
             else:
                 live.append((rid, grammar, i))
         self._fill(bitmask, live)
-        return np.ascontiguousarray(bitmask[: len(ids)]).tobytes()
+        return bitmask[: len(ids)].tobytes()
 
     def _rows(self, n: int) -> np.ndarray:
         """The reused bitmask array, with at least ``n`` rows."""
@@ -217,16 +217,22 @@ class StructuredOutputManager:
             bitmask = self._bitmask = np.empty((max(self.max_num_seqs, n), words), dtype=np.int32)
         return bitmask
 
+    def _by_backend(self, items: list[tuple[str, StructuredOutputGrammar, _T]]
+                    ) -> list[tuple[StructuredOutputBackend, list[StructuredOutputGrammar], list[_T]]]:
+        """``(request id, grammar, payload)`` items grouped by the backend that compiled
+        each grammar, for one call per backend."""
+        groups: dict[int, tuple[StructuredOutputBackend, list[StructuredOutputGrammar], list[_T]]] = {}
+        backend_of = self._backend_of
+        for rid, grammar, payload in items:
+            backend = backend_of[rid]
+            group = groups.setdefault(id(backend), (backend, [], []))
+            group[1].append(grammar)
+            group[2].append(payload)
+        return list(groups.values())
+
     def _fill(self, bitmask: np.ndarray, rows: list[tuple[str, StructuredOutputGrammar, int]]) -> None:
         """Fill bitmask rows from grammars at their current state, one call per backend."""
-        by_backend: dict[int, tuple[StructuredOutputBackend, list[StructuredOutputGrammar], list[int]]] = {}
-        backend_of = self._backend_of
-        for rid, grammar, index in rows:
-            backend = backend_of[rid]
-            group = by_backend.setdefault(id(backend), (backend, [], []))
-            group[1].append(grammar)
-            group[2].append(index)
-        for backend, grammars_of, indices in by_backend.values():
+        for backend, grammars_of, indices in self._by_backend(rows):
             backend.fill_bitmasks(grammars_of, bitmask, indices)
 
     def _fill_drafts(self, bitmask: np.ndarray, rows: list, offsets: list[int]) -> None:
@@ -270,9 +276,7 @@ class StructuredOutputManager:
         complete: list[str] = []
         rejected: list[tuple[str, str]] = []
         grammars = self._grammars
-        backend_of = self._backend_of
-        # Per backend: (backend, grammars, outputs), advanced in one call each.
-        groups: dict[int, tuple[StructuredOutputBackend, list[StructuredOutputGrammar], list[EngineCoreOutput]]] = {}
+        advancing = []
         for out in outputs:
             grammar = grammars.get(out.request_id)
             if grammar is None:
@@ -280,11 +284,8 @@ class StructuredOutputManager:
             if out.finish_reason is not None:
                 self._drop(out.request_id)
                 continue
-            backend = backend_of[out.request_id]
-            group = groups.setdefault(id(backend), (backend, [], []))
-            group[1].append(grammar)
-            group[2].append(out)
-        for backend, grammars_of, outs in groups.values():
+            advancing.append((out.request_id, grammar, out))
+        for backend, grammars_of, outs in self._by_backend(advancing):
             accepted = backend.accept_tokens_batch(grammars_of, [o.request_id for o in outs],
                                                    [o.new_token_ids for o in outs])
             for grammar, out, ok in zip(grammars_of, outs, accepted):
