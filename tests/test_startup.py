@@ -72,7 +72,7 @@ BAD_CLASS_PATHS = [
      "error: --scheduler-cls: collections.OrderedDict is not a subclass of "
      "forkless.core.sched.interface.SchedulerInterface"),
     (["--distributed-executor-backend", "nonsense"],
-     "error: --distributed-executor-backend='nonsense' is invalid: expected one of mp, uni or an Executor"),
+     "error: --distributed-executor-backend='nonsense' is invalid: expected one of mp, ray, uni or an Executor"),
     (["--distributed-executor-backend", "collections:OrderedDict"],
      "error: --distributed-executor-backend: collections.OrderedDict is not a subclass of "
      "forkless.executor.interface.Executor"),
