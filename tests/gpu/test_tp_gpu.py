@@ -1,7 +1,8 @@
-"""Tensor parallelism on CUDA: with one GPU (``-tp 1``) the path is the one before it --
-no process group, no NCCL communicator, full-size layers, decode CUDA graphs; with two
-GPUs (skipped on a machine with fewer), ``-tp 2`` over NCCL gives ``-tp 1``'s greedy
-tokens with CUDA graphs and async scheduling on."""
+"""Tensor and pipeline parallelism on CUDA: with one GPU (``-tp 1``) the path is the one
+before it -- no process group, no NCCL communicator, full-size layers, decode CUDA graphs;
+with two GPUs (skipped on a machine with fewer), ``-tp 2`` over NCCL gives ``-tp 1``'s
+greedy tokens with CUDA graphs and async scheduling on, and ``-pp 2`` (stages over NCCL
+send / recv) gives them too."""
 
 from __future__ import annotations
 
@@ -63,5 +64,14 @@ def test_tp2_over_nccl_matches_tp1_with_graphs_and_async(real_size_model) -> Non
     llm, one = _greedy(real_size_model)
     llm.shutdown()
     llm, two = _greedy(real_size_model, tensor_parallel_size=2, async_scheduling=True)
+    llm.shutdown()
+    assert two == one
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="-pp 2 needs two GPUs")
+def test_pp2_over_nccl_matches_tp1(real_size_model) -> None:
+    llm, one = _greedy(real_size_model)
+    llm.shutdown()
+    llm, two = _greedy(real_size_model, pipeline_parallel_size=2)
     llm.shutdown()
     assert two == one
