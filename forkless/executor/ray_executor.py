@@ -35,7 +35,9 @@ Invariants:
       which finishes it). Ray runs a (synchronous) actor's tasks one at a time in the
       order one caller submitted them, which is what keeps steps in order. Steps are
       collected once each, in launch order; synchronous calls are refused while steps are
-      uncollected.
+      uncollected. A step launched with ``defer_sampling`` is sampled by a ``sample(seq,
+      bitmask)`` task that the engine core sends before the next launch (not awaited: a
+      failure is that step's answer).
     * Shutdown: each actor shuts its worker down, then is killed; the placement group is
       removed; this process leaves Ray if it joined it here. The actors and the placement
       group belong to this process's Ray job, so Ray removes them itself if the engine
@@ -184,6 +186,19 @@ class RayWorkerActor:
         else:
             self.pending = (seq, launched)
         return self.done.pop(seq - 1, None)
+
+    def sample(self, seq: int, grammar_bitmask: bytes | None) -> None:
+        """Sample async step ``seq``, launched with ``defer_sampling`` (a failure is that
+        step's answer)."""
+        if self.pending is None or self.pending[0] != seq:
+            self.done[seq] = (_STEP_ERROR, ipc.encode({
+                "error": f"RuntimeError: worker {self.rank} has no step {seq} in flight to sample", "traceback": ""}))
+            return
+        try:
+            self.worker.sample_deferred(self.pending[1], grammar_bitmask)
+        except Exception as exc:
+            self.pending = None
+            self.done[seq] = (_STEP_ERROR, ipc.encode(_error_payload(exc)))
 
     def result(self, seq: int) -> tuple[bytes, bytes]:
         """Step ``seq``'s output, finishing it if no newer step did: ``(step_ok|step_error, ...)``."""
@@ -464,6 +479,25 @@ class RayExecutor(RankedWorkersExecutor):
                 raise RuntimeError(f"worker {rank}: step {seq} (execute_model_async) failed: "
                                    f"{err['error']}\n{err['traceback']}")
         return ipc.decode(replies[0][1], ModelRunnerOutput)  # rank 0 samples for all
+
+    @property
+    def supports_deferred_sampling(self) -> bool:
+        """Whether steps may be launched with ``defer_sampling`` (as async scheduling)."""
+        return self._async_ok
+
+    def sample_deferred(self, pending: StepHandle, grammar_bitmask: bytes | None) -> None:
+        """Have every rank sample ``pending``'s step with ``grammar_bitmask``; not awaited:
+        the actors run it before the next launch, and its failure comes with the step's
+        output at :meth:`collect`.
+
+        Raises:
+            RuntimeError: ``pending`` is not an uncollected step of this executor.
+        """
+        self._usable()
+        if not isinstance(pending, StepHandle) or pending.owner != id(self) or pending.seq not in self._in_flight:
+            raise RuntimeError(f"sample_deferred({pending!r}): not an uncollected step of this executor")
+        for actor in self.actors:
+            actor.sample.remote(pending.seq, grammar_bitmask)
 
     def check_health(self) -> None:
         """Raise if an actor is dead: a launch that failed, else a ping of every rank."""

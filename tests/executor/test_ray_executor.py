@@ -333,3 +333,47 @@ def test_each_node_s_actors_see_the_node_s_devices_and_index_their_own(monkeypat
     local_ranks, envs_by_rank = executor._placement_env("CPU", "", ())
     assert local_ranks == [0, 0, 1]
     assert not any("CUDA_VISIBLE_DEVICES" in e for e in envs_by_rank)
+
+
+DEFERRED = '''
+import json
+from forkless import LLM, SamplingParams, StructuredOutputsParams
+
+if __name__ == "__main__":
+    prompts = ["The capital of France is", "Is the sky blue? Answer:", "Hello"]
+    constrained = [StructuredOutputsParams(choice=["yes", "no", "maybe so"]),
+                   StructuredOutputsParams(regex="[a-z ]{{40,80}}")]
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)] + [
+        SamplingParams(temperature=0, max_tokens=12, structured_outputs=c) for c in constrained]
+    llm = LLM({model!r}, max_model_len=256, kv_cache_memory=32 << 20, distributed_executor_backend={backend!r},
+              async_scheduling={backend!r} == "ray")
+    executor = llm.llm_engine.engine_core.executor
+    deferred = []
+    if {backend!r} == "ray":
+        sample = executor.sample_deferred
+        executor.sample_deferred = lambda handle, mask: (deferred.append(mask is not None), sample(handle, mask))
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    llm.shutdown()
+    print(json.dumps({{"tokens": [list(o.outputs[0].token_ids) for o in outs], "deferred": deferred}}))
+'''
+
+
+def test_structured_outputs_overlap_on_ray_with_deferred_sampling(ray_cluster: RayCluster, tiny_llama: Path,
+                                                                   tmp_path: Path) -> None:
+    # Under --async-scheduling constrained requests keep overlapping on Ray: the actors
+    # launch a step before its bitmask exists and sample it when sample_deferred brings it.
+    # Tokens are those of mp's synchronous steps.
+    def run(backend: str) -> dict:
+        script = tmp_path / f"deferred_{backend}.py"  # not ray.py: it would hide the package
+        script.write_text(DEFERRED.format(model=str(tiny_llama), backend=backend))
+        # FORKLESS_PLUGINS="" reaches the actor: the nodes have the example plugins, whose
+        # logits processor would turn async scheduling off.
+        env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="", **ray_env(ray_cluster))
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    on_ray = run("ray")
+    assert on_ray["tokens"] == run("mp")["tokens"]
+    # Steps overlapped (the regex request alone runs 12 constrained steps), bitmasks applied late.
+    assert len(on_ray["deferred"]) >= 5 and any(on_ray["deferred"]), on_ray

@@ -38,7 +38,7 @@ if __name__ == "__main__":
 
 
 def _run(model: Path, backend: str, tmp_path: Path) -> dict:
-    script = tmp_path / f"{backend}.py"
+    script = tmp_path / f"run_{backend}.py"  # not ray.py: it would hide the package
     script.write_text(SCRIPT.format(model=str(model), backend=backend))
     # No RAY_ADDRESS: the executor starts a Ray instance of its own (token auth left off,
     # so no token is written to ~/.ray).
