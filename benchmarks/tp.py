@@ -10,8 +10,9 @@ Three measurements, one command:
 * **A decode step**, ``-tp 1`` vs ``-tp 2``: an offline ``LLM`` on the ``mp`` executor
   (both, so both pay the same process hop) on Qwen3-0.6B's width with ``--layers`` layers,
   random weights (``load_format="dummy"``), ``--batch`` requests of ``--tokens`` greedy
-  tokens; the time per decode step, best of ``--repeats``. With ``-tp 2`` each worker gets
-  one of the two cores (``-tp 1``: both), so the ratio is what splitting costs or gains.
+  tokens; the time per decode step, best of ``--repeats``. ``-tp 1`` runs with one thread
+  (the ``mp`` default, ``FORKLESS_WORKER_THREADS=1``) and with two (``--num-threads 2``: as
+  many cores as ``-tp 2`` uses); ``-tp 2`` with one thread per rank.
 * **The collectives of one step in isolation**: two gloo processes run exactly the
   collectives a ``-tp 2`` decode step of that model runs (two all-reduces of
   ``[batch, hidden]`` per layer, one for the embedding, the all-gather of the logits
@@ -125,11 +126,11 @@ def collectives_ms(hidden: int, vocab: int, layers: int, batch: int, repeats: in
         return {name: max(r[name] for r in ranks) for name in ranks[0]}
 
 
-def decode_step_ms(folder: Path, tp: int, batch: int, tokens: int, repeats: int) -> float:
+def decode_step_ms(folder: Path, tp: int, batch: int, tokens: int, repeats: int, threads: int | None = None) -> float:
     from forkless import LLM, SamplingParams
 
     llm = LLM(model=str(folder), load_format="dummy", tensor_parallel_size=tp, distributed_executor_backend="mp",
-              max_model_len=256, kv_cache_memory=256 << 20, max_num_seqs=batch)
+              max_model_len=256, kv_cache_memory=256 << 20, max_num_seqs=batch, num_threads=threads)
     try:
         prompts = [{"prompt_token_ids": [100 + 7 * i + j for j in range(8)]} for i in range(batch)]
         best = float("inf")
@@ -175,12 +176,15 @@ def main() -> None:
         folder = write_model_folder(Path(tmp, "step"), "qwen3-0.6b", dtype="float32", num_layers=args.layers)
         shape = SHAPES["qwen3-0.6b"]
         one = decode_step_ms(folder, 1, args.batch, args.tokens, args.repeats)
+        one_two_threads = decode_step_ms(folder, 1, args.batch, args.tokens, args.repeats, threads=2)
         two = decode_step_ms(folder, 2, args.batch, args.tokens, args.repeats)
         comm = collectives_ms(shape["hidden_size"], shape["vocab_size"], args.layers, args.batch, args.repeats)
     print(f"\ndecode step, qwen3-0.6b width, {args.layers} layers, float32, batch {args.batch}, "
           f"{args.tokens} tokens, best of {args.repeats}:")
-    print(f"  -tp 1 (2 threads): {one:8.2f} ms")
-    print(f"  -tp 2 (1 thread each): {two:8.2f} ms   ({two / one:.2f}x -tp 1)")
+    print(f"  -tp 1 (1 thread): {one:8.2f} ms")
+    print(f"  -tp 1 (2 threads): {one_two_threads:8.2f} ms   ({one_two_threads / one:.2f}x -tp 1 with 1 thread)")
+    print(f"  -tp 2 (1 thread each): {two:8.2f} ms   ({two / one:.2f}x -tp 1 with 1 thread, "
+          f"{two / one_two_threads:.2f}x with 2)")
     print(f"  its {2 * args.layers + 1} all-reduces of [{args.batch}, {shape['hidden_size']}] alone: "
           f"{comm['all_reduce']:.2f} ms = {100 * comm['all_reduce'] / two:.1f} % of the -tp 2 step")
     print(f"  its all-gather of the logits [{args.batch}, {-(-shape['vocab_size'] // 2)}] alone: "

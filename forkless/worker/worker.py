@@ -46,7 +46,7 @@ class Worker:
         self.model_runner: ModelRunner | None = None
 
     def init_device(self) -> None:
-        """Select the device, apply the thread count, seed the global generators, and,
+        """Select the device, apply ``--num-threads``, seed the global generators, and,
         with several workers, join them (``forkless.distributed.parallel_state``: the
         process groups and the platform's device communicator)."""
         from forkless.platforms import current_platform
@@ -55,13 +55,9 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         parallel = self.config.parallel_config
+        # A worker process of several already runs FORKLESS_WORKER_THREADS threads (one by
+        # default: the workers of one host share its cores).
         threads = self.config.device_config.num_threads
-        if threads is None and self.device.type == "cpu" and parallel.world_size > 1:
-            # Workers of one host share its cores: each takes its share (OpenMP threads
-            # of two processes fighting over the same cores would slow both down).
-            import os
-
-            threads = max(1, len(os.sched_getaffinity(0)) // parallel.world_size)
         if threads is not None:
             torch.set_num_threads(threads)
         if parallel.world_size > 1:
