@@ -1,8 +1,8 @@
 """The Ray executor: one Ray actor per rank, in a placement group (``--distributed-executor-backend ray``).
 
 ``forkless serve`` on the head node is all a user runs. The engine core connects to a Ray
-cluster (``RAY_ADDRESS``; else the one ``ray start`` started on this machine; else it
-starts a local one and stops it at shutdown), reserves one bundle per rank in a placement
+cluster (``RAY_ADDRESS``; else the latest one ``ray start`` started on this machine; else
+it starts a local one and stops it at shutdown), reserves one bundle per rank in a placement
 group (``{"CPU": 1}``, or ``{<Platform.ray_device_key>: 1}`` such as ``{"GPU": 1}``;
 ``FORKLESS_RAY_PLACEMENT_STRATEGY``, ``PACK`` by default, may spread them over nodes) and
 starts one actor in each bundle. Each actor then does what a worker process of the ``mp``
@@ -260,15 +260,22 @@ class RayExecutor(RankedWorkersExecutor):
         if ray.is_initialized():
             return  # the embedding program joined a cluster already: use it, leave it joined
         common = {"logging_level": logging.WARNING, "log_to_driver": True}
-        if os.environ.get("RAY_ADDRESS"):  # Ray's own variable: that cluster or a clear error
-            ray.init(**common)
+        # Where ray.init() would go: RAY_ADDRESS, else the latest cluster `ray start`
+        # started on this machine, else (None) a local instance of its own. Asked first
+        # because only a local start takes the object store's size.
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            address = canonicalize_bootstrap_address(None)
+        except ImportError:  # a Ray that moved it: let ray.init() decide alone
+            address = "found by ray.init()"
+        if address is None:
+            logger.info("no Ray cluster to join (RAY_ADDRESS is unset and `ray start` started none here): "
+                        "starting a local one")
+            ray.init(address="local", include_dashboard=False, object_store_memory=_LOCAL_OBJECT_STORE_BYTES,
+                     **common)
         else:
-            try:  # a cluster `ray start` started on this machine
-                ray.init(address="auto", **common)
-            except ConnectionError:
-                logger.info("no Ray cluster is running here (RAY_ADDRESS is unset): starting a local one")
-                ray.init(address="local", include_dashboard=False,
-                         object_store_memory=_LOCAL_OBJECT_STORE_BYTES, **common)
+            ray.init(**common)
         self._joined_ray = True
 
     def _start(self) -> None:
