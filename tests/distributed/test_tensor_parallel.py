@@ -23,10 +23,14 @@ ARCHS = ("llama", "qwen2", "qwen3")
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logprobs=3)
 
 
-def _run(model: Path, tp: int, pp: int = 1, **kwargs) -> list:
+def _run(model: Path, tp: int, pp: int = 1, seeded: list | None = None, **kwargs) -> list:
+    """Greedy completions of PROMPTS; with ``seeded``, seeded random samples appended to it."""
     llm = LLM(model=str(model), tensor_parallel_size=tp, pipeline_parallel_size=pp, max_model_len=128,
               kv_cache_memory=16 << 20, **kwargs)
     try:
+        if seeded is not None:
+            params = [SamplingParams(max_tokens=16, temperature=1.0, seed=i, ignore_eos=True) for i in range(4)]
+            seeded += [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
         return [o.outputs[0] for o in llm.generate(PROMPTS, GREEDY)]
     finally:
         llm.shutdown()  # the workers exit before the next engine starts (two cores)
@@ -37,9 +41,13 @@ def outputs(tp_models: dict[str, Path]) -> dict[tuple[str, int], list]:
     """Completions of every architecture with one worker and with two (computed once)."""
     out: dict[tuple[str, int], list] = {}
     for arch in ARCHS:
-        out[arch, 1] = _run(tp_models[arch], 1)
+        seeded: dict[int, list] = {1: [], 2: []}
+        out[arch, 1] = _run(tp_models[arch], 1, seeded=seeded[1] if arch == "llama" else None)
         # The llama engine also checks async scheduling with two ranks.
-        out[arch, 2] = _run(tp_models[arch], 2, async_scheduling=arch == "llama")
+        out[arch, 2] = _run(tp_models[arch], 2, seeded=seeded[2] if arch == "llama" else None,
+                            async_scheduling=arch == "llama")
+        if arch == "llama":
+            out["seeded"] = seeded
     out["llama", "pp2"] = _run(tp_models["llama"], 1, pp=2)
     out["qwen2", "tp2pp2"] = _run(tp_models["qwen2"], 2, pp=2, async_scheduling=True)
     return out
@@ -183,3 +191,12 @@ def test_each_stage_holds_and_reads_only_its_layers(tp_models: dict[str, Path], 
     for model in stages:
         read = {n for n, t in iterate_weights(model_dir, torch.float32, shard=model.weight_shard) if t.numel()}
         assert read and all(model._stage_name(n) is not None for n in read), read  # nothing of the other stage
+
+
+@pytest.mark.slow
+def test_seeded_sampling_is_the_same_on_two_ranks(outputs: dict) -> None:
+    # Every rank samples from the same gathered logits with the same generators; under async
+    # scheduling each feeds its own sampled tokens to the next step, so they must agree.
+    one, two = outputs["seeded"][1], outputs["seeded"][2]
+    assert len(one) == 4 and two == one
+    assert len({tuple(t) for t in one}) == 4
