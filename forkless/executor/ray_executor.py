@@ -51,6 +51,7 @@ import os
 import socket
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -315,11 +316,15 @@ class RayExecutor(RankedWorkersExecutor):
         refs = [actor.start.remote(config_bytes, rank, local_rank, init_method, env)
                 for rank, (actor, local_rank, env) in enumerate(zip(self.actors, *self._placement_env(
                     device_key, current_platform.device_control_env_var, current_platform.additional_env_vars)))]
-        for rank, (kind, payload) in enumerate(self._gather(refs, "start", _STARTUP_TIMEOUT_S, True)):
+        def started(rank: int, answer: tuple[bytes, bytes]) -> None:
+            # As each answers: the other ranks may wait for a failed one at the rendezvous.
+            kind, payload = answer
             data = ipc.decode(payload)
             if kind == ipc.FAILED:
                 raise RuntimeError(f"worker {rank} failed to start: {data['error']}\n{data['traceback']}")
             self._async_ok = self._async_ok and bool(data["async_scheduling"])
+
+        self._gather(refs, "start", _STARTUP_TIMEOUT_S, True, check=started)
 
     def _wait_for_placement(self, bundles: list[dict[str, float]], strategy: str) -> None:
         """Wait for the placement group (an autoscaling cluster may add nodes meanwhile),
@@ -366,9 +371,10 @@ class RayExecutor(RankedWorkersExecutor):
         return local_ranks, envs_by_rank
 
     # -- calls -----------------------------------------------------------------------
-    def _gather(self, refs: list[Any], what: str, timeout_s: float | None = None,
-                starting: bool = False) -> list[Any]:
-        """The results of one task per rank, failing as soon as any rank's actor dies.
+    def _gather(self, refs: list[Any], what: str, timeout_s: float | None = None, starting: bool = False,
+                check: Callable[[int, Any], None] | None = None) -> list[Any]:
+        """The results of one task per rank, failing as soon as any rank's actor dies
+        (or ``check(rank, result)``, called as each arrives, raises).
 
         Raises:
             WorkerDiedError: An actor died (the executor has released everything).
@@ -382,6 +388,8 @@ class RayExecutor(RankedWorkersExecutor):
             ready, waiting = ray.wait(waiting, num_returns=1, timeout=_POLL_S)
             for ref in ready:
                 results[rank_of[ref]] = self._get(rank_of[ref], ref, what, starting)
+                if check is not None:
+                    check(rank_of[ref], results[rank_of[ref]])
             if deadline is not None and waiting and time.monotonic() > deadline:
                 ranks = sorted(rank_of[r] for r in waiting)
                 raise TimeoutError(f"worker(s) {ranks} did not answer {what} within {timeout_s:.0f} s")

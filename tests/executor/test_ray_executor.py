@@ -378,3 +378,20 @@ def test_structured_outputs_overlap_on_ray_with_deferred_sampling(ray_cluster: R
     assert on_ray["tokens"] == run("mp")["tokens"]
     # Steps overlapped (the regex request alone runs 12 constrained steps), bitmasks applied late.
     assert len(on_ray["deferred"]) >= 5 and any(on_ray["deferred"]), on_ray
+
+
+def test_plugin_loading_rules_hold_in_the_actors(ray_cluster: RayCluster, tiny_llama: Path, tmp_path: Path) -> None:
+    # The nodes have the example plugins, forkless-example-broken among them; the server's
+    # own processes have none. FORKLESS_PLUGINS_STRICT=1 reaches the actors, where the
+    # broken plugin then aborts the worker's start: the server fails naming it.
+    env = plugin_env(None, tmp_path, FORKLESS_PLUGINS=None, FORKLESS_PLUGINS_STRICT="1", **ray_env(ray_cluster))
+    proc = subprocess.run(
+        [sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", str(tiny_llama), "--port", str(free_port()),
+         "--max-model-len", "256", "--kv-cache-memory", str(32 << 20), "--distributed-executor-backend", "ray"],
+        env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    assert re.search(r"worker 0 failed to start: PluginLoadError: \d plugin\(s\) failed and FORKLESS_PLUGINS_STRICT=1 "
+                     r"aborts startup", proc.stderr), proc.stderr[-3000:]
+    assert "'broken_call'" in proc.stderr
+    state = ray_cluster.state()
+    assert (state["placement_groups"], state["free_cpus"]) == (0, state["cpus"]), state
