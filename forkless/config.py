@@ -629,9 +629,13 @@ class EngineArgs:
                                     + (f": one of {', '.join(map(str, fits))}" if fits else ""))
         if tp * pp > 1:
             flag = "--tensor-parallel-size" if tp > 1 else "--pipeline-parallel-size"
+            # ngram drafts from each request's tokens, the same on every rank; a proposer
+            # with a model of its own would need it split too.
+            spec = None if self.speculative_config is None else SpeculativeConfig.from_json(self.speculative_config)
             for on, what in ((pooling, "--runner pooling"), (self.enable_lora, "--enable-lora"),
                              (self.kv_transfer_config is not None, "--kv-transfer-config"),
-                             (self.speculative_config is not None, "--speculative-config")):
+                             (spec is not None and spec.method != "ngram",
+                              "--speculative-config (other than method ngram)")):
                 if on:
                     raise ValueError(f"{what} does not work with {flag} > 1 yet: leave one of them out")
             if backend == "uni":  # the in-process executor runs one worker

@@ -126,8 +126,9 @@ def test_each_rank_holds_and_reads_half_of_the_weights(tp_models: dict[str, Path
                                      "num_hidden_layers (2)"),
     (dict(pipeline_parallel_size=2, enable_lora=True), "--enable-lora does not work with --pipeline-parallel-size"),
     (dict(tensor_parallel_size=2, enable_lora=True), "--enable-lora does not work with --tensor-parallel-size"),
-    (dict(tensor_parallel_size=2, speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
-     "--speculative-config does not work with --tensor-parallel-size"),
+    (dict(tensor_parallel_size=2, speculative_config={"method": "draft_model", "model": "/nonexistent",
+                                                      "num_speculative_tokens": 2}),
+     "--speculative-config (other than method ngram) does not work with --tensor-parallel-size"),
 ])
 def test_bad_sizes_and_combinations_fail_before_any_process(tp_models: dict[str, Path], kwargs: dict,
                                                             message: str) -> None:
@@ -200,3 +201,11 @@ def test_seeded_sampling_is_the_same_on_two_ranks(outputs: dict) -> None:
     one, two = outputs["seeded"][1], outputs["seeded"][2]
     assert len(one) == 4 and two == one
     assert len({tuple(t) for t in one}) == 4
+
+
+@pytest.mark.slow
+def test_ngram_speculation_on_two_ranks_keeps_greedy_tokens(tp_models: dict[str, Path], outputs: dict) -> None:
+    # ngram drafts from each request's own tokens: every rank proposes and verifies alike.
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
+    got = _run(tp_models["llama"], 2, speculative_config=spec)
+    assert [o.token_ids for o in got] == [o.token_ids for o in outputs["llama", 1]]
