@@ -236,17 +236,6 @@ def test_killed_actor_fails_the_request_within_seconds_and_leaves_nothing_behind
     assert (state["nodes"], state["placement_groups"], state["free_cpus"]) == (2, 0, state["cpus"]), state
 
 
-def test_ray_is_optional(tmp_path: Path) -> None:
-    # forkless imports and serves other executors without Ray; choosing ray says what to install.
-    code = ("import sys; sys.modules['ray'] = None\n"
-            "import forkless\n"
-            "from forkless.executor import available_executors, get_executor_cls\n"
-            "assert 'ray' in available_executors() and get_executor_cls('mp').__name__ == 'MultiprocExecutor'\n"
-            "try:\n    get_executor_cls('ray')\nexcept ImportError as exc:\n    print(exc)\n")
-    proc = run_python(code, plugin_env(None, tmp_path))
-    assert proc.returncode == 0, proc.stderr
-    assert "pip install 'forkless[ray]'" in proc.stdout
-
 
 
 def test_tp2_on_ray_puts_one_rank_on_each_node_and_serves_the_completions_of_mp_tp2(
