@@ -67,6 +67,7 @@ def main() -> None:
     best: dict[tuple[str, int, str], dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         model = str(shapes.write_model_folder(Path(tmp) / "micro", "micro", dtype="float32"))
+        env.setdefault("RAY_TMPDIR", tmp)  # the Ray instances' files go with the model's
         for _ in range(args.repeats):
             for key in runs:
                 backend, batch, flag = key

@@ -154,13 +154,17 @@ if __name__ == "__main__":
 
 def test_without_a_cluster_the_engine_starts_a_ray_instance_of_its_own_and_stops_it(
         mp_outputs: list[str], tiny_llama: Path, tmp_path: Path) -> None:
-    # No RAY_ADDRESS and no cluster that `ray start` started in Ray's default temp dir (the
-    # module's cluster has its own temp dirs): the offline engine starts a local Ray
-    # instance, runs its worker there, and stops it at shutdown.
+    # No RAY_ADDRESS and no cluster that `ray start` started in this Ray temp dir: the
+    # offline engine starts a local Ray instance, runs its worker there, and stops it at
+    # shutdown.
     script = tmp_path / "local_ray.py"
     script.write_text(LOCAL_RAY.format(repo=str(Path(__file__).parents[2]), model=str(tiny_llama), prompts=PROMPTS))
-    proc = subprocess.run([sys.executable, str(script)], env=plugin_env(None, tmp_path, RAY_ADDRESS=None, **NO_TOKEN),
-                          capture_output=True, text=True, timeout=300)
+    ray_tmp = tempfile.mkdtemp(prefix="fkray-")  # the instance's files, not /tmp/ray's (short: socket paths)
+    try:
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                              env=plugin_env(None, tmp_path, RAY_ADDRESS=None, RAY_TMPDIR=ray_tmp, **NO_TOKEN))
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "no Ray cluster to join (RAY_ADDRESS is unset and `ray start` started none here): starting a local one" \

@@ -4,8 +4,10 @@ serves the greedy tokens of ``mp`` (CUDA graphs and async scheduling on)."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -42,8 +44,12 @@ def _run(model: Path, backend: str, tmp_path: Path) -> dict:
     script.write_text(SCRIPT.format(model=str(model), backend=backend))
     # No RAY_ADDRESS: the executor starts a Ray instance of its own (token auth left off,
     # so no token is written to ~/.ray).
-    env = plugin_env(None, tmp_path, RAY_ADDRESS=None, RAY_AUTH_MODE="disabled")
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    ray_tmp = tempfile.mkdtemp(prefix="fkray-")  # the instance's files (short: socket paths)
+    env = plugin_env(None, tmp_path, RAY_ADDRESS=None, RAY_AUTH_MODE="disabled", RAY_TMPDIR=ray_tmp)
+    try:
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
