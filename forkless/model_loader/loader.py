@@ -93,7 +93,7 @@ def load_model(
         model = model_cls(hf_config, dtype, attn_backend)
     if load_format == "dummy":
         _init_dummy(model)
-    elif model.tensor_parallel_size > 1 or model.pipeline_parallel_size > 1:
+    elif tp > 1 or pp > 1:  # (then a CausalLMBase, checked above: it has weight_shard)
         # Each rank reads its part of every tensor it shares, and nothing of another stage's.
         model.load_weights(iterate_weights(model_dir, dtype, shard=model.weight_shard))
     else:
