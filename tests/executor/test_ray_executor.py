@@ -17,16 +17,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Iterator
 
-import openai
 import pytest
 
 from tests.conftest import plugin_env, run_python
-from tests.server.conftest import (alive, children_of, cmdline, descendants, free_port, start_server, stop_and_check,
-                                   wait_until)
+from tests.server.conftest import (alive, children_of, cmdline, descendants, free_port, kill_during_stream,
+                                   start_server, stop_and_check, wait_until)
 
 pytest.importorskip("ray", reason="the ray extra (pip install 'forkless[ray]') is not installed")
 
@@ -221,15 +219,7 @@ def test_killed_actor_fails_the_request_within_seconds_and_leaves_nothing_behind
         stream = client.completions.create(model=str(tiny_llama), prompt="Keep going", max_tokens=480,
                                            temperature=0, stream=True, extra_body={"ignore_eos": True})
         next(iter(stream))  # the request is running
-        os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        with pytest.raises(openai.APIError) as caught:
-            for _ in stream:
-                pass
-        assert time.monotonic() - killed < 10
-        assert "died" in str(caught.value) or "dead" in str(caught.value), caught.value
-        assert srv.proc.wait(60) != 0  # the server notices and shuts itself down
-        assert wait_until(lambda: not any(alive(p) for p in processes), 15), [p for p in processes if alive(p)]
+        kill_during_stream(srv, pid, stream, processes, fails_within=10, gone_within=15)
         assert re.search(rf"worker {tp - 1} \(Ray actor, pid {pid} on node \S+\) died while the engine was running",
                          srv.log())
     finally:

@@ -149,19 +149,25 @@ def wait_until(predicate, timeout: float = 30, interval: float = 0.2):
         time.sleep(interval)
 
 
-def kill_during_stream(srv: Server, pid: int, stream, processes: list[int]) -> None:
+def kill_during_stream(srv: Server, pid: int, stream, processes: list[int], fails_within: float | None = None,
+                       gone_within: float = 20) -> None:
     """SIGKILL ``pid`` (a worker) while ``stream`` (a streamed completion, started) runs:
-    the stream fails with an error saying a process died, the server exits non-zero, and
-    none of ``processes`` is left."""
+    the stream fails (within ``fails_within`` seconds, when given) with an error saying a
+    process died, the server exits non-zero, and none of ``processes`` is left after
+    ``gone_within`` seconds."""
     import openai
 
     os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
     with pytest.raises(openai.APIError) as caught:
         for _ in stream:
             pass
+    if fails_within is not None:
+        assert time.monotonic() - killed < fails_within
     assert "died" in str(caught.value) or "dead" in str(caught.value), caught.value
     assert srv.proc.wait(60) != 0  # the server notices and shuts itself down
-    assert wait_until(lambda: not any(alive(p) for p in processes), 20), [p for p in processes if alive(p)]
+    assert wait_until(lambda: not any(alive(p) for p in processes), gone_within), \
+        [p for p in processes if alive(p)]
 
 
 def stop_and_check(srv: Server, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
