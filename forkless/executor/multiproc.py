@@ -99,6 +99,45 @@ def _error_payload(exc: BaseException) -> dict[str, str]:
     return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
+def _prepare_process() -> None:
+    """What every worker process does first: load the general plugins (their loading
+    rules hold in every process) and apply ``FORKLESS_WORKER_THREADS``."""
+    from forkless.plugins import load_general_plugins
+
+    load_general_plugins()
+    threads = envs.FORKLESS_WORKER_THREADS
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def _build_worker(config_bytes: bytes, rank: int, local_rank: int | None = None,
+                  init_method: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """The platform's worker of ``rank``, its device and model ready, as every worker
+    process builds it; and its ``ready`` message (pid, rank, async scheduling)."""
+    from forkless.config import EngineConfig
+    from forkless.worker.worker import create_worker
+
+    config = EngineConfig.from_builtins(ipc.decode(config_bytes))
+    worker = create_worker(config, rank=rank, local_rank=local_rank, distributed_init_method=init_method)
+    worker.init_device()
+    worker.load_model()
+    # Declared by the worker (its runner's answer), asked once: the executor reports it.
+    ready = {"pid": os.getpid(), "rank": rank, "async_scheduling": bool(worker.supports_async_scheduling)}
+    tune_process()  # this process is forkless's alone (forkless.gc_tuning)
+    return worker, ready
+
+
+def _run_call(worker: Any, name: str, payload: bytes) -> Any:
+    """Run one allow-listed synchronous worker method, its arguments decoded."""
+    if name not in _WORKER_METHODS:
+        raise ValueError(f"unknown worker method {name!r}; expected one of {', '.join(_WORKER_METHODS)}")
+    if name == "execute_model":
+        return worker.execute_model(ipc.decode(payload, SchedulerOutput))
+    return getattr(worker, name)(*ipc.decode(payload))
+
+
 def _device_step_timer() -> Any:
     """Device timing events for the step trace (a ``CudaStepTimer``), where the platform is CUDA."""
     from forkless.metrics.step_trace import CudaStepTimer
@@ -130,17 +169,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         init_method: The ranks' ``torch.distributed`` rendezvous (several workers only).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server orchestrates shutdown
-    from forkless.plugins import load_general_plugins
-
-    load_general_plugins()
-    threads = envs.FORKLESS_WORKER_THREADS
-    import torch
-
-    if threads > 0:
-        torch.set_num_threads(threads)
-    from forkless.config import EngineConfig
-    from forkless.worker.worker import create_worker
-
+    _prepare_process()
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
     inbox.connect(addr_in)
@@ -148,18 +177,11 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     outbox.setsockopt(zmq.LINGER, 1000)
     outbox.connect(addr_out)
     try:
-        config = EngineConfig.from_builtins(ipc.decode(config_bytes))
-        worker = create_worker(config, rank=rank, distributed_init_method=init_method)
-        worker.init_device()
-        worker.load_model()
-        # Declared by the worker (its runner's answer), asked once: the executor reports it.
-        async_ok = bool(worker.supports_async_scheduling)
-        tune_process()  # this process is forkless's alone (forkless.gc_tuning)
+        worker, ready = _build_worker(config_bytes, rank, init_method=init_method)
     except Exception as exc:
         outbox.send_multipart([ipc.FAILED, ipc.encode(_error_payload(exc))])
         os._exit(1)
-    outbox.send_multipart([ipc.READY, ipc.encode({"pid": os.getpid(), "rank": rank,
-                                                  "async_scheduling": async_ok})])
+    outbox.send_multipart([ipc.READY, ipc.encode(ready)])
     # The async step launched and not yet collected: (seq, the runner's handle).
     pending: tuple[int, Any] | None = None
     # FORKLESS_STEP_TRACE_DIR: one record per async step (forkless.metrics.step_trace).
@@ -233,13 +255,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
             break  # a step in flight is dropped: its output has no reader any more
         finish_pending()  # the executor never interleaves calls with steps; keep order if it did
         try:
-            if name not in _WORKER_METHODS:
-                raise ValueError(f"unknown worker method {name!r}; expected one of {', '.join(_WORKER_METHODS)}")
-            if name == "execute_model":
-                result: Any = worker.execute_model(ipc.decode(payload, SchedulerOutput))
-            else:
-                result = getattr(worker, name)(*ipc.decode(payload))
-            outbox.send_multipart([b"ok", ipc.encode(result)])
+            outbox.send_multipart([b"ok", ipc.encode(_run_call(worker, name, payload))])
         except Exception as exc:
             outbox.send_multipart([b"error", ipc.encode(_error_payload(exc))])
     if trace is not None:

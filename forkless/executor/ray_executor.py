@@ -63,8 +63,8 @@ except ImportError as exc:  # the extra is optional: say how to get it
                       f"(ray>=2.40) ({exc})") from exc
 
 from forkless import envs
-from forkless.executor.multiproc import (_WORKER_METHODS, RankedWorkersExecutor, StepHandle, WorkerDiedError,
-                                         _error_payload)
+from forkless.executor.multiproc import (RankedWorkersExecutor, StepHandle, WorkerDiedError, _build_worker,
+                                         _error_payload, _prepare_process, _run_call)
 from forkless.logger import init_logger
 from forkless.protocol import ipc
 from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
@@ -134,39 +134,18 @@ class RayWorkerActor:
         """
         os.environ.update(env)  # before anything reads them: plugins, platform, threads
         try:
-            from forkless.plugins import load_general_plugins
-
-            load_general_plugins()
-            import torch
-
-            if envs.FORKLESS_WORKER_THREADS > 0:
-                torch.set_num_threads(envs.FORKLESS_WORKER_THREADS)
-            from forkless.config import EngineConfig
-            from forkless.gc_tuning import tune_process
-            from forkless.worker.worker import create_worker
-
-            config = EngineConfig.from_builtins(ipc.decode(config_bytes))
-            worker = create_worker(config, rank=rank, local_rank=local_rank, distributed_init_method=init_method)
-            worker.init_device()
-            worker.load_model()
-            async_ok = bool(worker.supports_async_scheduling)
-            tune_process()  # this actor's process is forkless's alone (forkless.gc_tuning)
+            _prepare_process()
+            worker, ready = _build_worker(config_bytes, rank, local_rank, init_method)
         except Exception as exc:
             return ipc.FAILED, ipc.encode(_error_payload(exc))
         self.worker, self.rank = worker, rank
-        return ipc.READY, ipc.encode({"pid": os.getpid(), "rank": rank, "async_scheduling": async_ok})
+        return ipc.READY, ipc.encode(ready)
 
     def call(self, method: str, payload: bytes) -> tuple[bytes, bytes]:
         """Run one synchronous worker method; ``(ok, result)`` or ``(error, {error, traceback})``."""
         self._finish_pending()  # the executor never interleaves calls with steps; keep order if it did
         try:
-            if method not in _WORKER_METHODS:
-                raise ValueError(f"unknown worker method {method!r}; expected one of {', '.join(_WORKER_METHODS)}")
-            if method == "execute_model":
-                result: Any = self.worker.execute_model(ipc.decode(payload, SchedulerOutput))
-            else:
-                result = getattr(self.worker, method)(*ipc.decode(payload))
-            return _OK, ipc.encode(result)
+            return _OK, ipc.encode(_run_call(self.worker, method, payload))
         except Exception as exc:
             return _ERROR, ipc.encode(_error_payload(exc))
 
