@@ -14,8 +14,11 @@ interleaved, best of ``--repeats``:
 
 The workloads:
 
-* ``copy``: "Repeat the following text exactly" prompts over paragraphs of this
-  repository's docs, so the output copies the prompt (prompt lookup's best case);
+* ``copy``: "Repeat the following text exactly" prompts over passages of a fixed English
+  text (``benchmarks/data/copy_text.txt``, a frozen copy of an early version of this
+  repository's architecture notes: prose with identifiers, as users paste), so the output
+  copies the prompt (prompt lookup's best case). Fixed so that editing the docs does not
+  move the benchmark;
 * ``no-repeat``: prompts of random token ids and sampled output (temperature 1, no
   top-k / top-p: still speculated), with no reason to repeat anything -- prompt lookup's
   worst case, where drafts cost verification and little is accepted. (Greedy decoding of
@@ -43,8 +46,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def copy_prompts(n: int) -> list[str]:
-    """Chat-free "repeat this" prompts over paragraphs of the docs (80-120 words each)."""
-    text = " ".join((REPO / "docs" / "architecture.md").read_text().split())
+    """Chat-free "repeat this" prompts over passages of the fixed text (80-120 words each)."""
+    text = " ".join((REPO / "benchmarks" / "data" / "copy_text.txt").read_text().split())
     words = text.split(" ")
     rng = random.Random(0)
     out = []
