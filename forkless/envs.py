@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     FORKLESS_CUSTOM_OPS: str
     FORKLESS_CPU_KERNELS: bool
     FORKLESS_KERNEL_CACHE_DIR: str
+    FORKLESS_CPU_ISA: str
     FORKLESS_PLUGINS: str | None
     FORKLESS_PLUGINS_STRICT: bool
     FORKLESS_PLUGIN_CACHE: bool
@@ -115,6 +116,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # every cache root). Default: ``$FORKLESS_CACHE_ROOT/kernels``.
     "FORKLESS_KERNEL_CACHE_DIR": lambda: _path(
         os.environ.get("FORKLESS_KERNEL_CACHE_DIR") or os.path.join(_cache_root(), "kernels")),
+    # Which instruction set the CPU kernels are built for: ``auto`` (default: the best this
+    # CPU has), or ``avx512``, ``avx2``, ``portable`` to hold them to a lower level (to compare
+    # or to debug). Lower-cased raw text; forkless.cpu_kernels checks it against the CPU.
+    "FORKLESS_CPU_ISA": lambda: (os.environ.get("FORKLESS_CPU_ISA") or "auto").strip().lower(),
     # Which plugins load: unset = all but endpoint plugins; ``a,b`` = only those; empty =
     # none; ``+a,+b`` = the default set plus these (how endpoint plugins are opted in).
     # Raw text; forkless.plugins parses it.
