@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING, Any, AsyncGenerator
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable
 
 import msgspec
 
@@ -158,13 +158,28 @@ class AsyncLLM:
         return cls(engine_args.create_engine_config(), **kwargs)
 
     # -- lifecycle ----------------------------------------------------------------------
-    async def start(self, timeout: float = 900.0) -> None:
-        """Start the engine core process and wait until it has loaded the model."""
+    async def start(self, timeout: float = 900.0, *, while_starting: Callable[[], object] | None = None) -> None:
+        """Start the engine core process and wait until it has loaded the model.
+
+        Args:
+            timeout: Seconds the engine core has to load the model.
+            while_starting: More start-up work of the caller (the server imports its HTTP
+                app) run in the tokenizer's thread after the tokenizer, while the engine
+                core starts; what it raises is raised here.
+        """
         self.dead_event = asyncio.Event()
         self.client = EngineCoreClient(self.config)
+
+        def load() -> None:
+            self.output_processor  # noqa: B018 (loads the tokenizer)
+            if while_starting is not None:
+                while_starting()
+
         # Importing transformers and loading the tokenizer take seconds; the engine core and
         # its workers are importing torch and loading the model meanwhile, so overlap them.
-        tokenizer = asyncio.ensure_future(asyncio.to_thread(lambda: self.output_processor))
+        # One thread, not one per task: two threads importing at once can meet in a
+        # circular import, which Python reports as a deadlock.
+        tokenizer = asyncio.ensure_future(asyncio.to_thread(load))
         try:
             try:
                 await self.client.wait_ready(timeout)

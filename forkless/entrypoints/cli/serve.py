@@ -151,16 +151,20 @@ def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
         get_executor_cls(engine_args.distributed_executor_backend)
     except (ValueError, TypeError, ImportError, PluginLoadError) as exc:
         return _usage_error(str(exc))
-    from forkless.entrypoints.openai.api_server import resolve_middleware
     from forkless.entrypoints.openai.chat_options import ChatOptions
     from forkless.entrypoints.openai.http_limits import HttpLimits
     from forkless.entrypoints.openai.serving_models import parse_lora_module
 
-    for path in args.middleware:
-        try:
-            resolve_middleware(path)
-        except (ValueError, TypeError, ImportError) as exc:
-            return _usage_error(f"--middleware {path!r}: {exc}")
+    if args.middleware:
+        # The HTTP app's module (FastAPI and every route) is imported here only to check
+        # --middleware; otherwise it is imported while the engine core starts (_serve).
+        from forkless.entrypoints.openai.api_server import resolve_middleware
+
+        for path in args.middleware:
+            try:
+                resolve_middleware(path)
+            except (ValueError, TypeError, ImportError) as exc:
+                return _usage_error(f"--middleware {path!r}: {exc}")
     try:
         args.http_limits = HttpLimits.from_cli_args(args)
         args.lora_module_paths = [parse_lora_module(v) for v in args.lora_modules]
@@ -330,14 +334,20 @@ async def run_server(config: Any, args: argparse.Namespace, listener: socket.soc
         engine.shutdown()
 
 
-async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: socket.socket) -> int:
-    from forkless.entrypoints.openai.api_server import build_app
+def _import_http_app() -> None:
+    """Import the HTTP app's module (FastAPI, pydantic, the routes): ~0.3 s of CPU that
+    runs while the engine core loads the model instead of before it starts."""
+    import forkless.entrypoints.openai.api_server  # noqa: F401
 
+
+async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: socket.socket) -> int:
     try:
-        await engine.start()
+        await engine.start(while_starting=_import_http_app)
     except Exception as exc:
         logger.error("%s", exc)
         return 1
+    from forkless.entrypoints.openai.api_server import build_app
+
     names = [config.model_config.served_model_name]
     try:
         app = build_app(engine, names, config.model_config.max_model_len, api_key=args.api_key,
