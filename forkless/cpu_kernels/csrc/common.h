@@ -1,4 +1,12 @@
-/* What the CPU kernels share: AVX2 detection, a horizontal sum, exp and a prefetch. */
+/* What the CPU kernels share: the instruction set they are built for, one vector type over
+ * it, a horizontal sum, exp and a prefetch.
+ *
+ * forkless/cpu_kernels builds these sources once per ISA level (-march=x86-64-v4 plus the
+ * AVX-512 extensions the CPU has, -march=x86-64-v3, or the compiler's default target) and
+ * loads the one chosen at start-up. The kernels are written once over `vec`, VW float32
+ * lanes wide: a 512-bit register (16 lanes) where the compiler targets AVX-512, a 256-bit
+ * one (8 lanes) where it targets AVX2 + FMA; without either (FORKLESS_SIMD undefined) they
+ * take their plain C loops. */
 #ifndef FORKLESS_CPU_COMMON_H
 #define FORKLESS_CPU_COMMON_H
 
@@ -8,6 +16,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define FORKLESS_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__)
+#define FORKLESS_AVX512 1
+#endif
 #endif
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -19,47 +30,114 @@
 #define FORKLESS_PARALLEL_MIN_MACS (1 << 22)
 #define FORKLESS_PARALLEL_MIN_ELEMENTS (1 << 16)
 
+/* The level the code was compiled for: forkless checks that the library it loaded is the
+ * one it asked for. */
+#if defined(FORKLESS_AVX512)
+#define FORKLESS_ISA_NAME "avx512"
+#elif defined(FORKLESS_AVX2)
+#define FORKLESS_ISA_NAME "avx2"
+#else
+#define FORKLESS_ISA_NAME "portable"
+#endif
+
 #ifdef FORKLESS_AVX2
+#define FORKLESS_SIMD 1
+
 ALWAYS_INLINE float hsum8(__m256 v) {
     __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
     lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
     return _mm_cvtss_f32(lo);
 }
+#endif
 
+#if defined(FORKLESS_AVX512)
+typedef __m512 vec;
+#define VW 16
+ALWAYS_INLINE vec vload(const float *p) { return _mm512_loadu_ps(p); }
+ALWAYS_INLINE void vstore(float *p, vec v) { _mm512_storeu_ps(p, v); }
+ALWAYS_INLINE vec vset1(float x) { return _mm512_set1_ps(x); }
+ALWAYS_INLINE vec vzero(void) { return _mm512_setzero_ps(); }
+ALWAYS_INLINE vec vadd(vec a, vec b) { return _mm512_add_ps(a, b); }
+ALWAYS_INLINE vec vsub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+ALWAYS_INLINE vec vmul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+ALWAYS_INLINE vec vdiv(vec a, vec b) { return _mm512_div_ps(a, b); }
+ALWAYS_INLINE vec vmax(vec a, vec b) { return _mm512_max_ps(a, b); }
+ALWAYS_INLINE vec vmin(vec a, vec b) { return _mm512_min_ps(a, b); }
+ALWAYS_INLINE vec vfma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+ALWAYS_INLINE vec vfnma(vec a, vec b, vec c) { return _mm512_fnmadd_ps(a, b, c); }
+ALWAYS_INLINE vec vfloor(vec a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+ALWAYS_INLINE float vhsum(vec v) { return _mm512_reduce_add_ps(v); }
+ALWAYS_INLINE float vhmax(vec v) { return _mm512_reduce_max_ps(v); }
+/* 2^n for integral n (as floats), by the exponent field. */
+ALWAYS_INLINE vec vpow2i(vec n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+/* Lanes of x where a > b replaced by y. */
+ALWAYS_INLINE vec vreplace_gt(vec x, vec a, vec b, vec y) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, b, _CMP_GT_OQ), x, y);
+}
+/* Lanes of e where x == y zeroed. */
+ALWAYS_INLINE vec vzero_eq(vec e, vec x, vec y) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, y, _CMP_NEQ_UQ), e); }
+#elif defined(FORKLESS_AVX2)
+typedef __m256 vec;
+#define VW 8
+ALWAYS_INLINE vec vload(const float *p) { return _mm256_loadu_ps(p); }
+ALWAYS_INLINE void vstore(float *p, vec v) { _mm256_storeu_ps(p, v); }
+ALWAYS_INLINE vec vset1(float x) { return _mm256_set1_ps(x); }
+ALWAYS_INLINE vec vzero(void) { return _mm256_setzero_ps(); }
+ALWAYS_INLINE vec vadd(vec a, vec b) { return _mm256_add_ps(a, b); }
+ALWAYS_INLINE vec vsub(vec a, vec b) { return _mm256_sub_ps(a, b); }
+ALWAYS_INLINE vec vmul(vec a, vec b) { return _mm256_mul_ps(a, b); }
+ALWAYS_INLINE vec vdiv(vec a, vec b) { return _mm256_div_ps(a, b); }
+ALWAYS_INLINE vec vmax(vec a, vec b) { return _mm256_max_ps(a, b); }
+ALWAYS_INLINE vec vmin(vec a, vec b) { return _mm256_min_ps(a, b); }
+ALWAYS_INLINE vec vfma(vec a, vec b, vec c) { return _mm256_fmadd_ps(a, b, c); }
+ALWAYS_INLINE vec vfnma(vec a, vec b, vec c) { return _mm256_fnmadd_ps(a, b, c); }
+ALWAYS_INLINE vec vfloor(vec a) { return _mm256_floor_ps(a); }
+ALWAYS_INLINE float vhsum(vec v) { return hsum8(v); }
+ALWAYS_INLINE float vhmax(vec v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+ALWAYS_INLINE vec vpow2i(vec n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+ALWAYS_INLINE vec vreplace_gt(vec x, vec a, vec b, vec y) { return _mm256_blendv_ps(x, y, _mm256_cmp_ps(a, b, _CMP_GT_OQ)); }
+ALWAYS_INLINE vec vzero_eq(vec e, vec x, vec y) { return _mm256_andnot_ps(_mm256_cmp_ps(x, y, _CMP_EQ_OQ), e); }
+#else
+/* The plain loops' width, where a kernel's layout is in vectors. */
+#define VW 8
+#endif
+
+#ifdef FORKLESS_SIMD
 /* exp(x), Cephes' single-precision polynomial: within 2 ulp for |x| <= 87; the input is
  * clamped to [-87, 88], where exp is ~1e-38 and ~1.7e38 (softmax and SiLU never need more). */
-ALWAYS_INLINE __m256 exp8(__m256 x) {
-    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
-    __m256 fx = _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f));
-    fx = _mm256_floor_ps(fx);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 z = _mm256_mul_ps(x, x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, z, x);
-    y = _mm256_add_ps(y, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+ALWAYS_INLINE vec vexp(vec x) {
+    x = vmin(vmax(x, vset1(-87.0f)), vset1(88.0f));
+    vec fx = vfloor(vfma(x, vset1(1.44269504088896341f), vset1(0.5f)));
+    x = vfnma(fx, vset1(0.693359375f), x);
+    x = vfnma(fx, vset1(-2.12194440e-4f), x);
+    vec z = vmul(x, x);
+    vec y = vset1(1.9875691500e-4f);
+    y = vfma(y, x, vset1(1.3981999507e-3f));
+    y = vfma(y, x, vset1(8.3334519073e-3f));
+    y = vfma(y, x, vset1(4.1665795894e-2f));
+    y = vfma(y, x, vset1(1.6666665459e-1f));
+    y = vfma(y, x, vset1(5.0000001201e-1f));
+    y = vfma(y, z, x);
+    y = vadd(y, vset1(1.0f));
+    return vmul(y, vpow2i(fx));
 }
 #endif
 
 /* Ask for row t (row floats long) of next ahead of its use: a sequence's blocks are
  * scattered in the paged cache, so the hardware prefetcher cannot guess them. */
 ALWAYS_INLINE void prefetch_row(const float *next, int64_t t, int64_t row) {
-#ifdef FORKLESS_AVX2
     const char *p = (const char *)(next + t * row);
-    for (int64_t i = 0; i < row * (int64_t)sizeof(float); i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
-#else
-    (void)next;
-    (void)t;
-    (void)row;
-#endif
+    for (int64_t i = 0; i < row * (int64_t)sizeof(float); i += 64) __builtin_prefetch(p + i, 0, 3);
 }
 
 #endif

@@ -17,14 +17,14 @@
 static float sum_of_squares(const float *v, int n) {
     int i = 0;
     float s = 0.0f;
-#ifdef FORKLESS_AVX2
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-        __m256 x0 = _mm256_loadu_ps(v + i), x1 = _mm256_loadu_ps(v + i + 8);
-        a0 = _mm256_fmadd_ps(x0, x0, a0);
-        a1 = _mm256_fmadd_ps(x1, x1, a1);
+#ifdef FORKLESS_SIMD
+    vec a0 = vzero(), a1 = vzero();
+    for (; i + 2 * VW <= n; i += 2 * VW) {
+        vec x0 = vload(v + i), x1 = vload(v + i + VW);
+        a0 = vfma(x0, x0, a0);
+        a1 = vfma(x1, x1, a1);
     }
-    s = hsum8(_mm256_add_ps(a0, a1));
+    s = vhsum(vadd(a0, a1));
 #endif
     for (; i < n; i++) s += v[i] * v[i];
     return s;
@@ -83,12 +83,12 @@ int forkless_silu_and_mul_f32(const float *x, int64_t xs_t, float *out, int T, i
         const float *g = x + t * xs_t, *u = g + d;
         float *o = out + (int64_t)t * d;
         int i = 0;
-#ifdef FORKLESS_AVX2
-        const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-        for (; i + 8 <= d; i += 8) {
-            __m256 gv = _mm256_loadu_ps(g + i);
-            __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, gv))));
-            _mm256_storeu_ps(o + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+#ifdef FORKLESS_SIMD
+        const vec one = vset1(1.0f), zero = vzero();
+        for (; i + VW <= d; i += VW) {
+            vec gv = vload(g + i);
+            vec silu = vdiv(gv, vadd(one, vexp(vsub(zero, gv))));
+            vstore(o + i, vmul(silu, vload(u + i)));
         }
 #endif
         for (; i < d; i++) o[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];

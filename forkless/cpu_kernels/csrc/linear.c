@@ -1,12 +1,18 @@
 /* y = x w^T (+ bias) on the CPU, with w packed once into column panels.
  *
- * Packed layout: [N / 24][K][24] (N padded to a multiple of 24): panel p holds columns
- * 24p..24p+23 of w^T, row by row, so the kernel streams it front to back. A tile is 4
- * rows of x times one panel: 12 AVX2 accumulators, and per k 3 panel loads and 4
- * broadcasts of x for 12 FMAs (the BLIS outer-product scheme). BLAS libraries pack w on
- * every call and tune for large M; at the 1-64 rows of a decode step that costs them
- * half their speed, while this loop reads w at memory speed. Rows of x are taken in
- * blocks that stay in L2 while every panel passes over them.
+ * Packed layout: [N / NR][K][NR] (N padded to a multiple of NR): panel p holds columns
+ * NR p..NR p + NR - 1 of w^T, row by row, so the kernel streams it front to back. A tile
+ * is MR rows of x times one panel, NR = NV vectors wide: MR x NV accumulators, and per k
+ * NV panel loads and MR broadcasts of x for MR x NV FMAs (the BLIS outer-product scheme).
+ * AVX2 has 16 vector registers: 4 rows x 3 vectors (24 columns), 12 accumulators.
+ * AVX-512 has 32: 6 rows x 4 vectors (64 columns), 24 accumulators, 10 loads per 24 FMAs
+ * of 16 lanes (one thread on a Xeon with AMX, 16 layers' weights of SmolLM2-135M: 192
+ * GFLOP/s at 1,024 rows and 165 at 128, against 185 and 160 with 8 rows x 3 vectors, 182
+ * and 157 with 12 x 2; 170 and 154 with AVX2's 4 x 3 in 512-bit registers). The panel
+ * width is forkless_linear_panel_width(), so the packing follows the library loaded.
+ * BLAS libraries pack w on every call and tune for large M; at the 1-64 rows of a decode
+ * step that costs them half their speed, while this loop reads w at memory speed. Rows of
+ * x are taken in blocks that stay in L2 while every panel passes over them.
  *
  * Built by forkless/cpu_kernels with the system C compiler and called through ctypes;
  * float32 only.
@@ -14,37 +20,56 @@
 
 #include "common.h"
 
-#define NR 24
+/* -DNV= / -DMR= override the tile (to measure others). */
+#ifdef FORKLESS_AVX512
+#ifndef NV
+#define NV 4
+#endif
+#ifndef MR
+#define MR 6
+#endif
+#else
+#ifndef NV
+#define NV 3
+#endif
+#ifndef MR
+#define MR 4
+#endif
+#endif
+#define NR (NV * VW)
 
-int forkless_cpu_kernels_abi_version(void) { return 6; }
+int forkless_cpu_kernels_abi_version(void) { return 7; }
+
+const char *forkless_cpu_kernels_isa(void) { return FORKLESS_ISA_NAME; }
 
 int forkless_linear_panel_width(void) { return NR; }
 
-#ifdef FORKLESS_AVX2
-/* MB (<= 4, a constant after inlining) rows of x times one panel. */
+#ifdef FORKLESS_SIMD
+/* MB (<= MR, a constant after inlining) rows of x times one panel. */
 ALWAYS_INLINE void tile(const float *x, int64_t ldx, const float *panel, const float *bias, float *y, int64_t ldy,
                         int K, int MB) {
-    __m256 acc[4][3];
+    vec acc[MR][NV];
     for (int i = 0; i < MB; i++)
-        for (int j = 0; j < 3; j++) acc[i][j] = _mm256_setzero_ps();
+        for (int j = 0; j < NV; j++) acc[i][j] = vzero();
     for (int k = 0; k < K; k++) {
         const float *p = panel + (int64_t)k * NR;
-        __m256 w0 = _mm256_loadu_ps(p), w1 = _mm256_loadu_ps(p + 8), w2 = _mm256_loadu_ps(p + 16);
-        /* Keep the panel row in registers: folded into each FMA as a memory operand it
-         * would be loaded MB times, and the loop would wait on loads, not FMAs. */
-        __asm__("" : "+x"(w0), "+x"(w1), "+x"(w2));
+        vec w[NV];
+        for (int j = 0; j < NV; j++) {
+            w[j] = vload(p + VW * j);
+            /* Keep the panel row in registers: folded into each FMA as a memory operand it
+             * would be loaded MB times, and the loop would wait on loads, not FMAs. */
+            __asm__("" : "+v"(w[j]));
+        }
         for (int i = 0; i < MB; i++) {
-            __m256 xi = _mm256_broadcast_ss(x + i * ldx + k);
-            acc[i][0] = _mm256_fmadd_ps(xi, w0, acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(xi, w1, acc[i][1]);
-            acc[i][2] = _mm256_fmadd_ps(xi, w2, acc[i][2]);
+            vec xi = vset1(x[i * ldx + k]);
+            for (int j = 0; j < NV; j++) acc[i][j] = vfma(xi, w[j], acc[i][j]);
         }
     }
     for (int i = 0; i < MB; i++)
-        for (int j = 0; j < 3; j++) {
-            __m256 a = acc[i][j];
-            if (bias) a = _mm256_add_ps(a, _mm256_loadu_ps(bias + 8 * j));
-            _mm256_storeu_ps(y + i * ldy + 8 * j, a);
+        for (int j = 0; j < NV; j++) {
+            vec a = acc[i][j];
+            if (bias) a = vadd(a, vload(bias + VW * j));
+            vstore(y + i * ldy + VW * j, a);
         }
 }
 #else
@@ -59,8 +84,8 @@ static void tile(const float *x, int64_t ldx, const float *panel, const float *b
 }
 #endif
 
-/* y[M, 24 * panels] (row stride ldy) from x[M, K] (row stride ldx). bias is NULL or
- * 24 * panels floats. */
+/* y[M, NR * panels] (row stride ldy) from x[M, K] (row stride ldx). bias is NULL or
+ * NR * panels floats. */
 int forkless_linear_f32(const float *x, int64_t ldx, const float *packed, const float *bias, float *y, int64_t ldy,
                         int M, int K, int panels) {
     /* 128 rows of x (K floats each) stay in L2 while the panels stream past. */
@@ -70,10 +95,22 @@ int forkless_linear_f32(const float *x, int64_t ldx, const float *packed, const 
 #pragma omp parallel for schedule(static) if ((int64_t)(m1 - m0) * K * panels * NR >= FORKLESS_PARALLEL_MIN_MACS)
         for (int p = 0; p < panels; p++) {
             const float *panel = packed + (int64_t)p * K * NR, *bp = bias ? bias + p * NR : NULL;
-            for (int m = m0; m < m1; m += 4) {
+            for (int m = m0; m < m1; m += MR) {
                 const float *xm = x + (int64_t)m * ldx;
                 float *ym = y + (int64_t)m * ldy + p * NR;
-                switch (m1 - m < 4 ? m1 - m : 4) {
+                switch (m1 - m < MR ? m1 - m : MR) {
+#if MR > 8
+                case 12: tile(xm, ldx, panel, bp, ym, ldy, K, 12); break;
+                case 11: tile(xm, ldx, panel, bp, ym, ldy, K, 11); break;
+                case 10: tile(xm, ldx, panel, bp, ym, ldy, K, 10); break;
+                case 9: tile(xm, ldx, panel, bp, ym, ldy, K, 9); break;
+#endif
+#if MR > 4
+                case 8: tile(xm, ldx, panel, bp, ym, ldy, K, 8); break;
+                case 7: tile(xm, ldx, panel, bp, ym, ldy, K, 7); break;
+                case 6: tile(xm, ldx, panel, bp, ym, ldy, K, 6); break;
+                case 5: tile(xm, ldx, panel, bp, ym, ldy, K, 5); break;
+#endif
                 case 4: tile(xm, ldx, panel, bp, ym, ldy, K, 4); break;
                 case 3: tile(xm, ldx, panel, bp, ym, ldy, K, 3); break;
                 case 2: tile(xm, ldx, panel, bp, ym, ldy, K, 2); break;

@@ -23,15 +23,15 @@
 /* sh[g * L] = scale * (q_g . k) for the NQ (<= 4, a constant after inlining) query heads
  * starting at qh: one load of each key chunk serves all of them. */
 ALWAYS_INLINE void head_scores(float *sh, int64_t L, const float *qh, const float *k, int D, float scale, int NQ) {
-#ifdef FORKLESS_AVX2
-    if (D % 8 == 0) {
-        __m256 acc[4];
-        for (int g = 0; g < NQ; g++) acc[g] = _mm256_setzero_ps();
-        for (int d = 0; d < D; d += 8) {
-            __m256 kv = _mm256_loadu_ps(k + d);
-            for (int g = 0; g < NQ; g++) acc[g] = _mm256_fmadd_ps(_mm256_loadu_ps(qh + g * D + d), kv, acc[g]);
+#ifdef FORKLESS_SIMD
+    if (D % VW == 0) {
+        vec acc[4];
+        for (int g = 0; g < NQ; g++) acc[g] = vzero();
+        for (int d = 0; d < D; d += VW) {
+            vec kv = vload(k + d);
+            for (int g = 0; g < NQ; g++) acc[g] = vfma(vload(qh + g * D + d), kv, acc[g]);
         }
-        for (int g = 0; g < NQ; g++) sh[g * L] = hsum8(acc[g]) * scale;
+        for (int g = 0; g < NQ; g++) sh[g * L] = vhsum(acc[g]) * scale;
         return;
     }
 #endif
@@ -73,8 +73,8 @@ ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const flo
                                 int num_kv_heads, int ntok, int G, int D) {
     const int64_t slot_stride = (int64_t)num_kv_heads * D;
     int t = 0;
-#ifdef FORKLESS_AVX2
-    if (D % 8 == 0) {
+#ifdef FORKLESS_SIMD
+    if (D % VW == 0) {
         for (; t + 4 <= ntok; t += 4) {
             const float *v = v0 + t * slot_stride;
             for (int r = 0; r < 4; r++) prefetch_row(next, t + r, slot_stride);
@@ -83,15 +83,14 @@ ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const flo
                 for (int g = 0; g < G; g++) {
                     const float *pj = p + (int64_t)(h * G + g) * L + t;
                     float *aj = acc + (h * G + g) * D;
-                    __m256 w0 = _mm256_broadcast_ss(pj), w1 = _mm256_broadcast_ss(pj + 1);
-                    __m256 w2 = _mm256_broadcast_ss(pj + 2), w3 = _mm256_broadcast_ss(pj + 3);
-                    for (int d = 0; d < D; d += 8) {
-                        __m256 a = _mm256_loadu_ps(aj + d);
-                        a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(vh + d), a);
-                        a = _mm256_fmadd_ps(w1, _mm256_loadu_ps(vh + slot_stride + d), a);
-                        a = _mm256_fmadd_ps(w2, _mm256_loadu_ps(vh + 2 * slot_stride + d), a);
-                        a = _mm256_fmadd_ps(w3, _mm256_loadu_ps(vh + 3 * slot_stride + d), a);
-                        _mm256_storeu_ps(aj + d, a);
+                    vec w0 = vset1(pj[0]), w1 = vset1(pj[1]), w2 = vset1(pj[2]), w3 = vset1(pj[3]);
+                    for (int d = 0; d < D; d += VW) {
+                        vec a = vload(aj + d);
+                        a = vfma(w0, vload(vh + d), a);
+                        a = vfma(w1, vload(vh + slot_stride + d), a);
+                        a = vfma(w2, vload(vh + 2 * slot_stride + d), a);
+                        a = vfma(w3, vload(vh + 3 * slot_stride + d), a);
+                        vstore(aj + d, a);
                     }
                 }
             }
@@ -111,25 +110,23 @@ ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const flo
 static float softmax_numerators(float *p, int n) {
     float m = -INFINITY, sum = 0.0f;
     int t = 0;
-#ifdef FORKLESS_AVX2
-    if (n >= 8) {
-        __m256 vm = _mm256_loadu_ps(p);
-        for (t = 8; t + 8 <= n; t += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(p + t));
-        float lanes[8];
-        _mm256_storeu_ps(lanes, vm);
-        for (int i = 0; i < 8; i++) m = lanes[i] > m ? lanes[i] : m;
+#ifdef FORKLESS_SIMD
+    if (n >= VW) {
+        vec vm = vload(p);
+        for (t = VW; t + VW <= n; t += VW) vm = vmax(vm, vload(p + t));
+        m = vhmax(vm);
     }
 #endif
     for (; t < n; t++) m = p[t] > m ? p[t] : m;
     t = 0;
-#ifdef FORKLESS_AVX2
-    __m256 vm = _mm256_set1_ps(m), vs = _mm256_setzero_ps();
-    for (; t + 8 <= n; t += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), vm));
-        _mm256_storeu_ps(p + t, e);
-        vs = _mm256_add_ps(vs, e);
+#ifdef FORKLESS_SIMD
+    vec vm = vset1(m), vs = vzero();
+    for (; t + VW <= n; t += VW) {
+        vec e = vexp(vsub(vload(p + t), vm));
+        vstore(p + t, e);
+        vs = vadd(vs, e);
     }
-    sum = hsum8(vs);
+    sum = vhsum(vs);
 #endif
     for (; t < n; t++) {
         p[t] = expf(p[t] - m);

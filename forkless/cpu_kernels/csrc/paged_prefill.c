@@ -11,9 +11,10 @@
  * and value row loaded from the cache serves all M rows. The keys are walked in tiles of KT through
  * the block table with an online softmax (running max and sum per row, the output
  * rescaled as the max grows), so the scratch is a few KB per thread whatever the length,
- * and each tile is two register-blocked products, 4 keys (or 4 output dims) x 24 rows in
- * 12 accumulators, FMA-bound rather than load-bound. The lanes being rows, the softmax of a
- * tile is vertical: max, exp and sum of 8 rows at once, no horizontal reductions.
+ * and each tile is two register-blocked products, 4 keys (or 4 output dims) x 3 vectors of
+ * rows (24 with AVX2, 48 with AVX-512) in 12 accumulators, FMA-bound rather than
+ * load-bound. The lanes being rows, the softmax of a tile is vertical: max, exp and sum of
+ * a vector of rows at once, no horizontal reductions.
  *
  * Against gather + scaled_dot_product_attention this reads the context once and copies
  * nothing: the gather copied the whole context out of the cache on every layer (and built
@@ -49,6 +50,8 @@
  * 96 and 22-26 ms with 144 (24 GMAC/s, where a 512^3 matmul gets 30).
  * The scratch grows with it: (2 D + KT + 4) * 144 floats a thread. */
 #define M_TARGET 144
+/* Rows are padded to whole vectors (VW lanes: 8 with AVX2, 16 with AVX-512). */
+#define ROUND_VW(m) (((m) + VW - 1) / VW * VW)
 /* A context range attended on its own is at least this long: shorter ones are not worth
  * their merge. */
 #define MIN_SPLIT_KEYS 256
@@ -72,28 +75,28 @@ typedef struct {
 /* s[t * ldm + c * 8 + j] = sum_d k[t][d] * qt[d * ldm + c * 8 + j] for 4 keys and NC (<= 3,
  * a constant after inlining) vectors of rows. */
 ALWAYS_INLINE void scores_4(float *s, int ldm, const float *const *k, const float *qt, int D, int NC) {
-#ifdef FORKLESS_AVX2
-    __m256 acc[4][3];
+#ifdef FORKLESS_SIMD
+    vec acc[4][3];
     for (int t = 0; t < 4; t++)
-        for (int c = 0; c < NC; c++) acc[t][c] = _mm256_setzero_ps();
+        for (int c = 0; c < NC; c++) acc[t][c] = vzero();
     for (int d = 0; d < D; d++) {
-        __m256 b[3];
+        vec b[3];
         for (int c = 0; c < NC; c++) {
-            b[c] = _mm256_loadu_ps(qt + (int64_t)d * ldm + 8 * c);
+            b[c] = vload(qt + (int64_t)d * ldm + VW * c);
             /* Keep it in a register: folded into each FMA as a memory operand it would be
              * loaded 4 times, and the loop would wait on loads, not FMAs (as in linear.c). */
-            __asm__("" : "+x"(b[c]));
+            __asm__("" : "+v"(b[c]));
         }
         for (int t = 0; t < 4; t++) {
-            __m256 a = _mm256_broadcast_ss(k[t] + d);
-            for (int c = 0; c < NC; c++) acc[t][c] = _mm256_fmadd_ps(a, b[c], acc[t][c]);
+            vec a = vset1(k[t][d]);
+            for (int c = 0; c < NC; c++) acc[t][c] = vfma(a, b[c], acc[t][c]);
         }
     }
     for (int t = 0; t < 4; t++)
-        for (int c = 0; c < NC; c++) _mm256_storeu_ps(s + t * ldm + 8 * c, acc[t][c]);
+        for (int c = 0; c < NC; c++) vstore(s + t * ldm + VW * c, acc[t][c]);
 #else
     for (int t = 0; t < 4; t++)
-        for (int j = 0; j < 8 * NC; j++) {
+        for (int j = 0; j < VW * NC; j++) {
             float sum = 0.0f;
             for (int d = 0; d < D; d++) sum += k[t][d] * qt[(int64_t)d * ldm + j];
             s[t * ldm + j] = sum;
@@ -105,29 +108,28 @@ ALWAYS_INLINE void scores_4(float *s, int ldm, const float *const *k, const floa
  * for ND (<= 4) output dims and NC (<= 3) vectors of rows (both constants after inlining). */
 ALWAYS_INLINE void values_4(float *ot, int ldm, const float *const *v, int d0, const float *p, const float *alpha,
                             int ntok, int ND, int NC) {
-#ifdef FORKLESS_AVX2
-    __m256 acc[4][3];
+#ifdef FORKLESS_SIMD
+    vec acc[4][3];
     for (int c = 0; c < NC; c++) {
-        __m256 a = _mm256_loadu_ps(alpha + 8 * c);
-        for (int i = 0; i < ND; i++)
-            acc[i][c] = _mm256_mul_ps(a, _mm256_loadu_ps(ot + (int64_t)(d0 + i) * ldm + 8 * c));
+        vec a = vload(alpha + VW * c);
+        for (int i = 0; i < ND; i++) acc[i][c] = vmul(a, vload(ot + (int64_t)(d0 + i) * ldm + VW * c));
     }
     for (int t = 0; t < ntok; t++) {
-        __m256 b[3];
+        vec b[3];
         for (int c = 0; c < NC; c++) {
-            b[c] = _mm256_loadu_ps(p + t * ldm + 8 * c);
-            __asm__("" : "+x"(b[c]));
+            b[c] = vload(p + t * ldm + VW * c);
+            __asm__("" : "+v"(b[c]));
         }
         for (int i = 0; i < ND; i++) {
-            __m256 a = _mm256_broadcast_ss(v[t] + d0 + i);
-            for (int c = 0; c < NC; c++) acc[i][c] = _mm256_fmadd_ps(a, b[c], acc[i][c]);
+            vec a = vset1(v[t][d0 + i]);
+            for (int c = 0; c < NC; c++) acc[i][c] = vfma(a, b[c], acc[i][c]);
         }
     }
     for (int i = 0; i < ND; i++)
-        for (int c = 0; c < NC; c++) _mm256_storeu_ps(ot + (int64_t)(d0 + i) * ldm + 8 * c, acc[i][c]);
+        for (int c = 0; c < NC; c++) vstore(ot + (int64_t)(d0 + i) * ldm + VW * c, acc[i][c]);
 #else
     for (int i = 0; i < ND; i++)
-        for (int j = 0; j < 8 * NC; j++) {
+        for (int j = 0; j < VW * NC; j++) {
             float sum = alpha[j] * ot[(int64_t)(d0 + i) * ldm + j];
             for (int t = 0; t < ntok; t++) sum += v[t][d0 + i] * p[t * ldm + j];
             ot[(int64_t)(d0 + i) * ldm + j] = sum;
@@ -151,34 +153,33 @@ ALWAYS_INLINE void values_4(float *ot, int ldm, const float *const *v, int d0, c
 static void softmax_tile(float *s, int ldm, int ntok, int64_t pos0, int64_t first_masked, const float *lim,
                          float *mrow, float *lrow, float *alpha) {
     const int masked = pos0 + ntok - 1 > first_masked;
-#ifdef FORKLESS_AVX2
-    for (int c = 0; c < ldm; c += 8) {
-        const __m256 vlim = _mm256_loadu_ps(lim + c), minf = _mm256_set1_ps(-INFINITY);
-        const __m256 mold = _mm256_loadu_ps(mrow + c);
-        __m256 mx = mold;
+#ifdef FORKLESS_SIMD
+    for (int c = 0; c < ldm; c += VW) {
+        const vec vlim = vload(lim + c), minf = vset1(-INFINITY);
+        const vec mold = vload(mrow + c);
+        vec mx = mold;
         for (int t = 0; t < ntok; t++) {
-            __m256 x = _mm256_loadu_ps(s + t * ldm + c);
+            vec x = vload(s + t * ldm + c);
             if (masked) {
-                __m256 hide = _mm256_cmp_ps(_mm256_set1_ps((float)(pos0 + t)), vlim, _CMP_GT_OQ);
-                x = _mm256_blendv_ps(x, minf, hide);
-                _mm256_storeu_ps(s + t * ldm + c, x);
+                x = vreplace_gt(x, vset1((float)(pos0 + t)), vlim, minf);
+                vstore(s + t * ldm + c, x);
             }
-            mx = _mm256_max_ps(mx, x);
+            mx = vmax(mx, x);
         }
         /* Every row sees the item's first key, so mx is finite from the first tile on; the
          * first tile's alpha, exp(-inf), multiplies zeros. */
-        _mm256_storeu_ps(alpha + c, exp8(_mm256_sub_ps(mold, mx)));
-        __m256 sum = _mm256_setzero_ps();
+        vstore(alpha + c, vexp(vsub(mold, mx)));
+        vec sum = vzero();
         for (int t = 0; t < ntok; t++) {
-            __m256 x = _mm256_loadu_ps(s + t * ldm + c);
-            __m256 e = exp8(_mm256_sub_ps(x, mx));
-            /* exp8 clamps its input at -87: a masked key would still weigh 1e-38. */
-            if (masked) e = _mm256_andnot_ps(_mm256_cmp_ps(x, minf, _CMP_EQ_OQ), e);
-            _mm256_storeu_ps(s + t * ldm + c, e);
-            sum = _mm256_add_ps(sum, e);
+            vec x = vload(s + t * ldm + c);
+            vec e = vexp(vsub(x, mx));
+            /* vexp clamps its input at -87: a masked key would still weigh 1e-38. */
+            if (masked) e = vzero_eq(e, x, minf);
+            vstore(s + t * ldm + c, e);
+            sum = vadd(sum, e);
         }
-        _mm256_storeu_ps(lrow + c, _mm256_fmadd_ps(_mm256_loadu_ps(lrow + c), _mm256_loadu_ps(alpha + c), sum));
-        _mm256_storeu_ps(mrow + c, mx);
+        vstore(lrow + c, vfma(vload(lrow + c), vload(alpha + c), sum));
+        vstore(mrow + c, mx);
     }
 #else
     for (int j = 0; j < ldm; j++) {
@@ -227,7 +228,7 @@ ALWAYS_INLINE void attend_item(const float *q, int64_t q_row_stride, const float
                                const int32_t *table, int block_size, int num_kv_heads, int G, int D, float scale,
                                int head, int64_t ctx_len, int64_t q_start, int r0, int r1, int64_t k0, int64_t k1,
                                float *qt, float *s, float *ot, float *mrow, float *lrow, float *lim, float *alpha) {
-    const int M = (r1 - r0) * G, ldm = (M + 7) & ~7;
+    const int M = (r1 - r0) * G, ldm = ROUND_VW(M);
     for (int j = 0; j < ldm; j++) {
         const float *qj = j < M ? q + (q_start + r0 + j / G) * q_row_stride + (int64_t)(head * G + j % G) * D : NULL;
         for (int d = 0; d < D; d++) qt[(int64_t)d * ldm + j] = qj ? qj[d] * scale : 0.0f;
@@ -253,22 +254,22 @@ ALWAYS_INLINE void attend_item(const float *q, int64_t q_row_stride, const float
         /* Scores come 4 keys at a time: the tail repeats the last key, its rows unused. */
         for (int t = ntok; t < ((ntok + 3) & ~3); t++) kp[t] = kp[ntok - 1];
         for (int t = 0; t < ntok; t += 4)
-            for (int c = 0; c < ldm / 8; c += 3) {
-#define CALL(NC) scores_4(s + t * ldm + 8 * c, ldm, kp + t, qt + 8 * c, D, NC)
-                SWITCH_NC(ldm / 8 - c, CALL)
+            for (int c = 0; c < ldm / VW; c += 3) {
+#define CALL(NC) scores_4(s + t * ldm + VW * c, ldm, kp + t, qt + VW * c, D, NC)
+                SWITCH_NC(ldm / VW - c, CALL)
 #undef CALL
             }
         softmax_tile(s, ldm, ntok, pos0, first_masked, lim, mrow, lrow, alpha);
         for (int d0 = 0; d0 < D; d0 += 4)
-            for (int c = 0; c < ldm / 8; c += 3) {
+            for (int c = 0; c < ldm / VW; c += 3) {
 #define CALL(NC)                                                                           \
     switch (D - d0 < 4 ? D - d0 : 4) {                                                     \
-    case 4: values_4(ot + 8 * c, ldm, vp, d0, s + 8 * c, alpha + 8 * c, ntok, 4, NC); break; \
-    case 3: values_4(ot + 8 * c, ldm, vp, d0, s + 8 * c, alpha + 8 * c, ntok, 3, NC); break; \
-    case 2: values_4(ot + 8 * c, ldm, vp, d0, s + 8 * c, alpha + 8 * c, ntok, 2, NC); break; \
-    default: values_4(ot + 8 * c, ldm, vp, d0, s + 8 * c, alpha + 8 * c, ntok, 1, NC); break; \
+    case 4: values_4(ot + VW * c, ldm, vp, d0, s + VW * c, alpha + VW * c, ntok, 4, NC); break; \
+    case 3: values_4(ot + VW * c, ldm, vp, d0, s + VW * c, alpha + VW * c, ntok, 3, NC); break; \
+    case 2: values_4(ot + VW * c, ldm, vp, d0, s + VW * c, alpha + VW * c, ntok, 2, NC); break; \
+    default: values_4(ot + VW * c, ldm, vp, d0, s + VW * c, alpha + VW * c, ntok, 1, NC); break; \
     }
-                SWITCH_NC(ldm / 8 - c, CALL)
+                SWITCH_NC(ldm / VW - c, CALL)
 #undef CALL
             }
     }
@@ -293,7 +294,7 @@ int forkless_paged_prefill_f32(const float *q, const float *k_cache, const float
                                float scale) {
     const int G = num_heads / num_kv_heads, D = head_dim;
     const int QT = M_TARGET / G > 0 ? M_TARGET / G : 1;
-    const int max_ldm = (QT * G + 7) & ~7;
+    const int max_ldm = ROUND_VW(QT * G);
     const int64_t row_stride = (int64_t)num_heads * D;
 
     /* The tiles, later tokens first: they see the most keys, and dynamic scheduling
@@ -374,7 +375,7 @@ int forkless_paged_prefill_f32(const float *q, const float *k_cache, const float
             if (scratch == NULL) continue;
             const Item *it = &items[ii];
             const Tile *tile = &tiles[it->tile];
-            const int i = tile->seq, M = (tile->r1 - tile->r0) * G, ldm = (M + 7) & ~7;
+            const int i = tile->seq, M = (tile->r1 - tile->r0) * G, ldm = ROUND_VW(M);
             float *qt = scratch, *ot = qt + (int64_t)D * max_ldm, *s = ot + (int64_t)D * max_ldm;
             float *mrow = s + KT * max_ldm, *lrow = mrow + max_ldm, *lim = lrow + max_ldm, *alpha = lim + max_ldm;
             if (tile->num_parts > 1) {
@@ -407,7 +408,7 @@ int forkless_paged_prefill_f32(const float *q, const float *k_cache, const float
         for (int ti = 0; ti < num_tiles; ti++) {
             const Tile *tile = &tiles[ti];
             if (tile->num_parts == 1 || scratch == NULL) continue;
-            const int i = tile->seq, M = (tile->r1 - tile->r0) * G, ldm = (M + 7) & ~7;
+            const int i = tile->seq, M = (tile->r1 - tile->r0) * G, ldm = ROUND_VW(M);
             float *w = scratch;
             for (int j = 0; j < M; j++) {
                 float mx = -INFINITY, sum = 0.0f;

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -12,19 +14,23 @@ class PackedLinear(nn.Module):
     """``y = x w^T + b`` with ``w`` packed once into the kernel's column panels.
 
     The packed weight replaces the ``[out, in]`` one (same memory). Outputs match
-    ``nn.Linear`` to float32 rounding (the sums run in another order).
+    ``nn.Linear`` to float32 rounding (the sums run in another order). The panel width is
+    the library's (24 columns with AVX2, 48 with AVX-512), so a layer is packed for the
+    kernels it runs on.
 
     Args:
         weight: ``[out_features, in_features]`` float32 on the CPU.
         bias: ``[out_features]`` or None.
+        lib: The kernels to run on (:func:`forkless.cpu_kernels.load_isa`, to compare ISA
+            levels); default: :func:`forkless.cpu_kernels.load`'s.
 
     Raises:
         RuntimeError: The CPU kernels are unavailable (check :func:`forkless.cpu_kernels.load`).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, lib: Any = None) -> None:
         super().__init__()
-        lib = cpu_kernels.load()
+        lib = lib if lib is not None else cpu_kernels.load()
         if lib is None:
             raise RuntimeError("PackedLinear needs the CPU kernels, which are unavailable (see the log)")
         if weight.dtype != torch.float32 or weight.device.type != "cpu":
