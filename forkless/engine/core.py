@@ -80,12 +80,29 @@ class EngineCore:
                     KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, kv_cache_config))
             # Async scheduling needs a runner that can launch without waiting and a
             # scheduler that tracks tokens in flight; otherwise the flag is a no-op.
+            # Pipeline parallelism: one batch in flight per stage (micro-batches), each
+            # planned from requests whose tokens are all known; it takes the place of
+            # async scheduling, whose placeholders the first stage could not fill (only
+            # the last stage samples).
+            self._max_batches = self.executor.max_concurrent_batches
+            if self._max_batches > 1 and not self.scheduler.supports_concurrent_batches:
+                logger.warning("the scheduler %s does not plan concurrent batches: the %d pipeline stages run "
+                               "one batch at a time", scheduler_cls.__qualname__, self._max_batches)
+                self._max_batches = 1
+            if self._max_batches > 1:
+                self.scheduler.set_max_concurrent_batches(self._max_batches)
+            # The launched batches not collected yet, oldest first: (plan, handle).
+            self._batches: deque[tuple[SchedulerOutput, Any]] = deque()
             self.async_scheduling = (
                 config.scheduler_config.async_scheduling
+                and self._max_batches == 1
                 and self.executor.supports_async_scheduling
                 and self.scheduler.supports_async_scheduling
             )
-            if config.scheduler_config.async_scheduling and not self.async_scheduling:
+            if config.scheduler_config.async_scheduling and self._max_batches > 1:
+                logger.info("--async-scheduling with --pipeline-parallel-size %d: the stages overlap %d "
+                            "micro-batches instead", self._max_batches, self._max_batches)
+            elif config.scheduler_config.async_scheduling and not self.async_scheduling:
                 logger.warning("--async-scheduling is not supported by this executor, worker or "
                                "scheduler (or a custom logits processor is loaded): stepping synchronously")
             # The launched step whose tokens are not collected yet: (plan, handle).
@@ -303,12 +320,15 @@ class EngineCore:
         """
         if self._grammar_held:
             self._admit_compiled()
-            if self._grammar_held and not self.scheduler.has_unfinished_requests() and self._pending is None:
+            if (self._grammar_held and not self.scheduler.has_unfinished_requests() and self._pending is None
+                    and not self._batches):
                 # Only grammars to wait for: sleep on them rather than spin (the compile
                 # threads need the core), a little at a time so that new requests and
                 # aborts are still read.
                 self._structured.wait(0.05)
                 self._admit_compiled()
+        if self._max_batches > 1:
+            return self._step_batches()
         if self.async_scheduling:
             return self._step_async()
         if not self.scheduler.has_unfinished_requests():
@@ -361,6 +381,25 @@ class EngineCore:
             self._trace_wait = self._trace_update = 0.0
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
+    def _step_batches(self) -> EngineCoreOutputs:
+        # Pipeline parallelism: launch a batch while fewer than one per stage are in
+        # flight, so that stage k runs batch N while stage k + 1 runs batch N - 1; collect
+        # the oldest once they are all busy, or when nothing new could be planned (every
+        # request's token is in flight). The outputs returned are the collected batch's.
+        batches = self._batches
+        launched = False
+        if len(batches) < self._max_batches and self.scheduler.has_unfinished_requests():
+            plan = self._plan()
+            # An empty plan goes too when it carries finished or preempted ids (the
+            # workers drop those requests' state), or when nothing is in flight.
+            if plan.scheduled_requests or plan.finished_request_ids or plan.preempted_request_ids or not batches:
+                batches.append((plan, self.executor.execute_model_async(plan)))
+                launched = not plan.is_empty
+        outputs: list = []
+        if batches and (len(batches) == self._max_batches or not launched):
+            outputs = self._collect(batches.popleft())
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
+
     def _collect(self, pending: tuple[SchedulerOutput, Any]) -> list:
         scheduler_output, handle = pending
         if self._trace is None:
@@ -376,7 +415,8 @@ class EngineCore:
 
     def has_unfinished_requests(self) -> bool:
         """Whether any request is waiting or running (or a launched step is uncollected)."""
-        return (self.scheduler.has_unfinished_requests() or self._pending is not None or bool(self._lora_held)
+        return (self.scheduler.has_unfinished_requests() or self._pending is not None or bool(self._batches)
+                or bool(self._lora_held)
                 or bool(self._grammar_held))
 
     def make_stats(self) -> SchedulerStats:

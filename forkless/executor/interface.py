@@ -48,6 +48,15 @@ class Executor(ABC):
         """Whether :meth:`execute_model_async` launches without waiting (default: no)."""
         return False
 
+    @property
+    def max_concurrent_batches(self) -> int:
+        """How many launched batches may be in flight at once (vLLM's name): one per
+        pipeline stage, so that the stages overlap. With more than one the engine core
+        calls :meth:`execute_model_async` up to that many times before :meth:`collect`
+        (whatever :attr:`supports_async_scheduling` says: those batches need no
+        placeholders). Default: 1."""
+        return 1
+
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> Any:
         """Launch one step; :meth:`collect` returns its output. The default runs it now."""
         return self.execute_model(scheduler_output)

@@ -30,8 +30,14 @@ is true when every rank does. Invariants of the async steps:
       ``seq`` in flight (its launch failed and was already answered) ignores the flush.
     * A step's error (launch or collect) is answered for that step, after the outputs
       of the steps before it, so it surfaces on the matching :meth:`collect` with the
-      worker's traceback. Rank 0 samples for all: its output is returned, but every
-      rank's reply is awaited and any rank's error raised.
+      worker's traceback. The output rank (the first of the last pipeline stage, rank 0
+      without ``-pp``) samples for all: its output is returned, but every rank's reply
+      is awaited and any rank's error raised.
+    * With ``-pp`` N, up to N steps are in flight (micro-batches, one per stage). A
+      worker then finishes its step in flight *before* launching the next: on the CPU a
+      launch computes the whole stage, and the last stage's output must not wait for the
+      next batch's compute (the engine core plans the next batch of those requests from
+      it).
     * Synchronous calls (``execute_model`` and the start-up calls) are refused while async
       steps are uncollected: their replies would interleave with the steps'.
     * Shutdown drops a step in flight: the worker exits without collecting it.
@@ -182,6 +188,8 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         outbox.send_multipart([ipc.FAILED, ipc.encode(_error_payload(exc))])
         os._exit(1)
     outbox.send_multipart([ipc.READY, ipc.encode(ready)])
+    # Pipeline stages: the step before goes out before the next one is launched.
+    finish_first = worker.config.parallel_config.pipeline_parallel_size > 1
     # The async step launched and not yet collected: (seq, the runner's handle).
     pending: tuple[int, Any] | None = None
     # FORKLESS_STEP_TRACE_DIR: one record per async step (forkless.metrics.step_trace).
@@ -224,6 +232,8 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
             decoded = StepTrace.now() if trace is not None else 0.0
             if timer is not None:
                 timer.start(seq)
+            if finish_first:
+                finish_pending()
             try:
                 launched, error = worker.execute_model_async(scheduler_output), None
             except Exception as exc:
@@ -292,9 +302,20 @@ class RankedWorkersExecutor(Executor):
     def initialize_cache(self, num_blocks: int) -> None:
         self._call("initialize_cache", num_blocks)
 
+    @property
+    def output_rank(self) -> int:
+        """The rank whose step output is the engine's: the first of the last pipeline
+        stage (only the last stage samples; its TP ranks sample alike)."""
+        parallel = self.config.parallel_config
+        return (parallel.pipeline_parallel_size - 1) * parallel.tensor_parallel_size
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        return self.config.parallel_config.pipeline_parallel_size
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         replies = self._call("execute_model", payload=self._step_payload(scheduler_output))
-        return ipc.decode(replies[0], ModelRunnerOutput)  # rank 0 samples for all
+        return ipc.decode(replies[self.output_rank], ModelRunnerOutput)
 
     @property
     def supports_async_scheduling(self) -> bool:
@@ -519,8 +540,8 @@ class MultiprocExecutor(RankedWorkersExecutor):
             if got != seq:
                 raise RuntimeError(f"worker {rank} answered step {got} while step {seq} was collected: "
                                    "outputs would be mixed up")
-            if rank == 0:
-                output = result  # rank 0 samples for all
+            if rank == self.output_rank:
+                output = result
         if failure is not None:
             raise failure
         assert output is not None

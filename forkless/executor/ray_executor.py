@@ -472,7 +472,7 @@ class RayExecutor(RankedWorkersExecutor):
                 err = ipc.decode(reply)
                 raise RuntimeError(f"worker {rank}: step {seq} (execute_model_async) failed: "
                                    f"{err['error']}\n{err['traceback']}")
-        return ipc.decode(replies[0][1], ModelRunnerOutput)  # rank 0 samples for all
+        return ipc.decode(replies[self.output_rank][1], ModelRunnerOutput)
 
     @property
     def supports_deferred_sampling(self) -> bool:

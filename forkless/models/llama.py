@@ -346,13 +346,9 @@ class LlamaForCausalLM(CausalLMBase):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         pp = self.pp_group
-        if pp is not None:  # the last stage computes them, every stage samples from them
-            if pp.is_last_rank:
-                logits = self._tp_logits(hidden_states).contiguous()
-            else:
-                logits = torch.empty(hidden_states.shape[0], self.config.vocab_size, dtype=torch.float32,
-                                     device=hidden_states.device)
-            return pp.broadcast(logits, src=pp.world_size - 1)
+        if pp is not None and not pp.is_last_rank:  # the model runner samples on the last stage only
+            raise RuntimeError(f"compute_logits on pipeline stage {pp.rank_in_group} of {pp.world_size}: "
+                               "only the last stage has the final norm's output and the LM head")
         return self._tp_logits(hidden_states)
 
     def _tp_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

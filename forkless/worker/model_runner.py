@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from forkless.attention import AttentionBackend, AttentionMetadata
+from forkless.distributed.parallel_state import get_pp_group
 from forkless.logger import init_logger
 from forkless.logits_processors import build_logits_processors
 from forkless.model_loader import load_model, resolve_dtype
@@ -215,9 +216,13 @@ class ModelRunner:
             and (self.lora_manager is None or self.lora_manager.supports_cuda_graphs)
             # With -tp > 1 a graph replays the layers' collectives: the communicator must allow it.
             and (config.parallel_config.tensor_parallel_size == 1 or _tp_collectives_capturable())
-            # -pp > 1: a stage's send / recv and the logits' broadcast run eagerly (not tried in graphs yet).
+            # -pp > 1: a stage's send / recv run eagerly (not tried in graphs yet).
             and config.parallel_config.pipeline_parallel_size == 1
         )
+        # Pipeline parallelism: only the last stage computes logits and samples; the
+        # others run their layers, pass the hidden states on and report nothing.
+        pp = config.parallel_config.pipeline_parallel_size
+        self.samples = pp == 1 or get_pp_group().is_last_rank
         self.graphs: DecodeGraphs | None = None
         # The KV connector's worker side (--kv-transfer-config), made with the cache.
         self.kv_connector: WorkerKVConnector | None = None
@@ -298,7 +303,8 @@ class ModelRunner:
         """A forward pass at the step's token budget without a KV cache (peak activations)."""
         hidden, _ = self._profile_forward()
         sched = self.config.scheduler_config
-        self.model.compute_logits(hidden[: min(sched.max_num_batched_tokens, sched.max_num_seqs)])
+        if self.samples:
+            self.model.compute_logits(hidden[: min(sched.max_num_batched_tokens, sched.max_num_seqs)])
 
     def _profile_forward(self) -> tuple[torch.Tensor, np.ndarray]:
         """The model over ``max_num_batched_tokens`` tokens in sequences of ``max_model_len``.
@@ -353,6 +359,8 @@ class ModelRunner:
         for ``min_tokens`` and ``bad_words``, which the scheduler keeps out of async
         steps).
         """
+        if self.config.parallel_config.pipeline_parallel_size > 1:
+            return False  # the first stage never sees sampled tokens to fill placeholders with
         from forkless.logits_processors.registry import BUILTIN_LOGITS_PROCESSORS
         from forkless.plugins import import_path
 
@@ -416,6 +424,8 @@ class ModelRunner:
         else:
             input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
             hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
+            if not self.samples:
+                return _PendingStep(rows)  # an earlier pipeline stage: its hidden states went on
             prompt_parts = self._prompt_logprobs(rows, hidden, attn_md.query_start_loc_cpu)
             if not any(s.sample for s in rows):
                 # Only prefill chunks that end mid-prompt.

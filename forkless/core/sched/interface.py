@@ -50,6 +50,12 @@ class SchedulerInterface(ABC):
     #: first request. Without it, ``--kv-transfer-config`` is refused.
     supports_kv_connector: ClassVar[bool] = False
 
+    #: Whether the scheduler can plan a batch while several earlier ones are still in
+    #: flight (pipeline parallelism's micro-batches, one per stage):
+    #: :meth:`set_max_concurrent_batches` is then called once, before the first request.
+    #: Without it, ``-pp`` runs one batch at a time through the stages.
+    supports_concurrent_batches: ClassVar[bool] = False
+
     @abstractmethod
     def __init__(self, scheduler_config: SchedulerConfig, kv_cache_config: KVCacheConfig) -> None:
         raise NotImplementedError
@@ -65,6 +71,14 @@ class SchedulerInterface(ABC):
         Only asked when :attr:`supports_async_scheduling` is true. Default: no.
         """
         return False
+
+    def set_max_concurrent_batches(self, num_batches: int) -> None:
+        """Told once, before the first request, when ``num_batches`` > 1 batches will be
+        in flight at once: a plan must then leave out every request whose previous
+        step's output is not back yet (its tokens are unknown to the first stage), and
+        should take about 1 / ``num_batches`` of the requests so that the stages take
+        turns. Only called when :attr:`supports_concurrent_batches` is true."""
+        raise NotImplementedError(f"{type(self).__qualname__} does not plan concurrent batches")
 
     def set_grammar_deferred(self, deferred: bool) -> None:
         """Told once, before the first request: whether the engine core advances the

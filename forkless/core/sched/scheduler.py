@@ -84,6 +84,14 @@ tokens or more (no room for a generated token), and the constructor raises when 
 cache cannot hold one ``max_model_len`` sequence. A request alone therefore always fits,
 so preempting everything ranked below a request always makes room for it. Generation
 that would exceed ``max_model_len`` is cut there with finish reason ``"length"``.
+
+Several batches in flight (pipeline parallelism's micro-batches, ``set_max_concurrent_batches``
+with n > 1): the engine core plans a batch while up to n - 1 earlier ones still run, so a
+request whose sampled token is not back yet (``num_output_placeholders``) is left out of the
+plan: every token a planned request feeds is known, and each stage runs the batches in
+order, so a prefill chunk may follow its request's earlier chunk still in flight. A batch
+takes at most ceil(requests / n) requests, so that the requests split into n groups that
+take turns instead of one batch holding them all while the other stages idle.
 """
 
 from __future__ import annotations
@@ -159,6 +167,8 @@ class Scheduler(SchedulerInterface):
         # Whether the engine core fills structured outputs' bitmasks after planning
         # (set_grammar_deferred): their requests then do not keep steps synchronous.
         self._grammar_deferred = False
+        # Batches the engine core keeps in flight (set_max_concurrent_batches).
+        self._max_batches = 1
         # Running sequences per group_id, kept only with max_running_seqs_per_request.
         self._max_per_group = scheduler_config.max_running_seqs_per_request
         self._group_running: dict[str, int] = {}
@@ -236,6 +246,10 @@ class Scheduler(SchedulerInterface):
 
     supports_async_scheduling = True
     supports_kv_connector = True
+    supports_concurrent_batches = True
+
+    def set_max_concurrent_batches(self, num_batches: int) -> None:
+        self._max_batches = num_batches
 
     def set_kv_connector(self, connector: Any) -> None:
         self.connector = connector
@@ -321,12 +335,18 @@ class Scheduler(SchedulerInterface):
 
         running_status = RequestStatus.RUNNING
         allocate_slots = kv.allocate_slots
+        # Several batches in flight: this one's share of the requests, and none whose
+        # token is still in flight in another (see the module doc).
+        batch_queue = self._max_batches > 1
+        max_reqs = -(-len(self.requests) // self._max_batches) if batch_queue else cfg.max_num_seqs
         for request in list(self.running):
-            if budget == 0:
+            if budget == 0 or len(scheduled) >= max_reqs:
                 break
             if request.status is not running_status:
                 continue  # preempted earlier in this loop
             pending = request.num_output_placeholders
+            if pending and batch_queue:
+                continue
             if pending and (request.pooling_params is not None or self._finishes_with_pending(request)):
                 # The token in flight ends it, or its pooled prompt is in flight (a pooling
                 # request never decodes): nothing more to compute.
@@ -387,7 +407,8 @@ class Scheduler(SchedulerInterface):
         # (max_prefill_tokens_per_client) is spent, are set aside so that the requests
         # behind them are admitted now; they go back to their places afterwards.
         skipped: list[Request] = []
-        while not preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+        while (not preempted and self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs
+               and len(scheduled) < max_reqs):
             request = self.waiting.peek()
             if self._max_per_group and self._group_running.get(request.group_id, 0) >= self._max_per_group:
                 skipped.append(self.waiting.pop())
