@@ -10,12 +10,20 @@ one after the other, with the same thread count.
     python benchmarks/throughput.py                      # SmolLM2-135M (the default model)
     python benchmarks/throughput.py --model random-4l    # random 4-layer model, SmolLM2 shape
     python benchmarks/throughput.py -n 16 --output-len 16 64 --hf-batch-size 8
+    python benchmarks/throughput.py --isa avx2,avx512 --repeat 2 --skip-hf   # CPU ISA levels
+
+Every run prints the CPU model and the ISA level of forkless's CPU kernels. ``--isa`` runs
+forkless with its kernels held to each listed level (``FORKLESS_CPU_ISA``), each run in a
+fresh process, the levels alternated ``--repeat`` times (so load from other processes hits
+them alike), and prints each run, the best per level and its ratio to the first level.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -92,6 +100,46 @@ def run_transformers(model: str, work: list[tuple[list[int], int]], args: argpar
     return elapsed, sum(o for _, o in work)
 
 
+def cpu_line() -> str:
+    """The CPU model, the ISA level of forkless's kernels in this process and the load."""
+    from forkless import cpu_kernels
+
+    return (f"CPU: {cpu_kernels.cpu_model()}; ISA: {cpu_kernels.isa() or 'none (torch ops)'} "
+            f"(supported: {', '.join(cpu_kernels.supported_isas())}); torch {torch.__version__} "
+            f"({torch.backends.cpu.get_cpu_capability()}); load {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def compare_isas(levels: list[str], args: argparse.Namespace) -> None:
+    """forkless under each ISA level in a fresh process, alternated ``--repeat`` times."""
+    child_args = [a for a in sys.argv[1:]]
+    for flag in ("--isa", "--repeat"):  # the child runs one level once
+        while flag in child_args:
+            i = child_args.index(flag)
+            del child_args[i : i + 2]
+    runs: dict[str, list[float]] = {level: [] for level in levels}
+    for r in range(args.repeat):
+        order = levels if r % 2 == 0 else levels[::-1]
+        for level in order:
+            env = {**os.environ, "FORKLESS_CPU_ISA": level}
+            load = os.getloadavg()[0]
+            proc = subprocess.run([sys.executable, __file__, *child_args, "--skip-hf", "--result-json"], env=env,
+                                  capture_output=True, text=True)
+            lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+            if proc.returncode != 0 or not lines:
+                sys.exit(f"forkless under {level} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            res = json.loads(lines[-1][len("RESULT "):])
+            assert res["isa"] == level, f"asked for {level}, the kernels ran {res['isa']}"
+            runs[level].append(res["tokens"] / res["seconds"])
+            print(f"  run {r + 1} {level:8s}: {res['tokens']} tokens in {res['seconds']:7.2f} s = "
+                  f"{runs[level][-1]:7.1f} tok/s (load before {load:.2f}, after {os.getloadavg()[0]:.2f})",
+                  flush=True)
+    base = levels[0]
+    for level in levels:
+        best = max(runs[level])
+        print(f"forkless {level:8s}: best {best:7.1f} tok/s, runs {', '.join(f'{x:.1f}' for x in runs[level])}; "
+              f"best / best {base}: {best / max(runs[base]):.2f}x", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None,
@@ -105,10 +153,26 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-hf", action="store_true", help="forkless only (for profiling)")
+    ap.add_argument("--isa", default=None,
+                    help="comma-separated CPU ISA levels (avx512, avx2, portable) to run forkless under, "
+                         "each in a fresh process, alternated; the first is the baseline of the ratios")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per level with --isa")
+    ap.add_argument("--result-json", action="store_true", help=argparse.SUPPRESS)  # a child of --isa
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
+    from forkless import cpu_kernels
     from forkless.model_loader.default_model import default_model_path
+
+    levels = [level.strip().lower() for level in args.isa.split(",")] if args.isa else []
+    for level in levels:
+        if level not in cpu_kernels.ISA_LEVELS:
+            ap.error(f"--isa {level!r}: expected levels among {', '.join(cpu_kernels.ISA_LEVELS)}")
+        if level not in cpu_kernels.supported_isas():
+            ap.error(f"--isa {level!r}: this CPU ({cpu_kernels.cpu_model()}) has "
+                     f"{', '.join(cpu_kernels.supported_isas())}")
+    if len(levels) == 1:
+        os.environ["FORKLESS_CPU_ISA"] = levels[0]
 
     tmp = None
     if args.model is None:
@@ -120,16 +184,28 @@ def main() -> None:
         model = args.model
     vocab = json.loads((Path(model) / "config.json").read_text())["vocab_size"]
     work = make_workload(args.num_prompts, tuple(args.input_len), tuple(args.output_len), vocab, args.seed)
-    print(f"model={args.model or 'default (SmolLM2-135M)'} n={len(work)} input={args.input_len} "
-          f"output={args.output_len} threads={args.threads} hf_batch={args.hf_batch_size}", flush=True)
+    if not args.result_json:
+        print(f"model={args.model or 'default (SmolLM2-135M)'} n={len(work)} input={args.input_len} "
+              f"output={args.output_len} threads={args.threads} hf_batch={args.hf_batch_size}", flush=True)
 
-    f_s, f_tok = run_forkless(model, work, args)
-    print(f"forkless:     {f_tok} tokens in {f_s:7.2f} s = {f_tok / f_s:8.1f} output tok/s", flush=True)
-    if not args.skip_hf:
+    if len(levels) > 1:
+        if tmp is not None:  # the children make their own
+            tmp.cleanup()
+        print(cpu_line(), flush=True)
+        compare_isas(levels, args)
+    else:
+        f_s, f_tok = run_forkless(model, work, args)
+        if args.result_json:
+            print("RESULT " + json.dumps({"isa": cpu_kernels.isa(), "seconds": f_s, "tokens": f_tok}), flush=True)
+        else:
+            print(cpu_line(), flush=True)
+            print(f"forkless:     {f_tok} tokens in {f_s:7.2f} s = {f_tok / f_s:8.1f} output tok/s", flush=True)
+    if not args.skip_hf and not args.result_json:
         h_s, h_tok = run_transformers(model, work, args)
         print(f"transformers: {h_tok} tokens in {h_s:7.2f} s = {h_tok / h_s:8.1f} output tok/s")
-        print(f"ratio forkless / transformers: {(f_tok / f_s) / (h_tok / h_s):.2f}x")
-    if tmp is not None:
+        if len(levels) <= 1:
+            print(f"ratio forkless / transformers: {(f_tok / f_s) / (h_tok / h_s):.2f}x")
+    if tmp is not None and len(levels) <= 1:
         tmp.cleanup()
     sys.stdout.flush()
 

@@ -1,0 +1,90 @@
+"""The packed linear kernel per ISA level against ``torch.nn.functional.linear``.
+
+The default model's linear layers (SmolLM2-135M: 30 layers of fused qkv [960, 576], o
+[576, 576], gate-up [3072, 576], down [576, 1536], then the LM head [49152, 576]), random
+float32 weights, each packed once per ISA level the CPU supports (``avx512``, ``avx2``) and
+kept unpacked for torch: one pass runs x [rows, in] through every layer in turn, so the
+weights stream from memory as in a decode step. The levels and torch take turns within
+each repeat (alternated, so load from other processes hits them alike); the best of the
+repeats is reported, in ms per pass and GFLOP/s. A prefill size runs through the first
+``--prefill-layers`` layers only (no head): it is FMA-bound, not memory-bound.
+
+    python benchmarks/cpu_linear_isa.py                    # torch's thread count
+    python benchmarks/cpu_linear_isa.py --threads 1 --rows 1 8 64 --repeat 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from forkless import cpu_kernels
+from forkless.models.layers.cpu_linear import PackedLinear
+
+HIDDEN, INTER, KV, VOCAB, LAYERS = 576, 1536, 192, 49152, 30
+SHAPES = ((HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64, 128])
+    ap.add_argument("--prefill-rows", type=int, default=1024)
+    ap.add_argument("--prefill-layers", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    levels = [level for level in cpu_kernels.supported_isas() if level != "portable"]
+    print(f"CPU: {cpu_kernels.cpu_model()}; ISA levels: {', '.join(levels)}; threads={args.threads}; "
+          f"torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}); load {os.getloadavg()[0]:.2f}",
+          flush=True)
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(n, k, generator=gen) * k**-0.5 for _ in range(LAYERS) for n, k in SHAPES]
+    weights.append(torch.randn(VOCAB, HIDDEN, generator=gen) * HIDDEN**-0.5)
+    packed = {level: [PackedLinear(w, lib=cpu_kernels.load_isa(level)) for w in weights] for level in levels}
+    names = [*levels, "torch"]
+
+    def one_pass(name: str, x: torch.Tensor, n: int) -> float:
+        t0 = time.perf_counter()
+        for i in range(n):
+            w = weights[i]
+            xi = x[:, : w.shape[1]]
+            if name == "torch":
+                F.linear(xi, w)
+            else:
+                packed[name][i](xi)
+        return time.perf_counter() - t0
+
+    def measure(rows: int, n: int) -> dict[str, float]:
+        x = torch.randn(rows, INTER, generator=gen)
+        flops = 2 * rows * sum(weights[i].numel() for i in range(n))
+        best = {name: float("inf") for name in names}
+        with torch.inference_mode():
+            for name in names:  # warm-up
+                one_pass(name, x, n)
+            for r in range(args.repeat):
+                order = names[r % len(names):] + names[: r % len(names)]
+                for name in order:
+                    best[name] = min(best[name], one_pass(name, x, n))
+        cells = " | ".join(f"{best[name] * 1e3:8.1f} ms {flops / best[name] / 1e9:6.1f} GF/s" for name in names)
+        ratios = " | ".join(f"{best['torch'] / best[level]:.2f}x" for level in levels)
+        print(f"| {rows:5d} | {cells} | {ratios} |", flush=True)
+        return best
+
+    header = " | ".join(names)
+    print(f"\nAll {LAYERS} layers + LM head, best of {args.repeat}:")
+    print(f"| rows | {header} | torch / " + " | torch / ".join(levels) + " |")
+    for rows in args.rows:
+        measure(rows, len(weights))
+    if args.prefill_rows:
+        print(f"\nPrefill: {args.prefill_layers} layers, no head, best of {args.repeat}:")
+        print(f"| rows | {header} | torch / " + " | torch / ".join(levels) + " |")
+        measure(args.prefill_rows, 4 * args.prefill_layers)
+
+
+if __name__ == "__main__":
+    main()
