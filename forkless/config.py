@@ -627,6 +627,16 @@ class EngineArgs:
                     raise _bad_flag("--tensor-parallel-size", tp,
                                     f"a size the model's {name} ({value}) splits into evenly"
                                     + (f": one of {', '.join(map(str, fits))}" if fits else ""))
+        if tp > 1:
+            from forkless.platforms import current_platform
+
+            if not current_platform.use_all_gather():
+                # vLLM's platforms that say no gather the logits to one rank; here every
+                # TP rank samples from all-gathered logits (the ranks feed their own
+                # tokens to the next step under async scheduling).
+                raise ValueError(f"--tensor-parallel-size {tp}: the platform {current_platform.name!r} "
+                                 "says use_all_gather() is False (logits gathered to one rank), which forkless "
+                                 "does not do: every rank samples from all-gathered logits")
         if tp * pp > 1:
             flag = "--tensor-parallel-size" if tp > 1 else "--pipeline-parallel-size"
             # ngram drafts from each request's tokens, the same on every rank; a proposer

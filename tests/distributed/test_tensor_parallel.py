@@ -137,6 +137,18 @@ def test_bad_sizes_and_combinations_fail_before_any_process(tp_models: dict[str,
     assert message in str(info.value)
 
 
+def test_a_platform_that_gathers_logits_to_one_rank_is_refused(tp_models: dict[str, Path],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM's Platform.use_all_gather(): a platform ported from vLLM that says False is told,
+    # not silently given all-gathered logits.
+    from forkless.platforms import current_platform
+
+    monkeypatch.setattr(type(current_platform), "use_all_gather", classmethod(lambda cls: False))
+    with pytest.raises(ValueError, match=r"use_all_gather\(\) is False"):
+        EngineArgs(model=str(tp_models["llama"]), tensor_parallel_size=2).create_engine_config()
+    EngineArgs(model=str(tp_models["llama"])).create_engine_config()  # one rank gathers nothing
+
+
 def test_more_ranks_than_kv_heads_must_be_a_multiple(tp_models: dict[str, Path]) -> None:
     # Qwen2 here: 4 query heads, 1 KV head: 2 and 4 ranks work (the KV head is copied).
     config = EngineArgs(model=str(tp_models["qwen2"]), tensor_parallel_size=4).create_engine_config()
