@@ -642,7 +642,10 @@ class EngineArgs:
             # ngram drafts from each request's tokens, the same on every rank; a proposer
             # with a model of its own would need it split too.
             spec = None if self.speculative_config is None else SpeculativeConfig.from_json(self.speculative_config)
-            for on, what in ((pooling, "--runner pooling"), (self.enable_lora, "--enable-lora"),
+            if pooling and pp > 1:  # (-tp splits pooling models that declare it)
+                raise ValueError("--runner pooling does not work with --pipeline-parallel-size > 1 yet: "
+                                 "leave one of them out")
+            for on, what in ((self.enable_lora, "--enable-lora"),
                              (self.kv_transfer_config is not None, "--kv-transfer-config"),
                              (spec is not None and spec.method != "ngram",
                               "--speculative-config (other than method ngram)")):

@@ -114,9 +114,10 @@ def load_model(
     model_cls, arch = ModelRegistry.resolve_model_cls(getattr(hf_config, "architectures", None) or [])
     from forkless.distributed.parallel_state import get_pp_group, get_tp_group
     from forkless.models.interface import CausalLMBase
+    from forkless.pooling.interface import SupportsPooling
 
     tp = get_tp_group().world_size
-    if tp > 1 and not (issubclass(model_cls, CausalLMBase) and model_cls.supports_tensor_parallel):
+    if tp > 1 and not (issubclass(model_cls, (CausalLMBase, SupportsPooling)) and model_cls.supports_tensor_parallel):
         raise ValueError(f"{arch} ({model_cls.__module__}.{model_cls.__qualname__}) does not support tensor "
                          f"parallelism (supports_tensor_parallel is False): run it with --tensor-parallel-size 1, "
                          f"not {tp}")
@@ -131,7 +132,7 @@ def load_model(
         model = model_cls(hf_config, dtype, attn_backend)
     if load_format == "dummy":
         _init_dummy(model)
-    elif tp > 1 or pp > 1:  # (then a CausalLMBase, checked above: it has weight_shard)
+    elif tp > 1 or pp > 1:  # (then a model that declared it, checked above: it has weight_shard)
         # Each rank reads its part of every tensor it shares, and nothing of another stage's.
         model.load_weights(iterate_weights(model_dir, dtype, shard=model.weight_shard))
     else:

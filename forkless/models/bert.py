@@ -13,6 +13,11 @@ Invariants:
       are built for decode-sized batches (benchmarks/README.md, "Embeddings").
     * Parameter names are Hugging Face's except one fusion, ``attention.self.qkv``
       (query, key, value rows stacked), so one product computes all three.
+    * With ``-tp N`` each rank holds 1/N of the attention heads (its rows of query, key
+      and value) and of the intermediate layer (rows), and the matching columns of the two
+      output projections, whose partial products an all-reduce sums before their (whole)
+      bias is added once; embeddings, LayerNorms, the pooler and the classifier are
+      replicated. Every rank then holds the same hidden states and pools alike.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from forkless.distributed.parallel_state import GroupCoordinator, get_tp_group
 from forkless.models.hf_config import KVCacheSpec, kv_cache_spec
-from forkless.models.weight_loading import FusedShard, load_named_weights
+from forkless.models.layers.parallel import split_evenly
+from forkless.models.weight_loading import FusedShard, TensorShard, load_named_weights
 from forkless.pooling.config import num_labels_of
 from forkless.pooling.interface import SupportsPooling
 
@@ -89,28 +96,53 @@ class _Padding:
         self.uniform = bool((lens == self.max_len).all())
 
 
+def _tp_group() -> GroupCoordinator | None:
+    """The TP group when the model is split across ranks, else None (no collectives)."""
+    group = get_tp_group()
+    return group if group.world_size > 1 else None
+
+
+class _RowParallelLinear(nn.Linear):
+    """A linear layer whose input is split across the TP ranks (its weight's columns):
+    the ranks' partial products are summed, then the whole bias is added once."""
+
+    def __init__(self, in_features: int, out_features: int, group: GroupCoordinator | None,
+                 dtype: torch.dtype) -> None:
+        tp = 1 if group is None else group.world_size
+        super().__init__(split_evenly(in_features, tp, "the layer's input width"), out_features, dtype=dtype)
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.group is None:
+            return super().forward(x)
+        return self.group.all_reduce(F.linear(x, self.weight)) + self.bias
+
+
 class BertSelfAttention(nn.Module):
-    """Bidirectional multi-head attention within each sequence of the step."""
+    """Bidirectional multi-head attention within each sequence of the step (this rank's heads)."""
 
     def __init__(self, config: "PretrainedConfig", dtype: torch.dtype) -> None:
         super().__init__()
+        group = _tp_group()
+        tp = 1 if group is None else group.world_size
         h = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.head_dim = h // self.num_heads
-        self.qkv = nn.Linear(h, 3 * h, dtype=dtype)
+        self.head_dim = h // config.num_attention_heads
+        self.num_heads = split_evenly(config.num_attention_heads, tp, "num_attention_heads")
+        self.width = self.num_heads * self.head_dim  # this rank's share of the hidden size
+        self.qkv = nn.Linear(h, 3 * self.width, dtype=dtype)
 
     def forward(self, x: torch.Tensor, pad: _Padding) -> torch.Tensor:
-        t, h = x.shape
+        width = self.width
         qkv = self.qkv(x)
         if pad.uniform:
             padded = qkv.view(pad.batch, pad.max_len, 3, self.num_heads, self.head_dim)
         else:
-            padded = qkv.new_zeros((pad.batch * pad.max_len, 3 * h))
+            padded = qkv.new_zeros((pad.batch * pad.max_len, 3 * width))
             padded.index_copy_(0, pad.index, qkv)
             padded = padded.view(pad.batch, pad.max_len, 3, self.num_heads, self.head_dim)
         q, k, v = padded.permute(2, 0, 3, 1, 4).unbind(0)  # each [B, heads, L, head_dim]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if pad.uniform else pad.mask)
-        out = out.transpose(1, 2).reshape(pad.batch * pad.max_len, h)
+        out = out.transpose(1, 2).reshape(pad.batch * pad.max_len, width)
         return out if pad.uniform else out.index_select(0, pad.index)
 
 
@@ -120,15 +152,18 @@ class BertLayer(nn.Module):
     def __init__(self, config: "PretrainedConfig", dtype: torch.dtype) -> None:
         super().__init__()
         h, eps = config.hidden_size, getattr(config, "layer_norm_eps", 1e-12)
+        group = _tp_group()
+        tp = 1 if group is None else group.world_size
         self.attention = nn.Module()
         self.attention.self = BertSelfAttention(config, dtype)
         self.attention.output = nn.Module()
-        self.attention.output.dense = nn.Linear(h, h, dtype=dtype)
+        self.attention.output.dense = _RowParallelLinear(h, h, group, dtype)
         self.attention.output.LayerNorm = nn.LayerNorm(h, eps=eps, dtype=dtype)
         self.intermediate = nn.Module()
-        self.intermediate.dense = nn.Linear(h, config.intermediate_size, dtype=dtype)
+        self.intermediate.dense = nn.Linear(h, split_evenly(config.intermediate_size, tp, "intermediate_size"),
+                                            dtype=dtype)
         self.output = nn.Module()
-        self.output.dense = nn.Linear(config.intermediate_size, h, dtype=dtype)
+        self.output.dense = _RowParallelLinear(config.intermediate_size, h, group, dtype)
         self.output.LayerNorm = nn.LayerNorm(h, eps=eps, dtype=dtype)
         self.act = _activation(config)
 
@@ -163,9 +198,10 @@ class _BertCore(nn.Module):
         return x
 
 
-def _fused(hidden: int) -> dict[str, FusedShard]:
-    return {"query": FusedShard("qkv", 0, hidden), "key": FusedShard("qkv", hidden, hidden),
-            "value": FusedShard("qkv", 2 * hidden, hidden)}
+def _fused(width: int) -> dict[str, FusedShard]:
+    """Query, key and value rows (``width`` each: this rank's heads) in the fused ``qkv``."""
+    return {"query": FusedShard("qkv", 0, width), "key": FusedShard("qkv", width, width),
+            "value": FusedShard("qkv", 2 * width, width)}
 
 
 def _renamed(weights: Iterable[tuple[str, torch.Tensor]], prefix: str, drop: tuple[str, ...]):
@@ -191,6 +227,7 @@ class _BertBase(nn.Module, SupportsPooling):
 
     is_encoder: ClassVar[bool] = True
     takes_token_type_ids: ClassVar[bool] = True
+    supports_tensor_parallel: ClassVar[bool] = True
     #: The encoder's attribute: ``bert`` in classifier checkpoints, none in ``BertModel`` ones.
     core_name: ClassVar[str] = "model"
 
@@ -199,6 +236,33 @@ class _BertBase(nn.Module, SupportsPooling):
         self.config = hf_config
         self.dtype = dtype
         setattr(self, self.core_name, _BertCore(hf_config, dtype, with_pooler=with_pooler))
+
+    def _qkv_width(self) -> int:
+        """Rows of query (and of key, of value) this rank holds."""
+        return getattr(self, self.core_name).encoder.layer[0].attention.self.width
+
+    def weight_shard(self, name: str, shape: tuple[int, ...]) -> TensorShard | None:
+        """This TP rank's rows of query / key / value and of the intermediate layer (weights
+        and biases), its columns of the two output projections' weights; the rest whole."""
+        group = _tp_group()
+        if group is None:
+            return None
+        rank, parts = group.rank_in_group, name.split(".")
+        module, kind = (parts[-2], parts[-1]) if len(parts) >= 2 else ("", "")
+        if module in ("query", "key", "value"):
+            width = self._qkv_width()
+            return TensorShard(0, rank * width, width)
+        if module == "dense" and len(parts) >= 3:
+            owner = parts[-3]
+            if owner == "intermediate":
+                rows = split_evenly(self.config.intermediate_size, group.world_size, "intermediate_size")
+                return TensorShard(0, rank * rows, rows)
+            if owner == "output" and kind == "weight":
+                # attention.output.dense reads the heads' outputs, output.dense the intermediate.
+                cols = self._qkv_width() if parts[-4:-3] == ["attention"] else split_evenly(
+                    self.config.intermediate_size, group.world_size, "intermediate_size")
+                return TensorShard(1, rank * cols, cols)
+        return None
 
     @classmethod
     def get_kv_cache_spec(cls, hf_config: "PretrainedConfig") -> KVCacheSpec:
@@ -225,7 +289,7 @@ class BertModel(_BertBase):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         named = ((f"model.{n}", t) for n, t in _renamed(weights, "", ("pooler.", "cls.", "classifier.")))
-        return load_named_weights(self, named, _fused(self.config.hidden_size))
+        return load_named_weights(self, named, _fused(self._qkv_width()))
 
 
 class BertForSequenceClassification(_BertBase):
@@ -250,4 +314,4 @@ class BertForSequenceClassification(_BertBase):
         return self.classifier(torch.tanh(self.bert.pooler.dense(pooled)))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_named_weights(self, _renamed(weights, "bert.", ("cls.",)), _fused(self.config.hidden_size))
+        return load_named_weights(self, _renamed(weights, "bert.", ("cls.",)), _fused(self._qkv_width()))

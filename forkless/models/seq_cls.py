@@ -30,8 +30,10 @@ class _SequenceClassification(SupportsPooling):
     """Mixin over a causal LM class: drops the LM head, adds ``score``."""
 
     supports_lora = False
-    # The decoder's own kernels (SupportsPooling comes first in the MRO and says no).
+    # The decoder's own kernels and TP split (SupportsPooling comes first in the MRO and
+    # says no); the score head is replicated on every rank (weight_shard keeps it whole).
     supports_cpu_kernels = True
+    supports_tensor_parallel = True
 
     def _add_score(self, hf_config: "PretrainedConfig", dtype: torch.dtype) -> None:
         self.num_labels = num_labels_of(hf_config)

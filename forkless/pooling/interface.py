@@ -27,11 +27,16 @@ class SupportsPooling:
         num_labels: Outputs of the classifier head; 0: no head.
         supports_cpu_kernels: Whether :meth:`use_cpu_kernels` moves the model onto
             forkless's packed-weight C kernels (float32 on the CPU).
+        supports_tensor_parallel: Whether the model splits its layers across ``-tp``
+            ranks; it then has ``weight_shard(name, shape)`` as ``CausalLMBase`` does
+            (the part of each checkpoint tensor a rank reads), and every rank ends a
+            forward pass with the same hidden states.
     """
 
     is_encoder: ClassVar[bool] = False
     takes_token_type_ids: ClassVar[bool] = False
     supports_cpu_kernels: ClassVar[bool] = False
+    supports_tensor_parallel: ClassVar[bool] = False
     num_labels: int = 0
 
     def use_cpu_kernels(self) -> None:

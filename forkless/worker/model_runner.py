@@ -176,7 +176,8 @@ class ModelRunner:
                 max_cpu_loras=lc.max_cpu_loras, dtype=self.dtype, device=device,
                 max_tokens=max(sc.max_num_batched_tokens, sc.max_num_seqs))
         self.kv_spec = type(self.model).get_kv_cache_spec(self.hf_config)
-        if config.parallel_config.world_size > 1:  # each rank caches only its KV heads, of its layers
+        if config.parallel_config.world_size > 1 and isinstance(self.model, CausalLMBase):
+            # Each rank caches only its KV heads, of its layers (an encoder caches nothing).
             self.kv_spec = self.kv_spec._replace(num_kv_heads=self.model.num_kv_heads,
                                                  num_layers=self.model.num_layers)
         self.block_size = config.cache_config.block_size
