@@ -639,16 +639,18 @@ class EngineArgs:
                                  "does not do: every rank samples from all-gathered logits")
         if tp * pp > 1:
             flag = "--tensor-parallel-size" if tp > 1 else "--pipeline-parallel-size"
-            # ngram drafts from each request's tokens, the same on every rank; a proposer
-            # with a model of its own would need it split too.
+            # ngram drafts from each request's tokens, the same on every rank; another
+            # proposer with a model of its own would need it split or replicated.
             spec = None if self.speculative_config is None else SpeculativeConfig.from_json(self.speculative_config)
             if pooling and pp > 1:  # (-tp splits pooling models that declare it)
                 raise ValueError("--runner pooling does not work with --pipeline-parallel-size > 1 yet: "
                                  "leave one of them out")
+            # A draft model runs whole on every TP rank (draft_tensor_parallel_size 1).
+            drafts_alike = spec is None or spec.method == "ngram" or (spec.method == "draft_model" and pp == 1)
             for on, what in ((self.enable_lora, "--enable-lora"),
                              (self.kv_transfer_config is not None, "--kv-transfer-config"),
-                             (spec is not None and spec.method != "ngram",
-                              "--speculative-config (other than method ngram)")):
+                             (not drafts_alike, "--speculative-config (other than method ngram, or draft_model "
+                                                "without -pp)")):
                 if on:
                     raise ValueError(f"{what} does not work with {flag} > 1 yet: leave one of them out")
             if backend == "uni":  # the in-process executor runs one worker

@@ -16,8 +16,9 @@ Invariants:
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 
@@ -230,6 +231,20 @@ def init_parallel_state(*, world_size: int, rank: int, tensor_parallel_size: int
     _PP = _new_group(pp_groups(tensor_parallel_size, pipeline_parallel_size), rank, backend, cls, device, "pp")
     logger.info("rank %d of %d: TP rank %d of %d, PP rank %d of %d, communicator %s over %s", rank, world_size,
                 _TP.rank_in_group, _TP.world_size, _PP.rank_in_group, _PP.world_size, cls.__name__, backend)
+
+
+@contextmanager
+def replicated_model() -> Iterator[None]:
+    """Build and load a model whole inside: the TP and PP accessors return the one-rank
+    group, so every rank holds all of it and runs it alone, with no collective (a draft
+    model next to a split target). Models read the groups when built and keep them."""
+    global _TP, _PP
+    saved = _TP, _PP
+    _TP = _PP = None
+    try:
+        yield
+    finally:
+        _TP, _PP = saved
 
 
 def destroy_parallel_state() -> None:

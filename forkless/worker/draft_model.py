@@ -60,6 +60,7 @@ class DraftModelProposer(Proposer):
     def __init__(self, config: SpeculativeConfig, *, device: "torch.device", dtype: "torch.dtype",
                  runner: "ModelRunner", **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
+        from forkless.distributed.parallel_state import replicated_model
         from forkless.model_loader import load_model
         from forkless.models.hf_config import load_hf_config
         from forkless.models.interface import CausalLMBase
@@ -72,7 +73,10 @@ class DraftModelProposer(Proposer):
         self.hf_config = load_hf_config(folder)
         # Dummy target weights (benchmarks) mean dummy draft weights; else the folder's.
         load_format = "dummy" if engine.model_config.load_format == "dummy" else "auto"
-        self.model = load_model(folder, self.hf_config, dtype, device, runner.attn_backend, load_format)
+        # With -tp N every rank holds the whole draft and guesses alike (from the same
+        # tokens): vLLM's draft_tensor_parallel_size 1.
+        with replicated_model():
+            self.model = load_model(folder, self.hf_config, dtype, device, runner.attn_backend, load_format)
         if (device.type == "cpu" and str(dtype) == "torch.float32" and isinstance(self.model, CausalLMBase)
                 and self.model.supports_cpu_kernels):
             from forkless import cpu_kernels

@@ -126,9 +126,10 @@ def test_each_rank_holds_and_reads_half_of_the_weights(tp_models: dict[str, Path
                                      "num_hidden_layers (2)"),
     (dict(pipeline_parallel_size=2, enable_lora=True), "--enable-lora does not work with --pipeline-parallel-size"),
     (dict(tensor_parallel_size=2, enable_lora=True), "--enable-lora does not work with --tensor-parallel-size"),
-    (dict(tensor_parallel_size=2, speculative_config={"method": "draft_model", "model": "/nonexistent",
-                                                      "num_speculative_tokens": 2}),
-     "--speculative-config (other than method ngram) does not work with --tensor-parallel-size"),
+    (dict(pipeline_parallel_size=2, speculative_config={"method": "draft_model", "model": "/nonexistent",
+                                                        "num_speculative_tokens": 2}),
+     "--speculative-config (other than method ngram, or draft_model without -pp) does not work with "
+     "--pipeline-parallel-size"),
 ])
 def test_bad_sizes_and_combinations_fail_before_any_process(tp_models: dict[str, Path], kwargs: dict,
                                                             message: str) -> None:
@@ -215,9 +216,32 @@ def test_seeded_sampling_is_the_same_on_two_ranks(outputs: dict) -> None:
     assert len({tuple(t) for t in one}) == 4
 
 
+def _speculate(model: Path, spec: dict) -> tuple[list[list[int]], object]:
+    """Greedy tokens of PROMPTS on two ranks with ``spec``, and the drafts' counters. (No
+    logprobs: a request that asks for them does not speculate.)"""
+    llm = LLM(model=str(model), tensor_parallel_size=2, max_model_len=128, kv_cache_memory=16 << 20,
+              speculative_config=spec)
+    try:
+        params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, params)]
+        return got, llm.llm_engine.engine_core.make_stats().spec_decode
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.slow
+def test_a_draft_model_on_two_ranks_keeps_greedy_tokens(tp_models: dict[str, Path], outputs: dict) -> None:
+    # The draft (here the target itself: every guess is kept) runs whole on both ranks.
+    spec = {"method": "draft_model", "model": str(tp_models["llama"]), "num_speculative_tokens": 3}
+    got, stats = _speculate(tp_models["llama"], spec)
+    assert got == [list(o.token_ids) for o in outputs["llama", 1]]
+    assert stats.num_draft_tokens > 0 and stats.num_accepted_tokens == stats.num_draft_tokens
+
+
 @pytest.mark.slow
 def test_ngram_speculation_on_two_ranks_keeps_greedy_tokens(tp_models: dict[str, Path], outputs: dict) -> None:
     # ngram drafts from each request's own tokens: every rank proposes and verifies alike.
-    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
-    got = _run(tp_models["llama"], 2, speculative_config=spec)
-    assert [o.token_ids for o in got] == [o.token_ids for o in outputs["llama", 1]]
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    got, stats = _speculate(tp_models["llama"], spec)
+    assert got == [list(o.token_ids) for o in outputs["llama", 1]]
+    assert stats.num_draft_tokens > 0
