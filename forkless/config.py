@@ -647,8 +647,10 @@ class EngineArgs:
                                  "leave one of them out")
             # A draft model runs whole on every TP rank (draft_tensor_parallel_size 1).
             drafts_alike = spec is None or spec.method == "ngram" or (spec.method == "draft_model" and pp == 1)
-            for on, what in ((self.enable_lora, "--enable-lora"),
-                             (self.kv_transfer_config is not None, "--kv-transfer-config"),
+            if self.enable_lora and pp > 1:  # (-tp splits the adapters as it splits the layers)
+                raise ValueError("--enable-lora does not work with --pipeline-parallel-size > 1 yet: "
+                                 "leave one of them out")
+            for on, what in ((self.kv_transfer_config is not None, "--kv-transfer-config"),
                              (not drafts_alike, "--speculative-config (other than method ngram, or draft_model "
                                                 "without -pp)")):
                 if on:

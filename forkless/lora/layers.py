@@ -36,6 +36,7 @@ from torch import nn
 
 from forkless.logger import init_logger
 from forkless.lora.peft import AdapterSpec, read_adapter
+from forkless.models.weight_loading import TensorShard
 
 if TYPE_CHECKING:
     from forkless.protocol.lora import LoRARequest
@@ -322,20 +323,32 @@ class LoRAModelManager:
         self.ctx = LoRAStepContext(max_loras, device, backend, max_tokens)
         # Checkpoint module name -> (wrapped layer, its stacked projection index).
         self._targets: dict[str, tuple[LoRALinear, int]] = {}
+        # Checkpoint module name -> its whole (in, out) shape, what adapters are checked against.
         self._shapes: dict[str, tuple[int, int]] = {}
+        # With -tp: checkpoint module name -> this rank's part of its weight, as the model
+        # reads it (rows of a column-parallel projection: slice B's rows; columns of a
+        # row-parallel one: slice A's columns; the all-reduce after it sums the ranks' deltas).
+        self._shards: dict[str, TensorShard] = {}
         self._layers: list[LoRALinear] = []
+        tp = model.tensor_parallel_size
         for path, parts in model.lora_modules().items():
             parent_path, _, attr = path.rpartition(".")
             parent = model.get_submodule(parent_path)
             base = getattr(parent, attr)
             in_features = int(getattr(base, "in_features"))
-            layer = LoRALinear(base, in_features, [w for _, w in parts], max_loras, max_lora_rank,
-                               self.ctx, dtype, device)
+            widths = []
+            for name, width in parts:
+                shard = model.weight_shard(f"{name}.weight", (width, in_features)) if tp > 1 else None
+                if shard is not None:
+                    self._shards[name] = shard
+                full_in = in_features * tp if shard is not None and shard.dim == 1 else in_features
+                self._shapes[name] = (full_in, width)
+                widths.append(shard.size if shard is not None and shard.dim == 0 else width)
+            layer = LoRALinear(base, in_features, widths, max_loras, max_lora_rank, self.ctx, dtype, device)
             setattr(parent, attr, layer)
             self._layers.append(layer)
-            for i, (name, width) in enumerate(parts):
+            for i, (name, _) in enumerate(parts):
                 self._targets[name] = (layer, i)
-                self._shapes[name] = (in_features, width)
         # Host cache: lora_int_id -> tensors, most recently used last.
         self._cpu: OrderedDict[int, _Loaded] = OrderedDict()
         # Slots: lora_int_id -> slot, most recently used last.
@@ -370,7 +383,13 @@ class LoRAModelManager:
             for module, (a_key, b_key) in spec.modules.items():
                 a = f.get_tensor(a_key).to(torch.float32)
                 b = f.get_tensor(b_key).to(torch.float32) * spec.scaling
-                tensors[module] = (a.to(self.dtype), b.to(self.dtype))
+                shard = self._shards.get(module)
+                if shard is not None:  # this rank's part (see __init__)
+                    if shard.dim == 0:
+                        b = b.narrow(0, shard.start, shard.size)
+                    else:
+                        a = a.narrow(1, shard.start, shard.size)
+                tensors[module] = (a.to(self.dtype).contiguous(), b.to(self.dtype).contiguous())
         while len(self._cpu) >= self.max_cpu_loras:
             old, _ = self._cpu.popitem(last=False)
             self.evictions += 1

@@ -320,8 +320,9 @@ class LlamaForCausalLM(CausalLMBase):
 
     def lora_modules(self) -> dict[str, list[tuple[str, int]]]:
         cfg = self.config
+        # The checkpoint's whole widths (this rank's share of them: LoRAModelManager asks weight_shard).
         q_size = cfg.num_attention_heads * self.head_dim
-        kv_size = self.num_kv_heads * self.head_dim
+        kv_size = get_num_kv_heads(cfg) * self.head_dim
         inter = cfg.intermediate_size
         hidden = cfg.hidden_size
         out: dict[str, list[tuple[str, int]]] = {}

@@ -125,7 +125,6 @@ def test_each_rank_holds_and_reads_half_of_the_weights(tp_models: dict[str, Path
     (dict(pipeline_parallel_size=3), "--pipeline-parallel-size=3 is invalid: expected at most the model's "
                                      "num_hidden_layers (2)"),
     (dict(pipeline_parallel_size=2, enable_lora=True), "--enable-lora does not work with --pipeline-parallel-size"),
-    (dict(tensor_parallel_size=2, enable_lora=True), "--enable-lora does not work with --tensor-parallel-size"),
     (dict(pipeline_parallel_size=2, speculative_config={"method": "draft_model", "model": "/nonexistent",
                                                         "num_speculative_tokens": 2}),
      "--speculative-config (other than method ngram, or draft_model without -pp) does not work with "
