@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import gc
 import signal
 import socket
 import sys
@@ -153,7 +154,6 @@ def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
         return _usage_error(str(exc))
     from forkless.entrypoints.openai.chat_options import ChatOptions
     from forkless.entrypoints.openai.http_limits import HttpLimits
-    from forkless.entrypoints.openai.serving_models import parse_lora_module
 
     if args.middleware:
         # The HTTP app's module (FastAPI and every route) is imported here only to check
@@ -167,7 +167,11 @@ def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
                 return _usage_error(f"--middleware {path!r}: {exc}")
     try:
         args.http_limits = HttpLimits.from_cli_args(args)
-        args.lora_module_paths = [parse_lora_module(v) for v in args.lora_modules]
+        args.lora_module_paths = []
+        if args.lora_modules:  # (serving_models brings the OpenAI protocol's pydantic models)
+            from forkless.entrypoints.openai.serving_models import parse_lora_module
+
+            args.lora_module_paths = [parse_lora_module(v) for v in args.lora_modules]
         if args.lora_module_paths and not engine_args.enable_lora:
             raise ValueError("--lora-modules needs --enable-lora")
         config = engine_args.create_engine_config()
@@ -358,9 +362,11 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: s
         logger.error("could not build the HTTP app: %s", exc)
         return 2
     # Everything imported and built so far lives as long as the server: out of the
-    # collector's generations (as vLLM's server does); and streaming, the server allocates
+    # collector's generations (as vLLM's server does; cli.main turned the collector off
+    # while it was built); and streaming, the server allocates
     # a few objects per token per stream, so young collections only every
     # gc_tuning.YOUNG_THRESHOLD allocations (benchmarks/README.md, the server on the H200).
+    gc.enable()
     tune_process()
     # proxy_headers=False: uvicorn would otherwise take the client's address from an
     # X-Forwarded-For header sent from 127.0.0.1, which any local client can write; the

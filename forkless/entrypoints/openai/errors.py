@@ -14,8 +14,10 @@ import json
 from http import HTTPStatus
 from typing import Any, Sequence
 
-from fastapi.responses import JSONResponse
+# starlette's JSONResponse (fastapi.responses re-exports this class): the HTTP limits use
+# this module before the engine starts, and importing fastapi there cost ~0.3 s of CPU.
 from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 
 # The ``type`` of an error by HTTP status, in the style of the OpenAI clients' exception
 # names (openai.NotFoundError, ...).
