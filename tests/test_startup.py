@@ -189,7 +189,7 @@ PHASES = [
     r"started the engine core process \(pid \d+\)",
     r"started worker process 0 \(pid \d+\)",
     r"loaded the model weights in [\d.]+ s: LlamaForCausalLM",
-    r"(compiled the CPU kernels|loaded the CPU kernels from the cache) in [\d.]+ s: ",
+    r"forkless\.cpu_kernels: CPU kernels: ISA \S+ \(",  # after compiling them or loading them from the cache
     r"KV cache: \d+ blocks of 16 tokens",
     r"forkless\.serve: ready in [\d.]+ s: serving \S+ on http://127\.0\.0\.1:\d+ \(OpenAI API at /v1\)$",
 ]
@@ -238,3 +238,14 @@ def test_default_model_expansion_is_announced_on_first_start_only(tmp_path: Path
         assert caplog.records == []  # reused silently
     finally:
         logging.getLogger("forkless").removeHandler(caplog.handler)
+
+
+def test_serve_turns_the_collector_back_on_when_it_returns() -> None:
+    """`forkless serve` builds with the cyclic collector off; a caller of main() gets it back."""
+    import gc
+
+    from forkless.entrypoints.cli.main import main
+
+    assert gc.isenabled()
+    assert main(["serve", "--port", "0", "--api-server-count", "2"]) == 2  # a usage error
+    assert gc.isenabled()

@@ -12,6 +12,7 @@ engine core exits, the engine core removes it.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -141,6 +142,9 @@ def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, pare
     """
     from forkless.plugins import load_general_plugins
 
+    # The collector is off while the engine core imports and builds what lives as long as
+    # it (as in the API server, forkless.entrypoints.cli.main), then on and frozen.
+    gc.disable()
     # SIGINT goes to the whole process group on Ctrl-C; the API server orchestrates the
     # shutdown, so the engine core waits to be told (or for its parent to vanish).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -150,6 +154,7 @@ def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, pare
     proc = None
     try:
         proc = EngineCoreProc(config_bytes, input_addr, output_addr, parent_pid)
+        gc.enable()
         tune_process()  # this process is forkless's alone (forkless.gc_tuning)
         proc.run()
     except SystemExit:
