@@ -637,26 +637,24 @@ class EngineArgs:
                 raise ValueError(f"--tensor-parallel-size {tp}: the platform {current_platform.name!r} "
                                  "says use_all_gather() is False (logits gathered to one rank), which forkless "
                                  "does not do: every rank samples from all-gathered logits")
-        if tp * pp > 1:
-            flag = "--tensor-parallel-size" if tp > 1 else "--pipeline-parallel-size"
-            # ngram drafts from each request's tokens, the same on every rank; another
-            # proposer with a model of its own would need it split or replicated.
-            spec = None if self.speculative_config is None else SpeculativeConfig.from_json(self.speculative_config)
-            if pooling and pp > 1:  # (-tp splits pooling models that declare it)
-                raise ValueError("--runner pooling does not work with --pipeline-parallel-size > 1 yet: "
-                                 "leave one of them out")
-            # A draft model runs whole on every TP rank (draft_tensor_parallel_size 1).
-            drafts_alike = spec is None or spec.method == "ngram" or (spec.method == "draft_model" and pp == 1)
-            if self.enable_lora and pp > 1:  # (-tp splits the adapters as it splits the layers)
-                raise ValueError("--enable-lora does not work with --pipeline-parallel-size > 1 yet: "
-                                 "leave one of them out")
-            for on, what in ((self.kv_transfer_config is not None, "--kv-transfer-config"),
-                             (not drafts_alike, "--speculative-config (other than method ngram, or draft_model "
-                                                "without -pp)")):
+        spec = None if self.speculative_config is None else SpeculativeConfig.from_json(self.speculative_config)
+        if pp > 1:
+            # A stage holds some layers only: these need every layer in one place.
+            for on, what in ((pooling, "--runner pooling"), (self.enable_lora, "--enable-lora"),
+                             (self.kv_transfer_config is not None, "--kv-transfer-config"),
+                             (spec is not None and spec.method != "ngram",
+                              "--speculative-config (other than method ngram)")):
                 if on:
-                    raise ValueError(f"{what} does not work with {flag} > 1 yet: leave one of them out")
-            if backend == "uni":  # the in-process executor runs one worker
-                backend = "mp"
+                    raise ValueError(f"{what} does not work with --pipeline-parallel-size > 1 yet: "
+                                     "leave one of them out")
+        if tp > 1 and spec is not None and spec.method not in ("ngram", "draft_model"):
+            # ngram drafts from each request's tokens, a draft model runs whole on every
+            # rank (draft_tensor_parallel_size 1): the same guesses everywhere. Another
+            # proposer with a model of its own would need it split or replicated.
+            raise ValueError(f"--speculative-config method {spec.method!r} does not work with "
+                             "--tensor-parallel-size > 1 yet (ngram and draft_model do): leave one of them out")
+        if tp * pp > 1 and backend == "uni":  # the in-process executor runs one worker
+            backend = "mp"
         return ParallelConfig(distributed_executor_backend=backend, world_size=tp * pp,
                               tensor_parallel_size=tp, pipeline_parallel_size=pp)
 

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from forkless import envs
+from forkless.protocol.kv_transfer import KVOutputAggregator
 from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
 from forkless.protocol import ipc
 from forkless.executor.interface import Executor
@@ -286,6 +287,8 @@ class RankedWorkersExecutor(Executor):
     """
 
     _async_ok = False
+    # Merges the ranks' KV connector outputs across steps (_step_output; made on first use).
+    _kv_aggregator: KVOutputAggregator | None = None
 
     @abstractmethod
     def _call(self, method: str, *args: Any, payload: Any = None) -> list[bytes]:
@@ -315,7 +318,23 @@ class RankedWorkersExecutor(Executor):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         replies = self._call("execute_model", payload=self._step_payload(scheduler_output))
-        return ipc.decode(replies[self.output_rank], ModelRunnerOutput)
+        outputs = [ipc.decode(r, ModelRunnerOutput) for r in replies] if self._merges_kv else None
+        return self._step_output(outputs) if outputs else ipc.decode(replies[self.output_rank], ModelRunnerOutput)
+
+    @property
+    def _merges_kv(self) -> bool:
+        """Whether every rank's KV connector output must be merged (``-tp`` / ``-pp`` with
+        ``--kv-transfer-config``)."""
+        return self.config.kv_transfer_config is not None and self.config.parallel_config.world_size > 1
+
+    def _step_output(self, outputs: list[ModelRunnerOutput]) -> ModelRunnerOutput:
+        """The output rank's output, carrying the KV connector news of every rank."""
+        output = outputs[self.output_rank]
+        if self._merges_kv:
+            if self._kv_aggregator is None:
+                self._kv_aggregator = KVOutputAggregator(len(outputs))
+            output.kv_connector_output = self._kv_aggregator.aggregate([o.kv_connector_output for o in outputs])
+        return output
 
     @property
     def supports_async_scheduling(self) -> bool:
@@ -520,7 +539,7 @@ class MultiprocExecutor(RankedWorkersExecutor):
             flush = ipc.encode(seq)
             for rank in range(self.world_size):
                 self._send(rank, [_FLUSH, flush])
-        output: ModelRunnerOutput | None = None
+        outputs: list[ModelRunnerOutput | None] = []
         failure: RuntimeError | None = None
         # Every rank answers every step: read them all, so that the next collect starts
         # at its own step's replies even after an error here.
@@ -540,12 +559,10 @@ class MultiprocExecutor(RankedWorkersExecutor):
             if got != seq:
                 raise RuntimeError(f"worker {rank} answered step {got} while step {seq} was collected: "
                                    "outputs would be mixed up")
-            if rank == self.output_rank:
-                output = result
+            outputs.append(result)
         if failure is not None:
             raise failure
-        assert output is not None
-        return output
+        return self._step_output(outputs)  # type: ignore[arg-type]
 
     def check_health(self) -> None:
         for rank, proc in enumerate(self.procs):

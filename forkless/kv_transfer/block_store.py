@@ -19,6 +19,9 @@ Invariants:
       with the key and a CRC-32 of the tensor in its metadata: a load checks the key,
       the shape, the dtype and the checksum, so a corrupt, truncated, foreign or missing
       block is reported (``get_block_ids_with_load_errors``) and recomputed, never used.
+    * With ``-tp N`` each rank stores its own KV heads of a block, under the block's key
+      followed by ``.r<rank>`` (the namespace names N: a block split another way is
+      another block); a lookup finds a block only when every rank's part is there.
     * A store that fails (unreachable, full, corrupt) never fails a request: a failed
       lookup finds nothing, a failed save is dropped, a failed load is recomputed; each
       is logged (at most once per 10 s per kind).
@@ -131,6 +134,13 @@ class BlockStoreConnector(KVConnectorBase):
         super().__init__(config, role, kv_cache_config)
         self.block_size = config.cache_config.block_size
         self.namespace = store_namespace(config)
+        # -tp: the ranks' parts of a block, and the suffix of this rank's keys (worker side).
+        self.num_ranks = config.parallel_config.tensor_parallel_size
+        self._key_suffix = ""
+        if role == KVConnectorRole.WORKER and self.num_ranks > 1:
+            from forkless.distributed.parallel_state import get_tp_group
+
+            self._key_suffix = f".r{get_tp_group().rank_in_group}"
         ktc = self._kv_transfer_config
         self.is_producer = ktc.is_kv_producer
         self.is_consumer = ktc.is_kv_consumer
@@ -225,7 +235,11 @@ class BlockStoreConnector(KVConnectorBase):
             return 0, False
         keys = self._keys(request, limit)[start:]
         try:
-            found = self.contains(keys)
+            if self.num_ranks == 1:
+                found = self.contains(keys)
+            else:  # every rank's part of each block
+                parts = self.contains([f"{key}.r{rank}" for key in keys for rank in range(self.num_ranks)])
+                found = [all(parts[i * self.num_ranks:(i + 1) * self.num_ranks]) for i in range(len(keys))]
         except Exception as exc:  # noqa: BLE001 - any store failure means "not found"
             self._warn("lookup", "%s lookup failed, computing the prompt instead: %s", self.store_name, exc)
             return 0, False
@@ -276,6 +290,12 @@ class BlockStoreConnector(KVConnectorBase):
         return False, None
 
     # --------------------------------------------------------------- worker side
+
+    def bind_connector_metadata(self, connector_metadata: BlockStoreMetadata) -> None:
+        if self._key_suffix:  # this rank's parts of the blocks (each rank decoded its own copy)
+            for transfer in (*connector_metadata.loads, *connector_metadata.saves):
+                transfer.keys = [key + self._key_suffix for key in transfer.keys]
+        super().bind_connector_metadata(connector_metadata)
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self._caches = list(kv_caches.values())
@@ -519,5 +539,9 @@ def store_namespace(config: Any) -> str:
     that engines on several machines agree however their copies are laid out), its dtype,
     the cache dtype and the block size (shapes are checked again at load)."""
     mc, cc = config.model_config, config.cache_config
-    ident = json.dumps([mc.served_model_name, mc.dtype, cc.cache_dtype, cc.block_size])
+    parts = [mc.served_model_name, mc.dtype, cc.cache_dtype, cc.block_size]
+    tp = config.parallel_config.tensor_parallel_size
+    if tp > 1:  # each rank's part of a block holds 1/tp of its KV heads
+        parts.append(f"tp{tp}")
+    ident = json.dumps(parts)
     return hashlib.sha256(ident.encode()).hexdigest()[:16]

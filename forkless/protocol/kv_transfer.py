@@ -72,6 +72,53 @@ class KVConnectorOutput:
         return not (self.finished_sending or self.finished_recving or self.invalid_block_ids or self.stats)
 
 
+class KVOutputAggregator:
+    """Merges the ranks' :class:`KVConnectorOutput` of each step into one (vLLM's
+    ``KVOutputAggregator``): under ``-tp`` every rank moves its own heads of a block, so a
+    request's asynchronous save or load has ended only once every rank has reported it
+    (in this step or an earlier one); a block that failed on any rank failed; the ranks'
+    bytes and seconds add up.
+
+    Args:
+        world_size: Ranks that report.
+    """
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        # Ranks still to report, per request (counted from the first report).
+        self._sending: dict[str, int] = {}
+        self._recving: dict[str, int] = {}
+
+    def _count(self, remaining: dict[str, int], reports: list[list[str]]) -> list[str]:
+        done = []
+        for report in reports:
+            for rid in report:
+                left = remaining.get(rid, self.world_size) - 1
+                if left:
+                    remaining[rid] = left
+                else:
+                    remaining.pop(rid, None)
+                    done.append(rid)
+        return done
+
+    def aggregate(self, outputs: list[KVConnectorOutput | None]) -> KVConnectorOutput | None:
+        """One step's merged output (``None`` when no rank reported anything)."""
+        present = [o for o in outputs if o is not None]
+        if not present:
+            return None
+        merged = KVConnectorOutput(
+            finished_sending=self._count(self._sending, [o.finished_sending for o in present]),
+            finished_recving=self._count(self._recving, [o.finished_recving for o in present]),
+            invalid_block_ids=sorted({b for o in present for b in o.invalid_block_ids}),
+        )
+        for o in present:
+            if o.stats is not None:
+                if merged.stats is None:
+                    merged.stats = KVTransferStats()
+                merged.stats.add(o.stats)
+        return merged
+
+
 def encode_connector_metadata(metadata: Any) -> bytes:
     """A connector's step metadata (a dataclass or ``msgspec.Struct``) as msgpack."""
     return msgspec.msgpack.encode(metadata)

@@ -127,8 +127,11 @@ def test_each_rank_holds_and_reads_half_of_the_weights(tp_models: dict[str, Path
     (dict(pipeline_parallel_size=2, enable_lora=True), "--enable-lora does not work with --pipeline-parallel-size"),
     (dict(pipeline_parallel_size=2, speculative_config={"method": "draft_model", "model": "/nonexistent",
                                                         "num_speculative_tokens": 2}),
-     "--speculative-config (other than method ngram, or draft_model without -pp) does not work with "
-     "--pipeline-parallel-size"),
+     "--speculative-config (other than method ngram) does not work with --pipeline-parallel-size"),
+    (dict(tensor_parallel_size=2, pipeline_parallel_size=2, enable_lora=True),
+     "--enable-lora does not work with --pipeline-parallel-size > 1 yet"),
+    (dict(tensor_parallel_size=2, speculative_config={"method": "mypkg.proposer:Mine", "num_speculative_tokens": 2}),
+     "--speculative-config method 'mypkg.proposer:Mine' does not work with --tensor-parallel-size > 1 yet"),
 ])
 def test_bad_sizes_and_combinations_fail_before_any_process(tp_models: dict[str, Path], kwargs: dict,
                                                             message: str) -> None:

@@ -6,11 +6,8 @@ which cost a recomputation and a log line, never a request."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import time
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import openai
@@ -60,30 +57,6 @@ def metrics(srv: Server) -> dict[str, float]:
 
 def external_hits(srv: Server) -> float:
     return metrics(srv).get("forkless:external_prefix_cache_hits_total", 0.0)
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen]]:
-    if shutil.which("redis-server") is None:
-        pytest.fail("redis-server is not installed: `make test` installs it (Debian package redis-server)")
-    port = free_port()
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            cwd=tmp_path_factory.mktemp("redis"))
-    import redis
-
-    client = redis.Redis(port=port)
-    assert wait_until(lambda: _pings(client), 10), "redis-server did not start"
-    yield f"redis://127.0.0.1:{port}", proc
-    proc.terminate()
-    proc.wait(10)
-
-
-def _pings(client) -> bool:
-    try:
-        return bool(client.ping())
-    except Exception:  # noqa: BLE001 - not up yet
-        return False
 
 
 def test_second_engine_loads_the_first_engines_prefill_from_shared_storage(model: Path, tmp_path: Path) -> None:
