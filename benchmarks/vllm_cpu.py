@@ -209,6 +209,8 @@ def vllm_kernel_lines(log: Path) -> list[str]:
     seen, lines = set(), []
     for line in log.read_text(errors="replace").splitlines():
         text = re.sub(r"^.*?\]\s*", "", line).strip()  # drop vLLM's "(EngineCore pid=..) INFO mm-dd hh:mm:ss [file.py:N]"
+        if "Attempted to load weight" in line:  # one line per tensor when the dtype is cast on load
+            continue
         if keys.search(line) and text and text not in seen and len(lines) < 40:
             seen.add(text)
             lines.append(text[:220])
@@ -272,7 +274,8 @@ def profile_once(engine: str, python: str, args: argparse.Namespace, model: str,
     tag = f"{engine}-{'ops' if ops else 'steps'}"
     result, log = log_dir / f"profile-{tag}.json", log_dir / f"profile-{tag}.log"
     cmd = [python, str(PROFILER), "--engine", engine, "--model", model, "--threads", str(args.threads),
-           "--dtype", args.dtype, "--kv-cache-gib", str(args.kv_cache_gib), "--result", str(result)]
+           "--dtype", args.dtype, "--kv-cache-gib", str(args.kv_cache_gib), "--result", str(result),
+           "--decode-steps", str(args.decode_steps)]
     if ops:
         cmd += ["--ops", "--repeats", "1"]
     env = vllm_env(args.threads, args.kv_cache_gib) if engine == "vllm" else forkless_env()
@@ -297,7 +300,7 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
 def profile(args: argparse.Namespace, model: str, vllm_python: str) -> None:
     log_dir = Path(tempfile.mkdtemp(prefix="vllm-cpu-profile-"))
     say(f"profile: dtype {args.dtype}, {args.threads} threads, prompts of 128 random tokens, batch 8 and 64, "
-        f"32 decode steps; logs in {log_dir}")
+        f"{args.decode_steps} decode steps; logs in {log_dir}")
     steps, ops = {}, {}
     for engine, python in (("forkless", args.forkless_python), ("vllm", vllm_python)):
         steps[engine] = profile_once(engine, python, args, model, log_dir, ops=False)
@@ -308,7 +311,7 @@ def profile(args: argparse.Namespace, model: str, vllm_python: str) -> None:
     say("")
     say(f"CPU: {cpu_line()}")
     say("per-step time (no instrumentation; best of 2): prefill = generate(max_tokens=1) of B x 128 tokens, "
-        "decode step = (t(33) - t(1)) / 32")
+        f"decode step = (t(1 + D) - t(1)) / D, D = {args.decode_steps}")
     say(f"{'engine':9s} {'B':>3s} {'prefill ms':>10s} {'prefill tok/s':>13s} {'decode ms/step':>14s} "
         f"{'decode tok/s':>12s}")
     for b in ("8", "64"):
@@ -386,12 +389,16 @@ def serve_once(engine: str, args: argparse.Namespace, model: str, vllm_venv: Pat
     common = ["--port", str(port), "--dtype", args.dtype, "--max-model-len", "1024", "--max-num-seqs", "64",
               "--no-enable-prefix-caching", "--disable-log-stats"]
     if engine == "vllm":
-        cmd = [str(vllm_venv / "bin" / "vllm"), "serve", model, *common]
+        # `vllm serve` itself dies in vllm-cpu 0.32.0: its CLI asks importlib.metadata for the
+        # distribution "vllm", and this one is "vllm-cpu". The API server module is the same server.
+        cmd = [str(venv_python(vllm_venv)), "-m", "vllm.entrypoints.openai.api_server", "--model", model, *common]
         env = vllm_env(args.threads, args.kv_cache_gib)
     else:
+        # forkless serve has no --num-threads flag (EngineArgs.num_threads is offline-only):
+        # torch in its processes takes OMP_NUM_THREADS.
         cmd = [args.forkless_python, "-m", "forkless.entrypoints.cli.main", "serve", model, *common,
-               "--num-threads", str(args.threads), "--kv-cache-memory", str(args.kv_cache_gib << 30)]
-        env = forkless_env()
+               "--kv-cache-memory", str(args.kv_cache_gib << 30)]
+        env = forkless_env() | {"OMP_NUM_THREADS": str(args.threads)}
     log = log_dir / f"serve-{engine}-{index}.log"
     load_before = load_avg()
     with open(log, "wb") as f:
@@ -468,6 +475,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="per-step prefill/decode time at batch 8 and 64, matmul GFLOP/s and attention ms per "
                          "layer for both engines (benchmarks/vllm_cpu_profile.py) instead of throughput")
+    ap.add_argument("--decode-steps", type=int, default=32, help="--profile: decode steps D per timed run")
     ap.add_argument("--serve-prompts", type=int, default=32, help="requests per serving run (16 in flight)")
     ap.add_argument("--startup-timeout", type=float, default=900, help="seconds a server may take to /health")
     ap.add_argument("--vllm-venv", default=str(ROOT / ".venv-vllm-cpu"), help="vLLM's own virtual environment")
