@@ -363,6 +363,47 @@ def test_structured_outputs_overlap_on_ray_with_deferred_sampling(ray_cluster: R
     assert len(on_ray["deferred"]) >= 5 and any(on_ray["deferred"]), on_ray
 
 
+PIPELINED = '''
+import json
+from forkless import LLM, SamplingParams
+
+if __name__ == "__main__":
+    prompts = ["The capital of France is", "Is the sky blue? Answer:", "Hello", "Numbers 0123", "Once upon a time"]
+    llm = LLM({model!r}, max_model_len=256, kv_cache_memory=32 << 20, distributed_executor_backend={backend!r},
+              pipeline_parallel_size=2)
+    executor = llm.llm_engine.engine_core.executor
+    launch, collect, count = executor.execute_model_async, executor.collect, {{"now": 0, "peak": 0}}
+    def counted_launch(plan):
+        count["now"] += 1
+        count["peak"] = max(count["peak"], count["now"])
+        return launch(plan)
+    def counted_collect(handle):
+        count["now"] -= 1
+        return collect(handle)
+    executor.execute_model_async, executor.collect = counted_launch, counted_collect
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    llm.shutdown()
+    print(json.dumps({{"tokens": [list(o.outputs[0].token_ids) for o in outs], "peak": count["peak"]}}))
+'''
+
+
+def test_pipeline_stages_on_ray_keep_two_micro_batches_and_the_tokens_of_mp(ray_cluster: RayCluster,
+                                                                            tiny_llama: Path, tmp_path: Path) -> None:
+    # -pp 2: only the last stage samples (rank 1's output is the step's), and the engine
+    # keeps a micro-batch in flight per stage on Ray's actors as on mp's processes.
+    def run(backend: str) -> dict:
+        script = tmp_path / f"pipelined_{backend}.py"
+        script.write_text(PIPELINED.format(model=str(tiny_llama), backend=backend))
+        env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="", **ray_env(ray_cluster))
+        proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    on_ray, on_mp = run("ray"), run("mp")
+    assert on_ray["tokens"] == on_mp["tokens"]
+    assert on_ray["peak"] == on_mp["peak"] == 2
+
+
 def test_plugin_loading_rules_hold_in_the_actors(ray_cluster: RayCluster, tiny_llama: Path, tmp_path: Path) -> None:
     # The nodes have the example plugins, forkless-example-broken among them; the server's
     # own processes have none. FORKLESS_PLUGINS_STRICT=1 reaches the actors, where the
