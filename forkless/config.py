@@ -640,7 +640,7 @@ class EngineArgs:
         spec = None if self.speculative_config is None else SpeculativeConfig.from_json(self.speculative_config)
         if pp > 1:
             # A stage holds some layers only: these need every layer in one place.
-            for on, what in ((pooling, "--runner pooling"), (self.enable_lora, "--enable-lora"),
+            for on, what in ((pooling, "--runner pooling"),
                              (self.kv_transfer_config is not None, "--kv-transfer-config"),
                              (spec is not None and spec.method != "ngram",
                               "--speculative-config (other than method ngram)")):

@@ -24,6 +24,7 @@ Invariants:
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,6 +38,9 @@ from torch import nn
 from forkless.logger import init_logger
 from forkless.lora.peft import AdapterSpec, read_adapter
 from forkless.models.weight_loading import TensorShard
+
+# The layer part of a checkpoint module name (``model.layers.3.``).
+_LAYER = re.compile(r"^model\.layers\.\d+\.")
 
 if TYPE_CHECKING:
     from forkless.protocol.lora import LoRARequest
@@ -349,6 +353,12 @@ class LoRAModelManager:
             self._layers.append(layer)
             for i, (name, _) in enumerate(parts):
                 self._targets[name] = (layer, i)
+        if model.pipeline_parallel_size > 1:
+            # This stage adapts its own layers; an adapter's other layers are checked against
+            # the same shapes (every decoder layer has them) and left to their stages.
+            for name, shape in list(self._shapes.items()):
+                for j in range(model.config.num_hidden_layers):
+                    self._shapes.setdefault(_LAYER.sub(f"model.layers.{j}.", name, count=1), shape)
         # Host cache: lora_int_id -> tensors, most recently used last.
         self._cpu: OrderedDict[int, _Loaded] = OrderedDict()
         # Slots: lora_int_id -> slot, most recently used last.
@@ -381,6 +391,8 @@ class LoRAModelManager:
         tensors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         with safe_open(str(spec.weights_file), framework="pt", device="cpu") as f:
             for module, (a_key, b_key) in spec.modules.items():
+                if module not in self._targets:
+                    continue  # another pipeline stage's layer
                 a = f.get_tensor(a_key).to(torch.float32)
                 b = f.get_tensor(b_key).to(torch.float32) * spec.scaling
                 shard = self._shards.get(module)

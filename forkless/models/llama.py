@@ -326,7 +326,7 @@ class LlamaForCausalLM(CausalLMBase):
         inter = cfg.intermediate_size
         hidden = cfg.hidden_size
         out: dict[str, list[tuple[str, int]]] = {}
-        for i in range(len(self.model.layers)):
+        for i in range(self.start_layer, self.end_layer):  # this pipeline stage's layers
             attn, mlp = f"model.layers.{i}.self_attn", f"model.layers.{i}.mlp"
             out[f"{attn}.qkv_proj"] = [(f"{attn}.q_proj", q_size), (f"{attn}.k_proj", kv_size),
                                        (f"{attn}.v_proj", kv_size)]
