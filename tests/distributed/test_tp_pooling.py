@@ -21,18 +21,12 @@ from tests.pooling.conftest import make_tiny_bert, minilm_folder, mixed_sentence
 TEXTS = mixed_sentences(12, seed=3, max_words=60)
 
 
-def _embed(model: Path, tp: int) -> np.ndarray:
+def _pool(model: Path, tp: int, task: str) -> np.ndarray:
+    """Every text's embedding (``task`` "embed") or class probabilities ("classify")."""
     llm = LLM(str(model), tensor_parallel_size=tp, kv_cache_memory=16 << 20)
     try:
-        return np.stack([o.outputs.embedding for o in llm.embed(TEXTS, use_tqdm=False)])
-    finally:
-        llm.shutdown()
-
-
-def _classify(model: Path, tp: int) -> np.ndarray:
-    llm = LLM(str(model), tensor_parallel_size=tp, kv_cache_memory=16 << 20)
-    try:
-        return np.stack([o.outputs.probs for o in llm.classify(TEXTS, use_tqdm=False)])
+        outs = getattr(llm, task)(TEXTS, use_tqdm=False)
+        return np.stack([o.outputs.embedding if task == "embed" else o.outputs.probs for o in outs])
     finally:
         llm.shutdown()
 
@@ -42,7 +36,7 @@ def test_minilm_embeds_on_two_ranks_as_on_one_and_as_sentence_transformers() -> 
     from sentence_transformers import SentenceTransformer
 
     minilm = minilm_folder()
-    one, two = _embed(minilm, 1), _embed(minilm, 2)
+    one, two = _pool(minilm, 1, "embed"), _pool(minilm, 2, "embed")
     assert np.abs(two - one).max() < 1e-5
     reference = SentenceTransformer(str(minilm), device="cpu").encode(TEXTS, convert_to_numpy=True)
     cosine = (two * reference).sum(-1) / np.linalg.norm(two, axis=-1) / np.linalg.norm(reference, axis=-1)
@@ -66,7 +60,7 @@ def test_bert_and_causal_classifiers_on_two_ranks_classify_as_on_one(tmp_path: P
         num_key_value_heads=2, num_labels=4, pad_token_id=0, tie_word_embeddings=False,
     )).save_pretrained(llama, safe_serialization=True)
     for model in (bert, llama):
-        one, two = _classify(model, 1), _classify(model, 2)
+        one, two = _pool(model, 1, "classify"), _pool(model, 2, "classify")
         assert np.abs(two - one).max() < 1e-5
         assert np.ptp(one, axis=0).max() > 1e-3  # the texts are told apart
 
