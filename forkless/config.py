@@ -641,7 +641,6 @@ class EngineArgs:
         if pp > 1:
             # A stage holds some layers only: these need every layer in one place.
             for on, what in ((pooling, "--runner pooling"),
-                             (self.kv_transfer_config is not None, "--kv-transfer-config"),
                              (spec is not None and spec.method != "ngram",
                               "--speculative-config (other than method ngram)")):
                 if on:

@@ -85,6 +85,12 @@ class EngineCore:
             # async scheduling, whose placeholders the first stage could not fill (only
             # the last stage samples).
             self._max_batches = self.executor.max_concurrent_batches
+            if self._max_batches > 1 and self._kv_connector:
+                # A block that failed to load on any stage must fail its request on the last
+                # stage before it samples: the ranks agree on it step by step (a collective
+                # of every rank), which would hold each stage to the others anyway.
+                logger.info("--kv-transfer-config with %d pipeline stages: one batch at a time", self._max_batches)
+                self._max_batches = 1
             if self._max_batches > 1 and not self.scheduler.supports_concurrent_batches:
                 logger.warning("the scheduler %s does not plan concurrent batches: the %d pipeline stages run "
                                "one batch at a time", scheduler_cls.__qualname__, self._max_batches)

@@ -19,9 +19,10 @@ Invariants:
       with the key and a CRC-32 of the tensor in its metadata: a load checks the key,
       the shape, the dtype and the checksum, so a corrupt, truncated, foreign or missing
       block is reported (``get_block_ids_with_load_errors``) and recomputed, never used.
-    * With ``-tp N`` each rank stores its own KV heads of a block, under the block's key
-      followed by ``.r<rank>`` (the namespace names N: a block split another way is
-      another block); a lookup finds a block only when every rank's part is there.
+    * With ``-tp`` / ``-pp`` each rank stores its own part of a block (its KV heads of its
+      stage's layers), under the block's key followed by ``.r<rank>`` (the namespace names
+      the split: a block split another way is another block); a lookup finds a block only
+      when every rank's part is there.
     * A store that fails (unreachable, full, corrupt) never fails a request: a failed
       lookup finds nothing, a failed save is dropped, a failed load is recomputed; each
       is logged (at most once per 10 s per kind).
@@ -134,13 +135,13 @@ class BlockStoreConnector(KVConnectorBase):
         super().__init__(config, role, kv_cache_config)
         self.block_size = config.cache_config.block_size
         self.namespace = store_namespace(config)
-        # -tp: the ranks' parts of a block, and the suffix of this rank's keys (worker side).
-        self.num_ranks = config.parallel_config.tensor_parallel_size
+        # -tp / -pp: the ranks' parts of a block, and the suffix of this rank's keys (worker side).
+        self.num_ranks = config.parallel_config.world_size
         self._key_suffix = ""
         if role == KVConnectorRole.WORKER and self.num_ranks > 1:
-            from forkless.distributed.parallel_state import get_tp_group
+            from forkless.distributed.parallel_state import get_world_group
 
-            self._key_suffix = f".r{get_tp_group().rank_in_group}"
+            self._key_suffix = f".r{get_world_group().rank_in_group}"
         ktc = self._kv_transfer_config
         self.is_producer = ktc.is_kv_producer
         self.is_consumer = ktc.is_kv_consumer
@@ -540,8 +541,8 @@ def store_namespace(config: Any) -> str:
     the cache dtype and the block size (shapes are checked again at load)."""
     mc, cc = config.model_config, config.cache_config
     parts = [mc.served_model_name, mc.dtype, cc.cache_dtype, cc.block_size]
-    tp = config.parallel_config.tensor_parallel_size
-    if tp > 1:  # each rank's part of a block holds 1/tp of its KV heads
-        parts.append(f"tp{tp}")
+    tp, pp = config.parallel_config.tensor_parallel_size, config.parallel_config.pipeline_parallel_size
+    if tp > 1 or pp > 1:  # each rank's part of a block: 1/tp of its KV heads, of 1/pp of its layers
+        parts.append(f"tp{tp}pp{pp}")
     ident = json.dumps(parts)
     return hashlib.sha256(ident.encode()).hexdigest()[:16]

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from forkless.attention import AttentionBackend, AttentionMetadata
-from forkless.distributed.parallel_state import get_pp_group, get_tp_group
+from forkless.distributed.parallel_state import get_pp_group, get_world_group
 from forkless.logger import init_logger
 from forkless.logits_processors import build_logits_processors
 from forkless.model_loader import load_model, resolve_dtype
@@ -394,11 +394,12 @@ class ModelRunner:
                 if state is not None and not bad.isdisjoint(
                         self.block_table[state.table_row, : state.num_blocks].tolist()):
                     failed[i] = 1.0
-        tp = get_tp_group()
-        if tp.world_size > 1:
-            # Each rank loads its own heads: a block that failed on one fails the request on
-            # all, so that every rank drops the same sampled tokens (every rank, every step).
-            failed = tp.all_reduce(torch.from_numpy(failed).to(self.device)).cpu().numpy()
+        world = get_world_group()
+        if world.world_size > 1:
+            # Each rank loads its own part (heads, stage's layers): a block that failed on one
+            # fails the request on all, so that the samplers drop the same tokens (every
+            # rank, every step; with -pp the engine then runs one batch at a time).
+            failed = world.all_reduce(torch.from_numpy(failed).to(self.device)).cpu().numpy()
         pending.kv_failed.update(s.request_id for s, bad_row in zip(pending.rows, failed) if bad_row)
         return pending
 

@@ -127,10 +127,6 @@ def test_each_rank_holds_and_reads_half_of_the_weights(tp_models: dict[str, Path
     (dict(pipeline_parallel_size=2, speculative_config={"method": "draft_model", "model": "/nonexistent",
                                                         "num_speculative_tokens": 2}),
      "--speculative-config (other than method ngram) does not work with --pipeline-parallel-size"),
-    (dict(tensor_parallel_size=2, pipeline_parallel_size=2, kv_transfer_config={"kv_connector": "SharedStorageConnector",
-                                                                                "kv_connector_extra_config": {
-                                                                                    "shared_storage_path": "/tmp/x"}}),
-     "--kv-transfer-config does not work with --pipeline-parallel-size > 1 yet"),
     (dict(tensor_parallel_size=2, speculative_config={"method": "mypkg.proposer:Mine", "num_speculative_tokens": 2}),
      "--speculative-config method 'mypkg.proposer:Mine' does not work with --tensor-parallel-size > 1 yet"),
 ])

@@ -1,9 +1,11 @@
-"""KV connectors under tensor parallelism (``-tp 2``, two gloo worker processes, offline
-engines): each rank saves and loads its own KV heads of every block (two parts per block in
-the store), a second engine loads the first one's prefill and answers alike, a part that is
-corrupt on one rank only is recomputed on both, and an engine split another way (one
-rank) finds nothing of it. On SharedStorage (synchronous) and on a real Redis server
-(asynchronous loads and saves: a request's transfer ends when both ranks report it)."""
+"""KV connectors across two workers (gloo worker processes, offline engines), split by
+tensor parallelism (``-tp 2``: each rank holds half of the KV heads) or pipeline parallelism
+(``-pp 2``: each stage holds half of the layers): each rank saves and loads its own part of
+every block (two parts per block in the store), a second engine loads the first one's
+prefill and answers alike, a part that is corrupt on one rank only is recomputed on both,
+and an engine split another way (one rank) finds nothing of it. On SharedStorage
+(synchronous) and on a real Redis server (asynchronous loads and saves: a request's
+transfer ends when both ranks report it)."""
 
 from __future__ import annotations
 
@@ -25,8 +27,8 @@ def model(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return make_tiny_model(tmp_path_factory.mktemp("tiny-1k"), smollm2_folder, max_position_embeddings=1024)
 
 
-def _engine(model: Path, tp: int, connector: str, role: str, extra: dict) -> LLM:
-    return LLM(str(model), tensor_parallel_size=tp, max_model_len=1024, kv_cache_memory=32 << 20,
+def _engine(model: Path, split: dict, connector: str, role: str, extra: dict) -> LLM:
+    return LLM(str(model), **split, max_model_len=1024, kv_cache_memory=32 << 20,
                kv_transfer_config={"kv_connector": connector, "kv_role": role, "kv_connector_extra_config": extra})
 
 
@@ -37,12 +39,14 @@ def _complete(llm: LLM, prompts: list[list[int]]) -> tuple[list[list[int]], int]
     ).kv_transfer.external_prefix_cache_hits
 
 
-def test_two_rank_engines_share_prefills_through_shared_storage(model: Path, tmp_path: Path,
+@pytest.mark.parametrize("split", [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2)],
+                         ids=["tp2", "pp2"])
+def test_two_rank_engines_share_prefills_through_shared_storage(model: Path, tmp_path: Path, split: dict,
                                                                  capfd: pytest.CaptureFixture) -> None:
     store = tmp_path / "kv"
     extra = {"shared_storage_path": str(store)}
     prompt, other = PREFIX + [11, 12, 13], PREFIX[::-1] + [14, 15]
-    first = _engine(model, 2, "SharedStorageConnector", "kv_both", extra)
+    first = _engine(model, split, "SharedStorageConnector", "kv_both", extra)
     try:
         (reference,), hits = _complete(first, [prompt])
         parts = set(store.rglob("*.safetensors"))
@@ -60,7 +64,7 @@ def test_two_rank_engines_share_prefills_through_shared_storage(model: Path, tmp
     raw[-1] ^= 0xFF
     part.write_bytes(bytes(raw))
 
-    second = _engine(model, 2, "SharedStorageConnector", "kv_consumer", extra)
+    second = _engine(model, split, "SharedStorageConnector", "kv_consumer", extra)
     try:
         got, hits = _complete(second, [prompt])
         assert got == [reference] and hits == (len(prompt) - 1) // 16 * 16
@@ -71,7 +75,7 @@ def test_two_rank_engines_share_prefills_through_shared_storage(model: Path, tmp
         assert "checksum mismatch" in capfd.readouterr().err
     finally:
         second.shutdown()
-    one_rank = _engine(model, 1, "SharedStorageConnector", "kv_consumer", extra)
+    one_rank = _engine(model, {}, "SharedStorageConnector", "kv_consumer", extra)
     try:
         got, hits = _complete(one_rank, [prompt])
         assert got == [reference] and hits == 0  # blocks split in two are not its blocks
@@ -84,14 +88,14 @@ def test_two_rank_engines_share_prefills_through_redis(model: Path, redis_url) -
 
     url, _ = redis_url
     prompt = PREFIX + [21, 22]
-    first = _engine(model, 2, "RedisConnector", "kv_both", {"url": url})
+    first = _engine(model, dict(tensor_parallel_size=2), "RedisConnector", "kv_both", {"url": url})
     try:
         (reference,), _ = _complete(first, [prompt])
     finally:
         first.shutdown()  # its asynchronous saves end before its workers exit
     keys = redis.Redis.from_url(url).keys("forkless:kv:*")
     assert len(keys) == 2 * (len(prompt) // 16)
-    second = _engine(model, 2, "RedisConnector", "kv_both", {"url": url})
+    second = _engine(model, dict(tensor_parallel_size=2), "RedisConnector", "kv_both", {"url": url})
     try:
         (got,), hits = _complete(second, [prompt])
         assert got == reference and hits == (len(prompt) - 1) // 16 * 16
