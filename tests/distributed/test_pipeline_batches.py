@@ -69,3 +69,21 @@ def test_two_stages_keep_two_micro_batches_in_flight(tp_models: dict[str, Path])
             assert lp_a.keys() == lp_b.keys()
             for tok in lp_a:
                 assert lp_a[tok].logprob == pytest.approx(lp_b[tok].logprob, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_ngram_drafts_through_two_stages_keep_the_greedy_tokens(tp_models: dict[str, Path]) -> None:
+    # The last stage verifies and drafts; the first runs the drafted rows' positions too.
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    outs = {}
+    for name, extra in (("plain", {}), ("ngram", {"speculative_config": spec})):
+        llm = LLM(model=str(tp_models["llama"]), pipeline_parallel_size=2, max_model_len=128,
+                  kv_cache_memory=16 << 20, **extra)
+        try:
+            outs[name] = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS * 2, params, use_tqdm=False)]
+            if name == "ngram":
+                assert llm.llm_engine.engine_core.make_stats().spec_decode.num_draft_tokens > 0
+        finally:
+            llm.shutdown()
+    assert outs["ngram"] == outs["plain"]
