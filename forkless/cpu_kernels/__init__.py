@@ -48,13 +48,15 @@ logger = init_logger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("paged_decode.c", "paged_prefill.c", "linear.c", "layers.c")
-_ABI_VERSION = 7
+_ABI_VERSION = 8
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno")
 
 _ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 _SIGNATURES = {
     "forkless_paged_decode_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32, _i32,
                                   _i32, ctypes.c_float],
+    "forkless_paged_decode_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32, _i32,
+                                   _i32, ctypes.c_float],
     "forkless_paged_prefill_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32,
                                    _i32, _i32, ctypes.c_float],
     "forkless_linear_f32": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],

@@ -117,6 +117,27 @@ def test_attention_matches_reference(level_lib, hq, hkv, d, bs):
     assert kp.plan.decode_ids and kp.plan.context_ids  # both kernels ran
 
 
+@pytest.mark.parametrize("hq,hkv,d,bs", [(9, 3, 64, 16), (16, 2, 128, 16), (6, 2, 20, 4)])
+def test_bfloat16_decode_matches_reference(level_lib, hq, hkv, d, bs):
+    """A bfloat16 cache: decode on the kernel (float32 sums), the rest on the torch path."""
+    seqs = [(7, 1), (0, 9), (1, 2), (3 * bs + 5, 1), (300, 1), (613, 17)]
+    cache, md, q, k, v = _paged_step(hq, hkv, d, bs, seqs)
+    cache, q, k, v = (t.bfloat16() for t in (cache, q, k, v))
+    ref_cache, cpu_cache = cache.clone(), cache.clone()
+    ref = get_attention_backend("torch")(hq, hkv, d, d**-0.5).forward(q, k, v, ref_cache, md())
+    # The same inputs in float32: the kernel's sums are float32, so it is closer to this.
+    exact = get_attention_backend("torch")(hq, hkv, d, d**-0.5).forward(
+        q.float(), k.float(), v.float(), cache.float(), md())
+    cpu_md = md()
+    out = get_attention_backend("cpu")(hq, hkv, d, d**-0.5).forward(q, k, v, cpu_cache, cpu_md)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(cpu_cache, ref_cache, rtol=0, atol=0)
+    torch.testing.assert_close(out.float(), exact, rtol=8e-3, atol=8e-3)  # one bfloat16 rounding
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    kp = cpu_md.backend_state["cpu-bf16"]
+    assert kp.plan.decode_ids == [0, 3, 4] and not kp.plan.context_ids  # (1, 2) is a chunk
+
+
 def test_fused_layer_ops_match_pytorch_layers(level_lib, monkeypatch):
     from forkless import platforms
     from forkless.ops import kernels

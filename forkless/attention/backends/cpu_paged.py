@@ -11,7 +11,11 @@ so they share each key and value load: gather + SDPA copied the whole context on
 layer, which for a chunk of a few tokens costs far more than its arithmetic. It took every
 such chunk: it was faster than gather + SDPA at each of 2 to 2,048 new tokens over 512 to
 7,500 cached ones (SmolLM2-135M's heads, 2-core EPYC: 1.4x at 2,048 tokens, 5x at 2).
-float32 only; other dtypes, and machines without a C compiler, take the torch path.
+With a bfloat16 model and cache, decode runs the same kernel over the bfloat16 cache
+(``forkless_paged_decode_bf16``: keys and values widened to float32 as they are read, the
+query and the sums in float32, the output rounded to bfloat16 once); prefill over cached
+context then takes the torch path (gather + SDPA). Other dtypes, and machines without a C
+compiler, take the torch path.
 """
 
 from __future__ import annotations
@@ -48,8 +52,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
     """
 
     name = "cpu"
-    # The C kernels read float32 caches only; an fp8 cache would run the torch reference's
-    # casts at a fraction of their speed, so ask for --attention-backend torch explicitly.
+    # The C kernels read float32 and bfloat16 caches (the model's dtype); an fp8 cache would
+    # run the torch reference's casts at a fraction of their speed, so ask for
+    # --attention-backend torch explicitly.
     supported_kv_cache_dtypes = ("auto",)
 
     def forward(
@@ -64,16 +69,32 @@ class CpuAttentionBackend(TorchAttentionBackend):
         if (
             lib is None
             or q.device.type != "cpu"
-            or q.dtype != torch.float32
+            or q.dtype not in (torch.float32, torch.bfloat16)
             or kv_cache is None
-            or kv_cache.dtype != torch.float32
+            or kv_cache.dtype != q.dtype
         ):
             return super().forward(q, k, v, kv_cache, attn_metadata)
-        kp = attn_metadata.backend_state.get("cpu")
+        bf16 = q.dtype == torch.bfloat16
+        # One plan per dtype: a bfloat16 step gathers its context prefills for the torch path.
+        state_key = "cpu-bf16" if bf16 else "cpu"
+        kp = attn_metadata.backend_state.get(state_key)
         if kp is None:
-            kp = attn_metadata.backend_state["cpu"] = self._kernel_plan(attn_metadata, q.shape[0])
+            kp = attn_metadata.backend_state[state_key] = self._kernel_plan(attn_metadata, q.shape[0],
+                                                                            gather_context=bf16)
         plan = kp.plan
         key_cache, value_cache = self._store(k, v, kv_cache, plan)
+        if bf16:
+            if plan.decode_ids:
+                assert key_cache is not None and value_cache is not None
+                qf = q.float().contiguous()
+                of = qf.new_empty(qf.shape) if kp.all_rows else qf.new_zeros(qf.shape)
+                self._run_kernel(lib.forkless_paged_decode_bf16, qf, key_cache, value_cache, kp,
+                                 (kp.seq_ids, kp.q_rows), len(plan.decode_ids), of)
+                out = of.to(q.dtype)
+            else:
+                out = q.new_zeros(q.shape)
+            self._prefill_into(out, q, k, v, key_cache, value_cache, plan)
+            return out.view(q.shape[0], self.num_heads * self.head_dim)
         q = q.contiguous()
         out = q.new_empty(q.shape) if kp.all_rows else q.new_zeros(q.shape)
         if plan.decode_ids:
@@ -89,8 +110,8 @@ class CpuAttentionBackend(TorchAttentionBackend):
         return out.view(q.shape[0], self.num_heads * self.head_dim)
 
     @staticmethod
-    def _kernel_plan(md: AttentionMetadata, num_rows: int) -> _KernelPlan:
-        plan = _build_plan(md, None, gather_decode=False, gather_context=False)
+    def _kernel_plan(md: AttentionMetadata, num_rows: int, gather_context: bool = False) -> _KernelPlan:
+        plan = _build_plan(md, None, gather_decode=False, gather_context=gather_context)
 
         def host_int32(cpu: torch.Tensor | None, dev: torch.Tensor) -> torch.Tensor:
             return (cpu if cpu is not None else dev).to(torch.int32).contiguous()

@@ -133,6 +133,41 @@ ALWAYS_INLINE vec vexp(vec x) {
 }
 #endif
 
+/* A bfloat16 is the top half of a float32: widening is a shift. */
+ALWAYS_INLINE float bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = {(uint32_t)h << 16};
+    return v.f;
+}
+
+#if defined(FORKLESS_AVX512)
+ALWAYS_INLINE vec vload_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#elif defined(FORKLESS_AVX2)
+ALWAYS_INLINE vec vload_bf16(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+#endif
+
+/* A paged KV cache of float32 (bf16 == 0) or bfloat16 (bf16 == 1) elements: the flag is a
+ * constant after inlining, so each entry point gets its own code. */
+ALWAYS_INLINE const void *kv_at(const void *base, int64_t i, int bf16) {
+    return (const char *)base + i * (bf16 ? 2 : 4);
+}
+ALWAYS_INLINE float kv_get(const void *row, int64_t i, int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+#ifdef FORKLESS_SIMD
+ALWAYS_INLINE vec kv_vload(const void *row, int64_t i, int bf16) {
+    return bf16 ? vload_bf16((const uint16_t *)row + i) : vload((const float *)row + i);
+}
+#endif
+
+/* Ask for bytes [0, n) at p ahead of their use. */
+ALWAYS_INLINE void prefetch_bytes(const void *p, int64_t n) {
+    for (int64_t i = 0; i < n; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
+}
+
 /* Ask for row t (row floats long) of next ahead of its use: a sequence's blocks are
  * scattered in the paged cache, so the hardware prefetcher cannot guess them. */
 ALWAYS_INLINE void prefetch_row(const float *next, int64_t t, int64_t row) {

@@ -38,7 +38,7 @@
 #endif
 #define NR (NV * VW)
 
-int forkless_cpu_kernels_abi_version(void) { return 7; }
+int forkless_cpu_kernels_abi_version(void) { return 8; }
 
 const char *forkless_cpu_kernels_isa(void) { return FORKLESS_ISA_NAME; }
 

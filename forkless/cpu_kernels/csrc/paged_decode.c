@@ -22,13 +22,14 @@
 
 /* sh[g * L] = scale * (q_g . k) for the NQ (<= 4, a constant after inlining) query heads
  * starting at qh: one load of each key chunk serves all of them. */
-ALWAYS_INLINE void head_scores(float *sh, int64_t L, const float *qh, const float *k, int D, float scale, int NQ) {
+ALWAYS_INLINE void head_scores(float *sh, int64_t L, const float *qh, const void *k, int D, float scale, int NQ,
+                               int bf16) {
 #ifdef FORKLESS_SIMD
     if (D % VW == 0) {
         vec acc[4];
         for (int g = 0; g < NQ; g++) acc[g] = vzero();
         for (int d = 0; d < D; d += VW) {
-            vec kv = vload(k + d);
+            vec kv = kv_vload(k, d, bf16);
             for (int g = 0; g < NQ; g++) acc[g] = vfma(vload(qh + g * D + d), kv, acc[g]);
         }
         for (int g = 0; g < NQ; g++) sh[g * L] = vhsum(acc[g]) * scale;
@@ -37,28 +38,28 @@ ALWAYS_INLINE void head_scores(float *sh, int64_t L, const float *qh, const floa
 #endif
     for (int g = 0; g < NQ; g++) {
         float sum = 0.0f;
-        for (int d = 0; d < D; d++) sum += qh[g * D + d] * k[d];
+        for (int d = 0; d < D; d++) sum += qh[g * D + d] * kv_get(k, d, bf16);
         sh[g * L] = sum * scale;
     }
 }
 
 /* s[(h * G + g) * L + t] = scale * (q_hg . k_th) for the block's tokens, all heads of a
  * token at once: a token's keys are one contiguous row, read front to back. */
-ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const float *k0, const float *next,
-                                int num_kv_heads, int ntok, int G, int D, float scale) {
+ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const void *k0, const void *next,
+                                int num_kv_heads, int ntok, int G, int D, float scale, int bf16) {
     const int64_t slot_stride = (int64_t)num_kv_heads * D;
     for (int t = 0; t < ntok; t++) {
-        prefetch_row(next, t, slot_stride);
+        prefetch_bytes(kv_at(next, t * slot_stride, bf16), slot_stride * (bf16 ? 2 : 4));
         for (int h = 0; h < num_kv_heads; h++) {
-            const float *k = k0 + t * slot_stride + h * D;
+            const void *k = kv_at(k0, t * slot_stride + h * D, bf16);
             for (int g = 0; g < G; g += 4) {
                 const float *qh = q + (int64_t)(h * G + g) * D;
                 float *sh = s + (int64_t)(h * G + g) * L + t;
                 switch (G - g < 4 ? G - g : 4) {
-                case 4: head_scores(sh, L, qh, k, D, scale, 4); break;
-                case 3: head_scores(sh, L, qh, k, D, scale, 3); break;
-                case 2: head_scores(sh, L, qh, k, D, scale, 2); break;
-                default: head_scores(sh, L, qh, k, D, scale, 1); break;
+                case 4: head_scores(sh, L, qh, k, D, scale, 4, bf16); break;
+                case 3: head_scores(sh, L, qh, k, D, scale, 3, bf16); break;
+                case 2: head_scores(sh, L, qh, k, D, scale, 2, bf16); break;
+                default: head_scores(sh, L, qh, k, D, scale, 1, bf16); break;
                 }
             }
         }
@@ -69,27 +70,27 @@ ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const float
  * head j (KV head j / G). Token-major, so the cache is read front to back; four tokens per
  * pass over the accumulators, which live in L1, so each load and store of one serves four
  * FMAs. */
-ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const float *v0, const float *next,
-                                int num_kv_heads, int ntok, int G, int D) {
+ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const void *v0, const void *next,
+                                int num_kv_heads, int ntok, int G, int D, int bf16) {
+    const int64_t row_bytes = (int64_t)num_kv_heads * D * (bf16 ? 2 : 4);
     const int64_t slot_stride = (int64_t)num_kv_heads * D;
     int t = 0;
 #ifdef FORKLESS_SIMD
     if (D % VW == 0) {
         for (; t + 4 <= ntok; t += 4) {
-            const float *v = v0 + t * slot_stride;
-            for (int r = 0; r < 4; r++) prefetch_row(next, t + r, slot_stride);
+            for (int r = 0; r < 4; r++) prefetch_bytes(kv_at(next, (t + r) * slot_stride, bf16), row_bytes);
             for (int h = 0; h < num_kv_heads; h++) {
-                const float *vh = v + h * D;
+                const void *vh = kv_at(v0, t * slot_stride + h * D, bf16);
                 for (int g = 0; g < G; g++) {
                     const float *pj = p + (int64_t)(h * G + g) * L + t;
                     float *aj = acc + (h * G + g) * D;
                     vec w0 = vset1(pj[0]), w1 = vset1(pj[1]), w2 = vset1(pj[2]), w3 = vset1(pj[3]);
                     for (int d = 0; d < D; d += VW) {
                         vec a = vload(aj + d);
-                        a = vfma(w0, vload(vh + d), a);
-                        a = vfma(w1, vload(vh + slot_stride + d), a);
-                        a = vfma(w2, vload(vh + 2 * slot_stride + d), a);
-                        a = vfma(w3, vload(vh + 3 * slot_stride + d), a);
+                        a = vfma(w0, kv_vload(vh, d, bf16), a);
+                        a = vfma(w1, kv_vload(vh, slot_stride + d, bf16), a);
+                        a = vfma(w2, kv_vload(vh, 2 * slot_stride + d, bf16), a);
+                        a = vfma(w3, kv_vload(vh, 3 * slot_stride + d, bf16), a);
                         vstore(aj + d, a);
                     }
                 }
@@ -98,10 +99,10 @@ ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const flo
     }
 #endif
     for (; t < ntok; t++) {
-        const float *v = v0 + t * slot_stride;
         for (int j = 0; j < num_kv_heads * G; j++) {
-            const float w = p[j * L + t], *vh = v + (j / G) * D;
-            for (int d = 0; d < D; d++) acc[j * D + d] += w * vh[d];
+            const float w = p[j * L + t];
+            const void *vh = kv_at(v0, t * slot_stride + (j / G) * D, bf16);
+            for (int d = 0; d < D; d++) acc[j * D + d] += w * kv_get(vh, d, bf16);
         }
     }
 }
@@ -136,17 +137,19 @@ static float softmax_numerators(float *p, int n) {
 }
 
 /* One sequence, all heads. Scratch: scores Hq * L floats, acc Hq * D, inv Hq. */
-ALWAYS_INLINE void attend_sequence(const float *q, const float *k_cache, const float *v_cache,
+ALWAYS_INLINE void attend_sequence(const float *q, const void *k_cache, const void *v_cache,
                                    const int32_t *table, int64_t L, float *o, int num_kv_heads, int G, int D,
-                                   int block_size, float scale, float *scores, float *acc, float *inv) {
+                                   int block_size, float scale, float *scores, float *acc, float *inv, int bf16) {
     const int64_t block_stride = (int64_t)block_size * num_kv_heads * D;
     const int num_heads = num_kv_heads * G;
     const int64_t num_blocks = (L + block_size - 1) / block_size;
     for (int64_t b = 0; b < num_blocks; b++) {
         const int64_t t0 = b * block_size;
         const int ntok = (int)(L - t0 < block_size ? L - t0 : block_size);
-        const float *next = b + 1 < num_blocks ? k_cache + table[b + 1] * block_stride : v_cache + table[0] * block_stride;
-        scores_block(scores + t0, L, q, k_cache + table[b] * block_stride, next, num_kv_heads, ntok, G, D, scale);
+        const void *next = b + 1 < num_blocks ? kv_at(k_cache, table[b + 1] * block_stride, bf16)
+                                              : kv_at(v_cache, table[0] * block_stride, bf16);
+        scores_block(scores + t0, L, q, kv_at(k_cache, table[b] * block_stride, bf16), next, num_kv_heads, ntok, G,
+                     D, scale, bf16);
     }
     for (int j = 0; j < num_heads; j++) inv[j] = 1.0f / softmax_numerators(scores + j * L, (int)L);
     for (int i = 0; i < num_heads * D; i++) acc[i] = 0.0f;
@@ -154,8 +157,9 @@ ALWAYS_INLINE void attend_sequence(const float *q, const float *k_cache, const f
         const int64_t t0 = b * block_size;
         const int ntok = (int)(L - t0 < block_size ? L - t0 : block_size);
         /* The last block prefetches itself: harmless, and it keeps the loop branch-free. */
-        const float *next = v_cache + table[b + 1 < num_blocks ? b + 1 : b] * block_stride;
-        values_block(acc, scores + t0, L, v_cache + table[b] * block_stride, next, num_kv_heads, ntok, G, D);
+        const void *next = kv_at(v_cache, table[b + 1 < num_blocks ? b + 1 : b] * block_stride, bf16);
+        values_block(acc, scores + t0, L, kv_at(v_cache, table[b] * block_stride, bf16), next, num_kv_heads, ntok,
+                     G, D, bf16);
     }
     for (int j = 0; j < num_heads; j++)
         for (int d = 0; d < D; d++) o[j * D + d] = acc[j * D + d] * inv[j];
@@ -173,10 +177,10 @@ ALWAYS_INLINE void attend_sequence(const float *q, const float *k_cache, const f
  * Returns 0, or -1 when a scratch allocation failed (some sequences are then left
  * unwritten).
  */
-int forkless_paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
-                              const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
-                              const int32_t *seq_ids, const int32_t *q_rows, float *out, int num_seqs,
-                              int num_heads, int num_kv_heads, int head_dim, int block_size, float scale) {
+ALWAYS_INLINE int paged_decode(const float *q, const void *k_cache, const void *v_cache,
+                               const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                               const int32_t *seq_ids, const int32_t *q_rows, float *out, int num_seqs,
+                               int num_heads, int num_kv_heads, int head_dim, int block_size, float scale, int bf16) {
     const int G = num_heads / num_kv_heads, D = head_dim;
     const int64_t row_stride = (int64_t)num_heads * D;
     int64_t max_len = 0;
@@ -201,7 +205,7 @@ int forkless_paged_decode_f32(const float *q, const float *k_cache, const float 
             const int64_t L = seq_lens[s];
             /* The common head sizes as constants: their loops unroll. */
 #define ATTEND(D_) attend_sequence(qi, k_cache, v_cache, table, L, oi, num_kv_heads, G, D_, block_size, scale, \
-                                   scores, acc, inv)
+                                   scores, acc, inv, bf16)
             if (D == 64) ATTEND(64);
             else if (D == 128) ATTEND(128);
             else ATTEND(D);
@@ -211,4 +215,21 @@ int forkless_paged_decode_f32(const float *q, const float *k_cache, const float 
     }
     if (failed) return -1;
     return 0;
+}
+
+int forkless_paged_decode_f32(const float *q, const float *k_cache, const float *v_cache,
+                              const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                              const int32_t *seq_ids, const int32_t *q_rows, float *out, int num_seqs,
+                              int num_heads, int num_kv_heads, int head_dim, int block_size, float scale) {
+    return paged_decode(q, k_cache, v_cache, block_tables, bt_stride, seq_lens, seq_ids, q_rows, out, num_seqs,
+                        num_heads, num_kv_heads, head_dim, block_size, scale, 0);
+}
+
+/* The same over a bfloat16 cache (q and out stay float32; products and sums in float32). */
+int forkless_paged_decode_bf16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                               const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                               const int32_t *seq_ids, const int32_t *q_rows, float *out, int num_seqs,
+                               int num_heads, int num_kv_heads, int head_dim, int block_size, float scale) {
+    return paged_decode(q, k_cache, v_cache, block_tables, bt_stride, seq_lens, seq_ids, q_rows, out, num_seqs,
+                        num_heads, num_kv_heads, head_dim, block_size, scale, 1);
 }
