@@ -62,7 +62,8 @@ def run_forkless(model: str, work: list[tuple[list[int], int]], args: argparse.N
 
     max_len = max(len(p) + o for p, o in work) + 16
     llm = LLM(model, max_model_len=max_len, max_num_seqs=args.max_num_seqs, num_threads=args.threads,
-              kv_cache_memory=args.kv_cache_gib << 30, enable_prefix_caching=False)
+              kv_cache_memory=args.kv_cache_gib << 30, enable_prefix_caching=False, dtype=args.dtype,
+              attention_backend=args.attention_backend)
     params = [SamplingParams(temperature=0.0, max_tokens=o, ignore_eos=True) for _, o in work]
     prompts = [{"prompt_token_ids": p} for p, _ in work]
     llm.generate(prompts[:2], [SamplingParams(max_tokens=4, ignore_eos=True)] * 2, use_tqdm=False)  # warm-up
@@ -153,6 +154,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-hf", action="store_true", help="forkless only (for profiling)")
+    ap.add_argument("--dtype", default="auto", help="forkless's --dtype (the baseline runs float32)")
+    ap.add_argument("--attention-backend", default=None, help="forkless's --attention-backend (default: the platform's)")
     ap.add_argument("--isa", default=None,
                     help="comma-separated CPU ISA levels (avx512, avx2, portable) to run forkless under, "
                          "each in a fresh process, alternated; the first is the baseline of the ratios")
