@@ -3,7 +3,8 @@ tokens as one worker, on Llama (untied head, odd vocabulary, async scheduling), 
 KV head replicated on both ranks, q/k/v biases, tied head) and Qwen3 (q/k norms, odd
 vocabulary); each rank holds and reads half of the weights; bad sizes are refused up front.
 Pipeline parallelism likewise: ``-pp 2`` (Llama) and ``-tp 2 -pp 2`` (Qwen2, four
-processes, its tied head copied to the last stage, async scheduling).
+processes, its tied head copied to the last stage, async scheduling); and ``-tp 2`` on the
+``torch`` attention backend as on the default ``cpu`` one (Qwen3).
 
 One engine per architecture and size, shared by the tests of this module.
 """
@@ -49,12 +50,15 @@ def outputs(tp_models: dict[str, Path]) -> dict[tuple[str, int], list]:
         if arch == "llama":
             out["seeded"] = seeded
     out["llama", "pp2"] = _run(tp_models["llama"], 1, pp=2)
+    # The other CPU attention backend (torch's SDPA over the gathered cache) splits alike.
+    out["qwen3", "tp2-torch"] = _run(tp_models["qwen3"], 2, attention_backend="torch")
     out["qwen2", "tp2pp2"] = _run(tp_models["qwen2"], 2, pp=2, async_scheduling=True)
     return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("arch", "split"), [(a, 2) for a in ARCHS] + [("llama", "pp2"), ("qwen2", "tp2pp2")])
+@pytest.mark.parametrize(("arch", "split"), [(a, 2) for a in ARCHS] + [("llama", "pp2"), ("qwen2", "tp2pp2"),
+                                                                     ("qwen3", "tp2-torch")])
 def test_split_ranks_give_the_same_greedy_tokens_as_one(outputs: dict, arch: str, split) -> None:
     one, two = outputs[arch, 1], outputs[arch, split]
     assert [o.token_ids for o in two] == [o.token_ids for o in one]
