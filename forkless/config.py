@@ -24,6 +24,7 @@ import msgspec
 
 from forkless.core.block_pool import HASH_ALGOS
 from forkless.core.sched.config import SCHEDULING_POLICIES, SchedulerConfig
+from forkless.json_arg import json_object_arg
 from forkless.kv_transfer.config import KVTransferConfig
 from forkless.logger import init_logger
 from forkless.pooling.config import CONVERTS, RUNNERS, PoolerConfig
@@ -216,6 +217,20 @@ class LoRAConfig:
 
 
 @dataclass(kw_only=True)
+class CompilationConfig:
+    """The part of vLLM's ``--compilation-config`` forkless has (there is no torch.compile
+    here; decode CUDA graphs follow ``--enforce-eager``).
+
+    Attributes:
+        custom_ops: Which custom ops (``forkless.ops``) run their device implementation
+            rather than ``forward_native``: ``"all"``, ``"none"``, ``"+op"``, ``"-op"``, as
+            ``FORKLESS_CUSTOM_OPS`` takes them (which it replaces when given).
+    """
+
+    custom_ops: list[str] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
 class EngineConfig:
     """Everything an engine process needs, as plain data.
 
@@ -232,6 +247,7 @@ class EngineConfig:
         structured_outputs_config: Structured outputs (``--structured-outputs-config``);
             ``None``: the defaults (backend ``xgrammar``).
         kv_transfer_config: The KV connector (``--kv-transfer-config``), or ``None``.
+        compilation_config: ``--compilation-config`` (its ``custom_ops``), or ``None``.
     """
 
     model_config: ModelConfig
@@ -245,6 +261,7 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
     structured_outputs_config: StructuredOutputsConfig | None = None
     kv_transfer_config: KVTransferConfig | None = None
+    compilation_config: CompilationConfig | None = None
 
     def to_builtins(self) -> dict[str, Any]:
         """Plain dicts/lists/scalars, ready for msgpack or JSON."""
@@ -329,6 +346,8 @@ class EngineArgs:
     structured_outputs_config: str | dict[str, Any] | None = None
     # --kv-transfer-config: a JSON object (string), a dict or a KVTransferConfig, vLLM's keys.
     kv_transfer_config: str | dict[str, Any] | KVTransferConfig | None = None
+    # --compilation-config: a JSON object (string) or a dict; only vLLM's custom_ops key.
+    compilation_config: str | dict[str, Any] | None = None
     # --runner / --convert / --pooler-config (vLLM's): pooling models.
     runner: str = "auto"
     convert: str = "auto"
@@ -440,6 +459,10 @@ class EngineArgs:
                        help='KV connector, vLLM\'s keys: {"kv_connector": "SharedStorageConnector", "kv_role": '
                             '"kv_both", "kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}} '
                             "(kv_role: kv_producer, kv_consumer, kv_both; also kv_connector_module_path)")
+        g.add_argument("--compilation-config", default=None, metavar="JSON",
+                       help='vLLM\'s key custom_ops: which layer ops run their device kernels, e.g. '
+                            '{"custom_ops": ["none", "+rms_norm"]} (all, none, +op, -op; ops: rms_norm, '
+                            "rotary_embedding, silu_and_mul); replaces FORKLESS_CUSTOM_OPS")
         g.add_argument("--runner", default=d.runner, choices=RUNNERS,
                        help="generate, or pooling (embeddings, classification, scores); auto: pooling for "
                             "encoders and *ForSequenceClassification models or with --convert")
@@ -593,6 +616,7 @@ class EngineArgs:
             speculative_config=self._speculative_config(model_path),
             structured_outputs_config=self._structured_outputs_config(),
             kv_transfer_config=self._kv_transfer_config(pooler is not None),
+            compilation_config=self._compilation_config(),
         )
         current_platform.verify_model_arch(architecture)
         current_platform.check_and_update_config(config)
@@ -674,6 +698,30 @@ class EngineArgs:
             if self.speculative_config is not None:
                 raise ValueError("--speculative-config applies to generation, not to --runner pooling")
         return pooler, st_max_len
+
+    def _compilation_config(self) -> CompilationConfig | None:
+        """``--compilation-config`` checked (``None`` without it).
+
+        Raises:
+            ValueError: Not a JSON object, a key other than ``custom_ops``, or an entry of
+                ``custom_ops`` that is malformed or names an unknown op.
+        """
+        if self.compilation_config is None:
+            return None
+        data = json_object_arg(self.compilation_config, "--compilation-config")
+        unknown = sorted(set(data) - {"custom_ops"})
+        if unknown:
+            raise ValueError(f"--compilation-config: {', '.join(map(repr, unknown))} is not supported: forkless "
+                             "reads only 'custom_ops' (it has no torch.compile; --enforce-eager turns the decode "
+                             "CUDA graphs off)")
+        entries = data.get("custom_ops", [])
+        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
+            raise ValueError(f"--compilation-config: custom_ops must be a list of strings such as "
+                             f"[\"none\", \"+rms_norm\"], got {entries!r:.80}")
+        from forkless.ops.registry import op_enabled
+
+        op_enabled(None, ",".join(entries), True, "--compilation-config custom_ops")  # checks every entry
+        return CompilationConfig(custom_ops=entries)
 
     def _structured_outputs_config(self) -> StructuredOutputsConfig:
         """``--structured-outputs-config`` parsed, its backend resolved (after the general

@@ -97,12 +97,14 @@ class CustomOp(nn.Module):
         """Whether the op runs its device implementation (False: ``forward_native``).
 
         ``FORKLESS_FUSED_KERNELS=0`` turns every op's device implementation off by default;
-        ``FORKLESS_CUSTOM_OPS`` turns ops on and off by name (vLLM's ``custom_ops``).
+        ``--compilation-config``'s ``custom_ops`` (vLLM's), else ``FORKLESS_CUSTOM_OPS``,
+        turns ops on and off by name.
 
         Raises:
-            ValueError: ``FORKLESS_CUSTOM_OPS`` is malformed or names an unknown op.
+            ValueError: The setting is malformed or names an unknown op.
         """
-        return registry.op_enabled(cls.name, envs.FORKLESS_CUSTOM_OPS, envs.FORKLESS_FUSED_KERNELS)
+        custom_ops, source = registry.custom_ops_setting()
+        return registry.op_enabled(cls.name, custom_ops, envs.FORKLESS_FUSED_KERNELS, source)
 
     def dispatch_forward(self) -> Callable[..., Any]:
         """The bound method this op runs, chosen by :meth:`enabled` and the current platform.

@@ -17,7 +17,8 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from forkless.plugins import LazyRegistry, RegistryError, canonical_path
 
@@ -35,6 +36,32 @@ _in_tree: LazyRegistry[type] = LazyRegistry("custom op", hint=_HINT)
 _oot: LazyRegistry[type] = LazyRegistry("out-of-tree custom op", hint=_HINT)
 # In-tree class name -> op name ("RMSNorm" -> "rms_norm"): the names vLLM platforms use.
 _class_names: dict[str, str] = {}
+# ``--compilation-config``'s ``custom_ops`` while the model runner builds its models
+# (using_custom_ops); None: FORKLESS_CUSTOM_OPS's.
+_custom_ops: list[str] | None = None
+
+
+@contextmanager
+def using_custom_ops(entries: list[str] | None) -> Iterator[None]:
+    """Which custom ops run their device implementation, for the ops built inside (vLLM's
+    ``compilation_config.custom_ops``: ``"all"``, ``"none"``, ``"+op"``, ``"-op"``);
+    ``None`` leaves it to ``FORKLESS_CUSTOM_OPS``. (Ops choose when built, so the setting
+    is only needed while a model is built; another engine in the process is unaffected.)"""
+    global _custom_ops
+    saved, _custom_ops = _custom_ops, None if entries is None else list(entries)
+    try:
+        yield
+    finally:
+        _custom_ops = saved
+
+
+def custom_ops_setting() -> tuple[str, str]:
+    """``(the comma-separated entries in force, where they come from)``, for :func:`op_enabled`."""
+    from forkless import envs
+
+    if _custom_ops is not None:
+        return ",".join(_custom_ops), "--compilation-config custom_ops"
+    return envs.FORKLESS_CUSTOM_OPS, "FORKLESS_CUSTOM_OPS"
 
 
 def _path_of(target: Any) -> str:
@@ -107,7 +134,7 @@ def register_oot(name: str, op: Any) -> str:
     return name
 
 
-def op_enabled(name: str | None, custom_ops: str, default: bool) -> bool:
+def op_enabled(name: str | None, custom_ops: str, default: bool, source: str = "FORKLESS_CUSTOM_OPS") -> bool:
     """Whether op ``name`` runs its device implementation (else ``forward_native``).
 
     vLLM's ``custom_ops`` rules: ``+op`` turns an op on, ``-op`` off, ``none`` turns off
@@ -116,10 +143,11 @@ def op_enabled(name: str | None, custom_ops: str, default: bool) -> bool:
     Args:
         name: The op name; None for an op that is not registered (only ``all`` / ``none``
             and the default apply).
-        custom_ops: ``FORKLESS_CUSTOM_OPS``: comma-separated ``all``, ``none``, ``+op``,
-            ``-op`` (op names or their class names).
+        custom_ops: Comma-separated ``all``, ``none``, ``+op``, ``-op`` (op names or their
+            class names).
         default: Whether ops are on when ``custom_ops`` names neither ``all`` nor ``none``
             (``FORKLESS_FUSED_KERNELS``).
+        source: Where ``custom_ops`` comes from, for the messages.
 
     Raises:
         ValueError: An entry of another form, an unknown op name (the message lists the op
@@ -132,16 +160,16 @@ def op_enabled(name: str | None, custom_ops: str, default: bool) -> bool:
         if entry in ("all", "none"):
             continue
         if entry[0] not in "+-" or len(entry) == 1:
-            raise ValueError(f"FORKLESS_CUSTOM_OPS={custom_ops!r}: {entry!r} is not 'all', 'none', "
+            raise ValueError(f"{source}={custom_ops!r}: {entry!r} is not 'all', 'none', "
                              f"'+op' or '-op'; custom ops: {', '.join(op_names())}")
         try:
             (on if entry[0] == "+" else off).add(op_name(entry[1:]))
         except RegistryError as err:
-            raise ValueError(f"FORKLESS_CUSTOM_OPS={custom_ops!r}: {err.args[0]}") from None
+            raise ValueError(f"{source}={custom_ops!r}: {err.args[0]}") from None
     if "all" in entries and "none" in entries:
-        raise ValueError(f"FORKLESS_CUSTOM_OPS={custom_ops!r} says both 'all' and 'none'")
+        raise ValueError(f"{source}={custom_ops!r} says both 'all' and 'none'")
     if on & off:
-        raise ValueError(f"FORKLESS_CUSTOM_OPS={custom_ops!r} turns {', '.join(sorted(on & off))} "
+        raise ValueError(f"{source}={custom_ops!r} turns {', '.join(sorted(on & off))} "
                          "both on and off")
     if "all" in entries:
         default = True

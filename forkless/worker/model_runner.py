@@ -30,6 +30,7 @@ from forkless.logits_processors import build_logits_processors
 from forkless.model_loader import load_model, resolve_dtype
 from forkless.models.hf_config import get_head_dim
 from forkless.models.interface import CausalLMBase
+from forkless.ops.registry import using_custom_ops
 from forkless.platforms.interface import AttentionSelectorConfig
 from forkless.plugins import resolve_class
 from forkless.protocol.step import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
@@ -159,7 +160,11 @@ class ModelRunner:
         logger.info("platform %s (%s), attention backend %s (%s)", current_platform.name,
                     current_platform.get_device_name(device.index or 0), self.attn_backend.name or backend_path,
                     backend_path)
-        self.model = load_model(mc.model, self.hf_config, self.dtype, device, self.attn_backend, mc.load_format)
+        # --compilation-config's custom_ops, for the ops the models build (else FORKLESS_CUSTOM_OPS).
+        self._custom_ops = None if config.compilation_config is None else config.compilation_config.custom_ops
+        with using_custom_ops(self._custom_ops):
+            self.model = load_model(mc.model, self.hf_config, self.dtype, device, self.attn_backend,
+                                    mc.load_format)
         self._use_cpu_kernels()
         self.lora_manager: LoRAModelManager | None = None
         # Requests whose adapter failed to load: reported with the next collected step
@@ -197,8 +202,9 @@ class ModelRunner:
             from forkless.spec_decode.registry import ProposerRegistry
 
             spec = config.speculative_config
-            self.proposer = ProposerRegistry.resolve(spec.method)(spec, device=device, dtype=self.dtype,
-                                                                  target_model=self.model, runner=self)
+            with using_custom_ops(self._custom_ops):  # (a draft model builds ops too)
+                self.proposer = ProposerRegistry.resolve(spec.method)(spec, device=device, dtype=self.dtype,
+                                                                      target_model=self.model, runner=self)
         self.requests: dict[str, _RequestState] = {}
         # Row r holds the block table of the request whose table_row is r, in its first
         # num_blocks columns; the rest of the row is 0 (a kernel reading padding stays in

@@ -283,3 +283,30 @@ def test_importing_forkless_ops_and_registering_by_path_needs_no_torch():
             "register_oot('SiluAndMul', 'pkg.mod:Mine'); print(oot_ops(), 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "{'silu_and_mul': 'pkg.mod:Mine'} False"
+
+
+def test_compilation_config_custom_ops_choose_the_models_ops(tiny_llama, monkeypatch):
+    # vLLM's --compilation-config '{"custom_ops": [...]}' reaches the ops the worker builds,
+    # in place of FORKLESS_CUSTOM_OPS; the tokens stay those of the device kernels.
+    from forkless import LLM, SamplingParams
+    from forkless.config import EngineArgs
+
+    monkeypatch.setenv("FORKLESS_CUSTOM_OPS", "none")  # replaced by the flag
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    runs = {}
+    for name, cc in (("flag", {"custom_ops": ["none", "+silu_and_mul"]}), ("all", {"custom_ops": ["all"]})):
+        llm = LLM(str(tiny_llama), compilation_config=cc, max_model_len=128, kv_cache_memory=8 << 20)
+        try:
+            model = llm.llm_engine.engine_core.executor.worker.model_runner.model
+            runs[name] = ({type(m).__name__: m.implementation for m in model.modules() if isinstance(m, CustomOp)},
+                          [list(o.outputs[0].token_ids) for o in llm.generate(["Hello there", "Paris is"], greedy)])
+        finally:
+            llm.shutdown()
+    assert runs["flag"][0] == {"RMSNorm": "forward_native", "RotaryEmbedding": "forward_native",
+                               "SiluAndMul": "forward_cpu"}
+    assert set(runs["all"][0].values()) == {"forward_cpu"}
+    assert runs["flag"][1] == runs["all"][1]
+    with pytest.raises(ValueError, match="custom ops: rms_norm, rotary_embedding, silu_and_mul"):
+        EngineArgs(model=str(tiny_llama), compilation_config={"custom_ops": ["-layer_norm"]}).create_engine_config()
+    with pytest.raises(ValueError, match="'mode' is not supported: forkless reads only 'custom_ops'"):
+        EngineArgs(model=str(tiny_llama), compilation_config={"mode": 3}).create_engine_config()
