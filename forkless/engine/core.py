@@ -78,8 +78,6 @@ class EngineCore:
 
                 self.scheduler.set_kv_connector(
                     KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, kv_cache_config))
-            # Async scheduling needs a runner that can launch without waiting and a
-            # scheduler that tracks tokens in flight; otherwise the flag is a no-op.
             # Pipeline parallelism: one batch in flight per stage (micro-batches), each
             # planned from requests whose tokens are all known; it takes the place of
             # async scheduling, whose placeholders the first stage could not fill (only
@@ -99,6 +97,8 @@ class EngineCore:
                 self.scheduler.set_max_concurrent_batches(self._max_batches)
             # The launched batches not collected yet, oldest first: (plan, handle).
             self._batches: deque[tuple[SchedulerOutput, Any]] = deque()
+            # Async scheduling needs a runner that can launch without waiting and a
+            # scheduler that tracks tokens in flight; otherwise the flag is a no-op.
             self.async_scheduling = (
                 config.scheduler_config.async_scheduling
                 and self._max_batches == 1
