@@ -1,0 +1,55 @@
+"""The filesystem LoRA resolver's class (``forkless.lora.filesystem_resolver`` registers it).
+
+Invariants:
+    * It answers only for a folder holding a PEFT LoRA adapter whose
+      ``base_model_name_or_path`` is the served model's name; the server then checks and
+      loads the adapter like any other.
+    * A name is one path component: nothing outside the folder is ever read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from forkless.logger import init_logger
+from forkless.lora.interface import LoRAResolver
+from forkless.lora.peft import CONFIG_FILE
+from forkless.protocol.lora import LoRARequest
+
+logger = init_logger(__name__)
+
+
+class FilesystemResolver(LoRAResolver):
+    """Finds adapter ``name`` in ``<cache_dir>/<name>/``.
+
+    Args:
+        lora_cache_dir: The folder of adapter folders.
+    """
+
+    def __init__(self, lora_cache_dir: str) -> None:
+        self.lora_cache_dir = lora_cache_dir
+
+    def _find(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
+        # A name is one path component: "../x" or "a/b" must not leave the folder.
+        if not lora_name or lora_name in (".", "..") or os.sep in lora_name or (os.altsep and os.altsep in lora_name):
+            return None
+        path = os.path.join(self.lora_cache_dir, lora_name)
+        try:
+            with open(os.path.join(path, CONFIG_FILE), encoding="utf-8") as f:
+                config = json.load(f)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(config, dict) or str(config.get("peft_type", "LORA")).upper() != "LORA":
+            return None
+        if config.get("base_model_name_or_path") != base_model_name:
+            logger.info("LoRA adapter folder %s is for %r, not the served model %r: not served", path,
+                        config.get("base_model_name_or_path"), base_model_name)
+            return None
+        # The server replaces the id with one of its own.
+        return LoRARequest(lora_name, 1, path, base_model_name)
+
+    async def resolve_lora(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
+        import asyncio  # here: the plugin registers in every process, most never resolve
+
+        return await asyncio.to_thread(self._find, base_model_name, lora_name)
