@@ -11,6 +11,10 @@ repeats is reported, in ms per pass and GFLOP/s. A prefill size runs through the
 
     python benchmarks/cpu_linear_isa.py                    # torch's thread count
     python benchmarks/cpu_linear_isa.py --threads 1 --rows 1 8 64 --repeat 5
+    python benchmarks/cpu_linear_isa.py --torch-bf16     # and torch F.linear on bfloat16 weights
+
+``--torch-bf16`` adds ``F.linear`` on bfloat16 copies of the weights and input (torch sends
+it to oneDNN, which uses AMX where the CPU has it): what ``--dtype bfloat16`` runs.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def main() -> None:
     ap.add_argument("--prefill-layers", type=int, default=4)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--torch-bf16", action="store_true", help="also F.linear in bfloat16")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     levels = [level for level in cpu_kernels.supported_isas() if level != "portable"]
@@ -47,14 +52,21 @@ def main() -> None:
     weights.append(torch.randn(VOCAB, HIDDEN, generator=gen) * HIDDEN**-0.5)
     packed = {level: [PackedLinear(w, lib=cpu_kernels.load_isa(level)) for w in weights] for level in levels}
     names = [*levels, "torch"]
+    if args.torch_bf16:
+        names.append("torch-bf16")
+        weights_bf16 = [w.bfloat16() for w in weights]
 
     def one_pass(name: str, x: torch.Tensor, n: int) -> float:
+        if name == "torch-bf16":
+            x = x.bfloat16()  # outside the timed loop below only in cost: one small copy
         t0 = time.perf_counter()
         for i in range(n):
             w = weights[i]
             xi = x[:, : w.shape[1]]
             if name == "torch":
                 F.linear(xi, w)
+            elif name == "torch-bf16":
+                F.linear(xi, weights_bf16[i])
             else:
                 packed[name][i](xi)
         return time.perf_counter() - t0
