@@ -87,7 +87,10 @@ def test_an_unknown_level_is_refused(monkeypatch):
         cpu_kernels.requested_isa()
 
 
-@pytest.mark.parametrize("out_features,in_features", [(64, 8), (50, 13), (200, 576), (7, 1)])
+# Panel counts 1 to 9 at both widths, and one layer large enough to be split over threads
+# even with one row (which takes its panels four at a time).
+@pytest.mark.parametrize("out_features,in_features", [(64, 8), (50, 13), (200, 576), (7, 1), (400, 64),
+                                                      (4100, 1030)])
 def test_packed_linear_matches_linear(level_lib, out_features, in_features):
     _, lib = level_lib
     torch.manual_seed(out_features)
