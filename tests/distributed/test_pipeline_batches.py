@@ -87,3 +87,21 @@ def test_ngram_drafts_through_two_stages_keep_the_greedy_tokens(tp_models: dict[
         finally:
             llm.shutdown()
     assert outs["ngram"] == outs["plain"]
+
+
+@pytest.mark.slow
+def test_constrained_requests_through_two_stages_follow_their_grammar(tp_models: dict[str, Path]) -> None:
+    # A micro-batch's bitmask is filled when it is planned: its requests' grammars have
+    # taken every token before it (none of them is in flight).
+    from forkless import StructuredOutputsParams
+
+    choices = ["alpha beta", "gamma", "delta epsilon zeta"]
+    params = [SamplingParams(max_tokens=12, temperature=0, structured_outputs=StructuredOutputsParams(choice=choices))
+              for _ in range(4)] + [SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)] * 4
+    llm = LLM(model=str(tp_models["llama"]), pipeline_parallel_size=2, max_model_len=128, kv_cache_memory=16 << 20)
+    try:
+        outs = llm.generate(PROMPTS * 2, params, use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert all(o.outputs[0].text in choices for o in outs[:4])
+    assert all(len(o.outputs[0].token_ids) == 12 for o in outs[4:])
