@@ -6,7 +6,9 @@ runs both engines on it, alternated, each run in a fresh process:
 
     python benchmarks/vllm_cpu.py                          # float32, 2 threads, 2 pairs
     python benchmarks/vllm_cpu.py --dtype bfloat16 --repeats 1
-    python benchmarks/vllm_cpu.py --serve                  # vllm serve vs forkless serve
+    python benchmarks/vllm_cpu.py --serve                  # vLLM's OpenAI server vs forkless serve
+    python benchmarks/vllm_cpu.py --profile                # per-step times, GEMM GFLOP/s, attention ms/layer
+    python benchmarks/vllm_cpu.py --forkless-commit HEAD   # forkless as committed, not the working tree
     python benchmarks/vllm_cpu.py --setup-only             # just create/check the venv
 
 Invariants:
