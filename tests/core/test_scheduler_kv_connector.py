@@ -49,7 +49,7 @@ def connector(cls: type, role: str = "kv_both") -> BlockStoreConnector:
         kv_transfer_config=KVTransferConfig(kv_connector=cls.__name__, kv_role=role),
         cache_config=SimpleNamespace(block_size=BLOCK, prefix_caching_hash_algo="sha256", cache_dtype="auto"),
         model_config=SimpleNamespace(served_model_name="fake", dtype="float32"),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1, world_size=1),
     )
     return cls(config, KVConnectorRole.SCHEDULER)
 

@@ -48,7 +48,7 @@ def worker(cls: type, dtype: torch.dtype = torch.float32) -> tuple[BlockStoreCon
         kv_transfer_config=KVTransferConfig(kv_connector=cls.__name__),
         cache_config=SimpleNamespace(block_size=BLOCK, prefix_caching_hash_algo="sha256", cache_dtype="auto"),
         model_config=SimpleNamespace(served_model_name="m", dtype="float32"),
-        parallel_config=SimpleNamespace(tensor_parallel_size=1))
+        parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1, world_size=1))
     conn = cls(config, KVConnectorRole.WORKER)
     caches = [torch.zeros(2, BLOCKS, BLOCK, HEADS, DIM, dtype=dtype) for _ in range(LAYERS)]
     conn.register_kv_caches({f"model.layers.{i}.self_attn.attn": c for i, c in enumerate(caches)})
