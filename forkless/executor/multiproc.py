@@ -49,6 +49,7 @@ worker whose parent is gone (killed) removes that directory before it exits.
 
 from __future__ import annotations
 
+import functools
 import gc
 import multiprocessing
 import os
@@ -293,8 +294,6 @@ class RankedWorkersExecutor(Executor):
     """
 
     _async_ok = False
-    # Merges the ranks' KV connector outputs across steps (_step_output; made on first use).
-    _kv_aggregator: KVOutputAggregator | None = None
 
     @abstractmethod
     def _call(self, method: str, *args: Any, payload: Any = None) -> list[bytes]:
@@ -323,9 +322,7 @@ class RankedWorkersExecutor(Executor):
         return self.config.parallel_config.pipeline_parallel_size
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        replies = self._call("execute_model", payload=self._step_payload(scheduler_output))
-        outputs = [ipc.decode(r, ModelRunnerOutput) for r in replies] if self._merges_kv else None
-        return self._step_output(outputs) if outputs else ipc.decode(replies[self.output_rank], ModelRunnerOutput)
+        return self._output_from(self._call("execute_model", payload=self._step_payload(scheduler_output)))
 
     @property
     def _merges_kv(self) -> bool:
@@ -333,14 +330,24 @@ class RankedWorkersExecutor(Executor):
         ``--kv-transfer-config``)."""
         return self.config.kv_transfer_config is not None and self.config.parallel_config.world_size > 1
 
+    @functools.cached_property
+    def _kv_aggregator(self) -> KVOutputAggregator:
+        """Merges the ranks' KV connector outputs across steps (only with ``_merges_kv``)."""
+        return KVOutputAggregator(self.config.parallel_config.world_size)
+
     def _step_output(self, outputs: list[ModelRunnerOutput]) -> ModelRunnerOutput:
         """The output rank's output, carrying the KV connector news of every rank."""
         output = outputs[self.output_rank]
         if self._merges_kv:
-            if self._kv_aggregator is None:
-                self._kv_aggregator = KVOutputAggregator(len(outputs))
             output.kv_connector_output = self._kv_aggregator.aggregate([o.kv_connector_output for o in outputs])
         return output
+
+    def _output_from(self, replies: list[bytes]) -> ModelRunnerOutput:
+        """:meth:`_step_output` of the ranks' msgpack replies (only the output rank's is
+        decoded when nothing is merged)."""
+        if not self._merges_kv:
+            return ipc.decode(replies[self.output_rank], ModelRunnerOutput)
+        return self._step_output([ipc.decode(reply, ModelRunnerOutput) for reply in replies])
 
     @property
     def supports_async_scheduling(self) -> bool:

@@ -472,9 +472,7 @@ class RayExecutor(RankedWorkersExecutor):
                 err = ipc.decode(reply)
                 raise RuntimeError(f"worker {rank}: step {seq} (execute_model_async) failed: "
                                    f"{err['error']}\n{err['traceback']}")
-        if self._merges_kv:
-            return self._step_output([ipc.decode(reply, ModelRunnerOutput) for _, reply in replies])
-        return ipc.decode(replies[self.output_rank][1], ModelRunnerOutput)
+        return self._output_from([reply for _, reply in replies])
 
     @property
     def supports_deferred_sampling(self) -> bool:
