@@ -661,7 +661,8 @@ class EngineArgs:
                 raise ValueError(f"--tensor-parallel-size {tp}: the platform {current_platform.name!r} "
                                  "says use_all_gather() is False (logits gathered to one rank), which forkless "
                                  "does not do: every rank samples from all-gathered logits")
-        spec = None if self.speculative_config is None else SpeculativeConfig.from_json(self.speculative_config)
+        spec = (SpeculativeConfig.from_json(self.speculative_config)
+                if tp * pp > 1 and self.speculative_config is not None else None)
         if pp > 1:
             # A stage holds some layers only: these need every layer in one place.
             for on, what in ((pooling, "--runner pooling"),
