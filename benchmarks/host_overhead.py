@@ -5,10 +5,11 @@ weights) decodes a batch of 256 requests (32-token prompts, 128 output tokens, g
 ``ignore_eos``, ``detokenize=False``) offline, so that the time is the engine's own:
 scheduling, input preparation, sampling bookkeeping, outputs. Each run is a fresh process;
 ``tuned`` calls ``forkless.gc_tuning.tune_process()`` once the engine is built, as
-forkless's own processes do (API server, engine core, workers; an offline ``LLM`` in a
-user's process is left alone), ``python default`` does not: the baseline, measured in the
-same run, interleaved, best of ``--repeats``. Prints ms per step, µs per request per step, the time spent in
-collections during the run (``gc.callbacks``) with their count per generation, and the
+forkless's own processes do (API server, engine core, workers); ``offline LLM`` does not,
+and gets what an ``LLM`` in a user's process gets: Python's collector, with full
+collections paused while ``generate`` runs (``forkless.gc_tuning.paused_full_collections``).
+Both are measured in the same run, interleaved, best of ``--repeats``. Prints ms
+per step, µs per request per step, the time spent in collections during the run (``gc.callbacks``) with their count per generation, and the
 pause of one full collection of the built engine (what a step waits whenever Python
 decides to collect the oldest generation, which depends on allocation history, so a
 given run may or may not contain one).
@@ -90,7 +91,7 @@ def main() -> None:
         model = str(shapes.write_model_folder(Path(tmp) / "micro", "micro", dtype="float32"))
         best: dict[str, dict] = {}
         for _ in range(args.repeats):
-            for name, tuned in (("tuned", "1"), ("python default", "0")):
+            for name, tuned in (("tuned", "1"), ("offline LLM", "0")):
                 out = subprocess.run([sys.executable, __file__, "--child", model, str(args.batch), tuned],
                                      capture_output=True, text=True, check=True).stdout
                 run = json.loads(out.strip().splitlines()[-1])
@@ -104,8 +105,8 @@ def main() -> None:
         print(f"| {name} | {run['step_ms']:.2f} | {run['us_per_request_step']:.1f} | "
               f"{run['gc_s'] * 1e3:.0f} ms ({100 * run['gc_s'] / run['elapsed']:.1f} %) | {run['gc_count']} | "
               f"{run['pause_s'] * 1e3:.1f} ms |")
-    ratio = best["python default"]["elapsed"] / best["tuned"]["elapsed"]
-    print(f"tuned speed / python default: {ratio:.2f}x (run time; noisy on a loaded machine)")
+    ratio = best["offline LLM"]["elapsed"] / best["tuned"]["elapsed"]
+    print(f"tuned speed / offline LLM: {ratio:.2f}x (run time; noisy on a loaded machine)")
 
 
 if __name__ == "__main__":

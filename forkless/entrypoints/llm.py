@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from forkless.config import EngineArgs
 from forkless.engine.llm_engine import LLMEngine
+from forkless.gc_tuning import paused_full_collections
 from forkless.outputs import (
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
@@ -302,7 +303,7 @@ class LLM:
         engine = self.llm_engine
         finished: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm,
-                  dynamic_ncols=True) as bar:
+                  dynamic_ncols=True) as bar, paused_full_collections():
             while engine.has_unfinished_requests():
                 for output in engine.step():
                     if output.finished:
