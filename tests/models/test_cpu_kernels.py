@@ -199,6 +199,26 @@ def test_packed_linear_strided_and_batched_input(threads):
     torch.testing.assert_close(packed(x3), F.linear(x3, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
 
 
+# 1 row (four panels at a time, each thread its own run of panels) and 2-32 rows (decode
+# and speculative verification steps: each panel read as several streams, the rows in
+# blocks taking turns on each slab; in = 1030 and 7 leave a remainder of rows, 7 is fewer
+# rows than streams), at every level this CPU has, on one thread and with the panels split
+# over two, from rows 1030 + 5 floats apart, with a bias.
+@pytest.mark.parametrize("level", [level for level in cpu_kernels.ISA_LEVELS if level in cpu_kernels.supported_isas()])
+@pytest.mark.parametrize("threads", [1, 2], indirect=True)
+def test_packed_linear_few_rows_match_linear(level, threads):
+    lib = cpu_kernels.load_isa(level)
+    assert lib is not None, f"the {level} CPU kernels did not build (see the log)"
+    torch.manual_seed(0)
+    for out_features, in_features in ((4100, 1030), (200, 576), (70, 7)):
+        linear = torch.nn.Linear(in_features, out_features)
+        packed = PackedLinear(linear.weight, linear.bias, lib=lib)
+        wide = torch.randn(33, in_features + 5)
+        for rows in (1, *range(2, 9), 12, 31, 32, 33):
+            x = wide[:rows, 3: 3 + in_features]
+            torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+
+
 def test_packed_linear_rejects_other_dtypes():
     with pytest.raises(ValueError, match="float32"):
         PackedLinear(torch.zeros(4, 4, dtype=torch.bfloat16))

@@ -12,7 +12,33 @@
  * width is forkless_linear_panel_width(), so the packing follows the library loaded.
  * BLAS libraries pack w on every call and tune for large M; at the 1-64 rows of a decode
  * step that costs them half their speed, while this loop reads w at memory speed. Rows of
- * x are taken in blocks that stay in L2 while every panel passes over them.
+ * x are taken in blocks that stay in L2 while every panel passes over them; each panel is
+ * prefetched 1 KB ahead as it streams in (from memory for the first row block, from L2
+ * for the next: 5-7 % faster at 33-128 rows, within 3 % either way at 1,024).
+ *
+ * Up to 32 rows (decode steps, speculative verification: 1 + 4 drafts is 5 rows) the
+ * kernel is bound by reading w, not by FMAs, and one panel read front to back is one
+ * stream of loads; with several rows the loop has so much work per byte that the
+ * out-of-order window keeps too few of them in flight (4-8 rows read w at 8-9 GB/s with
+ * one tile per panel, one row at 13-15). So few_rows reads each panel as STREAMS = 6
+ * streams at once (its K rows cut into six runs summed into the same accumulators: no
+ * more registers, any block height up to MR), each prefetched 1 KB ahead, and the row
+ * blocks take turns on each slab of 16 rows per stream while it is in L1, so w is read
+ * from memory once. One thread, the default model's 30 layers + LM head (538 MB of
+ * float32, benchmarks/cpu_linear_isa.py --threads 1 --baseline, best of 9, load 0.8-0.9;
+ * Xeon with AMX, KVM, 2 cores): ms per pass at 1 / 2 / 4 / 5 / 8 / 16 rows, AVX-512 40.6 /
+ * 42.2 / 43.5 / 42.2 / 48.9 / 62.6 (1.00 / 1.04 / 1.07 / 1.04 / 1.21 / 1.54x the 1-row
+ * pass; one tile per panel: 40.2 / 48.0 / 57.5 / 57.9 / 67.7 / 83.4), AVX2 40.3 / 44.3 /
+ * 47.1 / 48.8 / 52.9 / 75.1 (38.9 / 49.5 / 55.3 / 66.9 / 69.6 / 94.6). Four streams or
+ * eight, 0.5 or 2 KB ahead, prefetching into L2 instead: no better; 2-3 rows x 2-3
+ * panels at once (the streams across panels): 10-20 % slower at 5 rows. Past 6 rows
+ * (AVX2: 4), a second row block, the time grows with the FMAs: they no longer hide under
+ * the reads.
+ *
+ * Up to 32 rows the panels are split over threads once the layer holds 1 MB of weights
+ * (PARALLEL_MIN_WEIGHTS) rather than by multiply-adds: reading w is the cost, and two
+ * threads read it faster than one (two threads, same pass: 22.5 ms at one row, 26.1 at
+ * five, against 37.1 and 40.7 when only layers of 4M multiply-adds were split).
  *
  * Built by forkless/cpu_kernels with the system C compiler and called through ctypes;
  * float32 only.
@@ -20,7 +46,12 @@
 
 #include "common.h"
 
-/* -DNV= / -DMR= override the tile (to measure others). */
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* -DNV= / -DMR= override the tile, -DSMALL_M= / -DSTREAMS= / -DK_SLAB= / -DPF_AHEAD= the
+ * few-row path (to measure others). */
 #ifdef FORKLESS_AVX512
 #ifndef NV
 #define NV 4
@@ -37,6 +68,24 @@
 #endif
 #endif
 #define NR (NV * VW)
+/* 2..SMALL_M rows take few_rows: each panel read as STREAMS streams, in slabs of K_SLAB
+ * rows per stream; the weights are prefetched PF_AHEAD bytes ahead along each stream. Up
+ * to SMALL_M rows, a layer of PARALLEL_MIN_WEIGHTS floats or more is split over threads. */
+#ifndef SMALL_M
+#define SMALL_M 32
+#endif
+#ifndef STREAMS
+#define STREAMS 6
+#endif
+#ifndef K_SLAB
+#define K_SLAB 16
+#endif
+#ifndef PARALLEL_MIN_WEIGHTS
+#define PARALLEL_MIN_WEIGHTS (1 << 18)
+#endif
+#ifndef PF_AHEAD
+#define PF_AHEAD 1024
+#endif
 
 int forkless_cpu_kernels_abi_version(void) { return 8; }
 
@@ -45,7 +94,11 @@ const char *forkless_cpu_kernels_isa(void) { return FORKLESS_ISA_NAME; }
 int forkless_linear_panel_width(void) { return NR; }
 
 #ifdef FORKLESS_SIMD
-/* MB (<= MR, a constant after inlining) rows of x times one panel. */
+/* Ask for the panel row PF_AHEAD bytes past p (along one weight stream) ahead of its use. */
+ALWAYS_INLINE void prefetch_ahead(const float *p) { prefetch_bytes((const char *)p + PF_AHEAD, NR * sizeof(float)); }
+
+/* MB (<= MR, a constant after inlining) rows of x times one panel, prefetched as it
+ * streams in (from memory for the first row block, from L2 for the next ones: both gain). */
 ALWAYS_INLINE void tile(const float *x, int64_t ldx, const float *panel, const float *bias, float *y, int64_t ldy,
                         int K, int MB) {
     vec acc[MR][NV];
@@ -53,6 +106,7 @@ ALWAYS_INLINE void tile(const float *x, int64_t ldx, const float *panel, const f
         for (int j = 0; j < NV; j++) acc[i][j] = vzero();
     for (int k = 0; k < K; k++) {
         const float *p = panel + (int64_t)k * NR;
+        prefetch_ahead(p);
         vec w[NV];
         for (int j = 0; j < NV; j++) {
             w[j] = vload(p + VW * j);
@@ -71,6 +125,84 @@ ALWAYS_INLINE void tile(const float *x, int64_t ldx, const float *panel, const f
             if (bias) a = vadd(a, vload(bias + VW * j));
             vstore(y + i * ldy + VW * j, a);
         }
+}
+
+/* sum[MB][NR] += MB rows of x times rows k0..k1-1 of each of NS streams of one panel, the
+ * streams Kc rows apart (stream s: panel rows s Kc + k0..s Kc + k1 - 1), into the same
+ * accumulators; with ahead, each stream is prefetched. MB (<= MR) and NS are constants
+ * after inlining. */
+ALWAYS_INLINE void tile_streams(const float *x, int64_t ldx, const float *panel, float *sum, int Kc, int k0, int k1,
+                                int MB, int NS, int ahead) {
+    vec acc[MR][NV];
+    for (int i = 0; i < MB; i++)
+        for (int j = 0; j < NV; j++) acc[i][j] = vload(sum + i * NR + VW * j);
+    for (int k = k0; k < k1; k++)
+        for (int s = 0; s < NS; s++) {
+            const int ks = s * Kc + k;
+            const float *p = panel + (int64_t)ks * NR;
+            if (ahead) prefetch_ahead(p);
+            vec w[NV];
+            for (int j = 0; j < NV; j++) {
+                w[j] = vload(p + VW * j);
+                __asm__("" : "+v"(w[j])); /* as in tile */
+            }
+            for (int i = 0; i < MB; i++) {
+                vec xi = vset1(x[i * ldx + ks]);
+                for (int j = 0; j < NV; j++) acc[i][j] = vfma(xi, w[j], acc[i][j]);
+            }
+        }
+    for (int i = 0; i < MB; i++)
+        for (int j = 0; j < NV; j++) vstore(sum + i * NR + VW * j, acc[i][j]);
+}
+
+/* tile_streams for mb rows from x's row m: a constant row count per case. */
+#define STREAMS_CASE(n, xs, pn, Kc, k0, k1, ns, ahead)                                                          \
+    case n: tile_streams((xs) + (int64_t)m * ldx, ldx, pn, sum[m], Kc, k0, k1, n, ns, ahead); break
+#if MR > 4
+#define STREAMS_ROWS(...)                                                                                      \
+    switch (mb) {                                                                                              \
+        STREAMS_CASE(6, __VA_ARGS__); STREAMS_CASE(5, __VA_ARGS__); STREAMS_CASE(4, __VA_ARGS__);             \
+        STREAMS_CASE(3, __VA_ARGS__); STREAMS_CASE(2, __VA_ARGS__); default: STREAMS_CASE(1, __VA_ARGS__);    \
+    }
+#else
+#define STREAMS_ROWS(...)                                                                                      \
+    switch (mb) {                                                                                              \
+        STREAMS_CASE(4, __VA_ARGS__); STREAMS_CASE(3, __VA_ARGS__); STREAMS_CASE(2, __VA_ARGS__);             \
+        default: STREAMS_CASE(1, __VA_ARGS__);                                                                \
+    }
+#endif
+
+/* y[M, NR * panels] for 2 <= M <= SMALL_M (see the top): the weights are read from memory
+ * once, as STREAMS streams per panel, prefetched, while the row blocks take turns on each
+ * slab of the panel (the first from memory, the others from L1). */
+static void few_rows(const float *x, int64_t ldx, const float *packed, const float *bias, float *y, int64_t ldy, int M,
+                     int K, int panels) {
+    /* Blocks of up to MR rows, as even as they go (7 rows: 4 + 3, not 6 + 1). */
+    const int blocks = (M + MR - 1) / MR, Kc = K / STREAMS, Kt = K - STREAMS * Kc;
+#pragma omp parallel for schedule(static) if ((int64_t)K * panels * NR >= PARALLEL_MIN_WEIGHTS)
+    for (int p = 0; p < panels; p++) {
+        const float *panel = packed + (int64_t)p * K * NR, *tail = panel + (int64_t)STREAMS * Kc * NR;
+        float sum[SMALL_M][NR] __attribute__((aligned(64)));
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < NR; j++) sum[i][j] = 0.0f;
+        for (int k0 = 0; k0 < Kc; k0 += K_SLAB) {
+            const int k1 = Kc - k0 < K_SLAB ? Kc : k0 + K_SLAB;
+            for (int b = 0, m = 0, mb; b < blocks; b++, m += mb) {
+                mb = (M - m) / (blocks - b);
+                if (b == 0)
+                    STREAMS_ROWS(x, panel, Kc, k0, k1, STREAMS, 1)
+                else
+                    STREAMS_ROWS(x, panel, Kc, k0, k1, STREAMS, 0)
+            }
+        }
+        /* The last K % STREAMS rows of the panel, as one stream. */
+        for (int b = 0, m = 0, mb; Kt && b < blocks; b++, m += mb) {
+            mb = (M - m) / (blocks - b);
+            STREAMS_ROWS(x + STREAMS * Kc, tail, 0, 0, Kt, 1, 0)
+        }
+        for (int i = 0; i < M; i++)
+            for (int j = 0; j < NR; j++) y[i * ldy + p * NR + j] = sum[i][j] + (bias ? bias[p * NR + j] : 0.0f);
+    }
 }
 #else
 static void tile(const float *x, int64_t ldx, const float *panel, const float *bias, float *y, int64_t ldy, int K,
@@ -119,17 +251,31 @@ int forkless_linear_f32(const float *x, int64_t ldx, const float *packed, const 
 #ifdef FORKLESS_SIMD
     if (M == 1) {
         const int64_t pstride = (int64_t)K * NR;
-#pragma omp parallel for schedule(static) if ((int64_t)K * panels * NR >= FORKLESS_PARALLEL_MIN_MACS)
-        for (int p = 0; p < panels; p += 4) {
-            const float *panel = packed + p * pstride, *bp = bias ? bias + p * NR : NULL;
-            float *yp = y + p * NR;
-            switch (panels - p < 4 ? panels - p : 4) {
-            case 4: row_panels(x, panel, pstride, bp, yp, K, 4); break;
-            case 3: row_panels(x, panel, pstride, bp, yp, K, 3); break;
-            case 2: row_panels(x, panel, pstride, bp, yp, K, 2); break;
-            default: row_panels(x, panel, pstride, bp, yp, K, 1); break;
+        /* Each thread its own run of panels, four at a time: taken in fours before splitting,
+         * 9 panels would go 8 + 1. */
+#pragma omp parallel if ((int64_t)K * panels * NR >= PARALLEL_MIN_WEIGHTS)
+        {
+#ifdef _OPENMP
+            const int t = omp_get_thread_num(), threads = omp_get_num_threads();
+#else
+            const int t = 0, threads = 1;
+#endif
+            const int p1 = (int)((int64_t)panels * (t + 1) / threads);
+            for (int p = (int)((int64_t)panels * t / threads); p < p1; p += 4) {
+                const float *panel = packed + p * pstride, *bp = bias ? bias + p * NR : NULL;
+                float *yp = y + p * NR;
+                switch (p1 - p < 4 ? p1 - p : 4) {
+                case 4: row_panels(x, panel, pstride, bp, yp, K, 4); break;
+                case 3: row_panels(x, panel, pstride, bp, yp, K, 3); break;
+                case 2: row_panels(x, panel, pstride, bp, yp, K, 2); break;
+                default: row_panels(x, panel, pstride, bp, yp, K, 1); break;
+                }
             }
         }
+        return 0;
+    }
+    if (M <= SMALL_M) {
+        few_rows(x, ldx, packed, bias, y, ldy, M, K, panels);
         return 0;
     }
 #endif
