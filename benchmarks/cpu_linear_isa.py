@@ -12,16 +12,27 @@ repeats is reported, in ms per pass and GFLOP/s. A prefill size runs through the
     python benchmarks/cpu_linear_isa.py                    # torch's thread count
     python benchmarks/cpu_linear_isa.py --threads 1 --rows 1 8 64 --repeat 5
     python benchmarks/cpu_linear_isa.py --torch-bf16     # and torch F.linear on bfloat16 weights
+    python benchmarks/cpu_linear_isa.py --threads 1 --rows 1 5 8 --baseline HEAD~1
 
 ``--torch-bf16`` adds ``F.linear`` on bfloat16 copies of the weights and input (torch sends
 it to oneDNN, which uses AMX where the CPU has it): what ``--dtype bfloat16`` runs.
+``--baseline REV`` also builds ``linear.c`` of git revision ``REV`` at each level (same
+compiler and flags; its ``forkless_linear_f32`` must take today's arguments) and times it
+in the same alternation (``avx512@REV``, ...): a before/after comparison in one command,
+with the ratio ``REV / now`` per level. Where ``--rows`` holds 1, each row also gives every
+column's time against its own 1-row time (``/1 row``: a memory-bound pass reads the same
+bytes at any row count, so this is what the extra rows cost).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +42,30 @@ from forkless.models.layers.cpu_linear import PackedLinear
 
 HIDDEN, INTER, KV, VOCAB, LAYERS = 576, 1536, 192, 49152, 30
 SHAPES = ((HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HIDDEN, INTER))
+CSRC = "forkless/cpu_kernels/csrc"
+
+
+def build_revision(rev: str, level: str, out_dir: Path) -> ctypes.CDLL:
+    """The linear kernel of git revision ``rev`` built for ``level`` (``cpu_kernels``'
+    compiler and flags), loaded; only ``forkless_linear_f32`` and the panel width are used."""
+    root = Path(__file__).resolve().parent.parent
+    src = out_dir / f"{level}-src"
+    src.mkdir(parents=True, exist_ok=True)
+    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{CSRC}"], cwd=root, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for name in names:
+        data = subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=root, check=True, capture_output=True).stdout
+        (src / name).write_bytes(data)
+    out = out_dir / f"{level}.so"
+    cc = os.environ.get("CC") or "cc"
+    flags = [*cpu_kernels._BASE_FLAGS, *cpu_kernels.isa_flags(level)]
+    if cpu_kernels._is_gcc(cc):
+        flags.append("-fopenmp")
+    subprocess.run([cc, *flags, "-o", str(out), str(src / "linear.c"), "-lm"], check=True)
+    lib = ctypes.CDLL(str(out))
+    lib.forkless_linear_f32.argtypes = cpu_kernels._SIGNATURES["forkless_linear_f32"]
+    lib.forkless_linear_f32.restype = ctypes.c_int
+    return lib
 
 
 def main() -> None:
@@ -41,6 +76,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--torch-bf16", action="store_true", help="also F.linear in bfloat16")
+    ap.add_argument("--baseline", metavar="REV", help="also the kernel of git revision REV, per level")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     levels = [level for level in cpu_kernels.supported_isas() if level != "portable"]
@@ -52,6 +88,12 @@ def main() -> None:
     weights.append(torch.randn(VOCAB, HIDDEN, generator=gen) * HIDDEN**-0.5)
     packed = {level: [PackedLinear(w, lib=cpu_kernels.load_isa(level)) for w in weights] for level in levels}
     names = [*levels, "torch"]
+    tmp = tempfile.TemporaryDirectory()
+    if args.baseline:
+        for level in levels:
+            lib = build_revision(args.baseline, level, Path(tmp.name))
+            packed[f"{level}@{args.baseline}"] = [PackedLinear(w, lib=lib) for w in weights]
+            names.append(f"{level}@{args.baseline}")
     if args.torch_bf16:
         names.append("torch-bf16")
         weights_bf16 = [w.bfloat16() for w in weights]
@@ -71,7 +113,9 @@ def main() -> None:
                 packed[name][i](xi)
         return time.perf_counter() - t0
 
-    def measure(rows: int, n: int) -> dict[str, float]:
+    one_row: dict[str, float] = {}  # the 1-row pass, where --rows has it
+
+    def measure(rows: int, n: int, per_row: bool) -> dict[str, float]:
         x = torch.randn(rows, INTER, generator=gen)
         flops = 2 * rows * sum(weights[i].numel() for i in range(n))
         best = {name: float("inf") for name in names}
@@ -82,20 +126,35 @@ def main() -> None:
                 order = names[r % len(names):] + names[: r % len(names)]
                 for name in order:
                     best[name] = min(best[name], one_pass(name, x, n))
+        if rows == 1:
+            one_row.update(best)
         cells = " | ".join(f"{best[name] * 1e3:8.1f} ms {flops / best[name] / 1e9:6.1f} GF/s" for name in names)
         ratios = " | ".join(f"{best['torch'] / best[level]:.2f}x" for level in levels)
+        if args.baseline:
+            ratios += " | " + " | ".join(f"{best[f'{level}@{args.baseline}'] / best[level]:.2f}x" for level in levels)
+        if per_row:
+            ratios += " | " + " | ".join(f"{best[name] / one_row[name]:.2f}" for name in names)
         print(f"| {rows:5d} | {cells} | {ratios} |", flush=True)
         return best
 
-    header = " | ".join(names)
+    def header(per_row: bool) -> str:
+        extra = ""
+        if args.baseline:
+            extra += " | " + " | ".join(f"{level}@{args.baseline} / {level}" for level in levels)
+        if per_row:
+            extra += " | " + " | ".join(f"{name} /1 row" for name in names)
+        return f"| rows | {' | '.join(names)} | torch / " + " | torch / ".join(levels) + extra + " |"
+
+    per_row = 1 in args.rows
     print(f"\nAll {LAYERS} layers + LM head, best of {args.repeat}:")
-    print(f"| rows | {header} | torch / " + " | torch / ".join(levels) + " |")
-    for rows in args.rows:
-        measure(rows, len(weights))
+    print(header(per_row))
+    for rows in sorted(args.rows, key=lambda rows: rows != 1):  # 1 row first: the others are put against it
+        measure(rows, len(weights), per_row)
     if args.prefill_rows:
         print(f"\nPrefill: {args.prefill_layers} layers, no head, best of {args.repeat}:")
-        print(f"| rows | {header} | torch / " + " | torch / ".join(levels) + " |")
-        measure(args.prefill_rows, 4 * args.prefill_layers)
+        print(header(False))
+        measure(args.prefill_rows, 4 * args.prefill_layers, False)
+    tmp.cleanup()
 
 
 if __name__ == "__main__":
