@@ -23,17 +23,16 @@
  * one tile per panel, one row at 13-15). So few_rows reads each panel as STREAMS = 6
  * streams at once (its K rows cut into six runs summed into the same accumulators: no
  * more registers, any block height up to MR), each prefetched 1 KB ahead, and the row
- * blocks take turns on each slab of 16 rows per stream while it is in L1, so w is read
+ * blocks take turns on each slab of 4 rows per stream while it is in L1, so w is read
  * from memory once. One thread, the default model's 30 layers + LM head (538 MB of
- * float32, benchmarks/cpu_linear_isa.py --threads 1 --baseline, best of 9, load 0.8-0.9;
- * Xeon with AMX, KVM, 2 cores): ms per pass at 1 / 2 / 4 / 5 / 8 / 16 rows, AVX-512 40.6 /
- * 42.2 / 43.5 / 42.2 / 48.9 / 62.6 (1.00 / 1.04 / 1.07 / 1.04 / 1.21 / 1.54x the 1-row
- * pass; one tile per panel: 40.2 / 48.0 / 57.5 / 57.9 / 67.7 / 83.4), AVX2 40.3 / 44.3 /
- * 47.1 / 48.8 / 52.9 / 75.1 (38.9 / 49.5 / 55.3 / 66.9 / 69.6 / 94.6). Four streams or
- * eight, 0.5 or 2 KB ahead, prefetching into L2 instead: no better; 2-3 rows x 2-3
- * panels at once (the streams across panels): 10-20 % slower at 5 rows. Past 6 rows
- * (AVX2: 4), a second row block, the time grows with the FMAs: they no longer hide under
- * the reads.
+ * float32, benchmarks/cpu_linear_isa.py --threads 1 --baseline, best of 9, load 0.2-0.6;
+ * Xeon with AMX, KVM, 2 cores): ms per pass at 1 / 2 / 4 / 5 / 8 / 16 rows, AVX-512 39.7 /
+ * 44.7 / 42.8 / 40.8 / 49.0 / 58.1 (1.00 / 1.12 / 1.08 / 1.03 / 1.23 / 1.46x the 1-row
+ * pass; one tile per panel: 40.2 / 51.3 / 59.4 / 57.7 / 73.8 / 84.9), AVX2 39.6 / 45.1 /
+ * 47.1 / 45.9 / 54.6 / 71.5 (38.0 / 47.9 / 55.5 / 62.2 / 75.2 / 95.9). Four streams or
+ * eight, 0.5 or 2 KB ahead, prefetching into L2 instead: no better; 2-3 rows x 2-3 panels
+ * at once (the streams across panels): 10-20 % slower at 5 rows. Past 6 rows (AVX2: 4),
+ * a second row block, the time grows with the FMAs: they no longer hide under the reads.
  *
  * Up to 32 rows the panels are split over threads once the layer holds 1 MB of weights
  * (PARALLEL_MIN_WEIGHTS) rather than by multiply-adds: reading w is the cost, and two
@@ -68,9 +67,10 @@
 #endif
 #endif
 #define NR (NV * VW)
-/* 2..SMALL_M rows take few_rows: each panel read as STREAMS streams, in slabs of K_SLAB
- * rows per stream; the weights are prefetched PF_AHEAD bytes ahead along each stream. Up
- * to SMALL_M rows, a layer of PARALLEL_MIN_WEIGHTS floats or more is split over threads. */
+/* 2..SMALL_M rows take few_rows: each panel read as STREAMS streams, several row blocks
+ * taking turns on slabs of K_SLAB rows per stream; the weights are prefetched PF_AHEAD
+ * bytes ahead along each stream. Up to SMALL_M rows, a layer of PARALLEL_MIN_WEIGHTS
+ * floats or more is split over threads. */
 #ifndef SMALL_M
 #define SMALL_M 32
 #endif
@@ -78,7 +78,7 @@
 #define STREAMS 6
 #endif
 #ifndef K_SLAB
-#define K_SLAB 16
+#define K_SLAB 4
 #endif
 #ifndef PARALLEL_MIN_WEIGHTS
 #define PARALLEL_MIN_WEIGHTS (1 << 18)
@@ -179,14 +179,18 @@ static void few_rows(const float *x, int64_t ldx, const float *packed, const flo
                      int K, int panels) {
     /* Blocks of up to MR rows, as even as they go (7 rows: 4 + 3, not 6 + 1). */
     const int blocks = (M + MR - 1) / MR, Kc = K / STREAMS, Kt = K - STREAMS * Kc;
+    /* One block runs through the panel in one go; several take turns on short slabs (the
+     * longer a turn from L1, the longer the reads from memory wait: 8-16 rows 3-10 % faster
+     * with slabs of 4 rows per stream than of 16). */
+    const int slab = blocks > 1 ? K_SLAB : Kc;
 #pragma omp parallel for schedule(static) if ((int64_t)K * panels * NR >= PARALLEL_MIN_WEIGHTS)
     for (int p = 0; p < panels; p++) {
         const float *panel = packed + (int64_t)p * K * NR, *tail = panel + (int64_t)STREAMS * Kc * NR;
         float sum[SMALL_M][NR] __attribute__((aligned(64)));
         for (int i = 0; i < M; i++)
             for (int j = 0; j < NR; j++) sum[i][j] = 0.0f;
-        for (int k0 = 0; k0 < Kc; k0 += K_SLAB) {
-            const int k1 = Kc - k0 < K_SLAB ? Kc : k0 + K_SLAB;
+        for (int k0 = 0; k0 < Kc; k0 += slab) {
+            const int k1 = Kc - k0 < slab ? Kc : k0 + slab;
             for (int b = 0, m = 0, mb; b < blocks; b++, m += mb) {
                 mb = (M - m) / (blocks - b);
                 if (b == 0)
