@@ -24,21 +24,37 @@ from forkless.ops.fused_buffers import rms_norm_buffers
 def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
     x_stride_t, x_stride_h, res_stride_t, out_stride_t, out_stride_h, res_out_stride_t,
-    eps, N: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    num_rows, eps, H: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
 ):
-    t = tl.program_id(0)
-    h = tl.program_id(1)
+    # ROWS rows (token t, head h) per program: one row of a per-head norm is 128 values,
+    # far too little work for a program of its own at prefill sizes.
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    t = r // H
+    h = r % H
     offs = tl.arange(0, BLOCK)
-    mask = offs < N
-    x = tl.load(x_ptr + t * x_stride_t + h * x_stride_h + offs, mask=mask, other=0.0)
+    cols = offs < N
+    mask = (r < num_rows)[:, None] & cols[None, :]
+    x = tl.load(x_ptr + (t * x_stride_t + h * x_stride_h)[:, None] + offs[None, :], mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        x = x + tl.load(res_ptr + t * res_stride_t + offs, mask=mask, other=0.0)
-        tl.store(res_out_ptr + t * res_out_stride_t + offs, x, mask=mask)
+        x = x + tl.load(res_ptr + (t * res_stride_t)[:, None] + offs[None, :], mask=mask, other=0.0)
+        tl.store(res_out_ptr + (t * res_out_stride_t)[:, None] + offs[None, :], x, mask=mask)
     x32 = x.to(tl.float32)
-    rstd = tl.math.rsqrt(tl.sum(x32 * x32, axis=0) / N + eps)
-    normed = (x32 * rstd).to(x.dtype)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + t * out_stride_t + h * out_stride_h + offs, w * normed, mask=mask)
+    rstd = tl.math.rsqrt(tl.sum(x32 * x32, axis=1) / N + eps)
+    normed = (x32 * rstd[:, None]).to(x.dtype)
+    w = tl.load(w_ptr + offs, mask=cols, other=0.0)
+    tl.store(out_ptr + (t * out_stride_t + h * out_stride_h)[:, None] + offs[None, :], w[None, :] * normed,
+             mask=mask)
+
+
+# Values a program of the row-wise kernels handles (rows x row length), at most.
+_PROGRAM_VALUES = 4096
+
+
+def _rows_per_program(num_rows: int, block: int) -> int:
+    """Rows per program: enough for ~_PROGRAM_VALUES values, no more than there are rows
+    (a power of two, so that few variants compile)."""
+    return max(1, min(triton.next_power_of_2(num_rows), _PROGRAM_VALUES // block))
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -56,15 +72,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     """
     x3, residual, out, res_out = rms_norm_buffers(x, residual)
     t, h, n = x3.shape
-    _rms_norm_kernel[(t, h)](
+    block = triton.next_power_of_2(n)
+    rows = _rows_per_program(t * h, block)
+    _rms_norm_kernel[(triton.cdiv(t * h, rows),)](
         x3, residual if residual is not None else x3, weight, out,
         res_out if res_out is not None else out,
         x3.stride(0), x3.stride(1),
         residual.stride(0) if residual is not None else 0,
         out.stride(0), out.stride(1),
         res_out.stride(0) if res_out is not None else 0,
-        eps, N=n, BLOCK=triton.next_power_of_2(n), HAS_RESIDUAL=residual is not None,
-        num_warps=4 if n <= 1024 else 8,
+        t * h, eps, H=h, N=n, BLOCK=block, ROWS=rows, HAS_RESIDUAL=residual is not None,
+        num_warps=4 if block * rows <= 2048 else 8,
     )
     return (out if x.dim() == 3 else out.squeeze(1)), res_out
 
@@ -72,27 +90,31 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 @triton.jit
 def _rotary_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr,
-    q_stride_t, q_stride_h, k_stride_t, k_stride_h, cs_stride_t,
-    NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr,
+    q_stride_t, q_stride_h, k_stride_t, k_stride_h, cs_stride_t, num_tokens,
+    NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr,
 ):
-    t = tl.program_id(0)
+    # One head of TOKENS tokens per program (one token's head is 128 values: too little
+    # work for a program at prefill sizes).
+    t = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
     h = tl.program_id(1)
     if h < NUM_Q_HEADS:
         base = q_ptr + t * q_stride_t + h * q_stride_h
     else:
         base = k_ptr + t * k_stride_t + (h - NUM_Q_HEADS) * k_stride_h
     offs = tl.arange(0, BLOCK)
-    mask = offs < HALF
-    x1 = tl.load(base + offs, mask=mask, other=0.0)
-    x2 = tl.load(base + HALF + offs, mask=mask, other=0.0)
+    mask = (t < num_tokens)[:, None] & (offs < HALF)[None, :]
+    at = base[:, None] + offs[None, :]
+    x1 = tl.load(at, mask=mask, other=0.0)
+    x2 = tl.load(at + HALF, mask=mask, other=0.0)
     # cos/sin repeat after HALF (the tables are cat(freqs, freqs)): read the first half.
-    cos = tl.load(cos_ptr + t * cs_stride_t + offs, mask=mask, other=0.0)
-    sin = tl.load(sin_ptr + t * cs_stride_t + offs, mask=mask, other=0.0)
+    cs = (t * cs_stride_t)[:, None] + offs[None, :]
+    cos = tl.load(cos_ptr + cs, mask=mask, other=0.0)
+    sin = tl.load(sin_ptr + cs, mask=mask, other=0.0)
     # x * cos + rotate_half(x) * sin, rounding each product and the sum like PyTorch.
     lo = (x1 * cos).to(x1.dtype) - (x2 * sin).to(x1.dtype)
     hi = (x2 * cos).to(x1.dtype) + (x1 * sin).to(x1.dtype)
-    tl.store(base + offs, lo.to(x1.dtype), mask=mask)
-    tl.store(base + HALF + offs, hi.to(x1.dtype), mask=mask)
+    tl.store(at, lo.to(x1.dtype), mask=mask)
+    tl.store(at + HALF, hi.to(x1.dtype), mask=mask)
 
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -110,9 +132,11 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     t, hq = q.shape[0], q.shape[1]
     if cos.stride(-1) != 1 or sin.stride(0) != cos.stride(0):
         cos, sin = cos.contiguous(), sin.contiguous()
-    _rotary_kernel[(t, hq + k.shape[1])](
-        q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
-        NUM_Q_HEADS=hq, HALF=half, BLOCK=triton.next_power_of_2(half), num_warps=1,
+    block = triton.next_power_of_2(half)
+    tokens = _rows_per_program(t, 2 * block)
+    _rotary_kernel[(triton.cdiv(t, tokens), hq + k.shape[1])](
+        q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), t,
+        NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, num_warps=1 if tokens * block <= 256 else 4,
     )
 
 
