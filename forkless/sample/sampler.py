@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from forkless.sample.exponential import exponential_
 from forkless.sample.logprobs import LogprobsTensors, gather_logprobs
 from forkless.sample.penalties import apply_penalties
 from forkless.sample.top_k_top_p import apply_top_k_top_p
@@ -137,7 +138,7 @@ class Sampler:
     ) -> torch.Tensor:
         q = torch.empty_like(probs)
         if len(generators) < probs.shape[0]:
-            q.exponential_()
+            exponential_(q)
         for row, generator in generators.items():
-            q[row].exponential_(generator=generator)
+            exponential_(q[row], generator)
         return probs.div_(q).argmax(dim=-1)

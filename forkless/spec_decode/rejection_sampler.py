@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from forkless.sample.exponential import exponential_
 from forkless.sample.top_k_top_p import apply_top_k_top_p
 
 #: Marks the unused tail of a row of drafts or of emitted tokens.
@@ -34,7 +35,7 @@ PAD_TOKEN_ID = -1
 
 
 def _exponential(shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
-    return torch.empty(shape, device=device, dtype=torch.float32).exponential_(generator=generator)
+    return exponential_(torch.empty(shape, device=device, dtype=torch.float32), generator)
 
 
 def rejection_sample(
