@@ -8,11 +8,12 @@ scheduling, input preparation, sampling bookkeeping, outputs. Each run is a fres
 forkless's own processes do (API server, engine core, workers); ``offline LLM`` does not,
 and gets what an ``LLM`` in a user's process gets: Python's collector, with full
 collections paused while ``generate`` runs (``forkless.gc_tuning.paused_full_collections``).
-Both are measured in the same run, interleaved, best of ``--repeats``. Prints ms
-per step, µs per request per step, the time spent in collections during the run (``gc.callbacks``) with their count per generation, and the
-pause of one full collection of the built engine (what a step waits whenever Python
-decides to collect the oldest generation, which depends on allocation history, so a
-given run may or may not contain one).
+Both are measured in the same run, interleaved, best of ``--repeats``. Prints ms per
+step, µs per request per step, the time spent in collections during the run
+(``gc.callbacks``) with their count per generation, and the pause of one full collection
+of the built engine (what a step waits whenever Python decides to collect the oldest
+generation, which depends on allocation history, so a given run may or may not contain
+one).
 
     python benchmarks/host_overhead.py [--batch 256] [--repeats 3]
 """

@@ -14,10 +14,11 @@ then ``pip install llama-cpp-python==0.3.36`` with ``CMAKE_ARGS=-DGGML_NATIVE=ON
 source for this CPU: several minutes on two cores). Never a dependency of forkless or of
 ``make test``.
 
-Time per token: each engine decodes the request twice, ``--output-len + 1`` tokens and 1
-token (same prompt, fresh cache), and the difference over ``--output-len`` is the decode
-time per token (prefill excluded). Engines run in fresh processes, alternated ``--repeats``
-times, the best of each reported with the ratio.
+Time per token: each engine, built once per run, decodes the request twice, 1 token and
+``--output-len + 1`` tokens (same prompt, from an empty cache each time), and the
+difference over ``--output-len`` is the decode time per token (prefill excluded). Engines
+run in fresh processes, alternated ``--repeats`` times, the best of each reported with the
+ratio.
 
     python benchmarks/llama_cpp_batch1.py                   # 2 threads, 3 alternated rounds
     python benchmarks/llama_cpp_batch1.py --threads 1 --repeats 5
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 LLAMA_CPP_VERSION = "0.3.36"
@@ -65,9 +67,10 @@ def write_f32_gguf(source: Path, out: Path) -> None:
         writer.add_key_value(name, field.contents(), field.types[0], sub_type=sub)
     writer.add_file_type(LlamaFileType.ALL_F32)
     for tensor in reader.tensors:
-        values = quants.dequantize(tensor.data, tensor.tensor_type)
         if tensor.tensor_type == GGMLQuantizationType.F32:
             values = np.asarray(tensor.data)
+        else:
+            values = quants.dequantize(tensor.data, tensor.tensor_type)
         writer.add_tensor(tensor.name, np.ascontiguousarray(values, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -75,46 +78,56 @@ def write_f32_gguf(source: Path, out: Path) -> None:
     writer.close()
 
 
-def run_forkless(model: str, prompt: list[int], tokens: int, threads: int) -> float:
-    """Seconds to prefill ``prompt`` and decode ``tokens`` tokens (one request)."""
+def forkless_timer(model: str, max_len: int, threads: int) -> Callable[[list[int], int], float]:
+    """Times one request on a forkless engine built once: seconds to prefill a prompt and
+    decode ``tokens`` tokens."""
     import torch
 
     from forkless import LLM, SamplingParams
 
     torch.set_num_threads(threads)
-    llm = LLM(model, max_model_len=len(prompt) + tokens + 16, max_num_seqs=1, enable_prefix_caching=False)
-    params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, detokenize=False)
-    llm.generate([{"prompt_token_ids": prompt[:8]}], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
-    start = time.perf_counter()
-    out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    assert len(out[0].outputs[0].token_ids) == tokens
-    llm.shutdown()
-    return elapsed
+    llm = LLM(model, max_model_len=max_len, max_num_seqs=1, enable_prefix_caching=False)
+    llm.generate([{"prompt_token_ids": [100] * 8}], SamplingParams(max_tokens=4), use_tqdm=False)  # warm-up
+
+    def timed(prompt: list[int], tokens: int) -> float:
+        params = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True, detokenize=False)
+        start = time.perf_counter()
+        out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        assert len(out[0].outputs[0].token_ids) == tokens
+        return elapsed
+
+    return timed
 
 
-def run_llama_cpp(gguf: str, prompt: list[int], tokens: int, threads: int) -> float:
-    """The same with llama.cpp (run in its own environment)."""
+def llama_cpp_timer(gguf: str, max_len: int, threads: int) -> Callable[[list[int], int], float]:
+    """The same with llama.cpp (run in its own environment); each request starts from an
+    empty cache (``reset``)."""
     from llama_cpp import Llama
 
-    llm = Llama(model_path=gguf, n_ctx=len(prompt) + tokens + 16, n_threads=threads, n_threads_batch=threads,
-                n_batch=512, verbose=False)
-    for _ in llm.generate(prompt[:8], top_k=1, temp=0.0, reset=True):  # warm-up
+    llm = Llama(model_path=gguf, n_ctx=max_len, n_threads=threads, n_threads_batch=threads, n_batch=512,
+                verbose=False)
+    for _ in llm.generate([100] * 8, top_k=1, temp=0.0, reset=True):  # warm-up
         break
-    start = time.perf_counter()
-    made = 0
-    for _ in llm.generate(prompt, top_k=1, temp=0.0, reset=True):  # no stop at EOS: raw decoding
-        made += 1
-        if made == tokens:
-            break
-    return time.perf_counter() - start
+
+    def timed(prompt: list[int], tokens: int) -> float:
+        start = time.perf_counter()
+        made = 0
+        for _ in llm.generate(prompt, top_k=1, temp=0.0, reset=True):  # no stop at EOS: raw decoding
+            made += 1
+            if made == tokens:
+                break
+        return time.perf_counter() - start
+
+    return timed
 
 
 def child(engine: str, model: str, prompt_file: str, tokens: int, threads: int) -> None:
     prompt = json.loads(Path(prompt_file).read_text())
-    run = run_forkless if engine == "forkless" else run_llama_cpp
-    one = run(model, prompt, 1, threads)
-    many = run(model, prompt, tokens + 1, threads)
+    make = forkless_timer if engine == "forkless" else llama_cpp_timer
+    timed = make(model, len(prompt) + tokens + 17, threads)
+    one = timed(prompt, 1)
+    many = timed(prompt, tokens + 1)
     print(json.dumps({"ms_per_token": (many - one) / tokens * 1e3, "one_token_s": one}))
 
 
