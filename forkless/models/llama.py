@@ -129,9 +129,9 @@ class LlamaAttention(nn.Module):
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q = self.q_norm(q)
-            k = self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+            q, k = self.rotary_emb.rotate_normed(positions, q, k, self.q_norm, self.k_norm)
+        else:
+            q, k = self.rotary_emb(positions, q, k)
         out = self.attn.forward(q, k, v, kv_cache, attn_metadata)
         if self.tp_group is None:
             return self.o_proj(out)

@@ -140,6 +140,78 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     )
 
 
+
+@triton.jit
+def _qk_norm_rotary_kernel(
+    q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
+    q_stride_t, q_stride_h, k_stride_t, k_stride_h, cs_stride_t, num_tokens, q_eps, k_eps,
+    NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr,
+):
+    # Qwen3's per-head RMSNorm of queries and keys, then their rotation: one program per
+    # head of TOKENS tokens, each head row read and written once (three launches before).
+    t = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
+    h = tl.program_id(1)
+    if h < NUM_Q_HEADS:
+        base = q_ptr + t * q_stride_t + h * q_stride_h
+        w_ptr = qw_ptr
+        eps = q_eps
+    else:
+        base = k_ptr + t * k_stride_t + (h - NUM_Q_HEADS) * k_stride_h
+        w_ptr = kw_ptr
+        eps = k_eps
+    offs = tl.arange(0, BLOCK)
+    cols = offs < HALF
+    mask = (t < num_tokens)[:, None] & cols[None, :]
+    at = base[:, None] + offs[None, :]
+    x1 = tl.load(at, mask=mask, other=0.0)
+    x2 = tl.load(at + HALF, mask=mask, other=0.0)
+    # RMSNorm as _rms_norm_kernel computes it (float32 statistics, rounded to the dtype).
+    a32 = x1.to(tl.float32)
+    b32 = x2.to(tl.float32)
+    rstd = tl.math.rsqrt((tl.sum(a32 * a32, axis=1) + tl.sum(b32 * b32, axis=1)) / (2 * HALF) + eps)
+    w1 = tl.load(w_ptr + offs, mask=cols, other=0.0)
+    w2 = tl.load(w_ptr + HALF + offs, mask=cols, other=0.0)
+    n1 = (w1[None, :] * (a32 * rstd[:, None]).to(x1.dtype)).to(x1.dtype)
+    n2 = (w2[None, :] * (b32 * rstd[:, None]).to(x1.dtype)).to(x1.dtype)
+    # Rotation as _rotary_kernel computes it.
+    cs = (t * cs_stride_t)[:, None] + offs[None, :]
+    cos = tl.load(cos_ptr + cs, mask=mask, other=0.0)
+    sin = tl.load(sin_ptr + cs, mask=mask, other=0.0)
+    lo = (n1 * cos).to(x1.dtype) - (n2 * sin).to(x1.dtype)
+    hi = (n2 * cos).to(x1.dtype) + (n1 * sin).to(x1.dtype)
+    tl.store(at, lo.to(x1.dtype), mask=mask)
+    tl.store(at + HALF, hi.to(x1.dtype), mask=mask)
+
+
+def qk_norm_rotary_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                    q_eps: float, k_eps: float, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """Per-head RMSNorm of every query and key head, then rotary over the whole head, in place.
+
+    The result equals :func:`rms_norm` of ``q`` and of ``k`` followed by :func:`rotary_`
+    with ``rotary_dim`` the head size, in one launch.
+
+    Args:
+        q: ``[T, Hq, D]``, head dimension contiguous (``D`` even).
+        k: ``[T, Hkv, D]``, same.
+        q_weight: ``[D]`` the query norm's weight.
+        k_weight: ``[D]`` the key norm's weight.
+        q_eps: The query norm's epsilon.
+        k_eps: The key norm's epsilon.
+        cos: ``[T, 1, D]`` (``cat(freqs, freqs).cos()``), dtype of ``q``.
+        sin: Same shape, the sines.
+    """
+    t, hq, d = q.shape
+    half = d // 2
+    if cos.stride(-1) != 1 or sin.stride(0) != cos.stride(0):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    block = triton.next_power_of_2(half)
+    tokens = _rows_per_program(t, 2 * block)
+    _qk_norm_rotary_kernel[(triton.cdiv(t, tokens), hq + k.shape[1])](
+        q, k, q_weight, k_weight, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+        cos.stride(0), t, q_eps, k_eps,
+        NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, num_warps=1 if tokens * block <= 256 else 4,
+    )
+
 @triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride_t, out_stride_t, D, BLOCK: tl.constexpr):
     t = tl.program_id(0)

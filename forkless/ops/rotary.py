@@ -7,6 +7,10 @@ Hugging Face float32 computation exactly.
 Invariants: ``forward_cpu`` (C kernel, float32 only) and ``forward_cuda`` (Triton, CUDA
 tensors only) rotate ``q`` and ``k`` in place; ``forward_native`` returns new tensors.
 Every implementation returns the rotated pair, equal to float32 rounding.
+:meth:`RotaryEmbedding.rotate_normed` (models with per-head query/key norms) runs the two
+norms and the rotation as one Triton kernel only where all three ops are forkless's own
+and bound to ``forward_cuda``: an op replaced by a plugin, or turned off by
+``FORKLESS_CUSTOM_OPS``, is always called as itself.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 from forkless.ops.interface import CustomOp
 from forkless.ops import fused_cpu
 from forkless.ops.kernels import FusedKernelOp, triton_kernels
+from forkless.ops.layernorm import RMSNorm
 
 
 def _default_inv_freq(base: float, dim: int) -> torch.Tensor:
@@ -139,3 +144,22 @@ class RotaryEmbedding(FusedKernelOp):
         cos, sin = self._cos_sin(positions, q.dtype)
         triton_kernels().rotary_(q, k, cos, sin, self.rotary_dim)
         return q, k
+
+    def rotate_normed(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: CustomOp, k_norm: CustomOp
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``self(positions, q_norm(q), k_norm(k))``: per-head norms, then the rotation.
+
+        One launch on CUDA where the three ops are the built-in ones running their Triton
+        kernels and the rotation covers whole heads (``q`` and ``k`` are then overwritten:
+        pass views nothing else reads, as the QKV projection's split is); otherwise the
+        three ops are called one after the other.
+        """
+        if (q.is_cuda and type(self) is RotaryEmbedding and self.implementation == "forward_cuda"
+                and self.rotary_dim == self.head_dim and type(q_norm) is RMSNorm and type(k_norm) is RMSNorm
+                and q_norm.implementation == "forward_cuda" and k_norm.implementation == "forward_cuda"
+                and q.stride(-1) == 1 and k.stride(-1) == 1):
+            cos, sin = self._cos_sin(positions, q.dtype)
+            triton_kernels().qk_norm_rotary_(q, k, q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps, cos, sin)
+            return q, k
+        return self(positions, q_norm(q), k_norm(k))

@@ -85,3 +85,29 @@ def test_silu_and_mul(dtype, tol):
     torch.manual_seed(3)
     x = torch.randn(6, 2 * 14336, dtype=dtype)
     _close(fused_triton.silu_and_mul(x.cuda()), SiluAndMul()(x), tol)
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("num_tokens", [3, 300])
+def test_qk_norm_rotary_in_place(dtype, tol, num_tokens):
+    # Qwen3: per-head norms of q and k, then the rotation, as one kernel over the views
+    # into the qkv projection's output; equal to the three ops one after the other.
+    torch.manual_seed(4)
+    hq, hkv, d = 16, 8, 128
+    rotary = RotaryEmbedding(d, {"rope_type": "default", "rope_theta": 1000000.0})
+    q_norm, k_norm = RMSNorm(d, 1e-6, dtype=dtype), RMSNorm(d, 1e-5, dtype=dtype)
+    q_norm.weight.data.normal_(1.0, 0.1)
+    k_norm.weight.data.normal_(1.0, 0.1)
+    qkv = torch.randn(num_tokens, (hq + 2 * hkv) * d, dtype=dtype)
+    positions = torch.randint(0, 20000, (num_tokens,))
+    q = qkv[:, : hq * d].view(num_tokens, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(num_tokens, hkv, d)
+    want_q, want_k = rotary(positions, q_norm(q), k_norm(k))
+    qkv_gpu = qkv.cuda()
+    q_gpu = qkv_gpu[:, : hq * d].view(num_tokens, hq, d)
+    k_gpu = qkv_gpu[:, hq * d : (hq + hkv) * d].view(num_tokens, hkv, d)
+    got_q, got_k = rotary.cuda().rotate_normed(positions.cuda(), q_gpu, k_gpu, q_norm.cuda(), k_norm.cuda())
+    assert got_q.data_ptr() == q_gpu.data_ptr()  # the one-kernel path ran (in place)
+    _close(got_q, want_q, max(tol, 1e-4))
+    _close(got_k, want_k, max(tol, 1e-4))
+    _close(qkv_gpu[:, (hq + hkv) * d :], qkv[:, (hq + hkv) * d :], 0.0)  # v untouched
