@@ -14,6 +14,7 @@ keys/values; the ratio is attention bandwidth over copy bandwidth.
     python benchmarks/attention_bw.py --compare DIR    # + another version's kernels (DIR holds
                                                        #   its triton_kernels.py and triton_paged.py)
     python benchmarks/attention_bw.py --step-profile   # + GPU kernels of real decode steps, batch 512
+    python benchmarks/attention_bw.py --sweep --sweep-filter heads-fast --block-size 64  # some candidates, other blocks
 
 ``--step-profile`` runs ``LLM`` on a Qwen3-0.6B-shaped model with random weights: 512
 prompts of 100-1024 tokens, steps until every prompt is prefilled, then profiles decode
@@ -134,6 +135,9 @@ def _candidates():
     out = [L(1, bn, 4, st, sp) for bn, st in ((64, 2), (64, 3), (128, 2), (128, 3)) for sp in (1, 2, 4, 8)]
     # Larger tiles halve the loop's per-iteration overhead per byte; with an fp8 cache a
     # 256-token tile moves what a 128-token bf16 tile does (bf16 may not fit: reported).
+    # The heads of a sequence side by side in the grid (HEADS_FAST), with the split rule.
+    out += [L(1, 64, 4, 2, None, heads_fast=True), L(1, 128, 4, 2, None, heads_fast=True),
+            L(1, 64, 4, 3, None, heads_fast=True)]
     return out + [L(1, 128, 8, 2, 1), L(1, 256, 8, 2, 1), L(1, 64, 4, 2, 1, fp8_via_fp16=True),
                   L(1, 128, 4, 2, 1, fp8_via_fp16=True), L(1, 64, 4, 2, 1, keys_first=True),
                   L(1, 128, 4, 2, 1, keys_first=True), L(1, 128, 4, 2, 1, fp8_via_fp16=True, keys_first=True)]
@@ -147,7 +151,7 @@ def bandwidth(args: argparse.Namespace) -> None:
 
     copy_bw = copy_bandwidth("cuda")
     print(f"{torch.cuda.get_device_name()}: device copy {copy_bw / 1e12:.3f} TB/s (read + written, 4 GiB)")
-    print("attention: Hq=16 Hkv=8 D=128 block 16, context uniform 100-2048, bf16 queries")
+    print(f"attention: Hq=16 Hkv=8 D=128 block {BS}, context uniform 100-2048, bf16 queries")
     backends = {}
     base = TritonAttentionBackend(HQ, HKV, D, D**-0.5)
     base.decode_override = DECODE_BASELINE
@@ -157,11 +161,14 @@ def bandwidth(args: argparse.Namespace) -> None:
         backends[f"kernels of {args.compare}"] = _load_other(Path(args.compare))(HQ, HKV, D, D**-0.5)
     if args.sweep:
         for c in _candidates():
+            name = (f"kv/prog {c.kv_per_prog} tile {c.block_n} warps {c.num_warps} stages {c.num_stages} "
+                    f"splits {c.splits or 'auto'}{' fp8->f16' if c.fp8_via_fp16 else ''}"
+                    f"{' keys-first' if c.keys_first else ''}{' heads-fast' if c.heads_fast else ''}")
+            if args.sweep_filter and args.sweep_filter not in name:
+                continue
             b = TritonAttentionBackend(HQ, HKV, D, D**-0.5)
             b.decode_override = c
-            backends[f"kv/prog {c.kv_per_prog} tile {c.block_n} warps {c.num_warps} stages {c.num_stages} "
-                     f"splits {c.splits or 'auto'}{' fp8->f16' if c.fp8_via_fp16 else ''}"
-                     f"{' keys-first' if c.keys_first else ''}"] = b
+            backends[name] = b
     dtypes = [("bf16", torch.bfloat16)]
     if not args.no_fp8:
         dtypes.append(("fp8", torch.float8_e4m3fn))
@@ -269,11 +276,14 @@ def step_profile(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    global BS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, nargs="+", default=[16, 64, 128, 256, 512])
     parser.add_argument("--sweep", action="store_true", help="also time every candidate decode launch")
     parser.add_argument("--sweep-batch", type=int, nargs="+", default=[16, 64, 256, 512],
                         help="batches the sweep times")
+    parser.add_argument("--sweep-filter", default=None, help="sweep only the candidates whose label holds this")
+    parser.add_argument("--block-size", type=int, default=BS, help="tokens per cache block (the engine's default: 16)")
     parser.add_argument("--compare", default=None, help="a folder with another version's kernels")
     parser.add_argument("--no-fp8", action="store_true", help="bf16 cache only")
     parser.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth table")
@@ -284,6 +294,7 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true", help="profile without CUDA graphs")
     parser.add_argument("--top", type=int, default=20)
     args = parser.parse_args()
+    BS = args.block_size
     import torch
 
     if not torch.cuda.is_available():

@@ -51,6 +51,8 @@ class DecodeLaunch(NamedTuple):
             one measured and tested on the H200).
         keys_first: Compute the scores transposed, the key tile as the dot's first
             operand (no transpose of a converted fp8 tile); not yet run on a GPU.
+        heads_fast: Order the grid (KV-head group, split, sequence), so that one
+            sequence's head programs run together over the same cache blocks.
     """
 
     kv_per_prog: int = 1
@@ -60,6 +62,7 @@ class DecodeLaunch(NamedTuple):
     splits: int | None = None
     fp8_via_fp16: bool = False
     keys_first: bool = False
+    heads_fast: bool = False
 
 
 #: The decode launch before the tuning of issue #14 (one KV head per program, 64-token
@@ -72,18 +75,27 @@ DECODE_BASELINE = DecodeLaunch()
 #: still does. More KV heads per program, 16- or 32-token tiles and 8 warps were all slower
 #: at both batches; 128-token tiles with 3 stages matched 2 stages at 512 (0.963) and beat
 #: it at 256 (0.914), but need twice the shared memory (too much for float32 or head
-#: size 256).
-DECODE_DEFAULT = DecodeLaunch(num_stages=2)
+#: size 256). The grid puts a sequence's head programs side by side (``heads_fast``), and
+#: a batch split at most in two takes 128-token tiles where they fit (16-bit queries,
+#: heads of at most 128): see :meth:`TritonAttentionBackend.decode_launch`.
+DECODE_DEFAULT = DecodeLaunch(num_stages=2, heads_fast=True)
 #: The default decode launch over an fp8 cache with 16-bit queries and heads of at most 128:
 #: 128-token tiles (the bytes of a 64-token bf16 tile). Measured on an H200 (same shapes,
 #: benchmarks/README.md): 565 us at batch 512 against 654 us with 64-token tiles, 316
 #: against 362 us at 256, 124 against 146 us at 64.
-DECODE_DEFAULT_FP8 = DecodeLaunch(block_n=128, num_stages=2)
+DECODE_DEFAULT_FP8 = DecodeLaunch(block_n=128, num_stages=2, heads_fast=True)
 
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _big_shared_memory(index: int) -> bool:
+    """Whether a program may use 160 KiB of shared memory (Hopper, A100; not consumer GPUs):
+    two stages of 128-token bf16 key and value tiles of 128-wide heads need 128 KiB."""
+    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin >= 160 * 1024
 
 
 class TritonAttentionBackend(TorchAttentionBackend):
@@ -132,18 +144,19 @@ class TritonAttentionBackend(TorchAttentionBackend):
         out = torch.empty(num_tokens, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         num_seqs = md.seq_lens.shape[0]
         if md.max_query_len == 1:
-            launch = self.decode_launch(num_seqs, q.device, kv_fp8=kv_fp8 and q.dtype != torch.float32)
+            launch = self.decode_launch(num_seqs, q.device, kv_fp8=kv_fp8 and q.dtype != torch.float32,
+                                        half=q.dtype in (torch.bfloat16, torch.float16))
             kv_per_prog, block_n, splits = launch.kv_per_prog, launch.block_n, launch.splits
             block_q = 1
             block_m = max(16, triton.next_power_of_2(kv_per_prog * self.group))
             num_warps, num_stages = launch.num_warps, launch.num_stages
-            via_fp16, keys_first = launch.fp8_via_fp16, launch.keys_first
+            via_fp16, keys_first, heads_fast = launch.fp8_via_fp16, launch.keys_first, launch.heads_fast
         else:
             kv_per_prog, block_n, splits = 1, _BLOCK_N, 1
             block_q = max(1, _PREFILL_ROWS // self.group)
             block_m = max(16, triton.next_power_of_2(block_q * self.group))
             num_warps, num_stages = 4, 3
-            via_fp16 = keys_first = False
+            via_fp16 = keys_first = heads_fast = False
         # 0: the cache holds q's dtype; 1: fp8 read as q's dtype; 2: fp8 read as float16.
         fp8_mode = 0 if not kv_fp8 else 2 if via_fp16 and q.dtype in (torch.bfloat16, torch.float16) else 1
         assert splits is not None
@@ -153,7 +166,8 @@ class TritonAttentionBackend(TorchAttentionBackend):
             part_acc = torch.empty(num_seqs * splits * self.num_heads, self.head_dim,
                                    dtype=torch.float32, device=q.device)
             part_ml = torch.empty(num_seqs * splits * self.num_heads, 2, dtype=torch.float32, device=q.device)
-        paged_attention_kernel[(num_seqs, tiles, self.num_kv_heads // kv_per_prog)](
+        groups = self.num_kv_heads // kv_per_prog
+        paged_attention_kernel[(groups, tiles, num_seqs) if heads_fast else (num_seqs, tiles, groups)](
             q, out, kv_cache, md.block_tables, md.seq_lens, md.query_start_loc,
             part_acc, part_ml,
             self.scale * LOG2E * (self.k_scale if kv_fp8 else 1.0), self.v_scale,
@@ -163,7 +177,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             HEAD_DIM=self.head_dim, BLOCK_D=self.block_d,
             BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
             KV_PER_PROG=kv_per_prog, ONE_BLOCK=md.block_size % block_n == 0, KV_FP8=fp8_mode, KEYS_FIRST=keys_first,
-            NUM_SPLITS=splits, IEEE=q.dtype == torch.float32,
+            NUM_SPLITS=splits, IEEE=q.dtype == torch.float32, HEADS_FAST=heads_fast,
             num_warps=num_warps, num_stages=num_stages,
         )
         if splits > 1:
@@ -174,13 +188,15 @@ class TritonAttentionBackend(TorchAttentionBackend):
             )
         return out.view(num_tokens, self.num_heads * self.head_dim)
 
-    def decode_launch(self, num_seqs: int, device: torch.device, kv_fp8: bool = False) -> DecodeLaunch:
+    def decode_launch(self, num_seqs: int, device: torch.device, kv_fp8: bool = False,
+                      half: bool = False) -> DecodeLaunch:
         """The decode launch for a batch of ``num_seqs`` sequences (host integers only).
 
         Args:
             num_seqs: Sequences in the batch.
             device: Their device.
             kv_fp8: The cache holds fp8 and the queries are 16-bit.
+            half: The queries are 16-bit (bfloat16 or float16).
         """
         launch = self.decode_override or (DECODE_DEFAULT_FP8 if kv_fp8 and self.head_dim <= 128 else DECODE_DEFAULT)
         kv_per_prog = launch.kv_per_prog if self.num_kv_heads % launch.kv_per_prog == 0 else 1
@@ -189,13 +205,31 @@ class TritonAttentionBackend(TorchAttentionBackend):
         splits = self.decode_splits if self.decode_splits is not None else launch.splits
         if splits is None:
             splits = self._decode_splits(num_seqs * (self.num_kv_heads // kv_per_prog), device)
+        if (self.decode_override is None and splits <= 2 and half and self.head_dim <= 128
+                and device.type == "cuda" and _big_shared_memory(device.index or 0)):
+            # Measured on an H100 (Qwen3-0.6B's heads, contexts of 100-2,048 tokens,
+            # benchmarks/README.md): with the heads side by side, 128-token tiles took
+            # 211.8 / 391.4 / 738.1 us at batch 128 (2 splits) / 256 / 512 against 218.5 /
+            # 401.9 / 754.0 for the earlier default; with 4 or more splits (batch 64 and
+            # below) 64-token tiles were as fast or faster.
+            block_n = max(block_n, 128)
         return launch._replace(kv_per_prog=kv_per_prog, block_n=block_n, splits=splits)
 
     def _decode_splits(self, programs: int, device: torch.device) -> int:
-        """Split the context when the (sequence, KV-head group) programs alone would leave SMs idle."""
+        """Split the context when the (sequence, KV-head group) programs are too few to keep
+        the copy engines busy: below 8 per SM, enough splits for ~16 per SM (a power of two,
+        so that few variants compile).
+
+        Fitted on an H200 (132 SMs; benchmarks/README.md, "Decode attention bandwidth"):
+        Qwen3-0.6B's heads, contexts of 100-2,048 tokens, 64-token tiles: 8 splits at batch
+        32 took 45.9 us against 50.3 with the 2 the earlier rule (split below 2 programs per
+        SM) gave, 4 at batch 64 94.4 against 100.0 (no split), 2 at batch 128 160.0 against
+        169.9; at batch 256 and up splitting was slower.
+        """
         if device.type != "cuda":
             return 1
-        target = 2 * _sm_count(device.index or 0)
-        if programs >= target:
+        sms = _sm_count(device.index or 0)
+        if programs >= 8 * sms:
             return 1
-        return min(_MAX_SPLITS, triton.cdiv(target, programs))
+        want = min(_MAX_SPLITS, triton.cdiv(16 * sms, programs))
+        return 1 << (want.bit_length() - 1)  # rounded down to a power of two
