@@ -217,10 +217,11 @@ class TritonAttentionBackend(TorchAttentionBackend):
 
     def _decode_splits(self, programs: int, device: torch.device) -> int:
         """Split the context when the (sequence, KV-head group) programs are too few to keep
-        the copy engines busy: below 8 per SM, enough splits for ~16 per SM (a power of two,
+        enough loads in flight: below 8 per SM, enough splits for ~16 per SM (a power of two,
         so that few variants compile).
 
-        Fitted on an H200 (132 SMs; benchmarks/README.md, "Decode attention bandwidth"):
+        Fitted on an H200 (132 SMs; benchmarks/README.md, "The collector fix measured, and
+        small-batch decode attention"):
         Qwen3-0.6B's heads, contexts of 100-2,048 tokens, 64-token tiles: 8 splits at batch
         32 took 45.9 us against 50.3 with the 2 the earlier rule (split below 2 programs per
         SM) gave, 4 at batch 64 94.4 against 100.0 (no split), 2 at batch 128 160.0 against
