@@ -434,7 +434,7 @@ class ModelRunner:
         elif self._verify_graph_fits(rows):
             hidden, starts, last_idx = self._run_verify_graph(rows)
             logits = self.model.compute_logits(hidden[last_idx])
-            verification = self._verify(rows, hidden, starts, grammar)
+            verification, _ = self._verify(rows, hidden, starts, grammar)
         else:
             input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
             hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
@@ -445,9 +445,15 @@ class ModelRunner:
                 # Only prefill chunks that end mid-prompt.
                 # (A draft model computes them too: the rows go to collect().)
                 return _PendingStep(rows, ready=self._record() if prompt_parts else None, prompt_parts=prompt_parts)
-            logits = self.model.compute_logits(hidden[last_idx])
             if any(s.num_spec_tokens for s in rows):
-                verification = self._verify(rows, hidden, attn_md.query_start_loc_cpu, grammar)
+                # On the CPU one LM-head pass gives the sampled and the verified positions'
+                # logits: each pass streams all of the head's weights.
+                verification, logits = self._verify(rows, hidden, attn_md.query_start_loc_cpu, grammar,
+                                                    last_idx if hidden.device.type == "cpu" else None)
+                if logits is None:
+                    logits = self.model.compute_logits(hidden[last_idx])
+            else:
+                logits = self.model.compute_logits(hidden[last_idx])
         last_hidden = None
         if self.proposer is not None and self.proposer.needs_hidden_states:
             last_hidden = hidden if last_idx is None else hidden[last_idx]
@@ -605,13 +611,15 @@ class ModelRunner:
         return self._lora_counts(result)
 
     def _verify(self, rows: list[ScheduledRequest], hidden: torch.Tensor, starts: torch.Tensor,
-                grammar: StepBitmask | None) -> Verification:
+                grammar: StepBitmask | None,
+                sampled: torch.Tensor | None = None) -> tuple[Verification, torch.Tensor | None]:
         """Queue the verification of this step's drafts (``starts``: each row's first
-        token in ``hidden``, on the host; ``grammar``: the constrained rows' masks)."""
+        token in ``hidden``, on the host; ``grammar``: the constrained rows' masks), and
+        the logits at ``sampled`` from the same LM-head pass (``None`` without it)."""
         requests = self.requests
         return verify(rows, [requests[s.request_id].params for s in rows], hidden, starts,
                       self.model.compute_logits, self._to_device, self._to_host,
-                      None if grammar is None else grammar.apply_verified)
+                      None if grammar is None else grammar.apply_verified, sampled)
 
     def _propose(self, rows: list[ScheduledRequest], sampled: list[list[int]], result: ModelRunnerOutput,
                  pending: _PendingStep) -> None:

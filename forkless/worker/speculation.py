@@ -82,7 +82,8 @@ def verify(rows: list[ScheduledRequest], params: list[SamplingParams], hidden: t
            query_starts: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor],
            to_device: Callable[[np.ndarray], torch.Tensor],
            to_host: Callable[[torch.Tensor], torch.Tensor],
-           mask: Callable[[torch.Tensor, list[int]], None] | None = None) -> Verification:
+           mask: Callable[[torch.Tensor, list[int]], None] | None = None,
+           sampled: torch.Tensor | None = None) -> tuple[Verification, torch.Tensor | None]:
     """Verify the drafts of this step's rows that have some.
 
     Args:
@@ -96,6 +97,13 @@ def verify(rows: list[ScheduledRequest], params: list[SamplingParams], hidden: t
         mask: Structured outputs: masks, in place, the ``[rows with drafts, k + 1, V]``
             logits of the constrained rows among those (given as step row indexes) at
             each position with what their grammar allows there.
+        sampled: Indexes into ``hidden`` of the positions the step samples from, whose
+            logits are to come out of the same LM-head pass as the verified positions'
+            (on the CPU, where the pass streams the whole LM head's weights, a second
+            pass costs as much as the first); ``None``: the caller computes them.
+
+    Returns:
+        ``(verification, logits)``: the logits at ``sampled`` (``None`` without it).
     """
     idx = [i for i, s in enumerate(rows) if s.num_spec_tokens]
     num_drafts = np.array([rows[i].num_spec_tokens for i in idx], dtype=np.int64)
@@ -106,7 +114,12 @@ def verify(rows: list[ScheduledRequest], params: list[SamplingParams], hidden: t
     # k + 1 positions per row; a row with fewer drafts repeats its last (never read).
     gather = np.minimum(first[:, None] + np.arange(k + 1)[None, :], (first + num_drafts)[:, None])
     scored = hidden[to_device(gather.reshape(-1))]
-    logits = compute_logits(scored).view(len(idx), k + 1, -1)
+    step_logits = None
+    if sampled is None:
+        logits = compute_logits(scored).view(len(idx), k + 1, -1)
+    else:
+        both = compute_logits(torch.cat([hidden[sampled], scored]))
+        step_logits, logits = both[: len(sampled)], both[len(sampled):].view(len(idx), k + 1, -1)
     if mask is not None:
         mask(logits, idx)
     drafts = np.full((len(idx), k), PAD_TOKEN_ID, dtype=np.int64)
@@ -121,7 +134,8 @@ def verify(rows: list[ScheduledRequest], params: list[SamplingParams], hidden: t
         to_device(drafts), to_device(num_drafts), logits, to_device(temperature),
         top_k=to_device(top_k) if (top_k < vocab).any() else None,
         top_p=to_device(top_p) if (top_p < 1.0).any() else None)
-    return Verification(idx, num_drafts, to_host(tokens), to_host(emitted), scored.view(len(idx), k + 1, -1))
+    return (Verification(idx, num_drafts, to_host(tokens), to_host(emitted), scored.view(len(idx), k + 1, -1)),
+            step_logits)
 
 
 def last_hidden_states(last_hidden: torch.Tensor, verification: Verification | None, rows: list[int],
