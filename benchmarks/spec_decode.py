@@ -1,7 +1,7 @@
 """Speculative decoding against plain decoding, on the same requests.
 
 Two workloads, each run on a fresh ``LLM`` without and with each ``--methods`` entry,
-interleaved, best of ``--repeats``:
+interleaved, ``--repeats`` times:
 
 * ``ngram``: ``{"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_min": 1,
   "prompt_lookup_max": 4}``;
@@ -24,13 +24,17 @@ The workloads:
   worst case, where drafts cost verification and little is accepted. (Greedy decoding of
   random prompts falls into loops that prompt lookup predicts well, so it would flatter.)
 
-At batch 1 (one request at a time) and batch 8 (8 at once). Prints output tokens per
-second, the ratio with / without, and the acceptance (mean tokens a draft sequence
-yields, its own token included; the share of draft tokens accepted).
+At batch 1 (one request at a time) and batch 8 (8 at once). Each repeat runs plain
+decoding and then each method, so that a ratio compares runs a few seconds apart (a
+3-second run on a shared 2-core machine swings by +-5 %); printed are the medians over
+the repeats of the output tokens per second and of the per-repeat ratios with / without
+(with their range), and the acceptance (mean tokens a draft sequence yields, its own
+token included; the share of draft tokens accepted).
 
     python benchmarks/spec_decode.py                 # the default model, this machine's CPU
     python benchmarks/spec_decode.py --model PATH --k 4 --max-tokens 128
     python benchmarks/spec_decode.py --async-scheduling   # both sides with async steps
+    python benchmarks/spec_decode.py --methods ngram --workloads no-repeat --batches 8 --repeats 9
 
 The issue's bars (ngram): copy at batch 1 >= 1.8x, no-repeat never below 0.95x.
 """
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import time
 from pathlib import Path
 
@@ -117,8 +122,9 @@ def main() -> None:
     parser.add_argument("--draft-layers", type=int, default=6, help="layers of the draft-layers draft")
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--num-prompts", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each case; medians are printed")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--workloads", nargs="+", default=["copy", "no-repeat"], choices=["copy", "no-repeat"])
     parser.add_argument("--dtype", default="auto", help="model dtype (auto: float32 on the CPU)")
     parser.add_argument("--async-scheduling", action="store_true",
                         help="both sides with --async-scheduling (the baseline overlaps its steps too)")
@@ -146,24 +152,31 @@ def main() -> None:
     }
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
     print(f"model {args.model}, CPU {cpu}, torch threads {torch.get_num_threads()}, k {args.k}, "
-          f"{args.num_prompts} prompts x {args.max_tokens} tokens; copy greedy, no-repeat sampled"
-          f"{'; --async-scheduling on both sides' if args.async_scheduling else ''}")
-    print("| workload | batch | method | plain tok/s | spec tok/s | ratio | mean acceptance length | drafts accepted |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|")
-    for name, (prompts, random_ids) in workloads.items():
+          f"{args.num_prompts} prompts x {args.max_tokens} tokens, {args.repeats} repeats (medians); "
+          f"copy greedy, no-repeat sampled{'; --async-scheduling on both sides' if args.async_scheduling else ''}")
+    print("| workload | batch | method | plain tok/s | spec tok/s | ratio (median) | ratio range "
+          "| mean acceptance length | drafts accepted |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for name in args.workloads:
+        prompts, random_ids = workloads[name]
         for batch in args.batches:
-            plain = 0.0
-            fast = dict.fromkeys(args.methods, 0.0)
+            plain: list[float] = []
+            fast: dict[str, list[float]] = {m: [] for m in args.methods}
+            ratios: dict[str, list[float]] = {m: [] for m in args.methods}
             acc: dict = {}
             for _ in range(args.repeats):
-                plain = max(plain, run(args.model, prompts, batch, None, args, random_ids)[0])
+                # Each method's ratio against the plain run just before it.
+                plain.append(run(args.model, prompts, batch, None, args, random_ids)[0])
                 for method in args.methods:
                     rate, acc[method] = run(args.model, prompts, batch, specs[method], args, random_ids)
-                    fast[method] = max(fast[method], rate)
+                    fast[method].append(rate)
+                    ratios[method].append(rate / plain[-1])
             for method in args.methods:
                 a = acc[method] or {"mean_acceptance_length": 1.0, "accepted_share": 0.0}
-                print(f"| {name} | {batch} | {method} | {plain:.1f} | {fast[method]:.1f} | "
-                      f"**{fast[method] / plain:.2f}x** | {a['mean_acceptance_length']:.2f} | "
+                r = ratios[method]
+                print(f"| {name} | {batch} | {method} | {statistics.median(plain):.1f} | "
+                      f"{statistics.median(fast[method]):.1f} | **{statistics.median(r):.2f}x** | "
+                      f"{min(r):.2f}-{max(r):.2f} | {a['mean_acceptance_length']:.2f} | "
                       f"{100 * a['accepted_share']:.0f} % |", flush=True)
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from forkless.plugins import RegistryError
 from forkless.spec_decode import ProposalBatch, Proposer, ProposerRegistry, SpeculativeConfig
+from forkless.spec_decode import ngram
 from forkless.spec_decode.ngram import NgramProposer, propose_ngram
 
 
@@ -46,8 +47,9 @@ def test_ngram_proposer_reads_each_row_to_its_length() -> None:
         '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 2}')
     proposer = ProposerRegistry.resolve(config.method)(config)
     assert isinstance(proposer, NgramProposer)
+    # A new request's first draft has 1 token.
     out = proposer.propose(_batch([1, 2, 3, 1, 2], [9, 8, 9], [5]))
-    assert out == [[3, 1], [8, 9], []]
+    assert out == [[3], [8], []]
 
 
 def test_ngram_is_vectorised_on_a_long_history() -> None:
@@ -103,80 +105,177 @@ def test_registry_by_name_by_path_and_unknown_names() -> None:
         ProposerRegistry.resolve("numpy:ndarray")
 
 
-def test_ngram_backs_off_after_rejected_drafts() -> None:
-    # Over tokens 1-3 the lookup always finds a guess; a target that always emits another
-    # token than the guess's first gets fewer and fewer drafts.
-    config = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 2,
-                                          "prompt_lookup_min": 1, "prompt_lookup_max": 2})
-    proposer = NgramProposer(config)
+def _ngram(k: int, max_n: int = 2) -> NgramProposer:
+    return NgramProposer(SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": k,
+                                                      "prompt_lookup_min": 1, "prompt_lookup_max": max_n}))
+
+
+def _one(proposer: NgramProposer, rid: str, history: list[int], scored: int | None = None) -> list[int]:
+    verified = None if scored is None else np.array([scored])
+    return proposer.propose(ProposalBatch([rid], np.array([history]), np.array([len(history)]),
+                                          num_verified=verified))[0]
+
+
+def test_draft_length_maximises_the_expected_gain() -> None:
+    # Token j of a draft is kept with chance p ** j and costs DRAFT_TOKEN_COST; a step
+    # that verifies anything costs VERIFY_STEP_COST once. The length is the best one.
+    def net(p: float, j: int) -> float:
+        return sum(p**i for i in range(1, j + 1)) - j * ngram.DRAFT_TOKEN_COST - (j > 0) * ngram.VERIFY_STEP_COST
+
+    for k in (1, 2, 4, 7):
+        lengths = []
+        for p in np.linspace(0.0, 1.0, 201):
+            length = ngram.draft_length(float(p), k)
+            assert net(p, length) == max(net(p, j) for j in range(k + 1)), (p, k)
+            lengths.append(length)
+        assert lengths == sorted(lengths) and lengths[0] == 0 and lengths[-1] == k
+    # Rare guesses do not pay, likely ones pay in full.
+    assert ngram.draft_length(0.1, 4) == 0 and ngram.draft_length(0.9, 4) == 4
+
+
+def test_ngram_stops_drafting_when_drafts_are_rejected() -> None:
+    proposer = _ngram(k=4)
+    # Text that repeats (1..6) and a target that keeps every draft: a new request's
+    # 1-token draft is kept, then it drafts at full length.
+    history = [1, 2, 3, 4, 5, 6, 1, 2]
+    lengths = []
+    for _ in range(6):
+        draft = _one(proposer, "r", history)
+        lengths.append(len(draft))
+        history = history + draft + [(draft[-1] if draft else history[-1]) % 6 + 1]  # kept + its own
+    assert lengths == [1, 4, 4, 4, 4, 4]
+    # Now a target that always emits another token than the guess's first: the drafts
+    # get shorter and stop; then only 1-token probes, at the steps that are multiples of
+    # a backoff doubling from 1 to MAX_BACKOFF (after step 14, the last paying draft:
+    # 18, 22 (2), 24 (4), 32 (8), 48 (16), 64 (32); steps 15-17 and 20 found no
+    # 2-token suffix seen before).
+    drafts = {}
+    for step in range(6, 80):
+        draft = _one(proposer, "r", history)
+        if draft:
+            drafts[step] = len(draft)
+        history = history + [draft[0] % 6 + 1 if draft else 1]  # never the guess
+    assert ngram.MAX_BACKOFF == 32
+    assert list(drafts) == [6, 7, 8, 9, 10, 11, 12, 13, 14, 18, 22, 24, 32, 48, 64]
+    assert [drafts[s] for s in (12, 13, 14, 18, 22, 24, 32, 48, 64)] == [2, 2, 1, 1, 1, 1, 1, 1, 1]
+
+
+def test_ngram_keeps_drafting_while_drafts_are_kept() -> None:
+    # A target that keeps every draft whole (the text repeats 1..6): a draft every step,
+    # at full length from the second one.
+    proposer = _ngram(k=4)
+    history = [1, 2, 3, 4, 5, 6, 1, 2]
+    lengths = []
+    for _ in range(20):
+        draft = _one(proposer, "r", history)
+        lengths.append(len(draft))
+        history = history + draft + [(draft[-1] if draft else history[-1]) % 6 + 1]  # kept + its own
+    assert lengths[0] == 1 and set(lengths[1:]) == {4}  # a new request's first: 1 token
+
+
+def test_ngram_probes_find_text_that_starts_to_repeat() -> None:
+    proposer = _ngram(k=4)
+    history = [5, 6, 7, 8, 9, 10, 1, 2, 3, 1, 2, 3, 1, 2]
+    for _ in range(20):  # rejected: backed off
+        draft = _one(proposer, "r", history)
+        history = history + [draft[0] % 3 + 1 if draft else 1]
+    assert sum(bool(_one(proposer, "r", history + [1] * i)) for i in range(8)) <= 1
+    # From now on the text repeats 11..16 and the target keeps every draft: a kept probe
+    # turns drafting back on.
+    history = history + [11, 12, 13, 14, 15, 16] * 2
+    lengths = []
+    for _ in range(2 * ngram.MAX_BACKOFF):
+        draft = _one(proposer, "r", history)
+        lengths.append(len(draft))
+        history = history + draft + [(draft[-1] if draft else history[-1]) % 6 + 11]
+    assert lengths[-8:] == [4] * 8
+
+
+def test_ngram_probes_need_a_two_token_suffix_and_fall_on_shared_steps() -> None:
+    proposer = _ngram(k=2)
+    histories = {"a": [1, 2, 3, 1, 2, 3, 1, 2], "b": [1, 2, 3, 1, 2, 3, 1, 2]}
+    drafted: dict[str, list[int]] = {"a": [], "b": []}
+    for step in range(70):
+        ids = ["a"] if step < 5 else ["a", "b"]  # b arrives at step 5
+        width = max(len(histories[r]) for r in ids)
+        rows = np.zeros((len(ids), width), dtype=np.int64)
+        for i, r in enumerate(ids):
+            rows[i, : len(histories[r])] = histories[r]
+        out = proposer.propose(ProposalBatch(ids, rows, np.array([len(histories[r]) for r in ids])))
+        for r, draft in zip(ids, out):
+            if draft:
+                drafted[r].append(step)
+            histories[r] = histories[r] + [draft[0] % 3 + 1 if draft else 1]
+    # Each one's first draft is rejected; then probes at multiples of 1, 2, 4, ... (a at
+    # 1-2 and b at 6-7 found no 2-token suffix seen before): from step 16 on the same
+    # steps, one verification for both.
+    assert drafted["a"] == [0, 3, 4, 8, 16, 32, 64]
+    assert drafted["b"] == [5, 8, 10, 12, 16, 32, 64]
+    # A probe wants the last 2 tokens seen before; one that finds none is not spent.
+    proposer = _ngram(k=2)
     history = [1, 2, 3, 1, 2, 3, 1, 2]
-    drafted = []
-    for _ in range(24):
-        draft = proposer.propose(ProposalBatch(["r"], np.array([history]), np.array([len(history)])))[0]
-        drafted.append(bool(draft))
-        history = history + [draft[0] % 3 + 1 if draft else 1]  # never the guess
-    # Two rejected drafts in a row -> 2 lookups skipped, three -> 4, then 8, then 16 (the cap).
-    assert [i for i, d in enumerate(drafted) if d] == [0, 1, 4, 9, 18]
-    # Once the skipped lookups are over, a kept draft token ends the streak: a target that
-    # follows the guesses gets a draft every step.
-    def step(rid: str, follow: bool) -> list[int]:
-        nonlocal history
-        draft = proposer.propose(ProposalBatch([rid], np.array([history]), np.array([len(history)])))[0]
-        history = history + (draft[:1] if draft and follow else [1])
-        return draft
+    assert _one(proposer, "r", history) == [3]  # step 0: a new request's first draft
+    history = history + [9, 5, 9]  # rejected: drafting stops, a probe at every step for now
+    assert not _one(proposer, "r", history)  # step 1: "9" occurred, "5 9" did not
+    history = history + [5, 9]
+    assert _one(proposer, "r", history) == [5]  # step 2: "5 9" did: a probe; backoff 2
+    history = history + [1, 9, 5]  # rejected
+    assert not _one(proposer, "r", history)  # step 3: "9 5" occurred, but 3 is odd
+    history = history + [9]
+    assert _one(proposer, "r", history) == [1]  # step 4: "5 9" -> 1; backoff 4
+    history = history + [2, 5, 9]  # rejected
+    assert not _one(proposer, "r", history)  # step 5: waits for step 8
 
-    while not step("r", follow=True):
-        pass
-    assert all(step("r", follow=True) for _ in range(12))
-    # A target that keeps only the first token of each draft gets 1-token drafts (the
-    # second token would be verified for nothing); one that keeps whole drafts gets
-    # num_speculative_tokens again.
-    assert {len(step("r", follow=True)) for _ in range(6)} == {1}
 
-    def keep_all(rid: str) -> list[int]:
-        nonlocal history
-        draft = proposer.propose(ProposalBatch([rid], np.array([history]), np.array([len(history)])))[0]
-        history = history + draft + [draft[-1] % 3 + 1] if draft else history + [1]
-        return draft
-
-    assert [len(keep_all("r")) for _ in range(4)] == [1, 2, 2, 2]
-    # State is per request: a new one gets drafts at once.
-    history = [1, 2, 3, 1, 2, 3, 1, 2]
-    assert all(step("s", follow=True) for _ in range(12))
+def test_ngram_state_is_per_request() -> None:
+    proposer = _ngram(k=4)
+    history = [1, 2, 3, 4, 5, 6, 1, 2]
+    for _ in range(4):  # drafts kept whole: drafting at full length
+        draft = _one(proposer, "r", history)
+        history = history + draft + [(draft[-1] if draft else history[-1]) % 6 + 1]
+    assert len(_one(proposer, "r", history)) == 4
+    # A new request starts afresh: 1 token (and r, whose draft was never judged, keeps
+    # its estimate).
+    batch = ProposalBatch(["r", "s"], np.array([history, history[:8] + [0] * (len(history) - 8)]),
+                          np.array([len(history), 8]))
+    assert [len(d) for d in proposer.propose(batch)] == [4, 1]
 
 
 def test_ngram_judges_only_the_drafts_a_step_scored() -> None:
     """A draft the step never scored (async scheduling ran the step before the draft was
-    known, or the budget left no room) neither shrinks the draft length nor backs off;
-    the scored part of a draft cut short by the scheduler counts as kept whole."""
-    config = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 4,
-                                          "prompt_lookup_min": 1, "prompt_lookup_max": 2})
-    proposer = NgramProposer(config)
-    history = [1, 2, 3, 4, 5, 6, 7, 1, 2]
+    known, or the budget left no room) changes nothing; the scored part of a draft cut
+    short by the scheduler, kept whole, shows no rejection."""
+    text = list(range(1, 10)) * 3  # lookups find 4 tokens to guess
 
-    def step(appended: list[int], scored: int) -> list[int]:
-        nonlocal history
-        history = history + appended
-        return proposer.propose(ProposalBatch(["r"], np.array([history]), np.array([len(history)]),
-                                              num_verified=np.array([scored])))[0]
+    def drafting(k4: NgramProposer) -> list[int]:
+        """A new request whose first draft was kept: drafting at full length."""
+        history = text[:20]
+        assert _one(k4, "r", history, scored=0) == [3]  # a new request's: 1 token
+        history = history + [3, 4]  # kept, then the target's own token
+        assert _one(k4, "r", history, scored=1) == [5, 6, 7, 8]
+        return history
 
-    assert step([], 0) == [3, 4, 5, 6]
-    # Unscored steps whose one token differs from the guess: nothing learnt, the drafts
-    # are a fresh proposer's (full length, no lookup skipped).
-    for token in (5, 1, 3, 7):
-        draft = step([token], 0)
-        fresh = NgramProposer(config).propose(ProposalBatch(["r"], np.array([history]), np.array([len(history)])))
-        assert draft and draft == fresh[0]
-    # Scored and rejected twice in a row: the lookups back off, as without async steps.
-    history = [1, 2, 3, 4, 5, 6, 7, 1, 2]
-    proposer = NgramProposer(config)
-    assert step([], 0)
-    assert step([5], 4) and not step([1], 2)
-    # Two of four scored and both kept: kept whole, the length stays 4.
-    proposer = NgramProposer(config)
-    history = [1, 2, 3, 4, 5, 6, 7, 1, 2]
-    assert step([], 0) == [3, 4, 5, 6]
-    assert len(step([3, 4, 7], 2)) == 4
+    k4 = _ngram(k=4)
+    history = drafting(k4)
+    # Unscored steps whose one token differs from the guess: nothing learnt, the
+    # request keeps drafting at full length. (Counted as rejections, the drafts would
+    # shrink at once and stop at the third.)
+    for token in (9, 1, 5, 8):
+        history = history + [token]
+        assert len(_one(k4, "r", history, scored=0)) == 4
+    # Scored and rejected three times in a row: shorter drafts, then none (only probes,
+    # which need a 2-token suffix seen before: "8 7" is not, though "7" is).
+    k4 = _ngram(k=4)
+    history = drafting(k4) + [2, 7, 1, 8, 7]
+    assert len(_one(k4, "r", history[:-4], scored=4)) == 2  # guess 5 6 7 8, the target 2
+    assert len(_one(k4, "r", history[:-3], scored=2)) == 1  # guess 3 4, the target 7
+    assert not _one(k4, "r", history, scored=1)  # guess 8, the target 1
+    # One of two scored and kept: no rejection seen, so the estimate rises to full length
+    # (had the unscored token counted as rejected, 3).
+    k4 = _ngram(k=4)
+    history = drafting(k4) + [2]
+    assert _one(k4, "r", history, scored=4) == [3, 4]  # rejected once: 2 tokens
+    assert len(_one(k4, "r", history + [3, 9, 1, 2], scored=1)) == 4
 
 
 def _lookup_by_hand(history: list[int], min_n: int, max_n: int, k: int) -> list[int]:
