@@ -88,6 +88,19 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 @triton.jit
+def _rotate_and_store(at, x1, x2, cos_ptr, sin_ptr, cs, mask, HALF: tl.constexpr):
+    # x * cos + rotate_half(x) * sin for the halves x1, x2 of rows starting at ``at``,
+    # rounding each product and the sum like PyTorch; cos/sin repeat after HALF (the tables
+    # are cat(freqs, freqs)), so ``cs`` indexes their first half.
+    cos = tl.load(cos_ptr + cs, mask=mask, other=0.0)
+    sin = tl.load(sin_ptr + cs, mask=mask, other=0.0)
+    lo = (x1 * cos).to(x1.dtype) - (x2 * sin).to(x1.dtype)
+    hi = (x2 * cos).to(x1.dtype) + (x1 * sin).to(x1.dtype)
+    tl.store(at, lo.to(x1.dtype), mask=mask)
+    tl.store(at + HALF, hi.to(x1.dtype), mask=mask)
+
+
+@triton.jit
 def _rotary_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h, cs_stride_t, num_tokens,
@@ -106,15 +119,7 @@ def _rotary_kernel(
     at = base[:, None] + offs[None, :]
     x1 = tl.load(at, mask=mask, other=0.0)
     x2 = tl.load(at + HALF, mask=mask, other=0.0)
-    # cos/sin repeat after HALF (the tables are cat(freqs, freqs)): read the first half.
-    cs = (t * cs_stride_t)[:, None] + offs[None, :]
-    cos = tl.load(cos_ptr + cs, mask=mask, other=0.0)
-    sin = tl.load(sin_ptr + cs, mask=mask, other=0.0)
-    # x * cos + rotate_half(x) * sin, rounding each product and the sum like PyTorch.
-    lo = (x1 * cos).to(x1.dtype) - (x2 * sin).to(x1.dtype)
-    hi = (x2 * cos).to(x1.dtype) + (x1 * sin).to(x1.dtype)
-    tl.store(at, lo.to(x1.dtype), mask=mask)
-    tl.store(at + HALF, hi.to(x1.dtype), mask=mask)
+    _rotate_and_store(at, x1, x2, cos_ptr, sin_ptr, (t * cs_stride_t)[:, None] + offs[None, :], mask, HALF)
 
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -173,14 +178,7 @@ def _qk_norm_rotary_kernel(
     w2 = tl.load(w_ptr + HALF + offs, mask=cols, other=0.0)
     n1 = (w1[None, :] * (a32 * rstd[:, None]).to(x1.dtype)).to(x1.dtype)
     n2 = (w2[None, :] * (b32 * rstd[:, None]).to(x1.dtype)).to(x1.dtype)
-    # Rotation as _rotary_kernel computes it.
-    cs = (t * cs_stride_t)[:, None] + offs[None, :]
-    cos = tl.load(cos_ptr + cs, mask=mask, other=0.0)
-    sin = tl.load(sin_ptr + cs, mask=mask, other=0.0)
-    lo = (n1 * cos).to(x1.dtype) - (n2 * sin).to(x1.dtype)
-    hi = (n2 * cos).to(x1.dtype) + (n1 * sin).to(x1.dtype)
-    tl.store(at, lo.to(x1.dtype), mask=mask)
-    tl.store(at + HALF, hi.to(x1.dtype), mask=mask)
+    _rotate_and_store(at, n1, n2, cos_ptr, sin_ptr, (t * cs_stride_t)[:, None] + offs[None, :], mask, HALF)
 
 
 def qk_norm_rotary_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
