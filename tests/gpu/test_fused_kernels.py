@@ -111,3 +111,28 @@ def test_qk_norm_rotary_in_place(dtype, tol, num_tokens):
     _close(got_q, want_q, max(tol, 1e-4))
     _close(got_k, want_k, max(tol, 1e-4))
     _close(qkv_gpu[:, (hq + hkv) * d :], qkv[:, (hq + hkv) * d :], 0.0)  # v untouched
+
+
+def test_qk_norm_rotary_stands_aside_for_a_replaced_norm():
+    # A plugin's replacement of rms_norm subclasses RMSNorm: the one-kernel path must not
+    # bypass it, so the three ops run one after the other (and the replacement is called).
+    calls = []
+
+    class CountingNorm(RMSNorm):
+        def forward_cuda(self, x, residual=None):
+            calls.append(x.shape)
+            return super().forward_cuda(x, residual)
+
+    torch.manual_seed(5)
+    hq, hkv, d, t = 4, 2, 128, 6
+    rotary = RotaryEmbedding(d, {"rope_type": "default", "rope_theta": 10000.0}).cuda()
+    q_norm, k_norm = CountingNorm(d, 1e-6).cuda(), RMSNorm(d, 1e-6).cuda()
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, device="cuda")
+    q = qkv[:, : hq * d].view(t, hq, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(t, hkv, d)
+    want_q, want_k = rotary(torch.arange(t, device="cuda"), q_norm(q.clone()), k_norm(k.clone()))
+    calls.clear()
+    got_q, got_k = rotary.rotate_normed(torch.arange(t, device="cuda"), q, k, q_norm, k_norm)
+    assert len(calls) == 1 and got_q.data_ptr() != q.data_ptr()
+    _close(got_q, want_q.cpu(), 1e-5)
+    _close(got_k, want_k.cpu(), 1e-5)
