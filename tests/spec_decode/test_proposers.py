@@ -133,16 +133,22 @@ def test_draft_length_maximises_the_expected_gain() -> None:
     assert ngram.draft_length(0.1, 4) == 0 and ngram.draft_length(0.9, 4) == 4
 
 
-def test_ngram_stops_drafting_when_drafts_are_rejected() -> None:
-    proposer = _ngram(k=4)
-    # Text that repeats (1..6) and a target that keeps every draft: a new request's
-    # 1-token draft is kept, then it drafts at full length.
+def _kept_steps(proposer, steps: int) -> tuple[list[int], list[int]]:
+    """``steps`` proposals for request "r" over text that repeats 1..6, a target keeping
+    every draft whole (and adding its own next token): the draft lengths, the history."""
     history = [1, 2, 3, 4, 5, 6, 1, 2]
     lengths = []
-    for _ in range(6):
+    for _ in range(steps):
         draft = _one(proposer, "r", history)
         lengths.append(len(draft))
         history = history + draft + [(draft[-1] if draft else history[-1]) % 6 + 1]  # kept + its own
+    return lengths, history
+
+
+def test_ngram_stops_drafting_when_drafts_are_rejected() -> None:
+    proposer = _ngram(k=4)
+    # A new request's 1-token draft is kept, then it drafts at full length.
+    lengths, history = _kept_steps(proposer, 6)
     assert lengths == [1, 4, 4, 4, 4, 4]
     # Now a target that always emits another token than the guess's first: the drafts
     # get shorter and stop; then only 1-token probes, at the steps that are multiples of
@@ -163,13 +169,7 @@ def test_ngram_stops_drafting_when_drafts_are_rejected() -> None:
 def test_ngram_keeps_drafting_while_drafts_are_kept() -> None:
     # A target that keeps every draft whole (the text repeats 1..6): a draft every step,
     # at full length from the second one.
-    proposer = _ngram(k=4)
-    history = [1, 2, 3, 4, 5, 6, 1, 2]
-    lengths = []
-    for _ in range(20):
-        draft = _one(proposer, "r", history)
-        lengths.append(len(draft))
-        history = history + draft + [(draft[-1] if draft else history[-1]) % 6 + 1]  # kept + its own
+    lengths, _ = _kept_steps(_ngram(k=4), 20)
     assert lengths[0] == 1 and set(lengths[1:]) == {4}  # a new request's first: 1 token
 
 
