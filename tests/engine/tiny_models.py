@@ -56,18 +56,28 @@ def save_tokenizer(folder: Path) -> None:
     fast.save_pretrained(str(folder))
 
 
-def make_model(folder: Path, arch: str = "llama", seed: int = 0) -> Path:
-    """Save a tiny random model of ``arch`` (``llama`` or ``qwen3``) plus the tokenizer."""
+def make_model(folder: Path, arch: str = "llama", seed: int = 0, echo: bool = False) -> Path:
+    """Save a tiny random model of ``arch`` (``llama`` or ``qwen3``) plus the tokenizer.
+
+    ``echo``: a Llama whose layers add nothing to the residual stream (zero output and down
+    projections) and whose LM head is its embedding, so greedy decoding repeats the
+    prompt's last token: output that prompt lookup predicts, whatever the random weights.
+    """
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
     torch.manual_seed(seed)
     if arch == "llama":
-        config = LlamaConfig(**_TINY, tie_word_embeddings=False)
-    elif arch == "qwen3":
+        config = LlamaConfig(**_TINY, tie_word_embeddings=echo)
+    elif arch == "qwen3" and not echo:
         config = Qwen3Config(**_TINY, head_dim=32, tie_word_embeddings=True)
     else:
         raise ValueError(arch)
     model = AutoModelForCausalLM.from_config(config).eval()
+    if echo:
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
     model.save_pretrained(folder)
     save_tokenizer(folder)
     return folder
