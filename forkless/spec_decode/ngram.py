@@ -23,17 +23,16 @@ Invariants:
       token given that it kept the ones before it: ``kept / tried`` over its scored
       drafts, each count an exponential moving average (factor ``DECAY`` a draft;
       ``tried`` is the kept tokens plus the one rejected, if any), starting from
-      ``PRIOR_KEPT / PRIOR_TRIED`` (0.2). Token ``j`` of a draft is kept with chance
+      ``PRIOR_KEPT / PRIOR_TRIED`` (0.1). Token ``j`` of a draft is kept with chance
       ``p ** j``, so the draft length ``L`` is the largest ``j <= num_speculative_tokens``
       with ``p ** j > DRAFT_TOKEN_COST``, and the request drafts only if the ``L`` tokens
       are worth the step's cost too: ``p + ... + p ** L > VERIFY_STEP_COST + L *
       DRAFT_TOKEN_COST`` (about ``p > 0.15``). Text that repeats keeps long drafts; text
-      that does not stops drafting after a draft or two. A new request's first draft
-      has 1 token: kept, the next ones have ``num_speculative_tokens`` (``p`` 0.59);
-      rejected, it stops drafting (``p`` 0.1) and probes. (Starting lower, at probes
-      only, saved another ~2 % at batch 8 without repetition in one measurement, but
-      then a model whose guesses are right by chance only, such as the tests' random
-      ones, keeps almost none.)
+      that does not stops drafting after a draft or two. A new request starts below
+      the cost, so its first draft is a probe (below): kept, the next drafts have
+      ``num_speculative_tokens`` tokens (``p`` 0.54); rejected, it goes on probing (``p``
+      0.05). (Starting at 0.2, with a 1-token draft from any suffix, cost 2-3 % at batch
+      8 without repetition: every new request paid one verification.)
     * A request whose ``p`` is below the cost still probes, so that it notices when its
       text starts to repeat: a 1-token draft, from a suffix of at least 2 tokens (when
       ``prompt_lookup_max`` allows: a single token recurs by chance in any text, two in a
@@ -73,9 +72,9 @@ VERIFY_STEP_COST = 0.1
 DRAFT_TOKEN_COST = 0.05
 #: Weight of the past in the acceptance estimate, per scored draft.
 DECAY = 0.7
-#: The estimate's starting counts: kept and tried draft tokens (a chance of 0.2: a new
-#: request's first draft has 1 token).
-PRIOR_KEPT, PRIOR_TRIED = 0.3, 1.5
+#: The estimate's starting counts: kept and tried draft tokens (a chance of 0.1, below
+#: the cost: a new request's first draft is a probe).
+PRIOR_KEPT, PRIOR_TRIED = 0.15, 1.5
 
 
 def propose_ngram(history: np.ndarray, min_n: int, max_n: int, k: int) -> np.ndarray:

@@ -47,9 +47,10 @@ def test_ngram_proposer_reads_each_row_to_its_length() -> None:
         '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1, "prompt_lookup_max": 2}')
     proposer = ProposerRegistry.resolve(config.method)(config)
     assert isinstance(proposer, NgramProposer)
-    # A new request's first draft has 1 token.
-    out = proposer.propose(_batch([1, 2, 3, 1, 2], [9, 8, 9], [5]))
-    assert out == [[3], [8], []]
+    # A new request's first draft is a probe: 1 token, after a 2-token suffix seen before
+    # (row 2 would match nothing if the padding after its 4 tokens were read).
+    out = proposer.propose(_batch([1, 2, 3, 1, 2], [9, 8, 9, 8], [5]))
+    assert out == [[3], [9], []]
 
 
 def test_ngram_is_vectorised_on_a_long_history() -> None:
@@ -206,25 +207,30 @@ def test_ngram_probes_need_a_two_token_suffix_and_fall_on_shared_steps() -> None
             if draft:
                 drafted[r].append(step)
             histories[r] = histories[r] + [draft[0] % 3 + 1 if draft else 1]
-    # Each one's first draft is rejected; then probes at multiples of 1, 2, 4, ... (a at
-    # 1-2 and b at 6-7 found no 2-token suffix seen before): from step 16 on the same
-    # steps, one verification for both.
-    assert drafted["a"] == [0, 3, 4, 8, 16, 32, 64]
-    assert drafted["b"] == [5, 8, 10, 12, 16, 32, 64]
+    # A new request probes at once (its first draft), then at multiples of its backoff,
+    # doubling 2, 4, 8, ... after each probe (a at step 2 and b at 6 found no 2-token
+    # suffix seen before: no probe spent): from step 16 on the same steps, one
+    # verification for both.
+    assert drafted["a"] == [0, 4, 8, 16, 32, 64]
+    assert drafted["b"] == [5, 8, 12, 16, 32, 64]
     # A probe wants the last 2 tokens seen before; one that finds none is not spent.
     proposer = _ngram(k=2)
     history = [1, 2, 3, 1, 2, 3, 1, 2]
-    assert _one(proposer, "r", history) == [3]  # step 0: a new request's first draft
-    history = history + [9, 5, 9]  # rejected: drafting stops, a probe at every step for now
-    assert not _one(proposer, "r", history)  # step 1: "9" occurred, "5 9" did not
+    assert _one(proposer, "r", history) == [3]  # step 0: a new request's probe ("1 2"); backoff 2
+    history = history + [9, 5, 9]  # rejected
+    assert not _one(proposer, "r", history)  # step 1: 1 is odd
     history = history + [5, 9]
-    assert _one(proposer, "r", history) == [5]  # step 2: "5 9" did: a probe; backoff 2
+    assert _one(proposer, "r", history) == [5]  # step 2: "5 9" occurred: a probe; backoff 4
     history = history + [1, 9, 5]  # rejected
-    assert not _one(proposer, "r", history)  # step 3: "9 5" occurred, but 3 is odd
+    assert not _one(proposer, "r", history)  # step 3: not a multiple of 4
     history = history + [9]
-    assert _one(proposer, "r", history) == [1]  # step 4: "5 9" -> 1; backoff 4
+    assert _one(proposer, "r", history) == [1]  # step 4: "5 9" -> 1; backoff 8
     history = history + [2, 5, 9]  # rejected
     assert not _one(proposer, "r", history)  # step 5: waits for step 8
+    # Where "9" occurred before and "5 9" did not, a probe finds nothing and is not spent.
+    proposer = _ngram(k=2)
+    assert not _one(proposer, "r", [1, 9, 2, 5, 9])  # step 0: no 2-token match
+    assert _one(proposer, "r", [1, 9, 2, 5, 9, 2, 5, 9]) == [2]  # step 1: backoff still 1
 
 
 def test_ngram_state_is_per_request() -> None:
