@@ -145,7 +145,6 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     )
 
 
-
 @triton.jit
 def _qk_norm_rotary_kernel(
     q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
@@ -209,6 +208,7 @@ def qk_norm_rotary_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_
         cos.stride(0), t, q_eps, k_eps,
         NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, num_warps=1 if tokens * block <= 256 else 4,
     )
+
 
 @triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride_t, out_stride_t, D, BLOCK: tl.constexpr):

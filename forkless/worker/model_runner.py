@@ -445,14 +445,13 @@ class ModelRunner:
                 # Only prefill chunks that end mid-prompt.
                 # (A draft model computes them too: the rows go to collect().)
                 return _PendingStep(rows, ready=self._record() if prompt_parts else None, prompt_parts=prompt_parts)
+            logits = None
             if any(s.num_spec_tokens for s in rows):
                 # On the CPU one LM-head pass gives the sampled and the verified positions'
                 # logits: each pass streams all of the head's weights.
                 verification, logits = self._verify(rows, hidden, attn_md.query_start_loc_cpu, grammar,
                                                     last_idx if hidden.device.type == "cpu" else None)
-                if logits is None:
-                    logits = self.model.compute_logits(hidden[last_idx])
-            else:
+            if logits is None:
                 logits = self.model.compute_logits(hidden[last_idx])
         last_hidden = None
         if self.proposer is not None and self.proposer.needs_hidden_states:
