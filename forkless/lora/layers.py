@@ -20,6 +20,16 @@ Invariants:
       ``max_loras`` slots whatever the step uses. So a decode graph captured once (with
       every segment empty) replays right for any mix of adapters, and swapping adapters
       only rewrites slot weights in place: nothing is ever recaptured.
+    * Folding, on that path: where the wrapped layer is a plain ``nn.Linear``, the slots'
+      A matrices are extra rows of one ``[W_base; A_slots]`` weight (the base layer's
+      weight and the shrink weights are views of it), so a step of at most
+      :data:`FOLD_MAX_TOKENS` tokens (decode, verification) computes the base output and
+      every slot's shrink in one GEMM, and one expand launch adds each token's own delta
+      while writing the layer's contiguous output (a third persistent buffer, each
+      token's slot or -1, covers a graph's padding rows too). Larger steps (prefill) run
+      the base GEMM and the segment kernels. A step without adapters, outside a graph,
+      runs the base layer alone. (A folded GEMM's base columns may differ from the base
+      layer's in the last bits, as any change of GEMM shape may.)
 """
 
 from __future__ import annotations
@@ -46,6 +56,12 @@ if TYPE_CHECKING:
     from forkless.protocol.lora import LoRARequest
 
 logger = init_logger(__name__)
+
+# Steps of at most this many tokens run folded (see the module notes). A folded step does
+# every slot's shrink and expand work for every token (the other slots' as zeros), which
+# costs launches nothing but grows with tokens x slots: prefill-sized steps group tokens by
+# slot instead.
+FOLD_MAX_TOKENS = 256
 
 
 class LoRAStepContext:
@@ -75,6 +91,9 @@ class LoRAStepContext:
             base-model token: the deltas come back in token order with one gather. Torch path.
         sorted: int32 adapter tokens grouped by slot (a persistent buffer). Triton path.
         seg: ``[max_loras + 1]`` int32 segment starts into ``sorted`` (persistent). Triton path.
+        token_slot: ``[max_tokens]`` int32 slot of each token of the step, -1 for the base
+            model and past the step's tokens (persistent). Triton path, folded layers.
+        fold_max_tokens: Largest step the folded layers run folded. Triton path.
     """
 
     def __init__(self, max_loras: int = 1, device: torch.device | None = None, backend: str = "torch",
@@ -90,6 +109,7 @@ class LoRAStepContext:
         self.src: torch.Tensor | None = None
         self.back: torch.Tensor | None = None
         self.ops: Any = None
+        self.fold_max_tokens = 0
         if backend == "triton":
             from forkless.lora import triton_ops
 
@@ -97,15 +117,24 @@ class LoRAStepContext:
             self.ops = triton_ops
             self._device = device
             self._cuda = device.type == "cuda"
-            self._sorted_buf = torch.zeros(max_tokens, dtype=torch.int32, device=device)
-            self.seg = torch.zeros(max_loras + 1, dtype=torch.int32, device=device)
+            self.fold_max_tokens = min(FOLD_MAX_TOKENS, max_tokens)
+            self._max_tokens = max_tokens
+            # One device buffer and one pinned staging area of the same layout (segment
+            # starts, token slots, sorted tokens): two non-blocking copies a step; the
+            # event guards the staging area against the next step's host writes.
+            seg_len = max_loras + 1
+            dev = torch.zeros(seg_len + 2 * max_tokens, dtype=torch.int32, device=device)
+            dev[seg_len:seg_len + max_tokens] = -1
+            self.seg = dev[:seg_len]
+            self.token_slot = dev[seg_len:seg_len + max_tokens]
+            self._sorted_buf = dev[seg_len + max_tokens:]
+            self._dev = dev
             self.sorted = self._sorted_buf
-            # One pinned staging area (segment starts, then tokens): two non-blocking
-            # copies a step; the event guards it against the next step's host writes.
-            staging = torch.zeros(max_loras + 1 + max_tokens, dtype=torch.int32)
+            staging = dev.cpu()
             self._staging = staging.pin_memory() if self._cuda else staging
             self._copied: Any = None
-            self._seg_is_zero = True
+            self._clean = True  # the buffers say "no adapter token"
+            self._slot_rows = 0  # token_slot rows that may be >= 0
 
     def set(self, token_slot: np.ndarray, device: torch.device) -> None:
         """Group tokens by slot (``token_slot[t]``: its slot, or -1 for the base model)."""
@@ -138,31 +167,39 @@ class LoRAStepContext:
         """Triton path: write the step's segments into the persistent device buffers.
 
         A captured graph reads these very buffers, so they are written for every step,
-        eager or replayed (skipped only when they already say "no adapter token").
+        eager or replayed (skipped only when they already say "no adapter token"). The
+        token slots are rewritten up to the longest step since they were last all -1, so
+        rows past this step's tokens (a graph's padding) read -1.
         """
         used = np.flatnonzero(token_slot >= 0)
         self.active = used.size > 0
-        if not self.active and self._seg_is_zero:
+        if not self.active and self._clean:
             self.sorted = self._sorted_buf
             return
         slots = token_slot[used]
         order = np.argsort(slots, kind="stable")
-        seg_len = self.max_loras + 1
+        seg_len, cap = self.max_loras + 1, self._max_tokens
         if self._copied is not None:
             self._copied.synchronize()  # the last step's copies read the staging area
         staging = self._staging.numpy()
         staging[0] = 0
         np.cumsum(np.bincount(slots, minlength=self.max_loras), out=staging[1:seg_len])
+        t = min(token_slot.shape[0], cap)
+        rows = max(t, self._slot_rows)
+        staging[seg_len + t:seg_len + rows] = -1
+        staging[seg_len:seg_len + t] = token_slot[:t]
+        self._dev[:seg_len + rows].copy_(self._staging[:seg_len + rows], non_blocking=self._cuda)
         n = used.size
-        if n <= self._sorted_buf.shape[0]:
-            staging[seg_len:seg_len + n] = used[order]
+        sorted_at = seg_len + cap
+        if n <= cap:
+            staging[sorted_at:sorted_at + n] = used[order]
             self.sorted = self._sorted_buf
             if n:
-                self.sorted[:n].copy_(self._staging[seg_len:seg_len + n], non_blocking=self._cuda)
+                self.sorted[:n].copy_(self._staging[sorted_at:sorted_at + n], non_blocking=self._cuda)
         else:  # more adapter tokens than the buffer: an eager step, never a graph's
             self.sorted = torch.from_numpy(used[order].astype(np.int32)).to(self._device)
-        self.seg.copy_(self._staging[:seg_len], non_blocking=self._cuda)
-        self._seg_is_zero = n == 0
+        self._clean = n == 0
+        self._slot_rows = t if n else 0
         if self._cuda:
             self._copied = torch.cuda.Event()
             self._copied.record()
@@ -192,6 +229,13 @@ class LoRALinear(nn.Module):
         ctx: The shared step context.
         dtype: Weight dtype (the model's).
         device: Where the slots live.
+
+    Attributes:
+        w_ext: ``[sum(widths) + max_loras * len(widths) * max_rank, in_features]``, the
+            base weight's rows then every slot's A rows, where the layer is folded (the
+            Triton path over a plain ``nn.Linear`` of the model's dtype; see the module
+            notes); else None.
+        bias_ext: The base bias, then zeros for the A rows (folded layers with a bias).
     """
 
     def __init__(self, base: nn.Module, in_features: int, widths: list[int], max_loras: int, max_rank: int,
@@ -204,10 +248,30 @@ class LoRALinear(nn.Module):
         self.max_rank = max_rank
         self.ctx = ctx
         n = len(widths)
-        # [slot, in, projection * rank] (A transposed): the used slots are one contiguous
-        # leading block, so a step's shrink is one batched matmul over a view.
-        self.register_buffer("lora_a", torch.zeros(max_loras, in_features, n * max_rank, dtype=dtype, device=device),
-                             persistent=False)
+        out = sum(widths)
+        # Folded (see the module notes): [W_base; slot 0's A rows; slot 1's; ...], the base
+        # layer's weight (and bias) becoming views of the first rows.
+        self.w_ext: torch.Tensor | None = None
+        self.bias_ext: torch.Tensor | None = None
+        weight = getattr(base, "weight", None)
+        if (ctx.ops is not None and type(base) is nn.Linear and isinstance(weight, torch.Tensor)
+                and weight.dtype == dtype and tuple(weight.shape) == (out, in_features)):
+            w_ext = torch.zeros(out + max_loras * n * max_rank, in_features, dtype=dtype, device=device)
+            w_ext[:out].copy_(weight.detach())
+            base.weight = nn.Parameter(w_ext[:out], requires_grad=False)
+            if base.bias is not None:
+                bias_ext = torch.zeros(w_ext.shape[0], dtype=dtype, device=device)
+                bias_ext[:out].copy_(base.bias.detach())
+                base.bias = nn.Parameter(bias_ext[:out], requires_grad=False)
+                self.bias_ext = bias_ext
+            self.w_ext = w_ext
+            # The same [slot, in, projection * rank] view the segment kernels read.
+            lora_a = w_ext[out:].view(max_loras, n * max_rank, in_features).transpose(1, 2)
+        else:
+            # [slot, in, projection * rank] (A transposed): the used slots are one contiguous
+            # leading block, so a step's shrink is one batched matmul over a view.
+            lora_a = torch.zeros(max_loras, in_features, n * max_rank, dtype=dtype, device=device)
+        self.register_buffer("lora_a", lora_a, persistent=False)
         # [slot, rank, sum(widths)]: the projections' B (scaled, transposed) side by side in
         # the output's column order, so the Triton path expands them all in one launch.
         self.register_buffer("lora_b_all", torch.zeros(max_loras, max_rank, sum(widths), dtype=dtype,
@@ -239,13 +303,18 @@ class LoRALinear(nn.Module):
             b[slot, :r].copy_(bs.t())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
         ctx = self.ctx
-        if ctx.ops is not None:
-            if ctx.active or ctx.capturing:
-                self._forward_triton(x, y)
+        if ctx.ops is not None and (ctx.active or ctx.capturing):
+            x2 = x.reshape(-1, self.in_features)
+            if self.w_ext is not None and x2.shape[0] <= ctx.fold_max_tokens:
+                z = torch.nn.functional.linear(x2, self.w_ext, self.bias_ext)
+                y = ctx.ops.lora_expand_folded(z, self.lora_b_all, self.widths, ctx.token_slot, self.max_rank)
+                return y.view(*x.shape[:-1], y.shape[-1])
+            y = self.base(x)
+            self._forward_triton(x, y)
             return y
-        if not ctx.active:
+        y = self.base(x)
+        if not ctx.active or ctx.ops is not None:
             return y
         slots, group = ctx.num_slots, ctx.group_len
         n = len(self.widths)

@@ -3,8 +3,11 @@
 A wrapped layer adds ``(x[t] @ A_s) @ B_s`` (``B`` pre-scaled) to the rows of the tokens
 ``t`` of each adapter slot ``s``: :func:`lora_shrink` computes ``x @ A`` for every stacked
 projection at once, :func:`lora_expand` adds every projection's ``h_i @ B_i`` into its
-columns of the base layer's output, also in one launch: two launches per wrapped layer,
-which is what a decode graph pays for (the work itself is tiny).
+columns of the base layer's output, also in one launch: two launches per wrapped layer.
+Small steps (decode, verification: what CUDA graphs hold) of a layer whose shrink weights
+are folded into its base GEMM (:mod:`forkless.lora.layers`) skip the shrink and run
+:func:`lora_expand_folded` alone: one launch per wrapped layer, which is what a decode graph
+pays for (the work itself is tiny; each launch costs microseconds in a graph).
 
 Invariants:
     * A step is described by two int32 device tensors that the caller keeps in persistent
@@ -139,6 +142,66 @@ def _expand_kernel(
     tl.store(y_ptrs, out.to(y.dtype), mask=mask)
 
 
+@triton.jit
+def _expand_folded_kernel(
+    z_ptr, b_ptr, y_ptr, slot_ptr,
+    T, W, R, NR, SR, OFF1, OFF2,
+    sz_t, sb_k, sb_w, sy_t,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_SLICES: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_mask = offs_m < T
+    slot = tl.load(slot_ptr + offs_m, mask=m_mask, other=-1)
+    lora = m_mask & (slot >= 0)
+    lo_slot = tl.min(tl.where(lora, slot, 1 << 30))
+    hi_slot = tl.max(tl.where(lora, slot, -1))
+    col0 = pid_n * BLOCK_N
+    offs_w = col0 + tl.arange(0, BLOCK_N)
+    w_mask = offs_w < W
+    z_row = z_ptr + offs_m.to(tl.int64) * sz_t
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # The tokens of a block may each use another slot. Row k = s R + r of the slots' stacked
+    # B ([slots R, W]) pairs with column W + s NR + i R + r of z (the GEMM's x @ A_{s,i},
+    # already rounded to the model dtype, as the torch path rounds x @ A); each token
+    # keeps only its own slot's columns, so one dense dot over every slot's rank gives each
+    # token its own delta, and the tensor cores do it without a serial loop over tokens.
+    for i in tl.static_range(NUM_SLICES):
+        if i == 0:
+            lo = 0
+            hi = OFF1
+        elif i == 1:
+            lo = OFF1
+            hi = OFF2
+        else:
+            lo = OFF2
+            hi = W
+        if (col0 < hi) & (col0 + BLOCK_N > lo):
+            cols = w_mask & (offs_w >= lo) & (offs_w < hi)
+            for k0 in range(0, SR, BLOCK_K):
+                # Chunks of slots no token of the block uses are skipped.
+                if (k0 // R <= hi_slot) & ((k0 + BLOCK_K - 1) // R >= lo_slot):
+                    kk = k0 + tl.arange(0, BLOCK_K)
+                    k_slot = kk // R
+                    hv = tl.load(z_row[:, None] + W + k_slot[None, :] * NR + i * R + (kk % R)[None, :],
+                                 mask=lora[:, None] & (k_slot[None, :] == slot[:, None]) & (kk < SR)[None, :],
+                                 other=0.0)
+                    bv = tl.load(b_ptr + kk[:, None] * sb_k + offs_w[None, :] * sb_w,
+                                 mask=(kk < SR)[:, None] & cols[None, :], other=0.0)
+                    if IEEE:
+                        acc += tl.dot(hv, bv, input_precision="ieee")
+                    else:
+                        acc += tl.dot(hv, bv)
+    mask = m_mask[:, None] & w_mask[None, :]
+    y = tl.load(z_row[:, None] + offs_w[None, :], mask=mask, other=0.0)
+    # As in _expand_kernel: the delta rounded to the model dtype, then the sum. A row of
+    # no adapter (the base model's, or a graph's padding) adds an exact zero.
+    out = y.to(tl.float32) + acc.to(y.dtype).to(tl.float32)
+    tl.store(y_ptr + offs_m.to(tl.int64)[:, None] * sy_t + offs_w[None, :], out.to(y.dtype), mask=mask)
+
+
 def _pow2(n: int, lo: int = 16) -> int:
     return max(lo, triton.next_power_of_2(n))
 
@@ -226,3 +289,48 @@ def lora_expand(h: torch.Tensor, lora_b: torch.Tensor, y: torch.Tensor, widths: 
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_R=_pow2(r), SPLIT_K=split, NUM_SLICES=n,
         IEEE=y.dtype == torch.float32,
     )
+
+
+def lora_expand_folded(z: torch.Tensor, lora_b: torch.Tensor, widths: list[int], token_slot: torch.Tensor,
+                       rank: int) -> torch.Tensor:
+    """The layer's output from a GEMM that also computed every slot's shrink: one launch.
+
+    Args:
+        z: ``[T, W + slots * len(widths) * rank]`` ``x @ [W_base; A_0; A_1; ...]^T``: the
+            base output in its first ``W = sum(widths)`` columns, then slot ``s``'s
+            ``x @ A_{s,i}^T`` in columns ``W + (s * len(widths) + i) * rank`` onwards.
+        lora_b: ``[slots, rank, W]`` expand weights (scaled, transposed), the projections
+            side by side in column order.
+        widths: Output width of each stacked projection (at most 3).
+        token_slot: ``int32``, at least ``T`` entries: each token's slot, or -1 (the base
+            model, or a CUDA graph's padding row).
+        rank: The slots' (padded) rank.
+
+    Returns:
+        ``[T, W]`` contiguous: the base output plus each adapter token's delta.
+    """
+    if z.stride(1) != 1:
+        z = z.contiguous()
+    t = z.shape[0]
+    n = len(widths)
+    if not 1 <= n <= 3:
+        raise ValueError(f"lora_expand_folded: 1 to 3 stacked projections, got {n}")
+    w = sum(widths)
+    y = torch.empty((t, w), dtype=z.dtype, device=z.device)
+    if t == 0:
+        return y
+    bounds = list(accumulate(widths))
+    off1 = bounds[0] if n > 1 else w
+    off2 = bounds[1] if n > 2 else w
+    slots = lora_b.shape[0]
+    if lora_b.stride(0) != rank * lora_b.stride(1):
+        raise ValueError("lora_expand_folded: lora_b's slots must be stacked ([slots, rank, W] contiguous rows)")
+    block_n = 64
+    grid = (triton.cdiv(t, 16), triton.cdiv(w, block_n))
+    _expand_folded_kernel[grid](
+        z, lora_b, y, token_slot, t, w, rank, n * rank, slots * rank, off1, off2,
+        z.stride(0), lora_b.stride(1), lora_b.stride(2), y.stride(0),
+        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=min(128, _pow2(slots * rank)), NUM_SLICES=n,
+        IEEE=z.dtype == torch.float32,
+    )
+    return y
