@@ -148,20 +148,25 @@ def _expand_folded_kernel(
     T, W, R, NR, SR, OFF1, OFF2,
     sz_t, sb_k, sb_w, sy_t,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_SLICES: tl.constexpr,
-    IEEE: tl.constexpr,
+    SKIP: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_mask = offs_m < T
-    slot = tl.load(slot_ptr + offs_m, mask=m_mask, other=-1)
-    lora = m_mask & (slot >= 0)
-    lo_slot = tl.min(tl.where(lora, slot, 1 << 30))
-    hi_slot = tl.max(tl.where(lora, slot, -1))
     col0 = pid_n * BLOCK_N
     offs_w = col0 + tl.arange(0, BLOCK_N)
     w_mask = offs_w < W
     z_row = z_ptr + offs_m.to(tl.int64) * sz_t
+    mask = m_mask[:, None] & w_mask[None, :]
+    # The base output first: its load does not wait for the slots (launch latency is most
+    # of this kernel's time at decode sizes).
+    y = tl.load(z_row[:, None] + offs_w[None, :], mask=mask, other=0.0)
+    slot = tl.load(slot_ptr + offs_m, mask=m_mask, other=-1)
+    lora = m_mask & (slot >= 0)
+    if SKIP:
+        lo_slot = tl.min(tl.where(lora, slot, 1 << 30))
+        hi_slot = tl.max(tl.where(lora, slot, -1))
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # The tokens of a block may each use another slot. Row k = s R + r of the slots' stacked
     # B ([slots R, W]) pairs with column W + s NR + i R + r of z (the GEMM's x @ A_{s,i},
@@ -181,8 +186,12 @@ def _expand_folded_kernel(
         if (col0 < hi) & (col0 + BLOCK_N > lo):
             cols = w_mask & (offs_w >= lo) & (offs_w < hi)
             for k0 in range(0, SR, BLOCK_K):
-                # Chunks of slots no token of the block uses are skipped.
-                if (k0 // R <= hi_slot) & ((k0 + BLOCK_K - 1) // R >= lo_slot):
+                # With several chunks, those of slots no token of the block uses are skipped.
+                if SKIP:
+                    run = (k0 // R <= hi_slot) & ((k0 + BLOCK_K - 1) // R >= lo_slot)
+                else:
+                    run = True
+                if run:
                     kk = k0 + tl.arange(0, BLOCK_K)
                     k_slot = kk // R
                     hv = tl.load(z_row[:, None] + W + k_slot[None, :] * NR + i * R + (kk % R)[None, :],
@@ -194,8 +203,6 @@ def _expand_folded_kernel(
                         acc += tl.dot(hv, bv, input_precision="ieee")
                     else:
                         acc += tl.dot(hv, bv)
-    mask = m_mask[:, None] & w_mask[None, :]
-    y = tl.load(z_row[:, None] + offs_w[None, :], mask=mask, other=0.0)
     # As in _expand_kernel: the delta rounded to the model dtype, then the sum. A row of
     # no adapter (the base model's, or a graph's padding) adds an exact zero.
     out = y.to(tl.float32) + acc.to(y.dtype).to(tl.float32)
@@ -326,11 +333,12 @@ def lora_expand_folded(z: torch.Tensor, lora_b: torch.Tensor, widths: list[int],
     if lora_b.stride(0) != rank * lora_b.stride(1):
         raise ValueError("lora_expand_folded: lora_b's slots must be stacked ([slots, rank, W] contiguous rows)")
     block_n = 64
+    block_k = min(128, _pow2(slots * rank))
     grid = (triton.cdiv(t, 16), triton.cdiv(w, block_n))
     _expand_folded_kernel[grid](
         z, lora_b, y, token_slot, t, w, rank, n * rank, slots * rank, off1, off2,
         z.stride(0), lora_b.stride(1), lora_b.stride(2), y.stride(0),
-        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=min(128, _pow2(slots * rank)), NUM_SLICES=n,
+        BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, NUM_SLICES=n, SKIP=slots * rank > block_k,
         IEEE=z.dtype == torch.float32,
     )
     return y
