@@ -253,11 +253,10 @@ class LoRALinear(nn.Module):
         # layer's weight (and bias) becoming views of the first rows.
         self.w_ext: torch.Tensor | None = None
         self.bias_ext: torch.Tensor | None = None
-        weight = getattr(base, "weight", None)
-        if (ctx.ops is not None and type(base) is nn.Linear and isinstance(weight, torch.Tensor)
-                and weight.dtype == dtype and tuple(weight.shape) == (out, in_features)):
+        if (ctx.ops is not None and type(base) is nn.Linear and base.weight.dtype == dtype
+                and tuple(base.weight.shape) == (out, in_features)):
             w_ext = torch.zeros(out + max_loras * n * max_rank, in_features, dtype=dtype, device=device)
-            w_ext[:out].copy_(weight.detach())
+            w_ext[:out].copy_(base.weight.detach())
             base.weight = nn.Parameter(w_ext[:out], requires_grad=False)
             if base.bias is not None:
                 bias_ext = torch.zeros(w_ext.shape[0], dtype=dtype, device=device)
