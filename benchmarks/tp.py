@@ -11,8 +11,8 @@ Three measurements, one command:
   (both, so both pay the same process hop) on Qwen3-0.6B's width with ``--layers`` layers,
   random weights (``load_format="dummy"``), ``--batch`` requests of ``--tokens`` greedy
   tokens; the time per decode step, best of ``--repeats``. ``-tp 1`` runs with one thread
-  (the ``mp`` default, ``FORKLESS_WORKER_THREADS=1``) and with two (``--num-threads 2``: as
-  many cores as ``-tp 2`` uses); ``-tp 2`` with one thread per rank.
+  (``--num-threads 1``) and with two (``--num-threads 2``: as many cores as ``-tp 2`` uses);
+  ``-tp 2`` with one thread per rank (the ``mp`` default on two cores).
 * **The collectives of one step in isolation**: two gloo processes run exactly the
   collectives a ``-tp 2`` decode step of that model runs (two all-reduces of
   ``[batch, hidden]`` per layer, one for the embedding, the all-gather of the logits
@@ -175,7 +175,7 @@ def main() -> None:
                       f"{kv / 1024:>13.1f}")
         folder = write_model_folder(Path(tmp, "step"), "qwen3-0.6b", dtype="float32", num_layers=args.layers)
         shape = SHAPES["qwen3-0.6b"]
-        one = decode_step_ms(folder, 1, args.batch, args.tokens, args.repeats)
+        one = decode_step_ms(folder, 1, args.batch, args.tokens, args.repeats, threads=1)
         one_two_threads = decode_step_ms(folder, 1, args.batch, args.tokens, args.repeats, threads=2)
         two = decode_step_ms(folder, 2, args.batch, args.tokens, args.repeats)
         comm = collectives_ms(shape["hidden_size"], shape["vocab_size"], args.layers, args.batch, args.repeats)

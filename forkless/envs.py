@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     FORKLESS_LOGGING_LEVEL: str
     FORKLESS_CONFIGURE_LOGGING: bool
     FORKLESS_LOG_STATS_INTERVAL: float
-    FORKLESS_WORKER_THREADS: int
+    FORKLESS_WORKER_THREADS: int | None
     FORKLESS_STEP_TRACE_DIR: str | None
     FORKLESS_API_KEY: str | None
     FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE: int
@@ -138,8 +138,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "FORKLESS_CONFIGURE_LOGGING": lambda: parse_bool("FORKLESS_CONFIGURE_LOGGING", True),
     # Seconds between the logging stat logger's lines.
     "FORKLESS_LOG_STATS_INTERVAL": lambda: _number("FORKLESS_LOG_STATS_INTERVAL", "10", float),
-    # torch threads per worker process (several processes share few cores; 0 = torch's default).
-    "FORKLESS_WORKER_THREADS": lambda: _number("FORKLESS_WORKER_THREADS", "1", int),
+    # torch threads per worker process; 0 = torch's default. Unset: the executor's share
+    # (forkless.executor.multiproc.default_worker_threads).
+    "FORKLESS_WORKER_THREADS": lambda: (_number("FORKLESS_WORKER_THREADS", "0", int)
+                                        if os.environ.get("FORKLESS_WORKER_THREADS", "").strip() else None),
     # A folder: with --async-scheduling the engine core and each multiprocess worker append
     # one JSON record per step there (host timings; device busy and idle time on CUDA), for
     # ``python -m forkless.metrics.step_trace DIR``. Unset: no trace.

@@ -108,17 +108,44 @@ def _error_payload(exc: BaseException) -> dict[str, str]:
     return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
-def _prepare_process() -> None:
+def default_worker_threads(local_workers: int | None) -> int:
+    """torch threads of a worker process when ``FORKLESS_WORKER_THREADS`` is unset.
+
+    Args:
+        local_workers: Worker processes of this executor on this host (``None``: a Ray
+            actor, which reserves one CPU of its node).
+
+    Returns:
+        An equal share of the cores this process may run on, at least 1 (one worker on
+        two cores: 2; ``-tp 2`` there: 1 each), or 1 for a Ray actor.
+    """
+    if local_workers is None:
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_workers))
+
+
+def _prepare_process(local_workers: int | None = None) -> None:
     """What every worker process does first: load the general plugins (their loading
-    rules hold in every process) and apply ``FORKLESS_WORKER_THREADS``."""
+    rules hold in every process) and set its torch threads (``FORKLESS_WORKER_THREADS``,
+    else :func:`default_worker_threads`)."""
     from forkless.plugins import load_general_plugins
 
     load_general_plugins()
     threads = envs.FORKLESS_WORKER_THREADS
+    source = "FORKLESS_WORKER_THREADS"
+    if threads is None:
+        threads = default_worker_threads(local_workers)
+        source = "its share of the host's cores" if local_workers is not None else "one per Ray actor"
     import torch
 
     if threads > 0:
         torch.set_num_threads(threads)
+    logger.info("worker process %d: %d torch threads (%s)", os.getpid(), torch.get_num_threads(),
+                source if threads > 0 else "torch's default")
 
 
 def _build_worker(config_bytes: bytes, rank: int, local_rank: int | None = None,
@@ -166,7 +193,7 @@ def _free_port() -> int:
 
 
 def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, parent_pid: int,
-                 ipc_dir: str, init_method: str | None = None) -> None:
+                 ipc_dir: str, init_method: str | None = None, local_workers: int = 1) -> None:
     """Entry point of a spawned worker process.
 
     Args:
@@ -177,13 +204,14 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         parent_pid: The executor's process, watched to exit when it is gone.
         ipc_dir: The directory of the sockets, removed if the parent is gone at exit.
         init_method: The ranks' ``torch.distributed`` rendezvous (several workers only).
+        local_workers: The executor's worker processes (all on this host): they share its cores.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server orchestrates shutdown
     # The collector is off while torch is imported and the model built (everything made
     # now lives as long as the process; walking it again and again was ~12 % of the CPU
     # of `import torch` and the model runner's imports); _build_worker turns it back on.
     gc.disable()
-    _prepare_process()
+    _prepare_process(local_workers)
     ctx = zmq.Context()
     inbox = ctx.socket(zmq.PULL)
     inbox.connect(addr_in)
@@ -387,7 +415,7 @@ class MultiprocExecutor(RankedWorkersExecutor):
             pull.bind(addr_out)
             proc = mp.Process(target=_worker_main, name=f"forkless-worker-{rank}",
                               args=(config_bytes, addr_in, addr_out, rank, os.getpid(), self.ipc_dir,
-                                    init_method))
+                                    init_method, self.world_size))
             proc.start()
             logger.info("started worker process %d (pid %d); it imports torch and loads the model", rank, proc.pid)
             self.procs.append(proc)

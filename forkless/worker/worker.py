@@ -55,8 +55,8 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         parallel = self.config.parallel_config
-        # A worker process of several already runs FORKLESS_WORKER_THREADS threads (one by
-        # default: the workers of one host share its cores).
+        # A worker process already runs FORKLESS_WORKER_THREADS threads (by default its
+        # share of the host's cores: the workers of one host share them).
         threads = self.config.device_config.num_threads
         if threads is not None:
             torch.set_num_threads(threads)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,6 +90,13 @@ def test_mp_executor_with_async_scheduling_serves_the_offline_engines_completion
         engine_core, worker = srv.engine_pids()  # the model runs in a worker process
         assert worker != engine_core
         assert "--async-scheduling is not supported" not in srv.log()
+        # The one worker runs on all the cores this machine gives it (with -tp N they are
+        # shared), unless FORKLESS_WORKER_THREADS says otherwise: not one thread of two.
+        from forkless.executor.multiproc import default_worker_threads
+
+        threads = int(os.environ.get("FORKLESS_WORKER_THREADS") or default_worker_threads(1))
+        assert f"worker process {worker}: {threads} torch threads" in srv.log(), srv.log()[-3000:]
+        assert default_worker_threads(1) == len(os.sched_getaffinity(0))
     finally:
         assert stop_and_check(srv) == 0, srv.log()[-3000:]
     llm = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=64 << 20)
