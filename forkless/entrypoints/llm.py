@@ -19,6 +19,7 @@ from forkless.outputs import (
     ScoringOutput,
     ScoringRequestOutput,
 )
+from forkless.pooling.order import longest_first
 from forkless.pooling_params import PoolingParams
 from forkless.sampling_params import RequestOutputKind, SamplingParams
 
@@ -179,12 +180,8 @@ class LLM:
                 prompt_list[i] = {"prompt": prompt_list[i], "prompt_token_ids": list(token_ids)}
         ids = [str(next(self._counter)) for _ in prompt_list]
         added: list[str] = []
-        # Submitted longest first (as sentence-transformers sorts): a step then holds inputs
-        # of similar lengths, and its attention, padded to the step's longest, pads little.
-        # The outputs come back in input order.
-        order = sorted(range(len(prompt_list)), key=lambda i: -_token_count(prompt_list[i]))
         try:
-            for i in order:
+            for i in longest_first(prompt_list):  # outputs in input order all the same
                 engine.add_pooling_request(ids[i], prompt_list[i], params_list[i])
                 added.append(ids[i])
             return self._run_engine(ids, use_tqdm)  # type: ignore[return-value]
@@ -318,15 +315,6 @@ class LLM:
     def shutdown(self) -> None:
         """Stop the engine's workers."""
         self.llm_engine.shutdown()
-
-
-def _token_count(prompt: Any) -> int:
-    """Tokens of a tokenized prompt (a dict with ``prompt_token_ids``, or a list of ids); 0
-    for what the engine tokenizes itself."""
-    if isinstance(prompt, dict):
-        token_ids = prompt.get("prompt_token_ids")
-        return len(token_ids) if token_ids is not None else 0
-    return len(prompt) if isinstance(prompt, list) else 0
 
 
 def _final_only(params: SamplingParams | None) -> SamplingParams | None:

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 
 from forkless.entrypoints.openai.errors import BadRequest
 from forkless.logger import init_logger
+from forkless.pooling.order import longest_first
 from forkless.pooling_params import PoolingParams
 from forkless.protocol.openai import UsageInfo, random_id
 from forkless.protocol.pooling import (
@@ -149,13 +150,17 @@ class OpenAIServingPooling:
         base_id = random_id(prefix) if req.request_id is None else f"{prefix}-{req.request_id}"
         client = self.serving_client_key(req, raw_request)
         params_list = params if isinstance(params, list) else [params] * len(prompts)
+        order = longest_first(prompts)  # submitted longest first, answered in input order
         try:
-            streams = [self.engine.encode(p, pp, f"{base_id}-{i}", priority=req.priority, group_id=base_id,
-                                          client_key=client)
-                       for i, (p, pp) in enumerate(zip(prompts, params_list))]
+            streams = [self.engine.encode(prompts[i], params_list[i], f"{base_id}-{i}", priority=req.priority,
+                                          group_id=base_id, client_key=client) for i in order]
         except InvalidRequestError as exc:
             raise BadRequest(str(exc), "input") from None
-        return await asyncio.gather(*(self._last(s) for s in streams))
+        outs = await asyncio.gather(*(self._last(s) for s in streams))
+        result: list[Any] = [None] * len(prompts)
+        for i, out in zip(order, outs):
+            result[i] = out
+        return result
 
     @staticmethod
     async def _last(stream: AsyncIterator[Any]) -> Any:
