@@ -133,8 +133,8 @@ class LoRAStepContext:
             staging = dev.cpu()
             self._staging = staging.pin_memory() if self._cuda else staging
             self._copied: Any = None
-            self._clean = True  # the buffers say "no adapter token"
-            self._slot_rows = 0  # token_slot rows that may be >= 0
+            # token_slot rows that may be >= 0; 0: the buffers say "no adapter token".
+            self._slot_rows = 0
 
     def set(self, token_slot: np.ndarray, device: torch.device) -> None:
         """Group tokens by slot (``token_slot[t]``: its slot, or -1 for the base model)."""
@@ -173,7 +173,7 @@ class LoRAStepContext:
         """
         used = np.flatnonzero(token_slot >= 0)
         self.active = used.size > 0
-        if not self.active and self._clean:
+        if not self.active and self._slot_rows == 0:
             self.sorted = self._sorted_buf
             return
         slots = token_slot[used]
@@ -198,7 +198,6 @@ class LoRAStepContext:
                 self.sorted[:n].copy_(self._staging[sorted_at:sorted_at + n], non_blocking=self._cuda)
         else:  # more adapter tokens than the buffer: an eager step, never a graph's
             self.sorted = torch.from_numpy(used[order].astype(np.int32)).to(self._device)
-        self._clean = n == 0
         self._slot_rows = t if n else 0
         if self._cuda:
             self._copied = torch.cuda.Event()
@@ -273,7 +272,7 @@ class LoRALinear(nn.Module):
         self.register_buffer("lora_a", lora_a, persistent=False)
         # [slot, rank, sum(widths)]: the projections' B (scaled, transposed) side by side in
         # the output's column order, so the Triton path expands them all in one launch.
-        self.register_buffer("lora_b_all", torch.zeros(max_loras, max_rank, sum(widths), dtype=dtype,
+        self.register_buffer("lora_b_all", torch.zeros(max_loras, max_rank, out, dtype=dtype,
                                                        device=device), persistent=False)
 
     def lora_b(self, i: int) -> torch.Tensor:
