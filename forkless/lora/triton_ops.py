@@ -82,6 +82,21 @@ def _shrink_kernel(
 
 
 @triton.jit
+def _slice_bounds(i: tl.constexpr, OFF1, OFF2, W):
+    """Columns ``[lo, hi)`` of y that stacked projection ``i`` (0, 1 or 2) owns."""
+    if i == 0:
+        lo = 0
+        hi = OFF1
+    elif i == 1:
+        lo = OFF1
+        hi = OFF2
+    else:
+        lo = OFF2
+        hi = W
+    return lo, hi
+
+
+@triton.jit
 def _expand_kernel(
     h_ptr, b_ptr, y_ptr, tok_ptr, seg_ptr,
     R, W, OFF1, OFF2,
@@ -111,15 +126,7 @@ def _expand_kernel(
     # Stacked projection i owns columns [lo, hi) of y and columns [i R, (i + 1) R) of h;
     # a column block usually lies in one of them, but may straddle two.
     for i in tl.static_range(NUM_SLICES):
-        if i == 0:
-            lo = 0
-            hi = OFF1
-        elif i == 1:
-            lo = OFF1
-            hi = OFF2
-        else:
-            lo = OFF2
-            hi = W
+        lo, hi = _slice_bounds(i, OFF1, OFF2, W)
         if (col0 < hi) & (col0 + BLOCK_N > lo):
             h = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):
@@ -174,15 +181,7 @@ def _expand_folded_kernel(
     # keeps only its own slot's columns, so one dense dot over every slot's rank gives each
     # token its own delta, and the tensor cores do it without a serial loop over tokens.
     for i in tl.static_range(NUM_SLICES):
-        if i == 0:
-            lo = 0
-            hi = OFF1
-        elif i == 1:
-            lo = OFF1
-            hi = OFF2
-        else:
-            lo = OFF2
-            hi = W
+        lo, hi = _slice_bounds(i, OFF1, OFF2, W)
         if (col0 < hi) & (col0 + BLOCK_N > lo):
             cols = w_mask & (offs_w >= lo) & (offs_w < hi)
             for k0 in range(0, SR, BLOCK_K):
