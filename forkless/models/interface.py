@@ -53,7 +53,8 @@ class CausalLMBase(nn.Module, abc.ABC):
             layer_idx)``.
     """
 
-    #: Whether :meth:`use_cpu_kernels` moves the model onto forkless's C kernels.
+    #: Whether :meth:`use_cpu_kernels` moves the model's linear layers onto weights packed
+    #: for the CPU (forkless's C kernels in float32, oneDNN in bfloat16).
     supports_cpu_kernels: ClassVar[bool] = False
     #: Whether :meth:`lora_modules` maps LoRA adapters onto this model's layers.
     supports_lora: ClassVar[bool] = False
@@ -117,10 +118,12 @@ class CausalLMBase(nn.Module, abc.ABC):
         return kv_cache_spec(hf_config)
 
     def use_cpu_kernels(self) -> None:
-        """Switch the linear layers to the packed-weight CPU kernels (float32 on the CPU).
+        """Switch the linear layers to weights packed for the CPU
+        (:func:`forkless.models.layers.cpu_linear.pack_linear_layers`).
 
         The model runner calls it once, after loading weights, when
-        :attr:`supports_cpu_kernels` is true and the kernels are available.
+        :attr:`supports_cpu_kernels` is true and the CPU has a packed layer for the dtype
+        (float32: forkless's C kernels built; bfloat16: oneDNN's bfloat16 matmul).
         """
         raise NotImplementedError(f"{type(self).__qualname__} declares no CPU-kernel support")
 

@@ -33,7 +33,7 @@ from forkless.distributed.parallel_state import GroupCoordinator, get_pp_group, 
 from forkless.logger import init_logger
 from forkless.models.hf_config import get_head_dim, get_num_kv_heads, get_rope_parameters
 from forkless.models.interface import CausalLMBase
-from forkless.models.layers.cpu_linear import PackedLinear, pack_linear_layers
+from forkless.models.layers.cpu_linear import CPULinear, cpu_linear_for, pack_linear_layers
 from forkless.models.layers.mlp import SwiGLUMLP
 from forkless.models.layers.norm import RMSNorm
 from forkless.models.layers.parallel import (
@@ -336,14 +336,15 @@ class LlamaForCausalLM(CausalLMBase):
         return out
 
     def use_cpu_kernels(self) -> None:
-        """Run every linear layer and the LM head on the packed-weight CPU kernels.
+        """Run every linear layer and the LM head on weights packed for the CPU.
 
-        The model runner calls this for float32 models on the CPU when the kernels are
-        available. A tied head gets its own packed copy: the embedding still needs its rows.
+        The model runner calls this on the CPU for float32 (forkless's C kernels) and
+        bfloat16 (oneDNN) where they are available. A tied head gets its own packed copy:
+        the embedding still needs its rows.
         """
         pack_linear_layers(self)
         if self.tie_word_embeddings and not isinstance(self.lm_head, PPMissingLayer):
-            self.lm_head = PackedLinear(self.lm_head.weight)
+            self.lm_head = cpu_linear_for(self.lm_head.weight)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         pp = self.pp_group
@@ -363,8 +364,8 @@ class LlamaForCausalLM(CausalLMBase):
 
     def _head_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary rows' logits (all of them with one rank)."""
-        if isinstance(self.lm_head, PackedLinear):
-            return self.lm_head(hidden_states)
+        if isinstance(self.lm_head, CPULinear):
+            return self.lm_head(hidden_states).float()
         weight = self.lm_head.weight
         if hidden_states.device.type == "cpu" and hidden_states.shape[0] > 1:
             # One [rows, vocab] product streams its output past the CPU cache; in vocabulary

@@ -25,8 +25,9 @@ class SupportsPooling:
         takes_token_type_ids: ``forward`` takes ``token_type_ids=`` (``[T]`` int64
             segment ids, BERT's token types).
         num_labels: Outputs of the classifier head; 0: no head.
-        supports_cpu_kernels: Whether :meth:`use_cpu_kernels` moves the model onto
-            forkless's packed-weight C kernels (float32 on the CPU).
+        supports_cpu_kernels: Whether :meth:`use_cpu_kernels` moves the model's linear
+            layers onto weights packed for the CPU (float32: forkless's C kernels;
+            bfloat16: oneDNN).
         supports_tensor_parallel: Whether the model splits its layers across ``-tp``
             ranks; it then has ``weight_shard(name, shape)`` as ``CausalLMBase`` does
             (the part of each checkpoint tensor a rank reads), and every rank ends a
@@ -40,7 +41,8 @@ class SupportsPooling:
     num_labels: int = 0
 
     def use_cpu_kernels(self) -> None:
-        """Switch the linear layers to the packed-weight CPU kernels."""
+        """Switch the linear layers to weights packed for the CPU (see
+        :attr:`supports_cpu_kernels`)."""
         raise NotImplementedError(f"{type(self).__qualname__} declares no CPU-kernel support")
 
     def classify(self, pooled: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,7 @@ class DraftModelProposer(Proposer):
         from forkless.distributed.parallel_state import replicated_model
         from forkless.model_loader import load_model
         from forkless.models.hf_config import load_hf_config
-        from forkless.models.interface import CausalLMBase
+        from forkless.models.layers.cpu_linear import use_cpu_linear
 
         engine = runner.config
         assert config.model is not None  # SpeculativeConfig requires it for draft_model
@@ -77,12 +77,7 @@ class DraftModelProposer(Proposer):
         # tokens): vLLM's draft_tensor_parallel_size 1.
         with replicated_model():
             self.model = load_model(folder, self.hf_config, dtype, device, runner.attn_backend, load_format)
-        if (device.type == "cpu" and str(dtype) == "torch.float32" and isinstance(self.model, CausalLMBase)
-                and self.model.supports_cpu_kernels):
-            from forkless import cpu_kernels
-
-            if cpu_kernels.load() is not None:
-                self.model.use_cpu_kernels()
+        use_cpu_linear(self.model, device, dtype)
         self.kv_spec = type(self.model).get_kv_cache_spec(self.hf_config)
         self.block_size = engine.cache_config.block_size
         self.max_model_len = engine.scheduler_config.max_model_len

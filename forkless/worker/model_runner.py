@@ -30,6 +30,7 @@ from forkless.logits_processors import build_logits_processors
 from forkless.model_loader import load_model, resolve_dtype
 from forkless.models.hf_config import get_head_dim
 from forkless.models.interface import CausalLMBase
+from forkless.models.layers.cpu_linear import cpu_linear_name, use_cpu_linear
 from forkless.ops.registry import using_custom_ops
 from forkless.platforms.interface import AttentionSelectorConfig
 from forkless.plugins import resolve_class
@@ -238,15 +239,9 @@ class ModelRunner:
         self._prev_row_of: dict[str, int] = {}
 
     def _use_cpu_kernels(self) -> None:
-        """Float32 on the CPU: let the model move its linear layers to the packed C kernels."""
-        supported = isinstance(self.model, CausalLMBase) and self.model.supports_cpu_kernels
-        if self.device.type != "cpu" or self.dtype != torch.float32 or not supported:
-            return
-        from forkless import cpu_kernels
-
-        if cpu_kernels.load() is not None:
-            self.model.use_cpu_kernels()
-            logger.info("linear layers run on the packed-weight CPU kernels")
+        """On the CPU: let the model move its linear layers to weights packed at load."""
+        if use_cpu_linear(self.model, self.device, self.dtype):
+            logger.info("linear layers run on weights packed for the CPU (%s)", cpu_linear_name(self.dtype))
 
     # ------------------------------------------------------------------ KV cache
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from forkless.logger import init_logger
-from forkless.models.interface import CausalLMBase
+from forkless.models.layers.cpu_linear import cpu_linear_name, use_cpu_linear
 from forkless.pooling.interface import SupportsPooling
 from forkless.pooling.poolers import pool_step
 from forkless.pooling_params import PoolingParams
@@ -55,15 +55,8 @@ class PoolingModelRunner(ModelRunner):
                              f"{pooler.task}")
 
     def _use_cpu_kernels(self) -> None:
-        model = self.model
-        supported = isinstance(model, (CausalLMBase, SupportsPooling)) and model.supports_cpu_kernels
-        if self.device.type != "cpu" or self.dtype != torch.float32 or not supported:
-            return
-        from forkless import cpu_kernels
-
-        if cpu_kernels.load() is not None:
-            model.use_cpu_kernels()
-            logger.info("linear layers run on the packed-weight CPU kernels")
+        if use_cpu_linear(self.model, self.device, self.dtype):
+            logger.info("linear layers run on weights packed for the CPU (%s)", cpu_linear_name(self.dtype))
 
     @property
     def supports_async_scheduling(self) -> bool:

@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from forkless import cpu_kernels
 from forkless.attention import AttentionMetadata, get_attention_backend
 from forkless.models.layers.activation import SiluAndMul
-from forkless.models.layers.cpu_linear import PackedLinear, pack_linear_layers
+from forkless.models.layers.cpu_linear import (OneDNNLinear, PackedLinear, cpu_linear_dtype_supported, cpu_linear_for,
+                                               onednn_bf16_available, pack_linear_layers, use_cpu_linear)
 from forkless.models.layers.norm import RMSNorm
 from forkless.models.layers.rotary import RotaryEmbedding
 
@@ -234,6 +235,88 @@ def test_pack_linear_layers_replaces_only_linears():
     assert pack_linear_layers(model) == 2
     assert isinstance(model[0], PackedLinear) and isinstance(model[2][0], PackedLinear)
     torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+
+
+# oneDNN runs bfloat16 on AVX512-BF16 / AMX (or AVX-512, emulated); on an AVX2-only CPU
+# it does not, and bfloat16 layers stay nn.Linear (the test after these checks that).
+needs_onednn_bf16 = pytest.mark.skipif(not onednn_bf16_available(),
+                                       reason="this CPU or torch build has no oneDNN bfloat16 matmul")
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("rows", [0, 1, 5, 33, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_onednn_linear_matches_linear_in_bfloat16(rows, bias):
+    torch.manual_seed(rows)
+    linear = torch.nn.Linear(576, 200, bias=bias).bfloat16()
+    packed = cpu_linear_for(linear.weight, linear.bias)
+    assert isinstance(packed, OneDNNLinear)
+    x = torch.randn(2, rows, 576).bfloat16()
+    with torch.inference_mode():
+        out = packed(x)
+        assert out.shape == (2, rows, 200) and out.dtype == torch.bfloat16
+        # Float32 sums rounded once, as F.linear's; only their order may differ.
+        torch.testing.assert_close(out, F.linear(x, linear.weight, linear.bias), rtol=1.6e-2, atol=1e-2)
+        wide = torch.randn(rows, 600).bfloat16()
+        torch.testing.assert_close(packed(wide[:, 10:586]), F.linear(wide[:, 10:586], linear.weight, linear.bias),
+                                   rtol=1.6e-2, atol=1e-2)
+    with pytest.raises(ValueError, match="bfloat16 CPU input, got torch.float32"):
+        packed(torch.zeros(1, 576))
+
+
+def test_cpu_linear_for_picks_by_dtype_and_names_the_bad_one():
+    assert isinstance(cpu_linear_for(torch.zeros(4, 4)), PackedLinear)
+    with pytest.raises(ValueError, match="torch.float16 weights: expected float32 or bfloat16"):
+        cpu_linear_for(torch.zeros(4, 4, dtype=torch.float16))
+    assert not cpu_linear_dtype_supported(torch.float16)
+    assert cpu_linear_dtype_supported(torch.bfloat16) == onednn_bf16_available()
+
+
+def _tiny_llama(tmp_path, dtype: torch.dtype):
+    from transformers import AutoConfig, LlamaConfig, LlamaForCausalLM
+
+    from forkless.model_loader import load_model
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         attention_bias=True, initializer_range=0.2)
+    LlamaForCausalLM(config).save_pretrained(tmp_path)
+    backend = get_attention_backend("cpu")
+    return load_model(tmp_path, AutoConfig.from_pretrained(tmp_path), dtype, "cpu", backend), backend
+
+
+def test_bfloat16_model_runs_its_linear_layers_on_onednn(tmp_path):
+    """A bfloat16 model on the CPU: every linear layer and the tied head prepacked for
+    oneDNN where the CPU has it (and left as nn.Linear where not), the logits of a prefill
+    and a decode step as the unpacked model's."""
+    from paged_harness import PagedHarness
+
+    model, backend = _tiny_llama(tmp_path, torch.bfloat16)
+    reference, _ = _tiny_llama(tmp_path, torch.bfloat16)
+    packed = use_cpu_linear(model, torch.device("cpu"), torch.bfloat16)
+    assert packed == onednn_bf16_available()
+    linears = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, OneDNNLinear))]
+    assert linears and all(isinstance(m, OneDNNLinear if packed else torch.nn.Linear) for m in linears)
+    if packed:
+        assert isinstance(model.lm_head, OneDNNLinear)  # its own copy: the embedding keeps its rows
+        assert model.model.embed_tokens.weight.dtype == torch.bfloat16
+    seqs = [[3, 17, 99, 4, 250], [8, 8, 1]]
+    runs = []
+    with torch.inference_mode():
+        for m in (model, reference):
+            harness = PagedHarness(m, backend, block_size=4)
+            first = harness.step([(f"s{i}", p) for i, p in enumerate(seqs)])
+            second = harness.step([(f"s{i}", [int(out[-1].argmax())]) for i, out in enumerate(first)])
+            runs.append([*first, *second])
+    for got, want in zip(*runs):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+    # The float32 model on the C kernels; float16 has no packed layer and stays as loaded.
+    assert use_cpu_linear(_tiny_llama(tmp_path, torch.float32)[0], torch.device("cpu"), torch.float32)
+    half, _ = _tiny_llama(tmp_path, torch.float16)
+    assert not use_cpu_linear(half, torch.device("cpu"), torch.float16)
+    assert isinstance(half.lm_head, torch.nn.Linear) or half.lm_head is half.model.embed_tokens
 
 
 def _load_in_fresh_process(env: dict[str, str]) -> subprocess.CompletedProcess:
