@@ -121,7 +121,8 @@ def _scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tens
 class _Plan:
     """Everything derived from the metadata once per step and shared by all layers."""
 
-    store_rows: torch.Tensor
+    # The rows of k and v to store (a slice when they are all the step's tokens) and their slots.
+    store_rows: torch.Tensor | slice
     store_slots: torch.Tensor
     decode: list[_DecodeGroup]
     prefills: list[_PrefillSeq]
@@ -182,8 +183,14 @@ def _build_plan(md: AttentionMetadata, decode_group_keys: int | None, gather_dec
     num_tokens = qsl[-1]
 
     slots = md.slot_mapping[:num_tokens]
-    store_rows = torch.nonzero(slots >= 0).flatten()
-    store_slots = slots[store_rows].long()
+    valid = slots >= 0
+    store_rows: torch.Tensor | slice
+    if bool(valid.all()):
+        # Every token is stored (the usual step): its rows of k and v as views, no gather.
+        store_rows, store_slots = slice(0, num_tokens), slots.long()
+    else:
+        store_rows = torch.nonzero(valid).flatten()
+        store_slots = slots[store_rows].long()
 
     decode_ids: list[int] = []
     context_ids: list[int] = []
