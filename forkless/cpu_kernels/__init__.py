@@ -1,6 +1,7 @@
 """CPU kernels in C: decode attention and prefill attention over cached context, both reading
 the paged cache in place, linear layers on packed weights,
-and the element-wise layers (RMSNorm, rotary embeddings, SiLU-and-mul).
+and the element-wise layers (RMSNorm, rotary embeddings, SiLU-and-mul; float32 or
+bfloat16).
 
 The sources (``csrc/*.c``) are plain C written once over a vector type that is AVX-512
 (16 lanes) or AVX2 + FMA (8 lanes), whichever the compiler targets, with plain loops
@@ -48,7 +49,7 @@ logger = init_logger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("paged_decode.c", "paged_prefill.c", "linear.c", "layers.c")
-_ABI_VERSION = 8
+_ABI_VERSION = 9
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno")
 
 _ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -60,9 +61,11 @@ _SIGNATURES = {
     "forkless_paged_prefill_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32,
                                    _i32, _i32, ctypes.c_float],
     "forkless_linear_f32": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
-    "forkless_rms_norm_f32": [_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i32, _i32, _i32, ctypes.c_float],
-    "forkless_rotary_f32": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32, _i32, _i32, _i32],
-    "forkless_silu_and_mul_f32": [_ptr, _i64, _ptr, _i32, _i32],
+    **{f"forkless_rms_norm_{t}": [_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i32, _i32, _i32, ctypes.c_float]
+       for t in ("f32", "bf16")},
+    **{f"forkless_rotary_{t}": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32, _i32, _i32, _i32]
+       for t in ("f32", "bf16")},
+    **{f"forkless_silu_and_mul_{t}": [_ptr, _i64, _ptr, _i32, _i32] for t in ("f32", "bf16")},
 }
 
 #: The instruction-set levels, best first: the CPU flags each needs (as ``/proc/cpuinfo``

@@ -1,6 +1,6 @@
 """SiLU-and-mul (custom op ``silu_and_mul``): the gate of a SwiGLU feed-forward block.
 
-Invariants: as for :mod:`forkless.ops.layernorm`, ``forward_cpu`` takes float32 only and
+Invariants: as for :mod:`forkless.ops.layernorm`, ``forward_cpu`` takes float32 or bfloat16 and
 ``forward_cuda`` CUDA tensors only; anything else runs ``forward_native``.
 """
 
@@ -27,7 +27,7 @@ class SiluAndMul(FusedKernelOp):
         return F.silu(gate).mul_(up)
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype is not torch.float32:  # the C kernels are float32 only
+        if x.dtype not in fused_cpu.DTYPES:
             return self.forward_native(x)
         return fused_cpu.silu_and_mul(x)
 

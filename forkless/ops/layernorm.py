@@ -1,7 +1,7 @@
 """RMSNorm (custom op ``rms_norm``), computed in float32 like the Hugging Face reference.
 
-Invariants: ``forward_cpu`` runs the C kernel on float32 input only (other dtypes take
-``forward_native``); ``forward_cuda`` runs the Triton kernel on CUDA tensors (a CPU tensor
+Invariants: ``forward_cpu`` runs the C kernel on float32 or bfloat16 input whose weight
+(and residual) has the same dtype (anything else takes ``forward_native``); ``forward_cuda`` runs the Triton kernel on CUDA tensors (a CPU tensor
 in a CUDA process, e.g. a test's reference, takes ``forward_native``). Every
 implementation returns what ``forward_native`` returns, to float32 rounding.
 """
@@ -53,7 +53,8 @@ class RMSNorm(FusedKernelOp):
     def forward_cpu(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if x.dtype is not torch.float32:  # the C kernels are float32 only
+        if x.dtype not in fused_cpu.DTYPES or self.weight.dtype != x.dtype or (
+                residual is not None and residual.dtype != x.dtype):
             return self.forward_native(x, residual)
         out, summed = fused_cpu.rms_norm(x, self.weight, self.eps, residual)
         return out if residual is None else (out, summed)

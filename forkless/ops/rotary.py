@@ -4,7 +4,7 @@ cos/sin are computed from the positions on every call rather than looked up in a
 it is a single small outer product, it has no maximum length, and it reproduces the
 Hugging Face float32 computation exactly.
 
-Invariants: ``forward_cpu`` (C kernel, float32 only) and ``forward_cuda`` (Triton, CUDA
+Invariants: ``forward_cpu`` (C kernel, float32 or bfloat16) and ``forward_cuda`` (Triton, CUDA
 tensors only) rotate ``q`` and ``k`` in place; ``forward_native`` returns new tensors.
 Every implementation returns the rotated pair, equal to float32 rounding.
 :meth:`RotaryEmbedding.rotate_normed` (models with per-head query/key norms) runs the two
@@ -130,7 +130,7 @@ class RotaryEmbedding(FusedKernelOp):
     def forward_cpu(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if q.dtype is not torch.float32:  # the C kernels are float32 only
+        if q.dtype not in fused_cpu.DTYPES or k.dtype != q.dtype:
             return self.forward_native(positions, q, k)
         cos, sin = self._cos_sin(positions, q.dtype)
         fused_cpu.rotary_(q, k, cos, sin, self.rotary_dim)

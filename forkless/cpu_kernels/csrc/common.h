@@ -139,28 +139,77 @@ ALWAYS_INLINE float bf16_to_f32(uint16_t h) {
     return v.f;
 }
 
+/* Narrowing rounds to nearest, ties to even, as torch's float -> bfloat16 conversion; a NaN
+ * stays a (quiet) NaN. */
+ALWAYS_INLINE uint16_t f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = {f};
+    if ((v.u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((v.u >> 16) | 0x40u);
+    return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}
+
 #if defined(FORKLESS_AVX512)
 ALWAYS_INLINE vec vload_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
 }
+/* The bfloat16 bits of each lane, rounded as f32_to_bf16, in the low half of 32-bit lanes. */
+ALWAYS_INLINE __m512i vbf16_bits(vec v) {
+    __m512i u = _mm512_castps_si512(v), hi = _mm512_srli_epi32(u, 16);
+    __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7FFF), _mm512_and_si512(hi, _mm512_set1_epi32(1)))), 16);
+    return _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+}
+ALWAYS_INLINE void vstore_bf16(uint16_t *p, vec v) {
+    _mm256_storeu_si256((__m256i *)p, _mm512_cvtepi32_epi16(vbf16_bits(v)));
+}
+/* v rounded to bfloat16 precision, kept as float32. */
+ALWAYS_INLINE vec vround_bf16(vec v) { return _mm512_castsi512_ps(_mm512_slli_epi32(vbf16_bits(v), 16)); }
 #elif defined(FORKLESS_AVX2)
 ALWAYS_INLINE vec vload_bf16(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
+ALWAYS_INLINE __m256i vbf16_bits(vec v) {
+    __m256i u = _mm256_castps_si256(v), hi = _mm256_srli_epi32(u, 16);
+    __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), _mm256_and_si256(hi, _mm256_set1_epi32(1)))), 16);
+    return _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)),
+                              _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+ALWAYS_INLINE void vstore_bf16(uint16_t *p, vec v) {
+    /* packus keeps each 128-bit half's four values; qwords 0 and 2 are the eight in order. */
+    __m256i b = vbf16_bits(v);
+    _mm_storeu_si128((__m128i *)p, _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(b, b), 0x08)));
+}
+ALWAYS_INLINE vec vround_bf16(vec v) { return _mm256_castsi256_ps(_mm256_slli_epi32(vbf16_bits(v), 16)); }
 #endif
 
-/* A paged KV cache of float32 (bf16 == 0) or bfloat16 (bf16 == 1) elements: the flag is a
- * constant after inlining, so each entry point gets its own code. */
-ALWAYS_INLINE const void *kv_at(const void *base, int64_t i, int bf16) {
+/* Tensors (a paged KV cache, activations) of float32 (bf16 == 0) or bfloat16 (bf16 == 1)
+ * elements, read and written as float32: the flag is a constant after inlining, so each entry point gets its own code. */
+ALWAYS_INLINE const void *el_at(const void *base, int64_t i, int bf16) {
     return (const char *)base + i * (bf16 ? 2 : 4);
 }
-ALWAYS_INLINE float kv_get(const void *row, int64_t i, int bf16) {
+ALWAYS_INLINE float el_get(const void *row, int64_t i, int bf16) {
     return bf16 ? bf16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
 }
+ALWAYS_INLINE void el_put(void *row, int64_t i, float v, int bf16) {
+    if (bf16)
+        ((uint16_t *)row)[i] = f32_to_bf16(v);
+    else
+        ((float *)row)[i] = v;
+}
+/* v as the element type holds it (a no-op for float32): where a PyTorch op on bfloat16
+ * tensors rounds its result. */
+ALWAYS_INLINE float el_round(float v, int bf16) { return bf16 ? bf16_to_f32(f32_to_bf16(v)) : v; }
 #ifdef FORKLESS_SIMD
-ALWAYS_INLINE vec kv_vload(const void *row, int64_t i, int bf16) {
+ALWAYS_INLINE vec el_vload(const void *row, int64_t i, int bf16) {
     return bf16 ? vload_bf16((const uint16_t *)row + i) : vload((const float *)row + i);
 }
+ALWAYS_INLINE void el_vstore(void *row, int64_t i, vec v, int bf16) {
+    if (bf16)
+        vstore_bf16((uint16_t *)row + i, v);
+    else
+        vstore((float *)row + i, v);
+}
+ALWAYS_INLINE vec el_vround(vec v, int bf16) { return bf16 ? vround_bf16(v) : v; }
 #endif
 
 /* Ask for bytes [0, n) at p ahead of their use. */

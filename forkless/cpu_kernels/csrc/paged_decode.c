@@ -29,7 +29,7 @@ ALWAYS_INLINE void head_scores(float *sh, int64_t L, const float *qh, const void
         vec acc[4];
         for (int g = 0; g < NQ; g++) acc[g] = vzero();
         for (int d = 0; d < D; d += VW) {
-            vec kv = kv_vload(k, d, bf16);
+            vec kv = el_vload(k, d, bf16);
             for (int g = 0; g < NQ; g++) acc[g] = vfma(vload(qh + g * D + d), kv, acc[g]);
         }
         for (int g = 0; g < NQ; g++) sh[g * L] = vhsum(acc[g]) * scale;
@@ -38,7 +38,7 @@ ALWAYS_INLINE void head_scores(float *sh, int64_t L, const float *qh, const void
 #endif
     for (int g = 0; g < NQ; g++) {
         float sum = 0.0f;
-        for (int d = 0; d < D; d++) sum += qh[g * D + d] * kv_get(k, d, bf16);
+        for (int d = 0; d < D; d++) sum += qh[g * D + d] * el_get(k, d, bf16);
         sh[g * L] = sum * scale;
     }
 }
@@ -49,9 +49,9 @@ ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const void 
                                 int num_kv_heads, int ntok, int G, int D, float scale, int bf16) {
     const int64_t slot_stride = (int64_t)num_kv_heads * D;
     for (int t = 0; t < ntok; t++) {
-        prefetch_bytes(kv_at(next, t * slot_stride, bf16), slot_stride * (bf16 ? 2 : 4));
+        prefetch_bytes(el_at(next, t * slot_stride, bf16), slot_stride * (bf16 ? 2 : 4));
         for (int h = 0; h < num_kv_heads; h++) {
-            const void *k = kv_at(k0, t * slot_stride + h * D, bf16);
+            const void *k = el_at(k0, t * slot_stride + h * D, bf16);
             for (int g = 0; g < G; g += 4) {
                 const float *qh = q + (int64_t)(h * G + g) * D;
                 float *sh = s + (int64_t)(h * G + g) * L + t;
@@ -78,19 +78,19 @@ ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const voi
 #ifdef FORKLESS_SIMD
     if (D % VW == 0) {
         for (; t + 4 <= ntok; t += 4) {
-            for (int r = 0; r < 4; r++) prefetch_bytes(kv_at(next, (t + r) * slot_stride, bf16), row_bytes);
+            for (int r = 0; r < 4; r++) prefetch_bytes(el_at(next, (t + r) * slot_stride, bf16), row_bytes);
             for (int h = 0; h < num_kv_heads; h++) {
-                const void *vh = kv_at(v0, t * slot_stride + h * D, bf16);
+                const void *vh = el_at(v0, t * slot_stride + h * D, bf16);
                 for (int g = 0; g < G; g++) {
                     const float *pj = p + (int64_t)(h * G + g) * L + t;
                     float *aj = acc + (h * G + g) * D;
                     vec w0 = vset1(pj[0]), w1 = vset1(pj[1]), w2 = vset1(pj[2]), w3 = vset1(pj[3]);
                     for (int d = 0; d < D; d += VW) {
                         vec a = vload(aj + d);
-                        a = vfma(w0, kv_vload(vh, d, bf16), a);
-                        a = vfma(w1, kv_vload(vh, slot_stride + d, bf16), a);
-                        a = vfma(w2, kv_vload(vh, 2 * slot_stride + d, bf16), a);
-                        a = vfma(w3, kv_vload(vh, 3 * slot_stride + d, bf16), a);
+                        a = vfma(w0, el_vload(vh, d, bf16), a);
+                        a = vfma(w1, el_vload(vh, slot_stride + d, bf16), a);
+                        a = vfma(w2, el_vload(vh, 2 * slot_stride + d, bf16), a);
+                        a = vfma(w3, el_vload(vh, 3 * slot_stride + d, bf16), a);
                         vstore(aj + d, a);
                     }
                 }
@@ -101,8 +101,8 @@ ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const voi
     for (; t < ntok; t++) {
         for (int j = 0; j < num_kv_heads * G; j++) {
             const float w = p[j * L + t];
-            const void *vh = kv_at(v0, t * slot_stride + (j / G) * D, bf16);
-            for (int d = 0; d < D; d++) acc[j * D + d] += w * kv_get(vh, d, bf16);
+            const void *vh = el_at(v0, t * slot_stride + (j / G) * D, bf16);
+            for (int d = 0; d < D; d++) acc[j * D + d] += w * el_get(vh, d, bf16);
         }
     }
 }
@@ -146,9 +146,9 @@ ALWAYS_INLINE void attend_sequence(const float *q, const void *k_cache, const vo
     for (int64_t b = 0; b < num_blocks; b++) {
         const int64_t t0 = b * block_size;
         const int ntok = (int)(L - t0 < block_size ? L - t0 : block_size);
-        const void *next = b + 1 < num_blocks ? kv_at(k_cache, table[b + 1] * block_stride, bf16)
-                                              : kv_at(v_cache, table[0] * block_stride, bf16);
-        scores_block(scores + t0, L, q, kv_at(k_cache, table[b] * block_stride, bf16), next, num_kv_heads, ntok, G,
+        const void *next = b + 1 < num_blocks ? el_at(k_cache, table[b + 1] * block_stride, bf16)
+                                              : el_at(v_cache, table[0] * block_stride, bf16);
+        scores_block(scores + t0, L, q, el_at(k_cache, table[b] * block_stride, bf16), next, num_kv_heads, ntok, G,
                      D, scale, bf16);
     }
     for (int j = 0; j < num_heads; j++) inv[j] = 1.0f / softmax_numerators(scores + j * L, (int)L);
@@ -157,8 +157,8 @@ ALWAYS_INLINE void attend_sequence(const float *q, const void *k_cache, const vo
         const int64_t t0 = b * block_size;
         const int ntok = (int)(L - t0 < block_size ? L - t0 : block_size);
         /* The last block prefetches itself: harmless, and it keeps the loop branch-free. */
-        const void *next = kv_at(v_cache, table[b + 1 < num_blocks ? b + 1 : b] * block_stride, bf16);
-        values_block(acc, scores + t0, L, kv_at(v_cache, table[b] * block_stride, bf16), next, num_kv_heads, ntok,
+        const void *next = el_at(v_cache, table[b + 1 < num_blocks ? b + 1 : b] * block_stride, bf16);
+        values_block(acc, scores + t0, L, el_at(v_cache, table[b] * block_stride, bf16), next, num_kv_heads, ntok,
                      G, D, bf16);
     }
     for (int j = 0; j < num_heads; j++)
