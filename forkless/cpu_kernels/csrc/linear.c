@@ -284,31 +284,33 @@ int forkless_linear_f32(const float *x, int64_t ldx, const float *packed, const 
     }
 #endif
     for (int m0 = 0; m0 < M; m0 += M_BLOCK) {
-        const int m1 = M - m0 < M_BLOCK ? M : m0 + M_BLOCK;
+        const int m1 = M - m0 < M_BLOCK ? M : m0 + M_BLOCK, tiles = (m1 - m0 + MR - 1) / MR;
+        /* Work items are (panel, row tile), panel-major, split evenly: a thread takes each
+         * panel's tiles in a row (the panel stays in L2), and a layer of few panels (9 for
+         * a 576-wide output) still splits evenly (by panels alone: 5 + 4). */
 #pragma omp parallel for schedule(static) if ((int64_t)(m1 - m0) * K * panels * NR >= FORKLESS_PARALLEL_MIN_MACS)
-        for (int p = 0; p < panels; p++) {
+        for (int64_t item = 0; item < (int64_t)panels * tiles; item++) {
+            const int p = (int)(item / tiles), m = m0 + (int)(item % tiles) * MR;
             const float *panel = packed + (int64_t)p * K * NR, *bp = bias ? bias + p * NR : NULL;
-            for (int m = m0; m < m1; m += MR) {
-                const float *xm = x + (int64_t)m * ldx;
-                float *ym = y + (int64_t)m * ldy + p * NR;
-                switch (m1 - m < MR ? m1 - m : MR) {
+            const float *xm = x + (int64_t)m * ldx;
+            float *ym = y + (int64_t)m * ldy + p * NR;
+            switch (m1 - m < MR ? m1 - m : MR) {
 #if MR > 8
-                case 12: tile(xm, ldx, panel, bp, ym, ldy, K, 12); break;
-                case 11: tile(xm, ldx, panel, bp, ym, ldy, K, 11); break;
-                case 10: tile(xm, ldx, panel, bp, ym, ldy, K, 10); break;
-                case 9: tile(xm, ldx, panel, bp, ym, ldy, K, 9); break;
+            case 12: tile(xm, ldx, panel, bp, ym, ldy, K, 12); break;
+            case 11: tile(xm, ldx, panel, bp, ym, ldy, K, 11); break;
+            case 10: tile(xm, ldx, panel, bp, ym, ldy, K, 10); break;
+            case 9: tile(xm, ldx, panel, bp, ym, ldy, K, 9); break;
 #endif
 #if MR > 4
-                case 8: tile(xm, ldx, panel, bp, ym, ldy, K, 8); break;
-                case 7: tile(xm, ldx, panel, bp, ym, ldy, K, 7); break;
-                case 6: tile(xm, ldx, panel, bp, ym, ldy, K, 6); break;
-                case 5: tile(xm, ldx, panel, bp, ym, ldy, K, 5); break;
+            case 8: tile(xm, ldx, panel, bp, ym, ldy, K, 8); break;
+            case 7: tile(xm, ldx, panel, bp, ym, ldy, K, 7); break;
+            case 6: tile(xm, ldx, panel, bp, ym, ldy, K, 6); break;
+            case 5: tile(xm, ldx, panel, bp, ym, ldy, K, 5); break;
 #endif
-                case 4: tile(xm, ldx, panel, bp, ym, ldy, K, 4); break;
-                case 3: tile(xm, ldx, panel, bp, ym, ldy, K, 3); break;
-                case 2: tile(xm, ldx, panel, bp, ym, ldy, K, 2); break;
-                default: tile(xm, ldx, panel, bp, ym, ldy, K, 1); break;
-                }
+            case 4: tile(xm, ldx, panel, bp, ym, ldy, K, 4); break;
+            case 3: tile(xm, ldx, panel, bp, ym, ldy, K, 3); break;
+            case 2: tile(xm, ldx, panel, bp, ym, ldy, K, 2); break;
+            default: tile(xm, ldx, panel, bp, ym, ldy, K, 1); break;
             }
         }
     }
