@@ -17,7 +17,7 @@ sums, and which class a weight gets depends only on its dtype (:func:`cpu_linear
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -29,7 +29,37 @@ from forkless import cpu_kernels
 _ONEDNN_BATCH_HINT = 32
 
 
-class PackedLinear(nn.Module):
+class CPULinear(nn.Module):
+    """What the packed layers share: their shape, and the check and flattening of the input
+    (``[..., in_features]`` of :attr:`dtype` on the CPU, as rows with unit column stride)."""
+
+    #: The dtype of the weights and inputs the layer takes.
+    dtype: ClassVar[torch.dtype]
+    in_features: int
+    out_features: int
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> CPULinear:
+        """The packed equivalent of ``linear``."""
+        return cls(linear.weight, linear.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as ``[rows, in_features]``, each row contiguous.
+
+        Raises:
+            ValueError: ``x`` is not of :attr:`dtype` on the CPU.
+        """
+        if x.dtype != self.dtype or x.device.type != "cpu":
+            raise ValueError(f"{type(self).__name__} takes {str(self.dtype).removeprefix('torch.')} CPU input, "
+                             f"got {x.dtype} on {x.device}")
+        x2 = x.reshape(-1, self.in_features)
+        return x2 if x2.stride(-1) == 1 and x2.stride(0) >= self.in_features else x2.contiguous()
+
+
+class PackedLinear(CPULinear):
     """``y = x w^T + b`` with ``w`` packed once into the kernel's column panels.
 
     The packed weight replaces the ``[out, in]`` one (same memory). Outputs match
@@ -46,6 +76,8 @@ class PackedLinear(nn.Module):
     Raises:
         RuntimeError: The CPU kernels are unavailable (check :func:`forkless.cpu_kernels.load`).
     """
+
+    dtype = torch.float32
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, lib: Any = None) -> None:
         super().__init__()
@@ -70,27 +102,14 @@ class PackedLinear(nn.Module):
             bias = b
         self.register_buffer("bias", bias, persistent=False)
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> PackedLinear:
-        """The packed equivalent of ``linear``."""
-        return cls(linear.weight, linear.bias)
-
     @property
     def weight(self) -> torch.Tensor:
         """The ``[out_features, in_features]`` weight, unpacked (a copy, for inspection)."""
         panels, k, width = self.packed.shape
         return self.packed.transpose(1, 2).reshape(panels * width, k)[: self.out_features].contiguous()
 
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or x.device.type != "cpu":
-            raise ValueError(f"PackedLinear takes float32 CPU input, got {x.dtype} on {x.device}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        if x2.stride(-1) != 1 or x2.stride(0) < self.in_features:
-            x2 = x2.contiguous()
+        x2 = self._rows(x)
         rows = x2.shape[0]
         panels, _, width = self.packed.shape
         y = torch.empty(rows, panels * width, dtype=torch.float32)
@@ -101,7 +120,7 @@ class PackedLinear(nn.Module):
                 rows, self.in_features, panels))
         if y.shape[1] != self.out_features:
             y = y[:, : self.out_features]
-        return y.reshape(*lead, self.out_features)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,7 +140,7 @@ def onednn_bf16_available() -> bool:
     return bool(torch.equal(y, torch.full((1, 2), 2.0, dtype=torch.bfloat16)))
 
 
-class OneDNNLinear(nn.Module):
+class OneDNNLinear(CPULinear):
     """``y = x w^T + b`` in bfloat16 by oneDNN, on a weight reordered once into its layout.
 
     Args:
@@ -131,6 +150,8 @@ class OneDNNLinear(nn.Module):
     Raises:
         RuntimeError: oneDNN cannot run bfloat16 here (:func:`onednn_bf16_available`).
     """
+
+    dtype = torch.bfloat16
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -145,30 +166,13 @@ class OneDNNLinear(nn.Module):
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16).contiguous(),
                              persistent=False)
 
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> OneDNNLinear:
-        """The prepacked equivalent of ``linear``."""
-        return cls(linear.weight, linear.bias)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.bfloat16 or x.device.type != "cpu":
-            raise ValueError(f"OneDNNLinear takes bfloat16 CPU input, got {x.dtype} on {x.device}")
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
-        if not x2.is_contiguous():
-            x2 = x2.contiguous()
+        x2 = self._rows(x)
         if x2.shape[0] == 0:
             y = x2.new_empty(0, self.out_features)
         else:
             y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, self.bias, "none", [], "")
-        return y.reshape(*lead, self.out_features)
-
-
-#: The layer classes :func:`cpu_linear_for` returns.
-CPULinear = (PackedLinear, OneDNNLinear)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
 def cpu_linear_dtype_supported(dtype: torch.dtype) -> bool:
@@ -181,7 +185,7 @@ def cpu_linear_dtype_supported(dtype: torch.dtype) -> bool:
     return False
 
 
-def cpu_linear_for(weight: torch.Tensor, bias: torch.Tensor | None = None) -> nn.Module:
+def cpu_linear_for(weight: torch.Tensor, bias: torch.Tensor | None = None) -> CPULinear:
     """The packed layer for ``weight``'s dtype: :class:`PackedLinear` for float32,
     :class:`OneDNNLinear` for bfloat16.
 
