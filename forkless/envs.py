@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     FORKLESS_FUSED_KERNELS: bool
     FORKLESS_CUSTOM_OPS: str
     FORKLESS_CPU_KERNELS: bool
-    FORKLESS_CPU_KV_PREFAULT: bool
     FORKLESS_KERNEL_CACHE_DIR: str
     FORKLESS_CPU_ISA: str
     FORKLESS_PLUGINS: str | None
@@ -109,16 +108,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # ``none,+silu_and_mul``; the default is FORKLESS_FUSED_KERNELS's. Raw text;
     # forkless.ops parses and checks it when an op is built.
     "FORKLESS_CUSTOM_OPS": lambda: os.environ.get("FORKLESS_CUSTOM_OPS", ""),
-    # On CPU, decode attention, the fused layer ops and (float32) the linear layers run C
+    # On CPU (float32), decode attention, the linear layers and the fused layer ops run C
     # kernels compiled once with the system C compiler (``$CC`` or ``cc``) into
     # FORKLESS_KERNEL_CACHE_DIR. ``0`` runs plain torch ops instead (to compare or to debug).
     "FORKLESS_CPU_KERNELS": lambda: parse_bool("FORKLESS_CPU_KERNELS", True),
-    # A CPU worker's KV cache is allocated untouched (the OS gives it pages on first
-    # write) and a background thread then asks the OS for all of its pages, so that no
-    # step waits on a page fault (forkless/worker/kv_prefault.py). ``0`` leaves the pages
-    # to be faulted in by the steps that first write them (the cache's memory is then
-    # taken only as it is used).
-    "FORKLESS_CPU_KV_PREFAULT": lambda: parse_bool("FORKLESS_CPU_KV_PREFAULT", True),
     # Where compiled kernels are cached (content-addressed, so one directory can serve
     # every cache root). Default: ``$FORKLESS_CACHE_ROOT/kernels``.
     "FORKLESS_KERNEL_CACHE_DIR": lambda: _path(

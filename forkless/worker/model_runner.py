@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from forkless import envs
 from forkless.attention import AttentionBackend, AttentionMetadata
 from forkless.distributed.parallel_state import get_pp_group, get_world_group
 from forkless.logger import init_logger
@@ -266,10 +265,6 @@ class ModelRunner:
         """Allocate one cache tensor per layer (zeroed: kernels may read padding)."""
         shape = self._layer_shape(num_blocks)
         self.kv_caches = [self._zeros(shape) for _ in range(self.kv_spec.num_layers)]
-        if self.device.type == "cpu" and envs.FORKLESS_CPU_KV_PREFAULT:
-            from forkless.worker.kv_prefault import prefault_in_background
-
-            prefault_in_background(self.kv_caches)
         if self.proposer is not None:
             self.proposer.initialize_cache(num_blocks)
         if self.config.kv_transfer_config is not None:
@@ -301,8 +296,7 @@ class ModelRunner:
         if self.device.type != "cpu":
             return torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
         # calloc'd memory: the OS hands out zero pages on first touch, so a multi-GiB
-        # cache costs nothing at start (torch.zeros would memset it all up front); then
-        # FORKLESS_CPU_KV_PREFAULT populates it in the background (kv_prefault.py).
+        # cache costs nothing until used (torch.zeros would memset it all up front).
         nbytes = int(np.prod(shape)) * self.kv_cache_dtype.itemsize
         return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(self.kv_cache_dtype).view(shape)
 
