@@ -1,7 +1,7 @@
 """SiLU-and-mul (custom op ``silu_and_mul``): the gate of a SwiGLU feed-forward block.
 
-Invariants: as for :mod:`forkless.ops.layernorm`, ``forward_cpu`` takes float32 or bfloat16 and
-``forward_cuda`` CUDA tensors only; anything else runs ``forward_native``.
+Invariants: as for :mod:`forkless.ops.layernorm`, ``forward_cpu`` takes float32 or bfloat16
+and ``forward_cuda`` CUDA tensors only; anything else runs ``forward_native``.
 """
 
 from __future__ import annotations

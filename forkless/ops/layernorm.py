@@ -1,9 +1,11 @@
 """RMSNorm (custom op ``rms_norm``), computed in float32 like the Hugging Face reference.
 
 Invariants: ``forward_cpu`` runs the C kernel on float32 or bfloat16 input whose weight
-(and residual) has the same dtype (anything else takes ``forward_native``); ``forward_cuda`` runs the Triton kernel on CUDA tensors (a CPU tensor
+(and residual) has the same dtype (anything else takes ``forward_native``);
+``forward_cuda`` runs the Triton kernel on CUDA tensors (a CPU tensor
 in a CUDA process, e.g. a test's reference, takes ``forward_native``). Every
-implementation returns what ``forward_native`` returns, to float32 rounding.
+implementation returns what ``forward_native`` returns, to float32 rounding (bfloat16: where
+a sum taken in another order tips a rounding, one bfloat16 step).
 """
 
 from __future__ import annotations

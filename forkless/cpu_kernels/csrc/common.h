@@ -183,7 +183,8 @@ ALWAYS_INLINE vec vround_bf16(vec v) { return _mm256_castsi256_ps(_mm256_slli_ep
 #endif
 
 /* Tensors (a paged KV cache, activations) of float32 (bf16 == 0) or bfloat16 (bf16 == 1)
- * elements, read and written as float32: the flag is a constant after inlining, so each entry point gets its own code. */
+ * elements, read and written as float32: the flag is a constant after inlining, so each
+ * entry point gets its own code. */
 ALWAYS_INLINE const void *el_at(const void *base, int64_t i, int bf16) {
     return (const char *)base + i * (bf16 ? 2 : 4);
 }
