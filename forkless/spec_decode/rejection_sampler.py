@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import torch
 
+from forkless.sample.argmax import row_argmax
 from forkless.sample.exponential import exponential_
 from forkless.sample.top_k_top_p import apply_top_k_top_p
 
@@ -76,7 +77,7 @@ def rejection_sample(
     drafts = torch.where(valid, draft_token_ids, torch.zeros_like(draft_token_ids))
     greedy = temperature <= 0
     logits = target_logits.float()
-    target_argmax = logits.argmax(dim=-1)  # [B, K+1]
+    target_argmax = row_argmax(logits)  # [B, K+1]
     scale = torch.where(greedy, torch.ones_like(temperature), temperature).float()
     scaled = logits / scale.view(batch, 1, 1)
     if top_k is not None or top_p is not None:
@@ -116,7 +117,7 @@ def rejection_sample(
     # A residual of no mass (p and q equal to rounding) leaves p itself.
     residual = torch.where(mass > 0, residual / mass.clamp(min=1e-30), p_last)
     dist = torch.where(rejected.unsqueeze(1), residual, p_last)
-    sampled = (dist / _exponential(tuple(dist.shape), device, generator)).argmax(dim=-1)
+    sampled = row_argmax(dist / _exponential(tuple(dist.shape), device, generator))
     final = torch.where(greedy, target_argmax[rows, num_accepted], sampled)
 
     tokens = torch.full((batch, k + 1), PAD_TOKEN_ID, dtype=torch.long, device=device)

@@ -188,7 +188,9 @@ class DraftModelProposer(Proposer):
         return out
 
     def _argmax(self, hidden: "torch.Tensor") -> "torch.Tensor":
-        return self.model.compute_logits(hidden)[:, : self.vocab_size].argmax(dim=-1)
+        from forkless.sample.argmax import row_argmax
+
+        return row_argmax(self.model.compute_logits(hidden)[:, : self.vocab_size])
 
     def _forward(self, ids: Any, positions: np.ndarray, tables: np.ndarray, row_of_token: np.ndarray,
                  counts: np.ndarray, seq_lens: np.ndarray) -> "torch.Tensor":

@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from forkless.logger import init_logger
-from forkless.models.layers.cpu_linear import cpu_linear_name, use_cpu_linear
 from forkless.pooling.interface import SupportsPooling
 from forkless.pooling.poolers import pool_step
 from forkless.pooling_params import PoolingParams
@@ -28,8 +26,6 @@ from forkless.worker.model_runner import ModelRunner, _RequestState
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
     from forkless.protocol.step import SchedulerOutput
-
-logger = init_logger(__name__)
 
 
 class PoolingModelRunner(ModelRunner):
@@ -53,10 +49,6 @@ class PoolingModelRunner(ModelRunner):
         if pooler.num_labels and not (isinstance(model, SupportsPooling) and model.num_labels):
             raise ValueError(f"{type(model).__name__} has no classifier head, but the model is served for "
                              f"{pooler.task}")
-
-    def _use_cpu_kernels(self) -> None:
-        if use_cpu_linear(self.model, self.device, self.dtype):
-            logger.info("linear layers run on weights packed for the CPU (%s)", cpu_linear_name(self.dtype))
 
     @property
     def supports_async_scheduling(self) -> bool:
