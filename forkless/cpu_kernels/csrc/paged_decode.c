@@ -11,7 +11,7 @@
  * since a sequence's blocks are scattered.
  *
  * Built by forkless/cpu_kernels with the system C compiler and called through ctypes;
- * float32 only.
+ * queries and outputs float32, the cache float32 or bfloat16.
  */
 
 #include <math.h>
