@@ -66,6 +66,13 @@ CPU_POOLING_MAX_NUM_BATCHED_TOKENS = 8192
 # 3 % longer than uncapped at 256, 16 % at 64, 97 % at 16: 64 is the knee
 # (benchmarks/README.md, "Hostile clients").
 CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD = 64
+# On CPU, for the server, a prompt of at most this many tokens is never long, whatever the
+# threshold above says (forkless.core.sched.scheduler): the cap of 64 is for 8k prompts, and
+# with it alone every prompt over 64 tokens was long, chunked, and admitted one at a time:
+# 16 streams of 40-120-token prompts got their first tokens ~2x later than with vLLM's rule
+# (TTFT p99 1.9 s vs 1.0 s, 12 % fewer tokens/s). Ordinary prompts then go whole; an 8k one
+# is still chunked at 64 (benchmarks/README.md, "Against vLLM-CPU").
+CPU_DEFAULT_LONG_PREFILL_MIN_PROMPT_TOKENS = 256
 # On CPU, for the server, long prefills take at most 40 % of the step time while other
 # requests run (forkless.core.sched.time_share): a token cap alone still let an 8k prompt
 # make 16-token requests 8x slower, because late in a long context even a few chunk
@@ -289,6 +296,8 @@ class EngineArgs:
 
     #: The CPU default of ``long_prefill_token_threshold`` (0: vLLM's rule, no cap).
     cpu_long_prefill_token_threshold: ClassVar[int] = 0
+    #: The CPU default of ``long_prefill_min_prompt_tokens`` (0: the threshold alone decides).
+    cpu_long_prefill_min_prompt_tokens: ClassVar[int] = 0
     #: The CPU default of ``long_prefill_time_share`` (0: off).
     cpu_long_prefill_time_share: ClassVar[float] = 0.0
     #: The CPU default of ``max_running_seqs_per_request`` (0: no limit, as vLLM).
@@ -313,6 +322,8 @@ class EngineArgs:
     # None: cpu_long_prefill_token_threshold on CPU (0 offline, so vLLM's rule; the server's
     # AsyncEngineArgs caps), vLLM's rule elsewhere.
     long_prefill_token_threshold: int | None = None
+    # None: cpu_long_prefill_min_prompt_tokens on CPU when long prefills are capped, else 0.
+    long_prefill_min_prompt_tokens: int | None = None
     max_num_partial_prefills: int | None = None  # None: no limit
     max_long_partial_prefills: int = 1
     # None: cpu_long_prefill_time_share on CPU when long prefills are capped, else 0.
@@ -403,6 +414,11 @@ class EngineArgs:
                             f"many tokens per step; 0: no cap (default: {CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD} "
                             "for forkless serve on CPU; otherwise 0, or 4%% of --max-model-len with "
                             "--max-num-partial-prefills > 1, as vLLM)")
+        g.add_argument("--long-prefill-min-prompt-tokens", type=int, default=None,
+                       help="a prompt of at most this many tokens is never long: it is scheduled whole, "
+                            "not chunked at --long-prefill-token-threshold; 0: the threshold alone decides "
+                            f"(default: {CPU_DEFAULT_LONG_PREFILL_MIN_PROMPT_TOKENS} for forkless serve on CPU, "
+                            "else 0; forkless only)")
         g.add_argument("--max-num-partial-prefills", type=int, default=None,
                        help="most requests prefilling in one step (default: no limit; vLLM: 1, which its "
                             "engine does not enforce)")
@@ -536,6 +552,9 @@ class EngineArgs:
         share = self.long_prefill_time_share
         if share is None:
             share = self.cpu_long_prefill_time_share if device_type == "cpu" and threshold else 0.0
+        min_prompt = self.long_prefill_min_prompt_tokens
+        if min_prompt is None:
+            min_prompt = self.cpu_long_prefill_min_prompt_tokens if device_type == "cpu" and threshold else 0
         per_request = self.max_running_seqs_per_request
         if per_request is None:
             per_request = self.cpu_max_running_seqs_per_request if device_type == "cpu" else 0
@@ -550,7 +569,7 @@ class EngineArgs:
             if self.max_num_batched_tokens is None and device_type == "cpu":
                 batched = CPU_POOLING_MAX_NUM_BATCHED_TOKENS
             batched = max(batched, max_model_len)
-            threshold, share, per_client = 0, 0.0, 0
+            threshold, share, per_client, min_prompt = 0, 0.0, 0, 0
         try:
             scheduler_config = SchedulerConfig(
                 max_model_len=max_model_len,
@@ -559,6 +578,7 @@ class EngineArgs:
                 policy=self.scheduling_policy,
                 enable_chunked_prefill=chunked,
                 long_prefill_token_threshold=threshold,
+                long_prefill_min_prompt_tokens=min_prompt,
                 max_num_partial_prefills=self.max_num_partial_prefills,
                 max_long_partial_prefills=self.max_long_partial_prefills,
                 long_prefill_time_share=share,
@@ -574,6 +594,12 @@ class EngineArgs:
             raise ValueError(
                 f"--long-prefill-time-share {share} limits long prefills, and there are none: it needs "
                 "--enable-chunked-prefill and --long-prefill-token-threshold > 0"
+            )
+        if min_prompt and not (scheduler_config.enable_chunked_prefill and scheduler_config.long_prefill_token_threshold):
+            raise ValueError(
+                f"--long-prefill-min-prompt-tokens {min_prompt} exempts prompts from the long-prefill "
+                "limits, and there are none: it needs --enable-chunked-prefill and "
+                "--long-prefill-token-threshold > 0"
             )
         config = EngineConfig(
             model_config=ModelConfig(
@@ -858,6 +884,10 @@ class EngineArgs:
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int)
                                       or threshold < 0):
             raise _bad_flag("--long-prefill-token-threshold", threshold, "an integer >= 0")
+        min_prompt = self.long_prefill_min_prompt_tokens
+        if min_prompt is not None and (isinstance(min_prompt, bool) or not isinstance(min_prompt, int)
+                                       or min_prompt < 0):
+            raise _bad_flag("--long-prefill-min-prompt-tokens", min_prompt, "an integer >= 0")
         share = self.long_prefill_time_share
         if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
                                   or not 0.0 <= share < 1.0):
@@ -1004,7 +1034,8 @@ class AsyncEngineArgs(EngineArgs):
     """Engine arguments for the server (``forkless serve``, as vLLM's ``AsyncEngineArgs``).
 
     The same fields as :class:`EngineArgs`; only defaults differ, on CPU: a long prompt's
-    prefill is capped per step (``CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD``) and in time
+    prefill (one of more than ``CPU_DEFAULT_LONG_PREFILL_MIN_PROMPT_TOKENS`` tokens) is
+    capped per step (``CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD``) and in time
     (``CPU_DEFAULT_LONG_PREFILL_TIME_SHARE``), so that a short request from another client
     is admitted in the next step instead of waiting for the whole prefill; and one request
     runs at most ``CPU_DEFAULT_MAX_RUNNING_SEQS_PER_REQUEST`` sequences at once, and one
@@ -1013,6 +1044,7 @@ class AsyncEngineArgs(EngineArgs):
     """
 
     cpu_long_prefill_token_threshold: ClassVar[int] = CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD
+    cpu_long_prefill_min_prompt_tokens: ClassVar[int] = CPU_DEFAULT_LONG_PREFILL_MIN_PROMPT_TOKENS
     cpu_long_prefill_time_share: ClassVar[float] = CPU_DEFAULT_LONG_PREFILL_TIME_SHARE
     cpu_max_running_seqs_per_request: ClassVar[int] = CPU_DEFAULT_MAX_RUNNING_SEQS_PER_REQUEST
     cpu_max_prefill_tokens_per_client: ClassVar[int] = CPU_DEFAULT_MAX_PREFILL_TOKENS_PER_CLIENT

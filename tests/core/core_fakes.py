@@ -161,11 +161,13 @@ def check_step(scheduler: Scheduler, out: SchedulerOutput) -> None:
         assert request in scheduler.running
         assert item.start_position + item.num_tokens <= scheduler.max_model_len
         # Partial-prefill limits (chunked prefill only): a prefill had more than one token
-        # left to compute, a long one more than the threshold, whose chunks it caps.
+        # left to compute, a long one more than the threshold (and a prompt over
+        # long_prefill_min_prompt_tokens), whose chunks it caps.
         left = request.num_tokens - item.start_position
         if cfg.enable_chunked_prefill and left > 1:
             num_prefills += 1
-            if 0 < cfg.long_prefill_token_threshold < left:
+            exempt = max(left, request.num_prompt_tokens) <= cfg.long_prefill_min_prompt_tokens
+            if 0 < cfg.long_prefill_token_threshold < left and not exempt:
                 num_long += 1
                 assert item.num_tokens <= cfg.long_prefill_token_threshold
     if cfg.enable_chunked_prefill:

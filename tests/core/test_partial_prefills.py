@@ -71,6 +71,25 @@ def test_one_long_prefill_at_a_time_and_short_prompts_go_past_the_waiting_one() 
     assert_no_leaks(s)
 
 
+def test_prompts_up_to_the_min_prompt_tokens_go_whole_and_side_by_side() -> None:
+    # The same requests as above with long_prefill_min_prompt_tokens=40: a and b are
+    # ordinary prompts now, admitted whole in one step; a longer one is still chunked.
+    s, runner = make_scheduler(num_blocks=128, max_model_len=256, max_num_batched_tokens=128,
+                               long_prefill_token_threshold=8, long_prefill_min_prompt_tokens=40)
+    results: dict[str, Result] = {}
+    s.add_request(make_request("a", 40, max_tokens=1, arrival=0))
+    s.add_request(make_request("b", 40, max_tokens=1, arrival=1))
+    s.add_request(make_request("long", 41, max_tokens=1, arrival=2))
+    s.add_request(make_request("c", 5, max_tokens=1, arrival=3))
+    assert plan(step(s, runner, results)) == [("a", 40, True), ("b", 40, True), ("long", 8, True), ("c", 5, True)]
+    # A second long prompt still waits for the first (max_long_partial_prefills = 1).
+    s.add_request(make_request("long2", 60, max_tokens=1, arrival=4))
+    assert plan(step(s, runner, results)) == [("long", 8, False)]
+    run_all(s, runner, results)
+    assert set(results) == {"a", "b", "c", "long", "long2"}
+    assert_no_leaks(s)
+
+
 def test_max_long_partial_prefills_two() -> None:
     s, runner = make_scheduler(num_blocks=128, max_model_len=256, max_num_batched_tokens=64,
                                long_prefill_token_threshold=8, max_num_partial_prefills=3,
@@ -173,6 +192,8 @@ def test_config_defaults_and_vllm_rules() -> None:
      "chunked prefill"),
     ({"max_num_partial_prefills": 2, "long_prefill_token_threshold": 65}, "greater than max_model_len"),
     ({"long_prefill_token_threshold": -1}, ">= 0"),
+    ({"long_prefill_min_prompt_tokens": -1}, "long_prefill_min_prompt_tokens must be an integer >= 0"),
+    ({"long_prefill_min_prompt_tokens": True}, "long_prefill_min_prompt_tokens must be an integer >= 0"),
 ])
 def test_config_refuses_bad_combinations(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):

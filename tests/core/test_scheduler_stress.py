@@ -45,6 +45,7 @@ def test_random_workload_keeps_invariants(seed: int) -> None:
         policy=rng.choice(["fcfs", "priority"]),
         enable_chunked_prefill=chunked,
         long_prefill_token_threshold=rng.choice([0, 0, rng.randint(1, 16)]),
+        long_prefill_min_prompt_tokens=rng.choice([0, 0, rng.randint(1, 24)]),
         max_num_partial_prefills=max_partial,
         max_long_partial_prefills=max_long,
     )

@@ -73,12 +73,13 @@ def test_fairness_and_hash_flags_reach_the_scheduler(llama_dir) -> None:
     args = parser.parse_args([
         str(llama_dir), "--kv-cache-memory", str(1 << 22), "--long-prefill-token-threshold", "32",
         "--max-num-partial-prefills", "4", "--max-long-partial-prefills", "2",
-        "--prefix-caching-hash-algo", "sha256_cbor",
+        "--prefix-caching-hash-algo", "sha256_cbor", "--long-prefill-min-prompt-tokens", "48",
     ])
     engine = LLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
     scheduler = engine.engine_core.scheduler
     cfg = scheduler.scheduler_config
     assert (cfg.long_prefill_token_threshold, cfg.max_num_partial_prefills, cfg.max_long_partial_prefills) == (32, 4, 2)
+    assert cfg.long_prefill_min_prompt_tokens == 48
     assert scheduler.kv_cache_manager.hash_algo == "sha256_cbor"
     engine.add_request("a", "Hello world " * 8, SamplingParams(max_tokens=2, ignore_eos=True))
     while engine.has_unfinished_requests():
@@ -89,6 +90,7 @@ def test_fairness_and_hash_flags_reach_the_scheduler(llama_dir) -> None:
 
 def test_fairness_and_hash_defaults_on_cpu(llama_dir) -> None:
     from forkless.config import (
+        CPU_DEFAULT_LONG_PREFILL_MIN_PROMPT_TOKENS,
         CPU_DEFAULT_LONG_PREFILL_TIME_SHARE,
         CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD,
         AsyncEngineArgs,
@@ -105,11 +107,14 @@ def test_fairness_and_hash_defaults_on_cpu(llama_dir) -> None:
     assert cfg.long_prefill_token_threshold == min(CPU_DEFAULT_LONG_PREFILL_TOKEN_THRESHOLD, 200)
     assert (cfg.max_num_partial_prefills, cfg.max_long_partial_prefills) == (None, 1)
     assert cfg.long_prefill_time_share == CPU_DEFAULT_LONG_PREFILL_TIME_SHARE
+    assert cfg.long_prefill_min_prompt_tokens == CPU_DEFAULT_LONG_PREFILL_MIN_PROMPT_TOKENS
+    assert offline.scheduler_config.long_prefill_min_prompt_tokens == 0
     assert config.cache_config.prefix_caching_hash_algo == "sha256"
     # vLLM's rule where no CPU default applies: 0, or 4 % of max_model_len with partial prefills > 1.
     unchunked = AsyncEngineArgs(model=str(llama_dir), enable_chunked_prefill=False).create_engine_config()
     assert unchunked.scheduler_config.long_prefill_token_threshold == 0
     assert unchunked.scheduler_config.long_prefill_time_share == 0  # no long prefills to limit
+    assert unchunked.scheduler_config.long_prefill_min_prompt_tokens == 0
     explicit = EngineArgs(model=str(llama_dir), long_prefill_token_threshold=0, max_num_partial_prefills=2)
     assert explicit.create_engine_config().scheduler_config.long_prefill_token_threshold == int(256 * 0.04)
 
@@ -121,6 +126,9 @@ def test_fairness_and_hash_defaults_on_cpu(llama_dir) -> None:
     ({"long_prefill_time_share": "half"}, "--long-prefill-time-share"),
     # Offline the threshold is 0 on CPU: no prefill is long, nothing to share.
     ({"long_prefill_time_share": 0.5}, "--long-prefill-time-share 0.5 limits long prefills"),
+    ({"long_prefill_min_prompt_tokens": -1}, "--long-prefill-min-prompt-tokens"),
+    ({"long_prefill_min_prompt_tokens": 1.5}, "--long-prefill-min-prompt-tokens"),
+    ({"long_prefill_min_prompt_tokens": 128}, "--long-prefill-min-prompt-tokens 128 exempts prompts"),
     ({"max_num_partial_prefills": 0}, "--max-num-partial-prefills"),
     ({"max_long_partial_prefills": 0}, "--max-long-partial-prefills"),
     ({"max_num_partial_prefills": 1, "max_long_partial_prefills": 2}, "scheduler flags: max_long_partial_prefills"),

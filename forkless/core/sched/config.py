@@ -40,6 +40,12 @@ class SchedulerConfig:
             Left at 0 with ``max_num_partial_prefills`` > 1, it becomes 4 % of
             ``max_model_len``, as in vLLM. Flag: ``--long-prefill-token-threshold``
             (``EngineArgs`` picks a CPU default, see ``forkless.config``).
+        long_prefill_min_prompt_tokens: When > 0, a prompt of at most this many tokens is
+            never long, whatever ``long_prefill_token_threshold`` says: it is scheduled whole
+            (budget permitting) and not held to the long limits. A small chunk cap then keeps
+            a long prompt's turns short without chunking ordinary prompts. 0: the threshold
+            alone decides (vLLM's meaning). Flag: ``--long-prefill-min-prompt-tokens``
+            (forkless only; ``EngineArgs`` picks a CPU default for the server).
         max_num_partial_prefills: Most requests prefilling in one step (with chunked
             prefill); ``None`` for no limit other than ``max_num_seqs`` and the budget.
             Flag: ``--max-num-partial-prefills``.
@@ -81,6 +87,7 @@ class SchedulerConfig:
     policy: str = "fcfs"
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
+    long_prefill_min_prompt_tokens: int = 0
     max_num_partial_prefills: int | None = None
     max_long_partial_prefills: int = 1
     long_prefill_time_share: float = 0.0
@@ -105,6 +112,10 @@ class SchedulerConfig:
                 "SchedulerConfig.long_prefill_token_threshold must be >= 0, got "
                 f"{self.long_prefill_token_threshold}"
             )
+        min_prompt = self.long_prefill_min_prompt_tokens
+        if isinstance(min_prompt, bool) or not isinstance(min_prompt, int) or min_prompt < 0:
+            raise ValueError("SchedulerConfig.long_prefill_min_prompt_tokens must be an integer >= 0 "
+                             f"(0: the threshold alone decides), got {min_prompt!r}")
         _check_positive("SchedulerConfig", max_long_partial_prefills=self.max_long_partial_prefills)
         share = self.long_prefill_time_share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share < 1.0:

@@ -7,7 +7,10 @@ steps; a prompt longer than the remaining budget is chunked across steps.
 
 Nobody stalls everyone else with a long prompt (with chunked prefill on). A prefill is a
 request with more than one token left to compute; it is *long* when more than
-``long_prefill_token_threshold`` (> 0) are left. Then, in every step:
+``long_prefill_token_threshold`` (> 0) are left, unless its prompt has at most
+``long_prefill_min_prompt_tokens`` tokens (> 0; forkless only): such a prompt is ordinary
+work, scheduled whole, so that a small chunk cap for long prompts does not chunk (and
+queue behind one another) the ordinary ones. Then, in every step:
 
 * a long prefill's chunk is at most ``long_prefill_token_threshold`` tokens, so while the
   long prefills take at most ``max_long_partial_prefills * long_prefill_token_threshold``
@@ -314,6 +317,7 @@ class Scheduler(SchedulerInterface):
         # compute (a decode computes exactly one); it is long when more than `threshold`.
         limited = cfg.enable_chunked_prefill
         threshold = cfg.long_prefill_token_threshold if limited else 0
+        min_prompt = cfg.long_prefill_min_prompt_tokens
         max_prefills = cfg.max_num_partial_prefills if limited else None
         max_long = cfg.max_long_partial_prefills
         # Ids, not counts: a preempted victim's prefill must stop counting.
@@ -324,7 +328,7 @@ class Scheduler(SchedulerInterface):
         contended = False
         time_share = self._time_share
         if time_share is not None and share_time:
-            contended = self._contended(threshold)
+            contended = self._contended(max(threshold, min_prompt))
             long_chunk = time_share.long_chunk(contended)
         largest_long = 0
         # The prompt tokens each client may still compute this step, while the client
@@ -355,7 +359,8 @@ class Scheduler(SchedulerInterface):
             is_prefill = is_long = False
             if limited and num_new > 1:
                 is_prefill = True
-                is_long = 0 < threshold < (num_new if time_share is None else max(num_new, request.num_prompt_tokens))
+                size = max(num_new, request.num_prompt_tokens)
+                is_long = 0 < threshold < (num_new if time_share is None else size) and size > min_prompt
                 if (max_prefills is not None and len(prefill_ids) >= max_prefills) or (
                     is_long and (len(long_ids) >= max_long or not long_chunk)
                 ):
@@ -451,8 +456,8 @@ class Scheduler(SchedulerInterface):
             if remaining > budget and not cfg.enable_chunked_prefill:
                 break
             is_prefill = limited and remaining > 1
-            is_long = is_prefill and 0 < threshold < (
-                remaining if time_share is None else max(remaining, request.num_prompt_tokens))
+            size = max(remaining, request.num_prompt_tokens)
+            is_long = is_prefill and 0 < threshold < (remaining if time_share is None else size) and size > min_prompt
             if is_prefill and max_prefills is not None and len(prefill_ids) >= max_prefills:
                 break
             if is_long and (len(long_ids) >= max_long or not long_chunk):
