@@ -37,6 +37,7 @@ from forkless.plugins import resolve_class
 from forkless.protocol.step import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
 from forkless.sample import InputBatch, LogprobsTensors, Sampler, gather_logprobs
 from forkless.sampling_params import SamplingParams
+from forkless.worker.host_zeros import lazy_zeros
 from forkless.worker.kv_budget import kv_cache_torch_dtype
 from forkless.spec_decode.interface import StepRow
 from forkless.structured_output.bitmask import StepBitmask
@@ -295,10 +296,10 @@ class ModelRunner:
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         if self.device.type != "cpu":
             return torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
-        # calloc'd memory: the OS hands out zero pages on first touch, so a multi-GiB
-        # cache costs nothing until used (torch.zeros would memset it all up front).
+        # Zero pages on first touch: a multi-GiB cache costs nothing until used
+        # (torch.zeros would memset it all up front); see host_zeros for the page size.
         nbytes = int(np.prod(shape)) * self.kv_cache_dtype.itemsize
-        return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(self.kv_cache_dtype).view(shape)
+        return torch.from_numpy(lazy_zeros(nbytes)).view(self.kv_cache_dtype).view(shape)
 
     @torch.inference_mode()
     def profile_run(self) -> None:
