@@ -84,7 +84,18 @@ ALWAYS_INLINE void rotary(void *q, int64_t qs_t, int64_t qs_h, void *k, int64_t 
         for (int h = 0; h < Hq + Hkv; h++) {
             void *x = h < Hq ? (void *)el_at(q, t * qs_t + h * qs_h, bf16)
                              : (void *)el_at(k, t * ks_t + (h - Hq) * ks_h, bf16);
-            for (int i = 0; i < half; i++) {
+            int i = 0;
+#ifdef FORKLESS_SIMD
+            for (; i + VW <= half; i += VW) {
+                const vec x1 = el_vload(x, i, bf16), x2 = el_vload(x, i + half, bf16);
+                const vec ci = el_vload(c, i, bf16), si = el_vload(s, i, bf16);
+                const vec y1 = vsub(el_vround(vmul(x1, ci), bf16), el_vround(vmul(x2, si), bf16));
+                const vec y2 = vadd(el_vround(vmul(x2, ci), bf16), el_vround(vmul(x1, si), bf16));
+                el_vstore(x, i, y1, bf16);
+                el_vstore(x, i + half, y2, bf16);
+            }
+#endif
+            for (; i < half; i++) {
                 const float x1 = el_get(x, i, bf16), x2 = el_get(x, i + half, bf16);
                 const float ci = el_get(c, i, bf16), si = el_get(s, i, bf16);
                 el_put(x, i, el_round(x1 * ci, bf16) - el_round(x2 * si, bf16), bf16);
