@@ -48,11 +48,22 @@ ALWAYS_INLINE void rms_norm(const void *x, int64_t xs_t, int64_t xs_h, const voi
             if (residual) {
                 void *r = (void *)el_at(res_out, (int64_t)t * N, bf16);
                 const void *rin = el_at(residual, t * rs_t, bf16);
-                for (int i = 0; i < N; i++) el_put(r, i, el_get(v, i, bf16) + el_get(rin, i, bf16), bf16);
+                int i = 0;
+#ifdef FORKLESS_SIMD
+                for (; i + VW <= N; i += VW) el_vstore(r, i, vadd(el_vload(v, i, bf16), el_vload(rin, i, bf16)), bf16);
+#endif
+                for (; i < N; i++) el_put(r, i, el_get(v, i, bf16) + el_get(rin, i, bf16), bf16);
                 v = r;
             }
             const float scale = 1.0f / sqrtf(sum_of_squares(v, N, bf16) / (float)N + eps);
-            for (int i = 0; i < N; i++)
+            int i = 0;
+#ifdef FORKLESS_SIMD
+            const vec vscale = vset1(scale);
+            for (; i + VW <= N; i += VW)
+                el_vstore(o, i, vmul(el_vround(vmul(el_vload(v, i, bf16), vscale), bf16), el_vload(weight, i, bf16)),
+                          bf16);
+#endif
+            for (; i < N; i++)
                 el_put(o, i, el_round(el_get(v, i, bf16) * scale, bf16) * el_get(weight, i, bf16), bf16);
         }
     }
