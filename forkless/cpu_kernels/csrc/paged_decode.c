@@ -81,17 +81,22 @@ ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const voi
             for (int r = 0; r < 4; r++) prefetch_bytes(el_at(next, (t + r) * slot_stride, bf16), row_bytes);
             for (int h = 0; h < num_kv_heads; h++) {
                 const void *vh = el_at(v0, t * slot_stride + h * D, bf16);
-                for (int g = 0; g < G; g++) {
-                    const float *pj = p + (int64_t)(h * G + g) * L + t;
-                    float *aj = acc + (h * G + g) * D;
-                    vec w0 = vset1(pj[0]), w1 = vset1(pj[1]), w2 = vset1(pj[2]), w3 = vset1(pj[3]);
-                    for (int d = 0; d < D; d += VW) {
-                        vec a = vload(aj + d);
-                        a = vfma(w0, el_vload(vh, d, bf16), a);
-                        a = vfma(w1, el_vload(vh, slot_stride + d, bf16), a);
-                        a = vfma(w2, el_vload(vh, 2 * slot_stride + d, bf16), a);
-                        a = vfma(w3, el_vload(vh, 3 * slot_stride + d, bf16), a);
-                        vstore(aj + d, a);
+                const float *ph = p + (int64_t)h * G * L + t;
+                float *ah = acc + h * G * D;
+                /* Each value chunk is loaded (and, in bfloat16, widened) once for the G query
+                 * heads that share it. */
+                for (int d = 0; d < D; d += VW) {
+                    const vec v0_ = el_vload(vh, d, bf16), v1_ = el_vload(vh, slot_stride + d, bf16);
+                    const vec v2_ = el_vload(vh, 2 * slot_stride + d, bf16), v3_ = el_vload(vh, 3 * slot_stride + d, bf16);
+                    for (int g = 0; g < G; g++) {
+                        const float *pj = ph + (int64_t)g * L;
+                        float *aj = ah + g * D + d;
+                        vec a = vload(aj);
+                        a = vfma(vset1(pj[0]), v0_, a);
+                        a = vfma(vset1(pj[1]), v1_, a);
+                        a = vfma(vset1(pj[2]), v2_, a);
+                        a = vfma(vset1(pj[3]), v3_, a);
+                        vstore(aj, a);
                     }
                 }
             }
