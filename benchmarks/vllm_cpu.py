@@ -219,6 +219,30 @@ def vllm_kernel_lines(log: Path) -> list[str]:
     return lines
 
 
+def machine_floor(args: argparse.Namespace, model: str, work: list[tuple[list[int], int]]):
+    """The workload's floor on this machine (``forkless.bench.floor``): memory bandwidth and
+    a matmul in ``--dtype`` measured now, on ``--threads`` threads, before either engine
+    runs; printed, and returned for the ratios."""
+    import torch
+
+    from forkless.bench.floor import describe, load_shape, measured_matmul_flops, throughput_floor
+    from forkless.bench.latency import copy_bandwidth
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    try:
+        bandwidth = copy_bandwidth("cpu")
+        flops = measured_matmul_flops("cpu", args.dtype)
+    finally:
+        torch.set_num_threads(threads)
+    shape = load_shape(model, 2 if args.dtype == "bfloat16" else 4)
+    floor = throughput_floor(shape, [(len(p), o) for p, o in work], args.max_num_seqs, bandwidth, flops)
+    for line in describe(floor, f"CPU memory copy, {args.threads} threads, measured now",
+                         f"measured {args.dtype} matmul, {args.threads} threads", args.max_num_seqs):
+        say(line)
+    return floor
+
+
 def offline(args: argparse.Namespace, model: str, vllm_python: str) -> None:
     from forkless.bench.throughput import make_workload
 
@@ -234,6 +258,7 @@ def offline(args: argparse.Namespace, model: str, vllm_python: str) -> None:
         f"({out_tokens} tokens), seed {args.seed}, greedy, ignore_eos -> {workload}")
     say(f"offline: dtype {args.dtype}, {args.threads} threads, KV cache {args.kv_cache_gib} GiB each, "
         f"max_num_seqs {args.max_num_seqs}, {args.repeats} alternated pair(s); logs in {log_dir}")
+    floor = machine_floor(args, model, work)
     runs: dict[str, list[dict]] = {"forkless": [], "vllm": []}
     for i in range(args.repeats):
         for engine, python in (("forkless", args.forkless_python), ("vllm", vllm_python)):
@@ -254,6 +279,9 @@ def offline(args: argparse.Namespace, model: str, vllm_python: str) -> None:
     ratios = [f["tok_s"] / v["tok_s"] for f, v in zip(runs["forkless"], runs["vllm"])]
     say(f"ratio forkless / vLLM (tok/s, per alternated pair): {', '.join(f'{x:.2f}x' for x in ratios)}; "
         f"median {statistics.median(ratios):.2f}x")
+    say(f"floor (this machine's limit on paper, above): {floor.seconds:.2f} s = {floor.tokens_per_s:.1f} tok/s; "
+        + "; ".join(f"{engine} {statistics.median(r['generate_s'] for r in rs) / floor.seconds:.2f}x the floor's time"
+                    for engine, rs in runs.items()))
     say(f"load average now: {load_avg()}")
     say(runs["vllm"][0].get("isa", ""))
     say("forkless's log on its kernels (first run):")

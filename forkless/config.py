@@ -595,7 +595,8 @@ class EngineArgs:
                 f"--long-prefill-time-share {share} limits long prefills, and there are none: it needs "
                 "--enable-chunked-prefill and --long-prefill-token-threshold > 0"
             )
-        if min_prompt and not (scheduler_config.enable_chunked_prefill and scheduler_config.long_prefill_token_threshold):
+        if min_prompt and not (scheduler_config.enable_chunked_prefill
+                               and scheduler_config.long_prefill_token_threshold):
             raise ValueError(
                 f"--long-prefill-min-prompt-tokens {min_prompt} exempts prompts from the long-prefill "
                 "limits, and there are none: it needs --enable-chunked-prefill and "

@@ -18,12 +18,16 @@ The model of a continuous batch (stated again in ``forkless bench throughput``'s
 * **Prefill is compute**: ``2 * matmul params`` FLOPs per prompt token (the LM head only on
   each prompt's last position) plus causal attention, ``2 * layers * heads * head_dim *
   i * (i + 1)`` FLOPs per prompt (QK^T and PV over ``i (i + 1) / 2`` query-key pairs).
-* Decode's own FLOPs hide under its reads and are not counted; reads and compute do not
-  overlap: floor = bytes / bandwidth + prefill FLOPs / peak FLOP/s.
+* **A decode step is bound by its reads or by its FLOPs, whichever takes longer**: ``2 *
+  (matmul params + LM head)`` FLOPs per running sequence, plus ``4 * layers * heads *
+  head_dim * context`` for its attention. On a GPU the reads win every step of these
+  workloads; on a CPU at batch ~30 the two are close, so the step's time is the larger.
+  Prefill does not overlap decode: floor = sum over decode steps of max(bytes /
+  bandwidth, FLOPs / peak FLOP/s) + prefill FLOPs / peak FLOP/s.
 
 The bandwidth is a device copy measured in the same run (``forkless.bench.latency.copy_bandwidth``);
 the peak FLOP/s is :data:`PEAK_TFLOPS` for the device name (``--peak-tflops`` overrides),
-or, on the CPU, a float32 matmul measured in the same run.
+or, on the CPU, a matmul in the run's dtype measured in the same run.
 """
 
 from __future__ import annotations
@@ -148,18 +152,30 @@ class Floor:
     bandwidth: float
     peak_flops: float
     output_tokens: int
+    #: FLOPs of all decode steps (the LM head and attention included).
+    decode_flops: int = 0
+    #: Sum over decode steps of max(the step's bytes / bandwidth, its FLOPs / peak).
+    decode_seconds: float = 0.0
 
     @property
     def memory_seconds(self) -> float:
+        """The decode steps' reads alone, at the bandwidth."""
         return (self.kv_bytes + self.weight_bytes) / self.bandwidth
 
     @property
     def compute_seconds(self) -> float:
+        """The prefill's FLOPs at the peak."""
         return self.prefill_flops / self.peak_flops
 
     @property
+    def decode_compute_bound_share(self) -> float:
+        """How much longer the decode steps take than their reads alone would (0: every
+        step bound by its reads)."""
+        return max(self.decode_seconds / self.memory_seconds - 1.0, 0.0) if self.memory_seconds else 0.0
+
+    @property
     def seconds(self) -> float:
-        return self.memory_seconds + self.compute_seconds
+        return self.decode_seconds + self.compute_seconds
 
     @property
     def tokens_per_s(self) -> float:
@@ -171,17 +187,43 @@ def throughput_floor(shape: ModelShape, work: list[tuple[int, int]], max_num_seq
     """The floor of ``work`` (``(input length, output length)`` per request), in request order."""
     kv_tokens = sum((o - 1) * i + (o - 1) * o // 2 for i, o in work)
     steps = decode_steps([o for _, o in work], max_num_seqs)
-    attn = sum(2 * shape.num_layers * shape.num_heads * shape.head_dim * i * (i + 1) for i, _ in work)
-    prefill = (2 * shape.matmul_params * sum(i for i, _ in work)
-               + 2 * shape.vocab_size * shape.hidden_size * len(work) + attn)
+    attn_per_pair = 4 * shape.num_layers * shape.num_heads * shape.head_dim  # QK^T and PV, per (query, key)
+    attn = sum(attn_per_pair * i * (i + 1) // 2 for i, _ in work)
+    head = shape.vocab_size * shape.hidden_size
+    prefill = 2 * shape.matmul_params * sum(i for i, _ in work) + 2 * head * len(work) + attn
+    # Each step's running sequences and their summed context, by difference arrays over
+    # the steps: a request started at step s runs its k-th decode (k = 1 .. o - 1) at step
+    # s + k - 1 over i + k tokens, so at step t its context is (i - s + 1) + t.
+    running = [0] * (steps + 1)
+    offset = [0] * (steps + 1)
+    slots = [0] * min(max_num_seqs, len(work))
+    for i, o in work:
+        start = heapq.heappop(slots)
+        end = start + max(o - 1, 0)
+        heapq.heappush(slots, end)
+        if end > start:
+            running[start] += 1
+            running[end] -= 1
+            offset[start] += i - start + 1
+            offset[end] -= i - start + 1
+    per_seq_flops = 2 * (shape.matmul_params + head)
+    decode_flops, decode_seconds, count, context_offset = 0, 0.0, 0, 0
+    for t in range(steps):
+        count += running[t]
+        context_offset += offset[t]
+        context = context_offset + count * t
+        flops = count * per_seq_flops + attn_per_pair * context
+        nbytes = shape.weight_bytes_per_step + context * shape.kv_bytes_per_token
+        decode_flops += flops
+        decode_seconds += max(nbytes / bandwidth, flops / peak_flops)
     return Floor(kv_bytes=kv_tokens * shape.kv_bytes_per_token, weight_bytes=steps * shape.weight_bytes_per_step,
                  decode_steps=steps, prefill_flops=prefill, bandwidth=bandwidth, peak_flops=peak_flops,
-                 output_tokens=sum(o for _, o in work))
+                 output_tokens=sum(o for _, o in work), decode_flops=decode_flops, decode_seconds=decode_seconds)
 
 
-def peak_flops(device: str, override_tflops: float | None = None) -> tuple[float, str]:
+def peak_flops(device: str, override_tflops: float | None = None, dtype: str = "float32") -> tuple[float, str]:
     """``(FLOP/s, where it came from)``: the override, the table by CUDA device name, or a
-    matmul measured on the CPU (or on an unknown GPU)."""
+    matmul measured on the CPU in ``dtype`` (or in bfloat16 on an unknown GPU)."""
     if override_tflops is not None:
         return override_tflops * 1e12, "--peak-tflops"
     if device != "cpu":
@@ -192,7 +234,7 @@ def peak_flops(device: str, override_tflops: float | None = None) -> tuple[float
             if key in name:
                 return tflops * 1e12, f"{name} data sheet, dense bf16"
         return measured_matmul_flops(device, "bfloat16"), f"{name}: measured bf16 matmul"
-    return measured_matmul_flops("cpu", "float32"), "measured float32 matmul on the CPU"
+    return measured_matmul_flops("cpu", dtype), f"measured {dtype} matmul on the CPU"
 
 
 def measured_matmul_flops(device: str, dtype: str, n: int = 2048, repeats: int = 5) -> float:
@@ -226,9 +268,11 @@ def describe(fl: Floor, bandwidth_source: str, flops_source: str, max_num_seqs: 
     return [
         f"floor: KV reads {_si(fl.kv_bytes, 'B')} + weights {_si(fl.weight_bytes, 'B')} "
         f"({fl.decode_steps} decode steps) at {_si(fl.bandwidth, 'B/s')} ({bandwidth_source}) "
-        f"= {fl.memory_seconds:.3f} s; prefill {_si(fl.prefill_flops, 'FLOP')} at "
-        f"{_si(fl.peak_flops, 'FLOP/s')} ({flops_source}) = {fl.compute_seconds:.3f} s",
+        f"= {fl.memory_seconds:.3f} s; decode {_si(fl.decode_flops, 'FLOP')}, steps bound by the larger of "
+        f"reads and FLOPs: {fl.decode_seconds:.3f} s (+{fl.decode_compute_bound_share:.0%} over the reads); "
+        f"prefill {_si(fl.prefill_flops, 'FLOP')} at {_si(fl.peak_flops, 'FLOP/s')} ({flops_source}) "
+        f"= {fl.compute_seconds:.3f} s",
         f"floor: {fl.seconds:.3f} s = {fl.tokens_per_s:.1f} output tok/s (model: each decode step reads every "
-        f"running sequence's KV and the weights once, {max_num_seqs} slots filled in request order; "
-        f"prefill compute-bound; no overlap)",
+        f"running sequence's KV and the weights once, or computes, whichever is longer; {max_num_seqs} slots "
+        f"filled in request order; prefill compute-bound; no overlap)",
     ]

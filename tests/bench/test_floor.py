@@ -49,6 +49,17 @@ def test_floor_of_a_small_workload_matches_the_hand_computation() -> None:
     assert fl.compute_seconds == pytest.approx(3.04736)
     assert fl.seconds == pytest.approx(4.694976)
     assert fl.tokens_per_s == pytest.approx(9 / 4.694976)
+    # Decode FLOPs per step: 2 x (36,000 + 64,000) per running sequence + 4 x 2 layers x 4
+    # heads x 16 = 512 per context token. Steps 0-3 run (2, 2, 1, 1) sequences over
+    # (11 + 21, 12 + 22, 13, 14) tokens: 416,384 + 417,408 + 206,656 + 207,168.
+    assert fl.decode_flops == 1_247_616
+    # At 1 MFLOP/s no step takes longer to compute than to read (steps 0 and 1 tie).
+    assert fl.decode_seconds == pytest.approx(fl.memory_seconds)
+    # At 0.1 MFLOP/s every step is compute-bound: the floor counts each step's FLOPs instead.
+    slow = throughput_floor(SMALL, work, max_num_seqs=2, bandwidth=1e6, peak_flops=1e5)
+    assert slow.decode_seconds == pytest.approx(12.47616)
+    assert slow.seconds == pytest.approx(12.47616 + 30.4736)
+    assert slow.decode_compute_bound_share == pytest.approx(12.47616 / 1.647616 - 1)
 
 
 def test_untied_models_read_the_lm_head_not_the_embedding() -> None:
@@ -78,3 +89,22 @@ def test_bench_throughput_prints_the_floor_on_cpu(tiny_llama: Path, tmp_path: Pa
     # (128 with 1-byte fp8 elements); each request reads 3 decode steps over 9, 10, 11 tokens = 30 tokens.
     assert floor["kv_bytes"] == 3 * 30 * (512 if kv_cache_dtype == "auto" else 128)
     assert floor["ratio"] > 0
+
+
+def test_vllm_cpu_benchmark_prints_the_floor_next_to_both(tiny_llama: Path, capsys: pytest.CaptureFixture) -> None:
+    # benchmarks/vllm_cpu.py measures the machine and prints the workload's floor before the
+    # engines run (the comparison itself needs vLLM's own venv, which CI does not build).
+    import argparse
+    import importlib.util
+
+    script = Path(__file__).parents[2] / "benchmarks" / "vllm_cpu.py"
+    spec = importlib.util.spec_from_file_location("vllm_cpu_bench", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    work = [([5] * 8, 4), ([6] * 12, 3)]
+    fl = module.machine_floor(argparse.Namespace(threads=1, dtype="float32", max_num_seqs=4), str(tiny_llama), work)
+    out = capsys.readouterr().out
+    assert "CPU memory copy, 1 threads, measured now" in out and "measured float32 matmul, 1 threads" in out
+    assert fl.decode_steps == 3 and fl.output_tokens == 7 and fl.seconds > 0
+    # tiny_llama: 512 B of float32 KV a token; decode over 9, 10, 11 and 13, 14 tokens.
+    assert fl.kv_bytes == (9 + 10 + 11 + 13 + 14) * 512

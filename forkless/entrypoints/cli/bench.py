@@ -119,7 +119,7 @@ def run_throughput(args: argparse.Namespace) -> int:
         # The floor's measurements run before the engine holds the device's memory.
         bandwidth = copy_bandwidth(device)
         bw_source = "device copy, measured now" if device_type != "cpu" else "CPU memory copy, measured now"
-        flops, flops_source = peak_flops(device_type, args.peak_tflops)
+        flops, flops_source = peak_flops(device_type, args.peak_tflops, dtype)
         # The KV element size apart from the weights' (1 byte with --kv-cache-dtype fp8).
         width = DTYPE_BYTES[dtype]
         shape = load_shape(model, width, kv_dtype_bytes(args.kv_cache_dtype, width))
