@@ -25,6 +25,9 @@ Invariants:
 * Runs alternate (forkless, vLLM, forkless, vLLM, ...) so that the other users' load hits
   both alike; every ratio is forkless / vLLM of runs from this one command. The CPU model,
   its ISA flags and the load average are printed with the figures.
+* Offline, the workload's floor on this machine (``forkless.bench.floor``: bandwidth and a
+  matmul in ``--dtype`` measured first, on ``--threads`` threads) is printed, and each
+  engine's time against it.
 * Nothing is downloaded at run time (``HF_HUB_OFFLINE=1``); the setup step is the only
   step that talks to PyPI, and it says what it installs.
 """
