@@ -27,38 +27,44 @@ class Clock:
 class CostedRunner:
     """A FakeRunner whose every step advances the clock by the step's modelled cost."""
 
-    def __init__(self, scheduler: Scheduler, runner: FakeRunner, clock: Clock) -> None:
+    def __init__(self, scheduler: Scheduler, runner: FakeRunner, clock: Clock, aftermath: float = 0.0) -> None:
         self.scheduler, self.runner, self.clock = scheduler, runner, clock
         self.tokens = runner.tokens
         self.block_tables = runner.block_tables
+        # The step after a long chunk costs this much more (its caches were flushed).
+        self.aftermath = aftermath
+        self._after_chunk = False
 
     def execute(self, out):  # noqa: ANN001, ANN201 - FakeRunner's signature
-        cost = PLAIN_S
+        cost = PLAIN_S * (1 + self.aftermath) if self._after_chunk else PLAIN_S
+        self._after_chunk = False
         for item in out.scheduled_requests:
             if item.start_position < self.scheduler.requests[item.request_id].num_prompt_tokens:
                 # A prompt chunk: dearer the later its tokens.
                 cost += item.num_tokens * PLAIN_S * (0.05 + item.start_position / 1000)
+                self._after_chunk = self._after_chunk or item.num_tokens > 8
             else:
                 cost += DECODE_S
         self.clock.now += cost
         return self.runner.execute(out)
 
 
-def setup(share: float, **kw: object):  # noqa: ANN201
+def setup(share: float, aftermath: float = 0.0, **kw: object):  # noqa: ANN201
     clock = Clock()
     s, runner = make_scheduler(num_blocks=4096, max_model_len=4096, max_num_batched_tokens=256,
                                long_prefill_token_threshold=64, long_prefill_time_share=share, **kw)
     if share:
         s._time_share = LongPrefillTimeShare(share, 64, clock=clock)
-    return s, CostedRunner(s, runner, clock), clock
+    return s, CostedRunner(s, runner, clock, aftermath), clock
 
 
-def short_latencies(share: float, n: int = 12, burst: int = 0) -> tuple[list[float], float, int]:
+def short_latencies(share: float, n: int = 12, burst: int = 0,
+                    aftermath: float = 0.0) -> tuple[list[float], float, int]:
     """Latencies of ``n`` short requests sent one after another, with a long prompt
     prefilling from position 1,000 on; also one alone, and the long prompt's progress.
     ``burst`` requests decode next to the long prompt first, and are gone when the short
     ones come."""
-    s, runner, clock = setup(share)
+    s, runner, clock = setup(share, aftermath)
     results: dict[str, Result] = {}
 
     def run_short(rid: str) -> float:
@@ -96,6 +102,17 @@ def test_a_heavy_batch_that_has_gone_does_not_set_the_pace() -> None:
     # long prompt looked free. What the others pay is measured against the batch of now.
     ratios, _, _ = short_latencies(0.5, burst=60)
     assert max(ratios) <= 2.3, ratios
+
+
+def test_a_plain_step_made_dearer_by_the_chunk_before_it_is_not_the_batch_s_cost() -> None:
+    # A step right after a long chunk runs slower (on a CPU the chunk read its whole
+    # context's KV, flushing the caches): here half as slow again. Averaged into the plain
+    # step's cost it made every chunk look cheaper than it was, and the others took 2.54x
+    # as long at a 0.5 share (bound 2, plus one chunk); against the least recent plain step
+    # 2.2x.
+    ratios, _, progress = short_latencies(0.5, aftermath=0.5)
+    assert max(ratios) <= 2.3, ratios
+    assert progress > 0
 
 
 def test_without_the_time_share_the_token_cap_alone_lets_them_slow_down_far_more() -> None:

@@ -7,8 +7,8 @@ a small model. What the other clients feel is time, so this bounds time, measure
 
 * A step is *contended* when some request other than the long prefills is running or
   waiting. Uncontended steps are not limited (a long prompt alone runs at full speed).
-* Contended steps without a long chunk (*plain*) set ``plain``, a moving average of their
-  duration. A contended step with long chunks (*laden*) costs the others its duration
+* Contended steps without a long chunk (*plain*) set ``plain``, the least duration of
+  the last few (``_PLAIN_WINDOW``). A contended step with long chunks (*laden*) costs the others its duration
   minus ``plain``: the *extra*. ``plain`` must describe the batch of now, not of a burst
   long gone (a stale, too high one reads every chunk as free): it is forgotten when
   contention ends, and every ``_REMEASURE_EVERY`` laden steps one step runs plain.
@@ -39,8 +39,13 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-# Weight of the newest plain step in the moving average: a few steps forget an old batch.
-_EMA_WEIGHT = 0.25
+# Plain steps ``plain`` is the least of. The least, not a mean: a step right after a long
+# chunk is slower (on a CPU the chunk read its whole context's KV and flushed the caches),
+# and a mean of such steps made every chunk look cheaper than it was: with an 8k-token
+# prompt against 16-token requests at one a second, 44 % of the contended time went to the
+# long prompt at a 0.4 share, 40 % with the least of 8 (benchmarks/README.md, "Hostile
+# clients"). Eight steps also forget an old, heavier batch.
+_PLAIN_WINDOW = 8
 # Laden steps in a row before one runs plain to measure it again (the long prefill then
 # loses at most one turn in this many).
 _REMEASURE_EVERY = 8
@@ -64,6 +69,7 @@ class LongPrefillTimeShare:
         self.credit = 0.0
         self.plain: float | None = None
         self._laden_in_a_row = 0
+        self._plain_recent: deque[float] = deque(maxlen=_PLAIN_WINDOW)
         # Seconds one long-chunk token adds to a step (moving average).
         self.token_cost: float | None = None
         # Steps scheduled and not yet back: (output, contended, long tokens, start time).
@@ -114,12 +120,14 @@ class LongPrefillTimeShare:
         if not contended:
             self.credit = 0.0  # nobody was waiting: the long prefill owes no one
             self.plain = None  # the next contended batch may be nothing like the last
+            self._plain_recent.clear()
             if long_tokens:  # the whole step was the chunk: an upper bound of its cost
                 self._add_token_cost(elapsed / long_tokens)
             return
         if not long_tokens:
             self._laden_in_a_row = 0
-            self.plain = elapsed if self.plain is None else self.plain + _EMA_WEIGHT * (elapsed - self.plain)
+            self._plain_recent.append(elapsed)
+            self.plain = min(self._plain_recent)
             self.credit = min(self.credit + self.ratio * elapsed, self.ratio * self.plain)
             return
         plain = self.plain if self.plain is not None else 0.0
