@@ -8,10 +8,11 @@ a small model. What the other clients feel is time, so this bounds time, measure
 * A step is *contended* when some request other than the long prefills is running or
   waiting. Uncontended steps are not limited (a long prompt alone runs at full speed).
 * Contended steps without a long chunk (*plain*) set ``plain``, the least duration of
-  the last few (``_PLAIN_WINDOW``). A contended step with long chunks (*laden*) costs the others its duration
-  minus ``plain``: the *extra*. ``plain`` must describe the batch of now, not of a burst
-  long gone (a stale, too high one reads every chunk as free): it is forgotten when
-  contention ends, and every ``_REMEASURE_EVERY`` laden steps one step runs plain.
+  the last few (``_PLAIN_WINDOW``). A contended step with long chunks (*laden*) costs the
+  others its duration minus ``plain``: the *extra*. ``plain`` must describe the batch of
+  now, not of a burst long gone (a stale, too high one reads every chunk as free): it is
+  forgotten when contention ends, and every ``_REMEASURE_EVERY`` laden steps one step runs
+  plain.
 * Long prefills hold a time credit. Every contended step earns them ``share / (1 -
   share)`` of its plain time; every laden step spends its extra. A long chunk is scheduled
   only while the credit is not negative, so over any stretch of contended steps the long
@@ -44,7 +45,8 @@ from typing import Any, Callable
 # and a mean of such steps made every chunk look cheaper than it was: with an 8k-token
 # prompt against 16-token requests at one a second, 44 % of the contended time went to the
 # long prompt at a 0.4 share, 40 % with the least of 8 (benchmarks/README.md, "Hostile
-# clients"). Eight steps also forget an old, heavier batch.
+# clients"). A batch that shrinks is seen at once; one that grows after at most this many
+# plain steps, and until then the long prefill gets less than its share, not more.
 _PLAIN_WINDOW = 8
 # Laden steps in a row before one runs plain to measure it again (the long prefill then
 # loses at most one turn in this many).
