@@ -129,16 +129,23 @@ def load_shape(model: str | Path, dtype_bytes: int, kv_dtype_bytes: int | None =
                              kv_dtype_bytes)
 
 
-def decode_steps(output_lens: list[int], max_num_seqs: int) -> int:
-    """Decode steps of the continuous batch (see the module docstring): list scheduling of
-    ``o - 1`` steps per request on ``max_num_seqs`` slots, in request order."""
+def decode_spans(output_lens: list[int], max_num_seqs: int) -> list[tuple[int, int]]:
+    """Each request's decode steps ``[start, end)`` in the continuous batch (see the module
+    docstring): list scheduling of ``o - 1`` steps per request on ``max_num_seqs`` slots,
+    in request order."""
     slots = [0] * min(max_num_seqs, len(output_lens))
-    end = 0
+    spans = []
     for o in output_lens:
         start = heapq.heappop(slots)
-        end = max(end, start + max(o - 1, 0))
-        heapq.heappush(slots, start + max(o - 1, 0))
-    return end
+        end = start + max(o - 1, 0)
+        heapq.heappush(slots, end)
+        spans.append((start, end))
+    return spans
+
+
+def decode_steps(output_lens: list[int], max_num_seqs: int) -> int:
+    """Decode steps of the continuous batch: the last request's decode ends there."""
+    return max((end for _, end in decode_spans(output_lens, max_num_seqs)), default=0)
 
 
 @dataclass
@@ -186,7 +193,8 @@ def throughput_floor(shape: ModelShape, work: list[tuple[int, int]], max_num_seq
                      peak_flops: float) -> Floor:
     """The floor of ``work`` (``(input length, output length)`` per request), in request order."""
     kv_tokens = sum((o - 1) * i + (o - 1) * o // 2 for i, o in work)
-    steps = decode_steps([o for _, o in work], max_num_seqs)
+    spans = decode_spans([o for _, o in work], max_num_seqs)
+    steps = max((end for _, end in spans), default=0)
     attn_per_pair = 4 * shape.num_layers * shape.num_heads * shape.head_dim  # QK^T and PV, per (query, key)
     attn = sum(attn_per_pair * i * (i + 1) // 2 for i, _ in work)
     head = shape.vocab_size * shape.hidden_size
@@ -196,11 +204,7 @@ def throughput_floor(shape: ModelShape, work: list[tuple[int, int]], max_num_seq
     # s + k - 1 over i + k tokens, so at step t its context is (i - s + 1) + t.
     running = [0] * (steps + 1)
     offset = [0] * (steps + 1)
-    slots = [0] * min(max_num_seqs, len(work))
-    for i, o in work:
-        start = heapq.heappop(slots)
-        end = start + max(o - 1, 0)
-        heapq.heappush(slots, end)
+    for (i, _), (start, end) in zip(work, spans):
         if end > start:
             running[start] += 1
             running[end] -= 1
