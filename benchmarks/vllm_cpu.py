@@ -230,6 +230,7 @@ def machine_floor(args: argparse.Namespace, model: str, work: list[tuple[list[in
 
     from forkless.bench.floor import describe, load_shape, measured_matmul_flops, throughput_floor
     from forkless.bench.latency import copy_bandwidth
+    from forkless.entrypoints.cli.bench import DTYPE_BYTES
 
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -238,7 +239,7 @@ def machine_floor(args: argparse.Namespace, model: str, work: list[tuple[list[in
         flops = measured_matmul_flops("cpu", args.dtype)
     finally:
         torch.set_num_threads(threads)
-    shape = load_shape(model, 2 if args.dtype == "bfloat16" else 4)
+    shape = load_shape(model, DTYPE_BYTES[args.dtype])
     floor = throughput_floor(shape, [(len(p), o) for p, o in work], args.max_num_seqs, bandwidth, flops)
     for line in describe(floor, f"CPU memory copy, {args.threads} threads, measured now",
                          f"measured {args.dtype} matmul, {args.threads} threads", args.max_num_seqs):
