@@ -17,6 +17,7 @@ Invariants: the memory reads as zeros; only the advice changes, never the conten
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from typing import Callable
 
@@ -26,6 +27,7 @@ _MADV_NOHUGEPAGE = 15  # <asm-generic/mman-common.h>
 _PAGE = 4096
 
 
+@functools.lru_cache(maxsize=1)  # one per layer's cache at start-up: look libc up once
 def _madvise() -> Callable[[int, int, int], int] | None:
     if not sys.platform.startswith("linux"):
         return None
