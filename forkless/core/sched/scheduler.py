@@ -128,6 +128,14 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
+def _is_long(left: int, prompt_tokens: int, threshold: int, min_prompt: int, whole_prompt: bool) -> bool:
+    """Whether a prefill with ``left`` tokens to compute is long (see the module doc): more
+    than ``threshold`` left (with ``whole_prompt``, the time share's rule: in its prompt,
+    until its prefill ends), and more than ``min_prompt`` in all."""
+    size = max(left, prompt_tokens)
+    return 0 < threshold < (size if whole_prompt else left) and size > min_prompt
+
+
 class Scheduler(SchedulerInterface):
     """Continuous batching with chunked prefill, prefix caching and preemption.
 
@@ -359,8 +367,7 @@ class Scheduler(SchedulerInterface):
             is_prefill = is_long = False
             if limited and num_new > 1:
                 is_prefill = True
-                size = max(num_new, request.num_prompt_tokens)
-                is_long = 0 < threshold < (num_new if time_share is None else size) and size > min_prompt
+                is_long = _is_long(num_new, request.num_prompt_tokens, threshold, min_prompt, time_share is not None)
                 if (max_prefills is not None and len(prefill_ids) >= max_prefills) or (
                     is_long and (len(long_ids) >= max_long or not long_chunk)
                 ):
@@ -456,8 +463,8 @@ class Scheduler(SchedulerInterface):
             if remaining > budget and not cfg.enable_chunked_prefill:
                 break
             is_prefill = limited and remaining > 1
-            size = max(remaining, request.num_prompt_tokens)
-            is_long = is_prefill and 0 < threshold < (remaining if time_share is None else size) and size > min_prompt
+            is_long = is_prefill and _is_long(remaining, request.num_prompt_tokens, threshold, min_prompt,
+                                              time_share is not None)
             if is_prefill and max_prefills is not None and len(prefill_ids) >= max_prefills:
                 break
             if is_long and (len(long_ids) >= max_long or not long_chunk):
