@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     FORKLESS_FUSED_KERNELS: bool
     FORKLESS_CUSTOM_OPS: str
     FORKLESS_CPU_KERNELS: bool
+    FORKLESS_CPU_DECODE_STACK: bool
     FORKLESS_KERNEL_CACHE_DIR: str
     FORKLESS_CPU_ISA: str
     FORKLESS_PLUGINS: str | None
@@ -112,6 +113,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # kernels compiled once with the system C compiler (``$CC`` or ``cc``) into
     # FORKLESS_KERNEL_CACHE_DIR. ``0`` runs plain torch ops instead (to compare or to debug).
     "FORKLESS_CPU_KERNELS": lambda: parse_bool("FORKLESS_CPU_KERNELS", True),
+    # With those kernels, a float32 Llama-family model's decode steps run all its decoder
+    # layers in one C call (forkless.models.layers.cpu_decode_stack; the same kernels, the
+    # same results, without the Python between them). ``0`` runs the layers one module at
+    # a time (to compare or to debug); read when the model is loaded.
+    "FORKLESS_CPU_DECODE_STACK": lambda: parse_bool("FORKLESS_CPU_DECODE_STACK", True),
     # Where compiled kernels are cached (content-addressed, so one directory can serve
     # every cache root). Default: ``$FORKLESS_CACHE_ROOT/kernels``.
     "FORKLESS_KERNEL_CACHE_DIR": lambda: _path(

@@ -1,7 +1,8 @@
 """CPU kernels in C: decode attention and prefill attention over cached context, both reading
 the paged cache in place, linear layers on packed weights,
 and the element-wise layers (RMSNorm, rotary embeddings, SiLU-and-mul; float32 or
-bfloat16).
+bfloat16); and a float32 decode step through a whole stack of decoder layers on those
+(``decode_stack.c``, called by :mod:`forkless.models.layers.cpu_decode_stack`).
 
 The sources (``csrc/*.c``) are plain C written once over a vector type that is AVX-512
 (16 lanes) or AVX2 + FMA (8 lanes), whichever the compiler targets, with plain loops
@@ -48,8 +49,8 @@ from forkless.logger import init_logger
 logger = init_logger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("paged_decode.c", "paged_prefill.c", "linear.c", "layers.c")
-_ABI_VERSION = 9
+_SOURCES = ("paged_decode.c", "paged_prefill.c", "linear.c", "layers.c", "decode_stack.c")
+_ABI_VERSION = 10
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno")
 
 _ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -66,6 +67,7 @@ _SIGNATURES = {
     **{f"forkless_rotary_{t}": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32, _i32, _i32, _i32]
        for t in ("f32", "bf16")},
     **{f"forkless_silu_and_mul_{t}": [_ptr, _i64, _ptr, _i32, _i32] for t in ("f32", "bf16")},
+    "forkless_decode_stack_f32": [_ptr, _ptr, _i32, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr],
 }
 
 #: The instruction-set levels, best first: the CPU flags each needs (as ``/proc/cpuinfo``

@@ -33,6 +33,7 @@ from forkless.distributed.parallel_state import GroupCoordinator, get_pp_group, 
 from forkless.logger import init_logger
 from forkless.models.hf_config import get_head_dim, get_num_kv_heads, get_rope_parameters
 from forkless.models.interface import CausalLMBase
+from forkless.models.layers.cpu_decode_stack import CpuDecodeStack
 from forkless.models.layers.cpu_linear import CPULinear, cpu_linear_for, pack_linear_layers
 from forkless.models.layers.mlp import SwiGLUMLP
 from forkless.models.layers.norm import RMSNorm
@@ -217,6 +218,8 @@ class LlamaModel(nn.Module):
             layer.self_attn.rotary_emb = own[0].self_attn.rotary_emb
         last = pp is None or pp.is_last_rank
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype) if last else PPMissingLayer()
+        # Decode steps in one C call on the CPU (set by LlamaForCausalLM.use_cpu_kernels).
+        self.cpu_decode_stack: CpuDecodeStack | None = None
 
     def forward(
         self,
@@ -227,6 +230,10 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         pp = self.pp_group
         if pp is None:
+            if self.cpu_decode_stack is not None:
+                out = self.cpu_decode_stack.forward(self, input_ids, positions, kv_caches, attn_metadata)
+                if out is not None:
+                    return out
             hidden_states = self.embed_tokens(input_ids)
             residual = None
             for i, layer in enumerate(self.layers):
@@ -345,6 +352,8 @@ class LlamaForCausalLM(CausalLMBase):
         pack_linear_layers(self)
         if self.tie_word_embeddings and not isinstance(self.lm_head, PPMissingLayer):
             self.lm_head = cpu_linear_for(self.lm_head.weight)
+        if CpuDecodeStack.applies_to(self.model):
+            self.model.cpu_decode_stack = CpuDecodeStack()
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         pp = self.pp_group

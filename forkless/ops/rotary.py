@@ -92,7 +92,8 @@ class RotaryEmbedding(FusedKernelOp):
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
         self._memo: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
-    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``[T, 1, rotary_dim]`` cos and sin tables of ``positions``, in ``dtype``."""
         # Every layer of a step gets the same positions tensor: compute once per step, not
         # once per layer. The memo holds the tensor itself, so its identity is not reused.
         memo = self._memo
@@ -119,7 +120,7 @@ class RotaryEmbedding(FusedKernelOp):
             The rotated ``(q, k)``, same shapes and dtypes. The fused kernels rotate in
             place: pass tensors nothing else reads afterwards.
         """
-        cos, sin = self._cos_sin(positions, q.dtype)
+        cos, sin = self.cos_sin(positions, q.dtype)
         if self.rotary_dim == self.head_dim:
             return _rotate(q, cos, sin), _rotate(k, cos, sin)
         r = self.rotary_dim
@@ -132,7 +133,7 @@ class RotaryEmbedding(FusedKernelOp):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if q.dtype not in fused_cpu.DTYPES or k.dtype != q.dtype:
             return self.forward_native(positions, q, k)
-        cos, sin = self._cos_sin(positions, q.dtype)
+        cos, sin = self.cos_sin(positions, q.dtype)
         fused_cpu.rotary_(q, k, cos, sin, self.rotary_dim)
         return q, k
 
@@ -141,7 +142,7 @@ class RotaryEmbedding(FusedKernelOp):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not q.is_cuda:
             return self.forward_native(positions, q, k)
-        cos, sin = self._cos_sin(positions, q.dtype)
+        cos, sin = self.cos_sin(positions, q.dtype)
         triton_kernels().rotary_(q, k, cos, sin, self.rotary_dim)
         return q, k
 
@@ -159,7 +160,7 @@ class RotaryEmbedding(FusedKernelOp):
                 and self.rotary_dim == self.head_dim and type(q_norm) is RMSNorm and type(k_norm) is RMSNorm
                 and q_norm.implementation == "forward_cuda" and k_norm.implementation == "forward_cuda"
                 and q.stride(-1) == 1 and k.stride(-1) == 1):
-            cos, sin = self._cos_sin(positions, q.dtype)
+            cos, sin = self.cos_sin(positions, q.dtype)
             triton_kernels().qk_norm_rotary_(q, k, q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps, cos, sin)
             return q, k
         return self(positions, q_norm(q), k_norm(k))

@@ -72,7 +72,7 @@ def test_rotary_in_place(dtype, tol, rope):
     qkv_gpu = qkv.cuda()
     q_gpu = qkv_gpu[:, : hq * d].view(9, hq, d)
     k_gpu = qkv_gpu[:, hq * d : (hq + hkv) * d].view(9, hkv, d)
-    cos, sin = rotary.cuda()._cos_sin(positions.cuda(), dtype)
+    cos, sin = rotary.cuda().cos_sin(positions.cuda(), dtype)
     fused_triton.rotary_(q_gpu, k_gpu, cos, sin, rotary.rotary_dim)
     # cos/sin themselves come from the GPU's sin/cos: allow their last-bit differences.
     _close(q_gpu, want_q, max(tol, 1e-4))

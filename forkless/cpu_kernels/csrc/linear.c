@@ -87,7 +87,7 @@
 #define PF_AHEAD 1024
 #endif
 
-int forkless_cpu_kernels_abi_version(void) { return 9; }
+int forkless_cpu_kernels_abi_version(void) { return 10; }
 
 const char *forkless_cpu_kernels_isa(void) { return FORKLESS_ISA_NAME; }
 

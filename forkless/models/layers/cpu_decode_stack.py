@@ -1,0 +1,171 @@
+"""A decode step through a Llama-family model's decoder layers in one C call, on the CPU.
+
+The module-by-module forward calls ~15 kernels a layer from Python; at decode batch sizes
+their dispatch costs about as much as their work (batch 1, SmolLM2-135M, float32, 2
+threads: ~6 ms of a ~25 ms step). ``forkless_decode_stack_f32``
+(``forkless/cpu_kernels/csrc/decode_stack.c``) runs the same kernels in the same order
+on the same buffers' values, so a step gives bit-identical hidden states either way.
+
+Invariants:
+    * The stack runs only where that identity holds, and the modules run otherwise:
+      float32; one rank (no tensor or pipeline parallelism); every projection exactly a
+      :class:`~forkless.models.layers.cpu_linear.PackedLinear` (a LoRA wrapper is not);
+      every RMSNorm, rotary embedding and SiLU-and-mul forkless's own class bound to
+      ``forward_cpu`` (an op a plugin replaced, or one ``FORKLESS_CUSTOM_OPS`` turned off,
+      runs as itself); the attention backend exactly
+      :class:`~forkless.attention.backends.cpu_paged.CpuAttentionBackend`, its ``forward``
+      not hooked (KV connectors hook it); and a step whose every row is one decoding
+      sequence's new token, stored at its slot.
+    * Which modules qualify is decided once, the first time every op is bound (their
+      kernels load on first use), and the weights' addresses are read then: the model's
+      modules are not replaced after its first forward (LoRA wraps them before). The
+      caches' addresses are re-read whenever the model runner passes other caches.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from forkless import cpu_kernels, envs
+from forkless.models.layers.cpu_linear import PackedLinear
+
+if TYPE_CHECKING:
+    from forkless.attention import AttentionMetadata
+    from forkless.models.llama import LlamaModel
+
+_p = ctypes.c_void_p
+_LAYER_FIELDS = ("input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up",
+                 "gate_up_bias", "down", "down_bias", "k_cache", "v_cache")
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _p) for name in _LAYER_FIELDS]
+
+
+class _Stack(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int) for name in (
+        "num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "rotary_dim", "intermediate", "block_size",
+        "qkv_panels", "o_panels", "gate_up_panels", "down_panels")] + [
+        ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("final_norm", _p), ("layers", ctypes.POINTER(_Layer))]
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class CpuDecodeStack:
+    """Runs :class:`~forkless.models.llama.LlamaModel`'s decode steps in one C call where
+    that gives the modules' results (the module docstring says where).
+
+    Built by the model's ``use_cpu_kernels``; :meth:`forward` returns None for a step it
+    does not take.
+    """
+
+    def __init__(self) -> None:
+        self._lib = cpu_kernels.load()
+        # None: not decided yet (ops not bound); False: the modules always run.
+        self._eligible: bool | None = None if self._lib is not None else False
+        self._stack: _Stack | None = None
+        self._layers: Any = None  # the ctypes array _stack points into
+        self._caches: tuple[int, ...] = ()
+
+    @staticmethod
+    def applies_to(model: "LlamaModel") -> bool:
+        """Whether ``model`` could ever take the stack (float32, one rank, layers built)."""
+        from forkless.models.llama import _pp_group, _tp_group
+
+        return (envs.FORKLESS_CPU_DECODE_STACK and model.dtype == torch.float32 and _tp_group() is None and _pp_group() is None
+                and len(model.layers) > 0 and cpu_kernels.load() is not None)
+
+    def forward(self, model: "LlamaModel", input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], attn_metadata: "AttentionMetadata") -> torch.Tensor | None:
+        """The final norm's output for this step, or None where the modules must run it."""
+        if self._eligible is False or not kv_caches or input_ids.shape[0] == 0:
+            return None
+        if self._eligible is None:
+            self._eligible = self._decide(model)
+            if not self._eligible:
+                return None
+        kp = self._decode_plan(attn_metadata, input_ids.shape[0])
+        if kp is None:
+            return None
+        if self._caches != (id(kv_caches), kv_caches[0].data_ptr()):
+            if not all(c.dtype == torch.float32 and c.is_contiguous() for c in kv_caches):
+                self._eligible = False  # an fp8 cache: the C table holds float32 rows
+                return None
+            self._bind(model, kv_caches)
+        rotary = model.layers[0].self_attn.rotary_emb
+        cos, sin = rotary.cos_sin(positions, torch.float32)
+        hidden = model.embed_tokens(input_ids).contiguous()
+        slots = kp.plan.store_slots
+        cpu_kernels.check(self._lib.forkless_decode_stack_f32(
+            ctypes.byref(self._stack), hidden.data_ptr(), hidden.shape[0], cos.data_ptr(), sin.data_ptr(),
+            cos.stride(0), slots.data_ptr(), kp.block_tables.data_ptr(), kp.block_tables.stride(0),
+            kp.seq_lens.data_ptr(), kp.seq_ids.data_ptr(), kp.q_rows.data_ptr()))
+        return hidden
+
+    def _decide(self, model: "LlamaModel") -> bool | None:
+        """True: every layer qualifies; False: one never will; None: an op is not bound yet."""
+        from forkless.attention.backends.cpu_paged import CpuAttentionBackend
+        from forkless.models.layers.activation import SiluAndMul
+        from forkless.models.layers.norm import RMSNorm
+        from forkless.models.layers.rotary import RotaryEmbedding
+
+        ops: list[Any] = [model.norm]
+        for layer in model.layers:
+            attn = layer.self_attn
+            ops += [layer.input_layernorm, layer.post_attention_layernorm, attn.rotary_emb, layer.mlp.act_fn]
+            if attn.qk_norm:
+                ops += [attn.q_norm, attn.k_norm]
+            if not all(type(lin) is PackedLinear for lin in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj,
+                                                             layer.mlp.down_proj)):
+                return False
+            if type(attn.attn) is not CpuAttentionBackend or "forward" in vars(attn.attn):
+                return False
+            if attn.rotary_emb.rotary_dim % 2 or attn.num_heads % attn.num_kv_heads:
+                return False
+        if any(op.implementation == "_load_cpu_kernels_then_bind" for op in ops):
+            return None
+        # One eps serves every norm in the C table.
+        return all(type(op) in (RMSNorm, RotaryEmbedding, SiluAndMul) and op.implementation == "forward_cpu"
+                   and getattr(op, "eps", model.norm.eps) == model.norm.eps for op in ops)
+
+    @staticmethod
+    def _decode_plan(md: "AttentionMetadata", num_rows: int) -> Any:
+        """The CPU backend's plan for this step (shared with its layers, built once a
+        step), or None unless every row is a decode stored at its slot."""
+        from forkless.attention.backends.cpu_paged import CpuAttentionBackend
+
+        kp = md.backend_state.get("cpu")
+        if kp is None:
+            kp = md.backend_state["cpu"] = CpuAttentionBackend._kernel_plan(md, num_rows)
+        plan = kp.plan
+        if (not kp.all_rows or plan.prefills or plan.context_ids or len(plan.decode_ids) != num_rows
+                or plan.store_rows != slice(0, num_rows)):
+            return None
+        return kp
+
+    def _bind(self, model: "LlamaModel", kv_caches: list[torch.Tensor]) -> None:
+        """Fill the C table with the layers' weights and these caches."""
+        first = model.layers[0]
+        attn, mlp = first.self_attn, first.mlp
+        layers = (_Layer * len(model.layers))()
+        for i, (layer, cache) in enumerate(zip(model.layers, kv_caches)):
+            a, f = layer.self_attn, layer.mlp
+            layers[i] = _Layer(
+                _ptr(layer.input_layernorm.weight), _ptr(layer.post_attention_layernorm.weight),
+                _ptr(a.q_norm.weight) if a.qk_norm else None, _ptr(a.k_norm.weight) if a.qk_norm else None,
+                _ptr(a.qkv_proj.packed), _ptr(a.qkv_proj.bias), _ptr(a.o_proj.packed), _ptr(a.o_proj.bias),
+                _ptr(f.gate_up_proj.packed), _ptr(f.gate_up_proj.bias), _ptr(f.down_proj.packed),
+                _ptr(f.down_proj.bias), _ptr(cache[0]), _ptr(cache[1]))
+        self._layers = layers
+        self._stack = _Stack(
+            len(model.layers), model.hidden_size, attn.num_heads, attn.num_kv_heads, attn.head_dim,
+            attn.rotary_emb.rotary_dim, mlp.down_proj.in_features, kv_caches[0].shape[2],
+            attn.qkv_proj.packed.shape[0], attn.o_proj.packed.shape[0], mlp.gate_up_proj.packed.shape[0],
+            mlp.down_proj.packed.shape[0], model.norm.eps, attn.attn.scale, _ptr(model.norm.weight),
+            ctypes.cast(layers, ctypes.POINTER(_Layer)))
+        self._caches = (id(kv_caches), kv_caches[0].data_ptr())
