@@ -28,13 +28,13 @@ import ctypes
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 from forkless import cpu_kernels, envs
 from forkless.models.layers.cpu_linear import PackedLinear
 
 if TYPE_CHECKING:
     from forkless.attention import AttentionMetadata
-    from forkless.models.llama import LlamaModel
 
 _p = ctypes.c_void_p
 _LAYER_FIELDS = ("input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up",
@@ -61,7 +61,8 @@ class CpuDecodeStack:
     that gives the modules' results (the module docstring says where).
 
     Built by the model's ``use_cpu_kernels``; :meth:`forward` returns None for a step it
-    does not take.
+    does not take. Its ``model`` arguments are a ``LlamaModel`` (the stack of layers
+    under a ``LlamaForCausalLM``; not imported here, since it imports this).
     """
 
     def __init__(self) -> None:
@@ -73,14 +74,14 @@ class CpuDecodeStack:
         self._caches: tuple[int, ...] = ()
 
     @staticmethod
-    def applies_to(model: "LlamaModel") -> bool:
+    def applies_to(model: nn.Module) -> bool:
         """Whether ``model`` could ever take the stack (float32, one rank, layers built)."""
-        from forkless.models.llama import _pp_group, _tp_group
+        from forkless.distributed.parallel_state import get_pp_group, get_tp_group
 
-        return (envs.FORKLESS_CPU_DECODE_STACK and model.dtype == torch.float32 and _tp_group() is None and _pp_group() is None
-                and len(model.layers) > 0 and cpu_kernels.load() is not None)
+        return (envs.FORKLESS_CPU_DECODE_STACK and model.dtype == torch.float32 and get_tp_group().world_size == 1
+                and get_pp_group().world_size == 1 and len(model.layers) > 0 and cpu_kernels.load() is not None)
 
-    def forward(self, model: "LlamaModel", input_ids: torch.Tensor, positions: torch.Tensor,
+    def forward(self, model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn_metadata: "AttentionMetadata") -> torch.Tensor | None:
         """The final norm's output for this step, or None where the modules must run it."""
         if self._eligible is False or not kv_caches or input_ids.shape[0] == 0:
@@ -107,7 +108,7 @@ class CpuDecodeStack:
             kp.seq_lens.data_ptr(), kp.seq_ids.data_ptr(), kp.q_rows.data_ptr()))
         return hidden
 
-    def _decide(self, model: "LlamaModel") -> bool | None:
+    def _decide(self, model: nn.Module) -> bool | None:
         """True: every layer qualifies; False: one never will; None: an op is not bound yet."""
         from forkless.attention.backends.cpu_paged import CpuAttentionBackend
         from forkless.models.layers.activation import SiluAndMul
@@ -148,7 +149,7 @@ class CpuDecodeStack:
             return None
         return kp
 
-    def _bind(self, model: "LlamaModel", kv_caches: list[torch.Tensor]) -> None:
+    def _bind(self, model: nn.Module, kv_caches: list[torch.Tensor]) -> None:
         """Fill the C table with the layers' weights and these caches."""
         first = model.layers[0]
         attn, mlp = first.self_attn, first.mlp
