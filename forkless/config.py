@@ -38,6 +38,8 @@ LOAD_FORMAT_CHOICES = ("auto", "dummy")
 #: ``--kv-cache-dtype`` values (vLLM's names): ``auto`` stores the model dtype; ``fp8`` and
 #: ``fp8_e4m3`` store float8 e4m3 (one byte per element) with per-layer scales of 1.0.
 KV_CACHE_DTYPE_CHOICES = ("auto", "fp8", "fp8_e4m3")
+#: ``--quantization`` values (vLLM's flag): ``gguf`` keeps a GGUF file's Q8_0 / Q4_1 matrices quantized.
+QUANTIZATION_CHOICES = ("gguf",)
 GiB = 1 << 30
 # On CPU the KV cache lives in host memory next to everything else: take a modest share.
 CPU_KV_CACHE_FRACTION = 0.25
@@ -114,6 +116,10 @@ class ModelConfig:
         eos_token_id: The model's primary EOS token, or ``None``.
         generation_config: Plain-data subset of ``generation_config.json`` (EOS ids...).
         load_format: ``"auto"`` (read weights) or ``"dummy"`` (random weights).
+        quantization: ``"gguf"``: the linear layers run on the Q8_0 / Q4_1 blocks of the
+            GGUF file ``model`` was converted from (``quantized_from``); None: on the
+            folder's weights.
+        quantized_from: The GGUF file, with ``quantization="gguf"``.
     """
 
     model: str
@@ -126,6 +132,8 @@ class ModelConfig:
     eos_token_id: int | None = None
     generation_config: dict[str, Any] = field(default_factory=dict)
     load_format: str = "auto"
+    quantization: str | None = None
+    quantized_from: str | None = None
     # --runner pooling: how hidden states are pooled (None: a generative model).
     pooler_config: PoolerConfig | None = None
 
@@ -337,6 +345,7 @@ class EngineArgs:
     logits_processors: str | type | list[str | type] | None = None
     attention_backend: str | None = None
     load_format: str = "auto"
+    quantization: str | None = None
     seed: int = 0
     enforce_eager: bool = False
     async_scheduling: bool = False
@@ -451,6 +460,10 @@ class EngineArgs:
         g.add_argument("--attention-backend", default=None, help="registered attention backend name")
         g.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMAT_CHOICES,
                        help="auto reads the weights; dummy uses random weights")
+        g.add_argument("--quantization", "-q", default=None, choices=QUANTIZATION_CHOICES,
+                       help="gguf: a GGUF model's Q8_0 / Q4_1 matrices stay quantized in memory and the linear "
+                            "layers read them directly (CPU, float32 activations; default: the file is "
+                            "dequantized to --dtype)")
         g.add_argument("--seed", type=int, default=d.seed, help="global random seed")
         g.add_argument("--enforce-eager", action="store_true", help="never capture graphs or compile")
         g.add_argument("--async-scheduling", action="store_true",
@@ -614,6 +627,8 @@ class EngineArgs:
                 eos_token_id=_primary_eos(generation_config, hf),
                 generation_config=generation_config,
                 load_format=self.load_format,
+                quantization=self.quantization,
+                quantized_from=self._quantized_from(model_path, device_type, pooler is not None),
                 pooler_config=pooler,
             ),
             cache_config=CacheConfig(
@@ -648,6 +663,32 @@ class EngineArgs:
         current_platform.verify_model_arch(architecture)
         current_platform.check_and_update_config(config)
         return config
+
+    def _quantized_from(self, model_path: Path, device_type: str, pooling: bool) -> str | None:
+        """The GGUF file ``--quantization gguf`` reads, checked against the other flags.
+
+        Raises:
+            ValueError: The model was not converted from a GGUF file, or a flag asks for
+                what the GGUF layers do not run (the message names it).
+        """
+        if self.quantization is None:
+            return None
+        from forkless.model_loader.gguf_quantized import source_gguf
+
+        source = source_gguf(model_path)
+        if source is None:
+            raise ValueError(f"--quantization gguf reads the matrices of a GGUF file, and {self.model or model_path} "
+                             "is not one (nor a folder forkless converted from one): pass the .gguf file")
+        checks = [(device_type != "cpu", f"the {device_type} platform (its kernels are the CPU's)"),
+                  (self.dtype not in ("auto", "float32"),
+                   f"--dtype {self.dtype} (activations are float32: leave --dtype auto or float32)"),
+                  (self.tensor_parallel_size * self.pipeline_parallel_size > 1, "tensor or pipeline parallelism"),
+                  (self.enable_lora, "--enable-lora"), (pooling, "--runner pooling"),
+                  (self.load_format == "dummy", "--load-format dummy")]
+        for bad, what in checks:
+            if bad:
+                raise ValueError(f"--quantization gguf does not work with {what} yet: leave one of them out")
+        return str(source)
 
     def _parallel_config(self, hf: dict[str, Any], pooling: bool) -> ParallelConfig:
         """``-tp`` / ``-pp`` checked against the model and the other flags.
@@ -873,6 +914,8 @@ class EngineArgs:
             raise _bad_flag("--dtype", self.dtype, f"one of {', '.join(DTYPE_CHOICES)}")
         if self.load_format not in LOAD_FORMAT_CHOICES:
             raise _bad_flag("--load-format", self.load_format, f"one of {', '.join(LOAD_FORMAT_CHOICES)}")
+        if self.quantization is not None and self.quantization not in QUANTIZATION_CHOICES:
+            raise _bad_flag("--quantization", self.quantization, f"one of {', '.join(QUANTIZATION_CHOICES)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPE_CHOICES:
             raise _bad_flag("--kv-cache-dtype", self.kv_cache_dtype, f"one of {', '.join(KV_CACHE_DTYPE_CHOICES)}")
         if self.scheduling_policy not in SCHEDULING_POLICIES:

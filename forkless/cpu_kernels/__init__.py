@@ -1,5 +1,5 @@
 """CPU kernels in C: decode attention and prefill attention over cached context, both reading
-the paged cache in place, linear layers on packed weights,
+the paged cache in place, linear layers on packed weights and on GGUF Q8_0 / Q4_1 blocks,
 and the element-wise layers (RMSNorm, rotary embeddings, SiLU-and-mul; float32 or
 bfloat16); and a float32 decode step through a whole stack of decoder layers on those
 (``decode_stack.c``, called by :mod:`forkless.models.layers.cpu_decode_stack`).
@@ -49,7 +49,7 @@ from forkless.logger import init_logger
 logger = init_logger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("paged_decode.c", "paged_prefill.c", "linear.c", "layers.c", "decode_stack.c")
+_SOURCES = ("paged_decode.c", "paged_prefill.c", "linear.c", "quant_linear.c", "layers.c", "decode_stack.c")
 _ABI_VERSION = 10
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno")
 
@@ -67,6 +67,8 @@ _SIGNATURES = {
     **{f"forkless_rotary_{t}": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32, _i32, _i32, _i32]
        for t in ("f32", "bf16")},
     **{f"forkless_silu_and_mul_{t}": [_ptr, _i64, _ptr, _i32, _i32] for t in ("f32", "bf16")},
+    "forkless_linear_q8_0": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
+    "forkless_linear_q4_1": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
     "forkless_decode_stack_f32": [_ptr, _ptr, _i32, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr],
 }
 

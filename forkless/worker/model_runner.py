@@ -240,9 +240,20 @@ class ModelRunner:
         self._prev_row_of: dict[str, int] = {}
 
     def _use_cpu_kernels(self) -> None:
-        """On the CPU: let the model move its linear layers to weights packed at load."""
+        """On the CPU: let the model move its linear layers to weights packed at load, and
+        with ``--quantization gguf`` onto the GGUF file's quantized blocks."""
         if use_cpu_linear(self.model, self.device, self.dtype):
             logger.info("linear layers run on weights packed for the CPU (%s)", cpu_linear_name(self.dtype))
+        mc = self.config.model_config
+        if mc.quantization == "gguf":
+            from forkless.model_loader.gguf_quantized import use_gguf_matrices
+
+            if not isinstance(self.model, CausalLMBase) or not self.model.supports_lora:
+                raise ValueError(f"--quantization gguf: {type(self.model).__name__} does not name its projections "
+                                 "(lora_modules), so its layers cannot take the GGUF blocks")
+            count = use_gguf_matrices(self.model, mc.quantized_from)
+            logger.info("--quantization gguf: %d linear layers run on the Q8_0 / Q4_1 blocks of %s", count,
+                        mc.quantized_from)
 
     # ------------------------------------------------------------------ KV cache
 

@@ -114,6 +114,26 @@ def test_decode_kernel_threads_agree(threads):
     torch.testing.assert_close(parallel, serial, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("threads", [2, 3], indirect=True)
+@pytest.mark.parametrize("lens", [[700], [16 * 8], [16 * 8 + 1], [63], [900, 5]], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_kernel_splits_few_sequences_over_threads(threads, lens, dtype):
+    """Fewer sequences than threads: each sequence's blocks are attended in parts, one per
+    thread, and merged; the result is the reference's (and the single thread's, to float
+    rounding)."""
+    cache, md, q, k, v = _decode_step(9, 3, 64, 16, lens, 0)
+    cache = cache.to(dtype)
+    scale = 0.125
+    ref = get_attention_backend("torch")(9, 3, 64, scale).forward(q, k, v, cache.float().clone(), md())
+    backend = get_attention_backend("cpu")(9, 3, 64, scale)
+    split = backend.forward(q.to(dtype), k.to(dtype), v.to(dtype), cache.clone(), md()).float()
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(split, ref, rtol=tol, atol=tol)
+    torch.set_num_threads(1)
+    whole = backend.forward(q.to(dtype), k.to(dtype), v.to(dtype), cache.clone(), md()).float()
+    torch.testing.assert_close(split, whole, rtol=tol, atol=tol)
+
+
 def _compare_with_reference(hq, hkv, d, bs, seqs, seed=0):
     """The cpu backend against the torch reference on one step; returns the cpu plan."""
     cache, md, q, k, v = _paged_step(hq, hkv, d, bs, seqs, seed)

@@ -10,8 +10,9 @@
  * are bit-identical to the Python path's; only the dispatch between them is gone.
  *
  * Invariants (checked by forkless/models/layers/cpu_decode_stack.py, which calls this):
- * float32 weights packed by forkless_linear_f32's layout, every layer's ops forkless's
- * own; every row of the step is one decoding sequence's one new token, stored at its slot.
+ * float32 activations; projections packed for forkless_linear_f32 or in GGUF Q8_0 / Q4_1
+ * blocks (forkless_linear_q8_0 / _q4_1), any mix; every layer's ops forkless's own; every row of the step is one decoding
+ * sequence's one new token, stored at its slot.
  *
  * Built by forkless/cpu_kernels with the system C compiler and called through ctypes. */
 
@@ -23,6 +24,10 @@
 int forkless_linear_f32(const float *x, int64_t ldx, const float *packed, const float *bias, float *y, int64_t ldy,
                         int M, int K, int panels);
 int forkless_linear_panel_width(void);
+int forkless_linear_q8_0(const float *x, int64_t ldx, const int8_t *qs, const uint16_t *d, const float *bias, float *y,
+                         int64_t ldy, int M, int K, int N);
+int forkless_linear_q4_1(const float *x, int64_t ldx, const uint8_t *qs, const uint16_t *d, const uint16_t *m,
+                         const float *bias, float *y, int64_t ldy, int M, int K, int N);
 int forkless_rms_norm_f32(const float *x, int64_t xs_t, int64_t xs_h, const float *residual, int64_t rs_t,
                           const float *weight, float *out, float *res_out, int T, int H, int N, float eps);
 int forkless_rotary_f32(float *q, int64_t qs_t, int64_t qs_h, float *k, int64_t ks_t, int64_t ks_h,
@@ -33,26 +38,45 @@ int forkless_paged_decode_f32(const float *q, const float *k_cache, const float 
                               const int32_t *seq_ids, const int32_t *q_rows, float *out, int num_seqs,
                               int num_heads, int num_kv_heads, int head_dim, int block_size, float scale);
 
-/* One decoder layer's weights (packed projections: [panels, K, panel width] with the bias,
- * when there is one, padded to the panels' columns) and its cache. */
+/* A projection's weights: float32 packed panels ([panels, K, panel width], the bias, when
+ * there is one, padded to the panels' columns; out_cols = panels * panel width) or GGUF
+ * quants with their scales (and mins) as forkless_linear_q8_0 / _q4_1 take them
+ * (out_cols = N). out_cols is also the
+ * row stride of its output. */
+enum { PROJ_F32 = 0, PROJ_Q8_0 = 1, PROJ_Q4_1 = 2 };
+typedef struct {
+    int format, out_cols;
+    const void *w;
+    const uint16_t *scales, *mins; /* float16, GGUF only */
+    const float *bias;
+} forkless_projection;
+
+/* One decoder layer's weights and its cache. */
 typedef struct {
     const float *input_norm, *post_norm; /* [hidden] */
     const float *q_norm, *k_norm;        /* [head_dim] each, or both NULL (no per-head norms) */
-    const float *qkv, *qkv_bias;
-    const float *o, *o_bias;
-    const float *gate_up, *gate_up_bias;
-    const float *down, *down_bias;
+    forkless_projection qkv, o, gate_up, down;
     float *k_cache, *v_cache; /* [slots, num_kv_heads, head_dim] */
 } forkless_decoder_layer_f32;
 
 /* The stack's shapes (this rank's, all of them with one) and its layers. */
 typedef struct {
     int num_layers, hidden, num_heads, num_kv_heads, head_dim, rotary_dim, intermediate, block_size;
-    int qkv_panels, o_panels, gate_up_panels, down_panels;
     float eps, scale;
     const float *final_norm; /* [hidden] */
     const forkless_decoder_layer_f32 *layers;
 } forkless_decoder_stack_f32;
+
+/* y[T, out] (row stride p->out_cols) = x[T, K] (row stride ldx) w^T + bias. */
+static void project(const forkless_projection *p, const float *x, int64_t ldx, float *y, int T, int K, int N) {
+    if (p->format == PROJ_Q8_0)
+        forkless_linear_q8_0(x, ldx, (const int8_t *)p->w, p->scales, p->bias, y, p->out_cols, T, K, N);
+    else if (p->format == PROJ_Q4_1)
+        forkless_linear_q4_1(x, ldx, (const uint8_t *)p->w, p->scales, p->mins, p->bias, y, p->out_cols, T, K, N);
+    else
+        forkless_linear_f32(x, ldx, (const float *)p->w, p->bias, y, p->out_cols, T, K,
+                            p->out_cols / forkless_linear_panel_width());
+}
 
 /* hidden [T, hidden] (contiguous): the step's token embeddings in, the final norm's output
  * out. cos/sin [T, >= rotary_dim / 2] of each row's position (row stride cs_t); row t's
@@ -65,28 +89,35 @@ int forkless_decode_stack_f32(const forkless_decoder_stack_f32 *m, float *hidden
                               int64_t bt_stride, const int32_t *seq_lens, const int32_t *seq_ids,
                               const int32_t *q_rows) {
     const int H = m->hidden, Hq = m->num_heads, Hkv = m->num_kv_heads, D = m->head_dim, I = m->intermediate;
-    const int64_t nr = forkless_linear_panel_width();
-    /* Row strides of the projections' outputs: whole panels, columns past the layer's
-     * width are zeros nothing reads. */
-    const int64_t ld_qkv = m->qkv_panels * nr, ld_o = m->o_panels * nr, ld_gu = m->gate_up_panels * nr,
-                  ld_down = m->down_panels * nr, ld_h = ld_o > ld_down ? ld_o : ld_down;
+    /* The projections' outputs have row strides of their out_cols (float32: whole panels,
+     * columns past the layer's width are zeros nothing reads): buffers of the widest. */
+    int64_t max_qkv = 0, max_gu = 0, max_h = 0;
+    for (int l = 0; l < m->num_layers; l++) {
+        const forkless_decoder_layer_f32 *L = &m->layers[l];
+        max_qkv = L->qkv.out_cols > max_qkv ? L->qkv.out_cols : max_qkv;
+        max_gu = L->gate_up.out_cols > max_gu ? L->gate_up.out_cols : max_gu;
+        max_h = L->o.out_cols > max_h ? L->o.out_cols : max_h;
+        max_h = L->down.out_cols > max_h ? L->down.out_cols : max_h;
+    }
     const int64_t q_width = (int64_t)Hq * D, kv_width = (int64_t)Hkv * D;
-    const size_t floats = (size_t)T * (H + H + ld_qkv + q_width + kv_width + q_width + ld_gu + I + ld_h);
+    const size_t floats = (size_t)T * (H + H + max_qkv + q_width + kv_width + q_width + max_gu + I + max_h);
     float *scratch = (float *)malloc(sizeof(float) * floats);
     if (scratch == NULL) return -1;
     float *residual = scratch, *normed = residual + (size_t)T * H, *qkv = normed + (size_t)T * H;
-    float *q = qkv + (size_t)T * ld_qkv, *kn = q + (size_t)T * q_width, *attn = kn + (size_t)T * kv_width;
-    float *gu = attn + (size_t)T * q_width, *act = gu + (size_t)T * ld_gu, *h = act + (size_t)T * I;
+    float *q = qkv + (size_t)T * max_qkv, *kn = q + (size_t)T * q_width, *attn = kn + (size_t)T * kv_width;
+    float *gu = attn + (size_t)T * q_width, *act = gu + (size_t)T * max_gu, *h = act + (size_t)T * I;
     int status = 0;
+    int64_t ld_h = 0; /* the row stride of h: the last projection's that wrote it */
 
     memcpy(residual, hidden, sizeof(float) * (size_t)T * H);
     for (int l = 0; l < m->num_layers && status == 0; l++) {
         const forkless_decoder_layer_f32 *L = &m->layers[l];
+        const int64_t ld_qkv = L->qkv.out_cols;
         if (l == 0)
             forkless_rms_norm_f32(hidden, H, 0, NULL, 0, L->input_norm, normed, NULL, T, 1, H, m->eps);
         else /* the previous layer's MLP output h joins the residual stream */
-            forkless_rms_norm_f32(h, ld_down, 0, residual, H, L->input_norm, normed, residual, T, 1, H, m->eps);
-        forkless_linear_f32(normed, H, L->qkv, L->qkv_bias, qkv, ld_qkv, T, H, m->qkv_panels);
+            forkless_rms_norm_f32(h, ld_h, 0, residual, H, L->input_norm, normed, residual, T, 1, H, m->eps);
+        project(&L->qkv, normed, H, qkv, T, H, (int)(q_width + 2 * kv_width));
         const float *k, *v = qkv + q_width + kv_width;
         int64_t ks_t;
         if (L->q_norm != NULL) {
@@ -109,14 +140,15 @@ int forkless_decode_stack_f32(const forkless_decoder_stack_f32 *m, float *hidden
         }
         status = forkless_paged_decode_f32(q, L->k_cache, L->v_cache, block_tables, bt_stride, seq_lens, seq_ids,
                                            q_rows, attn, T, Hq, Hkv, D, m->block_size, m->scale);
-        forkless_linear_f32(attn, q_width, L->o, L->o_bias, h, ld_o, T, Hq * D, m->o_panels);
-        forkless_rms_norm_f32(h, ld_o, 0, residual, H, L->post_norm, normed, residual, T, 1, H, m->eps);
-        forkless_linear_f32(normed, H, L->gate_up, L->gate_up_bias, gu, ld_gu, T, H, m->gate_up_panels);
-        forkless_silu_and_mul_f32(gu, ld_gu, act, T, I);
-        forkless_linear_f32(act, I, L->down, L->down_bias, h, ld_down, T, I, m->down_panels);
+        project(&L->o, attn, q_width, h, T, Hq * D, H);
+        forkless_rms_norm_f32(h, L->o.out_cols, 0, residual, H, L->post_norm, normed, residual, T, 1, H, m->eps);
+        project(&L->gate_up, normed, H, gu, T, H, 2 * I);
+        forkless_silu_and_mul_f32(gu, L->gate_up.out_cols, act, T, I);
+        project(&L->down, act, I, h, T, I, H);
+        ld_h = L->down.out_cols;
     }
     if (status == 0)
-        forkless_rms_norm_f32(h, ld_down, 0, residual, H, m->final_norm, hidden, residual, T, 1, H, m->eps);
+        forkless_rms_norm_f32(h, ld_h, 0, residual, H, m->final_norm, hidden, residual, T, 1, H, m->eps);
     free(scratch);
     return status;
 }

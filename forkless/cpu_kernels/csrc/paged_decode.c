@@ -19,6 +19,10 @@
 
 #include "common.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 
 /* sh[g * L] = scale * (q_g . k) for the NQ (<= 4, a constant after inlining) query heads
  * starting at qh: one load of each key chunk serves all of them. */
@@ -112,8 +116,8 @@ ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const voi
     }
 }
 
-/* p[t] = exp(p[t] - max), returning the sum. */
-static float softmax_numerators(float *p, int n) {
+/* p[t] = exp(p[t] - max), returning the sum; the max in *max_out. */
+static float softmax_numerators(float *p, int n, float *max_out) {
     float m = -INFINITY, sum = 0.0f;
     int t = 0;
 #ifdef FORKLESS_SIMD
@@ -138,37 +142,43 @@ static float softmax_numerators(float *p, int n) {
         p[t] = expf(p[t] - m);
         sum += p[t];
     }
+    *max_out = m;
     return sum;
 }
 
-/* One sequence, all heads. Scratch: scores Hq * L floats, acc Hq * D, inv Hq. */
-ALWAYS_INLINE void attend_sequence(const float *q, const void *k_cache, const void *v_cache,
-                                   const int32_t *table, int64_t L, float *o, int num_kv_heads, int G, int D,
-                                   int block_size, float scale, float *scores, float *acc, float *inv, int bf16) {
+/* One sequence's blocks b0..b1 (of L tokens in all), all heads: acc[j * D + d] = the sum
+ * over those tokens of exp(s_jt - mx[j]) v_t[d] and sum[j] = the sum of exp(s_jt - mx[j]),
+ * mx[j] the largest score s_jt of head j among them. Scratch: scores, num_heads * (tokens
+ * in the range) floats. */
+ALWAYS_INLINE void attend_range(const float *q, const void *k_cache, const void *v_cache, const int32_t *table,
+                                int64_t L, int64_t b0, int64_t b1, int num_kv_heads, int G, int D, int block_size,
+                                float scale, float *scores, float *acc, float *mx, float *sum, int bf16) {
     const int64_t block_stride = (int64_t)block_size * num_kv_heads * D;
     const int num_heads = num_kv_heads * G;
     const int64_t num_blocks = (L + block_size - 1) / block_size;
-    for (int64_t b = 0; b < num_blocks; b++) {
+    const int64_t T0 = b0 * block_size, Lp = (L < b1 * block_size ? L : b1 * block_size) - T0;
+    for (int64_t b = b0; b < b1; b++) {
         const int64_t t0 = b * block_size;
         const int ntok = (int)(L - t0 < block_size ? L - t0 : block_size);
         const void *next = b + 1 < num_blocks ? el_at(k_cache, table[b + 1] * block_stride, bf16)
-                                              : el_at(v_cache, table[0] * block_stride, bf16);
-        scores_block(scores + t0, L, q, el_at(k_cache, table[b] * block_stride, bf16), next, num_kv_heads, ntok, G,
-                     D, scale, bf16);
+                                              : el_at(v_cache, table[b0] * block_stride, bf16);
+        scores_block(scores + (t0 - T0), Lp, q, el_at(k_cache, table[b] * block_stride, bf16), next, num_kv_heads,
+                     ntok, G, D, scale, bf16);
     }
-    for (int j = 0; j < num_heads; j++) inv[j] = 1.0f / softmax_numerators(scores + j * L, (int)L);
+    for (int j = 0; j < num_heads; j++) sum[j] = softmax_numerators(scores + j * Lp, (int)Lp, &mx[j]);
     for (int i = 0; i < num_heads * D; i++) acc[i] = 0.0f;
-    for (int64_t b = 0; b < num_blocks; b++) {
+    for (int64_t b = b0; b < b1; b++) {
         const int64_t t0 = b * block_size;
         const int ntok = (int)(L - t0 < block_size ? L - t0 : block_size);
         /* The last block prefetches itself: harmless, and it keeps the loop branch-free. */
-        const void *next = el_at(v_cache, table[b + 1 < num_blocks ? b + 1 : b] * block_stride, bf16);
-        values_block(acc, scores + t0, L, el_at(v_cache, table[b] * block_stride, bf16), next, num_kv_heads, ntok,
-                     G, D, bf16);
+        const void *next = el_at(v_cache, table[b + 1 < b1 ? b + 1 : b] * block_stride, bf16);
+        values_block(acc, scores + (t0 - T0), Lp, el_at(v_cache, table[b] * block_stride, bf16), next, num_kv_heads,
+                     ntok, G, D, bf16);
     }
-    for (int j = 0; j < num_heads; j++)
-        for (int d = 0; d < D; d++) o[j * D + d] = acc[j * D + d] * inv[j];
 }
+
+/* Blocks per part below which a sequence is not split over threads. */
+#define MIN_SPLIT_BLOCKS 4
 
 /* Attend the num_seqs decoding sequences.
  *
@@ -178,6 +188,11 @@ ALWAYS_INLINE void attend_sequence(const float *q, const void *k_cache, const vo
  *                + offset).
  * block_tables:  [*, bt_stride] int32; sequence i uses row seq_ids[i].
  * seq_lens:      [*] int32, indexed by seq_ids[i]: keys to attend (the new token included).
+ *
+ * Work items are whole sequences, handed out one at a time (they differ in length). With
+ * fewer sequences than threads (one request alone, say) each sequence's blocks are split
+ * into parts, one item each, and the parts' results merged as in split-KV attention:
+ * out = sum_p e^(mx_p - M) acc_p / sum_p e^(mx_p - M) sum_p, M the largest mx_p.
  *
  * Returns 0, or -1 when a scratch allocation failed (some sequences are then left
  * unwritten).
@@ -190,34 +205,94 @@ ALWAYS_INLINE int paged_decode(const float *q, const void *k_cache, const void *
     const int64_t row_stride = (int64_t)num_heads * D;
     int64_t max_len = 0;
     for (int i = 0; i < num_seqs; i++) max_len = seq_lens[seq_ids[i]] > max_len ? seq_lens[seq_ids[i]] : max_len;
+#ifdef _OPENMP
+    const int threads = omp_get_max_threads();
+#else
+    const int threads = 1;
+#endif
+    int parts = num_seqs < threads ? threads / num_seqs : 1;
+    const int64_t max_blocks = (max_len + block_size - 1) / block_size;
+    if (max_blocks < (int64_t)parts * MIN_SPLIT_BLOCKS) parts = (int)(max_blocks / MIN_SPLIT_BLOCKS);
+    if (parts < 1) parts = 1;
+    const int items = num_seqs * parts;
+    /* Each part's acc, mx and sum (split sequences only). */
+    const int64_t part_floats = (int64_t)num_heads * (D + 2);
+    float *partial = parts > 1 ? (float *)malloc(sizeof(float) * (size_t)(items * part_floats)) : NULL;
+    if (parts > 1 && partial == NULL) return -1;
+    const int64_t scores_len = (max_len + (int64_t)block_size * (parts - 1)) / parts + block_size;
     int failed = 0;
-    /* Sequences differ in length: hand them out one at a time. */
-#pragma omp parallel if (num_seqs >= 4)
+#pragma omp parallel if (items >= 2)
     {
-        float *scratch = (float *)malloc(sizeof(float) * (size_t)num_heads * (max_len + D + 1));
+        float *scratch = (float *)malloc(sizeof(float) * (size_t)(num_heads * (scores_len + D + 2)));
         if (scratch == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int i = 0; i < num_seqs; i++) {
+        for (int it = 0; it < items; it++) {
             if (scratch == NULL) continue;
-            float *scores = scratch, *acc = scratch + num_heads * max_len, *inv = acc + num_heads * D;
+            const int i = it / parts, p = it % parts;
             const int s = seq_ids[i];
             const float *qi = q + (int64_t)q_rows[i] * row_stride;
-            float *oi = out + (int64_t)q_rows[i] * row_stride;
             const int32_t *table = block_tables + (int64_t)s * bt_stride;
-            const int64_t L = seq_lens[s];
-            /* The common head sizes as constants: their loops unroll. */
-#define ATTEND(D_) attend_sequence(qi, k_cache, v_cache, table, L, oi, num_kv_heads, G, D_, block_size, scale, \
-                                   scores, acc, inv, bf16)
-            if (D == 64) ATTEND(64);
-            else if (D == 128) ATTEND(128);
-            else ATTEND(D);
+            const int64_t L = seq_lens[s], nb = (L + block_size - 1) / block_size;
+            const int64_t b0 = nb * p / parts, b1 = nb * (p + 1) / parts;
+            float *scores = scratch, *acc = scratch + num_heads * scores_len, *mx = acc + num_heads * D,
+                  *sum = mx + num_heads;
+            if (parts > 1) acc = partial + it * part_floats, mx = acc + num_heads * D, sum = mx + num_heads;
+            if (b1 > b0) {
+                /* Each dtype and common head size as constants: their loops unroll (one
+                 * outlined parallel region serves both dtypes, so the branch is here). */
+#define ATTEND(D_, BF16_) attend_range(qi, k_cache, v_cache, table, L, b0, b1, num_kv_heads, G, D_, block_size, \
+                                       scale, scores, acc, mx, sum, BF16_)
+                if (bf16) {
+                    if (D == 64) ATTEND(64, 1);
+                    else if (D == 128) ATTEND(128, 1);
+                    else ATTEND(D, 1);
+                } else {
+                    if (D == 64) ATTEND(64, 0);
+                    else if (D == 128) ATTEND(128, 0);
+                    else ATTEND(D, 0);
+                }
 #undef ATTEND
+            } else { /* an empty part: nothing to merge */
+                for (int j = 0; j < num_heads; j++) mx[j] = -INFINITY, sum[j] = 0.0f;
+                for (int k = 0; k < num_heads * D; k++) acc[k] = 0.0f;
+            }
+            if (parts == 1) {
+                float *oi = out + (int64_t)q_rows[i] * row_stride;
+                for (int j = 0; j < num_heads; j++) {
+                    const float inv = 1.0f / sum[j];
+                    for (int d = 0; d < D; d++) oi[j * D + d] = acc[j * D + d] * inv;
+                }
+            }
         }
         free(scratch);
     }
+    if (parts > 1 && !failed) {
+        for (int i = 0; i < num_seqs; i++) {
+            float *oi = out + (int64_t)q_rows[i] * row_stride;
+            for (int j = 0; j < num_heads; j++) {
+                float M = -INFINITY, total = 0.0f;
+                for (int p = 0; p < parts; p++) {
+                    const float m = partial[(i * parts + p) * part_floats + num_heads * D + j];
+                    M = m > M ? m : M;
+                }
+                for (int d = 0; d < D; d++) oi[j * D + d] = 0.0f;
+                for (int p = 0; p < parts; p++) {
+                    const float *part = partial + (i * parts + p) * part_floats;
+                    const float m = part[num_heads * D + j];
+                    if (m == -INFINITY) continue;
+                    const float w = expf(m - M);
+                    total += w * part[num_heads * D + num_heads + j];
+                    for (int d = 0; d < D; d++) oi[j * D + d] += w * part[j * D + d];
+                }
+                const float inv = 1.0f / total;
+                for (int d = 0; d < D; d++) oi[j * D + d] *= inv;
+            }
+        }
+    }
+    free(partial);
     if (failed) return -1;
     return 0;
 }

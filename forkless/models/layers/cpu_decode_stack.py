@@ -9,7 +9,10 @@ on the same buffers' values, so a step gives bit-identical hidden states either 
 Invariants:
     * The stack runs only where that identity holds, and the modules run otherwise:
       float32; one rank (no tensor or pipeline parallelism); every projection exactly a
-      :class:`~forkless.models.layers.cpu_linear.PackedLinear` (a LoRA wrapper is not);
+      :class:`~forkless.models.layers.cpu_linear.PackedLinear` or a
+      :class:`~forkless.models.layers.gguf_linear.GGUFLinear` (a LoRA wrapper is not; with
+      GGUF layers, steps of at most ``KERNEL_MAX_ROWS`` rows, where those run the same C
+      kernel);
       every RMSNorm, rotary embedding and SiLU-and-mul forkless's own class bound to
       ``forward_cpu`` (an op a plugin replaced, or one ``FORKLESS_CUSTOM_OPS`` turned off,
       runs as itself); the attention backend exactly
@@ -32,28 +35,44 @@ from torch import nn
 
 from forkless import cpu_kernels, envs
 from forkless.models.layers.cpu_linear import PackedLinear
+from forkless.models.layers.gguf_linear import KERNEL_MAX_ROWS, GGUFLinear
 
 if TYPE_CHECKING:
     from forkless.attention import AttentionMetadata
 
 _p = ctypes.c_void_p
-_LAYER_FIELDS = ("input_norm", "post_norm", "q_norm", "k_norm", "qkv", "qkv_bias", "o", "o_bias", "gate_up",
-                 "gate_up_bias", "down", "down_bias", "k_cache", "v_cache")
+#: The projection kinds the C table takes (``forkless_projection.format``).
+_FORMATS = {"F32": 0, "Q8_0": 1, "Q4_1": 2}
+
+
+class _Projection(ctypes.Structure):
+    _fields_ = [("format", ctypes.c_int), ("out_cols", ctypes.c_int), ("w", _p), ("scales", _p), ("mins", _p),
+                ("bias", _p)]
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [(name, _p) for name in _LAYER_FIELDS]
+    _fields_ = [(name, _p) for name in ("input_norm", "post_norm", "q_norm", "k_norm")] + [
+        (name, _Projection) for name in ("qkv", "o", "gate_up", "down")] + [("k_cache", _p), ("v_cache", _p)]
 
 
 class _Stack(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int) for name in (
-        "num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "rotary_dim", "intermediate", "block_size",
-        "qkv_panels", "o_panels", "gate_up_panels", "down_panels")] + [
+        "num_layers", "hidden", "num_heads", "num_kv_heads", "head_dim", "rotary_dim", "intermediate",
+        "block_size")] + [
         ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("final_norm", _p), ("layers", ctypes.POINTER(_Layer))]
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+def _projection(linear: PackedLinear | GGUFLinear) -> _Projection:
+    """A packed or GGUF layer as the C table describes it."""
+    if isinstance(linear, GGUFLinear):
+        return _Projection(_FORMATS[linear.format], linear.out_features, _ptr(linear.qs), _ptr(linear.scales),
+                           _ptr(linear.mins), _ptr(linear.bias))
+    panels, _, width = linear.packed.shape
+    return _Projection(_FORMATS["F32"], panels * width, _ptr(linear.packed), None, None, _ptr(linear.bias))
 
 
 class CpuDecodeStack:
@@ -72,6 +91,7 @@ class CpuDecodeStack:
         self._stack: _Stack | None = None
         self._layers: Any = None  # the ctypes array _stack points into
         self._caches: tuple[int, ...] = ()
+        self._max_rows: int | None = None  # with GGUF layers: KERNEL_MAX_ROWS
 
     @staticmethod
     def applies_to(model: nn.Module) -> bool:
@@ -90,6 +110,8 @@ class CpuDecodeStack:
             self._eligible = self._decide(model)
             if not self._eligible:
                 return None
+        if self._max_rows is not None and input_ids.shape[0] > self._max_rows:
+            return None
         kp = self._decode_plan(attn_metadata, input_ids.shape[0])
         if kp is None:
             return None
@@ -121,9 +143,11 @@ class CpuDecodeStack:
             ops += [layer.input_layernorm, layer.post_attention_layernorm, attn.rotary_emb, layer.mlp.act_fn]
             if attn.qk_norm:
                 ops += [attn.q_norm, attn.k_norm]
-            if not all(type(lin) is PackedLinear for lin in (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj,
-                                                             layer.mlp.down_proj)):
+            projections = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+            if not all(type(lin) in (PackedLinear, GGUFLinear) for lin in projections):
                 return False
+            if any(type(lin) is GGUFLinear for lin in projections):
+                self._max_rows = KERNEL_MAX_ROWS
             if type(attn.attn) is not CpuAttentionBackend or "forward" in vars(attn.attn):
                 return False
             if attn.rotary_emb.rotary_dim % 2 or attn.num_heads % attn.num_kv_heads:
@@ -151,22 +175,19 @@ class CpuDecodeStack:
 
     def _bind(self, model: nn.Module, kv_caches: list[torch.Tensor]) -> None:
         """Fill the C table with the layers' weights and these caches."""
-        first = model.layers[0]
-        attn, mlp = first.self_attn, first.mlp
+        attn = model.layers[0].self_attn
         layers = (_Layer * len(model.layers))()
         for i, (layer, cache) in enumerate(zip(model.layers, kv_caches)):
             a, f = layer.self_attn, layer.mlp
             layers[i] = _Layer(
                 _ptr(layer.input_layernorm.weight), _ptr(layer.post_attention_layernorm.weight),
                 _ptr(a.q_norm.weight) if a.qk_norm else None, _ptr(a.k_norm.weight) if a.qk_norm else None,
-                _ptr(a.qkv_proj.packed), _ptr(a.qkv_proj.bias), _ptr(a.o_proj.packed), _ptr(a.o_proj.bias),
-                _ptr(f.gate_up_proj.packed), _ptr(f.gate_up_proj.bias), _ptr(f.down_proj.packed),
-                _ptr(f.down_proj.bias), _ptr(cache[0]), _ptr(cache[1]))
+                _projection(a.qkv_proj), _projection(a.o_proj), _projection(f.gate_up_proj),
+                _projection(f.down_proj), _ptr(cache[0]), _ptr(cache[1]))
         self._layers = layers
         self._stack = _Stack(
             len(model.layers), model.hidden_size, attn.num_heads, attn.num_kv_heads, attn.head_dim,
-            attn.rotary_emb.rotary_dim, mlp.down_proj.in_features, kv_caches[0].shape[2],
-            attn.qkv_proj.packed.shape[0], attn.o_proj.packed.shape[0], mlp.gate_up_proj.packed.shape[0],
-            mlp.down_proj.packed.shape[0], model.norm.eps, attn.attn.scale, _ptr(model.norm.weight),
+            attn.rotary_emb.rotary_dim, model.layers[0].mlp.down_proj.in_features, kv_caches[0].shape[2],
+            model.norm.eps, attn.attn.scale, _ptr(model.norm.weight),
             ctypes.cast(layers, ctypes.POINTER(_Layer)))
         self._caches = (id(kv_caches), kv_caches[0].data_ptr())

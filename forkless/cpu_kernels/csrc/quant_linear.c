@@ -1,0 +1,198 @@
+/* Linear layers on GGUF-quantized weights kept quantized in memory: Q8_0 and Q4_1.
+ *
+ * A decode step reads every weight once, so at a few rows its time is the bytes of the
+ * weights: a quarter (Q8_0: 8.5 bits a weight) or less (Q4_1: 5 bits) of float32's.
+ * Each block of 32 weights of an output row is widened to float32 in registers as GGUF
+ * defines it (Q8_0: w = d * q, q int8; Q4_1: w = d * q + m, q in 0..15) and multiplied into
+ * float32 activations, so the result is the dequantized model's up to the order of the sums
+ * (and Q4_1's d * q + m taken as one FMA). Four output rows are computed together (each
+ * activation load serves four), four activation rows at a time (each widened weight serves
+ * up to four); output rows are split over the threads.
+ *
+ * Layout (split once at load by forkless/models/layers/gguf_linear.py from the file's
+ * blocks, values and bytes unchanged): the quants, Q8_0 int8 [N, K] or Q4_1 uint8 [N, K / 2]
+ * (byte j of a block holds its element j in the low nibble and element j + 16 in the high
+ * one, as in GGUF); the scales d and (Q4_1) mins m as float16 [N, K / 32]. Not the file's
+ * interleaved blocks: there each block's float16 scale costs a load, a conversion and a
+ * shuffle before it can be broadcast (measured 25 % slower); here a row group's scales are
+ * widened 16 at a time into a float32 buffer on the stack and broadcast straight from it.
+ * Not float32 scales in memory either: 20 % more bytes for Q4_1, and a decode step at one
+ * row streams the weights from DRAM. K is a multiple of 32 (the caller checks).
+ *
+ * Built by forkless/cpu_kernels with the system C compiler and called through ctypes. */
+
+#include <math.h>
+#include <string.h>
+
+#include "common.h"
+
+#define QK 32
+/* Layers of fewer weights than this run on the calling thread. */
+#define QUANT_PARALLEL_MIN_WEIGHTS (1 << 16)
+/* Blocks whose scales a row group widens at a time (into 4 * CHUNK floats on the stack). */
+#define CHUNK 128
+
+enum { Q8_0 = 0, Q4_1 = 1 };
+/* Bytes of quants in one block. */
+#define QS_BYTES(format) ((format) == Q8_0 ? QK : QK / 2)
+
+/* An IEEE half as float32. */
+ALWAYS_INLINE float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    uint32_t bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000 | (man << 13); /* inf, nan */
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else { /* zero or subnormal: man * 2^-24 */
+        float f = (float)man * 5.9604644775390625e-8f;
+        memcpy(&bits, &f, 4);
+        bits |= sign;
+    }
+    float out;
+    memcpy(&out, &bits, 4);
+    return out;
+#endif
+}
+
+/* out[i] = h[i] as float32, for i < n. */
+ALWAYS_INLINE void halves_to_floats(const uint16_t *h, float *out, int n) {
+    int i = 0;
+#if defined(FORKLESS_AVX512)
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(h + i))));
+#elif defined(FORKLESS_AVX2)
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+    for (; i < n; i++) out[i] = half_to_float(h[i]);
+}
+
+#if defined(FORKLESS_AVX512)
+/* VW int8 widened to float32 lanes. */
+ALWAYS_INLINE vec load_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+/* A Q4_1 block's 16 possible weights, d * q + m for q = 0..15: each nibble then becomes its
+ * weight in one permute (vpermps reads only the low 4 bits of each index, so neither the
+ * nibble's neighbour bits nor a mask matter), instead of a widen, a convert and an FMA. */
+ALWAYS_INLINE vec q4_table(float d, float m) {
+    const vec iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return vfma(iota, vset1(d), vset1(m));
+}
+/* The weights of the low (high == 0) or high nibbles of VW bytes. */
+ALWAYS_INLINE vec q4_weights(const uint8_t *p, int high, vec table, float d, float m) {
+    (void)d, (void)m;
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    if (high) b = _mm_srli_epi16(b, 4);
+    return _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(b), table);
+}
+#elif defined(FORKLESS_AVX2)
+ALWAYS_INLINE vec load_i8(const int8_t *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+/* AVX2's permutes index 8 floats, not 16: the nibbles are widened and converted. */
+ALWAYS_INLINE vec q4_table(float d, float m) {
+    (void)d, (void)m;
+    return vzero();
+}
+ALWAYS_INLINE vec q4_weights(const uint8_t *p, int high, vec table, float d, float m) {
+    (void)table;
+    __m128i b = _mm_loadl_epi64((const __m128i *)p);
+    if (high) b = _mm_srli_epi16(b, 4);
+    const vec q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(b, _mm_set1_epi8(15))));
+    return vfma(q, vset1(d), vset1(m));
+}
+#endif
+
+/* Weight k of row n, as float32 (the plain loops' version of what rows_dot widens). */
+ALWAYS_INLINE float weight_at(const void *qs, const uint16_t *d, const uint16_t *m, int64_t n, int64_t K, int64_t k,
+                              int format) {
+    const int64_t b = n * (K / QK) + k / QK;
+    const int i = (int)(k % QK);
+    if (format == Q8_0) return half_to_float(d[b]) * (float)((const int8_t *)qs)[n * K + k];
+    const uint8_t byte = ((const uint8_t *)qs)[b * (QK / 2) + (i & 15)];
+    return fmaf((float)(i < 16 ? byte & 15 : byte >> 4), half_to_float(d[b]), half_to_float(m[b]));
+}
+
+/* sums[r][n] = x[r] . w[n0 + n] for MR_ (<= 4) rows of x and NN (<= 4) rows of w: each
+ * block of a row is widened once and meets every row of x. */
+ALWAYS_INLINE void rows_dot(const float *x, int64_t ldx, const void *qs, const uint16_t *d, const uint16_t *m,
+                            int64_t n0, int64_t K, float sums[4][4], int MR_, int NN, int format) {
+    const int64_t nb = K / QK;
+#ifdef FORKLESS_SIMD
+    vec acc[4][4];
+    float dl[4][CHUNK], ml[4][CHUNK];
+    for (int r = 0; r < MR_; r++)
+        for (int n = 0; n < NN; n++) acc[r][n] = vzero();
+    for (int64_t c0 = 0; c0 < nb; c0 += CHUNK) {
+        const int nc = (int)(nb - c0 < CHUNK ? nb - c0 : CHUNK);
+        for (int n = 0; n < NN; n++) {
+            halves_to_floats(d + (n0 + n) * nb + c0, dl[n], nc);
+            if (format == Q4_1) halves_to_floats(m + (n0 + n) * nb + c0, ml[n], nc);
+        }
+        for (int64_t b = c0; b < c0 + nc; b++) {
+            for (int n = 0; n < NN; n++) {
+                const char *q = (const char *)qs + ((n0 + n) * nb + b) * QS_BYTES(format);
+                const float dn = dl[n][b - c0], mn = format == Q4_1 ? ml[n][b - c0] : 0.0f;
+                const vec table = format == Q4_1 ? q4_table(dn, mn) : vzero(), dv = vset1(dn);
+                vec wv[QK / VW];
+                for (int c = 0; c < QK; c += VW)
+                    wv[c / VW] = format == Q8_0 ? vmul(load_i8((const int8_t *)q + c), dv)
+                                                /* elements c.. are low nibbles of bytes c..; 16 + c.. the high ones */
+                                                : q4_weights((const uint8_t *)q + (c & 15), c >= 16, table, dn, mn);
+                for (int r = 0; r < MR_; r++) {
+                    const float *xb = x + r * ldx + b * QK;
+                    for (int c = 0; c < QK; c += VW) acc[r][n] = vfma(wv[c / VW], vload(xb + c), acc[r][n]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < MR_; r++)
+        for (int n = 0; n < NN; n++) sums[r][n] = vhsum(acc[r][n]);
+#else
+    for (int r = 0; r < MR_; r++)
+        for (int n = 0; n < NN; n++) {
+            float s = 0.0f;
+            for (int64_t k = 0; k < K; k++) s += weight_at(qs, d, m, n0 + n, K, k, format) * x[r * ldx + k];
+            sums[r][n] = s;
+        }
+#endif
+}
+
+/* One group of four output rows (fewer at the end) for every row of x: y[:, n0..n0+nn). */
+ALWAYS_INLINE void row_group(const float *x, int64_t ldx, const void *qs, const uint16_t *d, const uint16_t *m,
+                             const float *bias, float *y, int64_t ldy, int M, int K, int N, int g, int format) {
+    const int n0 = g * 4, nn = N - n0 < 4 ? N - n0 : 4;
+    for (int r0 = 0; r0 < M; r0 += 4) {
+        const int mr = M - r0 < 4 ? M - r0 : 4;
+        float sums[4][4];
+        const float *xr = x + (int64_t)r0 * ldx;
+        /* Constant shapes for the common cases: their loops unroll. */
+        if (mr == 4 && nn == 4) rows_dot(xr, ldx, qs, d, m, n0, K, sums, 4, 4, format);
+        else if (mr == 1 && nn == 4) rows_dot(xr, ldx, qs, d, m, n0, K, sums, 1, 4, format);
+        else if (mr == 2 && nn == 4) rows_dot(xr, ldx, qs, d, m, n0, K, sums, 2, 4, format);
+        else if (mr == 3 && nn == 4) rows_dot(xr, ldx, qs, d, m, n0, K, sums, 3, 4, format);
+        else rows_dot(xr, ldx, qs, d, m, n0, K, sums, mr, nn, format);
+        for (int r = 0; r < mr; r++)
+            for (int n = 0; n < nn; n++) y[(int64_t)(r0 + r) * ldy + n0 + n] = sums[r][n] + (bias ? bias[n0 + n] : 0.0f);
+    }
+}
+
+/* y[M, N] (row stride ldy) = x[M, K] (row stride ldx) w^T + bias. Each format has its own
+ * parallel loop: OpenMP outlines a loop body once, so one loop shared by both would test
+ * the format inside it instead of compiling each format's code. */
+int forkless_linear_q8_0(const float *x, int64_t ldx, const int8_t *qs, const uint16_t *d, const float *bias, float *y,
+                         int64_t ldy, int M, int K, int N) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * K >= QUANT_PARALLEL_MIN_WEIGHTS)
+    for (int g = 0; g < (N + 3) / 4; g++) row_group(x, ldx, qs, d, NULL, bias, y, ldy, M, K, N, g, Q8_0);
+    return 0;
+}
+
+int forkless_linear_q4_1(const float *x, int64_t ldx, const uint8_t *qs, const uint16_t *d, const uint16_t *m,
+                         const float *bias, float *y, int64_t ldy, int M, int K, int N) {
+#pragma omp parallel for schedule(static) if ((int64_t)N * K >= QUANT_PARALLEL_MIN_WEIGHTS)
+    for (int g = 0; g < (N + 3) / 4; g++) row_group(x, ldx, qs, d, m, bias, y, ldy, M, K, N, g, Q4_1);
+    return 0;
+}

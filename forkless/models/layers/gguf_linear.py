@@ -1,0 +1,106 @@
+"""Linear layers on GGUF Q8_0 / Q4_1 weights kept quantized, for the CPU
+(``--quantization gguf``).
+
+Invariants: the layer holds exactly the file's bytes (its blocks split into quants and
+float16 scales, as ``quant_linear.c`` reads them), and its
+output is ``F.linear`` over the dequantized weight (GGUF's own definition: Q8_0 ``d * q``,
+Q4_1 ``d * q + m``) up to the order of the sums. Up to :data:`KERNEL_MAX_ROWS` rows (decode
+steps) the C kernel reads the quants and widens them in registers; more rows (prefill)
+dequantize the weight for the call and run ``F.linear``, where the arithmetic, not the
+bytes, is the cost.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from forkless import cpu_kernels
+from forkless.models.layers.cpu_linear import CPULinear
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: Rows at or below which the C kernel runs (it widens each block once per 4 rows: past a
+#: few rows the FMAs of a dequantized float32 product are cheaper).
+KERNEL_MAX_ROWS = 16
+#: GGUF formats this layer takes, with the bytes of one block of 32 weights.
+FORMATS = {"Q8_0": 34, "Q4_1": 20}
+_QK = 32
+
+
+class GGUFLinear(CPULinear):
+    """``y = x w^T + b`` with ``w`` in GGUF Q8_0 or Q4_1 blocks (float32 activations).
+
+    Args:
+        format: ``"Q8_0"`` or ``"Q4_1"``.
+        rows: ``[out_features, in_features / 32 * FORMATS[format]]`` uint8, the file's blocks
+            row by row.
+        in_features: Weights per row (a multiple of 32).
+        bias: ``[out_features]`` float32 or None.
+
+    Raises:
+        ValueError: Another format, a row size that does not match, or ``in_features`` not
+            a multiple of 32.
+        RuntimeError: The CPU kernels are unavailable.
+    """
+
+    dtype = torch.float32
+
+    def __init__(self, format: str, rows: "np.ndarray", in_features: int, bias: torch.Tensor | None = None) -> None:
+        super().__init__()
+        import numpy as np
+
+        if format not in FORMATS:
+            raise ValueError(f"GGUFLinear takes {' or '.join(FORMATS)} weights, got {format}")
+        if in_features % _QK or rows.ndim != 2 or rows.shape[1] != in_features // _QK * FORMATS[format]:
+            raise ValueError(f"{format} rows of shape {tuple(rows.shape)} do not hold {in_features} weights each in "
+                             f"blocks of {_QK}")
+        lib = cpu_kernels.load()
+        if lib is None:
+            raise RuntimeError("GGUFLinear needs the CPU kernels, which are unavailable (see the log)")
+        self.format, self.in_features, self.out_features = format, in_features, int(rows.shape[0])
+        self._kernel = getattr(lib, f"forkless_linear_{format.lower()}")
+        n, nb = self.out_features, in_features // _QK
+        blocks = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.uint8)).view(n, nb, FORMATS[format])
+
+        def f16(start: int) -> torch.Tensor:  # bytes start:start + 2 of each block: [n, nb] float16
+            return blocks[..., start:start + 2].contiguous().view(torch.float16).view(n, nb)
+
+        self.register_buffer("scales", f16(0), persistent=False)
+        self.register_buffer("mins", f16(2) if format == "Q4_1" else None, persistent=False)
+        quants = blocks[..., 2:].contiguous().view(torch.int8) if format == "Q8_0" else blocks[..., 4:].contiguous()
+        self.register_buffer("qs", quants.view(n, -1), persistent=False)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous(), persistent=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The dequantized ``[out_features, in_features]`` float32 weight (a new tensor)."""
+        n, nb = self.out_features, self.in_features // _QK
+        if self.format == "Q8_0":
+            q = self.qs.view(n, nb, _QK).float()
+        else:  # byte j of a block: element j in its low nibble, element j + 16 in its high one
+            nibbles = self.qs.view(n, nb, _QK // 2)
+            q = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).float()
+        w = q * self.scales.float()[..., None]
+        if self.mins is not None:
+            w = w + self.mins.float()[..., None]
+        return w.view(n, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = self._rows(x)
+        rows = x2.shape[0]
+        if rows > KERNEL_MAX_ROWS:
+            y = F.linear(x2, self.weight, self.bias)
+        else:
+            y = torch.empty(rows, self.out_features, dtype=torch.float32)
+            if rows:
+                weights = (self.qs.data_ptr(), self.scales.data_ptr())
+                if self.mins is not None:
+                    weights += (self.mins.data_ptr(),)
+                cpu_kernels.check(self._kernel(
+                    x2.data_ptr(), x2.stride(0), *weights, None if self.bias is None else self.bias.data_ptr(),
+                    y.data_ptr(), y.stride(0), rows, self.in_features, self.out_features))
+        return y.reshape(*x.shape[:-1], self.out_features)
