@@ -31,6 +31,11 @@
 #define QUANT_PARALLEL_MIN_WEIGHTS (1 << 16)
 /* Blocks whose scales a row group widens at a time (into 4 * CHUNK floats on the stack). */
 #define CHUNK 128
+/* How far ahead along its row each quant stream is prefetched, in bytes. At one row a
+ * layer streams from DRAM, and the hardware prefetchers alone left it at about half the
+ * read bandwidth (2 threads, a Q4_1 [3072, 576] layer out of cache: 80.9 us; 2 KB ahead
+ * 51.5, 4 KB ahead 50.7; [576, 1536]: 51.0 -> 22.3 us). */
+#define QUANT_PF_AHEAD 4096
 
 enum { Q8_0 = 0, Q4_1 = 1 };
 /* Bytes of quants in one block. */
@@ -135,6 +140,7 @@ ALWAYS_INLINE void rows_dot(const float *x, int64_t ldx, const void *qs, const u
         for (int64_t b = c0; b < c0 + nc; b++) {
             for (int n = 0; n < NN; n++) {
                 const char *q = (const char *)qs + ((n0 + n) * nb + b) * QS_BYTES(format);
+                if ((b & (64 / QS_BYTES(format) - 1)) == 0) __builtin_prefetch(q + QUANT_PF_AHEAD, 0, 3);
                 const float dn = dl[n][b - c0], mn = format == Q4_1 ? ml[n][b - c0] : 0.0f;
                 const vec table = format == Q4_1 ? q4_table(dn, mn) : vzero(), dv = vset1(dn);
                 vec wv[QK / VW];
