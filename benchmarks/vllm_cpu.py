@@ -10,6 +10,7 @@ runs both engines on it, alternated, each run in a fresh process:
     python benchmarks/vllm_cpu.py --profile                # per-step times, GEMM GFLOP/s, attention ms/layer
     python benchmarks/vllm_cpu.py --forkless-commit HEAD   # forkless as committed, not the working tree
     python benchmarks/vllm_cpu.py --setup-only             # just create/check the venv
+    python benchmarks/vllm_cpu.py --isa avx2               # both engines held to AVX2 (an AVX2-only CPU's view)
 
 Invariants:
 
@@ -28,6 +29,14 @@ Invariants:
 * Offline, the workload's floor on this machine (``forkless.bench.floor``: bandwidth and a
   matmul in ``--dtype`` measured first, on ``--threads`` threads) is printed, and each
   engine's time against it.
+* ``--isa avx2`` holds both engines to AVX2 on a CPU that has more, as on an AVX2-only CPU:
+  torch's kernels (``ATEN_CPU_CAPABILITY=avx2``), oneDNN (``ONEDNN_MAX_CPU_ISA=AVX2``) and
+  MKL (``MKL_ENABLE_INSTRUCTIONS=AVX2``) for both; forkless's C kernels built for
+  x86-64-v3 (``FORKLESS_CPU_ISA=avx2``); vLLM's AVX2 kernel library (``vllm._C_AVX2``) and
+  AVX2 attention, which it picks from ``torch.cpu._is_avx512_supported()`` and
+  ``_is_amx_tile_supported()``: a ``sitecustomize`` on vLLM's path makes those (and the
+  AVX512-BF16 / VNNI probes) answer False in each of its processes. The floor is measured
+  by this process at the CPU's own ISA (so it is the native floor).
 * Nothing is downloaded at run time (``HF_HUB_OFFLINE=1``); the setup step is the only
   step that talks to PyPI, and it says what it installs.
 """
@@ -149,12 +158,33 @@ def setup_vllm_venv(venv: Path) -> None:
 # -------------------------------------------------------------------------- offline
 
 
+#: ``--isa avx2``: the libraries both engines use, held to AVX2.
+AVX2_LIBRARY_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "DNNL_MAX_CPU_ISA": "AVX2",
+                     "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+#: ``--isa avx2``: vLLM chooses its kernels from these probes; each answers False.
+AVX2_SITECUSTOMIZE = """\
+# Written by benchmarks/vllm_cpu.py --isa avx2: vLLM as on a CPU without AVX-512 or AMX.
+import torch.cpu
+
+for _probe in ("_is_avx512_supported", "_is_avx512_bf16_supported", "_is_avx512_vnni_supported",
+               "_is_amx_tile_supported", "_is_amx_fp16_supported"):
+    if hasattr(torch.cpu, _probe):
+        setattr(torch.cpu, _probe, lambda: False)
+"""
+#: Set by --isa avx2: the folder holding AVX2_SITECUSTOMIZE, first on vLLM's PYTHONPATH.
+AVX2_SITE: str | None = None
+
+
 def vllm_env(threads: int, kv_gib: int) -> dict[str, str]:
-    """vLLM-CPU's configuration: thread binding, KV cache size, no hub."""
+    """vLLM-CPU's configuration: thread binding, KV cache size, no hub (and with --isa avx2,
+    the AVX2 caps and the probes' sitecustomize)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}" if threads > 1 else "0",
                VLLM_CPU_KVCACHE_SPACE=str(kv_gib), VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     env.pop("VIRTUAL_ENV", None)
+    if AVX2_SITE is not None:
+        env |= AVX2_LIBRARY_CAPS
+        env["PYTHONPATH"] = os.pathsep.join(x for x in (AVX2_SITE, env.get("PYTHONPATH")) if x)
     return env
 
 
@@ -165,6 +195,8 @@ def forkless_env() -> dict[str, str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     if FORKLESS_SRC is not None:
         env["PYTHONPATH"] = os.pathsep.join(x for x in (FORKLESS_SRC, env.get("PYTHONPATH")) if x)
+    if AVX2_SITE is not None:
+        env |= AVX2_LIBRARY_CAPS | {"FORKLESS_CPU_ISA": "avx2"}
     return env
 
 
@@ -519,6 +551,8 @@ def main() -> None:
     ap.add_argument("--forkless-commit", default=None, metavar="REV",
                     help="run forkless as of this commit (git archive to a temporary folder, first on "
                          "PYTHONPATH) instead of the working tree")
+    ap.add_argument("--isa", choices=("native", "avx2"), default="native",
+                    help="avx2: hold both engines (their own kernels, torch, oneDNN, MKL) to AVX2 (see above)")
     ap.add_argument("--setup-only", action="store_true", help="create/check vLLM's venv and stop")
     ap.add_argument("--skip-setup", action="store_true", help="use --vllm-venv as it is")
     args = ap.parse_args()
@@ -530,7 +564,14 @@ def main() -> None:
         ap.error(f"--threads {args.threads} is more than this machine's {os.cpu_count()} CPUs")
 
     say(f"CPU: {cpu_line()}; load average {load_avg()}")
-    global FORKLESS_SRC
+    global FORKLESS_SRC, AVX2_SITE
+    if args.isa == "avx2":
+        if "avx2" not in cpu_line():
+            raise SystemExit("--isa avx2: this CPU has no AVX2")
+        AVX2_SITE = tempfile.mkdtemp(prefix="vllm-avx2-site-")
+        (Path(AVX2_SITE) / "sitecustomize.py").write_text(AVX2_SITECUSTOMIZE)
+        say(f"ISA: both engines held to AVX2 ({', '.join(f'{k}={v}' for k, v in AVX2_LIBRARY_CAPS.items())}; "
+            f"FORKLESS_CPU_ISA=avx2; vLLM's ISA probes answer False via {AVX2_SITE}/sitecustomize.py)")
     if args.forkless_commit is not None:
         FORKLESS_SRC = snapshot_forkless(args.forkless_commit)
         sys.path.insert(0, FORKLESS_SRC)  # this process's own forkless imports (workload, model path)
