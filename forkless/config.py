@@ -397,7 +397,9 @@ class EngineArgs:
         g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
         g.add_argument("--served-model-name", default=None, help="model name reported to clients")
         g.add_argument("--dtype", default=d.dtype, choices=DTYPE_CHOICES,
-                       help="weights/activations dtype; auto = float32 on CPU, the config's dtype elsewhere")
+                       help="weights/activations dtype; auto = float32 on CPU (a pooling model: bfloat16 where the "
+                            "CPU has AVX512-BF16 or AMX, as vLLM downcasts float32 pooling models), the config's "
+                            "dtype elsewhere")
         g.add_argument("--max-model-len", type=int, default=None,
                        help="longest prompt + output (default: the model's context length)")
         g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV-cache block")
@@ -621,7 +623,7 @@ class EngineArgs:
                 tokenizer=str(Path(self.tokenizer).expanduser()) if self.tokenizer else str(model_path),
                 served_model_name=self.served_model_name or _default_served_name(self.model, model_path),
                 architecture=architecture,
-                dtype=_resolve_dtype_name(self.dtype, hf, device_type),
+                dtype=_resolve_dtype_name(self.dtype, hf, device_type, pooling=pooler is not None),
                 max_model_len=max_model_len,
                 vocab_size=int(hf.get("vocab_size") or _text_config(hf).get("vocab_size")),
                 eos_token_id=_primary_eos(generation_config, hf),
@@ -1021,10 +1023,22 @@ def _resolve_max_model_len(requested: int | None, hf: dict[str, Any], device_typ
     return int(limit)
 
 
-def _resolve_dtype_name(dtype: str, hf: dict[str, Any], device_type: str) -> str:
+def _resolve_dtype_name(dtype: str, hf: dict[str, Any], device_type: str, pooling: bool = False) -> str:
+    """``--dtype`` resolved: ``auto`` is float32 on the CPU, except that a pooling model runs
+    in bfloat16 where the CPU computes it natively (AVX512-BF16 or AMX-BF16). vLLM's ``auto``
+    downcasts float32 pooling checkpoints to 16 bits too (float16 on every CPU); bfloat16
+    is what forkless's CPU kernels and oneDNN run at speed, and elsewhere float32 stays
+    (emulated 16-bit arithmetic is slower than float32). Generative models keep float32 on
+    the CPU: their greedy outputs then equal transformers' in float32."""
     if dtype != "auto":
         return dtype
     if device_type == "cpu":
+        from forkless.cpu_kernels import cpu_flags
+
+        if pooling and cpu_flags() & {"avx512_bf16", "amx_bf16"}:
+            logger.info("--dtype auto: bfloat16 for this pooling model (the CPU has AVX512-BF16 / AMX, as vLLM "
+                        "downcasts float32 pooling models); --dtype float32 keeps float32")
+            return "bfloat16"
         return "float32"
     name = str(hf.get("dtype") or hf.get("torch_dtype") or "float32").removeprefix("torch.")
     return name if name in DTYPE_CHOICES else "float32"

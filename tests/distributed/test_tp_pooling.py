@@ -23,7 +23,7 @@ TEXTS = mixed_sentences(12, seed=3, max_words=60)
 
 def _pool(model: Path, tp: int, task: str) -> np.ndarray:
     """Every text's embedding (``task`` "embed") or class probabilities ("classify")."""
-    llm = LLM(str(model), tensor_parallel_size=tp, kv_cache_memory=16 << 20)
+    llm = LLM(str(model), dtype="float32", tensor_parallel_size=tp, kv_cache_memory=16 << 20)
     try:
         outs = getattr(llm, task)(TEXTS, use_tqdm=False)
         return np.stack([o.outputs.embedding if task == "embed" else o.outputs.probs for o in outs])

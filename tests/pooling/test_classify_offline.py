@@ -21,7 +21,7 @@ def test_bert_classifier_equals_transformers(tiny_bert_classifier: Path) -> None
     from transformers import AutoTokenizer, BertForSequenceClassification
 
     texts = ["I loved this film.", "Terrible, never again " * 5, "ok"]
-    llm = LLM(str(tiny_bert_classifier), kv_cache_memory=8 << 20)
+    llm = LLM(str(tiny_bert_classifier), dtype="float32", kv_cache_memory=8 << 20)
     try:
         assert llm.llm_engine.config.model_config.pooler_config.task == "classify"
         outs = llm.classify(texts, use_tqdm=False)
@@ -43,7 +43,7 @@ def test_cross_encoder_scores_pairs_with_token_types(tiny_cross_encoder: Path) -
     from transformers import AutoTokenizer, BertForSequenceClassification
 
     query, docs = "what do cats eat", ["Cats eat fish and meat.", "The stock market fell today.", "Kittens drink milk"]
-    llm = LLM(str(tiny_cross_encoder), kv_cache_memory=8 << 20)
+    llm = LLM(str(tiny_cross_encoder), dtype="float32", kv_cache_memory=8 << 20)
     try:
         outs = llm.score(query, docs, use_tqdm=False)
         pairs = llm.score([query, docs[0]], [docs[1], docs[2]], use_tqdm=False)
@@ -82,7 +82,7 @@ def test_causal_sequence_classification_equals_transformers(tiny_llama: Path, tm
     ref_model = LlamaForSequenceClassification(config).eval()
     ref_model.save_pretrained(folder, safe_serialization=True)
     texts = ["first text to classify", "a second, longer text to classify " * 3]
-    llm = LLM(str(folder), kv_cache_memory=8 << 20)
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory=8 << 20)
     try:
         assert llm.llm_engine.config.model_config.pooler_config.pooling_type == "LAST"
         outs = llm.classify(texts, use_tqdm=False)
@@ -99,7 +99,7 @@ def test_causal_sequence_classification_equals_transformers(tiny_llama: Path, tm
 def test_bad_token_types_are_refused_before_the_engine(tiny_cross_encoder: Path) -> None:
     from forkless.pooling_params import PoolingParams
 
-    llm = LLM(str(tiny_cross_encoder), kv_cache_memory=8 << 20)
+    llm = LLM(str(tiny_cross_encoder), dtype="float32", kv_cache_memory=8 << 20)
     try:
         for types in ([0, 1], [0, 0, 7]):
             with pytest.raises(ValueError, match="token_type_ids"):

@@ -24,7 +24,7 @@ def _cos(a, b) -> float:
 
 @pytest.fixture(scope="module")
 def minilm_llm(minilm: Path):
-    llm = LLM(str(minilm), kv_cache_memory=32 << 20)
+    llm = LLM(str(minilm), dtype="float32", kv_cache_memory=32 << 20)
     yield llm
     llm.shutdown()
 
@@ -86,7 +86,7 @@ def _hf_hidden(folder: Path, ids: list[int]) -> torch.Tensor:
 
 
 def test_convert_embed_last_pooling_equals_transformers(tiny_llama: Path) -> None:
-    llm = LLM(str(tiny_llama), convert="embed", kv_cache_memory=16 << 20)
+    llm = LLM(str(tiny_llama), dtype="float32", convert="embed", kv_cache_memory=16 << 20)
     try:
         config = llm.llm_engine.config
         assert config.model_config.runner_type == "pooling"
@@ -107,7 +107,7 @@ def test_convert_embed_last_pooling_equals_transformers(tiny_llama: Path) -> Non
 def test_pooler_config_mean_and_cls(tiny_llama: Path) -> None:
     prompt = "Pooling types change what one vector stands for."
     for kind in ("MEAN", "CLS"):
-        llm = LLM(str(tiny_llama), runner="pooling", kv_cache_memory=16 << 20,
+        llm = LLM(str(tiny_llama), dtype="float32", runner="pooling", kv_cache_memory=16 << 20,
                   pooler_config=json.dumps({"pooling_type": kind, "normalize": False}))
         try:
             out = llm.embed([prompt], use_tqdm=False)[0]
@@ -122,11 +122,11 @@ def test_bad_runner_flags(tiny_llama: Path, minilm: Path) -> None:
     with pytest.raises(ValueError, match="pooling model"):
         LLM(str(minilm), runner="generate")
     with pytest.raises(ValueError, match="unknown key"):
-        LLM(str(tiny_llama), runner="pooling", pooler_config='{"pooling": "MEAN"}')
+        LLM(str(tiny_llama), dtype="float32", runner="pooling", pooler_config='{"pooling": "MEAN"}')
     with pytest.raises(ValueError, match="pooling_type"):
-        LLM(str(tiny_llama), runner="pooling", pooler_config='{"pooling_type": "MAX"}')
+        LLM(str(tiny_llama), dtype="float32", runner="pooling", pooler_config='{"pooling_type": "MAX"}')
     with pytest.raises(ValueError, match="classifier head"):
-        LLM(str(tiny_llama), convert="classify")
+        LLM(str(tiny_llama), dtype="float32", convert="classify")
 
 
 def test_matryoshka_dimensions(minilm: Path, tmp_path: Path) -> None:
@@ -141,7 +141,7 @@ def test_matryoshka_dimensions(minilm: Path, tmp_path: Path) -> None:
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "is_matryoshka": True}))
     texts = ["Short.", "A somewhat longer sentence about shortened embeddings."]
-    llm = LLM(str(folder), kv_cache_memory=8 << 20)
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory=8 << 20)
     try:
         outs = llm.embed(texts, PoolingParams(dimensions=128), use_tqdm=False)
         with pytest.raises(ValueError, match="dimensions=999"):

@@ -22,8 +22,8 @@ def _cos(a, b) -> float:
 @pytest.fixture(scope="module")
 def minilm_server(minilm: Path, plugin_site: Path, tmp_path_factory: pytest.TempPathFactory):
     """all-MiniLM-L6-v2 with the example zero-shot IO processor plugin."""
-    srv = start_server(minilm, tmp_path_factory.mktemp("minilm-server"), "--served-model-name", "minilm",
-                       "--io-processor-plugin", "zero_shot", site=plugin_site,
+    srv = start_server(minilm, tmp_path_factory.mktemp("minilm-server"), "--dtype", "float32",
+                       "--served-model-name", "minilm", "--io-processor-plugin", "zero_shot", site=plugin_site,
                        env_extra={"FORKLESS_PLUGINS": "zero_shot"})
     yield srv
     srv.stop()
@@ -139,7 +139,7 @@ def test_classify_server_and_generative_server_refusals(tiny_bert_classifier: Pa
     from forkless import LLM
 
     texts = ["good", "bad movie " * 4]
-    srv = start_server(tiny_bert_classifier, tmp_path, "--max-model-len", "128")
+    srv = start_server(tiny_bert_classifier, tmp_path, "--dtype", "float32", "--max-model-len", "128")
     try:
         r = httpx.post(srv.url + "/classify", json={"input": texts}, timeout=60)
         assert r.status_code == 200, r.text
@@ -148,7 +148,7 @@ def test_classify_server_and_generative_server_refusals(tiny_bert_classifier: Pa
         assert emb.status_code == 400 and "embed" in emb.json()["error"]["message"]
     finally:
         srv.stop()
-    llm = LLM(str(tiny_bert_classifier), kv_cache_memory=8 << 20)
+    llm = LLM(str(tiny_bert_classifier), dtype="float32", kv_cache_memory=8 << 20)
     try:
         offline = llm.classify(texts, use_tqdm=False)
     finally:
