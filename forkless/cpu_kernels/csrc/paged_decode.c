@@ -201,6 +201,7 @@ ALWAYS_INLINE int paged_decode(const float *q, const void *k_cache, const void *
                                const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
                                const int32_t *seq_ids, const int32_t *q_rows, float *out, int num_seqs,
                                int num_heads, int num_kv_heads, int head_dim, int block_size, float scale, int bf16) {
+    if (num_seqs <= 0) return 0;
     const int G = num_heads / num_kv_heads, D = head_dim;
     const int64_t row_stride = (int64_t)num_heads * D;
     int64_t max_len = 0;
