@@ -192,7 +192,6 @@ class Floor:
 def throughput_floor(shape: ModelShape, work: list[tuple[int, int]], max_num_seqs: int, bandwidth: float,
                      peak_flops: float) -> Floor:
     """The floor of ``work`` (``(input length, output length)`` per request), in request order."""
-    kv_tokens = sum((o - 1) * i + (o - 1) * o // 2 for i, o in work)
     spans = decode_spans([o for _, o in work], max_num_seqs)
     steps = max((end for _, end in spans), default=0)
     attn_per_pair = 4 * shape.num_layers * shape.num_heads * shape.head_dim  # QK^T and PV, per (query, key)
@@ -211,11 +210,12 @@ def throughput_floor(shape: ModelShape, work: list[tuple[int, int]], max_num_seq
             offset[start] += i - start + 1
             offset[end] -= i - start + 1
     per_seq_flops = 2 * (shape.matmul_params + head)
-    decode_flops, decode_seconds, count, context_offset = 0, 0.0, 0, 0
+    decode_flops, decode_seconds, count, context_offset, kv_tokens = 0, 0.0, 0, 0, 0
     for t in range(steps):
         count += running[t]
         context_offset += offset[t]
         context = context_offset + count * t
+        kv_tokens += context
         flops = count * per_seq_flops + attn_per_pair * context
         nbytes = shape.weight_bytes_per_step + context * shape.kv_bytes_per_token
         decode_flops += flops
