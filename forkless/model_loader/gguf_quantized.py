@@ -33,18 +33,15 @@ if TYPE_CHECKING:
 
     from forkless.models.interface import CausalLMBase
 
-#: The formats kept quantized, and the bytes of one block of 32 weights.
-BLOCK_BYTES = {"Q8_0": 34, "Q4_1": 20}
-BLOCK_SIZE = 32
-
 
 @dataclass(frozen=True)
 class QuantizedMatrix:
     """One ``[out_features, in_features]`` matrix as the GGUF file stores it.
 
     Attributes:
-        format: ``"Q8_0"`` or ``"Q4_1"``.
-        rows: ``[out_features, in_features / 32 * BLOCK_BYTES[format]]`` uint8: each row's
+        format: One of :data:`forkless.models.layers.gguf_linear.FORMATS` (``"Q8_0"``,
+            ``"Q4_1"``).
+        rows: ``[out_features, in_features / 32 * FORMATS[format]]`` uint8: each row's
             blocks, in the file's byte layout.
         in_features: Weights per row.
     """
@@ -52,10 +49,6 @@ class QuantizedMatrix:
     format: str
     rows: "np.ndarray"
     in_features: int
-
-    @property
-    def out_features(self) -> int:
-        return int(self.rows.shape[0])
 
 
 def source_gguf(model: str | os.PathLike[str]) -> Path | None:
@@ -81,6 +74,8 @@ def read_quantized_matrices(gguf_path: str | os.PathLike[str]) -> dict[str, Quan
     import numpy as np
     from gguf import GGUFReader
 
+    from forkless.models.layers.gguf_linear import FORMATS  # the formats the layer runs
+
     reader = GGUFReader(gguf_path)
     arch = str(reader.fields["general.architecture"].contents())
     heads = {}
@@ -90,7 +85,7 @@ def read_quantized_matrices(gguf_path: str | os.PathLike[str]) -> dict[str, Quan
     out: dict[str, QuantizedMatrix] = {}
     for tensor in reader.tensors:
         kind = tensor.tensor_type.name
-        if kind not in BLOCK_BYTES or len(tensor.shape) != 2:
+        if kind not in FORMATS or len(tensor.shape) != 2:
             continue
         in_features, out_features = (int(d) for d in tensor.shape)
         rows = np.asarray(tensor.data, dtype=np.uint8).reshape(out_features, -1)
