@@ -116,3 +116,16 @@ def make_tiny_model(out: Path, tokenizer_from: Path, arch: str = "llama", seed: 
 def tiny_llama(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with SmolLM2's tokenizer: fast enough for server tests."""
     return make_tiny_model(tmp_path_factory.mktemp("tiny-llama"), smollm2_folder)
+
+
+@pytest.fixture
+def ops_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layer ops pick their implementation by platform: the CPU's, even on a GPU host,
+    with the C kernels loaded first, as the model runner does."""
+    from forkless import platforms
+    from forkless.ops import kernels
+    from forkless.platforms.cpu import CpuPlatform
+
+    if not platforms.current_platform.is_cpu():
+        monkeypatch.setattr(platforms, "_current", CpuPlatform())
+    assert kernels.cpu_kernels() is not None, "the CPU kernels did not build (see the log)"

@@ -15,7 +15,7 @@ from gguf.quants import dequantize, quantize
 from tests.models.paged_harness import PagedHarness
 from transformers import AutoConfig
 
-from forkless import LLM, SamplingParams, cpu_kernels
+from forkless import LLM, SamplingParams
 from forkless.attention import get_attention_backend
 from forkless.config import EngineArgs
 from forkless.model_loader import load_model
@@ -25,15 +25,8 @@ from forkless.models.layers.gguf_linear import KERNEL_MAX_ROWS, GGUFLinear
 from tests.model_loader.tiny_gguf import write_tiny_llama_gguf
 
 
-@pytest.fixture(autouse=True)
-def _cpu(monkeypatch):
-    """The CPU platform's op implementations (also on a GPU host), kernels loaded."""
-    from forkless import platforms
-    from forkless.platforms.cpu import CpuPlatform
-
-    if not platforms.current_platform.is_cpu():
-        monkeypatch.setattr(platforms, "_current", CpuPlatform())
-    assert cpu_kernels.load() is not None, "the CPU kernels did not build (see the log)"
+# The CPU platform's op implementations (also on a GPU host), kernels loaded.
+pytestmark = pytest.mark.usefixtures("ops_on_cpu")
 
 
 @pytest.mark.parametrize("bias", [False, True])

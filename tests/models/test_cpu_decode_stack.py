@@ -9,7 +9,6 @@ import torch
 from paged_harness import PagedHarness
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-from forkless import cpu_kernels
 from forkless.attention import get_attention_backend
 from forkless.model_loader import load_model
 from forkless.models.layers.cpu_decode_stack import CpuDecodeStack
@@ -25,15 +24,8 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _cpu(monkeypatch):
-    """The CPU platform's op implementations (also on a GPU host), kernels loaded."""
-    from forkless import platforms
-    from forkless.platforms.cpu import CpuPlatform
-
-    if not platforms.current_platform.is_cpu():
-        monkeypatch.setattr(platforms, "_current", CpuPlatform())
-    assert cpu_kernels.load() is not None, "the CPU kernels did not build (see the log)"
+# The CPU platform's op implementations (also on a GPU host), kernels loaded.
+pytestmark = pytest.mark.usefixtures("ops_on_cpu")
 
 
 def _load(folder, **env: str):

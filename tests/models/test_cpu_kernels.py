@@ -27,19 +27,6 @@ def _kernels_built():
 
 
 @pytest.fixture
-def ops_on_cpu(monkeypatch):
-    """The layer ops pick their implementation by platform: the CPU's, even on a GPU host,
-    with the C kernels loaded first, as the model runner does."""
-    from forkless import platforms
-    from forkless.ops import kernels
-    from forkless.platforms.cpu import CpuPlatform
-
-    if not platforms.current_platform.is_cpu():
-        monkeypatch.setattr(platforms, "_current", CpuPlatform())
-    assert kernels.cpu_kernels() is not None
-
-
-@pytest.fixture
 def threads(request):
     before = torch.get_num_threads()
     torch.set_num_threads(request.param)
