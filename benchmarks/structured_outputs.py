@@ -112,6 +112,9 @@ def main() -> None:
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="with --shape: the model's vocabulary (default: the shape's; the tokenizer's own size "
                              "avoids xgrammar's cost for ids past it, ~10x per accepted token)")
+    parser.add_argument("--steady", action="store_true",
+                        help="also run twice the tokens and print the steady decode step's time (the extra "
+                             "steps' time divided by their number: no admission, set-up or prefill)")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--async-scheduling", action="store_true",
                         help="both batches with async steps (the grammars then overlap the forward)")
@@ -139,25 +142,41 @@ def main() -> None:
     constrained = SamplingParams(temperature=0, max_tokens=args.max_tokens,
                                  structured_outputs=StructuredOutputsParams(json=LONG_ARRAY))
 
-    def timed(params: SamplingParams) -> float:
+    def seconds(params: SamplingParams) -> float:
         started = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - started
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        assert tokens == args.batch * args.max_tokens, tokens  # the same work in both batches
-        return tokens / elapsed
+        assert tokens == args.batch * params.max_tokens, tokens  # the same work in both batches
+        return elapsed
 
-    timed(constrained)  # compile and warm up
-    timed(plain)
-    base, cons = [], []
+    def longer(params: SamplingParams) -> SamplingParams:
+        doubled = params.clone()
+        doubled.max_tokens = 2 * args.max_tokens
+        return doubled
+
+    seconds(constrained)  # compile and warm up
+    seconds(plain)
+    base, cons, base2, cons2 = [], [], [], []
     for _ in range(args.repeats):
-        base.append(timed(plain))
-        cons.append(timed(constrained))
+        base.append(seconds(plain))
+        cons.append(seconds(constrained))
+        if args.steady:
+            base2.append(seconds(longer(plain)))
+            cons2.append(seconds(longer(constrained)))
     llm.shutdown()
-    b, c = max(base), max(cons)
+    tokens = args.batch * args.max_tokens
+    b, c = tokens / min(base), tokens / min(cons)
     print(f"batch {args.batch} x {args.max_tokens} tokens: unconstrained {b:.1f} tok/s, JSON schema {c:.1f} tok/s, "
           f"ratio {c / b:.2f}x, overhead per step {100 * (b / c - 1):.1f} % "
-          f"(per run: {', '.join(f'{y / x:.2f}' for x, y in zip(base, cons))})")
+          f"(per run: {', '.join(f'{x / y:.2f}' for x, y in zip(base, cons))})")
+    if args.steady:
+        # The extra max_tokens decode steps of the longer runs, without admission,
+        # grammar set-up and prefill (which the whole-batch figure above includes).
+        step_b = (min(base2) - min(base)) / args.max_tokens
+        step_c = (min(cons2) - min(cons)) / args.max_tokens
+        print(f"steady decode step of {args.batch}: unconstrained {step_b * 1e3:.2f} ms, JSON schema "
+              f"{step_c * 1e3:.2f} ms, overhead {100 * (step_c / step_b - 1):.1f} %")
 
 
 def shaped_model(shape: str, tokenizer_from: str | None, vocab_size: int | None = None) -> str:

@@ -72,10 +72,12 @@ class Executor(ABC):
         structured outputs keep steps synchronous)."""
         return False
 
-    def sample_deferred(self, pending: Any, grammar_bitmask: bytes | None) -> None:
+    def sample_deferred(self, pending: Any, grammar_bitmask: bytes | bytearray | None) -> None:
         """Sample a step launched with ``defer_sampling``, its constrained rows masked by
         ``grammar_bitmask``; called once, before :meth:`collect` and before the next
-        step is launched. Only called when :attr:`supports_deferred_sampling` is true."""
+        step is launched. Only called when :attr:`supports_deferred_sampling` is true.
+        The engine core reuses ``grammar_bitmask``'s buffer for the next step: use or
+        send it before returning, keep a copy if it must live longer."""
         raise NotImplementedError(f"{type(self).__name__} does not sample deferred steps")
 
     @abstractmethod

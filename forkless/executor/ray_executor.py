@@ -167,7 +167,7 @@ class RayWorkerActor:
             self.pending = (seq, launched)
         return self.done.pop(seq - 1, None)
 
-    def sample(self, seq: int, grammar_bitmask: bytes | None) -> None:
+    def sample(self, seq: int, grammar_bitmask: bytes | bytearray | None) -> None:
         """Sample async step ``seq``, launched with ``defer_sampling`` (a failure is that
         step's answer)."""
         if self.pending is None or self.pending[0] != seq:
@@ -479,7 +479,7 @@ class RayExecutor(RankedWorkersExecutor):
         """Whether steps may be launched with ``defer_sampling`` (as async scheduling)."""
         return self._async_ok
 
-    def sample_deferred(self, pending: StepHandle, grammar_bitmask: bytes | None) -> None:
+    def sample_deferred(self, pending: StepHandle, grammar_bitmask: bytes | bytearray | None) -> None:
         """Have every rank sample ``pending``'s step with ``grammar_bitmask``; not awaited:
         the actors run it before the next launch, and its failure comes with the step's
         output at :meth:`collect`.

@@ -51,7 +51,7 @@ class UniProcExecutor(Executor):
     def supports_deferred_sampling(self) -> bool:
         return self.worker.supports_async_scheduling
 
-    def sample_deferred(self, pending: Any, grammar_bitmask: bytes | None) -> None:
+    def sample_deferred(self, pending: Any, grammar_bitmask: bytes | bytearray | None) -> None:
         self.worker.sample_deferred(pending, grammar_bitmask)
 
     def check_health(self) -> None:

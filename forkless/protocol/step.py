@@ -124,7 +124,8 @@ class SchedulerOutput:
             refuses it); bit ``t % 32`` of word ``t // 32`` set allows token ``t``. The
             runner sets every other logit of those positions to ``-inf`` before sampling
             and verifying. ``None``: no constrained request samples this step, or
-            ``defer_sampling``.
+            ``defer_sampling``. In the engine core's process it is a ``bytearray`` that
+            the next step's plan reuses (bytes once decoded from the wire).
         defer_sampling: Structured outputs under async scheduling: the plan was made
             while the step before was still running, so its constrained rows' bitmask
             (one row each, no drafts) comes later. The runner computes the logits and

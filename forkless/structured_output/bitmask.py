@@ -125,7 +125,13 @@ class StepBitmask:
     def apply_sampled(self, logits: torch.Tensor) -> None:
         """Mask the sampler's logits (one row per step row, at its last position)."""
         rows = list(self.first)
-        apply_token_bitmask(logits, self.bitmask[[self.first[i] + self.num_spec[i] for i in rows]], rows)
+        picked = [self.first[i] + self.num_spec[i] for i in rows]
+        if picked == list(range(len(picked))):
+            # No drafts and no dropped row: the bitmask as it came (a gather would copy
+            # megabytes a step).
+            apply_token_bitmask(logits, self.bitmask[: len(picked)], rows)
+        else:
+            apply_token_bitmask(logits, self.bitmask[picked], rows)
 
     def apply_verified(self, logits: torch.Tensor, row_indices: list[int]) -> None:
         """Mask verification logits ``[len(row_indices), k + 1, V]`` (position ``j`` of a

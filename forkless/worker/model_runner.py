@@ -473,7 +473,7 @@ class ModelRunner:
         return self._sample(pending, logits, metadata, grammar)
 
     @torch.inference_mode()
-    def sample_deferred(self, pending: _PendingStep, grammar_bitmask: bytes | None) -> None:
+    def sample_deferred(self, pending: _PendingStep, grammar_bitmask: bytes | bytearray | None) -> None:
         """Sample a step launched with ``defer_sampling``, its constrained rows masked by
         ``grammar_bitmask`` (one row each, as ``SchedulerOutput.grammar_bitmask``; ``None``:
         none left to mask). Before the next step is launched: its placeholders read these

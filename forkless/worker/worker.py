@@ -142,7 +142,7 @@ class Worker:
         """Launch one step (see :meth:`ModelRunner.execute_model_async`)."""
         return self._runner().execute_model_async(scheduler_output)
 
-    def sample_deferred(self, pending: Any, grammar_bitmask: bytes | None) -> None:
+    def sample_deferred(self, pending: Any, grammar_bitmask: bytes | bytearray | None) -> None:
         """Sample a step launched with ``defer_sampling`` (see :meth:`ModelRunner.sample_deferred`)."""
         self._runner().sample_deferred(pending, grammar_bitmask)
 
