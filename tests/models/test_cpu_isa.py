@@ -141,14 +141,8 @@ def test_bfloat16_decode_matches_reference(level_lib, hq, hkv, d, bs):
     assert kp.plan.decode_ids == [0, 3, 4] and not kp.plan.context_ids  # (1, 2) is a chunk
 
 
-def test_fused_layer_ops_match_pytorch_layers(level_lib, monkeypatch):
-    from forkless import platforms
-    from forkless.ops import kernels
-    from forkless.platforms.cpu import CpuPlatform
-
-    if not platforms.current_platform.is_cpu():
-        monkeypatch.setattr(platforms, "_current", CpuPlatform())
-    assert kernels.cpu_kernels() is not None  # bound now; fused_cpu calls the patched load()
+def test_fused_layer_ops_match_pytorch_layers(level_lib, ops_on_cpu, monkeypatch):
+    # ops_on_cpu binds the kernels after level_lib patched load(): fused_cpu calls the patched one.
     torch.manual_seed(0)
     rows, n = 37, 200  # not a multiple of either vector width: the tails run too
     x = torch.randn(rows, 2 * n) * 8

@@ -20,16 +20,9 @@ from forkless.plugins import RegistryError
 ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
 
-@pytest.fixture(autouse=True)
-def _cpu_platform_with_kernels(monkeypatch):
-    # The CPU platform, also where this process would run on a GPU (the op tests are CPU's).
-    from forkless import platforms
-    from forkless.platforms.cpu import CpuPlatform
-
-    if not platforms.current_platform.is_cpu():
-        monkeypatch.setattr(platforms, "_current", CpuPlatform())
-    # Loaded before the ops are built, as in a worker once its model runs.
-    assert kernels.cpu_kernels() is not None, "the CPU kernels did not build (see the log)"
+# The CPU platform, also where this process would run on a GPU (the op tests are CPU's),
+# with the C kernels loaded before the ops are built, as in a worker once its model runs.
+pytestmark = pytest.mark.usefixtures("ops_on_cpu")
 
 
 def _ops() -> list[CustomOp]:
