@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     FORKLESS_CUSTOM_OPS: str
     FORKLESS_CPU_KERNELS: bool
     FORKLESS_CPU_DECODE_STACK: bool
+    FORKLESS_CUDA_GEMV: bool
+    FORKLESS_CUDA_PDL: bool
     FORKLESS_KERNEL_CACHE_DIR: str
     FORKLESS_CPU_ISA: str
     FORKLESS_PLUGINS: str | None
@@ -118,6 +120,14 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # same results, without the Python between them). ``0`` runs the layers one module at
     # a time (to compare or to debug); read when the model is loaded.
     "FORKLESS_CPU_DECODE_STACK": lambda: parse_bool("FORKLESS_CPU_DECODE_STACK", True),
+    # On CUDA, half-precision models run one-row linear layers (batch-1 decode) through a
+    # Triton GEMV launched with programmatic dependent launch on Hopper
+    # (forkless.models.layers.cuda_gemv). ``0`` keeps cuBLAS for every product.
+    "FORKLESS_CUDA_GEMV": lambda: parse_bool("FORKLESS_CUDA_GEMV", True),
+    # On Hopper GPUs, the Triton kernels of decode steps of up to 32 tokens (the GEMV, the
+    # fused layer ops, attention) are launched with programmatic dependent launch, each
+    # overlapping the end of the one before (forkless.triton_utils.pdl). ``0``: plain launches.
+    "FORKLESS_CUDA_PDL": lambda: parse_bool("FORKLESS_CUDA_PDL", True),
     # Where compiled kernels are cached (content-addressed, so one directory can serve
     # every cache root). Default: ``$FORKLESS_CACHE_ROOT/kernels``.
     "FORKLESS_KERNEL_CACHE_DIR": lambda: _path(

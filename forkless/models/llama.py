@@ -35,6 +35,7 @@ from forkless.models.hf_config import get_head_dim, get_num_kv_heads, get_rope_p
 from forkless.models.interface import CausalLMBase
 from forkless.models.layers.cpu_decode_stack import CpuDecodeStack
 from forkless.models.layers.cpu_linear import CPULinear, cpu_linear_for, pack_linear_layers
+from forkless.models.layers.cuda_gemv import GemvLinear
 from forkless.models.layers.mlp import SwiGLUMLP
 from forkless.models.layers.norm import RMSNorm
 from forkless.models.layers.parallel import (
@@ -373,7 +374,7 @@ class LlamaForCausalLM(CausalLMBase):
 
     def _head_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary rows' logits (all of them with one rank)."""
-        if isinstance(self.lm_head, CPULinear):
+        if isinstance(self.lm_head, (CPULinear, GemvLinear)):
             return self.lm_head(hidden_states).float()
         weight = self.lm_head.weight
         if hidden_states.device.type == "cpu" and hidden_states.shape[0] > 1:

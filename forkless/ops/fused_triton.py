@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from forkless.ops.fused_buffers import rms_norm_buffers
+from forkless.triton_utils.pdl import pdl_enter, use_pdl
 
 
 @triton.jit
@@ -25,8 +26,9 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
     x_stride_t, x_stride_h, res_stride_t, out_stride_t, out_stride_h, res_out_stride_t,
     num_rows, eps, H: tl.constexpr, N: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
-    HAS_RESIDUAL: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     # ROWS rows (token t, head h) per program: one row of a per-head norm is 128 values,
     # far too little work for a program of its own at prefill sizes.
     r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -74,6 +76,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     t, h, n = x3.shape
     block = triton.next_power_of_2(n)
     rows = _rows_per_program(t * h, block)
+    pdl = use_pdl(x.device, t)
     _rms_norm_kernel[(triton.cdiv(t * h, rows),)](
         x3, residual if residual is not None else x3, weight, out,
         res_out if res_out is not None else out,
@@ -81,8 +84,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         residual.stride(0) if residual is not None else 0,
         out.stride(0), out.stride(1),
         res_out.stride(0) if res_out is not None else 0,
-        t * h, eps, H=h, N=n, BLOCK=block, ROWS=rows, HAS_RESIDUAL=residual is not None,
-        num_warps=4 if block * rows <= 2048 else 8,
+        t * h, eps, H=h, N=n, BLOCK=block, ROWS=rows, HAS_RESIDUAL=residual is not None, PDL=pdl,
+        num_warps=4 if block * rows <= 2048 else 8, launch_pdl=pdl,
     )
     return (out if x.dim() == 3 else out.squeeze(1)), res_out
 
@@ -105,7 +108,9 @@ def _rotary_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h, cs_stride_t, num_tokens,
     NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     # One head of TOKENS tokens per program (one token's head is 128 values: too little
     # work for a program at prefill sizes).
     t = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
@@ -139,9 +144,11 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         cos, sin = cos.contiguous(), sin.contiguous()
     block = triton.next_power_of_2(half)
     tokens = _rows_per_program(t, 2 * block)
+    pdl = use_pdl(q.device, t)
     _rotary_kernel[(triton.cdiv(t, tokens), hq + k.shape[1])](
         q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), t,
-        NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, num_warps=1 if tokens * block <= 256 else 4,
+        NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, PDL=pdl,
+        num_warps=1 if tokens * block <= 256 else 4, launch_pdl=pdl,
     )
 
 
@@ -150,7 +157,9 @@ def _qk_norm_rotary_kernel(
     q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h, cs_stride_t, num_tokens, q_eps, k_eps,
     NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     # Qwen3's per-head RMSNorm of queries and keys, then their rotation: one program per
     # head of TOKENS tokens, each head row read and written once (three launches before).
     t = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
@@ -203,15 +212,19 @@ def qk_norm_rotary_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_
         cos, sin = cos.contiguous(), sin.contiguous()
     block = triton.next_power_of_2(half)
     tokens = _rows_per_program(t, 2 * block)
+    pdl = use_pdl(q.device, t)
     _qk_norm_rotary_kernel[(triton.cdiv(t, tokens), hq + k.shape[1])](
         q, k, q_weight, k_weight, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         cos.stride(0), t, q_eps, k_eps,
-        NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, num_warps=1 if tokens * block <= 256 else 4,
+        NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, PDL=pdl,
+        num_warps=1 if tokens * block <= 256 else 4, launch_pdl=pdl,
     )
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride_t, out_stride_t, D, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, x_stride_t, out_stride_t, D, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < D
@@ -236,7 +249,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     t, d = x.shape[0], x.shape[1] // 2
     out = torch.empty((t, d), dtype=x.dtype, device=x.device)
     block = 1024
+    pdl = use_pdl(x.device, t)
     _silu_and_mul_kernel[(t, triton.cdiv(d, block))](
-        x, out, x.stride(0), out.stride(0), d, BLOCK=block, num_warps=4,
+        x, out, x.stride(0), out.stride(0), d, BLOCK=block, PDL=pdl, num_warps=4, launch_pdl=pdl,
     )
     return out

@@ -31,6 +31,7 @@ from forkless.model_loader import load_model, resolve_dtype
 from forkless.models.hf_config import get_head_dim
 from forkless.models.interface import CausalLMBase
 from forkless.models.layers.cpu_linear import cpu_linear_name, use_cpu_linear
+from forkless.models.layers.cuda_gemv import use_cuda_gemv
 from forkless.ops.registry import using_custom_ops
 from forkless.platforms.interface import AttentionSelectorConfig
 from forkless.plugins import resolve_class
@@ -168,6 +169,10 @@ class ModelRunner:
             self.model = load_model(mc.model, self.hf_config, self.dtype, device, self.attn_backend,
                                     mc.load_format)
         self._use_cpu_kernels()
+        gemv_layers = use_cuda_gemv(self.model, device, self.dtype, lora=config.lora_config is not None)
+        if gemv_layers:
+            logger.info("one-row products of %d linear layers run a Triton GEMV (FORKLESS_CUDA_GEMV=0: cuBLAS)",
+                        gemv_layers)
         self.lora_manager: LoRAModelManager | None = None
         # Requests whose adapter failed to load: reported with the next collected step
         # (the engine core finishes them), and skipped until the core says they finished.

@@ -39,6 +39,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from forkless.triton_utils.pdl import pdl_enter
+
 LOG2E = 1.4426950408889634
 #: Largest finite float8_e4m3fn value: stores saturate here instead of becoming NaN.
 FP8_E4M3_MAX = 448.0
@@ -49,8 +51,9 @@ def store_kv_kernel(
     k_ptr, v_ptr, cache_ptr, slot_ptr,
     k_stride_t, v_stride_t, cache_kv_stride,
     k_inv_scale, v_inv_scale,
-    HKV_D: tl.constexpr, BLOCK: tl.constexpr, KV_FP8: tl.constexpr,
+    HKV_D: tl.constexpr, BLOCK: tl.constexpr, KV_FP8: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t)
     offs = tl.arange(0, BLOCK)
@@ -76,8 +79,9 @@ def paged_attention_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_PER_PROG: tl.constexpr, ONE_BLOCK: tl.constexpr, KV_FP8: tl.constexpr, KEYS_FIRST: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, HEADS_FAST: tl.constexpr = False,
+    NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, HEADS_FAST: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     # HEADS_FAST: the grid is (KV-head group, tile, sequence), so that the programs of one
     # sequence's heads run side by side and read neighbouring bytes of the same cache
     # blocks (a token's heads lie next to each other) instead of far apart in time.
@@ -209,8 +213,9 @@ def paged_attention_kernel(
 def combine_splits_kernel(
     part_acc_ptr, part_ml_ptr, out_ptr, qsl_ptr, o_stride_t, o_stride_h,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_enter(PDL)
     seq = tl.program_id(0)
     head = tl.program_id(1)
     q_start = tl.load(qsl_ptr + seq)

@@ -28,6 +28,7 @@ from forkless.attention.backends.triton_kernels import (
     paged_attention_kernel,
     store_kv_kernel,
 )
+from forkless.triton_utils.pdl import use_pdl
 
 # Query rows (token x GQA head) per program in prefill tiles.
 _PREFILL_ROWS = 64
@@ -135,11 +136,12 @@ class TritonAttentionBackend(TorchAttentionBackend):
         kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
         k = k if k.stride(-1) == 1 and k.stride(-2) == self.head_dim else k.contiguous()
         v = v if v.stride(-1) == 1 and v.stride(-2) == self.head_dim else v.contiguous()
+        pdl = use_pdl(q.device, num_tokens)
         store_kv_kernel[(num_tokens,)](
             k, v, kv_cache, md.slot_mapping,
             k.stride(0), v.stride(0), kv_cache.stride(0),
             1.0 / self.k_scale, 1.0 / self.v_scale,
-            HKV_D=hkv_d, BLOCK=triton.next_power_of_2(hkv_d), KV_FP8=kv_fp8,
+            HKV_D=hkv_d, BLOCK=triton.next_power_of_2(hkv_d), KV_FP8=kv_fp8, PDL=pdl, launch_pdl=pdl,
         )
         out = torch.empty(num_tokens, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         num_seqs = md.seq_lens.shape[0]
@@ -177,14 +179,14 @@ class TritonAttentionBackend(TorchAttentionBackend):
             HEAD_DIM=self.head_dim, BLOCK_D=self.block_d,
             BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
             KV_PER_PROG=kv_per_prog, ONE_BLOCK=md.block_size % block_n == 0, KV_FP8=fp8_mode, KEYS_FIRST=keys_first,
-            NUM_SPLITS=splits, IEEE=q.dtype == torch.float32, HEADS_FAST=heads_fast,
-            num_warps=num_warps, num_stages=num_stages,
+            NUM_SPLITS=splits, IEEE=q.dtype == torch.float32, HEADS_FAST=heads_fast, PDL=pdl,
+            num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
         )
         if splits > 1:
             combine_splits_kernel[(num_seqs, self.num_heads)](
                 part_acc, part_ml, out, md.query_start_loc, out.stride(0), out.stride(1),
                 NUM_HEADS=self.num_heads, HEAD_DIM=self.head_dim, BLOCK_D=self.block_d,
-                NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
+                NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, launch_pdl=pdl,
             )
         return out.view(num_tokens, self.num_heads * self.head_dim)
 

@@ -14,6 +14,11 @@ class SwiGLUMLP(nn.Module):
     Parameter ``gate_up_proj.weight`` is ``[2 * intermediate, hidden]``: the Hugging Face
     ``gate_proj`` rows first, then ``up_proj``.
 
+    Attributes:
+        down_fuses_act: The down projection applies SiLU-and-mul as it reads the gate/up
+            output (:class:`~forkless.models.layers.cuda_gemv.GemvLinear`, set by
+            ``use_cuda_gemv``): one launch less for one-row products.
+
     Args:
         hidden_size: Model width.
         intermediate_size: Width of the gated hidden layer.
@@ -29,5 +34,9 @@ class SwiGLUMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype)
         self.act_fn = SiluAndMul()
 
+    down_fuses_act = False
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.down_fuses_act:
+            return self.down_proj.forward_silu_and_mul(self.gate_up_proj(x), self.act_fn)
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
