@@ -164,6 +164,14 @@ def test_a_steps_rows_filled_at_once_equal_one_by_one(smollm2_folder, backend: s
         grammar.fill_bitmask(one_by_one, index)
     assert np.array_equal(at_once, one_by_one)
     assert not np.array_equal(at_once[3], at_once[4])  # the rows really differ
+    if backend == "xgrammar":
+        # Rows that cost little fill on one thread; costly ones on xgrammar's threads:
+        # the same rows either way.
+        assert instance._row_seconds > 0
+        instance._row_seconds = 1.0
+        threaded = instance.allocate_token_bitmask(40)
+        instance.fill_bitmasks(grammars, threaded, indices)
+        assert np.array_equal(threaded, one_by_one)
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
