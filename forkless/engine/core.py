@@ -476,4 +476,4 @@ def _structured_output_manager(config: EngineConfig) -> StructuredOutputManager:
         if tok is not None and int(tok) not in eos:
             eos.append(int(tok))
     return StructuredOutputManager(config.structured_outputs_config or StructuredOutputsConfig(), mc.tokenizer,
-                                   mc.vocab_size, eos, config.scheduler_config.max_num_seqs)
+                                   mc.vocab_size, eos)

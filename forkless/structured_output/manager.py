@@ -55,16 +55,14 @@ class StructuredOutputManager:
             compile thread).
         vocab_size: Width of the model's logits.
         eos_token_ids: The model's EOS ids (what a complete grammar allows).
-        max_num_seqs: Rows of the bitmask (requests in one step).
     """
 
     def __init__(self, config: StructuredOutputsConfig, tokenizer_path: str, vocab_size: int,
-                 eos_token_ids: list[int], max_num_seqs: int) -> None:
+                 eos_token_ids: list[int]) -> None:
         self.config = config
         self.tokenizer_path = tokenizer_path
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
-        self.max_num_seqs = max_num_seqs
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._tokenizer: Any = None

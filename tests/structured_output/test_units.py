@@ -187,7 +187,7 @@ def test_a_verifying_request_gets_a_bitmask_row_per_position(smollm2_folder, bac
     from forkless.tokenizers.loading import load_tokenizer
 
     tokenizer = load_tokenizer(smollm2_folder)
-    manager = StructuredOutputManager(StructuredOutputsConfig(backend=backend), str(smollm2_folder), 49152, [2], 8)
+    manager = StructuredOutputManager(StructuredOutputsConfig(backend=backend), str(smollm2_folder), 49152, [2])
     try:
         manager.submit("r", StructuredOutputsParams(choice=["yes please", "no thanks"]))
         deadline = time.monotonic() + 60
