@@ -60,6 +60,13 @@ def _input_block(x_ptr, k0, cols, K: tl.constexpr, ACT: tl.constexpr, EVEN_K: tl
 
 
 @triton.jit
+def _weight_tile(w_ptrs, k0, rows_ok, cols, K: tl.constexpr, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(w_ptrs + k0)
+    return tl.load(w_ptrs + k0, mask=rows_ok[:, None] & (k0 + cols[None, :] < K), other=0.0)
+
+
+@triton.jit
 def _gemv_kernel(w_ptr, x_ptr, b_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  ACT: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr, EVEN_N: tl.constexpr,
                  EVEN_K: tl.constexpr):
@@ -67,10 +74,7 @@ def _gemv_kernel(w_ptr, x_ptr, b_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.con
     cols = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :]
     row_ok = rows < N
-    if EVEN_N and EVEN_K:
-        w = tl.load(w_ptrs)
-    else:
-        w = tl.load(w_ptrs, mask=row_ok[:, None] & (cols[None, :] < K), other=0.0)
+    w = _weight_tile(w_ptrs, 0, row_ok, cols, K, EVEN_N and EVEN_K)
     if PDL:
         # The first weight tile is requested: let the next kernel start its own, then
         # wait for the kernel before to have written this one's input.
@@ -78,10 +82,7 @@ def _gemv_kernel(w_ptr, x_ptr, b_ptr, y_ptr, N, K: tl.constexpr, BLOCK_N: tl.con
         tl.extra.cuda.gdc_wait()
     acc = tl.sum(w.to(tl.float32) * _input_block(x_ptr, 0, cols, K, ACT, EVEN_K)[None, :], axis=1)
     for k0 in tl.range(BLOCK_K, K, BLOCK_K):
-        if EVEN_N and EVEN_K:
-            w = tl.load(w_ptrs + k0)
-        else:
-            w = tl.load(w_ptrs + k0, mask=row_ok[:, None] & (k0 + cols[None, :] < K), other=0.0)
+        w = _weight_tile(w_ptrs, k0, row_ok, cols, K, EVEN_N and EVEN_K)
         acc += tl.sum(w.to(tl.float32) * _input_block(x_ptr, k0, cols, K, ACT, EVEN_K)[None, :], axis=1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)

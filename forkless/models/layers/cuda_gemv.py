@@ -21,6 +21,7 @@ Invariants:
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Callable
 
 import torch
@@ -67,11 +68,8 @@ def use_cuda_gemv(model: nn.Module, device: torch.device, dtype: torch.dtype, lo
     from forkless.models.layers.mlp import SwiGLUMLP
 
     if (device.type != "cuda" or dtype not in GEMV_DTYPES or lora or not envs.FORKLESS_CUDA_GEMV
-            or not isinstance(model, CausalLMBase) or not model.supports_lora):
-        return 0
-    try:
-        import triton  # noqa: F401
-    except ImportError:
+            or not isinstance(model, CausalLMBase) or not model.supports_lora
+            or importlib.util.find_spec("triton") is None):
         return 0
     names = list(model.lora_modules())
     count = 0
