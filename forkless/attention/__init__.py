@@ -4,7 +4,7 @@ Importing this package does not import torch or any kernel: backends are resolve
 by name in the worker that runs them.
 """
 
-from forkless.attention.interface import AttentionBackend, AttentionMetadata
+from forkless.attention.interface import AttentionBackend, AttentionMetadata, KVStoreTarget
 from forkless.attention.registry import (
     attention_backend_path,
     available_attention_backends,
@@ -15,6 +15,7 @@ from forkless.attention.registry import (
 __all__ = [
     "AttentionBackend",
     "AttentionMetadata",
+    "KVStoreTarget",
     "attention_backend_path",
     "available_attention_backends",
     "get_attention_backend",

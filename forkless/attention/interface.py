@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from forkless.plugins import Stability, stability
 
@@ -67,6 +67,23 @@ class AttentionMetadata:
         """New tokens that belong to a sequence (the rest of ``T`` is padding)."""
         loc = self.query_start_loc_cpu if self.query_start_loc_cpu is not None else self.query_start_loc
         return int(loc[-1])
+
+
+class KVStoreTarget(NamedTuple):
+    """Where a kernel that produces a layer's keys may also store them with their values,
+    instead of the backend's :meth:`~AttentionBackend.forward` (one launch fewer a layer).
+
+    Attributes:
+        cache: The layer's cache, ``(2, num_blocks, block_size, Hkv, D)`` (keys, values).
+        slot_mapping: ``[T]`` cache slot of each new token; ``-1``: do not store.
+        k_inv_scale: ``1 / k_scale`` of an fp8 cache (keys are stored multiplied by it).
+        v_inv_scale: ``1 / v_scale``, the same for values.
+    """
+
+    cache: "torch.Tensor"
+    slot_mapping: "torch.Tensor"
+    k_inv_scale: float
+    v_inv_scale: float
 
 
 @stability(Stability.PROVISIONAL)
@@ -162,3 +179,26 @@ class AttentionBackend(abc.ABC):
         Returns:
             ``[T, Hq * D]`` attention output (rows of padding tokens are unspecified).
         """
+
+    def kv_store_target(self, kv_cache: "torch.Tensor | None",
+                        attn_metadata: AttentionMetadata) -> KVStoreTarget | None:
+        """Where the caller may store this step's new keys and values itself, or ``None``.
+
+        A backend that returns a target has the ``(2, num_blocks, block_size, Hkv, D)``
+        layout, implements :meth:`forward_stored`, and is then called through it when the
+        model's rotary kernel stored the keys and values (the built-in Llama-family
+        attention on CUDA). The default, ``None``: the backend stores them in
+        :meth:`forward`.
+        """
+        return None
+
+    def forward_stored(self, q: "torch.Tensor", kv_cache: "torch.Tensor",
+                       attn_metadata: AttentionMetadata) -> "torch.Tensor":
+        """:meth:`forward` without the store: the new keys and values are already in
+        ``kv_cache`` at ``attn_metadata.slot_mapping`` (see :meth:`kv_store_target`).
+
+        Returns:
+            ``[T, Hq * D]`` attention output, as :meth:`forward`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} returns a kv_store_target but does not "
+                                  "implement forward_stored")

@@ -130,11 +130,18 @@ class LlamaAttention(nn.Module):
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.qk_norm:
-            q, k = self.rotary_emb.rotate_normed(positions, q, k, self.q_norm, self.k_norm)
+        # On CUDA the rotary kernel also stores the new keys and values where the backend
+        # lets it (one launch fewer a layer: the batch-1 decode step is launch-bound).
+        store = self.attn.kv_store_target(kv_cache, attn_metadata)
+        norms = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
+        if store is not None and self.rotary_emb.rotate_and_store(positions, q, k, v, store, *norms):
+            out = self.attn.forward_stored(q, store.cache, attn_metadata)
         else:
-            q, k = self.rotary_emb(positions, q, k)
-        out = self.attn.forward(q, k, v, kv_cache, attn_metadata)
+            if self.qk_norm:
+                q, k = self.rotary_emb.rotate_normed(positions, q, k, self.q_norm, self.k_norm)
+            else:
+                q, k = self.rotary_emb(positions, q, k)
+            out = self.attn.forward(q, k, v, kv_cache, attn_metadata)
         if self.tp_group is None:
             return self.o_proj(out)
         return self.tp_group.all_reduce(self.o_proj(out))  # partial sums of o_proj's columns

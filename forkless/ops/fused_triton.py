@@ -13,12 +13,17 @@ within one rounding step in half precision. This module imports Triton: use it t
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
 
 from forkless.ops.fused_buffers import rms_norm_buffers
 from forkless.triton_utils.pdl import pdl_enter, use_pdl
+
+if TYPE_CHECKING:
+    from forkless.attention.interface import KVStoreTarget
 
 
 @triton.jit
@@ -94,25 +99,51 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 def _rotate_and_store(at, x1, x2, cos_ptr, sin_ptr, cs, mask, HALF: tl.constexpr):
     # x * cos + rotate_half(x) * sin for the halves x1, x2 of rows starting at ``at``,
     # rounding each product and the sum like PyTorch; cos/sin repeat after HALF (the tables
-    # are cat(freqs, freqs)), so ``cs`` indexes their first half.
+    # are cat(freqs, freqs)), so ``cs`` indexes their first half. Returns the two halves.
     cos = tl.load(cos_ptr + cs, mask=mask, other=0.0)
     sin = tl.load(sin_ptr + cs, mask=mask, other=0.0)
-    lo = (x1 * cos).to(x1.dtype) - (x2 * sin).to(x1.dtype)
-    hi = (x2 * cos).to(x1.dtype) + (x1 * sin).to(x1.dtype)
-    tl.store(at, lo.to(x1.dtype), mask=mask)
-    tl.store(at + HALF, hi.to(x1.dtype), mask=mask)
+    lo = ((x1 * cos).to(x1.dtype) - (x2 * sin).to(x1.dtype)).to(x1.dtype)
+    hi = ((x2 * cos).to(x1.dtype) + (x1 * sin).to(x1.dtype)).to(x1.dtype)
+    tl.store(at, lo, mask=mask)
+    tl.store(at + HALF, hi, mask=mask)
+    return lo, hi
+
+
+@triton.jit
+def _store_kv_head(k1, k2, t, tmask, kh, mask, v_ptr, v_stride_t, v_stride_h, cache_ptr, slot_ptr, slot_stride,
+                   cache_kv_stride, k_inv_scale, v_inv_scale, offs, HALF: tl.constexpr, KV_FP8: tl.constexpr):
+    # The rotated key head (halves k1, k2) and its value head into each token's cache slot,
+    # as the attention backend's store_kv_kernel writes them (slot -1: padding, skipped).
+    slot = tl.load(slot_ptr + t, mask=tmask, other=-1)
+    keep = mask & (slot >= 0)[:, None]
+    dst = cache_ptr + (slot.to(tl.int64) * slot_stride + kh * (2 * HALF))[:, None] + offs[None, :]
+    src = v_ptr + (t * v_stride_t + kh * v_stride_h)[:, None] + offs[None, :]
+    v1 = tl.load(src, mask=keep, other=0.0)
+    v2 = tl.load(src + HALF, mask=keep, other=0.0)
+    if KV_FP8:
+        k1 = tl.clamp(k1.to(tl.float32) * k_inv_scale, -448.0, 448.0)
+        k2 = tl.clamp(k2.to(tl.float32) * k_inv_scale, -448.0, 448.0)
+        v1 = tl.clamp(v1.to(tl.float32) * v_inv_scale, -448.0, 448.0)
+        v2 = tl.clamp(v2.to(tl.float32) * v_inv_scale, -448.0, 448.0)
+    ty = cache_ptr.dtype.element_ty
+    tl.store(dst, k1.to(ty), mask=keep)
+    tl.store(dst + HALF, k2.to(ty), mask=keep)
+    tl.store(dst + cache_kv_stride, v1.to(ty), mask=keep)
+    tl.store(dst + cache_kv_stride + HALF, v2.to(ty), mask=keep)
 
 
 @triton.jit
 def _rotary_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h, cs_stride_t, num_tokens,
+    v_ptr, v_stride_t, v_stride_h, cache_ptr, slot_ptr, slot_stride, cache_kv_stride, k_inv_scale, v_inv_scale,
     NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    STORE: tl.constexpr = False, KV_FP8: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     # One head of TOKENS tokens per program (one token's head is 128 values: too little
-    # work for a program at prefill sizes).
+    # work for a program at prefill sizes). STORE: a key head also goes to the KV cache,
+    # with its value head (the attention backend's store, without a launch of its own).
     t = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
     h = tl.program_id(1)
     if h < NUM_Q_HEADS:
@@ -120,15 +151,29 @@ def _rotary_kernel(
     else:
         base = k_ptr + t * k_stride_t + (h - NUM_Q_HEADS) * k_stride_h
     offs = tl.arange(0, BLOCK)
-    mask = (t < num_tokens)[:, None] & (offs < HALF)[None, :]
+    tmask = t < num_tokens
+    mask = tmask[:, None] & (offs < HALF)[None, :]
     at = base[:, None] + offs[None, :]
     x1 = tl.load(at, mask=mask, other=0.0)
     x2 = tl.load(at + HALF, mask=mask, other=0.0)
-    _rotate_and_store(at, x1, x2, cos_ptr, sin_ptr, (t * cs_stride_t)[:, None] + offs[None, :], mask, HALF)
+    lo, hi = _rotate_and_store(at, x1, x2, cos_ptr, sin_ptr, (t * cs_stride_t)[:, None] + offs[None, :], mask, HALF)
+    if STORE:
+        if h >= NUM_Q_HEADS:
+            _store_kv_head(lo, hi, t, tmask, h - NUM_Q_HEADS, mask, v_ptr, v_stride_t, v_stride_h, cache_ptr,
+                           slot_ptr, slot_stride, cache_kv_stride, k_inv_scale, v_inv_scale, offs, HALF, KV_FP8)
+
+
+def _store_args(v: torch.Tensor | None, store: "KVStoreTarget | None") -> tuple:
+    """The rotary kernels' KV-store arguments (placeholders when not storing)."""
+    if store is None or v is None:
+        return (0, 0, 0, 0, 0, 0, 0, 1.0, 1.0)
+    cache = store.cache
+    return (v, v.stride(0), v.stride(1), cache, store.slot_mapping, cache.stride(-3), cache.stride(0),
+            store.k_inv_scale, store.v_inv_scale)
 
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-            rotary_dim: int) -> None:
+            rotary_dim: int, v: torch.Tensor | None = None, store: "KVStoreTarget | None" = None) -> None:
     """Rotate the first ``rotary_dim`` channels of every query and key head, in place.
 
     Args:
@@ -137,17 +182,25 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
         cos: ``[T, 1, rotary_dim]`` (``cat(freqs, freqs).cos()``), dtype of ``q``.
         sin: Same shape, the sines.
         rotary_dim: Rotated channels per head (``D`` unless partial rotary).
+        v: ``[T, Hkv, D]`` values, head dimension contiguous; with ``store``.
+        store: Also write the rotated keys and ``v`` into this paged cache (whole heads:
+            ``rotary_dim`` must be ``D``), as the attention backend's store would.
     """
     half = rotary_dim // 2
     t, hq = q.shape[0], q.shape[1]
     if cos.stride(-1) != 1 or sin.stride(0) != cos.stride(0):
         cos, sin = cos.contiguous(), sin.contiguous()
+    if store is not None and rotary_dim != q.shape[2]:
+        raise ValueError(f"a fused KV store needs the rotation over whole heads (rotary_dim {rotary_dim}, "
+                         f"head size {q.shape[2]})")
     block = triton.next_power_of_2(half)
     tokens = _rows_per_program(t, 2 * block)
     pdl = use_pdl(q.device, t)
     _rotary_kernel[(triton.cdiv(t, tokens), hq + k.shape[1])](
         q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), t,
-        NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, PDL=pdl,
+        *_store_args(v, store),
+        NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, STORE=store is not None,
+        KV_FP8=store is not None and store.cache.dtype == torch.float8_e4m3fn, PDL=pdl,
         num_warps=1 if tokens * block <= 256 else 4, launch_pdl=pdl,
     )
 
@@ -156,12 +209,14 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 def _qk_norm_rotary_kernel(
     q_ptr, k_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr,
     q_stride_t, q_stride_h, k_stride_t, k_stride_h, cs_stride_t, num_tokens, q_eps, k_eps,
+    v_ptr, v_stride_t, v_stride_h, cache_ptr, slot_ptr, slot_stride, cache_kv_stride, k_inv_scale, v_inv_scale,
     NUM_Q_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK: tl.constexpr, TOKENS: tl.constexpr,
-    PDL: tl.constexpr = False,
+    STORE: tl.constexpr = False, KV_FP8: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     # Qwen3's per-head RMSNorm of queries and keys, then their rotation: one program per
-    # head of TOKENS tokens, each head row read and written once (three launches before).
+    # head of TOKENS tokens, each head row read and written once (three launches before);
+    # STORE as in _rotary_kernel.
     t = tl.program_id(0) * TOKENS + tl.arange(0, TOKENS)
     h = tl.program_id(1)
     if h < NUM_Q_HEADS:
@@ -174,7 +229,8 @@ def _qk_norm_rotary_kernel(
         eps = k_eps
     offs = tl.arange(0, BLOCK)
     cols = offs < HALF
-    mask = (t < num_tokens)[:, None] & cols[None, :]
+    tmask = t < num_tokens
+    mask = tmask[:, None] & cols[None, :]
     at = base[:, None] + offs[None, :]
     x1 = tl.load(at, mask=mask, other=0.0)
     x2 = tl.load(at + HALF, mask=mask, other=0.0)
@@ -186,11 +242,16 @@ def _qk_norm_rotary_kernel(
     w2 = tl.load(w_ptr + HALF + offs, mask=cols, other=0.0)
     n1 = (w1[None, :] * (a32 * rstd[:, None]).to(x1.dtype)).to(x1.dtype)
     n2 = (w2[None, :] * (b32 * rstd[:, None]).to(x1.dtype)).to(x1.dtype)
-    _rotate_and_store(at, n1, n2, cos_ptr, sin_ptr, (t * cs_stride_t)[:, None] + offs[None, :], mask, HALF)
+    lo, hi = _rotate_and_store(at, n1, n2, cos_ptr, sin_ptr, (t * cs_stride_t)[:, None] + offs[None, :], mask, HALF)
+    if STORE:
+        if h >= NUM_Q_HEADS:
+            _store_kv_head(lo, hi, t, tmask, h - NUM_Q_HEADS, mask, v_ptr, v_stride_t, v_stride_h, cache_ptr,
+                           slot_ptr, slot_stride, cache_kv_stride, k_inv_scale, v_inv_scale, offs, HALF, KV_FP8)
 
 
 def qk_norm_rotary_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
-                    q_eps: float, k_eps: float, cos: torch.Tensor, sin: torch.Tensor) -> None:
+                    q_eps: float, k_eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                    v: torch.Tensor | None = None, store: "KVStoreTarget | None" = None) -> None:
     """Per-head RMSNorm of every query and key head, then rotary over the whole head, in place.
 
     The result equals :func:`rms_norm` of ``q`` and of ``k`` followed by :func:`rotary_`
@@ -205,6 +266,8 @@ def qk_norm_rotary_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_
         k_eps: The key norm's epsilon.
         cos: ``[T, 1, D]`` (``cat(freqs, freqs).cos()``), dtype of ``q``.
         sin: Same shape, the sines.
+        v: ``[T, Hkv, D]`` values, head dimension contiguous; with ``store``.
+        store: Also write the normed, rotated keys and ``v`` into this paged cache.
     """
     t, hq, d = q.shape
     half = d // 2
@@ -215,8 +278,9 @@ def qk_norm_rotary_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_
     pdl = use_pdl(q.device, t)
     _qk_norm_rotary_kernel[(triton.cdiv(t, tokens), hq + k.shape[1])](
         q, k, q_weight, k_weight, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        cos.stride(0), t, q_eps, k_eps,
-        NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, PDL=pdl,
+        cos.stride(0), t, q_eps, k_eps, *_store_args(v, store),
+        NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, STORE=store is not None,
+        KV_FP8=store is not None and store.cache.dtype == torch.float8_e4m3fn, PDL=pdl,
         num_warps=1 if tokens * block <= 256 else 4, launch_pdl=pdl,
     )
 

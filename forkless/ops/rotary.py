@@ -10,19 +10,24 @@ Every implementation returns the rotated pair, equal to float32 rounding.
 :meth:`RotaryEmbedding.rotate_normed` (models with per-head query/key norms) runs the two
 norms and the rotation as one Triton kernel only where all three ops are forkless's own
 and bound to ``forward_cuda``: an op replaced by a plugin, or turned off by
-``FORKLESS_CUSTOM_OPS``, is always called as itself.
+``FORKLESS_CUSTOM_OPS``, is always called as itself. :meth:`RotaryEmbedding.rotate_and_store`
+adds the attention backend's KV store to that one launch (or to the plain rotation's), on the
+same conditions.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 from forkless.ops.interface import CustomOp
 from forkless.ops import fused_cpu
 from forkless.ops.kernels import FusedKernelOp, triton_kernels
 from forkless.ops.layernorm import RMSNorm
+
+if TYPE_CHECKING:
+    from forkless.attention.interface import KVStoreTarget
 
 
 def _default_inv_freq(base: float, dim: int) -> torch.Tensor:
@@ -146,6 +151,32 @@ class RotaryEmbedding(FusedKernelOp):
         triton_kernels().rotary_(q, k, cos, sin, self.rotary_dim)
         return q, k
 
+    def rotate_and_store(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: KVStoreTarget,
+        q_norm: CustomOp | None = None, k_norm: CustomOp | None = None,
+    ) -> bool:
+        """Rotate ``q`` and ``k`` in place (after the per-head norms, if given) and store the
+        rotated keys and ``v`` into ``store``'s cache, in one launch -- where the ops are the
+        built-in ones running their Triton kernels over whole heads.
+
+        Returns:
+            Whether it did; ``False``: nothing was touched, call the ops and let the
+            attention backend store the keys and values itself.
+        """
+        if not (q.is_cuda and type(self) is RotaryEmbedding and self.implementation == "forward_cuda"
+                and self.rotary_dim == self.head_dim and q.stride(-1) == 1 and k.stride(-1) == 1
+                and v.stride(-1) == 1 and (q_norm is None) == (k_norm is None)):
+            return False
+        if q_norm is not None and not (_cuda_rms_norm(q_norm) and _cuda_rms_norm(k_norm)):
+            return False
+        cos, sin = self.cos_sin(positions, q.dtype)
+        kernels = triton_kernels()
+        if q_norm is None:
+            kernels.rotary_(q, k, cos, sin, self.rotary_dim, v, store)
+        else:
+            kernels.qk_norm_rotary_(q, k, q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps, cos, sin, v, store)
+        return True
+
     def rotate_normed(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: CustomOp, k_norm: CustomOp
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,10 +188,15 @@ class RotaryEmbedding(FusedKernelOp):
         three ops are called one after the other.
         """
         if (q.is_cuda and type(self) is RotaryEmbedding and self.implementation == "forward_cuda"
-                and self.rotary_dim == self.head_dim and type(q_norm) is RMSNorm and type(k_norm) is RMSNorm
-                and q_norm.implementation == "forward_cuda" and k_norm.implementation == "forward_cuda"
+                and self.rotary_dim == self.head_dim and _cuda_rms_norm(q_norm) and _cuda_rms_norm(k_norm)
                 and q.stride(-1) == 1 and k.stride(-1) == 1):
             cos, sin = self.cos_sin(positions, q.dtype)
             triton_kernels().qk_norm_rotary_(q, k, q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps, cos, sin)
             return q, k
         return self(positions, q_norm(q), k_norm(k))
+
+
+def _cuda_rms_norm(op: CustomOp | None) -> bool:
+    """Whether ``op`` is the built-in RMSNorm bound to its Triton kernel (which the fused
+    norm-and-rotate kernel computes exactly)."""
+    return type(op) is RMSNorm and op.implementation == "forward_cuda"

@@ -139,3 +139,64 @@ def _store_like(cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: li
     out[0].view(-1, hkv, d)[idx] = k[rows].to(cache.dtype)
     out[1].view(-1, hkv, d)[idx] = v[rows].to(cache.dtype)
     return out
+
+
+def _decode_batch(dev, dtype, lens, kv_dtype=None, seed=0, num_blocks=1024):
+    """A decode step over random cached contexts of ``lens`` tokens (plus 2 padding rows,
+    whose output rows are unspecified)."""
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    shape = get_attention_backend("torch").get_kv_cache_shape(num_blocks, BS, HKV, D)
+    cache = torch.randn(shape, generator=gen, device=dev, dtype=dtype).to(kv_dtype or dtype)
+    per_seq = max(-(-n // BS) for n in lens)
+    tables = torch.randperm(num_blocks, device=dev)[: len(lens) * per_seq].view(len(lens), per_seq).int()
+    slots = [int(tables[i, (n - 1) // BS]) * BS + (n - 1) % BS for i, n in enumerate(lens)] + [-1, -1]
+    md = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, device=dev),
+        query_start_loc=torch.arange(len(lens) + 1, dtype=torch.int32, device=dev),
+        seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev), block_tables=tables,
+        max_query_len=1, max_seq_len=max(lens), block_size=BS)
+    q = torch.randn(len(slots), HQ, D, generator=gen, device=dev, dtype=dtype)
+    return cache, md, q
+
+
+@pytest.mark.parametrize("dtype,kv_dtype", [(torch.bfloat16, None), (torch.float32, None),
+                                            (torch.bfloat16, torch.float8_e4m3fn)])
+@pytest.mark.parametrize("normed", [False, True])
+def test_rotary_kernel_stores_keys_and_values_as_the_backend(dtype, kv_dtype, normed):
+    """The rotary kernels' fused KV store (``rotate_and_store``'s path) leaves the queries,
+    keys and the cache exactly as the rotation followed by the backend's own store does
+    (padding slots untouched), and the attention over it equals ``forward``'s."""
+    from forkless.attention import KVStoreTarget
+    from forkless.ops import fused_triton
+
+    dev = torch.device("cuda")
+    lens = [40, 77, 5]
+    cache, md, _ = _decode_batch(dev, dtype, lens, kv_dtype)
+    tri = get_attention_backend("triton")(HQ, HKV, D, D**-0.5)
+    tri.k_scale, tri.v_scale = (0.5, 2.0) if kv_dtype is not None else (1.0, 1.0)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    t = md.slot_mapping.shape[0]
+    qkv = torch.randn(t, (HQ + 2 * HKV) * D, generator=gen, device=dev, dtype=dtype)
+    angles = torch.tensor(lens + [0, 0], device=dev).float()[:, None] * torch.rand(D // 2, device=dev)
+    emb = torch.cat((angles, angles), -1)[:, None, :]
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    qw, kw = (torch.rand(D, generator=gen, device=dev, dtype=dtype) for _ in range(2))
+
+    def run(fused):
+        x, c = qkv.clone(), cache.clone()
+        q, k, v = (p.view(t, -1, D) for p in x.split([HQ * D, HKV * D, HKV * D], -1))
+        store = tri.kv_store_target(c, md) if fused else None
+        if normed:
+            fused_triton.qk_norm_rotary_(q, k, qw, kw, 1e-6, 1e-6, cos, sin, v if fused else None, store)
+        else:
+            fused_triton.rotary_(q, k, cos, sin, D, v if fused else None, store)
+        out = tri.forward_stored(q, c, md) if fused else tri.forward(q, k, v, c, md)
+        return x, c, out
+
+    assert isinstance(tri.kv_store_target(cache, md), KVStoreTarget)
+    x0, c0, out0 = run(False)
+    x1, c1, out1 = run(True)
+    assert torch.equal(x0, x1)
+    assert torch.equal(c0.view(torch.uint8), c1.view(torch.uint8)), "cache differs from the backend's own store"
+    assert not torch.equal(c1.view(torch.uint8), cache.view(torch.uint8)), "nothing was stored"
+    assert torch.equal(out0[: len(lens)], out1[: len(lens)])

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 import triton
 
-from forkless.attention.interface import AttentionMetadata
+from forkless.attention.interface import AttentionMetadata, KVStoreTarget
 from forkless.attention.backends.torch_sdpa import TorchAttentionBackend
 from forkless.attention.backends.triton_kernels import (
     LOG2E,
@@ -133,7 +133,6 @@ class TritonAttentionBackend(TorchAttentionBackend):
         md = attn_metadata
         num_tokens = q.shape[0]
         hkv_d = self.num_kv_heads * self.head_dim
-        kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
         k = k if k.stride(-1) == 1 and k.stride(-2) == self.head_dim else k.contiguous()
         v = v if v.stride(-1) == 1 and v.stride(-2) == self.head_dim else v.contiguous()
         pdl = use_pdl(q.device, num_tokens)
@@ -141,8 +140,22 @@ class TritonAttentionBackend(TorchAttentionBackend):
             k, v, kv_cache, md.slot_mapping,
             k.stride(0), v.stride(0), kv_cache.stride(0),
             1.0 / self.k_scale, 1.0 / self.v_scale,
-            HKV_D=hkv_d, BLOCK=triton.next_power_of_2(hkv_d), KV_FP8=kv_fp8, PDL=pdl, launch_pdl=pdl,
+            HKV_D=hkv_d, BLOCK=triton.next_power_of_2(hkv_d), KV_FP8=kv_cache.dtype == torch.float8_e4m3fn,
+            PDL=pdl, launch_pdl=pdl,
         )
+        return self.forward_stored(q, kv_cache, md)
+
+    def kv_store_target(self, kv_cache: torch.Tensor | None, attn_metadata: AttentionMetadata) -> KVStoreTarget | None:
+        # The profiling run (no cache) attends through the reference backend.
+        if kv_cache is None or kv_cache.numel() == 0 or not kv_cache.is_cuda:
+            return None
+        return KVStoreTarget(kv_cache, attn_metadata.slot_mapping, 1.0 / self.k_scale, 1.0 / self.v_scale)
+
+    def forward_stored(self, q: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+        md = attn_metadata
+        num_tokens = q.shape[0]
+        kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
+        pdl = use_pdl(q.device, num_tokens)
         out = torch.empty(num_tokens, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         num_seqs = md.seq_lens.shape[0]
         if md.max_query_len == 1:
