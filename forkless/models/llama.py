@@ -131,7 +131,7 @@ class LlamaAttention(nn.Module):
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         # On CUDA the rotary kernel also stores the new keys and values where the backend
-        # lets it (one launch fewer a layer: the batch-1 decode step is launch-bound).
+        # lets it: one launch fewer a layer.
         store = self.attn.kv_store_target(kv_cache, attn_metadata)
         norms = (self.q_norm, self.k_norm) if self.qk_norm else (None, None)
         if store is not None and self.rotary_emb.rotate_and_store(positions, q, k, v, store, *norms):
