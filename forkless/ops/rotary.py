@@ -151,6 +151,12 @@ class RotaryEmbedding(FusedKernelOp):
         triton_kernels().rotary_(q, k, cos, sin, self.rotary_dim)
         return q, k
 
+    def _fusable(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether this is the built-in rotation running its Triton kernel over whole heads of
+        CUDA tensors whose head dimension is contiguous (what the fused kernels take)."""
+        return (q.is_cuda and type(self) is RotaryEmbedding and self.implementation == "forward_cuda"
+                and self.rotary_dim == self.head_dim and q.stride(-1) == 1 and k.stride(-1) == 1)
+
     def rotate_and_store(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, store: KVStoreTarget,
         q_norm: CustomOp | None = None, k_norm: CustomOp | None = None,
@@ -163,9 +169,7 @@ class RotaryEmbedding(FusedKernelOp):
             Whether it did; ``False``: nothing was touched, call the ops and let the
             attention backend store the keys and values itself.
         """
-        if not (q.is_cuda and type(self) is RotaryEmbedding and self.implementation == "forward_cuda"
-                and self.rotary_dim == self.head_dim and q.stride(-1) == 1 and k.stride(-1) == 1
-                and v.stride(-1) == 1 and (q_norm is None) == (k_norm is None)):
+        if not (self._fusable(q, k) and v.stride(-1) == 1 and (q_norm is None) == (k_norm is None)):
             return False
         if q_norm is not None and not (_cuda_rms_norm(q_norm) and _cuda_rms_norm(k_norm)):
             return False
@@ -187,9 +191,7 @@ class RotaryEmbedding(FusedKernelOp):
         pass views nothing else reads, as the QKV projection's split is); otherwise the
         three ops are called one after the other.
         """
-        if (q.is_cuda and type(self) is RotaryEmbedding and self.implementation == "forward_cuda"
-                and self.rotary_dim == self.head_dim and _cuda_rms_norm(q_norm) and _cuda_rms_norm(k_norm)
-                and q.stride(-1) == 1 and k.stride(-1) == 1):
+        if self._fusable(q, k) and _cuda_rms_norm(q_norm) and _cuda_rms_norm(k_norm):
             cos, sin = self.cos_sin(positions, q.dtype)
             triton_kernels().qk_norm_rotary_(q, k, q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps, cos, sin)
             return q, k
