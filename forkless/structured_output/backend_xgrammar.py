@@ -107,6 +107,15 @@ class XgrammarBackend(StructuredOutputBackend):
         self._batch = xgr.BatchGrammarMatcher(max_threads=threads) if threads > 1 else self._serial
         self._row_seconds = 0.0
         self._fills = 0
+        # A matcher terminates exactly when it accepts one of these (xgrammar's default,
+        # terminate_without_stop_token=False): terminated_batch needs no call per grammar.
+        self._stop_ids = frozenset(info.stop_token_ids)
+        # xgrammar's batch advance without its result's conversion, which makes one FFI
+        # call per element; each FFI call releases and takes the GIL again, which costs
+        # little alone but up to a switch interval each while another thread holds it.
+        # None where a later xgrammar moves it (then the public wrapper).
+        core = getattr(getattr(xgr, "matcher", None), "_core", None)
+        self._raw_accept = getattr(getattr(core, "BatchGrammarMatcher", None), "batch_accept_token", None)
 
     def fill_bitmasks(self, grammars: list[StructuredOutputGrammar], bitmask: np.ndarray,
                       indices: list[int]) -> None:
@@ -129,9 +138,21 @@ class XgrammarBackend(StructuredOutputBackend):
                             tokens: list[list[int]]) -> list[bool]:
         if len(grammars) < _BATCH_FILL_MIN or any(len(t) != 1 for t in tokens):
             return super().accept_tokens_batch(grammars, request_ids, tokens)
-        # One token each (no drafts kept this step): advanced on xgrammar's threads.
+        # One token each (no drafts kept this step): advanced in one call.
         matchers = [g.matcher for g in grammars]  # type: ignore[attr-defined]
-        return list(self._batch.batch_accept_token(matchers, [t[0] for t in tokens]))
+        firsts = [t[0] for t in tokens]
+        if self._raw_accept is None:
+            return list(self._batch.batch_accept_token(matchers, firsts))
+        result = self._raw_accept([m._handle for m in matchers], firsts, False)
+        # Every token accepted (the masked case), asked in an FFI call or two: the
+        # elements are 0/1 integers, compared by type (False would not match 0).
+        if 0 not in result and False not in result:
+            return [True] * len(matchers)
+        return [bool(ok) for ok in result]
+
+    def terminated_batch(self, grammars: list[StructuredOutputGrammar], tokens: list[list[int]]) -> list[bool]:
+        stop = self._stop_ids
+        return [bool(t) and t[-1] in stop for t in tokens]
 
     @classmethod
     def validate_params(cls, params: StructuredOutputsParams) -> None:

@@ -149,6 +149,13 @@ class StructuredOutputBackend(abc.ABC):
         asks each grammar in turn; a backend that can advance many at once overrides it."""
         return [g.accept_tokens(rid, t) for g, rid, t in zip(grammars, request_ids, tokens)]
 
+    def terminated_batch(self, grammars: list[StructuredOutputGrammar], tokens: list[list[int]]) -> list[bool]:
+        """Which of ``grammars`` (this backend's), just advanced over ``tokens`` by
+        :meth:`accept_tokens_batch` and all of them accepted, are now complete
+        (:meth:`StructuredOutputGrammar.is_terminated`). The default asks each grammar; a
+        backend that can tell from the tokens alone (its stop tokens) overrides it."""
+        return [g.is_terminated() for g in grammars]
+
     def allocate_token_bitmask(self, max_num_seqs: int) -> np.ndarray:
         """A ``[max_num_seqs, ceil(vocab_size / 32)]`` int32 array, all tokens allowed."""
         import numpy as np

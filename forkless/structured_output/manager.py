@@ -296,14 +296,18 @@ class StructuredOutputManager:
                 continue
             advancing.append((out.request_id, grammar, out))
         for backend, grammars_of, outs in self._by_backend(advancing):
-            accepted = backend.accept_tokens_batch(grammars_of, [o.request_id for o in outs],
-                                                   [o.new_token_ids for o in outs])
-            for grammar, out, ok in zip(grammars_of, outs, accepted):
-                if not ok:
-                    self._drop(out.request_id)
-                    rejected.append((out.request_id, f"structured outputs: the grammar refused token(s) "
-                                                      f"{out.new_token_ids} it had allowed"))
-                elif grammar.is_terminated():
+            tokens = [o.new_token_ids for o in outs]
+            accepted = backend.accept_tokens_batch(grammars_of, [o.request_id for o in outs], tokens)
+            if not all(accepted):
+                for out, ok in zip(outs, accepted):
+                    if not ok:
+                        self._drop(out.request_id)
+                        rejected.append((out.request_id, f"structured outputs: the grammar refused token(s) "
+                                                          f"{out.new_token_ids} it had allowed"))
+                kept = [i for i, ok in enumerate(accepted) if ok]
+                grammars_of, outs, tokens = [grammars_of[i] for i in kept], [outs[i] for i in kept], [tokens[i] for i in kept]
+            for out, done in zip(outs, backend.terminated_batch(grammars_of, tokens)):
+                if done:
                     self._drop(out.request_id)
                     complete.append(out.request_id)
         return complete, rejected

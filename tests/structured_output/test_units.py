@@ -175,6 +175,48 @@ def test_a_steps_rows_filled_at_once_equal_one_by_one(smollm2_folder, backend: s
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_a_steps_grammars_advance_at_once_as_one_by_one(smollm2_folder, backend: str) -> None:
+    """A step's tokens advance the grammars in one call per backend: what each accepts
+    and which are complete afterwards (stop token taken) are what the grammars say one
+    by one, refused tokens included (xgrammar's batch path then reads its result row by
+    row)."""
+    from forkless.tokenizers.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(smollm2_folder)
+    instance = StructuredOutputBackendRegistry.resolve(backend)(tokenizer, 49152, [2], StructuredOutputsConfig())
+    spec = '["yes please", "no thanks"]'
+    batched = [instance.compile_grammar("choice", spec) for _ in range(32)]  # xgrammar's batch path
+    single = [instance.compile_grammar("choice", spec) for _ in range(32)]
+    good = tokenizer.encode("yes please", add_special_tokens=False)
+    bad = tokenizer.encode("maybe", add_special_tokens=False)[:1]
+    # Eight grammars one token short of complete: xgrammar completes on the stop token
+    # after the text, guidance on the text's last token.
+    probe = instance.compile_grammar("choice", spec)
+    probe.accept_tokens("r", good)
+    pre, last = (good[:1], good[1:2]) if probe.is_terminated() else (good, [2])
+    for grammars in (batched, single):
+        for grammar in grammars[:8]:
+            assert grammar.accept_tokens("r", pre)
+    tokens = [last] * 8 + [good[:1]] * 12 + [bad] * 12
+
+    def step(rows: list[list[int]]) -> tuple[list[bool], list[bool]]:
+        accepted = instance.accept_tokens_batch(batched, ["r"] * 32, rows)
+        kept = [i for i, ok in enumerate(accepted) if ok]
+        done = instance.terminated_batch([batched[i] for i in kept], [rows[i] for i in kept])
+        terminated = [False] * 32
+        for i, d in zip(kept, done):
+            terminated[i] = d
+        return accepted, terminated
+
+    accepted, terminated = step(tokens)
+    expected = [g.accept_tokens("r", t) for g, t in zip(single, tokens)]
+    assert accepted == expected == [True] * 20 + [False] * 12
+    assert terminated == [g.is_terminated() and ok for g, ok in zip(single, expected)] == [True] * 8 + [False] * 24
+    # Every token accepted (the usual, masked step): the same one-call answer.
+    assert step([[good[1]]] * 32)[0][8:20] == [True] * 12
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
 def test_a_verifying_request_gets_a_bitmask_row_per_position(smollm2_folder, backend: str) -> None:
     """Speculative drafts of a constrained request: row j is what the grammar allows after
     the first j drafts; after a draft it refuses, the rows repeat the one that refuses it;
