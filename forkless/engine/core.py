@@ -111,8 +111,11 @@ class EngineCore:
             elif config.scheduler_config.async_scheduling and not self.async_scheduling:
                 logger.warning("--async-scheduling is not supported by this executor, worker or "
                                "scheduler (or a custom logits processor is loaded): stepping synchronously")
-            # The launched step whose tokens are not collected yet: (plan, handle).
+            # The launched step whose tokens are not collected yet: (plan, handle); and
+            # whether it was launched with defer_sampling and waits for its bitmask
+            # (_sample_pending).
             self._pending: tuple[SchedulerOutput, Any] | None = None
+            self._unsampled = False
             # The adapter of each request the scheduler holds that has one: the scheduler
             # does not know adapters, so the plan's admissions get theirs here
             # (_attach_loras), and at most --max-loras adapters are in the scheduler at
@@ -282,11 +285,15 @@ class EngineCore:
             self._structured.fill_bitmask(scheduler_output)
         return scheduler_output
 
-    def _sample_deferred(self, launched: tuple[SchedulerOutput, Any]) -> None:
-        """Fill a deferred step's bitmask (the grammars now hold the tokens of the step
-        before) and let the workers sample it."""
-        scheduler_output, handle = launched
-        self.executor.sample_deferred(handle, self._structured.fill_deferred(scheduler_output))
+    def _sample_pending(self) -> None:
+        """Let the workers sample the pending step, launched with ``defer_sampling``, with
+        the bitmask its fill thread made (started by :meth:`_step_async` once the grammars
+        held the tokens of the step before): before anything is launched after it, or it
+        is collected."""
+        if self._unsampled:
+            self._unsampled = False
+            assert self._pending is not None
+            self.executor.sample_deferred(self._pending[1], self._structured.take_deferred_fill())
 
     def _finished(self, outputs: list) -> list:
         if self._structured.has_grammars():
@@ -353,31 +360,39 @@ class EngineCore:
         # input preparation of N+1 run while the device computes N, and N+1 is queued
         # behind N so the device never waits for the host. Tokens of N reach N+1 on the
         # device (placeholders). The outputs returned are step N's.
+        #
+        # Structured outputs: N+1 is planned with defer_sampling (its bitmask needs N's
+        # tokens). Once N is collected (the grammars have taken its tokens), N+1's
+        # bitmask is filled on the grammar manager's fill thread, while this thread
+        # returns N's outputs and, in the next call, plans N+2; N+1 is sampled with it
+        # just before N+2 is launched (_sample_pending), and so before N+2's
+        # placeholders read its tokens.
         outputs: list = []
         trace = self._trace
         started = scheduled = launched_at = trace.now() if trace is not None else 0.0
-        pending, self._pending = self._pending, None
+        pending = self._pending
         if pending is not None and not self.scheduler.can_schedule_async():
             # A request that reads its latest tokens is waiting: finish N before
             # scheduling more.
-            outputs = self._collect(pending)
+            outputs = self._collect_pending()
             pending = None
         launched = None
         if self.scheduler.has_unfinished_requests():
             scheduler_output = self._plan(in_flight=pending is not None)
             scheduled = trace.now() if trace is not None else 0.0
+            self._sample_pending()
             launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
             launched_at = trace.now() if trace is not None else 0.0
         if pending is not None:
-            outputs += self._collect(pending)
-        if launched is not None and launched[0].defer_sampling:
-            self._sample_deferred(launched)
+            outputs += self._collect_pending()
         if launched is not None:
-            if self.scheduler.can_schedule_async():
-                self._pending = launched
-            else:
+            self._pending = launched
+            if launched[0].defer_sampling:
+                self._structured.start_deferred_fill(launched[0])
+                self._unsampled = True
+            if not self.scheduler.can_schedule_async():
                 # It admitted a history-dependent request: no step may stay in flight.
-                outputs += self._collect(launched)
+                outputs += self._collect_pending()
         if trace is not None:
             plan = launched[0] if launched is not None else None
             trace.add(started=started, scheduled=scheduled, launched=launched_at, ended=trace.now(),
@@ -405,6 +420,13 @@ class EngineCore:
         if batches and (len(batches) == self._max_batches or not launched):
             outputs = self._collect(batches.popleft())
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
+
+    def _collect_pending(self) -> list:
+        """Collect the pending async step (sampled first if it waits for its bitmask)."""
+        self._sample_pending()
+        pending, self._pending = self._pending, None
+        assert pending is not None
+        return self._collect(pending)
 
     def _collect(self, pending: tuple[SchedulerOutput, Any]) -> list:
         scheduler_output, handle = pending

@@ -9,10 +9,18 @@ Invariants:
     * A constrained request's grammar has accepted exactly its output tokens whenever its
       bitmask is filled. Synchronous steps fill it at the plan. Under async scheduling
       with an executor that samples deferred steps, a plan made while the step before
-      still runs is marked :meth:`defer`: the engine core fills it (:meth:`fill_deferred`)
-      after that step's tokens are accepted, while the device runs the new step's
-      forward; otherwise constrained requests keep steps synchronous (their sampling
-      reads their own history, like penalties). Speculative drafts advance a grammar
+      still runs is marked :meth:`defer`: once that step's tokens are accepted, the
+      engine core has it filled on the manager's fill thread (:meth:`start_deferred_fill`)
+      while the device runs the new step's forward and the step loop goes on (plans the
+      next step), and takes it (:meth:`take_deferred_fill`) just before the next launch;
+      otherwise constrained requests keep steps synchronous (their sampling reads their
+      own history, like penalties).
+    * The fill thread runs only between :meth:`start_deferred_fill` and
+      :meth:`take_deferred_fill`, and then touches only the grammars of that plan's rows
+      and the bitmask buffer; everything else that reads or writes a grammar or the
+      buffer (accept, synchronous fills) runs on the step loop outside that window (it
+      waits for the fill first). Dropping a request meanwhile only forgets it here: the
+      thread fills its row, and whatever that row samples is dropped. Speculative drafts advance a grammar
       only while its bitmask rows are filled (steps with drafts are synchronous), and
       are rolled back before the step runs.
     * The step's bitmask has ``1 + num_spec_tokens`` rows per scheduled request that
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -73,6 +82,11 @@ class StructuredOutputManager:
         self._backend_of: dict[str, StructuredOutputBackend] = {}
         # The step's packed bitmask (see _rows).
         self._buffer = bytearray()
+        # The deferred fill in progress on the fill thread (start_deferred_fill), and the
+        # interpreter's switch interval to restore when it is taken.
+        self._filler: concurrent.futures.ThreadPoolExecutor | None = None
+        self._fill_job: concurrent.futures.Future | None = None
+        self._switch_interval = 0.0
 
     # ------------------------------------------------------------------ compilation
 
@@ -157,6 +171,7 @@ class StructuredOutputManager:
         grammars = self._grammars
         if not grammars:
             return
+        self._join_fill()
         rows = [(s, g) for s in scheduler_output.scheduled_requests
                 if s.sample and (g := grammars.get(s.request_id)) is not None]
         if not rows:
@@ -191,21 +206,74 @@ class StructuredOutputManager:
 
     def fill_deferred(self, scheduler_output: SchedulerOutput) -> bytearray:
         """The bitmask of a plan marked by :meth:`defer`, one row per constrained row,
-        from the grammars as they are now (the reused buffer of :meth:`_rows`). A request
-        whose grammar is gone (it completed, failed or was aborted since the plan) gets a
-        row that allows everything: it has finished, and whatever its row samples is
-        dropped."""
+        from the grammars as they are now (the reused buffer of :meth:`_rows`), filled on
+        the calling thread. A request whose grammar is gone (it completed, failed or was
+        aborted since the plan) gets a row that allows everything: it has finished, and
+        whatever its row samples is dropped."""
+        self.start_deferred_fill(scheduler_output, threaded=False)
+        return self.take_deferred_fill()
+
+    def start_deferred_fill(self, scheduler_output: SchedulerOutput, threaded: bool = True) -> None:
+        """Start filling the bitmask of a plan marked by :meth:`defer` (as
+        :meth:`fill_deferred`) on the fill thread, from the grammars as they are now;
+        :meth:`take_deferred_fill` returns it.
+
+        The backends' fills release the GIL, so the step loop runs on meanwhile; for the
+        thread to get the GIL back promptly between its calls, the interpreter's switch
+        interval is lowered to 0.2 ms until the fill is taken (at 5 ms, the default, a
+        0.4 ms fill took 5.6 ms beside a busy step loop).
+        """
+        self._join_fill()
         ids = scheduler_output.structured_output_request_ids
         bitmask = self._rows(len(ids))
         live = []
+        grammars = self._grammars
         for i, rid in enumerate(ids):
-            grammar = self._grammars.get(rid)
+            grammar = grammars.get(rid)
             if grammar is None:
                 bitmask[i] = -1
             else:
                 live.append((rid, grammar, i))
-        self._fill(bitmask, live)
+        groups = self._by_backend(live)
+        if not threaded or not groups:
+            self._fill_job = concurrent.futures.Future()
+            self._fill_job.set_result(self._fill_groups(bitmask, groups))
+            return
+        if self._filler is None:
+            self._filler = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                                 thread_name_prefix="forkless-grammar-fill")
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch_interval, 2e-4))
+        self._fill_job = self._filler.submit(self._fill_groups, bitmask, groups)
+
+    def take_deferred_fill(self) -> bytearray:
+        """The bitmask :meth:`start_deferred_fill` started (waits for it), in the reused
+        buffer: the executor consumes it before the next fill starts.
+
+        Raises:
+            RuntimeError: No fill was started.
+        """
+        if self._fill_job is None:
+            raise RuntimeError("take_deferred_fill() without start_deferred_fill()")
+        self._join_fill()
         return self._buffer
+
+    def _join_fill(self) -> None:
+        """Wait for the fill thread's job, if one runs (and restore the switch interval);
+        a backend's exception in it is raised here."""
+        job = self._fill_job
+        if job is None:
+            return
+        self._fill_job = None
+        if self._switch_interval:
+            sys.setswitchinterval(self._switch_interval)
+            self._switch_interval = 0.0
+        job.result()
+
+    @staticmethod
+    def _fill_groups(bitmask: np.ndarray, groups: list) -> None:
+        for backend, grammars_of, indices in groups:
+            backend.fill_bitmasks(grammars_of, bitmask, indices)
 
     def _rows(self, n: int) -> np.ndarray:
         """``n`` bitmask rows over :attr:`_buffer`, the bytes that go to the workers.
@@ -242,8 +310,7 @@ class StructuredOutputManager:
 
     def _fill(self, bitmask: np.ndarray, rows: list[tuple[str, StructuredOutputGrammar, int]]) -> None:
         """Fill bitmask rows from grammars at their current state, one call per backend."""
-        for backend, grammars_of, indices in self._by_backend(rows):
-            backend.fill_bitmasks(grammars_of, bitmask, indices)
+        self._fill_groups(bitmask, self._by_backend(rows))
 
     def _fill_drafts(self, bitmask: np.ndarray, rows: list, offsets: list[int]) -> None:
         """The rows of the verified positions after each request's first (see
@@ -283,6 +350,7 @@ class StructuredOutputManager:
             that sampled a token their grammar refuses (a backend fault; the caller fails
             them).
         """
+        self._join_fill()
         complete: list[str] = []
         rejected: list[tuple[str, str]] = []
         grammars = self._grammars
@@ -325,8 +393,14 @@ class StructuredOutputManager:
         self._backend_of.pop(request_id, None)
 
     def shutdown(self) -> None:
-        """Stop the compile threads and release the backends."""
+        """Stop the compile and fill threads and release the backends."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._filler is not None:
+            try:
+                self._join_fill()  # the backends are destroyed next: no fill may run
+            except Exception:  # noqa: BLE001 -- shutting down; the step that needed it is gone
+                pass
+            self._filler.shutdown(wait=False)
         for backend in self._backends.values():
             backend.destroy()

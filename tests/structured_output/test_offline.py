@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -175,8 +176,14 @@ def test_async_scheduling_overlaps_the_grammar_with_the_forward(smollm2_folder: 
         deferred = []
         sample = core.executor.sample_deferred
         core.executor.sample_deferred = lambda handle, bitmask: (deferred.append(bitmask), sample(handle, bitmask))
+        # The deferred bitmasks are filled on the manager's fill thread, not the step loop.
+        fill_threads = []
+        manager = core._structured
+        fill = manager._fill_groups
+        manager._fill_groups = lambda *args: (fill_threads.append(threading.current_thread().name), fill(*args))
         got = other.generate(prompts, params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in got] == expected
+        assert "forkless-grammar-fill_0" in fill_threads, set(fill_threads)
         assert [o.outputs[0].finish_reason for o in got][:3] == ["stop"] * 3
         # Most steps overlapped: one per token of the longest constrained output, less the
         # first (nothing in flight then) and the few the end of a request makes synchronous.
