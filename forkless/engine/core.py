@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter, deque
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from forkless.core.request import Request, RequestStatus
 from forkless.protocol.step import FinishReason, SpecDecodeStats
@@ -135,7 +135,7 @@ class EngineCore:
             self._request_errors: list[tuple[str, str]] = []
             # Structured outputs: constrained requests wait here, with their adapter, while
             # their grammar compiles on the manager's threads (forkless.structured_output).
-            self._structured = _structured_output_manager(config)
+            self._structured = _structured_output_manager(config, self.executor.allocate_bitmask_buffer)
             self._grammar_held: dict[str, tuple[Request, LoRARequest | None]] = {}
             # Under async scheduling, a step planned while the one before still runs
             # leaves its constrained rows' bitmask for later: the grammars take the
@@ -488,7 +488,7 @@ class EngineCore:
                 self.scheduler.connector.shutdown()
 
 
-def _structured_output_manager(config: EngineConfig) -> StructuredOutputManager:
+def _structured_output_manager(config: EngineConfig, allocate_buffer: Callable[[int], Any]) -> StructuredOutputManager:
     """The engine core's grammar manager (it builds nothing until a constrained request
     arrives)."""
     mc = config.model_config
@@ -498,4 +498,4 @@ def _structured_output_manager(config: EngineConfig) -> StructuredOutputManager:
         if tok is not None and int(tok) not in eos:
             eos.append(int(tok))
     return StructuredOutputManager(config.structured_outputs_config or StructuredOutputsConfig(), mc.tokenizer,
-                                   mc.vocab_size, eos)
+                                   mc.vocab_size, eos, allocate_buffer)

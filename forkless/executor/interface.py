@@ -72,6 +72,14 @@ class Executor(ABC):
         structured outputs keep steps synchronous)."""
         return False
 
+    def allocate_bitmask_buffer(self, nbytes: int) -> Any:
+        """A host buffer of ``nbytes`` for the engine core to fill a step's grammar bitmask
+        into, which the workers read without a copy (an in-process worker's pinned memory);
+        ``None`` (the default): the engine core uses a ``bytearray``. The engine core fills
+        a buffer again only after the step that read it was collected, so a worker may
+        read it asynchronously (a device copy queued before that step's sampling)."""
+        return None
+
     def sample_deferred(self, pending: Any, grammar_bitmask: bytes | bytearray | None) -> None:
         """Sample a step launched with ``defer_sampling``, its constrained rows masked by
         ``grammar_bitmask``; called once, before :meth:`collect` and before the next

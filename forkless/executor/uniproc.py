@@ -54,6 +54,9 @@ class UniProcExecutor(Executor):
     def sample_deferred(self, pending: Any, grammar_bitmask: bytes | bytearray | None) -> None:
         self.worker.sample_deferred(pending, grammar_bitmask)
 
+    def allocate_bitmask_buffer(self, nbytes: int) -> Any:
+        return self.worker.allocate_host_buffer(nbytes)
+
     def check_health(self) -> None:
         self.worker.check_health()
 

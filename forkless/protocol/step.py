@@ -124,13 +124,16 @@ class SchedulerOutput:
             refuses it); bit ``t % 32`` of word ``t // 32`` set allows token ``t``. The
             runner sets every other logit of those positions to ``-inf`` before sampling
             and verifying. ``None``: no constrained request samples this step, or
-            ``defer_sampling``. In the engine core's process it is a ``bytearray`` that
-            the next step's plan reuses (bytes once decoded from the wire).
+            ``defer_sampling``. In the engine core's process it is a buffer that the next
+            step's plan reuses: a ``bytearray``, or the in-process worker's pinned memory
+            as a numpy ``uint8`` array (``Executor.allocate_bitmask_buffer``); bytes once
+            decoded from the wire.
         defer_sampling: Structured outputs under async scheduling: the plan was made
             while the step before was still running, so its constrained rows' bitmask
             (one row each, no drafts) comes later. The runner computes the logits and
             samples only once ``sample_deferred`` brings the bitmask (the engine core
-            advances the grammars and fills it while the device runs the forward).
+            advances the grammars and fills it, on its fill thread, while the device runs
+            the forward).
         kv_connector_metadata: With a KV connector (``--kv-transfer-config``): its
             scheduler side's plan for this step (what to load and save), msgpack-encoded
             (``forkless.kv_transfer``); the workers' connectors decode it. Present even

@@ -36,7 +36,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from forkless.logger import init_logger
 from forkless.structured_output.config import StructuredOutputsConfig
@@ -64,10 +64,14 @@ class StructuredOutputManager:
             compile thread).
         vocab_size: Width of the model's logits.
         eos_token_ids: The model's EOS ids (what a complete grammar allows).
+        allocate_buffer: Makes the host buffer a step's bitmask is filled into, given its
+            size in bytes (``Executor.allocate_bitmask_buffer``: pinned memory for an
+            in-process CUDA worker, which then copies it to the device without staging
+            it); ``None``, or a call that returns ``None``: a ``bytearray``.
     """
 
     def __init__(self, config: StructuredOutputsConfig, tokenizer_path: str, vocab_size: int,
-                 eos_token_ids: list[int]) -> None:
+                 eos_token_ids: list[int], allocate_buffer: Callable[[int], Any] | None = None) -> None:
         self.config = config
         self.tokenizer_path = tokenizer_path
         self.vocab_size = vocab_size
@@ -81,7 +85,8 @@ class StructuredOutputManager:
         self._grammars: dict[str, StructuredOutputGrammar] = {}
         self._backend_of: dict[str, StructuredOutputBackend] = {}
         # The step's packed bitmask (see _rows).
-        self._buffer = bytearray()
+        self._allocate_buffer = allocate_buffer
+        self._buffer: Any = bytearray()
         # The deferred fill in progress on the fill thread (start_deferred_fill), and the
         # interpreter's switch interval to restore when it is taken.
         self._filler: concurrent.futures.ThreadPoolExecutor | None = None
@@ -287,8 +292,10 @@ class StructuredOutputManager:
         import numpy as np
 
         words = (self.vocab_size + 31) // 32
-        if len(self._buffer) != n * words * 4:
-            self._buffer = bytearray(n * words * 4)
+        nbytes = n * words * 4
+        if len(self._buffer) != nbytes:
+            buffer = self._allocate_buffer(nbytes) if self._allocate_buffer is not None else None
+            self._buffer = buffer if buffer is not None else bytearray(nbytes)
         return np.frombuffer(self._buffer, dtype=np.int32).reshape(n, words)
 
     def _by_backend(self, items: list[tuple[str, StructuredOutputGrammar, _T]]

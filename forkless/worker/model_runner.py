@@ -432,7 +432,9 @@ class ModelRunner:
         rows = [by_id[rid] for rid in self.input_batch.req_ids if rid is not None]
         prompt_parts: list[_PromptPart] = []
         verification: Verification | None = None
-        grammar = StepBitmask.from_plan(scheduler_output, rows) if scheduler_output.grammar_bitmask else None
+        # (is not None: the engine core's pinned buffer is a numpy array, which has no truth value)
+        mask = scheduler_output.grammar_bitmask
+        grammar = StepBitmask.from_plan(scheduler_output, rows) if mask is not None and len(mask) else None
         if self.lora_manager is not None:
             # Before a graph replay too: the graph reads the grouping from the buffers.
             requests = self.requests

@@ -150,6 +150,15 @@ class Worker:
         """Wait for a launched step's tokens (see :meth:`ModelRunner.collect`)."""
         return self._runner().collect(pending)
 
+    def allocate_host_buffer(self, nbytes: int) -> Any:
+        """A writable host buffer of ``nbytes`` (any object with the buffer protocol) that
+        this worker copies to its device without staging -- pinned memory on CUDA -- for
+        an engine core in the same process to fill (the grammar bitmask); ``None`` where
+        a plain buffer serves as well (the default on CPU)."""
+        if self.device is None or self.device.type != "cuda":
+            return None
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+
     def check_health(self) -> None:
         """Raise when the worker cannot run steps."""
         self._runner()

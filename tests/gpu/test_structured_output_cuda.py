@@ -31,6 +31,17 @@ def test_cuda_bitmask_equals_cpu() -> None:
         on_gpu = logits.cuda()
         apply_token_bitmask(on_gpu, bitmask, rows)
         assert torch.equal(on_gpu.cpu(), on_cpu)
+        # Filled into pinned memory (an in-process worker's buffer, as the engine core
+        # fills it): copied from where it is, no staging; the same logits.
+        pinned = torch.empty(bitmask.nbytes, dtype=torch.uint8, pin_memory=True).numpy()
+        in_pinned = np.frombuffer(pinned, dtype=np.int32).reshape(bitmask.shape)
+        in_pinned[...] = bitmask
+        for step_rows in (rows, list(range(n))):
+            on_cpu = logits.clone()
+            apply_token_bitmask(on_cpu, bitmask, step_rows)
+            on_gpu = logits.cuda()
+            apply_token_bitmask(on_gpu, in_pinned, step_rows)
+            assert torch.equal(on_gpu.cpu(), on_cpu)
 
 
 def test_cuda_bitmask_time_at_batch_256() -> None:

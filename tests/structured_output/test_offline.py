@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 import pytest
 
 from forkless import LLM, SamplingParams, StructuredOutputsParams
@@ -158,7 +159,8 @@ def test_constrained_requests_verify_drafts(smollm2_folder: Path, llm: LLM) -> N
 
 
 @pytest.mark.parametrize("llm", ["xgrammar", "guidance"], indirect=True)
-def test_async_scheduling_overlaps_the_grammar_with_the_forward(smollm2_folder: Path, llm: LLM) -> None:
+def test_async_scheduling_overlaps_the_grammar_with_the_forward(smollm2_folder: Path, llm: LLM,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Under --async-scheduling a constrained request no longer keeps steps synchronous:
     steps are planned while the one before runs, and their bitmask is filled after that
     step's tokens reach the grammars (sample_deferred). The outputs are those of
@@ -169,6 +171,17 @@ def test_async_scheduling_overlaps_the_grammar_with_the_forward(smollm2_folder: 
     params.append(SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(
         choice=["yes", "no", "maybe so"])))
     expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    # The bitmask filled into a buffer the executor provides (on a GPU: the in-process
+    # worker's pinned memory, a numpy array): here a plain numpy array, the same path.
+    buffers: list[int] = []
+
+    def allocate(self: Any, nbytes: int) -> np.ndarray:
+        buffers.append(nbytes)
+        return np.zeros(nbytes, dtype=np.uint8)
+
+    from forkless.executor.uniproc import UniProcExecutor
+
+    monkeypatch.setattr(UniProcExecutor, "allocate_bitmask_buffer", allocate)
     other = _llm(smollm2_folder, async_scheduling=True,
                  structured_outputs_config={"backend": llm.backend})  # type: ignore[attr-defined]
     try:
@@ -184,6 +197,7 @@ def test_async_scheduling_overlaps_the_grammar_with_the_forward(smollm2_folder: 
         got = other.generate(prompts, params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in got] == expected
         assert "forkless-grammar-fill_0" in fill_threads, set(fill_threads)
+        assert buffers and all(n % 4 == 0 for n in buffers)
         assert [o.outputs[0].finish_reason for o in got][:3] == ["stop"] * 3
         # Most steps overlapped: one per token of the longest constrained output, less the
         # first (nothing in flight then) and the few the end of a request makes synchronous.
