@@ -170,7 +170,8 @@ def test_async_scheduling_overlaps_the_grammar_with_the_forward(smollm2_folder: 
     prompts.append(_chat(llm, "Is the sky blue?"))
     params.append(SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(
         choice=["yes", "no", "maybe so"])))
-    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    sync = llm.generate(prompts, params, use_tqdm=False)
+    expected = [o.outputs[0].token_ids for o in sync]
     # The bitmask filled into a buffer the executor provides (on a GPU: the in-process
     # worker's pinned memory, a numpy array): here a plain numpy array, the same path.
     buffers: list[int] = []
@@ -196,6 +197,8 @@ def test_async_scheduling_overlaps_the_grammar_with_the_forward(smollm2_folder: 
         manager._fill_groups = lambda *args: (fill_threads.append(threading.current_thread().name), fill(*args))
         got = other.generate(prompts, params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in got] == expected
+        assert [(o.outputs[0].text, o.outputs[0].finish_reason) for o in got] == \
+            [(o.outputs[0].text, o.outputs[0].finish_reason) for o in sync]
         assert "forkless-grammar-fill_0" in fill_threads, set(fill_threads)
         assert buffers and all(n % 4 == 0 for n in buffers)
         assert [o.outputs[0].finish_reason for o in got][:3] == ["stop"] * 3
