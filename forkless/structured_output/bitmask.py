@@ -77,18 +77,22 @@ def unpack_bitmask(bitmask: np.ndarray, vocab_size: int, device: torch.device) -
     return disallowed
 
 
-def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int]) -> None:
+def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int] | None) -> None:
     """Set to ``-inf``, in place, the logits of tokens the bitmask does not allow.
 
     Args:
         logits: ``[B, V]`` logits of the step's rows.
         bitmask: ``[len(rows), ceil(V' / 32)]`` int32 packed rows.
-        rows: The logits row of each bitmask row.
+        rows: The logits row of each bitmask row; ``None``: row ``i`` for bitmask row
+            ``i``.
     """
-    if not rows:
+    if rows is None:
+        if bitmask.shape[0] != logits.shape[0]:
+            rows = list(range(bitmask.shape[0]))
+    elif not rows:
         return
     disallowed = unpack_bitmask(bitmask, logits.shape[1], logits.device)
-    if len(rows) == logits.shape[0] and rows == list(range(len(rows))):
+    if rows is None or (len(rows) == logits.shape[0] and rows == list(range(len(rows)))):
         logits.masked_fill_(disallowed, float("-inf"))
         return
     index = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
@@ -110,13 +114,20 @@ class StepBitmask:
     bitmask: np.ndarray
     first: dict[int, int]
     num_spec: dict[int, int]
+    # Every step row is constrained, has no drafts, and has bitmask row i as row i (the
+    # usual step of a batch of constrained requests): the dicts are not needed to apply it.
+    in_order: bool = False
 
     @classmethod
     def from_plan(cls, scheduler_output: SchedulerOutput, rows: list[ScheduledRequest]) -> StepBitmask:
         assert scheduler_output.grammar_bitmask is not None
-        spec = {s.request_id: s.num_spec_tokens for s in scheduler_output.scheduled_requests}
         ids = scheduler_output.structured_output_request_ids
         bitmask = np.frombuffer(scheduler_output.grammar_bitmask, dtype=np.int32)
+        if len(ids) == len(rows) and [s.request_id for s in rows if not s.num_spec_tokens] == ids:
+            # No mapping to build, row by row (~0.1 ms a step at 256 rows).
+            n = len(ids)
+            return cls(bitmask.reshape(n, -1), dict(zip(range(n), range(n))), dict.fromkeys(range(n), 0), True)
+        spec = {s.request_id: s.num_spec_tokens for s in scheduler_output.scheduled_requests}
         bitmask = bitmask.reshape(sum(1 + spec[rid] for rid in ids), -1)
         row_of = {s.request_id: i for i, s in enumerate(rows)}
         first: dict[int, int] = {}
@@ -131,6 +142,9 @@ class StepBitmask:
 
     def apply_sampled(self, logits: torch.Tensor) -> None:
         """Mask the sampler's logits (one row per step row, at its last position)."""
+        if self.in_order:
+            apply_token_bitmask(logits, self.bitmask, None)
+            return
         rows = list(self.first)
         picked = [self.first[i] + self.num_spec[i] for i in rows]
         if picked == list(range(len(picked))):

@@ -132,6 +132,37 @@ def test_bitmask_masks_exactly_the_disallowed_tokens(vocab: int) -> None:
     assert torch.equal(got, _reference(logits, full, [0, 1, 2, 3, 4]))
 
 
+def test_a_steps_bitmask_maps_its_rows_to_the_logits_rows() -> None:
+    """StepBitmask.from_plan: a step whose rows are all constrained, in the plan's order and
+    without drafts, masks row i with bitmask row i (the fast path, also with logits padded
+    past the step's rows); otherwise each constrained row gets its request's row."""
+    from forkless.protocol.step import ScheduledRequest, SchedulerOutput
+    from forkless.structured_output.bitmask import StepBitmask
+
+    gen = np.random.default_rng(1)
+    vocab = 96
+    rows = [ScheduledRequest(f"r{i}", [1], 10, [], False, True) for i in range(4)]
+    bitmask = gen.integers(-2**31, 2**31, size=(4, 3), dtype=np.int64).astype(np.int32)
+    logits = torch.randn(6, vocab)  # two padding rows past the step's four
+
+    def step(ids: list[str], mask: np.ndarray) -> StepBitmask:
+        plan = SchedulerOutput(scheduled_requests=rows, structured_output_request_ids=ids,
+                               grammar_bitmask=bytearray(mask.tobytes()))
+        return StepBitmask.from_plan(plan, rows)
+
+    in_order = step(["r0", "r1", "r2", "r3"], bitmask)
+    assert in_order.in_order
+    got = logits.clone()
+    in_order.apply_sampled(got)
+    assert torch.equal(got, _reference(logits, bitmask, [0, 1, 2, 3]))
+    # Two constrained rows, in another order than the step's: mapped by request.
+    mapped = step(["r3", "r1"], bitmask[:2])
+    assert not mapped.in_order
+    got = logits.clone()
+    mapped.apply_sampled(got)
+    assert torch.equal(got, _reference(logits, bitmask[:2], [3, 1]))
+
+
 def test_bitmask_unpacks_to_the_disallowed_tokens() -> None:
     gen = np.random.default_rng(1)
     bitmask = gen.integers(-2**31, 2**31, size=(4, 3), dtype=np.int64).astype(np.int32)
