@@ -14,15 +14,15 @@ Invariants:
       while the device runs the new step's forward and the step loop goes on (plans the
       next step), and takes it (:meth:`take_deferred_fill`) just before the next launch;
       otherwise constrained requests keep steps synchronous (their sampling reads their
-      own history, like penalties).
+      own history, like penalties). Speculative drafts advance a grammar only while its
+      bitmask rows are filled (steps with drafts are synchronous), and are rolled back
+      before the step runs.
     * The fill thread runs only between :meth:`start_deferred_fill` and
       :meth:`take_deferred_fill`, and then touches only the grammars of that plan's rows
       and the bitmask buffer; everything else that reads or writes a grammar or the
       buffer (accept, synchronous fills) runs on the step loop outside that window (it
       waits for the fill first). Dropping a request meanwhile only forgets it here: the
-      thread fills its row, and whatever that row samples is dropped. Speculative drafts advance a grammar
-      only while its bitmask rows are filled (steps with drafts are synchronous), and
-      are rolled back before the step runs.
+      thread fills its row, and whatever that row samples is dropped.
     * The step's bitmask has ``1 + num_spec_tokens`` rows per scheduled request that
       samples and has a grammar (one per position it samples or verifies), in
       ``SchedulerOutput.structured_output_request_ids`` order; it crosses to the worker
@@ -195,7 +195,7 @@ class StructuredOutputManager:
 
     def defer(self, scheduler_output: SchedulerOutput) -> None:
         """Mark a plan made while the step before still runs: its constrained rows'
-        bitmask comes from :meth:`fill_deferred`, once the grammars hold that step's
+        bitmask comes from :meth:`start_deferred_fill`, once the grammars hold that step's
         tokens (``SchedulerOutput.defer_sampling``)."""
         grammars = self._grammars
         if not grammars:
@@ -209,19 +209,12 @@ class StructuredOutputManager:
         scheduler_output.structured_output_request_ids = [s.request_id for s in rows]
         scheduler_output.defer_sampling = True
 
-    def fill_deferred(self, scheduler_output: SchedulerOutput) -> bytearray:
-        """The bitmask of a plan marked by :meth:`defer`, one row per constrained row,
-        from the grammars as they are now (the reused buffer of :meth:`_rows`), filled on
-        the calling thread. A request whose grammar is gone (it completed, failed or was
-        aborted since the plan) gets a row that allows everything: it has finished, and
-        whatever its row samples is dropped."""
-        self.start_deferred_fill(scheduler_output, threaded=False)
-        return self.take_deferred_fill()
-
-    def start_deferred_fill(self, scheduler_output: SchedulerOutput, threaded: bool = True) -> None:
-        """Start filling the bitmask of a plan marked by :meth:`defer` (as
-        :meth:`fill_deferred`) on the fill thread, from the grammars as they are now;
-        :meth:`take_deferred_fill` returns it.
+    def start_deferred_fill(self, scheduler_output: SchedulerOutput) -> None:
+        """Start filling the bitmask of a plan marked by :meth:`defer` on the fill thread,
+        one row per constrained row, from the grammars as they are now, into the reused
+        buffer of :meth:`_rows`; :meth:`take_deferred_fill` returns it. A request whose
+        grammar is gone (it completed, failed or was aborted since the plan) gets a row
+        that allows everything: it has finished, and whatever its row samples is dropped.
 
         The backends' fills release the GIL, so the step loop runs on meanwhile; for the
         thread to get the GIL back promptly between its calls, the interpreter's switch
@@ -240,9 +233,9 @@ class StructuredOutputManager:
             else:
                 live.append((rid, grammar, i))
         groups = self._by_backend(live)
-        if not threaded or not groups:
+        if not groups:  # nothing to fill: every row's grammar is gone
             self._fill_job = concurrent.futures.Future()
-            self._fill_job.set_result(self._fill_groups(bitmask, groups))
+            self._fill_job.set_result(None)
             return
         if self._filler is None:
             self._filler = concurrent.futures.ThreadPoolExecutor(max_workers=1,
@@ -251,7 +244,7 @@ class StructuredOutputManager:
         sys.setswitchinterval(min(self._switch_interval, 2e-4))
         self._fill_job = self._filler.submit(self._fill_groups, bitmask, groups)
 
-    def take_deferred_fill(self) -> bytearray:
+    def take_deferred_fill(self) -> bytearray | np.ndarray:
         """The bitmask :meth:`start_deferred_fill` started (waits for it), in the reused
         buffer: the executor consumes it before the next fill starts.
 
