@@ -118,6 +118,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--async-scheduling", action="store_true",
                         help="both batches with async steps (the grammars then overlap the forward)")
+    parser.add_argument("--no-detokenize", action="store_true",
+                        help="both batches ask for token ids only (as `forkless bench throughput` does): their "
+                             "texts differ, and detokenizing them is no cost of the bitmask")
     args = parser.parse_args()
 
     from forkless import LLM, SamplingParams, StructuredOutputsParams
@@ -138,8 +141,9 @@ def main() -> None:
     prompts = [tokenizer.apply_chat_template(
         [{"role": "user", "content": f"Sensor {i}: list its readings as JSON."}], tokenize=False,
         add_generation_prompt=True) for i in range(args.batch)]
-    plain = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
-    constrained = SamplingParams(temperature=0, max_tokens=args.max_tokens,
+    detokenize = not args.no_detokenize
+    plain = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True, detokenize=detokenize)
+    constrained = SamplingParams(temperature=0, max_tokens=args.max_tokens, detokenize=detokenize,
                                  structured_outputs=StructuredOutputsParams(json=LONG_ARRAY))
 
     def seconds(params: SamplingParams) -> float:

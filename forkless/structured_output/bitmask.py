@@ -1,9 +1,11 @@
 """Applying a step's packed grammar bitmask to the logits (in the worker).
 
 Invariants:
-    * One batched operation per step, whatever the number of constrained rows: the
-      packed rows are unpacked at once (numpy on the CPU, shifts on the device) and the
-      disallowed logits of all rows are set to ``-inf`` together.
+    * One batched operation per step, whatever the number of constrained rows: on CUDA
+      one Triton kernel reads the packed rows and writes ``-inf`` where they disallow
+      (:mod:`forkless.structured_output.bitmask_triton`); elsewhere the rows are unpacked
+      at once (numpy on the CPU, shifts on other devices) and the disallowed logits of all
+      rows are set to ``-inf`` together.
     * Row ``i`` of the bitmask belongs to logits row ``rows[i]``; other rows are untouched.
       Token ids past the bitmask's width are disallowed.
     * A step's bitmask (:class:`StepBitmask`) has ``1 + num_spec_tokens`` rows per
@@ -13,6 +15,8 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -53,6 +57,11 @@ def _staged_to_cuda(bitmask: np.ndarray, device: torch.device) -> torch.Tensor:
     return packed
 
 
+@functools.cache
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def unpack_bitmask(bitmask: np.ndarray, vocab_size: int, device: torch.device) -> torch.Tensor:
     """``[n, vocab_size]`` bool on ``device``: whether each token is *disallowed* (what
     ``masked_fill_`` takes, so that no negation pass is needed)."""
@@ -90,6 +99,11 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[in
         if bitmask.shape[0] != logits.shape[0]:
             rows = list(range(bitmask.shape[0]))
     elif not rows:
+        return
+    if logits.is_cuda and logits.stride(1) == 1 and _has_triton():
+        from forkless.structured_output.bitmask_triton import apply_bitmask_cuda
+
+        apply_bitmask_cuda(logits, _staged_to_cuda(bitmask, logits.device), rows)
         return
     disallowed = unpack_bitmask(bitmask, logits.shape[1], logits.device)
     if rows is None or (len(rows) == logits.shape[0] and rows == list(range(len(rows)))):
