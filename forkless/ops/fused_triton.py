@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from forkless.ops.fused_buffers import rms_norm_buffers
+from forkless.triton_utils.kv_cache import cache_value
 from forkless.triton_utils.pdl import pdl_enter, use_pdl
 
 if TYPE_CHECKING:
@@ -120,16 +121,10 @@ def _store_kv_head(k1, k2, t, tmask, kh, mask, v_ptr, v_stride_t, v_stride_h, ca
     src = v_ptr + (t * v_stride_t + kh * v_stride_h)[:, None] + offs[None, :]
     v1 = tl.load(src, mask=keep, other=0.0)
     v2 = tl.load(src + HALF, mask=keep, other=0.0)
-    if KV_FP8:
-        k1 = tl.clamp(k1.to(tl.float32) * k_inv_scale, -448.0, 448.0)
-        k2 = tl.clamp(k2.to(tl.float32) * k_inv_scale, -448.0, 448.0)
-        v1 = tl.clamp(v1.to(tl.float32) * v_inv_scale, -448.0, 448.0)
-        v2 = tl.clamp(v2.to(tl.float32) * v_inv_scale, -448.0, 448.0)
-    ty = cache_ptr.dtype.element_ty
-    tl.store(dst, k1.to(ty), mask=keep)
-    tl.store(dst + HALF, k2.to(ty), mask=keep)
-    tl.store(dst + cache_kv_stride, v1.to(ty), mask=keep)
-    tl.store(dst + cache_kv_stride + HALF, v2.to(ty), mask=keep)
+    tl.store(dst, cache_value(k1, k_inv_scale, cache_ptr, KV_FP8), mask=keep)
+    tl.store(dst + HALF, cache_value(k2, k_inv_scale, cache_ptr, KV_FP8), mask=keep)
+    tl.store(dst + cache_kv_stride, cache_value(v1, v_inv_scale, cache_ptr, KV_FP8), mask=keep)
+    tl.store(dst + cache_kv_stride + HALF, cache_value(v2, v_inv_scale, cache_ptr, KV_FP8), mask=keep)
 
 
 @triton.jit
@@ -163,13 +158,16 @@ def _rotary_kernel(
                            slot_ptr, slot_stride, cache_kv_stride, k_inv_scale, v_inv_scale, offs, HALF, KV_FP8)
 
 
-def _store_args(v: torch.Tensor | None, store: "KVStoreTarget | None") -> tuple:
-    """The rotary kernels' KV-store arguments (placeholders when not storing)."""
+def _store_args(v: torch.Tensor | None, store: "KVStoreTarget | None") -> dict:
+    """The rotary kernels' KV-store arguments, by name (placeholders when not storing)."""
     if store is None or v is None:
-        return (0, 0, 0, 0, 0, 0, 0, 1.0, 1.0)
+        return dict(v_ptr=0, v_stride_t=0, v_stride_h=0, cache_ptr=0, slot_ptr=0, slot_stride=0, cache_kv_stride=0,
+                    k_inv_scale=1.0, v_inv_scale=1.0, STORE=False, KV_FP8=False)
     cache = store.cache
-    return (v, v.stride(0), v.stride(1), cache, store.slot_mapping, cache.stride(-3), cache.stride(0),
-            store.k_inv_scale, store.v_inv_scale)
+    return dict(v_ptr=v, v_stride_t=v.stride(0), v_stride_h=v.stride(1), cache_ptr=cache,
+                slot_ptr=store.slot_mapping, slot_stride=cache.stride(-3), cache_kv_stride=cache.stride(0),
+                k_inv_scale=store.k_inv_scale, v_inv_scale=store.v_inv_scale, STORE=True,
+                KV_FP8=cache.dtype == torch.float8_e4m3fn)
 
 
 def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -198,9 +196,7 @@ def rotary_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
     pdl = use_pdl(q.device, t)
     _rotary_kernel[(triton.cdiv(t, tokens), hq + k.shape[1])](
         q, k, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), t,
-        *_store_args(v, store),
-        NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, STORE=store is not None,
-        KV_FP8=store is not None and store.cache.dtype == torch.float8_e4m3fn, PDL=pdl,
+        **_store_args(v, store), NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, PDL=pdl,
         num_warps=1 if tokens * block <= 256 else 4, launch_pdl=pdl,
     )
 
@@ -278,9 +274,8 @@ def qk_norm_rotary_(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_
     pdl = use_pdl(q.device, t)
     _qk_norm_rotary_kernel[(triton.cdiv(t, tokens), hq + k.shape[1])](
         q, k, q_weight, k_weight, cos, sin, q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        cos.stride(0), t, q_eps, k_eps, *_store_args(v, store),
-        NUM_Q_HEADS=hq, HALF=half, BLOCK=block, TOKENS=tokens, STORE=store is not None,
-        KV_FP8=store is not None and store.cache.dtype == torch.float8_e4m3fn, PDL=pdl,
+        cos.stride(0), t, q_eps, k_eps, **_store_args(v, store), NUM_Q_HEADS=hq, HALF=half, BLOCK=block,
+        TOKENS=tokens, PDL=pdl,
         num_warps=1 if tokens * block <= 256 else 4, launch_pdl=pdl,
     )
 

@@ -39,11 +39,10 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from forkless.triton_utils.kv_cache import cache_value
 from forkless.triton_utils.pdl import pdl_enter
 
 LOG2E = 1.4426950408889634
-#: Largest finite float8_e4m3fn value: stores saturate here instead of becoming NaN.
-FP8_E4M3_MAX = 448.0
 
 
 @triton.jit
@@ -61,11 +60,8 @@ def store_kv_kernel(
     k = tl.load(k_ptr + t * k_stride_t + offs, mask=mask)
     v = tl.load(v_ptr + t * v_stride_t + offs, mask=mask)
     dst = cache_ptr + slot * HKV_D + offs
-    if KV_FP8:
-        k = tl.clamp(k.to(tl.float32) * k_inv_scale, -448.0, 448.0)
-        v = tl.clamp(v.to(tl.float32) * v_inv_scale, -448.0, 448.0)
-    tl.store(dst, k.to(cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(dst + cache_kv_stride, v.to(cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst, cache_value(k, k_inv_scale, cache_ptr, KV_FP8), mask=mask)
+    tl.store(dst + cache_kv_stride, cache_value(v, v_inv_scale, cache_ptr, KV_FP8), mask=mask)
 
 
 @triton.jit
