@@ -10,15 +10,7 @@ adapter step, and the folded layer's weight views.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.triton_interpreter import needs_triton, run_interpreted
 
 _SCRIPT = """
 import torch
@@ -32,10 +24,6 @@ print("kernels ok")
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+@needs_triton
 def test_kernels_under_the_interpreter() -> None:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "kernels ok" in proc.stdout
+    run_interpreted(_SCRIPT, "kernels ok")
