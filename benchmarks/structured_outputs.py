@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 
 # A long array of small integers: the output never completes within the token budget.
@@ -118,6 +119,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--async-scheduling", action="store_true",
                         help="both batches with async steps (the grammars then overlap the forward)")
+    parser.add_argument("--step-median", type=int, default=0, metavar="R",
+                        help="also R alternations of both batches stepped one engine step at a time: the median "
+                             "time between steps once the batch runs (steps 16 to the fourth-last), robust to the "
+                             "bursts of host noise that the --steady difference of two minimums is not")
     parser.add_argument("--no-detokenize", action="store_true",
                         help="both batches ask for token ids only (as `forkless bench throughput` does): their "
                              "texts differ, and detokenizing them is no cost of the bitmask")
@@ -168,6 +173,10 @@ def main() -> None:
         if args.steady:
             base2.append(seconds(longer(plain)))
             cons2.append(seconds(longer(constrained)))
+    medians: list[tuple[float, float]] = []
+    for r in range(args.step_median):
+        medians.append((median_step(llm, prompts, longer(plain), f"u{r}"),
+                        median_step(llm, prompts, longer(constrained), f"c{r}")))
     llm.shutdown()
     tokens = args.batch * args.max_tokens
     b, c = tokens / min(base), tokens / min(cons)
@@ -181,6 +190,27 @@ def main() -> None:
         step_c = (min(cons2) - min(cons)) / args.max_tokens
         print(f"steady decode step of {args.batch}: unconstrained {step_b * 1e3:.2f} ms, JSON schema "
               f"{step_c * 1e3:.2f} ms, overhead {100 * (step_c / step_b - 1):.1f} %")
+    if medians:
+        overheads = [c / u - 1 for u, c in medians]
+        print(f"median decode step of {args.batch} ({2 * args.max_tokens} tokens, one engine step at a time), "
+              f"per alternation: " + ", ".join(f"{u * 1e3:.2f} / {c * 1e3:.2f} ms ({100 * o:+.1f} %)"
+                                              for (u, c), o in zip(medians, overheads))
+              + f"; overhead, median of the alternations: {100 * statistics.median(overheads):+.1f} %")
+
+
+def median_step(llm, prompts: list[str], params, tag: str) -> float:
+    """Median seconds between engine steps while the whole batch decodes: the requests are
+    queued at once and stepped to the end one ``LLMEngine.step()`` at a time; the first 16
+    intervals (admission, prefill) and the last 4 (the batch draining) are left out."""
+    engine = llm.llm_engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"{tag}-{i}", prompt, params)
+    times = [time.perf_counter()]
+    while engine.has_unfinished_requests():
+        engine.step()
+        times.append(time.perf_counter())
+    gaps = [b - a for a, b in zip(times, times[1:])][16:-4]
+    return statistics.median(gaps)
 
 
 def shaped_model(shape: str, tokenizer_from: str | None, vocab_size: int | None = None) -> str:
