@@ -17,11 +17,11 @@ ROOT = Path(__file__).resolve().parent.parent / "forkless"
 # Lowest first; a package imports only itself and packages of strictly lower layers.
 LAYERS: list[set[str]] = [
     {"forkless.version", "forkless.envs"},
-    {"forkless.logger", "forkless.gc_tuning", "forkless.json_arg"},
+    {"forkless.logger", "forkless.gc_tuning", "forkless.json_arg", "forkless.triton_utils"},
     {"forkless.plugins"},
     {"forkless.sampling_params", "forkless.pooling_params"},
     {"forkless.protocol", "forkless.outputs", "forkless.tokenizers"},
-    {"forkless.cpu_kernels", "forkless.triton_utils", "forkless.tool_parsers", "forkless.reasoning",
+    {"forkless.cpu_kernels", "forkless.tool_parsers", "forkless.reasoning",
      "forkless.metrics", "forkless.logits_processors", "forkless.structured_output", "forkless.io_processors"},
     {"forkless.attention", "forkless.sample", "forkless.core", "forkless.pooling", "forkless.distributed"},
     {"forkless.platforms"},

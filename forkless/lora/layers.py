@@ -48,6 +48,7 @@ from torch import nn
 from forkless.logger import init_logger
 from forkless.lora.peft import AdapterSpec, read_adapter
 from forkless.models.weight_loading import TensorShard
+from forkless.triton_utils import triton_available
 
 # The layer part of a checkpoint module name (``model.layers.3.``).
 _LAYER = re.compile(r"^model\.layers\.\d+\.")
@@ -551,10 +552,3 @@ class LoRAModelManager:
             yield
         finally:
             self.ctx.capturing = False
-
-
-def triton_available() -> bool:
-    """Whether Triton can be imported (without importing it)."""
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None

@@ -16,11 +16,11 @@ Invariants:
 from __future__ import annotations
 
 import functools
-import importlib.util
 from types import ModuleType
 from typing import Any, Callable
 
 from forkless.ops.interface import CustomOp
+from forkless.triton_utils import triton_available
 
 
 @functools.cache
@@ -46,7 +46,7 @@ def cpu_kernels_known() -> bool:
 @functools.cache
 def triton_kernels() -> ModuleType | None:
     """:mod:`forkless.ops.fused_triton`, or None where Triton is not installed."""
-    if importlib.util.find_spec("triton") is None:
+    if not triton_available():
         return None
     from forkless.ops import fused_triton
 

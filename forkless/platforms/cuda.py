@@ -14,6 +14,7 @@ import os
 from typing import TYPE_CHECKING
 
 from forkless.platforms.interface import DeviceCapability, Platform, PlatformEnum, classproperty
+from forkless.triton_utils import triton_available
 
 if TYPE_CHECKING:
     import torch
@@ -56,7 +57,7 @@ class CudaPlatform(Platform):
     @classproperty
     def default_attention_backend(cls) -> str:  # type: ignore[override]
         # The paged Triton kernels when Triton is installed; the reference otherwise.
-        return "triton" if importlib.util.find_spec("triton") is not None else "torch"
+        return "triton" if triton_available() else "torch"
 
     @classmethod
     def is_available(cls) -> bool:

@@ -15,14 +15,14 @@ Invariants:
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+from forkless.triton_utils import triton_available
 
 if TYPE_CHECKING:
     from forkless.protocol.step import SchedulerOutput, ScheduledRequest
@@ -55,11 +55,6 @@ def _staged_to_cuda(bitmask: np.ndarray, device: torch.device) -> torch.Tensor:
     event.record()
     _STAGING[device] = (staging, event)
     return packed
-
-
-@functools.cache
-def _has_triton() -> bool:
-    return importlib.util.find_spec("triton") is not None
 
 
 def unpack_bitmask(bitmask: np.ndarray, vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -100,7 +95,7 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[in
             rows = list(range(bitmask.shape[0]))
     elif not rows:
         return
-    if logits.is_cuda and logits.stride(1) == 1 and _has_triton():
+    if logits.is_cuda and logits.stride(1) == 1 and triton_available():
         from forkless.structured_output.bitmask_triton import apply_bitmask_cuda
 
         apply_bitmask_cuda(logits, _staged_to_cuda(bitmask, logits.device), rows)

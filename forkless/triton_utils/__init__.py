@@ -1,5 +1,13 @@
 """Helpers shared by forkless's Triton kernels (attention, fused layer ops, the GEMV).
 
-Nothing is imported here: each module imports Triton, and only code that launches Triton
-kernels imports them.
+Triton is not imported here: each module below imports it, and only code that launches
+Triton kernels imports them; :func:`triton_available` says whether they can be.
 """
+
+import importlib.util
+
+
+def triton_available() -> bool:
+    """Whether Triton can be imported (without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+

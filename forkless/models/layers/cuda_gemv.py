@@ -21,7 +21,6 @@ Invariants:
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Callable
 
 import torch
@@ -29,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from forkless import envs
+from forkless.triton_utils import triton_available
 
 #: Dtypes the GEMV serves (float32 keeps cuBLAS: its outputs are compared bit for bit).
 GEMV_DTYPES = (torch.bfloat16, torch.float16)
@@ -69,7 +69,7 @@ def use_cuda_gemv(model: nn.Module, device: torch.device, dtype: torch.dtype, lo
 
     if (device.type != "cuda" or dtype not in GEMV_DTYPES or lora or not envs.FORKLESS_CUDA_GEMV
             or not isinstance(model, CausalLMBase) or not model.supports_lora
-            or importlib.util.find_spec("triton") is None):
+            or not triton_available()):
         return 0
     names = list(model.lora_modules())
     count = 0
