@@ -90,19 +90,19 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[in
         rows: The logits row of each bitmask row; ``None``: row ``i`` for bitmask row
             ``i``.
     """
-    if rows is None:
-        if bitmask.shape[0] != logits.shape[0]:
-            rows = list(range(bitmask.shape[0]))
-    elif not rows:
-        return
+    if rows is not None:
+        if not rows:
+            return
+        if rows == list(range(len(rows))):
+            rows = None  # the first rows, in order: no index to build or gather by
     if logits.is_cuda and logits.stride(1) == 1 and triton_available():
         from forkless.structured_output.bitmask_triton import apply_bitmask_cuda
 
         apply_bitmask_cuda(logits, _staged_to_cuda(bitmask, logits.device), rows)
         return
     disallowed = unpack_bitmask(bitmask, logits.shape[1], logits.device)
-    if rows is None or (len(rows) == logits.shape[0] and rows == list(range(len(rows)))):
-        logits.masked_fill_(disallowed, float("-inf"))
+    if rows is None:
+        logits[: disallowed.shape[0]].masked_fill_(disallowed, float("-inf"))
         return
     index = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
     picked = logits.index_select(0, index)
