@@ -400,7 +400,7 @@ class StructuredOutputManager:
             try:
                 self._join_fill()  # the backends are destroyed next: no fill may run
             except Exception:  # noqa: BLE001 -- shutting down; the step that needed it is gone
-                pass
+                logger.debug("a bitmask fill failed during shutdown", exc_info=True)
             self._filler.shutdown(wait=False)
         for backend in self._backends.values():
             backend.destroy()
