@@ -6,7 +6,6 @@ in a child process of its own.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -14,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from forkless.triton_utils import triton_available
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Skips a test where Triton is not installed.
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+needs_triton = pytest.mark.skipif(not triton_available(), reason="Triton is not installed")
 
 
 def run_interpreted(script: str, done: str) -> None:
