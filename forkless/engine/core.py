@@ -295,11 +295,12 @@ class EngineCore:
             assert self._pending is not None
             self.executor.sample_deferred(self._pending[1], self._structured.take_deferred_fill())
 
-    def _finished(self, outputs: list) -> list:
+    def _finished(self, outputs: list, defer_advance: bool = False) -> list:
         if self._structured.has_grammars():
-            # Advance the grammars; one that is complete finishes its request ("stop"),
-            # even where the model's EOS would not (ignore_eos).
-            complete, rejected = self._structured.accept(outputs)
+            # Advance the grammars (with defer_advance, on the fill thread started next,
+            # where the backend allows); one that is complete finishes its request
+            # ("stop"), even where the model's EOS would not (ignore_eos).
+            complete, rejected = self._structured.accept(outputs, defer_advance)
             if complete or rejected:
                 done = set(complete)
                 self.scheduler.finish_requests(complete + [rid for rid, _ in rejected], FinishReason.STOP)
@@ -384,7 +385,9 @@ class EngineCore:
             launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
             launched_at = trace.now() if trace is not None else 0.0
         if pending is not None:
-            outputs += self._collect_pending()
+            # A launch that waits for its bitmask: the grammars may take these tokens on
+            # the fill thread, ahead of its fill.
+            outputs += self._collect_pending(defer_advance=launched is not None and launched[0].defer_sampling)
         if launched is not None:
             self._pending = launched
             if launched[0].defer_sampling:
@@ -421,22 +424,22 @@ class EngineCore:
             outputs = self._collect(batches.popleft())
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
-    def _collect_pending(self) -> list:
+    def _collect_pending(self, defer_advance: bool = False) -> list:
         """Collect the pending async step (sampled first if it waits for its bitmask)."""
         self._sample_pending()
         pending, self._pending = self._pending, None
         assert pending is not None
-        return self._collect(pending)
+        return self._collect(pending, defer_advance)
 
-    def _collect(self, pending: tuple[SchedulerOutput, Any]) -> list:
+    def _collect(self, pending: tuple[SchedulerOutput, Any], defer_advance: bool = False) -> list:
         scheduler_output, handle = pending
         if self._trace is None:
             runner_output = self._note_worker_output(self.executor.collect(handle))
-            return self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
+            return self._finished(self.scheduler.update_from_output(scheduler_output, runner_output), defer_advance)
         t0 = self._trace.now()
         runner_output = self._note_worker_output(self.executor.collect(handle))
         t1 = self._trace.now()
-        outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
+        outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output), defer_advance)
         self._trace_wait += t1 - t0
         self._trace_update += self._trace.now() - t1
         return outputs

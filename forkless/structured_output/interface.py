@@ -97,10 +97,17 @@ class StructuredOutputBackend(abc.ABC):
         supports_speculative_validation: ``validate_tokens`` and ``rollback`` work, so
             drafts could be checked against the grammar. forkless does not speculate for
             constrained requests yet, whatever this says.
+        completion_from_tokens: :meth:`terminated_batch` answers from the tokens alone
+            (its stop tokens), before the grammars are advanced over them. The engine
+            core may then advance them later, off its step loop, together with the next
+            bitmask's fill (under ``--async-scheduling``), calling
+            :meth:`accept_tokens_batch` with ``background=True``; ``False`` (the
+            default): they are advanced on the step loop, before completion is asked.
     """
 
     name: ClassVar[str] = ""
     supports_speculative_validation: ClassVar[bool] = True
+    completion_from_tokens: ClassVar[bool] = False
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: list[int],
                  config: StructuredOutputsConfig) -> None:
@@ -143,17 +150,22 @@ class StructuredOutputBackend(abc.ABC):
             grammar.fill_bitmask(bitmask, index)
 
     def accept_tokens_batch(self, grammars: list[StructuredOutputGrammar], request_ids: list[str],
-                            tokens: list[list[int]]) -> list[bool]:
+                            tokens: list[list[int]], *, background: bool = False) -> list[bool]:
         """Advance ``grammars`` (this backend's) over a step's tokens, in one call per
         step; each result is :meth:`StructuredOutputGrammar.accept_tokens`'s. The default
-        asks each grammar in turn; a backend that can advance many at once overrides it."""
+        asks each grammar in turn; a backend that can advance many at once overrides it.
+
+        ``background``: called off the step loop, which goes on meanwhile (see
+        :attr:`completion_from_tokens`): spreading the work over more Python threads
+        would take the interpreter's lock from the step loop more often than it saves."""
         return [g.accept_tokens(rid, t) for g, rid, t in zip(grammars, request_ids, tokens)]
 
     def terminated_batch(self, grammars: list[StructuredOutputGrammar], tokens: list[list[int]]) -> list[bool]:
         """Which of ``grammars`` (this backend's), just advanced over ``tokens`` by
         :meth:`accept_tokens_batch` and all of them accepted, are now complete
         (:meth:`StructuredOutputGrammar.is_terminated`). The default asks each grammar; a
-        backend that can tell from the tokens alone (its stop tokens) overrides it."""
+        backend that can tell from the tokens alone (its stop tokens) overrides it, and
+        declares :attr:`completion_from_tokens` when it needs no advance first."""
         return [g.is_terminated() for g in grammars]
 
     def allocate_token_bitmask(self, max_num_seqs: int) -> np.ndarray:

@@ -19,10 +19,19 @@ Invariants:
       before the step runs.
     * The fill thread runs only between :meth:`start_deferred_fill` and
       :meth:`take_deferred_fill`, and then touches only the grammars of that plan's rows
-      and the bitmask buffer; everything else that reads or writes a grammar or the
-      buffer (accept, synchronous fills) runs on the step loop outside that window (it
-      waits for the fill first). Dropping a request meanwhile only forgets it here: the
-      thread fills its row, and whatever that row samples is dropped.
+      (and those of the advance it was handed) and the bitmask buffer; everything else
+      that reads or writes a grammar or the buffer (accept, synchronous fills) runs on
+      the step loop outside that window (it waits for the fill first). Dropping a request
+      meanwhile only forgets it here: the thread fills its row, and whatever that row
+      samples is dropped.
+    * The advance may trail the step loop by one call, and only into the fill thread:
+      ``accept(..., defer_advance=True)`` (the engine core's collect right before
+      :meth:`start_deferred_fill`) tells completion from the tokens alone for backends
+      that declare ``completion_from_tokens``, and leaves their grammars' advance to the
+      fill thread, ahead of the fill. Any other call that reads a grammar runs a
+      still-pending advance first. A token such an advance refuses (a backend fault: the
+      token was sampled under that grammar's own mask) fails its request at the next
+      :meth:`accept`, one step later than a synchronous advance would.
     * The step's bitmask has ``1 + num_spec_tokens`` rows per scheduled request that
       samples and has a grammar (one per position it samples or verifies), in
       ``SchedulerOutput.structured_output_request_ids`` order; it crosses to the worker
@@ -36,7 +45,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypeVar
 
 from forkless.logger import init_logger
 from forkless.structured_output.config import StructuredOutputsConfig
@@ -53,6 +62,19 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 _T = TypeVar("_T")
+
+
+class _Advance(NamedTuple):
+    """One backend's grammars to advance over their tokens (see ``accept``)."""
+
+    backend: StructuredOutputBackend
+    grammars: list[StructuredOutputGrammar]
+    request_ids: list[str]
+    tokens: list[list[int]]
+
+
+def _refusal(tokens: list[int]) -> str:
+    return f"structured outputs: the grammar refused token(s) {tokens} it had allowed"
 
 
 class StructuredOutputManager:
@@ -92,6 +114,10 @@ class StructuredOutputManager:
         self._filler: concurrent.futures.ThreadPoolExecutor | None = None
         self._fill_job: concurrent.futures.Future | None = None
         self._switch_interval = 0.0
+        # Grammars whose advance accept() left for the fill thread (_Advance), and the
+        # refusals such advances found, for the next accept() to report.
+        self._advance: list[_Advance] = []
+        self._refused: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------------ compilation
 
@@ -160,8 +186,8 @@ class StructuredOutputManager:
     # ------------------------------------------------------------------ the step
 
     def has_grammars(self) -> bool:
-        """Whether any request holds a grammar."""
-        return bool(self._grammars)
+        """Whether any request holds a grammar (or a refusal is still to be reported)."""
+        return bool(self._grammars or self._refused)
 
     def fill_bitmask(self, scheduler_output: SchedulerOutput) -> None:
         """Put the step's bitmask in the plan (a no-op when no constrained request samples).
@@ -177,6 +203,7 @@ class StructuredOutputManager:
         if not grammars:
             return
         self._join_fill()
+        self._advance_now()
         rows = [(s, g) for s in scheduler_output.scheduled_requests
                 if s.sample and (g := grammars.get(s.request_id)) is not None]
         if not rows:
@@ -211,10 +238,11 @@ class StructuredOutputManager:
 
     def start_deferred_fill(self, scheduler_output: SchedulerOutput) -> None:
         """Start filling the bitmask of a plan marked by :meth:`defer` on the fill thread,
-        one row per constrained row, from the grammars as they are now, into the reused
-        buffer of :meth:`_rows`; :meth:`take_deferred_fill` returns it. A request whose
-        grammar is gone (it completed, failed or was aborted since the plan) gets a row
-        that allows everything: it has finished, and whatever its row samples is dropped.
+        one row per constrained row, into the reused buffer of :meth:`_rows`, from the
+        grammars as they are once the advance :meth:`accept` left pending (if any) has run
+        there first; :meth:`take_deferred_fill` returns it. A request whose grammar is gone
+        (it completed, failed or was aborted since the plan) gets a row that allows
+        everything: it has finished, and whatever its row samples is dropped.
 
         The backends' fills release the GIL, so the step loop runs on meanwhile; for the
         thread to get the GIL back promptly between its calls, the interpreter's switch
@@ -233,16 +261,17 @@ class StructuredOutputManager:
             else:
                 live.append((rid, grammar, i))
         groups = self._by_backend(live)
-        if not groups:  # nothing to fill: every row's grammar is gone
+        advance, self._advance = self._advance, []
+        if not groups and not advance:  # nothing to do: every row's grammar is gone
             self._fill_job = concurrent.futures.Future()
-            self._fill_job.set_result(None)
+            self._fill_job.set_result([])
             return
         if self._filler is None:
             self._filler = concurrent.futures.ThreadPoolExecutor(max_workers=1,
                                                                  thread_name_prefix="forkless-grammar-fill")
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch_interval, 2e-4))
-        self._fill_job = self._filler.submit(self._fill_groups, bitmask, groups)
+        self._fill_job = self._filler.submit(self._advance_and_fill, advance, bitmask, groups)
 
     def take_deferred_fill(self) -> bytearray | np.ndarray:
         """The bitmask :meth:`start_deferred_fill` started (waits for it), in the reused
@@ -257,8 +286,9 @@ class StructuredOutputManager:
         return self._buffer
 
     def _join_fill(self) -> None:
-        """Wait for the fill thread's job, if one runs (and restore the switch interval);
-        a backend's exception in it is raised here."""
+        """Wait for the fill thread's job, if one runs (and restore the switch interval),
+        and keep the refusals its advance found; a backend's exception in it is raised
+        here."""
         job = self._fill_job
         if job is None:
             return
@@ -266,7 +296,38 @@ class StructuredOutputManager:
         if self._switch_interval:
             sys.setswitchinterval(self._switch_interval)
             self._switch_interval = 0.0
-        job.result()
+        self._note_refused(job.result())
+
+    def _advance_and_fill(self, advance: list[_Advance], bitmask: np.ndarray, groups: list) -> list[tuple[str, str]]:
+        """The fill thread's job: the pending advance, then the fill."""
+        refused = self._run_advance(advance, background=True)
+        self._fill_groups(bitmask, groups)
+        return refused
+
+    def _advance_now(self) -> None:
+        """Run the advance :meth:`accept` left pending, here (nothing took it to the fill
+        thread)."""
+        if self._advance:
+            advance, self._advance = self._advance, []
+            self._note_refused(self._run_advance(advance))
+
+    @staticmethod
+    def _run_advance(advance: list[_Advance], background: bool = False) -> list[tuple[str, str]]:
+        """Advance grammars over their tokens, one call per backend (``background``: on
+        the fill thread); the ``(id, reason)`` of each request whose grammar refused a
+        token."""
+        refused: list[tuple[str, str]] = []
+        for backend, grammars_of, request_ids, tokens in advance:
+            accepted = backend.accept_tokens_batch(grammars_of, request_ids, tokens, background=background)
+            if not all(accepted):
+                refused.extend((rid, _refusal(t)) for rid, t, ok in zip(request_ids, tokens, accepted) if not ok)
+        return refused
+
+    def _note_refused(self, refused: list[tuple[str, str]]) -> None:
+        for rid, reason in refused:
+            if rid in self._grammars:  # not finished meanwhile
+                self._drop(rid)
+                self._refused.append((rid, reason))
 
     @staticmethod
     def _fill_groups(bitmask: np.ndarray, groups: list) -> None:
@@ -341,18 +402,26 @@ class StructuredOutputManager:
             if n:
                 grammar.rollback(n)
 
-    def accept(self, outputs: list[EngineCoreOutput]) -> tuple[list[str], list[tuple[str, str]]]:
+    def accept(self, outputs: list[EngineCoreOutput],
+               defer_advance: bool = False) -> tuple[list[str], list[tuple[str, str]]]:
         """Advance the grammars of a step's outputs.
+
+        Args:
+            outputs: The step's outputs.
+            defer_advance: :meth:`start_deferred_fill` comes next: grammars whose
+                backend declares ``completion_from_tokens`` are advanced there, on the
+                fill thread (see the module's invariants).
 
         Returns:
             ``(complete, rejected)``: unfinished requests whose grammar is now complete
             (the caller finishes them with ``stop``), and ``(id, reason)`` of requests
             that sampled a token their grammar refuses (a backend fault; the caller fails
-            them).
+            them), including those a deferred advance found since the last call.
         """
         self._join_fill()
+        self._advance_now()
         complete: list[str] = []
-        rejected: list[tuple[str, str]] = []
+        rejected, self._refused = self._refused, []
         grammars = self._grammars
         advancing = []
         for out in outputs:
@@ -365,13 +434,25 @@ class StructuredOutputManager:
             advancing.append((out.request_id, grammar, out))
         for backend, grammars_of, outs in self._by_backend(advancing):
             tokens = [o.new_token_ids for o in outs]
+            if defer_advance and backend.completion_from_tokens:
+                later = _Advance(backend, [], [], [])
+                for grammar, out, t, done in zip(grammars_of, outs, tokens, backend.terminated_batch(grammars_of, tokens)):
+                    if done:
+                        self._drop(out.request_id)
+                        complete.append(out.request_id)
+                    else:
+                        later.grammars.append(grammar)
+                        later.request_ids.append(out.request_id)
+                        later.tokens.append(t)
+                if later.grammars:
+                    self._advance.append(later)
+                continue
             accepted = backend.accept_tokens_batch(grammars_of, [o.request_id for o in outs], tokens)
             if not all(accepted):
                 for out, ok in zip(outs, accepted):
                     if not ok:
                         self._drop(out.request_id)
-                        rejected.append((out.request_id, f"structured outputs: the grammar refused token(s) "
-                                                          f"{out.new_token_ids} it had allowed"))
+                        rejected.append((out.request_id, _refusal(out.new_token_ids)))
                 kept = [i for i, ok in enumerate(accepted) if ok]
                 grammars_of, outs, tokens = [grammars_of[i] for i in kept], [outs[i] for i in kept], [tokens[i] for i in kept]
             for out, done in zip(outs, backend.terminated_batch(grammars_of, tokens)):

@@ -195,11 +195,21 @@ def test_async_scheduling_overlaps_the_grammar_with_the_forward(smollm2_folder: 
         manager = core._structured
         fill = manager._fill_groups
         manager._fill_groups = lambda *args: (fill_threads.append(threading.current_thread().name), fill(*args))
+        # So is xgrammar's advance (its completion is told from the stop tokens), ahead of
+        # the fill; guidance's stays on the step loop.
+        advance_threads = []
+        advance = manager._run_advance
+        manager._run_advance = lambda todo, background=False: (
+            advance_threads.extend([threading.current_thread().name] * len(todo)), advance(todo, background))[1]
         got = other.generate(prompts, params, use_tqdm=False)
         assert [o.outputs[0].token_ids for o in got] == expected
         assert [(o.outputs[0].text, o.outputs[0].finish_reason) for o in got] == \
             [(o.outputs[0].text, o.outputs[0].finish_reason) for o in sync]
         assert "forkless-grammar-fill_0" in fill_threads, set(fill_threads)
+        if llm.backend == "xgrammar":  # type: ignore[attr-defined]
+            assert "forkless-grammar-fill_0" in advance_threads, set(advance_threads)
+        else:
+            assert not advance_threads, set(advance_threads)
         assert buffers and all(n % 4 == 0 for n in buffers)
         assert [o.outputs[0].finish_reason for o in got][:3] == ["stop"] * 3
         # Most steps overlapped: one per token of the longest constrained output, less the

@@ -258,6 +258,11 @@ def test_a_steps_grammars_advance_at_once_as_one_by_one(smollm2_folder, backend:
     assert step([[good[1]]] * 32)[0][8:20] == [True] * 12
     if backend == "xgrammar-split":
         assert calls == [8, 8, 8, 8] * 2  # four parts a step, in order
+        # In the background (the fill thread beside the step loop): one part.
+        fresh = [instance.compile_grammar("choice", spec) for _ in range(32)]
+        assert instance.accept_tokens_batch(fresh, ["r"] * 32, [good[:1]] * 16 + [bad] * 16,
+                                            background=True) == [True] * 16 + [False] * 16
+        assert calls[8:] == [32]
         instance.destroy()
 
 
@@ -306,5 +311,61 @@ def test_a_verifying_request_gets_a_bitmask_row_per_position(smollm2_folder, bac
         rows = plan(good[:1] + bad + good[1:])  # a refused draft in second place
         assert not allows(rows[1], bad[0]) and np.array_equal(rows[2], rows[1])
         assert np.array_equal(plan([])[0], first)  # nothing stayed accepted
+    finally:
+        manager.shutdown()
+
+
+def test_a_deferred_advance_runs_on_the_fill_thread_and_reports_refusals_a_step_later(smollm2_folder) -> None:
+    """Under --async-scheduling, xgrammar's grammars take a step's tokens on the fill
+    thread, ahead of the next bitmask: completion is told at once from the stop token,
+    the next rows are those of the advanced grammars, and a refused token (a backend
+    fault) fails its request at the next accept."""
+    import threading
+    import time
+
+    from forkless.protocol.step import EngineCoreOutput, ScheduledRequest, SchedulerOutput
+    from forkless.structured_output.manager import StructuredOutputManager
+    from forkless.tokenizers.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(smollm2_folder)
+    manager = StructuredOutputManager(StructuredOutputsConfig(backend="xgrammar"), str(smollm2_folder), 49152, [2])
+    try:
+        ids = ["going", "refused", "complete"]
+        for rid in ids:
+            manager.submit(rid, StructuredOutputsParams(choice=["yes please", "no thanks"]))
+        deadline = time.monotonic() + 60
+        ready: list[str] = []
+        while len(ready) < 3:
+            assert time.monotonic() < deadline
+            manager.wait(0.1)
+            ready += manager.poll()[0]
+        good = tokenizer.encode("yes please", add_special_tokens=False)
+        bad = tokenizer.encode("maybe", add_special_tokens=False)[:1]
+        # "complete" has its text already: its next token is the stop token.
+        assert manager.accept([EngineCoreOutput("complete", good)]) == ([], [])
+        threads = []
+        run = manager._run_advance
+        manager._run_advance = lambda todo, background=False: (
+            threads.append((threading.current_thread().name, background)), run(todo, background))[1]
+        # The next step is planned while this one runs, then this one's tokens come.
+        plan = SchedulerOutput(scheduled_requests=[ScheduledRequest(rid, [0], 10, [], False, True) for rid in ids])
+        manager.defer(plan)
+        outputs = [EngineCoreOutput("going", good[:1]), EngineCoreOutput("refused", bad),
+                   EngineCoreOutput("complete", [2])]
+        assert manager.accept(outputs, defer_advance=True) == (["complete"], [])
+        assert not threads  # nothing advanced yet
+        manager.start_deferred_fill(plan)
+        rows = np.frombuffer(manager.take_deferred_fill(), dtype=np.int32).reshape(3, -1)
+        assert threads == [("forkless-grammar-fill_0", True)]
+
+        def allows(row: np.ndarray, token: int) -> bool:
+            return bool((int(row[token // 32]) >> (token % 32)) & 1)
+
+        assert allows(rows[0], good[1]) and not allows(rows[0], good[0])  # advanced past good[0]
+        assert (rows[2] == -1).all()  # complete: gone, its row allows everything
+        complete, rejected = manager.accept([EngineCoreOutput("going", good[1:2])])
+        assert complete == [] and [rid for rid, _ in rejected] == ["refused"]
+        assert str(bad) in rejected[0][1] and "refused" in rejected[0][1]
+        assert manager.accept([EngineCoreOutput("refused", good[:1])]) == ([], [])  # forgotten
     finally:
         manager.shutdown()
