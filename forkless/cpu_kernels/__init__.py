@@ -91,6 +91,13 @@ ISA_FLAGS = {
 # AVX-512 extensions added to the avx512 build where the CPU lists them (the kernels use
 # none of them yet; the compiler may, and later bf16 / int8 code will).
 _AVX512_EXTENSIONS = {"avx512_bf16": "-mavx512bf16", "avx512_vnni": "-mavx512vnni", "avx512_fp16": "-mavx512fp16"}
+# The linear kernel's few-row path (linear.c's few_rows: each weight panel read as several
+# streams) only up to 5 rows on AMD's AVX-512 cores, the tile path from 6: on a 2-core Zen 4
+# the tile path was faster at every row count from 6 to 32 (all 30 layers and the head of
+# the default model: 6 rows 22-24 against 28-43 ms, 12 rows 29-31 against 34-42, 32 rows
+# 50-57 against 62-65; benchmarks/cpu_linear_isa.py), where on an Intel Xeon the few-row
+# path won up to 32 (linear.c's header).
+_AMD_AVX512_TUNING = ("-DSMALL_M=5",)
 
 
 def _cpuinfo_field(*names: str) -> str | None:
@@ -157,10 +164,12 @@ def requested_isa() -> str:
 
 def isa_flags(level: str) -> tuple[str, ...]:
     """The compiler flags of ``level`` on this CPU (the avx512 level adds the AVX-512
-    extensions the CPU lists)."""
+    extensions the CPU lists, and the tuning of :data:`_AMD_AVX512_TUNING` on AMD CPUs)."""
     flags = ISA_FLAGS[level]
     if level == "avx512":
         flags += tuple(flag for name, flag in _AVX512_EXTENSIONS.items() if name in cpu_flags())
+        if _cpuinfo_field("vendor_id") == "AuthenticAMD":
+            flags += _AMD_AVX512_TUNING
     return flags
 
 

@@ -70,7 +70,8 @@
 /* 2..SMALL_M rows take few_rows: each panel read as STREAMS streams, several row blocks
  * taking turns on slabs of K_SLAB rows per stream; the weights are prefetched PF_AHEAD
  * bytes ahead along each stream. Up to SMALL_M rows, a layer of PARALLEL_MIN_WEIGHTS
- * floats or more is split over threads. */
+ * floats or more is split over threads. (Builds for AMD's AVX-512 cores set SMALL_M to 5:
+ * there the tile path wins from 6 rows; forkless/cpu_kernels/__init__.py.) */
 #ifndef SMALL_M
 #define SMALL_M 32
 #endif
