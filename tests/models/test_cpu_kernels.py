@@ -152,9 +152,11 @@ def test_prefill_kernel_matches_reference(hq, hkv, d, bs):
     seqs = [(7, 1), (0, 9), (1, 2), (max(bs - 1, 1), 3), (3 * bs + 5, 40), (300, 1), (2, 25), (0, 1), (613, 170),
             (1500, 4)]
     kp = _compare_with_reference(hq, hkv, d, bs, seqs)
-    # The chunks over cached context ran in the kernel, not through gather + SDPA.
-    assert kp.plan.context_ids == [2, 3, 4, 6, 8, 9]
-    assert all(p.gather_idx is None for p in kp.plan.prefills)
+    # Every prefill ran in the kernel -- the fresh prompts and the chunks over cached
+    # context alike --, none through SDPA (gathered or not); the decodes in theirs.
+    assert kp.plan.context_ids == [1, 2, 3, 4, 6, 7, 8, 9]
+    assert kp.plan.decode_ids == [0, 5]
+    assert not kp.plan.prefills
 
 
 @pytest.mark.parametrize("threads", [1, 2], indirect=True)

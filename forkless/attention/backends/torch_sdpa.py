@@ -171,8 +171,10 @@ def _build_plan(md: AttentionMetadata, decode_group_keys: int | None, gather_dec
         md: The step's metadata.
         decode_group_keys: Padded keys a decode group may hold (see :func:`_length_groups`).
         gather_decode: False leaves out the decode groups' gather indexes.
-        gather_context: False lists the prefills with cached context in ``context_ids``
-            instead of ``prefills``, without their gather indexes and masks.
+        gather_context: False lists every prefill in ``context_ids`` instead of
+            ``prefills``, without gather indexes and masks: those with cached context and
+            fresh prompts alike (``ctx_len`` 0), for a kernel that attends each in place in
+            the cache once the step's keys are stored there.
 
     Returns:
         The plan every layer of the step shares.
@@ -205,12 +207,12 @@ def _build_plan(md: AttentionMetadata, decode_group_keys: int | None, gather_dec
             raise ValueError(
                 f"sequence {i}: seq_len {seq_len} is smaller than its {q_len} new tokens"
             )
-        if ctx_len == 0:
+        if not gather_context and (ctx_len == 0 or q_len > 1):
+            context_ids.append(i)
+        elif ctx_len == 0:
             prefills.append(_PrefillSeq(start, end, None, None))
         elif q_len == 1:
             decode_ids.append(i)
-        elif not gather_context:
-            context_ids.append(i)
         else:
             pos = torch.arange(seq_len, device=device)
             gather_idx = _slots_of(md.block_tables[i : i + 1], pos[None], md.block_size)[0]

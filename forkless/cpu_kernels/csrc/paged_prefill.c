@@ -2,8 +2,9 @@
  * paged KV cache.
  *
  * A chunk of q_len new tokens of a sequence that already holds ctx_len tokens in the cache
- * (the 2nd..Nth chunk of a long prompt, or a prompt on top of a prefix-cache hit): new token
- * r attends causally to keys [0, ctx_len + r]; its own keys are in the cache already.
+ * (the 2nd..Nth chunk of a long prompt, a prompt on top of a prefix-cache hit, or with
+ * ctx_len 0 a fresh prompt): new token r attends causally to keys [0, ctx_len + r]; its own
+ * keys are in the cache already.
  *
  * The work is cut into items of one KV head and a tile of QT new tokens: the tile's
  * M = QT * G query rows (the G = Hq / Hkv query heads of that KV head, for each token, up to
