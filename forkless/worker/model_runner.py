@@ -38,7 +38,7 @@ from forkless.plugins import resolve_class
 from forkless.protocol.step import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
 from forkless.sample import InputBatch, LogprobsTensors, Sampler, gather_logprobs
 from forkless.sampling_params import SamplingParams
-from forkless.worker.host_zeros import lazy_zeros
+from forkless.worker.host_zeros import BlockPopulator, lazy_zeros
 from forkless.worker.kv_budget import kv_cache_torch_dtype
 from forkless.spec_decode.interface import StepRow
 from forkless.structured_output.bitmask import StepBitmask
@@ -194,6 +194,8 @@ class ModelRunner:
                                                  num_layers=self.model.num_layers)
         self.block_size = config.cache_config.block_size
         self.kv_caches: list[torch.Tensor] = []
+        # CPU: maps in the pages of blocks before their first write (initialize_cache).
+        self._populator: BlockPopulator | None = None
         self.pin_memory = device.type == "cuda"
         processors = build_logits_processors(config, device, self.pin_memory, custom=config.logits_processors)
         self.input_batch = InputBatch(
@@ -282,6 +284,11 @@ class ModelRunner:
         """Allocate one cache tensor per layer (zeroed: kernels may read padding)."""
         shape = self._layer_shape(num_blocks)
         self.kv_caches = [self._zeros(shape) for _ in range(self.kv_spec.num_layers)]
+        if self.device.type == "cpu":
+            # The lazily zeroed host cache: each step's new blocks are mapped in before it
+            # writes them, in a few calls rather than a page fault per 4 KiB.
+            populator = BlockPopulator(self.kv_caches, num_blocks)
+            self._populator = populator if populator.active else None
         if self.proposer is not None:
             self.proposer.initialize_cache(num_blocks)
         if self.config.kv_transfer_config is not None:
@@ -733,6 +740,8 @@ class ModelRunner:
         for rid in [r for r in batch.req_id_to_index if r not in scheduled]:
             batch.remove_request(rid)
         failed_ids = self._lora_failed_ids
+        populator = self._populator
+        new_blocks: list[int] = []
         for s in so.scheduled_requests:
             rid = s.request_id
             if failed_ids and rid in failed_ids:
@@ -771,6 +780,8 @@ class ModelRunner:
                     )
             if s.new_block_ids:
                 self._append_blocks(state, s.new_block_ids)
+                if populator is not None:
+                    new_blocks.extend(s.new_block_ids)
             if state.num_blocks * self.block_size < s.start_position + len(s.token_ids):
                 raise RuntimeError(
                     f"request {rid!r}: its block table holds {state.num_blocks} blocks, too few for "
@@ -778,6 +789,9 @@ class ModelRunner:
                 )
             if rid not in batch.req_id_to_index:
                 batch.add_request(rid, state.params, state.prompt_token_ids, state.output_token_ids)
+        if new_blocks:
+            assert populator is not None
+            populator.populate(new_blocks)
 
     def _take_table_row(self, state: _RequestState) -> None:
         """Give a newly registered request an empty row of ``block_table``."""
