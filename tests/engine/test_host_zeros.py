@@ -61,17 +61,16 @@ def test_a_blocks_pages_are_mapped_in_before_its_first_write() -> None:
 
     from forkless.worker.host_zeros import BlockPopulator
 
-    # 64 KiB of float32 keys (and values) a block, 64 MiB a layer: above the sizes malloc
-    # may serve from its heap (already touched), so the pages are fresh.
+    import mmap
+
+    # 64 KiB of float32 keys (and values) a block. The caches are fresh anonymous mappings,
+    # page-aligned and never touched: lazy_zeros' calloc may be served from malloc's heap,
+    # already touched, once a process has freed enough (as a long test session has).
     num_blocks, block = 512, (16, 8, 128)
     nbytes = 2 * num_blocks * 65536
-
-    def page_aligned() -> torch.Tensor:  # so that block b is page b of each half
-        raw = lazy_zeros(nbytes + 4096)
-        skip = -raw.ctypes.data % 4096
-        return torch.from_numpy(raw[skip:skip + nbytes]).view(torch.float32).view(2, num_blocks, *block)
-
-    caches = [page_aligned() for _ in range(3)]
+    mappings = [mmap.mmap(-1, nbytes) for _ in range(3)]
+    caches = [torch.from_numpy(np.frombuffer(m, dtype=np.uint8)).view(torch.float32).view(2, num_blocks, *block)
+              for m in mappings]
     populator = BlockPopulator(caches, num_blocks)
     if not populator.active:
         pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14+)")
