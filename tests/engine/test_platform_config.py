@@ -33,16 +33,15 @@ def test_platform_fills_worker_and_communicator(llama_dir: Path) -> None:
 
 
 def test_cuda_platform_prefers_triton_when_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib.util
-
+    from forkless.platforms import cuda
     from forkless.platforms.cuda import CudaPlatform
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "triton" else real(name, *a))
+    # (triton_available() asks once a process: the platform's answer is what is switched.)
+    monkeypatch.setattr(cuda, "triton_available", lambda: True)
     assert CudaPlatform().default_attention_backend == "triton"
     assert CudaPlatform().get_attn_backend_cls(None).endswith("triton_paged:TritonAttentionBackend")
     assert CudaPlatform().get_attn_backend_cls("torch").endswith("torch_sdpa:TorchAttentionBackend")
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
+    monkeypatch.setattr(cuda, "triton_available", lambda: False)
     assert CudaPlatform().default_attention_backend == "torch"
 
 
