@@ -89,7 +89,7 @@ class BlockPopulator:
     """
 
     def __init__(self, caches: list, num_blocks: int) -> None:
-        self._madvise = _madvise() if sys.platform.startswith("linux") else None
+        self._madvise = _madvise()  # None off Linux
         self._regions: list[tuple[int, int]] = []  # (address of block 0, bytes per block), per repeat
         self._populated = np.zeros(num_blocks, dtype=bool)
         for cache in caches:

@@ -105,10 +105,9 @@ class CpuAttentionBackend(TorchAttentionBackend):
                              (kp.seq_ids, kp.q_rows), len(kp.plan.decode_ids), out)
         if plan.context_ids:
             assert key_cache is not None and value_cache is not None
-            # The prefills (float32: every one), into their rows of ``out``.
+            # Every prefill (the plan lists none for SDPA), into its rows of ``out``.
             self._run_kernel(lib.forkless_paged_prefill_f32, q, key_cache, value_cache, kp,
                              (kp.context_ids, kp.context_starts, kp.context_lens), len(kp.plan.context_ids), out)
-        self._prefill_into(out, q, k, v, key_cache, value_cache, plan)
         return out.view(q.shape[0], self.num_heads * self.head_dim)
 
     @staticmethod
