@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     FORKLESS_CUSTOM_OPS: str
     FORKLESS_CPU_KERNELS: bool
     FORKLESS_CPU_DECODE_STACK: bool
+    FORKLESS_CPU_BF16_LINEAR: str
     FORKLESS_CUDA_GEMV: bool
     FORKLESS_CUDA_PDL: bool
     FORKLESS_KERNEL_CACHE_DIR: str
@@ -120,6 +121,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # same results, without the Python between them). ``0`` runs the layers one module at
     # a time (to compare or to debug); read when the model is loaded.
     "FORKLESS_CPU_DECODE_STACK": lambda: parse_bool("FORKLESS_CPU_DECODE_STACK", True),
+    # What runs a bfloat16 model's linear layers on the CPU: ``auto`` (forkless's C kernel
+    # where the CPU has AVX512-BF16 and no AMX, oneDNN elsewhere), ``kernels`` or ``onednn``
+    # (to compare or to debug). Lower-cased raw text; forkless.models.layers.cpu_linear
+    # checks it (bf16_linear_kind) when a bfloat16 model is packed.
+    "FORKLESS_CPU_BF16_LINEAR": lambda: (os.environ.get("FORKLESS_CPU_BF16_LINEAR") or "auto").strip().lower(),
     # On CUDA, half-precision models run one-row linear layers (batch-1 decode) through a
     # Triton GEMV launched with programmatic dependent launch on Hopper
     # (forkless.models.layers.cuda_gemv). ``0`` keeps cuBLAS for every product.

@@ -1,8 +1,9 @@
 """CPU kernels in C: decode attention and prefill attention over cached context, both reading
-the paged cache in place, linear layers on packed weights and on GGUF Q8_0 / Q4_1 blocks,
-and the element-wise layers (RMSNorm, rotary embeddings, SiLU-and-mul; float32 or
-bfloat16); and a float32 decode step through a whole stack of decoder layers on those
-(``decode_stack.c``, called by :mod:`forkless.models.layers.cpu_decode_stack`).
+the paged cache in place, linear layers on packed weights (float32; bfloat16 with
+AVX512-BF16) and on GGUF Q8_0 / Q4_1 blocks, and the element-wise layers (RMSNorm, rotary
+embeddings, SiLU-and-mul; float32 or bfloat16); and a decode step through a whole stack of
+decoder layers on those, float32 or bfloat16 (``decode_stack.c``, called by
+:mod:`forkless.models.layers.cpu_decode_stack`).
 
 The sources (``csrc/*.c``) are plain C written once over a vector type that is AVX-512
 (16 lanes) or AVX2 + FMA (8 lanes), whichever the compiler targets, with plain loops
@@ -49,8 +50,9 @@ from forkless.logger import init_logger
 logger = init_logger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("paged_decode.c", "paged_prefill.c", "linear.c", "quant_linear.c", "layers.c", "decode_stack.c")
-_ABI_VERSION = 10
+_SOURCES = ("paged_decode.c", "paged_prefill.c", "linear.c", "linear_bf16.c", "quant_linear.c", "layers.c",
+            "decode_stack.c")
+_ABI_VERSION = 11
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno")
 
 _ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -69,7 +71,9 @@ _SIGNATURES = {
     **{f"forkless_silu_and_mul_{t}": [_ptr, _i64, _ptr, _i32, _i32] for t in ("f32", "bf16")},
     "forkless_linear_q8_0": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
     "forkless_linear_q4_1": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
-    "forkless_decode_stack_f32": [_ptr, _ptr, _i32, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr],
+    "forkless_linear_bf16": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
+    **{f"forkless_decode_stack_{t}": [_ptr, _ptr, _i32, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr]
+       for t in ("f32", "bf16")},
 }
 
 #: The instruction-set levels, best first: the CPU flags each needs (as ``/proc/cpuinfo``
@@ -88,8 +92,8 @@ ISA_FLAGS = {
     "avx2": ("-march=x86-64-v3", "-mtune=native"),
     "portable": (),
 }
-# AVX-512 extensions added to the avx512 build where the CPU lists them (the kernels use
-# none of them yet; the compiler may, and later bf16 / int8 code will).
+# AVX-512 extensions added to the avx512 build where the CPU lists them (linear_bf16.c's
+# tiles need AVX512-BF16; the compiler may use the others).
 _AVX512_EXTENSIONS = {"avx512_bf16": "-mavx512bf16", "avx512_vnni": "-mavx512vnni", "avx512_fp16": "-mavx512fp16"}
 # The linear kernel's few-row path (linear.c's few_rows: each weight panel read as several
 # streams) only up to 5 rows on AMD's AVX-512 cores, the tile path from 6: on a 2-core Zen 4

@@ -1,4 +1,4 @@
-"""A float32 decode step through all decoder layers in one C call
+"""A decode step through all decoder layers in one C call, float32 or bfloat16
 (forkless.models.layers.cpu_decode_stack): the same logits as the layers run one module at
 a time, bit for bit, and the modules wherever the stack would not give them."""
 
@@ -12,7 +12,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Con
 from forkless.attention import get_attention_backend
 from forkless.model_loader import load_model
 from forkless.models.layers.cpu_decode_stack import CpuDecodeStack
-from forkless.models.layers.cpu_linear import cpu_linear_dtype_supported
+from forkless.models.layers.cpu_linear import OneDNNLinear, PackedLinearBF16, onednn_bf16_available
 
 _TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=176, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.2)
@@ -29,12 +29,14 @@ CONFIGS = {
 pytestmark = pytest.mark.usefixtures("ops_on_cpu")
 
 
-def _load(folder, **env: str):
+def _load(folder, dtype: torch.dtype = torch.float32, **env: str):
     with pytest.MonkeyPatch.context() as mp:
+        if dtype == torch.bfloat16:
+            # forkless's bfloat16 kernel on any CPU (its plain loops without AVX512-BF16).
+            mp.setenv("FORKLESS_CPU_BF16_LINEAR", "kernels")
         for name, value in env.items():
             mp.setenv(name, value)
-        model = load_model(folder, AutoConfig.from_pretrained(folder), torch.float32, "cpu",
-                           get_attention_backend("cpu"))
+        model = load_model(folder, AutoConfig.from_pretrained(folder), dtype, "cpu", get_attention_backend("cpu"))
         model.use_cpu_kernels()
     return model
 
@@ -85,9 +87,12 @@ def _run(model, steps: int = 6, pad_tokens: int = 0) -> list[torch.Tensor]:
     return logits
 
 
-def test_decode_steps_match_the_modules_bit_for_bit(folder):
-    model, reference = _load(folder), _load(folder, FORKLESS_CPU_DECODE_STACK="0")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_steps_match_the_modules_bit_for_bit(folder, dtype):
+    model, reference = _load(folder, dtype), _load(folder, dtype, FORKLESS_CPU_DECODE_STACK="0")
     assert isinstance(model.model.cpu_decode_stack, CpuDecodeStack)
+    if dtype == torch.bfloat16:
+        assert isinstance(model.model.layers[0].mlp.down_proj, PackedLinearBF16)
     assert reference.model.cpu_decode_stack is None
     count = _Count(model)
     got, want = _run(model), _run(reference)
@@ -142,9 +147,9 @@ def test_a_hooked_attention_layer_keeps_the_modules(folder):
     assert len(recorder.saved) == 3  # the prefill and both decode steps
 
 
-def test_lora_and_other_dtypes_get_no_stack(tmp_path, folder):
-    """A wrapped projection (as a LoRA layer wraps one) never runs the stack; a bfloat16
-    model never gets one."""
+def test_lora_onednn_and_other_dtypes_get_no_stack(tmp_path, folder):
+    """A wrapped projection (as a LoRA layer wraps one) never runs the stack, nor a bfloat16
+    model on oneDNN's layers; a float16 model never gets one."""
     model = _load(folder)
     inner = model.model.layers[0].mlp.down_proj
 
@@ -160,7 +165,11 @@ def test_lora_and_other_dtypes_get_no_stack(tmp_path, folder):
     count = _Count(model)
     _run(model, steps=2)
     assert count.taken == 0
-    bf16 = load_model(folder, AutoConfig.from_pretrained(folder), torch.bfloat16, "cpu", get_attention_backend("cpu"))
-    if cpu_linear_dtype_supported(torch.bfloat16):  # oneDNN's bfloat16 (AVX512-BF16 / AMX CPUs)
-        bf16.use_cpu_kernels()
-    assert bf16.model.cpu_decode_stack is None
+    if onednn_bf16_available():  # oneDNN's bfloat16 (AVX512-BF16 / AMX CPUs)
+        onednn = _load(folder, torch.bfloat16, FORKLESS_CPU_BF16_LINEAR="onednn")
+        assert isinstance(onednn.model.layers[0].mlp.down_proj, OneDNNLinear)
+        count = _Count(onednn)
+        _run(onednn, steps=2)
+        assert count.taken == 0 and count.declined == 3
+    fp16 = load_model(folder, AutoConfig.from_pretrained(folder), torch.float16, "cpu", get_attention_backend("cpu"))
+    assert not CpuDecodeStack.applies_to(fp16.model)

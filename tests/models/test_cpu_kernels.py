@@ -15,8 +15,9 @@ import torch.nn.functional as F
 from forkless import cpu_kernels
 from forkless.attention import AttentionMetadata, get_attention_backend
 from forkless.models.layers.activation import SiluAndMul
-from forkless.models.layers.cpu_linear import (OneDNNLinear, PackedLinear, cpu_linear_dtype_supported, cpu_linear_for,
-                                               onednn_bf16_available, pack_linear_layers, use_cpu_linear)
+from forkless.models.layers.cpu_linear import (OneDNNLinear, PackedLinear, PackedLinearBF16, bf16_linear_kind,
+                                               cpu_linear_dtype_supported, cpu_linear_for, onednn_bf16_available,
+                                               pack_linear_layers, use_cpu_linear)
 from forkless.models.layers.norm import RMSNorm
 from forkless.models.layers.rotary import RotaryEmbedding
 
@@ -256,10 +257,24 @@ needs_onednn_bf16 = pytest.mark.skipif(not onednn_bf16_available(),
 @pytest.mark.parametrize("rows", [0, 1, 5, 33, 300])
 @pytest.mark.parametrize("bias", [False, True])
 def test_onednn_linear_matches_linear_in_bfloat16(rows, bias):
+    _check_bf16_linear(OneDNNLinear, rows, bias)
+
+
+@pytest.mark.parametrize("isa", cpu_kernels.supported_isas())
+@pytest.mark.parametrize("rows", [0, 1, 5, 7, 33, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_bf16_linear_matches_linear_in_bfloat16(rows, bias, isa):
+    """forkless's bfloat16 kernel at every ISA level this CPU has (AVX512-BF16 tiles where
+    the build has them, plain loops otherwise), row counts across its 6-row tiles."""
+    _check_bf16_linear(lambda w, b: PackedLinearBF16(w, b, lib=cpu_kernels.load_isa(isa)), rows, bias)
+
+
+def _check_bf16_linear(make, rows: int, bias: bool) -> None:
     torch.manual_seed(rows)
     linear = torch.nn.Linear(576, 200, bias=bias).bfloat16()
-    packed = cpu_linear_for(linear.weight, linear.bias)
-    assert isinstance(packed, OneDNNLinear)
+    packed = make(linear.weight, linear.bias)
+    if isinstance(packed, PackedLinearBF16):
+        assert torch.equal(packed.weight, linear.weight)  # the packing loses nothing
     x = torch.randn(2, rows, 576).bfloat16()
     with torch.inference_mode():
         out = packed(x)
@@ -273,12 +288,26 @@ def test_onednn_linear_matches_linear_in_bfloat16(rows, bias):
         packed(torch.zeros(1, 576))
 
 
-def test_cpu_linear_for_picks_by_dtype_and_names_the_bad_one():
+def test_cpu_linear_for_picks_by_dtype_and_names_the_bad_one(monkeypatch):
     assert isinstance(cpu_linear_for(torch.zeros(4, 4)), PackedLinear)
     with pytest.raises(ValueError, match="torch.float16 weights: expected float32 or bfloat16"):
         cpu_linear_for(torch.zeros(4, 4, dtype=torch.float16))
     assert not cpu_linear_dtype_supported(torch.float16)
-    assert cpu_linear_dtype_supported(torch.bfloat16) == onednn_bf16_available()
+    # bfloat16: forkless's kernel by default where the CPU has AVX512-BF16 and no AMX.
+    flags = cpu_kernels.cpu_flags()
+    native = "avx512_bf16" in flags and "amx_bf16" not in flags and cpu_kernels.isa() == "avx512"
+    assert bf16_linear_kind() == ("kernels" if native else "onednn" if onednn_bf16_available() else None)
+    assert cpu_linear_dtype_supported(torch.bfloat16) == (bf16_linear_kind() is not None)
+    monkeypatch.setenv("FORKLESS_CPU_BF16_LINEAR", "kernels")
+    assert isinstance(cpu_linear_for(torch.zeros(4, 6, dtype=torch.bfloat16)), PackedLinearBF16)
+    # An odd in_features: the kernel takes K in pairs, oneDNN takes it (where it runs).
+    if onednn_bf16_available():
+        assert isinstance(cpu_linear_for(torch.zeros(4, 5, dtype=torch.bfloat16)), OneDNNLinear)
+    with pytest.raises(ValueError, match="even in_features"):
+        PackedLinearBF16(torch.zeros(4, 5, dtype=torch.bfloat16))
+    monkeypatch.setenv("FORKLESS_CPU_BF16_LINEAR", "mkl")
+    with pytest.raises(ValueError, match="FORKLESS_CPU_BF16_LINEAR='mkl': expected one of auto, kernels, onednn"):
+        cpu_linear_for(torch.zeros(4, 4, dtype=torch.bfloat16))
 
 
 def _tiny_llama(tmp_path, dtype: torch.dtype):
@@ -295,20 +324,28 @@ def _tiny_llama(tmp_path, dtype: torch.dtype):
     return load_model(tmp_path, AutoConfig.from_pretrained(tmp_path), dtype, "cpu", backend), backend
 
 
-def test_bfloat16_model_runs_its_linear_layers_on_onednn(tmp_path):
-    """A bfloat16 model on the CPU: every linear layer and the tied head prepacked for
-    oneDNN where the CPU has it (and left as nn.Linear where not), the logits of a prefill
-    and a decode step as the unpacked model's."""
+@pytest.mark.parametrize("kind", ["kernels", "onednn"])
+def test_bfloat16_model_runs_its_linear_layers_packed(tmp_path, kind, monkeypatch):
+    """A bfloat16 model on the CPU: every linear layer and the tied head packed for the
+    layer FORKLESS_CPU_BF16_LINEAR names (forkless's kernel on any CPU; oneDNN where the CPU
+    has it, and left as nn.Linear where not), the logits of a prefill and a decode step as
+    the unpacked model's."""
     from paged_harness import PagedHarness
 
+    monkeypatch.setenv("FORKLESS_CPU_BF16_LINEAR", kind)
+    if kind == "onednn" and not onednn_bf16_available():
+        with pytest.raises(ValueError, match="oneDNN has no bfloat16 matmul"):
+            bf16_linear_kind()
+        monkeypatch.setenv("FORKLESS_CPU_BF16_LINEAR", "auto")  # then auto leaves nn.Linear where no kernel wins
+    layer_type = PackedLinearBF16 if kind == "kernels" else OneDNNLinear
     model, backend = _tiny_llama(tmp_path, torch.bfloat16)
     reference, _ = _tiny_llama(tmp_path, torch.bfloat16)
     packed = use_cpu_linear(model, torch.device("cpu"), torch.bfloat16)
-    assert packed == onednn_bf16_available()
-    linears = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, OneDNNLinear))]
-    assert linears and all(isinstance(m, OneDNNLinear if packed else torch.nn.Linear) for m in linears)
+    assert packed == (bf16_linear_kind() is not None)
+    linears = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, OneDNNLinear, PackedLinearBF16))]
+    assert linears and all(isinstance(m, layer_type if packed else torch.nn.Linear) for m in linears)
     if packed:
-        assert isinstance(model.lm_head, OneDNNLinear)  # its own copy: the embedding keeps its rows
+        assert isinstance(model.lm_head, layer_type)  # its own copy: the embedding keeps its rows
         assert model.model.embed_tokens.weight.dtype == torch.bfloat16
     seqs = [[3, 17, 99, 4, 250], [8, 8, 1]]
     runs = []

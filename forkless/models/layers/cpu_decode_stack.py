@@ -2,17 +2,19 @@
 
 The module-by-module forward calls ~15 kernels a layer from Python; at decode batch sizes
 their dispatch costs about as much as their work (batch 1, SmolLM2-135M, float32, 2
-threads: 26.7 ms a step, 18.9 ms in one call). ``forkless_decode_stack_f32``
-(``forkless/cpu_kernels/csrc/decode_stack.c``) runs the same kernels in the same order
-on the same buffers' values, so a step gives bit-identical hidden states either way.
+threads: 26.7 ms a step, 18.9 ms in one call). ``forkless_decode_stack_f32`` and
+``forkless_decode_stack_bf16`` (``forkless/cpu_kernels/csrc/decode_stack.c``) run the same
+kernels in the same order on the same buffers' values, so a step gives bit-identical hidden
+states either way.
 
 Invariants:
     * The stack runs only where that identity holds, and the modules run otherwise:
-      float32; one rank (no tensor or pipeline parallelism); every projection exactly a
-      :class:`~forkless.models.layers.cpu_linear.PackedLinear` or a
-      :class:`~forkless.models.layers.gguf_linear.GGUFLinear` (a LoRA wrapper is not; with
-      GGUF layers, steps of at most ``KERNEL_MAX_ROWS`` rows, where those run the same C
-      kernel); every RMSNorm, rotary embedding and SiLU-and-mul forkless's own class bound to
+      float32 or bfloat16; one rank (no tensor or pipeline parallelism); every projection
+      exactly a :class:`~forkless.models.layers.cpu_linear.PackedLinear` or a
+      :class:`~forkless.models.layers.gguf_linear.GGUFLinear` in float32 (with GGUF layers,
+      steps of at most ``KERNEL_MAX_ROWS`` rows, where those run the same C kernel), a
+      :class:`~forkless.models.layers.cpu_linear.PackedLinearBF16` in bfloat16 (a LoRA
+      wrapper is neither; a model on oneDNN's bfloat16 layers gets no stack); every RMSNorm, rotary embedding and SiLU-and-mul forkless's own class bound to
       ``forward_cpu`` (an op a plugin replaced, or one ``FORKLESS_CUSTOM_OPS`` turned off,
       runs as itself); the attention backend exactly
       :class:`~forkless.attention.backends.cpu_paged.CpuAttentionBackend`, its ``forward``
@@ -33,7 +35,7 @@ import torch
 from torch import nn
 
 from forkless import cpu_kernels, envs
-from forkless.models.layers.cpu_linear import PackedLinear
+from forkless.models.layers.cpu_linear import PackedLinear, PackedLinearBF16
 from forkless.models.layers.gguf_linear import KERNEL_MAX_ROWS, GGUFLinear
 
 if TYPE_CHECKING:
@@ -41,7 +43,10 @@ if TYPE_CHECKING:
 
 _p = ctypes.c_void_p
 #: The projection kinds the C table takes (``forkless_projection.format``).
-_FORMATS = {"F32": 0, "Q8_0": 1, "Q4_1": 2}
+_FORMATS = {"F32": 0, "Q8_0": 1, "Q4_1": 2, "BF16": 3}
+#: The projection classes each dtype's stack takes, and its C entry point's suffix.
+_PROJECTIONS = {torch.float32: (PackedLinear, GGUFLinear), torch.bfloat16: (PackedLinearBF16,)}
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 class _Projection(ctypes.Structure):
@@ -65,13 +70,15 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _projection(linear: PackedLinear | GGUFLinear) -> _Projection:
+def _projection(linear: PackedLinear | PackedLinearBF16 | GGUFLinear) -> _Projection:
     """A packed or GGUF layer as the C table describes it."""
     if isinstance(linear, GGUFLinear):
         return _Projection(_FORMATS[linear.format], linear.out_features, _ptr(linear.qs), _ptr(linear.scales),
                            _ptr(linear.mins), _ptr(linear.bias))
-    panels, _, width = linear.packed.shape
-    return _Projection(_FORMATS["F32"], panels * width, _ptr(linear.packed), None, None, _ptr(linear.bias))
+    # Packed panels (float32 [panels, K, width], bfloat16 [panels, K / 2, width, 2]).
+    panels, width = linear.packed.shape[0], linear.packed.shape[2]
+    kind = "BF16" if isinstance(linear, PackedLinearBF16) else "F32"
+    return _Projection(_FORMATS[kind], panels * width, _ptr(linear.packed), None, None, _ptr(linear.bias))
 
 
 class CpuDecodeStack:
@@ -94,10 +101,11 @@ class CpuDecodeStack:
 
     @staticmethod
     def applies_to(model: nn.Module) -> bool:
-        """Whether ``model`` could ever take the stack (float32, one rank, layers built)."""
+        """Whether ``model`` could ever take the stack (float32 or bfloat16, one rank, layers
+        built)."""
         from forkless.distributed.parallel_state import get_pp_group, get_tp_group
 
-        return (envs.FORKLESS_CPU_DECODE_STACK and model.dtype == torch.float32 and get_tp_group().world_size == 1
+        return (envs.FORKLESS_CPU_DECODE_STACK and model.dtype in _PROJECTIONS and get_tp_group().world_size == 1
                 and get_pp_group().world_size == 1 and len(model.layers) > 0 and cpu_kernels.load() is not None)
 
     def forward(self, model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -115,15 +123,15 @@ class CpuDecodeStack:
         if kp is None:
             return None
         if self._caches != (id(kv_caches), kv_caches[0].data_ptr()):
-            if not all(c.dtype == torch.float32 and c.is_contiguous() for c in kv_caches):
-                self._eligible = False  # an fp8 cache: the C table holds float32 rows
+            if not all(c.dtype == model.dtype and c.is_contiguous() for c in kv_caches):
+                self._eligible = False  # an fp8 cache: the C table holds rows of the model's dtype
                 return None
             self._bind(model, kv_caches)
         rotary = model.layers[0].self_attn.rotary_emb
-        cos, sin = rotary.cos_sin(positions, torch.float32)
+        cos, sin = rotary.cos_sin(positions, model.dtype)
         hidden = model.embed_tokens(input_ids).contiguous()
         slots = kp.plan.store_slots
-        cpu_kernels.check(self._lib.forkless_decode_stack_f32(
+        cpu_kernels.check(getattr(self._lib, f"forkless_decode_stack_{_SUFFIX[model.dtype]}")(
             ctypes.byref(self._stack), hidden.data_ptr(), hidden.shape[0], cos.data_ptr(), sin.data_ptr(),
             cos.stride(0), slots.data_ptr(), kp.block_tables.data_ptr(), kp.block_tables.stride(0),
             kp.seq_lens.data_ptr(), kp.seq_ids.data_ptr(), kp.q_rows.data_ptr()))
@@ -137,13 +145,14 @@ class CpuDecodeStack:
         from forkless.models.layers.rotary import RotaryEmbedding
 
         ops: list[Any] = [model.norm]
+        projection_types = _PROJECTIONS[model.dtype]
         for layer in model.layers:
             attn = layer.self_attn
             ops += [layer.input_layernorm, layer.post_attention_layernorm, attn.rotary_emb, layer.mlp.act_fn]
             if attn.qk_norm:
                 ops += [attn.q_norm, attn.k_norm]
             projections = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-            if not all(type(lin) in (PackedLinear, GGUFLinear) for lin in projections):
+            if not all(type(lin) in projection_types for lin in projections):
                 return False
             if any(type(lin) is GGUFLinear for lin in projections):
                 self._max_rows = KERNEL_MAX_ROWS

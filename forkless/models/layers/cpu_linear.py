@@ -4,16 +4,21 @@
   over column panels; at 1-128 rows it is ahead of prepacked oneDNN float32 (18.6 vs 23.1
   ms a pass at one row, 62.4 vs 68.6 at 64; 2 threads, Xeon with AMX), from 512 rows
   within 5 % of it.
-* bfloat16: :class:`OneDNNLinear`, oneDNN's matmul (through torch) on a weight reordered
-  once into oneDNN's blocked layout, which runs on AMX or AVX512-BF16. ``F.linear``
-  reorders the plain weight on every call: at decode sizes that is most of its time (one
-  pass over SmolLM2-135M's layers and head, 2 threads, Xeon with AMX: 25.5 -> 15.2 ms at
-  32 rows, 19.5 -> 12.2 ms at one row).
+* bfloat16 on a CPU with AVX512-BF16 and no AMX: :class:`PackedLinearBF16`, forkless's C
+  kernel on panels of bfloat16 pairs (``linear_bf16.c``: ahead of prepacked oneDNN at every
+  row count measured, 2.0x at one row, 1.3x at 35, 1.07x at 2,048; 2-core Zen 4).
+* bfloat16 otherwise (AMX, whose tiles oneDNN drives far faster at prefill sizes):
+  :class:`OneDNNLinear`, oneDNN's matmul (through torch) on a weight reordered once into
+  oneDNN's blocked layout. ``F.linear`` reorders the plain weight on every call: at decode
+  sizes that is most of its time (one pass over SmolLM2-135M's layers and head, 2 threads,
+  Xeon with AMX: 25.5 -> 15.2 ms at 32 rows, 19.5 -> 12.2 ms at one row).
+  ``FORKLESS_CPU_BF16_LINEAR`` overrides the choice (:func:`bf16_linear_kind`).
 
 Invariants: a packed layer holds its weight in its own layout and the ``nn.Linear`` it
 replaces is dropped (a tied LM head is packed as a copy: the embedding keeps its rows),
 outputs have the input's dtype and match ``nn.Linear`` up to the order of the
-sums, and which class a weight gets depends only on its dtype (:func:`cpu_linear_for`).
+sums, and which class a weight gets depends only on its dtype, its shape and the CPU
+(:func:`cpu_linear_for`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from forkless import cpu_kernels
+from forkless import cpu_kernels, envs
 
 #: The batch size oneDNN's reorder is told to expect (a hint for its layout; any row count
 #: runs on the result): decode steps, where the reorder matters most.
@@ -125,6 +130,74 @@ class PackedLinear(CPULinear):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
+class PackedLinearBF16(CPULinear):
+    """``y = x w^T + b`` in bfloat16 with ``w`` packed once into the C kernel's panels of
+    bfloat16 pairs (``forkless/cpu_kernels/csrc/linear_bf16.c``; AVX512-BF16 dot products).
+
+    Sums are float32 and each output is rounded to bfloat16 once, after the bias: as
+    ``F.linear`` in bfloat16, up to the order of the sums. ``in_features`` must be even
+    (the kernel takes K in pairs).
+
+    Args:
+        weight: ``[out_features, in_features]`` bfloat16 on the CPU.
+        bias: ``[out_features]`` or None (kept in float32).
+        lib: The kernels to run on; default: :func:`forkless.cpu_kernels.load`'s.
+
+    Raises:
+        RuntimeError: The CPU kernels are unavailable.
+        ValueError: The weight is not bfloat16 on the CPU, or its ``in_features`` is odd.
+    """
+
+    dtype = torch.bfloat16
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, lib: Any = None) -> None:
+        super().__init__()
+        lib = lib if lib is not None else cpu_kernels.load()
+        if lib is None:
+            raise RuntimeError("PackedLinearBF16 needs the CPU kernels, which are unavailable (see the log)")
+        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
+            raise ValueError(f"PackedLinearBF16 takes a bfloat16 CPU weight, got {weight.dtype} on {weight.device}")
+        self.out_features, self.in_features = weight.shape
+        if self.in_features % 2:
+            raise ValueError(f"PackedLinearBF16 takes an even in_features (pairs of K), got {self.in_features}")
+        self._kernel = lib.forkless_linear_bf16
+        width = lib.forkless_linear_bf16_panel_width()
+        padded = -(-self.out_features // width) * width
+        w = weight.detach()
+        if padded != self.out_features:  # zero columns, cut off the output again
+            w = torch.cat([w, w.new_zeros(padded - self.out_features, self.in_features)])
+        # [N, K] -> [N / width, K / 2, width, 2]: panel p is columns p*width.. of w^T, two
+        # rows of K at a time, each column's pair adjacent.
+        self.register_buffer(
+            "packed", w.view(padded // width, width, self.in_features // 2, 2).permute(0, 2, 1, 3).contiguous(),
+            persistent=False)
+        if bias is not None:
+            b = torch.zeros(padded, dtype=torch.float32)
+            b[: self.out_features] = bias.detach()
+            bias = b
+        self.register_buffer("bias", bias, persistent=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The ``[out_features, in_features]`` weight, unpacked (a copy, for inspection)."""
+        panels, k2, width, _ = self.packed.shape
+        return self.packed.permute(0, 2, 1, 3).reshape(panels * width, 2 * k2)[: self.out_features].contiguous()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = self._rows(x)
+        rows = x2.shape[0]
+        panels, _, width, _ = self.packed.shape
+        y = torch.empty(rows, panels * width, dtype=torch.bfloat16)
+        if rows:
+            cpu_kernels.check(self._kernel(
+                x2.data_ptr(), x2.stride(0), self.packed.data_ptr(),
+                None if self.bias is None else self.bias.data_ptr(), y.data_ptr(), y.stride(0),
+                rows, self.in_features, panels))
+        if y.shape[1] != self.out_features:
+            y = y[:, : self.out_features]
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
 @functools.lru_cache(maxsize=None)
 def onednn_bf16_available() -> bool:
     """Whether torch's oneDNN runs bfloat16 matmuls on this CPU (AVX512-BF16 or AMX, or
@@ -177,19 +250,50 @@ class OneDNNLinear(CPULinear):
         return y.reshape(*x.shape[:-1], self.out_features)
 
 
+#: ``FORKLESS_CPU_BF16_LINEAR``'s values.
+BF16_LINEAR_CHOICES = ("auto", "kernels", "onednn")
+
+
+def bf16_linear_kind() -> str | None:
+    """What runs bfloat16 linear layers on this CPU: ``"kernels"`` (:class:`PackedLinearBF16`),
+    ``"onednn"`` (:class:`OneDNNLinear`) or None (neither: they stay ``nn.Linear``).
+
+    ``FORKLESS_CPU_BF16_LINEAR=auto`` (the default) takes the C kernel where the CPU has
+    AVX512-BF16 and no AMX, oneDNN elsewhere it runs; ``kernels`` or ``onednn`` asks for one
+    (``kernels`` without AVX512-BF16 runs the kernel's plain loops: correct, slow).
+
+    Raises:
+        ValueError: The variable holds another value, or asks for what this CPU lacks.
+    """
+    want = envs.FORKLESS_CPU_BF16_LINEAR
+    if want not in BF16_LINEAR_CHOICES:
+        raise ValueError(f"FORKLESS_CPU_BF16_LINEAR={want!r}: expected one of {', '.join(BF16_LINEAR_CHOICES)}")
+    lib = cpu_kernels.load()
+    native = lib is not None and bool(lib.forkless_linear_bf16_native())
+    if want == "kernels" and lib is None:
+        raise ValueError("FORKLESS_CPU_BF16_LINEAR=kernels: forkless's CPU kernels are unavailable (see the log)")
+    if want == "onednn" and not onednn_bf16_available():
+        raise ValueError("FORKLESS_CPU_BF16_LINEAR=onednn: torch's oneDNN has no bfloat16 matmul on this CPU "
+                         "or torch build")
+    if want == "kernels" or (want == "auto" and native and "amx_bf16" not in cpu_kernels.cpu_flags()):
+        return "kernels"
+    return "onednn" if onednn_bf16_available() else None
+
+
 def cpu_linear_dtype_supported(dtype: torch.dtype) -> bool:
     """Whether this CPU has a packed linear layer for weights of ``dtype``: float32 with
-    forkless's C kernels built, bfloat16 with oneDNN's bfloat16 matmul."""
+    forkless's C kernels built, bfloat16 with either of :func:`bf16_linear_kind`'s."""
     if dtype == torch.float32:
         return cpu_kernels.load() is not None
     if dtype == torch.bfloat16:
-        return onednn_bf16_available()
+        return bf16_linear_kind() is not None
     return False
 
 
 def cpu_linear_for(weight: torch.Tensor, bias: torch.Tensor | None = None) -> CPULinear:
-    """The packed layer for ``weight``'s dtype: :class:`PackedLinear` for float32,
-    :class:`OneDNNLinear` for bfloat16.
+    """The packed layer for ``weight``: :class:`PackedLinear` for float32; for bfloat16
+    :class:`PackedLinearBF16` or :class:`OneDNNLinear` as :func:`bf16_linear_kind` says
+    (oneDNN for an odd ``in_features``, which the C kernel does not take).
 
     Raises:
         ValueError: No packed layer takes that dtype.
@@ -197,6 +301,8 @@ def cpu_linear_for(weight: torch.Tensor, bias: torch.Tensor | None = None) -> CP
     if weight.dtype == torch.float32:
         return PackedLinear(weight, bias)
     if weight.dtype == torch.bfloat16:
+        if bf16_linear_kind() == "kernels" and weight.shape[1] % 2 == 0:
+            return PackedLinearBF16(weight, bias)
         return OneDNNLinear(weight, bias)
     raise ValueError(f"no packed CPU linear layer for {weight.dtype} weights: expected float32 or bfloat16")
 
@@ -218,14 +324,16 @@ def pack_linear_layers(model: nn.Module) -> int:
 
 def cpu_linear_name(dtype: torch.dtype) -> str:
     """What runs the packed layers of ``dtype``, for the log."""
-    return "forkless's C kernels" if dtype == torch.float32 else "oneDNN, prepacked"
+    if dtype == torch.float32 or bf16_linear_kind() == "kernels":
+        return "forkless's C kernels"
+    return "oneDNN, prepacked"
 
 
 def use_cpu_linear(model: nn.Module, device: torch.device, dtype: torch.dtype) -> bool:
     """Move a model (``CausalLMBase`` or ``SupportsPooling``) that declares
     ``supports_cpu_kernels`` onto the packed linear layers where this device and dtype have
-    them (float32: the C kernels; bfloat16: oneDNN, prepacked); the model runners call it
-    once, after loading weights.
+    them (float32: the C kernels; bfloat16: the C kernels or oneDNN, prepacked, as
+    :func:`bf16_linear_kind` says); the model runners call it once, after loading weights.
 
     Returns:
         Whether the model's ``use_cpu_kernels`` ran.
