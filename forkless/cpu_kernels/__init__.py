@@ -61,8 +61,8 @@ _SIGNATURES = {
                                   _i32, ctypes.c_float],
     "forkless_paged_decode_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32, _i32,
                                    _i32, ctypes.c_float],
-    "forkless_paged_prefill_f32": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32,
-                                   _i32, _i32, ctypes.c_float],
+    **{f"forkless_paged_prefill_{t}": [_ptr, _ptr, _ptr, _ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i32, _i32, _i32,
+                                       _i32, _i32, ctypes.c_float] for t in ("f32", "bf16")},
     "forkless_linear_f32": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
     **{f"forkless_rms_norm_{t}": [_ptr, _i64, _i64, _ptr, _i64, _ptr, _ptr, _ptr, _i32, _i32, _i32, ctypes.c_float]
        for t in ("f32", "bf16")},

@@ -122,16 +122,21 @@ def test_decode_kernel_splits_few_sequences_over_threads(threads, lens, dtype):
     torch.testing.assert_close(split, whole, rtol=tol, atol=tol)
 
 
-def _compare_with_reference(hq, hkv, d, bs, seqs, seed=0):
-    """The cpu backend against the torch reference on one step; returns the cpu plan."""
-    cache, md, q, k, v = _paged_step(hq, hkv, d, bs, seqs, seed)
-    ref_cache, cpu_cache = cache.clone(), cache.clone()
+def _compare_with_reference(hq, hkv, d, bs, seqs, seed=0, dtype=torch.float32):
+    """The cpu backend against the torch reference on one step; returns the cpu plan. In
+    bfloat16 the reference runs in float32 on the same (bfloat16) values, and the kernels'
+    output, rounded to bfloat16 once, must be within that rounding of it."""
+    cache, md, q, k, v = (t.to(dtype) if isinstance(t, torch.Tensor) else t for t in _paged_step(hq, hkv, d, bs,
+                                                                                                 seqs, seed))
+    ref_cache, cpu_cache = cache.float(), cache.clone()
     scale = d**-0.5
-    ref = get_attention_backend("torch")(hq, hkv, d, scale).forward(q, k, v, ref_cache, md())
+    ref = get_attention_backend("torch")(hq, hkv, d, scale).forward(q.float(), k.float(), v.float(), ref_cache, md())
     cpu_md = md()
     out = get_attention_backend("cpu")(hq, hkv, d, scale).forward(q, k, v, cpu_cache, cpu_md)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(cpu_cache, ref_cache, rtol=0, atol=0)
+    assert out.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol)
+    torch.testing.assert_close(cpu_cache.float(), ref_cache, rtol=0, atol=0)
     return cpu_md.backend_state["cpu"]
 
 
@@ -147,12 +152,13 @@ def _compare_with_reference(hq, hkv, d, bs, seqs, seed=0):
         (9, 3, 64, 1),  # one token a block
     ],
 )
-def test_prefill_kernel_matches_reference(hq, hkv, d, bs):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_kernel_matches_reference(hq, hkv, d, bs, dtype):
     # (cached tokens, new tokens): decodes, fresh prefills and chunks over cached context,
     # starting and ending mid-block, one or several query tiles, short and long contexts.
     seqs = [(7, 1), (0, 9), (1, 2), (max(bs - 1, 1), 3), (3 * bs + 5, 40), (300, 1), (2, 25), (0, 1), (613, 170),
             (1500, 4)]
-    kp = _compare_with_reference(hq, hkv, d, bs, seqs)
+    kp = _compare_with_reference(hq, hkv, d, bs, seqs, dtype=dtype)
     # Every prefill ran in the kernel -- the fresh prompts and the chunks over cached
     # context alike --, none through SDPA (gathered or not); the decodes in theirs.
     assert kp.plan.context_ids == [1, 2, 3, 4, 6, 7, 8, 9]
@@ -166,8 +172,9 @@ def test_prefill_kernel_matches_reference(hq, hkv, d, bs):
     [(2000, 2), (5, 1), (900, 300), (0, 30)],
     [(4000, 64), (700, 16)],
 ])
-def test_prefill_kernel_threads_match_reference(threads, seqs):
-    _compare_with_reference(9, 3, 64, 16, seqs, seed=threads)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_kernel_threads_match_reference(threads, seqs, dtype):
+    _compare_with_reference(9, 3, 64, 16, seqs, seed=threads, dtype=dtype)
 
 
 def test_prefill_kernel_is_causal_within_the_chunk():

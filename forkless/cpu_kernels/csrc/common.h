@@ -218,11 +218,4 @@ ALWAYS_INLINE void prefetch_bytes(const void *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 64) __builtin_prefetch((const char *)p + i, 0, 3);
 }
 
-/* Ask for row t (row floats long) of next ahead of its use: a sequence's blocks are
- * scattered in the paged cache, so the hardware prefetcher cannot guess them. */
-ALWAYS_INLINE void prefetch_row(const float *next, int64_t t, int64_t row) {
-    const char *p = (const char *)(next + t * row);
-    for (int64_t i = 0; i < row * (int64_t)sizeof(float); i += 64) __builtin_prefetch(p + i, 0, 3);
-}
-
 #endif

@@ -25,7 +25,8 @@
  * into ranges attended separately and merged by their softmax statistics.
  *
  * Built by forkless/cpu_kernels with the system C compiler and called through ctypes;
- * float32 only.
+ * queries and outputs float32, the cache float32 or bfloat16 (each key and value element
+ * widened as it is broadcast; products and sums in float32, as paged_decode.c).
  */
 
 #include <math.h>
@@ -75,7 +76,7 @@ typedef struct {
 
 /* s[t * ldm + c * 8 + j] = sum_d k[t][d] * qt[d * ldm + c * 8 + j] for 4 keys and NC (<= 3,
  * a constant after inlining) vectors of rows. */
-ALWAYS_INLINE void scores_4(float *s, int ldm, const float *const *k, const float *qt, int D, int NC) {
+ALWAYS_INLINE void scores_4(float *s, int ldm, const void *const *k, const float *qt, int D, int NC, int bf16) {
 #ifdef FORKLESS_SIMD
     vec acc[4][3];
     for (int t = 0; t < 4; t++)
@@ -89,7 +90,7 @@ ALWAYS_INLINE void scores_4(float *s, int ldm, const float *const *k, const floa
             __asm__("" : "+v"(b[c]));
         }
         for (int t = 0; t < 4; t++) {
-            vec a = vset1(k[t][d]);
+            vec a = vset1(el_get(k[t], d, bf16));
             for (int c = 0; c < NC; c++) acc[t][c] = vfma(a, b[c], acc[t][c]);
         }
     }
@@ -99,7 +100,7 @@ ALWAYS_INLINE void scores_4(float *s, int ldm, const float *const *k, const floa
     for (int t = 0; t < 4; t++)
         for (int j = 0; j < VW * NC; j++) {
             float sum = 0.0f;
-            for (int d = 0; d < D; d++) sum += k[t][d] * qt[(int64_t)d * ldm + j];
+            for (int d = 0; d < D; d++) sum += el_get(k[t], d, bf16) * qt[(int64_t)d * ldm + j];
             s[t * ldm + j] = sum;
         }
 #endif
@@ -107,8 +108,8 @@ ALWAYS_INLINE void scores_4(float *s, int ldm, const float *const *k, const floa
 
 /* ot[(d0 + i) * ldm + c * 8 + j] = alpha * ot[...] + sum_t v[t][d0 + i] * p[t * ldm + c * 8 + j]
  * for ND (<= 4) output dims and NC (<= 3) vectors of rows (both constants after inlining). */
-ALWAYS_INLINE void values_4(float *ot, int ldm, const float *const *v, int d0, const float *p, const float *alpha,
-                            int ntok, int ND, int NC) {
+ALWAYS_INLINE void values_4(float *ot, int ldm, const void *const *v, int d0, const float *p, const float *alpha,
+                            int ntok, int ND, int NC, int bf16) {
 #ifdef FORKLESS_SIMD
     vec acc[4][3];
     for (int c = 0; c < NC; c++) {
@@ -122,7 +123,7 @@ ALWAYS_INLINE void values_4(float *ot, int ldm, const float *const *v, int d0, c
             __asm__("" : "+v"(b[c]));
         }
         for (int i = 0; i < ND; i++) {
-            vec a = vset1(v[t][d0 + i]);
+            vec a = vset1(el_get(v[t], d0 + i, bf16));
             for (int c = 0; c < NC; c++) acc[i][c] = vfma(a, b[c], acc[i][c]);
         }
     }
@@ -132,7 +133,7 @@ ALWAYS_INLINE void values_4(float *ot, int ldm, const float *const *v, int d0, c
     for (int i = 0; i < ND; i++)
         for (int j = 0; j < VW * NC; j++) {
             float sum = alpha[j] * ot[(int64_t)(d0 + i) * ldm + j];
-            for (int t = 0; t < ntok; t++) sum += v[t][d0 + i] * p[t * ldm + j];
+            for (int t = 0; t < ntok; t++) sum += el_get(v[t], d0 + i, bf16) * p[t * ldm + j];
             ot[(int64_t)(d0 + i) * ldm + j] = sum;
         }
 #endif
@@ -203,32 +204,34 @@ static void softmax_tile(float *s, int ldm, int ntok, int64_t pos0, int64_t firs
 }
 
 /* The key and value rows of positions [from, to) of one head (at offset in a slot). */
-ALWAYS_INLINE void tile_rows(const float **kp, const float **vp, const float *k_cache, const float *v_cache,
+ALWAYS_INLINE void tile_rows(const void **kp, const void **vp, const void *k_cache, const void *v_cache,
                              const int32_t *table, int block_size, int64_t slot_stride, int64_t offset, int64_t from,
-                             int64_t to) {
+                             int64_t to, int bf16) {
     for (int64_t pos = from; pos < to; pos++) {
         const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
-        kp[pos - from] = k_cache + slot * slot_stride + offset;
-        vp[pos - from] = v_cache + slot * slot_stride + offset;
+        kp[pos - from] = el_at(k_cache, slot * slot_stride + offset, bf16);
+        vp[pos - from] = el_at(v_cache, slot * slot_stride + offset, bf16);
     }
 }
 
 /* Ask for the key and value rows of positions [from, to) of one head. */
-ALWAYS_INLINE void prefetch_rows(const float *k_cache, const float *v_cache, const int32_t *table, int block_size,
-                                 int64_t slot_stride, int64_t offset, int64_t from, int64_t to, int D) {
+ALWAYS_INLINE void prefetch_rows(const void *k_cache, const void *v_cache, const int32_t *table, int block_size,
+                                 int64_t slot_stride, int64_t offset, int64_t from, int64_t to, int D, int bf16) {
+    const int64_t bytes = (int64_t)D * (bf16 ? 2 : 4);
     for (int64_t pos = from; pos < to; pos++) {
         const int64_t slot = (int64_t)table[pos / block_size] * block_size + pos % block_size;
-        prefetch_row(k_cache + slot * slot_stride + offset, 0, D);
-        prefetch_row(v_cache + slot * slot_stride + offset, 0, D);
+        prefetch_bytes(el_at(k_cache, slot * slot_stride + offset, bf16), bytes);
+        prefetch_bytes(el_at(v_cache, slot * slot_stride + offset, bf16), bytes);
     }
 }
 
 /* Attend keys [k0, k1) of one KV head for new tokens [r0, r1): leaves the unnormalised
  * output in ot ([D][ldm]), the running max and sum in mrow, lrow. */
-ALWAYS_INLINE void attend_item(const float *q, int64_t q_row_stride, const float *k_cache, const float *v_cache,
+ALWAYS_INLINE void attend_item(const float *q, int64_t q_row_stride, const void *k_cache, const void *v_cache,
                                const int32_t *table, int block_size, int num_kv_heads, int G, int D, float scale,
                                int head, int64_t ctx_len, int64_t q_start, int r0, int r1, int64_t k0, int64_t k1,
-                               float *qt, float *s, float *ot, float *mrow, float *lrow, float *lim, float *alpha) {
+                               float *qt, float *s, float *ot, float *mrow, float *lrow, float *lim, float *alpha,
+                               int bf16) {
     const int M = (r1 - r0) * G, ldm = ROUND_VW(M);
     for (int j = 0; j < ldm; j++) {
         const float *qj = j < M ? q + (q_start + r0 + j / G) * q_row_stride + (int64_t)(head * G + j % G) * D : NULL;
@@ -243,20 +246,21 @@ ALWAYS_INLINE void attend_item(const float *q, int64_t q_row_stride, const float
     /* The rows of the tile PREFETCH_TILES ahead are asked for while this one computes: a
      * sequence's blocks are scattered, so the hardware prefetcher cannot guess them, and
      * with few query rows a tile computes for less than a trip to memory takes. */
-    const float *kp[KT], *vp[KT];
+    const void *kp[KT], *vp[KT];
     const int64_t ahead = (int64_t)PREFETCH_TILES * KT, offset = (int64_t)head * D;
-    prefetch_rows(k_cache, v_cache, table, block_size, slot_stride, offset, k0, k1 - k0 < ahead ? k1 : k0 + ahead, D);
+    prefetch_rows(k_cache, v_cache, table, block_size, slot_stride, offset, k0, k1 - k0 < ahead ? k1 : k0 + ahead, D,
+                  bf16);
     for (int64_t pos0 = k0; pos0 < k1; pos0 += KT) {
         const int ntok = (int)(k1 - pos0 < KT ? k1 - pos0 : KT);
-        tile_rows(kp, vp, k_cache, v_cache, table, block_size, slot_stride, offset, pos0, pos0 + ntok);
+        tile_rows(kp, vp, k_cache, v_cache, table, block_size, slot_stride, offset, pos0, pos0 + ntok, bf16);
         if (pos0 + ahead < k1)
             prefetch_rows(k_cache, v_cache, table, block_size, slot_stride, offset, pos0 + ahead,
-                          k1 - pos0 - ahead < KT ? k1 : pos0 + ahead + KT, D);
+                          k1 - pos0 - ahead < KT ? k1 : pos0 + ahead + KT, D, bf16);
         /* Scores come 4 keys at a time: the tail repeats the last key, its rows unused. */
         for (int t = ntok; t < ((ntok + 3) & ~3); t++) kp[t] = kp[ntok - 1];
         for (int t = 0; t < ntok; t += 4)
             for (int c = 0; c < ldm / VW; c += 3) {
-#define CALL(NC) scores_4(s + t * ldm + VW * c, ldm, kp + t, qt + VW * c, D, NC)
+#define CALL(NC) scores_4(s + t * ldm + VW * c, ldm, kp + t, qt + VW * c, D, NC, bf16)
                 SWITCH_NC(ldm / VW - c, CALL)
 #undef CALL
             }
@@ -265,10 +269,10 @@ ALWAYS_INLINE void attend_item(const float *q, int64_t q_row_stride, const float
             for (int c = 0; c < ldm / VW; c += 3) {
 #define CALL(NC)                                                                           \
     switch (D - d0 < 4 ? D - d0 : 4) {                                                     \
-    case 4: values_4(ot + VW * c, ldm, vp, d0, s + VW * c, alpha + VW * c, ntok, 4, NC); break; \
-    case 3: values_4(ot + VW * c, ldm, vp, d0, s + VW * c, alpha + VW * c, ntok, 3, NC); break; \
-    case 2: values_4(ot + VW * c, ldm, vp, d0, s + VW * c, alpha + VW * c, ntok, 2, NC); break; \
-    default: values_4(ot + VW * c, ldm, vp, d0, s + VW * c, alpha + VW * c, ntok, 1, NC); break; \
+    case 4: values_4(ot + VW * c, ldm, vp, d0, s + VW * c, alpha + VW * c, ntok, 4, NC, bf16); break; \
+    case 3: values_4(ot + VW * c, ldm, vp, d0, s + VW * c, alpha + VW * c, ntok, 3, NC, bf16); break; \
+    case 2: values_4(ot + VW * c, ldm, vp, d0, s + VW * c, alpha + VW * c, ntok, 2, NC, bf16); break; \
+    default: values_4(ot + VW * c, ldm, vp, d0, s + VW * c, alpha + VW * c, ntok, 1, NC, bf16); break; \
     }
                 SWITCH_NC(ldm / VW - c, CALL)
 #undef CALL
@@ -288,11 +292,11 @@ ALWAYS_INLINE void attend_item(const float *q, int64_t q_row_stride, const float
  *
  * Returns 0, or -1 when a scratch allocation failed (some rows are then left unwritten).
  */
-int forkless_paged_prefill_f32(const float *q, const float *k_cache, const float *v_cache,
-                               const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
-                               const int32_t *seq_ids, const int32_t *q_starts, const int32_t *q_lens, float *out,
-                               int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
-                               float scale) {
+ALWAYS_INLINE int paged_prefill(const float *q, const void *k_cache, const void *v_cache,
+                                const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                                const int32_t *seq_ids, const int32_t *q_starts, const int32_t *q_lens, float *out,
+                                int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                                float scale, int bf16) {
     const int G = num_heads / num_kv_heads, D = head_dim;
     const int QT = M_TARGET / G > 0 ? M_TARGET / G : 1;
     const int max_ldm = ROUND_VW(QT * G);
@@ -389,7 +393,7 @@ int forkless_paged_prefill_f32(const float *q, const float *k_cache, const float
             const int64_t ctx_len = seq_lens[seq_ids[i]] - q_lens[i];
 #define ATTEND(D_) attend_item(q, row_stride, k_cache, v_cache, table, block_size, num_kv_heads, G, D_, scale, \
                                tile->head, ctx_len, q_starts[i], tile->r0, tile->r1, it->k0, it->k1, qt, s, ot, \
-                               mrow, lrow, lim, alpha)
+                               mrow, lrow, lim, alpha, bf16)
             /* The common head sizes as constants: their loops unroll. */
             if (D == 64) ATTEND(64);
             else if (D == 128) ATTEND(128);
@@ -438,4 +442,23 @@ int forkless_paged_prefill_f32(const float *q, const float *k_cache, const float
     free(items);
     free(partials);
     return failed ? -1 : 0;
+}
+
+int forkless_paged_prefill_f32(const float *q, const float *k_cache, const float *v_cache,
+                               const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                               const int32_t *seq_ids, const int32_t *q_starts, const int32_t *q_lens, float *out,
+                               int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                               float scale) {
+    return paged_prefill(q, k_cache, v_cache, block_tables, bt_stride, seq_lens, seq_ids, q_starts, q_lens, out,
+                         num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, 0);
+}
+
+/* The same over a bfloat16 cache (q and out stay float32). */
+int forkless_paged_prefill_bf16(const float *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                                const int32_t *block_tables, int64_t bt_stride, const int32_t *seq_lens,
+                                const int32_t *seq_ids, const int32_t *q_starts, const int32_t *q_lens, float *out,
+                                int num_seqs, int num_heads, int num_kv_heads, int head_dim, int block_size,
+                                float scale) {
+    return paged_prefill(q, k_cache, v_cache, block_tables, bt_stride, seq_lens, seq_ids, q_starts, q_lens, out,
+                         num_seqs, num_heads, num_kv_heads, head_dim, block_size, scale, 1);
 }
