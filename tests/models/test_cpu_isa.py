@@ -121,8 +121,9 @@ def test_attention_matches_reference(level_lib, hq, hkv, d, bs):
 
 
 @pytest.mark.parametrize("hq,hkv,d,bs", [(9, 3, 64, 16), (16, 2, 128, 16), (6, 2, 20, 4)])
-def test_bfloat16_decode_matches_reference(level_lib, hq, hkv, d, bs):
-    """A bfloat16 cache: decode on the kernel (float32 sums), the rest on the torch path."""
+def test_bfloat16_attention_matches_reference(level_lib, hq, hkv, d, bs):
+    """A bfloat16 cache: decode and prefill (fresh and over cached context) on the kernels
+    (float32 sums)."""
     seqs = [(7, 1), (0, 9), (1, 2), (3 * bs + 5, 1), (300, 1), (613, 17)]
     cache, md, q, k, v = _paged_step(hq, hkv, d, bs, seqs)
     cache, q, k, v = (t.bfloat16() for t in (cache, q, k, v))
@@ -137,8 +138,8 @@ def test_bfloat16_decode_matches_reference(level_lib, hq, hkv, d, bs):
     torch.testing.assert_close(cpu_cache, ref_cache, rtol=0, atol=0)
     torch.testing.assert_close(out.float(), exact, rtol=8e-3, atol=8e-3)  # one bfloat16 rounding
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
-    kp = cpu_md.backend_state["cpu-bf16"]
-    assert kp.plan.decode_ids == [0, 3, 4] and not kp.plan.context_ids  # (1, 2) is a chunk
+    kp = cpu_md.backend_state["cpu"]
+    assert kp.plan.decode_ids == [0, 3, 4] and kp.plan.context_ids == [1, 2, 5] and not kp.plan.prefills
 
 
 def test_fused_layer_ops_match_pytorch_layers(level_lib, ops_on_cpu, monkeypatch):
