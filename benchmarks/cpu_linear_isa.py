@@ -13,9 +13,15 @@ repeats is reported, in ms per pass and GFLOP/s. A prefill size runs through the
     python benchmarks/cpu_linear_isa.py --threads 1 --rows 1 8 64 --repeat 5
     python benchmarks/cpu_linear_isa.py --torch-bf16     # and torch F.linear on bfloat16 weights
     python benchmarks/cpu_linear_isa.py --threads 1 --rows 1 5 8 --baseline HEAD~1
+    python benchmarks/cpu_linear_isa.py --bf16 --rows 1 8 35 64 --prefill-rows 2048   # bfloat16 layers
 
 ``--torch-bf16`` adds ``F.linear`` on bfloat16 copies of the weights and input (torch sends
-it to oneDNN, which uses AMX where the CPU has it): what ``--dtype bfloat16`` runs.
+it to oneDNN, which uses AMX where the CPU has it), reordering the weight on every call.
+``--bf16`` adds the two packed bfloat16 layers ``--dtype bfloat16`` runs on the CPU
+(``forkless.models.layers.cpu_linear``): forkless's AVX512-BF16 kernel (``PackedLinearBF16``,
+``bf16-kernel``; its plain loops on a CPU without AVX512-BF16) and prepacked oneDNN
+(``OneDNNLinear``, ``bf16-onednn``, where torch's oneDNN runs bfloat16), and the ratio
+``bf16-onednn / bf16-kernel``.
 ``--baseline REV`` also builds ``linear.c`` of git revision ``REV`` at each level (same
 compiler and flags; its ``forkless_linear_f32`` must take today's arguments) and times it
 in the same alternation (``avx512@REV``, ...): a before/after comparison in one command,
@@ -38,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from forkless import cpu_kernels
+from forkless.models.layers.cpu_linear import OneDNNLinear, PackedLinearBF16, onednn_bf16_available
 from forkless.models.layers.cpu_linear import PackedLinear
 
 HIDDEN, INTER, KV, VOCAB, LAYERS = 576, 1536, 192, 49152, 30
@@ -76,6 +83,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--torch-bf16", action="store_true", help="also F.linear in bfloat16")
+    ap.add_argument("--bf16", action="store_true", help="also the packed bfloat16 layers (forkless's, oneDNN's)")
     ap.add_argument("--baseline", metavar="REV", help="also the kernel of git revision REV, per level")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -97,9 +105,15 @@ def main() -> None:
     if args.torch_bf16:
         names.append("torch-bf16")
         weights_bf16 = [w.bfloat16() for w in weights]
+    bf16_layers = {"bf16-kernel": PackedLinearBF16} if args.bf16 else {}
+    if args.bf16 and onednn_bf16_available():
+        bf16_layers["bf16-onednn"] = OneDNNLinear
+    for name, layer in bf16_layers.items():
+        packed[name] = [layer(w.bfloat16()) for w in weights]
+        names.append(name)
 
     def one_pass(name: str, x: torch.Tensor, n: int) -> float:
-        if name == "torch-bf16":
+        if name == "torch-bf16" or name in bf16_layers:
             x = x.bfloat16()  # outside the timed loop below only in cost: one small copy
         t0 = time.perf_counter()
         for i in range(n):
@@ -132,6 +146,8 @@ def main() -> None:
         ratios = " | ".join(f"{best['torch'] / best[level]:.2f}x" for level in levels)
         if args.baseline:
             ratios += " | " + " | ".join(f"{best[f'{level}@{args.baseline}'] / best[level]:.2f}x" for level in levels)
+        if len(bf16_layers) == 2:
+            ratios += f" | {best['bf16-onednn'] / best['bf16-kernel']:.2f}x"
         if per_row:
             ratios += " | " + " | ".join(f"{best[name] / one_row[name]:.2f}" for name in names)
         print(f"| {rows:5d} | {cells} | {ratios} |", flush=True)
@@ -141,6 +157,8 @@ def main() -> None:
         extra = ""
         if args.baseline:
             extra += " | " + " | ".join(f"{level}@{args.baseline} / {level}" for level in levels)
+        if len(bf16_layers) == 2:
+            extra += " | bf16-onednn / bf16-kernel"
         if per_row:
             extra += " | " + " | ".join(f"{name} /1 row" for name in names)
         return f"| rows | {' | '.join(names)} | torch / " + " | torch / ".join(levels) + extra + " |"
