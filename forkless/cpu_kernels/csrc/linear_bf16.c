@@ -14,8 +14,9 @@
  * 2-core AMD EPYC Zen 4 (AVX512-BF16, no AMX), this tile against prepacked oneDNN, ms a
  * pass: 1 row 11.4 / 23.1, 8 rows 10.6 / 18.6, 35 rows 30.1 / 38.3, 64 rows 45.8 / 60.4,
  * 512 rows 335 / 397, 2,048 rows 1,322 / 1,415 (417 against 389 GFLOP/s); 3 x 8 and
- * 2 x 12 tiles were within noise of 4 x 6. On a CPU with AMX oneDNN's tiles are several
- * times faster at prefill sizes: there forkless keeps oneDNN (cpu_linear.py).
+ * 2 x 12 tiles were within noise of 4 x 6. On a CPU with AMX oneDNN's tiles are 3-12x this
+ * kernel from 35 rows up (16-core Xeon, 2 and 8 threads; this kernel ahead only at 1-8 rows):
+ * there forkless keeps oneDNN (cpu_linear.py).
  *
  * Without AVX512-BF16 the same entry point runs plain loops (correct, slow: for tests
  * and the portable build; forkless_linear_bf16_native() says which). */

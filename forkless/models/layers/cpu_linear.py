@@ -7,7 +7,8 @@
 * bfloat16 on a CPU with AVX512-BF16 and no AMX: :class:`PackedLinearBF16`, forkless's C
   kernel on panels of bfloat16 pairs (``linear_bf16.c``: ahead of prepacked oneDNN at every
   row count measured, 2.0x at one row, 1.3x at 35, 1.07x at 2,048; 2-core Zen 4).
-* bfloat16 otherwise (AMX, whose tiles oneDNN drives far faster at prefill sizes):
+* bfloat16 otherwise (AMX, whose tiles oneDNN drives 3-12x faster than that kernel from 35
+  rows up; benchmarks/README.md):
   :class:`OneDNNLinear`, oneDNN's matmul (through torch) on a weight reordered once into
   oneDNN's blocked layout. ``F.linear`` reorders the plain weight on every call: at decode
   sizes that is most of its time (one pass over SmolLM2-135M's layers and head, 2 threads,
