@@ -17,8 +17,8 @@ model and cache, decode and prefill run the same kernels over the bfloat16 cache
 (``forkless_paged_decode_bf16`` / ``forkless_paged_prefill_bf16``: keys and values widened
 to float32 as they are read, the query and the sums in float32, the output rounded to
 bfloat16 once; the attention of the throughput workload's prefill and mixed steps took
-1.58 s with SDPA for the prefills, 0.79 s in the kernels, 2-core Zen 4). Other dtypes, and machines without a C compiler, take the torch
-path.
+1.58 s with SDPA for the prefills, 0.79 s in the kernels, 2-core Zen 4). Other dtypes, and
+machines without a C compiler, take the torch path.
 """
 
 from __future__ import annotations

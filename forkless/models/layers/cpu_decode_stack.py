@@ -14,9 +14,10 @@ Invariants:
       :class:`~forkless.models.layers.gguf_linear.GGUFLinear` in float32 (with GGUF layers,
       steps of at most ``KERNEL_MAX_ROWS`` rows, where those run the same C kernel), a
       :class:`~forkless.models.layers.cpu_linear.PackedLinearBF16` in bfloat16 (a LoRA
-      wrapper is neither; a model on oneDNN's bfloat16 layers gets no stack); every RMSNorm, rotary embedding and SiLU-and-mul forkless's own class bound to
-      ``forward_cpu`` (an op a plugin replaced, or one ``FORKLESS_CUSTOM_OPS`` turned off,
-      runs as itself); the attention backend exactly
+      wrapper is neither; a model on oneDNN's bfloat16 layers gets no stack); every RMSNorm,
+      rotary embedding and SiLU-and-mul forkless's own class bound to ``forward_cpu`` (an
+      op a plugin replaced, or one ``FORKLESS_CUSTOM_OPS`` turned off, runs as itself); the
+      attention backend exactly
       :class:`~forkless.attention.backends.cpu_paged.CpuAttentionBackend`, its ``forward``
       not hooked (KV connectors hook it); and a step whose every row is one decoding
       sequence's new token, stored at its slot.
