@@ -222,7 +222,8 @@ ALWAYS_INLINE void prefetch_bytes(const void *p, int64_t n) {
  * blocks are. A core has far fewer L1 miss buffers than L2 ones, and prefetches into L1
  * held them while their lines came from memory: decode attention over 64 sequences of
  * 300 tokens read the cache at 7.4 GB/s on one thread with prefetcht0 and 16.6 GB/s with
- * prefetcht1 (2-core Zen 4; 2 threads 14.1 -> 25.7 GB/s). The linear kernels' weight
+ * prefetcht1 (2-core Zen 4; 2 threads 14.1 -> 25.7 GB/s); on an Intel Xeon (the H200
+ * machine's host) the two were alike at 1, 2 and 8 threads. The linear kernels' weight
  * streams, which the hardware prefetchers follow, keep prefetch_bytes (no faster here). */
 ALWAYS_INLINE void prefetch_bytes_l2(const void *p, int64_t n) {
     for (int64_t i = 0; i < n; i += 64) __builtin_prefetch((const char *)p + i, 0, 2);
