@@ -274,7 +274,8 @@ def machine_floor(args: argparse.Namespace, model: str, work: list[tuple[list[in
     shape = load_shape(model, DTYPE_BYTES[args.dtype])
     floor = throughput_floor(shape, [(len(p), o) for p, o in work], args.max_num_seqs, bandwidth, flops)
     for line in describe(floor, f"CPU memory copy, {args.threads} threads, measured now",
-                         f"measured {args.dtype} matmul, {args.threads} threads", args.max_num_seqs):
+                         f"best measured {args.dtype} matmul of torch and forkless, {args.threads} threads",
+                         args.max_num_seqs):
         say(line)
     return floor
 

@@ -104,7 +104,7 @@ def test_vllm_cpu_benchmark_prints_the_floor_next_to_both(tiny_llama: Path, caps
     work = [([5] * 8, 4), ([6] * 12, 3)]
     fl = module.machine_floor(argparse.Namespace(threads=1, dtype="float32", max_num_seqs=4), str(tiny_llama), work)
     out = capsys.readouterr().out
-    assert "CPU memory copy, 1 threads, measured now" in out and "measured float32 matmul, 1 threads" in out
+    assert "CPU memory copy, 1 threads, measured now" in out and "best measured float32 matmul of torch and forkless, 1 threads" in out
     assert fl.decode_steps == 3 and fl.output_tokens == 7 and fl.seconds > 0
     # tiny_llama: 512 B of float32 KV a token; decode over 9, 10, 11 and 13, 14 tokens.
     assert fl.kv_bytes == (9 + 10 + 11 + 13 + 14) * 512
