@@ -67,48 +67,91 @@ class CPULinear(nn.Module):
         return x2 if x2.stride(-1) == 1 and x2.stride(0) >= self.in_features else x2.contiguous()
 
 
-class PackedLinear(CPULinear):
-    """``y = x w^T + b`` with ``w`` packed once into the kernel's column panels.
-
-    The packed weight replaces the ``[out, in]`` one (same memory). Outputs match
-    ``nn.Linear`` to float32 rounding (the sums run in another order). The panel width is
-    the library's (24 columns with AVX2, 48 with AVX-512), so a layer is packed for the
-    kernels it runs on.
+class _PanelLinear(CPULinear):
+    """What forkless's own packed layers share: the weight padded to whole panels of the
+    library's width and packed once (:meth:`_pack`), a float32 bias padded alike, and the
+    call of ``forkless_linear_{_suffix}``, whose output rows are whole panels wide.
 
     Args:
-        weight: ``[out_features, in_features]`` float32 on the CPU.
-        bias: ``[out_features]`` or None.
+        weight: ``[out_features, in_features]`` of :attr:`dtype` on the CPU.
+        bias: ``[out_features]`` or None (kept in float32).
         lib: The kernels to run on (:func:`forkless.cpu_kernels.load_isa`, to compare ISA
             levels); default: :func:`forkless.cpu_kernels.load`'s.
 
     Raises:
         RuntimeError: The CPU kernels are unavailable (check :func:`forkless.cpu_kernels.load`).
+        ValueError: The weight is not of :attr:`dtype` on the CPU, or (a kernel taking K in
+            pairs) its ``in_features`` is odd.
     """
 
-    dtype = torch.float32
+    #: The kernel's symbol suffix and its panel width's symbol.
+    _suffix: ClassVar[str]
+    _width_symbol: ClassVar[str]
+    #: Whether the kernel takes K in pairs (``in_features`` must be even).
+    _k_pairs: ClassVar[bool] = False
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, lib: Any = None) -> None:
         super().__init__()
+        name = type(self).__name__
         lib = lib if lib is not None else cpu_kernels.load()
         if lib is None:
-            raise RuntimeError("PackedLinear needs the CPU kernels, which are unavailable (see the log)")
-        if weight.dtype != torch.float32 or weight.device.type != "cpu":
-            raise ValueError(f"PackedLinear takes a float32 CPU weight, got {weight.dtype} on {weight.device}")
-        self._kernel = lib.forkless_linear_f32
-        width = lib.forkless_linear_panel_width()
+            raise RuntimeError(f"{name} needs the CPU kernels, which are unavailable (see the log)")
+        if weight.dtype != self.dtype or weight.device.type != "cpu":
+            raise ValueError(f"{name} takes a {str(self.dtype).removeprefix('torch.')} CPU weight, got "
+                             f"{weight.dtype} on {weight.device}")
         self.out_features, self.in_features = weight.shape
+        if self._k_pairs and self.in_features % 2:
+            raise ValueError(f"{name} takes an even in_features (pairs of K), got {self.in_features}")
+        self._kernel = getattr(lib, f"forkless_linear_{self._suffix}")
+        width = getattr(lib, self._width_symbol)()
         padded = -(-self.out_features // width) * width
         w = weight.detach()
         if padded != self.out_features:  # zero columns, cut off the output again
             w = torch.cat([w, w.new_zeros(padded - self.out_features, self.in_features)])
-        # [N, K] -> [N / width, K, width]: panel p is columns p*width.. of w^T, row by row.
-        self.register_buffer("packed", w.view(padded // width, width, self.in_features).transpose(1, 2).contiguous(),
-                             persistent=False)
+        self.register_buffer("packed", self._pack(w, width), persistent=False)
         if bias is not None:
             b = torch.zeros(padded, dtype=torch.float32)
             b[: self.out_features] = bias.detach()
             bias = b
         self.register_buffer("bias", bias, persistent=False)
+
+    @staticmethod
+    def _pack(w: torch.Tensor, width: int) -> torch.Tensor:
+        """``w`` (``[N, K]``, N whole panels) in the kernel's layout: ``[N / width, ...]``,
+        whose dimension 2 is the panel width."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = self._rows(x)
+        rows = x2.shape[0]
+        panels, width = self.packed.shape[0], self.packed.shape[2]
+        y = torch.empty(rows, panels * width, dtype=self.dtype)
+        if rows:
+            cpu_kernels.check(self._kernel(
+                x2.data_ptr(), x2.stride(0), self.packed.data_ptr(),
+                None if self.bias is None else self.bias.data_ptr(), y.data_ptr(), y.stride(0),
+                rows, self.in_features, panels))
+        if y.shape[1] != self.out_features:
+            y = y[:, : self.out_features]
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+
+class PackedLinear(_PanelLinear):
+    """``y = x w^T + b`` with ``w`` packed once into the kernel's column panels.
+
+    The packed weight replaces the ``[out, in]`` one (same memory). Outputs match
+    ``nn.Linear`` to float32 rounding (the sums run in another order). The panel width is
+    the library's (24 columns with AVX2, 64 with AVX-512), so a layer is packed for the
+    kernels it runs on. Arguments and errors: :class:`_PanelLinear`'s (a float32 weight).
+    """
+
+    dtype = torch.float32
+    _suffix, _width_symbol = "f32", "forkless_linear_panel_width"
+
+    @staticmethod
+    def _pack(w: torch.Tensor, width: int) -> torch.Tensor:
+        # [N, K] -> [N / width, K, width]: panel p is columns p*width.. of w^T, row by row.
+        return w.view(w.shape[0] // width, width, w.shape[1]).transpose(1, 2).contiguous()
 
     @property
     def weight(self) -> torch.Tensor:
@@ -116,87 +159,31 @@ class PackedLinear(CPULinear):
         panels, k, width = self.packed.shape
         return self.packed.transpose(1, 2).reshape(panels * width, k)[: self.out_features].contiguous()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = self._rows(x)
-        rows = x2.shape[0]
-        panels, _, width = self.packed.shape
-        y = torch.empty(rows, panels * width, dtype=torch.float32)
-        if rows:
-            cpu_kernels.check(self._kernel(
-                x2.data_ptr(), x2.stride(0), self.packed.data_ptr(),
-                None if self.bias is None else self.bias.data_ptr(), y.data_ptr(), y.stride(0),
-                rows, self.in_features, panels))
-        if y.shape[1] != self.out_features:
-            y = y[:, : self.out_features]
-        return y.reshape(*x.shape[:-1], self.out_features)
 
-
-class PackedLinearBF16(CPULinear):
+class PackedLinearBF16(_PanelLinear):
     """``y = x w^T + b`` in bfloat16 with ``w`` packed once into the C kernel's panels of
     bfloat16 pairs (``forkless/cpu_kernels/csrc/linear_bf16.c``; AVX512-BF16 dot products).
 
     Sums are float32 and each output is rounded to bfloat16 once, after the bias: as
     ``F.linear`` in bfloat16, up to the order of the sums. ``in_features`` must be even
-    (the kernel takes K in pairs).
-
-    Args:
-        weight: ``[out_features, in_features]`` bfloat16 on the CPU.
-        bias: ``[out_features]`` or None (kept in float32).
-        lib: The kernels to run on; default: :func:`forkless.cpu_kernels.load`'s.
-
-    Raises:
-        RuntimeError: The CPU kernels are unavailable.
-        ValueError: The weight is not bfloat16 on the CPU, or its ``in_features`` is odd.
+    (the kernel takes K in pairs). Arguments and errors: :class:`_PanelLinear`'s (a
+    bfloat16 weight).
     """
 
     dtype = torch.bfloat16
+    _suffix, _width_symbol, _k_pairs = "bf16", "forkless_linear_bf16_panel_width", True
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, lib: Any = None) -> None:
-        super().__init__()
-        lib = lib if lib is not None else cpu_kernels.load()
-        if lib is None:
-            raise RuntimeError("PackedLinearBF16 needs the CPU kernels, which are unavailable (see the log)")
-        if weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
-            raise ValueError(f"PackedLinearBF16 takes a bfloat16 CPU weight, got {weight.dtype} on {weight.device}")
-        self.out_features, self.in_features = weight.shape
-        if self.in_features % 2:
-            raise ValueError(f"PackedLinearBF16 takes an even in_features (pairs of K), got {self.in_features}")
-        self._kernel = lib.forkless_linear_bf16
-        width = lib.forkless_linear_bf16_panel_width()
-        padded = -(-self.out_features // width) * width
-        w = weight.detach()
-        if padded != self.out_features:  # zero columns, cut off the output again
-            w = torch.cat([w, w.new_zeros(padded - self.out_features, self.in_features)])
+    @staticmethod
+    def _pack(w: torch.Tensor, width: int) -> torch.Tensor:
         # [N, K] -> [N / width, K / 2, width, 2]: panel p is columns p*width.. of w^T, two
         # rows of K at a time, each column's pair adjacent.
-        self.register_buffer(
-            "packed", w.view(padded // width, width, self.in_features // 2, 2).permute(0, 2, 1, 3).contiguous(),
-            persistent=False)
-        if bias is not None:
-            b = torch.zeros(padded, dtype=torch.float32)
-            b[: self.out_features] = bias.detach()
-            bias = b
-        self.register_buffer("bias", bias, persistent=False)
+        return w.view(w.shape[0] // width, width, w.shape[1] // 2, 2).permute(0, 2, 1, 3).contiguous()
 
     @property
     def weight(self) -> torch.Tensor:
         """The ``[out_features, in_features]`` weight, unpacked (a copy, for inspection)."""
         panels, k2, width, _ = self.packed.shape
         return self.packed.permute(0, 2, 1, 3).reshape(panels * width, 2 * k2)[: self.out_features].contiguous()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x2 = self._rows(x)
-        rows = x2.shape[0]
-        panels, _, width, _ = self.packed.shape
-        y = torch.empty(rows, panels * width, dtype=torch.bfloat16)
-        if rows:
-            cpu_kernels.check(self._kernel(
-                x2.data_ptr(), x2.stride(0), self.packed.data_ptr(),
-                None if self.bias is None else self.bias.data_ptr(), y.data_ptr(), y.stride(0),
-                rows, self.in_features, panels))
-        if y.shape[1] != self.out_features:
-            y = y[:, : self.out_features]
-        return y.reshape(*x.shape[:-1], self.out_features)
 
 
 @functools.lru_cache(maxsize=None)
