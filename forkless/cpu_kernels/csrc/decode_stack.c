@@ -147,14 +147,18 @@ ALWAYS_INLINE int decode_stack(const forkless_decoder_stack *m, void *hidden, in
     /* Activations in the stack's dtype; in bfloat16 also attention's float32 query and output. */
     const size_t elements = (size_t)T * (H + H + max_qkv + q_width + kv_width + q_width + max_gu + I + max_h);
     const size_t f32_extra = bf16 ? (size_t)T * 2 * q_width : 0;
-    char *scratch = (char *)malloc(es * elements + sizeof(float) * f32_extra);
+    /* The float32 part starts on a cache line: after an odd count of bfloat16 elements its
+     * floats would be misaligned. */
+    const size_t f32_start = (es * elements + 63) / 64 * 64;
+    char *scratch = (char *)malloc(f32_start + sizeof(float) * f32_extra);
     if (scratch == NULL) return -1;
 #define AT(base, n) ((char *)(base) + (size_t)(n) * es)
     char *residual = scratch, *normed = AT(residual, T * H), *qkv = AT(normed, T * H);
     char *q = AT(qkv, T * max_qkv), *kn = AT(q, T * q_width), *attn = AT(kn, T * kv_width);
     char *gu = AT(attn, T * q_width), *act = AT(gu, T * max_gu), *h = AT(act, T * I);
     /* float32 attention query / output: q and attn themselves in a float32 stack. */
-    float *qf = bf16 ? (float *)AT(h, T * max_h) : (float *)q, *of = bf16 ? qf + (size_t)T * q_width : (float *)attn;
+    float *qf = bf16 ? (float *)(scratch + f32_start) : (float *)q;
+    float *of = bf16 ? qf + (size_t)T * q_width : (float *)attn;
     int status = 0;
     int64_t ld_h = 0; /* the row stride of h: the last projection's that wrote it */
 
