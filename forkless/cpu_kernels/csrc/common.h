@@ -29,6 +29,9 @@
  * (multiply-adds, or elements) is not worth waking the other threads for. */
 #define FORKLESS_PARALLEL_MIN_MACS (1 << 22)
 #define FORKLESS_PARALLEL_MIN_ELEMENTS (1 << 16)
+/* A linear layer of this many weights or more is split over the threads even at one row,
+ * where reading the weights is the cost and two threads read them faster than one. */
+#define FORKLESS_PARALLEL_MIN_WEIGHTS (1 << 18)
 
 /* The level the code was compiled for: forkless checks that the library it loaded is the
  * one it asked for. */

@@ -96,11 +96,10 @@ int forkless_linear_bf16(const uint16_t *x, int64_t ldx, const uint32_t *packed,
     const int K2 = K / 2;
     for (int m0 = 0; m0 < M; m0 += M_BLOCK) {
         const int m1 = M - m0 < M_BLOCK ? M : m0 + M_BLOCK, tiles = (m1 - m0 + MR_BF16 - 1) / MR_BF16;
-        /* Work items are (panel, row tile), panel-major, split evenly (as linear.c's); a layer
-         * of 256K weights or more is split even at one row, where reading w is the cost and
-         * two threads read it faster than one. */
+        /* Work items are (panel, row tile), panel-major, split evenly (as linear.c's); a large
+         * layer is split even at one row (FORKLESS_PARALLEL_MIN_WEIGHTS). */
 #pragma omp parallel for schedule(static) if ((int64_t)(m1 - m0) * K * panels * NR_BF16 >= FORKLESS_PARALLEL_MIN_MACS \
-                                              || (int64_t)K * panels * NR_BF16 >= (1 << 18))
+                                              || (int64_t)K * panels * NR_BF16 >= FORKLESS_PARALLEL_MIN_WEIGHTS)
         for (int64_t item = 0; item < (int64_t)panels * tiles; item++) {
             const int p = (int)(item / tiles), m = m0 + (int)(item % tiles) * MR_BF16;
             const uint32_t *panel = packed + (int64_t)p * K2 * NR_BF16;
