@@ -10,7 +10,7 @@ runner relies on exactly this:
   each layer's cache is one tensor of ``attn_backend.get_kv_cache_shape(...)``.
 - ``model.forward(input_ids, positions, kv_caches, attn_metadata)`` runs the decoder
   over a flattened batch and returns hidden states; ``model.compute_logits(hidden)``
-  turns the rows the sampler needs into float32 logits.
+  turns the rows the sampler needs into logits (in the model's dtype; the sampler casts).
 - ``model.load_weights(weights)`` takes Hugging Face parameter names.
 - With ``-tp N`` (``supports_tensor_parallel``), the model is built in each of the N
   ranks, holding its share of every layer (``tensor_parallel_size``/``_rank`` come from
@@ -171,7 +171,9 @@ class CausalLMBase(nn.Module, abc.ABC):
             hidden_states: ``[N, hidden_size]``, typically the last row of each sequence.
 
         Returns:
-            ``[N, vocab_size]`` float32 logits.
+            ``[N, vocab_size]`` logits in the model's dtype (as vLLM's): the sampler casts
+            them to float32 where it computes with them, and takes a greedy batch's argmax
+            in the dtype they come in.
         """
 
     @abc.abstractmethod

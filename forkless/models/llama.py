@@ -382,14 +382,14 @@ class LlamaForCausalLM(CausalLMBase):
     def _head_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """This rank's vocabulary rows' logits (all of them with one rank)."""
         if isinstance(self.lm_head, (CPULinear, GemvLinear)):
-            return self.lm_head(hidden_states).float()
+            return self.lm_head(hidden_states)
         weight = self.lm_head.weight
         if hidden_states.device.type == "cpu" and hidden_states.shape[0] > 1:
             # One [rows, vocab] product streams its output past the CPU cache; in vocabulary
             # slices each output block stays in cache (~40 -> ~55 GFLOP/s at 64 rows on a
             # 2-core EPYC). Every logit is still one dot product: the same values.
-            return torch.cat([F.linear(hidden_states, w) for w in weight.split(_CPU_LOGITS_SLICE)], dim=1).float()
-        return F.linear(hidden_states, weight).float()
+            return torch.cat([F.linear(hidden_states, w) for w in weight.split(_CPU_LOGITS_SLICE)], dim=1)
+        return F.linear(hidden_states, weight)
 
     def _rank_sizes(self) -> tuple[int, int, int]:
         """This rank's ``(q rows, k or v rows, gate or up rows)``: all of them with one rank."""

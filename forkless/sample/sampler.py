@@ -69,13 +69,20 @@ class Sampler:
         """Sample one token per row.
 
         Args:
-            logits: ``[B, V]`` logits of the batch's rows in row order (cast to float32).
-                Modified in place: do not reuse them afterwards.
+            logits: ``[B, V]`` logits of the batch's rows in row order, in the model's
+                dtype (cast to float32 unless every row is greedy and nothing changes
+                them). Modified in place: do not reuse them afterwards.
             metadata: From ``InputBatch.refresh()`` for this step.
 
         Returns:
             The sampled ids and, when any row asked, their logprobs.
         """
+        if (metadata.all_greedy and metadata.no_penalties and metadata.max_num_logprobs is None
+                and all(p.is_argmax_invariant() for p in metadata.logits_processors)):
+            # Nothing moves a logit of a greedy row: the argmax in the model's dtype is the
+            # float32 one (the cast is exact and keeps order and ties), without writing a
+            # float32 copy of the logits (0.11 ms a step at 512 x 151,936 on an H200).
+            return SamplerOutput(sampled_token_ids=row_argmax(logits), logprobs=None)
         logits = logits.to(torch.float32)
         want_logprobs = metadata.max_num_logprobs is not None
         raw = None

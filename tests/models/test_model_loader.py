@@ -137,7 +137,8 @@ def test_bfloat16_matches_hf_bfloat16(tmp_path):
     harness = PagedHarness(model, type(model.model.layers[0].self_attn.attn))
     tokens = list(range(5, 19))
     got = torch.cat([harness.step([("a", tokens[:9])])[0], harness.step([("a", tokens[9:])])[0]])
-    assert got.dtype is torch.float32
+    assert got.dtype is torch.bfloat16  # the model's dtype, as Hugging Face's
     with torch.inference_mode():
-        ref = hf(torch.tensor([tokens])).logits[0].float()
-    torch.testing.assert_close(got, ref, rtol=0, atol=2e-2)
+        ref = hf(torch.tensor([tokens])).logits[0]
+    assert ref.dtype is torch.bfloat16
+    torch.testing.assert_close(got.float(), ref.float(), rtol=0, atol=2e-2)

@@ -22,6 +22,23 @@ def test_greedy_is_argmax():
     assert out.logprobs is None
 
 
+def test_bfloat16_logits_sample_as_their_float32_copy():
+    """Models hand the sampler logits in their own dtype: a greedy batch takes the argmax
+    there (ties: the lowest id, as in float32), the others compute in float32."""
+    logits = _logits(6, seed=5).bfloat16()
+    logits[2, 7] = logits[2, 11] = logits[2].max() + 1  # a tie: token 7 wins
+    greedy = step(fill([SamplingParams(temperature=0.0) for _ in range(6)]), logits.clone())
+    assert greedy.sampled_token_ids.tolist() == logits.float().argmax(-1).tolist()
+    assert greedy.sampled_token_ids[2] == 7
+    # Penalties and logprobs need float32 arithmetic: the same as on a float32 copy.
+    params = [SamplingParams(temperature=0.0, repetition_penalty=1.5, logprobs=2) for _ in range(6)]
+    a, b = fill(params), fill(params)
+    got, want = step(a, logits.clone()), step(b, logits.float())
+    assert got.sampled_token_ids.tolist() == want.sampled_token_ids.tolist()
+    assert got.logprobs.logprobs.dtype == torch.float32
+    torch.testing.assert_close(got.logprobs.logprobs, want.logprobs.logprobs)
+
+
 def test_greedy_rows_stay_greedy_in_a_mixed_batch():
     logits = _logits(4, seed=1)
     batch = fill([SamplingParams(temperature=0.0), SamplingParams(), SamplingParams(temperature=0.0),
