@@ -15,6 +15,8 @@ again from the cache.
     # On a GPU: the Qwen3-0.6B shape with dummy weights (and the default model's tokenizer,
     # whose tokens a JSON grammar can use; the model's wider vocabulary is masked past it):
     python benchmarks/structured_outputs.py --shape qwen3-0.6b --batch 256 --dtype bfloat16 [--async-scheduling]
+    # ... with the worker in its own process, as `forkless serve` runs it:
+    python benchmarks/structured_outputs.py ... --async-scheduling --distributed-executor-backend mp
 
 The issue's bars: constrained >= 0.9x the unconstrained throughput at batch 32 on CPU; on
 the H200 (Qwen3-0.6B shape, dummy weights) the bitmask's overhead per step <= 5 % at batch
@@ -123,6 +125,9 @@ def main() -> None:
                         help="also R alternations of both batches stepped one engine step at a time: the median "
                              "time between steps once the batch runs (steps 16 to the fourth-last), robust to the "
                              "bursts of host noise that the --steady difference of two minimums is not")
+    parser.add_argument("--distributed-executor-backend", choices=("uni", "mp"), default=None,
+                        help="the executor (vLLM's flag): mp runs the worker in its own process, as the "
+                             "server does (default: the engine's, uni for the offline LLM)")
     parser.add_argument("--no-detokenize", action="store_true",
                         help="both batches ask for token ids only (as `forkless bench throughput` does): their "
                              "texts differ, and detokenizing them is no cost of the bitmask")
@@ -131,6 +136,8 @@ def main() -> None:
     from forkless import LLM, SamplingParams, StructuredOutputsParams
 
     engine_args: dict = {"dtype": args.dtype, "async_scheduling": args.async_scheduling}
+    if args.distributed_executor_backend is not None:
+        engine_args["distributed_executor_backend"] = args.distributed_executor_backend
     if args.shape is not None:
         args.model = shaped_model(args.shape, args.tokenizer_from, args.vocab_size)
         engine_args["load_format"] = "dummy"

@@ -38,6 +38,13 @@ is true when every rank does. Invariants of the async steps:
       launch computes the whole stage, and the last stage's output must not wait for the
       next batch's compute (the engine core plans the next batch of those requests from
       it).
+    * Structured outputs: a step planned with ``defer_sampling`` is launched as any other
+      (its forward only) and sampled when ``[sample, (seq, has_bitmask), bitmask?]``
+      arrives, which the engine core sends before anything is launched after that step
+      and before it is collected; the bitmask frame is the engine core's buffer, sent
+      without a copy (it refills that buffer only after the step was collected, i.e.
+      after every rank received it). A rank with no step ``seq`` in flight (its launch
+      failed and was answered) ignores it; a sampling that fails is that step's answer.
     * Synchronous calls (``execute_model`` and the start-up calls) are refused while async
       steps are uncollected: their replies would interleave with the steps'.
     * Shutdown drops a step in flight: the worker exits without collecting it.
@@ -80,6 +87,7 @@ _WORKER_METHODS = ("determine_num_blocks", "initialize_cache", "execute_model", 
 # Async steps (see the module docstring): launch one, finish the one in flight.
 _STEP = b"execute_model_async"
 _FLUSH = b"flush"
+_SAMPLE = b"sample"
 _STEP_OK = b"step_ok"
 _STEP_ERROR = b"step_error"
 _POLL_MS = 100
@@ -259,7 +267,19 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
             if not ipc.parent_alive(parent_pid):
                 break  # the engine core is gone: do not linger as an orphan
             continue
-        method, payload = inbox.recv_multipart()
+        # Not copied out of the socket's frames: a step's bitmask is megabytes.
+        frames = inbox.recv_multipart(copy=False)
+        method, payload = frames[0].bytes, frames[1].bytes
+        if method == _SAMPLE:
+            seq, has_bitmask = ipc.decode(payload, tuple[int, bool])
+            if pending is None or pending[0] != seq:
+                continue  # its launch failed and was answered already
+            try:
+                worker.sample_deferred(pending[1], frames[2].buffer if has_bitmask else None)
+            except Exception as exc:
+                pending = None
+                outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, _error_payload(exc)])])
+            continue
         if method == _STEP:
             # Launch the new step before finishing the previous one: on a GPU it is then
             # queued behind it and the device never waits for this process.
@@ -443,12 +463,14 @@ class MultiprocExecutor(RankedWorkersExecutor):
         what = "while starting" if starting else "while the engine was running"
         return WorkerDiedError(f"worker {rank} (pid {proc.pid}) died {what} (exit code {proc.exitcode})")
 
-    def _send(self, rank: int, frames: list[bytes]) -> None:
-        """Send without blocking on a dead worker (a PUSH with no peer would wait forever)."""
+    def _send(self, rank: int, frames: list[Any], copy: bool = True) -> None:
+        """Send without blocking on a dead worker (a PUSH with no peer would wait forever);
+        ``copy=False``: the frames' buffers are sent as they are, later, by ZeroMQ's I/O
+        thread (the caller leaves them unchanged until the reply)."""
         sock, proc = self.to_workers[rank], self.procs[rank]
         while True:
             try:
-                sock.send_multipart(frames, flags=zmq.NOBLOCK)
+                sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=copy)
                 return
             except zmq.Again:
                 if not proc.is_alive():
@@ -554,6 +576,28 @@ class MultiprocExecutor(RankedWorkersExecutor):
         for rank in range(self.world_size):
             self._send(rank, [_STEP, data])
         return StepHandle(seq, id(self))
+
+    @property
+    def supports_deferred_sampling(self) -> bool:
+        """Whether steps may be launched with ``defer_sampling`` (as async scheduling)."""
+        return self._async_ok
+
+    def sample_deferred(self, pending: StepHandle, grammar_bitmask: bytes | bytearray | None) -> None:
+        """Have every rank sample ``pending``'s step with ``grammar_bitmask`` (sent, not
+        awaited: a rank samples before it launches the next step, and a failure comes
+        with the step's output at :meth:`collect`).
+
+        Raises:
+            RuntimeError: ``pending`` is not an uncollected step of this executor.
+            WorkerDiedError: A worker is dead.
+        """
+        if not isinstance(pending, StepHandle) or pending.owner != id(self) or pending.seq not in self._in_flight:
+            raise RuntimeError(f"sample_deferred({pending!r}): not an uncollected step of this executor")
+        frames: list[Any] = [_SAMPLE, ipc.encode([pending.seq, grammar_bitmask is not None])]
+        if grammar_bitmask is not None:
+            frames.append(grammar_bitmask)
+        for rank in range(self.world_size):
+            self._send(rank, frames, copy=False)
 
     def collect(self, pending: StepHandle) -> ModelRunnerOutput:
         """Wait for the output of the oldest uncollected step, which ``pending`` must name.

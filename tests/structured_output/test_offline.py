@@ -218,3 +218,31 @@ def test_async_scheduling_overlaps_the_grammar_with_the_forward(smollm2_folder: 
         assert any(b is not None for b in deferred)
     finally:
         other.shutdown()
+
+
+@pytest.mark.parametrize("llm", ["xgrammar"], indirect=True)  # this checks the executor, not the backend
+def test_deferred_sampling_through_worker_processes(smollm2_folder: Path, llm: LLM) -> None:
+    """With --distributed-executor-backend mp (the server's executor) constrained requests
+    overlap too: the worker process launches a step's forward, and samples it when the
+    engine core sends the bitmask; the outputs are those of synchronous steps."""
+    from forkless.executor.multiproc import MultiprocExecutor, StepHandle
+
+    prompts, params = _greedy_cases(llm)  # constrained and unconstrained requests together
+    sync = llm.generate(prompts, params, use_tqdm=False)
+    other = _llm(smollm2_folder, async_scheduling=True, distributed_executor_backend="mp",
+                 structured_outputs_config={"backend": "xgrammar"})
+    try:
+        executor = other.llm_engine.engine_core.executor
+        assert isinstance(executor, MultiprocExecutor) and executor.supports_deferred_sampling
+        deferred = []
+        sample = executor.sample_deferred
+        executor.sample_deferred = lambda handle, bitmask: (deferred.append(bitmask is not None),
+                                                            sample(handle, bitmask))
+        got = other.generate(prompts, params, use_tqdm=False)
+        assert [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in got] == \
+            [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in sync]
+        assert len(deferred) > len(got[0].outputs[0].token_ids) // 2 and any(deferred), deferred
+        with pytest.raises(RuntimeError, match="not an uncollected step"):
+            sample(StepHandle(10**6, id(executor)), None)
+    finally:
+        other.shutdown()
