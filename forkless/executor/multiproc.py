@@ -39,12 +39,15 @@ is true when every rank does. Invariants of the async steps:
       next batch's compute (the engine core plans the next batch of those requests from
       it).
     * Structured outputs: a step planned with ``defer_sampling`` is launched as any other
-      (its forward only) and sampled when ``[sample, (seq, has_bitmask), bitmask?]``
-      arrives, which the engine core sends before anything is launched after that step
-      and before it is collected; the bitmask frame is the engine core's buffer, sent
-      without a copy (it refills that buffer only after the step was collected, i.e.
-      after every rank received it). A rank with no step ``seq`` in flight (its launch
-      failed and was answered) ignores it; a sampling that fails is that step's answer.
+      (its forward only) and sampled when ``[sample, (seq, where, nbytes)]`` arrives, which
+      the engine core sends before anything is launched after that step and before it is
+      collected. The bitmask is not sent: the engine core fills it into shared memory
+      the executor made (:meth:`MultiprocExecutor.allocate_bitmask_buffer`), which each
+      worker maps (and pins, on CUDA) and reads in place; ``where`` names the segment
+      (``None``: no bitmask; ``""``: any other buffer, sent as a third frame). The
+      engine core refills the buffer only after the step was collected, so no rank is
+      still reading it. A rank with no step ``seq`` in flight (its launch failed and
+      was answered) ignores the message; a sampling that fails is that step's answer.
     * Synchronous calls (``execute_model`` and the start-up calls) are refused while async
       steps are uncollected: their replies would interleave with the steps'.
     * Shutdown drops a step in flight: the worker exits without collecting it.
@@ -59,6 +62,7 @@ from __future__ import annotations
 import functools
 import gc
 import multiprocessing
+from multiprocessing.shared_memory import SharedMemory
 import os
 import signal
 import time
@@ -191,6 +195,53 @@ def _device_step_timer() -> Any:
     return CudaStepTimer() if current_platform.device_type == "cuda" else None
 
 
+class _Segment(SharedMemory):
+    """Shared memory whose unmapping waits for the last view of it: ``close`` fails while
+    a view is referenced (a step's plan, a numpy array over it), and at garbage
+    collection such a failure is not an error."""
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except (BufferError, OSError):
+            pass
+
+
+class _SharedBitmask:
+    """A worker process's map of the engine core's shared bitmask segment (see the module
+    docstring): the segment named in the newest ``sample`` message, pinned once where the
+    worker can."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.name: str | None = None
+        self.segment: _Segment | None = None
+        self.pinned: Any = None
+
+    def view(self, name: str, nbytes: int) -> memoryview:
+        """The first ``nbytes`` of segment ``name`` (mapped on first use; a segment the
+        engine core replaced, when it grew, is unmapped: no step reads it any more)."""
+        if name != self.name:
+            self.close()
+            self.segment = _Segment(name=name)
+            self.name = name
+            self.pinned = self.worker.register_host_buffer(self.segment.buf)
+        assert self.segment is not None
+        return self.segment.buf[:nbytes]
+
+    def close(self) -> None:
+        if self.segment is None:
+            return
+        if self.pinned is not None:
+            self.worker.unregister_host_buffer(self.pinned)
+        self.pinned = None
+        try:
+            self.segment.close()
+        except BufferError:
+            pass  # a view of it is still referenced: unmapped when that goes
+        self.segment = self.name = None
+
+
 def _free_port() -> int:
     """A TCP port free on the loopback now, for the ranks' rendezvous."""
     import socket
@@ -241,6 +292,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
 
     trace = StepTrace.open(f"worker{rank}")
     timer = _device_step_timer() if trace is not None else None
+    shared = _SharedBitmask(worker)
     traced: dict[int, dict[str, Any]] = {}
 
     def finish_pending() -> None:
@@ -271,11 +323,12 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         frames = inbox.recv_multipart(copy=False)
         method, payload = frames[0].bytes, frames[1].bytes
         if method == _SAMPLE:
-            seq, has_bitmask = ipc.decode(payload, tuple[int, bool])
+            seq, where, nbytes = ipc.decode(payload, tuple[int, str | None, int])
             if pending is None or pending[0] != seq:
                 continue  # its launch failed and was answered already
             try:
-                worker.sample_deferred(pending[1], frames[2].buffer if has_bitmask else None)
+                bitmask = None if where is None else frames[2].buffer if where == "" else shared.view(where, nbytes)
+                worker.sample_deferred(pending[1], bitmask)
             except Exception as exc:
                 pending = None
                 outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, _error_payload(exc)])])
@@ -327,6 +380,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     if trace is not None:
         trace.close()
     worker.shutdown()
+    shared.close()  # after the worker: a dropped step's copy from it may have been queued
     inbox.close(linger=0)
     outbox.close()
     ctx.term()
@@ -425,6 +479,8 @@ class MultiprocExecutor(RankedWorkersExecutor):
         self._async_ok = True
         self._next_seq = 0
         self._in_flight: deque[int] = deque()
+        # The shared memory of the grammar bitmask (allocate_bitmask_buffer), newest last.
+        self._bitmask_segments: list[_Segment] = []
         config_bytes = ipc.encode(config.to_builtins())
         for rank in range(self.world_size):
             addr_in = ipc.ipc_address(self.ipc_dir, f"to-worker-{rank}")
@@ -593,11 +649,29 @@ class MultiprocExecutor(RankedWorkersExecutor):
         """
         if not isinstance(pending, StepHandle) or pending.owner != id(self) or pending.seq not in self._in_flight:
             raise RuntimeError(f"sample_deferred({pending!r}): not an uncollected step of this executor")
-        frames: list[Any] = [_SAMPLE, ipc.encode([pending.seq, grammar_bitmask is not None])]
-        if grammar_bitmask is not None:
-            frames.append(grammar_bitmask)
+        segment = self._bitmask_segments[-1] if self._bitmask_segments else None
+        if grammar_bitmask is None:
+            frames: list[Any] = [_SAMPLE, ipc.encode([pending.seq, None, 0])]
+        elif (segment is not None and isinstance(grammar_bitmask, memoryview)
+              and grammar_bitmask.obj is segment.buf.obj):
+            # Filled in place: the workers read it there.
+            frames = [_SAMPLE, ipc.encode([pending.seq, segment.name, len(grammar_bitmask)])]
+        else:
+            frames = [_SAMPLE, ipc.encode([pending.seq, "", len(grammar_bitmask)]), grammar_bitmask]
         for rank in range(self.world_size):
             self._send(rank, frames, copy=False)
+
+    def allocate_bitmask_buffer(self, nbytes: int) -> memoryview:
+        """``nbytes`` of a shared-memory segment every worker maps: the engine core fills a
+        step's bitmask there and only its name crosses the socket (a bitmask of 256 rows
+        of a 151,936-token vocabulary is 4.9 MB). The segment grows by doubling; one
+        outgrown is unlinked at once (its name) and unmapped at shutdown."""
+        segments = self._bitmask_segments
+        if not segments or segments[-1].size < nbytes:
+            if segments:
+                segments[-1].unlink()
+            segments.append(_Segment(create=True, size=max(nbytes, 2 * segments[-1].size if segments else 0)))
+        return segments[-1].buf[:nbytes]
 
     def collect(self, pending: StepHandle) -> ModelRunnerOutput:
         """Wait for the output of the oldest uncollected step, which ``pending`` must name.
@@ -677,5 +751,13 @@ class MultiprocExecutor(RankedWorkersExecutor):
             sock.close(linger=0)
         self.ctx.term()
         self.procs = []
+        for i, segment in enumerate(self._bitmask_segments):
+            if i == len(self._bitmask_segments) - 1:
+                segment.unlink()  # (the others were unlinked when outgrown)
+            try:
+                segment.close()
+            except BufferError:
+                pass  # the engine core still holds a view: unmapped when it goes
+        self._bitmask_segments = []
         if self._owns_ipc_dir:
             ipc.remove_ipc_dir(self.ipc_dir)

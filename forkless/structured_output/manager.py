@@ -485,3 +485,5 @@ class StructuredOutputManager:
             self._filler.shutdown(wait=False)
         for backend in self._backends.values():
             backend.destroy()
+        # The buffer may be the executor's shared memory, which it unmaps next.
+        self._buffer = bytearray()

@@ -159,6 +159,28 @@ class Worker:
             return None
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True).numpy()
 
+    def register_host_buffer(self, buffer: Any) -> Any:
+        """Pin a writable host buffer made elsewhere (the engine core's shared memory, which
+        a worker process maps) so that copies from it to the device need no staging.
+
+        Returns:
+            A handle for :meth:`unregister_host_buffer`, or ``None`` where nothing was
+            pinned (not a CUDA device, or the driver refused: copies then stage as before).
+        """
+        if self.device is None or self.device.type != "cuda":
+            return None
+        import numpy as np
+
+        array = np.frombuffer(buffer, dtype=np.uint8)
+        if torch.cuda.cudart().cudaHostRegister(array.ctypes.data, array.nbytes, 0) != 0:
+            logger.warning("could not pin a shared host buffer of %d bytes; its copies are staged", array.nbytes)
+            return None
+        return array
+
+    def unregister_host_buffer(self, handle: Any) -> None:
+        """Unpin what :meth:`register_host_buffer` pinned (its copies have completed)."""
+        torch.cuda.cudart().cudaHostUnregister(handle.ctypes.data)
+
     def check_health(self) -> None:
         """Raise when the worker cannot run steps."""
         self._runner()

@@ -224,7 +224,8 @@ def test_async_scheduling_overlaps_the_grammar_with_the_forward(smollm2_folder: 
 def test_deferred_sampling_through_worker_processes(smollm2_folder: Path, llm: LLM) -> None:
     """With --distributed-executor-backend mp (the server's executor) constrained requests
     overlap too: the worker process launches a step's forward, and samples it when the
-    engine core sends the bitmask; the outputs are those of synchronous steps."""
+    engine core says its bitmask is ready (in shared memory); the outputs are those of
+    synchronous steps."""
     from forkless.executor.multiproc import MultiprocExecutor, StepHandle
 
     prompts, params = _greedy_cases(llm)  # constrained and unconstrained requests together
@@ -238,7 +239,12 @@ def test_deferred_sampling_through_worker_processes(smollm2_folder: Path, llm: L
         sample = executor.sample_deferred
         executor.sample_deferred = lambda handle, bitmask: (deferred.append(bitmask is not None),
                                                             sample(handle, bitmask))
+        # The bitmask is filled in shared memory the worker maps: it never crosses the socket.
+        sent_frames = []
+        send = executor._send
+        executor._send = lambda rank, frames, copy=True: (sent_frames.append(len(frames)), send(rank, frames, copy))
         got = other.generate(prompts, params, use_tqdm=False)
+        assert sent_frames and max(sent_frames) == 2, sent_frames
         assert [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in got] == \
             [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in sync]
         assert len(deferred) > len(got[0].outputs[0].token_ids) // 2 and any(deferred), deferred
