@@ -172,8 +172,14 @@ class Worker:
         import numpy as np
 
         array = np.frombuffer(buffer, dtype=np.uint8)
-        if torch.cuda.cudart().cudaHostRegister(array.ctypes.data, array.nbytes, 0) != 0:
-            logger.warning("could not pin a shared host buffer of %d bytes; its copies are staged", array.nbytes)
+        try:
+            # (A cudaError enum: int() is its code; 0 is success.)
+            error: Any = int(torch.cuda.cudart().cudaHostRegister(array.ctypes.data, array.nbytes, 0))
+        except (AttributeError, RuntimeError) as exc:  # a runtime without the call
+            error = exc
+        if error != 0:
+            logger.warning("could not pin a shared host buffer of %d bytes (%s); its copies are staged",
+                           array.nbytes, error)
             return None
         return array
 

@@ -92,3 +92,36 @@ def test_constrained_outputs_on_cuda(smollm2_folder, engine_kwargs: dict) -> Non
         assert [o.outputs[0].token_ids for o in outs[len(SCHEMAS) + 1:]] == alone
     finally:
         llm.shutdown()
+
+
+def test_a_worker_process_pins_the_shared_bitmask_and_masks_from_it() -> None:
+    """The mp executor's bitmask lives in shared memory each worker process maps; on CUDA
+    the worker pins it (cudaHostRegister), so that the mask's upload reads it in place,
+    and the logits come out as from any other copy of the same rows."""
+    from multiprocessing.shared_memory import SharedMemory
+
+    from forkless.structured_output.bitmask import apply_token_bitmask
+    from forkless.worker.worker import Worker
+
+    worker = Worker.__new__(Worker)  # only its device matters here
+    worker.device = torch.device("cuda:0")
+    rows, vocab = 4, 1000
+    words = (vocab + 31) // 32
+    segment = SharedMemory(create=True, size=1 << 16)
+    try:
+        handle = worker.register_host_buffer(segment.buf)
+        assert handle is not None
+        view = np.frombuffer(segment.buf[: rows * words * 4], dtype=np.int32).reshape(rows, words)
+        view[:] = np.random.default_rng(0).integers(-2**31, 2**31, size=(rows, words), dtype=np.int64).astype(np.int32)
+        assert torch.from_numpy(view).is_pinned()
+        logits = torch.randn(rows, vocab, device="cuda")
+        want = logits.clone()
+        apply_token_bitmask(logits, view, None)
+        apply_token_bitmask(want, view.copy(), None)  # a copy that is not pinned: staged
+        torch.testing.assert_close(logits, want, rtol=0, atol=0)
+        assert torch.isinf(logits).any() and not torch.isinf(logits).all()
+        worker.unregister_host_buffer(handle)
+        del view, handle
+    finally:
+        segment.close()
+        segment.unlink()
