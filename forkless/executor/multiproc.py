@@ -22,7 +22,11 @@ is true when every rank does. Invariants of the async steps:
       any other handle (an old one, a newer one first, another executor's) raises.
     * A worker keeps at most one step in flight: on a new step it launches it
       (``Worker.execute_model_async``) and only then collects the previous one and sends
-      its output, so on a GPU step N+1 is queued behind step N. Replies are
+      its output, so on a GPU step N+1 is queued behind step N -- unless step N is done
+      already (``Worker.step_done``: the device idles anyway, and on the CPU, where a
+      launch computes the step, always): then N's output goes first, and the engine core
+      takes it in and plans N+2 while this worker prepares and launches N+1, instead of
+      after (the two would otherwise run one after the other every step). Replies are
       ``[step_ok, (seq, ModelRunnerOutput)]`` or ``[step_error, (seq, error)]``, in ``seq``
       order; the executor checks ``seq`` against the handle it collects.
     * When the engine core collects the newest step sent, nothing newer would make the
@@ -341,7 +345,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
             decoded = StepTrace.now() if trace is not None else 0.0
             if timer is not None:
                 timer.start(seq)
-            if finish_first:
+            if finish_first or (pending is not None and worker.step_done(pending[1])):
                 finish_pending()
             try:
                 launched, error = worker.execute_model_async(scheduler_output), None

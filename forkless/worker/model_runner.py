@@ -570,6 +570,11 @@ class ModelRunner:
                 parts.append(_PromptPart(state, first + lo, host))
         return parts
 
+    def step_done(self, pending: _PendingStep) -> bool:
+        """Whether :meth:`collect` would return without waiting for the device (the step is
+        sampled and its tokens' copy to the host has completed)."""
+        return pending.deferred is None and (pending.ready is None or pending.ready.query())
+
     def collect(self, pending: _PendingStep) -> ModelRunnerOutput:
         """Wait for a launched step's sampled tokens and record them."""
         if pending.deferred is not None:

@@ -101,5 +101,8 @@ class PoolingModelRunner(ModelRunner):
         """Pooling steps are synchronous: the result itself is the handle."""
         return self.execute_model(scheduler_output)
 
+    def step_done(self, pending: ModelRunnerOutput) -> bool:  # type: ignore[override]
+        return True  # execute_model_async ran the step
+
     def collect(self, pending: ModelRunnerOutput) -> ModelRunnerOutput:  # type: ignore[override]
         return pending

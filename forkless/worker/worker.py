@@ -146,6 +146,10 @@ class Worker:
         """Sample a step launched with ``defer_sampling`` (see :meth:`ModelRunner.sample_deferred`)."""
         self._runner().sample_deferred(pending, grammar_bitmask)
 
+    def step_done(self, pending: Any) -> bool:
+        """Whether :meth:`collect` of a launched step would not wait for the device."""
+        return self._runner().step_done(pending)
+
     def collect(self, pending: Any) -> ModelRunnerOutput:
         """Wait for a launched step's tokens (see :meth:`ModelRunner.collect`)."""
         return self._runner().collect(pending)
