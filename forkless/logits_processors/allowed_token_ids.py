@@ -30,6 +30,9 @@ class AllowedTokenIdsLogitsProcessor(LogitsProcessor):
     def is_argmax_invariant(self) -> bool:
         return False
 
+    def is_active(self) -> bool:
+        return bool(self._rows)
+
     @staticmethod
     def _new_state(
         params: "SamplingParams", _prompt: list[int] | None, _output: list[int]

@@ -36,6 +36,9 @@ class BadWordsLogitsProcessor(LogitsProcessor):
     def is_argmax_invariant(self) -> bool:
         return False
 
+    def is_active(self) -> bool:
+        return bool(self._rows)
+
     @staticmethod
     def _new_state(
         params: "SamplingParams", _prompt: list[int] | None, output_ids: list[int]

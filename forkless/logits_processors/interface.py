@@ -96,6 +96,16 @@ class LogitsProcessor(ABC):
             False makes it run on every step (e.g. logit_bias).
         """
 
+    def is_active(self) -> bool:
+        """Whether ``apply`` may change any logit this step (asked after ``update_state``).
+
+        Returns:
+            True (the default) runs it as usual; False lets the sampler skip it, and a
+            batch of greedy rows with nothing active then takes its argmax on the model's
+            logits as they come (no float32 copy). The built-ins answer from their rows.
+        """
+        return True
+
     @abstractmethod
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Bring per-row state in line with the batch; called once per step before apply.

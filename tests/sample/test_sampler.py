@@ -27,7 +27,9 @@ def test_bfloat16_logits_sample_as_their_float32_copy():
     there (ties: the lowest id, as in float32), the others compute in float32."""
     logits = _logits(6, seed=5).bfloat16()
     logits[2, 7] = logits[2, 11] = logits[2].max() + 1  # a tie: token 7 wins
-    greedy = step(fill([SamplingParams(temperature=0.0) for _ in range(6)]), logits.clone())
+    batch = fill([SamplingParams(temperature=0.0) for _ in range(6)])
+    assert not Sampler.needs_float32(batch.refresh())  # the built-in processors are idle
+    greedy = step(batch, logits.clone())
     assert greedy.sampled_token_ids.tolist() == logits.float().argmax(-1).tolist()
     assert greedy.sampled_token_ids[2] == 7
     # Penalties and logprobs need float32 arithmetic: the same as on a float32 copy.
@@ -37,6 +39,19 @@ def test_bfloat16_logits_sample_as_their_float32_copy():
     assert got.sampled_token_ids.tolist() == want.sampled_token_ids.tolist()
     assert got.logprobs.logprobs.dtype == torch.float32
     torch.testing.assert_close(got.logprobs.logprobs, want.logprobs.logprobs)
+
+
+def test_only_steps_that_compute_with_their_logits_copy_them_to_float32():
+    greedy = SamplingParams(temperature=0.0)
+    assert not Sampler.needs_float32(fill([greedy, greedy]).refresh())
+    for other in (SamplingParams(temperature=0.8), SamplingParams(temperature=0.0, logprobs=1),
+                  SamplingParams(temperature=0.0, presence_penalty=0.5),
+                  SamplingParams(temperature=0.0, logit_bias={5: 10.0})):  # an active processor
+        assert Sampler.needs_float32(fill([greedy, other]).refresh()), other
+    # ... and it still moves the argmax of a bfloat16 batch.
+    logits = torch.zeros(2, VOCAB, dtype=torch.bfloat16)
+    out = step(fill([greedy, SamplingParams(temperature=0.0, logit_bias={5: 10.0})]), logits)
+    assert out.sampled_token_ids.tolist() == [0, 5]
 
 
 def test_greedy_rows_stay_greedy_in_a_mixed_batch():
