@@ -42,6 +42,9 @@ class LLMEngine:
         self.processor = Processor(config)
         self.output_processor = OutputProcessor(self.processor.tokenizer)
         self.engine_core = EngineCore(config)
+        # The other requests' outputs of a step that raised for failed requests, returned
+        # by the next step() (see step()).
+        self._held: list[RequestOutput] = []
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
@@ -104,9 +107,14 @@ class LLMEngine:
             Outputs of requests with news (finished ones have ``finished=True``).
 
         Raises:
-            ValueError: A worker could not run some requests (their LoRA adapter failed
-                to load); those are finished, the others stay in flight.
+            ValueError: Some requests could not be run (a worker could not load their
+                LoRA adapter, the engine core could not compile their grammar); those are
+                finished, the others stay in flight. What the step gave the others comes
+                with the next call, which runs no step for it: nothing is lost.
         """
+        if self._held:
+            held, self._held = self._held, []
+            return held
         core_outputs = self.engine_core.step()
         processed = self.output_processor.process_outputs(core_outputs.outputs, core_outputs.timestamp)
         if processed.reqs_to_abort:
@@ -117,6 +125,8 @@ class LLMEngine:
             # the engine core already, the other requests go on. Offline there is no
             # per-request error channel, so the step fails with the reasons.
             self.output_processor.abort_requests([rid for rid, _ in errors])
+            failed = {rid for rid, _ in errors}
+            self._held = [out for out in processed.request_outputs if out.request_id not in failed]
             raise ValueError("; ".join(f"request {rid!r}: {reason}" for rid, reason in errors))
         return processed.request_outputs
 
@@ -127,8 +137,8 @@ class LLMEngine:
         self.engine_core.abort_requests(self.output_processor.abort_requests(request_ids))
 
     def has_unfinished_requests(self) -> bool:
-        """Whether any request is still in flight."""
-        return self.output_processor.has_unfinished_requests()
+        """Whether any request is still in flight (or has outputs that step() holds)."""
+        return bool(self._held) or self.output_processor.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
         """Number of user-visible requests in flight."""

@@ -80,3 +80,27 @@ def test_a_grammar_that_fails_in_the_engine_core_fails_its_request_only(llm: LLM
     out = llm.generate(["x"], SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(
         choice=["yes", "no"])), use_tqdm=False)
     assert out[0].outputs[0].text in ("yes", "no")
+
+
+def test_a_step_that_raises_for_a_failed_request_loses_no_other_output(llm: LLM,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure reported in the step that also finishes another request (its grammar's
+    compile thread was slow, say) raises; the other request's output comes with the next
+    call instead of being dropped with the exception."""
+    engine = llm.llm_engine
+    real = engine.engine_core.take_request_errors
+    calls: list[int] = []
+
+    def errors() -> list[tuple[str, str]]:
+        calls.append(1)
+        return real() + ([("ghost", "its grammar failed")] if len(calls) == 1 else [])
+
+    monkeypatch.setattr(engine.engine_core, "take_request_errors", errors)
+    engine.add_request("quick", "Hello", SamplingParams(max_tokens=1, ignore_eos=True))
+    with pytest.raises(ValueError, match="request 'ghost': its grammar failed"):
+        engine.step()  # the step that finished "quick"
+    assert engine.has_unfinished_requests()
+    outs = engine.step()
+    assert [(o.request_id, o.finished) for o in outs] == [("quick", True)]
+    assert len(outs[0].outputs[0].token_ids) == 1
+    assert not engine.has_unfinished_requests()
