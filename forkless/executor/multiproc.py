@@ -201,14 +201,20 @@ def _device_step_timer() -> Any:
 
 class _Segment(SharedMemory):
     """Shared memory whose unmapping waits for the last view of it: ``close`` fails while
-    a view is referenced (a step's plan, a numpy array over it), and at garbage
-    collection such a failure is not an error."""
+    a view is referenced (a step's plan, a numpy array over it), which is not an error."""
+
+    def release(self) -> None:
+        """Unmap it, unless a view of it is still referenced (then when that goes)."""
+        try:
+            self.close()
+        except BufferError:
+            return
 
     def __del__(self) -> None:
         try:
-            self.close()
-        except (BufferError, OSError):
-            pass
+            self.release()
+        except OSError:
+            return
 
 
 class _SharedBitmask:
@@ -239,10 +245,7 @@ class _SharedBitmask:
         if self.pinned is not None:
             self.worker.unregister_host_buffer(self.pinned)
         self.pinned = None
-        try:
-            self.segment.close()
-        except BufferError:
-            pass  # a view of it is still referenced: unmapped when that goes
+        self.segment.release()
         self.segment = self.name = None
 
 
@@ -400,6 +403,19 @@ class RankedWorkersExecutor(Executor):
     """
 
     _async_ok = False
+    #: The seqs of the async steps sent and not collected yet, oldest first (subclasses).
+    _in_flight: deque[int]
+
+    @property
+    def supports_deferred_sampling(self) -> bool:
+        """Whether steps may be launched with ``defer_sampling`` (as async scheduling)."""
+        return self._async_ok
+
+    def _check_uncollected(self, pending: Any) -> None:
+        """Raise unless ``pending`` names a step of this executor sent and not collected
+        (what :meth:`sample_deferred` takes)."""
+        if not isinstance(pending, StepHandle) or pending.owner != id(self) or pending.seq not in self._in_flight:
+            raise RuntimeError(f"sample_deferred({pending!r}): not an uncollected step of this executor")
 
     @abstractmethod
     def _call(self, method: str, *args: Any, payload: Any = None) -> list[bytes]:
@@ -637,11 +653,6 @@ class MultiprocExecutor(RankedWorkersExecutor):
             self._send(rank, [_STEP, data])
         return StepHandle(seq, id(self))
 
-    @property
-    def supports_deferred_sampling(self) -> bool:
-        """Whether steps may be launched with ``defer_sampling`` (as async scheduling)."""
-        return self._async_ok
-
     def sample_deferred(self, pending: StepHandle, grammar_bitmask: bytes | bytearray | None) -> None:
         """Have every rank sample ``pending``'s step with ``grammar_bitmask`` (sent, not
         awaited: a rank samples before it launches the next step, and a failure comes
@@ -651,8 +662,7 @@ class MultiprocExecutor(RankedWorkersExecutor):
             RuntimeError: ``pending`` is not an uncollected step of this executor.
             WorkerDiedError: A worker is dead.
         """
-        if not isinstance(pending, StepHandle) or pending.owner != id(self) or pending.seq not in self._in_flight:
-            raise RuntimeError(f"sample_deferred({pending!r}): not an uncollected step of this executor")
+        self._check_uncollected(pending)
         segment = self._bitmask_segments[-1] if self._bitmask_segments else None
         if grammar_bitmask is None:
             frames: list[Any] = [_SAMPLE, ipc.encode([pending.seq, None, 0])]
@@ -758,10 +768,7 @@ class MultiprocExecutor(RankedWorkersExecutor):
         for i, segment in enumerate(self._bitmask_segments):
             if i == len(self._bitmask_segments) - 1:
                 segment.unlink()  # (the others were unlinked when outgrown)
-            try:
-                segment.close()
-            except BufferError:
-                pass  # the engine core still holds a view: unmapped when it goes
+            segment.release()
         self._bitmask_segments = []
         if self._owns_ipc_dir:
             ipc.remove_ipc_dir(self.ipc_dir)

@@ -474,11 +474,6 @@ class RayExecutor(RankedWorkersExecutor):
                                    f"{err['error']}\n{err['traceback']}")
         return self._output_from([reply for _, reply in replies])
 
-    @property
-    def supports_deferred_sampling(self) -> bool:
-        """Whether steps may be launched with ``defer_sampling`` (as async scheduling)."""
-        return self._async_ok
-
     def sample_deferred(self, pending: StepHandle, grammar_bitmask: bytes | bytearray | None) -> None:
         """Have every rank sample ``pending``'s step with ``grammar_bitmask``; not awaited:
         the actors run it before the next launch, and its failure comes with the step's
@@ -488,8 +483,7 @@ class RayExecutor(RankedWorkersExecutor):
             RuntimeError: ``pending`` is not an uncollected step of this executor.
         """
         self._usable()
-        if not isinstance(pending, StepHandle) or pending.owner != id(self) or pending.seq not in self._in_flight:
-            raise RuntimeError(f"sample_deferred({pending!r}): not an uncollected step of this executor")
+        self._check_uncollected(pending)
         for actor in self.actors:
             actor.sample.remote(pending.seq, grammar_bitmask)
 
