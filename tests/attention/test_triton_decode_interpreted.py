@@ -72,7 +72,11 @@ for dtype, kv_dtype, tol in [(torch.float32, torch.float32, 1e-5), (torch.bfloat
                              (torch.bfloat16, torch.float8_e4m3fn, 2e-2)]:
     for launch, splits in [(DecodeLaunch(cuda_cores=True, block_n=16), None),
                            (DecodeLaunch(cuda_cores=True, block_n=32, heads_fast=True), 3),
-                           (DecodeLaunch(cuda_cores=True, block_n=16), 4)]:
+                           (DecodeLaunch(cuda_cores=True, block_n=16), 4),
+                           # the tensor-core kernel, whose split buffers and merge are the same
+                           (DecodeLaunch(block_n=16, heads_fast=True), 3)]:
+        if not launch.cuda_cores and dtype != torch.float32:
+            continue  # the interpreter's 16-bit tl.dot is not exact (the GPU tests hold those)
         for scales in [(1.0, 1.0), (0.5, 2.0)] if kv_dtype == torch.float8_e4m3fn else [(1.0, 1.0)]:
             e = error(dtype, kv_dtype, launch, splits, scales)
             assert e < tol, (dtype, kv_dtype, launch, splits, scales, e)
@@ -83,4 +87,4 @@ print("decode ok", cases)
 
 @needs_triton
 def test_cuda_core_decode_under_the_interpreter() -> None:
-    run_interpreted(_SCRIPT, "decode ok 12")
+    run_interpreted(_SCRIPT, "decode ok 13")

@@ -183,11 +183,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
         fp8_mode = 0 if not kv_fp8 else 2 if via_fp16 and q.dtype in (torch.bfloat16, torch.float16) else 1
         assert splits is not None
         tiles = splits if splits > 1 else triton.cdiv(md.max_query_len, block_q)
-        part_acc = part_ml = out  # unused placeholders when not splitting
-        if splits > 1:
-            part_acc = torch.empty(num_seqs * splits * self.num_heads, self.head_dim,
-                                   dtype=torch.float32, device=q.device)
-            part_ml = torch.empty(num_seqs * splits * self.num_heads, 2, dtype=torch.float32, device=q.device)
+        part_acc, part_ml = self._split_partials(out, num_seqs, splits)
         groups = self.num_kv_heads // kv_per_prog
         paged_attention_kernel[(groups, tiles, num_seqs) if heads_fast else (num_seqs, tiles, groups)](
             q, out, kv_cache, md.block_tables, md.seq_lens, md.query_start_loc,
@@ -203,11 +199,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
         )
         if splits > 1:
-            combine_splits_kernel[(num_seqs, self.num_heads)](
-                part_acc, part_ml, out, md.query_start_loc, out.stride(0), out.stride(1),
-                NUM_HEADS=self.num_heads, HEAD_DIM=self.head_dim, BLOCK_D=self.block_d,
-                NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, launch_pdl=pdl,
-            )
+            self._combine_splits(part_acc, part_ml, out, md, splits, pdl)
         return out.view(num_tokens, self.num_heads * self.head_dim)
 
     def _decode_cuda_cores(self, q: torch.Tensor, out: torch.Tensor, kv_cache: torch.Tensor,
@@ -218,11 +210,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
         kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
         splits = launch.splits  # resolved by decode_launch
         assert splits is not None
-        part_acc = part_ml = out  # unused placeholders when not splitting
-        if splits > 1:
-            part_acc = torch.empty(num_seqs * splits * self.num_heads, self.head_dim,
-                                   dtype=torch.float32, device=q.device)
-            part_ml = torch.empty(num_seqs * splits * self.num_heads, 2, dtype=torch.float32, device=q.device)
+        part_acc, part_ml = self._split_partials(out, num_seqs, splits)
         grid = (self.num_kv_heads, splits, num_seqs) if launch.heads_fast else (num_seqs, splits, self.num_kv_heads)
         paged_decode_cuda_cores_kernel[grid](
             q, out, kv_cache, md.block_tables, md.seq_lens, md.query_start_loc,
@@ -237,12 +225,27 @@ class TritonAttentionBackend(TorchAttentionBackend):
             num_warps=launch.num_warps, num_stages=launch.num_stages, launch_pdl=pdl,
         )
         if splits > 1:
-            combine_splits_kernel[(num_seqs, self.num_heads)](
-                part_acc, part_ml, out, md.query_start_loc, out.stride(0), out.stride(1),
-                NUM_HEADS=self.num_heads, HEAD_DIM=self.head_dim, BLOCK_D=self.block_d,
-                NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, launch_pdl=pdl,
-            )
+            self._combine_splits(part_acc, part_ml, out, md, splits, pdl)
         return out.view(q.shape[0], self.num_heads * self.head_dim)
+
+    def _split_partials(self, out: torch.Tensor, num_seqs: int,
+                        splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The buffers of a split decode's partial results: ``acc`` ``[B * S * Hq, D]`` and
+        ``(m, l)`` ``[B * S * Hq, 2]`` in float32 (``out`` twice, unused, without splits)."""
+        if splits == 1:
+            return out, out
+        rows = num_seqs * splits * self.num_heads
+        return (torch.empty(rows, self.head_dim, dtype=torch.float32, device=out.device),
+                torch.empty(rows, 2, dtype=torch.float32, device=out.device))
+
+    def _combine_splits(self, part_acc: torch.Tensor, part_ml: torch.Tensor, out: torch.Tensor,
+                        md: AttentionMetadata, splits: int, pdl: bool) -> None:
+        """Merge a split decode's partial softmaxes into ``out``."""
+        combine_splits_kernel[(md.seq_lens.shape[0], self.num_heads)](
+            part_acc, part_ml, out, md.query_start_loc, out.stride(0), out.stride(1),
+            NUM_HEADS=self.num_heads, HEAD_DIM=self.head_dim, BLOCK_D=self.block_d,
+            NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, launch_pdl=pdl,
+        )
 
     def decode_launch(self, num_seqs: int, device: torch.device, kv_fp8: bool = False,
                       half: bool = False) -> DecodeLaunch:
