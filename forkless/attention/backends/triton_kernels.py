@@ -1,6 +1,6 @@
 """Triton kernels over the paged KV cache ``(2, num_blocks, block_size, Hkv, D)``.
 
-Three kernels:
+The kernels:
 
 * ``store_kv``: writes each new token's key and value into its cache slot (slot ``-1``
   is padding and is skipped, so CUDA-graph batches can be padded freely). An fp8 cache
@@ -73,6 +73,38 @@ def store_kv_kernel(
 
 
 @triton.jit
+def _grid_ids(HEADS_FAST: tl.constexpr):
+    """``(sequence, KV-head group, second axis)`` of this program. HEADS_FAST: the grid is
+    (KV-head group, tile, sequence), so that the programs of one sequence's heads run side
+    by side and read neighbouring bytes of the same cache blocks (a token's heads lie next
+    to each other) instead of far apart in time; else (sequence, tile, KV-head group)."""
+    if HEADS_FAST:
+        return tl.program_id(2), tl.program_id(0), tl.program_id(1)
+    return tl.program_id(0), tl.program_id(2), tl.program_id(1)
+
+
+@triton.jit
+def _split_range(kv_end, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The keys ``[begin, end)`` of context split ``split`` of ``[0, kv_end)``: at least two
+    tiles a split, so a short context leaves the last splits empty (they exit at once)
+    instead of cutting it into one-tile slivers."""
+    chunk = tl.maximum(tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N), 2) * BLOCK_N
+    begin = split * chunk
+    return begin, tl.minimum(kv_end, begin + chunk)
+
+
+@triton.jit
+def _store_partials(part_acc_ptr, part_ml_ptr, seq, split, head, acc, m_i, l_i, valid, offs_d, d_valid,
+                    NUM_SPLITS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """A split's partial softmax of decode rows (``seq``, ``head``), where
+    :func:`combine_splits_kernel` reads it: acc [B, S, Hq, D], (m, l) [B, S, Hq, 2]."""
+    row = (seq * NUM_SPLITS + split) * NUM_HEADS + head
+    tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=valid[:, None] & d_valid[None, :])
+    tl.store(part_ml_ptr + row * 2, m_i, mask=valid)
+    tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=valid)
+
+
+@triton.jit
 def paged_attention_kernel(
     q_ptr, out_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
     part_acc_ptr, part_ml_ptr,
@@ -86,16 +118,7 @@ def paged_attention_kernel(
     NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, HEADS_FAST: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_enter(PDL)
-    # HEADS_FAST: the grid is (KV-head group, tile, sequence), so that the programs of one
-    # sequence's heads run side by side and read neighbouring bytes of the same cache
-    # blocks (a token's heads lie next to each other) instead of far apart in time.
-    if HEADS_FAST:
-        seq = tl.program_id(2)
-        kvg = tl.program_id(0)
-    else:
-        seq = tl.program_id(0)
-        kvg = tl.program_id(2)
-    tile = tl.program_id(1)
+    seq, kvg, tile = _grid_ids(HEADS_FAST)
     # With splits the second grid axis indexes the split (decode: one query tile).
     qblk = tile if NUM_SPLITS == 1 else 0
     split = tile if NUM_SPLITS > 1 else 0
@@ -126,11 +149,7 @@ def paged_attention_kernel(
         kv_end = tl.minimum(seq_len, ctx_len + (qblk + 1) * BLOCK_Q)
         kv_begin = 0
         if NUM_SPLITS > 1:
-            # At least two tiles a split: a short context leaves the last splits empty
-            # (they exit at once) instead of cutting it into one-tile slivers.
-            chunk = tl.maximum(tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N), 2) * BLOCK_N
-            kv_begin = split * chunk
-            kv_end = tl.minimum(kv_end, kv_begin + chunk)
+            kv_begin, kv_end = _split_range(kv_end, split, NUM_SPLITS, BLOCK_N)
 
         if KEYS_FIRST:
             q_t = tl.trans(q)
@@ -205,12 +224,8 @@ def paged_attention_kernel(
                 out.to(out_ptr.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :],
             )
         else:
-            # Partials of decode row (seq, head): acc [B, S, Hq, D], (m, l) [B, S, Hq, 2].
-            row = (seq * NUM_SPLITS + split) * (NUM_KV_HEADS * GROUP) + head
-            tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc,
-                     mask=m_valid[:, None] & d_valid[None, :])
-            tl.store(part_ml_ptr + row * 2, m_i, mask=m_valid)
-            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=m_valid)
+            _store_partials(part_acc_ptr, part_ml_ptr, seq, split, head, acc, m_i, l_i, m_valid, offs_d, d_valid,
+                            NUM_SPLITS, NUM_KV_HEADS * GROUP, HEAD_DIM)
 
 
 @triton.jit
@@ -226,13 +241,7 @@ def paged_decode_cuda_cores_kernel(
     HEADS_FAST: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_enter(PDL)
-    if HEADS_FAST:
-        seq = tl.program_id(2)
-        kvh = tl.program_id(0)
-    else:
-        seq = tl.program_id(0)
-        kvh = tl.program_id(2)
-    split = tl.program_id(1)
+    seq, kvh, split = _grid_ids(HEADS_FAST)
     q_start = tl.load(qsl_ptr + seq)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start
     if q_len > 0:  # a padding sequence of a graph batch has none
@@ -249,10 +258,7 @@ def paged_decode_cuda_cores_kernel(
         kv_begin = 0
         kv_end = seq_len
         if NUM_SPLITS > 1:
-            # As paged_attention's splits: at least two tiles a split.
-            chunk = tl.maximum(tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N), 2) * BLOCK_N
-            kv_begin = split * chunk
-            kv_end = tl.minimum(kv_end, kv_begin + chunk)
+            kv_begin, kv_end = _split_range(kv_end, split, NUM_SPLITS, BLOCK_N)
         offs_n = tl.arange(0, BLOCK_N)
         m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
         l_i = tl.zeros([GROUP_P], tl.float32)
@@ -286,12 +292,8 @@ def paged_decode_cuda_cores_kernel(
             tl.store(out_ptr + q_start * o_stride_t + head[:, None] * o_stride_h + offs_d[None, :],
                      out.to(out_ptr.dtype.element_ty), mask=g_valid[:, None] & d_valid[None, :])
         else:
-            # The partials of paged_attention's splits, for combine_splits.
-            row = (seq * NUM_SPLITS + split) * (NUM_KV_HEADS * GROUP) + head
-            tl.store(part_acc_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], acc,
-                     mask=g_valid[:, None] & d_valid[None, :])
-            tl.store(part_ml_ptr + row * 2, m_i, mask=g_valid)
-            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=g_valid)
+            _store_partials(part_acc_ptr, part_ml_ptr, seq, split, head, acc, m_i, l_i, g_valid, offs_d, d_valid,
+                            NUM_SPLITS, NUM_KV_HEADS * GROUP, HEAD_DIM)
 
 
 @triton.jit
