@@ -94,6 +94,18 @@ def _split_range(kv_end, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr)
 
 
 @triton.jit
+def _cache_slots(block_tables_ptr, seq, bt_stride, block_size, start_n, pos, valid, ONE_BLOCK: tl.constexpr):
+    """The cache slots (int64) of sequence ``seq``'s tokens at positions ``pos`` of the key
+    tile starting at ``start_n``, through its block table. ONE_BLOCK: the tile lies in one
+    cache block, so one table entry serves it."""
+    if ONE_BLOCK:
+        blk = tl.load(block_tables_ptr + seq * bt_stride + start_n // block_size)
+    else:
+        blk = tl.load(block_tables_ptr + seq * bt_stride + pos // block_size, mask=valid, other=0)
+    return blk.to(tl.int64) * block_size + pos % block_size
+
+
+@triton.jit
 def _store_partials(part_acc_ptr, part_ml_ptr, seq, split, head, acc, m_i, l_i, valid, offs_d, d_valid,
                     NUM_SPLITS: tl.constexpr, NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr):
     """A split's partial softmax of decode rows (``seq``, ``head``), where
@@ -162,12 +174,7 @@ def paged_attention_kernel(
         for start_n in range(kv_begin, kv_end, BLOCK_N):
             offs_n = start_n + r_tok
             n_valid = offs_n < kv_end
-            if ONE_BLOCK:
-                blk = tl.load(block_tables_ptr + seq * bt_stride + start_n // block_size)
-                slot = blk.to(tl.int64) * block_size + offs_n % block_size
-            else:
-                blk = tl.load(block_tables_ptr + seq * bt_stride + offs_n // block_size, mask=n_valid, other=0)
-                slot = blk.to(tl.int64) * block_size + offs_n % block_size
+            slot = _cache_slots(block_tables_ptr, seq, bt_stride, block_size, start_n, offs_n, n_valid, ONE_BLOCK)
             kv_off = (slot * NUM_KV_HEADS + kvg * KV_PER_PROG + r_kv) * HEAD_DIM
             kv_mask = n_valid[:, None] & d_valid[None, :]
             k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
@@ -266,11 +273,8 @@ def paged_decode_cuda_cores_kernel(
         for start_n in range(kv_begin, kv_end, BLOCK_N):
             pos = start_n + offs_n
             n_valid = pos < kv_end
-            if ONE_BLOCK:
-                blk = tl.load(block_tables_ptr + seq * bt_stride + start_n // block_size)
-            else:
-                blk = tl.load(block_tables_ptr + seq * bt_stride + pos // block_size, mask=n_valid, other=0)
-            kv_off = ((blk.to(tl.int64) * block_size + pos % block_size) * NUM_KV_HEADS + kvh) * HEAD_DIM
+            slot = _cache_slots(block_tables_ptr, seq, bt_stride, block_size, start_n, pos, n_valid, ONE_BLOCK)
+            kv_off = (slot * NUM_KV_HEADS + kvh) * HEAD_DIM
             kv_mask = n_valid[:, None] & d_valid[None, :]
             k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
             s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_P, BLOCK_N]
