@@ -140,11 +140,7 @@ def _candidates():
             L(1, 64, 4, 3, None, heads_fast=True)]
     return out + [L(1, 128, 8, 2, 1), L(1, 256, 8, 2, 1), L(1, 64, 4, 2, 1, fp8_via_fp16=True),
                   L(1, 128, 4, 2, 1, fp8_via_fp16=True), L(1, 64, 4, 2, 1, keys_first=True),
-                  L(1, 128, 4, 2, 1, keys_first=True), L(1, 128, 4, 2, 1, fp8_via_fp16=True, keys_first=True)] + [
-        # CUDA cores instead of tensor-core dots (two query heads per KV head waste 14 of a
-        # dot's 16 rows), heads side by side, with the split rule: not yet run on a GPU.
-        L(1, bn, w, st, None, heads_fast=True, cuda_cores=True)
-        for bn, w, st in ((32, 4, 2), (64, 4, 2), (64, 8, 2), (128, 8, 2), (64, 4, 3))]
+                  L(1, 128, 4, 2, 1, keys_first=True), L(1, 128, 4, 2, 1, fp8_via_fp16=True, keys_first=True)]
 
 
 def bandwidth(args: argparse.Namespace) -> None:
@@ -167,8 +163,7 @@ def bandwidth(args: argparse.Namespace) -> None:
         for c in _candidates():
             name = (f"kv/prog {c.kv_per_prog} tile {c.block_n} warps {c.num_warps} stages {c.num_stages} "
                     f"splits {c.splits or 'auto'}{' fp8->f16' if c.fp8_via_fp16 else ''}"
-                    f"{' keys-first' if c.keys_first else ''}{' heads-fast' if c.heads_fast else ''}"
-                    f"{' cuda-cores' if c.cuda_cores else ''}")
+                    f"{' keys-first' if c.keys_first else ''}{' heads-fast' if c.heads_fast else ''}")
             if args.sweep_filter and args.sweep_filter not in name:
                 continue
             b = TritonAttentionBackend(HQ, HKV, D, D**-0.5)

@@ -1,11 +1,12 @@
-"""The Triton decode kernel on CUDA cores (``DecodeLaunch(cuda_cores=True)``) on the CPU,
-under Triton's interpreter (``TRITON_INTERPRET=1``), against the torch reference.
+"""The Triton decode kernel on the CPU, under Triton's interpreter (``TRITON_INTERPRET=1``),
+against the torch reference.
 
-CI has no GPU (``tests/gpu/test_triton_attention.py`` runs the same launches on one). A
+CI has no GPU (``tests/gpu/test_triton_attention.py`` runs these launches and more on one). A
 decode step of three sequences with 5-70 tokens of context over scattered cache blocks,
-plus a padding sequence with no query (as a CUDA-graph batch has): float32, bfloat16 and
-an fp8 cache with per-tensor scales, whole contexts and contexts split 3 and 4 ways (the
-splits' merge), both grid orders.
+plus a padding sequence with no query (as a CUDA-graph batch has), float32 (the
+interpreter's 16-bit ``tl.dot`` is not exact; the GPU tests hold bf16 and fp8 caches):
+whole contexts and contexts split 3 and 4 ways (the splits' buffers and merge), both grid
+orders, one and two KV heads per program.
 """
 
 from __future__ import annotations
@@ -68,23 +69,15 @@ def error(dtype, kv_dtype, launch, splits, scales):
 
 
 cases = 0
-for dtype, kv_dtype, tol in [(torch.float32, torch.float32, 1e-5), (torch.bfloat16, torch.bfloat16, 2e-2),
-                             (torch.bfloat16, torch.float8_e4m3fn, 2e-2)]:
-    for launch, splits in [(DecodeLaunch(cuda_cores=True, block_n=16), None),
-                           (DecodeLaunch(cuda_cores=True, block_n=32, heads_fast=True), 3),
-                           (DecodeLaunch(cuda_cores=True, block_n=16), 4),
-                           # the tensor-core kernel, whose split buffers and merge are the same
-                           (DecodeLaunch(block_n=16, heads_fast=True), 3)]:
-        if not launch.cuda_cores and dtype != torch.float32:
-            continue  # the interpreter's 16-bit tl.dot is not exact (the GPU tests hold those)
-        for scales in [(1.0, 1.0), (0.5, 2.0)] if kv_dtype == torch.float8_e4m3fn else [(1.0, 1.0)]:
-            e = error(dtype, kv_dtype, launch, splits, scales)
-            assert e < tol, (dtype, kv_dtype, launch, splits, scales, e)
-            cases += 1
+for launch, splits in [(DecodeLaunch(block_n=16), None), (DecodeLaunch(block_n=16, heads_fast=True), 3),
+                       (DecodeLaunch(kv_per_prog=2, block_n=32), 4)]:
+    e = error(torch.float32, torch.float32, launch, splits, (1.0, 1.0))
+    assert e < 1e-5, (launch, splits, e)
+    cases += 1
 print("decode ok", cases)
 """
 
 
 @needs_triton
-def test_cuda_core_decode_under_the_interpreter() -> None:
-    run_interpreted(_SCRIPT, "decode ok 13")
+def test_split_decode_under_the_interpreter() -> None:
+    run_interpreted(_SCRIPT, "decode ok 3")

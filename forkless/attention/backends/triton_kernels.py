@@ -25,14 +25,6 @@ The kernels:
   several. The key scale is folded into the softmax scale and the value scale applied to
   the output. ``KEYS_FIRST`` computes the scores transposed (keys as the first operand of
   the dot, so a converted fp8 tile needs no transpose); not yet run on a GPU.
-* ``paged_decode_cuda_cores``: decode only (one query token per sequence), one program
-  per (sequence, split, KV head), the scores and the weighted sum of values computed with
-  element-wise products and sums (CUDA cores) instead of ``tl.dot``. With Qwen3's two
-  query heads per KV head, a tensor-core tile of at least 16 query rows computes 14
-  wasted rows, and over an fp8 cache the conversions and per-tile work, not the bytes,
-  bound the tensor-core route (benchmarks/README.md, "Decode attention bandwidth and fp8
-  KV"). Chosen by ``DecodeLaunch(cuda_cores=True)``; checked in Triton's interpreter, not
-  yet run on a GPU.
 * split-KV decode (``paged_attention`` with ``NUM_SPLITS > 1`` + ``combine_splits``):
   when a decode batch has too few programs to fill the GPU, or contexts of very
   different lengths, each (sequence, KV-head group) is split along the context (at
@@ -232,71 +224,6 @@ def paged_attention_kernel(
             )
         else:
             _store_partials(part_acc_ptr, part_ml_ptr, seq, split, head, acc, m_i, l_i, m_valid, offs_d, d_valid,
-                            NUM_SPLITS, NUM_KV_HEADS * GROUP, HEAD_DIM)
-
-
-@triton.jit
-def paged_decode_cuda_cores_kernel(
-    q_ptr, out_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
-    part_acc_ptr, part_ml_ptr,
-    scale_log2, v_scale,
-    q_stride_t, q_stride_h, o_stride_t, o_stride_h,
-    bt_stride, cache_kv_stride, block_size,
-    NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_P: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    ONE_BLOCK: tl.constexpr, KV_FP8: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    HEADS_FAST: tl.constexpr = False, PDL: tl.constexpr = False,
-):
-    pdl_enter(PDL)
-    seq, kvh, split = _grid_ids(HEADS_FAST)
-    q_start = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
-    if q_len > 0:  # a padding sequence of a graph batch has none
-        seq_len = tl.load(seq_lens_ptr + seq)
-        # Rows: the GROUP query heads of this KV head (padded to a power of two).
-        offs_g = tl.arange(0, GROUP_P)
-        g_valid = offs_g < GROUP
-        head = kvh * GROUP + offs_g
-        offs_d = tl.arange(0, BLOCK_D)
-        d_valid = offs_d < HEAD_DIM
-        q = tl.load(q_ptr + q_start * q_stride_t + head[:, None] * q_stride_h + offs_d[None, :],
-                    mask=g_valid[:, None] & d_valid[None, :], other=0.0)
-        q = q.to(tl.float32) * scale_log2
-        kv_begin = 0
-        kv_end = seq_len
-        if NUM_SPLITS > 1:
-            kv_begin, kv_end = _split_range(kv_end, split, NUM_SPLITS, BLOCK_N)
-        offs_n = tl.arange(0, BLOCK_N)
-        m_i = tl.full([GROUP_P], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_P], tl.float32)
-        acc = tl.zeros([GROUP_P, BLOCK_D], tl.float32)
-        for start_n in range(kv_begin, kv_end, BLOCK_N):
-            pos = start_n + offs_n
-            n_valid = pos < kv_end
-            slot = _cache_slots(block_tables_ptr, seq, bt_stride, block_size, start_n, pos, n_valid, ONE_BLOCK)
-            kv_off = (slot * NUM_KV_HEADS + kvh) * HEAD_DIM
-            kv_mask = n_valid[:, None] & d_valid[None, :]
-            k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-            s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)  # [GROUP_P, BLOCK_N]
-            s = tl.where(n_valid[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # A row that has seen no key yet keeps m = -inf; exp2 of (-inf) - 0 is 0.
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.exp2(s - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(cache_ptr + cache_kv_stride + kv_off[:, None] + offs_d[None, :], mask=kv_mask,
-                        other=0.0).to(tl.float32)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
-            m_i = m_new
-        if KV_FP8 != 0:
-            acc = acc * v_scale
-        if NUM_SPLITS == 1:
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(out_ptr + q_start * o_stride_t + head[:, None] * o_stride_h + offs_d[None, :],
-                     out.to(out_ptr.dtype.element_ty), mask=g_valid[:, None] & d_valid[None, :])
-        else:
-            _store_partials(part_acc_ptr, part_ml_ptr, seq, split, head, acc, m_i, l_i, g_valid, offs_d, d_valid,
                             NUM_SPLITS, NUM_KV_HEADS * GROUP, HEAD_DIM)
 
 

@@ -26,7 +26,6 @@ from forkless.attention.backends.triton_kernels import (
     LOG2E,
     combine_splits_kernel,
     paged_attention_kernel,
-    paged_decode_cuda_cores_kernel,
     store_kv_kernel,
 )
 from forkless.triton_utils.pdl import use_pdl
@@ -55,9 +54,6 @@ class DecodeLaunch(NamedTuple):
             operand (no transpose of a converted fp8 tile); not yet run on a GPU.
         heads_fast: Order the grid (KV-head group, split, sequence), so that one
             sequence's head programs run together over the same cache blocks.
-        cuda_cores: Attend with element-wise products instead of tensor-core dots, one
-            KV head per program (``kv_per_prog`` is ignored; see
-            ``triton_kernels.paged_decode_cuda_cores_kernel``); not yet run on a GPU.
     """
 
     kv_per_prog: int = 1
@@ -68,7 +64,6 @@ class DecodeLaunch(NamedTuple):
     fp8_via_fp16: bool = False
     keys_first: bool = False
     heads_fast: bool = False
-    cuda_cores: bool = False
 
 
 #: The decode launch before the tuning of issue #14 (one KV head per program, 64-token
@@ -171,8 +166,6 @@ class TritonAttentionBackend(TorchAttentionBackend):
             block_m = max(16, triton.next_power_of_2(kv_per_prog * self.group))
             num_warps, num_stages = launch.num_warps, launch.num_stages
             via_fp16, keys_first, heads_fast = launch.fp8_via_fp16, launch.keys_first, launch.heads_fast
-            if launch.cuda_cores:
-                return self._decode_cuda_cores(q, out, kv_cache, md, launch, pdl)
         else:
             kv_per_prog, block_n, splits = 1, _BLOCK_N, 1
             block_q = max(1, _PREFILL_ROWS // self.group)
@@ -201,32 +194,6 @@ class TritonAttentionBackend(TorchAttentionBackend):
         if splits > 1:
             self._combine_splits(part_acc, part_ml, out, md, splits, pdl)
         return out.view(num_tokens, self.num_heads * self.head_dim)
-
-    def _decode_cuda_cores(self, q: torch.Tensor, out: torch.Tensor, kv_cache: torch.Tensor,
-                           md: AttentionMetadata, launch: DecodeLaunch, pdl: bool) -> torch.Tensor:
-        """A decode step on CUDA cores (``DecodeLaunch.cuda_cores``): one program per
-        (sequence, split, KV head), then the splits' merge."""
-        num_seqs = md.seq_lens.shape[0]
-        kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
-        splits = launch.splits  # resolved by decode_launch
-        assert splits is not None
-        part_acc, part_ml = self._split_partials(out, num_seqs, splits)
-        grid = (self.num_kv_heads, splits, num_seqs) if launch.heads_fast else (num_seqs, splits, self.num_kv_heads)
-        paged_decode_cuda_cores_kernel[grid](
-            q, out, kv_cache, md.block_tables, md.seq_lens, md.query_start_loc,
-            part_acc, part_ml,
-            self.scale * LOG2E * (self.k_scale if kv_fp8 else 1.0), self.v_scale,
-            q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-            md.block_tables.stride(0), kv_cache.stride(0), md.block_size,
-            NUM_KV_HEADS=self.num_kv_heads, GROUP=self.group, GROUP_P=triton.next_power_of_2(self.group),
-            HEAD_DIM=self.head_dim, BLOCK_D=self.block_d, BLOCK_N=launch.block_n,
-            ONE_BLOCK=md.block_size % launch.block_n == 0, KV_FP8=kv_fp8, NUM_SPLITS=splits,
-            HEADS_FAST=launch.heads_fast, PDL=pdl,
-            num_warps=launch.num_warps, num_stages=launch.num_stages, launch_pdl=pdl,
-        )
-        if splits > 1:
-            self._combine_splits(part_acc, part_ml, out, md, splits, pdl)
-        return out.view(q.shape[0], self.num_heads * self.head_dim)
 
     def _split_partials(self, out: torch.Tensor, num_seqs: int,
                         splits: int) -> tuple[torch.Tensor, torch.Tensor]:
