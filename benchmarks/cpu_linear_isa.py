@@ -22,6 +22,11 @@ it to oneDNN, which uses AMX where the CPU has it), reordering the weight on eve
 ``bf16-kernel``; its plain loops on a CPU without AVX512-BF16) and prepacked oneDNN
 (``OneDNNLinear``, ``bf16-onednn``, where torch's oneDNN runs bfloat16), and the ratio
 ``bf16-onednn / bf16-kernel``.
+``--gguf`` adds the model's GGUF layers as ``--quantization gguf`` runs them (the random
+weights quantized to Q4_1, the head to Q8_0, as the default model's file holds them;
+``forkless.models.layers.gguf_linear``) per level, with float32 activations
+(``gguf-f32@LEVEL``) and with activations rounded to int8 (``gguf-i8@LEVEL``, the default),
+and the ratio ``gguf-f32 / gguf-i8`` per level; the int8 route's instruction is printed.
 ``--baseline REV`` also builds ``linear.c`` of git revision ``REV`` at each level (same
 compiler and flags; its ``forkless_linear_f32`` must take today's arguments) and times it
 in the same alternation (``avx512@REV``, ...): a before/after comparison in one command,
@@ -85,6 +90,7 @@ def main() -> None:
     ap.add_argument("--torch-bf16", action="store_true", help="also F.linear in bfloat16")
     ap.add_argument("--bf16", action="store_true", help="also the packed bfloat16 layers (forkless's, oneDNN's)")
     ap.add_argument("--baseline", metavar="REV", help="also the kernel of git revision REV, per level")
+    ap.add_argument("--gguf", action="store_true", help="also the GGUF Q4_1 / Q8_0 layers, float32 and int8 activations")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     levels = [level for level in cpu_kernels.supported_isas() if level != "portable"]
@@ -111,6 +117,24 @@ def main() -> None:
     for name, layer in bf16_layers.items():
         packed[name] = [layer(w.bfloat16()) for w in weights]
         names.append(name)
+    gguf_levels = levels if args.gguf else []
+    if gguf_levels:
+        import gguf
+        from gguf.quants import quantize
+
+        from forkless.models.layers.gguf_linear import GGUFLinear
+
+        blocks = [quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0 if i == len(weights) - 1 else
+                           gguf.GGMLQuantizationType.Q4_1) for i, w in enumerate(weights)]
+        for level in gguf_levels:
+            lib = cpu_kernels.load_isa(level)
+            print(f"gguf layers at {level}: int8 route {lib.forkless_quant_i8_route().decode()}", flush=True)
+            for act in ("f32", "i8"):
+                packed[f"gguf-{act}@{level}"] = [
+                    GGUFLinear("Q8_0" if i == len(weights) - 1 else "Q4_1", b, w.shape[1],
+                               activations="int8" if act == "i8" else "float32", lib=lib)
+                    for i, (b, w) in enumerate(zip(blocks, weights))]
+                names.append(f"gguf-{act}@{level}")
 
     def one_pass(name: str, x: torch.Tensor, n: int) -> float:
         if name == "torch-bf16" or name in bf16_layers:
@@ -148,6 +172,8 @@ def main() -> None:
             ratios += " | " + " | ".join(f"{best[f'{level}@{args.baseline}'] / best[level]:.2f}x" for level in levels)
         if len(bf16_layers) == 2:
             ratios += f" | {best['bf16-onednn'] / best['bf16-kernel']:.2f}x"
+        for level in gguf_levels:
+            ratios += f" | {best[f'gguf-f32@{level}'] / best[f'gguf-i8@{level}']:.2f}x"
         if per_row:
             ratios += " | " + " | ".join(f"{best[name] / one_row[name]:.2f}" for name in names)
         print(f"| {rows:5d} | {cells} | {ratios} |", flush=True)
@@ -159,6 +185,8 @@ def main() -> None:
             extra += " | " + " | ".join(f"{level}@{args.baseline} / {level}" for level in levels)
         if len(bf16_layers) == 2:
             extra += " | bf16-onednn / bf16-kernel"
+        for level in gguf_levels:
+            extra += f" | gguf-f32@{level} / gguf-i8@{level}"
         if per_row:
             extra += " | " + " | ".join(f"{name} /1 row" for name in names)
         return f"| rows | {' | '.join(names)} | torch / " + " | torch / ".join(levels) + extra + " |"

@@ -52,7 +52,7 @@ logger = init_logger(__name__)
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("paged_decode.c", "paged_prefill.c", "linear.c", "linear_bf16.c", "quant_linear.c", "layers.c",
             "decode_stack.c")
-_ABI_VERSION = 11
+_ABI_VERSION = 12
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno")
 
 _ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -71,6 +71,8 @@ _SIGNATURES = {
     **{f"forkless_silu_and_mul_{t}": [_ptr, _i64, _ptr, _i32, _i32] for t in ("f32", "bf16")},
     "forkless_linear_q8_0": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
     "forkless_linear_q4_1": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
+    "forkless_linear_q8_0_i8": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
+    "forkless_linear_q4_1_i8": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
     "forkless_linear_bf16": [_ptr, _i64, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
     **{f"forkless_decode_stack_{t}": [_ptr, _ptr, _i32, _ptr, _ptr, _i64, _ptr, _ptr, _i64, _ptr, _ptr, _ptr]
        for t in ("f32", "bf16")},
@@ -257,6 +259,7 @@ def _open(level: str, path: Path) -> ctypes.CDLL | None:
         logger.warning("stale CPU kernels %s", path)
         return None
     lib.forkless_cpu_kernels_isa.restype = ctypes.c_char_p
+    lib.forkless_quant_i8_route.restype = ctypes.c_char_p
     built_for = lib.forkless_cpu_kernels_isa().decode()
     if built_for != level:
         # The compiler did not target what the flags asked (e.g. its -march ignored).

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from forkless import envs
 from forkless.attention import AttentionBackend, AttentionMetadata
 from forkless.distributed.parallel_state import get_pp_group, get_world_group
 from forkless.logger import init_logger
@@ -259,8 +260,13 @@ class ModelRunner:
                 raise ValueError(f"--quantization gguf: {type(self.model).__name__} does not name its projections "
                                  "(lora_modules), so its layers cannot take the GGUF blocks")
             count = use_gguf_matrices(self.model, mc.quantized_from)
-            logger.info("--quantization gguf: %d linear layers run on the Q8_0 / Q4_1 blocks of %s", count,
-                        mc.quantized_from)
+            activations = envs.FORKLESS_GGUF_ACTIVATIONS
+            if activations == "int8":
+                from forkless import cpu_kernels
+
+                activations += f" ({cpu_kernels.load().forkless_quant_i8_route().decode()})"
+            logger.info("--quantization gguf: %d linear layers run on the Q8_0 / Q4_1 blocks of %s, activations %s",
+                        count, mc.quantized_from, activations)
 
     # ------------------------------------------------------------------ KV cache
 

@@ -181,3 +181,28 @@ def write_tiny_llama_gguf(
     if model_type == "llama":
         stored_q = llamacpp_permute(stored_q, HEADS)
     return TinyGGUF(path, model, stored_q, reference[q_name].numpy())
+
+
+def int8_route_reference(x: torch.Tensor, stored: np.ndarray, qtype: str, in_features: int) -> torch.Tensor:
+    """``x w^T`` as the GGUF kernels' int8 route defines it, written from its definition.
+
+    Each block of 32 of a row of ``x`` is rounded to int8 with the scale ``max |x| / 127``
+    (ties to even), giving ``x_hat``. Q8_0: ``x_hat . w``. Q4_1 (``w = d * q + m``): the
+    weights centred on ``c = m + 8 d`` meet ``x_hat`` and ``c`` meets the block's exact sum,
+    ``(w - c) . x_hat + c * sum(x)``.
+    """
+    t = gguf.GGMLQuantizationType[qtype]
+    n, k, nb = stored.shape[0], in_features, in_features // 32
+    w = torch.from_numpy(dequantize(stored, t).reshape(n, nb, 32).copy())
+    xb = x.float().reshape(-1, nb, 32)
+    a = xb.abs().amax(-1, keepdim=True)
+    # A true division (a Python number over a tensor is a reciprocal times it in torch, which
+    # moves exact ties of x * inv, as in x = 81.5 / 127 * max|x|, to the other side).
+    inv = torch.where(a > 0, torch.full_like(a, 127.0) / torch.where(a > 0, a, torch.ones_like(a)), torch.zeros_like(a))
+    x_hat = torch.round(xb * inv) * (a / 127.0)
+    if qtype == "Q8_0":
+        return torch.einsum("rbi,nbi->rn", x_hat, w)
+    blocks = torch.from_numpy(np.ascontiguousarray(stored).view(np.uint8).reshape(n, nb, 20).copy())
+    d, m = (blocks[..., i:i + 2].contiguous().view(torch.float16).float().view(n, nb) for i in (0, 2))
+    c = m + 8 * d
+    return torch.einsum("rbi,nbi->rn", x_hat, w - c[..., None]) + xb.sum(-1) @ c.T

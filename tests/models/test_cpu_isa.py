@@ -103,6 +103,32 @@ def test_packed_linear_matches_linear(level_lib, out_features, in_features):
         torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
+def test_gguf_int8_route_matches_its_reference(level_lib, qtype):
+    """The GGUF kernels' int8 activations at every level (AVX512-VNNI's VPDPBUSD, AVX2's
+    VPMADDUBSW or plain C, as the library names it), against the route's definition, over
+    more blocks a row than one chunk of scales holds (K = 4,640: 145 blocks)."""
+    import gguf
+    from gguf.quants import quantize
+
+    from forkless.models.layers.gguf_linear import GGUFLinear
+    from tests.model_loader.tiny_gguf import int8_route_reference
+
+    level, lib = level_lib
+    flags = cpu_kernels.cpu_flags()
+    route = lib.forkless_quant_i8_route().decode()
+    want = ("plain C" if level == "portable" else "vpdpbusd (AVX512-VNNI)"
+            if level == "avx512" and "avx512_vnni" in flags else "vpmaddubsw (AVX2)")
+    assert route == want
+    for n, k in ((9, 4640), (64, 96)):
+        stored = quantize(torch.randn(n, k, generator=torch.Generator().manual_seed(k)).numpy(),
+                          gguf.GGMLQuantizationType[qtype])
+        layer = GGUFLinear(qtype, stored, k, activations="int8")
+        x = torch.randn(5, k)
+        want_y = int8_route_reference(x, stored, qtype, k)
+        torch.testing.assert_close(layer(x), want_y, rtol=1e-5, atol=1e-4 * want_y.abs().max().item())
+
+
 @pytest.mark.parametrize("hq,hkv,d,bs", [(9, 3, 64, 16), (16, 2, 128, 16), (10, 2, 80, 5), (6, 2, 20, 4),
                                          (8, 2, 40, 4)])
 def test_attention_matches_reference(level_lib, hq, hkv, d, bs):

@@ -35,6 +35,10 @@ int forkless_linear_q8_0(const float *x, int64_t ldx, const int8_t *qs, const ui
                          int64_t ldy, int M, int K, int N);
 int forkless_linear_q4_1(const float *x, int64_t ldx, const uint8_t *qs, const uint16_t *d, const uint16_t *m,
                          const float *bias, float *y, int64_t ldy, int M, int K, int N);
+int forkless_linear_q8_0_i8(const float *x, int64_t ldx, const int8_t *qs, const uint16_t *d, const float *bias,
+                            float *y, int64_t ldy, int M, int K, int N);
+int forkless_linear_q4_1_i8(const float *x, int64_t ldx, const uint8_t *qs, const uint16_t *d, const uint16_t *m,
+                            const float *bias, float *y, int64_t ldy, int M, int K, int N);
 int forkless_linear_bf16(const uint16_t *x, int64_t ldx, const uint32_t *packed, const float *bias, uint16_t *y,
                          int64_t ldy, int M, int K, int panels);
 int forkless_linear_bf16_panel_width(void);
@@ -74,8 +78,9 @@ int forkless_paged_decode_bf16(const float *q, const uint16_t *k_cache, const ui
  * there is one, padded to the panels' columns; out_cols = panels * panel width), bfloat16
  * packed pair panels (forkless_linear_bf16's layout, float32 bias; out_cols likewise), or
  * GGUF quants with their scales (and mins) as forkless_linear_q8_0 / _q4_1 take them
- * (out_cols = N). out_cols is also the row stride of its output. */
-enum { PROJ_F32 = 0, PROJ_Q8_0 = 1, PROJ_Q4_1 = 2, PROJ_BF16 = 3 };
+ * (out_cols = N), with float32 or (the _I8 formats, forkless_linear_q8_0_i8 / _q4_1_i8)
+ * int8 activations. out_cols is also the row stride of its output. */
+enum { PROJ_F32 = 0, PROJ_Q8_0 = 1, PROJ_Q4_1 = 2, PROJ_BF16 = 3, PROJ_Q8_0_I8 = 4, PROJ_Q4_1_I8 = 5 };
 typedef struct {
     int format, out_cols;
     const void *w;
@@ -100,18 +105,25 @@ typedef struct {
 } forkless_decoder_stack;
 
 /* y[T, out] (row stride p->out_cols) = x[T, K] (row stride ldx) w^T + bias, in the x's and
- * y's dtype (bfloat16 for PROJ_BF16, float32 otherwise). */
-static void project(const forkless_projection *p, const void *x, int64_t ldx, void *y, int T, int K, int N) {
-    if (p->format == PROJ_Q8_0)
-        forkless_linear_q8_0(x, ldx, (const int8_t *)p->w, p->scales, p->bias, y, p->out_cols, T, K, N);
-    else if (p->format == PROJ_Q4_1)
-        forkless_linear_q4_1(x, ldx, (const uint8_t *)p->w, p->scales, p->mins, p->bias, y, p->out_cols, T, K, N);
-    else if (p->format == PROJ_BF16)
-        forkless_linear_bf16(x, ldx, (const uint32_t *)p->w, p->bias, y, p->out_cols, T, K,
-                             p->out_cols / forkless_linear_bf16_panel_width());
-    else
-        forkless_linear_f32(x, ldx, (const float *)p->w, p->bias, y, p->out_cols, T, K,
-                            p->out_cols / forkless_linear_panel_width());
+ * y's dtype (bfloat16 for PROJ_BF16, float32 otherwise). Returns the kernel's status. */
+static int project(const forkless_projection *p, const void *x, int64_t ldx, void *y, int T, int K, int N) {
+    switch (p->format) {
+    case PROJ_Q8_0:
+        return forkless_linear_q8_0(x, ldx, (const int8_t *)p->w, p->scales, p->bias, y, p->out_cols, T, K, N);
+    case PROJ_Q4_1:
+        return forkless_linear_q4_1(x, ldx, (const uint8_t *)p->w, p->scales, p->mins, p->bias, y, p->out_cols, T, K, N);
+    case PROJ_Q8_0_I8:
+        return forkless_linear_q8_0_i8(x, ldx, (const int8_t *)p->w, p->scales, p->bias, y, p->out_cols, T, K, N);
+    case PROJ_Q4_1_I8:
+        return forkless_linear_q4_1_i8(x, ldx, (const uint8_t *)p->w, p->scales, p->mins, p->bias, y, p->out_cols, T,
+                                       K, N);
+    case PROJ_BF16:
+        return forkless_linear_bf16(x, ldx, (const uint32_t *)p->w, p->bias, y, p->out_cols, T, K,
+                                    p->out_cols / forkless_linear_bf16_panel_width());
+    default:
+        return forkless_linear_f32(x, ldx, (const float *)p->w, p->bias, y, p->out_cols, T, K,
+                                   p->out_cols / forkless_linear_panel_width());
+    }
 }
 
 /* hidden [T, hidden] (contiguous): the step's token embeddings in, the final norm's output
@@ -170,7 +182,7 @@ ALWAYS_INLINE int decode_stack(const forkless_decoder_stack *m, void *hidden, in
             rms_norm(hidden, H, 0, NULL, 0, L->input_norm, normed, NULL, T, 1, H, m->eps);
         else /* the previous layer's MLP output h joins the residual stream */
             rms_norm(h, ld_h, 0, residual, H, L->input_norm, normed, residual, T, 1, H, m->eps);
-        project(&L->qkv, normed, H, qkv, T, H, (int)(q_width + 2 * kv_width));
+        status |= project(&L->qkv, normed, H, qkv, T, H, (int)(q_width + 2 * kv_width));
         const char *k, *v = AT(qkv, q_width + kv_width);
         int64_t ks_t;
         if (L->q_norm != NULL) {
@@ -192,15 +204,15 @@ ALWAYS_INLINE int decode_stack(const forkless_decoder_stack *m, void *hidden, in
         }
         if (bf16) /* the query widened, as the attention backend's q.float() */
             for (int64_t i = 0; i < (int64_t)T * q_width; i++) qf[i] = bf16_to_f32(((const uint16_t *)q)[i]);
-        status = paged_decode(qf, L->k_cache, L->v_cache, block_tables, bt_stride, seq_lens, seq_ids, q_rows, of, T,
+        status |= paged_decode(qf, L->k_cache, L->v_cache, block_tables, bt_stride, seq_lens, seq_ids, q_rows, of, T,
                               Hq, Hkv, D, m->block_size, m->scale);
         if (bf16) /* and its output rounded once */
             for (int64_t i = 0; i < (int64_t)T * q_width; i++) ((uint16_t *)attn)[i] = f32_to_bf16(of[i]);
-        project(&L->o, attn, q_width, h, T, Hq * D, H);
+        status |= project(&L->o, attn, q_width, h, T, Hq * D, H);
         rms_norm(h, L->o.out_cols, 0, residual, H, L->post_norm, normed, residual, T, 1, H, m->eps);
-        project(&L->gate_up, normed, H, gu, T, H, 2 * I);
+        status |= project(&L->gate_up, normed, H, gu, T, H, 2 * I);
         silu_and_mul(gu, L->gate_up.out_cols, act, T, I);
-        project(&L->down, act, I, h, T, I, H);
+        status |= project(&L->down, act, I, h, T, I, H);
         ld_h = L->down.out_cols;
     }
 #undef AT

@@ -22,6 +22,7 @@
  * Built by forkless/cpu_kernels with the system C compiler and called through ctypes. */
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
@@ -201,4 +202,263 @@ int forkless_linear_q4_1(const float *x, int64_t ldx, const uint8_t *qs, const u
 #pragma omp parallel for schedule(static) if ((int64_t)N * K >= QUANT_PARALLEL_MIN_WEIGHTS)
     for (int g = 0; g < (N + 3) / 4; g++) row_group(x, ldx, qs, d, m, bias, y, ldy, M, K, N, g, Q4_1);
     return 0;
+}
+
+/* ---- int8 activations (forkless_linear_q8_0_i8 / _q4_1_i8) ----
+ *
+ * At a few rows the kernels above are bound by their instructions, not the weights' bytes
+ * (benchmarks/README.md, "On the Zen 4": a Q4_1 [3072, 576] layer took 98 us in cache and
+ * 105 streaming): every weight is widened to a float32 lane and meets every activation in
+ * its own FMA. Here, as llama.cpp does for these formats, each activation row's block of 32
+ * is first rounded to int8 with one float32 scale (s = max |x| / 127, q = round(x / s)), and
+ * a block's dot product is taken in integers: 32 unsigned 4-bit (Q4_1) or sign-folded
+ * 8-bit (Q8_0) weights against 32 int8 activations in one multiply-add of bytes into int32
+ * lanes (VPMADDUBSW + VPMADDWD; VPDPBUSD where the CPU has AVX512-VNNI), then one FMA with
+ * the product of the two blocks' scales. Q4_1's minimum m meets the block's exact float
+ * sum and a correction that centres the weights (rows_dot_i8). The error is the
+ * activations' rounding (at most s / 2 an element, ~0.4 % of the block's largest);
+ * forkless/models/layers/gguf_linear.py chooses this route (FORKLESS_GGUF_ACTIVATIONS) and
+ * the tests hold its logits to the float32 route's. Rows are quantized once a call, into one heap buffer,
+ * before the output rows are split over the threads. */
+
+#if defined(FORKLESS_AVX2)
+/* 32 unsigned bytes times 32 signed ones, summed in fours into 8 int32 lanes. */
+ALWAYS_INLINE __m256i dot_u8_i8(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    /* Pairs of products saturate at 2 * 255 * 127 > 32767 only for 8-bit u over 128: Q4_1's
+     * u is at most 15 and Q8_0's |w| at most 128. */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+/* A Q4_1 block's 16 bytes as its 32 nibbles in element order (low nibbles, then high). */
+ALWAYS_INLINE __m256i q4_nibbles(const uint8_t *p) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p), low = _mm_set1_epi8(15);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), low), _mm_and_si128(b, low));
+}
+#endif
+
+/* Activation rows rounded to int8 per block of 32, for one call: row r's quants
+ * q[r * K ...], and per block b its scale s[r * nb + b], its exact float sum and
+ * corr = 8 * (sum(x) - s * sum(q)), 8 times what the rounding lost over the block. Q4_1's
+ * minimum meets the exact sum; corr makes its products those of weights centred on 0 (see
+ * rows_dot_i8). sum and corr rows are nbp = nb rounded up to 8 long (zeros past nb), for
+ * whole vectors. One heap buffer holds all four. */
+typedef struct {
+    int8_t *q;
+    float *s, *sum, *corr;
+    int K, nb, nbp;
+} i8_rows;
+
+ALWAYS_INLINE int round8(int n) { return (n + 7) & ~7; }
+
+/* r's view of rows: its first row is rows' r-th. */
+ALWAYS_INLINE i8_rows i8_rows_from(const i8_rows *rows, int r) {
+    const int64_t o = (int64_t)r * rows->nbp;
+    return (i8_rows){rows->q + (int64_t)r * rows->K, rows->s + (int64_t)r * rows->nb, rows->sum + o, rows->corr + o,
+                     rows->K, rows->nb, rows->nbp};
+}
+
+static void quantize_rows(const float *x, int64_t ldx, int M, const i8_rows *out) {
+    const int K = out->K, nb = out->nb, nbp = out->nbp;
+    for (int r = 0; r < M; r++) {
+        for (int b = nb; b < nbp; b++) out->sum[(int64_t)r * nbp + b] = out->corr[(int64_t)r * nbp + b] = 0.0f;
+        for (int b = 0; b < nb; b++) {
+            const float *xb = x + (int64_t)r * ldx + (int64_t)b * QK;
+            int8_t *qb = out->q + (int64_t)r * K + (int64_t)b * QK;
+            float a, sum, qsum;
+#if defined(FORKLESS_AVX2)
+            __m256 v[4], amax = _mm256_setzero_ps(), vsum = _mm256_setzero_ps();
+            const __m256 sign = _mm256_set1_ps(-0.0f);
+            for (int i = 0; i < 4; i++) {
+                v[i] = _mm256_loadu_ps(xb + 8 * i);
+                amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+                vsum = _mm256_add_ps(vsum, v[i]);
+            }
+            __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+            m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            a = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+            const __m256 inv = _mm256_set1_ps(a > 0.0f ? 127.0f / a : 0.0f);
+            __m256i q[4];
+            for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv)); /* nearest, ties even */
+            /* packs work within 128-bit halves: the permute puts the 32 bytes back in order. */
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)qb, _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            sum = hsum8(vsum);
+            qsum = hsum8(_mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]))));
+#else
+            a = sum = qsum = 0.0f;
+            for (int i = 0; i < QK; i++) {
+                a = fabsf(xb[i]) > a ? fabsf(xb[i]) : a;
+                sum += xb[i];
+            }
+            const float inv = a > 0.0f ? 127.0f / a : 0.0f;
+            for (int i = 0; i < QK; i++) qsum += qb[i] = (int8_t)nearbyintf(xb[i] * inv);
+#endif
+            const float s = a / 127.0f;
+            out->s[(int64_t)r * nb + b] = s;
+            out->sum[(int64_t)r * nbp + b] = sum;
+            out->corr[(int64_t)r * nbp + b] = 8.0f * (sum - s * qsum);
+        }
+    }
+}
+
+/* sums[r][n] = the int8 route's x[r] . w[n0 + n] for MR_ (<= 4) rows and NN (<= 4) weight
+ * rows: each weight block is loaded (and Q4_1's unpacked) once and meets every row.
+ *
+ * Q4_1: w = d * q + m, q in 0..15, and x ~ s * q_x; the integers multiply q unsigned (one
+ * instruction), but the error is then that of d * q, up to twice |w|. Taken as
+ * d * (q - 8) + (m + 8 d) instead, the same sums are d * s * (q . q_x) + m * sum(x) +
+ * d * corr (corr as i8_rows says), whose error is that of weights centred on 0: a quarter
+ * of the KL divergence from the float32 route's logits (benchmarks/README.md). */
+ALWAYS_INLINE void rows_dot_i8(const i8_rows *x, const void *qs, const uint16_t *d, const uint16_t *m, int64_t n0,
+                               float sums[4][4], int MR_, int NN, int format) {
+    const int K = x->K, nb = x->nb, nbp = x->nbp;
+    /* The NN rows' scales (and mins) as float32, row n's at n * ds: with a single chunk
+     * (nb <= CHUNK, every layer of the default model) the rows' halves are contiguous and
+     * widen in one call, whose cost per element is far lower than NN short calls' (the
+     * short calls took a sixth of the layer's time at K = 576). 8 more for the zeros the
+     * Q4_1 terms' last vector meets. */
+    float dl[4 * CHUNK + 8], ml[4 * CHUNK + 8];
+    const int ds = nb <= CHUNK ? nb : CHUNK;
+#if defined(FORKLESS_AVX2)
+    __m256 acc[4][4];
+    for (int r = 0; r < MR_; r++)
+        for (int n = 0; n < NN; n++) acc[r][n] = _mm256_setzero_ps();
+#else
+    for (int r = 0; r < MR_; r++)
+        for (int n = 0; n < NN; n++) sums[r][n] = 0.0f;
+#endif
+    for (int c0 = 0; c0 < nb; c0 += CHUNK) {
+        const int nc = nb - c0 < CHUNK ? nb - c0 : CHUNK;
+        if (ds == nb) {
+            halves_to_floats(d + n0 * nb, dl, NN * nb);
+            if (format == Q4_1) halves_to_floats(m + n0 * nb, ml, NN * nb);
+        } else {
+            for (int n = 0; n < NN; n++) {
+                halves_to_floats(d + (n0 + n) * nb + c0, dl + n * ds, nc);
+                if (format == Q4_1) halves_to_floats(m + (n0 + n) * nb + c0, ml + n * ds, nc);
+            }
+        }
+        if (format == Q4_1) {
+            /* m * sum(x) + d * corr over the chunk's blocks, straight into the accumulators.
+             * A row's last vector reads past nc into the next row's values or the zeros
+             * here, and meets x's zero padding. */
+            for (int b = (NN - 1) * ds + nc; b < (NN - 1) * ds + round8(nc); b++) dl[b] = ml[b] = 0.0f;
+            for (int n = 0; n < NN; n++)
+                for (int r = 0; r < MR_; r++) {
+                    const float *xsum = x->sum + (int64_t)r * nbp + c0, *corr = x->corr + (int64_t)r * nbp + c0;
+                    const float *mn = ml + n * ds, *dn = dl + n * ds;
+#if defined(FORKLESS_AVX2)
+                    for (int b = 0; b < nc; b += 8)
+                        acc[r][n] = _mm256_fmadd_ps(_mm256_loadu_ps(mn + b), _mm256_loadu_ps(xsum + b),
+                                                    _mm256_fmadd_ps(_mm256_loadu_ps(dn + b), _mm256_loadu_ps(corr + b),
+                                                                    acc[r][n]));
+#else
+                    for (int b = 0; b < nc; b++) sums[r][n] += mn[b] * xsum[b] + dn[b] * corr[b];
+#endif
+                }
+        }
+        for (int b = c0; b < c0 + nc; b++) {
+#if defined(FORKLESS_AVX2)
+            __m256i w[4];
+            for (int n = 0; n < NN; n++) {
+                const char *q = (const char *)qs + ((n0 + n) * nb + b) * QS_BYTES(format);
+                if ((b & (64 / QS_BYTES(format) - 1)) == 0) __builtin_prefetch(q + QUANT_PF_AHEAD, 0, 3);
+                w[n] = format == Q4_1 ? q4_nibbles((const uint8_t *)q) : _mm256_loadu_si256((const __m256i *)q);
+            }
+            for (int r = 0; r < MR_; r++) {
+                const __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + (int64_t)r * K + (int64_t)b * QK));
+                const float sx = x->s[(int64_t)r * nb + b];
+                for (int n = 0; n < NN; n++) {
+                    /* Q8_0: |w| (unsigned) against x with w's sign. */
+                    const __m256i p = format == Q4_1 ? dot_u8_i8(w[n], xv)
+                                                     : dot_u8_i8(_mm256_sign_epi8(w[n], w[n]), _mm256_sign_epi8(xv, w[n]));
+                    acc[r][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dl[n * ds + b - c0] * sx), acc[r][n]);
+                }
+            }
+#else
+            for (int n = 0; n < NN; n++) {
+                const char *q = (const char *)qs + ((n0 + n) * nb + b) * QS_BYTES(format);
+                for (int r = 0; r < MR_; r++) {
+                    const int8_t *xb = x->q + (int64_t)r * K + (int64_t)b * QK;
+                    int32_t dot = 0;
+                    for (int i = 0; i < QK; i++) {
+                        const int wq = format == Q8_0 ? ((const int8_t *)q)[i]
+                                                      : (i < 16 ? ((const uint8_t *)q)[i] & 15 : ((const uint8_t *)q)[i - 16] >> 4);
+                        dot += wq * xb[i];
+                    }
+                    sums[r][n] += (float)dot * dl[n * ds + b - c0] * x->s[(int64_t)r * nb + b];
+                }
+            }
+#endif
+        }
+    }
+#if defined(FORKLESS_AVX2)
+    for (int r = 0; r < MR_; r++)
+        for (int n = 0; n < NN; n++) sums[r][n] = hsum8(acc[r][n]);
+#endif
+}
+
+ALWAYS_INLINE void row_group_i8(const i8_rows *x, const void *qs, const uint16_t *d, const uint16_t *m,
+                                const float *bias, float *y, int64_t ldy, int M, int N, int g, int format) {
+    const int n0 = g * 4, nn = N - n0 < 4 ? N - n0 : 4;
+    for (int r0 = 0; r0 < M; r0 += 4) {
+        const int mr = M - r0 < 4 ? M - r0 : 4;
+        float sums[4][4];
+        const i8_rows xr = i8_rows_from(x, r0);
+        if (mr == 4 && nn == 4) rows_dot_i8(&xr, qs, d, m, n0, sums, 4, 4, format);
+        else if (mr == 1 && nn == 4) rows_dot_i8(&xr, qs, d, m, n0, sums, 1, 4, format);
+        else if (mr == 2 && nn == 4) rows_dot_i8(&xr, qs, d, m, n0, sums, 2, 4, format);
+        else if (mr == 3 && nn == 4) rows_dot_i8(&xr, qs, d, m, n0, sums, 3, 4, format);
+        else rows_dot_i8(&xr, qs, d, m, n0, sums, mr, nn, format);
+        for (int r = 0; r < mr; r++)
+            for (int n = 0; n < nn; n++) y[(int64_t)(r0 + r) * ldy + n0 + n] = sums[r][n] + (bias ? bias[n0 + n] : 0.0f);
+    }
+}
+
+/* x's rows rounded (i8_rows) into one new heap buffer, rows->q; 0, or -1 without memory. */
+static int quantized_rows(const float *x, int64_t ldx, int M, int K, i8_rows *rows) {
+    const int nb = K / QK, nbp = round8(nb);
+    const int64_t nq = (int64_t)M * K, ns = (int64_t)M * nb, nsp = (int64_t)M * nbp;
+    int8_t *buf = malloc((size_t)(nq + (ns + 2 * nsp) * (int64_t)sizeof(float)));
+    if (!buf) return -1;
+    float *f = (float *)(buf + nq);
+    *rows = (i8_rows){buf, f, f + ns, f + ns + nsp, K, nb, nbp};
+    quantize_rows(x, ldx, M, rows);
+    return 0;
+}
+
+/* y[M, N] (row stride ldy) = x[M, K] (row stride ldx, rounded to int8 per block) w^T + bias.
+ * Returns 0, or -1 when the activations' buffer cannot be allocated. */
+int forkless_linear_q8_0_i8(const float *x, int64_t ldx, const int8_t *qs, const uint16_t *d, const float *bias,
+                            float *y, int64_t ldy, int M, int K, int N) {
+    i8_rows rows;
+    if (quantized_rows(x, ldx, M, K, &rows)) return -1;
+#pragma omp parallel for schedule(static) if ((int64_t)N * K >= QUANT_PARALLEL_MIN_WEIGHTS)
+    for (int g = 0; g < (N + 3) / 4; g++) row_group_i8(&rows, qs, d, NULL, bias, y, ldy, M, N, g, Q8_0);
+    free(rows.q);
+    return 0;
+}
+
+int forkless_linear_q4_1_i8(const float *x, int64_t ldx, const uint8_t *qs, const uint16_t *d, const uint16_t *m,
+                            const float *bias, float *y, int64_t ldy, int M, int K, int N) {
+    i8_rows rows;
+    if (quantized_rows(x, ldx, M, K, &rows)) return -1;
+#pragma omp parallel for schedule(static) if ((int64_t)N * K >= QUANT_PARALLEL_MIN_WEIGHTS)
+    for (int g = 0; g < (N + 3) / 4; g++) row_group_i8(&rows, qs, d, m, bias, y, ldy, M, N, g, Q4_1);
+    free(rows.q);
+    return 0;
+}
+
+/* The instruction the int8 route's block products use in this build. */
+const char *forkless_quant_i8_route(void) {
+#if defined(FORKLESS_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return "vpdpbusd (AVX512-VNNI)";
+#elif defined(FORKLESS_AVX2)
+    return "vpmaddubsw (AVX2)";
+#else
+    return "plain C";
+#endif
 }

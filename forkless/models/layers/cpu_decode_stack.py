@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 _p = ctypes.c_void_p
 #: The projection kinds the C table takes (``forkless_projection.format``).
-_FORMATS = {"F32": 0, "Q8_0": 1, "Q4_1": 2, "BF16": 3}
+_FORMATS = {"F32": 0, "Q8_0": 1, "Q4_1": 2, "BF16": 3, "Q8_0_I8": 4, "Q4_1_I8": 5}
 #: The projection classes each dtype's stack takes, and its C entry point's suffix.
 _PROJECTIONS = {torch.float32: (PackedLinear, GGUFLinear), torch.bfloat16: (PackedLinearBF16,)}
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
@@ -74,7 +74,8 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 def _projection(linear: PackedLinear | PackedLinearBF16 | GGUFLinear) -> _Projection:
     """A packed or GGUF layer as the C table describes it."""
     if isinstance(linear, GGUFLinear):
-        return _Projection(_FORMATS[linear.format], linear.out_features, _ptr(linear.qs), _ptr(linear.scales),
+        kind = linear.format + ("_I8" if linear.activations == "int8" else "")
+        return _Projection(_FORMATS[kind], linear.out_features, _ptr(linear.qs), _ptr(linear.scales),
                            _ptr(linear.mins), _ptr(linear.bias))
     # Packed panels (float32 [panels, K, width], bfloat16 [panels, K / 2, width, 2]).
     panels, width = linear.packed.shape[0], linear.packed.shape[2]

@@ -2,22 +2,26 @@
 (``--quantization gguf``).
 
 Invariants: the layer holds exactly the file's bytes (its blocks split into quants and
-float16 scales, as ``quant_linear.c`` reads them), and its
-output is ``F.linear`` over the dequantized weight (GGUF's own definition: Q8_0 ``d * q``,
-Q4_1 ``d * q + m``) up to the order of the sums. Up to :data:`KERNEL_MAX_ROWS` rows (decode
-steps, short prefills) the C kernel reads the quants and widens them in registers; more
-rows (long prefill chunks) dequantize the weight for the call and run ``F.linear``, where
-the arithmetic, not the bytes, is the cost.
+float16 scales, as ``quant_linear.c`` reads them). Up to :data:`KERNEL_MAX_ROWS` rows
+(decode steps, short prefills) a C kernel reads the quants; more rows (long prefill chunks)
+dequantize the weight for the call and run ``F.linear``, where the arithmetic, not the
+bytes, is the cost. The kernel takes the activations (``activations``,
+``FORKLESS_GGUF_ACTIVATIONS``) either as float32, and its output is then ``F.linear`` over
+the dequantized weight (GGUF's own definition: Q8_0 ``d * q``, Q4_1 ``d * q + m``) up to the
+order of the sums; or, the default, rounded to int8 per block of 32 with one scale each
+(as llama.cpp does), its output then that of the rounded activations (within ~1 % of the
+float32 route's, relative L2, for unit-variance inputs: the quality tests hold the model's
+logits to it), for integer dot products 1.6-2.3x faster at one row (benchmarks/README.md).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from forkless import cpu_kernels
+from forkless import cpu_kernels, envs
 from forkless.models.layers.cpu_linear import CPULinear
 
 if TYPE_CHECKING:
@@ -29,13 +33,15 @@ if TYPE_CHECKING:
 #: (six Q4_1 layers of the default model, 2 threads, Xeon with AMX: 4.0 ms at 16 rows, 15.5
 #: at 64, 34.1 at 128 against 55-73 ms dequantized).
 KERNEL_MAX_ROWS = 256
+#: How the kernel can take the activations (``FORKLESS_GGUF_ACTIVATIONS``).
+ACTIVATIONS = ("int8", "float32")
 #: GGUF formats this layer takes, with the bytes of one block of 32 weights.
 FORMATS = {"Q8_0": 34, "Q4_1": 20}
 _QK = 32
 
 
 class GGUFLinear(CPULinear):
-    """``y = x w^T + b`` with ``w`` in GGUF Q8_0 or Q4_1 blocks (float32 activations).
+    """``y = x w^T + b`` with ``w`` in GGUF Q8_0 or Q4_1 blocks (float32 input and output).
 
     Args:
         format: ``"Q8_0"`` or ``"Q4_1"``.
@@ -43,29 +49,38 @@ class GGUFLinear(CPULinear):
             row by row.
         in_features: Weights per row (a multiple of 32).
         bias: ``[out_features]`` float32 or None.
+        activations: One of :data:`ACTIVATIONS`; None: ``FORKLESS_GGUF_ACTIVATIONS``.
+        lib: The CPU kernels to run on (``cpu_kernels.load_isa``, to compare levels);
+            None: those :func:`forkless.cpu_kernels.load` chose.
 
     Raises:
-        ValueError: Another format, a row size that does not match, or ``in_features`` not
-            a multiple of 32.
+        ValueError: Another format, a row size that does not match, ``in_features`` not
+            a multiple of 32, or another ``activations``.
         RuntimeError: The CPU kernels are unavailable.
     """
 
     dtype = torch.float32
 
-    def __init__(self, format: str, rows: "np.ndarray", in_features: int, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, format: str, rows: "np.ndarray", in_features: int, bias: torch.Tensor | None = None,
+                 activations: str | None = None, lib: Any = None) -> None:
         super().__init__()
         import numpy as np
 
+        activations = envs.FORKLESS_GGUF_ACTIVATIONS if activations is None else activations
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"GGUF activations {activations!r} (FORKLESS_GGUF_ACTIVATIONS): expected one of "
+                             f"{', '.join(ACTIVATIONS)}")
         if format not in FORMATS:
             raise ValueError(f"GGUFLinear takes {' or '.join(FORMATS)} weights, got {format}")
         if in_features % _QK or rows.ndim != 2 or rows.shape[1] != in_features // _QK * FORMATS[format]:
             raise ValueError(f"{format} rows of shape {tuple(rows.shape)} do not hold {in_features} weights each in "
                              f"blocks of {_QK}")
-        lib = cpu_kernels.load()
+        lib = cpu_kernels.load() if lib is None else lib
         if lib is None:
             raise RuntimeError("GGUFLinear needs the CPU kernels, which are unavailable (see the log)")
         self.format, self.in_features, self.out_features = format, in_features, int(rows.shape[0])
-        self._kernel = getattr(lib, f"forkless_linear_{format.lower()}")
+        self.activations = activations
+        self._kernel = getattr(lib, f"forkless_linear_{format.lower()}{'_i8' if activations == 'int8' else ''}")
         n, nb = self.out_features, in_features // _QK
         blocks = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.uint8)).view(n, nb, FORMATS[format])
 
