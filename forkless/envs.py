@@ -129,9 +129,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "FORKLESS_CPU_BF16_LINEAR": lambda: (os.environ.get("FORKLESS_CPU_BF16_LINEAR") or "auto").strip().lower(),
     # How ``--quantization gguf``'s Q8_0 / Q4_1 kernels take their activations: ``int8``
     # (each block of 32 rounded to int8 with its own scale, integer dot products, as
-    # llama.cpp does) or ``float32`` (exactly the dequantized model's products). Lower-cased
-    # raw text; forkless.models.layers.gguf_linear checks it.
-    "FORKLESS_GGUF_ACTIVATIONS": lambda: (os.environ.get("FORKLESS_GGUF_ACTIVATIONS") or "int8").strip().lower(),
+    # llama.cpp does), ``float32`` (exactly the dequantized model's products) or ``auto``
+    # (the one measured faster for the CPU's ISA level). Lower-cased raw text;
+    # forkless.models.layers.gguf_linear checks it.
+    "FORKLESS_GGUF_ACTIVATIONS": lambda: (os.environ.get("FORKLESS_GGUF_ACTIVATIONS") or "auto").strip().lower(),
     # On CUDA, half-precision models run one-row linear layers (batch-1 decode) through a
     # Triton GEMV launched with programmatic dependent launch on Hopper
     # (forkless.models.layers.cuda_gemv). ``0`` keeps cuBLAS for every product.

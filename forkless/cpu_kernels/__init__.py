@@ -131,6 +131,13 @@ def cpu_flags() -> frozenset[str]:
 
 
 @functools.lru_cache(maxsize=None)
+def cpu_vendor() -> str:
+    """The CPU's vendor as ``/proc/cpuinfo`` names it (``GenuineIntel``, ``AuthenticAMD``),
+    else an empty string."""
+    return _cpuinfo_field("vendor_id") or ""
+
+
+@functools.lru_cache(maxsize=None)
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what :mod:`platform` knows."""
     return _cpuinfo_field("model name", "Model", "cpu model") or platform.processor() or platform.machine()
@@ -174,7 +181,7 @@ def isa_flags(level: str) -> tuple[str, ...]:
     flags = ISA_FLAGS[level]
     if level == "avx512":
         flags += tuple(flag for name, flag in _AVX512_EXTENSIONS.items() if name in cpu_flags())
-        if _cpuinfo_field("vendor_id") == "AuthenticAMD":
+        if cpu_vendor() == "AuthenticAMD":
             flags += _AMD_AVX512_TUNING
     return flags
 

@@ -255,18 +255,21 @@ class ModelRunner:
         mc = self.config.model_config
         if mc.quantization == "gguf":
             from forkless.model_loader.gguf_quantized import use_gguf_matrices
+            from forkless.models.layers.gguf_linear import GGUFLinear
 
             if not isinstance(self.model, CausalLMBase) or not self.model.supports_lora:
                 raise ValueError(f"--quantization gguf: {type(self.model).__name__} does not name its projections "
                                  "(lora_modules), so its layers cannot take the GGUF blocks")
             count = use_gguf_matrices(self.model, mc.quantized_from)
-            activations = envs.FORKLESS_GGUF_ACTIVATIONS
-            if activations == "int8":
+            routes = {m.activations for m in self.model.modules() if isinstance(m, GGUFLinear)}
+            if "int8" in routes:
                 from forkless import cpu_kernels
 
-                activations += f" ({cpu_kernels.load().forkless_quant_i8_route().decode()})"
-            logger.info("--quantization gguf: %d linear layers run on the Q8_0 / Q4_1 blocks of %s, activations %s",
-                        count, mc.quantized_from, activations)
+                routes = {r + (f" ({cpu_kernels.load().forkless_quant_i8_route().decode()})" if r == "int8" else "")
+                          for r in routes}
+            logger.info("--quantization gguf: %d linear layers run on the Q8_0 / Q4_1 blocks of %s, activations %s "
+                        "(FORKLESS_GGUF_ACTIVATIONS=%s)", count, mc.quantized_from, ", ".join(sorted(routes)),
+                        envs.FORKLESS_GGUF_ACTIVATIONS)
 
     # ------------------------------------------------------------------ KV cache
 

@@ -1,6 +1,6 @@
 """``--quantization gguf``: a GGUF file's Q8_0 / Q4_1 matrices kept quantized and run by the
 CPU kernels, against ``transformers`` holding the same (dequantized) values with float32
-activations, and against the float32 route with int8 activations (the default)."""
+activations, and against the float32 route with int8 activations."""
 
 from __future__ import annotations
 
@@ -55,17 +55,15 @@ def test_gguf_linear_is_the_dequantized_linear(qtype, shape, bias):
 
 @pytest.mark.parametrize("shape", [(7, 64), (130, 1024)], ids=str)
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1"])
-def test_gguf_linear_int8_activations(qtype, shape, monkeypatch):
-    """The default route rounds each block of 32 activations to int8: its output is the
+def test_gguf_linear_int8_activations(qtype, shape):
+    """The int8 route rounds each block of 32 activations to int8: its output is the
     reference's for those rounded values at every kernel row count, within ~1-2 % of the
     float32 route's, and past KERNEL_MAX_ROWS (torch over the dequantized weight) exact."""
     n, k = shape
     rng = np.random.default_rng(n + k)
     stored = quantize(rng.standard_normal((n, k)).astype(np.float32), gguf.GGMLQuantizationType[qtype])
     b = torch.from_numpy(rng.standard_normal(n).astype(np.float32))
-    monkeypatch.delenv("FORKLESS_GGUF_ACTIVATIONS", raising=False)
-    layer, exact = GGUFLinear(qtype, stored, k, b), GGUFLinear(qtype, stored, k, b, activations="float32")
-    assert layer.activations == "int8"
+    layer, exact = GGUFLinear(qtype, stored, k, b, activations="int8"), GGUFLinear(qtype, stored, k, b, activations="float32")
     gen = torch.Generator().manual_seed(k)
     for rows in (1, 3, 4, 9, KERNEL_MAX_ROWS):
         x = torch.randn(rows, k, generator=gen) * torch.rand(rows, 1, generator=gen) * 10  # rows of several sizes
@@ -81,12 +79,26 @@ def test_gguf_linear_int8_activations(qtype, shape, monkeypatch):
                                rtol=1e-5, atol=1e-3)
 
 
-def test_gguf_activations_setting_names_what_it_takes(monkeypatch):
+def test_gguf_activations_setting(monkeypatch):
+    """Unset (``auto``): int8 where the kernels are built for AVX2 or for AVX-512 on AMD's
+    cores, float32 on Intel's AVX-512 and for the plain loops; a value is read case-blind,
+    and anything else is refused, naming what it takes."""
+    from forkless import cpu_kernels
+    from forkless.models.layers.gguf_linear import auto_activations
+
+    assert [auto_activations(isa, vendor) for isa in ("avx512", "avx2", "portable")
+            for vendor in ("GenuineIntel", "AuthenticAMD")] == ["float32", "int8", "int8", "int8", "float32", "float32"]
     stored = quantize(np.ones((4, 64), dtype=np.float32), gguf.GGMLQuantizationType.Q4_1)
+    monkeypatch.delenv("FORKLESS_GGUF_ACTIVATIONS", raising=False)
+    assert GGUFLinear("Q4_1", stored, 64).activations == auto_activations(cpu_kernels.load().isa)
+    for level in cpu_kernels.supported_isas():
+        assert GGUFLinear("Q4_1", stored, 64, lib=cpu_kernels.load_isa(level)).activations == auto_activations(level)
     monkeypatch.setenv("FORKLESS_GGUF_ACTIVATIONS", "Float32")
     assert GGUFLinear("Q4_1", stored, 64).activations == "float32"
+    monkeypatch.setenv("FORKLESS_GGUF_ACTIVATIONS", "INT8")
+    assert GGUFLinear("Q4_1", stored, 64).activations == "int8"
     monkeypatch.setenv("FORKLESS_GGUF_ACTIVATIONS", "int4")
-    with pytest.raises(ValueError, match=r"'int4' \(FORKLESS_GGUF_ACTIVATIONS\): expected one of int8, float32"):
+    with pytest.raises(ValueError, match=r"'int4' \(FORKLESS_GGUF_ACTIVATIONS\): expected one of auto, int8, float32"):
         GGUFLinear("Q4_1", stored, 64)
 
 

@@ -8,10 +8,11 @@ dequantize the weight for the call and run ``F.linear``, where the arithmetic, n
 bytes, is the cost. The kernel takes the activations (``activations``,
 ``FORKLESS_GGUF_ACTIVATIONS``) either as float32, and its output is then ``F.linear`` over
 the dequantized weight (GGUF's own definition: Q8_0 ``d * q``, Q4_1 ``d * q + m``) up to the
-order of the sums; or, the default, rounded to int8 per block of 32 with one scale each
-(as llama.cpp does), its output then that of the rounded activations (within ~1 % of the
-float32 route's, relative L2, for unit-variance inputs: the quality tests hold the model's
-logits to it), for integer dot products 1.6-2.3x faster at one row (benchmarks/README.md).
+order of the sums; or rounded to int8 per block of 32 with one scale each (as llama.cpp
+does), its output then that of the rounded activations (within ~1 % of the float32 route's,
+relative L2, for unit-variance inputs: the quality tests hold the model's logits to it),
+for integer block products. ``auto`` (the default) takes the route found faster for the
+kernels' ISA level and the CPU's cores (:func:`auto_activations`).
 """
 
 from __future__ import annotations
@@ -34,10 +35,34 @@ if TYPE_CHECKING:
 #: at 64, 34.1 at 128 against 55-73 ms dequantized).
 KERNEL_MAX_ROWS = 256
 #: How the kernel can take the activations (``FORKLESS_GGUF_ACTIVATIONS``).
-ACTIVATIONS = ("int8", "float32")
+ACTIVATIONS = ("auto", "int8", "float32")
 #: GGUF formats this layer takes, with the bytes of one block of 32 weights.
 FORMATS = {"Q8_0": 34, "Q4_1": 20}
 _QK = 32
+
+
+def auto_activations(isa: str, vendor: str | None = None) -> str:
+    """The route ``auto`` takes with kernels built for ``isa`` (``cpu_kernels.ISA_LEVELS``).
+
+    Args:
+        isa: The kernels' level.
+        vendor: The CPU's vendor (``cpu_kernels.cpu_vendor()`` when None).
+
+    ``int8`` for ``avx2``: the layers of the default model on two threads
+    (``benchmarks/cpu_linear_isa.py --gguf``) ran 1.46x as fast at one row and 1.18-1.25x at
+    4-16 on an AVX2-only EPYC, 1.27-1.33x on an AVX-512 Xeon held to AVX2. For ``avx512``
+    it depends on the cores: on an Intel Xeon (AVX512-VNNI), whose float32 route widens a
+    Q4_1 block with one 16-lane permute, the int8 route was 0.96x at one row and
+    0.74-0.78x at 4-16, so ``float32``; AMD's Zen 4 runs those 512-bit operations as two
+    halves, and a standalone prototype of the int8 route (VPDPBUSD per block) took a Q4_1
+    layer at one row in 2.4x less time than the float32 kernel there, so ``int8`` (not yet
+    measured with this kernel). ``float32`` for ``portable`` (plain loops, not measured).
+    """
+    if isa == "avx2":
+        return "int8"
+    if isa == "avx512":
+        return "int8" if (cpu_kernels.cpu_vendor() if vendor is None else vendor) == "AuthenticAMD" else "float32"
+    return "float32"
 
 
 class GGUFLinear(CPULinear):
@@ -49,7 +74,8 @@ class GGUFLinear(CPULinear):
             row by row.
         in_features: Weights per row (a multiple of 32).
         bias: ``[out_features]`` float32 or None.
-        activations: One of :data:`ACTIVATIONS`; None: ``FORKLESS_GGUF_ACTIVATIONS``.
+        activations: One of :data:`ACTIVATIONS`; None: ``FORKLESS_GGUF_ACTIVATIONS``. The
+            route taken (``auto`` resolved) is the layer's ``activations``.
         lib: The CPU kernels to run on (``cpu_kernels.load_isa``, to compare levels);
             None: those :func:`forkless.cpu_kernels.load` chose.
 
@@ -79,8 +105,8 @@ class GGUFLinear(CPULinear):
         if lib is None:
             raise RuntimeError("GGUFLinear needs the CPU kernels, which are unavailable (see the log)")
         self.format, self.in_features, self.out_features = format, in_features, int(rows.shape[0])
-        self.activations = activations
-        self._kernel = getattr(lib, f"forkless_linear_{format.lower()}{'_i8' if activations == 'int8' else ''}")
+        self.activations = auto_activations(lib.isa) if activations == "auto" else activations
+        self._kernel = getattr(lib, f"forkless_linear_{format.lower()}{'_i8' if self.activations == 'int8' else ''}")
         n, nb = self.out_features, in_features // _QK
         blocks = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.uint8)).view(n, nb, FORMATS[format])
 
