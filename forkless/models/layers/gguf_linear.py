@@ -52,8 +52,9 @@ def auto_activations(isa: str, vendor: str | None = None) -> str:
     (``benchmarks/cpu_linear_isa.py --gguf``) ran 1.46x as fast at one row and 1.18-1.25x at
     4-16 on an AVX2-only EPYC, 1.27-1.33x on an AVX-512 Xeon held to AVX2. For ``avx512``
     it depends on the cores: on an Intel Xeon (AVX512-VNNI), whose float32 route widens a
-    Q4_1 block with one 16-lane permute, the int8 route was 0.96x at one row and
-    0.74-0.78x at 4-16, so ``float32``; AMD's Zen 4 runs those 512-bit operations as two
+    Q4_1 block with one 16-lane permute, the int8 route (two blocks a VPDPBUSD) ran as fast
+    (0.93-0.99x at 1-16 rows on two threads, 1.01-1.05x on eight), so ``float32``, whose
+    outputs are the dequantized model's; AMD's Zen 4 runs those 512-bit operations as two
     halves, and a standalone prototype of the int8 route (VPDPBUSD per block) took a Q4_1
     layer at one row in 2.4x less time than the float32 kernel there, so ``int8`` (not yet
     measured with this kernel). ``float32`` for ``portable`` (plain loops, not measured).
