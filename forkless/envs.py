@@ -130,8 +130,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # How ``--quantization gguf``'s Q8_0 / Q4_1 kernels take their activations: ``int8``
     # (each block of 32 rounded to int8 with its own scale, integer dot products, as
     # llama.cpp does), ``float32`` (exactly the dequantized model's products) or ``auto``
-    # (the one measured faster for the CPU's ISA level). Lower-cased raw text;
-    # forkless.models.layers.gguf_linear checks it.
+    # (int8 on AVX2 and on AMD's AVX-512, float32 elsewhere: gguf_linear.auto_activations).
+    # Lower-cased raw text; forkless.models.layers.gguf_linear checks it.
     "FORKLESS_GGUF_ACTIVATIONS": lambda: (os.environ.get("FORKLESS_GGUF_ACTIVATIONS") or "auto").strip().lower(),
     # On CUDA, half-precision models run one-row linear layers (batch-1 decode) through a
     # Triton GEMV launched with programmatic dependent launch on Hopper
