@@ -140,7 +140,10 @@ def _candidates():
             L(1, 64, 4, 3, None, heads_fast=True)]
     return out + [L(1, 128, 8, 2, 1), L(1, 256, 8, 2, 1), L(1, 64, 4, 2, 1, fp8_via_fp16=True),
                   L(1, 128, 4, 2, 1, fp8_via_fp16=True), L(1, 64, 4, 2, 1, keys_first=True),
-                  L(1, 128, 4, 2, 1, keys_first=True), L(1, 128, 4, 2, 1, fp8_via_fp16=True, keys_first=True)]
+                  L(1, 128, 4, 2, 1, keys_first=True), L(1, 128, 4, 2, 1, fp8_via_fp16=True, keys_first=True)] + [
+        # The scores as an fp8 dot (fp8 cache only), keys first (the fp8 default: 128, 4, 2, heads-fast).
+        L(1, bn, w, st, None, heads_fast=hf, fp8_dot=True)
+        for bn, w, st, hf in ((64, 4, 2, True), (64, 4, 3, False), (128, 4, 2, True), (128, 8, 2, True))]
 
 
 def bandwidth(args: argparse.Namespace) -> None:
@@ -163,7 +166,8 @@ def bandwidth(args: argparse.Namespace) -> None:
         for c in _candidates():
             name = (f"kv/prog {c.kv_per_prog} tile {c.block_n} warps {c.num_warps} stages {c.num_stages} "
                     f"splits {c.splits or 'auto'}{' fp8->f16' if c.fp8_via_fp16 else ''}"
-                    f"{' keys-first' if c.keys_first else ''}{' heads-fast' if c.heads_fast else ''}")
+                    f"{' keys-first' if c.keys_first else ''}{' heads-fast' if c.heads_fast else ''}"
+                    f"{' fp8-dot' if c.fp8_dot else ''}")
             if args.sweep_filter and args.sweep_filter not in name:
                 continue
             b = TritonAttentionBackend(HQ, HKV, D, D**-0.5)
@@ -180,7 +184,8 @@ def bandwidth(args: argparse.Namespace) -> None:
             for name, backend in backends.items():
                 swept = name.startswith("kv/prog")
                 if (kv_name == "fp8" and not (swept or name.startswith("tuned"))) or (
-                        swept and batch not in args.sweep_batch) or (kv_name == "bf16" and "fp8->f16" in name):
+                        swept and batch not in args.sweep_batch) or (
+                        kv_name == "bf16" and ("fp8->f16" in name or "fp8-dot" in name)):
                     continue  # (the fp8 route option changes nothing for a bf16 cache)
                 try:
                     err = ""
