@@ -57,7 +57,8 @@ class DecodeLaunch(NamedTuple):
         fp8_dot: With an fp8 cache and 16-bit queries, the scores as one fp8 dot: the
             queries rounded to e4m3 per row, the keys as they lie (implies
             ``keys_first``: Hopper's fp8 MMA needs the 64 key rows as the first operand;
-            Triton converts a 16-row fp8 dot to float16). The default over fp8 caches.
+            Triton converts a 16-row fp8 dot to float16). The default over fp8 caches,
+            taken on Hopper and newer (others read the keys as bfloat16).
     """
 
     kv_per_prog: int = 1
@@ -98,6 +99,13 @@ DECODE_DEFAULT_FP8 = DecodeLaunch(block_n=128, num_stages=2, heads_fast=True, fp
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_mma(index: int) -> bool:
+    """Whether the GPU multiplies fp8 matrices at 64 rows (Hopper's wgmma; ``fp8_dot`` is
+    only worth its query rounding there, and older GPUs lack the e4m3 dot)."""
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 @functools.lru_cache(maxsize=None)
@@ -174,7 +182,8 @@ class TritonAttentionBackend(TorchAttentionBackend):
             block_m = max(16, triton.next_power_of_2(kv_per_prog * self.group))
             num_warps, num_stages = launch.num_warps, launch.num_stages
             via_fp16, keys_first, heads_fast = launch.fp8_via_fp16, launch.keys_first, launch.heads_fast
-            fp8_dot = launch.fp8_dot and kv_fp8 and q.dtype in (torch.bfloat16, torch.float16)
+            fp8_dot = (launch.fp8_dot and kv_fp8 and q.dtype in (torch.bfloat16, torch.float16)
+                       and _fp8_mma(q.device.index or 0))
             keys_first = keys_first or fp8_dot
         else:
             kv_per_prog, block_n, splits = 1, _BLOCK_N, 1
