@@ -186,7 +186,7 @@ def main() -> None:
     from forkless.models.layers.gguf_linear import auto_activations
 
     routes = {f"forkless Q4_1, {act} activations": act for act in ("int8", "float32")}
-    default = f"forkless Q4_1, {auto_activations(cpu_kernels.load().isa)} activations"
+    default = f"forkless Q4_1, {auto_activations(cpu_kernels.requested_isa())} activations"  # no build needed
     runs = {"forkless float32": [], "llama.cpp F32": [], **{name: [] for name in routes}, "llama.cpp Q4_1": []}
     for _ in range(args.repeats):
         for name, python, model, engine in (("forkless float32", sys.executable, folder, "forkless"),
