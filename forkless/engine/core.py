@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter, deque
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
+from forkless import envs
 from forkless.core.request import Request, RequestStatus
 from forkless.protocol.step import FinishReason, SpecDecodeStats
 from forkless.core.sched import KVCacheConfig, get_scheduler_cls
@@ -20,10 +21,12 @@ from forkless.logger import init_logger
 from forkless.metrics.step_trace import StepTrace
 from forkless.structured_output.config import StructuredOutputsConfig
 from forkless.structured_output.manager import StructuredOutputManager
+from forkless.structured_output.process import GrammarProcessClient
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
     from forkless.core.sched import SchedulerStats
+    from forkless.executor.interface import Executor
     from forkless.protocol.step import SchedulerOutput
     from forkless.protocol.engine import EngineCoreRequest
     from forkless.protocol.lora import LoRARequest
@@ -135,7 +138,7 @@ class EngineCore:
             self._request_errors: list[tuple[str, str]] = []
             # Structured outputs: constrained requests wait here, with their adapter, while
             # their grammar compiles on the manager's threads (forkless.structured_output).
-            self._structured = _structured_output_manager(config, self.executor.allocate_bitmask_buffer)
+            self._structured = _structured_output_manager(config, self.executor)
             self._grammar_held: dict[str, tuple[Request, LoRARequest | None]] = {}
             # Under async scheduling, a step planned while the one before still runs
             # leaves its constrained rows' bitmask for later: the grammars take the
@@ -491,14 +494,22 @@ class EngineCore:
                 self.scheduler.connector.shutdown()
 
 
-def _structured_output_manager(config: EngineConfig, allocate_buffer: Callable[[int], Any]) -> StructuredOutputManager:
-    """The engine core's grammar manager (it builds nothing until a constrained request
-    arrives)."""
+def _structured_output_manager(config: EngineConfig, executor: Executor
+                               ) -> StructuredOutputManager | GrammarProcessClient:
+    """The engine core's grammars (nothing is built until a constrained request arrives):
+    in a process of their own with ``FORKLESS_GRAMMAR_PROCESS=1`` where the executor has
+    a shared bitmask buffer, else on the engine core's threads."""
     mc = config.model_config
     eos = [mc.eos_token_id] if mc.eos_token_id is not None else []
     extra = mc.generation_config.get("eos_token_id")
     for tok in extra if isinstance(extra, list) else [extra]:
         if tok is not None and int(tok) not in eos:
             eos.append(int(tok))
-    return StructuredOutputManager(config.structured_outputs_config or StructuredOutputsConfig(), mc.tokenizer,
-                                   mc.vocab_size, eos, allocate_buffer)
+    so_config = config.structured_outputs_config or StructuredOutputsConfig()
+    if envs.FORKLESS_GRAMMAR_PROCESS:
+        if executor.supports_shared_bitmask_buffer:
+            return GrammarProcessClient(so_config, mc.tokenizer, mc.vocab_size, eos,
+                                        executor.allocate_shared_bitmask_buffer)
+        logger.warning("FORKLESS_GRAMMAR_PROCESS: the %s executor has no shared bitmask buffer; "
+                       "the grammars stay in the engine core", type(executor).__name__)
+    return StructuredOutputManager(so_config, mc.tokenizer, mc.vocab_size, eos, executor.allocate_bitmask_buffer)

@@ -80,6 +80,20 @@ class Executor(ABC):
         read it asynchronously (a device copy queued before that step's sampling)."""
         return None
 
+    @property
+    def supports_shared_bitmask_buffer(self) -> bool:
+        """Whether :meth:`allocate_shared_bitmask_buffer` gives one (default: no)."""
+        return False
+
+    def allocate_shared_bitmask_buffer(self, nbytes: int) -> tuple[str, Any] | None:
+        """Like :meth:`allocate_bitmask_buffer`, but named shared memory that another
+        process can map and fill (the grammar process,
+        :mod:`forkless.structured_output.process`): its name and a view of its first
+        ``nbytes``, which the engine core then passes to :meth:`sample_deferred` or in a
+        plan. ``None`` (the default): this executor has none, and the grammars stay in
+        the engine core's process."""
+        return None
+
     def sample_deferred(self, pending: Any, grammar_bitmask: bytes | bytearray | None) -> None:
         """Sample a step launched with ``defer_sampling``, its constrained rows masked by
         ``grammar_bitmask``; called once, before :meth:`collect` and before the next

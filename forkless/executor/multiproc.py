@@ -66,7 +66,6 @@ from __future__ import annotations
 import functools
 import gc
 import multiprocessing
-from multiprocessing.shared_memory import SharedMemory
 import os
 import signal
 import time
@@ -83,6 +82,7 @@ from forkless.protocol.kv_transfer import KVOutputAggregator
 from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
 from forkless.protocol import ipc
 from forkless.executor.interface import Executor
+from forkless.protocol.shared_memory import BitmaskSegments, Segment
 from forkless.gc_tuning import tune_process
 from forkless.logger import init_logger
 
@@ -199,24 +199,6 @@ def _device_step_timer() -> Any:
     return CudaStepTimer() if current_platform.device_type == "cuda" else None
 
 
-class _Segment(SharedMemory):
-    """Shared memory whose unmapping waits for the last view of it: ``close`` fails while
-    a view is referenced (a step's plan, a numpy array over it), which is not an error."""
-
-    def release(self) -> None:
-        """Unmap it, unless a view of it is still referenced (then when that goes)."""
-        try:
-            self.close()
-        except BufferError:
-            return
-
-    def __del__(self) -> None:
-        try:
-            self.release()
-        except OSError:
-            return
-
-
 class _SharedBitmask:
     """A worker process's map of the engine core's shared bitmask segment (see the module
     docstring): the segment named in the newest ``sample`` message, pinned once where the
@@ -225,7 +207,7 @@ class _SharedBitmask:
     def __init__(self, worker: Any) -> None:
         self.worker = worker
         self.name: str | None = None
-        self.segment: _Segment | None = None
+        self.segment: Segment | None = None
         self.pinned: Any = None
 
     def view(self, name: str, nbytes: int) -> memoryview:
@@ -233,7 +215,7 @@ class _SharedBitmask:
         engine core replaced, when it grew, is unmapped: no step reads it any more)."""
         if name != self.name:
             self.close()
-            self.segment = _Segment(name=name)
+            self.segment = Segment(name=name)
             self.name = name
             self.pinned = self.worker.register_host_buffer(self.segment.buf)
         assert self.segment is not None
@@ -500,7 +482,7 @@ class MultiprocExecutor(RankedWorkersExecutor):
         self._next_seq = 0
         self._in_flight: deque[int] = deque()
         # The shared memory of the grammar bitmask (allocate_bitmask_buffer), newest last.
-        self._bitmask_segments: list[_Segment] = []
+        self._bitmask_segments = BitmaskSegments()
         config_bytes = ipc.encode(config.to_builtins())
         for rank in range(self.world_size):
             addr_in = ipc.ipc_address(self.ipc_dir, f"to-worker-{rank}")
@@ -663,7 +645,7 @@ class MultiprocExecutor(RankedWorkersExecutor):
             WorkerDiedError: A worker is dead.
         """
         self._check_uncollected(pending)
-        segment = self._bitmask_segments[-1] if self._bitmask_segments else None
+        segment = self._bitmask_segments.newest
         if grammar_bitmask is None:
             frames: list[Any] = [_SAMPLE, ipc.encode([pending.seq, None, 0])]
         elif (segment is not None and isinstance(grammar_bitmask, memoryview)
@@ -680,12 +662,16 @@ class MultiprocExecutor(RankedWorkersExecutor):
         step's bitmask there and only its name crosses the socket (a bitmask of 256 rows
         of a 151,936-token vocabulary is 4.9 MB). The segment grows by doubling; one
         outgrown is unlinked at once (its name) and unmapped at shutdown."""
-        segments = self._bitmask_segments
-        if not segments or segments[-1].size < nbytes:
-            if segments:
-                segments[-1].unlink()
-            segments.append(_Segment(create=True, size=max(nbytes, 2 * segments[-1].size if segments else 0)))
-        return segments[-1].buf[:nbytes]
+        return self._bitmask_segments.view(nbytes)[1]
+
+    @property
+    def supports_shared_bitmask_buffer(self) -> bool:
+        return True
+
+    def allocate_shared_bitmask_buffer(self, nbytes: int) -> tuple[str, memoryview]:
+        """The same buffer as :meth:`allocate_bitmask_buffer`, and its segment's name (the
+        grammar process maps it and fills it there)."""
+        return self._bitmask_segments.view(nbytes)
 
     def collect(self, pending: StepHandle) -> ModelRunnerOutput:
         """Wait for the output of the oldest uncollected step, which ``pending`` must name.
@@ -765,10 +751,6 @@ class MultiprocExecutor(RankedWorkersExecutor):
             sock.close(linger=0)
         self.ctx.term()
         self.procs = []
-        for i, segment in enumerate(self._bitmask_segments):
-            if i == len(self._bitmask_segments) - 1:
-                segment.unlink()  # (the others were unlinked when outgrown)
-            segment.release()
-        self._bitmask_segments = []
+        self._bitmask_segments.close()
         if self._owns_ipc_dir:
             ipc.remove_ipc_dir(self.ipc_dir)

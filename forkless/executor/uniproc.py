@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from forkless.executor.interface import Executor
+from forkless.protocol.shared_memory import BitmaskSegments
 from forkless.worker.worker import create_worker
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ class UniProcExecutor(Executor):
         if config.parallel_config.world_size != 1:
             raise ValueError(f"the uni executor runs one worker, and this configuration has "
                              f"{config.parallel_config.world_size}: use --distributed-executor-backend mp")
+        # The grammar process's bitmask segments (allocate_shared_bitmask_buffer).
+        self._segments: BitmaskSegments | None = None
         self.worker = create_worker(config, rank=0)
         self.worker.init_device()
         self.worker.load_model()
@@ -57,10 +60,24 @@ class UniProcExecutor(Executor):
     def allocate_bitmask_buffer(self, nbytes: int) -> Any:
         return self.worker.allocate_host_buffer(nbytes)
 
+    @property
+    def supports_shared_bitmask_buffer(self) -> bool:
+        return True
+
+    def allocate_shared_bitmask_buffer(self, nbytes: int) -> tuple[str, memoryview]:
+        # Pinned where the worker can (CUDA): it copies the bitmask to the device in place.
+        if self._segments is None:
+            worker = self.worker
+            self._segments = BitmaskSegments(worker.register_host_buffer, worker.unregister_host_buffer)
+        return self._segments.view(nbytes)
+
     def check_health(self) -> None:
         self.worker.check_health()
 
     def shutdown(self) -> None:
         worker, self.worker = getattr(self, "worker", None), None
+        segments, self._segments = getattr(self, "_segments", None), None
+        if segments is not None:
+            segments.close()
         if worker is not None:
             worker.shutdown()

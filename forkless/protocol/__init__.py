@@ -15,6 +15,8 @@ Modules:
     lora: ``LoRARequest``, the adapter a request names (inside the two above).
     kv_transfer: what KV connectors report back from the workers (inside ``step``).
     ipc: the ZeroMQ frame format and message kinds shared by those two boundaries.
+    shared_memory: the named segments a step's grammar bitmask crosses in (the engine
+        core or the grammar process fills them, worker processes read them).
     openai: the OpenAI-compatible HTTP request and response bodies (client <-> API server).
 
 Submodules are not imported here, so that ``import forkless.protocol.step`` does not pull

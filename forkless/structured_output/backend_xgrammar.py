@@ -179,6 +179,9 @@ class XgrammarBackend(StructuredOutputBackend):
             return [True] * len(handles)
         return [bool(ok) for ok in result]
 
+    def stop_token_ids(self) -> list[int]:
+        return sorted(self._stop_ids)
+
     def terminated_batch(self, grammars: list[StructuredOutputGrammar], tokens: list[list[int]]) -> list[bool]:
         stop = self._stop_ids
         return [bool(t) and t[-1] in stop for t in tokens]

@@ -98,7 +98,8 @@ class StructuredOutputBackend(abc.ABC):
             drafts could be checked against the grammar. forkless does not speculate for
             constrained requests yet, whatever this says.
         completion_from_tokens: :meth:`terminated_batch` answers from the tokens alone
-            (its stop tokens), before the grammars are advanced over them. The engine
+            (whether a request's last token is one of :meth:`stop_token_ids`), before the
+            grammars are advanced over them. The engine
             core may then advance them later, off its step loop, together with the next
             bitmask's fill (under ``--async-scheduling``), calling
             :meth:`accept_tokens_batch` with ``background=True``; ``False`` (the
@@ -167,6 +168,12 @@ class StructuredOutputBackend(abc.ABC):
         backend that can tell from the tokens alone (its stop tokens) overrides it, and
         declares :attr:`completion_from_tokens` when it needs no advance first."""
         return [g.is_terminated() for g in grammars]
+
+    def stop_token_ids(self) -> list[int]:
+        """The tokens a complete grammar allows; with :attr:`completion_from_tokens`,
+        sampling one of them is what completes a grammar (the grammar process tells
+        completion from them without asking the grammars). Default: the model's EOS ids."""
+        return list(self.eos_token_ids)
 
     def allocate_token_bitmask(self, max_num_seqs: int) -> np.ndarray:
         """A ``[max_num_seqs, ceil(vocab_size / 32)]`` int32 array, all tokens allowed."""

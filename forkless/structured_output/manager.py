@@ -90,10 +90,15 @@ class StructuredOutputManager:
             size in bytes (``Executor.allocate_bitmask_buffer``: pinned memory for an
             in-process CUDA worker, which then copies it to the device without staging
             it); ``None``, or a call that returns ``None``: a ``bytearray``.
+        own_process: It runs in the grammar process (:mod:`.process`), where no step loop
+            shares the interpreter: a deferred fill's advance is split over the
+            backend's threads like any other.
     """
 
     def __init__(self, config: StructuredOutputsConfig, tokenizer_path: str, vocab_size: int,
-                 eos_token_ids: list[int], allocate_buffer: Callable[[int], Any] | None = None) -> None:
+                 eos_token_ids: list[int], allocate_buffer: Callable[[int], Any] | None = None,
+                 own_process: bool = False) -> None:
+        self._own_process = own_process
         self.config = config
         self.tokenizer_path = tokenizer_path
         self.vocab_size = vocab_size
@@ -182,6 +187,24 @@ class StructuredOutputManager:
                 reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
                 failed.append((rid, f"structured outputs: {reason}"))
         return ready, failed
+
+    def completion_stop_ids(self, request_id: str) -> list[int] | None:
+        """The stop tokens that complete a ready request's grammar where its backend tells
+        completion from them (``completion_from_tokens``); ``None`` otherwise."""
+        backend = self._backend_of.get(request_id)
+        return backend.stop_token_ids() if backend is not None and backend.completion_from_tokens else None
+
+    def drop_buffer(self) -> None:
+        """Forget the reused bitmask buffer: the next fill allocates one again (the
+        grammar process, when the executor's segment was replaced)."""
+        self._join_fill()
+        self._buffer = bytearray()
+
+    def take_refused(self) -> list[tuple[str, str]]:
+        """The refusals a deferred advance found that no :meth:`accept` reported yet (they
+        will not be reported by one now)."""
+        refused, self._refused = self._refused, []
+        return refused
 
     # ------------------------------------------------------------------ the step
 
@@ -300,7 +323,7 @@ class StructuredOutputManager:
 
     def _advance_and_fill(self, advance: list[_Advance], bitmask: np.ndarray, groups: list) -> list[tuple[str, str]]:
         """The fill thread's job: the pending advance, then the fill."""
-        refused = self._run_advance(advance, background=True)
+        refused = self._run_advance(advance, background=not self._own_process)
         self._fill_groups(bitmask, groups)
         return refused
 

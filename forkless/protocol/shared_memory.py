@@ -1,0 +1,80 @@
+"""Named shared memory for a step's grammar bitmask: one process fills it, workers read it.
+
+Invariants:
+    * A :class:`BitmaskSegments` hands out views of its newest segment; a request larger
+      than that segment makes a new one (at least twice the size) and unlinks the old
+      one's name at once (nobody can map it any more); old segments are unmapped when the
+      pool closes, or when their last view goes.
+    * Whoever maps a segment by name (a worker process, the grammar process) holds it as
+      a :class:`Segment`, whose unmapping waits for the last view of it.
+"""
+
+from __future__ import annotations
+
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any, Callable
+
+
+class Segment(SharedMemory):
+    """Shared memory whose unmapping waits for the last view of it: ``close`` fails while
+    a view is referenced (a step's plan, a numpy array over it), which is not an error."""
+
+    def release(self) -> None:
+        """Unmap it, unless a view of it is still referenced (then when that goes)."""
+        try:
+            self.close()
+        except BufferError:
+            return
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except OSError:
+            return
+
+
+class BitmaskSegments:
+    """The segments an executor fills bitmasks into, newest last.
+
+    Args:
+        on_new: Called with each new segment's buffer (a worker in this process pins it);
+            returns a handle that ``on_drop`` gets back when the pool closes.
+        on_drop: Undoes ``on_new`` for one handle.
+    """
+
+    def __init__(self, on_new: Callable[[memoryview], Any] | None = None,
+                 on_drop: Callable[[Any], None] | None = None) -> None:
+        self._segments: list[Segment] = []
+        self._handles: list[Any] = []
+        self._on_new = on_new
+        self._on_drop = on_drop
+
+    @property
+    def newest(self) -> Segment | None:
+        return self._segments[-1] if self._segments else None
+
+    def view(self, nbytes: int) -> tuple[str, memoryview]:
+        """The first ``nbytes`` of the newest segment (grown first if it is smaller), and
+        its name."""
+        segments = self._segments
+        if not segments or segments[-1].size < nbytes:
+            if segments:
+                segments[-1].unlink()
+            segment = Segment(create=True, size=max(nbytes, 2 * segments[-1].size if segments else 0))
+            segments.append(segment)
+            if self._on_new is not None:
+                self._handles.append(self._on_new(segment.buf))
+        return segments[-1].name, segments[-1].buf[:nbytes]
+
+    def close(self) -> None:
+        """Unlink the newest segment's name and unmap them all (idempotent)."""
+        if self._on_drop is not None:
+            for handle in self._handles:
+                if handle is not None:
+                    self._on_drop(handle)
+        self._handles = []
+        for i, segment in enumerate(self._segments):
+            if i == len(self._segments) - 1:
+                segment.unlink()  # (the others were unlinked when outgrown)
+            segment.release()
+        self._segments = []

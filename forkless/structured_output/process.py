@@ -1,0 +1,474 @@
+"""The grammars in a process of their own (``FORKLESS_GRAMMAR_PROCESS=1``).
+
+On the engine core's threads, the grammar work of a step (advancing each constrained
+request's grammar over its new token, filling the next bitmask, compiling) takes the
+interpreter's lock from the step loop between its C calls, and at batch 256 on a GPU the
+step loop is what bounds the step (benchmarks/README.md, "Structured outputs"). Here a
+child process holds the :class:`~forkless.structured_output.manager.StructuredOutputManager`
+and fills the bitmask straight into the executor's shared segment, the one the workers
+read; the engine core holds a :class:`GrammarProcessClient`, which has the manager's
+methods and keeps the step loop's share of the work to a send and a receive.
+
+Invariants:
+    * The process holds every grammar, backend and compilation; the client holds which
+      requests have a grammar (``_grammars``), and for each the stop tokens that
+      complete it where its backend tells completion from them
+      (``completion_from_tokens``). Both drop a request at the same calls, so they agree
+      on which requests hold a grammar, except for a refusal the process found and has
+      not yet reported (the client learns it with the next fill's reply).
+    * Messages go one way on a PUSH socket and come back on another, and the process
+      handles them in the order sent. ``fill`` (a deferred fill) is answered by
+      ``filled``; ``fill_now`` and an ``accept`` that has to wait for the grammars by
+      ``reply``; a handler's exception by ``error`` in their place, which the client
+      raises. ``compiled`` events come whenever a compilation ends. Nothing else is
+      answered.
+    * A fill names the executor's segment and the bytes it may use: the process maps the
+      segment by name (once, again when the name changes) and writes only those bytes.
+      The client passes the executor a view of the same bytes once the fill is answered,
+      so the workers read it only after the process wrote it, and the next fill starts
+      only after the step that read it was collected (the manager's invariant).
+    * Under ``defer_advance`` with every constrained row's backend telling completion
+      from tokens, the client answers :meth:`accept` itself (complete: the last token is
+      a stop token) and sends the tokens on; the process advances the grammars before
+      the next fill. Refusals such an advance finds reach the client with that fill's
+      reply and are reported by the next :meth:`accept`, as the manager reports them.
+    * The process exits on ``shutdown``, or when the engine core's process is gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import time
+import traceback
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Callable
+
+import msgspec
+import zmq
+
+from forkless.logger import init_logger
+from forkless.protocol import ipc
+from forkless.sampling_params import StructuredOutputsParams
+from forkless.structured_output.config import StructuredOutputsConfig
+
+if TYPE_CHECKING:
+    from forkless.protocol.step import EngineCoreOutput, SchedulerOutput
+
+# (Named, not __name__: the process runs this module as __main__.)
+logger = init_logger("forkless.structured_output.process")
+
+_SUBMIT, _FINISH, _ACCEPT, _FILL, _FILL_NOW, _SHUTDOWN = b"submit", b"finish", b"accept", b"fill", b"fill_now", b"stop"
+_COMPILED, _FILLED, _REPLY, _ERROR = b"compiled", b"filled", b"reply", b"error"
+# How long the process sleeps on its socket between looks at the engine core's process
+# (and, while something compiles, at the compilations).
+_IDLE_POLL_MS, _COMPILING_POLL_MS = 1000, 2
+
+
+class GrammarProcessClient:
+    """The engine core's handle on the grammar process: the methods of
+    :class:`~forkless.structured_output.manager.StructuredOutputManager`, the work done
+    there. The process starts with the first constrained request.
+
+    Args:
+        config: The server's structured-output settings.
+        tokenizer_path: Folder of the model's tokenizer.
+        vocab_size: Width of the model's logits.
+        eos_token_ids: The model's EOS ids.
+        allocate_shared: ``Executor.allocate_shared_bitmask_buffer``.
+    """
+
+    def __init__(self, config: StructuredOutputsConfig, tokenizer_path: str, vocab_size: int,
+                 eos_token_ids: list[int], allocate_shared: Callable[[int], tuple[str, Any] | None]) -> None:
+        self._args = (dataclasses.asdict(config), tokenizer_path, vocab_size, list(eos_token_ids))
+        self._words = (vocab_size + 31) // 32
+        self._allocate_shared = allocate_shared
+        self._proc: Any = None
+        self._ctx: zmq.Context | None = None
+        self._out: zmq.Socket | None = None
+        self._in: zmq.Socket | None = None
+        self._ipc_dir: str | None = None
+        self._compiling: set[str] = set()
+        # Request id -> its completion stop tokens (None: its backend must be asked).
+        self._grammars: dict[str, frozenset[int] | None] = {}
+        self._refused: list[tuple[str, str]] = []
+        self._compiled: tuple[list[str], list[tuple[str, str]]] = ([], [])
+        self._reply: Any = None
+        self._filled: Any = None
+        # The view a deferred fill writes, until take_deferred_fill() hands it on.
+        self._fill_view: Any = None
+
+    # ------------------------------------------------------------------ the process
+
+    def _start(self) -> None:
+        self._ipc_dir = ipc.make_ipc_dir("forkless-grammar-")
+        to_proc, from_proc = ipc.ipc_address(self._ipc_dir, "in"), ipc.ipc_address(self._ipc_dir, "out")
+        self._ctx = zmq.Context()
+        self._out = self._ctx.socket(zmq.PUSH)
+        self._out.bind(to_proc)
+        self._in = self._ctx.socket(zmq.PULL)
+        self._in.bind(from_proc)
+        # A fresh interpreter running this module, not multiprocessing's spawn: that would
+        # import the caller's main script again, which a script without a __main__ guard
+        # cannot survive.
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", __name__, ipc.encode(self._args).hex(), to_proc, from_proc, str(os.getpid()),
+                 self._ipc_dir], env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+        except BaseException:
+            self._close()
+            raise
+        logger.info("structured outputs: grammar process started (pid %d)", self._proc.pid)
+
+    def _send(self, kind: bytes, payload: Any) -> None:
+        if self._proc is None:
+            self._start()
+        assert self._out is not None
+        self._out.send_multipart([kind, ipc.encode(payload)], copy=False)
+
+    def _receive(self, timeout_ms: int | None) -> bool:
+        """Take one message from the process into its slot; ``False`` when none came
+        within ``timeout_ms`` (``None``: wait, but not on a dead process)."""
+        assert self._in is not None
+        step = 1000 if timeout_ms is None else timeout_ms
+        while not self._in.poll(step):
+            if self._proc.poll() is not None:
+                raise RuntimeError(f"the grammar process died (exit code {self._proc.returncode})")
+            if timeout_ms is not None:
+                return False
+        kind, payload = self._in.recv_multipart()
+        body = ipc.decode(payload)
+        if kind == _COMPILED:
+            rid, stop, reason = body
+            if rid in self._compiling:  # (not finished meanwhile)
+                self._compiling.discard(rid)
+                if reason is None:
+                    self._grammars[rid] = frozenset(stop) if stop is not None else None
+                    self._compiled[0].append(rid)
+                else:
+                    self._compiled[1].append((rid, reason))
+        elif kind == _FILLED:
+            self._filled = body
+        elif kind == _REPLY:
+            self._reply = body
+        elif kind == _ERROR:
+            raise RuntimeError(f"structured outputs: the grammar process failed:\n{body}")
+        return True
+
+    def _wait_reply(self) -> Any:
+        while self._reply is None:
+            self._receive(None)
+        reply, self._reply = self._reply, None
+        return reply
+
+    # ------------------------------------------------------------------ compilation
+
+    def submit(self, request_id: str, params: StructuredOutputsParams) -> None:
+        """Start compiling a request's grammar; :meth:`poll` says when it is ready."""
+        self._send(_SUBMIT, [request_id, params])
+        self._compiling.add(request_id)
+
+    def has_compiling(self) -> bool:
+        return bool(self._compiling)
+
+    def wait(self, timeout: float) -> None:
+        """Block until a compilation ends or ``timeout`` seconds pass."""
+        if self._compiling and not self._compiled[0] and not self._compiled[1]:
+            self._receive(max(1, int(timeout * 1000)))
+
+    def poll(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """``(ready, failed)`` since the last call (see the manager's ``poll``)."""
+        if self._compiling:
+            while self._receive(0):
+                pass
+        compiled, self._compiled = self._compiled, ([], [])
+        return compiled
+
+    # ------------------------------------------------------------------ the step
+
+    def has_grammars(self) -> bool:
+        return bool(self._grammars or self._refused)
+
+    def _view(self, rows: int) -> tuple[str, Any]:
+        shared = self._allocate_shared(rows * self._words * 4)
+        if shared is None:
+            raise RuntimeError("the executor gave no shared bitmask buffer")
+        return shared
+
+    def _note_refused(self, refused: list) -> None:
+        for rid, reason in refused:
+            if self._grammars.pop(rid, 0) != 0:
+                self._refused.append((rid, reason))
+
+    def fill_bitmask(self, scheduler_output: SchedulerOutput) -> None:
+        """Put the step's bitmask in the plan, filled by the process now (see the
+        manager's ``fill_bitmask``)."""
+        if not self._grammars:
+            return
+        self._take_fill()
+        grammars = self._grammars
+        rows = [s for s in scheduler_output.scheduled_requests if s.sample and s.request_id in grammars]
+        if not rows:
+            return
+        name, view = self._view(sum(1 + s.num_spec_tokens for s in rows))
+        self._send(_FILL_NOW, [name, len(view), [
+            [s.request_id, s.num_spec_tokens,
+             list(s.token_ids[len(s.token_ids) - s.num_spec_tokens:]) if s.num_spec_tokens else []] for s in rows]])
+        ids, used, refused = self._wait_reply()
+        self._note_refused(refused)
+        if ids:
+            scheduler_output.structured_output_request_ids = ids
+            scheduler_output.grammar_bitmask = view[:used]
+
+    def defer(self, scheduler_output: SchedulerOutput) -> None:
+        """Mark a plan made while the step before still runs (see the manager's ``defer``)."""
+        grammars = self._grammars
+        if not grammars:
+            return
+        rows = [s for s in scheduler_output.scheduled_requests if s.sample and s.request_id in grammars]
+        if not rows:
+            return
+        if any(s.num_spec_tokens for s in rows):
+            raise RuntimeError("a constrained request with drafts was planned while a step was in flight")
+        scheduler_output.structured_output_request_ids = [s.request_id for s in rows]
+        scheduler_output.defer_sampling = True
+
+    def start_deferred_fill(self, scheduler_output: SchedulerOutput) -> None:
+        """Have the process fill a deferred plan's bitmask (after the advance
+        :meth:`accept` sent it); :meth:`take_deferred_fill` waits for it."""
+        self._take_fill()
+        ids = scheduler_output.structured_output_request_ids
+        name, view = self._view(len(ids))
+        self._send(_FILL, [name, len(view), ids])
+        self._fill_view = view
+
+    def take_deferred_fill(self) -> Any:
+        """The bitmask :meth:`start_deferred_fill` started, once the process wrote it.
+
+        Raises:
+            RuntimeError: No fill was started.
+        """
+        if self._fill_view is None:
+            raise RuntimeError("take_deferred_fill() without start_deferred_fill()")
+        return self._take_fill()
+
+    def _take_fill(self) -> Any:
+        """Wait for the deferred fill in progress, if any, and return its view."""
+        view = self._fill_view
+        if view is not None:
+            while self._filled is None:
+                self._receive(None)
+            refused, self._filled = self._filled, None
+            self._fill_view = None
+            self._note_refused(refused)
+        return view
+
+    def accept(self, outputs: list[EngineCoreOutput],
+               defer_advance: bool = False) -> tuple[list[str], list[tuple[str, str]]]:
+        """Advance the grammars of a step's outputs (see the manager's ``accept``)."""
+        self._take_fill()
+        rejected, self._refused = self._refused, []
+        grammars = self._grammars
+        rows = [[o.request_id, o.new_token_ids, o.finish_reason is not None] for o in outputs
+                if o.request_id in grammars]
+        if not rows:
+            return [], rejected
+        if defer_advance and all(grammars[rid] is not None for rid, _, done in rows if not done):
+            complete = []
+            for rid, tokens, done in rows:
+                if done:
+                    del grammars[rid]
+                elif tokens and tokens[-1] in grammars[rid]:  # type: ignore[operator]
+                    del grammars[rid]
+                    complete.append(rid)
+            self._send(_ACCEPT, [True, rows])
+            return complete, rejected
+        self._send(_ACCEPT, [defer_advance, rows])
+        complete, refused = self._wait_reply()
+        for rid, _, done in rows:
+            if done:
+                grammars.pop(rid, None)
+        for rid in complete:
+            grammars.pop(rid, None)
+        for rid, reason in refused:
+            grammars.pop(rid, None)
+            rejected.append((rid, reason))
+        return complete, rejected
+
+    def finish(self, request_ids: Any) -> None:
+        """Forget requests (finished, aborted, failed); unknown ids are ignored."""
+        gone = []
+        for rid in request_ids:
+            if self._grammars.pop(rid, 0) != 0 or rid in self._compiling:
+                self._compiling.discard(rid)
+                gone.append(rid)
+        if gone:
+            self._send(_FINISH, gone)
+
+    def shutdown(self) -> None:
+        """Stop the process (it releases the backends) and close the sockets."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        try:
+            assert self._out is not None
+            self._out.send_multipart([_SHUTDOWN, ipc.encode(None)])
+        except zmq.ZMQError:
+            pass
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        self._close()
+        self._fill_view = None
+
+    def _close(self) -> None:
+        for sock in (self._out, self._in):
+            if sock is not None:
+                sock.close(linger=0)
+        if self._ctx is not None:
+            self._ctx.term()
+        if self._ipc_dir is not None:
+            ipc.remove_ipc_dir(self._ipc_dir)
+        self._out = self._in = self._ctx = self._ipc_dir = None
+
+
+class _SegmentMap:
+    """The process's map of the executor's segment named in the newest fill."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.segment: Any = None
+
+    def use(self, name: str) -> bool:
+        """Map segment ``name`` if it is not the one mapped; whether it changed."""
+        if name == self.name:
+            return False
+        from forkless.protocol.shared_memory import Segment
+
+        if self.segment is not None:
+            self.segment.release()
+        self.segment, self.name = Segment(name=name), name
+        # Mapping it registered it with this process's resource tracker (not multiprocessing's
+        # child: a tracker of its own), which would unlink it when this process exits: the
+        # executor owns it.
+        from multiprocessing import resource_tracker
+
+        resource_tracker.unregister(self.segment._name, "shared_memory")
+        return True
+
+    def view(self, nbytes: int) -> memoryview:
+        assert self.segment is not None
+        return self.segment.buf[:nbytes]
+
+
+def _outputs(rows: list) -> list[SimpleNamespace]:
+    """Accept rows as the manager reads outputs."""
+    return [SimpleNamespace(request_id=rid, new_token_ids=tokens, finish_reason="done" if done else None)
+            for rid, tokens, done in rows]
+
+
+def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent_pid: int, ipc_dir: str) -> None:
+    """Entry point of the grammar process (see the module's invariants)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine core shuts it down
+    from forkless.plugins import load_general_plugins
+    from forkless.structured_output.manager import StructuredOutputManager
+
+    load_general_plugins()  # backends a plugin registers resolve here too
+    config_dict, tokenizer_path, vocab_size, eos = ipc.decode(args_bytes)
+    segments = _SegmentMap()
+    manager = StructuredOutputManager(StructuredOutputsConfig(**config_dict), tokenizer_path, vocab_size, eos,
+                                      allocate_buffer=segments.view, own_process=True)
+    ctx = zmq.Context()
+    inbox = ctx.socket(zmq.PULL)
+    inbox.connect(addr_in)
+    outbox = ctx.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.LINGER, 1000)
+    outbox.connect(addr_out)
+    # Refusals an advance found that no fill's reply carried yet.
+    refused: list = []
+    # Each deferred fill's time here (its advance included), logged at the end.
+    fill_seconds: list[float] = []
+
+    def send(kind: bytes, payload: Any) -> None:
+        outbox.send_multipart([kind, ipc.encode(payload)])
+
+    def map_segment(name: str) -> None:
+        if segments.use(name):
+            manager.drop_buffer()  # its buffer viewed the old segment
+
+    try:
+        while True:
+            if not inbox.poll(_COMPILING_POLL_MS if manager.has_compiling() else _IDLE_POLL_MS):
+                if not ipc.parent_alive(parent_pid):
+                    break
+            else:
+                kind, payload = inbox.recv_multipart()
+                if kind == _SHUTDOWN:
+                    break
+                try:
+                    if kind == _SUBMIT:
+                        rid, params = ipc.decode(payload)
+                        manager.submit(rid, msgspec.convert(params, StructuredOutputsParams))
+                    elif kind == _FINISH:
+                        manager.finish(ipc.decode(payload))
+                    elif kind == _ACCEPT:
+                        deferred, rows = ipc.decode(payload)
+                        complete, rejected = manager.accept(_outputs(rows), deferred)
+                        if deferred:
+                            refused += rejected  # (complete: the client told it already)
+                        else:
+                            send(_REPLY, [complete, rejected])
+                    elif kind == _FILL:
+                        started = time.perf_counter()
+                        name, nbytes, ids = ipc.decode(payload)
+                        map_segment(name)
+                        manager.start_deferred_fill(SimpleNamespace(structured_output_request_ids=ids))
+                        manager.take_deferred_fill()
+                        refused += manager.take_refused()
+                        send(_FILLED, refused)
+                        refused = []
+                        fill_seconds.append(time.perf_counter() - started)
+                    elif kind == _FILL_NOW:
+                        name, nbytes, rows = ipc.decode(payload)
+                        map_segment(name)
+                        plan = SimpleNamespace(
+                            scheduled_requests=[SimpleNamespace(request_id=rid, sample=True, num_spec_tokens=m,
+                                                                token_ids=drafts) for rid, m, drafts in rows],
+                            structured_output_request_ids=[], grammar_bitmask=None)
+                        manager.fill_bitmask(plan)
+                        refused += manager.take_refused()
+                        used = len(plan.grammar_bitmask) if plan.grammar_bitmask is not None else 0
+                        send(_REPLY, [plan.structured_output_request_ids, used, refused])
+                        refused = []
+                    else:
+                        raise ValueError(f"unknown message {kind!r}")
+                except Exception:  # noqa: BLE001 -- reported to the engine core, which raises it
+                    send(_ERROR, traceback.format_exc())
+            if manager.has_compiling():
+                ready, failed = manager.poll()
+                for rid in ready:
+                    send(_COMPILED, [rid, manager.completion_stop_ids(rid), None])
+                for rid, reason in failed:
+                    send(_COMPILED, [rid, None, reason])
+    finally:
+        if fill_seconds:
+            fill_seconds.sort()
+            logger.info("grammar process: %d deferred fills, median %.2f ms, 90th percentile %.2f ms",
+                        len(fill_seconds), fill_seconds[len(fill_seconds) // 2] * 1e3,
+                        fill_seconds[len(fill_seconds) * 9 // 10] * 1e3)
+        manager.shutdown()
+        segments.segment = None
+        inbox.close(linger=0)
+        outbox.close()
+        ctx.term()
+        ipc.remove_ipc_dir_if_orphaned(parent_pid, ipc_dir)
+
+
+if __name__ == "__main__":
+    _grammar_process_main(bytes.fromhex(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])

@@ -1,0 +1,149 @@
+"""The grammars in a process of their own (``FORKLESS_GRAMMAR_PROCESS=1``): the outputs of
+the engine core's own grammar threads, with synchronous and async steps, in-process and
+worker-process executors; a constraint that does not compile fails its request only; the
+process leaves with the engine, also when the engine's process is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from forkless import LLM, SamplingParams, StructuredOutputsParams
+from forkless.structured_output.process import GrammarProcessClient
+from tests.structured_output.schemas import CHOICES, PROMPTS, SCHEMAS
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cases(llm: LLM) -> tuple[list[str], list[SamplingParams]]:
+    tokenizer = llm.get_tokenizer()
+
+    def chat(question: str) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                             add_generation_prompt=True)
+
+    prompts = [chat(PROMPTS["person"]), chat(PROMPTS["array"]), chat(PROMPTS["person"]), chat("Capital of France?"),
+               chat("Is the sky blue?"), "The capital of France is"]
+    params = [SamplingParams(temperature=0, max_tokens=80, structured_outputs=StructuredOutputsParams(json=SCHEMAS[n]))
+              for n in ("person", "array")]
+    params.append(SamplingParams(temperature=0.8, seed=3, max_tokens=80,
+                                 structured_outputs=StructuredOutputsParams(json=SCHEMAS["person"])))
+    params.append(SamplingParams(temperature=0, max_tokens=8, structured_outputs=StructuredOutputsParams(choice=CHOICES)))
+    params.append(SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(
+        choice=["yes", "no", "maybe so"])))
+    params.append(SamplingParams(temperature=0, max_tokens=24))
+    return prompts, params
+
+
+def _seen(outputs: list) -> list[tuple]:
+    return [(o.outputs[0].token_ids, o.outputs[0].text, o.outputs[0].finish_reason) for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_folder: Path) -> list[tuple]:
+    """The outputs with the grammars on the engine core's threads (synchronous steps)."""
+    llm = LLM(str(smollm2_folder), max_model_len=512, max_num_seqs=16)
+    try:
+        assert not isinstance(llm.llm_engine.engine_core._structured, GrammarProcessClient)
+        return _seen(llm.generate(*_cases(llm), use_tqdm=False))
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("engine_kwargs", [
+    {},
+    {"async_scheduling": True},
+    {"async_scheduling": True, "distributed_executor_backend": "mp"},
+], ids=["sync", "async", "async-mp"])
+def test_the_grammar_process_gives_the_engine_cores_outputs(smollm2_folder: Path, reference: list[tuple],
+                                                            engine_kwargs: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESS", "1")
+    llm = LLM(str(smollm2_folder), max_model_len=512, max_num_seqs=16, **engine_kwargs)
+    try:
+        client = llm.llm_engine.engine_core._structured
+        assert isinstance(client, GrammarProcessClient)
+        sent: list[bytes] = []
+        send = client._send
+        client._send = lambda kind, payload: (sent.append(kind), send(kind, payload))[1]
+        got = _seen(llm.generate(*_cases(llm), use_tqdm=False))
+        proc, ipc_dir = client._proc, client._ipc_dir
+        assert proc is not None and proc.poll() is None and os.path.isdir(ipc_dir)
+    finally:
+        llm.shutdown()
+    assert got == reference
+    jsonschema.validate(json.loads(got[0][1]), SCHEMAS["person"])
+    jsonschema.validate(json.loads(got[2][1]), SCHEMAS["person"])
+    # Async steps had their bitmask filled by the process while the forward ran; the
+    # first step of a request, and synchronous steps, got theirs at the plan.
+    assert b"fill_now" in sent
+    assert (b"fill" in sent) == bool(engine_kwargs)
+    # The process left with the engine, and took its socket directory along.
+    assert proc.wait(10) == 0
+    assert not os.path.exists(ipc_dir)
+
+
+def test_a_constraint_that_does_not_compile_fails_its_request_only(tiny_llama: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend, given by class path, is resolved in the grammar process too."""
+    monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESS", "1")
+    llm = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=1 << 24,
+              structured_outputs_config={"backend": "tests.structured_output.test_engine_core:GatedBackend"})
+    try:
+        engine = llm.llm_engine
+        assert isinstance(engine.engine_core._structured, GrammarProcessClient)
+        engine.add_request("bad", "x", SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(
+            choice=["fail"])))
+        engine.add_request("good", "Hello", SamplingParams(max_tokens=3, ignore_eos=True))
+        errors, done = [], []
+        while engine.has_unfinished_requests():
+            try:
+                done += [o.request_id for o in engine.step() if o.finished]
+            except ValueError as exc:
+                errors.append(str(exc))
+        assert len(errors) == 1 and "request 'bad'" in errors[0] and "cannot compile 'fail'" in errors[0]
+        assert done == ["good"]
+        out = llm.generate(["x"], SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(
+            choice=["yes", "no"])), use_tqdm=False)
+        assert out[0].outputs[0].text in ("yes", "no") and out[0].outputs[0].finish_reason == "stop"
+    finally:
+        llm.shutdown()
+
+
+_KILLED = """
+import os, sys
+from forkless import LLM, SamplingParams, StructuredOutputsParams
+llm = LLM(sys.argv[1], max_model_len=256, kv_cache_memory=1 << 24)
+out = llm.generate(["x"], SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
+                   use_tqdm=False)
+print(llm.llm_engine.engine_core._structured._proc.pid, out[0].outputs[0].text, flush=True)
+os._exit(9)  # no shutdown: as if killed
+"""
+
+
+def test_the_grammar_process_exits_when_the_engine_is_killed(tiny_llama: Path) -> None:
+    env = dict(os.environ, FORKLESS_GRAMMAR_PROCESS="1", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", _KILLED, str(tiny_llama)], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert out.returncode == 9, out.stderr[-3000:]
+    pid, text = out.stdout.split()
+    assert text in ("yes", "no")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return
+        if state == "Z":  # exited; its new parent has not reaped it yet
+            return
+        time.sleep(0.2)
+    os.kill(int(pid), 9)
+    pytest.fail(f"the grammar process {pid} outlived the engine by 15 s")
