@@ -260,12 +260,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     # of `import torch` and the model runner's imports); _build_worker turns it back on.
     gc.disable()
     _prepare_process(local_workers)
-    ctx = zmq.Context()
-    inbox = ctx.socket(zmq.PULL)
-    inbox.connect(addr_in)
-    outbox = ctx.socket(zmq.PUSH)
-    outbox.setsockopt(zmq.LINGER, 1000)
-    outbox.connect(addr_out)
+    ctx, inbox, outbox = ipc.connect_to_parent(addr_in, addr_out)
     try:
         worker, ready = _build_worker(config_bytes, rank, init_method=init_method)
     except Exception as exc:

@@ -42,6 +42,21 @@ def ipc_address(directory: str, name: str) -> str:
     return f"ipc://{os.path.join(directory, name)}"
 
 
+def connect_to_parent(addr_in: str, addr_out: str) -> tuple[Any, Any, Any]:
+    """A child process's two sockets to the parent that bound ``addr_in`` (PUSH, where
+    calls come from) and ``addr_out`` (PULL, where replies go): ``(context, inbox,
+    outbox)``; the outbox lingers a second at close, so that a last reply still leaves."""
+    import zmq
+
+    ctx = zmq.Context()
+    inbox = ctx.socket(zmq.PULL)
+    inbox.connect(addr_in)
+    outbox = ctx.socket(zmq.PUSH)
+    outbox.setsockopt(zmq.LINGER, 1000)
+    outbox.connect(addr_out)
+    return ctx, inbox, outbox
+
+
 def make_ipc_dir(prefix: str) -> str:
     """A new private directory for IPC sockets, in the temp directory (its maker removes
     it at shutdown)."""

@@ -8,7 +8,6 @@ repeated schema costs a matcher, not a compilation.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import time
@@ -43,8 +42,6 @@ _BATCH_FILL_MIN = 16
 _PARALLEL_FILL_SECONDS = 1e-3
 # One step in this many fills on one thread anyway, to keep its cost per row current.
 _REMEASURE_EVERY = 64
-# A step's advance is split over threads in parts of at least this many rows.
-_ACCEPT_PART_MIN = 32
 
 
 class XgrammarGrammar(StructuredOutputGrammar):
@@ -121,13 +118,10 @@ class XgrammarBackend(StructuredOutputBackend):
         # None where a later xgrammar moves it (then the public wrapper).
         core = getattr(getattr(xgr, "matcher", None), "_core", None)
         self._raw_accept = getattr(getattr(core, "BatchGrammarMatcher", None), "batch_accept_token", None)
-        # xgrammar advances a batch on one thread (~5 us a token on an H200's host, 1.3 ms
-        # for 256 rows): large batches are split over these threads (its calls release
-        # the GIL), the step loop taking the first part itself.
-        self._accept_pool = (concurrent.futures.ThreadPoolExecutor(max_workers=min(threads, 4) - 1,
-                                                                   thread_name_prefix="forkless-grammar-accept")
-                             if threads > 1 and self._raw_accept is not None else None)
-        self._accept_parts = min(threads, 4)
+        # A step's advance is one call on the calling thread: split over Python threads
+        # it took longer (H200 host, 256 matchers of the benchmark's schema over Qwen's
+        # vocabulary, median of 60 steps: 0.71 ms in one call, 0.83 / 1.03 / 1.53 ms in
+        # 2 / 4 / 8 parts; benchmarks/README.md, "The grammar process").
 
     def fill_bitmasks(self, grammars: list[StructuredOutputGrammar], bitmask: np.ndarray,
                       indices: list[int]) -> None:
@@ -155,23 +149,9 @@ class XgrammarBackend(StructuredOutputBackend):
         firsts = [t[0] for t in tokens]
         if self._raw_accept is None:
             return list(self._batch.batch_accept_token(matchers, firsts))
-        handles = [m._handle for m in matchers]
-        # In the background (the fill thread, beside a busy step loop) in one part: on an
-        # H200's host, split in four there, the step loop lost more to the parts' turns
-        # at the interpreter's lock than the split saved (constrained step +70-76 %
-        # against +40-44 % over unconstrained, median of 4 alternations, twice).
-        parts = 1 if background else min(self._accept_parts, len(handles) // _ACCEPT_PART_MIN)
-        if self._accept_pool is None or parts < 2:
-            return self._accept_part(handles, firsts)
-        size = -(-len(handles) // parts)
-        futures = [self._accept_pool.submit(self._accept_part, handles[i:i + size], firsts[i:i + size])
-                   for i in range(size, len(handles), size)]
-        accepted = self._accept_part(handles[:size], firsts[:size])
-        for future in futures:
-            accepted += future.result()
-        return accepted
+        return self._accept_raw([m._handle for m in matchers], firsts)
 
-    def _accept_part(self, handles: list, tokens: list[int]) -> list[bool]:
+    def _accept_raw(self, handles: list, tokens: list[int]) -> list[bool]:
         result = self._raw_accept(handles, tokens, False)
         # Every token accepted (the masked case), asked in an FFI call or two: the
         # elements are 0/1 integers, compared by type (False would not match 0).
@@ -226,6 +206,4 @@ class XgrammarBackend(StructuredOutputBackend):
         return XgrammarGrammar(self._xgr.GrammarMatcher(compiled))
 
     def destroy(self) -> None:
-        if self._accept_pool is not None:
-            self._accept_pool.shutdown(wait=False)
         self._compiler.clear_cache()

@@ -45,7 +45,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Collection, NamedTuple, TypeVar
 
 from forkless.logger import init_logger
 from forkless.structured_output.config import StructuredOutputsConfig
@@ -77,6 +77,22 @@ def _refusal(tokens: list[int]) -> str:
     return f"structured outputs: the grammar refused token(s) {tokens} it had allowed"
 
 
+def mark_deferred(scheduler_output: SchedulerOutput, grammars: Collection[str]) -> None:
+    """Mark a plan whose sampling rows hold a grammar (an id in ``grammars``) as one
+    whose bitmask comes later (``defer_sampling``, the rows in
+    ``structured_output_request_ids``); a plan without such rows is left as it is."""
+    if not grammars:
+        return
+    rows = [s for s in scheduler_output.scheduled_requests if s.sample and s.request_id in grammars]
+    if not rows:
+        return
+    if any(s.num_spec_tokens for s in rows):
+        # Drafts keep steps synchronous (the scheduler's invariant): never deferred.
+        raise RuntimeError("a constrained request with drafts was planned while a step was in flight")
+    scheduler_output.structured_output_request_ids = [s.request_id for s in rows]
+    scheduler_output.defer_sampling = True
+
+
 class StructuredOutputManager:
     """Grammars of the engine core's constrained requests.
 
@@ -90,15 +106,10 @@ class StructuredOutputManager:
             size in bytes (``Executor.allocate_bitmask_buffer``: pinned memory for an
             in-process CUDA worker, which then copies it to the device without staging
             it); ``None``, or a call that returns ``None``: a ``bytearray``.
-        own_process: It runs in the grammar process (:mod:`.process`), where no step loop
-            shares the interpreter: a deferred fill's advance is split over the
-            backend's threads like any other.
     """
 
     def __init__(self, config: StructuredOutputsConfig, tokenizer_path: str, vocab_size: int,
-                 eos_token_ids: list[int], allocate_buffer: Callable[[int], Any] | None = None,
-                 own_process: bool = False) -> None:
-        self._own_process = own_process
+                 eos_token_ids: list[int], allocate_buffer: Callable[[int], Any] | None = None) -> None:
         self.config = config
         self.tokenizer_path = tokenizer_path
         self.vocab_size = vocab_size
@@ -247,17 +258,7 @@ class StructuredOutputManager:
         """Mark a plan made while the step before still runs: its constrained rows'
         bitmask comes from :meth:`start_deferred_fill`, once the grammars hold that step's
         tokens (``SchedulerOutput.defer_sampling``)."""
-        grammars = self._grammars
-        if not grammars:
-            return
-        rows = [s for s in scheduler_output.scheduled_requests if s.sample and s.request_id in grammars]
-        if not rows:
-            return
-        if any(s.num_spec_tokens for s in rows):
-            # Drafts keep steps synchronous (the scheduler's invariant): never deferred.
-            raise RuntimeError("a constrained request with drafts was planned while a step was in flight")
-        scheduler_output.structured_output_request_ids = [s.request_id for s in rows]
-        scheduler_output.defer_sampling = True
+        mark_deferred(scheduler_output, self._grammars)
 
     def start_deferred_fill(self, scheduler_output: SchedulerOutput) -> None:
         """Start filling the bitmask of a plan marked by :meth:`defer` on the fill thread,
@@ -323,7 +324,7 @@ class StructuredOutputManager:
 
     def _advance_and_fill(self, advance: list[_Advance], bitmask: np.ndarray, groups: list) -> list[tuple[str, str]]:
         """The fill thread's job: the pending advance, then the fill."""
-        refused = self._run_advance(advance, background=not self._own_process)
+        refused = self._run_advance(advance, background=True)
         self._fill_groups(bitmask, groups)
         return refused
 

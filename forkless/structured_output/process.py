@@ -53,6 +53,7 @@ from forkless.logger import init_logger
 from forkless.protocol import ipc
 from forkless.sampling_params import StructuredOutputsParams
 from forkless.structured_output.config import StructuredOutputsConfig
+from forkless.structured_output.manager import mark_deferred
 
 if TYPE_CHECKING:
     from forkless.protocol.step import EngineCoreOutput, SchedulerOutput
@@ -224,16 +225,7 @@ class GrammarProcessClient:
 
     def defer(self, scheduler_output: SchedulerOutput) -> None:
         """Mark a plan made while the step before still runs (see the manager's ``defer``)."""
-        grammars = self._grammars
-        if not grammars:
-            return
-        rows = [s for s in scheduler_output.scheduled_requests if s.sample and s.request_id in grammars]
-        if not rows:
-            return
-        if any(s.num_spec_tokens for s in rows):
-            raise RuntimeError("a constrained request with drafts was planned while a step was in flight")
-        scheduler_output.structured_output_request_ids = [s.request_id for s in rows]
-        scheduler_output.defer_sampling = True
+        mark_deferred(scheduler_output, self._grammars)
 
     def start_deferred_fill(self, scheduler_output: SchedulerOutput) -> None:
         """Have the process fill a deferred plan's bitmask (after the advance
@@ -383,13 +375,8 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
     config_dict, tokenizer_path, vocab_size, eos = ipc.decode(args_bytes)
     segments = _SegmentMap()
     manager = StructuredOutputManager(StructuredOutputsConfig(**config_dict), tokenizer_path, vocab_size, eos,
-                                      allocate_buffer=segments.view, own_process=True)
-    ctx = zmq.Context()
-    inbox = ctx.socket(zmq.PULL)
-    inbox.connect(addr_in)
-    outbox = ctx.socket(zmq.PUSH)
-    outbox.setsockopt(zmq.LINGER, 1000)
-    outbox.connect(addr_out)
+                                      allocate_buffer=segments.view)
+    ctx, inbox, outbox = ipc.connect_to_parent(addr_in, addr_out)
     # Refusals an advance found that no fill's reply carried yet.
     refused: list = []
     # Each deferred fill's time here (its advance included), logged at the end.

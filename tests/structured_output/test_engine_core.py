@@ -64,6 +64,12 @@ def test_a_request_waits_for_its_grammar_while_the_others_run(llm: LLM) -> None:
 
 
 def test_a_grammar_that_fails_in_the_engine_core_fails_its_request_only(llm: LLM) -> None:
+    check_a_failed_compile_fails_its_request_only(llm)
+
+
+def check_a_failed_compile_fails_its_request_only(llm: LLM) -> None:
+    """With GatedBackend: the choice ["fail"] fails its own request (a ValueError of the
+    step that reports it, offline), the others finish, and the engine goes on."""
     engine = llm.llm_engine
     engine.add_request("bad", "x", SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(
         choice=["fail"])))

@@ -18,6 +18,7 @@ import pytest
 from forkless import LLM, SamplingParams, StructuredOutputsParams
 from forkless.structured_output.process import GrammarProcessClient
 from tests.structured_output.schemas import CHOICES, PROMPTS, SCHEMAS
+from tests.structured_output.test_engine_core import check_a_failed_compile_fails_its_request_only
 
 pytestmark = pytest.mark.slow
 
@@ -98,22 +99,8 @@ def test_a_constraint_that_does_not_compile_fails_its_request_only(tiny_llama: P
     llm = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=1 << 24,
               structured_outputs_config={"backend": "tests.structured_output.test_engine_core:GatedBackend"})
     try:
-        engine = llm.llm_engine
-        assert isinstance(engine.engine_core._structured, GrammarProcessClient)
-        engine.add_request("bad", "x", SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(
-            choice=["fail"])))
-        engine.add_request("good", "Hello", SamplingParams(max_tokens=3, ignore_eos=True))
-        errors, done = [], []
-        while engine.has_unfinished_requests():
-            try:
-                done += [o.request_id for o in engine.step() if o.finished]
-            except ValueError as exc:
-                errors.append(str(exc))
-        assert len(errors) == 1 and "request 'bad'" in errors[0] and "cannot compile 'fail'" in errors[0]
-        assert done == ["good"]
-        out = llm.generate(["x"], SamplingParams(max_tokens=5, structured_outputs=StructuredOutputsParams(
-            choice=["yes", "no"])), use_tqdm=False)
-        assert out[0].outputs[0].text in ("yes", "no") and out[0].outputs[0].finish_reason == "stop"
+        assert isinstance(llm.llm_engine.engine_core._structured, GrammarProcessClient)
+        check_a_failed_compile_fails_its_request_only(llm)
     finally:
         llm.shutdown()
 

@@ -205,27 +205,17 @@ def test_a_steps_rows_filled_at_once_equal_one_by_one(smollm2_folder, backend: s
         assert np.array_equal(threaded, one_by_one)
 
 
-@pytest.mark.parametrize("backend", ["xgrammar", "xgrammar-split", "guidance"])
-def test_a_steps_grammars_advance_at_once_as_one_by_one(smollm2_folder, backend: str, monkeypatch) -> None:
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_a_steps_grammars_advance_at_once_as_one_by_one(smollm2_folder, backend: str) -> None:
     """A step's tokens advance the grammars in one call per backend: what each accepts
     and which are complete afterwards (stop token taken) are what the grammars say one
     by one, refused tokens included (xgrammar's batch path then reads its result row by
-    row; split: in parts on threads, as on hosts with more cores than this one)."""
-    import concurrent.futures
-
-    from forkless.structured_output import backend_xgrammar
+    row)."""
     from forkless.tokenizers.loading import load_tokenizer
 
     tokenizer = load_tokenizer(smollm2_folder)
-    cls = StructuredOutputBackendRegistry.resolve(backend.split("-")[0])
+    cls = StructuredOutputBackendRegistry.resolve(backend)
     instance = cls(tokenizer, 49152, [2], StructuredOutputsConfig())
-    if backend == "xgrammar-split":
-        monkeypatch.setattr(backend_xgrammar, "_ACCEPT_PART_MIN", 5)
-        instance._accept_pool = concurrent.futures.ThreadPoolExecutor(max_workers=3)
-        instance._accept_parts = 4
-        calls = []
-        part = instance._accept_part
-        instance._accept_part = lambda handles, tokens: (calls.append(len(handles)), part(handles, tokens))[1]
     spec = '["yes please", "no thanks"]'
     batched = [instance.compile_grammar("choice", spec) for _ in range(32)]  # xgrammar's batch path
     single = [instance.compile_grammar("choice", spec) for _ in range(32)]
@@ -256,14 +246,11 @@ def test_a_steps_grammars_advance_at_once_as_one_by_one(smollm2_folder, backend:
     assert terminated == [g.is_terminated() and ok for g, ok in zip(single, expected)] == [True] * 8 + [False] * 24
     # Every token accepted (the usual, masked step): the same one-call answer.
     assert step([[good[1]]] * 32)[0][8:20] == [True] * 12
-    if backend == "xgrammar-split":
-        assert calls == [8, 8, 8, 8] * 2  # four parts a step, in order
-        # In the background (the fill thread beside the step loop): one part.
-        fresh = [instance.compile_grammar("choice", spec) for _ in range(32)]
-        assert instance.accept_tokens_batch(fresh, ["r"] * 32, [good[:1]] * 16 + [bad] * 16,
-                                            background=True) == [True] * 16 + [False] * 16
-        assert calls[8:] == [32]
-        instance.destroy()
+    # In the background (the fill thread beside the step loop): the same answers.
+    fresh = [instance.compile_grammar("choice", spec) for _ in range(32)]
+    assert instance.accept_tokens_batch(fresh, ["r"] * 32, [good[:1]] * 16 + [bad] * 16,
+                                        background=True) == [True] * 16 + [False] * 16
+    instance.destroy()
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
