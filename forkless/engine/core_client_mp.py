@@ -8,6 +8,7 @@ shutdown, whether the engine core stopped when told or died.
 from __future__ import annotations
 
 import asyncio
+import atexit
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -51,6 +52,9 @@ class EngineCoreClient:
                     self.proc.pid)
         self.ready_info: dict[str, Any] = {}
         self.closed = False
+        # A script that exits without shutting down: the engine core (not a daemon, since
+        # it has worker processes) is told to stop rather than waited for forever.
+        self._at_exit = ipc.shutdown_at_exit(self)
 
     @property
     def pid(self) -> int | None:
@@ -108,12 +112,16 @@ class EngineCoreClient:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine core (and, through it, the workers); never leaves orphans."""
+        atexit.unregister(self._at_exit)
         if self.closed:
             return
         self.closed = True
         if self.proc.is_alive():
             try:
-                self.input.send_multipart([ipc.SHUTDOWN, b"\xc0"], flags=zmq.NOBLOCK)
+                # Through a plain shadow of the socket: the asyncio one needs an event
+                # loop, and none runs after asyncio.run() returned (or at exit).
+                zmq.Socket.shadow(self.input.underlying).send_multipart([ipc.SHUTDOWN, b"\xc0"],
+                                                                         flags=zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
             self.proc.join(timeout)

@@ -55,6 +55,10 @@ is true when every rank does. Invariants of the async steps:
     * Synchronous calls (``execute_model`` and the start-up calls) are refused while async
       steps are uncollected: their replies would interleave with the steps'.
     * Shutdown drops a step in flight: the worker exits without collecting it.
+    * An interpreter that exits without a shutdown (a script's uncaught exception, a
+      forgotten ``llm.shutdown()``) shuts the executor down first
+      (``ipc.shutdown_at_exit``): otherwise ``multiprocessing`` would wait at exit for
+      workers that wait for a message.
 
 The worker sockets go in the IPC directory this process inherited (the API server's,
 in the engine core process), else in one the executor makes and removes at shutdown. A
@@ -63,6 +67,7 @@ worker whose parent is gone (killed) removes that directory before it exits.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gc
 import multiprocessing
@@ -478,6 +483,7 @@ class MultiprocExecutor(RankedWorkersExecutor):
         self._in_flight: deque[int] = deque()
         # The shared memory of the grammar bitmask (allocate_bitmask_buffer), newest last.
         self._bitmask_segments = BitmaskSegments()
+        self._at_exit = ipc.shutdown_at_exit(self)
         config_bytes = ipc.encode(config.to_builtins())
         for rank in range(self.world_size):
             addr_in = ipc.ipc_address(self.ipc_dir, f"to-worker-{rank}")
@@ -724,6 +730,7 @@ class MultiprocExecutor(RankedWorkersExecutor):
                 raise WorkerDiedError(f"worker {rank} (pid {proc.pid}) is dead (exit code {proc.exitcode})")
 
     def shutdown(self) -> None:
+        atexit.unregister(self._at_exit)
         if not self.procs:
             return
         # A step in flight is dropped (the workers exit without collecting it).

@@ -16,14 +16,18 @@ IPC directories. The sockets live in private (0700) directories under the temp d
     * A child whose parent is gone (killed: it never shut down) removes the directory
       it was given before it exits (:func:`remove_ipc_dir_if_orphaned`). So a SIGKILL of
       any one process of a server leaves no ``forkless-*`` directory behind.
+    * An owner of child processes that the interpreter leaves without a shutdown shuts
+      them down at its exit (:func:`shutdown_at_exit`).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import tempfile
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 import msgspec
 
@@ -55,6 +59,27 @@ def connect_to_parent(addr_in: str, addr_out: str) -> tuple[Any, Any, Any]:
     outbox.setsockopt(zmq.LINGER, 1000)
     outbox.connect(addr_out)
     return ctx, inbox, outbox
+
+
+def shutdown_at_exit(owner: Any) -> Callable[[], None]:
+    """Have ``owner.shutdown()`` run when the interpreter exits without it (an uncaught
+    exception, a forgotten shutdown), if ``owner`` still exists; returns the handler, which
+    the owner's ``shutdown`` passes to ``atexit.unregister``.
+
+    Owners of non-daemon child processes need this: ``multiprocessing``'s exit handler
+    joins those children, and children that wait for a shutdown message would be waited
+    for forever. Registered after that handler (``multiprocessing`` is imported first), so
+    run before it; a weak reference, so that the registration keeps nothing alive.
+    """
+    ref = weakref.ref(owner)
+
+    def at_exit() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.shutdown()
+
+    atexit.register(at_exit)
+    return at_exit
 
 
 def make_ipc_dir(prefix: str) -> str:

@@ -1,0 +1,85 @@
+"""A script that exits without shutting the engine down (an uncaught exception, a forgotten
+``shutdown()``) still exits, promptly, and leaves no process or IPC directory behind.
+
+The worker and engine core processes are not daemons; ``multiprocessing`` joins such
+children when the interpreter exits, and they wait for a shutdown message: without
+``ipc.shutdown_at_exit`` the script hung forever.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+OFFLINE = """
+import sys
+from forkless import LLM, SamplingParams
+
+if __name__ == "__main__":
+    llm = LLM(sys.argv[1], max_model_len=256, kv_cache_memory=1 << 22, distributed_executor_backend="mp",
+              async_scheduling=True)
+    llm.generate(["Hello"], SamplingParams(max_tokens=3), use_tqdm=False)
+    print("PIDS", *llm.llm_engine.engine_core.executor.worker_pids, flush=True)
+    raise RuntimeError("the user's own error")
+"""
+
+SERVING = """
+import asyncio, sys
+from forkless import SamplingParams
+from forkless.config import EngineArgs
+from forkless.engine.async_llm import AsyncLLM
+
+async def run():
+    llm = AsyncLLM.from_engine_args(EngineArgs(model=sys.argv[1], max_model_len=256, kv_cache_memory=1 << 22))
+    await llm.start()
+    async for out in llm.generate("Hello", SamplingParams(max_tokens=3), "r1"):
+        pass
+    print("PIDS", llm.client.pid, flush=True)
+    return llm  # kept alive past the event loop, never shut down
+
+if __name__ == "__main__":
+    kept = asyncio.run(run())
+    raise RuntimeError("the user's own error")
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (not reaped yet by a parent that exited) counts as gone.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("script", [OFFLINE, SERVING], ids=["offline-mp-executor", "async-llm"])
+def test_a_script_that_raises_without_shutdown_exits(tiny_llama: Path, tmp_path: Path, script: str) -> None:
+    (tmp_path / "script.py").write_text(textwrap.dedent(script))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(REPO))
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(tmp_path / "script.py"), str(tiny_llama)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    took = time.monotonic() - t0
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "RuntimeError: the user's own error" in proc.stderr
+    assert "Exception ignored in atexit" not in proc.stderr, proc.stderr[-3000:]
+    assert took < 60, f"the script took {took:.0f} s to exit"
+    pids = [int(p) for p in proc.stdout.split("PIDS", 1)[1].split()]
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], "a child process outlived the script"
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("forkless-")]
