@@ -8,7 +8,6 @@ shutdown, whether the engine core stopped when told or died.
 from __future__ import annotations
 
 import asyncio
-import atexit
 from typing import TYPE_CHECKING, Any
 
 import zmq
@@ -27,6 +26,31 @@ logger = init_logger("forkless.engine.client")
 
 class EngineDeadError(RuntimeError):
     """The engine core (or one of its workers) died; no request can be served."""
+
+
+def _stop_engine_core(proc: Any, input_sock: zmq.asyncio.Socket, output_sock: zmq.asyncio.Socket,
+                      ctx: zmq.asyncio.Context, ipc_dir: str, timeout: float = 10.0) -> None:
+    """Tell the engine core process to stop, wait ``timeout`` s, then terminate and kill
+    it; close the sockets and remove the IPC directory."""
+    if proc.is_alive():
+        try:
+            # Through a plain shadow of the socket: the asyncio one needs an event loop,
+            # and none runs after asyncio.run() returned, or at exit.
+            zmq.Socket.shadow(input_sock.underlying).send_multipart([ipc.SHUTDOWN, b"\xc0"], flags=zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
+        proc.join(timeout)
+    if proc.is_alive():
+        logger.warning("engine core did not stop within %.0f s; terminating it", timeout)
+        proc.terminate()
+        proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
+    input_sock.close(linger=0)
+    output_sock.close(linger=0)
+    ctx.term()
+    ipc.remove_ipc_dir(ipc_dir)
 
 
 class EngineCoreClient:
@@ -52,9 +76,10 @@ class EngineCoreClient:
                     self.proc.pid)
         self.ready_info: dict[str, Any] = {}
         self.closed = False
-        # A script that exits without shutting down: the engine core (not a daemon, since
-        # it has worker processes) is told to stop rather than waited for forever.
-        self._at_exit = ipc.shutdown_at_exit(self)
+        # Stops the engine core at shutdown, or when this client is dropped or the
+        # interpreter exits without one (it is no daemon: it has worker processes).
+        self._release = ipc.release_with(self, _stop_engine_core, self.proc, self.input, self.output, self.ctx,
+                                         self.ipc_dir)
 
     @property
     def pid(self) -> int | None:
@@ -110,29 +135,7 @@ class EngineCoreClient:
     def is_alive(self) -> bool:
         return self.proc.is_alive()
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def shutdown(self) -> None:
         """Stop the engine core (and, through it, the workers); never leaves orphans."""
-        atexit.unregister(self._at_exit)
-        if self.closed:
-            return
         self.closed = True
-        if self.proc.is_alive():
-            try:
-                # Through a plain shadow of the socket: the asyncio one needs an event
-                # loop, and none runs after asyncio.run() returned (or at exit).
-                zmq.Socket.shadow(self.input.underlying).send_multipart([ipc.SHUTDOWN, b"\xc0"],
-                                                                         flags=zmq.NOBLOCK)
-            except zmq.ZMQError:
-                pass
-            self.proc.join(timeout)
-        if self.proc.is_alive():
-            logger.warning("engine core did not stop within %.0f s; terminating it", timeout)
-            self.proc.terminate()
-            self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
-        self.input.close(linger=0)
-        self.output.close(linger=0)
-        self.ctx.term()
-        ipc.remove_ipc_dir(self.ipc_dir)
+        self._release()

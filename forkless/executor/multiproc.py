@@ -55,10 +55,10 @@ is true when every rank does. Invariants of the async steps:
     * Synchronous calls (``execute_model`` and the start-up calls) are refused while async
       steps are uncollected: their replies would interleave with the steps'.
     * Shutdown drops a step in flight: the worker exits without collecting it.
-    * An interpreter that exits without a shutdown (a script's uncaught exception, a
-      forgotten ``llm.shutdown()``) shuts the executor down first
-      (``ipc.shutdown_at_exit``): otherwise ``multiprocessing`` would wait at exit for
-      workers that wait for a message.
+    * An executor dropped without a shutdown, or left by an exiting interpreter (a
+      script's uncaught exception, Ctrl-C, a forgotten ``llm.shutdown()``), stops its
+      workers then (``ipc.release_with``): otherwise they would wait for a message, and
+      ``multiprocessing`` would wait for them at exit, forever.
 
 The worker sockets go in the IPC directory this process inherited (the API server's,
 in the engine core process), else in one the executor makes and removes at shutdown. A
@@ -67,7 +67,6 @@ worker whose parent is gone (killed) removes that directory before it exits.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import gc
 import multiprocessing
@@ -459,6 +458,36 @@ class RankedWorkersExecutor(Executor):
         return self._async_ok
 
 
+def _release_workers(procs: list, to_workers: list, from_workers: list, ctx: zmq.Context,
+                     segments: BitmaskSegments, ipc_dir: str | None) -> None:
+    """Stop the worker processes (a shutdown message, then terminate, then kill), close
+    the sockets and the shared bitmask, and remove ``ipc_dir`` (``None``: not this
+    executor's). Empties ``procs`` and the socket lists, which the executor shares."""
+    for sock, proc in zip(to_workers, procs):
+        if proc.is_alive():
+            try:
+                sock.send_multipart([b"shutdown", b""], flags=zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+    for proc in procs:
+        proc.join(10)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+    for sock in to_workers + from_workers:
+        sock.close(linger=0)
+    ctx.term()
+    procs.clear()
+    to_workers.clear()
+    from_workers.clear()
+    segments.close()
+    if ipc_dir is not None:
+        ipc.remove_ipc_dir(ipc_dir)
+
+
 class MultiprocExecutor(RankedWorkersExecutor):
     """Worker processes behind ZeroMQ, one per rank (``parallel_config.world_size``)."""
 
@@ -483,7 +512,11 @@ class MultiprocExecutor(RankedWorkersExecutor):
         self._in_flight: deque[int] = deque()
         # The shared memory of the grammar bitmask (allocate_bitmask_buffer), newest last.
         self._bitmask_segments = BitmaskSegments()
-        self._at_exit = ipc.shutdown_at_exit(self)
+        # Stops the workers at shutdown, or when this executor is dropped or the
+        # interpreter exits without one; the lists are filled below, in place.
+        self._release = ipc.release_with(self, _release_workers, self.procs, self.to_workers, self.from_workers,
+                                         self.ctx, self._bitmask_segments,
+                                         self.ipc_dir if self._owns_ipc_dir else None)
         config_bytes = ipc.encode(config.to_builtins())
         for rank in range(self.world_size):
             addr_in = ipc.ipc_address(self.ipc_dir, f"to-worker-{rank}")
@@ -730,29 +763,6 @@ class MultiprocExecutor(RankedWorkersExecutor):
                 raise WorkerDiedError(f"worker {rank} (pid {proc.pid}) is dead (exit code {proc.exitcode})")
 
     def shutdown(self) -> None:
-        atexit.unregister(self._at_exit)
-        if not self.procs:
-            return
         # A step in flight is dropped (the workers exit without collecting it).
         self._in_flight.clear()
-        for sock, proc in zip(self.to_workers, self.procs):
-            if proc.is_alive():
-                try:
-                    sock.send_multipart([b"shutdown", b""], flags=zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass
-        for proc in self.procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-        for sock in self.to_workers + self.from_workers:
-            sock.close(linger=0)
-        self.ctx.term()
-        self.procs = []
-        self._bitmask_segments.close()
-        if self._owns_ipc_dir:
-            ipc.remove_ipc_dir(self.ipc_dir)
+        self._release()

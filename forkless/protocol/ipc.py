@@ -16,8 +16,8 @@ IPC directories. The sockets live in private (0700) directories under the temp d
     * A child whose parent is gone (killed: it never shut down) removes the directory
       it was given before it exits (:func:`remove_ipc_dir_if_orphaned`). So a SIGKILL of
       any one process of a server leaves no ``forkless-*`` directory behind.
-    * An owner of child processes that the interpreter leaves without a shutdown shuts
-      them down at its exit (:func:`shutdown_at_exit`).
+    * An owner of child processes that is dropped, or that the interpreter leaves,
+      without a shutdown stops them then (:func:`release_with`).
 """
 
 from __future__ import annotations
@@ -61,25 +61,23 @@ def connect_to_parent(addr_in: str, addr_out: str) -> tuple[Any, Any, Any]:
     return ctx, inbox, outbox
 
 
-def shutdown_at_exit(owner: Any) -> Callable[[], None]:
-    """Have ``owner.shutdown()`` run when the interpreter exits without it (an uncaught
-    exception, a forgotten shutdown), if ``owner`` still exists; returns the handler, which
-    the owner's ``shutdown`` passes to ``atexit.unregister``.
+def release_with(owner: Any, release: Callable[..., None], *args: Any) -> weakref.finalize:
+    """Call ``release(*args)`` once: when ``owner`` is garbage collected, when the
+    interpreter exits, or when the returned finalizer is called (the owner's
+    ``shutdown``), whichever comes first. ``release`` and ``args`` must not refer to
+    ``owner`` (they would keep it alive).
 
-    Owners of non-daemon child processes need this: ``multiprocessing``'s exit handler
-    joins those children, and children that wait for a shutdown message would be waited
-    for forever. Registered after that handler (``multiprocessing`` is imported first), so
-    run before it; a weak reference, so that the registration keeps nothing alive.
+    Owners of non-daemon child processes need this: a script that drops its engine or
+    exits without a shutdown (an uncaught exception, Ctrl-C) would otherwise leave
+    children that wait for a shutdown message, and ``multiprocessing``'s exit handler
+    joins such children forever. The exit call is registered here, after that handler
+    (``multiprocessing`` is imported first), so it runs before it; ``weakref.finalize``'s
+    own exit hook may have been registered earlier, so it is not relied on.
     """
-    ref = weakref.ref(owner)
-
-    def at_exit() -> None:
-        alive = ref()
-        if alive is not None:
-            alive.shutdown()
-
-    atexit.register(at_exit)
-    return at_exit
+    finalizer = weakref.finalize(owner, release, *args)
+    finalizer.atexit = False
+    atexit.register(finalizer)
+    return finalizer
 
 
 def make_ipc_dir(prefix: str) -> str:

@@ -1,9 +1,10 @@
 """A script that exits without shutting the engine down (an uncaught exception, a forgotten
-``shutdown()``) still exits, promptly, and leaves no process or IPC directory behind.
+``shutdown()``), or drops it, still exits promptly and leaves no process or IPC directory
+behind.
 
 The worker and engine core processes are not daemons; ``multiprocessing`` joins such
 children when the interpreter exits, and they wait for a shutdown message: without
-``ipc.shutdown_at_exit`` the script hung forever.
+``ipc.release_with`` the script hung forever.
 """
 
 from __future__ import annotations
@@ -51,6 +52,23 @@ if __name__ == "__main__":
 """
 
 
+DROPPED = """
+import gc, os, sys, time
+from forkless import LLM, SamplingParams
+
+def run(model):
+    llm = LLM(model, max_model_len=256, kv_cache_memory=1 << 22, distributed_executor_backend="mp")
+    llm.generate(["Hello"], SamplingParams(max_tokens=3), use_tqdm=False)
+    return llm.llm_engine.engine_core.executor.worker_pids
+
+if __name__ == "__main__":
+    pids = run(sys.argv[1])  # the LLM is dropped here, never shut down
+    gc.collect()
+    print("PIDS", *pids, flush=True)
+    print("ALIVE AFTER GC", *[p for p in pids if os.path.exists(f"/proc/{p}")], flush=True)
+"""
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -63,8 +81,8 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.parametrize("script", [OFFLINE, SERVING], ids=["offline-mp-executor", "async-llm"])
-def test_a_script_that_raises_without_shutdown_exits(tiny_llama: Path, tmp_path: Path, script: str) -> None:
+@pytest.mark.parametrize("script", [OFFLINE, SERVING, DROPPED], ids=["offline-mp-executor", "async-llm", "dropped"])
+def test_a_script_that_leaves_its_engine_exits(tiny_llama: Path, tmp_path: Path, script: str) -> None:
     (tmp_path / "script.py").write_text(textwrap.dedent(script))
     tmp = tmp_path / "tmp"
     tmp.mkdir()
@@ -73,11 +91,16 @@ def test_a_script_that_raises_without_shutdown_exits(tiny_llama: Path, tmp_path:
     proc = subprocess.run([sys.executable, str(tmp_path / "script.py"), str(tiny_llama)], env=env,
                           capture_output=True, text=True, timeout=120)
     took = time.monotonic() - t0
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "RuntimeError: the user's own error" in proc.stderr
+    if script == DROPPED:
+        # Garbage collection stopped the worker while the script still ran.
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert proc.stdout.split("ALIVE AFTER GC", 1)[1].split() == []
+    else:
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        assert "RuntimeError: the user's own error" in proc.stderr
     assert "Exception ignored in atexit" not in proc.stderr, proc.stderr[-3000:]
     assert took < 60, f"the script took {took:.0f} s to exit"
-    pids = [int(p) for p in proc.stdout.split("PIDS", 1)[1].split()]
+    pids = [int(p) for p in proc.stdout.split("PIDS", 1)[1].split("\n", 1)[0].split()]
     deadline = time.monotonic() + 5
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
