@@ -10,6 +10,7 @@ children when the interpreter exits, and they wait for a shutdown message: witho
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -105,4 +106,47 @@ def test_a_script_that_leaves_its_engine_exits(tiny_llama: Path, tmp_path: Path,
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [p for p in pids if _alive(p)], "a child process outlived the script"
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("forkless-")]
+
+
+INTERRUPTED = """
+import sys
+from forkless import LLM, SamplingParams
+
+if __name__ == "__main__":
+    llm = LLM(sys.argv[1], max_model_len=256, kv_cache_memory=1 << 22, distributed_executor_backend="mp")
+    print("PIDS", *llm.llm_engine.engine_core.executor.worker_pids, flush=True)
+    while True:
+        llm.generate(["Hello"] * 4, SamplingParams(max_tokens=200, ignore_eos=True), use_tqdm=False)
+"""
+
+
+def test_ctrl_c_during_generate_exits(tiny_llama: Path, tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group) in the middle of ``generate``: the
+    script ends with its KeyboardInterrupt within seconds, and its worker with it."""
+    (tmp_path / "script.py").write_text(textwrap.dedent(INTERRUPTED))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "script.py"), str(tiny_llama)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        line = proc.stdout.readline()  # once the engine is up; generate() runs from here on
+        assert line.startswith("PIDS"), proc.stderr.read()[-3000:] if proc.poll() is not None else line
+        pids = [int(p) for p in line.split()[1:]]
+        time.sleep(1.0)
+        os.killpg(proc.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert "KeyboardInterrupt" in err, err[-3000:]
+    assert took < 30, f"the script took {took:.0f} s to exit after Ctrl-C"
+    deadline = time.monotonic() + 5
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in pids if _alive(p)], "a worker outlived the script"
     assert not [p.name for p in tmp.iterdir() if p.name.startswith("forkless-")]
