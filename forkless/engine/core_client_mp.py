@@ -39,14 +39,8 @@ def _stop_engine_core(proc: Any, input_sock: zmq.asyncio.Socket, output_sock: zm
             zmq.Socket.shadow(input_sock.underlying).send_multipart([ipc.SHUTDOWN, b"\xc0"], flags=zmq.NOBLOCK)
         except zmq.ZMQError:
             pass
-        proc.join(timeout)
-    if proc.is_alive():
-        logger.warning("engine core did not stop within %.0f s; terminating it", timeout)
-        proc.terminate()
-        proc.join(5)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(5)
+    if not ipc.stop_process(proc, timeout):
+        logger.warning("engine core did not stop within %.0f s; terminated it", timeout)
     input_sock.close(linger=0)
     output_sock.close(linger=0)
     ctx.term()

@@ -470,13 +470,7 @@ def _release_workers(procs: list, to_workers: list, from_workers: list, ctx: zmq
             except zmq.ZMQError:
                 pass
     for proc in procs:
-        proc.join(10)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
+        ipc.stop_process(proc, 10)
     for sock in to_workers + from_workers:
         sock.close(linger=0)
     ctx.term()

@@ -80,6 +80,20 @@ def release_with(owner: Any, release: Callable[..., None], *args: Any) -> weakre
     return finalizer
 
 
+def stop_process(proc: Any, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for a ``multiprocessing`` child that was told to stop, then
+    terminate it (5 s), then kill it (5 s). Returns whether it stopped by itself."""
+    proc.join(timeout)
+    if not proc.is_alive():
+        return True
+    proc.terminate()
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(5)
+    return False
+
+
 def make_ipc_dir(prefix: str) -> str:
     """A new private directory for IPC sockets, in the temp directory (its maker removes
     it at shutdown)."""

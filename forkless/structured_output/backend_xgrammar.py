@@ -149,14 +149,11 @@ class XgrammarBackend(StructuredOutputBackend):
         firsts = [t[0] for t in tokens]
         if self._raw_accept is None:
             return list(self._batch.batch_accept_token(matchers, firsts))
-        return self._accept_raw([m._handle for m in matchers], firsts)
-
-    def _accept_raw(self, handles: list, tokens: list[int]) -> list[bool]:
-        result = self._raw_accept(handles, tokens, False)
+        result = self._raw_accept([m._handle for m in matchers], firsts, False)
         # Every token accepted (the masked case), asked in an FFI call or two: the
         # elements are 0/1 integers, compared by type (False would not match 0).
         if 0 not in result and False not in result:
-            return [True] * len(handles)
+            return [True] * len(matchers)
         return [bool(ok) for ok in result]
 
     def stop_token_ids(self) -> list[int]:
