@@ -146,10 +146,6 @@ class EngineCore:
             # forward (SchedulerOutput.defer_sampling). Needs an executor that can.
             self._defer_grammar = self.async_scheduling and self.executor.supports_deferred_sampling
             self.scheduler.set_grammar_deferred(self._defer_grammar)
-            # And the next step goes to the workers before that bitmask is taken, where
-            # they can hold it: its host work there overlaps the fill, and only its
-            # queueing on the device waits for the sampling (_step_async).
-            self._launch_first = self._defer_grammar and self.executor.supports_launch_before_sample
         except BaseException:
             self.executor.shutdown()
             raise
@@ -373,11 +369,8 @@ class EngineCore:
         # tokens). Once N is collected (the grammars have taken its tokens), N+1's
         # bitmask is filled on the grammar manager's fill thread, while this thread
         # returns N's outputs and, in the next call, plans N+2; N+1 is sampled with it
-        # (_sample_pending) before N+2 reaches the device, whose placeholders read its
-        # tokens. Where the executor can (_launch_first), N+2 is sent before that
-        # sampling: the workers prepare its inputs while the bitmask is filled and queue
-        # it right after the sampling, so neither the device nor N+1's tokens wait for
-        # that preparation.
+        # just before N+2 is launched (_sample_pending), and so before N+2's
+        # placeholders read its tokens.
         outputs: list = []
         trace = self._trace
         started = scheduled = launched_at = trace.now() if trace is not None else 0.0
@@ -391,12 +384,8 @@ class EngineCore:
         if self.scheduler.has_unfinished_requests():
             scheduler_output = self._plan(in_flight=pending is not None)
             scheduled = trace.now() if trace is not None else 0.0
-            if self._unsampled and self._launch_first:
-                launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
-                self._sample_pending()
-            else:
-                self._sample_pending()
-                launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
+            self._sample_pending()
+            launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
             launched_at = trace.now() if trace is not None else 0.0
         if pending is not None:
             # A launch that waits for its bitmask: the grammars may take these tokens on

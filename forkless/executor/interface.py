@@ -72,15 +72,6 @@ class Executor(ABC):
         structured outputs keep steps synchronous)."""
         return False
 
-    @property
-    def supports_launch_before_sample(self) -> bool:
-        """Whether the engine core may send the next step (:meth:`execute_model_async`)
-        before :meth:`sample_deferred` of the step in flight: the workers then do the new
-        step's host work while the bitmask is filled, and queue it on the device right
-        after that sampling, whose tokens its placeholders read (default: no; then
-        :meth:`sample_deferred` always comes first)."""
-        return False
-
     def allocate_bitmask_buffer(self, nbytes: int) -> Any:
         """A host buffer of ``nbytes`` for the engine core to fill a step's grammar bitmask
         into, which the workers read without a copy (an in-process worker's pinned memory);

@@ -20,8 +20,7 @@ is true when every rank does. Invariants of the async steps:
       every rank without waiting and returns a handle naming ``seq`` (numbered from 0,
       one per step sent). Steps are collected in the order they were sent; collecting
       any other handle (an old one, a newer one first, another executor's) raises.
-    * A worker keeps at most one step in flight (two while one waits for its bitmask,
-      below): on a new step it launches it
+    * A worker keeps at most one step in flight: on a new step it launches it
       (``Worker.execute_model_async``) and only then collects the previous one and sends
       its output, so on a GPU step N+1 is queued behind step N -- unless step N is done
       already (``Worker.step_done``: the device idles anyway, and on the CPU, where a
@@ -45,12 +44,8 @@ is true when every rank does. Invariants of the async steps:
       it).
     * Structured outputs: a step planned with ``defer_sampling`` is launched as any other
       (its forward only) and sampled when ``[sample, (seq, where, nbytes)]`` arrives, which
-      the engine core sends before it collects that step. A step sent before it (the
-      engine core launches before it samples: :attr:`MultiprocExecutor.supports_launch_before_sample`)
-      is held by the runner, its host work done at once and its device work queued by
-      that sampling; the worker then sends the sampled step's output as soon as the
-      device has it, and answers a held step whose launch failed right after it. The
-      bitmask is not sent: the engine core fills it into shared memory
+      the engine core sends before anything is launched after that step and before it is
+      collected. The bitmask is not sent: the engine core fills it into shared memory
       the executor made (:meth:`MultiprocExecutor.allocate_bitmask_buffer`), which each
       worker maps (and pins, on CUDA) and reads in place; ``where`` names the segment
       (``None``: no bitmask; ``""``: any other buffer, sent as a third frame). The
@@ -278,10 +273,8 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     outbox.send_multipart([ipc.READY, ipc.encode(ready)])
     # Pipeline stages: the step before goes out before the next one is launched.
     finish_first = worker.config.parallel_config.pipeline_parallel_size > 1
-    # The async steps launched and not yet collected, oldest first: [seq, the runner's
-    # handle, unsampled]. Two only when the engine core sends a step before sampling the
-    # one before (launch before sample): the newer is then held until that sampling.
-    pending: deque[list[Any]] = deque()
+    # The async step launched and not yet collected: (seq, the runner's handle).
+    pending: tuple[int, Any] | None = None
     # FORKLESS_STEP_TRACE_DIR: one record per async step (forkless.metrics.step_trace).
     from forkless.metrics.step_trace import StepTrace
 
@@ -291,13 +284,11 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     traced: dict[int, dict[str, Any]] = {}
 
     def finish_pending() -> None:
-        # Collect the oldest step in flight and send its output (or its error), tagged with seq.
-        if not pending:
+        # Collect the step in flight and send its output (or its error), tagged with seq.
+        nonlocal pending
+        if pending is None:
             return
-        seq, handle, _ = pending.popleft()
-        if isinstance(handle, dict):  # its launch failed (behind an unsampled step): the error
-            outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, handle])])
-            return
+        (seq, handle), pending = pending, None
         collect_start = collected = StepTrace.now() if trace is not None else 0.0
         try:
             output = worker.collect(handle)
@@ -321,21 +312,14 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         method, payload = frames[0].bytes, frames[1].bytes
         if method == _SAMPLE:
             seq, where, nbytes = ipc.decode(payload, tuple[int, str | None, int])
-            if not pending or pending[0][0] != seq:
+            if pending is None or pending[0] != seq:
                 continue  # its launch failed and was answered already
             try:
                 bitmask = None if where is None else frames[2].buffer if where == "" else shared.view(where, nbytes)
-                worker.sample_deferred(pending[0][1], bitmask)  # also launches a step held behind it
-                pending[0][2] = False
+                worker.sample_deferred(pending[1], bitmask)
             except Exception as exc:
-                pending.popleft()
+                pending = None
                 outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, _error_payload(exc)])])
-            if len(pending) > 1:
-                # The engine core collects this step next: its tokens go out as soon as
-                # the device has them (the step after it is queued already).
-                finish_pending()
-            while pending and isinstance(pending[0][1], dict):
-                finish_pending()  # a held step whose launch failed: answered in order
             continue
         if method == _STEP:
             # Launch the new step before finishing the previous one: on a GPU it is then
@@ -343,44 +327,34 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
             received = StepTrace.now() if trace is not None else 0.0
             seq, scheduler_output = ipc.decode(payload, tuple[int, SchedulerOutput])
             decoded = StepTrace.now() if trace is not None else 0.0
-            # Sent before the step in flight is sampled: the runner holds it until then.
-            held = bool(pending) and pending[-1][2]
-            timed = timer is not None and not held  # (its device work is queued later)
-            if timed:
+            if timer is not None:
                 timer.start(seq)
-            if finish_first or (pending and not held and not isinstance(pending[-1][1], dict)
-                                and worker.step_done(pending[-1][1])):
-                while pending:
-                    finish_pending()
+            if finish_first or (pending is not None and worker.step_done(pending[1])):
+                finish_pending()
             try:
                 launched, error = worker.execute_model_async(scheduler_output), None
             except Exception as exc:
                 launched, error = None, _error_payload(exc)
             if trace is not None:
-                if timed:
+                if timer is not None:
                     timer.end(seq)
                 traced[seq] = {"seq": seq, "num_reqs": len(scheduler_output.scheduled_requests),
                                "num_tokens": scheduler_output.num_batched_tokens, "received": received,
                                "decoded": decoded, "launched": StepTrace.now()}
-            if pending and not pending[0][2]:
-                finish_pending()  # its reply goes out before this step's
+            finish_pending()  # its reply goes out before this step's
             if error is not None:
                 if trace is not None:  # never collected: no record
                     traced.pop(seq, None)
-                    if timed:
+                    if timer is not None:
                         timer.drop(seq)
-                if pending:
-                    # Behind an unsampled step: answered after it, in order.
-                    pending.append([seq, error, False])  # (the error payload: a dict)
-                else:
-                    outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, error])])
+                outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, error])])
             else:
-                pending.append([seq, launched, scheduler_output.defer_sampling])
+                pending = (seq, launched)
             continue
         if method == _FLUSH:
             # Only the step named: a flush for a step whose launch failed (already
             # answered) must not finish anything else.
-            if pending and pending[0][0] == ipc.decode(payload, int):
+            if pending is not None and pending[0] == ipc.decode(payload, int):
                 finish_pending()
             continue
         name = method.decode()
@@ -688,11 +662,6 @@ class MultiprocExecutor(RankedWorkersExecutor):
         for rank in range(self.world_size):
             self._send(rank, [_STEP, data])
         return StepHandle(seq, id(self))
-
-    @property
-    def supports_launch_before_sample(self) -> bool:
-        # A worker holds a step sent behind an unsampled one (see _worker_main).
-        return self._async_ok
 
     def sample_deferred(self, pending: StepHandle, grammar_bitmask: bytes | bytearray | None) -> None:
         """Have every rank sample ``pending``'s step with ``grammar_bitmask`` (sent, not

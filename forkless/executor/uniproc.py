@@ -54,10 +54,6 @@ class UniProcExecutor(Executor):
     def supports_deferred_sampling(self) -> bool:
         return self.worker.supports_async_scheduling
 
-    @property
-    def supports_launch_before_sample(self) -> bool:
-        return self.worker.supports_async_scheduling
-
     def sample_deferred(self, pending: Any, grammar_bitmask: bytes | bytearray | None) -> None:
         self.worker.sample_deferred(pending, grammar_bitmask)
 

@@ -104,22 +104,6 @@ class _PendingStep:
     # A step planned with defer_sampling, until sample_deferred(): (logits, sampler
     # metadata, the plan).
     deferred: tuple[torch.Tensor, Any, SchedulerOutput] | None = None
-    # A step sent while the one before waited for its bitmask: its plan and the host work
-    # done for it so far, until that step's sample_deferred() launches it.
-    held: tuple[SchedulerOutput, _Prepared | None] | None = None
-    # Its launch failed there: collect() raises this.
-    error: Exception | None = None
-
-
-@dataclass
-class _Prepared:
-    """A step's host work before anything reaches the device: the runner's state updated
-    to its plan, its rows (in the batch's order) and, for a decode graph, its inputs."""
-
-    rows: list[ScheduledRequest] = field(default_factory=list)
-    # Nothing to run (an empty plan, or every request's adapter failed to load).
-    skip: bool = False
-    decode_inputs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
 
 
 @dataclass
@@ -262,10 +246,6 @@ class ModelRunner:
         # The last launched step's sampled ids (device) and each request's row in it.
         self._prev_sampled: torch.Tensor | None = None
         self._prev_row_of: dict[str, int] = {}
-        # The step launched with defer_sampling and not sampled yet, and the step sent
-        # after it, held until that sampling (execute_model_async).
-        self._unsampled: _PendingStep | None = None
-        self._held: _PendingStep | None = None
 
     def _use_cpu_kernels(self) -> None:
         """On the CPU: let the model move its linear layers to weights packed at load, and
@@ -429,14 +409,9 @@ class ModelRunner:
         ``PLACEHOLDER_TOKEN_ID`` entries of the plan take the tokens sampled by the
         previous launched step, on the device. Pass the result to :meth:`collect`.
         """
-        if self._unsampled is not None:
-            return self._hold(scheduler_output)
         kv = self.kv_connector
         if kv is None:
-            pending = self._launch(scheduler_output)
-            if pending.deferred is not None:
-                self._unsampled = pending
-            return pending
+            return self._launch(scheduler_output)
         # (Synchronous steps only, --kv-transfer-config refuses --async-scheduling: the
         # saves read the cache this step wrote.)
         kv.begin(scheduler_output)
@@ -462,62 +437,15 @@ class ModelRunner:
         pending.kv_failed.update(s.request_id for s, bad_row in zip(pending.rows, failed) if bad_row)
         return pending
 
-    def _hold(self, scheduler_output: SchedulerOutput) -> _PendingStep:
-        """A step sent while the one before waits for its bitmask: do its host work now
-        (the bitmask's fill overlaps it) and launch it right after that step's sampling
-        (:meth:`sample_deferred`), which its placeholders read.
-
-        What is done now must leave the step before's sampling and collection as they
-        were: the state updates and the rows' order, not the logits processors' update
-        (``refresh()``, which the sampling still reads in the old order) and nothing on
-        the device. With LoRA nothing is done early (loading an adapter may move the
-        slots the step in flight reads).
-        """
-        if self._held is not None:
-            raise RuntimeError("a second step sent while the step before it is still unsampled")
-        prepared = self._prepare(scheduler_output) if self.lora_manager is None else None
-        self._held = pending = _PendingStep(held=(scheduler_output, prepared))
-        return pending
-
-    def _release_held(self) -> None:
-        """Launch the held step (the step before it was just sampled); a failure is its
-        answer at :meth:`collect`."""
-        pending, self._held = self._held, None
-        if pending is None:
-            return
-        assert pending.held is not None
-        plan, prepared = pending.held
-        try:
-            launched = self._launch(plan, prepared)
-        except Exception as exc:
-            pending.held, pending.error = None, exc
-            return
-        # The caller holds this handle: it becomes the launched step.
-        vars(pending).update(vars(launched))
-        if pending.deferred is not None:
-            self._unsampled = pending
-
-    def _prepare(self, scheduler_output: SchedulerOutput) -> _Prepared:
-        """The host work of a step that does not touch the device (see :class:`_Prepared`)."""
+    def _launch(self, scheduler_output: SchedulerOutput) -> _PendingStep:
         self._update_states(scheduler_output)
         if scheduler_output.is_empty:
-            return _Prepared(skip=True)
-        batch = self.input_batch
-        if self._lora_failed_ids and not batch.req_id_to_index:
-            return _Prepared(skip=True)  # every scheduled request's adapter failed to load
-        # The rows' final order (refresh() condenses again, a no-op, and tells the processors).
-        batch.condense()
-        by_id = {s.request_id: s for s in scheduler_output.scheduled_requests}
-        rows = [by_id[rid] for rid in batch.req_ids if rid is not None]
-        return _Prepared(rows, decode_inputs=self._decode_inputs(rows) if self._graph_fits(rows) else None)
-
-    def _launch(self, scheduler_output: SchedulerOutput, prepared: _Prepared | None = None) -> _PendingStep:
-        if prepared is None:
-            prepared = self._prepare(scheduler_output)
-        if prepared.skip:
             return _PendingStep()
+        if self._lora_failed_ids and not self.input_batch.req_id_to_index:
+            return _PendingStep()  # every scheduled request's adapter failed to load
         metadata = self.input_batch.refresh()
-        rows = prepared.rows
+        by_id = {s.request_id: s for s in scheduler_output.scheduled_requests}
+        rows = [by_id[rid] for rid in self.input_batch.req_ids if rid is not None]
         prompt_parts: list[_PromptPart] = []
         verification: Verification | None = None
         # (is not None: the engine core's pinned buffer is a numpy array, which has no truth value)
@@ -529,9 +457,9 @@ class ModelRunner:
             self.lora_manager.set_step([requests[s.request_id].lora for s in rows],
                                        np.fromiter((len(s.token_ids) for s in rows), dtype=np.int64,
                                                    count=len(rows)))
-        if prepared.decode_inputs is not None:
+        if self._graph_fits(rows):
             # Every row decodes its last known token: no prompt position to score.
-            hidden, last_idx = self._run_decode_graph(rows, prepared.decode_inputs), None
+            hidden, last_idx = self._run_decode_graph(rows), None
             logits = self.model.compute_logits(hidden)
         elif self._verify_graph_fits(rows):
             hidden, starts, last_idx = self._run_verify_graph(rows)
@@ -578,21 +506,11 @@ class ModelRunner:
                                "or was sampled already")
         logits, metadata, plan = pending.deferred
         pending.deferred = None
-        if self._unsampled is pending:
-            self._unsampled = None
         grammar = None
-        try:
-            if grammar_bitmask is not None:
-                plan.grammar_bitmask = grammar_bitmask
-                grammar = StepBitmask.from_plan(plan, pending.rows)
-            self._sample(pending, logits, metadata, grammar)
-        except Exception as exc:
-            if self._held is not None:
-                # Its placeholders have no tokens to read.
-                self._held.held, self._held.error = None, RuntimeError(f"the step before it failed to sample: {exc}")
-                self._held = None
-            raise
-        self._release_held()
+        if grammar_bitmask is not None:
+            plan.grammar_bitmask = grammar_bitmask
+            grammar = StepBitmask.from_plan(plan, pending.rows)
+        self._sample(pending, logits, metadata, grammar)
 
     def _sample(self, pending: _PendingStep, logits: torch.Tensor, metadata: Any,
                 grammar: StepBitmask | None) -> _PendingStep:
@@ -611,11 +529,8 @@ class ModelRunner:
         pending.out, pending.num_logprobs = out, metadata.num_logprobs
         pending.sampled_host = self._to_host(out.sampled_token_ids)
         requests = self.requests
-        # (get: a step held behind a deferred one updated the states first, and may have
-        # dropped a request finished since.)
         pending.prompt_done = [(s.request_id, state) for s in rows if s.sample
-                               and (state := requests.get(s.request_id)) is not None
-                               and state.prompt_logprobs is not None]
+                               and (state := requests[s.request_id]).prompt_logprobs is not None]
         pending.ready = self._record()
         return pending
 
@@ -667,17 +582,12 @@ class ModelRunner:
     def step_done(self, pending: _PendingStep) -> bool:
         """Whether :meth:`collect` would return without waiting for the device (the step is
         sampled and its tokens' copy to the host has completed)."""
-        return (pending.deferred is None and pending.held is None
-                and (pending.ready is None or pending.ready.query()))
+        return pending.deferred is None and (pending.ready is None or pending.ready.query())
 
     def collect(self, pending: _PendingStep) -> ModelRunnerOutput:
         """Wait for a launched step's sampled tokens and record them."""
         if pending.deferred is not None:
             raise RuntimeError("collect() before sample_deferred() on a step launched with defer_sampling")
-        if pending.held is not None:
-            raise RuntimeError("collect() of a step sent behind an unsampled one, before that one's sample_deferred()")
-        if pending.error is not None:
-            raise pending.error
         if pending.ready is not None:
             pending.ready.synchronize()  # the one device -> host wait of a step
         for part in pending.prompt_parts:
@@ -1009,10 +919,9 @@ class ModelRunner:
         blocks = self.block_table[table_rows, positions // bs].astype(np.int64)
         return flat[:, 0].copy(), positions, blocks * bs + positions % bs, (positions + 1).astype(np.int32), table_rows
 
-    def _run_decode_graph(self, rows: list[ScheduledRequest],
-                          inputs: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> torch.Tensor:
+    def _run_decode_graph(self, rows: list[ScheduledRequest]) -> torch.Tensor:
         assert self.graphs is not None
-        input_ids, positions, slots, seq_lens, table_rows = inputs
+        input_ids, positions, slots, seq_lens, table_rows = self._decode_inputs(rows)
         return self.graphs.run(
             input_ids,
             positions,
