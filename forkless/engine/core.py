@@ -57,7 +57,7 @@ class EngineCore:
         # FORKLESS_STEP_TRACE_DIR: one record per async step (forkless.metrics.step_trace);
         # _collect adds its waiting and updating times to the step's record.
         self._trace = StepTrace.open("core")
-        self._trace_wait = self._trace_update = 0.0
+        self._trace_wait = self._trace_update = self._trace_mask = 0.0
         self.executor = get_executor_cls(config.parallel_config.distributed_executor_backend)(config)
         try:
             num_blocks = self.executor.determine_num_blocks()
@@ -296,7 +296,13 @@ class EngineCore:
         if self._unsampled:
             self._unsampled = False
             assert self._pending is not None
-            self.executor.sample_deferred(self._pending[1], self._structured.take_deferred_fill())
+            if self._trace is None:
+                self.executor.sample_deferred(self._pending[1], self._structured.take_deferred_fill())
+                return
+            t0 = self._trace.now()
+            bitmask = self._structured.take_deferred_fill()
+            self._trace_mask += self._trace.now() - t0
+            self.executor.sample_deferred(self._pending[1], bitmask)
 
     def _finished(self, outputs: list, defer_advance: bool = False) -> list:
         if self._structured.has_grammars():
@@ -403,9 +409,10 @@ class EngineCore:
             plan = launched[0] if launched is not None else None
             trace.add(started=started, scheduled=scheduled, launched=launched_at, ended=trace.now(),
                       wait_ms=self._trace_wait * 1e3, update_ms=self._trace_update * 1e3,
+                      mask_ms=self._trace_mask * 1e3,
                       num_reqs=len(plan.scheduled_requests) if plan is not None else 0,
                       num_tokens=plan.num_batched_tokens if plan is not None else 0, num_outputs=len(outputs))
-            self._trace_wait = self._trace_update = 0.0
+            self._trace_wait = self._trace_update = self._trace_mask = 0.0
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
     def _step_batches(self) -> EngineCoreOutputs:

@@ -5,7 +5,8 @@ every multiprocess worker (``--distributed-executor-backend mp``) append one JSO
 per step to ``<dir>/steps-<role>-<pid>.jsonl`` (role ``core`` or ``worker<rank>``);
 ``python -m forkless.metrics.step_trace DIR`` summarises them. A core record says when the
 step began, was scheduled and launched, how long the core waited for the workers' results
-and applied them; a worker record says when the worker received the step, decoded its
+and applied them (and, with structured outputs under async scheduling, how long it
+waited for a deferred step's bitmask); a worker record says when the worker received the step, decoded its
 message, launched it, began waiting for its results, had them and sent them. On CUDA the
 worker also brackets each launched step with
 timing events, so ``gpu_ms`` is the step's own time on the device and ``gpu_idle_ms`` the
@@ -155,7 +156,7 @@ def summarize(directory: str | Path) -> list[str]:
             values = [(r[b] - r[a]) * 1e3 for r in records if r.get(a) is not None and r.get(b) is not None]
             if values:
                 lines.append(f"  {name:18s} {_stats(values)}")
-        for key, name in (("wait_ms", "wait for workers"), ("update_ms", "apply outputs"),
+        for key, name in (("mask_ms", "wait for bitmask"), ("wait_ms", "wait for workers"), ("update_ms", "apply outputs"),
                           ("gpu_ms", "device busy"), ("gpu_idle_ms", "device idle before")):
             values = [r[key] for r in records if r.get(key) is not None]
             if values:
