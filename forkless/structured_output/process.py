@@ -32,7 +32,8 @@ Invariants:
       a stop token) and sends the tokens on; the process advances the grammars before
       the next fill. Refusals such an advance finds reach the client with that fill's
       reply and are reported by the next :meth:`accept`, as the manager reports them.
-    * The process exits on ``shutdown``, or when the engine core's process is gone.
+    * The process exits on ``shutdown``, when the client is dropped without one or the
+      interpreter exits (``ipc.release_with``), or when the engine core's process is gone.
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ class GrammarProcessClient:
         self._out: zmq.Socket | None = None
         self._in: zmq.Socket | None = None
         self._ipc_dir: str | None = None
+        # Stops the process and closes the sockets: at shutdown, or when this client is
+        # dropped without one, or at interpreter exit (ipc.release_with).
+        self._release: Callable[[], Any] | None = None
         self._compiling: set[str] = set()
         # Request id -> its completion stop tokens (None: its backend must be asked).
         self._grammars: dict[str, frozenset[int] | None] = {}
@@ -119,8 +123,11 @@ class GrammarProcessClient:
                 [sys.executable, "-m", __name__, ipc.encode(self._args).hex(), to_proc, from_proc, str(os.getpid()),
                  self._ipc_dir], env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
         except BaseException:
-            self._close()
+            _stop_process(None, self._out, self._in, self._ctx, self._ipc_dir)
+            self._out = self._in = self._ctx = self._ipc_dir = None
             raise
+        self._release = ipc.release_with(self, _stop_process, self._proc, self._out, self._in, self._ctx,
+                                         self._ipc_dir)
         logger.info("structured outputs: grammar process started (pid %d)", self._proc.pid)
 
     def _send(self, kind: bytes, payload: Any) -> None:
@@ -301,12 +308,21 @@ class GrammarProcessClient:
 
     def shutdown(self) -> None:
         """Stop the process (it releases the backends) and close the sockets."""
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+        self._proc = self._out = self._in = self._ctx = self._ipc_dir = None
+        self._fill_view = None
+
+
+def _stop_process(proc: subprocess.Popen | None, out: zmq.Socket, inbox: zmq.Socket, ctx: zmq.Context,
+                  ipc_dir: str) -> None:
+    """Tell the grammar process to stop (killed if it has not within 5 s) and close the
+    client's sockets, context and socket directory. Refers to no client: it runs when
+    one is dropped too."""
+    if proc is not None and proc.poll() is None:
         try:
-            assert self._out is not None
-            self._out.send_multipart([_SHUTDOWN, ipc.encode(None)])
+            out.send_multipart([_SHUTDOWN, ipc.encode(None)])
         except zmq.ZMQError:
             pass
         try:
@@ -314,18 +330,10 @@ class GrammarProcessClient:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
-        self._close()
-        self._fill_view = None
-
-    def _close(self) -> None:
-        for sock in (self._out, self._in):
-            if sock is not None:
-                sock.close(linger=0)
-        if self._ctx is not None:
-            self._ctx.term()
-        if self._ipc_dir is not None:
-            ipc.remove_ipc_dir(self._ipc_dir)
-        self._out = self._in = self._ctx = self._ipc_dir = None
+    for sock in (out, inbox):
+        sock.close(linger=0)
+    ctx.term()
+    ipc.remove_ipc_dir(ipc_dir)
 
 
 class _SegmentMap:

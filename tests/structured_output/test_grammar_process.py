@@ -6,6 +6,7 @@ process leaves with the engine, also when the engine's process is killed."""
 from __future__ import annotations
 
 import json
+import gc
 import os
 import subprocess
 import sys
@@ -134,3 +135,21 @@ def test_the_grammar_process_exits_when_the_engine_is_killed(tiny_llama: Path) -
         time.sleep(0.2)
     os.kill(int(pid), 9)
     pytest.fail(f"the grammar process {pid} outlived the engine by 15 s")
+
+
+def test_a_dropped_engine_stops_its_grammar_process(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine dropped without a shutdown (a script that forgets ``llm.shutdown()``)
+    stops its grammar process when it is collected, not when the script exits."""
+    monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESS", "1")
+    llm = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=1 << 24)
+    out = llm.generate(["x"], SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(
+        choice=["yes", "no"])), use_tqdm=False)
+    assert out[0].outputs[0].text in ("yes", "no")
+    client = llm.llm_engine.engine_core._structured
+    assert isinstance(client, GrammarProcessClient)
+    proc, ipc_dir = client._proc, client._ipc_dir
+    assert proc.poll() is None
+    del llm, client, out
+    gc.collect()
+    assert proc.wait(10) == 0  # told to stop, and it did
+    assert not os.path.exists(ipc_dir)
