@@ -393,14 +393,21 @@ class EngineCore:
             self._sample_pending()
             launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
             launched_at = trace.now() if trace is not None else 0.0
+        fill_started = False
         if pending is not None:
             # A launch that waits for its bitmask: the grammars may take these tokens on
-            # the fill thread, ahead of its fill.
-            outputs += self._collect_pending(defer_advance=launched is not None and launched[0].defer_sampling)
+            # the fill thread, ahead of its fill (or, in the grammar process, before the
+            # scheduler's update, and start that fill then).
+            if launched is not None and launched[0].defer_sampling:
+                collected, fill_started = self._collect_pending(defer_advance=True, fill=launched[0])
+                outputs += collected
+            else:
+                outputs += self._collect_pending()
         if launched is not None:
             self._pending = launched
             if launched[0].defer_sampling:
-                self._structured.start_deferred_fill(launched[0])
+                if not fill_started:
+                    self._structured.start_deferred_fill(launched[0])
                 self._unsampled = True
             if not self.scheduler.can_schedule_async():
                 # It admitted a history-dependent request: no step may stay in flight.
@@ -431,28 +438,39 @@ class EngineCore:
                 launched = not plan.is_empty
         outputs: list = []
         if batches and (len(batches) == self._max_batches or not launched):
-            outputs = self._collect(batches.popleft())
+            outputs = self._collect(batches.popleft())[0]
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
-    def _collect_pending(self, defer_advance: bool = False) -> list:
-        """Collect the pending async step (sampled first if it waits for its bitmask)."""
+    def _collect_pending(self, defer_advance: bool = False, fill: SchedulerOutput | None = None) -> Any:
+        """Collect the pending async step (sampled first if it waits for its bitmask).
+
+        With ``fill`` (the deferred plan launched after it) returns ``(outputs, whether
+        fill's bitmask was started)``: the grammars may take the step's tokens before
+        the scheduler applies them, and start that fill at once (``accept_early``).
+        """
         self._sample_pending()
         pending, self._pending = self._pending, None
         assert pending is not None
-        return self._collect(pending, defer_advance)
+        if fill is None:
+            return self._collect(pending, defer_advance)[0]
+        return self._collect(pending, defer_advance, fill)
 
-    def _collect(self, pending: tuple[SchedulerOutput, Any], defer_advance: bool = False) -> list:
+    def _collect(self, pending: tuple[SchedulerOutput, Any], defer_advance: bool = False,
+                 fill: SchedulerOutput | None = None) -> tuple[list, bool]:
         scheduler_output, handle = pending
-        if self._trace is None:
-            runner_output = self._note_worker_output(self.executor.collect(handle))
-            return self._finished(self.scheduler.update_from_output(scheduler_output, runner_output), defer_advance)
-        t0 = self._trace.now()
+        t0 = self._trace.now() if self._trace is not None else 0.0
         runner_output = self._note_worker_output(self.executor.collect(handle))
-        t1 = self._trace.now()
+        t1 = self._trace.now() if self._trace is not None else 0.0
+        started = False
+        if fill is not None and self._structured.has_grammars():
+            kept = self.scheduler.kept_tokens(scheduler_output, runner_output,
+                                              set(scheduler_output.structured_output_request_ids))
+            started = kept is not None and self._structured.accept_early(kept, fill)
         outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output), defer_advance)
-        self._trace_wait += t1 - t0
-        self._trace_update += self._trace.now() - t1
-        return outputs
+        if self._trace is not None:
+            self._trace_wait += t1 - t0
+            self._trace_update += self._trace.now() - t1
+        return outputs, started
 
     def has_unfinished_requests(self) -> bool:
         """Whether any request is waiting or running (or a launched step is uncollected)."""

@@ -426,6 +426,14 @@ class StructuredOutputManager:
             if n:
                 grammar.rollback(n)
 
+    def accept_early(self, kept: list[tuple[str, list[int]]], plan: SchedulerOutput) -> bool:
+        """Take a collected step's tokens before the scheduler applies it, and start
+        ``plan``'s deferred fill (the grammar process does: :class:`~forkless.structured_output.process.GrammarProcessClient`).
+        Here: ``False``, nothing taken. The fill thread shares the step loop's interpreter
+        lock, and starting its job before the scheduler's update measured no faster
+        (benchmarks/README.md, "Where the mp step's overhead goes now")."""
+        return False
+
     def accept(self, outputs: list[EngineCoreOutput],
                defer_advance: bool = False) -> tuple[list[str], list[tuple[str, str]]]:
         """Advance the grammars of a step's outputs.

@@ -92,6 +92,9 @@ class GrammarProcessClient:
         self._out: zmq.Socket | None = None
         self._in: zmq.Socket | None = None
         self._ipc_dir: str | None = None
+        # The requests whose tokens accept_early() sent ahead of the scheduler's update,
+        # until accept() does the rest (None: none sent).
+        self._early: set[str] | None = None
         # Stops the process and closes the sockets: at shutdown, or when this client is
         # dropped without one, or at interpreter exit (ipc.release_with).
         self._release: Callable[[], Any] | None = None
@@ -264,9 +267,29 @@ class GrammarProcessClient:
             self._note_refused(refused)
         return view
 
+    def accept_early(self, kept: list[tuple[str, list[int]]], plan: SchedulerOutput) -> bool:
+        """Send a collected step's tokens and start ``plan``'s deferred fill now, before
+        the scheduler applies the step (:meth:`~forkless.core.sched.scheduler.Scheduler.kept_tokens`
+        says which tokens it keeps): the process advances and fills while the engine core
+        updates. :meth:`accept` then only tells completion and drops the finished
+        requests; :meth:`start_deferred_fill` of ``plan`` is not called. Returns ``False``
+        (nothing sent) when a grammar's backend cannot tell completion from the tokens.
+        """
+        grammars = self._grammars
+        rows = [[rid, tokens, False] for rid, tokens in kept if rid in grammars]
+        if any(grammars[rid] is None for rid, _, _ in rows):
+            return False
+        self._take_fill()
+        self._send(_ACCEPT, [True, rows])
+        self.start_deferred_fill(plan)
+        self._early = {rid for rid, _, _ in rows}
+        return True
+
     def accept(self, outputs: list[EngineCoreOutput],
                defer_advance: bool = False) -> tuple[list[str], list[tuple[str, str]]]:
         """Advance the grammars of a step's outputs (see the manager's ``accept``)."""
+        if self._early is not None:
+            return self._accepted_early(outputs)
         self._take_fill()
         rejected, self._refused = self._refused, []
         grammars = self._grammars
@@ -294,6 +317,34 @@ class GrammarProcessClient:
         for rid, reason in refused:
             grammars.pop(rid, None)
             rejected.append((rid, reason))
+        return complete, rejected
+
+    def _accepted_early(self, outputs: list[EngineCoreOutput]) -> tuple[list[str], list[tuple[str, str]]]:
+        """:meth:`accept` after :meth:`accept_early` sent the tokens: the complete and the
+        finished requests leave (the finished ones in the process too, which advanced
+        them: it did not know); the fill runs on."""
+        early, self._early = self._early, None
+        assert early is not None
+        rejected, self._refused = self._refused, []
+        grammars = self._grammars
+        complete: list[str] = []
+        finished: list[str] = []
+        for out in outputs:
+            rid = out.request_id
+            stops = grammars.get(rid, 0)
+            if stops == 0:
+                continue
+            if rid not in early:
+                raise RuntimeError(f"request {rid!r}: its tokens reached the grammars after the bitmask's fill "
+                                   "started (the scheduler kept a token kept_tokens() left out)")
+            if out.finish_reason is not None:
+                del grammars[rid]
+                finished.append(rid)
+            elif out.new_token_ids and out.new_token_ids[-1] in stops:  # type: ignore[operator]
+                del grammars[rid]  # the process dropped it too (completion from tokens)
+                complete.append(rid)
+        if finished:
+            self._send(_FINISH, finished)
         return complete, rejected
 
     def finish(self, request_ids: Any) -> None:

@@ -265,6 +265,25 @@ def test_abort_while_the_step_runs() -> None:
     assert_no_leaks(s)
 
 
+def test_kept_tokens_are_those_the_update_appends() -> None:
+    """What the grammars may take before the update (Scheduler.kept_tokens) is exactly
+    what update_from_output then appends: not the token of a request aborted while the
+    step ran, nor of a row that did not sample, nor of a request not asked for."""
+    s, runner = make_scheduler()
+    for rid in "abc":
+        s.add_request(make_request(rid, 10, max_tokens=5))
+    out = s.schedule()
+    runner_out = runner.execute(out)
+    s.finish_requests("a", FinishReason.ABORT)
+    kept = s.kept_tokens(out, runner_out, {"a", "b"})
+    outputs = s.update_from_output(out, runner_out)
+    assert kept == [(o.request_id, o.new_token_ids) for o in outputs if o.request_id == "b"]
+    assert kept and kept[0][1] == runner_out.sampled_token_ids["b"]
+    # Several tokens in a row (verified drafts, which a stop may cut): not taken early.
+    runner_out.sampled_token_ids["b"] = [1, 2]
+    assert s.kept_tokens(out, runner_out, {"b"}) is None
+
+
 def test_abort_a_preempted_request() -> None:
     s, runner = make_scheduler(num_blocks=8, block_size=4, max_model_len=32)
     s.add_request(make_request("a", 12, max_tokens=16, arrival=0))

@@ -101,7 +101,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Container, Iterable
 
 from forkless.core.kv_cache_manager import KVCacheManager
 from forkless.core.request import RequestStatus
@@ -605,6 +605,32 @@ class Scheduler(SchedulerInterface):
             if left <= 1 or request.num_prompt_tokens <= threshold:
                 return True
         return any(request.num_prompt_tokens <= threshold for request in self.waiting)
+
+    def kept_tokens(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput,
+                    request_ids: Container[str]) -> list[tuple[str, list[int]]] | None:
+        """The tokens :meth:`update_from_output` will append for the step's sampled rows
+        among ``request_ids``, before it runs (the grammars may take them early): a row's
+        sampled token, unless its request is no longer running (finished, aborted,
+        preempted meanwhile). ``None`` when a row has several tokens (verified drafts: a
+        stop among them cuts them) or a KV connector reports on the step (its rollbacks)."""
+        if runner_output.kv_connector_output is not None:
+            return None
+        requests = self.requests
+        running = RequestStatus.RUNNING
+        sampled = runner_output.sampled_token_ids
+        kept: list[tuple[str, list[int]]] = []
+        for item in scheduler_output.scheduled_requests:
+            rid = item.request_id
+            if not item.sample or rid not in request_ids:
+                continue
+            request = requests.get(rid)
+            if request is None or request.status is not running:
+                continue
+            tokens = sampled.get(rid)
+            if not tokens or len(tokens) != 1:
+                return None
+            kept.append((rid, tokens))
+        return kept
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
