@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     FORKLESS_CONFIGURE_LOGGING: bool
     FORKLESS_LOG_STATS_INTERVAL: float
     FORKLESS_WORKER_THREADS: int | None
-    FORKLESS_GRAMMAR_PROCESS: bool
+    FORKLESS_GRAMMAR_PROCESS: bool | None
     FORKLESS_STEP_TRACE_DIR: str | None
     FORKLESS_API_KEY: str | None
     FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE: int
@@ -174,9 +174,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
                                         if os.environ.get("FORKLESS_WORKER_THREADS", "").strip() else None),
     # Structured outputs: the grammars (compilation, advance, the bitmask's fill) in a
     # process of their own that fills the executor's shared bitmask, instead of threads of
-    # the engine core (forkless.structured_output.process). Executors without a shared
-    # bitmask buffer (Ray) keep them in the engine core whatever this says.
-    "FORKLESS_GRAMMAR_PROCESS": lambda: parse_bool("FORKLESS_GRAMMAR_PROCESS", False),
+    # the engine core (forkless.structured_output.process). Unset (None): on with the mp
+    # executor (the server's), where it measured ahead, off otherwise. Executors without
+    # a shared bitmask buffer (Ray) keep them in the engine core whatever this says.
+    "FORKLESS_GRAMMAR_PROCESS": lambda: (parse_bool("FORKLESS_GRAMMAR_PROCESS", False)
+                                         if os.environ.get("FORKLESS_GRAMMAR_PROCESS", "").strip() else None),
     # A folder: with --async-scheduling the engine core and each multiprocess worker append
     # one JSON record per step there (host timings; device busy and idle time on CUDA), for
     # ``python -m forkless.metrics.step_trace DIR``. Unset: no trace.

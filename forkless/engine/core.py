@@ -522,8 +522,10 @@ class EngineCore:
 def _structured_output_manager(config: EngineConfig, executor: Executor
                                ) -> StructuredOutputManager | GrammarProcessClient:
     """The engine core's grammars (nothing is built until a constrained request arrives):
-    in a process of their own with ``FORKLESS_GRAMMAR_PROCESS=1`` where the executor has
-    a shared bitmask buffer, else on the engine core's threads."""
+    in a process of their own where the executor has a shared bitmask buffer and
+    ``FORKLESS_GRAMMAR_PROCESS`` says so (unset: with the ``mp`` executor, where it measured
+    ahead: benchmarks/README.md, "The grammar process takes the tokens before the
+    scheduler's update"), else on the engine core's threads."""
     mc = config.model_config
     eos = [mc.eos_token_id] if mc.eos_token_id is not None else []
     extra = mc.generation_config.get("eos_token_id")
@@ -531,7 +533,10 @@ def _structured_output_manager(config: EngineConfig, executor: Executor
         if tok is not None and int(tok) not in eos:
             eos.append(int(tok))
     so_config = config.structured_outputs_config or StructuredOutputsConfig()
-    if envs.FORKLESS_GRAMMAR_PROCESS:
+    use_process = envs.FORKLESS_GRAMMAR_PROCESS
+    if use_process is None:
+        use_process = config.parallel_config.distributed_executor_backend == "mp"
+    if use_process:
         if executor.supports_shared_bitmask_buffer:
             return GrammarProcessClient(so_config, mc.tokenizer, mc.vocab_size, eos,
                                         executor.allocate_shared_bitmask_buffer)

@@ -1,4 +1,4 @@
-"""The grammars in a process of their own (``FORKLESS_GRAMMAR_PROCESS=1``).
+"""The grammars in a process of their own (with the ``mp`` executor, or ``FORKLESS_GRAMMAR_PROCESS=1``).
 
 On the engine core's threads, the grammar work of a step (advancing each constrained
 request's grammar over its new token, filling the next bitmask, compiling) takes the

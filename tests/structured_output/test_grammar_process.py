@@ -1,4 +1,5 @@
-"""The grammars in a process of their own (``FORKLESS_GRAMMAR_PROCESS=1``): the outputs of
+"""The grammars in a process of their own (``FORKLESS_GRAMMAR_PROCESS=1``, the default with the ``mp``
+executor): the outputs of
 the engine core's own grammar threads, with synchronous and async steps, in-process and
 worker-process executors; a constraint that does not compile fails its request only; the
 process leaves with the engine, also when the engine's process is killed."""
@@ -153,3 +154,19 @@ def test_a_dropped_engine_stops_its_grammar_process(tiny_llama: Path, monkeypatc
     gc.collect()
     assert proc.wait(10) == 0  # told to stop, and it did
     assert not os.path.exists(ipc_dir)
+
+
+def test_the_process_is_the_default_with_the_mp_executor_only(tiny_llama: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unset, ``FORKLESS_GRAMMAR_PROCESS`` means the process with ``mp`` (the server's
+    executor, where it measured ahead) and the engine core's threads with ``uni``; ``0``
+    keeps the grammars in the engine core with ``mp`` too."""
+    monkeypatch.delenv("FORKLESS_GRAMMAR_PROCESS", raising=False)
+    for backend, setting, expected in (("mp", None, True), ("uni", None, False), ("mp", "0", False)):
+        if setting is not None:
+            monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESS", setting)
+        llm = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=1 << 24, distributed_executor_backend=backend)
+        try:
+            assert isinstance(llm.llm_engine.engine_core._structured, GrammarProcessClient) is expected, backend
+        finally:
+            llm.shutdown()
