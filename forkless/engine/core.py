@@ -384,7 +384,7 @@ class EngineCore:
         if pending is not None and not self.scheduler.can_schedule_async():
             # A request that reads its latest tokens is waiting: finish N before
             # scheduling more.
-            outputs = self._collect_pending()
+            outputs = self._collect_pending()[0]
             pending = None
         launched = None
         if self.scheduler.has_unfinished_requests():
@@ -398,11 +398,9 @@ class EngineCore:
             # A launch that waits for its bitmask: the grammars may take these tokens on
             # the fill thread, ahead of its fill (or, in the grammar process, before the
             # scheduler's update, and start that fill then).
-            if launched is not None and launched[0].defer_sampling:
-                collected, fill_started = self._collect_pending(defer_advance=True, fill=launched[0])
-                outputs += collected
-            else:
-                outputs += self._collect_pending()
+            deferred = launched[0] if launched is not None and launched[0].defer_sampling else None
+            collected, fill_started = self._collect_pending(defer_advance=deferred is not None, fill=deferred)
+            outputs += collected
         if launched is not None:
             self._pending = launched
             if launched[0].defer_sampling:
@@ -411,7 +409,7 @@ class EngineCore:
                 self._unsampled = True
             if not self.scheduler.can_schedule_async():
                 # It admitted a history-dependent request: no step may stay in flight.
-                outputs += self._collect_pending()
+                outputs += self._collect_pending()[0]
         if trace is not None:
             plan = launched[0] if launched is not None else None
             trace.add(started=started, scheduled=scheduled, launched=launched_at, ended=trace.now(),
@@ -441,18 +439,18 @@ class EngineCore:
             outputs = self._collect(batches.popleft())[0]
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
-    def _collect_pending(self, defer_advance: bool = False, fill: SchedulerOutput | None = None) -> Any:
+    def _collect_pending(self, defer_advance: bool = False,
+                         fill: SchedulerOutput | None = None) -> tuple[list, bool]:
         """Collect the pending async step (sampled first if it waits for its bitmask).
 
-        With ``fill`` (the deferred plan launched after it) returns ``(outputs, whether
-        fill's bitmask was started)``: the grammars may take the step's tokens before
-        the scheduler applies them, and start that fill at once (``accept_early``).
+        Returns:
+            Its outputs, and whether ``fill``'s bitmask was started: given the deferred
+            plan launched after it, the grammars may take the step's tokens before the
+            scheduler applies them and start that fill at once (``accept_early``).
         """
         self._sample_pending()
         pending, self._pending = self._pending, None
         assert pending is not None
-        if fill is None:
-            return self._collect(pending, defer_advance)[0]
         return self._collect(pending, defer_advance, fill)
 
     def _collect(self, pending: tuple[SchedulerOutput, Any], defer_advance: bool = False,

@@ -32,6 +32,10 @@ Invariants:
       a stop token) and sends the tokens on; the process advances the grammars before
       the next fill. Refusals such an advance finds reach the client with that fill's
       reply and are reported by the next :meth:`accept`, as the manager reports them.
+    * ``accept_early`` sends a collected step's tokens (those the scheduler keeps) and
+      the next deferred fill before the scheduler applies the step; the ``accept`` that
+      follows sends nothing but the finished requests (the process advanced them too),
+      and tells completion from the stop tokens, as above.
     * The process exits on ``shutdown``, when the client is dropped without one or the
       interpreter exits (``ipc.release_with``), or when the engine core's process is gone.
 """
