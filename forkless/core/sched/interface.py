@@ -7,7 +7,7 @@ selecting a custom implementation logs a warning once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Container, Iterable
 
 from forkless.plugins import Stability, stability
 
@@ -123,6 +123,14 @@ class SchedulerInterface(ABC):
             One output per request that produced tokens or finished this step.
         """
         raise NotImplementedError
+
+    def kept_tokens(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput,
+                    request_ids: Container[str]) -> list[tuple[str, list[int]]] | None:
+        """Before :meth:`update_from_output`: the tokens it will append for the step's
+        sampled rows among ``request_ids``, as ``(request id, tokens)`` (the grammar
+        process then advances while the update runs). ``None`` when it cannot tell; the
+        grammars then take the tokens after the update. Default: ``None``."""
+        return None
 
     @abstractmethod
     def finish_requests(

@@ -608,11 +608,10 @@ class Scheduler(SchedulerInterface):
 
     def kept_tokens(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput,
                     request_ids: Container[str]) -> list[tuple[str, list[int]]] | None:
-        """The tokens :meth:`update_from_output` will append for the step's sampled rows
-        among ``request_ids``, before it runs (the grammars may take them early): a row's
-        sampled token, unless its request is no longer running (finished, aborted,
-        preempted meanwhile). ``None`` when a row has several tokens (verified drafts: a
-        stop among them cuts them) or a KV connector reports on the step (its rollbacks)."""
+        """See :meth:`SchedulerInterface.kept_tokens`: a row's sampled token, unless its
+        request is no longer running (finished, aborted, preempted meanwhile). ``None``
+        when a row has several tokens (verified drafts: a stop among them cuts them) or a
+        KV connector reports on the step (its rollbacks)."""
         if runner_output.kv_connector_output is not None:
             return None
         requests = self.requests
