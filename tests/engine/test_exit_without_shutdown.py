@@ -110,10 +110,14 @@ def test_a_script_that_leaves_its_engine_exits(tiny_llama: Path, tmp_path: Path,
 
 
 INTERRUPTED = """
+import signal
 import sys
 from forkless import LLM, SamplingParams
 
 if __name__ == "__main__":
+    # As in a terminal: a test run started in the background (`cmd &` without job control)
+    # hands its children SIGINT ignored, and Python then installs no KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     llm = LLM(sys.argv[1], max_model_len=256, kv_cache_memory=1 << 22, distributed_executor_backend="mp")
     print("PIDS", *llm.llm_engine.engine_core.executor.worker_pids, flush=True)
     while True:
