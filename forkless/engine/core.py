@@ -296,12 +296,10 @@ class EngineCore:
         if self._unsampled:
             self._unsampled = False
             assert self._pending is not None
-            if self._trace is None:
-                self.executor.sample_deferred(self._pending[1], self._structured.take_deferred_fill())
-                return
-            t0 = self._trace.now()
+            t0 = self._trace.now() if self._trace is not None else 0.0
             bitmask = self._structured.take_deferred_fill()
-            self._trace_mask += self._trace.now() - t0
+            if self._trace is not None:
+                self._trace_mask += self._trace.now() - t0
             self.executor.sample_deferred(self._pending[1], bitmask)
 
     def _finished(self, outputs: list, defer_advance: bool = False) -> list:

@@ -130,10 +130,10 @@ class GrammarProcessClient:
                 [sys.executable, "-m", __name__, ipc.encode(self._args).hex(), to_proc, from_proc, str(os.getpid()),
                  self._ipc_dir], env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
         except BaseException:
-            _stop_process(None, self._out, self._in, self._ctx, self._ipc_dir)
+            _stop_grammar_process(None, self._out, self._in, self._ctx, self._ipc_dir)
             self._out = self._in = self._ctx = self._ipc_dir = None
             raise
-        self._release = ipc.release_with(self, _stop_process, self._proc, self._out, self._in, self._ctx,
+        self._release = ipc.release_with(self, _stop_grammar_process, self._proc, self._out, self._in, self._ctx,
                                          self._ipc_dir)
         logger.info("structured outputs: grammar process started (pid %d)", self._proc.pid)
 
@@ -370,7 +370,7 @@ class GrammarProcessClient:
         self._fill_view = None
 
 
-def _stop_process(proc: subprocess.Popen | None, out: zmq.Socket, inbox: zmq.Socket, ctx: zmq.Context,
+def _stop_grammar_process(proc: subprocess.Popen | None, out: zmq.Socket, inbox: zmq.Socket, ctx: zmq.Context,
                   ipc_dir: str) -> None:
     """Tell the grammar process to stop (killed if it has not within 5 s) and close the
     client's sockets, context and socket directory. Refers to no client: it runs when
