@@ -300,7 +300,8 @@ class EngineCore:
             bitmask = self._structured.take_deferred_fill()
             if self._trace is not None:
                 self._trace_mask += self._trace.now() - t0
-            self.executor.sample_deferred(self._pending[1], bitmask)
+            if not self._structured.sample_sent:  # (else the grammar process told the workers)
+                self.executor.sample_deferred(self._pending[1], bitmask)
 
     def _finished(self, outputs: list, defer_advance: bool = False) -> list:
         if self._structured.has_grammars():
@@ -374,7 +375,9 @@ class EngineCore:
         # bitmask is filled on the grammar manager's fill thread, while this thread
         # returns N's outputs and, in the next call, plans N+2; N+1 is sampled with it
         # just before N+2 is launched (_sample_pending), and so before N+2's
-        # placeholders read its tokens.
+        # placeholders read its tokens. (A grammar process with a route to the workers
+        # tells them to sample N+1 itself, as soon as the bitmask is written; the step
+        # loop then only waits for the fill's reply there.)
         outputs: list = []
         trace = self._trace
         started = scheduled = launched_at = trace.now() if trace is not None else 0.0
@@ -388,7 +391,10 @@ class EngineCore:
         if self.scheduler.has_unfinished_requests():
             scheduler_output = self._plan(in_flight=pending is not None)
             scheduled = trace.now() if trace is not None else 0.0
-            self._sample_pending()
+            if not self._structured.sample_sent:
+                self._sample_pending()
+            # (else the grammar process tells the workers to sample N, and they do before
+            # they launch N+1: the fill is waited for at N's collect, after this launch.)
             launched = (scheduler_output, self.executor.execute_model_async(scheduler_output))
             launched_at = trace.now() if trace is not None else 0.0
         fill_started = False
@@ -396,14 +402,14 @@ class EngineCore:
             # A launch that waits for its bitmask: the grammars may take these tokens on
             # the fill thread, ahead of its fill (or, in the grammar process, before the
             # scheduler's update, and start that fill then).
-            deferred = launched[0] if launched is not None and launched[0].defer_sampling else None
+            deferred = launched if launched is not None and launched[0].defer_sampling else None
             collected, fill_started = self._collect_pending(defer_advance=deferred is not None, fill=deferred)
             outputs += collected
         if launched is not None:
             self._pending = launched
             if launched[0].defer_sampling:
                 if not fill_started:
-                    self._structured.start_deferred_fill(launched[0])
+                    self._structured.start_deferred_fill(*launched)
                 self._unsampled = True
             if not self.scheduler.can_schedule_async():
                 # It admitted a history-dependent request: no step may stay in flight.
@@ -438,13 +444,14 @@ class EngineCore:
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
     def _collect_pending(self, defer_advance: bool = False,
-                         fill: SchedulerOutput | None = None) -> tuple[list, bool]:
+                         fill: tuple[SchedulerOutput, Any] | None = None) -> tuple[list, bool]:
         """Collect the pending async step (sampled first if it waits for its bitmask).
 
         Returns:
             Its outputs, and whether ``fill``'s bitmask was started: given the deferred
-            plan launched after it, the grammars may take the step's tokens before the
-            scheduler applies them and start that fill at once (``accept_early``).
+            plan launched after it (and its handle), the grammars may take the step's
+            tokens before the scheduler applies them and start that fill at once
+            (``accept_early``).
         """
         self._sample_pending()
         pending, self._pending = self._pending, None
@@ -452,7 +459,7 @@ class EngineCore:
         return self._collect(pending, defer_advance, fill)
 
     def _collect(self, pending: tuple[SchedulerOutput, Any], defer_advance: bool = False,
-                 fill: SchedulerOutput | None = None) -> tuple[list, bool]:
+                 fill: tuple[SchedulerOutput, Any] | None = None) -> tuple[list, bool]:
         scheduler_output, handle = pending
         t0 = self._trace.now() if self._trace is not None else 0.0
         runner_output = self._note_worker_output(self.executor.collect(handle))
@@ -460,8 +467,8 @@ class EngineCore:
         started = False
         if fill is not None and self._structured.has_grammars():
             kept = self.scheduler.kept_tokens(scheduler_output, runner_output,
-                                              set(scheduler_output.structured_output_request_ids))
-            started = kept is not None and self._structured.accept_early(kept, fill)
+                                              scheduler_output.structured_output_request_ids)
+            started = kept is not None and self._structured.accept_early(kept, *fill)
         outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output), defer_advance)
         if self._trace is not None:
             self._trace_wait += t1 - t0
@@ -535,7 +542,7 @@ def _structured_output_manager(config: EngineConfig, executor: Executor
     if use_process:
         if executor.supports_shared_bitmask_buffer:
             return GrammarProcessClient(so_config, mc.tokenizer, mc.vocab_size, eos,
-                                        executor.allocate_shared_bitmask_buffer)
+                                        executor.allocate_shared_bitmask_buffer, executor.deferred_sample_route)
         logger.warning("FORKLESS_GRAMMAR_PROCESS: the %s executor has no shared bitmask buffer; "
                        "the grammars stay in the engine core", type(executor).__name__)
     return StructuredOutputManager(so_config, mc.tokenizer, mc.vocab_size, eos, executor.allocate_bitmask_buffer)

@@ -102,6 +102,16 @@ class Executor(ABC):
         send it before returning, keep a copy if it must live longer."""
         raise NotImplementedError(f"{type(self).__name__} does not sample deferred steps")
 
+    def deferred_sample_route(self, pending: Any) -> tuple[int, list[str]] | None:
+        """How another process that fills ``pending``'s bitmask in this executor's shared
+        buffer (the grammar process) has the workers sample it without the engine core:
+        the step's number and the addresses to send it to, one per worker, each a
+        ZeroMQ PUSH peer for :func:`forkless.protocol.shared_memory.sample_message`. The
+        engine core then does not call :meth:`sample_deferred` for that step (the
+        workers wait for the message before they launch the next one). ``None`` (the
+        default): :meth:`sample_deferred` only."""
+        return None
+
     @abstractmethod
     def check_health(self) -> None:
         """Raise if a worker is dead or unhealthy."""

@@ -43,15 +43,20 @@ is true when every rank does. Invariants of the async steps:
       next batch's compute (the engine core plans the next batch of those requests from
       it).
     * Structured outputs: a step planned with ``defer_sampling`` is launched as any other
-      (its forward only) and sampled when ``[sample, (seq, where, nbytes)]`` arrives, which
-      the engine core sends before anything is launched after that step and before it is
-      collected. The bitmask is not sent: the engine core fills it into shared memory
-      the executor made (:meth:`MultiprocExecutor.allocate_bitmask_buffer`), which each
-      worker maps (and pins, on CUDA) and reads in place; ``where`` names the segment
-      (``None``: no bitmask; ``""``: any other buffer, sent as a third frame). The
-      engine core refills the buffer only after the step was collected, so no rank is
-      still reading it. A rank with no step ``seq`` in flight (its launch failed and
-      was answered) ignores the message; a sampling that fails is that step's answer.
+      (its forward only) and sampled when ``[sample, (seq, where, nbytes)]`` arrives
+      (``shared_memory.sample_message``): from the engine core, which sends it before
+      anything is launched after that step and before it is collected, or from the
+      grammar process that filled the bitmask, on a socket of its own each worker binds
+      (:meth:`MultiprocExecutor.deferred_sample_route`); a worker takes that one before it
+      launches or finishes anything after the step, and while it waits, reads the engine
+      core's messages ahead (a shutdown ends the wait). The bitmask is not sent: it is
+      filled into shared memory the executor made
+      (:meth:`MultiprocExecutor.allocate_bitmask_buffer`), which each worker maps (and
+      pins, on CUDA) and reads in place; ``where`` names the segment (``None``: no
+      bitmask; ``""``: any other buffer, sent as a third frame). The buffer is refilled
+      only after the step was collected, so no rank is still reading it. A rank with no
+      step ``seq`` in flight (its launch failed and was answered) ignores the message; a
+      sampling that fails is that step's answer.
     * Synchronous calls (``execute_model`` and the start-up calls) are refused while async
       steps are uncollected: their replies would interleave with the steps'.
     * Shutdown drops a step in flight: the worker exits without collecting it.
@@ -86,7 +91,7 @@ from forkless.protocol.kv_transfer import KVOutputAggregator
 from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
 from forkless.protocol import ipc
 from forkless.executor.interface import Executor
-from forkless.protocol.shared_memory import BitmaskSegments, Segment
+from forkless.protocol.shared_memory import SAMPLE, BitmaskSegments, Segment, decode_sample, sample_message
 from forkless.gc_tuning import tune_process
 from forkless.logger import init_logger
 
@@ -99,7 +104,6 @@ _WORKER_METHODS = ("determine_num_blocks", "initialize_cache", "execute_model", 
 # Async steps (see the module docstring): launch one, finish the one in flight.
 _STEP = b"execute_model_async"
 _FLUSH = b"flush"
-_SAMPLE = b"sample"
 _STEP_OK = b"step_ok"
 _STEP_ERROR = b"step_error"
 _POLL_MS = 100
@@ -245,7 +249,8 @@ def _free_port() -> int:
 
 
 def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, parent_pid: int,
-                 ipc_dir: str, init_method: str | None = None, local_workers: int = 1) -> None:
+                 ipc_dir: str, init_method: str | None = None, local_workers: int = 1,
+                 addr_sample: str | None = None) -> None:
     """Entry point of a spawned worker process.
 
     Args:
@@ -257,6 +262,8 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         ipc_dir: The directory of the sockets, removed if the parent is gone at exit.
         init_method: The ranks' ``torch.distributed`` rendezvous (several workers only).
         local_workers: The executor's worker processes (all on this host): they share its cores.
+        addr_sample: Where this worker binds the socket that deferred steps' ``sample``
+            messages come to from another process (the grammar process); ``None``: none.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server orchestrates shutdown
     # The collector is off while torch is imported and the model built (everything made
@@ -265,7 +272,14 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     gc.disable()
     _prepare_process(local_workers)
     ctx, inbox, outbox = ipc.connect_to_parent(addr_in, addr_out)
+    poller = zmq.Poller()
+    poller.register(inbox, zmq.POLLIN)
+    sample_inbox = None
     try:
+        if addr_sample is not None:
+            sample_inbox = ctx.socket(zmq.PULL)
+            sample_inbox.bind(addr_sample)
+            poller.register(sample_inbox, zmq.POLLIN)
         worker, ready = _build_worker(config_bytes, rank, init_method=init_method)
     except Exception as exc:
         outbox.send_multipart([ipc.FAILED, ipc.encode(_error_payload(exc))])
@@ -273,8 +287,13 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     outbox.send_multipart([ipc.READY, ipc.encode(ready)])
     # Pipeline stages: the step before goes out before the next one is launched.
     finish_first = worker.config.parallel_config.pipeline_parallel_size > 1
-    # The async step launched and not yet collected: (seq, the runner's handle).
+    # The async step launched and not yet collected: (seq, the runner's handle); and
+    # whether it was launched with defer_sampling and its sample message has not come.
     pending: tuple[int, Any] | None = None
+    unsampled = False
+    # The engine core's messages read while waiting for a sample message (await_sample),
+    # handled after it, in order.
+    backlog: deque[list[Any]] = deque()
     # FORKLESS_STEP_TRACE_DIR: one record per async step (forkless.metrics.step_trace).
     from forkless.metrics.step_trace import StepTrace
 
@@ -302,31 +321,68 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
             trace.add(**traced.pop(seq, {"seq": seq}), collect_start=collect_start, collected=collected,
                       sent=StepTrace.now(), gpu_ms=gpu_ms, gpu_idle_ms=idle_ms)
 
+    def sample(frames: list[Any]) -> None:
+        # A sample message, from the engine core or the grammar process.
+        nonlocal pending, unsampled
+        seq, where, nbytes = decode_sample(frames[1].bytes)
+        if pending is None or pending[0] != seq:
+            return  # its launch failed and was answered already
+        unsampled = False
+        try:
+            bitmask = None if where is None else frames[2].buffer if where == "" else shared.view(where, nbytes)
+            worker.sample_deferred(pending[1], bitmask)
+        except Exception as exc:
+            pending = None
+            outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, _error_payload(exc)])])
+
+    def await_sample() -> bool:
+        # Before a launch or a collect: the step in flight's sample message, where it is
+        # still to come from the grammar process (the engine core's own comes before
+        # anything it sends next). False: a shutdown came, or the engine core is gone.
+        while unsampled:
+            ready = dict(poller.poll(1000))
+            if sample_inbox is not None and sample_inbox in ready:
+                sample(sample_inbox.recv_multipart(copy=False))
+            elif inbox in ready:
+                frames = inbox.recv_multipart(copy=False)
+                if frames[0].bytes == SAMPLE:
+                    sample(frames)
+                elif frames[0].bytes == b"shutdown":
+                    return False
+                else:
+                    backlog.append(frames)
+            elif not ready and not ipc.parent_alive(parent_pid):
+                return False
+        return True
+
     while True:
-        if not inbox.poll(1000):
-            if not ipc.parent_alive(parent_pid):
-                break  # the engine core is gone: do not linger as an orphan
-            continue
-        # Not copied out of the socket's frames: a step's bitmask is megabytes.
-        frames = inbox.recv_multipart(copy=False)
+        if backlog:
+            frames = backlog.popleft()
+        else:
+            ready = dict(poller.poll(1000))
+            if not ready:
+                if not ipc.parent_alive(parent_pid):
+                    break  # the engine core is gone: do not linger as an orphan
+                continue
+            if sample_inbox is not None and sample_inbox in ready:
+                sample(sample_inbox.recv_multipart(copy=False))
+                continue
+            # Not copied out of the socket's frames: a step's bitmask is megabytes.
+            frames = inbox.recv_multipart(copy=False)
         method, payload = frames[0].bytes, frames[1].bytes
-        if method == _SAMPLE:
-            seq, where, nbytes = ipc.decode(payload, tuple[int, str | None, int])
-            if pending is None or pending[0] != seq:
-                continue  # its launch failed and was answered already
-            try:
-                bitmask = None if where is None else frames[2].buffer if where == "" else shared.view(where, nbytes)
-                worker.sample_deferred(pending[1], bitmask)
-            except Exception as exc:
-                pending = None
-                outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, _error_payload(exc)])])
+        if method == SAMPLE:
+            sample(frames)
             continue
+        if method == b"shutdown":
+            break  # a step in flight is dropped: its output has no reader any more
         if method == _STEP:
             # Launch the new step before finishing the previous one: on a GPU it is then
             # queued behind it and the device never waits for this process.
             received = StepTrace.now() if trace is not None else 0.0
             seq, scheduler_output = ipc.decode(payload, tuple[int, SchedulerOutput])
             decoded = StepTrace.now() if trace is not None else 0.0
+            if not await_sample():  # (the new step reads the one in flight's tokens)
+                break
             if timer is not None:
                 timer.start(seq)
             if finish_first or (pending is not None and worker.step_done(pending[1])):
@@ -350,19 +406,19 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
                 outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, error])])
             else:
                 pending = (seq, launched)
+                unsampled = scheduler_output.defer_sampling
             continue
+        if not await_sample():
+            break
         if method == _FLUSH:
             # Only the step named: a flush for a step whose launch failed (already
             # answered) must not finish anything else.
             if pending is not None and pending[0] == ipc.decode(payload, int):
                 finish_pending()
             continue
-        name = method.decode()
-        if name == "shutdown":
-            break  # a step in flight is dropped: its output has no reader any more
         finish_pending()  # the executor never interleaves calls with steps; keep order if it did
         try:
-            outbox.send_multipart([b"ok", ipc.encode(_run_call(worker, name, payload))])
+            outbox.send_multipart([b"ok", ipc.encode(_run_call(worker, method.decode(), payload))])
         except Exception as exc:
             outbox.send_multipart([b"error", ipc.encode(_error_payload(exc))])
     if trace is not None:
@@ -370,6 +426,8 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     worker.shutdown()
     shared.close()  # after the worker: a dropped step's copy from it may have been queued
     inbox.close(linger=0)
+    if sample_inbox is not None:
+        sample_inbox.close(linger=0)
     outbox.close()
     ctx.term()
     ipc.remove_ipc_dir_if_orphaned(parent_pid, ipc_dir)
@@ -499,6 +557,8 @@ class MultiprocExecutor(RankedWorkersExecutor):
         self.to_workers: list[zmq.Socket] = []
         self.from_workers: list[zmq.Socket] = []
         self.worker_pids: list[int] = []
+        # Where each worker takes sample messages from the grammar process (deferred_sample_route).
+        self._sample_addresses: list[str] = []
         # Async steps: whether every rank supports them (from its ready message), the
         # next seq to send, and the seqs sent and not collected yet, oldest first.
         self._async_ok = True
@@ -515,13 +575,14 @@ class MultiprocExecutor(RankedWorkersExecutor):
         for rank in range(self.world_size):
             addr_in = ipc.ipc_address(self.ipc_dir, f"to-worker-{rank}")
             addr_out = ipc.ipc_address(self.ipc_dir, f"from-worker-{rank}")
+            self._sample_addresses.append(ipc.ipc_address(self.ipc_dir, f"sample-{rank}"))
             push = self.ctx.socket(zmq.PUSH)
             push.bind(addr_in)
             pull = self.ctx.socket(zmq.PULL)
             pull.bind(addr_out)
             proc = mp.Process(target=_worker_main, name=f"forkless-worker-{rank}",
                               args=(config_bytes, addr_in, addr_out, rank, os.getpid(), self.ipc_dir,
-                                    init_method, self.world_size))
+                                    init_method, self.world_size, self._sample_addresses[rank]))
             proc.start()
             logger.info("started worker process %d (pid %d); it imports torch and loads the model", rank, proc.pid)
             self.procs.append(proc)
@@ -675,15 +736,25 @@ class MultiprocExecutor(RankedWorkersExecutor):
         self._check_uncollected(pending)
         segment = self._bitmask_segments.newest
         if grammar_bitmask is None:
-            frames: list[Any] = [_SAMPLE, ipc.encode([pending.seq, None, 0])]
+            frames: list[Any] = sample_message(pending.seq, None, 0)
         elif (segment is not None and isinstance(grammar_bitmask, memoryview)
               and grammar_bitmask.obj is segment.buf.obj):
             # Filled in place: the workers read it there.
-            frames = [_SAMPLE, ipc.encode([pending.seq, segment.name, len(grammar_bitmask)])]
+            frames = sample_message(pending.seq, segment.name, len(grammar_bitmask))
         else:
-            frames = [_SAMPLE, ipc.encode([pending.seq, "", len(grammar_bitmask)]), grammar_bitmask]
+            frames = sample_message(pending.seq, "", len(grammar_bitmask)) + [grammar_bitmask]
         for rank in range(self.world_size):
             self._send(rank, frames, copy=False)
+
+    def deferred_sample_route(self, pending: StepHandle) -> tuple[int, list[str]]:
+        """Each worker binds a socket for sample messages from the grammar process, which
+        fills the shared segment (:meth:`allocate_shared_bitmask_buffer`).
+
+        Raises:
+            RuntimeError: ``pending`` is not an uncollected step of this executor.
+        """
+        self._check_uncollected(pending)
+        return pending.seq, self._sample_addresses
 
     def allocate_bitmask_buffer(self, nbytes: int) -> memoryview:
         """``nbytes`` of a shared-memory segment every worker maps: the engine core fills a

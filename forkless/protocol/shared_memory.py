@@ -7,12 +7,33 @@ Invariants:
       pool closes, or when their last view goes.
     * Whoever maps a segment by name (a worker process, the grammar process) holds it as
       a :class:`Segment`, whose unmapping waits for the last view of it.
+    * A worker process is told to sample a deferred step by one message,
+      :func:`sample_message`: from the executor (the engine core filled the bitmask) or
+      straight from the grammar process that filled it (``Executor.deferred_sample_route``).
 """
 
 from __future__ import annotations
 
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Callable
+
+import msgspec
+
+#: The kind of the message that has a worker process sample a deferred step.
+SAMPLE = b"sample"
+_encoder = msgspec.msgpack.Encoder()
+
+
+def sample_message(seq: int, where: str | None, nbytes: int) -> list[bytes]:
+    """The frames that have a worker sample its step ``seq``: with the first ``nbytes`` of
+    the segment named ``where`` as the bitmask (``None``: no bitmask; ``""``: the bitmask
+    follows as a third frame, which the sender appends)."""
+    return [SAMPLE, _encoder.encode([seq, where, nbytes])]
+
+
+def decode_sample(payload: bytes) -> tuple[int, str | None, int]:
+    """``(seq, where, nbytes)`` of a :func:`sample_message`'s second frame."""
+    return msgspec.msgpack.decode(payload, type=tuple[int, str | None, int])
 
 
 class Segment(SharedMemory):

@@ -134,6 +134,9 @@ class StructuredOutputManager:
         # refusals such advances found, for the next accept() to report.
         self._advance: list[_Advance] = []
         self._refused: list[tuple[str, str]] = []
+        #: Whether a deferred fill has the workers sample its step itself: never here (the
+        #: grammar process's client can; the engine core then skips ``sample_deferred``).
+        self.sample_sent = False
 
     # ------------------------------------------------------------------ compilation
 
@@ -260,7 +263,7 @@ class StructuredOutputManager:
         tokens (``SchedulerOutput.defer_sampling``)."""
         mark_deferred(scheduler_output, self._grammars)
 
-    def start_deferred_fill(self, scheduler_output: SchedulerOutput) -> None:
+    def start_deferred_fill(self, scheduler_output: SchedulerOutput, pending: Any = None) -> None:
         """Start filling the bitmask of a plan marked by :meth:`defer` on the fill thread,
         one row per constrained row, into the reused buffer of :meth:`_rows`, from the
         grammars as they are once the advance :meth:`accept` left pending (if any) has run
@@ -272,6 +275,10 @@ class StructuredOutputManager:
         thread to get the GIL back promptly between its calls, the interpreter's switch
         interval is lowered to 0.2 ms until the fill is taken (at 5 ms, the default, a
         0.4 ms fill took 5.6 ms beside a busy step loop).
+
+        ``pending`` (the plan's launched step) is for the grammar process, which can have
+        the workers sample it; here the engine core samples it (:attr:`sample_sent` is
+        always false).
         """
         self._join_fill()
         ids = scheduler_output.structured_output_request_ids
@@ -426,7 +433,7 @@ class StructuredOutputManager:
             if n:
                 grammar.rollback(n)
 
-    def accept_early(self, kept: list[tuple[str, list[int]]], plan: SchedulerOutput) -> bool:
+    def accept_early(self, kept: list[tuple[str, list[int]]], plan: SchedulerOutput, pending: Any = None) -> bool:
         """Take a collected step's tokens before the scheduler applies it, and start
         ``plan``'s deferred fill (the grammar process does: :class:`~forkless.structured_output.process.GrammarProcessClient`).
         Here: ``False``, nothing taken. The fill thread shares the step loop's interpreter

@@ -17,7 +17,8 @@ Invariants:
       on which requests hold a grammar, except for a refusal the process found and has
       not yet reported (the client learns it with the next fill's reply).
     * Messages go one way on a PUSH socket and come back on another, and the process
-      handles them in the order sent. ``fill`` (a deferred fill) is answered by
+      handles them in the order sent. ``fill`` (a deferred fill, carrying the advance of
+      ``accept_early`` where it comes from there) is answered by
       ``filled``; ``fill_now`` and an ``accept`` that has to wait for the grammars by
       ``reply``; a handler's exception by ``error`` in their place, which the client
       raises. ``compiled`` events come whenever a compilation ends. Nothing else is
@@ -32,6 +33,12 @@ Invariants:
       a stop token) and sends the tokens on; the process advances the grammars before
       the next fill. Refusals such an advance finds reach the client with that fill's
       reply and are reported by the next :meth:`accept`, as the manager reports them.
+    * Where the executor gives a route to its workers (``Executor.deferred_sample_route``:
+      ``mp``), a deferred fill names the step, and the process sends the workers its
+      ``sample`` message as soon as the bitmask is written (a bitmask-less one if the fill
+      failed), before it answers ``filled``: the step is sampled while the engine core is
+      still busy with the step before's outputs and the next plan, and the engine core
+      does not send it (:attr:`GrammarProcessClient.sample_sent`).
     * ``accept_early`` sends a collected step's tokens (those the scheduler keeps) and
       the next deferred fill before the scheduler applies the step; the ``accept`` that
       follows sends nothing but the finished requests (the process advanced them too),
@@ -56,6 +63,7 @@ import zmq
 
 from forkless.logger import init_logger
 from forkless.protocol import ipc
+from forkless.protocol.shared_memory import sample_message
 from forkless.sampling_params import StructuredOutputsParams
 from forkless.structured_output.config import StructuredOutputsConfig
 from forkless.structured_output.manager import mark_deferred
@@ -84,13 +92,20 @@ class GrammarProcessClient:
         vocab_size: Width of the model's logits.
         eos_token_ids: The model's EOS ids.
         allocate_shared: ``Executor.allocate_shared_bitmask_buffer``.
+        sample_route: ``Executor.deferred_sample_route``: where the process tells the
+            workers to sample a deferred step once its bitmask is filled.
     """
 
     def __init__(self, config: StructuredOutputsConfig, tokenizer_path: str, vocab_size: int,
-                 eos_token_ids: list[int], allocate_shared: Callable[[int], tuple[str, Any] | None]) -> None:
+                 eos_token_ids: list[int], allocate_shared: Callable[[int], tuple[str, Any] | None],
+                 sample_route: Callable[[Any], tuple[int, list[str]] | None] = lambda pending: None) -> None:
         self._args = (dataclasses.asdict(config), tokenizer_path, vocab_size, list(eos_token_ids))
         self._words = (vocab_size + 31) // 32
         self._allocate_shared = allocate_shared
+        self._sample_route = sample_route
+        #: Whether the deferred fill last started has the workers sample its step itself
+        #: (then the engine core does not call ``Executor.sample_deferred``).
+        self.sample_sent = False
         self._proc: Any = None
         self._ctx: zmq.Context | None = None
         self._out: zmq.Socket | None = None
@@ -241,14 +256,22 @@ class GrammarProcessClient:
         """Mark a plan made while the step before still runs (see the manager's ``defer``)."""
         mark_deferred(scheduler_output, self._grammars)
 
-    def start_deferred_fill(self, scheduler_output: SchedulerOutput) -> None:
+    def start_deferred_fill(self, scheduler_output: SchedulerOutput, pending: Any = None) -> None:
         """Have the process fill a deferred plan's bitmask (after the advance
-        :meth:`accept` sent it); :meth:`take_deferred_fill` waits for it."""
+        :meth:`accept` sent it); :meth:`take_deferred_fill` waits for it. Where the
+        executor routes it (``deferred_sample_route`` of ``pending``, the plan's launched
+        step), the process then has the workers sample the step itself (:attr:`sample_sent`)."""
         self._take_fill()
-        ids = scheduler_output.structured_output_request_ids
+        self._start_fill(None, scheduler_output, pending)
+
+    def _start_fill(self, rows: list | None, plan: SchedulerOutput, pending: Any) -> None:
+        # One message: the advance accept_early hands over (rows), then the fill.
+        ids = plan.structured_output_request_ids
         name, view = self._view(len(ids))
-        self._send(_FILL, [name, len(view), ids])
+        route = self._sample_route(pending) if pending is not None else None
+        self._send(_FILL, [rows, name, len(view), ids, route])
         self._fill_view = view
+        self.sample_sent = route is not None
 
     def take_deferred_fill(self) -> Any:
         """The bitmask :meth:`start_deferred_fill` started, once the process wrote it.
@@ -271,22 +294,23 @@ class GrammarProcessClient:
             self._note_refused(refused)
         return view
 
-    def accept_early(self, kept: list[tuple[str, list[int]]], plan: SchedulerOutput) -> bool:
+    def accept_early(self, kept: list[tuple[str, list[int]]], plan: SchedulerOutput, pending: Any = None) -> bool:
         """Send a collected step's tokens and start ``plan``'s deferred fill now, before
         the scheduler applies the step (:meth:`~forkless.core.sched.scheduler.Scheduler.kept_tokens`
         says which tokens it keeps): the process advances and fills while the engine core
         updates. :meth:`accept` then only tells completion and drops the finished
-        requests; :meth:`start_deferred_fill` of ``plan`` is not called. Returns ``False``
+        requests; :meth:`start_deferred_fill` of ``plan`` (and ``pending``, its launched
+        step) is not called. Returns ``False``
         (nothing sent) when a grammar's backend cannot tell completion from the tokens.
         """
         grammars = self._grammars
-        rows = [[rid, tokens, False] for rid, tokens in kept if rid in grammars]
-        if any(grammars[rid] is None for rid, _, _ in rows):
+        if None in grammars.values() and any(grammars.get(rid, 0) is None for rid, _ in kept):
             return False
         self._take_fill()
-        self._send(_ACCEPT, [True, rows])
-        self.start_deferred_fill(plan)
-        self._early = {rid for rid, _, _ in rows}
+        # (Ids whose grammar is gone are sent too: the process has dropped them as well,
+        # and skips them.)
+        self._start_fill(kept, plan, pending)
+        self._early = {rid for rid, _ in kept}
         return True
 
     def accept(self, outputs: list[EngineCoreOutput],
@@ -437,6 +461,8 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
     load_general_plugins()  # backends a plugin registers resolve here too
     config_dict, tokenizer_path, vocab_size, eos = ipc.decode(args_bytes)
     segments = _SegmentMap()
+    # PUSH sockets to the workers' sample inboxes, by address (a fill's route).
+    to_workers: dict[str, Any] = {}
     manager = StructuredOutputManager(StructuredOutputsConfig(**config_dict), tokenizer_path, vocab_size, eos,
                                       allocate_buffer=segments.view)
     ctx, inbox, outbox = ipc.connect_to_parent(addr_in, addr_out)
@@ -447,6 +473,21 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
 
     def send(kind: bytes, payload: Any) -> None:
         outbox.send_multipart([kind, ipc.encode(payload)])
+
+    def tell_workers(route: list, where: str | None, nbytes: int) -> None:
+        # The workers sample the step now (before the engine core hears of the fill).
+        seq, addresses = route
+        frames = sample_message(seq, where, nbytes)
+        for address in addresses:
+            sock = to_workers.get(address)
+            if sock is None:
+                sock = to_workers[address] = ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(address)
+            try:
+                sock.send_multipart(frames, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # a worker gone (and so the engine core's step): nothing waits for it
 
     def map_segment(name: str) -> None:
         if segments.use(name):
@@ -476,10 +517,22 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
                             send(_REPLY, [complete, rejected])
                     elif kind == _FILL:
                         started = time.perf_counter()
-                        name, nbytes, ids = ipc.decode(payload)
-                        map_segment(name)
-                        manager.start_deferred_fill(SimpleNamespace(structured_output_request_ids=ids))
-                        manager.take_deferred_fill()
+                        rows, name, nbytes, ids, route = ipc.decode(payload)
+                        try:
+                            if rows is not None:  # accept_early's advance, deferred to the fill
+                                refused += manager.accept(_outputs([(rid, tokens, False) for rid, tokens in rows]),
+                                                          True)[1]
+                            map_segment(name)
+                            manager.start_deferred_fill(SimpleNamespace(structured_output_request_ids=ids))
+                            manager.take_deferred_fill()
+                        except BaseException:
+                            # The workers must not wait for a sample that never comes; the
+                            # engine core raises the error (its step is not used).
+                            if route is not None:
+                                tell_workers(route, None, 0)
+                            raise
+                        if route is not None:
+                            tell_workers(route, name, nbytes)
                         refused += manager.take_refused()
                         send(_FILLED, refused)
                         refused = []
@@ -515,6 +568,8 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
         manager.shutdown()
         segments.segment = None
         inbox.close(linger=0)
+        for sock in to_workers.values():
+            sock.close()
         outbox.close()
         ctx.term()
         ipc.remove_ipc_dir_if_orphaned(parent_pid, ipc_dir)

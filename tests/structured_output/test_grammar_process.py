@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 
 from forkless import LLM, SamplingParams, StructuredOutputsParams
+from forkless.structured_output.backend_xgrammar import XgrammarBackend
 from forkless.structured_output.process import GrammarProcessClient
 from tests.structured_output.schemas import CHOICES, PROMPTS, SCHEMAS
 from tests.structured_output.test_engine_core import check_a_failed_compile_fails_its_request_only
@@ -77,6 +78,16 @@ def test_the_grammar_process_gives_the_engine_cores_outputs(smollm2_folder: Path
         sent: list[bytes] = []
         send = client._send
         client._send = lambda kind, payload: (sent.append(kind), send(kind, payload))[1]
+        # Who tells the workers to sample a deferred step: the process, where the executor
+        # gives it a route to them (mp), else the engine core.
+        executor = llm.llm_engine.engine_core.executor
+        routes: list = []
+        route = client._sample_route
+        client._sample_route = lambda pending: (routes.append(route(pending)), routes[-1])[1]
+        by_core: list = []
+        if executor.supports_deferred_sampling:
+            sample = executor.sample_deferred
+            executor.sample_deferred = lambda pending, bitmask: (by_core.append(pending), sample(pending, bitmask))[1]
         got = _seen(llm.generate(*_cases(llm), use_tqdm=False))
         proc, ipc_dir = client._proc, client._ipc_dir
         assert proc is not None and proc.poll() is None and os.path.isdir(ipc_dir)
@@ -89,6 +100,14 @@ def test_the_grammar_process_gives_the_engine_cores_outputs(smollm2_folder: Path
     # first step of a request, and synchronous steps, got theirs at the plan.
     assert b"fill_now" in sent
     assert (b"fill" in sent) == bool(engine_kwargs)
+    if not engine_kwargs:
+        assert not routes and not by_core
+    elif engine_kwargs.get("distributed_executor_backend") == "mp":
+        assert routes and all(r is not None for r in routes) and not by_core
+    else:
+        # (The last step launched may stay uncollected once every request is done: it is
+        # sampled, and dropped, at the next step.)
+        assert routes and all(r is None for r in routes) and len(routes) - 1 <= len(by_core) <= len(routes)
     # The process left with the engine, and took its socket directory along.
     assert proc.wait(10) == 0
     assert not os.path.exists(ipc_dir)
@@ -170,3 +189,34 @@ def test_the_process_is_the_default_with_the_mp_executor_only(tiny_llama: Path,
             assert isinstance(llm.llm_engine.engine_core._structured, GrammarProcessClient) is expected, backend
         finally:
             llm.shutdown()
+
+
+class FillFailsBackend(XgrammarBackend):
+    """xgrammar, whose fills fail after the first two (in the grammar process)."""
+
+    fills = 0
+
+    def fill_bitmasks(self, grammars, bitmask, indices):
+        FillFailsBackend.fills += 1
+        if FillFailsBackend.fills > 2:
+            raise RuntimeError("this backend's fill broke")
+        return super().fill_bitmasks(grammars, bitmask, indices)
+
+
+def test_a_failing_fill_fails_the_engine_and_leaves_no_worker_waiting(tiny_llama: Path) -> None:
+    """With ``mp``, the process tells the workers to sample a deferred step itself: when
+    its fill fails, the engine raises the backend's error, and the workers shut down at
+    once (none is left waiting for a sample message)."""
+    llm = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=1 << 24, async_scheduling=True,
+              distributed_executor_backend="mp",
+              structured_outputs_config={"backend": f"{__name__}:FillFailsBackend"})
+    procs = list(llm.llm_engine.engine_core.executor.procs)
+    try:
+        with pytest.raises(RuntimeError, match="this backend's fill broke"):
+            llm.generate(["x"], SamplingParams(max_tokens=24, structured_outputs=StructuredOutputsParams(
+                regex="[a-z]{30}")), use_tqdm=False)
+    finally:
+        started = time.monotonic()
+        llm.shutdown()
+    assert time.monotonic() - started < 8  # (a worker that had to be killed takes 10 s)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]

@@ -221,12 +221,16 @@ def test_async_scheduling_overlaps_the_grammar_with_the_forward(smollm2_folder: 
 
 
 @pytest.mark.parametrize("llm", ["xgrammar"], indirect=True)  # this checks the executor, not the backend
-def test_deferred_sampling_through_worker_processes(smollm2_folder: Path, llm: LLM) -> None:
+def test_deferred_sampling_through_worker_processes(smollm2_folder: Path, llm: LLM,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """With --distributed-executor-backend mp (the server's executor) constrained requests
     overlap too: the worker process launches a step's forward, and samples it when the
     engine core says its bitmask is ready (in shared memory); the outputs are those of
-    synchronous steps."""
+    synchronous steps. (The grammars on the engine core's threads here; the grammar
+    process, the default with mp, tells the workers itself: test_grammar_process.py.)"""
     from forkless.executor.multiproc import MultiprocExecutor, StepHandle
+
+    monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESS", "0")
 
     prompts, params = _greedy_cases(llm)  # constrained and unconstrained requests together
     sync = llm.generate(prompts, params, use_tqdm=False)

@@ -7,7 +7,7 @@ selecting a custom implementation logs a warning once.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, Container, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 from forkless.plugins import Stability, stability
 
@@ -125,9 +125,10 @@ class SchedulerInterface(ABC):
         raise NotImplementedError
 
     def kept_tokens(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput,
-                    request_ids: Container[str]) -> list[tuple[str, list[int]]] | None:
+                    request_ids: Iterable[str]) -> list[tuple[str, list[int]]] | None:
         """Before :meth:`update_from_output`: the tokens it will append for the step's
-        sampled rows among ``request_ids``, as ``(request id, tokens)`` (the grammar
+        sampled rows among ``request_ids`` (the engine core passes the step's
+        constrained rows, ``structured_output_request_ids``), as ``(request id, tokens)`` (the grammar
         process then advances while the update runs). ``None`` when it cannot tell; the
         grammars then take the tokens after the update. Default: ``None``."""
         return None

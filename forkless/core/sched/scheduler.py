@@ -101,7 +101,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import TYPE_CHECKING, Any, Container, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from forkless.core.kv_cache_manager import KVCacheManager
 from forkless.core.request import RequestStatus
@@ -607,7 +607,7 @@ class Scheduler(SchedulerInterface):
         return any(request.num_prompt_tokens <= threshold for request in self.waiting)
 
     def kept_tokens(self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput,
-                    request_ids: Container[str]) -> list[tuple[str, list[int]]] | None:
+                    request_ids: Iterable[str]) -> list[tuple[str, list[int]]] | None:
         """See :meth:`SchedulerInterface.kept_tokens`: a row's sampled token, unless its
         request is no longer running (finished, aborted, preempted meanwhile). ``None``
         when a row has several tokens (verified drafts: a stop among them cuts them) or a
@@ -618,15 +618,16 @@ class Scheduler(SchedulerInterface):
         running = RequestStatus.RUNNING
         sampled = runner_output.sampled_token_ids
         kept: list[tuple[str, list[int]]] = []
-        for item in scheduler_output.scheduled_requests:
-            rid = item.request_id
-            if not item.sample or rid not in request_ids:
+        # Over the ids asked for, not the plan's rows (at batch 256 this runs on the
+        # constrained step's critical path): an id with no sampled token did not sample.
+        for rid in request_ids:
+            tokens = sampled.get(rid)
+            if not tokens:
                 continue
             request = requests.get(rid)
             if request is None or request.status is not running:
                 continue
-            tokens = sampled.get(rid)
-            if not tokens or len(tokens) != 1:
+            if len(tokens) != 1:
                 return None
             kept.append((rid, tokens))
         return kept
