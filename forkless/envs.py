@@ -180,7 +180,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "FORKLESS_GRAMMAR_PROCESS": lambda: (parse_bool("FORKLESS_GRAMMAR_PROCESS", False)
                                          if os.environ.get("FORKLESS_GRAMMAR_PROCESS", "").strip() else None),
     # A folder: with --async-scheduling the engine core and each multiprocess worker append
-    # one JSON record per step there (host timings; device busy and idle time on CUDA), for
+    # one JSON record per step there (host timings; device busy and idle time on CUDA; the
+    # grammar process one per deferred bitmask fill), for
     # ``python -m forkless.metrics.step_trace DIR``. Unset: no trace.
     "FORKLESS_STEP_TRACE_DIR": lambda: os.environ.get("FORKLESS_STEP_TRACE_DIR") or None,
     # Default for ``forkless serve --api-key``.

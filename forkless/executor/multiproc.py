@@ -328,6 +328,8 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         if pending is None or pending[0] != seq:
             return  # its launch failed and was answered already
         unsampled = False
+        if trace is not None and seq in traced:
+            traced[seq]["sampled"] = StepTrace.now()
         try:
             bitmask = None if where is None else frames[2].buffer if where == "" else shared.view(where, nbytes)
             worker.sample_deferred(pending[1], bitmask)

@@ -2,12 +2,15 @@
 
 Set ``FORKLESS_STEP_TRACE_DIR`` and, with ``--async-scheduling``, the engine core and
 every multiprocess worker (``--distributed-executor-backend mp``) append one JSON object
-per step to ``<dir>/steps-<role>-<pid>.jsonl`` (role ``core`` or ``worker<rank>``);
+per step to ``<dir>/steps-<role>-<pid>.jsonl`` (role ``core``, ``worker<rank>``, or
+``grammar`` for the grammar process: one record per deferred bitmask fill);
 ``python -m forkless.metrics.step_trace DIR`` summarises them. A core record says when the
 step began, was scheduled and launched, how long the core waited for the workers' results
 and applied them (and, with structured outputs under async scheduling, how long it
 waited for a deferred step's bitmask); a worker record says when the worker received the step, decoded its
-message, launched it, began waiting for its results, had them and sent them. On CUDA the
+message, launched it, (for a deferred step) took its ``sample`` message, began waiting for
+its results, had them and sent them; a grammar record, when the process took a fill, had
+written the bitmask and had told the workers to sample. On CUDA the
 worker also brackets each launched step with
 timing events, so ``gpu_ms`` is the step's own time on the device and ``gpu_idle_ms`` the
 gap between the previous step's end and this one's start: time the device sat idle
@@ -130,7 +133,9 @@ class CudaStepTimer:
 _INTERVALS = {
     "core": [("schedule", "started", "scheduled"), ("send to workers", "scheduled", "launched")],
     "worker": [("decode message", "received", "decoded"), ("prepare + launch", "decoded", "launched"),
+               ("launch to sample", "launched", "sampled"),
                ("wait for results", "collect_start", "collected"), ("send results", "collected", "sent")],
+    "grammar": [("advance + fill", "received", "filled"), ("tell the workers", "filled", "told")],
 }
 
 

@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import msgspec
 import zmq
 
+from forkless import envs
 from forkless.logger import init_logger
 from forkless.protocol import ipc
 from forkless.protocol.shared_memory import sample_message
@@ -470,6 +471,13 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
     refused: list = []
     # Each deferred fill's time here (its advance included), logged at the end.
     fill_seconds: list[float] = []
+    # FORKLESS_STEP_TRACE_DIR: one record per deferred fill (forkless.metrics.step_trace,
+    # imported only then: it pulls in the metrics package).
+    trace = None
+    if envs.FORKLESS_STEP_TRACE_DIR:
+        from forkless.metrics.step_trace import StepTrace
+
+        trace = StepTrace.open("grammar")
 
     def send(kind: bytes, payload: Any) -> None:
         outbox.send_multipart([kind, ipc.encode(payload)])
@@ -517,6 +525,7 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
                             send(_REPLY, [complete, rejected])
                     elif kind == _FILL:
                         started = time.perf_counter()
+                        received = StepTrace.now() if trace is not None else 0.0
                         rows, name, nbytes, ids, route = ipc.decode(payload)
                         try:
                             if rows is not None:  # accept_early's advance, deferred to the fill
@@ -531,8 +540,12 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
                             if route is not None:
                                 tell_workers(route, None, 0)
                             raise
+                        filled = StepTrace.now() if trace is not None else 0.0
                         if route is not None:
                             tell_workers(route, name, nbytes)
+                        if trace is not None:
+                            trace.add(received=received, filled=filled, told=StepTrace.now(), rows=len(ids),
+                                      seq=route[0] if route is not None else None)
                         refused += manager.take_refused()
                         send(_FILLED, refused)
                         refused = []
@@ -565,6 +578,8 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
             logger.info("grammar process: %d deferred fills, median %.2f ms, 90th percentile %.2f ms",
                         len(fill_seconds), fill_seconds[len(fill_seconds) // 2] * 1e3,
                         fill_seconds[len(fill_seconds) * 9 // 10] * 1e3)
+        if trace is not None:
+            trace.close()
         manager.shutdown()
         segments.segment = None
         inbox.close(linger=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,40 @@ def test_mp_worker_records_every_step_in_order(llama_dir: Path, tmp_path: Path, 
     assert any("wait for workers" in line for line in lines)
     assert main([str(trace_dir)]) == 0
     assert "wait for results" in capsys.readouterr().out
+
+
+def test_the_grammar_process_and_deferred_samplings_are_traced(tiny_llama: Path, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """With structured outputs through ``mp`` the grammar process writes one record per
+    deferred fill (taken, written, workers told), and the worker's record of a deferred
+    step says when its ``sample`` message came."""
+    from forkless import LLM, StructuredOutputsParams
+
+    trace_dir = tmp_path / "trace"
+    monkeypatch.setenv("FORKLESS_STEP_TRACE_DIR", str(trace_dir))
+    llm = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=1 << 24, async_scheduling=True,
+              distributed_executor_backend="mp")
+    try:
+        out = llm.generate([f"x{i}" for i in range(4)], SamplingParams(
+            max_tokens=12, structured_outputs=StructuredOutputsParams(regex="[a-z]{20}")), use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert all(re.fullmatch("[a-z]{1,20}", o.outputs[0].text) for o in out)
+    (grammar_file,) = trace_dir.glob("steps-grammar-*.jsonl")
+    fills = [json.loads(line) for line in grammar_file.read_text().splitlines()]
+    assert len(fills) >= 3
+    for r in fills:
+        assert r["received"] <= r["filled"] <= r["told"] and 1 <= r["rows"] <= 4 and isinstance(r["seq"], int)
+    (worker_file,) = trace_dir.glob("steps-worker0-*.jsonl")
+    sampled = [json.loads(line) for line in worker_file.read_text().splitlines()]
+    sampled = {r["seq"]: r for r in sampled if "sampled" in r}
+    # Each fill the process routed is the sampling of the worker's step of that number
+    # (but the last step launched, which nothing collects once every request is done).
+    routed = [r for r in fills if r["seq"] in sampled]
+    assert len(routed) >= len(fills) - 1
+    for r in routed:
+        step = sampled[r["seq"]]
+        assert step["launched"] <= step["sampled"] <= step["collect_start"]
+        assert r["told"] <= step["sampled"]
+    lines = summarize(trace_dir)
+    assert any("advance + fill" in line for line in lines) and any("launch to sample" in line for line in lines)
