@@ -61,13 +61,13 @@ from typing import TYPE_CHECKING, Any, Callable
 import msgspec
 import zmq
 
-from forkless import envs
 from forkless.logger import init_logger
 from forkless.protocol import ipc
 from forkless.protocol.shared_memory import sample_message
 from forkless.sampling_params import StructuredOutputsParams
 from forkless.structured_output.config import StructuredOutputsConfig
 from forkless.structured_output.manager import mark_deferred
+from forkless.tracing import StepTrace
 
 if TYPE_CHECKING:
     from forkless.protocol.step import EngineCoreOutput, SchedulerOutput
@@ -471,13 +471,8 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
     refused: list = []
     # Each deferred fill's time here (its advance included), logged at the end.
     fill_seconds: list[float] = []
-    # FORKLESS_STEP_TRACE_DIR: one record per deferred fill (forkless.metrics.step_trace,
-    # imported only then: it pulls in the metrics package).
-    trace = None
-    if envs.FORKLESS_STEP_TRACE_DIR:
-        from forkless.metrics.step_trace import StepTrace
-
-        trace = StepTrace.open("grammar")
+    # FORKLESS_STEP_TRACE_DIR: one record per deferred fill (forkless.metrics.step_trace).
+    trace = StepTrace.open("grammar")
 
     def send(kind: bytes, payload: Any) -> None:
         outbox.send_multipart([kind, ipc.encode(payload)])
