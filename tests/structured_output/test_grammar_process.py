@@ -222,3 +222,31 @@ def test_a_failing_fill_fails_the_engine_and_leaves_no_worker_waiting(tiny_llama
         llm.shutdown()
     assert time.monotonic() - started < 8  # (a worker that had to be killed takes 10 s)
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+
+
+def test_a_killed_grammar_process_fails_the_engine_without_a_hang(tiny_llama: Path) -> None:
+    """The grammar process gone mid-run (killed): the next step raises an error that says
+    so, and shutting the engine down does not wait on a worker left expecting a sample."""
+    llm = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=1 << 24, async_scheduling=True,
+              distributed_executor_backend="mp")
+    engine = llm.llm_engine
+    procs = list(engine.engine_core.executor.procs)
+    try:
+        for i in range(4):
+            engine.add_request(f"r{i}", "x", SamplingParams(max_tokens=60, ignore_eos=True,
+                                                             structured_outputs=StructuredOutputsParams(
+                                                                 regex="[a-z ]{80}")))
+        for _ in range(6):
+            engine.step()
+        client = engine.engine_core._structured
+        assert isinstance(client, GrammarProcessClient) and client._proc.poll() is None
+        client._proc.kill()
+        client._proc.wait(10)
+        with pytest.raises(RuntimeError, match="grammar process died"):
+            for _ in range(60):
+                engine.step()
+    finally:
+        started = time.monotonic()
+        llm.shutdown()
+    assert time.monotonic() - started < 8  # (a worker that had to be killed takes 10 s)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
