@@ -4,7 +4,8 @@ Set ``FORKLESS_STEP_TRACE_DIR`` and, with ``--async-scheduling``, the engine cor
 every multiprocess worker (``--distributed-executor-backend mp``) append one JSON object
 per step to ``<dir>/steps-<role>-<pid>.jsonl`` (role ``core``, ``worker<rank>``, or
 ``grammar`` for the grammar process: one record per deferred bitmask fill);
-``python -m forkless.metrics.step_trace DIR`` summarises them. A core record says when the
+``python -m forkless.metrics.step_trace DIR`` summarises them, and ``... DIR --timeline N``
+lays out N steps' events of every process in time order. A core record says when the
 step began, was scheduled and launched, how long the core waited for the workers' results
 and applied them (and, with structured outputs under async scheduling, how long it
 waited for a deferred step's bitmask); a worker record says when the worker received the step, decoded its
@@ -124,12 +125,64 @@ def summarize(directory: str | Path) -> list[str]:
     return lines
 
 
+# The time stamps of each role's records, in the order they happen.
+_EVENTS = {
+    "core": ("started", "scheduled", "launched", "ended"),
+    "worker": ("received", "decoded", "launched", "sampled", "collect_start", "collected", "sent"),
+    "grammar": ("received", "filled", "told"),
+}
+
+
+def timeline(directory: str | Path, steps: int, at: float = 0.5) -> list[str]:
+    """Every process's events during ``steps`` consecutive engine-core steps, in time order
+    (milliseconds from the first step's start): the chain of one step across the engine
+    core, the workers and the grammar process, which per-process summaries cannot show.
+    The steps start ``at`` of the way through the core's records (0.5: the middle).
+
+    A core step's "tokens in" is its launch plus its wait for the workers (the core waits
+    right after it launches); worker and grammar events are tagged with the step number
+    (``seq``) they belong to.
+    """
+    files = sorted(Path(directory).glob("steps-*.jsonl"))
+    by_role: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for path in files:
+        role = path.name.split("-")[1]
+        for line in path.read_text().splitlines():
+            if line.strip():
+                by_role.setdefault(role.rstrip("0123456789"), []).append((role, json.loads(line)))
+    # (Steps that launched something: an idle engine core records empty steps too.)
+    core = sorted((r for _, r in by_role.get("core", []) if r.get("num_reqs")), key=lambda r: r["started"])
+    if not core:
+        return []
+    first = min(int(len(core) * at), max(0, len(core) - steps))
+    window = core[first:first + steps]
+    begin = window[0]["started"]
+    end = core[first + steps]["started"] if first + steps < len(core) else window[-1]["ended"]
+    # (time, order of the event within its record, text): equal times keep record order.
+    events: list[tuple[float, int, str]] = []
+    for r in window:
+        events += [(r[k], i, f"core {k}") for i, k in enumerate(_EVENTS["core"])]
+        events.append((r["launched"] + r.get("wait_ms", 0.0) / 1e3, 3,
+                       f"core tokens in (waited {r.get('wait_ms', 0.0):.2f} ms, for the bitmask "
+                       f"{r.get('mask_ms', 0.0):.2f} ms)"))
+    for kind in ("worker", "grammar"):
+        indent = "  " if kind == "worker" else "    "
+        for role, r in by_role.get(kind, []):
+            for i, k in enumerate(_EVENTS[kind]):
+                if r.get(k) is not None and begin <= r[k] <= end:
+                    events.append((r[k], i, f"{indent}{role} step {r.get('seq')} {k}"))
+    return [f"{(t - begin) * 1e3:9.2f}  {what}" for t, _, what in sorted(events)]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m forkless.metrics.step_trace DIR", file=sys.stderr)
+    if len(args) == 3 and args[1] == "--timeline" and args[2].isdigit():
+        lines = timeline(args[0], int(args[2]))
+    elif len(args) == 1:
+        lines = summarize(args[0])
+    else:
+        print("usage: python -m forkless.metrics.step_trace DIR [--timeline STEPS]", file=sys.stderr)
         return 2
-    lines = summarize(args[0])
     print("\n".join(lines) if lines else f"no step traces (steps-*.jsonl) in {args[0]}")
     return 0
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from forkless import SamplingParams
-from forkless.metrics.step_trace import StepTrace, main, summarize
+from forkless.metrics.step_trace import StepTrace, main, summarize, timeline
 from tests.engine.test_engine_mp_async import _engine
 
 
@@ -100,3 +100,12 @@ def test_the_grammar_process_and_deferred_samplings_are_traced(tiny_llama: Path,
         assert r["told"] <= step["sampled"]
     lines = summarize(trace_dir)
     assert any("advance + fill" in line for line in lines) and any("launch to sample" in line for line in lines)
+    # The timeline lays the three processes' events of two steps out in time order.
+    lines = timeline(trace_dir, 2)
+    times = [float(line.split()[0]) for line in lines]
+    assert times == sorted(times) and times[0] == 0.0
+    assert sum("core started" in line for line in lines) == 2
+    assert any("worker0 step" in line and "sampled" in line for line in lines)
+    assert any("grammar step" in line and "told" in line for line in lines)
+    assert main([str(trace_dir), "--timeline", "2"]) == 0
+    assert main([str(trace_dir), "--timeline"]) == 2
