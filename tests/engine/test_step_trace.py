@@ -96,8 +96,10 @@ def test_the_grammar_process_and_deferred_samplings_are_traced(tiny_llama: Path,
     assert len(routed) >= len(fills) - 1
     for r in routed:
         step = sampled[r["seq"]]
-        assert step["launched"] <= step["sampled"] <= step["collect_start"]
-        assert r["told"] <= step["sampled"]
+        assert step["launched"] <= step["sampled"] <= step["collect_start"], (r, step)
+        # The worker samples once the bitmask is written (it may do so before the process
+        # stamps "told": the send returns before the message is taken).
+        assert r["filled"] <= step["sampled"], (r, step)
     lines = summarize(trace_dir)
     assert any("advance + fill" in line for line in lines) and any("launch to sample" in line for line in lines)
     # The timeline lays the three processes' events of two steps out in time order.
