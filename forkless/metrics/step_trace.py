@@ -102,17 +102,23 @@ def _stats(values: list[float]) -> str:
             f"sum {sum(values) / 1e3:8.2f} s")
 
 
+def _traces(directory: str | Path) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """``(file name, role as named, e.g. worker0, records)`` of each trace file in ``directory``."""
+    return [(path.name, path.name.split("-")[1],
+             [json.loads(line) for line in path.read_text().splitlines() if line.strip()])
+            for path in sorted(Path(directory).glob("steps-*.jsonl"))]
+
+
 def summarize(directory: str | Path) -> list[str]:
     """One block of lines per trace file in ``directory`` (milliseconds unless said)."""
     lines: list[str] = []
-    for path in sorted(Path(directory).glob("steps-*.jsonl")):
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        role = path.name.split("-")[1].rstrip("0123456789")
+    for name, role, records in _traces(directory):
+        role = role.rstrip("0123456789")
         if not records:
             continue
         start = "started" if role == "core" else "received"
         span = records[-1][start] - records[0][start]
-        lines.append(f"{path.name}: {len(records)} steps over {span:.2f} s")
+        lines.append(f"{name}: {len(records)} steps over {span:.2f} s")
         for name, a, b in _INTERVALS.get(role, []):
             values = [(r[b] - r[a]) * 1e3 for r in records if r.get(a) is not None and r.get(b) is not None]
             if values:
@@ -143,13 +149,9 @@ def timeline(directory: str | Path, steps: int, at: float = 0.5) -> list[str]:
     right after it launches); worker and grammar events are tagged with the step number
     (``seq``) they belong to.
     """
-    files = sorted(Path(directory).glob("steps-*.jsonl"))
     by_role: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for path in files:
-        role = path.name.split("-")[1]
-        for line in path.read_text().splitlines():
-            if line.strip():
-                by_role.setdefault(role.rstrip("0123456789"), []).append((role, json.loads(line)))
+    for _, role, records in _traces(directory):
+        by_role.setdefault(role.rstrip("0123456789"), []).extend((role, r) for r in records)
     # (Steps that launched something: an idle engine core records empty steps too.)
     core = sorted((r for _, r in by_role.get("core", []) if r.get("num_reqs")), key=lambda r: r["started"])
     if not core:

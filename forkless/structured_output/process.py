@@ -56,7 +56,7 @@ import sys
 import time
 import traceback
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import msgspec
 import zmq
@@ -445,7 +445,7 @@ class _SegmentMap:
         return self.segment.buf[:nbytes]
 
 
-def _outputs(rows: list) -> list[SimpleNamespace]:
+def _outputs(rows: Iterable[tuple[str, list[int], bool]]) -> list[SimpleNamespace]:
     """Accept rows as the manager reads outputs."""
     return [SimpleNamespace(request_id=rid, new_token_ids=tokens, finish_reason="done" if done else None)
             for rid, tokens, done in rows]
@@ -524,7 +524,7 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
                         rows, name, nbytes, ids, route = ipc.decode(payload)
                         try:
                             if rows is not None:  # accept_early's advance, deferred to the fill
-                                refused += manager.accept(_outputs([(rid, tokens, False) for rid, tokens in rows]),
+                                refused += manager.accept(_outputs((rid, tokens, False) for rid, tokens in rows),
                                                           True)[1]
                             map_segment(name)
                             manager.start_deferred_fill(SimpleNamespace(structured_output_request_ids=ids))
