@@ -336,7 +336,9 @@ class GrammarProcessClient:
                     complete.append(rid)
             self._send(_ACCEPT, [True, rows])
             return complete, rejected
-        self._send(_ACCEPT, [defer_advance, rows])
+        # A backend that cannot tell completion from the tokens: the process advances now
+        # and answers (a deferred advance would not be answered).
+        self._send(_ACCEPT, [False, rows])
         complete, refused = self._wait_reply()
         for rid, _, done in rows:
             if done:

@@ -115,6 +115,28 @@ def test_the_grammar_process_gives_the_engine_cores_outputs(smollm2_folder: Path
     assert not os.path.exists(ipc_dir)
 
 
+def test_guidance_through_the_process_with_async_steps(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """guidance cannot tell completion from the tokens, so the process advances its
+    grammars when asked and answers (it once left the step loop waiting for an answer that
+    never came): async ``mp`` through the process gives the engine core's own outputs."""
+    constraints = [StructuredOutputsParams(choice=["yes", "no", "maybe so"]), StructuredOutputsParams(regex="[a-z]{3,9}"),
+                   StructuredOutputsParams(json=SCHEMAS["person"]), None]
+    params = [SamplingParams(temperature=0, max_tokens=24, structured_outputs=c) for c in constraints]
+    prompts = ["Is the sky blue?", "A word:", "A person:", "Hello"]
+    seen = []
+    for setting, kwargs in (("0", {}), ("1", {"async_scheduling": True, "distributed_executor_backend": "mp"})):
+        monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESS", setting)
+        llm = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=1 << 24,
+                  structured_outputs_config={"backend": "guidance"}, **kwargs)
+        try:
+            assert isinstance(llm.llm_engine.engine_core._structured, GrammarProcessClient) is (setting == "1")
+            seen.append(_seen(llm.generate(prompts, params, use_tqdm=False)))
+        finally:
+            llm.shutdown()
+    assert seen[1] == seen[0]
+    assert seen[0][0][1] in ("yes", "no", "maybe so") and seen[0][0][2] == "stop"
+
+
 def test_a_constraint_that_does_not_compile_fails_its_request_only(tiny_llama: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The backend, given by class path, is resolved in the grammar process too."""
