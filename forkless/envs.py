@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     FORKLESS_LOG_STATS_INTERVAL: float
     FORKLESS_WORKER_THREADS: int | None
     FORKLESS_GRAMMAR_PROCESS: bool | None
+    FORKLESS_GRAMMAR_PROCESSES: int
     FORKLESS_STEP_TRACE_DIR: str | None
     FORKLESS_API_KEY: str | None
     FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE: int
@@ -84,6 +85,13 @@ def _number(name: str, default: str, kind: Callable[[str], Any]) -> Any:
         return kind(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def _positive(name: str, default: str) -> int:
+    value = _number(name, default, int)
+    if value < 1:
+        raise ValueError(f"{name}={value} must be at least 1")
+    return value
 
 
 def _path(raw: str) -> str:
@@ -179,6 +187,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # a shared bitmask buffer (Ray) keep them in the engine core whatever this says.
     "FORKLESS_GRAMMAR_PROCESS": lambda: (parse_bool("FORKLESS_GRAMMAR_PROCESS", False)
                                          if os.environ.get("FORKLESS_GRAMMAR_PROCESS", "").strip() else None),
+    # How many such processes share the constrained requests (each holds its requests'
+    # grammars and fills their rows of the one bitmask; the worker samples once all have).
+    "FORKLESS_GRAMMAR_PROCESSES": lambda: _positive("FORKLESS_GRAMMAR_PROCESSES", "1"),
     # A folder: with --async-scheduling the engine core and each multiprocess worker append
     # one JSON record per step there (host timings; device busy and idle time on CUDA; the
     # grammar process one per deferred bitmask fill), for

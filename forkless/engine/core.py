@@ -542,7 +542,8 @@ def _structured_output_manager(config: EngineConfig, executor: Executor
     if use_process:
         if executor.supports_shared_bitmask_buffer:
             return GrammarProcessClient(so_config, mc.tokenizer, mc.vocab_size, eos,
-                                        executor.allocate_shared_bitmask_buffer, executor.deferred_sample_route)
+                                        executor.allocate_shared_bitmask_buffer, executor.deferred_sample_route,
+                                        envs.FORKLESS_GRAMMAR_PROCESSES)
         logger.warning("FORKLESS_GRAMMAR_PROCESS: the %s executor has no shared bitmask buffer; "
                        "the grammars stay in the engine core", type(executor).__name__)
     return StructuredOutputManager(so_config, mc.tokenizer, mc.vocab_size, eos, executor.allocate_bitmask_buffer)

@@ -108,8 +108,9 @@ class Executor(ABC):
         the step's number and the addresses to send it to, one per worker, each a
         ZeroMQ PUSH peer for :func:`forkless.protocol.shared_memory.sample_message`. The
         engine core then does not call :meth:`sample_deferred` for that step (the
-        workers wait for the message before they launch the next one). ``None`` (the
-        default): :meth:`sample_deferred` only."""
+        workers wait for the message before they launch the next one; where several
+        grammar processes each fill their rows, for all their messages, as many as each
+        message's ``parts`` says). ``None`` (the default): :meth:`sample_deferred` only."""
         return None
 
     @abstractmethod

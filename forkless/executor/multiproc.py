@@ -294,6 +294,9 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     # The engine core's messages read while waiting for a sample message (await_sample),
     # handled after it, in order.
     backlog: deque[list[Any]] = deque()
+    # The sample messages of the step in flight come so far, where several grammar
+    # processes each send one (their ``where``), by seq.
+    sample_parts: dict[int, list[str | None]] = {}
     # FORKLESS_STEP_TRACE_DIR: one record per async step (forkless.metrics.step_trace).
     from forkless.metrics.step_trace import StepTrace
 
@@ -324,9 +327,21 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     def sample(frames: list[Any]) -> None:
         # A sample message, from the engine core or the grammar process.
         nonlocal pending, unsampled
-        seq, where, nbytes = decode_sample(frames[1].bytes)
+        seq, where, nbytes, parts = decode_sample(frames[1].bytes)
         if pending is None or pending[0] != seq:
             return  # its launch failed and was answered already
+        if parts > 1:
+            # One of several grammar processes' rows: sampled once all have come.
+            got = sample_parts.get(seq)
+            if got is None:
+                sample_parts.clear()  # parts of a step that failed before all came
+                got = sample_parts[seq] = []
+            got.append(where)
+            if len(got) < parts:
+                return
+            del sample_parts[seq]
+            if None in got:
+                where = None
         unsampled = False
         if trace is not None and seq in traced:
             traced[seq]["sampled"] = StepTrace.now()

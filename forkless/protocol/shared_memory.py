@@ -24,16 +24,19 @@ SAMPLE = b"sample"
 _encoder = msgspec.msgpack.Encoder()
 
 
-def sample_message(seq: int, where: str | None, nbytes: int) -> list[bytes]:
+def sample_message(seq: int, where: str | None, nbytes: int, parts: int = 1) -> list[bytes]:
     """The frames that have a worker sample its step ``seq``: with the first ``nbytes`` of
     the segment named ``where`` as the bitmask (``None``: no bitmask; ``""``: the bitmask
-    follows as a third frame, which the sender appends)."""
-    return [SAMPLE, _encoder.encode([seq, where, nbytes])]
+    follows as a third frame, which the sender appends). With ``parts`` > 1, several
+    senders (grammar processes) each wrote their rows of the one bitmask: the worker
+    samples once all ``parts`` messages of the step came, without the bitmask if any of
+    them has ``where=None`` (a failed fill)."""
+    return [SAMPLE, _encoder.encode([seq, where, nbytes, parts])]
 
 
-def decode_sample(payload: bytes) -> tuple[int, str | None, int]:
-    """``(seq, where, nbytes)`` of a :func:`sample_message`'s second frame."""
-    return msgspec.msgpack.decode(payload, type=tuple[int, str | None, int])
+def decode_sample(payload: bytes) -> tuple[int, str | None, int, int]:
+    """``(seq, where, nbytes, parts)`` of a :func:`sample_message`'s second frame."""
+    return msgspec.msgpack.decode(payload, type=tuple[int, str | None, int, int])
 
 
 class Segment(SharedMemory):

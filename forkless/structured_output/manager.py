@@ -45,7 +45,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Collection, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, NamedTuple, TypeVar
 
 from forkless.logger import init_logger
 from forkless.structured_output.config import StructuredOutputsConfig
@@ -241,21 +241,39 @@ class StructuredOutputManager:
             return
         self._join_fill()
         self._advance_now()
-        rows = [(s, g) for s in scheduler_output.scheduled_requests
-                if s.sample and (g := grammars.get(s.request_id)) is not None]
+        rows = [s for s in scheduler_output.scheduled_requests if s.sample and s.request_id in grammars]
         if not rows:
             return
         offsets = []
         total = 0
-        for s, _ in rows:
+        for s in rows:
             offsets.append(total)
             total += 1 + s.num_spec_tokens
-        bitmask = self._rows(total)
-        self._fill(bitmask, [(s.request_id, g, offset) for (s, g), offset in zip(rows, offsets)])
-        if total > len(rows):
-            self._fill_drafts(bitmask, rows, offsets)
-        scheduler_output.structured_output_request_ids = [s.request_id for s, _ in rows]
+        self.fill_rows(total, list(zip(rows, offsets)))
+        scheduler_output.structured_output_request_ids = [s.request_id for s in rows]
         scheduler_output.grammar_bitmask = self._buffer
+
+    def fill_rows(self, num_rows: int, rows: list[tuple[Any, int]]) -> None:
+        """Fill some rows of a ``num_rows``-row bitmask now, as :meth:`fill_bitmask` does:
+        each ``(scheduled request, offset)`` its ``1 + num_spec_tokens`` rows from
+        ``offset``; a request without a grammar here gets rows that allow everything.
+        Other rows are left as they are (a grammar process of several fills its own)."""
+        self._join_fill()
+        self._advance_now()
+        bitmask = self._rows(num_rows)
+        grammars = self._grammars
+        live = []
+        for s, offset in rows:
+            grammar = grammars.get(s.request_id)
+            if grammar is None:
+                bitmask[offset:offset + 1 + s.num_spec_tokens] = -1
+            else:
+                live.append(((s, grammar), offset))
+        if not live:
+            return
+        self._fill(bitmask, [(s.request_id, g, offset) for (s, g), offset in live])
+        if any(s.num_spec_tokens for (s, _), _ in live):
+            self._fill_drafts(bitmask, [row for row, _ in live], [offset for _, offset in live])
 
     def defer(self, scheduler_output: SchedulerOutput) -> None:
         """Mark a plan made while the step before still runs: its constrained rows'
@@ -280,12 +298,18 @@ class StructuredOutputManager:
         the workers sample it; here the engine core samples it (:attr:`sample_sent` is
         always false).
         """
-        self._join_fill()
         ids = scheduler_output.structured_output_request_ids
-        bitmask = self._rows(len(ids))
+        self.start_deferred_fill_rows(len(ids), enumerate(ids))
+
+    def start_deferred_fill_rows(self, num_rows: int, rows: Iterable[tuple[int, str]]) -> None:
+        """:meth:`start_deferred_fill` of some rows of a ``num_rows``-row bitmask, given as
+        ``(row, request id)``; the other rows are left as they are (a grammar process of
+        several fills its own)."""
+        self._join_fill()
+        bitmask = self._rows(num_rows)
         live = []
         grammars = self._grammars
-        for i, rid in enumerate(ids):
+        for i, rid in rows:
             grammar = grammars.get(rid)
             if grammar is None:
                 bitmask[i] = -1

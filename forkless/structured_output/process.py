@@ -9,20 +9,31 @@ and fills the bitmask straight into the executor's shared segment, the one the w
 read; the engine core holds a :class:`GrammarProcessClient`, which has the manager's
 methods and keeps the step loop's share of the work to a send and a receive.
 
+With ``FORKLESS_GRAMMAR_PROCESSES=N`` there are N such processes, and the requests are
+shared out among them by request id: a step's grammar work (advance and fill, which sit
+on the chain from one step's tokens to the next step's sampling) is split N ways. Below,
+"the process" is the one that holds the request in question.
+
 Invariants:
+    * A request belongs to one process for its whole life (``hash`` of its id, in the
+      client's process), which receives every message about it. Every process gets every
+      deferred fill (its own rows, maybe none) and answers it; a process writes only the
+      rows of its own requests, and a row of one whose grammar is gone allows everything.
+      Each process that fills a routed step sends its own ``sample`` message, with the
+      number of parts, and a worker samples once all have come.
     * The process holds every grammar, backend and compilation; the client holds which
       requests have a grammar (``_grammars``), and for each the stop tokens that
       complete it where its backend tells completion from them
       (``completion_from_tokens``). Both drop a request at the same calls, so they agree
       on which requests hold a grammar, except for a refusal the process found and has
       not yet reported (the client learns it with the next fill's reply).
-    * Messages go one way on a PUSH socket and come back on another, and the process
-      handles them in the order sent. ``fill`` (a deferred fill, carrying the advance of
-      ``accept_early`` where it comes from there) is answered by
-      ``filled``; ``fill_now`` and an ``accept`` that has to wait for the grammars by
-      ``reply``; a handler's exception by ``error`` in their place, which the client
-      raises. ``compiled`` events come whenever a compilation ends. Nothing else is
-      answered.
+    * Messages go one way on a PUSH socket per process and come back on one the
+      processes share, and a process handles them in the order sent. ``fill`` (a
+      deferred fill, carrying the advance of ``accept_early`` where it comes from there)
+      is answered by ``filled``; ``fill_now`` and an ``accept`` that has to wait for the
+      grammars by ``reply`` (one from each process asked); a handler's exception by
+      ``error`` in their place, which the client raises. ``compiled`` events come
+      whenever a compilation ends. Nothing else is answered.
     * A fill names the executor's segment and the bytes it may use: the process maps the
       segment by name (once, again when the name changes) and writes only those bytes.
       The client passes the executor a view of the same bytes once the fill is answered,
@@ -56,7 +67,7 @@ import sys
 import time
 import traceback
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, TypeVar
 
 import msgspec
 import zmq
@@ -81,6 +92,8 @@ _COMPILED, _FILLED, _REPLY, _ERROR = b"compiled", b"filled", b"reply", b"error"
 # (and, while something compiles, at the compilations).
 _IDLE_POLL_MS, _COMPILING_POLL_MS = 1000, 2
 
+_T = TypeVar("_T")
+
 
 class GrammarProcessClient:
     """The engine core's handle on the grammar process: the methods of
@@ -95,21 +108,27 @@ class GrammarProcessClient:
         allocate_shared: ``Executor.allocate_shared_bitmask_buffer``.
         sample_route: ``Executor.deferred_sample_route``: where the process tells the
             workers to sample a deferred step once its bitmask is filled.
+        num_processes: How many grammar processes share the requests
+            (``FORKLESS_GRAMMAR_PROCESSES``; see the module's invariants).
     """
 
     def __init__(self, config: StructuredOutputsConfig, tokenizer_path: str, vocab_size: int,
                  eos_token_ids: list[int], allocate_shared: Callable[[int], tuple[str, Any] | None],
-                 sample_route: Callable[[Any], tuple[int, list[str]] | None] = lambda pending: None) -> None:
+                 sample_route: Callable[[Any], tuple[int, list[str]] | None] = lambda pending: None,
+                 num_processes: int = 1) -> None:
+        if num_processes < 1:
+            raise ValueError(f"num_processes must be at least 1, got {num_processes}")
         self._args = (dataclasses.asdict(config), tokenizer_path, vocab_size, list(eos_token_ids))
         self._words = (vocab_size + 31) // 32
         self._allocate_shared = allocate_shared
         self._sample_route = sample_route
+        self.num_processes = num_processes
         #: Whether the deferred fill last started has the workers sample its step itself
         #: (then the engine core does not call ``Executor.sample_deferred``).
         self.sample_sent = False
-        self._proc: Any = None
+        self._procs: list[subprocess.Popen] = []
         self._ctx: zmq.Context | None = None
-        self._out: zmq.Socket | None = None
+        self._outs: list[zmq.Socket] = []
         self._in: zmq.Socket | None = None
         self._ipc_dir: str | None = None
         # The requests whose tokens accept_early() sent ahead of the scheduler's update,
@@ -123,41 +142,69 @@ class GrammarProcessClient:
         self._grammars: dict[str, frozenset[int] | None] = {}
         self._refused: list[tuple[str, str]] = []
         self._compiled: tuple[list[str], list[tuple[str, str]]] = ([], [])
-        self._reply: Any = None
-        self._filled: Any = None
-        # The view a deferred fill writes, until take_deferred_fill() hands it on.
+        # Answers of the processes (one per process asked), and the refusals of the
+        # deferred fill's parts answered so far.
+        self._replies: list[Any] = []
+        self._filled: list[tuple[str, str]] = []
+        self._parts_filled = 0
+        # The view a deferred fill writes, until take_deferred_fill() hands it on, and how
+        # many processes write it.
         self._fill_view: Any = None
+        self._fill_parts = 0
+
+    def _shard(self, request_id: str) -> int:
+        """The process that holds a request's grammar. (``hash`` of a ``str`` is fixed
+        within this process and cached on the string: the engine core alone asks.)"""
+        return hash(request_id) % self.num_processes if self.num_processes > 1 else 0
+
+    def _split(self, items: Iterable[_T], request_id: Callable[[_T], str]) -> list[list[_T]]:
+        """``items`` by the process that holds each one's request."""
+        parts: list[list[_T]] = [[] for _ in range(self.num_processes)]
+        if self.num_processes == 1:
+            parts[0].extend(items)
+        else:
+            n = self.num_processes
+            for item in items:
+                parts[hash(request_id(item)) % n].append(item)
+        return parts
 
     # ------------------------------------------------------------------ the process
 
     def _start(self) -> None:
         self._ipc_dir = ipc.make_ipc_dir("forkless-grammar-")
-        to_proc, from_proc = ipc.ipc_address(self._ipc_dir, "in"), ipc.ipc_address(self._ipc_dir, "out")
+        from_proc = ipc.ipc_address(self._ipc_dir, "out")
         self._ctx = zmq.Context()
-        self._out = self._ctx.socket(zmq.PUSH)
-        self._out.bind(to_proc)
         self._in = self._ctx.socket(zmq.PULL)
         self._in.bind(from_proc)
-        # A fresh interpreter running this module, not multiprocessing's spawn: that would
-        # import the caller's main script again, which a script without a __main__ guard
-        # cannot survive.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        args = ipc.encode(self._args).hex()
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", __name__, ipc.encode(self._args).hex(), to_proc, from_proc, str(os.getpid()),
-                 self._ipc_dir], env=dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p)))
+            for index in range(self.num_processes):
+                to_proc = ipc.ipc_address(self._ipc_dir, f"in-{index}")
+                out = self._ctx.socket(zmq.PUSH)
+                out.bind(to_proc)
+                self._outs.append(out)
+                # A fresh interpreter running this module, not multiprocessing's spawn:
+                # that would import the caller's main script again, which a script
+                # without a __main__ guard cannot survive.
+                self._procs.append(subprocess.Popen(
+                    [sys.executable, "-m", __name__, args, to_proc, from_proc, str(os.getpid()), self._ipc_dir,
+                     f"{index}/{self.num_processes}"], env=env))
         except BaseException:
-            _stop_grammar_process(None, self._out, self._in, self._ctx, self._ipc_dir)
-            self._out = self._in = self._ctx = self._ipc_dir = None
+            _stop_grammar_process(self._procs, self._outs, self._in, self._ctx, self._ipc_dir)
+            self._procs, self._outs = [], []
+            self._in = self._ctx = self._ipc_dir = None
             raise
-        self._release = ipc.release_with(self, _stop_grammar_process, self._proc, self._out, self._in, self._ctx,
+        self._release = ipc.release_with(self, _stop_grammar_process, self._procs, self._outs, self._in, self._ctx,
                                          self._ipc_dir)
-        logger.info("structured outputs: grammar process started (pid %d)", self._proc.pid)
+        logger.info("structured outputs: grammar process%s started (pid %s)", "es" if len(self._procs) > 1 else "",
+                    ", ".join(str(p.pid) for p in self._procs))
 
-    def _send(self, kind: bytes, payload: Any) -> None:
-        if self._proc is None:
+    def _send(self, kind: bytes, payload: Any, index: int = 0) -> None:
+        """Send a message to grammar process ``index``."""
+        if not self._procs:
             self._start()
-        assert self._out is not None
-        self._out.send_multipart([kind, ipc.encode(payload)], copy=False)
+        self._outs[index].send_multipart([kind, ipc.encode(payload)], copy=False)
 
     def _receive(self, timeout_ms: int | None) -> bool:
         """Take one message from the process into its slot; ``False`` when none came
@@ -165,8 +212,9 @@ class GrammarProcessClient:
         assert self._in is not None
         step = 1000 if timeout_ms is None else timeout_ms
         while not self._in.poll(step):
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"the grammar process died (exit code {self._proc.returncode})")
+            for proc in self._procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the grammar process died (exit code {proc.returncode})")
             if timeout_ms is not None:
                 return False
         kind, payload = self._in.recv_multipart()
@@ -181,24 +229,26 @@ class GrammarProcessClient:
                 else:
                     self._compiled[1].append((rid, reason))
         elif kind == _FILLED:
-            self._filled = body
+            self._filled += body
+            self._parts_filled += 1
         elif kind == _REPLY:
-            self._reply = body
+            self._replies.append(body)
         elif kind == _ERROR:
             raise RuntimeError(f"structured outputs: the grammar process failed:\n{body}")
         return True
 
-    def _wait_reply(self) -> Any:
-        while self._reply is None:
+    def _wait_replies(self, count: int) -> list[Any]:
+        """The answers of the ``count`` processes just asked."""
+        while len(self._replies) < count:
             self._receive(None)
-        reply, self._reply = self._reply, None
-        return reply
+        replies, self._replies = self._replies, []
+        return replies
 
     # ------------------------------------------------------------------ compilation
 
     def submit(self, request_id: str, params: StructuredOutputsParams) -> None:
         """Start compiling a request's grammar; :meth:`poll` says when it is ready."""
-        self._send(_SUBMIT, [request_id, params])
+        self._send(_SUBMIT, [request_id, params], self._shard(request_id))
         self._compiling.add(request_id)
 
     def has_compiling(self) -> bool:
@@ -243,15 +293,25 @@ class GrammarProcessClient:
         rows = [s for s in scheduler_output.scheduled_requests if s.sample and s.request_id in grammars]
         if not rows:
             return
-        name, view = self._view(sum(1 + s.num_spec_tokens for s in rows))
-        self._send(_FILL_NOW, [name, len(view), [
-            [s.request_id, s.num_spec_tokens,
-             list(s.token_ids[len(s.token_ids) - s.num_spec_tokens:]) if s.num_spec_tokens else []] for s in rows]])
-        ids, used, refused = self._wait_reply()
-        self._note_refused(refused)
-        if ids:
-            scheduler_output.structured_output_request_ids = ids
-            scheduler_output.grammar_bitmask = view[:used]
+        # Each process fills its requests' rows (a request verifying m drafts has m + 1);
+        # a refusal it found since this client last heard gets rows that allow everything
+        # (the request fails at the next accept, and what it samples is dropped).
+        items = []
+        total = 0
+        for s in rows:
+            m = s.num_spec_tokens
+            items.append([s.request_id, total, m, list(s.token_ids[len(s.token_ids) - m:]) if m else []])
+            total += 1 + m
+        name, view = self._view(total)
+        asked = 0
+        for index, part in enumerate(self._split(items, lambda item: item[0])):
+            if part:
+                self._send(_FILL_NOW, [name, len(view), total, part], index)
+                asked += 1
+        for refused in self._wait_replies(asked):
+            self._note_refused(refused)
+        scheduler_output.structured_output_request_ids = [s.request_id for s in rows]
+        scheduler_output.grammar_bitmask = view
 
     def defer(self, scheduler_output: SchedulerOutput) -> None:
         """Mark a plan made while the step before still runs (see the manager's ``defer``)."""
@@ -266,12 +326,21 @@ class GrammarProcessClient:
         self._start_fill(None, scheduler_output, pending)
 
     def _start_fill(self, rows: list | None, plan: SchedulerOutput, pending: Any) -> None:
-        # One message: the advance accept_early hands over (rows), then the fill.
+        # One message to each process: the advance accept_early hands over (rows), then
+        # the fill of its requests' rows (all of them: each sends its part of the sample).
         ids = plan.structured_output_request_ids
         name, view = self._view(len(ids))
         route = self._sample_route(pending) if pending is not None else None
-        self._send(_FILL, [rows, name, len(view), ids, route])
+        n = self.num_processes
+        if n == 1:
+            self._send(_FILL, [rows, name, len(view), len(ids), None, ids, route, 1])
+        else:
+            kept = self._split(rows, lambda row: row[0]) if rows is not None else [None] * n
+            for index, part in enumerate(self._split(enumerate(ids), lambda row: row[1])):
+                self._send(_FILL, [kept[index], name, len(view), len(ids), [i for i, _ in part],
+                                   [rid for _, rid in part], route, n], index)
         self._fill_view = view
+        self._fill_parts = n
         self.sample_sent = route is not None
 
     def take_deferred_fill(self) -> Any:
@@ -288,9 +357,9 @@ class GrammarProcessClient:
         """Wait for the deferred fill in progress, if any, and return its view."""
         view = self._fill_view
         if view is not None:
-            while self._filled is None:
+            while self._parts_filled < self._fill_parts:
                 self._receive(None)
-            refused, self._filled = self._filled, None
+            refused, self._filled, self._parts_filled = self._filled, [], 0
             self._fill_view = None
             self._note_refused(refused)
         return view
@@ -334,20 +403,28 @@ class GrammarProcessClient:
                 elif tokens and tokens[-1] in grammars[rid]:  # type: ignore[operator]
                     del grammars[rid]
                     complete.append(rid)
-            self._send(_ACCEPT, [True, rows])
+            for index, part in enumerate(self._split(rows, lambda row: row[0])):
+                if part:
+                    self._send(_ACCEPT, [True, part], index)
             return complete, rejected
-        # A backend that cannot tell completion from the tokens: the process advances now
-        # and answers (a deferred advance would not be answered).
-        self._send(_ACCEPT, [False, rows])
-        complete, refused = self._wait_reply()
+        # A backend that cannot tell completion from the tokens: the processes advance
+        # now and answer (a deferred advance would not be answered).
+        asked = 0
+        for index, part in enumerate(self._split(rows, lambda row: row[0])):
+            if part:
+                self._send(_ACCEPT, [False, part], index)
+                asked += 1
+        complete = []
+        for done_now, refused in self._wait_replies(asked):
+            complete += done_now
+            for rid, reason in refused:
+                grammars.pop(rid, None)
+                rejected.append((rid, reason))
         for rid, _, done in rows:
             if done:
                 grammars.pop(rid, None)
         for rid in complete:
             grammars.pop(rid, None)
-        for rid, reason in refused:
-            grammars.pop(rid, None)
-            rejected.append((rid, reason))
         return complete, rejected
 
     def _accepted_early(self, outputs: list[EngineCoreOutput]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -375,8 +452,13 @@ class GrammarProcessClient:
                 del grammars[rid]  # the process dropped it too (completion from tokens)
                 complete.append(rid)
         if finished:
-            self._send(_FINISH, finished)
+            self._finish(finished)
         return complete, rejected
+
+    def _finish(self, request_ids: list[str]) -> None:
+        for index, part in enumerate(self._split(request_ids, lambda rid: rid)):
+            if part:
+                self._send(_FINISH, part, index)
 
     def finish(self, request_ids: Any) -> None:
         """Forget requests (finished, aborted, failed); unknown ids are ignored."""
@@ -386,33 +468,36 @@ class GrammarProcessClient:
                 self._compiling.discard(rid)
                 gone.append(rid)
         if gone:
-            self._send(_FINISH, gone)
+            self._finish(gone)
 
     def shutdown(self) -> None:
         """Stop the process (it releases the backends) and close the sockets."""
         release, self._release = self._release, None
         if release is not None:
             release()
-        self._proc = self._out = self._in = self._ctx = self._ipc_dir = None
+        self._procs, self._outs = [], []
+        self._in = self._ctx = self._ipc_dir = None
         self._fill_view = None
 
 
-def _stop_grammar_process(proc: subprocess.Popen | None, out: zmq.Socket, inbox: zmq.Socket, ctx: zmq.Context,
-                  ipc_dir: str) -> None:
-    """Tell the grammar process to stop (killed if it has not within 5 s) and close the
+def _stop_grammar_process(procs: list[subprocess.Popen], outs: list[zmq.Socket], inbox: zmq.Socket,
+                          ctx: zmq.Context, ipc_dir: str) -> None:
+    """Tell the grammar processes to stop (killed if one has not within 5 s) and close the
     client's sockets, context and socket directory. Refers to no client: it runs when
     one is dropped too."""
-    if proc is not None and proc.poll() is None:
-        try:
-            out.send_multipart([_SHUTDOWN, ipc.encode(None)])
-        except zmq.ZMQError:
-            pass
+    for proc, out in zip(procs, outs):
+        if proc.poll() is None:
+            try:
+                out.send_multipart([_SHUTDOWN, ipc.encode(None)])
+            except zmq.ZMQError:
+                pass
+    for proc in procs:
         try:
             proc.wait(5)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
-    for sock in (out, inbox):
+    for sock in [*outs, inbox]:
         sock.close(linger=0)
     ctx.term()
     ipc.remove_ipc_dir(ipc_dir)
@@ -453,8 +538,9 @@ def _outputs(rows: Iterable[tuple[str, list[int], bool]]) -> list[SimpleNamespac
             for rid, tokens, done in rows]
 
 
-def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent_pid: int, ipc_dir: str) -> None:
-    """Entry point of the grammar process (see the module's invariants)."""
+def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent_pid: int, ipc_dir: str,
+                          index: int = 0, count: int = 1) -> None:
+    """Entry point of grammar process ``index`` of ``count`` (see the module's invariants)."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine core shuts it down
@@ -474,15 +560,16 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
     # Each deferred fill's time here (its advance included), logged at the end.
     fill_seconds: list[float] = []
     # FORKLESS_STEP_TRACE_DIR: one record per deferred fill (forkless.metrics.step_trace).
-    trace = StepTrace.open("grammar")
+    trace = StepTrace.open("grammar" if count == 1 else f"grammar{index}")
 
     def send(kind: bytes, payload: Any) -> None:
         outbox.send_multipart([kind, ipc.encode(payload)])
 
-    def tell_workers(route: list, where: str | None, nbytes: int) -> None:
-        # The workers sample the step now (before the engine core hears of the fill).
+    def tell_workers(route: list, where: str | None, nbytes: int, parts: int) -> None:
+        # The workers sample the step now (before the engine core hears of the fill), once
+        # every process's part came.
         seq, addresses = route
-        frames = sample_message(seq, where, nbytes)
+        frames = sample_message(seq, where, nbytes, parts)
         for address in addresses:
             sock = to_workers.get(address)
             if sock is None:
@@ -523,23 +610,25 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
                     elif kind == _FILL:
                         started = time.perf_counter()
                         received = StepTrace.now() if trace is not None else 0.0
-                        rows, name, nbytes, ids, route = ipc.decode(payload)
+                        rows, name, nbytes, num_rows, indices, ids, route, parts = ipc.decode(payload)
                         try:
                             if rows is not None:  # accept_early's advance, deferred to the fill
                                 refused += manager.accept(_outputs((rid, tokens, False) for rid, tokens in rows),
                                                           True)[1]
                             map_segment(name)
-                            manager.start_deferred_fill(SimpleNamespace(structured_output_request_ids=ids))
+                            # (indices None: every row is this process's.)
+                            manager.start_deferred_fill_rows(num_rows, enumerate(ids) if indices is None
+                                                             else zip(indices, ids))
                             manager.take_deferred_fill()
                         except BaseException:
                             # The workers must not wait for a sample that never comes; the
                             # engine core raises the error (its step is not used).
                             if route is not None:
-                                tell_workers(route, None, 0)
+                                tell_workers(route, None, 0, parts)
                             raise
                         filled = StepTrace.now() if trace is not None else 0.0
                         if route is not None:
-                            tell_workers(route, name, nbytes)
+                            tell_workers(route, name, nbytes, parts)
                         if trace is not None:
                             trace.add(received=received, filled=filled, told=StepTrace.now(), rows=len(ids),
                                       seq=route[0] if route is not None else None)
@@ -548,16 +637,13 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
                         refused = []
                         fill_seconds.append(time.perf_counter() - started)
                     elif kind == _FILL_NOW:
-                        name, nbytes, rows = ipc.decode(payload)
+                        name, nbytes, num_rows, rows = ipc.decode(payload)
                         map_segment(name)
-                        plan = SimpleNamespace(
-                            scheduled_requests=[SimpleNamespace(request_id=rid, sample=True, num_spec_tokens=m,
-                                                                token_ids=drafts) for rid, m, drafts in rows],
-                            structured_output_request_ids=[], grammar_bitmask=None)
-                        manager.fill_bitmask(plan)
+                        manager.fill_rows(num_rows, [
+                            (SimpleNamespace(request_id=rid, num_spec_tokens=m, token_ids=drafts), offset)
+                            for rid, offset, m, drafts in rows])
                         refused += manager.take_refused()
-                        used = len(plan.grammar_bitmask) if plan.grammar_bitmask is not None else 0
-                        send(_REPLY, [plan.structured_output_request_ids, used, refused])
+                        send(_REPLY, refused)
                         refused = []
                     else:
                         raise ValueError(f"unknown message {kind!r}")
@@ -588,4 +674,6 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
 
 
 if __name__ == "__main__":
-    _grammar_process_main(bytes.fromhex(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+    _index, _count = (int(n) for n in sys.argv[6].split("/"))
+    _grammar_process_main(bytes.fromhex(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], _index,
+                          _count)

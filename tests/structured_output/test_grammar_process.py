@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import gc
 import os
+import random
 import subprocess
 import sys
 import time
@@ -26,6 +27,14 @@ from tests.structured_output.test_engine_core import check_a_failed_compile_fail
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+class SlowFillBackend(XgrammarBackend):
+    """xgrammar, whose fills take 0-40 ms longer (in each grammar process alike)."""
+
+    def fill_bitmasks(self, grammars, bitmask, indices):
+        time.sleep(random.uniform(0, 0.04))
+        return super().fill_bitmasks(grammars, bitmask, indices)
 
 
 def _cases(llm: LLM) -> tuple[list[str], list[SamplingParams]]:
@@ -63,21 +72,32 @@ def reference(smollm2_folder: Path) -> list[tuple]:
         llm.shutdown()
 
 
-@pytest.mark.parametrize("engine_kwargs", [
-    {},
-    {"async_scheduling": True},
-    {"async_scheduling": True, "distributed_executor_backend": "mp"},
-], ids=["sync", "async", "async-mp"])
+@pytest.mark.parametrize(("engine_kwargs", "processes"), [
+    ({}, 1),
+    ({"async_scheduling": True}, 1),
+    ({"async_scheduling": True, "distributed_executor_backend": "mp"}, 1),
+    ({}, 3),
+    ({"async_scheduling": True, "distributed_executor_backend": "mp",
+      "structured_outputs_config": {"backend": f"{__name__}:SlowFillBackend"}}, 3),
+], ids=["sync", "async", "async-mp", "sync-3-processes", "async-mp-3-processes"])
 def test_the_grammar_process_gives_the_engine_cores_outputs(smollm2_folder: Path, reference: list[tuple],
-                                                            engine_kwargs: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                            engine_kwargs: dict, processes: int,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``FORKLESS_GRAMMAR_PROCESSES=3`` the requests are shared out over three
+    processes, each filling its own rows; the worker samples once all three wrote theirs
+    (their fills take random times here: a worker that sampled at the first would read
+    the others' rows as the step before left them)."""
     monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESS", "1")
+    monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESSES", str(processes))
     llm = LLM(str(smollm2_folder), max_model_len=512, max_num_seqs=16, **engine_kwargs)
     try:
         client = llm.llm_engine.engine_core._structured
         assert isinstance(client, GrammarProcessClient)
         sent: list[bytes] = []
+        by_process: set[int] = set()
         send = client._send
-        client._send = lambda kind, payload: (sent.append(kind), send(kind, payload))[1]
+        client._send = lambda kind, payload, index=0: (sent.append(kind), by_process.add(index),
+                                                       send(kind, payload, index))[-1]
         # Who tells the workers to sample a deferred step: the process, where the executor
         # gives it a route to them (mp), else the engine core.
         executor = llm.llm_engine.engine_core.executor
@@ -89,11 +109,13 @@ def test_the_grammar_process_gives_the_engine_cores_outputs(smollm2_folder: Path
             sample = executor.sample_deferred
             executor.sample_deferred = lambda pending, bitmask: (by_core.append(pending), sample(pending, bitmask))[1]
         got = _seen(llm.generate(*_cases(llm), use_tqdm=False))
-        proc, ipc_dir = client._proc, client._ipc_dir
-        assert proc is not None and proc.poll() is None and os.path.isdir(ipc_dir)
+        procs, ipc_dir = list(client._procs), client._ipc_dir
+        assert len(procs) == processes and all(p.poll() is None for p in procs) and os.path.isdir(ipc_dir)
     finally:
         llm.shutdown()
     assert got == reference
+    # A deferred fill goes to every process (each sends its part of the sample message).
+    assert by_process == set(range(processes)) if engine_kwargs else by_process <= set(range(processes))
     jsonschema.validate(json.loads(got[0][1]), SCHEMAS["person"])
     jsonschema.validate(json.loads(got[2][1]), SCHEMAS["person"])
     # Async steps had their bitmask filled by the process while the forward ran; the
@@ -110,8 +132,8 @@ def test_the_grammar_process_gives_the_engine_cores_outputs(smollm2_folder: Path
         # (The last step launched may stay uncollected once every request is done: it is
         # sampled, and dropped, at the next step.)
         assert routes and all(r is None for r in routes) and len(routes) - 1 <= len(by_core) <= len(routes)
-    # The process left with the engine, and took its socket directory along.
-    assert proc.wait(10) == 0
+    # The processes left with the engine, and took their socket directory along.
+    assert all(p.wait(10) == 0 for p in procs)
     assert not os.path.exists(ipc_dir)
 
 
@@ -156,7 +178,7 @@ from forkless import LLM, SamplingParams, StructuredOutputsParams
 llm = LLM(sys.argv[1], max_model_len=256, kv_cache_memory=1 << 24)
 out = llm.generate(["x"], SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
                    use_tqdm=False)
-print(llm.llm_engine.engine_core._structured._proc.pid, out[0].outputs[0].text, flush=True)
+print(llm.llm_engine.engine_core._structured._procs[0].pid, out[0].outputs[0].text, flush=True)
 os._exit(9)  # no shutdown: as if killed
 """
 
@@ -191,7 +213,7 @@ def test_a_dropped_engine_stops_its_grammar_process(tiny_llama: Path, monkeypatc
     assert out[0].outputs[0].text in ("yes", "no")
     client = llm.llm_engine.engine_core._structured
     assert isinstance(client, GrammarProcessClient)
-    proc, ipc_dir = client._proc, client._ipc_dir
+    (proc,), ipc_dir = client._procs, client._ipc_dir
     assert proc.poll() is None
     del llm, client, out
     gc.collect()
@@ -261,9 +283,9 @@ def test_a_killed_grammar_process_fails_the_engine_without_a_hang(tiny_llama: Pa
         for _ in range(6):
             engine.step()
         client = engine.engine_core._structured
-        assert isinstance(client, GrammarProcessClient) and client._proc.poll() is None
-        client._proc.kill()
-        client._proc.wait(10)
+        assert isinstance(client, GrammarProcessClient) and client._procs[0].poll() is None
+        client._procs[0].kill()
+        client._procs[0].wait(10)
         with pytest.raises(RuntimeError, match="grammar process died"):
             for _ in range(60):
                 engine.step()
