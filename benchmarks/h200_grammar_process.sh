@@ -1,7 +1,9 @@
 #!/bin/bash
 # Issue 17 on one H200: the constrained step's overhead at batch 256 (Qwen3-0.6B shape, bf16,
-# dummy weights, async, the server's `mp` executor), FORKLESS_GRAMMAR_PROCESS=0 and 1
-# alternated ROUNDS times (see benchmarks/README.md, "The grammar process").
+# dummy weights, async, the server's `mp` executor), the settings of SETTINGS alternated
+# ROUNDS times (see benchmarks/README.md, "The grammar process"): 0 = the grammars in the
+# engine core (FORKLESS_GRAMMAR_PROCESS=0), N >= 1 = N grammar processes
+# (FORKLESS_GRAMMAR_PROCESSES=N). Default SETTINGS="1 2 4".
 # Prepared here (this machine):
 #   python benchmarks/qwen_tokenizer.py .dev/qtok         # the Qwen vocabulary
 #   cd .venv-whl && for py in 3.11 3.12 3.13; do pip download --no-deps --only-binary=:all: \
@@ -18,10 +20,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   annotated-types typing-inspection || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 python3 -c 'import sys, torch, xgrammar, llguidance; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())' || exit 1
-for round in $(seq "${ROUNDS:-2}"); do for gp in 0 1; do
+for round in $(seq "${ROUNDS:-2}"); do for gp in ${SETTINGS:-1 2 4}; do
   log="$OUT/round${round}_gp${gp}.log"
-  echo "== round $round FORKLESS_GRAMMAR_PROCESS=$gp ${EXECUTOR:-mp}"
-  FORKLESS_GRAMMAR_PROCESS=$gp timeout "${RUN_TIMEOUT:-200}" python3 benchmarks/structured_outputs.py --shape qwen3-0.6b \
+  echo "== round $round grammar processes: $gp ${EXECUTOR:-mp}"
+  FORKLESS_GRAMMAR_PROCESS=$((gp > 0)) FORKLESS_GRAMMAR_PROCESSES=$((gp > 0 ? gp : 1)) timeout "${RUN_TIMEOUT:-200}" python3 benchmarks/structured_outputs.py --shape qwen3-0.6b \
     --batch 256 --max-tokens 64 --dtype bfloat16 --repeats 1 --step-median 4 --async-scheduling --no-detokenize \
     --tokenizer-from .dev/qtok --distributed-executor-backend "${EXECUTOR:-mp}" > "$log" 2>&1
   echo "rc=$?"; grep -E "grammar process:|batch 256|median decode|Error" "$log" | head -8
