@@ -298,24 +298,10 @@ class StructuredOutputManager:
         the workers sample it; here the engine core samples it (:attr:`sample_sent` is
         always false).
         """
-        ids = scheduler_output.structured_output_request_ids
-        self.start_deferred_fill_rows(len(ids), enumerate(ids))
-
-    def start_deferred_fill_rows(self, num_rows: int, rows: Iterable[tuple[int, str]]) -> None:
-        """:meth:`start_deferred_fill` of some rows of a ``num_rows``-row bitmask, given as
-        ``(row, request id)``; the other rows are left as they are (a grammar process of
-        several fills its own)."""
         self._join_fill()
-        bitmask = self._rows(num_rows)
-        live = []
-        grammars = self._grammars
-        for i, rid in rows:
-            grammar = grammars.get(rid)
-            if grammar is None:
-                bitmask[i] = -1
-            else:
-                live.append((rid, grammar, i))
-        groups = self._by_backend(live)
+        ids = scheduler_output.structured_output_request_ids
+        bitmask = self._rows(len(ids))
+        groups = self._by_backend(self._live_rows(bitmask, enumerate(ids)))
         advance, self._advance = self._advance, []
         if not groups and not advance:  # nothing to do: every row's grammar is gone
             self._fill_job = concurrent.futures.Future()
@@ -327,6 +313,59 @@ class StructuredOutputManager:
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch_interval, 2e-4))
         self._fill_job = self._filler.submit(self._advance_and_fill, advance, bitmask, groups)
+
+    def fill_deferred_rows_now(self, num_rows: int, rows: Iterable[tuple[int, str]]) -> None:
+        """:meth:`start_deferred_fill` and :meth:`take_deferred_fill` in one, on the calling
+        thread, for some rows of a ``num_rows``-row bitmask, given as ``(row, request id)``
+        (the other rows are left as they are: a grammar process of several fills its own).
+        For the grammar process, which has nothing else to do meanwhile."""
+        self._join_fill()
+        self._advance_now()
+        bitmask = self._rows(num_rows)
+        self._fill_groups(bitmask, self._by_backend(self._live_rows(bitmask, rows)))
+
+    def _live_rows(self, bitmask: np.ndarray, rows: Iterable[tuple[int, str]]
+                   ) -> list[tuple[str, StructuredOutputGrammar, int]]:
+        """``(request id, grammar, row)`` of the rows whose request holds a grammar; the
+        others' rows are set to allow everything (the request finished meanwhile)."""
+        live = []
+        grammars = self._grammars
+        for i, rid in rows:
+            grammar = grammars.get(rid)
+            if grammar is None:
+                bitmask[i] = -1
+            else:
+                live.append((rid, grammar, i))
+        return live
+
+    def advance_kept(self, kept: list[tuple[str, list[int]]]) -> None:
+        """Advance grammars now over the tokens the scheduler keeps for unfinished requests
+        (``(request id, tokens)``, as :meth:`accept_early` gets them); each grammar's
+        backend must tell completion from the tokens (``completion_from_tokens``), and a
+        complete grammar is dropped (its request finishes). What :meth:`accept` with
+        ``defer_advance`` and the fill's advance do, without building an output per row:
+        the grammar process's path. Refusals go to :meth:`take_refused`."""
+        self._join_fill()
+        self._advance_now()
+        grammars = self._grammars
+        items = [(rid, grammar, row) for row in kept if (grammar := grammars.get(rid := row[0])) is not None]
+        for backend, grammars_of, rows in self._by_backend(items):
+            if not backend.completion_from_tokens:
+                raise RuntimeError(f"advance_kept() needs a backend that tells completion from the tokens; "
+                                   f"{backend.name} does not")
+            request_ids = [rid for rid, _ in rows]
+            tokens = [t for _, t in rows]
+            done = backend.terminated_batch(grammars_of, tokens)
+            if any(done):
+                for rid, complete in zip(request_ids, done):
+                    if complete:
+                        self._drop(rid)
+                keep = [i for i, complete in enumerate(done) if not complete]
+                grammars_of = [grammars_of[i] for i in keep]
+                request_ids = [request_ids[i] for i in keep]
+                tokens = [tokens[i] for i in keep]
+            if grammars_of:
+                self._note_refused(self._run_advance([_Advance(backend, grammars_of, request_ids, tokens)]))
 
     def take_deferred_fill(self) -> bytearray | np.ndarray:
         """The bitmask :meth:`start_deferred_fill` started (waits for it), in the reused

@@ -612,14 +612,12 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
                         received = StepTrace.now() if trace is not None else 0.0
                         rows, name, nbytes, num_rows, indices, ids, route, parts = ipc.decode(payload)
                         try:
-                            if rows is not None:  # accept_early's advance, deferred to the fill
-                                refused += manager.accept(_outputs((rid, tokens, False) for rid, tokens in rows),
-                                                          True)[1]
+                            if rows is not None:  # accept_early's advance (the client checked the backends)
+                                manager.advance_kept(rows)
                             map_segment(name)
                             # (indices None: every row is this process's.)
-                            manager.start_deferred_fill_rows(num_rows, enumerate(ids) if indices is None
-                                                             else zip(indices, ids))
-                            manager.take_deferred_fill()
+                            manager.fill_deferred_rows_now(num_rows, enumerate(ids) if indices is None
+                                                           else zip(indices, ids))
                         except BaseException:
                             # The workers must not wait for a sample that never comes; the
                             # engine core raises the error (its step is not used).

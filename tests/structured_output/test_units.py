@@ -356,3 +356,50 @@ def test_a_deferred_advance_runs_on_the_fill_thread_and_reports_refusals_a_step_
         assert manager.accept([EngineCoreOutput("refused", good[:1])]) == ([], [])  # forgotten
     finally:
         manager.shutdown()
+
+
+def test_the_grammar_processs_path_advances_kept_tokens_and_fills_its_own_rows(smollm2_folder) -> None:
+    """What a grammar process does with a deferred fill (``advance_kept``, then
+    ``fill_deferred_rows_now`` on its own thread): a complete grammar leaves at once, a
+    refused token is reported by ``take_refused``, and only the rows named are written
+    (another process writes the others), a request without a grammar there allowing
+    everything."""
+    import time
+
+    from forkless.structured_output.manager import StructuredOutputManager
+    from forkless.tokenizers.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(smollm2_folder)
+    manager = StructuredOutputManager(StructuredOutputsConfig(backend="xgrammar"), str(smollm2_folder), 49152, [2])
+    try:
+        ids = ["going", "refused", "complete"]
+        for rid in ids:
+            manager.submit(rid, StructuredOutputsParams(choice=["yes please", "no thanks"]))
+        deadline = time.monotonic() + 60
+        ready: list[str] = []
+        while len(ready) < 3:
+            assert time.monotonic() < deadline
+            manager.wait(0.1)
+            ready += manager.poll()[0]
+        good = tokenizer.encode("yes please", add_special_tokens=False)
+        bad = tokenizer.encode("maybe", add_special_tokens=False)[:1]
+        manager.advance_kept([("complete", good)])
+        manager.advance_kept([("going", good[:1]), ("refused", bad), ("complete", [2]), ("unknown", [5])])
+        refused = manager.take_refused()
+        assert [rid for rid, _ in refused] == ["refused"] and str(bad) in refused[0][1]
+        assert manager.completion_stop_ids("complete") is None  # gone: it completed
+        words = (49152 + 31) // 32
+        # Rows 1 and 3 of a 5-row bitmask are this process's; the rest are left alone.
+        buffer = manager._rows(5)
+        buffer[:] = 7
+        manager.fill_deferred_rows_now(5, [(1, "going"), (3, "complete")])
+        rows = np.frombuffer(manager._buffer, dtype=np.int32).reshape(5, words)
+
+        def allows(row: np.ndarray, token: int) -> bool:
+            return bool((int(row[token // 32]) >> (token % 32)) & 1)
+
+        assert allows(rows[1], good[1]) and not allows(rows[1], good[0])  # advanced past good[0]
+        assert (rows[3] == -1).all()  # complete: its row allows everything
+        assert (rows[[0, 2, 4]] == 7).all()
+    finally:
+        manager.shutdown()
