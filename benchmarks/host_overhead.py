@@ -16,12 +16,16 @@ generation, which depends on allocation history, so a given run may or may not c
 one).
 
     python benchmarks/host_overhead.py [--batch 256] [--repeats 3]
+    # the server's way of stepping: async scheduling, the worker in a process of its own
+    # (one torch thread), where each step's plan and results cross a socket
+    python benchmarks/host_overhead.py --async-scheduling --distributed-executor-backend mp
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -35,7 +39,7 @@ MICRO = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_s
          "bos_token_id": 1, "eos_token_id": 2}
 
 
-def child(model: str, batch: int, tuned: bool) -> dict:
+def child(model: str, batch: int, tuned: bool, engine: dict) -> dict:
     import gc
 
     import torch
@@ -43,7 +47,7 @@ def child(model: str, batch: int, tuned: bool) -> dict:
     from forkless import LLM, SamplingParams
 
     torch.set_num_threads(1)
-    llm = LLM(model, load_format="dummy", max_num_seqs=batch, max_model_len=512, max_num_batched_tokens=8192)
+    llm = LLM(model, load_format="dummy", max_num_seqs=batch, max_model_len=512, max_num_batched_tokens=8192, **engine)
     if tuned:
         from forkless.gc_tuning import tune_process
 
@@ -78,11 +82,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--child", nargs=3, metavar=("MODEL", "BATCH", "TUNED"), help=argparse.SUPPRESS)
+    parser.add_argument("--async-scheduling", action="store_true")
+    parser.add_argument("--distributed-executor-backend", choices=["uni", "mp"], default="uni")
+    parser.add_argument("--child", nargs=4, metavar=("MODEL", "BATCH", "TUNED", "ENGINE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        model, batch, tuned = args.child
-        print(json.dumps(child(model, int(batch), tuned == "1")))
+        model, batch, tuned, engine = args.child
+        print(json.dumps(child(model, int(batch), tuned == "1", json.loads(engine))))
         return
     from forkless.bench import shapes
 
@@ -91,14 +97,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = str(shapes.write_model_folder(Path(tmp) / "micro", "micro", dtype="float32"))
         best: dict[str, dict] = {}
+        engine = json.dumps({"async_scheduling": args.async_scheduling,
+                             "distributed_executor_backend": args.distributed_executor_backend})
+        # (The mp worker takes one torch thread too, unless told otherwise.)
+        env = dict(os.environ, FORKLESS_WORKER_THREADS=os.environ.get("FORKLESS_WORKER_THREADS", "1"))
         for _ in range(args.repeats):
             for name, tuned in (("tuned", "1"), ("offline LLM", "0")):
-                out = subprocess.run([sys.executable, __file__, "--child", model, str(args.batch), tuned],
-                                     capture_output=True, text=True, check=True).stdout
+                out = subprocess.run([sys.executable, __file__, "--child", model, str(args.batch), tuned, engine],
+                                     capture_output=True, text=True, check=True, env=env).stdout
                 run = json.loads(out.strip().splitlines()[-1])
                 if name not in best or run["elapsed"] < best[name]["elapsed"]:
                     best[name] = run
-    print(f"CPU {cpu}; batch {args.batch}, 128 steps, best of {args.repeats}")
+    print(f"CPU {cpu}; batch {args.batch}, 128 steps, best of {args.repeats}; executor "
+          f"{args.distributed_executor_backend}, {'async' if args.async_scheduling else 'synchronous'} steps")
     print("| engine | ms / step | µs / request / step | in collections | collections (gen 0/1/2) "
           "| one full collection |")
     print("|---|---:|---:|---:|---|---:|")
