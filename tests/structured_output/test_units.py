@@ -302,32 +302,40 @@ def test_a_verifying_request_gets_a_bitmask_row_per_position(smollm2_folder, bac
         manager.shutdown()
 
 
+def _three_choice_grammars(smollm2_folder, ids: list[str]):
+    """An xgrammar manager holding a ready choice grammar ("yes please" / "no thanks") for
+    each id; ``(manager, tokens of "yes please", a token the grammars refuse)``."""
+    import time
+
+    from forkless.structured_output.manager import StructuredOutputManager
+    from forkless.tokenizers.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(smollm2_folder)
+    manager = StructuredOutputManager(StructuredOutputsConfig(backend="xgrammar"), str(smollm2_folder), 49152, [2])
+    for rid in ids:
+        manager.submit(rid, StructuredOutputsParams(choice=["yes please", "no thanks"]))
+    deadline = time.monotonic() + 60
+    ready: list[str] = []
+    while len(ready) < len(ids):
+        assert time.monotonic() < deadline
+        manager.wait(0.1)
+        ready += manager.poll()[0]
+    return (manager, tokenizer.encode("yes please", add_special_tokens=False),
+            tokenizer.encode("maybe", add_special_tokens=False)[:1])
+
+
 def test_a_deferred_advance_runs_on_the_fill_thread_and_reports_refusals_a_step_later(smollm2_folder) -> None:
     """Under --async-scheduling, xgrammar's grammars take a step's tokens on the fill
     thread, ahead of the next bitmask: completion is told at once from the stop token,
     the next rows are those of the advanced grammars, and a refused token (a backend
     fault) fails its request at the next accept."""
     import threading
-    import time
 
     from forkless.protocol.step import EngineCoreOutput, ScheduledRequest, SchedulerOutput
-    from forkless.structured_output.manager import StructuredOutputManager
-    from forkless.tokenizers.loading import load_tokenizer
 
-    tokenizer = load_tokenizer(smollm2_folder)
-    manager = StructuredOutputManager(StructuredOutputsConfig(backend="xgrammar"), str(smollm2_folder), 49152, [2])
+    ids = ["going", "refused", "complete"]
+    manager, good, bad = _three_choice_grammars(smollm2_folder, ids)
     try:
-        ids = ["going", "refused", "complete"]
-        for rid in ids:
-            manager.submit(rid, StructuredOutputsParams(choice=["yes please", "no thanks"]))
-        deadline = time.monotonic() + 60
-        ready: list[str] = []
-        while len(ready) < 3:
-            assert time.monotonic() < deadline
-            manager.wait(0.1)
-            ready += manager.poll()[0]
-        good = tokenizer.encode("yes please", add_special_tokens=False)
-        bad = tokenizer.encode("maybe", add_special_tokens=False)[:1]
         # "complete" has its text already: its next token is the stop token.
         assert manager.accept([EngineCoreOutput("complete", good)]) == ([], [])
         threads = []
@@ -364,25 +372,8 @@ def test_the_grammar_processs_path_advances_kept_tokens_and_fills_its_own_rows(s
     refused token is reported by ``take_refused``, and only the rows named are written
     (another process writes the others), a request without a grammar there allowing
     everything."""
-    import time
-
-    from forkless.structured_output.manager import StructuredOutputManager
-    from forkless.tokenizers.loading import load_tokenizer
-
-    tokenizer = load_tokenizer(smollm2_folder)
-    manager = StructuredOutputManager(StructuredOutputsConfig(backend="xgrammar"), str(smollm2_folder), 49152, [2])
+    manager, good, bad = _three_choice_grammars(smollm2_folder, ["going", "refused", "complete"])
     try:
-        ids = ["going", "refused", "complete"]
-        for rid in ids:
-            manager.submit(rid, StructuredOutputsParams(choice=["yes please", "no thanks"]))
-        deadline = time.monotonic() + 60
-        ready: list[str] = []
-        while len(ready) < 3:
-            assert time.monotonic() < deadline
-            manager.wait(0.1)
-            ready += manager.poll()[0]
-        good = tokenizer.encode("yes please", add_special_tokens=False)
-        bad = tokenizer.encode("maybe", add_special_tokens=False)[:1]
         manager.advance_kept([("complete", good)])
         manager.advance_kept([("going", good[:1]), ("refused", bad), ("complete", [2]), ("unknown", [5])])
         refused = manager.take_refused()
