@@ -844,13 +844,16 @@ class Scheduler(SchedulerInterface):
         return item
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
-        if request.num_output_tokens >= request.min_tokens:
+        # (Runs for every token of every request: the output length is read once.)
+        num_output = len(request.output_token_ids)
+        if num_output >= request.min_tokens:
             if token_id in request.eos_token_ids and not request.ignore_eos:
                 return RequestStatus.FINISHED_STOPPED
             if token_id in request.stop_token_ids:
                 request.stop_reason = token_id
                 return RequestStatus.FINISHED_STOPPED
-        if request.max_tokens is not None and request.num_output_tokens >= request.max_tokens:
+        max_tokens = request.max_tokens
+        if max_tokens is not None and num_output >= max_tokens:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         if request.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH_CAPPED
