@@ -353,19 +353,28 @@ class StructuredOutputManager:
             if not backend.completion_from_tokens:
                 raise RuntimeError(f"advance_kept() needs a backend that tells completion from the tokens; "
                                    f"{backend.name} does not")
-            request_ids = [rid for rid, _ in rows]
-            tokens = [t for _, t in rows]
-            done = backend.terminated_batch(grammars_of, tokens)
-            if any(done):
-                for rid, complete in zip(request_ids, done):
-                    if complete:
-                        self._drop(rid)
-                keep = [i for i, complete in enumerate(done) if not complete]
-                grammars_of = [grammars_of[i] for i in keep]
-                request_ids = [request_ids[i] for i in keep]
-                tokens = [tokens[i] for i in keep]
-            if grammars_of:
-                self._note_refused(self._run_advance([_Advance(backend, grammars_of, request_ids, tokens)]))
+            todo = self._drop_complete(_Advance(backend, grammars_of, [rid for rid, _ in rows], [t for _, t in rows]))
+            if todo.grammars:
+                self._note_refused(self._run_advance([todo]))
+
+    def _drop_complete(self, advance: _Advance, complete: list[str] | None = None) -> _Advance:
+        """Drop the grammars that ``advance``'s tokens complete (its backend tells
+        completion from the tokens), adding their ids to ``complete``; the rest, still to
+        advance."""
+        done = advance.backend.terminated_batch(advance.grammars, advance.tokens)
+        if not any(done):
+            return advance
+        rest = _Advance(advance.backend, [], [], [])
+        for grammar, rid, tokens, finished in zip(advance.grammars, advance.request_ids, advance.tokens, done):
+            if finished:
+                self._drop(rid)
+                if complete is not None:
+                    complete.append(rid)
+            else:
+                rest.grammars.append(grammar)
+                rest.request_ids.append(rid)
+                rest.tokens.append(tokens)
+        return rest
 
     def take_deferred_fill(self) -> bytearray | np.ndarray:
         """The bitmask :meth:`start_deferred_fill` started (waits for it), in the reused
@@ -537,15 +546,8 @@ class StructuredOutputManager:
         for backend, grammars_of, outs in self._by_backend(advancing):
             tokens = [o.new_token_ids for o in outs]
             if defer_advance and backend.completion_from_tokens:
-                later = _Advance(backend, [], [], [])
-                for grammar, out, t, done in zip(grammars_of, outs, tokens, backend.terminated_batch(grammars_of, tokens)):
-                    if done:
-                        self._drop(out.request_id)
-                        complete.append(out.request_id)
-                    else:
-                        later.grammars.append(grammar)
-                        later.request_ids.append(out.request_id)
-                        later.tokens.append(t)
+                later = self._drop_complete(_Advance(backend, grammars_of, [o.request_id for o in outs], tokens),
+                                            complete)
                 if later.grammars:
                     self._advance.append(later)
                 continue
