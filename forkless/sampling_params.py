@@ -206,7 +206,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
             (empty ``text``, no ``decoded_token`` in logprobs) and skips the per-token
             detokenization cost; ``stop`` strings need text, so they require ``True``.
         skip_special_tokens: Omit special tokens when detokenizing.
-        spaces_between_special_tokens: Put spaces between special tokens when detokenizing.
+        spaces_between_special_tokens: Put spaces around kept special (added) tokens when
+            detokenizing with a slow tokenizer; fast tokenizers ignore it, as in vLLM and
+            transformers.
         include_stop_str_in_output: Keep the matched stop string in the text.
         output_kind: What each streamed output carries.
         extra_args: Free-form arguments for custom logits processors; each processor

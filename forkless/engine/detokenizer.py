@@ -8,6 +8,12 @@ character (byte-level BPE or byte-fallback tokens) yields no text until a later 
 completes the character, and a few prompt tokens go first as context, so that
 tokenizers that drop a leading space at the start of a text keep it mid-sentence.
 
+``spaces_between_special_tokens`` (vLLM's and transformers' flag, on by default) only acts
+on the other path, as in both of them: the slow path decodes the runs between added
+tokens separately and joins the pieces with a space, so kept special tokens stand apart
+("Hello <|im_end|>  world"); a fast tokenizer's own decoder has no such option and
+ignores it.
+
 This runs once per generated token of every stream in the API server, hundreds of
 streams at a time: the fast path is one Rust call per token (the other path costs two
 ``convert_tokens_to_string`` calls, ~40 us a token between them).
@@ -33,6 +39,8 @@ class IncrementalDetokenizer:
         tokenizer: A Hugging Face tokenizer.
         prompt_token_ids: The prompt (its tail gives context to the first tokens).
         skip_special_tokens: Omit special tokens from the text.
+        spaces_between_special_tokens: Without a fast tokenizer, join the text around
+            added tokens with spaces (see the module docstring; fast tokenizers ignore it).
 
     Attributes:
         num_chars: Characters of text produced so far.
@@ -43,9 +51,11 @@ class IncrementalDetokenizer:
         tokenizer: PreTrainedTokenizerBase,
         prompt_token_ids: list[int],
         skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
+        self.separator = " " if spaces_between_special_tokens else ""
         self.num_chars = 0
         context = list(prompt_token_ids[-(_CONTEXT_TOKENS + 1):])
         # ``is_fast`` is part of every transformers tokenizer's interface.
@@ -53,7 +63,10 @@ class IncrementalDetokenizer:
         if self._backend is not None:
             self._stream = DecodeStream(ids=context, skip_special_tokens=skip_special_tokens)
             return
-        self.tokens: list[str] = self._to_tokens(context, skip_special_tokens=False)
+        # The context's special tokens follow the request's rule too (as vLLM's): kept,
+        # they would stand apart from the first generated text by a space.
+        self.tokens: list[str] = self._to_tokens(context, skip_special_tokens)
+        self.added_vocab = frozenset(tokenizer.get_added_vocab())
         self.prefix_offset = max(len(self.tokens) - _CONTEXT_TOKENS, 0)
         self.read_offset = len(self.tokens)
 
@@ -96,7 +109,22 @@ class IncrementalDetokenizer:
     def _text(self, tokens: list[str]) -> str:
         if not tokens:
             return ""
-        return self.tokenizer.convert_tokens_to_string(tokens)
+        if not self.added_vocab.intersection(tokens):
+            return self.tokenizer.convert_tokens_to_string(tokens)
+        # Added tokens stand as they are; the runs between them are decoded on their own.
+        pieces: list[str] = []
+        run: list[str] = []
+        for token in tokens:
+            if token in self.added_vocab:
+                if run:
+                    pieces.append(self.tokenizer.convert_tokens_to_string(run))
+                    run = []
+                pieces.append(token)
+            else:
+                run.append(token)
+        if run:
+            pieces.append(self.tokenizer.convert_tokens_to_string(run))
+        return self.separator.join(pieces)
 
     def decode_token(self, token_id: int) -> str:
         """One token's own text (for logprobs)."""

@@ -59,7 +59,8 @@ class _Completion:
         self.params = params
         self.parent = parent
         self.detok = (
-            IncrementalDetokenizer(tokenizer, parent.prompt_token_ids, params.skip_special_tokens)
+            IncrementalDetokenizer(tokenizer, parent.prompt_token_ids, params.skip_special_tokens,
+                                   params.spaces_between_special_tokens)
             if tokenizer is not None and params.detokenize else None
         )
         self.text = ""

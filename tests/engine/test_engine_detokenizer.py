@@ -65,3 +65,21 @@ def test_several_tokens_at_once_give_the_same_text(llama_dir) -> None:
         for view in (tok, _SlowView(tok)):
             detok = IncrementalDetokenizer(view, tok.encode("Prompt:"), skip_special_tokens=True)
             assert detok.update(ids[:3]) + detok.update(ids[3:]) == text
+
+
+def test_spaces_between_special_tokens_on_the_slow_path(llama_dir) -> None:
+    # As transformers' and vLLM's slow detokenization: the text around a kept added token
+    # is decoded on its own and the pieces joined by a space, unless the request says
+    # spaces_between_special_tokens=False. A fast tokenizer's decoder has no such option.
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    ids = tok.encode("Hello") + [end, end] + tok.encode(" world")
+    prompt = [end] + tok.encode("Prompt:")
+
+    def text(view, **kwargs) -> str:
+        detok = IncrementalDetokenizer(view, prompt, skip_special_tokens=False, **kwargs)
+        return "".join(detok.update([i]) for i in ids)
+
+    assert text(_SlowView(tok)) == "Hello <|im_end|> <|im_end|>  world"
+    assert text(_SlowView(tok), spaces_between_special_tokens=False) == "Hello<|im_end|><|im_end|> world"
+    assert text(tok) == text(tok, spaces_between_special_tokens=False) == "Hello<|im_end|><|im_end|> world"

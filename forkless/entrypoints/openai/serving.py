@@ -312,12 +312,14 @@ class _TextOffsets:
     Args:
         tokenizer: The model's tokenizer.
         context_ids: The tokens before the first one (the prompt, for generated tokens).
-        skip_special_tokens: As the request's.
+        skip_special_tokens, spaces_between_special_tokens: As the request's.
         base: Added to every offset (the echoed prompt's length).
     """
 
-    def __init__(self, tokenizer: Any, context_ids: list[int], skip_special_tokens: bool, base: int = 0) -> None:
-        self._detok = IncrementalDetokenizer(tokenizer, context_ids, skip_special_tokens)
+    def __init__(self, tokenizer: Any, context_ids: list[int], skip_special_tokens: bool,
+                 spaces_between_special_tokens: bool = True, base: int = 0) -> None:
+        self._detok = IncrementalDetokenizer(tokenizer, context_ids, skip_special_tokens,
+                                             spaces_between_special_tokens)
         self._base = base
 
     def advance(self, token_ids: Iterable[int], text_len: int) -> list[int]:
@@ -602,7 +604,8 @@ class OpenAIServing:
             for c in out.outputs:
                 lp = None
                 if req.logprobs is not None:
-                    offsets = _TextOffsets(self.tokenizer, prompts[p_idx], req.skip_special_tokens, base=len(echo))
+                    offsets = _TextOffsets(self.tokenizer, prompts[p_idx], req.skip_special_tokens,
+                                           req.spaces_between_special_tokens, base=len(echo))
                     lp = self._completion_logprobs(c, 0, req.logprobs, offsets.advance(c.token_ids, len(c.text)))
                     if echo_lp is not None:
                         lp = _join_logprobs(echo_lp, lp)
@@ -683,7 +686,8 @@ class OpenAIServing:
                         echo, echo_lp = echoes[p_idx]
                         yield _sse(CompletionResponse(id=base_id, created=created, model=model_name, choices=[
                             CompletionChoice(index=idx, text=echo, logprobs=echo_lp)]))
-                    offsets[idx] = _TextOffsets(self.tokenizer, prompts[p_idx], req.skip_special_tokens, base=len(echo))
+                    offsets[idx] = _TextOffsets(self.tokenizer, prompts[p_idx], req.skip_special_tokens,
+                                                req.spaces_between_special_tokens, base=len(echo))
                 if c is None:
                     continue
                 state.receive(c)
