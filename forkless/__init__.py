@@ -6,7 +6,10 @@ process (the plugin loader and the API server never need torch).
 
 from typing import TYPE_CHECKING, Any
 
+from forkless import module_aliases
 from forkless.version import __version__
+
+module_aliases.install()
 
 if TYPE_CHECKING:
     from forkless.engine.async_llm import AsyncLLM

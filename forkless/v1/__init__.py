@@ -1,7 +1,6 @@
-"""vLLM's ``vllm.v1`` import paths, for plugins ported from vLLM by renaming imports.
+"""vLLM's ``vllm.v1`` package path, for plugins ported from vLLM by renaming imports.
 
-Invariants:
-    * Each module here *is* a forkless module (an alias in ``sys.modules``), never a copy:
-      a class imported through a vLLM path is the same class forkless checks against.
-    * Only paths a plugin author imports are here; forkless's own code never imports them.
+The modules beneath it (``forkless.v1.sample.logits_processor``, ``forkless.v1.metrics.loggers``,
+``forkless.v1.metrics.stats``) are forkless's own, under the alias finder of
+:mod:`forkless.module_aliases`; forkless's own code never imports them.
 """

@@ -1,8 +1,0 @@
-"""Moved to :mod:`forkless.protocol.ipc`. Importing this old path gives that very module, so code (and
-plugins) written against it keep working and see the same classes."""
-
-import sys
-
-import forkless.protocol.ipc
-
-sys.modules[__name__] = forkless.protocol.ipc

@@ -1,0 +1,93 @@
+"""Import paths that are other names of forkless modules: vLLM's paths, and forkless's old ones.
+
+A plugin written for vLLM ports by renaming ``vllm`` to ``forkless`` in its imports, so
+``forkless.v1.sample.logits_processor.builtin`` must import. Each path in :data:`ALIASES`
+names a forkless module, and so does every path beneath it, by the same relative name
+(``forkless.v1.sample.logits_processor.interface`` is ``forkless.logits_processors.interface``).
+
+Invariants:
+    * An alias *is* its module (one object in ``sys.modules`` under both names), never a
+      copy: a class imported through a vLLM path is the class forkless checks against,
+      and no module body runs twice. (Swapping ``sys.modules`` in an alias file, as this
+      replaces, got that wrong for submodules: the import system then loaded
+      ``...logits_processor.interface`` from the target's folder as a second module,
+      with a second ``LogitsProcessor`` class.)
+    * :func:`install` puts one finder first on ``sys.meta_path``; ``import forkless``
+      calls it, so it is in place before any alias can be imported. The finder imports
+      nothing until an alias is imported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.machinery
+import sys
+from types import ModuleType
+from typing import Any
+
+#: Alias path -> the forkless module it names.
+ALIASES: dict[str, str] = {
+    # vLLM's paths (``vllm`` renamed).
+    "forkless.v1.sample.logits_processor": "forkless.logits_processors",
+    "forkless.v1.metrics.loggers": "forkless.metrics",
+    "forkless.v1.metrics.stats": "forkless.metrics.stats",
+    "forkless.entrypoints.openai.protocol": "forkless.protocol.openai",
+    "forkless.entrypoints.openai.engine.protocol": "forkless.protocol.openai",
+    "forkless.entrypoints.openai.chat_completion.protocol": "forkless.protocol.openai",
+    "forkless.entrypoints.generate.base.protocol": "forkless.protocol.openai",
+    "forkless.entrypoints.openai.tool_parsers": "forkless.tool_parsers",
+    "forkless.lora.request": "forkless.protocol.lora",
+    "forkless.lora.resolver": "forkless.lora",
+    "forkless.model_executor.models": "forkless.models",
+    "forkless.model_executor.custom_op": "forkless.ops.interface",
+    "forkless.plugins.io_processors": "forkless.io_processors",
+    # forkless's own earlier paths.
+    "forkless.core.sched.output": "forkless.protocol.step",
+    "forkless.engine.protocol": "forkless.protocol.engine",
+    "forkless.engine.ipc": "forkless.protocol.ipc",
+}
+
+# Longest first, so that a nested alias wins over its parent's.
+_BY_LENGTH = sorted(ALIASES, key=len, reverse=True)
+
+
+def target_of(name: str) -> str | None:
+    """The forkless module that the module path ``name`` names, or ``None`` when it is no alias."""
+    for alias in _BY_LENGTH:
+        if name == alias or name.startswith(alias + "."):
+            return ALIASES[alias] + name[len(alias):]
+    return None
+
+
+class _AliasFinder:
+    """Finds an alias path and loads it as the module it names (importing that one)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if not name.startswith("forkless.") or target_of(name) is None:
+            return None
+        return importlib.machinery.ModuleSpec(name, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        real = target_of(spec.name)
+        assert real is not None
+        module = importlib.import_module(real)
+        # The import system keeps a module's own __name__, __loader__ and __path__ (it
+        # fills only what is missing) but sets __spec__ to the alias's: keep the module's
+        # own to put back in exec_module.
+        spec.loader_state = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        """Run nothing (the module was imported by :meth:`create_module`); give it back its own spec."""
+        alias_spec = module.__spec__
+        if alias_spec is not None and alias_spec.loader is self:
+            module.__spec__ = alias_spec.loader_state
+
+
+_FINDER = _AliasFinder()
+
+
+def install() -> None:
+    """Put the alias finder first on ``sys.meta_path`` (once per process)."""
+    if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _FINDER)
