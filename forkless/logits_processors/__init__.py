@@ -6,6 +6,7 @@
 
 from typing import TYPE_CHECKING, Any
 
+from forkless.logits_processors.adapter import AdapterLogitsProcessor, RequestLogitsProcessor
 from forkless.logits_processors.interface import (
     AddedRequest,
     BatchUpdate,
@@ -23,6 +24,9 @@ from forkless.logits_processors.registry import (
 )
 from forkless.logits_processors.state import process_dict_updates
 
+#: vLLM's name of the entry-point group constant (``LOGITSPROCS_GROUP``), renamed.
+LOGITSPROCS_GROUP = LOGITS_PROCESSORS_GROUP
+
 if TYPE_CHECKING:
     from forkless.logits_processors.allowed_token_ids import AllowedTokenIdsLogitsProcessor
     from forkless.logits_processors.bad_words import BadWordsLogitsProcessor
@@ -39,11 +43,13 @@ _LAZY = {
 }
 
 __all__ = [
+    "AdapterLogitsProcessor",
     "AddedRequest",
     "AllowedTokenIdsLogitsProcessor",
     "BUILTIN_LOGITS_PROCESSORS",
     "BadWordsLogitsProcessor",
     "BatchUpdate",
+    "LOGITSPROCS_GROUP",
     "LOGITS_PROCESSORS_GROUP",
     "LogitBiasLogitsProcessor",
     "LogitsProcessor",
@@ -52,6 +58,7 @@ __all__ = [
     "MoveDirectionality",
     "MovedRequest",
     "RemovedRequest",
+    "RequestLogitsProcessor",
     "build_logits_processors",
     "load_custom_classes",
     "process_dict_updates",

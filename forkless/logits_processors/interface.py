@@ -106,6 +106,19 @@ class LogitsProcessor(ABC):
         """
         return True
 
+    def needs_output_token_ids(self) -> bool:
+        """Whether ``apply`` reads the generated token ids (vLLM's hook).
+
+        vLLM's asynchronous scheduling fills the output lists with placeholders unless a
+        processor answers True; forkless's lists always hold the real tokens (a worker
+        appends each token it samples before the next step), so forkless never asks.
+        Kept so that ported processors that override or call it run unchanged.
+
+        Returns:
+            False.
+        """
+        return False
+
     @abstractmethod
     def update_state(self, batch_update: BatchUpdate | None) -> None:
         """Bring per-row state in line with the batch; called once per step before apply.

@@ -35,3 +35,26 @@ def test_validate_params_rejects_a_bad_argument_before_generation(tiny_llama: Pa
                          use_tqdm=False)
     finally:
         llm.shutdown()
+
+
+def test_the_adapter_runs_each_requests_function_and_leaves_the_others(tiny_llama: Path) -> None:
+    # vLLM's AdapterLogitsProcessor: a function per request that asks, with two or three
+    # parameters (the three-parameter form also gets the prompt); the live output list.
+    from tests.vllm_compat.vllm_style_logits_processor import PerRequestLogitsProcessor
+
+    llm = LLM(model=str(tiny_llama), max_model_len=128, logits_processors=[PerRequestLogitsProcessor])
+    try:
+        tokenizer = llm.get_tokenizer()
+        prompt = "Hello there"
+        prompt_ids = tokenizer.encode(prompt)
+        free_alone = llm.generate([prompt], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), use_tqdm=False)
+        forced, echoed, free = llm.generate(
+            [prompt] * 3,
+            [SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, extra_args={"force_token": 42}),
+             SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, extra_args={"echo_prompt": True}),
+             SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)], use_tqdm=False)
+    finally:
+        llm.shutdown()
+    assert forced.outputs[0].token_ids == [42] * 6
+    assert echoed.outputs[0].token_ids == [prompt_ids[i % len(prompt_ids)] for i in range(6)]
+    assert free.outputs[0].token_ids == free_alone[0].outputs[0].token_ids
