@@ -142,6 +142,7 @@ class AsyncLLM:
             num_speculative_tokens=spec.num_speculative_tokens if spec is not None else None,
             kv_transfer=config.kv_transfer_config is not None)
         self.stat_loggers: list[StatLoggerBase] = [self.prometheus]
+        self._stat_logger_failures: dict[int, int] = {}  # id(logger) -> failed record() calls
         if log_stats:
             self.stat_loggers.append(LoggingStatLogger(config))
         for cls in load_stat_logger_plugin_factories():
@@ -416,8 +417,22 @@ class AsyncLLM:
         for stat_logger in self.stat_loggers:
             try:
                 stat_logger.record(scheduler_stats, stats, engine_idx=0)
-            except Exception:  # a faulty plugin must not stop serving
-                logger.warning("stat logger %r failed in record()", stat_logger, exc_info=True)
+            except Exception as e:  # a faulty plugin must not stop serving
+                self._stat_logger_failed(stat_logger, e)
+
+    def _stat_logger_failed(self, stat_logger: Any, error: Exception) -> None:
+        """Log a stat logger's failure in ``record``: the first with its traceback, then
+        the 10th, 100th, ... with the count (it fails on every batch of outputs)."""
+        key = id(stat_logger)
+        count = self._stat_logger_failures.get(key, 0) + 1
+        self._stat_logger_failures[key] = count
+        name = f"{type(stat_logger).__module__}.{type(stat_logger).__qualname__}"
+        if count == 1:
+            logger.warning("stat logger %s failed in record() (it keeps running; later failures are "
+                           "counted)", name, exc_info=error)
+        elif str(count).strip("0") == "1":
+            logger.warning("stat logger %s failed in record() %d times; the last: %s: %s", name, count,
+                           type(error).__name__, error)
 
     def _die(self, reason: str) -> None:
         if self.errored:

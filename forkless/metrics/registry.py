@@ -42,10 +42,18 @@ def make_stat_logger(item: Any, config: Any, source: str, engine_index: int = 0)
 
     Raises:
         TypeError: ``item`` is neither.
+        RuntimeError: Its constructor raised (the message names ``source``).
     """
     if isinstance(item, StatLoggerBase):
         return item
-    return _check_class(item, source)(config, engine_index=engine_index)
+    cls = _check_class(item, source)
+    try:
+        # Both positionally, as vLLM calls a factory: loggers written for it name the
+        # second parameter ``engine_idx``, forkless's ``engine_index``.
+        return cls(config, engine_index)
+    except Exception as e:
+        raise RuntimeError(f"{source}: {cls.__module__}.{cls.__qualname__}(config, {engine_index}) raised "
+                           f"{type(e).__name__}: {e}") from e
 
 
 def _check_class(item: Any, source: str) -> type[StatLoggerBase]:

@@ -82,6 +82,16 @@ class IterationStats:
     inter_token_latencies: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
 
+    @property
+    def time_to_first_tokens_iter(self) -> list[float]:
+        """``time_to_first_tokens`` under vLLM's name (stat loggers ported from vLLM read it)."""
+        return self.time_to_first_tokens
+
+    @property
+    def inter_token_latencies_iter(self) -> list[float]:
+        """``inter_token_latencies`` under vLLM's name."""
+        return self.inter_token_latencies
+
 
 def iteration_stats(num_new_tokens: int, finished: list[RequestTiming]) -> IterationStats:
     """Build the statistics of one batch of outputs.

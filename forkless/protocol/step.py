@@ -298,3 +298,13 @@ class SchedulerStats:
     lora_evictions: int = 0
     spec_decode: SpecDecodeStats | None = None
     kv_transfer: KVTransferStats | None = None
+
+    @property
+    def num_running_reqs(self) -> int:
+        """``num_running`` under vLLM's name (stat loggers ported from vLLM read it)."""
+        return self.num_running
+
+    @property
+    def num_waiting_reqs(self) -> int:
+        """``num_waiting`` under vLLM's name."""
+        return self.num_waiting

@@ -46,9 +46,32 @@ def test_a_vllm_style_logger_is_driven_with_vllm_signatures(tiny_llama: Path) ->
         return logger
 
     logger = asyncio.run(main())
-    assert logger.initialized and logger.vllm_config is not None
+    assert logger.initialized and logger.vllm_config is not None and logger.engine_idx == 0
     assert sum(n for _, n in logger.records) == 4
     assert {idx for idx, _ in logger.records} == {0}
+    # vLLM's field names: the one request ran, nothing waited, its first token came once.
+    assert max(logger.running) == 1 and set(logger.waiting) == {0}
+    assert len(logger.ttfts) == 1 and logger.ttfts[0] > 0
+
+
+def test_a_logger_whose_constructor_fails_is_named() -> None:
+    import pytest
+
+    from forkless.metrics import StatLoggerBase
+    from forkless.metrics.registry import make_stat_logger
+
+    class Broken(StatLoggerBase):
+        def __init__(self, vllm_config, engine_idx=0):
+            raise KeyError("no_such_setting")
+
+        def record(self, *args, **kwargs):
+            pass
+
+        def log_engine_initialized(self):
+            pass
+
+    with pytest.raises(RuntimeError, match=r"stat logger plugin 'broken'.*Broken\(config, 0\) raised KeyError"):
+        make_stat_logger(Broken, object(), "stat logger plugin 'broken'")
 
 
 def test_disable_log_stats_is_an_engine_argument(tiny_llama: Path) -> None:

@@ -1,19 +1,27 @@
 """A stat logger written the way vLLM's own are, with only the imports renamed."""
 
-from forkless.metrics import StatLoggerBase
+from forkless.v1.metrics.loggers import StatLoggerBase
 
 
 class CountingStatLogger(StatLoggerBase):
-    # vLLM's StatLoggerBase.__init__ is abstract: a vLLM logger sets its own state.
-    def __init__(self, vllm_config, engine_index: int = 0):
+    # vLLM's StatLoggerBase.__init__ is abstract: a vLLM logger sets its own state. vLLM
+    # calls a factory as factory(vllm_config, engine_idx), both positionally.
+    def __init__(self, vllm_config, engine_idx: int = 0):
         self.vllm_config = vllm_config
-        self.engine_index = engine_index
+        self.engine_idx = engine_idx
         self.records: list[tuple[int, int]] = []
+        self.running: list[int] = []
+        self.waiting: list[int] = []
+        self.ttfts: list[float] = []
         self.initialized = False
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+        if scheduler_stats is not None:
+            self.running.append(scheduler_stats.num_running_reqs)
+            self.waiting.append(scheduler_stats.num_waiting_reqs)
         if iteration_stats is not None:
             self.records.append((engine_idx, iteration_stats.num_generation_tokens))
+            self.ttfts.extend(iteration_stats.time_to_first_tokens_iter)
 
     def log_engine_initialized(self):
         self.initialized = True
