@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE: int
     FORKLESS_ALLOW_RUNTIME_LORA_UPDATING: bool
     FORKLESS_LORA_RESOLVER_CACHE_DIR: str | None
+    FORKLESS_TOOL_PARSE_REGEX_TIMEOUT_SECONDS: int
     FORKLESS_RAY_PLACEMENT_STRATEGY: str
     FORKLESS_RAY_PLACEMENT_TIMEOUT: float
 
@@ -208,6 +209,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # adapter folder); unset: that resolver finds nothing (vLLM's VLLM_LORA_RESOLVER_CACHE_DIR).
     "FORKLESS_LORA_RESOLVER_CACHE_DIR": lambda: _path(os.environ["FORKLESS_LORA_RESOLVER_CACHE_DIR"])
     if os.environ.get("FORKLESS_LORA_RESOLVER_CACHE_DIR") else None,
+    # Seconds a tool parser's regular expression may run on one output (vLLM's
+    # VLLM_TOOL_PARSE_REGEX_TIMEOUT_SECONDS, read by parsers ported from vLLM; forkless's
+    # own parsers scan the text without regular expressions).
+    "FORKLESS_TOOL_PARSE_REGEX_TIMEOUT_SECONDS": lambda: _positive("FORKLESS_TOOL_PARSE_REGEX_TIMEOUT_SECONDS", "1"),
     # How ``--distributed-executor-backend ray`` places its one bundle per rank on the Ray
     # cluster: PACK (Ray's and vLLM's default: as few nodes as fit), SPREAD, STRICT_PACK
     # (one node) or STRICT_SPREAD (one rank per node).
@@ -243,6 +248,13 @@ def forwarded_environment(extra: Iterable[str] = ()) -> dict[str, str]:
 
 def __getattr__(name: str) -> Any:
     getter = environment_variables.get(name)
+    if getter is None and name.startswith("VLLM_"):
+        # A plugin ported from vLLM by renaming ``vllm`` reads ``envs.VLLM_X``: it gets
+        # forkless's own FORKLESS_X (what the environment sets for forkless).
+        getter = environment_variables.get("FORKLESS_" + name[len("VLLM_"):])
+        if getter is None:
+            raise AttributeError(f"module 'forkless.envs' has no attribute {name!r}: forkless reads FORKLESS_* "
+                                 f"variables, and FORKLESS_{name[len('VLLM_'):]} is not one of them")
     if getter is None:
         raise AttributeError(f"module 'forkless.envs' has no attribute {name!r}")
     return getter()

@@ -53,6 +53,12 @@ class _LoRAResolverRegistry:
                            resolver_name, resolver, old)
         self._resolvers[resolver_name] = resolver
 
+    @property
+    def resolvers(self) -> dict[str, LoRAResolver]:
+        """Name -> resolver instance, in resolution order (vLLM's attribute; reading it
+        instantiates resolvers registered as classes or paths)."""
+        return {name: self.get_resolver(name) for name in list(self._resolvers)}
+
     def get_supported_resolvers(self) -> list[str]:
         """The registered resolver names, in registration (resolution) order."""
         return list(self._resolvers)

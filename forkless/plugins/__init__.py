@@ -35,6 +35,7 @@ from forkless.plugins._loader import (
     plugin_selection,
     strict_mode,
 )
+from forkless.plugins._discovery import vllm_group_hint
 from forkless.plugins._parser_manager import ParserManager
 from forkless.plugins._registry import (
     LazyRegistry,
@@ -85,4 +86,5 @@ __all__ = [
     "stability",
     "strict_mode",
     "tier_of",
+    "vllm_group_hint",
 ]

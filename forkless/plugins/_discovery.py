@@ -223,3 +223,29 @@ def discover_entry_points(use_cache: bool | None = None) -> list[EntryPointInfo]
     except OSError:
         pass  # a read-only cache directory only costs speed
     return entries
+
+
+def vllm_group_entry_points() -> list[tuple[str, str, str]]:
+    """Entry points left in vLLM's groups (``vllm.general_plugins`` ...), which forkless
+    does not read: ``(group, name, distribution)``, sorted. A plugin ported from vLLM
+    whose group was not renamed is found here, so messages can say so. It reads every
+    distribution's metadata, so only error and listing paths call it."""
+    from importlib.metadata import distributions
+
+    found = set()
+    for dist in distributions():
+        for ep in dist.entry_points:
+            if ep.group.startswith("vllm."):
+                found.add((ep.group, ep.name, dist.metadata["Name"] or "?"))
+    return sorted(found)
+
+
+def vllm_group_hint(names: list[str] | None = None) -> str:
+    """A sentence naming the entry points of :func:`vllm_group_entry_points` (only those
+    called one of ``names`` when given) and the group to rename each to; ``""`` if none."""
+    left = [e for e in vllm_group_entry_points() if names is None or e[1] in names]
+    if not left:
+        return ""
+    listed = "; ".join(f"{name!r} of {dist} in group {group} (rename it to "
+                       f"{GROUP_PREFIX}{group[len('vllm.'):]})" for group, name, dist in left)
+    return f"forkless does not read vLLM's entry-point groups: {listed}"

@@ -237,10 +237,13 @@ def _warn_unknown_names(entries: list[EntryPointInfo]) -> None:
         name = entry.lstrip("+").strip()
         if not name or name in available:
             continue
+        from forkless.plugins._discovery import vllm_group_hint
+
+        hint = vllm_group_hint([name])
         logger.warning(
             "FORKLESS_PLUGINS names %r, but no installed plugin has that name;%s installed "
-            "plugins: %s", entry, _did_you_mean(entry, name, available),
-            ", ".join(available) or "(none)",
+            "plugins: %s%s", entry, _did_you_mean(entry, name, available),
+            ", ".join(available) or "(none)", f". {hint}" if hint else "",
         )
 
 

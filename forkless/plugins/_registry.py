@@ -163,11 +163,17 @@ class LazyRegistry(Generic[T]):
 
         Raises:
             ValueError: ``name`` is empty or ``target`` is a malformed path.
+            TypeError: ``target`` is an object that does not subclass the registry's base
+                (a path is checked when it is first resolved, since registering never
+                imports).
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"{self.kind} name must be a non-empty string, got {name!r}")
         if isinstance(target, str):
             target = canonical_path(target)
+        elif self.base is not None and not (isinstance(target, type) and issubclass(target, self.base)):
+            raise TypeError(f"{self.kind} {name!r}: {describe_target(target)} is not a subclass of "
+                            f"{self.base.__module__}.{self.base.__qualname__}")
         for recorder in _RECORDERS:
             recorder.append((self.kind, name))
         with self._lock:

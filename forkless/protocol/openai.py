@@ -221,9 +221,25 @@ ChatCompletionToolsParam = ChatCompletionToolParam
 """vLLM's name for :class:`ChatCompletionToolParam` (what vLLM-derived parsers import)."""
 
 
+class NamedFunction(OpenAIModel):
+    name: str
+
+
 class NamedToolChoice(OpenAIModel):
     type: Literal["function"] = "function"
-    function: dict[str, Any]
+    function: NamedFunction
+
+
+ChatCompletionNamedFunction = NamedFunction
+ChatCompletionNamedToolChoiceParam = NamedToolChoice
+"""vLLM's names for :class:`NamedFunction` and :class:`NamedToolChoice`."""
+
+
+class ResponsesRequest(OpenAIModel):
+    """vLLM's Responses API request, for the type hints of ported parsers: forkless serves no
+    Responses API, so no endpoint creates one (parsers only ever get a
+    ``ChatCompletionRequest``); it exists so that a signature written for vLLM
+    (``request: ChatCompletionRequest | ResponsesRequest``) imports and evaluates."""
 
 
 class ChatCompletionRequest(SamplingFields):

@@ -34,6 +34,7 @@ from forkless.plugins import (
     load_plugins_by_group,
     plugin_records,
     plugin_selection,
+    vllm_group_hint,
 )
 
 # `plugins check` prints at most this many newly imported modules per plugin.
@@ -96,6 +97,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
     else:
         _print_table(rows)
+    hint = vllm_group_hint()
+    if hint:
+        print(f"forkless plugins list: note: {hint}", file=sys.stderr)
     if failed:
         print(f"forkless plugins list: error: {PluginLoadError.for_records(failed)}",
               file=sys.stderr)
@@ -144,8 +148,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         known = {e.name for e in entries}
         unknown = [n for n in args.names if n not in known]
         if unknown:
+            hint = vllm_group_hint(unknown)
             print(f"error: no installed plugin named {', '.join(unknown)}; installed: "
-                  f"{', '.join(sorted(known)) or '(none)'}", file=sys.stderr)
+                  f"{', '.join(sorted(known)) or '(none)'}" + (f". {hint}" if hint else ""), file=sys.stderr)
             return 2
         entries = [e for e in entries if e.name in args.names]
     results = [_run_check(e.group, e.name, args.timeout) for e in entries]

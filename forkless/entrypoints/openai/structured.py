@@ -31,12 +31,10 @@ from forkless.protocol.openai import (
     random_id,
 )
 from forkless.sampling_params import StructuredOutputsParams
+from forkless.tool_parsers.utils import get_json_schema_from_tools
 
 if TYPE_CHECKING:
     from forkless.protocol.openai import ChatCompletionRequest, SamplingFields
-
-_EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
-
 
 def _params(fields: dict[str, Any], param: str) -> StructuredOutputsParams:
     try:
@@ -87,9 +85,9 @@ def forced_tool_choice(req: ChatCompletionRequest) -> str | None:
             raise BadRequest('tool_choice="required" needs tools', "tool_choice")
         return "required"
     if isinstance(choice, NamedToolChoice):
-        name = choice.function.get("name")
+        name = choice.function.name
         names = [t.function.name for t in req.tools or []]
-        if not isinstance(name, str) or name not in names:
+        if name not in names:
             raise BadRequest(f"tool_choice names function {name!r}, which is not in tools "
                              f"({', '.join(map(repr, names)) or 'none given'})", "tool_choice")
         return name
@@ -97,20 +95,17 @@ def forced_tool_choice(req: ChatCompletionRequest) -> str | None:
 
 
 def tool_constraint(req: ChatCompletionRequest, forced: str) -> StructuredOutputsParams:
-    """The JSON schema a forced tool choice constrains the output to (see the module)."""
-    tools = req.tools or []
-    if forced != "required":
-        tool = next(t for t in tools if t.function.name == forced)
-        return StructuredOutputsParams(json=tool.function.parameters or _EMPTY_PARAMETERS)
-    calls = [{"type": "object",
-              "properties": {"name": {"type": "string", "enum": [t.function.name]},
-                             "parameters": t.function.parameters or _EMPTY_PARAMETERS},
-              "required": ["name", "parameters"]}
-             for t in tools]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1,
-                              "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
-    if req.parallel_tool_calls is False:
-        schema["maxItems"] = 1
+    """The JSON schema a forced tool choice constrains the output to (see the module).
+
+    Raises:
+        BadRequest: The tools' schemas cannot be combined (one ``$defs`` name, two schemas).
+    """
+    try:
+        schema = get_json_schema_from_tools(req.tool_choice, req.tools or [],
+                                            parallel_tool_calls=req.parallel_tool_calls is not False)
+    except ValueError as e:
+        raise BadRequest(str(e), "tools") from None
+    assert schema is not None  # forced: "required" or a function in tools
     return StructuredOutputsParams(json=schema)
 
 

@@ -1,15 +1,8 @@
 """vLLM's ``vllm.entrypoints.openai.responses.protocol``, for the type hints of ported parsers.
 
-forkless serves no Responses API, so parsers only ever receive a ``ChatCompletionRequest``;
-``ResponsesRequest`` exists so that a signature written for vLLM
-(``request: ChatCompletionRequest | ResponsesRequest``) imports and evaluates.
+forkless serves no Responses API; see :class:`forkless.protocol.openai.ResponsesRequest`.
 """
 
-from forkless.protocol.openai import OpenAIModel
-
-
-class ResponsesRequest(OpenAIModel):
-    """A placeholder: no forkless endpoint creates one."""
-
+from forkless.protocol.openai import ResponsesRequest
 
 __all__ = ["ResponsesRequest"]

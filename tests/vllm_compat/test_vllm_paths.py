@@ -1,0 +1,165 @@
+"""vLLM's import paths, renamed, give forkless's own modules; the helpers and names that
+ported plugins use exist and behave as vLLM's."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from forkless.module_aliases import ALIASES
+from tests.conftest import plugin_env, run_forkless
+
+
+@pytest.mark.parametrize("alias", sorted(ALIASES))
+def test_an_alias_is_the_module_it_names(alias: str) -> None:
+    module = importlib.import_module(alias)
+    target = importlib.import_module(ALIASES[alias])
+    assert module is target and sys.modules[alias] is target
+    assert target.__spec__.name == target.__name__ == ALIASES[alias]  # its own spec kept
+
+
+def test_a_submodule_of_an_alias_is_the_submodule_itself() -> None:
+    # The import system used to load these from the target's folder a second time, with
+    # a second LogitsProcessor class that forkless's checks did not accept.
+    code = ("import sys\n"
+            "from forkless.v1.sample.logits_processor.interface import LogitsProcessor as A\n"
+            "from forkless.v1.sample.logits_processor.state import process_dict_updates as f\n"
+            "import forkless.logits_processors as lp\n"
+            "import forkless.entrypoints.openai.tool_parsers.hermes as h\n"
+            "import forkless.tool_parsers.hermes as h2\n"
+            "assert A is lp.LogitsProcessor and f is lp.process_dict_updates and h is h2\n"
+            "assert lp.interface is sys.modules['forkless.logits_processors.interface']\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "ok", proc.stderr
+
+
+def test_the_names_ported_plugins_import() -> None:
+    from forkless.logits_process import LogitsProcessor as RequestLogitsProcessor
+    from forkless.lora.request import LoRARequest
+    from forkless.lora.resolver import LoRAResolver, LoRAResolverRegistry
+    from forkless.model_executor.custom_op import CustomOp
+    from forkless.model_executor.models import ModelRegistry
+    from forkless.model_executor.models.llama import LlamaForCausalLM
+    from forkless.entrypoints.openai.chat_completion.protocol import ChatCompletionNamedToolChoiceParam
+    from forkless.entrypoints.openai.engine.protocol import ResponsesRequest
+    from forkless.plugins.io_processors.interface import IOProcessor
+    from forkless.v1.sample.logits_processor import LOGITSPROCS_GROUP, AdapterLogitsProcessor
+    from forkless.v1.sample.logits_processor.builtin import MinPLogitsProcessor, process_dict_updates
+
+    import torch
+
+    import forkless
+    import forkless.lora
+    from forkless.io_processors import IOProcessor as OwnIOProcessor
+    from forkless.logits_processors import AdapterLogitsProcessor as Own, RequestLogitsProcessor as OwnRLP
+    from forkless.protocol.lora import LoRARequest as OwnRequest
+
+    assert AdapterLogitsProcessor is Own and RequestLogitsProcessor is OwnRLP and LoRARequest is OwnRequest
+    assert ModelRegistry is forkless.ModelRegistry and "LlamaForCausalLM" in ModelRegistry.get_supported_archs()
+    assert IOProcessor is OwnIOProcessor and LOGITSPROCS_GROUP == "forkless.logits_processors"
+    assert issubclass(MinPLogitsProcessor, forkless.logits_processors.LogitsProcessor)
+    assert callable(process_dict_updates) and isinstance(LoRAResolverRegistry.resolvers, dict)
+    assert issubclass(LlamaForCausalLM, torch.nn.Module) and issubclass(CustomOp, torch.nn.Module)
+    assert LoRAResolver is forkless.lora.LoRAResolver
+    assert ChatCompletionNamedToolChoiceParam.model_validate(
+        {"type": "function", "function": {"name": "f"}}).function.name == "f"
+    assert ResponsesRequest is not None
+
+
+def test_envs_read_under_vllms_names_are_forkless_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    from forkless import envs
+
+    monkeypatch.setenv("FORKLESS_LORA_RESOLVER_CACHE_DIR", "/tmp/adapters")
+    assert envs.VLLM_LORA_RESOLVER_CACHE_DIR == envs.FORKLESS_LORA_RESOLVER_CACHE_DIR == "/tmp/adapters"
+    assert envs.VLLM_TOOL_PARSE_REGEX_TIMEOUT_SECONDS == 1
+    with pytest.raises(AttributeError, match="FORKLESS_NO_SUCH_THING is not one of them"):
+        envs.VLLM_NO_SUCH_THING  # noqa: B018
+
+
+def test_registering_a_class_that_is_no_parser_is_refused_at_once() -> None:
+    from forkless.reasoning import ReasoningParserManager
+    from forkless.tool_parsers import ToolParserManager
+
+    class NotAParser:
+        def extract_tool_calls(self, model_output, request): ...
+
+    with pytest.raises(TypeError, match="NotAParser.* is not a subclass of forkless.tool_parsers"):
+        ToolParserManager.register_module("not_a_parser", module=NotAParser)
+    with pytest.raises(TypeError, match="is not a subclass of"):
+        ReasoningParserManager.register_module("not_a_parser", module=NotAParser)
+    assert "not_a_parser" not in ToolParserManager.list_registered()
+
+
+def test_tool_parser_helpers() -> None:
+    from partial_json_parser.core.options import Allow
+
+    from forkless.tool_parsers.utils import (
+        consume_space,
+        extract_intermediate_diff,
+        find_all_indices,
+        find_common_prefix,
+        find_common_suffix,
+        is_complete_json,
+        partial_json_loads,
+        partial_tag_overlap,
+    )
+
+    assert find_common_prefix('{"fruit": "ap"}', '{"fruit": "apple"}') == '{"fruit": "ap'
+    assert find_common_suffix('{"fruit": "ap"}', '{"fruit": "apple"}') == '"}'
+    assert extract_intermediate_diff('{"fruit": "apple"}', '{"fruit": "ap"}') == "ple"
+    assert partial_tag_overlap("reply <tool_", "<tool_call>") == 6 and partial_tag_overlap("x", "<a>") == 0
+    assert find_all_indices("aaa", "aa") == [0, 1]
+    assert is_complete_json('{"a": 1}') and not is_complete_json('{"a": 1')
+    assert consume_space(1, "a \n b") == 4
+    # Unfinished JSON, and a whole value followed by more text (vLLM's two cases).
+    assert partial_json_loads('{"city": "Par', Allow.ALL) == ({"city": "Par"}, 13)
+    assert partial_json_loads('{"a": 1} trailing', Allow.ALL) == ({"a": 1}, 8)
+
+
+def _tool(name: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+def test_the_forced_tool_choice_schema_gathers_the_tools_defs() -> None:
+    from forkless.tool_parsers.utils import get_json_schema_from_tools
+
+    city = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    tools = [_tool("weather", {"type": "object", "properties": {"city": {"$ref": "#/$defs/City"}},
+                               "required": ["city"], "$defs": {"City": city}}),
+             _tool("time", {"type": "object", "properties": {"zone": {"type": "string"}}})]
+    schema = get_json_schema_from_tools("required", tools)
+    assert schema["$defs"] == {"City": city} and "$defs" in tools[0]["function"]["parameters"]  # not mutated
+    jsonschema.validate([{"name": "weather", "parameters": {"city": {"name": "Paris"}}},
+                         {"name": "time", "parameters": {"zone": "CET"}}], schema)
+    with pytest.raises(jsonschema.ValidationError):  # the $ref is followed
+        jsonschema.validate([{"name": "weather", "parameters": {"city": {"nom": "Paris"}}}], schema)
+    assert get_json_schema_from_tools({"type": "function", "function": {"name": "time"}}, tools) == \
+        tools[1]["function"]["parameters"]
+    assert get_json_schema_from_tools("auto", tools) is None and get_json_schema_from_tools("none", tools) is None
+    clash = tools + [_tool("other", {"type": "object", "$defs": {"City": {"type": "string"}}})]
+    with pytest.raises(ValueError, match="define \\$defs 'City' differently"):
+        get_json_schema_from_tools("required", clash)
+    with pytest.raises(ValueError, match="names function 'nope', which is not in tools"):
+        get_json_schema_from_tools({"type": "function", "function": {"name": "nope"}}, tools)
+
+
+def test_an_entry_point_left_in_a_vllm_group_is_named_with_its_new_group(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    meta = site / "ported_plugin-1.0.dist-info"
+    meta.mkdir(parents=True)
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: ported-plugin\nVersion: 1.0\n")
+    (meta / "entry_points.txt").write_text("[vllm.general_plugins]\nported = ported_plugin:register\n")
+    proc = run_forkless(["plugins", "check", "ported"], plugin_env(site, tmp_path), timeout=120)
+    assert proc.returncode == 2
+    assert ("'ported' of ported-plugin in group vllm.general_plugins (rename it to forkless.general_plugins)"
+            in proc.stderr), proc.stderr
+    listed = run_forkless(["plugins", "list", "--json"], plugin_env(site, tmp_path), timeout=120)
+    assert listed.returncode == 0 and json.loads(listed.stdout) is not None
+    assert "rename it to forkless.general_plugins" in listed.stderr
