@@ -73,6 +73,8 @@ class _Completion:
         self.last_token_time: float | None = None
         self.num_cached_tokens = 0
         self.stop = stop
+        # The tokens whose text a request that they stop leaves out (see update).
+        self.stop_token_ids = set() if params.include_stop_str_in_output else params.all_stop_token_ids
         # Text that could still be the start of a stop string is not shown before it is
         # known not to be one.
         self.hold_back = max(stop.max_length - 1, 0)
@@ -102,11 +104,20 @@ class _Completion:
         stopped_by_text = False
         if self.detok is not None:
             new_ids = out.new_token_ids
+            # The engine core stops a request on a stop token (EOS or stop_token_ids): its
+            # id stays in the output, its text does not unless include_stop_str_in_output
+            # (vLLM's rule; a special token's text is empty anyway unless kept). A grammar
+            # that completes also stops it ("stop"), on a token that is part of the output.
+            trailing = int(bool(new_ids) and out.finish_reason is not None
+                           and getattr(out.finish_reason, "value", out.finish_reason) == "stop"
+                           and new_ids[-1] in self.stop_token_ids)
+            new_ids = new_ids[: len(new_ids) - trailing]
             # Several tokens at once (accepted speculative drafts) go one by one while stop
             # strings apply: the output ends at the token that completes one, as without
             # speculation.
             pieces = [[t] for t in new_ids] if self.stop and len(new_ids) > 1 else [new_ids]
             for after, piece in enumerate(reversed(range(len(pieces)))):
+                piece += trailing  # tokens after this piece's
                 new_text = self.detok.update(pieces[after])
                 self.text += new_text
                 if self.stop and new_text and len(self.token_ids) - piece >= self.params.min_tokens:
@@ -295,7 +306,11 @@ class OutputProcessor:
                 # Nothing to show until the whole parent finishes, and it has not: this
                 # child is still running. The hot path of LLM.generate (one check).
                 continue
-            updated.setdefault(parent.request_id, []).append(child)
+            children = updated.setdefault(parent.request_id, [])
+            # One message may hold two outputs of a request (async scheduling can apply two
+            # steps' results before sending): its completion must appear once, with both.
+            if child not in children:
+                children.append(child)
         for parent_id, children in updated.items():
             parent = self._parents[parent_id]
             request_output = parent.make_output(children)

@@ -179,3 +179,37 @@ def test_a_delta_output_missing_a_lower_index_is_added_in_order() -> None:
     replaced = out(CompletionOutput(index=0, text="a", token_ids=[1]))
     replaced.add(out(CompletionOutput(index=0, text="ab", token_ids=[1, 2])), aggregate=False)
     assert replaced.outputs[0].text == "ab" and replaced.outputs[0].token_ids == [1, 2]
+
+
+@pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE])
+def test_two_outputs_of_one_request_in_one_message_make_one_completion(parts, kind) -> None:
+    # Async scheduling with speculative decoding can apply two steps' results before the
+    # engine core sends them: the request's completion must appear once and hold both
+    # tokens (the server's stream kept only the last completion of an index, losing them).
+    processor, tok = parts
+    ids = tok.encode(TEXT)[:3]
+    out_proc = OutputProcessor(tok)
+    out_proc.add_request(processor.process_inputs("r", "Hi", SamplingParams(max_tokens=3, output_kind=kind)))
+    first = out_proc.process_outputs([EngineCoreOutput("r", [ids[0]]), EngineCoreOutput("r", [ids[1]])])
+    (output,) = first.request_outputs
+    assert [(c.index, c.token_ids) for c in output.outputs] == [(0, ids[:2])]
+    last = out_proc.process_outputs([EngineCoreOutput("r", [ids[2]], FinishReason.LENGTH)])
+    (final,) = last.request_outputs
+    assert final.outputs[0].token_ids == (ids[2:] if kind is RequestOutputKind.DELTA else ids)
+
+
+def test_a_stop_tokens_text_is_left_out_unless_asked_for(parts) -> None:
+    # vLLM's rule: the token that stopped the request (EOS or stop_token_ids) stays in the
+    # token ids, its text only with include_stop_str_in_output.
+    processor, tok = parts
+    ids = tok.encode(" jumps over the lazy")
+    texts = {}
+    for include in (False, True):
+        out_proc = OutputProcessor(tok)
+        params = SamplingParams(stop_token_ids=[ids[-1]], include_stop_str_in_output=include)
+        out_proc.add_request(processor.process_inputs("r", "Hi", params))
+        results = _feed(out_proc, "r", ids, FinishReason.STOP)
+        final = [o for r in results for o in r.request_outputs if o.finished][0].outputs[0]
+        assert final.token_ids == ids
+        texts[include] = final.text
+    assert texts == {False: tok.decode(ids[:-1]), True: tok.decode(ids)} and texts[False] != texts[True]
