@@ -23,6 +23,7 @@ import msgspec
 from forkless import envs
 from forkless.protocol import ipc
 from forkless.engine.core_client_mp import EngineCoreClient, EngineDeadError
+from forkless.engine.main_guard import check_not_bootstrapping
 from forkless.engine.output_processor import OutputProcessor
 from forkless.engine.stop_strings import check_stop_strings
 from forkless.engine.processor import Processor
@@ -119,6 +120,7 @@ class AsyncLLM:
         from forkless.executor import get_executor_cls
         from forkless.metrics.prometheus import PrometheusStatLogger
 
+        check_not_bootstrapping("AsyncLLM()")
         # Resolved here, in the caller's process, before start() spawns the engine core: a
         # bad --distributed-executor-backend fails at once instead of in the engine core.
         get_executor_cls(config.parallel_config.distributed_executor_backend)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Iterable
 
 from forkless.protocol.step import FinishReason
 from forkless.engine.core import EngineCore
+from forkless.engine.main_guard import check_not_bootstrapping
 from forkless.engine.output_processor import OutputProcessor
 from forkless.engine.processor import Processor
 from forkless.executor import get_executor_cls
@@ -34,6 +35,7 @@ class LLMEngine:
     """
 
     def __init__(self, config: EngineConfig) -> None:
+        check_not_bootstrapping("LLM() / LLMEngine()")
         # Resolved first, before the tokenizer loads and the executor starts workers: a
         # bad --distributed-executor-backend fails at once (create_engine_config checked
         # the other class paths).
