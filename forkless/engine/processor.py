@@ -30,6 +30,48 @@ logger = init_logger(__name__)
 PromptType = Union[str, Sequence[int], Mapping[str, Any]]
 
 
+# Content parts a text-only model reads (an assistant message's "refusal" part is text too),
+# and the key of each one's text.
+_TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal"}
+
+
+def message_text(content: Any, where: str = "message") -> str:
+    """A chat message's ``content`` as the one string chat templates expect.
+
+    ``None`` (an assistant turn that only calls tools, as the OpenAI SDK sends it) is
+    ``""``; a list of OpenAI content parts is its text parts joined by newlines, as vLLM
+    does for templates that take string content.
+
+    Args:
+        content: The message's content.
+        where: How messages name this one (``messages[2]``).
+
+    Raises:
+        ValueError: A part that is not text (forkless's models read text only) or a
+            malformed one; the message names it by index.
+    """
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, (list, tuple)):
+        raise ValueError(f"{where}.content must be a string, a list of content parts or null, "
+                         f"got {type(content).__name__}")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        key = _TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+        if key is None:
+            if not isinstance(kind, str):
+                raise ValueError(f'{where}.content[{j}] is not a content part: expected an object with a "type" '
+                                 '("text")')
+            raise ValueError(f"{where}.content[{j}] has type {kind!r}, which forkless does not support: its "
+                             'models read text only ("text" parts)')
+        text = part.get(key)
+        if not isinstance(text, str):
+            raise ValueError(f"{where}.content[{j}] (a {kind!r} part) needs a string {key!r}")
+        texts.append(text)
+    return "\n".join(texts)
+
+
 @dataclass
 class ProcessedRequest:
     """One user request, ready for the output processor and the engine core.
@@ -121,12 +163,18 @@ class Processor:
         Returns:
             A prompt dict with ``prompt`` (the text) and ``prompt_token_ids``.
 
+        Each message's content becomes one string first (:func:`message_text`): ``None`` is
+        ``""``, a list of content parts its text parts joined by newlines.
+
         Raises:
             NoChatTemplateError: The tokenizer has no chat template and none was given.
-            ValueError: The template failed to render these messages (its message says why).
+            ValueError: A content part is not text, or the template failed to render these
+                messages (the message says which and why).
         """
         from jinja2 import TemplateError
 
+        messages = [{**m, "content": message_text(m.get("content"), f"messages[{i}]")}
+                    if isinstance(m, Mapping) else m for i, m in enumerate(messages)]
         tokenizer = self.tokenizer
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise NoChatTemplateError(

@@ -83,7 +83,27 @@ def test_a_template_that_rejects_the_messages_is_a_value_error(processor: Proces
     with pytest.raises(ValueError, match="failed to render the messages: a system message comes first"):
         processor.apply_chat_template([{"role": "user", "content": "Hi"}], chat_template=template)
     with pytest.raises(ValueError, match="failed to render"):
-        processor.apply_chat_template([{"role": "assistant", "content": None}], chat_template="{{ 'x' + messages[0].content }}")
+        processor.apply_chat_template([{"role": "user", "content": "Hi"}], chat_template="{{ 1 + messages[0].content }}")
+
+
+def test_content_parts_and_null_content_become_text(processor: Processor) -> None:
+    # OpenAI clients send content as a list of parts, and null content on an assistant turn
+    # that only called tools; templates take one string (vLLM joins text parts by newlines).
+    template = "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}"
+    messages = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]},
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "user", "content": []}]
+    prompt = processor.apply_chat_template(messages, chat_template=template, add_generation_prompt=False)
+    assert prompt["prompt"] == "[user:Hi\nthere][assistant:][user:]"
+    assert messages[0]["content"][0] == {"type": "text", "text": "Hi"}  # the caller's messages are untouched
+    image = [{"role": "user", "content": [{"type": "text", "text": "Hi"},
+                                          {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content\[1\] has type 'image_url', which forkless "
+                                         "does not support"):
+        processor.apply_chat_template(image, chat_template=template)
+    with pytest.raises(ValueError, match=r"messages\[0\]\.content\[0\] is not a content part"):
+        processor.apply_chat_template([{"role": "user", "content": ["Hi"]}], chat_template=template)
 
 
 def test_no_template_is_a_clear_error_in_process(processor: Processor) -> None:
