@@ -179,7 +179,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
             the same tokens whatever else shares the batch.
         max_tokens: Maximum number of generated tokens; ``None`` means up to the model's
             context length.
-        min_tokens: EOS and ``stop_token_ids`` are masked until this many tokens exist.
+        min_tokens: EOS and ``stop_token_ids`` are masked until this many tokens exist
+            (0 with ``structured_outputs``, whose grammar decides where the output ends).
         stop: Strings that end generation (normalized to a list).
         stop_token_ids: Token ids that end generation (the token is kept in the output).
         ignore_eos: Keep generating after the model's EOS token.
@@ -304,6 +305,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
             raise _bad("min_p", self.min_p, "a number in [0, 1]")
         if self.seed is not None:
             _int(self.seed, "seed", None)
+            if not -(2**63) <= self.seed < 2**63:  # vLLM's bound too (a torch long)
+                raise _bad("seed", self.seed, "a 64-bit signed integer")
         if self.max_tokens is not None:
             _int(self.max_tokens, "max_tokens", 1)
         _int(self.min_tokens, "min_tokens", 0)
@@ -312,6 +315,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
                 "min_tokens", self.min_tokens,
                 f"a value <= max_tokens ({self.max_tokens})",
             )
+        if self.min_tokens and self.structured_outputs is not None:
+            # A grammar that is complete allows only EOS, which min_tokens bans: no token
+            # would be left to sample.
+            raise _bad("min_tokens", self.min_tokens,
+                       "0 with structured_outputs: the grammar decides where a constrained output ends")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _float(value, name, "a number in [-2, 2]")

@@ -101,6 +101,9 @@ class ErrorResponse(OpenAIModel):
 
 
 class StreamOptions(OpenAIModel):
+    # Every option is implemented: an unknown one is a 400, not ignored.
+    model_config = ConfigDict(extra="forbid")
+
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
 
@@ -180,6 +183,9 @@ class SamplingFields(RequestModel):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    # OpenAI's and vLLM's default for completions (chat's is what the context leaves);
+    # an explicit null also means what the context leaves, as in vLLM.
+    max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
@@ -503,12 +509,17 @@ class TokenizeRequest(RequestModel):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    tools: list[ChatCompletionToolParam] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False
 
 
 class TokenizeResponse(OpenAIModel):
     count: int
     max_model_len: int
     tokens: list[int]
+    token_strs: list[str] | None = None
 
 
 class DetokenizeRequest(RequestModel):

@@ -143,11 +143,11 @@ def test_openai_streams_that_fall_behind_send_the_same_choices(tiny_llama: Path)
     from forkless.protocol.openai import ChatCompletionRequest, CompletionRequest
 
     completion = dict(prompt="Hello there", n=2, max_tokens=48, temperature=0,
-                      logprobs=2, echo=True, stop=[" the", "ing"], include_stop_str_in_output=False,
-                      stream_options={"include_usage": True})
+                      logprobs=2, echo=True, stop=[" the", "ing"], include_stop_str_in_output=False)
     completion2 = dict(completion, prompt=["Hello there", "The capital of France"])
     chat = dict(messages=[{"role": "user", "content": "Say something"}], n=2, max_tokens=48, temperature=0,
-                logprobs=True, top_logprobs=2, stop=["ing"], stream_options={"include_usage": True})
+                logprobs=True, top_logprobs=2, stop=["ing"])
+    usage = {"stream_options": {"include_usage": True}}  # only with stream=true
 
     async def read(stream, delay: float) -> list[str]:
         chunks = []
@@ -165,13 +165,13 @@ def test_openai_streams_that_fall_behind_send_the_same_choices(tiny_llama: Path)
             serving = OpenAIServing(llm, ["tiny"], max_model_len=256)
             for delay in (0.0, 0.03):
                 results["cmpl", delay] = await read(await serving.create_completion(
-                    CompletionRequest(stream=True, **completion), None), delay)
+                    CompletionRequest(stream=True, **completion, **usage), None), delay)
                 # Several prompts: each stream is pumped into one queue, so nothing merges
                 # (as before), but the chunks must be right too.
                 results["cmpl2", delay] = await read(await serving.create_completion(
-                    CompletionRequest(stream=True, **completion2), None), delay)
+                    CompletionRequest(stream=True, **completion2, **usage), None), delay)
                 results["chat", delay] = await read(await serving.create_chat_completion(
-                    ChatCompletionRequest(stream=True, **chat), None), delay)
+                    ChatCompletionRequest(stream=True, **chat, **usage), None), delay)
             results["cmpl"] = await serving.create_completion(CompletionRequest(**completion), None)
             results["cmpl2"] = await serving.create_completion(CompletionRequest(**completion2), None)
             results["chat"] = await serving.create_chat_completion(ChatCompletionRequest(**chat), None)

@@ -74,6 +74,13 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
     (_chat(echo=True), "echo"),
     (_chat(chat_template="{{ messages }}"), "chat_template"),
     (_chat(prompt_logprobs=0, stream=True), "prompt_logprobs"),
+    (_completion(stream_options={"include_usage": True}), "stream_options"),
+    (_chat(stream=True, stream_options={"continuous_usage_stats": True}), "stream_options"),
+    (_completion(max_completion_tokens=5), "max_completion_tokens"),
+    (_chat(functions=[{"name": "f"}]), "functions"),
+    (_completion(min_tokens=3, structured_outputs={"choice": ["yes", "no"]}), "min_tokens"),
+    (_completion(seed=2**70), "seed"),
+    (_completion(stop=""), "stop"),
 ])
 def test_fields_that_would_be_ignored_are_rejected_naming_them(req, param) -> None:
     with pytest.raises(BadRequest) as info:
@@ -221,8 +228,76 @@ def test_unsupported_fields_are_openai_style_400s(server: Server) -> None:
         ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_schema"}},
          "response_format"),
         ("/v1/completions", {"prompt": PROMPT, "bad_words": [""]}, "bad_words"),
+        ("/v1/completions", {"prompt": PROMPT, "request_id": ""}, "request_id"),
+        ("/v1/completions", {"prompt": PROMPT, "stream_options": {"include_usage": True}}, "stream_options"),
     ]:
         r = _post(server, path, body)
         assert r.status_code == 400, (body, r.text)
         error = r.json()["error"]
         assert error["type"] == "BadRequestError" and error["param"] == param and param in error["message"]
+
+
+def test_unknown_stream_options_are_refused() -> None:
+    with pytest.raises(ValueError, match="bogus"):
+        _completion(stream=True, stream_options={"include_usage": True, "bogus": 1})
+
+
+def test_completions_default_to_16_tokens_as_openai(server: Server) -> None:
+    # Chat's default is what the context leaves; completions' is 16 (OpenAI's and vLLM's),
+    # and an explicit null asks for what the context leaves there too.
+    r = _post(server, "/v1/completions", {"prompt": PROMPT, "ignore_eos": True, "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
+    r = _post(server, "/v1/completions", {"prompt": PROMPT, "ignore_eos": True, "max_tokens": None,
+                                          "temperature": 0})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 16
+
+
+def test_continuous_usage_stats_put_usage_in_every_chunk(server: Server) -> None:
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    for create, kwargs in ((client.completions.create, {"prompt": PROMPT}),
+                           (client.chat.completions.create, {"messages": MESSAGES})):
+        chunks = list(create(model="tiny", max_tokens=6, temperature=0, stream=True, extra_body={"ignore_eos": True},
+                             stream_options={"include_usage": True, "continuous_usage_stats": True}, **kwargs))
+        counted = [c.usage.completion_tokens for c in chunks if c.choices and c.usage is not None]
+        assert counted and counted == sorted(counted) and counted[-1] == 6
+        assert all(c.usage is not None for c in chunks if c.choices and getattr(c.choices[0], "text", "x"))
+        assert chunks[-1].usage.completion_tokens == 6 and chunks[-1].usage.prompt_tokens > 0
+
+
+def test_chat_content_parts_and_a_tool_turn_with_null_content(server: Server) -> None:
+    # What the OpenAI SDK sends: content as a list of parts; an assistant turn that only
+    # called a tool, with content null; the tool's answer.
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    kw = dict(model="tiny", max_tokens=4, temperature=0)
+    parts = client.chat.completions.create(
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Name a"}, {"type": "text", "text": "color."}]}],
+        **kw)
+    joined = client.chat.completions.create(messages=[{"role": "user", "content": "Name a\ncolor."}], **kw)
+    assert parts.choices[0].message.content == joined.choices[0].message.content
+    assert parts.usage.prompt_tokens == joined.usage.prompt_tokens
+    turns = [{"role": "user", "content": "Weather in Paris?"},
+             {"role": "assistant", "content": None, "tool_calls": [
+                 {"id": "c1", "type": "function", "function": {"name": "weather", "arguments": '{"city": "Paris"}'}}]},
+             {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    assert client.chat.completions.create(messages=turns, **kw).usage.completion_tokens == 4
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}],
+            **kw)
+    assert "messages[0].content[1] has type 'image_url'" in info.value.message
+
+
+def test_tokenize_takes_the_chat_fields(server: Server) -> None:
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I am"}]
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+    chat = client.chat.completions.create(model="tiny", messages=turns, max_tokens=1,
+                                          extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    r = _post(server, "/tokenize", {"messages": turns, "continue_final_message": True, "add_generation_prompt": False,
+                                    "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["count"] == chat.usage.prompt_tokens == len(body["token_strs"])
+    opened = _post(server, "/tokenize", {"messages": turns, "add_generation_prompt": False}).json()
+    assert opened["count"] > body["count"]  # the closed turn adds its end-of-turn tokens
+    both = _post(server, "/tokenize", {"messages": turns, "prompt": "Hi"})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "prompt"

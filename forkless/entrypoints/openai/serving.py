@@ -116,6 +116,8 @@ _UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
 _UNSUPPORTED_COMPLETION_FIELDS = {
     "add_special_tokens": ((None, True), "add_special_tokens=false is not supported: the prompt is "
                                          "tokenized with the tokenizer's special tokens"),
+    "max_completion_tokens": ((None,), "max_completion_tokens is a chat completions field; "
+                                       "/v1/completions takes max_tokens"),
 }
 _UNSUPPORTED_CHAT_FIELDS = {
     "add_special_tokens": ((None, False), "add_special_tokens=true is not supported: the chat template "
@@ -125,11 +127,19 @@ _UNSUPPORTED_CHAT_FIELDS = {
                                "--chat-template"),
     "reasoning_effort": ((None,), "reasoning_effort is not supported; use chat_template_kwargs"),
     "include_reasoning": ((None, True), "include_reasoning=false is not supported"),
+    "functions": ((None,), "the legacy functions field is not supported; use tools"),
+    "function_call": ((None,), "the legacy function_call field is not supported; use tool_choice"),
 }
 
 
 def _reject_unsupported(req: SamplingFields) -> None:
     """Refuse vLLM request fields that this server would otherwise silently ignore."""
+    options = req.stream_options
+    if options is not None and not req.stream:
+        raise BadRequest("stream_options can only be given with stream=true", "stream_options")
+    if options is not None and options.continuous_usage_stats and not options.include_usage:
+        raise BadRequest("stream_options.continuous_usage_stats needs include_usage=true (usage in every "
+                         "chunk as well as at the end)", "stream_options")
     extra = req.model_extra or {}
     if not extra:
         return
@@ -219,7 +229,7 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
         seed=req.seed,
         max_tokens=default_max_tokens if max_tokens is None else max_tokens,
         min_tokens=req.min_tokens,
-        stop=req.stop or [],
+        stop=[] if req.stop is None else req.stop,  # "" is refused as [""] is, not dropped
         stop_token_ids=req.stop_token_ids or [],
         ignore_eos=req.ignore_eos,
         logprobs=logprobs,
@@ -660,6 +670,8 @@ class OpenAIServing:
         choices: dict[int, _StreamedChoice] = {}
         prompt_tokens: dict[int, int] = {}
         want_logprobs = req.logprobs is not None
+        # stream_options.continuous_usage_stats: every chunk carries its choice's usage so far.
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         text_chunk = _TextChunks(base_id, created, model_name)
         async for p_idx, out in self._merge_or_error(streams, raw_request):
             if isinstance(out, str):
@@ -685,7 +697,8 @@ class OpenAIServing:
                             echoes[p_idx] = await self.in_tokenizer_thread(self._echo, prompts[p_idx], out, req.logprobs)
                         echo, echo_lp = echoes[p_idx]
                         yield _sse(CompletionResponse(id=base_id, created=created, model=model_name, choices=[
-                            CompletionChoice(index=idx, text=echo, logprobs=echo_lp)]))
+                            CompletionChoice(index=idx, text=echo, logprobs=echo_lp)],
+                            usage=_usage_of(prompt_tokens[p_idx], 0) if continuous else None))
                     offsets[idx] = _TextOffsets(self.tokenizer, prompts[p_idx], req.skip_special_tokens,
                                                 req.spaces_between_special_tokens, base=len(echo))
                 if c is None:
@@ -693,7 +706,7 @@ class OpenAIServing:
                 state.receive(c)
                 if not c.text and not c.finish_reason:
                     continue  # tokens whose text is still held back (partial UTF-8, stop string)
-                if not want_logprobs and c.finish_reason is None:
+                if not want_logprobs and c.finish_reason is None and not continuous:
                     state.token_ids.clear()
                     yield text_chunk(idx, c.text)
                     continue
@@ -703,7 +716,8 @@ class OpenAIServing:
                       if want_logprobs else None)
                 chunk = CompletionResponse(id=base_id, created=created, model=model_name, choices=[
                     CompletionChoice(index=idx, text=c.text, logprobs=lp, finish_reason=c.finish_reason,
-                                     stop_reason=c.stop_reason)])
+                                     stop_reason=c.stop_reason)],
+                    usage=_usage_of(prompt_tokens[p_idx], state.num_tokens) if continuous else None)
                 yield _sse(chunk)
         if req.stream_options and req.stream_options.include_usage:
             usage = _usage_of(sum(prompt_tokens.values()), sum(st.num_tokens for st in choices.values()))
@@ -716,9 +730,15 @@ class OpenAIServing:
         """``/tokenize``: a prompt's or a conversation's token ids."""
         await self.check_model(req.model)
         self.ignored_fields.note(_unknown_fields(req))
+        if req.messages is not None and req.prompt is not None:
+            raise BadRequest("give either prompt or messages, not both", "prompt")
         if req.messages is not None:
-            chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt)
-            self.check_text_size(_text_chars([m.model_dump() for m in req.messages]), "messages")
+            # The prompt a chat request with these fields gets (the same count as its usage).
+            chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt,
+                                         continue_final_message=req.continue_final_message, tools=req.tools,
+                                         chat_template_kwargs=req.chat_template_kwargs)
+            self.check_text_size(_text_chars([m.model_dump() for m in req.messages])
+                                 + _text_chars(req.model_dump(include={"tools"})), "messages")
             tokens = await self.in_tokenizer_thread(self.render_chat, chat)
         elif req.prompt is not None:
             self.check_text_size(len(req.prompt), "prompt")
@@ -726,7 +746,9 @@ class OpenAIServing:
                 functools.partial(self.tokenizer.encode, add_special_tokens=req.add_special_tokens), req.prompt)
         else:
             raise BadRequest("give either prompt or messages", "prompt")
-        return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=list(tokens))
+        token_strs = self.tokenizer.convert_ids_to_tokens(list(tokens)) if req.return_token_strs else None
+        return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=list(tokens),
+                                token_strs=token_strs)
 
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         """``/detokenize``: the text of token ids."""
@@ -819,7 +841,7 @@ class OpenAIServing:
                                       lora_request=lora, client_key=_client_key(req, raw_request))
         model_name = self._response_model(lora)
         if req.stream:
-            return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers)
+            return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, len(ids))
         (final,) = await self._collect([stream], raw_request)
         choices = []
         for c in final.outputs:
@@ -847,16 +869,19 @@ class OpenAIServing:
 
     async def _stream_chat(self, req: ChatCompletionRequest, request_id: str,
                            stream: AsyncIterator["RequestOutput"], raw_request: Any, model_name: str,
-                           parsers: list[ChoiceParser] | None = None) -> AsyncIterator[str]:
+                           parsers: list[ChoiceParser] | None = None,
+                           num_prompt_tokens: int = 0) -> AsyncIterator[str]:
         created = int(time.time())
         top = req.top_logprobs if req.logprobs else None
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
 
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
             return _sse(ChatCompletionChunk(id=request_id, created=created, model=model_name,
                                             choices=choices, usage=usage))
 
         for i in range(req.n):
-            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
+            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))],
+                        usage=_usage_of(num_prompt_tokens, 0) if continuous else None)
         choices = [_StreamedChoice() for _ in range(req.n)]
         keep_whole = parsers is not None  # the parsers read the whole text and token ids
         prompt_tokens = None
@@ -885,7 +910,8 @@ class OpenAIServing:
                     if message is None and not finish and lp is None:
                         continue  # the parsers hold this text back for now
                 yield chunk([ChatStreamChoice(index=c.index, delta=message or DeltaMessage(), logprobs=lp,
-                                              finish_reason=finish, stop_reason=c.stop_reason)])
+                                              finish_reason=finish, stop_reason=c.stop_reason)],
+                            usage=_usage_of(prompt_tokens, state.num_tokens) if continuous else None)
         if req.stream_options and req.stream_options.include_usage and prompt_tokens is not None:
             yield chunk([], usage=_usage_of(prompt_tokens, sum(st.num_tokens for st in choices)))
         yield _sse("[DONE]")
@@ -981,7 +1007,8 @@ def _template_message(message: dict[str, Any]) -> dict[str, Any]:
     """Prepare a message for chat templates.
 
     OpenAI clients send earlier tool calls with ``arguments`` as a JSON string; templates
-    expect a mapping they can iterate, as Hugging Face's tool-use convention has it.
+    expect a mapping they can iterate, as Hugging Face's tool-use convention has it. (The
+    content becomes one string in ``Processor.apply_chat_template``.)
     """
     for call in message.get("tool_calls") or []:
         fn = call.get("function") if isinstance(call, dict) else None
@@ -1003,5 +1030,7 @@ def _request_ids(prefix: str, client_id: str | None) -> tuple[str, str]:
     if client_id is None:
         rid = random_id(prefix)
         return rid, rid
+    if not client_id:
+        raise BadRequest("request_id must not be empty (leave it out for a generated one)", "request_id")
     public = f"{prefix}-{client_id}"
     return public, random_id(public)
