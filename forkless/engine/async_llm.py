@@ -106,7 +106,7 @@ class AsyncLLM:
     Args:
         config: The engine configuration.
         stat_loggers: Extra stat loggers: ``StatLoggerBase`` subclasses (constructed as
-            ``cls(config, engine_index=0)``) or instances.
+            ``cls(config, 0)``, vLLM's ``(vllm_config, engine_idx)``) or instances.
         log_stats: Whether to log throughput periodically (the Prometheus logger behind
             ``render_metrics`` is always on).
 

@@ -285,8 +285,9 @@ class Processor:
             The same request.
 
         Raises:
-            ValueError: LoRA is off, ``lora`` is not a ``LoRARequest``, or the adapter is
-                malformed (``forkless.lora.peft.LoRAAdapterError``, naming the adapter).
+            ValueError: LoRA is off, ``lora`` is not a ``LoRARequest``, its id is another
+                adapter folder's, or the adapter is malformed
+                (``forkless.lora.peft.LoRAAdapterError``, naming the adapter).
         """
         if not isinstance(lora, LoRARequest):
             raise ValueError(f"lora_request must be a forkless.lora.LoRARequest, got {type(lora).__name__}")
@@ -296,6 +297,14 @@ class Processor:
                              "with --enable-lora (LLM(..., enable_lora=True))")
         if lora in self._checked_loras:
             return lora
+        # The workers cache adapters by id: one id with two folders would silently run the
+        # first folder's weights for both.
+        other = next((c for c in self._checked_loras
+                      if c.lora_int_id == lora.lora_int_id and c.lora_path != lora.lora_path), None)
+        if other is not None:
+            raise ValueError(f"LoRA adapter {lora.lora_name!r} ({lora.lora_path}) has lora_int_id "
+                             f"{lora.lora_int_id}, which adapter {other.lora_name!r} ({other.lora_path}) already "
+                             "has: give each adapter its own lora_int_id")
         from forkless.lora.peft import read_adapter
 
         read_adapter(lora, max_rank=lc.max_lora_rank, module_shapes=self._model_lora_shapes())

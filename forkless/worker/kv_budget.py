@@ -99,22 +99,26 @@ def kv_budget_bytes(
     return max(0, min(budget, needed))
 
 
-def num_blocks_for(budget_bytes: int, bytes_per_block: int, config: EngineConfig) -> int:
-    """Blocks that fit ``budget_bytes``.
+def num_blocks_for(budget_bytes: int, bytes_per_block: int, config: EngineConfig, reserved_bytes: int = 0) -> int:
+    """Blocks that fit ``budget_bytes`` once ``reserved_bytes`` (a draft model's scratch
+    blocks) are taken out of it.
 
     Raises:
         ValueError: Not even one ``max_model_len`` sequence fits; the message says
             which flag to change.
     """
-    num_blocks = budget_bytes // bytes_per_block
+    left = max(0, budget_bytes - reserved_bytes)
+    num_blocks = left // bytes_per_block
     block_size = config.cache_config.block_size
     max_model_len = config.scheduler_config.max_model_len
     if num_blocks * block_size < max_model_len:
         need = -(-max_model_len // block_size) * bytes_per_block
+        reserved = (f", of which the draft model's scratch blocks (max_num_seqs="
+                    f"{config.scheduler_config.max_num_seqs}) take {reserved_bytes} bytes first" if reserved_bytes else "")
         raise ValueError(
-            f"the KV cache budget ({budget_bytes} bytes = {num_blocks} blocks of {block_size} "
-            f"tokens) cannot hold one sequence of max_model_len={max_model_len} tokens, which "
-            f"needs {need} bytes; raise --kv-cache-memory / --gpu-memory-utilization or lower "
-            "--max-model-len"
+            f"the KV cache budget ({budget_bytes} bytes{reserved}: {num_blocks} blocks of {block_size} "
+            f"tokens left) cannot hold one sequence of max_model_len={max_model_len} tokens, which "
+            f"needs {need + reserved_bytes} bytes; raise --kv-cache-memory / --gpu-memory-utilization or lower "
+            "--max-model-len" + (" or --max-num-seqs" if reserved_bytes else "")
         )
     return num_blocks

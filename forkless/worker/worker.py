@@ -117,8 +117,7 @@ class Worker:
         )
         # A draft model's scratch blocks come out of the same budget (its per-block share
         # is in per_block already).
-        budget = max(0, budget - runner.kv_reserved_bytes)
-        num_blocks = num_blocks_for(budget, per_block, self.config)
+        num_blocks = num_blocks_for(budget, per_block, self.config, reserved_bytes=runner.kv_reserved_bytes)
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB)",
             num_blocks, self.config.cache_config.block_size, num_blocks * per_block / (1 << 20),

@@ -197,3 +197,16 @@ def test_worker_load_failure_fails_only_its_requests(llama, monkeypatch, async_s
         assert [list(o.outputs[0].token_ids) for o in again] == want
     finally:
         engine.shutdown()
+
+
+def test_one_id_for_two_adapter_folders_is_refused(llm, llama):
+    # The workers cache adapters by lora_int_id: a second folder under the same id would
+    # silently run the first one's weights.
+    _, adapters = llama
+    first = LoRARequest("first", 77, str(adapters["all-r8"]))
+    expected = llm.generate(PROMPTS[:1], GREEDY, lora_request=first, use_tqdm=False)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match="has lora_int_id 77, which adapter 'first' .* already has"):
+        llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("second", 77, str(adapters["qv-r16-rslora"])),
+                     use_tqdm=False)
+    renamed = LoRARequest("first-again", 77, str(adapters["all-r8"]))  # the same folder: the same adapter
+    assert llm.generate(PROMPTS[:1], GREEDY, lora_request=renamed, use_tqdm=False)[0].outputs[0].token_ids == expected

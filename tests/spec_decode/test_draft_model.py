@@ -205,6 +205,11 @@ def test_preemption_with_a_tiny_kv_budget(models: dict[str, Path], reference: LL
         assert _stats(llm).num_accepted_tokens > 0
     finally:
         llm.shutdown()
+    # A budget the draft's scratch leaves too little of says so, with the bytes given.
+    with pytest.raises(ValueError, match=f"budget \\({reserved + per_block} bytes, of which the draft model's "
+                                         f"scratch blocks \\(max_num_seqs=4\\) take {reserved} bytes first"):
+        LLM(str(models["target"]), max_model_len=256, speculative_config=_spec(models["near"]), max_num_seqs=4,
+            kv_cache_memory=reserved + per_block)
 
 
 class HiddenStateProposer(Proposer):
