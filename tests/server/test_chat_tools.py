@@ -145,3 +145,18 @@ def test_forcing_a_named_call_returns_that_call(tool_server: Server) -> None:
         client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
                                        tools=[WEATHER_TOOL], tool_choice={"type": "function",
                                                                           "function": {"name": "get_time"}})
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(tool_server: Server, tokenizer) -> None:
+    # OpenAI's meaning: at most one call; whole and streamed alike.
+    rome = '{"city": "Rome"}'
+    two = OUTPUT + f'\n<tool_call>\n{{"name": "get_weather", "arguments": {rome}}}\n</tool_call>'
+    client = tool_server.client()
+    model = client.models.list().data[0].id
+    kw = dict(model=model, messages=MESSAGES, tools=[WEATHER_TOOL], extra_body=forced(tokenizer, two))
+    both = client.chat.completions.create(**kw).choices[0].message.tool_calls
+    assert [c.function.arguments for c in both] == [ARGUMENTS, rome]
+    one = client.chat.completions.create(parallel_tool_calls=False, **kw).choices[0].message.tool_calls
+    assert [c.function.arguments for c in one] == [ARGUMENTS]
+    streamed = collect_stream(client.chat.completions.create(parallel_tool_calls=False, stream=True, **kw))
+    assert [c["arguments"] for c in streamed["calls"].values()] == [ARGUMENTS]

@@ -301,3 +301,13 @@ def test_tokenize_takes_the_chat_fields(server: Server) -> None:
     assert opened["count"] > body["count"]  # the closed turn adds its end-of-turn tokens
     both = _post(server, "/tokenize", {"messages": turns, "prompt": "Hi"})
     assert both.status_code == 400 and both.json()["error"]["param"] == "prompt"
+
+
+def test_completions_logprobs_0_give_the_sampled_token_alone(server: Server) -> None:
+    # As vLLM: logprobs=0 returns each sampled token's own logprob as its one top entry.
+    r = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 0})
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["top_logprobs"] == [{t: v} for t, v in zip(lp["tokens"], lp["token_logprobs"])]
+    chat = _post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "logprobs": True,
+                                                  "top_logprobs": 21})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "top_logprobs"

@@ -79,7 +79,8 @@ class ChoiceParser:
         if self.tools is not None and content is not None:
             info = self.tools.extract_tool_calls(content, self.request)
             if info.tools_called:
-                message.tool_calls = list(info.tool_calls)
+                # parallel_tool_calls=false: at most one call (OpenAI's meaning), the first.
+                message.tool_calls = list(info.tool_calls)[: 1 if self.request.parallel_tool_calls is False else None]
                 message.content = info.content
         return message
 
@@ -99,6 +100,8 @@ class ChoiceParser:
                 self._content, current, content, self._ids, token_ids, delta_ids, self.request)
             self._content = current
             content, tool_calls = (dm.content, dm.tool_calls) if dm is not None else (None, None)
+            if tool_calls and self.request.parallel_tool_calls is False:
+                tool_calls = [c for c in tool_calls if c.index == 0]  # as parse_whole: the first call only
         self._text, self._ids = text, list(token_ids)
         return self._record(DeltaMessage(reasoning=reasoning or None, content=content or None,
                                          tool_calls=tool_calls or None))

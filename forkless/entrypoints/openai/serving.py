@@ -527,7 +527,7 @@ class OpenAIServing:
     def _default_max_tokens(self, prompt_len: int) -> int:
         return max(1, self.max_model_len - prompt_len)
 
-    def _check_prompt(self, token_ids: list[int], max_tokens: int | None) -> None:
+    def _check_prompt(self, token_ids: list[int], max_tokens: int | None, max_tokens_field: str = "max_tokens") -> None:
         if not token_ids:
             raise BadRequest("the prompt is empty", "prompt")
         if len(token_ids) >= self.max_model_len:
@@ -538,8 +538,8 @@ class OpenAIServing:
         if max_tokens is not None and len(token_ids) + max_tokens > self.max_model_len:
             raise BadRequest(
                 f"This model's maximum context length is {self.max_model_len} tokens. The "
-                f"prompt has {len(token_ids)} tokens and max_tokens is {max_tokens}: "
-                f"{len(token_ids) + max_tokens} in total.", "max_tokens",
+                f"prompt has {len(token_ids)} tokens and {max_tokens_field} is {max_tokens}: "
+                f"{len(token_ids) + max_tokens} in total.", max_tokens_field,
                 code="context_length_exceeded")
 
     def check_sequences(self, num_prompts: int, n: int) -> None:
@@ -634,8 +634,13 @@ class OpenAIServing:
             chosen = entries.get(tok_id)
             lp.tokens.append(self._token_text(tok_id, entries))
             lp.token_logprobs.append(chosen.logprob if chosen else None)
-            top = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)[: (n or 0) + 1]
-            lp.top_logprobs.append({self._token_text(t, entries): e.logprob for t, e in top} if n else None)
+            if n is None or (n == 0 and chosen is None):
+                lp.top_logprobs.append(None)
+            elif n == 0:  # the sampled token alone, as vLLM answers logprobs=0
+                lp.top_logprobs.append({lp.tokens[-1]: chosen.logprob})
+            else:
+                top = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)[: n + 1]
+                lp.top_logprobs.append({self._token_text(t, entries): e.logprob for t, e in top})
         return lp
 
     def _echo(self, prompt_ids: list[int], out: "RequestOutput", n: int | None) -> tuple[str, CompletionLogProbs | None]:
@@ -825,10 +830,13 @@ class OpenAIServing:
         for parser in parsers or ():
             parser.set_prompt(ids)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        self._check_prompt(ids, max_tokens)
+        self._check_prompt(ids, max_tokens,
+                           "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
         top = req.top_logprobs if req.logprobs else None
         if req.top_logprobs is not None and not req.logprobs:
             raise BadRequest("top_logprobs requires logprobs to be true", "top_logprobs")
+        if top is not None and not 0 <= top <= MAX_LOGPROBS:
+            raise BadRequest(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {top}", "top_logprobs")
         params = to_sampling_params(req, max_tokens, (top or 0) if req.logprobs else None,
                                     self._default_max_tokens(len(ids)),
                                     tool_constraint(req, forced) if forced is not None else None)
