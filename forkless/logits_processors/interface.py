@@ -141,3 +141,17 @@ class LogitsProcessor(ABC):
         Raises:
             ValueError: An argument is invalid; say which and what was expected.
         """
+
+
+class LogitsProcessorError(RuntimeError):
+    """A logits processor raised; the message names its class and the method.
+
+    The step fails as before (the processor's rows cannot be trusted), but the engine's
+    last words name the plugin instead of only the exception deep inside it.
+    """
+
+    @classmethod
+    def wrap(cls, processor: LogitsProcessor, method: str, error: Exception) -> LogitsProcessorError:
+        kind = type(processor)
+        return cls(f"logits processor {kind.__module__}.{kind.__qualname__} raised in {method}(): "
+                   f"{type(error).__name__}: {error}")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
-from forkless.logits_processors.interface import MoveDirectionality
+from forkless.logits_processors.interface import LogitsProcessorError, MoveDirectionality
 from forkless.sample.batch_update_builder import BatchUpdateBuilder
 from forkless.sample.metadata import SamplingMetadata
 from forkless.sample.seeding import make_generator, step_seed
@@ -222,7 +222,10 @@ class InputBatch:
         """
         update = self.pop_batch_update()
         for processor in self.logits_processors:
-            processor.update_state(update)
+            try:
+                processor.update_state(update)
+            except Exception as e:
+                raise LogitsProcessorError.wrap(processor, "update_state", e) from e
         if self._static is None:
             self._static = self._build_static()
         static = self._static

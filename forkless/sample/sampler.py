@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from forkless.logits_processors.interface import LogitsProcessorError
 from forkless.sample.argmax import row_argmax
 from forkless.sample.exponential import exponential_
 from forkless.sample.logprobs import LogprobsTensors, gather_logprobs
@@ -103,7 +104,7 @@ class Sampler:
             if processor.is_argmax_invariant():
                 invariant.append(processor)
             else:
-                logits = processor.apply(logits)
+                logits = _apply(processor, logits)
         if want_logprobs and raw is None:
             raw = torch.log_softmax(logits, dim=-1)
 
@@ -142,7 +143,7 @@ class Sampler:
         logits = logits.div_(temperature.unsqueeze(1))
         logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
         for processor in invariant:
-            logits = processor.apply(logits)
+            logits = _apply(processor, logits)
         probs = logits.softmax(dim=-1)
         sampled = self._exponential_race(probs, metadata.generators)
         return sampled if greedy is None else torch.where(is_greedy, greedy, sampled)
@@ -157,3 +158,10 @@ class Sampler:
         for row, generator in generators.items():
             exponential_(q[row], generator)
         return row_argmax(probs.div_(q))
+
+
+def _apply(processor: "LogitsProcessor", logits: torch.Tensor) -> torch.Tensor:
+    try:
+        return processor.apply(logits)
+    except Exception as e:
+        raise LogitsProcessorError.wrap(processor, "apply", e) from e

@@ -8,6 +8,7 @@ import openai
 import pytest
 
 from forkless import LLM, SamplingParams
+from forkless.logits_processors import LogitsProcessor
 
 PATH = "tests.vllm_compat.vllm_style_logits_processor:TargetTokenLogitsProcessor"
 
@@ -58,3 +59,24 @@ def test_the_adapter_runs_each_requests_function_and_leaves_the_others(tiny_llam
     assert forced.outputs[0].token_ids == [42] * 6
     assert echoed.outputs[0].token_ids == [prompt_ids[i % len(prompt_ids)] for i in range(6)]
     assert free.outputs[0].token_ids == free_alone[0].outputs[0].token_ids
+
+
+class _Raising(LogitsProcessor):
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update) -> None:
+        pass
+
+    def apply(self, logits):
+        raise ValueError("too many dimensions 'str'")
+
+
+def test_a_processor_that_raises_is_named_in_the_error(tiny_llama: Path) -> None:
+    llm = LLM(model=str(tiny_llama), max_model_len=128, logits_processors=[_Raising])
+    try:
+        with pytest.raises(Exception, match=r"logits processor .*test_logits_processor\._Raising raised in apply\(\): "
+                                            "ValueError: too many dimensions"):
+            llm.generate(["Hello"], SamplingParams(max_tokens=2), use_tqdm=False)
+    finally:
+        llm.shutdown()
