@@ -173,6 +173,14 @@ class SamplingFields(RequestModel):
     response_format: ResponseFormat | None = None
     structured_outputs: dict[str, Any] | None = None
 
+    @field_validator("n", "stream", mode="before")
+    @classmethod
+    def _null_is_the_default(cls, value: Any, info: Any) -> Any:
+        # The OpenAI API declares both nullable (null: the default), and some clients send it.
+        if value is None:
+            return cls.model_fields[info.field_name].default
+        return value
+
     @field_validator("cache_salt")
     @classmethod
     def _non_empty_cache_salt(cls, salt: str | None) -> str | None:

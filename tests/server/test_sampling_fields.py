@@ -311,3 +311,10 @@ def test_completions_logprobs_0_give_the_sampled_token_alone(server: Server) -> 
     chat = _post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "logprobs": True,
                                                   "top_logprobs": 21})
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "top_logprobs"
+
+
+def test_null_n_and_stream_are_their_defaults() -> None:
+    # The OpenAI API declares both nullable; some clients send null.
+    for req in (_completion(n=None, stream=None), _chat(n=None, stream=None)):
+        assert (req.n, req.stream) == (1, False)
+        assert to_sampling_params(req, 5, None, 5).n == 1
