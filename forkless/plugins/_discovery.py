@@ -240,10 +240,15 @@ def vllm_group_entry_points() -> list[tuple[str, str, str]]:
     return sorted(found)
 
 
-def vllm_group_hint(names: list[str] | None = None) -> str:
+def vllm_group_hint(names: list[str] | None = None,
+                    found: list[tuple[str, str, str]] | None = None) -> str:
     """A sentence naming the entry points of :func:`vllm_group_entry_points` (only those
-    called one of ``names`` when given) and the group to rename each to; ``""`` if none."""
-    left = [e for e in vllm_group_entry_points() if names is None or e[1] in names]
+    called one of ``names`` when given) and the group to rename each to; ``""`` if none.
+    ``found``: that function's answer, when the caller already has it (it reads every
+    distribution's metadata)."""
+    if found is None:
+        found = vllm_group_entry_points()
+    left = [e for e in found if names is None or e[1] in names]
     if not left:
         return ""
     listed = "; ".join(f"{name!r} of {dist} in group {group} (rename it to "

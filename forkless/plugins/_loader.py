@@ -28,7 +28,12 @@ from typing import Any
 
 from forkless import envs
 from forkless.logger import init_logger
-from forkless.plugins._discovery import EntryPointInfo, discover_entry_points
+from forkless.plugins._discovery import (
+    EntryPointInfo,
+    discover_entry_points,
+    vllm_group_entry_points,
+    vllm_group_hint,
+)
 from forkless.plugins._registry import PluginImportError, import_path
 from forkless.plugins._requires import UNDECIDED, check_plain
 
@@ -233,13 +238,13 @@ def _warn_unknown_names(entries: list[EntryPointInfo]) -> None:
         return
     _state.warned_unknown = True
     available = sorted({e.name for e in entries})
+    found = None  # the vllm.* entry points: read once, and only for a name that is not installed
     for entry in selection.entries:
         name = entry.lstrip("+").strip()
         if not name or name in available:
             continue
-        from forkless.plugins._discovery import vllm_group_hint
-
-        hint = vllm_group_hint([name])
+        found = vllm_group_entry_points() if found is None else found
+        hint = vllm_group_hint([name], found)
         logger.warning(
             "FORKLESS_PLUGINS names %r, but no installed plugin has that name;%s installed "
             "plugins: %s%s", entry, _did_you_mean(entry, name, available),
