@@ -108,9 +108,8 @@ class _Completion:
             # id stays in the output, its text does not unless include_stop_str_in_output
             # (vLLM's rule; a special token's text is empty anyway unless kept). A grammar
             # that completes also stops it ("stop"), on a token that is part of the output.
-            trailing = int(bool(new_ids) and out.finish_reason is not None
-                           and getattr(out.finish_reason, "value", out.finish_reason) == "stop"
-                           and new_ids[-1] in self.stop_token_ids)
+            # (FinishReason is a str enum: it equals its value.)
+            trailing = int(bool(new_ids) and out.finish_reason == "stop" and new_ids[-1] in self.stop_token_ids)
             new_ids = new_ids[: len(new_ids) - trailing]
             # Several tokens at once (accepted speculative drafts) go one by one while stop
             # strings apply: the output ends at the token that completes one, as without
