@@ -11,14 +11,16 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 F="python3 -m forkless.entrypoints.cli.main"
 SERVE="$F serve /tmp/qwen3-0.6b --load-format dummy --dtype bfloat16 --max-num-seqs 512 --max-model-len 2048 --async-scheduling --disable-log-stats"
 python3 -c "from pathlib import Path; from forkless.bench.shapes import write_model_folder; write_model_folder(Path('/tmp/qwen3-0.6b'), 'qwen3-0.6b')"
-health() {  # $1: port; prints the seconds since $2 (date +%s.%N) once /health answers
-  for i in $(seq 1200); do curl -sf "localhost:$1/health" > /dev/null && break; sleep 0.1; done
+health() {  # $1: port; prints the seconds since $2 (date +%s.%N) once /health answers ($3: the
+  # server's pid: gives up at once if it has exited)
+  for i in $(seq 1200); do curl -sf "localhost:$1/health" > /dev/null && break
+    kill -0 "$3" 2> /dev/null || { echo "the server exited"; return; }; sleep 0.1; done
   python3 -c "print(round($(date +%s.%N) - $2, 2))"; }
 # 1. A first start, every process profiled (also fills Triton's kernel cache, as any earlier start would).
 /tmp/site/bin/py-spy record --subprocesses -r 50 -f raw -o "$OUT/start_prof.txt" --nonblocking -- \
   $SERVE --port 8012 > "$OUT/start1.log" 2>&1 &
 SPY=$!; T0=$(date +%s.%N)
-echo "start -> /health, under py-spy: $(health 8012 $T0) s" | tee "$OUT/start_summary.txt"
+echo "start -> /health, under py-spy: $(health 8012 $T0 $SPY) s" | tee "$OUT/start_summary.txt"
 pkill -TERM -f "^python3 -m forkless.entrypoints.cli.main serve /tmp/qwen3-0.6b .* --port 8012"; sleep 5
 pkill -9 -f "^python3 -m forkless.entrypoints.cli.main serve /tmp/qwen3-0.6b .* --port 8012"; wait $SPY
 # 2. Offline, with the floor.
@@ -28,7 +30,7 @@ timeout 200 $F bench throughput --shape qwen3-0.6b --load-format dummy --dtype b
 PORT=8011; T0=$(date +%s.%N)
 $SERVE --port $PORT > "$OUT/server.log" 2>&1 &
 SERVER=$!
-echo "start -> /health: $(health $PORT $T0) s" | tee -a "$OUT/start_summary.txt"
+echo "start -> /health: $(health $PORT $T0 $SERVER) s" | tee -a "$OUT/start_summary.txt"
 run() { local label=$1; shift
   timeout 200 $F bench serve --base-url http://127.0.0.1:$PORT --tokenizer /tmp/qwen3-0.6b --dataset-name random \
     --random-input-len 562 --random-output-len 562 --random-range-ratio 0.822 --num-prompts 512 \

@@ -38,6 +38,12 @@ LONG_ARRAY = {
     "required": ["readings"],
     "additionalProperties": False,
 }
+# --check: a JSON object through a regex of bounded length (a JSON schema admits unbounded
+# whitespace, which random weights can pick forever), validated against its schema.
+CHECK_REGEX = r'\{"id": [1-9][0-9]{0,2}, "tag": "(red|green|blue)"\}'
+CHECK_SCHEMA = {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1, "maximum": 999},
+                                                 "tag": {"enum": ["red", "green", "blue"]}},
+                "required": ["id", "tag"], "additionalProperties": False}
 # What a typical API request sends (for the compile-time measurement).
 TYPICAL = {
     "type": "object",
@@ -131,6 +137,10 @@ def main() -> None:
     parser.add_argument("--no-detokenize", action="store_true",
                         help="both batches ask for token ids only (as `forkless bench throughput` does): their "
                              "texts differ, and detokenizing them is no cost of the bitmask")
+    parser.add_argument("--check", action="store_true",
+                        help="first decode the batch under a JSON-shaped regex that always completes and check "
+                             "every output (valid JSON of CHECK_SCHEMA, finish 'stop'); prints a digest of the "
+                             "token ids, to compare settings (e.g. FORKLESS_GRAMMAR_PROCESSES) run to run")
     args = parser.parse_args()
 
     from forkless import LLM, SamplingParams, StructuredOutputsParams
@@ -171,6 +181,8 @@ def main() -> None:
         doubled.max_tokens = 2 * args.max_tokens
         return doubled
 
+    if args.check:
+        check_outputs(llm, prompts)
     seconds(constrained)  # compile and warm up
     seconds(plain)
     base, cons, base2, cons2 = [], [], [], []
@@ -203,6 +215,28 @@ def main() -> None:
               f"per alternation: " + ", ".join(f"{u * 1e3:.2f} / {c * 1e3:.2f} ms ({100 * o:+.1f} %)"
                                               for (u, c), o in zip(medians, overheads))
               + f"; overhead, median of the alternations: {100 * statistics.median(overheads):+.1f} %")
+
+
+def check_outputs(llm, prompts: list[str]) -> None:
+    """Decode ``prompts`` greedily under CHECK_REGEX (its outputs always end within 32
+    tokens, whatever the weights) and fail unless each is valid JSON of CHECK_SCHEMA
+    that finished with ``stop``; print how many, and a digest of all token ids."""
+    import hashlib
+
+    import jsonschema
+
+    from forkless import SamplingParams, StructuredOutputsParams
+
+    params = SamplingParams(temperature=0, max_tokens=64, structured_outputs=StructuredOutputsParams(regex=CHECK_REGEX))
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    digest = hashlib.sha256()
+    for out in outs:
+        completion = out.outputs[0]
+        assert completion.finish_reason == "stop", (out.request_id, completion.finish_reason, completion.text)
+        jsonschema.validate(json.loads(completion.text), CHECK_SCHEMA)
+        digest.update(repr(list(completion.token_ids)).encode())
+    print(f"check: {len(outs)} outputs, each valid JSON of the schema, finished 'stop'; token ids digest "
+          f"{digest.hexdigest()[:16]}")
 
 
 def median_step(llm, prompts: list[str], params, tag: str) -> float:

@@ -67,3 +67,13 @@ def test_import_is_light() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ),
                             check=True)
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("cores,expected", [(1, 1), (2, 1), (8, 2), (16, 4), (64, 4)])
+def test_grammar_processes_default_follows_the_cores(monkeypatch: pytest.MonkeyPatch, cores: int,
+                                                     expected: int) -> None:
+    monkeypatch.delenv("FORKLESS_GRAMMAR_PROCESSES", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    assert envs.FORKLESS_GRAMMAR_PROCESSES == expected
+    monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESSES", "3")
+    assert envs.FORKLESS_GRAMMAR_PROCESSES == 3
