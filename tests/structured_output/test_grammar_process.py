@@ -37,6 +37,12 @@ class SlowFillBackend(XgrammarBackend):
         return super().fill_bitmasks(grammars, bitmask, indices)
 
 
+@pytest.fixture(autouse=True)
+def one_grammar_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One process unless a test asks for more: the default follows the host's cores."""
+    monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESSES", "1")
+
+
 def _cases(llm: LLM) -> tuple[list[str], list[SamplingParams]]:
     tokenizer = llm.get_tokenizer()
 
