@@ -7,6 +7,7 @@ core), fills in the model's EOS ids, and fans ``n > 1`` out into ``n`` child req
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
@@ -33,6 +34,35 @@ PromptType = Union[str, Sequence[int], Mapping[str, Any]]
 # Content parts a text-only model reads (an assistant message's "refusal" part is text too),
 # and the key of each one's text.
 _TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal"}
+
+
+def template_message(message: Mapping[str, Any], where: str = "message") -> dict[str, Any]:
+    """A copy of a chat message as chat templates expect it (the caller's is left as is).
+
+    The content becomes one string (:func:`message_text`). OpenAI clients send an
+    assistant turn's earlier tool calls with ``function.arguments`` as a JSON string;
+    templates iterate a mapping (Hugging Face's tool-use convention), so a string that
+    parses as a JSON object becomes that object, as vLLM does; any other string is left
+    for the template to show as it is.
+    """
+    out = {**message, "content": message_text(message.get("content"), where)}
+    calls = message.get("tool_calls")
+    if isinstance(calls, (list, tuple)):
+        out["tool_calls"] = [_parsed_arguments(call) for call in calls]
+    return out
+
+
+def _parsed_arguments(call: Any) -> Any:
+    fn = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(fn, Mapping) or not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(fn["arguments"])
+    except ValueError:
+        return call
+    if not isinstance(arguments, dict):
+        return call
+    return {**call, "function": {**fn, "arguments": arguments}}
 
 
 def message_text(content: Any, where: str = "message") -> str:
@@ -163,8 +193,9 @@ class Processor:
         Returns:
             A prompt dict with ``prompt`` (the text) and ``prompt_token_ids``.
 
-        Each message's content becomes one string first (:func:`message_text`): ``None`` is
-        ``""``, a list of content parts its text parts joined by newlines.
+        Each message is prepared first (:func:`template_message`): its content becomes one
+        string (``None`` is ``""``, a list of content parts its text parts joined by
+        newlines), and earlier tool calls' JSON-string ``arguments`` become mappings.
 
         Raises:
             NoChatTemplateError: The tokenizer has no chat template and none was given.
@@ -173,8 +204,8 @@ class Processor:
         """
         from jinja2 import TemplateError
 
-        messages = [{**m, "content": message_text(m.get("content"), f"messages[{i}]")}
-                    if isinstance(m, Mapping) else m for i, m in enumerate(messages)]
+        messages = [template_message(m, f"messages[{i}]") if isinstance(m, Mapping) else m
+                    for i, m in enumerate(messages)]
         tokenizer = self.tokenizer
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise NoChatTemplateError(

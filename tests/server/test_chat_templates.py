@@ -106,6 +106,25 @@ def test_content_parts_and_null_content_become_text(processor: Processor) -> Non
         processor.apply_chat_template([{"role": "user", "content": ["Hi"]}], chat_template=template)
 
 
+def test_tool_call_arguments_reach_the_template_as_a_mapping(processor: Processor) -> None:
+    # OpenAI clients send an earlier call's arguments as a JSON string; templates iterate a
+    # mapping (Hugging Face's tool-use convention). Offline LLM.chat and the server alike.
+    template = ("{% for m in messages %}{% for c in m.tool_calls or [] %}<{{ c.function.name }}"
+                "{% for k, v in c.function.arguments | dictsort %} {{ k }}={{ v }}{% endfor %}>{% endfor %}"
+                "{% endfor %}")
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"b": 2, "a": "x"}'}}
+    messages = [{"role": "user", "content": "go"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    prompt = processor.apply_chat_template(messages, chat_template=template, add_generation_prompt=False)
+    assert prompt["prompt"] == "<f a=x b=2>"
+    assert call["function"]["arguments"] == '{"b": 2, "a": "x"}'  # the caller's message is untouched
+    # A string that is not a JSON object stays as it is, for the template to show.
+    show = "{% for m in messages %}{% for c in m.tool_calls or [] %}[{{ c.function.arguments }}]{% endfor %}{% endfor %}"
+    for raw in ("not json", "[1, 2]"):
+        messages[1]["tool_calls"] = [{**call, "function": {"name": "f", "arguments": raw}}]
+        assert processor.apply_chat_template(messages, chat_template=show,
+                                             add_generation_prompt=False)["prompt"] == f"[{raw}]"
+
+
 def test_no_template_is_a_clear_error_in_process(processor: Processor) -> None:
     with pytest.raises(NoChatTemplateError, match="has no chat template"):
         processor.apply_chat_template([{"role": "user", "content": "Hi"}])

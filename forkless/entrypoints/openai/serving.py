@@ -773,7 +773,7 @@ class OpenAIServing:
         """The prompt token ids of a conversation (blocking: call it in the tokenizer thread)."""
         if not req.messages:
             raise BadRequest("messages must not be empty", "messages")
-        messages = [_template_message(m.model_dump(exclude_none=True)) for m in req.messages]
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
         try:
             return self.engine.apply_chat_template(
                 messages, add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
@@ -1009,23 +1009,6 @@ def _merge_deltas(a: DeltaMessage | None, b: DeltaMessage | None) -> DeltaMessag
     calls = list(a.tool_calls or []) + list(b.tool_calls or [])
     return DeltaMessage(reasoning=join(a.reasoning, b.reasoning),
                         content=join(a.content, b.content), tool_calls=calls or None)
-
-
-def _template_message(message: dict[str, Any]) -> dict[str, Any]:
-    """Prepare a message for chat templates.
-
-    OpenAI clients send earlier tool calls with ``arguments`` as a JSON string; templates
-    expect a mapping they can iterate, as Hugging Face's tool-use convention has it. (The
-    content becomes one string in ``Processor.apply_chat_template``.)
-    """
-    for call in message.get("tool_calls") or []:
-        fn = call.get("function") if isinstance(call, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
-            try:
-                fn["arguments"] = json.loads(fn["arguments"])
-            except ValueError:
-                pass  # leave it as the client sent it; the template decides
-    return message
 
 
 def _request_ids(prefix: str, client_id: str | None) -> tuple[str, str]:
