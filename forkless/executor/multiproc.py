@@ -283,6 +283,10 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         worker, ready = _build_worker(config_bytes, rank, init_method=init_method)
     except Exception as exc:
         outbox.send_multipart([ipc.FAILED, ipc.encode(_error_payload(exc))])
+        # Deliver it before exiting: os._exit does not wait for ZeroMQ's I/O thread (closing
+        # a socket does not either; terminating its context does), and the error (a bad
+        # flag, most often) was lost in two starts of three.
+        ctx.destroy(linger=5000)
         os._exit(1)
     outbox.send_multipart([ipc.READY, ipc.encode(ready)])
     # Pipeline stages: the step before goes out before the next one is launched.
@@ -676,6 +680,10 @@ class MultiprocExecutor(RankedWorkersExecutor):
                     return rank, kind, payload
             for rank, proc in enumerate(self.procs):
                 if not proc.is_alive() and (rank in ranks or proc.exitcode != 0):
+                    # Its answer (the error that made it exit) may land just after the exit.
+                    if rank in ranks and self.from_workers[rank].poll(500):
+                        kind, payload = self.from_workers[rank].recv_multipart()
+                        return rank, kind, payload
                     raise self._died(rank, starting=True)
             waited += _POLL_MS / 1000
             if waited > timeout_s:

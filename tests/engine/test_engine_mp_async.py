@@ -266,3 +266,12 @@ def test_shutdown_with_a_step_in_flight(llama_dir: Path) -> None:
     assert not proc.is_alive() and proc.exitcode == 0
     assert not os.path.exists(executor.ipc_dir)
     engine.shutdown()  # idempotent
+
+
+def test_a_worker_that_fails_to_start_reports_its_error_every_time(llama_dir: Path) -> None:
+    # The worker sent its error and exited at once; ZeroMQ's I/O thread died with it before
+    # the message left, in two starts of three ("died while starting (exit code 1)" alone).
+    for _ in range(4):
+        with pytest.raises(RuntimeError, match=r"worker 0 failed to start: ValueError: --kv-cache-dtype fp8 is "
+                                               r"not supported by the 'cpu' attention backend"):
+            _engine(llama_dir, kv_cache_dtype="fp8")
