@@ -58,3 +58,12 @@ def test_served_connections_send_small_writes_at_once() -> None:
         return value
 
     assert asyncio.run(accepted_nodelay()) != 0
+
+
+def test_a_model_path_that_does_not_exist_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    run = subprocess.run([sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", str(tmp_path / "no-model"),
+                          "--port", "0"], env=plugin_env(None, tmp_path, FORKLESS_PLUGINS=""),
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert f"forkless serve: error: model '{tmp_path / 'no-model'}' is not a local folder or file" in run.stderr
+    assert "Traceback" not in run.stderr

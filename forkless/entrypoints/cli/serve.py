@@ -141,6 +141,7 @@ def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
     """The rest of ``forkless serve``, holding its port: check every flag, then serve."""
     from forkless.config import AsyncEngineArgs
     from forkless.executor import get_executor_cls
+    from forkless.model_loader.default_model import ModelNotFoundError
     from forkless.plugins import PluginLoadError
 
     engine_args = AsyncEngineArgs.from_cli_args(args)
@@ -178,7 +179,7 @@ def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
         # Checked before the engine starts: a bad parser name should not cost a model load.
         args.chat_options = ChatOptions.from_cli_args(args)
         args.io_processor = _io_processor(config, args.io_processor_plugin)
-    except (ValueError, TypeError, ImportError, PluginLoadError) as exc:
+    except (ValueError, TypeError, ImportError, PluginLoadError, ModelNotFoundError) as exc:
         return _usage_error(str(exc))
     return asyncio.run(run_server(config, args, listener))
 
