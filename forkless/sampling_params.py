@@ -370,6 +370,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
             for tok, value in self.logit_bias.items():
                 if tok < 0 or math.isnan(value):
                     raise _bad("logit_bias", self.logit_bias, "token ids >= 0 mapped to numbers")
+                if value == math.inf:
+                    # Sampling from a distribution with an infinite logit is undefined (its
+                    # softmax is NaN); -inf, a ban, is fine.
+                    raise _bad("logit_bias", self.logit_bias, "finite biases or -inf (to force tokens, use "
+                               "allowed_token_ids)")
         if self.extra_args is not None and not isinstance(self.extra_args, dict):
             raise _bad("extra_args", self.extra_args, "a dict")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):

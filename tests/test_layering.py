@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"forkless.version", "forkless.envs", "forkless.module_aliases"},
     {"forkless.logger", "forkless.gc_tuning", "forkless.json_arg", "forkless.triton_utils", "forkless.tracing"},
     {"forkless.plugins"},
-    {"forkless.sampling_params", "forkless.pooling_params"},
+    {"forkless.sampling_params", "forkless.pooling_params", "forkless.inputs"},
     {"forkless.protocol", "forkless.outputs", "forkless.tokenizers"},
     {"forkless.cpu_kernels", "forkless.tool_parsers", "forkless.reasoning",
      "forkless.metrics", "forkless.logits_processors", "forkless.structured_output", "forkless.io_processors"},

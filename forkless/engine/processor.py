@@ -8,6 +8,7 @@ core), fills in the model's EOS ids, and fans ``n > 1`` out into ``n`` child req
 from __future__ import annotations
 
 import json
+import operator
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
@@ -34,6 +35,42 @@ PromptType = Union[str, Sequence[int], Mapping[str, Any]]
 # Content parts a text-only model reads (an assistant message's "refusal" part is text too),
 # and the key of each one's text.
 _TEXT_PARTS = {"text": "text", "input_text": "text", "refusal": "refusal"}
+
+
+# The keys of a prompt dict (vLLM's TextPrompt / TokensPrompt, text-only); token_type_ids
+# only for pooling (a cross-encoder's pair).
+_PROMPT_KEYS = frozenset({"prompt", "prompt_token_ids", "cache_salt"})
+_MULTIMODAL_KEYS = frozenset({"multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids"})
+
+
+def _check_prompt_keys(prompt: Mapping[str, Any], pooling: bool) -> None:
+    """Refuse what a prompt dict holds that forkless would otherwise ignore."""
+    allowed = _PROMPT_KEYS | {"token_type_ids"} if pooling else _PROMPT_KEYS
+    for key in prompt:
+        if key in allowed or prompt[key] is None:
+            continue
+        if key in _MULTIMODAL_KEYS:
+            raise ValueError(f"a prompt with {key!r}: forkless's models read text only")
+        if key == "token_type_ids":
+            raise ValueError("token_type_ids is for cross-encoder pooling models (LLM.score / LLM.encode), "
+                             "not for generation")
+        raise ValueError(f"unknown key {key!r} in a prompt dict (it takes {', '.join(sorted(allowed))})")
+
+
+def _token_ids(ids: Any, name: str) -> list[int]:
+    """``ids`` as a list of ints; a ValueError naming ``name`` for anything else (a string,
+    floats), which ``int()`` would have turned into other tokens."""
+    if isinstance(ids, (str, bytes, Mapping)) or not hasattr(ids, "__iter__"):
+        raise ValueError(f"{name} must be a list of token ids, got {type(ids).__name__}")
+    out = []
+    for i, t in enumerate(ids):  # (a list, a tuple, a NumPy array or a tensor of ints)
+        if isinstance(t, bool):
+            raise ValueError(f"{name}[{i}] must be a token id (an integer), got {t!r}")
+        try:
+            out.append(operator.index(t))
+        except TypeError:
+            raise ValueError(f"{name}[{i}] must be a token id (an integer), got {t!r:.40}") from None
+    return out
 
 
 def template_message(message: Mapping[str, Any], where: str = "message") -> dict[str, Any]:
@@ -178,6 +215,7 @@ class Processor:
         tools: list[dict[str, Any]] | None = None,
         documents: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        content_format: str = "auto",
     ) -> dict[str, Any]:
         """Render a conversation with the tokenizer's chat template.
 
@@ -189,6 +227,9 @@ class Processor:
             tools: Tool schemas passed to the template.
             documents: Retrieval documents (``{"title": ..., "text": ...}``) for RAG templates.
             chat_template_kwargs: Extra template variables (e.g. ``enable_thinking``).
+            content_format: ``"string"`` or ``"auto"`` (each content one string) or
+                ``"openai"`` (each content a list of text parts), vLLM's
+                ``chat_template_content_format``.
 
         Returns:
             A prompt dict with ``prompt`` (the text) and ``prompt_token_ids``.
@@ -204,8 +245,15 @@ class Processor:
         """
         from jinja2 import TemplateError
 
+        if content_format not in ("auto", "string", "openai"):
+            raise ValueError(f"chat_template_content_format must be 'auto', 'string' or 'openai', "
+                             f"got {content_format!r}")
         messages = [template_message(m, f"messages[{i}]") if isinstance(m, Mapping) else m
                     for i, m in enumerate(messages)]
+        if content_format == "openai":
+            # Templates that iterate content parts get the text as one part.
+            messages = [{**m, "content": [{"type": "text", "text": m["content"]}] if m["content"] else []}
+                        if isinstance(m, Mapping) else m for m in messages]
         tokenizer = self.tokenizer
         if chat_template is None and not getattr(tokenizer, "chat_template", None):
             raise NoChatTemplateError(
@@ -231,12 +279,13 @@ class Processor:
         ids = tokenizer.encode(text, add_special_tokens=False)
         return {"prompt": text, "prompt_token_ids": ids}
 
-    def _tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+    def _tokenize(self, prompt: PromptType, pooling: bool = False) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, list(self.tokenizer.encode(prompt))
         if isinstance(prompt, Mapping):
+            _check_prompt_keys(prompt, pooling)
             if prompt.get("prompt_token_ids") is not None:
-                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+                return prompt.get("prompt"), _token_ids(prompt["prompt_token_ids"], "prompt_token_ids")
             if isinstance(prompt.get("prompt"), str):
                 return prompt["prompt"], list(self.tokenizer.encode(prompt["prompt"]))
             raise ValueError(f"a prompt dict needs 'prompt' (text) or 'prompt_token_ids', got keys {sorted(prompt)}")
@@ -517,7 +566,7 @@ class Processor:
             raise ValueError(f"priority={priority} was given but the scheduling policy is "
                              f"{self.config.scheduler_config.policy!r}: start the engine with "
                              "--scheduling-policy priority")
-        text, ids = self._tokenize(prompt)
+        text, ids = self._tokenize(prompt, pooling=True)
         if isinstance(prompt, Mapping) and prompt.get("token_type_ids") is not None:
             params.token_type_ids = [int(t) for t in prompt["token_type_ids"]]
         if params.token_type_ids is not None:

@@ -96,29 +96,47 @@ class LLM:
         messages: Conversation | Sequence[Conversation],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         chat_template: str | None = None,
-        chat_template_kwargs: dict[str, Any] | None = None,
+        chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to conversations, rendered with the tokenizer's chat template.
+
+        The arguments are vLLM's, in vLLM's order.
 
         Args:
             messages: One conversation (a list of ``{"role", "content"}`` dicts) or a
                 list of conversations.
             sampling_params: As in :meth:`generate`.
             use_tqdm: Show a progress bar.
+            lora_request: As in :meth:`generate` (one per conversation, or one for all).
             chat_template: A Jinja template overriding the tokenizer's.
-            chat_template_kwargs: Extra template variables.
+            chat_template_content_format: How the template gets each message's content:
+                ``"string"`` (one string; text parts joined by newlines), ``"openai"`` (a
+                list of ``{"type": "text", "text": ...}`` parts), or ``"auto"`` (``"string"``).
             add_generation_prompt: End the prompt with the assistant turn's header.
             continue_final_message: Let the model continue the last message instead.
             tools: Tool schemas for the template.
+            chat_template_kwargs: Extra template variables.
+            mm_processor_kwargs: Only ``None``: forkless's models read text only.
 
         Returns:
             One ``RequestOutput`` per conversation, in order.
+
+        Raises:
+            ValueError: An empty list of conversations, a content format other than the
+                three, ``mm_processor_kwargs``, or a message the template cannot render.
         """
-        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        if mm_processor_kwargs:
+            raise ValueError("mm_processor_kwargs: forkless's models read text only")
+        if not messages:
+            raise ValueError("messages is empty: pass a conversation (a list of message dicts) or a list of them")
+        conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         processor = self.llm_engine.processor
         prompts = [
             processor.apply_chat_template(
@@ -128,10 +146,11 @@ class LLM:
                 continue_final_message=continue_final_message,
                 tools=tools,
                 chat_template_kwargs=chat_template_kwargs,
+                content_format=chat_template_content_format,
             )
             for conv in conversations
         ]
-        return self._run(prompts, sampling_params, use_tqdm, None, None)
+        return self._run(prompts, sampling_params, use_tqdm, None, lora_request)
 
     # ------------------------------------------------------------------- pooling
 
@@ -263,6 +282,9 @@ class LLM:
         priority: Sequence[int] | None,
         lora_request: Any,
     ) -> list[RequestOutput]:
+        if isinstance(sampling_params, dict):
+            raise TypeError("sampling_params must be SamplingParams (or a list of them), got a dict: "
+                            "use SamplingParams(**...)")
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params or SamplingParams()] * len(prompts)
         else:
@@ -273,8 +295,8 @@ class LLM:
                     "or one per prompt"
                 )
         # generate() returns only finished outputs, so cumulative snapshots every step
-        # (a copy of all tokens so far, per request per step) would be built for nothing;
-        # the final snapshot is the same either way. The caller's params stay untouched.
+        # (a copy of all tokens so far, per request per step) would be built for nothing,
+        # and deltas would lose all but the last. The caller's params stay untouched.
         params_list = [_final_only(p) for p in params_list]
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
@@ -318,7 +340,11 @@ class LLM:
 
 
 def _final_only(params: SamplingParams | None) -> SamplingParams | None:
-    if params is None or params.output_kind is not RequestOutputKind.CUMULATIVE:
+    """``params`` asking for the finished output only, as vLLM's LLM does: generate() keeps
+    one output per request, so a DELTA request would return its last step alone."""
+    if params is None or params.output_kind is RequestOutputKind.FINAL_ONLY:
         return params
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
     # A shallow copy is enough: only this scalar field differs.
     return msgspec.structs.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)

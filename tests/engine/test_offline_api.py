@@ -1,0 +1,114 @@
+"""The offline API as a vLLM user calls it: output kinds, chat's arguments in vLLM's order,
+prompt dicts, and vLLM's top-level names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from forkless import LLM, RequestOutputKind, SamplingParams
+
+CHAT = [{"role": "user", "content": "Hello"}]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama: Path):
+    engine = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=1 << 24)
+    yield engine
+    engine.shutdown()
+
+
+def _tokens(out) -> list[list[int]]:
+    return [list(c.token_ids) for c in out.outputs]
+
+
+def test_every_output_kind_returns_the_whole_completion(llm: LLM) -> None:
+    # generate() keeps one output per request; a DELTA request used to come back with its
+    # last step's token alone.
+    base = dict(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1, n=2, seed=1)
+    whole = llm.generate("Hello there", SamplingParams(**base), use_tqdm=False)[0]
+    for kind in (RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY):
+        params = SamplingParams(**base, output_kind=kind)
+        out = llm.generate("Hello there", params, use_tqdm=False)[0]
+        assert _tokens(out) == _tokens(whole) and all(len(t) == 8 for t in _tokens(out))
+        assert [c.text for c in out.outputs] == [c.text for c in whole.outputs]
+        assert [len(c.logprobs) for c in out.outputs] == [8, 8]
+        assert params.output_kind is kind  # the caller's params are left as they were
+
+
+def test_an_infinite_logit_bias_is_refused_and_minus_infinity_bans(llm: LLM) -> None:
+    with pytest.raises(ValueError, match="logit_bias"):
+        llm.generate("Hi", SamplingParams(max_tokens=2, logit_bias={5: float("inf")}), use_tqdm=False)
+    greedy = llm.generate("Hi", SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)[0]
+    first = greedy.outputs[0].token_ids[0]
+    banned = llm.generate("Hi", SamplingParams(temperature=0, max_tokens=1, logit_bias={first: float("-inf")}),
+                          use_tqdm=False)[0]
+    assert banned.outputs[0].token_ids[0] != first
+
+
+def test_sampling_params_as_a_dict_is_a_type_error(llm: LLM) -> None:
+    with pytest.raises(TypeError, match="SamplingParams"):
+        llm.generate("Hi", {"max_tokens": 2}, use_tqdm=False)
+
+
+def test_chat_takes_vllms_arguments_in_vllms_order(llm: LLM) -> None:
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    # (messages, sampling_params, use_tqdm, lora_request, chat_template, ...)
+    out = llm.chat(CHAT, params, False, None, template)[0]
+    assert out.prompt == "<user>Hello"
+    assert len(out.outputs[0].token_ids) == 3
+    # "openai": content reaches the template as a list of text parts.
+    parts = "{% for m in messages %}{% for p in m.content %}[{{ p.type }}:{{ p.text }}]{% endfor %}{% endfor %}"
+    out = llm.chat(CHAT, params, use_tqdm=False, chat_template=parts, chat_template_content_format="openai")[0]
+    assert out.prompt == "[text:Hello]"
+    with pytest.raises(ValueError, match="chat_template_content_format"):
+        llm.chat(CHAT, params, use_tqdm=False, chat_template_content_format="parts")
+    with pytest.raises(ValueError, match="mm_processor_kwargs"):
+        llm.chat(CHAT, params, use_tqdm=False, mm_processor_kwargs={"max_pixels": 4})
+    with pytest.raises(ValueError, match="messages is empty"):
+        llm.chat([], params, use_tqdm=False)
+    with pytest.raises(ValueError, match="enable_lora"):
+        from forkless.lora.request import LoRARequest
+
+        llm.chat(CHAT, params, use_tqdm=False, lora_request=LoRARequest("a", 1, "/nonexistent"))
+
+
+@pytest.mark.parametrize("prompt,match", [
+    ({"prompt": "Hi", "multi_modal_data": {"image": "x.png"}}, "multi_modal_data.*text only"),
+    ({"prompt": "Hi", "promt_token_ids": [1]}, "unknown key 'promt_token_ids'"),
+    ({"prompt_token_ids": "123"}, "prompt_token_ids must be a list of token ids"),
+    ({"prompt_token_ids": [5.7, 6.2]}, r"prompt_token_ids\[0\] must be a token id"),
+    ({"prompt_token_ids": [5, True]}, r"prompt_token_ids\[1\] must be a token id"),
+    ({"prompt_token_ids": [5, 6], "token_type_ids": [0, 0]}, "token_type_ids is for cross-encoder"),
+])
+def test_prompt_dicts_refuse_what_they_would_ignore(llm: LLM, prompt: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        llm.generate(prompt, SamplingParams(max_tokens=1), use_tqdm=False)
+
+
+def test_prompt_dicts_of_vllms_types(llm: LLM) -> None:
+    import numpy as np
+
+    from forkless.inputs import TextPrompt, TokensPrompt
+
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    ids = llm.get_tokenizer().encode("Hello there", add_special_tokens=False)
+    by_text, by_ids, by_numpy = llm.generate(
+        [TextPrompt(prompt="Hello there"), TokensPrompt(prompt_token_ids=ids),
+         {"prompt_token_ids": np.array(ids)}], params, use_tqdm=False)
+    assert by_text.prompt_token_ids == by_ids.prompt_token_ids == by_numpy.prompt_token_ids == ids
+    assert _tokens(by_text) == _tokens(by_ids) == _tokens(by_numpy)
+
+
+def test_vllms_top_level_names() -> None:
+    import forkless
+    from forkless import (  # noqa: F401
+        AsyncEngineArgs, CompletionOutput, EngineArgs, LLMEngine, PoolingParams, RequestOutput, TextPrompt,
+        TokensPrompt,
+    )
+    from forkless.outputs import RequestOutput as Direct
+
+    assert RequestOutput is Direct
+    assert all(hasattr(forkless, name) for name in forkless.__all__)
