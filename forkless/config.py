@@ -28,6 +28,7 @@ from forkless.json_arg import json_object_arg
 from forkless.kv_transfer.config import KVTransferConfig
 from forkless.logger import init_logger
 from forkless.pooling.config import CONVERTS, RUNNERS, PoolerConfig
+from forkless.sampling_params import SamplingParams
 from forkless.spec_decode.config import SpeculativeConfig
 from forkless.structured_output.config import StructuredOutputsConfig
 
@@ -115,6 +116,10 @@ class ModelConfig:
         vocab_size: Size of the logits' last dimension.
         eos_token_id: The model's primary EOS token, or ``None``.
         generation_config: Plain-data subset of ``generation_config.json`` (EOS ids...).
+        sampling_defaults: The sampling parameters requests default to where they set
+            none (``--generation-config`` / ``--override-generation-config``, vLLM's
+            rule): ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+            ``repetition_penalty`` and ``max_tokens`` (``max_new_tokens``), those given.
         load_format: ``"auto"`` (read weights) or ``"dummy"`` (random weights).
         quantization: ``"gguf"``: the linear layers run on the Q8_0 / Q4_1 blocks of the
             GGUF file ``model`` was converted from (``quantized_from``); None: on the
@@ -131,11 +136,16 @@ class ModelConfig:
     vocab_size: int
     eos_token_id: int | None = None
     generation_config: dict[str, Any] = field(default_factory=dict)
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
     load_format: str = "auto"
     quantization: str | None = None
     quantized_from: str | None = None
     # --runner pooling: how hidden states are pooled (None: a generative model).
     pooler_config: PoolerConfig | None = None
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        """vLLM's name for :attr:`sampling_defaults` (a copy)."""
+        return dict(self.sampling_defaults)
 
     @property
     def runner_type(self) -> str:
@@ -372,6 +382,11 @@ class EngineArgs:
     runner: str = "auto"
     convert: str = "auto"
     pooler_config: str | dict[str, Any] | None = None
+    # --generation-config (vLLM's): "auto" (the model folder's generation_config.json gives
+    # the sampling defaults), "vllm" (none: forkless's), or a folder holding one.
+    generation_config: str = "auto"
+    # --override-generation-config: a JSON object (string) or a dict over those defaults.
+    override_generation_config: str | dict[str, Any] | None = None
 
     # ------------------------------------------------------------------------- CLI
 
@@ -396,6 +411,12 @@ class EngineArgs:
         g = parser.add_argument_group("engine")
         g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
         g.add_argument("--served-model-name", default=None, help="model name reported to clients")
+        g.add_argument("--generation-config", default=d.generation_config, metavar="auto|vllm|FOLDER",
+                       help="where requests' sampling defaults come from: auto = the model's generation_config.json "
+                            "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), vllm = none "
+                            "(forkless's own defaults), or a folder holding a generation_config.json")
+        g.add_argument("--override-generation-config", default=None, metavar="JSON",
+                       help='sampling defaults over --generation-config\'s, e.g. \'{"temperature": 0.5}\'')
         g.add_argument("--dtype", default=d.dtype, choices=DTYPE_CHOICES,
                        help="weights/activations dtype; auto = float32 on CPU (a pooling model: bfloat16 where the "
                             "CPU has AVX512-BF16 or AMX, as vLLM downcasts float32 pooling models), the config's "
@@ -628,6 +649,7 @@ class EngineArgs:
                 vocab_size=int(hf.get("vocab_size") or _text_config(hf).get("vocab_size")),
                 eos_token_id=_primary_eos(generation_config, hf),
                 generation_config=generation_config,
+                sampling_defaults=self._sampling_defaults(model_path),
                 load_format=self.load_format,
                 quantization=self.quantization,
                 quantized_from=self._quantized_from(model_path, device_type, pooler is not None),
@@ -793,6 +815,42 @@ class EngineArgs:
 
         op_enabled(None, ",".join(entries), True, "--compilation-config custom_ops")  # checks every entry
         return CompilationConfig(custom_ops=entries)
+
+    def _sampling_defaults(self, model_path: Path) -> dict[str, Any]:
+        """The sampling defaults of ``--generation-config`` and ``--override-generation-config``
+        (vLLM's ``get_diff_sampling_param``).
+
+        Raises:
+            ValueError: A folder without a ``generation_config.json``, an override that is
+                not a JSON object or names another key, or a value SamplingParams refuses.
+        """
+        source = self.generation_config
+        if source == "vllm":
+            config: dict[str, Any] = {}
+        else:
+            folder = model_path if source == "auto" else Path(source).expanduser()
+            if source != "auto" and not (folder / "generation_config.json").is_file():
+                raise ValueError(f"--generation-config {source!r}: expected 'auto', 'vllm' or a folder holding a "
+                                 "generation_config.json")
+            config = _read_json(folder / "generation_config.json")
+        overrides = {}
+        if self.override_generation_config is not None:
+            overrides = json_object_arg(self.override_generation_config, "--override-generation-config")
+            unknown = sorted(set(overrides) - set(SAMPLING_DEFAULT_KEYS))
+            if unknown:
+                raise ValueError(f"--override-generation-config: {', '.join(map(repr, unknown))} is not a sampling "
+                                 f"default forkless takes ({', '.join(SAMPLING_DEFAULT_KEYS)})")
+        config = {**config, **overrides}
+        defaults = {SAMPLING_DEFAULT_KEYS[key]: config[key] for key in SAMPLING_DEFAULT_KEYS
+                    if config.get(key) is not None}
+        if defaults:
+            try:
+                SamplingParams(**defaults)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"--generation-config {source!r} (with its overrides): {exc}") from None
+            logger.info("requests that set none of them sample with %s (the model's generation config; "
+                        "--generation-config vllm for forkless's own defaults)", defaults)
+        return defaults
 
     def _structured_outputs_config(self) -> StructuredOutputsConfig:
         """``--structured-outputs-config`` parsed, its backend resolved (after the general
@@ -1042,6 +1100,12 @@ def _resolve_dtype_name(dtype: str, hf: dict[str, Any], device_type: str, poolin
         return "float32"
     name = str(hf.get("dtype") or hf.get("torch_dtype") or "float32").removeprefix("torch.")
     return name if name in DTYPE_CHOICES else "float32"
+
+
+# generation_config.json's keys that become requests' sampling defaults (vLLM's list), and
+# the SamplingParams field each sets.
+SAMPLING_DEFAULT_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                         "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
 
 def _generation_config(model_path: Path) -> dict[str, Any]:

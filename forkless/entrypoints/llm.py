@@ -62,6 +62,16 @@ class LLM:
         """The model's tokenizer."""
         return self.llm_engine.get_tokenizer()
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What :meth:`generate` and :meth:`chat` sample with when given no parameters:
+        ``SamplingParams()`` with the model's generation-config defaults
+        (``generation_config=`` / ``override_generation_config=``, as the server's flags)."""
+        return SamplingParams(**self.llm_engine.config.model_config.sampling_defaults)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix; False (nothing done) while requests hold blocks."""
+        return self.llm_engine.engine_core.reset_prefix_cache()
+
     def generate(
         self,
         prompts: PromptType | Sequence[PromptType],
@@ -76,7 +86,7 @@ class LLM:
             prompts: One prompt or a list: text, token ids (a list of ints is one
                 prompt), or ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}`` dicts.
             sampling_params: One for all prompts, one per prompt, or ``None`` for
-                ``SamplingParams()``.
+                :meth:`get_default_sampling_params`.
             use_tqdm: Show a progress bar over requests.
             priority: Per-prompt priority (``--scheduling-policy priority``).
             lora_request: A LoRA adapter for every prompt, or a list with one adapter (or
@@ -286,7 +296,7 @@ class LLM:
             raise TypeError("sampling_params must be SamplingParams (or a list of them), got a dict: "
                             "use SamplingParams(**...)")
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
-            params_list = [sampling_params or SamplingParams()] * len(prompts)
+            params_list = [sampling_params or self.get_default_sampling_params()] * len(prompts)
         else:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):

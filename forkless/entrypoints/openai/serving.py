@@ -190,13 +190,23 @@ class IgnoredFieldsLog:
 
 
 def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None,
-                       default_max_tokens: int, structured: StructuredOutputsParams | None = None) -> SamplingParams:
+                       default_max_tokens: int, structured: StructuredOutputsParams | None = None,
+                       defaults: dict[str, Any] | None = None) -> SamplingParams:
     """Translate request fields into ``SamplingParams``; bad values raise ``BadRequest``.
 
     A stream asks for ``DELTA`` outputs, anything else for ``FINAL_ONLY`` (as vLLM's
     ``to_sampling_params``). ``structured`` is a forced tool choice's constraint, which
-    ``response_format`` and ``structured_outputs`` may not add to.
+    ``response_format`` and ``structured_outputs`` may not add to. ``defaults`` (the
+    model's generation-config defaults, ``ModelConfig.sampling_defaults``) fill the
+    sampling fields the request leaves out; its ``max_tokens`` caps ``default_max_tokens``.
     """
+    defaults = defaults or {}
+
+    def default(name: str, value: Any, fallback: Any) -> Any:
+        return value if value is not None else defaults.get(name, fallback)
+
+    if max_tokens is None and defaults.get("max_tokens") is not None:
+        default_max_tokens = min(default_max_tokens, defaults["max_tokens"])
     _reject_unsupported(req)
     constraint = request_constraint(req)
     if structured is not None and constraint is not None:
@@ -222,10 +232,10 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
         raise BadRequest("logit_bias keys must be token ids (integers as strings)", "logit_bias") from None
     kwargs: dict[str, Any] = dict(
         n=req.n,
-        temperature=1.0 if req.temperature is None else req.temperature,
-        top_p=1.0 if req.top_p is None else req.top_p,
-        top_k=0 if req.top_k is None else req.top_k,
-        min_p=0.0 if req.min_p is None else req.min_p,
+        temperature=default("temperature", req.temperature, 1.0),
+        top_p=default("top_p", req.top_p, 1.0),
+        top_k=default("top_k", req.top_k, 0),
+        min_p=default("min_p", req.min_p, 0.0),
         seed=req.seed,
         max_tokens=default_max_tokens if max_tokens is None else max_tokens,
         min_tokens=req.min_tokens,
@@ -235,7 +245,7 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
         logprobs=logprobs,
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
-        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        repetition_penalty=default("repetition_penalty", req.repetition_penalty, 1.0),
         logit_bias=bias or None,
         skip_special_tokens=req.skip_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
@@ -478,6 +488,11 @@ class OpenAIServing:
         return self.engine.tokenizer
 
     @functools.cached_property
+    def sampling_defaults(self) -> dict[str, Any]:
+        """What requests sample with where they set nothing (``--generation-config``)."""
+        return dict(self.engine.config.model_config.sampling_defaults)
+
+    @functools.cached_property
     def max_text_chars(self) -> int:
         """Characters beyond which a text surely has more than ``max_model_len`` tokens.
 
@@ -584,8 +599,8 @@ class OpenAIServing:
         for ids in prompts:
             self._check_prompt(ids, req.max_tokens)
         base_id, engine_id = _request_ids("cmpl", req.request_id)
-        params = [to_sampling_params(req, req.max_tokens, req.logprobs,
-                                     self._default_max_tokens(len(ids))) for ids in prompts]
+        params = [to_sampling_params(req, req.max_tokens, req.logprobs, self._default_max_tokens(len(ids)),
+                                     defaults=self.sampling_defaults) for ids in prompts]
         # One group_id: the scheduler's --max-running-seqs-per-request counts all the
         # prompts' sequences as one request's.
         client_key = _client_key(req, raw_request)
@@ -839,7 +854,8 @@ class OpenAIServing:
             raise BadRequest(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {top}", "top_logprobs")
         params = to_sampling_params(req, max_tokens, (top or 0) if req.logprobs else None,
                                     self._default_max_tokens(len(ids)),
-                                    tool_constraint(req, forced) if forced is not None else None)
+                                    tool_constraint(req, forced) if forced is not None else None,
+                                    defaults=self.sampling_defaults)
         if params.structured_outputs is not None:
             # The constraint holds from the first token: there is no reasoning to split off.
             for parser in parsers or ():
