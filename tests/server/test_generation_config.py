@@ -50,6 +50,13 @@ def test_the_defaults_come_from_the_generation_config_and_its_overrides(recommen
         _defaults(recommending, override_generation_config={"do_sample": True})
     with pytest.raises(ValueError, match="top_p"):
         _defaults(recommending, override_generation_config={"top_p": 2.0})
+    # The flags, as forkless serve parses them.
+    import argparse
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = EngineArgs.from_cli_args(parser.parse_args([str(recommending), "--generation-config", "vllm",
+                                                       "--override-generation-config", '{"min_p": 0.05}']))
+    assert args.create_engine_config().model_config.sampling_defaults == {"min_p": 0.05}
 
 
 def test_a_request_fills_only_what_it_leaves_out() -> None:
