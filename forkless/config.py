@@ -35,6 +35,8 @@ from forkless.structured_output.config import StructuredOutputsConfig
 logger = init_logger(__name__)
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+#: vLLM's other ``--dtype`` names.
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 LOAD_FORMAT_CHOICES = ("auto", "dummy")
 #: ``--kv-cache-dtype`` values (vLLM's names): ``auto`` stores the model dtype; ``fp8`` and
 #: ``fp8_e4m3`` store float8 e4m3 (one byte per element) with per-layer scales of 1.0.
@@ -109,7 +111,9 @@ class ModelConfig:
     Attributes:
         model: Local Hugging Face model folder (GGUF files are converted first).
         tokenizer: Folder the tokenizer is loaded from.
-        served_model_name: The name clients use (``--served-model-name``).
+        served_model_name: The name clients use (``--served-model-name``'s first).
+        served_model_names: Every name clients may use (``--served-model-name A B``); the
+            first is ``served_model_name``, the one responses report.
         architecture: The ``config.json`` architecture the model class is chosen by.
         dtype: Resolved dtype name (``"float32"``, ``"bfloat16"`` or ``"float16"``).
         max_model_len: Longest sequence (prompt + output) a request may reach.
@@ -137,6 +141,7 @@ class ModelConfig:
     eos_token_id: int | None = None
     generation_config: dict[str, Any] = field(default_factory=dict)
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    served_model_names: list[str] = field(default_factory=list)
     load_format: str = "auto"
     quantization: str | None = None
     quantized_from: str | None = None
@@ -325,7 +330,8 @@ class EngineArgs:
 
     model: str | None = None
     tokenizer: str | None = None
-    served_model_name: str | None = None
+    # One name or several (vLLM's --served-model-name A B: all accepted, the first reported).
+    served_model_name: str | list[str] | None = None
     dtype: str = "auto"
     max_model_len: int | None = None
     block_size: int = 16
@@ -406,23 +412,32 @@ class EngineArgs:
         if model_positional:
             parser.add_argument("model", nargs="?", default=None, metavar="MODEL",
                                 help="model folder or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+            # vLLM takes the model as a flag too (its Docker image's usual form).
+            parser.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
+                                help="the same as MODEL")
         else:
             parser.add_argument("--model", default=None, help="model folder or .gguf file")
         g = parser.add_argument_group("engine")
         g.add_argument("--tokenizer", default=None, help="tokenizer folder (default: the model's)")
-        g.add_argument("--served-model-name", default=None, help="model name reported to clients")
+        g.add_argument("--trust-remote-code", action="store_true",
+                       help="accepted for vLLM's command lines: forkless never runs code from a model folder "
+                            "(its models are its own or plugins'), so there is nothing to allow")
+        g.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                       help="names clients may give in 'model' (the first is reported; default: MODEL as given)")
         g.add_argument("--generation-config", default=d.generation_config, metavar="auto|vllm|FOLDER",
                        help="where requests' sampling defaults come from: auto = the model's generation_config.json "
                             "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), vllm = none "
                             "(forkless's own defaults), or a folder holding a generation_config.json")
         g.add_argument("--override-generation-config", default=None, metavar="JSON",
                        help='sampling defaults over --generation-config\'s, e.g. \'{"temperature": 0.5}\'')
-        g.add_argument("--dtype", default=d.dtype, choices=DTYPE_CHOICES,
+        g.add_argument("--dtype", default=d.dtype, choices=(*DTYPE_CHOICES, *DTYPE_ALIASES),
                        help="weights/activations dtype; auto = float32 on CPU (a pooling model: bfloat16 where the "
                             "CPU has AVX512-BF16 or AMX, as vLLM downcasts float32 pooling models), the config's "
                             "dtype elsewhere")
-        g.add_argument("--max-model-len", type=int, default=None,
-                       help="longest prompt + output (default: the model's context length)")
+        g.add_argument("--max-model-len", type=parse_model_len, default=None,
+                       help="longest prompt + output, as vLLM takes it (4096, 4k = 4000, 4K = 4096, 25.6k; "
+                            "-1 or auto: the default, the model's context length, on CPU at most "
+                            f"{CPU_DEFAULT_MAX_MODEL_LEN_CAP})")
         g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV-cache block")
         g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                        help="fraction of device memory to use (model + KV cache)")
@@ -535,7 +550,18 @@ class EngineArgs:
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
-        """Build from parsed flags (attributes that the parser lacks keep their defaults)."""
+        """Build from parsed flags (attributes that the parser lacks keep their defaults).
+
+        Raises:
+            ValueError: ``MODEL`` and ``--model`` name different models.
+        """
+        option = getattr(args, "model_option", None)
+        if option is not None:
+            if args.model is not None and args.model != option:
+                raise ValueError(f"MODEL {args.model!r} and --model {option!r} disagree: give one")
+            args.model = option
+        if getattr(args, "trust_remote_code", False):
+            logger.info("--trust-remote-code: nothing to allow, forkless never runs code from a model folder")
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in vars(args).items() if k in names})
 
@@ -638,11 +664,13 @@ class EngineArgs:
                 "limits, and there are none: it needs --enable-chunked-prefill and "
                 "--long-prefill-token-threshold > 0"
             )
+        served_names = _served_names(self.served_model_name) or [_default_served_name(self.model, model_path)]
         config = EngineConfig(
             model_config=ModelConfig(
                 model=str(model_path),
                 tokenizer=str(Path(self.tokenizer).expanduser()) if self.tokenizer else str(model_path),
-                served_model_name=self.served_model_name or _default_served_name(self.model, model_path),
+                served_model_name=served_names[0],
+                served_model_names=served_names,
                 architecture=architecture,
                 dtype=_resolve_dtype_name(self.dtype, hf, device_type, pooling=pooler is not None),
                 max_model_len=max_model_len,
@@ -970,6 +998,9 @@ class EngineArgs:
                     "given as pkg.mod:Class") from exc
 
     def _validate_flags(self) -> None:
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        if self.max_model_len == -1:  # vLLM's "as long as it can be"
+            self.max_model_len = None
         if self.dtype not in DTYPE_CHOICES:
             raise _bad_flag("--dtype", self.dtype, f"one of {', '.join(DTYPE_CHOICES)}")
         if self.load_format not in LOAD_FORMAT_CHOICES:
@@ -1121,6 +1152,36 @@ def _primary_eos(generation_config: dict[str, Any], hf: dict[str, Any]) -> int |
         if isinstance(source, int):
             return source
     return None
+
+
+def parse_model_len(value: str) -> int | None:
+    """``--max-model-len``: an integer, or with a suffix as vLLM reads it (k/m/g: powers of
+    1,000; K/M/G: of 1,024; a decimal before it, as in 25.6k); -1 or ``auto``: ``None``
+    (the model's context length).
+
+    Raises:
+        argparse.ArgumentTypeError: Anything else (argparse names the flag).
+    """
+    text = value.strip()
+    if text in ("-1", "auto"):
+        return None
+    scale = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    number = text[:-1] if scale != 1 else text
+    try:
+        tokens = float(number) * scale if scale != 1 else int(number)
+    except ValueError:
+        tokens = None
+    if tokens is None or tokens != int(tokens) or tokens < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number of tokens (4096, 4k, 4K, 25.6k) or -1, "
+                                         f"got {value!r}")
+    return int(tokens)
+
+
+def _served_names(value: str | list[str] | None) -> list[str]:
+    names = [value] if isinstance(value, str) else list(value or [])
+    if any(not isinstance(n, str) or not n for n in names):
+        raise _bad_flag("--served-model-name", value, "non-empty names")
+    return list(dict.fromkeys(names))
 
 
 def _default_served_name(model: str | None, model_path: Path) -> str:

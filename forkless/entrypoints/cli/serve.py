@@ -122,7 +122,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # The first line, before anything slow: a start that takes a while is never silent.
     logger.info("forkless %s serve: model %s, starting", __version__,
-                args.model or f"default ({DEFAULT_MODEL_NAME})")
+                args.model or args.model_option or f"default ({DEFAULT_MODEL_NAME})")
     if args.api_server_count != 1:
         return _usage_error(f"--api-server-count {args.api_server_count} is not supported; "
                             "this release runs one API server process (use 1)")
@@ -144,7 +144,10 @@ def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
     from forkless.model_loader.default_model import ModelNotFoundError
     from forkless.plugins import PluginLoadError
 
-    engine_args = AsyncEngineArgs.from_cli_args(args)
+    try:
+        engine_args = AsyncEngineArgs.from_cli_args(args)
+    except ValueError as exc:
+        return _usage_error(str(exc))
     # Every class path on the command line is imported and checked here, before the model
     # is resolved and before any engine or worker process starts: a typo fails in a second
     # with one line (check_class_paths loads the general plugins first).
@@ -353,7 +356,7 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: s
         return 1
     from forkless.entrypoints.openai.api_server import build_app
 
-    names = [config.model_config.served_model_name]
+    names = config.model_config.served_model_names
     try:
         app = build_app(engine, names, config.model_config.max_model_len, api_key=args.api_key,
                         middleware=args.middleware, metrics=engine.render_metrics,

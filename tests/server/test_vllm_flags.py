@@ -1,0 +1,50 @@
+"""vLLM's spellings of forkless serve's flags: several served names, --model, human-readable
+--max-model-len, --dtype's other names, --trust-remote-code."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import httpx
+import pytest
+
+from forkless.config import EngineArgs
+from tests.server.conftest import start_server
+
+
+def _parse(*argv: str) -> EngineArgs:
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    return EngineArgs.from_cli_args(parser.parse_args(list(argv)))
+
+
+def test_the_flags_parse_as_vllm_reads_them(tiny_llama: Path) -> None:
+    args = _parse("--model", str(tiny_llama), "--max-model-len", "0.25K", "--dtype", "float", "--trust-remote-code")
+    config = args.create_engine_config()
+    assert config.model_config.model == str(tiny_llama)
+    assert config.model_config.max_model_len == 256 and config.model_config.dtype == "float32"
+    assert _parse(str(tiny_llama), "--model", str(tiny_llama)).model == str(tiny_llama)
+    with pytest.raises(ValueError, match="disagree"):
+        _parse(str(tiny_llama), "--model", "/elsewhere")
+    for text, tokens in (("4k", 4000), ("4K", 4096), ("25.6k", 25600), ("-1", None), ("auto", None), ("512", 512)):
+        assert _parse(str(tiny_llama), "--max-model-len", text).max_model_len == tokens
+    with pytest.raises(SystemExit):
+        _parse(str(tiny_llama), "--max-model-len", "lots")
+    assert EngineArgs(model=str(tiny_llama), dtype="half").create_engine_config().model_config.dtype == "float16"
+    assert EngineArgs(model=str(tiny_llama), max_model_len=-1).create_engine_config().model_config.max_model_len > 0
+
+
+def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, tmp_path: Path) -> None:
+    server = start_server(tiny_llama, tmp_path, "--served-model-name", "alpha", "beta")
+    try:
+        models = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
+        assert [m["id"] for m in models][:2] == ["alpha", "beta"]
+        for name in ("alpha", "beta"):
+            r = httpx.post(server.url + "/v1/completions",
+                           json={"model": name, "prompt": "Hi", "max_tokens": 2}, timeout=60)
+            assert r.status_code == 200 and r.json()["model"] == "alpha", r.text
+        r = httpx.post(server.url + "/v1/completions", json={"model": "gamma", "prompt": "Hi", "max_tokens": 2},
+                       timeout=60)
+        assert r.status_code == 404, r.text
+    finally:
+        assert server.stop() == 0, server.log()[-3000:]
