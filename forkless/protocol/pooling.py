@@ -26,11 +26,18 @@ class _PoolingRequestBase(RequestModel):
     request_id: str | None = None
 
 
+# vLLM's base64 options: the values' type and byte order (the float encoding is JSON's).
+EmbedDType = Literal["float32", "float16", "bfloat16"]
+Endianness = Literal["native", "little", "big"]
+
+
 class EmbeddingRequest(_PoolingRequestBase):
     """``POST /v1/embeddings``."""
 
     input: PoolingInput
     encoding_format: Literal["float", "base64"] = "float"
+    embed_dtype: EmbedDType = "float32"
+    endianness: Endianness = "native"
     dimensions: int | None = Field(default=None, ge=1)
     normalize: bool | None = None
 
@@ -43,6 +50,8 @@ class PoolingRequest(_PoolingRequestBase):
     data: Any = None
     task: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
+    embed_dtype: EmbedDType = "float32"
+    endianness: Endianness = "native"
     dimensions: int | None = Field(default=None, ge=1)
     normalize: bool | None = None
     use_activation: bool | None = None

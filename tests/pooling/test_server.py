@@ -59,6 +59,30 @@ def test_openai_embeddings_equal_sentence_transformers(minilm_server, minilm: Pa
     assert _cos(by_ids.data[0].embedding, st_reference[4]) >= 0.9999
 
 
+def test_base64_in_vllms_embed_dtypes_and_byte_orders(minilm_server) -> None:
+    import base64
+
+    def embed(**body) -> np.ndarray | bytes:
+        r = httpx.post(minilm_server.url + "/v1/embeddings",
+                       json={"model": "minilm", "input": "a red fox", "encoding_format": "base64", **body}, timeout=60)
+        assert r.status_code == 200, r.text
+        return base64.b64decode(r.json()["data"][0]["embedding"])
+
+    reference = np.frombuffer(embed(), dtype="<f4")
+    assert reference.shape == (384,)
+    assert np.array_equal(np.frombuffer(embed(endianness="big"), dtype=">f4"), reference)
+    assert np.array_equal(np.frombuffer(embed(endianness="little", embed_dtype="float32"), dtype="<f4"), reference)
+    half = np.frombuffer(embed(embed_dtype="float16", endianness="big"), dtype=">f2")
+    assert half.shape == (384,) and np.array_equal(half, reference.astype(np.float16))
+    bf16 = np.frombuffer(embed(embed_dtype="bfloat16"), dtype="<u2").astype(np.uint32) << 16
+    widened = bf16.view(np.float32)
+    assert np.allclose(widened, reference, rtol=2 ** -8, atol=0)  # 8 significant bits, rounded to nearest
+    assert not np.array_equal(widened, reference)  # (they are rounded, not the same bytes)
+    r = httpx.post(minilm_server.url + "/v1/embeddings", json={"model": "minilm", "input": "x", "encoding_format":
+                                                               "base64", "embed_dtype": "fp8_e4m3"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "embed_dtype", r.text
+
+
 @pytest.mark.parametrize("path,body,param,words", [
     ("/v1/embeddings", {"input": []}, "input", "empty"),
     ("/v1/embeddings", {"input": "word " * 400}, "input", "maximum context length"),

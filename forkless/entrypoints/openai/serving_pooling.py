@@ -60,11 +60,24 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-def _encode(values: np.ndarray, encoding_format: str) -> list[Any] | str:
-    """Floats as a list, or OpenAI's ``base64``: little-endian float32 bytes."""
-    if encoding_format == "base64":
-        return base64.b64encode(np.ascontiguousarray(values, dtype="<f4").tobytes()).decode("ascii")
-    return values.tolist()
+def _encode(values: np.ndarray, req: EmbeddingRequest | PoolingRequest) -> list[Any] | str:
+    """Floats as a list, or ``base64`` bytes: float32 (OpenAI's) by default, or vLLM's
+    ``embed_dtype`` float16 / bfloat16, in ``endianness``'s byte order (``native``: this
+    host's)."""
+    if req.encoding_format != "base64":
+        return values.tolist()
+    order = {"native": "=", "little": "<", "big": ">"}[req.endianness]
+    data = np.asarray(values, dtype=np.float32)
+    if req.embed_dtype == "float16":
+        raw = data.astype(order + "f2")
+    elif req.embed_dtype == "bfloat16":
+        # The top 16 bits of each float32, rounded to nearest even (as torch casts).
+        bits = np.ascontiguousarray(data).view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+        raw = rounded.astype(order + "u2")
+    else:
+        raw = data.astype(order + "f4")
+    return base64.b64encode(np.ascontiguousarray(raw).tobytes()).decode("ascii")
 
 
 def _params(**fields: Any) -> PoolingParams:
@@ -195,7 +208,7 @@ class OpenAIServingPooling:
         prompts = await self._prompts(req.input, req)
         params = _params(task="embed", dimensions=req.dimensions, normalize=req.normalize)
         outs = await self._pool(prompts, params, raw_request, req, "embd")
-        data = [EmbeddingData(index=i, embedding=_encode(o.outputs.data, req.encoding_format))
+        data = [EmbeddingData(index=i, embedding=_encode(o.outputs.data, req))
                 for i, o in enumerate(outs)]
         return EmbeddingResponse(id=random_id("embd"), created=int(time.time()), model=self.serving.model_name,
                                  data=data, usage=self._usage(outs))
@@ -209,7 +222,7 @@ class OpenAIServingPooling:
         params = _params(task=req.task, dimensions=req.dimensions, normalize=req.normalize,
                          use_activation=req.use_activation)
         outs = await self._pool(prompts, params, raw_request, req, "pool")
-        data = [PoolingData(index=i, data=_encode(o.outputs.data, req.encoding_format)) for i, o in enumerate(outs)]
+        data = [PoolingData(index=i, data=_encode(o.outputs.data, req)) for i, o in enumerate(outs)]
         return PoolingResponse(id=random_id("pool"), created=int(time.time()), model=self.serving.model_name,
                                data=data, usage=self._usage(outs))
 
