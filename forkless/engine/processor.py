@@ -498,13 +498,20 @@ class Processor:
 
     # ---------------------------------------------------------------------- pooling
 
-    def tokenize_pair(self, text: str, text_pair: str) -> dict[str, Any]:
+    def tokenize_pair(self, text: str, text_pair: str, max_length: int | None = None) -> dict[str, Any]:
         """A cross-encoder's input: ``text`` and ``text_pair`` as one prompt, with segment ids.
+
+        Args:
+            text: The first text (a query).
+            text_pair: The second (a document).
+            max_length: Truncate the pair to this many tokens, the longer text first
+                (``truncate_prompt_tokens``, as vLLM); ``None``: keep it whole.
 
         Returns:
             A prompt dict with ``prompt_token_ids`` and ``token_type_ids``.
         """
-        enc = self.tokenizer(text, text_pair, return_token_type_ids=True)
+        truncation = {} if max_length is None else {"truncation": True, "max_length": max_length}
+        enc = self.tokenizer(text, text_pair, return_token_type_ids=True, **truncation)
         types = enc.get("token_type_ids") or [0] * len(enc["input_ids"])
         return {"prompt_token_ids": list(enc["input_ids"]), "token_type_ids": list(types)}
 

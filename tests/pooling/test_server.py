@@ -204,3 +204,30 @@ def test_unknown_io_processor_plugin_fails_at_start(minilm: Path, plugin_site: P
     proc = run_forkless(["serve", str(minilm), "--port", "0", "--io-processor-plugin", "nope"], env, timeout=120)
     assert proc.returncode != 0
     assert "nope" in proc.stderr and "zero_shot" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_cross_encoder_truncates_its_pairs(tiny_cross_encoder: Path, tmp_path: Path) -> None:
+    # /score and /rerank pair each text with the query in one prompt; truncate_prompt_tokens
+    # cuts that prompt (the longer text first), as it cuts /classify's inputs.
+    srv = start_server(tiny_cross_encoder, tmp_path, "--dtype", "float32", "--served-model-name", "ce",
+                       "--max-model-len", "128")
+    try:
+        long_doc = "the quick brown fox jumps over the lazy dog " * 20  # ~180 tokens: over the context
+
+        def post(path: str, **body) -> httpx.Response:
+            return httpx.post(srv.url + path, json={"model": "ce", **body}, timeout=60)
+
+        short = post("/score", text_1="a fox", text_2=["a dog", "a cat"], truncate_prompt_tokens=6)
+        assert short.status_code == 200, short.text
+        assert short.json()["usage"]["prompt_tokens"] == 12  # two pairs of 6
+        whole = post("/score", text_1="a fox", text_2=["a dog", "a cat"])
+        assert whole.json()["usage"]["prompt_tokens"] > 12
+        assert post("/score", text_1="a fox", text_2=long_doc).status_code == 400  # too long untruncated
+        for body in ({"truncate_prompt_tokens": 100}, {"truncate_prompt_tokens": -1}):
+            r = post("/score", text_1="a fox", text_2=long_doc, **body)
+            assert r.status_code == 200, r.text
+            assert r.json()["usage"]["prompt_tokens"] == (100 if body["truncate_prompt_tokens"] == 100 else 128)
+            r = post("/rerank", query="a fox", documents=[long_doc, "a dog"], **body)
+            assert r.status_code == 200 and len(r.json()["results"]) == 2, r.text
+    finally:
+        srv.stop()

@@ -313,9 +313,11 @@ class OpenAIServingPooling:
         self.serving.check_sequences(len(right), 1)
         if pooler.task == "classify":  # a cross-encoder reads each pair at once
             processor = self.engine.processor
+            truncate = req.truncate_prompt_tokens
+            limit = None if truncate is None else self.max_model_len if truncate == -1 else truncate
 
             def pairs() -> list[dict[str, Any]]:
-                return [processor.tokenize_pair(a, b) for a, b in zip(left, right)]
+                return [processor.tokenize_pair(a, b, limit) for a, b in zip(left, right)]
 
             prompts = await self.serving.in_tokenizer_thread(pairs)
             outs = await self._pool(prompts, PoolingParams(task="score"), raw_request, req, prefix)
