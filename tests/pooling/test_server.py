@@ -87,6 +87,8 @@ def test_base64_in_vllms_embed_dtypes_and_byte_orders(minilm_server) -> None:
     ("/v1/embeddings", {"input": []}, "input", "empty"),
     ("/v1/embeddings", {"input": "word " * 400}, "input", "maximum context length"),
     ("/v1/embeddings", {"input": "hello", "encoding_format": "int8"}, "encoding_format", "'float' or 'base64'"),
+    ("/v1/embeddings", {"input": ["x"] * 257}, "input", "257 inputs in input; this server takes at most 256"),
+    ("/rerank", {"query": "q", "documents": ["x"] * 257}, "documents", "257 inputs in documents"),
     ("/v1/embeddings", {"input": [101, 99999, 102]}, "input", "outside the vocabulary"),
     ("/v1/embeddings", {"input": [[101, 102], [-1]]}, "input", "outside the vocabulary"),
     ("/v1/embeddings", {"input": "hello", "dimensions": 8}, "input", "Matryoshka"),

@@ -557,12 +557,20 @@ class OpenAIServing:
                 f"{len(token_ids) + max_tokens} in total.", max_tokens_field,
                 code="context_length_exceeded")
 
-    def check_sequences(self, num_prompts: int, n: int) -> None:
+    def check_sequences(self, num_prompts: int, n: int, inputs_param: str | None = None) -> None:
         """Refuse a request for more sequences (prompts × n) than the server allows.
 
+        ``inputs_param``: a pooling request's field of inputs (each one a sequence), which
+        the error then names.
+
         Raises:
-            BadRequest: Naming ``n`` when it is above 1, else ``prompt``.
+            BadRequest: Naming ``n`` when it is above 1, else ``prompt`` (or ``inputs_param``).
         """
+        if inputs_param is not None and num_prompts > self.max_sequences_per_request:
+            raise BadRequest(
+                f"this request has {num_prompts} inputs in {inputs_param}; this server takes at most "
+                f"{self.max_sequences_per_request} per request (--max-sequences-per-request): send them in "
+                "smaller batches", inputs_param)
         if num_prompts * n > self.max_sequences_per_request:
             raise BadRequest(
                 f"this request asks for {num_prompts * n} sequences ({num_prompts} prompt(s) × n={n}); this "

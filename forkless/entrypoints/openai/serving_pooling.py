@@ -190,7 +190,7 @@ class OpenAIServingPooling:
 
     async def _prompts(self, value: PoolingInput | None, req: Any, param: str = "input") -> list[list[int]]:
         items = self._input_list(value, param)
-        self.serving.check_sequences(len(items), 1)
+        self.serving.check_sequences(len(items), 1, param)
         for item in items:
             if isinstance(item, str):
                 self.serving.check_text_size(len(item), param)
@@ -298,8 +298,9 @@ class OpenAIServingPooling:
                                       model=self.serving.model_name, data=data, usage=self._usage(outs))
 
     async def _scores(self, left: list[str], right: list[str], req: Any, raw_request: Any,
-                      prefix: str) -> tuple[list[float], int]:
-        """Relevance of each (left, right) pair, and the prompt tokens used."""
+                      prefix: str, right_param: str) -> tuple[list[float], int]:
+        """Relevance of each (left, right) pair, and the prompt tokens used (``right_param``:
+        the request's field of ``right``, for errors)."""
         pooler = self.pooler
         assert pooler is not None
         if "score" not in pooler.tasks:
@@ -310,7 +311,7 @@ class OpenAIServingPooling:
         if not right or len(left) != len(right):
             raise BadRequest(f"{len(left)} texts to pair with {len(right)}: give one text and a list, or two lists "
                              "of the same (non-zero) length", "text_2")
-        self.serving.check_sequences(len(right), 1)
+        self.serving.check_sequences(len(right), 1, right_param)
         if pooler.task == "classify":  # a cross-encoder reads each pair at once
             processor = self.engine.processor
             truncate = req.truncate_prompt_tokens
@@ -344,7 +345,8 @@ class OpenAIServingPooling:
         self._check_pooling_model("/score")
         left = self._texts(req.text_1 if req.text_1 is not None else req.queries, "text_1")
         right = self._texts(req.text_2 if req.text_2 is not None else req.documents, "text_2")
-        scores, tokens = await self._scores(left, right, req, raw_request, "score")
+        scores, tokens = await self._scores(left, right, req, raw_request, "score",
+                                            "text_2" if req.text_2 is not None else "documents")
         return ScoreResponse(id=random_id("score"), created=int(time.time()), model=self.serving.model_name,
                              data=[ScoreData(index=i, score=s) for i, s in enumerate(scores)],
                              usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens))
@@ -354,7 +356,8 @@ class OpenAIServingPooling:
         self._check_pooling_model("/rerank")
         if not req.documents:
             raise BadRequest("documents is an empty list", "documents")
-        scores, tokens = await self._scores([req.query], list(req.documents), req, raw_request, "rerank")
+        scores, tokens = await self._scores([req.query], list(req.documents), req, raw_request, "rerank",
+                                            "documents")
         order = sorted(range(len(scores)), key=lambda i: -scores[i])
         if req.top_n:
             order = order[: req.top_n]
