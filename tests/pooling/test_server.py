@@ -81,6 +81,10 @@ def test_base64_in_vllms_embed_dtypes_and_byte_orders(minilm_server) -> None:
     r = httpx.post(minilm_server.url + "/v1/embeddings", json={"model": "minilm", "input": "x", "encoding_format":
                                                                "base64", "embed_dtype": "fp8_e4m3"}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "embed_dtype", r.text
+    # A client's request_id names the response, as vLLM's does.
+    r = httpx.post(minilm_server.url + "/v1/embeddings", json={"model": "minilm", "input": "x", "request_id": "job-7"},
+                   timeout=60)
+    assert r.status_code == 200 and r.json()["id"] == "embd-job-7", r.text
 
 
 @pytest.mark.parametrize("path,body,param,words", [

@@ -80,6 +80,11 @@ def _encode(values: np.ndarray, req: EmbeddingRequest | PoolingRequest) -> list[
     return base64.b64encode(np.ascontiguousarray(raw).tobytes()).decode("ascii")
 
 
+def _response_id(prefix: str, req: Any) -> str:
+    """``prefix-request_id`` where the client gave one (vLLM's ids), else a random one."""
+    return random_id(prefix) if req.request_id is None else f"{prefix}-{req.request_id}"
+
+
 def _params(**fields: Any) -> PoolingParams:
     """The request's pooling parameters; a bad value is the client's 400, naming it."""
     try:
@@ -160,7 +165,8 @@ class OpenAIServingPooling:
         """Run every prompt as its own engine request; their outputs, in order."""
         from forkless.engine.async_llm import InvalidRequestError
 
-        base_id = random_id(prefix) if req.request_id is None else f"{prefix}-{req.request_id}"
+        # Unique in the engine even when two clients send the same request_id.
+        base_id = random_id(_response_id(prefix, req))
         client = self.serving_client_key(req, raw_request)
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         order = longest_first(prompts)  # submitted longest first, answered in input order
@@ -210,7 +216,7 @@ class OpenAIServingPooling:
         outs = await self._pool(prompts, params, raw_request, req, "embd")
         data = [EmbeddingData(index=i, embedding=_encode(o.outputs.data, req))
                 for i, o in enumerate(outs)]
-        return EmbeddingResponse(id=random_id("embd"), created=int(time.time()), model=self.serving.model_name,
+        return EmbeddingResponse(id=_response_id("embd", req), created=int(time.time()), model=self.serving.model_name,
                                  data=data, usage=self._usage(outs))
 
     async def create_pooling(self, req: PoolingRequest, raw_request: Any) -> PoolingResponse | IOProcessorResponse:
@@ -223,7 +229,7 @@ class OpenAIServingPooling:
                          use_activation=req.use_activation)
         outs = await self._pool(prompts, params, raw_request, req, "pool")
         data = [PoolingData(index=i, data=_encode(o.outputs.data, req)) for i, o in enumerate(outs)]
-        return PoolingResponse(id=random_id("pool"), created=int(time.time()), model=self.serving.model_name,
+        return PoolingResponse(id=_response_id("pool", req), created=int(time.time()), model=self.serving.model_name,
                                data=data, usage=self._usage(outs))
 
     async def _io_process(self, req: PoolingRequest, raw_request: Any) -> IOProcessorResponse:
@@ -294,7 +300,7 @@ class OpenAIServingPooling:
             probs = o.outputs.data.reshape(-1)
             data.append(ClassificationData(index=i, label=self._label(int(np.argmax(probs))), probs=probs.tolist(),
                                            num_classes=len(probs)))
-        return ClassificationResponse(id=random_id("classify"), created=int(time.time()),
+        return ClassificationResponse(id=_response_id("classify", req), created=int(time.time()),
                                       model=self.serving.model_name, data=data, usage=self._usage(outs))
 
     async def _scores(self, left: list[str], right: list[str], req: Any, raw_request: Any,
@@ -347,7 +353,7 @@ class OpenAIServingPooling:
         right = self._texts(req.text_2 if req.text_2 is not None else req.documents, "text_2")
         scores, tokens = await self._scores(left, right, req, raw_request, "score",
                                             "text_2" if req.text_2 is not None else "documents")
-        return ScoreResponse(id=random_id("score"), created=int(time.time()), model=self.serving.model_name,
+        return ScoreResponse(id=_response_id("score", req), created=int(time.time()), model=self.serving.model_name,
                              data=[ScoreData(index=i, score=s) for i, s in enumerate(scores)],
                              usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens))
 
@@ -364,7 +370,7 @@ class OpenAIServingPooling:
         results = [RerankResult(index=i, relevance_score=scores[i],
                                 document=RerankDocument(text=req.documents[i]) if req.return_documents else None)
                    for i in order]
-        return RerankResponse(id=random_id("rerank"), model=self.serving.model_name,
+        return RerankResponse(id=_response_id("rerank", req), model=self.serving.model_name,
                               usage=RerankUsage(total_tokens=tokens), results=results)
 
 
