@@ -132,6 +132,8 @@ class OpenAIServingPooling:
         if value is None:
             raise BadRequest(f"{param} is required", param)
         if isinstance(value, str):
+            if not value:  # as OpenAI, and as one empty string in a list is
+                raise BadRequest(f"{param} is an empty string: give some text", param)
             return [value]
         if not value:
             raise BadRequest(f"{param} is an empty list: give at least one input", param)
