@@ -11,7 +11,7 @@ import json
 import operator
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, Union
 
 from forkless.logger import init_logger
 from forkless.pooling_params import PoolingParams
@@ -60,7 +60,7 @@ def _check_prompt_keys(prompt: Mapping[str, Any], pooling: bool) -> None:
 def _token_ids(ids: Any, name: str) -> list[int]:
     """``ids`` as a list of ints; a ValueError naming ``name`` for anything else (a string,
     floats), which ``int()`` would have turned into other tokens."""
-    if isinstance(ids, (str, bytes, Mapping)) or not hasattr(ids, "__iter__"):
+    if isinstance(ids, (str, bytes, Mapping)) or not isinstance(ids, Iterable):
         raise ValueError(f"{name} must be a list of token ids, got {type(ids).__name__}")
     out = []
     for i, t in enumerate(ids):  # (a list, a tuple, a NumPy array or a tensor of ints)

@@ -90,6 +90,7 @@ def test_base64_in_vllms_embed_dtypes_and_byte_orders(minilm_server) -> None:
 @pytest.mark.parametrize("path,body,param,words", [
     ("/v1/embeddings", {"input": []}, "input", "empty"),
     ("/v1/embeddings", {"input": ""}, "input", "empty string"),
+    ("/v1/embeddings", {"input": "x", "request_id": ""}, "request_id", "must not be empty"),
     ("/v1/embeddings", {"input": ["a", ""]}, "input", "input[1] is empty"),
     ("/v1/embeddings", {"input": "word " * 400}, "input", "maximum context length"),
     ("/v1/embeddings", {"input": "hello", "encoding_format": "int8"}, "encoding_format", "'float' or 'base64'"),

@@ -81,8 +81,11 @@ def _encode(values: np.ndarray, req: EmbeddingRequest | PoolingRequest) -> list[
 
 
 def _response_id(prefix: str, req: Any) -> str:
-    """``prefix-request_id`` where the client gave one (vLLM's ids), else a random one."""
-    return random_id(prefix) if req.request_id is None else f"{prefix}-{req.request_id}"
+    """``prefix-request_id`` where the client gave one (vLLM's ids), else a random one; an
+    empty ``request_id`` is the client's 400."""
+    from forkless.entrypoints.openai.serving import _request_ids
+
+    return _request_ids(prefix, req.request_id)[0]
 
 
 def _params(**fields: Any) -> PoolingParams:
