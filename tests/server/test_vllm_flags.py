@@ -1,5 +1,5 @@
 """vLLM's spellings of forkless serve's flags: several served names, --model, human-readable
---max-model-len, --dtype's other names, --trust-remote-code."""
+--max-model-len, --dtype's other names, --trust-remote-code, --response-role."""
 
 from __future__ import annotations
 
@@ -35,8 +35,21 @@ def test_the_flags_parse_as_vllm_reads_them(tiny_llama: Path) -> None:
 
 
 def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, tmp_path: Path) -> None:
-    server = start_server(tiny_llama, tmp_path, "--served-model-name", "alpha", "beta")
+    server = start_server(tiny_llama, tmp_path, "--served-model-name", "alpha", "beta", "--response-role", "bot")
     try:
+        # --response-role names the reply after a generation prompt; a continued message keeps its role.
+        def chat(stream: bool = False, **body) -> list[str]:
+            r = httpx.post(server.url + "/v1/chat/completions", json={
+                "model": "alpha", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "stream": stream,
+                **body}, timeout=60)
+            assert r.status_code == 200, r.text
+            if not stream:
+                return [r.json()["choices"][0]["message"]["role"]]
+            return [line for line in r.text.splitlines() if '"role"' in line]
+
+        assert chat() == ["bot"]
+        assert chat(add_generation_prompt=False) == ["user"]
+        assert '"role":"bot"' in chat(stream=True)[0].replace(" ", "")
         models = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
         assert [m["id"] for m in models][:2] == ["alpha", "beta"]
         for name in ("alpha", "beta"):

@@ -101,6 +101,8 @@ def add_parser(subparsers: Any) -> None:
     chat = parser.add_argument_group("chat")
     chat.add_argument("--chat-template", default=None,
                       help="Jinja chat template replacing the model's: a file path, or the template text")
+    chat.add_argument("--response-role", default="assistant",
+                      help="the reply's role after the generation prompt (default: assistant)")
     chat.add_argument("--tool-call-parser", default=None, metavar="NAME",
                       help="tool parser turning model output into tool_calls (built-in: hermes, llama3_json)")
     chat.add_argument("--enable-auto-tool-choice", action="store_true",

@@ -22,12 +22,16 @@ class ChatOptions:
         tool_parser: Name of the tool parser (``--tool-call-parser``).
         enable_auto_tool_choice: Parse tool calls for ``tool_choice="auto"``.
         reasoning_parser: Name of the reasoning parser (``--reasoning-parser``).
+        response_role: The role of the reply when the prompt ends with the generation
+            prompt (``--response-role``, vLLM's); otherwise the reply continues the last
+            message and has its role.
     """
 
     chat_template: str | None = None
     tool_parser: str | None = None
     enable_auto_tool_choice: bool = False
     reasoning_parser: str | None = None
+    response_role: str = "assistant"
 
     @classmethod
     def from_cli_args(cls, args: Any) -> "ChatOptions":
@@ -51,6 +55,7 @@ class ChatOptions:
             tool_parser=getattr(args, "tool_call_parser", None),
             enable_auto_tool_choice=bool(getattr(args, "enable_auto_tool_choice", False)),
             reasoning_parser=getattr(args, "reasoning_parser", None),
+            response_role=getattr(args, "response_role", None) or "assistant",
         )
         if options.enable_auto_tool_choice and not options.tool_parser:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME "

@@ -878,11 +878,18 @@ class OpenAIServing:
         choices = []
         for c in final.outputs:
             message = parsers[c.index].parse_whole(c.text) if parsers else ChatResponseMessage(content=c.text)
+            message.role = self._reply_role(req)
             choices.append(ChatChoice(
                 index=c.index, message=message, finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls)),
                 stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None))
         return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=_usage(final),
                                       prompt_logprobs=_prompt_logprobs(final))
+
+    def _reply_role(self, req: ChatCompletionRequest) -> str:
+        """``--response-role`` after a generation prompt; else the continued message's role (vLLM's rule)."""
+        if req.add_generation_prompt and not req.continue_final_message:
+            return self.chat_options.response_role
+        return req.messages[-1].role
 
     def _chat_logprobs(self, c: "CompletionOutput", start: int, top: int | None) -> ChatLogprobs:
         content = []
@@ -912,7 +919,7 @@ class OpenAIServing:
                                             choices=choices, usage=usage))
 
         for i in range(req.n):
-            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))],
+            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role=self._reply_role(req), content=""))],
                         usage=_usage_of(num_prompt_tokens, 0) if continuous else None)
         choices = [_StreamedChoice() for _ in range(req.n)]
         keep_whole = parsers is not None  # the parsers read the whole text and token ids
