@@ -1,5 +1,5 @@
 """vLLM's spellings of forkless serve's flags: several served names, --model, human-readable
---max-model-len, --dtype's other names, --trust-remote-code, --response-role."""
+--max-model-len, --dtype's other names, --trust-remote-code, --response-role, --enable-log-requests."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def test_the_flags_parse_as_vllm_reads_them(tiny_llama: Path) -> None:
 
 
 def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, tmp_path: Path) -> None:
-    server = start_server(tiny_llama, tmp_path, "--served-model-name", "alpha", "beta", "--response-role", "bot")
+    server = start_server(tiny_llama, tmp_path, "--served-model-name", "alpha", "beta", "--response-role", "bot",
+                          "--enable-log-requests", "--uvicorn-log-level", "info")
     try:
         # --response-role names the reply after a generation prompt; a continued message keeps its role.
         def chat(stream: bool = False, **body) -> list[str]:
@@ -59,5 +60,8 @@ def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, 
         r = httpx.post(server.url + "/v1/completions", json={"model": "gamma", "prompt": "Hi", "max_tokens": 2},
                        timeout=60)
         assert r.status_code == 404, r.text
+        # --enable-log-requests: a line per engine request (three chats, two completions), with its parameters.
+        logged = [line for line in server.log().splitlines() if "forkless.entrypoints.openai: request " in line]
+        assert len(logged) == 5 and all("prompt tokens, SamplingParams(" in line for line in logged), logged
     finally:
         assert server.stop() == 0, server.log()[-3000:]

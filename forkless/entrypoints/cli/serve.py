@@ -84,6 +84,11 @@ def add_parser(subparsers: Any) -> None:
                        help="refuse requests asking for more sequences (prompts × n) with 400 (default 256)")
     group.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
+    logs = group.add_mutually_exclusive_group()
+    logs.add_argument("--enable-log-requests", action="store_true",
+                      help="log one line per request: its id, prompt length and sampling parameters")
+    logs.add_argument("--disable-log-requests", action="store_true",
+                      help="no per-request lines: the default (accepted for vLLM's command lines)")
     group.add_argument("--middleware", action="append", default=[],
                        help="ASGI middleware class path or async function (repeatable)")
     group.add_argument("--api-server-count", type=int, default=1, help="API server processes (only 1)")
@@ -363,7 +368,8 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: s
         app = build_app(engine, names, config.model_config.max_model_len, api_key=args.api_key,
                         middleware=args.middleware, metrics=engine.render_metrics,
                         chat_options=args.chat_options, limits=args.http_limits,
-                        lora_modules=args.lora_module_paths, io_processor=args.io_processor)
+                        lora_modules=args.lora_module_paths, io_processor=args.io_processor,
+                        log_requests=args.enable_log_requests)
     except Exception as exc:
         logger.error("could not build the HTTP app: %s", exc)
         return 2

@@ -154,7 +154,8 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
               api_key: str | None = None, middleware: list[str] | None = None,
               metrics: Callable[[], bytes] | None = None,
               chat_options: ChatOptions | None = None, limits: HttpLimits | None = None,
-              lora_modules: list[LoRAModulePath] | None = None, io_processor: Any = None) -> FastAPI:
+              lora_modules: list[LoRAModulePath] | None = None, io_processor: Any = None,
+              log_requests: bool = False) -> FastAPI:
     """Assemble the FastAPI app around a running engine.
 
     Args:
@@ -170,6 +171,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         lora_modules: ``--lora-modules`` adapters, served under their names (needs
             ``--enable-lora``).
         io_processor: The ``--io-processor-plugin`` processor for ``/pooling`` ``data``.
+        log_requests: Log one line per engine request (``--enable-log-requests``).
 
     Raises:
         ValueError: A ``--lora-modules`` adapter cannot be served (the message names it).
@@ -179,7 +181,8 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     models = ServingModels(engine, served_model_names, max_model_len)
     models.load_static(lora_modules or [])
     serving = OpenAIServing(engine, served_model_names, max_model_len, chat_options,
-                            max_sequences_per_request=limits.max_sequences_per_request, models=models)
+                            max_sequences_per_request=limits.max_sequences_per_request, models=models,
+                            log_requests=log_requests)
     app.state.serving = serving
     app.state.engine = engine
     # Set by forkless serve when a signal starts its draining shutdown: /health is a 503 then.

@@ -467,8 +467,9 @@ class OpenAIServing:
     def __init__(self, engine: "AsyncLLM", served_model_names: list[str], max_model_len: int,
                  chat_options: ChatOptions | None = None,
                  max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST,
-                 models: ServingModels | None = None) -> None:
+                 models: ServingModels | None = None, log_requests: bool = False) -> None:
         self.engine = engine
+        self.log_requests = log_requests  # --enable-log-requests
         # The model names requests may give: the served model's and its LoRA adapters'.
         self.models = models or ServingModels(engine, served_model_names, max_model_len)
         self.chat_options = chat_options or ChatOptions()
@@ -612,6 +613,8 @@ class OpenAIServing:
         # One group_id: the scheduler's --max-running-seqs-per-request counts all the
         # prompts' sequences as one request's.
         client_key = _client_key(req, raw_request)
+        for i, (ids, sp) in enumerate(zip(prompts, params)):
+            self.log_request(f"{engine_id}-{i}", ids, sp)
         streams = [self.engine.generate(_engine_prompt(ids, req), sp, f"{engine_id}-{i}", priority=req.priority,
                                         group_id=engine_id, lora_request=lora, client_key=client_key)
                    for i, (ids, sp) in enumerate(zip(prompts, params))]
@@ -869,6 +872,7 @@ class OpenAIServing:
             for parser in parsers or ():
                 parser.reasoning = None
         request_id, engine_id = _request_ids("chatcmpl", req.request_id)
+        self.log_request(engine_id, ids, params)
         stream = self.engine.generate(_engine_prompt(ids, req), params, engine_id, priority=req.priority,
                                       lora_request=lora, client_key=_client_key(req, raw_request))
         model_name = self._response_model(lora)
@@ -884,6 +888,12 @@ class OpenAIServing:
                 stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None))
         return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=_usage(final),
                                       prompt_logprobs=_prompt_logprobs(final))
+
+    def log_request(self, request_id: str, prompt: list[int], params: Any) -> None:
+        """With ``--enable-log-requests``, one line per engine request: its id, prompt length
+        and parameters (not the prompt's text)."""
+        if self.log_requests:
+            logger.info("request %s: %d prompt tokens, %r", request_id, len(prompt), params)
 
     def _reply_role(self, req: ChatCompletionRequest) -> str:
         """``--response-role`` after a generation prompt; else the continued message's role (vLLM's rule)."""

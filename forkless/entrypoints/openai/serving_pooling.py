@@ -175,6 +175,8 @@ class OpenAIServingPooling:
         client = self.serving_client_key(req, raw_request)
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         order = longest_first(prompts)  # submitted longest first, answered in input order
+        for i in order:
+            self.serving.log_request(f"{base_id}-{i}", prompts[i], params_list[i])
         try:
             streams = [self.engine.encode(prompts[i], params_list[i], f"{base_id}-{i}", priority=req.priority,
                                           group_id=base_id, client_key=client) for i in order]
