@@ -95,9 +95,17 @@ def _positive(name: str, default: str) -> int:
     return value
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity; the CPU count where there is none),
+    from which the per-host defaults here and the workers' thread counts are derived."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def _default_grammar_processes() -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(4, max(1, cores // 4))
+    return min(4, max(1, usable_cores() // 4))
 
 
 def _path(raw: str) -> str:

@@ -145,11 +145,7 @@ def default_worker_threads(local_workers: int | None) -> int:
     """
     if local_workers is None:
         return 1
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_workers))
+    return max(1, envs.usable_cores() // max(1, local_workers))
 
 
 def _prepare_process(local_workers: int | None = None) -> None:

@@ -170,8 +170,10 @@ class OpenAIServingPooling:
         """Run every prompt as its own engine request; their outputs, in order."""
         from forkless.engine.async_llm import InvalidRequestError
 
+        from forkless.entrypoints.openai.serving import _request_ids
+
         # Unique in the engine even when two clients send the same request_id.
-        base_id = random_id(_response_id(prefix, req))
+        _, base_id = _request_ids(prefix, req.request_id)
         client = self.serving_client_key(req, raw_request)
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         order = longest_first(prompts)  # submitted longest first, answered in input order
