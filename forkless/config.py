@@ -129,6 +129,8 @@ class ModelConfig:
             GGUF file ``model`` was converted from (``quantized_from``); None: on the
             folder's weights.
         quantized_from: The GGUF file, with ``quantization="gguf"``.
+        max_logprobs: The most ``logprobs`` / ``prompt_logprobs`` a request may ask for per
+            token (``--max-logprobs``); -1: the whole vocabulary.
     """
 
     model: str
@@ -147,6 +149,7 @@ class ModelConfig:
     quantized_from: str | None = None
     # --runner pooling: how hidden states are pooled (None: a generative model).
     pooler_config: PoolerConfig | None = None
+    max_logprobs: int = 20
 
     def get_diff_sampling_param(self) -> dict[str, Any]:
         """vLLM's name for :attr:`sampling_defaults` (a copy)."""
@@ -393,6 +396,8 @@ class EngineArgs:
     generation_config: str = "auto"
     # --override-generation-config: a JSON object (string) or a dict over those defaults.
     override_generation_config: str | dict[str, Any] | None = None
+    # --max-logprobs (vLLM's): the most logprobs a request may ask for; -1: the vocabulary.
+    max_logprobs: int = 20
 
     # ------------------------------------------------------------------------- CLI
 
@@ -430,6 +435,9 @@ class EngineArgs:
                             "(forkless's own defaults), or a folder holding a generation_config.json")
         g.add_argument("--override-generation-config", default=None, metavar="JSON",
                        help='sampling defaults over --generation-config\'s, e.g. \'{"temperature": 0.5}\'')
+        g.add_argument("--max-logprobs", type=int, default=d.max_logprobs,
+                       help="the most logprobs / top_logprobs / prompt_logprobs a request may ask for per token "
+                            "(-1: the whole vocabulary; a request's -1 asks for the whole vocabulary)")
         g.add_argument("--dtype", default=d.dtype, choices=(*DTYPE_CHOICES, *DTYPE_ALIASES),
                        help="weights/activations dtype; auto = float32 on CPU (a pooling model: bfloat16 where the "
                             "CPU has AVX512-BF16 or AMX, as vLLM downcasts float32 pooling models), the config's "
@@ -682,6 +690,7 @@ class EngineArgs:
                 quantization=self.quantization,
                 quantized_from=self._quantized_from(model_path, device_type, pooler is not None),
                 pooler_config=pooler,
+                max_logprobs=self.max_logprobs,
             ),
             cache_config=CacheConfig(
                 block_size=self.block_size,
@@ -1001,6 +1010,8 @@ class EngineArgs:
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         if self.max_model_len == -1:  # vLLM's "as long as it can be"
             self.max_model_len = None
+        if isinstance(self.max_logprobs, bool) or not isinstance(self.max_logprobs, int) or self.max_logprobs < -1:
+            raise _bad_flag("--max-logprobs", self.max_logprobs, "an integer >= 0, or -1 for the whole vocabulary")
         if self.dtype not in DTYPE_CHOICES:
             raise _bad_flag("--dtype", self.dtype, f"one of {', '.join(DTYPE_CHOICES)}")
         if self.load_format not in LOAD_FORMAT_CHOICES:

@@ -185,9 +185,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
         stop_token_ids: Token ids that end generation (the token is kept in the output).
         ignore_eos: Keep generating after the model's EOS token.
         logprobs: Number of top log-probabilities to return per generated token, besides
-            the sampled token's own; ``None`` returns none.
+            the sampled token's own; ``None`` returns none; -1 the whole vocabulary. At most
+            the engine's ``max_logprobs`` (``--max-logprobs``, default 20).
         prompt_logprobs: Number of top log-probabilities to return per prompt token,
-            besides the prompt token's own (``RequestOutput.prompt_logprobs``; the first
+            besides the prompt token's own (-1: the whole vocabulary; ``RequestOutput.prompt_logprobs``; the first
             prompt token has none). They are the model's raw distribution. A request
             that asks for them does not read the prefix cache: every prompt position
             must be computed to have logits.
@@ -328,10 +329,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
         _float(self.repetition_penalty, "repetition_penalty", "a number > 0")
         if not self.repetition_penalty > 0.0:
             raise _bad("repetition_penalty", self.repetition_penalty, "a number > 0 (1 disables it)")
-        if self.logprobs is not None:
-            _int(self.logprobs, "logprobs", 0)
-        if self.prompt_logprobs is not None:
-            _int(self.prompt_logprobs, "prompt_logprobs", 0)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not (_is_int(value) and value >= -1):
+                raise _bad(name, value, "an integer >= 0, or -1 for the whole vocabulary")
         if self.allowed_token_ids is not None and not (
             isinstance(self.allowed_token_ids, list) and self.allowed_token_ids
             and all(_is_int(t) and t >= 0 for t in self.allowed_token_ids)
@@ -444,6 +445,27 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_logprobs_count(field: str, asked: int | None, max_logprobs: int, vocab_size: int) -> None:
+    """Refuse more logprobs per token than the engine allows.
+
+    Args:
+        field: The request's name for the count (``logprobs``, ``top_logprobs``...).
+        asked: The count asked for; -1 is the whole vocabulary, ``None`` none.
+        max_logprobs: ``--max-logprobs`` (-1: the whole vocabulary).
+        vocab_size: The model's vocabulary size.
+
+    Raises:
+        ValueError: ``asked`` is over the limit (the message names the field and the flag).
+    """
+    if asked is None:
+        return
+    cap = vocab_size if max_logprobs == -1 else max_logprobs
+    num = vocab_size if asked == -1 else asked
+    if num > cap:
+        raise ValueError(f"{field}={asked} asks for {num} logprobs per token, more than this engine allows "
+                         f"({cap}: --max-logprobs, -1 for the whole vocabulary of {vocab_size})")
 
 
 def _int(value: Any, field: str, minimum: int | None) -> None:

@@ -17,7 +17,7 @@ from forkless.logger import init_logger
 from forkless.pooling_params import PoolingParams
 from forkless.protocol.engine import EngineCoreRequest
 from forkless.protocol.lora import LoRARequest
-from forkless.sampling_params import RequestOutputKind, SamplingParams
+from forkless.sampling_params import RequestOutputKind, SamplingParams, check_logprobs_count
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -328,6 +328,9 @@ class Processor:
         if self._custom_lp is None:
             self._custom_lp = load_custom_classes(self.config.logits_processors)
         validate_request_params(params, self._custom_lp, self.config.model_config.vocab_size)
+        mc = self.config.model_config
+        for name in ("logprobs", "prompt_logprobs"):
+            check_logprobs_count(name, getattr(params, name), mc.max_logprobs, mc.vocab_size)
         if priority != 0 and self.config.scheduler_config.policy != "priority":
             raise ValueError(
                 f"priority={priority} was given but the scheduling policy is "
@@ -461,6 +464,11 @@ class Processor:
         tokenizer_eos = self.tokenizer.eos_token_id
         eos = mc.eos_token_id if mc.eos_token_id is not None else tokenizer_eos
         core_params = params.clone()
+        # -1 asks for the whole vocabulary: the worker takes the count.
+        if core_params.logprobs == -1:
+            core_params.logprobs = mc.vocab_size
+        if core_params.prompt_logprobs == -1:
+            core_params.prompt_logprobs = mc.vocab_size
         if core_params.structured_outputs is not None:
             # Checked here (torch-free), so that a bad schema, regex or grammar is refused
             # before it reaches the engine core; the engine core compiles with this backend.

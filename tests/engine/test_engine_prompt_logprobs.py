@@ -135,6 +135,36 @@ def test_prompt_logprobs_beyond_the_vocabulary_are_rejected(llama_dir) -> None:
     assert not llm.llm_engine.has_unfinished_requests()
 
 
+def test_logprobs_over_max_logprobs_are_refused(llama_dir) -> None:
+    # vLLM's --max-logprobs (default 20) caps both counts; -1 asks for the whole vocabulary.
+    llm = _engine(llama_dir)
+    for params in (SamplingParams(logprobs=21), SamplingParams(prompt_logprobs=21), SamplingParams(logprobs=-1)):
+        with pytest.raises(ValueError, match="--max-logprobs"):
+            llm.generate(PROMPTS[0], params, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert len(llm.generate(PROMPTS[0], SamplingParams(logprobs=20, max_tokens=1), use_tqdm=False)[0]
+               .outputs[0].logprobs[0]) >= 20
+
+
+def test_minus_one_returns_the_whole_vocabulary(llama_dir, reference) -> None:
+    llm = _engine(llama_dir, max_logprobs=-1)
+    vocab = llm.llm_engine.config.model_config.vocab_size
+    prompt = PROMPTS[2]
+    params = SamplingParams(temperature=0, max_tokens=2, logprobs=-1, prompt_logprobs=-1)
+    out = llm.generate(prompt, params, use_tqdm=False)[0]
+    assert out.prompt_logprobs[0] is None
+    for pos, entry in enumerate(out.prompt_logprobs[1:], start=1):
+        assert len(entry) == vocab
+        row = reference[prompt][pos - 1]
+        token = out.prompt_token_ids[pos]
+        assert entry[token].logprob == pytest.approx(row[token].item(), abs=1e-4)
+    for step, token in zip(out.outputs[0].logprobs, out.outputs[0].token_ids):
+        assert len(step) == vocab
+        assert step[token].rank == 1  # greedy
+        total = torch.logsumexp(torch.tensor([lp.logprob for lp in step.values()]), 0)
+        assert total.item() == pytest.approx(0.0, abs=1e-3)  # a whole distribution
+
+
 def test_delta_outputs_carry_prompt_logprobs_once(llama_dir) -> None:
     from transformers import AutoTokenizer
 

@@ -56,7 +56,7 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
 
 @pytest.mark.parametrize(("req", "param"), [
     (_completion(prompt_logprobs=1, stream=True), "prompt_logprobs"),
-    (_completion(prompt_logprobs=21), "prompt_logprobs"),
+    (_completion(prompt_logprobs=-2), "prompt_logprobs"),
     (_completion(allowed_token_ids=[]), "allowed_token_ids"),
     (_completion(bad_words=["ok", " "]), "bad_words"),
     (_completion(top_p=2.0), "top_p"),
@@ -311,6 +311,20 @@ def test_completions_logprobs_0_give_the_sampled_token_alone(server: Server) -> 
     chat = _post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "logprobs": True,
                                                   "top_logprobs": 21})
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "top_logprobs"
+
+
+@pytest.mark.parametrize(("route", "field", "value"), [
+    ("/v1/completions", "logprobs", 21), ("/v1/completions", "logprobs", -1),
+    ("/v1/completions", "logprobs", -2), ("/v1/completions", "prompt_logprobs", 21),
+    ("/v1/chat/completions", "top_logprobs", -1), ("/v1/chat/completions", "top_logprobs", -3),
+])
+def test_logprobs_beyond_max_logprobs_are_refused(server: Server, route: str, field: str, value: int) -> None:
+    # vLLM's --max-logprobs defaults to 20; -1 (the whole vocabulary) is over it too.
+    body = {"max_tokens": 2, field: value}
+    body.update({"messages": MESSAGES, "logprobs": True} if "chat" in route else {"prompt": PROMPT})
+    r = _post(server, route, body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+    assert ("--max-logprobs" if value >= -1 else "-1 for the whole vocabulary") in r.json()["error"]["message"]
 
 
 def test_null_n_and_stream_are_their_defaults() -> None:

@@ -32,6 +32,10 @@ def test_the_flags_parse_as_vllm_reads_them(tiny_llama: Path) -> None:
         _parse(str(tiny_llama), "--max-model-len", "lots")
     assert EngineArgs(model=str(tiny_llama), dtype="half").create_engine_config().model_config.dtype == "float16"
     assert EngineArgs(model=str(tiny_llama), max_model_len=-1).create_engine_config().model_config.max_model_len > 0
+    assert _parse(str(tiny_llama), "--max-logprobs", "-1").create_engine_config().model_config.max_logprobs == -1
+    assert _parse(str(tiny_llama)).create_engine_config().model_config.max_logprobs == 20
+    with pytest.raises(ValueError, match="--max-logprobs=-2"):
+        _parse(str(tiny_llama), "--max-logprobs", "-2").create_engine_config()
 
 
 def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ from forkless.entrypoints.openai.structured import (ForcedToolCalls, forced_tool
                                                      tool_constraint)
 from forkless.logger import init_logger
 from forkless.lora import LoRARequest
-from forkless.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from forkless.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams, check_logprobs_count
 
 if TYPE_CHECKING:
     from forkless.engine.async_llm import AsyncLLM
@@ -84,7 +84,6 @@ if TYPE_CHECKING:
 
 logger = init_logger("forkless.entrypoints.openai")
 
-MAX_LOGPROBS = 20
 
 T = TypeVar("T")
 
@@ -214,15 +213,10 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
                          "out response_format / structured_outputs", "tool_choice")
     extra = dict(req.vllm_xargs or {})
     extra.update(req.extra_args or {})
-    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
-        raise BadRequest(f"logprobs must be between 0 and {MAX_LOGPROBS}, got {logprobs}", "logprobs")
     prompt_logprobs = req.prompt_logprobs
     if prompt_logprobs is not None:
         if req.stream:
             raise BadRequest("prompt_logprobs are not available when stream=true", "prompt_logprobs")
-        if not 0 <= prompt_logprobs <= MAX_LOGPROBS:
-            raise BadRequest(f"prompt_logprobs must be between 0 and {MAX_LOGPROBS}, got {prompt_logprobs}",
-                             "prompt_logprobs")
     elif isinstance(req, CompletionRequest) and req.echo:
         # As vLLM: the echoed prompt's tokens get logprobs too (streaming included).
         prompt_logprobs = logprobs
@@ -488,6 +482,19 @@ class OpenAIServing:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def check_logprobs(self, field: str, asked: int | None) -> None:
+        """Refuse a logprobs count that is not an integer >= -1 or over ``--max-logprobs``."""
+        if asked is None:
+            return
+        if asked < -1:
+            raise BadRequest(f"{field}={asked} is invalid: expected an integer >= 0, or -1 for the whole "
+                             "vocabulary", field)
+        mc = self.engine.config.model_config
+        try:
+            check_logprobs_count(field, asked, mc.max_logprobs, mc.vocab_size)
+        except ValueError as exc:
+            raise BadRequest(str(exc), field) from None
+
     @functools.cached_property
     def sampling_defaults(self) -> dict[str, Any]:
         """What requests sample with where they set nothing (``--generation-config``)."""
@@ -607,6 +614,8 @@ class OpenAIServing:
         prompts = [truncate_prompt(ids, req, req.max_tokens, self.max_model_len) for ids in tokenized]
         for ids in prompts:
             self._check_prompt(ids, req.max_tokens)
+        self.check_logprobs("logprobs", req.logprobs)
+        self.check_logprobs("prompt_logprobs", req.prompt_logprobs)
         base_id, engine_id = _request_ids("cmpl", req.request_id)
         params = [to_sampling_params(req, req.max_tokens, req.logprobs, self._default_max_tokens(len(ids)),
                                      defaults=self.sampling_defaults) for ids in prompts]
@@ -861,8 +870,7 @@ class OpenAIServing:
         top = req.top_logprobs if req.logprobs else None
         if req.top_logprobs is not None and not req.logprobs:
             raise BadRequest("top_logprobs requires logprobs to be true", "top_logprobs")
-        if top is not None and not 0 <= top <= MAX_LOGPROBS:
-            raise BadRequest(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {top}", "top_logprobs")
+        self.check_logprobs("top_logprobs", top)
         params = to_sampling_params(req, max_tokens, (top or 0) if req.logprobs else None,
                                     self._default_max_tokens(len(ids)),
                                     tool_constraint(req, forced) if forced is not None else None,
