@@ -30,10 +30,11 @@ serve: install
 	$(VENV)/bin/forkless serve $(ARGS)
 
 # What the tests need from the system: redis-server (Debian's package) for the Redis KV
-# connector's tests, installed when missing (CI runs as root).
+# connector's tests and openssl for the TLS test's certificate, installed when missing
+# (CI runs as root).
 system-deps:
-	@command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@{ command -v redis-server && command -v openssl; } >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server openssl >/dev/null; }
 
 test: install system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)

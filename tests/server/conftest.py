@@ -72,10 +72,11 @@ class Server:
     log_path: Path
     api_key: str | None = None
     extra: dict = field(default_factory=dict)
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def client(self, **kwargs):
         import openai
@@ -112,7 +113,7 @@ class Server:
 
 def start_server(model: Path | str, tmp_path: Path, *args: str, site: Path | None = None,
                  env_extra: dict[str, str] | None = None, api_key: str | None = None,
-                 timeout: float = 240) -> Server:
+                 timeout: float = 240, scheme: str = "http") -> Server:
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
     env = plugin_env(site, tmp_path, **{"FORKLESS_PLUGINS": os.environ.get("FORKLESS_PLUGINS_FOR_TESTS", ""),
@@ -124,13 +125,13 @@ def start_server(model: Path | str, tmp_path: Path, *args: str, site: Path | Non
         cmd += ["--api-key", api_key]
     log = open(log_path, "wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = Server(proc, port, log_path, api_key)
+    server = Server(proc, port, log_path, api_key, scheme=scheme)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"server exited with {proc.returncode}:\n{server.log()[-5000:]}")
         try:
-            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+            if httpx.get(server.url + "/health", timeout=2, verify=False).status_code == 200:
                 return server
         except httpx.HTTPError:
             pass

@@ -12,6 +12,7 @@ import importlib
 import sys
 import time
 
+from forkless.entrypoints.cli.config_file import CONFIG_FLAG, expand_config_file
 from forkless.logger import configure_logging
 from forkless.plugins import DEPRECATIONS, DeprecatedError
 from forkless.version import __version__
@@ -27,6 +28,14 @@ SUBCOMMANDS = {
     "bench": "forkless.entrypoints.cli.bench",
     "disagg-proxy": "forkless.entrypoints.cli.disagg_proxy",
 }
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The sub-commands' parsers, by name."""
+    for action in parser._actions:  # argparse has no public way to reach them
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -76,6 +85,15 @@ def _main(argv: list[str]) -> int:
         print(f"forkless: error: {exc}", file=sys.stderr)
         return 2
     parser = build_parser(argv)
+    if CONFIG_FLAG in argv or any(a.startswith(CONFIG_FLAG + "=") for a in argv):
+        command = next((a for a in argv if not a.startswith("-")), None)
+        subparser = _subparsers(parser).get(command) if command else None
+        if subparser is not None:
+            try:
+                argv = expand_config_file(argv, subparser)
+            except ValueError as exc:
+                print(f"forkless {command}: error: {exc}", file=sys.stderr)
+                return 2
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:

@@ -36,6 +36,8 @@ import uvicorn
 
 from forkless import envs
 from forkless.entrypoints.cli.main import STARTED
+from forkless.entrypoints.openai.frontend_options import FrontendOptions
+from forkless.entrypoints.openai.frontend_options import add_cli_args as add_frontend_args
 from forkless.gc_tuning import tune_process
 from forkless.logger import init_logger
 
@@ -67,6 +69,9 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve", help="serve a model over the OpenAI API (default: the embedded SmolLM2-135M-Instruct)")
     EngineArgs.add_cli_args(parser, model_positional=True)
+    parser.add_argument("--config", metavar="YAML",
+                        help="read flags from a YAML file (max-model-len: 4096, ...); flags on the command "
+                             "line win")
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     group.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
@@ -84,6 +89,7 @@ def add_parser(subparsers: Any) -> None:
                        help="refuse requests asking for more sequences (prompts × n) with 400 (default 256)")
     group.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_frontend_args(group)
     logs = group.add_mutually_exclusive_group()
     logs.add_argument("--enable-log-requests", action="store_true",
                       help="log one line per request: its id, prompt length and sampling parameters")
@@ -178,6 +184,7 @@ def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
                 return _usage_error(f"--middleware {path!r}: {exc}")
     try:
         args.http_limits = HttpLimits.from_cli_args(args)
+        args.frontend = FrontendOptions.from_cli_args(args)
         args.lora_module_paths = []
         if args.lora_modules:  # (serving_models brings the OpenAI protocol's pydantic models)
             from forkless.entrypoints.openai.serving_models import parse_lora_module
@@ -280,8 +287,10 @@ class _Server(uvicorn.Server):
         await super().startup(sockets=sockets)
         port = self.servers[0].sockets[0].getsockname()[1]  # the real one, also for --port 0
         host = f"[{self.config.host}]" if ":" in self.config.host else self.config.host
-        logger.info("ready in %.1f s: serving %s on http://%s:%d (OpenAI API at /v1)",
-                    time.monotonic() - STARTED, self.model_name, host, port)
+        scheme = "https" if self.config.ssl_keyfile else "http"
+        logger.info("ready in %.1f s: serving %s on %s://%s:%d%s (OpenAI API at %s/v1)",
+                    time.monotonic() - STARTED, self.model_name, scheme, host, port, self.config.root_path,
+                    self.config.root_path)
 
     def request_exit(self, sig: int) -> None:
         logger.info("received %s; shutting down", signal.Signals(sig).name)
@@ -369,7 +378,7 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: s
                         middleware=args.middleware, metrics=engine.render_metrics,
                         chat_options=args.chat_options, limits=args.http_limits,
                         lora_modules=args.lora_module_paths, io_processor=args.io_processor,
-                        log_requests=args.enable_log_requests)
+                        log_requests=args.enable_log_requests, frontend=args.frontend)
     except Exception as exc:
         logger.error("could not build the HTTP app: %s", exc)
         return 2
@@ -385,7 +394,7 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: s
     # scheduler's per-client share keys on that address (serving._client_key).
     server = _Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
                                     timeout_graceful_shutdown=_FORCE_CLOSE_AFTER_S, proxy_headers=False,
-                                    **args.http_limits.uvicorn_options()),
+                                    **args.http_limits.uvicorn_options(), **args.frontend.uvicorn_options()),
                      names[0], engine, args.shutdown_timeout)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

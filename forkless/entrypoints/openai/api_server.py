@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from forkless.engine.async_llm import EngineDeadError, InvalidRequestError
 from forkless.entrypoints.openai.chat_options import ChatOptions
 from forkless.entrypoints.openai.errors import BadRequest, describe_validation_errors, error_response, quoted
+from forkless.entrypoints.openai.frontend_options import FrontendOptions
 from forkless.entrypoints.openai.http_limits import ApiKeyMiddleware, HttpLimits, RequestLimitsMiddleware
 from forkless.protocol.openai import (
     ChatCompletionRequest,
@@ -155,7 +156,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
               metrics: Callable[[], bytes] | None = None,
               chat_options: ChatOptions | None = None, limits: HttpLimits | None = None,
               lora_modules: list[LoRAModulePath] | None = None, io_processor: Any = None,
-              log_requests: bool = False) -> FastAPI:
+              log_requests: bool = False, frontend: FrontendOptions | None = None) -> FastAPI:
     """Assemble the FastAPI app around a running engine.
 
     Args:
@@ -172,12 +173,14 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
             ``--enable-lora``).
         io_processor: The ``--io-processor-plugin`` processor for ``/pooling`` ``data``.
         log_requests: Log one line per engine request (``--enable-log-requests``).
+        frontend: CORS and the docs pages (``--allowed-origins``, ``--disable-fastapi-docs``...).
 
     Raises:
         ValueError: A ``--lora-modules`` adapter cannot be served (the message names it).
     """
     limits = limits or HttpLimits()
-    app = FastAPI(title="forkless", version=__version__)
+    frontend = frontend or FrontendOptions()
+    app = FastAPI(title="forkless", version=__version__, **frontend.fastapi_options())
     models = ServingModels(engine, served_model_names, max_model_len)
     models.load_static(lora_modules or [])
     serving = OpenAIServing(engine, served_model_names, max_model_len, chat_options,
@@ -306,4 +309,5 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     for path in middleware or []:
         _add_middleware(app, path)
+    frontend.add_cors(app)
     return app

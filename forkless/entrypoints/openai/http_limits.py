@@ -324,6 +324,12 @@ class RequestLimitsMiddleware:
                 f"{self.max_size} (--max-request-body-size)")
 
 
+def _route_path(scope: Scope) -> str:
+    """The path the routes see: under ``--root-path`` uvicorn puts the prefix in front."""
+    path, root = scope["path"], scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
+
+
 class ApiKeyMiddleware:
     """ASGI middleware requiring ``Authorization: Bearer KEY`` outside :data:`OPEN_PATHS`.
 
@@ -337,7 +343,7 @@ class ApiKeyMiddleware:
         self.key = api_key.encode("utf-8")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket") or scope["path"] in OPEN_PATHS or self._authorized(scope):
+        if scope["type"] not in ("http", "websocket") or _route_path(scope) in OPEN_PATHS or self._authorized(scope):
             await self.app(scope, receive, send)
         elif scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})  # policy violation
