@@ -8,6 +8,7 @@ side of the socket with the same message.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 import math
 from typing import Any
@@ -445,6 +446,41 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass
+class BeamSearchParams:
+    """What :meth:`forkless.LLM.beam_search` searches with (vLLM's names).
+
+    Attributes:
+        beam_width: Beams kept per step, and sequences returned per prompt.
+        max_tokens: Most tokens generated per beam.
+        ignore_eos: Keep beams going past EOS.
+        temperature: Sampling temperature of the token each step samples besides the top
+            ``2 * beam_width`` (0: greedy, adding nothing).
+        length_penalty: Scores divide the cumulative logprob by ``length ** length_penalty``.
+        include_stop_str_in_output: Keep the EOS token's text in ``text``.
+    """
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"BeamSearchParams.{name}={value!r} is invalid: expected an integer >= 1")
+        for name, ok in (("temperature", lambda v: v >= 0), ("length_penalty", lambda v: True)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not ok(value):
+                expected = "a number >= 0" if name == "temperature" else "a finite number"
+                raise ValueError(f"BeamSearchParams.{name}={value!r} is invalid: expected {expected}")
+
 
 
 def check_logprobs_count(field: str, asked: int | None, max_logprobs: int, vocab_size: int) -> None:

@@ -279,6 +279,14 @@ class Processor:
         ids = tokenizer.encode(text, add_special_tokens=False)
         return {"prompt": text, "prompt_token_ids": ids}
 
+    def prompt_token_ids(self, prompt: PromptType) -> list[int]:
+        """A generation prompt's token ids (text is tokenized as :meth:`process_inputs` does).
+
+        Raises:
+            ValueError: Not a prompt (the message says what forms are).
+        """
+        return self._tokenize(prompt)[1]
+
     def _tokenize(self, prompt: PromptType, pooling: bool = False) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             return prompt, list(self.tokenizer.encode(prompt))

@@ -9,6 +9,7 @@ import msgspec
 import numpy as np
 from typing import TYPE_CHECKING, Any, Sequence
 
+from forkless.beam_search import BeamSearchOutput
 from forkless.config import EngineArgs
 from forkless.engine.llm_engine import LLMEngine
 from forkless.gc_tuning import paused_full_collections
@@ -21,7 +22,7 @@ from forkless.outputs import (
 )
 from forkless.pooling.order import longest_first
 from forkless.pooling_params import PoolingParams
-from forkless.sampling_params import RequestOutputKind, SamplingParams
+from forkless.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -100,6 +101,66 @@ class LLM:
         """
         prompt_list = self._as_list(prompts)
         return self._run(prompt_list, sampling_params, use_tqdm, priority, lora_request)
+
+    def beam_search(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        params: BeamSearchParams,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        use_tqdm: bool = False,
+        concurrency_limit: int | None = None,
+    ) -> list[BeamSearchOutput]:
+        """The ``params.beam_width`` most likely continuations of each prompt (vLLM's API;
+        the algorithm: :mod:`forkless.beam_search`).
+
+        Args:
+            prompts: One prompt or a list, in any form :meth:`generate` takes.
+            params: Beam width, length and scoring.
+            lora_request: One adapter for every prompt, or one (or ``None``) per prompt.
+            use_tqdm: Show a progress bar over the prompts.
+            concurrency_limit: Search at most this many prompts at once (default: all).
+
+        Returns:
+            One :class:`~forkless.beam_search.BeamSearchOutput` per prompt, in order, its
+            sequences best first.
+
+        Raises:
+            ValueError: An invalid prompt or parameter, or a beam width whose
+                ``2 * beam_width`` logprobs a step are over ``max_logprobs``.
+        """
+        from tqdm.auto import tqdm
+
+        from forkless.beam_search import run_beam_search
+
+        if not isinstance(params, BeamSearchParams):
+            raise TypeError(f"params must be BeamSearchParams, got {type(params).__name__}")
+        mc = self.llm_engine.config.model_config
+        cap = mc.vocab_size if mc.max_logprobs == -1 else mc.max_logprobs
+        if 2 * params.beam_width > cap:
+            raise ValueError(f"BeamSearchParams.beam_width={params.beam_width} needs {2 * params.beam_width} "
+                             f"logprobs a step, over max_logprobs ({cap}): use beam_width <= {cap // 2}, or "
+                             "raise max_logprobs (--max-logprobs)")
+        prompt_list = self._as_list(prompts)
+        loras = self._per_prompt(lora_request, len(prompt_list), "lora_request")
+        token_ids = [self.llm_engine.processor.prompt_token_ids(p) for p in prompt_list]
+        limit = concurrency_limit or len(prompt_list) or 1
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"concurrency_limit={concurrency_limit!r} is invalid: expected an integer >= 1")
+        tokenizer = self.get_tokenizer()
+        eos = mc.eos_token_id if mc.eos_token_id is not None else tokenizer.eos_token_id
+        results: list[BeamSearchOutput] = []
+
+        def step(batch: list[dict[str, Any]], step_params: SamplingParams, adapters: list[Any]) -> list[Any]:
+            return self._run(batch, step_params, False, None, adapters)
+
+        with tqdm(total=len(prompt_list), desc="Beam search", unit="prompt", disable=not use_tqdm,
+                  dynamic_ncols=True) as bar:
+            for start in range(0, len(prompt_list), limit):
+                chunk = slice(start, start + limit)
+                results += run_beam_search(step, tokenizer, token_ids[chunk], params, eos, mc.max_model_len,
+                                           loras[chunk])
+                bar.update(len(token_ids[chunk]))
+        return results
 
     def chat(
         self,
@@ -284,6 +345,16 @@ class LLM:
             return [prompts]  # one prompt given as token ids
         return prompts
 
+    @staticmethod
+    def _per_prompt(value: Any, count: int, name: str) -> list[Any]:
+        """One value for every prompt, or a list with one per prompt."""
+        if value is None or not isinstance(value, (list, tuple)):
+            return [value] * count
+        values = list(value)
+        if len(values) != count:
+            raise ValueError(f"got {len(values)} {name} entries for {count} prompts: pass one, or one per prompt")
+        return values
+
     def _run(
         self,
         prompts: list[Any],
@@ -311,13 +382,7 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
-        if lora_request is None or not isinstance(lora_request, (list, tuple)):
-            loras = [lora_request] * len(prompts)
-        else:
-            loras = list(lora_request)
-            if len(loras) != len(prompts):
-                raise ValueError(f"got {len(loras)} lora_request entries for {len(prompts)} prompts: pass one, "
-                                 "or one per prompt")
+        loras = self._per_prompt(lora_request, len(prompts), "lora_request")
         engine = self.llm_engine
         ids: list[str] = []
         try:
