@@ -19,12 +19,12 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from forkless.outputs import Logprob
-from forkless.sampling_params import BeamSearchParams, SamplingParams
+from forkless.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
-__all__ = ["BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "get_beam_search_score", "run_beam_search"]
+__all__ = ["BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "get_beam_search_score", "BeamSearch"]
 
 if TYPE_CHECKING:
     from forkless.outputs import RequestOutput
@@ -69,74 +69,85 @@ def get_beam_search_score(tokens: list[int], cumulative_logprob: float, eos_toke
     return cumulative_logprob / (max(length, 1) ** length_penalty)
 
 
-def run_beam_search(
-    generate: Callable[[list[dict[str, Any]], SamplingParams, list[Any]], list[RequestOutput]],
-    tokenizer: Any,
-    prompts: Sequence[list[int]],
-    params: BeamSearchParams,
-    eos_token_id: int | None,
-    max_model_len: int,
-    lora_requests: Sequence[LoRARequest | None],
-) -> list[BeamSearchOutput]:
-    """Search every prompt's beams together, one engine call per generated position.
+class BeamSearch:
+    """The search over a set of prompts, driven one step at a time by the caller's engine
+    (``LLM.beam_search`` steps it synchronously, ``AsyncLLM.beam_search`` with awaits).
 
     Args:
-        generate: Runs one-token requests (token prompts, their params, their adapters)
-            to completion and returns their outputs in order.
-        tokenizer: Turns the generated tokens into ``text``.
         prompts: The prompts' token ids.
         params: The search's parameters.
         eos_token_id: The token that completes a beam (unless ``ignore_eos``).
-        max_model_len: A beam this long is complete.
+        model_config: The engine's ``ModelConfig``: a beam ``max_model_len`` long is
+            complete, and ``2 * beam_width`` must be within ``max_logprobs``.
         lora_requests: One adapter (or ``None``) per prompt.
 
-    Returns:
-        One output per prompt, in order.
+    Raises:
+        ValueError: ``2 * beam_width`` logprobs a step are over ``max_logprobs``.
     """
-    step = SamplingParams(max_tokens=1, logprobs=2 * params.beam_width, temperature=params.temperature,
-                          detokenize=False, ignore_eos=True)
-    eos = None if params.ignore_eos else eos_token_id
-    instances = [BeamSearchInstance(len(ids), [BeamSearchSequence(list(ids), lora_request=lora)])
-                 for ids, lora in zip(prompts, lora_requests)]
 
-    def score(beam: BeamSearchSequence) -> float:
-        return get_beam_search_score(beam.tokens, beam.cum_logprob, eos, params.length_penalty)
+    def __init__(self, prompts: Sequence[list[int]], params: BeamSearchParams, eos_token_id: int | None,
+                 model_config: Any, lora_requests: Sequence[LoRARequest | None]) -> None:
+        cap = model_config.vocab_size if model_config.max_logprobs == -1 else model_config.max_logprobs
+        if 2 * params.beam_width > cap:
+            raise ValueError(f"beam_width={params.beam_width} needs {2 * params.beam_width} logprobs a step, "
+                             f"over max_logprobs ({cap}): use beam_width <= {cap // 2}, or raise "
+                             "max_logprobs (--max-logprobs)")
+        self.params = params
+        self.eos = None if params.ignore_eos else eos_token_id
+        self.max_model_len = model_config.max_model_len
+        self.instances = [BeamSearchInstance(len(ids), [BeamSearchSequence(list(ids), lora_request=lora)])
+                          for ids, lora in zip(prompts, lora_requests)]
+        self.steps_left = params.max_tokens
+        #: What each step's requests sample with: one token, 2 * beam_width logprobs.
+        self.step_params = SamplingParams(max_tokens=1, logprobs=2 * params.beam_width,
+                                          temperature=params.temperature, detokenize=False, ignore_eos=True,
+                                          output_kind=RequestOutputKind.FINAL_ONLY)
+        self._live: list[tuple[BeamSearchInstance, BeamSearchSequence]] = []
 
-    for _ in range(params.max_tokens):
-        live = [(inst, beam) for inst in instances for beam in inst.beams]
-        if not live:
-            break
-        outputs = generate([{"prompt_token_ids": beam.tokens} for _, beam in live], step,
-                           [beam.lora_request for _, beam in live])
-        candidates: dict[int, list[BeamSearchSequence]] = {id(inst): [] for inst in instances}
-        for (inst, beam), out in zip(live, outputs):
+    def requests(self) -> list[tuple[dict[str, Any], LoRARequest | None]]:
+        """This step's one-token requests (a token prompt and its adapter per live beam);
+        empty once the search is over."""
+        self._live = [(inst, beam) for inst in self.instances for beam in inst.beams] if self.steps_left else []
+        return [({"prompt_token_ids": beam.tokens}, beam.lora_request) for _, beam in self._live]
+
+    def advance(self, outputs: Sequence[RequestOutput]) -> None:
+        """Extend the beams with the outputs of :meth:`requests`' requests, in order."""
+        self.steps_left -= 1
+        candidates: dict[int, list[BeamSearchSequence]] = {id(inst): [] for inst in self.instances}
+        for (inst, beam), out in zip(self._live, outputs, strict=True):
             top = out.outputs[0].logprobs[0]
             for token, lp in top.items():
                 child = BeamSearchSequence(beam.tokens + [token], beam.logprobs + [top], beam.lora_request,
                                            beam.cum_logprob + lp.logprob)
-                if token == eos:
-                    child.finish_reason, child.stop_reason = "stop", None
+                if token == self.eos:
+                    child.finish_reason = "stop"
                     inst.completed.append(child)
                 else:
                     candidates[id(inst)].append(child)
-        for inst in instances:
-            ranked = sorted(candidates[id(inst)], key=score, reverse=True)[:params.beam_width]
+        for inst in self.instances:
+            ranked = sorted(candidates[id(inst)], key=self._score, reverse=True)[:self.params.beam_width]
             inst.beams = []
             for beam in ranked:
-                if len(beam.tokens) >= max_model_len:  # no room for another token
+                if len(beam.tokens) >= self.max_model_len:  # no room for another token
                     beam.finish_reason = "length"
                     inst.completed.append(beam)
                 else:
                     inst.beams.append(beam)
-    results = []
-    for inst in instances:
-        for beam in inst.beams:
-            beam.finish_reason = "length"
-        best = sorted(inst.completed + inst.beams, key=score, reverse=True)[:params.beam_width]
-        for beam in best:
-            generated = beam.tokens[inst.prompt_len:]
-            if beam.finish_reason == "stop" and not params.include_stop_str_in_output:
-                generated = generated[:-1]
-            beam.text = tokenizer.decode(generated, skip_special_tokens=True)
-        results.append(BeamSearchOutput(best))
-    return results
+
+    def results(self, tokenizer: Any) -> list[BeamSearchOutput]:
+        """Each prompt's best ``beam_width`` sequences, best first, their ``text`` decoded."""
+        outputs = []
+        for inst in self.instances:
+            for beam in inst.beams:
+                beam.finish_reason = "length"
+            best = sorted(inst.completed + inst.beams, key=self._score, reverse=True)[:self.params.beam_width]
+            for beam in best:
+                generated = beam.tokens[inst.prompt_len:]
+                if beam.finish_reason == "stop" and not self.params.include_stop_str_in_output:
+                    generated = generated[:-1]
+                beam.text = tokenizer.decode(generated)
+            outputs.append(BeamSearchOutput(best))
+        return outputs
+
+    def _score(self, beam: BeamSearchSequence) -> float:
+        return get_beam_search_score(beam.tokens, beam.cum_logprob, self.eos, self.params.length_penalty)

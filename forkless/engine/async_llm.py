@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from forkless.outputs import PoolingRequestOutput, RequestOutput
     from forkless.pooling_params import PoolingParams
     from forkless.protocol.lora import LoRARequest
-    from forkless.sampling_params import SamplingParams
+    from forkless.sampling_params import BeamSearchParams, SamplingParams
 
 logger = init_logger("forkless.engine.async_llm")
 
@@ -286,6 +286,58 @@ class AsyncLLM:
             raise InvalidRequestError(f"the request has a value the engine cannot accept: {exc} "
                                       "(e.g. an integer outside the 64-bit range)") from None
         return self._stream(processed, payloads)
+
+    def beam_search(self, prompt: Any, request_id: str, params: "BeamSearchParams",
+                    lora_request: "LoRARequest | None" = None, priority: int = 0,
+                    client_key: str | None = None) -> AsyncGenerator["RequestOutput", None]:
+        """Validate a beam search now, and return a stream of one output: the
+        ``beam_width`` best sequences as its completions, best first (vLLM's
+        ``EngineClient.beam_search``; the algorithm is :mod:`forkless.beam_search`).
+
+        Each step's beams are one-token requests named ``{request_id}-beam{step}.{i}``,
+        grouped under ``request_id``; closing the stream aborts the step in flight.
+
+        Raises:
+            InvalidRequestError: The prompt is invalid, or ``2 * beam_width`` logprobs a
+                step are over ``--max-logprobs``.
+            EngineDeadError: The engine died.
+            EngineShuttingDownError: The server is shutting down.
+        """
+        from forkless.beam_search import BeamSearch
+
+        self._check_open()
+        mc = self.config.model_config
+        eos = mc.eos_token_id if mc.eos_token_id is not None else self.tokenizer.eos_token_id
+        try:
+            ids = self.processor.prompt_token_ids(prompt)
+            search = BeamSearch([ids], params, eos, mc, [lora_request])
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        return self._beam_search(search, request_id, ids, priority, client_key)
+
+    async def _beam_search(self, search: Any, request_id: str, ids: list[int], priority: int,
+                           client_key: str | None) -> AsyncGenerator["RequestOutput", None]:
+        from forkless.outputs import CompletionOutput, RequestOutput
+
+        async def last(stream: AsyncGenerator["RequestOutput", None]) -> "RequestOutput":
+            async for out in stream:
+                final = out
+            return final
+
+        step = 0
+        while requests := search.requests():
+            streams = [self.generate(p, search.step_params, f"{request_id}-beam{step}.{i}", priority=priority,
+                                     group_id=request_id, lora_request=lora, client_key=client_key)
+                       for i, (p, lora) in enumerate(requests)]
+            search.advance(await asyncio.gather(*(last(s) for s in streams)))
+            step += 1
+        best = search.results(self.tokenizer)[0].sequences
+        yield RequestOutput(
+            request_id=request_id, prompt=None, prompt_token_ids=ids, finished=True,
+            outputs=[CompletionOutput(index=i, text=b.text, token_ids=b.tokens[len(ids):],
+                                      cumulative_logprob=b.cum_logprob, logprobs=b.logprobs,
+                                      finish_reason=b.finish_reason, stop_reason=b.stop_reason)
+                     for i, b in enumerate(best)])
 
     def _check_open(self) -> None:
         """Raise unless the engine takes new requests (dead, draining, or not started)."""

@@ -130,16 +130,11 @@ class LLM:
         """
         from tqdm.auto import tqdm
 
-        from forkless.beam_search import run_beam_search
+        from forkless.beam_search import BeamSearch
 
         if not isinstance(params, BeamSearchParams):
             raise TypeError(f"params must be BeamSearchParams, got {type(params).__name__}")
         mc = self.llm_engine.config.model_config
-        cap = mc.vocab_size if mc.max_logprobs == -1 else mc.max_logprobs
-        if 2 * params.beam_width > cap:
-            raise ValueError(f"BeamSearchParams.beam_width={params.beam_width} needs {2 * params.beam_width} "
-                             f"logprobs a step, over max_logprobs ({cap}): use beam_width <= {cap // 2}, or "
-                             "raise max_logprobs (--max-logprobs)")
         prompt_list = self._as_list(prompts)
         loras = self._per_prompt(lora_request, len(prompt_list), "lora_request")
         token_ids = [self.llm_engine.processor.prompt_token_ids(p) for p in prompt_list]
@@ -149,16 +144,15 @@ class LLM:
         tokenizer = self.get_tokenizer()
         eos = mc.eos_token_id if mc.eos_token_id is not None else tokenizer.eos_token_id
         results: list[BeamSearchOutput] = []
-
-        def step(batch: list[dict[str, Any]], step_params: SamplingParams, adapters: list[Any]) -> list[Any]:
-            return self._run(batch, step_params, False, None, adapters)
-
         with tqdm(total=len(prompt_list), desc="Beam search", unit="prompt", disable=not use_tqdm,
                   dynamic_ncols=True) as bar:
             for start in range(0, len(prompt_list), limit):
                 chunk = slice(start, start + limit)
-                results += run_beam_search(step, tokenizer, token_ids[chunk], params, eos, mc.max_model_len,
-                                           loras[chunk])
+                search = BeamSearch(token_ids[chunk], params, eos, mc, loras[chunk])
+                while requests := search.requests():
+                    prompts_now, adapters = zip(*requests)
+                    search.advance(self._run(list(prompts_now), search.step_params, False, None, list(adapters)))
+                results += search.results(tokenizer)
                 bar.update(len(token_ids[chunk]))
         return results
 

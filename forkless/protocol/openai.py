@@ -172,6 +172,9 @@ class SamplingFields(RequestModel):
     # ({json|regex|choice|grammar|json_object, ...}: StructuredOutputsParams' fields).
     response_format: ResponseFormat | None = None
     structured_outputs: dict[str, Any] | None = None
+    # vLLM's beam search: the n best of n beams (scores divide by length ** length_penalty).
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
 
     @field_validator("n", "stream", mode="before")
     @classmethod

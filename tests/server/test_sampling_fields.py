@@ -61,7 +61,6 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
     (_completion(bad_words=["ok", " "]), "bad_words"),
     (_completion(top_p=2.0), "top_p"),
     (_completion(best_of=3), "best_of"),
-    (_completion(use_beam_search=True), "use_beam_search"),
     (_completion(length_penalty=0.5), "length_penalty"),
     (_completion(response_format={"type": "json_schema"}), "response_format"),
     (_completion(structured_outputs={"regex": "a+", "choice": ["b"]}), "structured_outputs"),
@@ -222,7 +221,6 @@ def test_truncate_prompt_tokens_over_http(server: Server, hf_reference) -> None:
 
 def test_unsupported_fields_are_openai_style_400s(server: Server) -> None:
     for path, body, param in [
-        ("/v1/completions", {"prompt": PROMPT, "use_beam_search": True}, "use_beam_search"),
         ("/v1/completions", {"prompt": PROMPT, "best_of": 4}, "best_of"),
         ("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
         ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {"type": "json_schema"}},

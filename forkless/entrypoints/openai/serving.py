@@ -76,7 +76,8 @@ from forkless.entrypoints.openai.structured import (ForcedToolCalls, forced_tool
                                                      tool_constraint)
 from forkless.logger import init_logger
 from forkless.lora import LoRARequest
-from forkless.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams, check_logprobs_count
+from forkless.sampling_params import (BeamSearchParams, RequestOutputKind, SamplingParams, StructuredOutputsParams,
+                                      check_logprobs_count)
 
 if TYPE_CHECKING:
     from forkless.engine.async_llm import AsyncLLM
@@ -92,8 +93,6 @@ T = TypeVar("T")
 # naming the field. Only fields the request model does not declare are checked, so
 # declaring a field (implementing it) takes it off these lists.
 _UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
-    "use_beam_search": ((None, False), "beam search is not supported"),
-    "length_penalty": ((None, 1.0), "length_penalty only applies to beam search, which is not supported"),
     "watermarking": ((None, False), "watermarking is not supported"),
     "logprob_token_ids": ((None,), "logprob_token_ids is not supported; use logprobs"),
     "prompt_embeds": ((None,), "prompt embeddings are not supported"),
@@ -207,6 +206,8 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
     if max_tokens is None and defaults.get("max_tokens") is not None:
         default_max_tokens = min(default_max_tokens, defaults["max_tokens"])
     _reject_unsupported(req)
+    if req.length_penalty != 1.0:
+        raise BadRequest("length_penalty only applies with use_beam_search=true", "length_penalty")
     constraint = request_constraint(req)
     if structured is not None and constraint is not None:
         raise BadRequest('tool_choice "required" or a named function already constrains the output; leave '
@@ -257,6 +258,46 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
         # SamplingParams names the field first: "SamplingParams.top_p=2.0 is invalid: ...".
         match = re.match(r"SamplingParams\.(\w+)=", str(exc))
         raise BadRequest(str(exc), match.group(1) if match else None) from None
+
+
+# Sampling fields that beam search has no use for -> the values that ask for nothing. vLLM
+# ignores them with use_beam_search; here a request that sets one is refused.
+_NOT_WITH_BEAM_SEARCH: dict[str, tuple[Any, ...]] = {
+    "top_p": (None, 1.0), "top_k": (None, 0, -1), "min_p": (None, 0.0), "seed": (None,),
+    "presence_penalty": (None, 0.0), "frequency_penalty": (None, 0.0), "repetition_penalty": (None, 1.0),
+    "logit_bias": (None, {}), "min_tokens": (0,), "stop": (None, []), "stop_token_ids": (None, []),
+    "allowed_token_ids": (None,), "bad_words": (None, []), "prompt_logprobs": (None,),
+    "structured_outputs": (None,), "echo": (None, False), "cache_salt": (None,),
+}
+
+
+def to_beam_search_params(req: SamplingFields, max_tokens: int | None, default_max_tokens: int,
+                          logprobs: int | None, defaults: dict[str, Any] | None = None) -> BeamSearchParams:
+    """The request's ``use_beam_search`` as ``BeamSearchParams``: ``n`` beams (vLLM's mapping).
+
+    Raises:
+        BadRequest: A field beam search cannot honour is set, or a value is invalid.
+    """
+    for name, nothing in _NOT_WITH_BEAM_SEARCH.items():
+        if getattr(req, name, None) not in nothing:
+            raise BadRequest(f"{name} cannot be used with use_beam_search (beam search ranks beams by their "
+                             "logprobs alone)", name)
+    if req.response_format is not None and req.response_format.type != "text":
+        raise BadRequest("response_format cannot be used with use_beam_search", "response_format")
+    if logprobs is not None and logprobs > 2 * req.n:
+        raise BadRequest(f"with use_beam_search each step has the {2 * req.n} most likely tokens (2 × n): "
+                         f"ask for at most that many logprobs, not {logprobs}",
+                         "logprobs" if isinstance(req, CompletionRequest) else "top_logprobs")
+    temperature = req.temperature if req.temperature is not None else (defaults or {}).get("temperature", 1.0)
+    try:
+        return BeamSearchParams(beam_width=req.n, max_tokens=default_max_tokens if max_tokens is None else max_tokens,
+                                ignore_eos=req.ignore_eos, temperature=temperature,
+                                length_penalty=req.length_penalty,
+                                include_stop_str_in_output=req.include_stop_str_in_output)
+    except ValueError as exc:
+        match = re.match(r"BeamSearchParams\.(\w+)=", str(exc))
+        field = {"beam_width": "n"}.get(match.group(1), match.group(1)) if match else None
+        raise BadRequest(str(exc), field) from None
 
 
 def truncate_prompt(ids: list[int], req: SamplingFields, max_tokens: int | None, max_model_len: int) -> list[int]:
@@ -617,15 +658,19 @@ class OpenAIServing:
         self.check_logprobs("logprobs", req.logprobs)
         self.check_logprobs("prompt_logprobs", req.prompt_logprobs)
         base_id, engine_id = _request_ids("cmpl", req.request_id)
-        params = [to_sampling_params(req, req.max_tokens, req.logprobs, self._default_max_tokens(len(ids)),
-                                     defaults=self.sampling_defaults) for ids in prompts]
+        if req.use_beam_search:
+            params = [to_beam_search_params(req, req.max_tokens, self._default_max_tokens(len(ids)), req.logprobs,
+                                            self.sampling_defaults) for ids in prompts]
+        else:
+            params = [to_sampling_params(req, req.max_tokens, req.logprobs, self._default_max_tokens(len(ids)),
+                                         defaults=self.sampling_defaults) for ids in prompts]
         # One group_id: the scheduler's --max-running-seqs-per-request counts all the
         # prompts' sequences as one request's.
         client_key = _client_key(req, raw_request)
         for i, (ids, sp) in enumerate(zip(prompts, params)):
             self.log_request(f"{engine_id}-{i}", ids, sp)
-        streams = [self.engine.generate(_engine_prompt(ids, req), sp, f"{engine_id}-{i}", priority=req.priority,
-                                        group_id=engine_id, lora_request=lora, client_key=client_key)
+        streams = [self._engine_stream(_engine_prompt(ids, req), sp, f"{engine_id}-{i}", req.priority, lora,
+                                       client_key, group_id=engine_id)
                    for i, (ids, sp) in enumerate(zip(prompts, params))]
         model_name = self._response_model(lora)
         if req.stream:
@@ -871,18 +916,26 @@ class OpenAIServing:
         if req.top_logprobs is not None and not req.logprobs:
             raise BadRequest("top_logprobs requires logprobs to be true", "top_logprobs")
         self.check_logprobs("top_logprobs", top)
-        params = to_sampling_params(req, max_tokens, (top or 0) if req.logprobs else None,
-                                    self._default_max_tokens(len(ids)),
-                                    tool_constraint(req, forced) if forced is not None else None,
-                                    defaults=self.sampling_defaults)
-        if params.structured_outputs is not None:
+        params: SamplingParams | BeamSearchParams
+        if req.use_beam_search and forced is not None:
+            raise BadRequest('tool_choice "required" or a named function constrains the output, which beam '
+                             "search cannot do", "tool_choice")
+        if req.use_beam_search:
+            params = to_beam_search_params(req, max_tokens, self._default_max_tokens(len(ids)),
+                                           (top or 0) if req.logprobs else None, self.sampling_defaults)
+        else:
+            params = to_sampling_params(req, max_tokens, (top or 0) if req.logprobs else None,
+                                        self._default_max_tokens(len(ids)),
+                                        tool_constraint(req, forced) if forced is not None else None,
+                                        defaults=self.sampling_defaults)
+        if isinstance(params, SamplingParams) and params.structured_outputs is not None:
             # The constraint holds from the first token: there is no reasoning to split off.
             for parser in parsers or ():
                 parser.reasoning = None
         request_id, engine_id = _request_ids("chatcmpl", req.request_id)
         self.log_request(engine_id, ids, params)
-        stream = self.engine.generate(_engine_prompt(ids, req), params, engine_id, priority=req.priority,
-                                      lora_request=lora, client_key=_client_key(req, raw_request))
+        stream = self._engine_stream(_engine_prompt(ids, req), params, engine_id, req.priority, lora,
+                                     _client_key(req, raw_request))
         model_name = self._response_model(lora)
         if req.stream:
             return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, len(ids))
@@ -896,6 +949,17 @@ class OpenAIServing:
                 stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None))
         return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=_usage(final),
                                       prompt_logprobs=_prompt_logprobs(final))
+
+    def _engine_stream(self, prompt: Any, params: SamplingParams | BeamSearchParams, request_id: str,
+                       priority: int, lora: LoRARequest | None, client_key: str,
+                       group_id: str | None = None) -> AsyncIterator["RequestOutput"]:
+        """The engine's output stream for one prompt: a generation, or a beam search
+        (whose one output holds the ``n`` best beams as its completions)."""
+        if isinstance(params, BeamSearchParams):
+            return self.engine.beam_search(prompt, request_id, params, lora_request=lora, priority=priority,
+                                           client_key=client_key)
+        return self.engine.generate(prompt, params, request_id, priority=priority, group_id=group_id,
+                                    lora_request=lora, client_key=client_key)
 
     def log_request(self, request_id: str, prompt: list[int], params: Any) -> None:
         """With ``--enable-log-requests``, one line per engine request: its id, prompt length
