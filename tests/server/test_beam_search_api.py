@@ -62,6 +62,14 @@ def test_chat_with_beam_search_and_logprobs(server: Server) -> None:
     for c in choices:
         content = c["logprobs"]["content"]
         assert len(content) == 3 and all(len(t["top_logprobs"]) == 4 for t in content)
+    streamed = server.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], n=2, max_tokens=3, stream=True,
+        extra_body={"ignore_eos": True, "use_beam_search": True, "length_penalty": 0.5})
+    texts = ["", ""]
+    for chunk in streamed:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+    assert texts == [c["message"]["content"] for c in choices]
 
 
 @pytest.mark.parametrize(("route", "extra", "param"), [
