@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     FORKLESS_STEP_TRACE_DIR: str | None
     FORKLESS_API_KEY: str | None
     FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE: int
+    FORKLESS_RESPONSES_STORE_SIZE: int
     FORKLESS_ALLOW_RUNTIME_LORA_UPDATING: bool
     FORKLESS_LORA_RESOLVER_CACHE_DIR: str | None
     FORKLESS_TOOL_PARSE_REGEX_TIMEOUT_SECONDS: int
@@ -217,6 +218,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Seconds ``forkless serve`` keeps an idle HTTP connection open between requests
     # (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE; uvicorn's timeout_keep_alive).
     "FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE": lambda: _number("FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE", "5", int),
+    # Responses (/v1/responses with store, OpenAI's default) kept in the API server's memory
+    # for previous_response_id and GET, the oldest dropped first; 0 stores none.
+    "FORKLESS_RESPONSES_STORE_SIZE": lambda: _number("FORKLESS_RESPONSES_STORE_SIZE", "1000", int),
     # ``1``: ``forkless serve --enable-lora`` adds POST /v1/load_lora_adapter and
     # /v1/unload_lora_adapter, and asks the registered LoRA resolvers for a ``model`` it
     # does not know (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING).

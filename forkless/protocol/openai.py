@@ -252,11 +252,45 @@ ChatCompletionNamedToolChoiceParam = NamedToolChoice
 """vLLM's names for :class:`NamedFunction` and :class:`NamedToolChoice`."""
 
 
-class ResponsesRequest(OpenAIModel):
-    """vLLM's Responses API request, for the type hints of ported parsers: forkless serves no
-    Responses API, so no endpoint creates one (parsers only ever get a
-    ``ChatCompletionRequest``); it exists so that a signature written for vLLM
-    (``request: ChatCompletionRequest | ResponsesRequest``) imports and evaluates."""
+class ResponsesRequest(RequestModel):
+    """OpenAI's Responses API request (``POST /v1/responses``), the fields forkless serves.
+
+    ``input`` is a string (one user message) or a list of items: messages (``role`` and
+    ``content``, a string or ``input_text`` / ``output_text`` parts), ``function_call``
+    and ``function_call_output`` items, and ``reasoning`` items. Tools are flat
+    ``{"type": "function", "name", "description", "parameters"}`` objects.
+    """
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = None
+    top_p: float | None = None
+    top_logprobs: int | None = Field(None, ge=0)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = True
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    stream: bool | None = False
+    store: bool | None = True
+    previous_response_id: str | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    truncation: Literal["auto", "disabled"] | None = "disabled"
+    include: list[str] | None = None
+    background: bool | None = False
+    service_tier: str | None = None
+    # vLLM's extensions, as on chat completions.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    request_id: str | None = None
+    priority: int = 0
+    cache_salt: str | None = None
+    extra_args: dict[str, Any] | None = None
+    vllm_xargs: dict[str, Any] | None = None
 
 
 class ChatCompletionRequest(SamplingFields):

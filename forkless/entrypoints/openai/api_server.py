@@ -44,6 +44,7 @@ from forkless.protocol.openai import (
     DetokenizeResponse,
     LoadLoRAAdapterRequest,
     ModelList,
+    ResponsesRequest,
     TokenizeRequest,
     TokenizeResponse,
     UnloadLoRAAdapterRequest,
@@ -51,6 +52,7 @@ from forkless.protocol.openai import (
 from forkless.entrypoints.openai.serving import OpenAIServing
 from forkless.entrypoints.openai.serving_models import LoRAModulePath, ServingModels
 from forkless.entrypoints.openai.serving_pooling import attach_pooling_routes
+from forkless.entrypoints.openai.serving_responses import OpenAIServingResponses
 from forkless.logger import init_logger
 from forkless.plugins import DEPRECATIONS, ENDPOINT_PLUGINS_GROUP, DeprecatedError, call_plugins_by_group, import_path
 from forkless.version import __version__
@@ -278,6 +280,23 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         check_deprecated(request, req)
         pooling.refuse_generation("/v1/chat/completions")
         return respond(await _cancel_on_disconnect(request, serving.create_chat_completion(req, request)))
+
+    responses = OpenAIServingResponses(serving)
+
+    @app.post("/v1/responses")
+    async def create_response(req: ResponsesRequest, request: Request) -> Response:
+        check_deprecated(request, req)
+        pooling.refuse_generation("/v1/responses")
+        result = await _cancel_on_disconnect(request, responses.create(req, request))
+        return JSONResponse(result) if isinstance(result, dict) else respond(result)
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str) -> JSONResponse:
+        return JSONResponse(responses.retrieve(response_id))
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> JSONResponse:
+        return JSONResponse(responses.delete(response_id))
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest, request: Request) -> TokenizeResponse:

@@ -1,0 +1,492 @@
+"""OpenAI's Responses API (``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``)
+on top of chat completions.
+
+Invariants:
+    * A Responses request becomes one chat completions request (instructions first as a
+      system message, then the stored conversation of ``previous_response_id``, then
+      ``input``), served by :class:`OpenAIServing` exactly as ``/v1/chat/completions``
+      is: the same template, parsers, limits and errors. The chat answer (or its SSE
+      chunks) is then rewritten into Responses output items (``reasoning``, ``message``,
+      ``function_call``) or Responses stream events.
+    * Fields forkless cannot honour (other tool types than ``function``, ``background``,
+      ``reasoning.effort``, image input...) are a 400 naming the field; an error from the
+      chat path names the Responses field it came from (``max_output_tokens``, ``text``).
+    * ``store`` (OpenAI's default: true) keeps the response and its conversation in
+      memory for ``previous_response_id`` and ``GET``, at most
+      ``FORKLESS_RESPONSES_STORE_SIZE`` responses, the oldest dropped first; nothing is
+      written to disk, and a restart forgets them all.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+from forkless import envs
+from forkless.entrypoints.openai.errors import BadRequest
+from forkless.protocol.openai import ChatCompletionRequest, ChatCompletionResponse, ResponsesRequest
+
+if TYPE_CHECKING:
+    from forkless.entrypoints.openai.serving import OpenAIServing
+
+# A chat field's error, renamed to the Responses field that set it.
+_PARAM_NAMES = {"max_completion_tokens": "max_output_tokens", "response_format": "text", "messages": "input"}
+_TEXT_PARTS = ("input_text", "output_text", "text")
+# Responses fields forkless does not implement (refused unless null).
+_REFUSED = {"conversation": "chain responses with previous_response_id",
+            "prompt": "prompt templates are not stored here; send input",
+            "max_tool_calls": "the model's tool calls are not limited here",
+            "stream_options": "a streamed response always ends with its usage"}
+_INCLUDABLE = ("message.output_text.logprobs", "reasoning.encrypted_content")
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponsesStore:
+    """Stored responses and the conversations they end, the oldest dropped past ``size``."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
+
+    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        if self.size <= 0:
+            return
+        self._items[response["id"]] = (response, conversation)
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+    def get(self, response_id: str, param: str = "response_id") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """The response and its conversation (chat messages, the output's included).
+
+        Raises:
+            BadRequest: 404, no such stored response.
+        """
+        found = self._items.get(response_id)
+        if found is None:
+            raise BadRequest(f"no stored response {response_id!r} (responses are kept in memory, at most "
+                             f"{self.size} of them: FORKLESS_RESPONSES_STORE_SIZE)", param, status=404,
+                             err_type="NotFoundError")
+        return found
+
+    def delete(self, response_id: str) -> None:
+        self.get(response_id)
+        del self._items[response_id]
+
+
+class OpenAIServingResponses:
+    """``/v1/responses`` through an :class:`OpenAIServing`'s chat completions."""
+
+    def __init__(self, chat: "OpenAIServing") -> None:
+        self.chat = chat
+        self.store = ResponsesStore(envs.FORKLESS_RESPONSES_STORE_SIZE)
+
+    # -- request -------------------------------------------------------------------------
+    def _chat_request(self, req: ResponsesRequest) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
+        """The chat completions request, and the conversation (without instructions) it holds."""
+        if req.background:
+            raise BadRequest("background responses are not supported", "background")
+        extra = req.model_extra or {}
+        for name, why in _REFUSED.items():
+            if extra.get(name) is not None:
+                raise BadRequest(f"{name} is not supported: {why}", name)
+        self.chat.ignored_fields.note([name for name in extra if name not in _REFUSED])
+        if req.reasoning and req.reasoning.get("effort") is not None:
+            raise BadRequest("reasoning.effort is not supported; a reasoning model thinks as its chat template "
+                             "says", "reasoning")
+        for name in req.include or []:
+            if name not in _INCLUDABLE:
+                raise BadRequest(f"include {name!r} is not supported (supported: {', '.join(_INCLUDABLE)})",
+                                 "include")
+        conversation: list[dict[str, Any]] = []
+        if req.previous_response_id is not None:
+            conversation = list(self.store.get(req.previous_response_id, "previous_response_id")[1])
+        conversation += _input_messages(req.input)
+        messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
+        fields: dict[str, Any] = dict(
+            model=req.model, messages=messages, max_completion_tokens=req.max_output_tokens,
+            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
+            repetition_penalty=req.repetition_penalty, user=req.user, request_id=req.request_id,
+            priority=req.priority, cache_salt=req.cache_salt, stream=bool(req.stream),
+            parallel_tool_calls=req.parallel_tool_calls, extra_args=req.extra_args, vllm_xargs=req.vllm_xargs,
+        )
+        if req.top_logprobs is not None:
+            fields.update(logprobs=True, top_logprobs=req.top_logprobs)
+        if req.truncation == "auto":
+            fields["truncate_prompt_tokens"] = -1
+        if req.stream:
+            fields["stream_options"] = {"include_usage": True}
+        if req.tools:
+            fields["tools"] = [_chat_tool(t, i) for i, t in enumerate(req.tools)]
+        if req.tool_choice is not None:
+            fields["tool_choice"] = _chat_tool_choice(req.tool_choice)
+        if req.text is not None and req.text.get("format") is not None:
+            fields["response_format"] = _response_format(req.text["format"])
+        try:
+            return ChatCompletionRequest(**{k: v for k, v in fields.items() if v is not None}), conversation
+        except ValueError as exc:  # pydantic's ValidationError: a malformed item or tool
+            raise BadRequest(f"invalid request: {exc}", None) from None
+
+    async def create(self, req: ResponsesRequest, raw_request: Any) -> Any:
+        """The response (a dict), or its stream of SSE events.
+
+        Raises:
+            BadRequest: The request is invalid (``param`` names its Responses field).
+        """
+        chat_req, conversation = self._chat_request(req)
+        try:
+            result = await self.chat.create_chat_completion(chat_req, raw_request)
+        except BadRequest as exc:
+            if exc.param in _PARAM_NAMES:
+                exc.message = exc.message.replace(exc.param, _PARAM_NAMES[exc.param])
+                exc.param = _PARAM_NAMES[exc.param]
+            raise
+        if req.stream:
+            return self._stream(req, result, conversation)
+        assert isinstance(result, ChatCompletionResponse)
+        choice = result.choices[0]
+        message = choice.message
+        items = _output_items(message.reasoning, message.content, [
+            {"call_id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+            for c in message.tool_calls], _content_logprobs(choice.logprobs) if req.top_logprobs is not None else None)
+        usage = result.usage
+        response = self._response(req, items, "incomplete" if choice.finish_reason == "length" else "completed",
+                                  usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0)
+        self._remember(req, response, conversation)
+        return response
+
+    def retrieve(self, response_id: str) -> dict[str, Any]:
+        return self.store.get(response_id)[0]
+
+    def delete(self, response_id: str) -> dict[str, Any]:
+        self.store.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    # -- response ------------------------------------------------------------------------
+    def _response(self, req: ResponsesRequest, output: list[dict[str, Any]], status: str, input_tokens: int,
+                  output_tokens: int, response_id: str | None = None, created_at: int | None = None
+                  ) -> dict[str, Any]:
+        fmt = (req.text or {}).get("format") or {"type": "text"}
+        return {
+            "id": response_id or _id("resp"), "object": "response", "created_at": created_at or int(time.time()),
+            "status": status, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "model": self.chat.model_name if req.model is None else req.model, "output": output,
+            "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": req.previous_response_id,
+            "reasoning": {"effort": None, "summary": None}, "store": req.store is not False,
+            "temperature": req.temperature, "text": {"format": fmt}, "tool_choice": req.tool_choice or "auto",
+            "tools": req.tools or [], "top_p": req.top_p, "truncation": req.truncation or "disabled",
+            "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": input_tokens + output_tokens},
+            "user": req.user, "metadata": req.metadata or {},
+        }
+
+    def _remember(self, req: ResponsesRequest, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        if req.store is not False:
+            self.store.put(response, conversation + _assistant_messages(response["output"]))
+
+    async def _stream(self, req: ResponsesRequest, chunks: AsyncIterator[str],
+                      conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
+        """The chat stream's chunks, rewritten as Responses events."""
+        events = _EventWriter()
+        response_id, created = _id("resp"), int(time.time())
+        shell = self._response(req, [], "in_progress", 0, 0, response_id, created)
+        shell["usage"] = None
+        yield events.emit("response.created", response=shell)
+        yield events.emit("response.in_progress", response=shell)
+        builder = _StreamedOutput(events, req.top_logprobs is not None)
+        finish, usage = None, None
+        async for raw in chunks:
+            for data in _sse_data(raw):
+                if data == "[DONE]":
+                    continue
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    for event in builder.close():
+                        yield event
+                    error = chunk["error"]
+                    yield events.emit("error", code=str(error.get("code")), message=error.get("message"),
+                                      param=error.get("param"))
+                    failed = self._response(req, builder.items, "failed", 0, 0, response_id, created)
+                    failed["error"] = {"code": "server_error", "message": error.get("message")}
+                    yield events.emit("response.failed", response=failed)
+                    return
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    for event in builder.delta(choice.get("delta") or {}, choice.get("logprobs")):
+                        yield event
+                    finish = choice.get("finish_reason") or finish
+        for event in builder.close():
+            yield event
+        status = "incomplete" if finish == "length" else "completed"
+        response = self._response(req, builder.items, status, (usage or {}).get("prompt_tokens", 0),
+                                  (usage or {}).get("completion_tokens", 0), response_id, created)
+        self._remember(req, response, conversation)
+        yield events.emit(f"response.{status}", response=response)
+
+
+class _EventWriter:
+    """Responses SSE events, numbered in order (``sequence_number``)."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+
+    def emit(self, kind: str, **fields: Any) -> str:
+        body = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return f"event: {kind}\ndata: {json.dumps(body)}\n\n"
+
+
+class _StreamedOutput:
+    """The output items of a streamed response, opened and closed as the chat deltas
+    switch between reasoning, text and tool calls."""
+
+    def __init__(self, events: _EventWriter, with_logprobs: bool) -> None:
+        self.events = events
+        self.with_logprobs = with_logprobs
+        self.items: list[dict[str, Any]] = []
+        self.open: dict[str, Any] | None = None  # the item being streamed
+        self.calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> its item
+
+    def delta(self, delta: dict[str, Any], logprobs: dict[str, Any] | None) -> list[str]:
+        out: list[str] = []
+        if delta.get("reasoning"):
+            out += self._open("reasoning")
+            self.open["content"][0]["text"] += delta["reasoning"]
+            out.append(self.events.emit("response.reasoning_text.delta", item_id=self.open["id"],
+                                        output_index=len(self.items) - 1, content_index=0, delta=delta["reasoning"]))
+        if delta.get("content"):
+            out += self._open("message")
+            part = self.open["content"][0]
+            part["text"] += delta["content"]
+            lps = _content_logprobs(logprobs) if self.with_logprobs else []
+            if self.with_logprobs:
+                part["logprobs"] += lps
+            out.append(self.events.emit("response.output_text.delta", item_id=self.open["id"],
+                                        output_index=len(self.items) - 1, content_index=0, delta=delta["content"],
+                                        logprobs=lps))
+        for call in delta.get("tool_calls") or []:
+            function = call.get("function") or {}
+            item = self.calls.get(call["index"])
+            if item is None:
+                out += self._close()
+                item = {"type": "function_call", "id": _id("fc"), "call_id": call.get("id") or _id("call"),
+                        "name": function.get("name") or "", "arguments": "", "status": "in_progress"}
+                self.calls[call["index"]] = item
+                self.items.append(item)
+                self.open = item
+                out.append(self.events.emit("response.output_item.added", output_index=len(self.items) - 1,
+                                            item=item))
+            if function.get("arguments"):
+                item["arguments"] += function["arguments"]
+                out.append(self.events.emit("response.function_call_arguments.delta", item_id=item["id"],
+                                            output_index=self.items.index(item), delta=function["arguments"]))
+        return out
+
+    def _open(self, kind: str) -> list[str]:
+        if self.open is not None and self.open["type"] == kind:
+            return []
+        out = self._close()
+        if kind == "reasoning":
+            item = {"type": "reasoning", "id": _id("rs"), "summary": [],
+                    "content": [{"type": "reasoning_text", "text": ""}], "status": "in_progress"}
+        else:
+            item = {"type": "message", "id": _id("msg"), "role": "assistant", "status": "in_progress",
+                    "content": [_text_part("", [] if self.with_logprobs else None)]}
+        self.items.append(item)
+        self.open = item
+        index = len(self.items) - 1
+        out.append(self.events.emit("response.output_item.added", output_index=index,
+                                    item={**item, "content": []} if kind == "message" else item))
+        if kind == "message":
+            out.append(self.events.emit("response.content_part.added", item_id=item["id"], output_index=index,
+                                        content_index=0, part=_text_part("", [] if self.with_logprobs else None)))
+        return out
+
+    def _close(self) -> list[str]:
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        item["status"] = "completed"
+        index = self.items.index(item)
+        out = []
+        if item["type"] == "reasoning":
+            out.append(self.events.emit("response.reasoning_text.done", item_id=item["id"], output_index=index,
+                                        content_index=0, text=item["content"][0]["text"]))
+        elif item["type"] == "message":
+            part = item["content"][0]
+            out.append(self.events.emit("response.output_text.done", item_id=item["id"], output_index=index,
+                                        content_index=0, text=part["text"], logprobs=part.get("logprobs") or []))
+            out.append(self.events.emit("response.content_part.done", item_id=item["id"], output_index=index,
+                                        content_index=0, part=part))
+        else:
+            out.append(self.events.emit("response.function_call_arguments.done", item_id=item["id"],
+                                        output_index=index, arguments=item["arguments"]))
+        out.append(self.events.emit("response.output_item.done", output_index=index, item=item))
+        return out
+
+    def close(self) -> list[str]:
+        """Close the open item; an output with no item at all gets an empty message, as a
+        response that is not streamed has."""
+        if not self.items:
+            return self._open("message") + self._close()
+        return self._close()
+
+
+def _sse_data(raw: str) -> list[str]:
+    """The ``data:`` payloads of one or more SSE events."""
+    return [line[len("data: "):] for line in raw.split("\n") if line.startswith("data: ")]
+
+
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": "output_text", "text": text, "annotations": []}
+    if logprobs is not None:
+        part["logprobs"] = logprobs
+    return part
+
+
+def _content_logprobs(logprobs: Any) -> list[dict[str, Any]]:
+    """Chat logprobs (a model or its dict) as an ``output_text`` part's ``logprobs``."""
+    if logprobs is None:
+        return []
+    content = logprobs["content"] if isinstance(logprobs, dict) else [c.model_dump() for c in logprobs.content]
+    return [{"token": c["token"], "logprob": c["logprob"], "bytes": c["bytes"],
+             "top_logprobs": [{"token": t["token"], "logprob": t["logprob"], "bytes": t["bytes"]}
+                              for t in c.get("top_logprobs") or []]} for c in content or []]
+
+
+def _output_items(reasoning: str | None, content: str | None, calls: list[dict[str, str]],
+                  logprobs: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    if reasoning:
+        items.append({"type": "reasoning", "id": _id("rs"), "summary": [],
+                      "content": [{"type": "reasoning_text", "text": reasoning}], "status": "completed"})
+    if content or not calls:
+        items.append({"type": "message", "id": _id("msg"), "role": "assistant", "status": "completed",
+                      "content": [_text_part(content or "", logprobs)]})
+    for call in calls:
+        items.append({"type": "function_call", "id": _id("fc"), "call_id": call["call_id"], "name": call["name"],
+                      "arguments": call["arguments"], "status": "completed"})
+    return items
+
+
+def _assistant_messages(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A response's output items as the chat messages a next turn's template reads."""
+    message: dict[str, Any] = {"role": "assistant", "content": ""}
+    for item in output:
+        if item["type"] == "reasoning":
+            message["reasoning"] = item["content"][0]["text"]
+        elif item["type"] == "message":
+            message["content"] += "".join(p["text"] for p in item["content"])
+        elif item["type"] == "function_call":
+            message.setdefault("tool_calls", []).append(
+                {"id": item["call_id"], "type": "function",
+                 "function": {"name": item["name"], "arguments": item["arguments"]}})
+    return [message]
+
+
+def _input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``input`` as chat messages.
+
+    Raises:
+        BadRequest: An item of a kind forkless does not take, or a malformed one.
+    """
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    messages: list[dict[str, Any]] = []
+    reasoning: str | None = None  # a reasoning item, for the assistant turn after it
+    for i, item in enumerate(value):
+        kind = item.get("type", "message")
+        where = f"input[{i}]"
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise BadRequest(f"{where}.role {role!r} is invalid: expected user, system, developer or assistant",
+                                 "input")
+            message: dict[str, Any] = {"role": role, "content": _text_content(item.get("content"), where)}
+            if role == "assistant" and reasoning is not None:
+                message["reasoning"], reasoning = reasoning, None
+            messages.append(message)
+        elif kind == "function_call":
+            call = {"id": _required(item, "call_id", where), "type": "function",
+                    "function": {"name": _required(item, "name", where), "arguments": _required(item, "arguments", where)}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
+                last["tool_calls"].append(call)  # parallel calls of one turn
+            else:
+                message = {"role": "assistant", "content": "", "tool_calls": [call]}
+                if reasoning is not None:
+                    message["reasoning"], reasoning = reasoning, None
+                messages.append(message)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": _required(item, "call_id", where),
+                             "content": output if isinstance(output, str) else _text_content(output, where)})
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            reasoning = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+        else:
+            raise BadRequest(f"{where}.type {kind!r} is not supported (supported: message, function_call, "
+                             "function_call_output, reasoning)", "input")
+    if not messages:
+        raise BadRequest("input has no messages", "input")
+    return messages
+
+
+def _required(item: dict[str, Any], key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise BadRequest(f"{where}.{key} is missing or not a string", "input")
+    return value
+
+
+def _text_content(content: Any, where: str) -> str:
+    """A message's content (a string, or text parts) as one string."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"{where}.content must be a string or a list of text parts", "input")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise BadRequest(f"{where}.content[{j}] of type {kind!r} is not supported: this server takes text "
+                             "(input_text, output_text)", "input")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def _chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
+    if tool.get("type") != "function":
+        raise BadRequest(f"tools[{i}] of type {tool.get('type')!r} is not supported: only function tools",
+                         "tools")
+    if not isinstance(tool.get("name"), str):
+        raise BadRequest(f"tools[{i}].name is missing", "tools")
+    function = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: str | dict[str, Any]) -> Any:
+    if isinstance(choice, str):
+        return choice
+    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise BadRequest(f"tool_choice {choice!r} is not supported: give none, auto, required or "
+                     '{"type": "function", "name": ...}', "tool_choice")
+
+
+def _response_format(fmt: dict[str, Any]) -> dict[str, Any]:
+    kind = fmt.get("type")
+    if kind in ("text", "json_object"):
+        return {"type": kind}
+    if kind == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    raise BadRequest(f"text.format type {kind!r} is invalid: expected text, json_object or json_schema", "text")

@@ -1,0 +1,143 @@
+"""OpenAI's Responses API (/v1/responses) through the official ``openai`` client: the same
+generation as chat completions, streamed events that add up to the whole response, stored
+responses and previous_response_id, function calls and reasoning as output items, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import Server, start_server
+from tests.server.force_tokens import PATH as FORCE
+from tests.server.test_chat_tools import ARGUMENTS, HERE, OUTPUT, REASONING, forced
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def _tokens(server: Server, messages: list[dict]) -> int:
+    return httpx.post(server.url + "/tokenize", json={"model": "tiny", "messages": messages}, timeout=30).json()["count"]
+
+
+def test_a_response_is_the_chat_completion_of_its_messages(server: Server) -> None:
+    client = server.client()
+    r = client.responses.create(model="tiny", input="Hello there", instructions="Be brief.", max_output_tokens=6,
+                                temperature=0, metadata={"k": "v"})
+    chat = client.chat.completions.create(model="tiny", max_tokens=6, temperature=0, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}])
+    assert r.id.startswith("resp_") and r.object == "response" and r.metadata == {"k": "v"}
+    assert r.output_text == chat.choices[0].message.content
+    assert (r.status, r.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
+    (item,) = r.output
+    assert item.type == "message" and item.role == "assistant" and item.content[0].type == "output_text"
+
+    events = list(client.responses.create(model="tiny", input="Hello there", instructions="Be brief.",
+                                          max_output_tokens=6, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.incomplete"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
+    assert events[-1].response.output_text == r.output_text and events[-1].response.usage.output_tokens == 6
+
+
+def test_previous_response_id_continues_the_conversation(server: Server) -> None:
+    client = server.client()
+    first = client.responses.create(model="tiny", input="First question", max_output_tokens=4, temperature=0,
+                                    instructions="Not carried over.")
+    second = client.responses.create(model="tiny", input="Second question", max_output_tokens=4, temperature=0,
+                                     previous_response_id=first.id)
+    history = [{"role": "user", "content": "First question"}, {"role": "assistant", "content": first.output_text},
+               {"role": "user", "content": "Second question"}]
+    assert second.usage.input_tokens == _tokens(server, history)
+    assert client.responses.retrieve(first.id).output_text == first.output_text
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.responses.create(model="tiny", input="Again", previous_response_id=first.id)
+    assert info.value.body["param"] == "previous_response_id"
+    unstored = client.responses.create(model="tiny", input="x", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unstored.id)
+
+
+def test_top_logprobs_come_with_the_text(server: Server) -> None:
+    r = server.client().responses.create(model="tiny", input="Hi", max_output_tokens=3, temperature=0,
+                                         top_logprobs=2, include=["message.output_text.logprobs"])
+    logprobs = r.output[0].content[0].logprobs
+    assert len(logprobs) == 3 and all(len(t.top_logprobs) == 2 for t in logprobs)
+    assert "".join(t.token for t in logprobs) == r.output_text
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"tools": [{"type": "web_search"}]}, "tools"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/i.png"}]}]}, "input"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input"),
+    ({"background": True}, "background"),
+    ({"max_output_tokens": 100000}, "max_output_tokens"),
+    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"include": ["file_search_call.results"]}, "include"),
+    ({"text": {"format": {"type": "yaml"}}}, "text"),
+    ({"conversation": "conv_1"}, "conversation"),
+])
+def test_what_cannot_be_honoured_is_a_400_naming_the_field(server: Server, fields: dict, param: str) -> None:
+    body = {"model": "tiny", "input": "Hi", **fields}
+    r = httpx.post(server.url + "/v1/responses", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+    if param == "max_output_tokens":
+        assert "max_output_tokens" in r.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def tool_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = start_server(tiny_llama, tmp_path_factory.mktemp("responses-tools"), "--logits-processors", FORCE,
+                       "--tool-call-parser", "hermes", "--enable-auto-tool-choice", "--reasoning-parser", "qwen3",
+                       "--served-model-name", "tiny", env_extra={"PYTHONPATH": str(HERE)})
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_llama: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_llama)
+
+
+def test_reasoning_and_function_calls_are_output_items(tool_server: Server, tokenizer) -> None:
+    client = tool_server.client()
+    kwargs = dict(model="tiny", input="What is the weather in Paris?", tools=[WEATHER],
+                  extra_body=forced(tokenizer, OUTPUT))
+    r = client.responses.create(**kwargs)
+    assert [o.type for o in r.output] == ["reasoning", "message", "function_call"]
+    assert r.output[0].content[0].text == REASONING
+    call = r.output[2]
+    assert (call.name, call.arguments) == ("get_weather", ARGUMENTS) and call.call_id
+    assert r.status == "completed"
+
+    events = list(client.responses.create(stream=True, **kwargs))
+    final = events[-1].response
+    assert events[-1].type == "response.completed"
+    assert [o.type for o in final.output] == ["reasoning", "message", "function_call"]
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == REASONING
+    assert "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta") == ARGUMENTS
+    assert final.output[2].arguments == ARGUMENTS
+    added = [e.item.type for e in events if e.type == "response.output_item.added"]
+    done = [e.item.type for e in events if e.type == "response.output_item.done"]
+    assert added == done == ["reasoning", "message", "function_call"]
+
+    # The call's result goes back as a function_call_output item of the next turn.
+    follow = client.responses.create(model="tiny", previous_response_id=r.id, tools=[WEATHER], max_output_tokens=2,
+                                     input=[{"type": "function_call_output", "call_id": call.call_id,
+                                             "output": json.dumps({"temperature": 21})}])
+    assert follow.status in ("completed", "incomplete") and follow.usage.input_tokens > r.usage.input_tokens
