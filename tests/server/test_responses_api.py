@@ -141,3 +141,22 @@ def test_reasoning_and_function_calls_are_output_items(tool_server: Server, toke
                                      input=[{"type": "function_call_output", "call_id": call.call_id,
                                              "output": json.dumps({"temperature": 21})}])
     assert follow.status in ("completed", "incomplete") and follow.usage.input_tokens > r.usage.input_tokens
+
+
+def test_the_store_drops_the_oldest_past_its_count_or_size() -> None:
+    from forkless.entrypoints.openai.errors import BadRequest
+    from forkless.entrypoints.openai.serving_responses import ResponsesStore
+
+    store = ResponsesStore(size=2, max_chars=400)
+    for i in range(3):
+        store.put({"id": f"r{i}"}, [{"role": "user", "content": "x" * 10}])
+    with pytest.raises(BadRequest):
+        store.get("r0")
+    assert store.get("r2")[0] == {"id": "r2"}
+    store.put({"id": "big"}, [{"role": "user", "content": "y" * 300}])  # fits alone: the older go
+    with pytest.raises(BadRequest):
+        store.get("r1")
+    store.put({"id": "huge"}, [{"role": "user", "content": "z" * 500}])  # over the whole budget: not kept
+    with pytest.raises(BadRequest):
+        store.get("huge")
+    assert store.get("big")[0] == {"id": "big"}

@@ -13,8 +13,9 @@ Invariants:
       chat path names the Responses field it came from (``max_output_tokens``, ``text``).
     * ``store`` (OpenAI's default: true) keeps the response and its conversation in
       memory for ``previous_response_id`` and ``GET``, at most
-      ``FORKLESS_RESPONSES_STORE_SIZE`` responses, the oldest dropped first; nothing is
-      written to disk, and a restart forgets them all.
+      ``FORKLESS_RESPONSES_STORE_SIZE`` responses and :data:`MAX_STORED_CHARS` characters
+      of JSON, the oldest dropped first; nothing is written to disk, and a restart forgets
+      them all.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ _REFUSED = {"conversation": "chain responses with previous_response_id",
             "max_tool_calls": "the model's tool calls are not limited here",
             "stream_options": "a streamed response always ends with its usage"}
 _INCLUDABLE = ("message.output_text.logprobs", "reasoning.encrypted_content")
+# The stored responses' JSON, at most (their conversations included).
+MAX_STORED_CHARS = 256 << 20
 
 
 def _id(prefix: str) -> str:
@@ -48,18 +51,24 @@ def _id(prefix: str) -> str:
 
 
 class ResponsesStore:
-    """Stored responses and the conversations they end, the oldest dropped past ``size``."""
+    """Stored responses and the conversations they end, the oldest dropped past ``size``
+    responses or past :data:`MAX_STORED_CHARS` characters of JSON in all (so that many
+    long conversations cannot exhaust the API server's memory)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, max_chars: int = MAX_STORED_CHARS) -> None:
         self.size = size
-        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
+        self.max_chars = max_chars
+        self._chars = 0
+        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]], int]] = OrderedDict()
 
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        if self.size <= 0:
+        chars = len(json.dumps(response)) + len(json.dumps(conversation))
+        if self.size <= 0 or chars > self.max_chars:
             return
-        self._items[response["id"]] = (response, conversation)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
+        self._items[response["id"]] = (response, conversation, chars)
+        self._chars += chars
+        while len(self._items) > self.size or self._chars > self.max_chars:
+            self._chars -= self._items.popitem(last=False)[1][2]
 
     def get(self, response_id: str, param: str = "response_id") -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The response and its conversation (chat messages, the output's included).
@@ -72,11 +81,11 @@ class ResponsesStore:
             raise BadRequest(f"no stored response {response_id!r} (responses are kept in memory, at most "
                              f"{self.size} of them: FORKLESS_RESPONSES_STORE_SIZE)", param, status=404,
                              err_type="NotFoundError")
-        return found
+        return found[0], found[1]
 
     def delete(self, response_id: str) -> None:
         self.get(response_id)
-        del self._items[response_id]
+        self._chars -= self._items.pop(response_id)[2]
 
 
 class OpenAIServingResponses:
