@@ -456,7 +456,8 @@ class AsyncLLM:
                     queue.put_nowait(request_output)
             if result.reqs_to_abort:
                 await self.client.abort_requests(result.reqs_to_abort)
-            self._record(outputs.scheduler_stats, iteration_stats(result.num_new_tokens, result.finished))
+            self._record(outputs.scheduler_stats,
+                         iteration_stats(result.num_new_tokens, result.finished, result.first_tokens))
         elif kind == ipc.REQUEST_ERROR:
             data = ipc.decode(payload)
             parent = self._parent_of.get(data["request_id"])

@@ -38,6 +38,8 @@ class OutputProcessorOutput:
         request_outputs: One ``RequestOutput`` per parent request with news.
         reqs_to_abort: Engine-core ids finished by a stop string: abort them in the core.
         finished: Timings of completions that finished.
+        first_tokens: Timings of completions that got their first token (their prompt is
+            done): the batch's prompt tokens and times to first token.
         num_new_tokens: Tokens the step generated for requests still tracked (a request
             finished or aborted here may get one more from a step the core had begun;
             nobody sees it, so the metrics do not count it).
@@ -46,6 +48,7 @@ class OutputProcessorOutput:
     request_outputs: list[RequestOutput] = field(default_factory=list)
     reqs_to_abort: list[str] = field(default_factory=list)
     finished: list[RequestTiming] = field(default_factory=list)
+    first_tokens: list[RequestTiming] = field(default_factory=list)
     num_new_tokens: int = 0
 
 
@@ -294,8 +297,11 @@ class OutputProcessor:
             if child is None or child.finish_reason is not None:
                 continue
             num_new_tokens += len(out.new_token_ids)
+            first = child.first_token_time is None and bool(out.new_token_ids)
             if child.update(out, now):
                 result.reqs_to_abort.append(child.request_id)
+            if first:
+                result.first_tokens.append(child.timing())
             parent = child.parent
             if child.finish_reason is not None:
                 del children_by_id[child.request_id]

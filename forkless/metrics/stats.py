@@ -93,18 +93,22 @@ class IterationStats:
         return self.inter_token_latencies
 
 
-def iteration_stats(num_new_tokens: int, finished: list[RequestTiming]) -> IterationStats:
+def iteration_stats(num_new_tokens: int, finished: list[RequestTiming],
+                    first_tokens: list[RequestTiming] = ()) -> IterationStats:
     """Build the statistics of one batch of outputs.
 
     Args:
         num_new_tokens: Tokens generated in the batch.
         finished: Timings of the completions that finished in it.
+        first_tokens: Timings of the completions that got their first token in it: their
+            prompt tokens and time to first token count in this batch, as vLLM counts them.
     """
     stats = IterationStats(num_generation_tokens=num_new_tokens)
-    for t in finished:
+    for t in first_tokens:
         stats.num_prompt_tokens += t.num_prompt_tokens
         if t.ttft is not None:
             stats.time_to_first_tokens.append(t.ttft)
+    for t in finished:
         if t.first_token_time is not None and t.last_token_time is not None and t.num_generation_tokens > 1:
             stats.inter_token_latencies.append(
                 (t.last_token_time - t.first_token_time) / (t.num_generation_tokens - 1))

@@ -213,3 +213,22 @@ def test_a_stop_tokens_text_is_left_out_unless_asked_for(parts) -> None:
         assert final.token_ids == ids
         texts[include] = final.text
     assert texts == {False: tok.decode(ids[:-1]), True: tok.decode(ids)} and texts[False] != texts[True]
+
+
+def test_prompt_tokens_and_ttft_count_at_the_first_token_not_at_the_end(parts) -> None:
+    # vLLM's iteration stats: a request's prompt tokens and time to first token belong to
+    # the batch that brought its first token, so rates and TTFT do not lag a generation.
+    from forkless.metrics import iteration_stats
+
+    processor, tok = parts
+    ids = tok.encode(TEXT)
+    out_proc = OutputProcessor(tok)
+    prompt = "The quick brown fox"
+    out_proc.add_request(processor.process_inputs("r", prompt, SamplingParams(max_tokens=len(ids))))
+    results = _feed(out_proc, "r", ids, FinishReason.LENGTH)
+    stats = [iteration_stats(r.num_new_tokens, r.finished, r.first_tokens) for r in results]
+    prompt_len = len(tok.encode(prompt))
+    assert [s.num_prompt_tokens for s in stats] == [prompt_len] + [0] * (len(ids) - 1)
+    assert [len(s.time_to_first_tokens) for s in stats] == [1] + [0] * (len(ids) - 1)
+    assert [len(s.finished_requests) for s in stats] == [0] * (len(ids) - 1) + [1]
+    assert sum(s.num_generation_tokens for s in stats) == len(ids)
