@@ -145,7 +145,7 @@ class BeamSearch:
                 generated = beam.tokens[inst.prompt_len:]
                 if beam.finish_reason == "stop" and not self.params.include_stop_str_in_output:
                     generated = generated[:-1]
-                beam.text = tokenizer.decode(generated)
+                beam.text = tokenizer.decode(generated, skip_special_tokens=self.params.skip_special_tokens)
             outputs.append(BeamSearchOutput(best))
         return outputs
 

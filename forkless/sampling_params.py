@@ -460,6 +460,7 @@ class BeamSearchParams:
             ``2 * beam_width`` (0: greedy, adding nothing).
         length_penalty: Scores divide the cumulative logprob by ``length ** length_penalty``.
         include_stop_str_in_output: Keep the EOS token's text in ``text``.
+        skip_special_tokens: Leave special tokens' text out of ``text``.
     """
 
     beam_width: int
@@ -468,6 +469,7 @@ class BeamSearchParams:
     temperature: float = 0.0
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         for name in ("beam_width", "max_tokens"):

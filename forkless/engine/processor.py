@@ -260,17 +260,15 @@ class Processor:
                 f"the tokenizer in {self.config.model_config.tokenizer} has no chat template; pass "
                 "chat_template=... or use generate() with a plain prompt"
             )
+        # The request's own template variables win over the arguments (vLLM's order), so
+        # that chat_template_kwargs may set add_generation_prompt, tools or documents too.
+        variables: dict[str, Any] = dict(chat_template=chat_template, tools=tools, documents=documents,
+                                         add_generation_prompt=add_generation_prompt and not continue_final_message,
+                                         continue_final_message=continue_final_message)
+        variables.update(chat_template_kwargs or {})
+        variables.pop("tokenize", None)  # the text is tokenized below, with the template's special tokens
         try:
-            text = tokenizer.apply_chat_template(
-                messages,
-                chat_template=chat_template,
-                tools=tools,
-                documents=documents,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt and not continue_final_message,
-                continue_final_message=continue_final_message,
-                **(chat_template_kwargs or {}),
-            )
+            text = tokenizer.apply_chat_template(messages, tokenize=False, **variables)
         except (TemplateError, TypeError) as exc:
             # Templates reject conversations with raise_exception(...), or trip over a value
             # they did not expect (content None in an assistant turn); the user must see why.

@@ -195,11 +195,16 @@ class SamplingFields(RequestModel):
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     # OpenAI's and vLLM's default for completions (chat's is what the context leaves);
-    # an explicit null also means what the context leaves, as in vLLM.
+    # an explicit null is that default too, as vLLM normalizes it.
     max_tokens: int | None = 16
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
+
+    @field_validator("max_tokens", mode="before")
+    @classmethod
+    def _null_max_tokens_is_16(cls, value: Any) -> Any:
+        return 16 if value is None else value
 
 
 class ChatMessage(OpenAIModel):

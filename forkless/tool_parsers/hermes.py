@@ -1,7 +1,8 @@
 """``hermes``: calls written as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
 
-The format of Hermes 2 Pro, Qwen 2.5/3 and many others. Text outside the blocks is
-content; any number of blocks may follow one another.
+The format of Hermes 2 Pro, Qwen 2.5/3 and many others. The text before the first block
+is content (as vLLM's parser has it: what a model writes between or after its calls is
+not an answer); any number of blocks may follow one another.
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ class Hermes2ProToolParser(ScanningToolParser):
         while True:
             k = text.find(START, pos)
             if k < 0:
-                tail = text[pos:]
-                result.content += tail if final else tail[: len(tail) - held_tag_prefix(tail, START)]
+                if not result.calls:
+                    tail = text[pos:]
+                    result.content += tail if final else tail[: len(tail) - held_tag_prefix(tail, START)]
                 return result
-            result.content += text[pos:k]
+            if not result.calls:
+                result.content += text[pos:k]
             obj = scan_object(text, k + len(START))
             if obj.error:
                 result.valid = False

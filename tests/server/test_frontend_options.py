@@ -1,5 +1,6 @@
 """vLLM's front-end flags: CORS (--allowed-origins...), --root-path, TLS (--ssl-*),
---disable-fastapi-docs, --disable-uvicorn-access-log, and --config FILE (flags from YAML)."""
+--disable-fastapi-docs, --disable-uvicorn-access-log, --enable-request-id-headers, and
+--config FILE (flags from YAML)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ disable-uvicorn-access-log: true
 served-model-name: [first, second]
 max-logprobs: 1
 enable-prefix-caching: false
+enable-request-id-headers: true
 """)
     server = start_server(tiny_llama, tmp, "--config", str(config), "--max-logprobs", "3",
                           "--uvicorn-log-level", "info", api_key=KEY, scheme="https")
@@ -88,6 +90,15 @@ def test_cors_answers_the_allowed_origin_only(tls_server: Server) -> None:
     assert _get(tls_server, "/v1/models", headers={"Origin": GOOD_ORIGIN}).status_code == 401
     other = _get(tls_server, "/v1/models", headers={"Origin": "http://evil.example", "Authorization": f"Bearer {KEY}"})
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_request_id_headers(tls_server: Server) -> None:
+    auth = {"Authorization": f"Bearer {KEY}"}
+    given = _get(tls_server, "/v1/models", headers={**auth, "X-Request-Id": "mine"})
+    assert given.headers["x-request-id"] == "mine"
+    made = [_get(tls_server, "/v1/models", headers=auth).headers["x-request-id"] for _ in range(2)]
+    assert len(set(made)) == 2 and all(len(m) == 32 for m in made)
+    assert _get(tls_server, "/health").headers["x-request-id"]  # every answer has one
 
 
 def test_docs_are_off_and_the_open_paths_stay_open_under_the_root_path(tls_server: Server) -> None:

@@ -94,10 +94,12 @@ def test_the_server_samples_with_the_models_defaults_unless_told_otherwise(recom
             return r.json()["choices"][0]
 
         greedy = complete(temperature=0, max_tokens=6)
-        # No sampling fields: top_k=1 from the generation config makes every answer greedy's,
-        # and max_new_tokens=6 is the default length (completions' own default is 16).
+        # No sampling fields: top_k=1 from the generation config makes every answer greedy's
+        # (completions' max_tokens is 16 when left out or null, as vLLM; chat's default
+        # length is the config's max_new_tokens=6).
         for _ in range(3):
-            assert complete(max_tokens=None) == greedy
+            assert complete(max_tokens=6) == greedy
+        assert complete(max_tokens=None, ignore_eos=True)["text"].startswith(greedy["text"])
         chat = httpx.post(server.url + "/v1/chat/completions", json={
             "model": "tiny", "messages": [{"role": "user", "content": "Hi"}]}, timeout=60).json()
         assert chat["usage"]["completion_tokens"] <= 6

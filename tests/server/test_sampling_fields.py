@@ -72,7 +72,7 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
     (_chat(add_special_tokens=True), "add_special_tokens"),
     (_chat(echo=True), "echo"),
     (_chat(chat_template="{{ messages }}"), "chat_template"),
-    (_chat(prompt_logprobs=0, stream=True), "prompt_logprobs"),
+    (_chat(prompt_logprobs=1, stream=True), "prompt_logprobs"),
     (_completion(stream_options={"include_usage": True}), "stream_options"),
     (_chat(stream=True, stream_options={"continuous_usage_stats": True}), "stream_options"),
     (_completion(max_completion_tokens=5), "max_completion_tokens"),
@@ -242,12 +242,12 @@ def test_unknown_stream_options_are_refused() -> None:
 
 def test_completions_default_to_16_tokens_as_openai(server: Server) -> None:
     # Chat's default is what the context leaves; completions' is 16 (OpenAI's and vLLM's),
-    # and an explicit null asks for what the context leaves there too.
+    # and an explicit null is 16 too (vLLM normalizes it).
     r = _post(server, "/v1/completions", {"prompt": PROMPT, "ignore_eos": True, "temperature": 0})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
     r = _post(server, "/v1/completions", {"prompt": PROMPT, "ignore_eos": True, "max_tokens": None,
                                           "temperature": 0})
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 16
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
 
 
 def test_continuous_usage_stats_put_usage_in_every_chunk(server: Server) -> None:
@@ -330,3 +330,81 @@ def test_null_n_and_stream_are_their_defaults() -> None:
     for req in (_completion(n=None, stream=None), _chat(n=None, stream=None)):
         assert (req.n, req.stream) == (1, False)
         assert to_sampling_params(req, 5, None, 5).n == 1
+
+
+def test_echo_with_max_tokens_0_returns_the_prompt_alone(server: Server) -> None:
+    # vLLM's echo without generation (scoring harnesses send it): the prompt, its logprobs, nothing generated.
+    body = {"prompt": PROMPT, "echo": True, "max_tokens": 0, "logprobs": 1}
+    r = _post(server, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    choice, usage = r.json()["choices"][0], r.json()["usage"]
+    assert choice["text"] == PROMPT and usage["completion_tokens"] == 0
+    assert len(choice["logprobs"]["tokens"]) == usage["prompt_tokens"]
+    assert choice["logprobs"]["token_logprobs"][0] is None and None not in choice["logprobs"]["token_logprobs"][1:]
+    streamed = "".join(c.text for c in server.client().completions.create(
+        model="tiny", prompt=PROMPT, echo=True, max_tokens=0, stream=True) for c in c.choices)
+    assert streamed == PROMPT
+
+
+def test_x_request_id_names_the_response(server: Server) -> None:
+    r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": PROMPT, "max_tokens": 1,
+                                                           "request_id": "body-id"},
+                   headers={"X-Request-Id": "from-header"}, timeout=60)
+    assert r.json()["id"] == "cmpl-from-header"  # the header wins over the body, as in vLLM
+    chat = httpx.post(server.url + "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES,
+                                                                  "max_tokens": 1},
+                      headers={"X-Request-Id": "abc"}, timeout=60)
+    assert chat.json()["id"] == "chatcmpl-abc"
+
+
+def test_chat_template_switches(server: Server) -> None:
+    both = _post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1,
+                                                  "continue_final_message": True})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+    ok = _post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 1,
+                                                "continue_final_message": True, "add_generation_prompt": False})
+    assert ok.status_code == 200
+    # chat_template_kwargs override the request's own template arguments, as vLLM lets them.
+    plain = _post(server, "/tokenize", {"messages": MESSAGES, "add_generation_prompt": False}).json()["count"]
+    by_kwargs = _post(server, "/tokenize", {"messages": MESSAGES,
+                                            "chat_template_kwargs": {"add_generation_prompt": False}}).json()
+    assert by_kwargs["count"] == plain
+    assert _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 0,
+                                             "stream": True}).status_code == 200
+    assert _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "model": ""}).status_code == 200
+
+
+@pytest.mark.parametrize(("route", "body", "param"), [
+    ("/v1/completions", {"prompt": PROMPT, "stop_token_ids": [10 ** 6]}, "stop_token_ids"),
+    ("/v1/completions", {"prompt": [10 ** 6]}, "prompt"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_completion_tokens": 0}, "max_completion_tokens"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}}, "response_format"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "modalities": ["audio"]}, "modalities"),
+    ("/v1/completions", {"prompt": PROMPT, "early_stopping": True}, "early_stopping"),
+    ("/v1/completions", {"prompt": PROMPT, "use_beam_search": True, "n": 2, "best_of": 5}, "best_of"),
+    ("/v1/completions", {"prompt": PROMPT, "use_beam_search": True, "n": 2,
+                         "stream_options": {"include_usage": True}}, "stream_options"),
+])
+def test_refusals_name_the_field_the_client_sent(server: Server, route: str, body: dict, param: str) -> None:
+    r = _post(server, route, {"max_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_streamed_text_offsets_match_the_whole_answer_under_a_stop_string(server: Server) -> None:
+    body = {"prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "logprobs": 1}
+    text = _post(server, "/v1/completions", body).json()["choices"][0]["text"]
+    stop = text[len(text) // 2: len(text) // 2 + 3]
+    whole = _post(server, "/v1/completions", {**body, "stop": [stop]}).json()["choices"][0]
+    offsets, tokens, streamed = [], [], ""
+    for chunk in server.client().completions.create(model="tiny", stream=True, stop=[stop], prompt=PROMPT,
+                                                    max_tokens=12, temperature=0, logprobs=1,
+                                                    extra_body={"ignore_eos": True}):
+        for c in chunk.choices:
+            streamed += c.text
+            if c.logprobs is not None:
+                offsets += c.logprobs.text_offset
+                tokens += c.logprobs.tokens
+    assert streamed == whole["text"]
+    assert (offsets, tokens) == (whole["logprobs"]["text_offset"], whole["logprobs"]["tokens"])

@@ -328,5 +328,5 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     for path in middleware or []:
         _add_middleware(app, path)
-    frontend.add_cors(app)
+    frontend.add_middleware(app)
     return app

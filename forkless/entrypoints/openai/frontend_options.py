@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,8 @@ class FrontendOptions:
         ssl_certfile: TLS certificate chain (PEM).
         ssl_ca_certs: CA bundle for client certificates.
         ssl_cert_reqs: Whether clients must present a certificate (``ssl.CERT_*``).
+        enable_request_id_headers: Answer every request with an ``X-Request-Id`` header:
+            the client's own, else a new one.
     """
 
     allowed_origins: list[str] = field(default_factory=list)
@@ -71,6 +74,7 @@ class FrontendOptions:
     ssl_certfile: str | None = None
     ssl_ca_certs: str | None = None
     ssl_cert_reqs: int = int(ssl.CERT_NONE)
+    enable_request_id_headers: bool = False
 
     def __post_init__(self) -> None:
         if self.root_path and (not self.root_path.startswith("/") or self.root_path.endswith("/")):
@@ -104,7 +108,7 @@ class FrontendOptions:
             disable_fastapi_docs=args.disable_fastapi_docs,
             disable_uvicorn_access_log=args.disable_uvicorn_access_log,
             ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, ssl_ca_certs=args.ssl_ca_certs,
-            ssl_cert_reqs=args.ssl_cert_reqs,
+            ssl_cert_reqs=args.ssl_cert_reqs, enable_request_id_headers=args.enable_request_id_headers,
         )
 
     @property
@@ -143,18 +147,42 @@ class FrontendOptions:
                            ssl_ca_certs=self.ssl_ca_certs, ssl_cert_reqs=self.ssl_cert_reqs)
         return options
 
-    def add_cors(self, app: Any) -> None:
-        """Answer browsers' cross-origin requests from :attr:`allowed_origins` (none: nothing added).
+    def add_middleware(self, app: Any) -> None:
+        """Add the request-id headers and CORS (each only when asked for).
 
-        Added last, so that it is the outermost layer: preflights never reach the key check.
+        Added last, so that they are the outermost layers: every answer, a refused key's
+        included, carries them, and preflights never reach the key check.
         """
-        if not self.allowed_origins:
-            return
-        from starlette.middleware.cors import CORSMiddleware
+        if self.enable_request_id_headers:
+            app.add_middleware(RequestIdHeaderMiddleware)
+        if self.allowed_origins:
+            from starlette.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=self.allowed_origins,
-                           allow_credentials=self.allow_credentials, allow_methods=self.allowed_methods,
-                           allow_headers=self.allowed_headers)
+            app.add_middleware(CORSMiddleware, allow_origins=self.allowed_origins,
+                               allow_credentials=self.allow_credentials, allow_methods=self.allowed_methods,
+                               allow_headers=self.allowed_headers)
+
+
+class RequestIdHeaderMiddleware:
+    """ASGI middleware: ``X-Request-Id`` on every HTTP answer, the request's own (which the
+    completions and chat endpoints also take as the response id) or a new random one."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
+        request_id = given or uuid.uuid4().hex.encode()
+
+        async def send_with_id(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id)]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 def add_cli_args(group: Any) -> None:
@@ -178,5 +206,7 @@ def add_cli_args(group: Any) -> None:
     group.add_argument("--ssl-keyfile", default=None, help="serve HTTPS with this private key (PEM)")
     group.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate chain (PEM)")
     group.add_argument("--ssl-ca-certs", default=None, help="CA certificates that client certificates are checked with")
+    group.add_argument("--enable-request-id-headers", action="store_true",
+                       help="answer every request with an X-Request-Id header (the client's, else a new one)")
     group.add_argument("--ssl-cert-reqs", type=int, default=int(ssl.CERT_NONE),
                        help="whether clients must send a certificate: 0 no (default), 1 optional, 2 required")

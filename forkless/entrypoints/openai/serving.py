@@ -110,6 +110,7 @@ _UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "routed_experts_prompt_start": ((None, 0), "routed experts are not returned"),
     "mm_processor_kwargs": ((None, {}), "multimodal inputs are not supported"),
     "media_io_kwargs": ((None, {}), "multimodal inputs are not supported"),
+    "early_stopping": ((None, False), "beam search runs every beam to max_tokens or EOS"),
 }
 _UNSUPPORTED_COMPLETION_FIELDS = {
     "add_special_tokens": ((None, True), "add_special_tokens=false is not supported: the prompt is "
@@ -127,6 +128,9 @@ _UNSUPPORTED_CHAT_FIELDS = {
     "include_reasoning": ((None, True), "include_reasoning=false is not supported"),
     "functions": ((None,), "the legacy functions field is not supported; use tools"),
     "function_call": ((None,), "the legacy function_call field is not supported; use tool_choice"),
+    "modalities": ((None, ["text"]), "only text output is supported"),
+    "audio": ((None,), "audio output is not supported"),
+    "prediction": ((None,), "predicted outputs are not supported"),
 }
 
 
@@ -216,7 +220,7 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
     extra.update(req.extra_args or {})
     prompt_logprobs = req.prompt_logprobs
     if prompt_logprobs is not None:
-        if req.stream:
+        if req.stream and prompt_logprobs != 0:  # 0 asks for nothing to stream (vLLM's rule)
             raise BadRequest("prompt_logprobs are not available when stream=true", "prompt_logprobs")
     elif isinstance(req, CompletionRequest) and req.echo:
         # As vLLM: the echoed prompt's tokens get logprobs too (streaming included).
@@ -256,8 +260,7 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
         return SamplingParams(**kwargs)
     except (ValueError, TypeError) as exc:
         # SamplingParams names the field first: "SamplingParams.top_p=2.0 is invalid: ...".
-        match = re.match(r"SamplingParams\.(\w+)=", str(exc))
-        raise BadRequest(str(exc), match.group(1) if match else None) from None
+        raise BadRequest(str(exc), _refused_field(str(exc), req)) from None
 
 
 # Sampling fields that beam search has no use for -> the values that ask for nothing. vLLM
@@ -268,6 +271,7 @@ _NOT_WITH_BEAM_SEARCH: dict[str, tuple[Any, ...]] = {
     "logit_bias": (None, {}), "min_tokens": (0,), "stop": (None, []), "stop_token_ids": (None, []),
     "allowed_token_ids": (None,), "bad_words": (None, []), "prompt_logprobs": (None,),
     "structured_outputs": (None,), "echo": (None, False), "cache_salt": (None,),
+    "spaces_between_special_tokens": (True,),
 }
 
 
@@ -278,6 +282,7 @@ def to_beam_search_params(req: SamplingFields, max_tokens: int | None, default_m
     Raises:
         BadRequest: A field beam search cannot honour is set, or a value is invalid.
     """
+    _reject_unsupported(req)
     for name, nothing in _NOT_WITH_BEAM_SEARCH.items():
         if getattr(req, name, None) not in nothing:
             raise BadRequest(f"{name} cannot be used with use_beam_search (beam search ranks beams by their "
@@ -293,11 +298,46 @@ def to_beam_search_params(req: SamplingFields, max_tokens: int | None, default_m
         return BeamSearchParams(beam_width=req.n, max_tokens=default_max_tokens if max_tokens is None else max_tokens,
                                 ignore_eos=req.ignore_eos, temperature=temperature,
                                 length_penalty=req.length_penalty,
-                                include_stop_str_in_output=req.include_stop_str_in_output)
+                                include_stop_str_in_output=req.include_stop_str_in_output,
+                                skip_special_tokens=req.skip_special_tokens)
     except ValueError as exc:
         match = re.match(r"BeamSearchParams\.(\w+)=", str(exc))
         field = {"beam_width": "n"}.get(match.group(1), match.group(1)) if match else None
         raise BadRequest(str(exc), field) from None
+
+
+async def _without_generation(stream: AsyncIterator["RequestOutput"]) -> AsyncIterator["RequestOutput"]:
+    """``stream``'s outputs with the generated text and tokens dropped: an echo-only
+    completion's one generated token is not part of its answer."""
+    async for out in stream:
+        for c in out.outputs:
+            c.text, c.token_ids = "", []
+            if c.logprobs is not None:
+                c.logprobs = []
+        yield out
+
+
+def _refused_field(message: str, req: SamplingFields) -> str | None:
+    """The request field an engine refusal (or a ``SamplingParams`` error) is about, by the
+    request's own names: chat's ``top_logprobs`` and ``max_completion_tokens``,
+    ``response_format`` where it set the constraint, ``messages`` for a chat prompt."""
+    chat = isinstance(req, ChatCompletionRequest)
+    if message.startswith("structured_outputs"):
+        by_format = req.response_format is not None and req.response_format.type != "text"
+        return "response_format" if by_format else "structured_outputs"
+    if message.startswith("the prompt"):
+        return "messages" if chat else "prompt"
+    match = re.match(r"(?:SamplingParams\.)?(\w+)(?:=|\[| has )", message)
+    if match is None:
+        return None
+    field = match.group(1)
+    if field == "beam_width":
+        return "n"
+    if chat and field == "logprobs":
+        return "top_logprobs"
+    if chat and field == "max_tokens" and req.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    return field
 
 
 def truncate_prompt(ids: list[int], req: SamplingFields, max_tokens: int | None, max_model_len: int) -> list[int]:
@@ -375,15 +415,18 @@ class _TextOffsets:
                  spaces_between_special_tokens: bool = True, base: int = 0) -> None:
         self._detok = IncrementalDetokenizer(tokenizer, context_ids, skip_special_tokens,
                                              spaces_between_special_tokens)
-        self._base = base
+        self.base = base
 
     def advance(self, token_ids: Iterable[int], text_len: int) -> list[int]:
         """The offsets of the next tokens, in a text now ``text_len`` characters long (base excluded)."""
         offsets = []
         for token_id in token_ids:
-            offsets.append(self._base + min(self._detok.num_chars, text_len))
+            offsets.append(self.base + min(self._detok.num_chars, text_len))
             self._detok.update([token_id])
         return offsets
+
+
+_UNCAPPED = 1 << 62  # advance()'s text length where offsets are cut later
 
 
 def _join_logprobs(a: CompletionLogProbs, b: CompletionLogProbs) -> CompletionLogProbs:
@@ -403,7 +446,7 @@ class _StreamedChoice:
         text, all_token_ids: The whole text and token ids, kept only for chat parsers.
     """
 
-    __slots__ = ("token_ids", "logprobs", "text_len", "num_tokens", "text", "all_token_ids")
+    __slots__ = ("token_ids", "logprobs", "text_len", "num_tokens", "text", "all_token_ids", "offsets")
 
     def __init__(self) -> None:
         self.token_ids: list[int] = []
@@ -412,6 +455,8 @@ class _StreamedChoice:
         self.num_tokens = 0
         self.text = ""
         self.all_token_ids: list[int] = []
+        # Completions with logprobs: where each unsent token's text starts (not capped).
+        self.offsets: list[int] = []
 
     def receive(self, c: "CompletionOutput", keep_whole: bool = False) -> None:
         self.token_ids.extend(c.token_ids)
@@ -423,12 +468,15 @@ class _StreamedChoice:
             self.text += c.text
             self.all_token_ids.extend(c.token_ids)
 
-    def take(self, index: int) -> "CompletionOutput":
-        """The tokens not sent yet, as a ``CompletionOutput`` (for the logprobs helpers)."""
+    def take(self, index: int, count: int | None = None) -> "CompletionOutput":
+        """The first ``count`` tokens not sent yet (default all), as a ``CompletionOutput``
+        (for the logprobs helpers)."""
         from forkless.outputs import CompletionOutput
 
-        out = CompletionOutput(index=index, text="", token_ids=self.token_ids, logprobs=self.logprobs)
-        self.token_ids, self.logprobs = [], []
+        count = len(self.token_ids) if count is None else count
+        out = CompletionOutput(index=index, text="", token_ids=self.token_ids[:count],
+                               logprobs=self.logprobs[:count])
+        del self.token_ids[:count], self.logprobs[:count], self.offsets[:count]
         return out
 
 
@@ -652,26 +700,32 @@ class OpenAIServing:
             tokenized = await self.in_tokenizer_thread(self._tokenize_prompts, texts)
         else:  # token ids: nothing to wait for the tokenizer thread for
             tokenized = self._tokenize_prompts(texts)
-        prompts = [truncate_prompt(ids, req, req.max_tokens, self.max_model_len) for ids in tokenized]
+        # echo with max_tokens=0 returns the prompt alone (vLLM's echo without generation, what
+        # scoring harnesses use): one token is generated and dropped.
+        echo_only = req.echo and req.max_tokens == 0 and not req.use_beam_search
+        max_tokens = 1 if echo_only else req.max_tokens
+        prompts = [truncate_prompt(ids, req, max_tokens, self.max_model_len) for ids in tokenized]
         for ids in prompts:
-            self._check_prompt(ids, req.max_tokens)
+            self._check_prompt(ids, max_tokens)
         self.check_logprobs("logprobs", req.logprobs)
         self.check_logprobs("prompt_logprobs", req.prompt_logprobs)
-        base_id, engine_id = _request_ids("cmpl", req.request_id)
+        base_id, engine_id = _request_ids("cmpl", req.request_id, raw_request)
         if req.use_beam_search:
-            params = [to_beam_search_params(req, req.max_tokens, self._default_max_tokens(len(ids)), req.logprobs,
+            params = [to_beam_search_params(req, max_tokens, self._default_max_tokens(len(ids)), req.logprobs,
                                             self.sampling_defaults) for ids in prompts]
         else:
-            params = [to_sampling_params(req, req.max_tokens, req.logprobs, self._default_max_tokens(len(ids)),
+            params = [to_sampling_params(req, max_tokens, req.logprobs, self._default_max_tokens(len(ids)),
                                          defaults=self.sampling_defaults) for ids in prompts]
         # One group_id: the scheduler's --max-running-seqs-per-request counts all the
         # prompts' sequences as one request's.
         client_key = _client_key(req, raw_request)
         for i, (ids, sp) in enumerate(zip(prompts, params)):
             self.log_request(f"{engine_id}-{i}", ids, sp)
-        streams = [self._engine_stream(_engine_prompt(ids, req), sp, f"{engine_id}-{i}", req.priority, lora,
-                                       client_key, group_id=engine_id)
+        streams = [self._engine_stream(req, _engine_prompt(ids, req), sp, f"{engine_id}-{i}", lora, client_key,
+                                       group_id=engine_id)
                    for i, (ids, sp) in enumerate(zip(prompts, params))]
+        if echo_only:
+            streams = [_without_generation(s) for s in streams]
         model_name = self._response_model(lora)
         if req.stream:
             return self._stream_completion(req, base_id, prompts, streams, raw_request, model_name)
@@ -789,16 +843,25 @@ class OpenAIServing:
                 if c is None:
                     continue
                 state.receive(c)
+                if want_logprobs:
+                    state.offsets += offsets[idx].advance(c.token_ids, _UNCAPPED)
                 if not c.text and not c.finish_reason:
                     continue  # tokens whose text is still held back (partial UTF-8, stop string)
                 if not want_logprobs and c.finish_reason is None and not continuous:
                     state.token_ids.clear()
                     yield text_chunk(idx, c.text)
                     continue
-                pending = state.take(c.index)
-                lp = (self._completion_logprobs(pending, 0, req.logprobs,
-                                                offsets[idx].advance(pending.token_ids, state.text_len))
-                      if want_logprobs else None)
+                lp = None
+                if want_logprobs:
+                    # A token goes out with the chunk that releases the start of its text, so
+                    # its text_offset is right even where a possible stop string held text
+                    # back; at the end the rest go, cut to the text there is (as unstreamed).
+                    end = offsets[idx].base + state.text_len
+                    count = None if c.finish_reason else sum(1 for o in state.offsets if o < end)
+                    sent = [min(o, end) for o in state.offsets[:count]]
+                    lp = self._completion_logprobs(state.take(c.index, count), 0, req.logprobs, sent)
+                else:
+                    state.take(c.index)
                 chunk = CompletionResponse(id=base_id, created=created, model=model_name, choices=[
                     CompletionChoice(index=idx, text=c.text, logprobs=lp, finish_reason=c.finish_reason,
                                      stop_reason=c.stop_reason)],
@@ -853,6 +916,9 @@ class OpenAIServing:
         """The prompt token ids of a conversation (blocking: call it in the tokenizer thread)."""
         if not req.messages:
             raise BadRequest("messages must not be empty", "messages")
+        if req.continue_final_message and req.add_generation_prompt:
+            raise BadRequest("continue_final_message and add_generation_prompt cannot both be true: give "
+                             "add_generation_prompt=false to continue the last message", "continue_final_message")
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
         try:
             return self.engine.apply_chat_template(
@@ -901,6 +967,7 @@ class OpenAIServing:
         self.check_sequences(1, req.n)
         self.ignored_fields.note(_unknown_fields(req))
         forced = forced_tool_choice(req)
+        named = forced not in (None, "required")
         parsers = self._choice_parsers(req, forced)
         self.check_text_size(_text_chars([m.model_dump() for m in req.messages])
                              + _text_chars(req.model_dump(include={"tools"})), "messages")
@@ -932,34 +999,44 @@ class OpenAIServing:
             # The constraint holds from the first token: there is no reasoning to split off.
             for parser in parsers or ():
                 parser.reasoning = None
-        request_id, engine_id = _request_ids("chatcmpl", req.request_id)
+        request_id, engine_id = _request_ids("chatcmpl", req.request_id, raw_request)
         self.log_request(engine_id, ids, params)
-        stream = self._engine_stream(_engine_prompt(ids, req), params, engine_id, req.priority, lora,
+        stream = self._engine_stream(req, _engine_prompt(ids, req), params, engine_id, lora,
                                      _client_key(req, raw_request))
         model_name = self._response_model(lora)
         if req.stream:
-            return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, len(ids))
+            return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, len(ids), named)
         (final,) = await self._collect([stream], raw_request)
         choices = []
         for c in final.outputs:
             message = parsers[c.index].parse_whole(c.text) if parsers else ChatResponseMessage(content=c.text)
             message.role = self._reply_role(req)
             choices.append(ChatChoice(
-                index=c.index, message=message, finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls)),
+                index=c.index, message=message,
+                finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls), named),
                 stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None))
         return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=_usage(final),
                                       prompt_logprobs=_prompt_logprobs(final))
 
-    def _engine_stream(self, prompt: Any, params: SamplingParams | BeamSearchParams, request_id: str,
-                       priority: int, lora: LoRARequest | None, client_key: str,
+    def _engine_stream(self, req: SamplingFields, prompt: Any, params: SamplingParams | BeamSearchParams,
+                       request_id: str, lora: LoRARequest | None, client_key: str,
                        group_id: str | None = None) -> AsyncIterator["RequestOutput"]:
         """The engine's output stream for one prompt: a generation, or a beam search
-        (whose one output holds the ``n`` best beams as its completions)."""
-        if isinstance(params, BeamSearchParams):
-            return self.engine.beam_search(prompt, request_id, params, lora_request=lora, priority=priority,
-                                           client_key=client_key)
-        return self.engine.generate(prompt, params, request_id, priority=priority, group_id=group_id,
-                                    lora_request=lora, client_key=client_key)
+        (whose one output holds the ``n`` best beams as its completions).
+
+        Raises:
+            BadRequest: The engine refused the request; ``param`` names the request's field.
+        """
+        from forkless.engine.async_llm import InvalidRequestError
+
+        try:
+            if isinstance(params, BeamSearchParams):
+                return self.engine.beam_search(prompt, request_id, params, lora_request=lora, priority=req.priority,
+                                               client_key=client_key)
+            return self.engine.generate(prompt, params, request_id, priority=req.priority, group_id=group_id,
+                                        lora_request=lora, client_key=client_key)
+        except InvalidRequestError as exc:
+            raise BadRequest(str(exc), _refused_field(str(exc), req)) from None
 
     def log_request(self, request_id: str, prompt: list[int], params: Any) -> None:
         """With ``--enable-log-requests``, one line per engine request: its id, prompt length
@@ -991,7 +1068,7 @@ class OpenAIServing:
     async def _stream_chat(self, req: ChatCompletionRequest, request_id: str,
                            stream: AsyncIterator["RequestOutput"], raw_request: Any, model_name: str,
                            parsers: list[ChoiceParser] | None = None,
-                           num_prompt_tokens: int = 0) -> AsyncIterator[str]:
+                           num_prompt_tokens: int = 0, named: bool = False) -> AsyncIterator[str]:
         created = int(time.time())
         top = req.top_logprobs if req.logprobs else None
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -1027,7 +1104,7 @@ class OpenAIServing:
                     parser = parsers[c.index]
                     message = _merge_deltas(parser.step(state.text, list(state.all_token_ids)),
                                             parser.finish(state.text) if finish else None)
-                    finish = _finish_reason(finish, parser.called_tools)
+                    finish = _finish_reason(finish, parser.called_tools, named)
                     if message is None and not finish and lp is None:
                         continue  # the parsers hold this text back for now
                 yield chunk([ChatStreamChoice(index=c.index, delta=message or DeltaMessage(), logprobs=lp,
@@ -1108,10 +1185,11 @@ class OpenAIServing:
         return [finals[i] for i in range(len(streams))]
 
 
-def _finish_reason(reason: str | None, called_tools: bool) -> str | None:
+def _finish_reason(reason: str | None, called_tools: bool, named: bool = False) -> str | None:
     # A generation that stopped by itself after calling tools is a tool-call turn; one cut
-    # by max_tokens stays "length" so clients know the call may be truncated.
-    return "tool_calls" if called_tools and reason == "stop" else reason
+    # by max_tokens stays "length" so clients know the call may be truncated. A named
+    # tool_choice ends with "stop", as OpenAI and vLLM answer it.
+    return "tool_calls" if called_tools and reason == "stop" and not named else reason
 
 
 def _merge_deltas(a: DeltaMessage | None, b: DeltaMessage | None) -> DeltaMessage | None:
@@ -1124,13 +1202,19 @@ def _merge_deltas(a: DeltaMessage | None, b: DeltaMessage | None) -> DeltaMessag
                         content=join(a.content, b.content), tool_calls=calls or None)
 
 
-def _request_ids(prefix: str, client_id: str | None) -> tuple[str, str]:
+def _request_ids(prefix: str, client_id: str | None, raw_request: Any = None) -> tuple[str, str]:
     """``(response id, engine request id)``.
 
-    A client's ``request_id`` becomes the response id (``prefix-request_id``), as in vLLM;
-    the engine id adds a random suffix, because two clients may send the same id at once
-    and the engine needs it unique.
+    A client's id, its ``X-Request-Id`` header or else the body's ``request_id`` (vLLM's
+    order), becomes the response id (``prefix-id``); the engine id adds a random suffix,
+    because two clients may send the same id at once and the engine needs it unique.
     """
+    header = raw_request.headers.get("x-request-id") if raw_request is not None else None
+    if header is not None:
+        if not header:
+            raise BadRequest("the X-Request-Id header must not be empty (leave it out for a generated id)",
+                             "X-Request-Id")
+        client_id = header
     if client_id is None:
         rid = random_id(prefix)
         return rid, rid

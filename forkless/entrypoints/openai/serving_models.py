@@ -181,12 +181,13 @@ class ServingModels:
     # ---------------------------------------------------------------- requests
 
     async def resolve(self, model: str | None) -> LoRARequest | None:
-        """The adapter a request's ``model`` names; ``None`` for the base model.
+        """The adapter a request's ``model`` names; ``None`` for the base model (also when
+        ``model`` is left out, null or empty, as vLLM takes them).
 
         Raises:
             BadRequest: 404 ``model_not_found`` naming the known models.
         """
-        if model is None or model in self.served_model_names:
+        if not model or model in self.served_model_names:
             return None
         lora = self.loras.get(model)
         if lora is not None:

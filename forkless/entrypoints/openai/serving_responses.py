@@ -148,6 +148,8 @@ class OpenAIServingResponses:
             BadRequest: The request is invalid (``param`` names its Responses field).
         """
         chat_req, conversation = self._chat_request(req)
+        client_id = raw_request.headers.get("x-request-id") if raw_request is not None else None
+        response_id = f"resp_{client_id or req.request_id}" if (client_id or req.request_id) else _id("resp")
         try:
             result = await self.chat.create_chat_completion(chat_req, raw_request)
         except BadRequest as exc:
@@ -156,7 +158,7 @@ class OpenAIServingResponses:
                 exc.param = _PARAM_NAMES[exc.param]
             raise
         if req.stream:
-            return self._stream(req, result, conversation)
+            return self._stream(req, result, conversation, response_id)
         assert isinstance(result, ChatCompletionResponse)
         choice = result.choices[0]
         message = choice.message
@@ -165,7 +167,8 @@ class OpenAIServingResponses:
             for c in message.tool_calls], _content_logprobs(choice.logprobs) if req.top_logprobs is not None else None)
         usage = result.usage
         response = self._response(req, items, "incomplete" if choice.finish_reason == "length" else "completed",
-                                  usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0)
+                                  usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0,
+                                  response_id)
         self._remember(req, response, conversation)
         return response
 
@@ -201,11 +204,11 @@ class OpenAIServingResponses:
         if req.store is not False:
             self.store.put(response, conversation + _assistant_messages(response["output"]))
 
-    async def _stream(self, req: ResponsesRequest, chunks: AsyncIterator[str],
-                      conversation: list[dict[str, Any]]) -> AsyncIterator[str]:
+    async def _stream(self, req: ResponsesRequest, chunks: AsyncIterator[str], conversation: list[dict[str, Any]],
+                      response_id: str) -> AsyncIterator[str]:
         """The chat stream's chunks, rewritten as Responses events."""
         events = _EventWriter()
-        response_id, created = _id("resp"), int(time.time())
+        created = int(time.time())
         shell = self._response(req, [], "in_progress", 0, 0, response_id, created)
         shell["usage"] = None
         yield events.emit("response.created", response=shell)
