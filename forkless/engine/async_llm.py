@@ -129,6 +129,11 @@ class AsyncLLM:
         # Built on first use: the tokenizer loads while the engine core starts (see start()).
         self._output_processor: OutputProcessor | None = None
         self.client: EngineCoreClient | None = None
+        # start() as a task, when the first request started the engine (vLLM's AsyncLLM is
+        # usable as built; here the engine core starts on the first request unless start()
+        # was awaited first).
+        self._starting: asyncio.Future[None] | None = None
+        self._started = False
         self._queues: dict[str, _OutputSlot] = {}
         self._parent_of: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -196,6 +201,14 @@ class AsyncLLM:
             stat_logger.log_engine_initialized()
         self._tasks.append(asyncio.create_task(self._handle_outputs()))
         self._tasks.append(asyncio.create_task(self._log_periodically()))
+        self._started = True
+
+    async def _ensure_started(self) -> None:
+        """Start the engine for the first request when nobody awaited :meth:`start`; the
+        requests that arrive meanwhile wait for the same start."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self.start())
+        await asyncio.shield(self._starting)
 
     def shutdown(self) -> None:
         """Stop the engine core and its workers (idempotent)."""
@@ -345,8 +358,6 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
         if self._refuse_new is not None:
             raise EngineShuttingDownError(self._refuse_new)
-        if self.client is None:
-            raise RuntimeError("AsyncLLM.start() was not awaited")
 
     def encode(self, prompt: Any, pooling_params: "PoolingParams | None", request_id: str, priority: int = 0,
                group_id: str | None = None, client_key: str | None = None
@@ -372,6 +383,8 @@ class AsyncLLM:
         return self._stream(processed, payloads)
 
     async def _stream(self, processed: Any, payloads: list[bytes]) -> AsyncGenerator["RequestOutput", None]:
+        if not self._started:
+            await self._ensure_started()
         assert self.client is not None
         if self._end_in_flight is not None:  # validated before the grace period ended
             raise EngineShuttingDownError(self._end_in_flight)

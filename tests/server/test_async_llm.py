@@ -63,6 +63,27 @@ def test_async_llm_generate_abort_and_stat_loggers(tiny_llama: Path) -> None:
     assert instance.generated >= 10
 
 
+def test_the_first_requests_start_the_engine_as_vllm_s_asyncllm_is_used(tiny_llama: Path) -> None:
+    # vLLM's recipe: AsyncLLM.from_engine_args(...) and generate at once; requests that
+    # arrive together share one start.
+    async def main() -> list[str]:
+        args = EngineArgs(model=str(tiny_llama), max_model_len=256, kv_cache_memory=32 << 20,
+                          distributed_executor_backend="mp")
+        llm = AsyncLLM.from_engine_args(args, log_stats=False)
+        try:
+            async def one(i: int) -> str:
+                async for out in llm.generate("Hello there", SamplingParams(temperature=0, max_tokens=4), f"r{i}"):
+                    final = out
+                return final.outputs[0].text
+
+            return list(await asyncio.gather(one(0), one(1), one(2)))
+        finally:
+            llm.shutdown()
+
+    texts = asyncio.run(main())
+    assert len(set(texts)) == 1 and texts[0]
+
+
 def test_a_stream_that_falls_behind_gets_the_newest_output(tiny_llama: Path) -> None:
     # Cumulative outputs: a slow reader skips the ones it missed (each holds all before it)
     # and loses nothing; the DELTA outputs it missed arrive merged into one, so it gets
