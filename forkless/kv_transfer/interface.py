@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
 from forkless.plugins import Stability, stability
+from forkless.protocol.kv_transfer import BlockIds
 
 if TYPE_CHECKING:
     import torch
@@ -105,10 +106,18 @@ class KVConnectorBase(abc.ABC):
     metadata_cls: ClassVar[type] = KVConnectorMetadata
     requires_layer_hooks_in_decode: ClassVar[bool] = True
 
-    def __init__(self, config: Any, role: KVConnectorRole,
-                 kv_cache_config: KVCacheConfig | None = None) -> None:
+    def __init__(self, config: Any = None, role: KVConnectorRole | None = None,
+                 kv_cache_config: KVCacheConfig | None = None, *, vllm_config: Any = None) -> None:
+        # vLLM's connectors call super().__init__(vllm_config=..., role=..., kv_cache_config=...).
+        if (config is None) == (vllm_config is None):
+            raise TypeError(f"{type(self).__name__}: give the engine configuration once, as config "
+                            "(or vLLM's keyword, vllm_config)")
+        config = config if config is not None else vllm_config
+        if role is None:
+            raise TypeError(f"{type(self).__name__}: role (a KVConnectorRole) is required")
         assert config.kv_transfer_config is not None
         self._config = config
+        self._vllm_config = config  # vLLM's attribute name, read by ported connectors
         self._kv_transfer_config = config.kv_transfer_config
         self._kv_cache_config = kv_cache_config
         self._role = role
@@ -235,7 +244,9 @@ class KVConnectorBase(abc.ABC):
         Args:
             request: The request.
             block_ids: Its whole block table: the local hits, then the blocks for the
-                ``num_external_tokens`` tokens to load, then those to compute.
+                ``num_external_tokens`` tokens to load, then those to compute (a
+                :class:`~forkless.protocol.kv_transfer.BlockIds`: a list, with vLLM's
+                ``get_block_ids()`` too).
             num_external_tokens: Tokens to load (0: none; the call still tells a connector
                 that the request was admitted).
         """

@@ -131,3 +131,16 @@ def decode_connector_metadata(data: bytes, metadata_cls: type) -> Any:
         msgspec.ValidationError: It does not match the type.
     """
     return msgspec.msgpack.decode(data, type=metadata_cls)
+
+
+class BlockIds(list):
+    """A request's block ids as :meth:`KVConnectorBase.update_state_after_alloc` gets them:
+    a list of ints, which also answers vLLM's ``KVCacheBlocks`` calls (one KV-cache group)."""
+
+    def get_block_ids(self) -> tuple[list[int]]:
+        """vLLM's form: one list of block ids per KV-cache group (here one)."""
+        return (list(self),)
+
+    def get_unhashed_block_ids(self) -> list[int]:
+        """vLLM's name for the ids (every block of the one group)."""
+        return list(self)

@@ -161,6 +161,85 @@ class SchedulerOutput:
         """No work to run (the bookkeeping lists may still need forwarding)."""
         return not self.scheduled_requests
 
+    # vLLM's views of the same plan, for KV connectors (and schedulers' consumers) ported
+    # from vLLM; computed from scheduled_requests, never sent.
+    @property
+    def scheduled_new_reqs(self) -> list[NewRequestData]:
+        """vLLM's ``scheduled_new_reqs``: the requests (re)admitted this step."""
+        return [NewRequestData(r.request_id, r.prompt_token_ids, r.sampling_params, r.pooling_params,
+                               (list(r.new_block_ids),), r.start_position, r.lora_request)
+                for r in self.scheduled_requests if r.is_new]
+
+    @property
+    def scheduled_cached_reqs(self) -> CachedRequestData:
+        """vLLM's ``scheduled_cached_reqs``: the running requests scheduled again."""
+        cached = [r for r in self.scheduled_requests if not r.is_new]
+        return CachedRequestData(
+            req_ids=[r.request_id for r in cached], resumed_req_ids=set(),
+            new_token_ids=[[] for _ in cached],
+            new_block_ids=[(list(r.new_block_ids),) if r.new_block_ids else None for r in cached],
+            num_computed_tokens=[r.start_position for r in cached])
+
+    @property
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        """vLLM's ``num_scheduled_tokens``: request id -> tokens computed this step."""
+        return {r.request_id: len(r.token_ids) for r in self.scheduled_requests}
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        """vLLM's name of :attr:`num_batched_tokens`."""
+        return self.num_batched_tokens
+
+    @property
+    def finished_req_ids(self) -> set[str]:
+        """vLLM's ``finished_req_ids``."""
+        return set(self.finished_request_ids)
+
+
+@dataclass
+class NewRequestData:
+    """vLLM's record of a request scheduled for the first time since its (re)admission
+    (:attr:`SchedulerOutput.scheduled_new_reqs`).
+
+    Attributes:
+        req_id: The request.
+        prompt_token_ids: Its prompt.
+        sampling_params: Its sampling parameters (``None``: a pooling request).
+        pooling_params: Its pooling parameters (``None``: a generation request).
+        block_ids: Its block table, one list per KV-cache group (here one).
+        num_computed_tokens: Tokens computed before this step (prefix-cache hits included).
+        lora_request: Its LoRA adapter, if any.
+    """
+
+    req_id: str
+    prompt_token_ids: list[int] | None
+    sampling_params: SamplingParams | None
+    pooling_params: PoolingParams | None
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+    lora_request: LoRARequest | None = None
+
+
+@dataclass
+class CachedRequestData:
+    """vLLM's record of the running requests scheduled again
+    (:attr:`SchedulerOutput.scheduled_cached_reqs`), one entry per request in each list.
+
+    Attributes:
+        req_ids: The requests.
+        resumed_req_ids: Those back from preemption (none here: a readmitted request is new).
+        new_token_ids: vLLM fills these only under pipeline parallelism; empty lists here.
+        new_block_ids: Blocks appended to each table since it was last scheduled, one list
+            per KV-cache group, or ``None`` when none were.
+        num_computed_tokens: Tokens computed before this step.
+    """
+
+    req_ids: list[str]
+    resumed_req_ids: set[str]
+    new_token_ids: list[list[int]]
+    new_block_ids: list[tuple[list[int], ...] | None]
+    num_computed_tokens: list[int]
+
 
 @dataclass
 class SpecDecodeStats:

@@ -109,7 +109,7 @@ from forkless.core.sched.interface import SchedulerInterface
 from forkless.core.sched.request_queue import create_request_queue
 from forkless.core.sched.time_share import LongPrefillTimeShare
 from forkless.logger import init_logger
-from forkless.protocol.kv_transfer import KVConnectorOutput, KVTransferStats, encode_connector_metadata
+from forkless.protocol.kv_transfer import BlockIds, KVConnectorOutput, KVTransferStats, encode_connector_metadata
 from forkless.protocol.step import (
     PLACEHOLDER_TOKEN_ID,
     EngineCoreOutput,
@@ -544,7 +544,7 @@ class Scheduler(SchedulerInterface):
         if count:
             self._kv_stats.external_prefix_cache_queries += request.num_tokens - num_hit
             self._kv_stats.external_prefix_cache_hits += num_external
-        self.connector.update_state_after_alloc(request, list(request.block_ids), num_external)
+        self.connector.update_state_after_alloc(request, BlockIds(request.block_ids), num_external)
 
     def _apply_kv_output(self, out: KVConnectorOutput) -> dict[str, int]:
         """Take in what the workers' connectors reported for a step.
