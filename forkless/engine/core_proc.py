@@ -125,10 +125,6 @@ class EngineCoreProc:
         self.ctx.term()
 
 
-def _exit_on_sigterm(*_: Any) -> None:
-    raise SystemExit(0)
-
-
 def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, parent_pid: int,
                     ipc_dir: str) -> None:
     """Entry point of the spawned engine core process.
@@ -145,10 +141,11 @@ def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, pare
     # The collector is off while the engine core imports and builds what lives as long as
     # it (as in the API server, forkless.entrypoints.cli.main), then on and frozen.
     gc.disable()
-    # SIGINT goes to the whole process group on Ctrl-C; the API server orchestrates the
-    # shutdown, so the engine core waits to be told (or for its parent to vanish).
+    # SIGINT goes to the whole process group on Ctrl-C, and SIGTERM does on systemd's stop;
+    # the API server orchestrates the shutdown, so the engine core waits to be told (or
+    # for its parent to vanish; a second SIGTERM ends it).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    ipc.leave_sigterm_to_parent(parent_pid)
     ipc.use_ipc_dir(ipc_dir)
     load_general_plugins()
     proc = None

@@ -262,6 +262,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
             messages come to from another process (the grammar process); ``None``: none.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server orchestrates shutdown
+    ipc.leave_sigterm_to_parent(parent_pid)  # (also of a SIGTERM to the process group)
     # The collector is off while torch is imported and the model built (everything made
     # now lives as long as the process; walking it again and again was ~12 % of the CPU
     # of `import torch` and the model runner's imports); _build_worker turns it back on.

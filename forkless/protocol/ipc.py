@@ -126,6 +126,28 @@ def parent_alive(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
 
 
+def leave_sigterm_to_parent(parent_pid: int) -> None:
+    """Install this child's SIGTERM handler: while its parent runs, the first SIGTERM is
+    left to the parent, a second one (or one after the parent is gone) ends the process.
+
+    A signal sent to the whole process group (systemd's default stop, ``timeout``,
+    ``kill -- -PGID``) reaches the engine core and the workers too; exiting at once would
+    fail the requests the API server is draining (``--shutdown-timeout``) and make it
+    report a dead engine. The parent got the same signal and stops its children when it
+    is done; a child whose parent is gone exits anyway (its watch of the parent).
+    """
+    import signal
+
+    received = []
+
+    def on_sigterm(*_: Any) -> None:
+        if received or not parent_alive(parent_pid):
+            raise SystemExit(0)
+        received.append(True)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def remove_ipc_dir_if_orphaned(parent_pid: int, directory: str) -> bool:
     """Remove ``directory`` when the parent is gone: it was killed, and cannot.
 

@@ -553,6 +553,7 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine core shuts it down
+    ipc.leave_sigterm_to_parent(parent_pid)  # (also of a SIGTERM to the process group)
     from forkless.plugins import load_general_plugins
     from forkless.structured_output.manager import StructuredOutputManager
 

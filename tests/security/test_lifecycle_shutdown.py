@@ -1,6 +1,8 @@
 """Lifecycle: the port is taken before the model loads, and SIGTERM drains.
 
-With ``--shutdown-timeout`` the requests in flight when SIGTERM arrives may finish; when
+With ``--shutdown-timeout`` the requests in flight when SIGTERM arrives may finish, also
+when the signal goes to the whole process group (systemd's stop: the engine core and
+workers get it too, and leave the shutdown to the API server); when
 the timeout is over, the rest end with an OpenAI error (an SSE error event and
 ``[DONE]`` on a stream, a JSON 503 otherwise), and the server exits 0 with no traceback
 in its log and no IPC directory left behind.
@@ -101,7 +103,7 @@ def test_sigterm_lets_requests_finish_then_ends_the_rest(long_context_llama: Pat
     tmpdir.mkdir()
     began = time.monotonic()
     srv = start_server(long_context_llama, tmp_path, "--served-model-name", "tiny", "--max-model-len", "4096",
-                       "--shutdown-timeout", str(GRACE), env_extra={"TMPDIR": str(tmpdir)})
+                       "--shutdown-timeout", str(GRACE), env_extra={"TMPDIR": str(tmpdir)}, new_session=True)
     first_start = time.monotonic() - began
     try:
         _second_server_fails_fast(srv, long_context_llama, tmp_path, tmpdir, first_start)
@@ -116,7 +118,7 @@ def test_sigterm_lets_requests_finish_then_ends_the_rest(long_context_llama: Pat
         idle.sendall(b"GET /health HTTP/1.1\r\nHost: lb\r\n\r\n")
         assert idle.recv(4096).startswith(b"HTTP/1.1 200 "), "healthy before SIGTERM"
         processes = descendants(srv.proc.pid)
-        srv.proc.send_signal(signal.SIGTERM)
+        os.killpg(srv.proc.pid, signal.SIGTERM)  # every process of the server, as systemd stops it
         signalled = time.monotonic()
 
         def refused() -> bool:

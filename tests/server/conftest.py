@@ -113,7 +113,7 @@ class Server:
 
 def start_server(model: Path | str, tmp_path: Path, *args: str, site: Path | None = None,
                  env_extra: dict[str, str] | None = None, api_key: str | None = None,
-                 timeout: float = 240, scheme: str = "http") -> Server:
+                 timeout: float = 240, scheme: str = "http", new_session: bool = False) -> Server:
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
     env = plugin_env(site, tmp_path, **{"FORKLESS_PLUGINS": os.environ.get("FORKLESS_PLUGINS_FOR_TESTS", ""),
@@ -124,7 +124,9 @@ def start_server(model: Path | str, tmp_path: Path, *args: str, site: Path | Non
     if api_key:
         cmd += ["--api-key", api_key]
     log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    # new_session: the server and its children are a process group of their own, which a
+    # test may signal as a whole (as systemd stops a service).
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=new_session)
     server = Server(proc, port, log_path, api_key, scheme=scheme)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
