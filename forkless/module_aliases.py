@@ -48,6 +48,10 @@ ALIASES: dict[str, str] = {
     "forkless.distributed.kv_transfer.kv_connector.factory": "forkless.kv_transfer",
     "forkless.forward_context": "forkless.kv_transfer",
     "forkless.v1.core": "forkless.core",
+    # (the parents are packages, so that their children can be imported)
+    "forkless.entrypoints.pooling": "forkless.pooling",
+    "forkless.entrypoints.pooling.pooling": "forkless.pooling",
+    "forkless.entrypoints.pooling.pooling.protocol": "forkless.protocol.pooling",
     "forkless.v1.request": "forkless.core.request",
     # forkless's own earlier paths.
     "forkless.core.sched.output": "forkless.protocol.step",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from forkless.io_processors.interface import IOProcessor
@@ -45,4 +46,10 @@ def get_io_processor(config: Any, plugin_name: str | None) -> IOProcessor | None
                          "this server)")
     cls = resolve_class(path, IOProcessor, "--io-processor-plugin")
     logger.info("IO processor plugin %r: %s", plugin_name, path)
-    return cls(config)
+    # vLLM's processors take (vllm_config, renderer); its earlier ones, and some written
+    # for forkless, only the configuration.
+    try:
+        inspect.signature(cls).bind(config, None)
+    except TypeError:
+        return cls(config)
+    return cls(config, None)

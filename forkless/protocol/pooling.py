@@ -8,6 +8,7 @@ an OpenAI-style error by the server).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal, Union
 
 from pydantic import Field
@@ -114,10 +115,10 @@ class PoolingResponse(_ListResponse):
 
 
 class IOProcessorResponse(OpenAIModel):
-    """``/pooling`` answered by an IO processor plugin: what its ``output_to_response`` made."""
+    """``/pooling`` answered by an IO processor plugin: its output as ``data``."""
 
     request_id: str | None = None
-    created_at: int
+    created_at: int = Field(default_factory=lambda: int(time.time()))
     data: Any
 
 

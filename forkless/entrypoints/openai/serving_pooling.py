@@ -248,8 +248,8 @@ class OpenAIServingPooling:
                              "server runs none (start it with --io-processor-plugin NAME)", "data")
         request_id = req.request_id or random_id("pool")
         try:
-            parsed = proc.parse_request(req)
-            params = proc.validate_or_generate_params(None)
+            parsed = proc.parse_body(req)
+            params = proc.pooling_params()
             prompts = await proc.pre_process_async(parsed, request_id)
         except ValueError as exc:
             raise BadRequest(f"IO processor: {exc}", "data") from None
@@ -272,10 +272,12 @@ class OpenAIServingPooling:
 
         try:
             result = await proc.post_process_async(pairs(), request_id)
-            body = proc.output_to_response(result)
+            body = proc.response_data(result)
         except ValueError as exc:
             raise BadRequest(f"IO processor: {exc}", "data") from None
-        return IOProcessorResponse(request_id=request_id, created_at=int(time.time()), data=body)
+        if isinstance(body, IOProcessorResponse):  # a plugin that made the whole response (vLLM's earlier API)
+            return body.model_copy(update={"request_id": body.request_id or request_id})
+        return IOProcessorResponse(request_id=request_id, data=body)
 
     def _label(self, index: int) -> str | None:
         """The class name of ``index`` (``config.json``'s ``id2label``; ``LABEL_i`` without one)."""

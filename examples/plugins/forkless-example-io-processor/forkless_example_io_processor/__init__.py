@@ -24,18 +24,17 @@ def zero_shot() -> str:
     return "forkless_example_io_processor:ZeroShotClassifier"
 
 
-class ZeroShotClassifier(IOProcessor[dict, list]):
+class ZeroShotClassifier(IOProcessor[dict, dict]):
     """Nearest labels by embedding cosine similarity."""
 
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
+    def __init__(self, vllm_config: Any, renderer: Any = None) -> None:
+        super().__init__(vllm_config, renderer)
         self.label_vectors: dict[str, np.ndarray] = {}
         # Per request: its texts, labels, top_k, and the labels its prompts embed first.
         self._pending: dict[str | None, tuple[list[str], list[str], int, list[str]]] = {}
         self.labels_embedded = 0  # how many label prompts were ever pooled (tests read it)
 
-    def parse_request(self, request: Any) -> dict:
-        data = request.data
+    def parse_data(self, data: Any) -> dict:
         if not isinstance(data, dict):
             raise ValueError(f"data must be an object with 'texts' and 'labels', got {type(data).__name__}")
         texts, labels = data.get("texts"), data.get("labels")
@@ -47,7 +46,7 @@ class ZeroShotClassifier(IOProcessor[dict, list]):
             raise ValueError(f"data.top_k must be an integer from 1 to {len(labels)}, got {top_k!r}")
         return {"texts": texts, "labels": list(dict.fromkeys(labels)), "top_k": top_k}
 
-    def validate_or_generate_params(self, params: PoolingParams | None = None) -> PoolingParams:
+    def merge_pooling_params(self, params: PoolingParams | None = None) -> PoolingParams:
         return PoolingParams(task="embed", normalize=True)
 
     def pre_process(self, prompt: dict, request_id: str | None = None, **kwargs: Any) -> list[str]:
@@ -55,7 +54,7 @@ class ZeroShotClassifier(IOProcessor[dict, list]):
         self._pending[request_id] = (prompt["texts"], prompt["labels"], prompt["top_k"], new_labels)
         return [*new_labels, *prompt["texts"]]
 
-    def post_process(self, model_output: Sequence[Any], request_id: str | None = None, **kwargs: Any) -> list:
+    def post_process(self, model_output: Sequence[Any], request_id: str | None = None, **kwargs: Any) -> dict:
         texts, labels, top_k, new_labels = self._pending.pop(request_id)
         for label, out in zip(new_labels, model_output):
             self.label_vectors[label] = np.asarray(out.outputs.data, dtype=np.float32)
@@ -66,7 +65,4 @@ class ZeroShotClassifier(IOProcessor[dict, list]):
             sims = matrix @ np.asarray(out.outputs.data, dtype=np.float32)
             best = np.argsort(-sims)[:top_k]
             answers.append({"text": text, "labels": [{"label": labels[i], "score": float(sims[i])} for i in best]})
-        return answers
-
-    def output_to_response(self, plugin_output: list) -> Any:
-        return {"results": plugin_output, "labels_embedded": self.labels_embedded}
+        return {"results": answers, "labels_embedded": self.labels_embedded}
