@@ -32,6 +32,7 @@ from forkless.sampling_params import RequestOutputKind
 from forkless.metrics import (
     LoggingStatLogger,
     StatLoggerBase,
+    IntervalViews,
     iteration_stats,
     load_stat_logger_plugin_factories,
     make_stat_logger,
@@ -150,6 +151,7 @@ class AsyncLLM:
             kv_transfer=config.kv_transfer_config is not None)
         self.stat_loggers: list[StatLoggerBase] = [self.prometheus]
         self._stat_logger_failures: dict[int, int] = {}  # id(logger) -> failed record() calls
+        self._interval_views = IntervalViews()  # vLLM's per-interval fields of the stats
         if log_stats:
             self.stat_loggers.append(LoggingStatLogger(config))
         for cls in load_stat_logger_plugin_factories():
@@ -482,6 +484,7 @@ class AsyncLLM:
         return True
 
     def _record(self, scheduler_stats: Any, stats: Any) -> None:
+        self._interval_views.fill(scheduler_stats, stats)
         for stat_logger in self.stat_loggers:
             try:
                 stat_logger.record(scheduler_stats, stats, engine_idx=0)

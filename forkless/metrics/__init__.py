@@ -3,12 +3,16 @@
 from forkless.metrics.interface import StatLoggerBase
 from forkless.metrics.loggers import LoggingStatLogger
 from forkless.metrics.registry import load_stat_logger_plugin_factories, make_stat_logger
-from forkless.metrics.stats import FinishedRequestStats, IterationStats, iteration_stats
+from forkless.metrics.stats import (FinishedRequestStats, IntervalViews, IterationStats, PrefixCacheStats,
+                                    SchedulerStats, iteration_stats)
 
 __all__ = [
     "FinishedRequestStats",
+    "IntervalViews",
     "IterationStats",
     "LoggingStatLogger",
+    "PrefixCacheStats",
+    "SchedulerStats",
     "StatLoggerBase",
     "iteration_stats",
     "load_stat_logger_plugin_factories",

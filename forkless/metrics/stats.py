@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 # Where vLLM's stat loggers import it from (vllm.v1.metrics.stats); it crosses processes,
 # so it lives in the protocol package.
-from forkless.protocol.step import SchedulerStats
+from forkless.protocol.step import PrefixCacheStats, SchedulerStats, SpecDecodeStats
 
-__all__ = ["FinishedRequestStats", "IterationStats", "RequestTiming", "SchedulerStats", "iteration_stats"]
+__all__ = ["FinishedRequestStats", "IntervalViews", "IterationStats", "PrefixCacheStats", "RequestTiming",
+           "SchedulerStats", "iteration_stats"]
 
 
 @dataclass
@@ -56,11 +57,30 @@ class RequestTiming:
 
 @dataclass
 class FinishedRequestStats:
+    """One finished request (vLLM's fields, those the API server measures).
+
+    Attributes:
+        finish_reason: ``"stop"``, ``"length"`` or ``"abort"``.
+        e2e_latency: Seconds from arrival to the last token.
+        num_prompt_tokens: Prompt length.
+        num_generation_tokens: Tokens generated.
+        time_to_first_token: Seconds from arrival to the first token, if any came.
+        num_cached_tokens: Prompt tokens served from the prefix cache.
+        decode_time: Seconds from the first token to the last.
+    """
+
     finish_reason: str
     e2e_latency: float
     num_prompt_tokens: int
     num_generation_tokens: int
     time_to_first_token: float | None
+    num_cached_tokens: int = 0
+    decode_time: float = 0.0
+
+    @property
+    def mean_time_per_output_token(self) -> float:
+        """Seconds per token after the first (vLLM's TPOT; 0 for one token)."""
+        return self.decode_time / (self.num_generation_tokens - 1) if self.num_generation_tokens > 1 else 0.0
 
 
 @dataclass
@@ -81,6 +101,10 @@ class IterationStats:
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
+    #: vLLM's: requests preempted since the previous batch of outputs (IntervalViews fills it).
+    num_preempted_reqs: int = 0
+    #: vLLM's: when the batch was processed (``time.time()``).
+    iteration_timestamp: float = field(default_factory=time.time)
 
     @property
     def time_to_first_tokens_iter(self) -> list[float]:
@@ -112,7 +136,46 @@ def iteration_stats(num_new_tokens: int, finished: list[RequestTiming],
         if t.first_token_time is not None and t.last_token_time is not None and t.num_generation_tokens > 1:
             stats.inter_token_latencies.append(
                 (t.last_token_time - t.first_token_time) / (t.num_generation_tokens - 1))
+        decode = (t.last_token_time - t.first_token_time
+                  if t.first_token_time is not None and t.last_token_time is not None else 0.0)
         stats.finished_requests.append(FinishedRequestStats(
             t.finish_reason or "abort", t.e2e_latency or 0.0, t.num_prompt_tokens,
-            t.num_generation_tokens, t.ttft))
+            t.num_generation_tokens, t.ttft, t.num_cached_tokens, decode))
     return stats
+
+
+class IntervalViews:
+    """Fills vLLM's per-interval fields of the statistics stat loggers get.
+
+    The engine core's ``SchedulerStats`` counters are cumulative (forkless's Prometheus
+    counters take differences); vLLM's ``prefix_cache_stats`` and ``spec_decoding_stats``
+    are what happened since the previous snapshot, and ``IterationStats.num_preempted_reqs``
+    the preemptions since then. One instance per engine, fed every snapshot in order.
+    """
+
+    def __init__(self) -> None:
+        self._last: SchedulerStats | None = None
+        self._steps = 0
+
+    def fill(self, scheduler: SchedulerStats | None, iteration: IterationStats | None) -> None:
+        """Set the interval fields of this snapshot (in place)."""
+        if scheduler is None:
+            return
+        last = self._last or SchedulerStats()
+        self._steps += 1
+        scheduler.step_counter = self._steps
+        scheduler.prefix_cache_stats = PrefixCacheStats(
+            queries=scheduler.prefix_cache_queries - last.prefix_cache_queries,
+            hits=scheduler.prefix_cache_hits - last.prefix_cache_hits)
+        if scheduler.spec_decode is not None:
+            before = last.spec_decode or SpecDecodeStats()
+            now = scheduler.spec_decode
+            per_pos = list(now.num_accepted_tokens_per_pos)
+            for j, n in enumerate(before.num_accepted_tokens_per_pos[:len(per_pos)]):
+                per_pos[j] -= n
+            scheduler.spec_decoding_stats = SpecDecodeStats(
+                now.num_drafts - before.num_drafts, now.num_draft_tokens - before.num_draft_tokens,
+                now.num_accepted_tokens - before.num_accepted_tokens, per_pos)
+        if iteration is not None:
+            iteration.num_preempted_reqs = scheduler.num_preemptions - last.num_preemptions
+        self._last = scheduler

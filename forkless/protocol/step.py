@@ -344,6 +344,23 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
 
 
 @dataclass
+class PrefixCacheStats:
+    """vLLM's prefix-cache counters over an interval (``SchedulerStats.prefix_cache_stats``).
+
+    Attributes:
+        reset: Whether the prefix cache was reset in the interval (never reported here).
+        requests: Requests looked up (not counted here: 0).
+        queries: Prompt tokens looked up.
+        hits: Of those, tokens found.
+    """
+
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
+
+
+@dataclass
 class SchedulerStats:
     """A snapshot for stat loggers.
 
@@ -377,6 +394,27 @@ class SchedulerStats:
     lora_evictions: int = 0
     spec_decode: SpecDecodeStats | None = None
     kv_transfer: KVTransferStats | None = None
+    # vLLM's per-interval views, filled by the API server before the stat loggers see the
+    # snapshot (the change since the snapshot they saw before): None in the engine core.
+    prefix_cache_stats: PrefixCacheStats | None = None
+    spec_decoding_stats: SpecDecodeStats | None = None
+    step_counter: int = 0
+
+    @property
+    def current_wave(self) -> int:
+        """vLLM's data-parallel wave: always 0 (no data parallelism)."""
+        return 0
+
+    @property
+    def kv_connector_stats(self) -> dict[str, Any] | None:
+        """vLLM's connector-specific stats: none here (the KV connector's counters are
+        ``kv_transfer``)."""
+        return None
+
+    @property
+    def connector_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """vLLM's prefix-cache stats of the KV connector: none here."""
+        return None
 
     @property
     def num_running_reqs(self) -> int:

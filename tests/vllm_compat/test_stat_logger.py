@@ -39,19 +39,28 @@ def test_a_vllm_style_logger_is_driven_with_vllm_signatures(tiny_llama: Path) ->
             await engine.start()
             async for _ in engine.generate("hello", SamplingParams(max_tokens=4, ignore_eos=True), "r1"):
                 pass
+            prompt = "a prompt long enough to fill whole blocks of the prefix cache " * 3
+            for rid in ("r2", "r3"):  # the second finds the first's blocks
+                async for out in engine.generate(prompt, SamplingParams(max_tokens=3, ignore_eos=True), rid):
+                    pass
             await asyncio.sleep(0.5)  # the output handler records after it hands out tokens
         finally:
             engine.shutdown()
         (logger,) = [s for s in engine.stat_loggers if isinstance(s, CountingStatLogger)]
-        return logger
+        return logger, out.num_cached_tokens, len(out.prompt_token_ids)
 
-    logger = asyncio.run(main())
+    logger, cached, prompt_len = asyncio.run(main())
     assert logger.initialized and logger.vllm_config is not None and logger.engine_idx == 0
-    assert sum(n for _, n in logger.records) == 4
+    assert sum(n for _, n in logger.records) == 10
     assert {idx for idx, _ in logger.records} == {0}
-    # vLLM's field names: the one request ran, nothing waited, its first token came once.
+    # vLLM's field names: one request ran at a time, nothing waited, first tokens came once each.
     assert max(logger.running) == 1 and set(logger.waiting) == {0}
-    assert len(logger.ttfts) == 1 and logger.ttfts[0] > 0
+    assert len(logger.ttfts) == 3 and all(t > 0 for t in logger.ttfts)
+    # Per-interval prefix-cache counters add up to the lookups: the second long prompt hit.
+    assert cached > 0 and logger.prefix_hits == cached
+    assert logger.prefix_queries >= 2 * prompt_len - 2 and logger.steps == sorted(set(logger.steps))
+    assert [f[:2] for f in logger.finished] == [(0, 4), (0, 3), (cached, 3)]
+    assert all(tpot > 0 for *_, tpot in logger.finished)
 
 
 def test_a_logger_whose_constructor_fails_is_named() -> None:

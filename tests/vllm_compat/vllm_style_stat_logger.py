@@ -13,15 +13,26 @@ class CountingStatLogger(StatLoggerBase):
         self.running: list[int] = []
         self.waiting: list[int] = []
         self.ttfts: list[float] = []
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self.steps: list[int] = []
+        self.finished: list[tuple[int, int, float]] = []  # (cached tokens, tokens, TPOT)
         self.initialized = False
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
         if scheduler_stats is not None:
             self.running.append(scheduler_stats.num_running_reqs)
             self.waiting.append(scheduler_stats.num_waiting_reqs)
+            # vLLM's per-interval prefix-cache counters, summed as vLLM's loggers do.
+            self.prefix_queries += scheduler_stats.prefix_cache_stats.queries
+            self.prefix_hits += scheduler_stats.prefix_cache_stats.hits
+            self.steps.append(scheduler_stats.step_counter)
         if iteration_stats is not None:
             self.records.append((engine_idx, iteration_stats.num_generation_tokens))
             self.ttfts.extend(iteration_stats.time_to_first_tokens_iter)
+            for req in iteration_stats.finished_requests:
+                self.finished.append((req.num_cached_tokens, req.num_generation_tokens,
+                                      req.mean_time_per_output_token))
 
     def log_engine_initialized(self):
         self.initialized = True
