@@ -112,6 +112,7 @@ def load_model(
     device = torch.device(device)
     dtype = resolve_dtype(dtype, hf_config, device)
     model_cls, arch = ModelRegistry.resolve_model_cls(getattr(hf_config, "architectures", None) or [])
+    _check_model_cls(model_cls, arch)
     from forkless.distributed.parallel_state import get_pp_group, get_tp_group
     from forkless.models.interface import CausalLMBase
     from forkless.pooling.interface import SupportsPooling
@@ -143,3 +144,22 @@ def load_model(
         time.perf_counter() - start, arch, model_cls.__name__, dtype, load_format, device,
     )
     return model
+
+
+def _check_model_cls(model_cls: Any, arch: str) -> None:
+    """Refuse a registered class that forkless cannot build, naming the registration.
+
+    Raises:
+        TypeError: Not a ``torch.nn.Module`` class, or written for vLLM's constructor
+            (``vllm_config``, ``prefix``) rather than forkless's.
+    """
+    import inspect
+
+    where = f"{arch} is registered as {ModelRegistry.get_path(arch) or model_cls!r}"
+    if not (inspect.isclass(model_cls) and issubclass(model_cls, torch.nn.Module)):
+        raise TypeError(f"{where}, which is not a model class: expected a torch.nn.Module subclass, such as "
+                        "forkless.models.interface.CausalLMBase's")
+    params = inspect.signature(model_cls.__init__).parameters
+    if "vllm_config" in params:
+        raise TypeError(f"{where}, whose constructor takes vLLM's (vllm_config, prefix): forkless builds a model "
+                        "as cls(hf_config, dtype, attn_backend) (docs/plugins.md, models)")

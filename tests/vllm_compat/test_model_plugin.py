@@ -5,6 +5,7 @@ without the caller loading plugins first (serving it is tests/server/test_plugin
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -35,3 +36,30 @@ def test_offline_llm_serves_an_architecture_registered_by_a_plugin(
     proc = run_python(code, plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS=""), timeout=300)
     assert proc.returncode != 0
     assert "Model architectures ['ToyLlamaForCausalLM'] are not supported for now" in proc.stderr
+
+
+class NotAModel:
+    """Registered by mistake: no torch module."""
+
+
+def test_a_class_forkless_cannot_build_is_refused_naming_the_registration(tiny_llama: Path, tmp_path: Path) -> None:
+    import pytest
+    import torch
+
+    from forkless import LLM, ModelRegistry
+
+    class TorchButVllm(torch.nn.Module):
+        def __init__(self, *, vllm_config, prefix: str = "") -> None:
+            super().__init__()
+
+    for arch, target, fragment in (
+            ("NotAModelForCausalLM", f"{__name__}:NotAModel", "expected a torch.nn.Module subclass"),
+            ("VllmStyleForCausalLM", TorchButVllm, "constructor takes vLLM's (vllm_config, prefix)")):
+        folder = tmp_path / arch
+        shutil.copytree(tiny_llama, folder)
+        config = json.loads((folder / "config.json").read_text())
+        config["architectures"] = [arch]
+        (folder / "config.json").write_text(json.dumps(config))
+        ModelRegistry.register_model(arch, target)
+        with pytest.raises(Exception, match=f"{arch} is registered as .*{re.escape(fragment)}"):
+            LLM(str(folder), max_model_len=128, kv_cache_memory=8 << 20)
