@@ -14,6 +14,7 @@ replace a built-in.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import logging
@@ -102,9 +103,23 @@ def import_path(path: str) -> Any:
             obj = getattr(obj, part)
         except AttributeError as exc:
             raise PluginImportError(
-                f"cannot import {path!r}: module {module_name!r} has no attribute {attr!r}"
+                f"cannot import {path!r}: module {module_name!r} has no attribute {attr!r}{_suggest(obj, part)}"
             ) from exc
     return obj
+
+
+def _suggest(owner: Any, missing: str) -> str:
+    """``"; did you mean 'X'?"`` for a misspelt name, else the classes ``owner`` has."""
+    names = [n for n in dir(owner) if not n.startswith("_")]
+    close = difflib.get_close_matches(missing, names, n=1, cutoff=0.75)
+    if close:
+        return f"; did you mean {close[0]!r}?"
+    classes = sorted(n for n in names if inspect.isclass(getattr(owner, n, None))
+                     and getattr(getattr(owner, n), "__module__", "") not in ("typing", "builtins", "abc"))
+    if classes:
+        shown = ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else "")
+        return f" (its classes: {shown})"
+    return ""
 
 
 def check_implements(cls: type, what: str) -> None:

@@ -101,6 +101,17 @@ def test_bad_path_names_path_and_failure(fresh_module) -> None:
         reg.register("z", "notapath")
 
 
+def test_a_misspelt_class_path_suggests_the_name(fresh_module) -> None:
+    from forkless.plugins import import_path
+
+    mod = fresh_module("typo_target_mod", "class DummyLogitsProcessor: ...\nclass Other: ...\n")
+    with pytest.raises(PluginImportError, match=r"has no attribute 'DummyLogitsProcesor'; did you mean "
+                                                r"'DummyLogitsProcessor'\?"):
+        import_path(f"{mod}:DummyLogitsProcesor")
+    with pytest.raises(PluginImportError, match=r"has no attribute 'Zzz' \(its classes: DummyLogitsProcessor, Other\)"):
+        import_path(f"{mod}:Zzz")
+
+
 def test_registry_checks_base_class() -> None:
     class Base:
         pass
