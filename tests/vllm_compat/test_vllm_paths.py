@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from forkless.module_aliases import ALIASES
-from tests.conftest import plugin_env, run_forkless
+from tests.conftest import plugin_env, run_forkless, run_python
 
 
 @pytest.mark.parametrize("alias", sorted(ALIASES))
@@ -163,3 +163,10 @@ def test_an_entry_point_left_in_a_vllm_group_is_named_with_its_new_group(tmp_pat
     listed = run_forkless(["plugins", "list", "--json"], plugin_env(site, tmp_path), timeout=120)
     assert listed.returncode == 0 and json.loads(listed.stdout) is not None
     assert "rename it to forkless.general_plugins" in listed.stderr
+    # An engine says so too when it loads the general plugins, once (not again in each
+    # process it spawns), with the plugin cache on and off.
+    code = "from forkless.plugins import load_general_plugins\nload_general_plugins()\nload_general_plugins()\n"
+    for cache in ("1", "0"):
+        proc = run_python(code, plugin_env(site, tmp_path, FORKLESS_PLUGIN_CACHE=cache))
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stderr.count("rename it to forkless.general_plugins") == 1, proc.stderr
