@@ -40,6 +40,8 @@ ALIASES: dict[str, str] = {
     "forkless.lora.resolver": "forkless.lora",
     "forkless.model_executor.models": "forkless.models",
     "forkless.model_executor.custom_op": "forkless.ops.interface",
+    "forkless.model_executor.layers": "forkless.ops",
+    "forkless.model_executor.layers.rotary_embedding": "forkless.ops.rotary",
     "forkless.plugins.io_processors": "forkless.io_processors",
     "forkless.distributed.kv_transfer": "forkless.kv_transfer",
     "forkless.distributed.kv_transfer.kv_connector": "forkless.kv_transfer",

@@ -50,6 +50,12 @@ def test_the_names_ported_plugins_import() -> None:
     from forkless.entrypoints.openai.chat_completion.protocol import ChatCompletionNamedToolChoiceParam
     from forkless.entrypoints.openai.engine.protocol import ResponsesRequest
     from forkless.plugins.io_processors.interface import IOProcessor
+    from forkless.model_executor.layers.activation import SiluAndMul
+    from forkless.model_executor.layers.layernorm import RMSNorm
+    from forkless.model_executor.layers.rotary_embedding import RotaryEmbedding
+    from forkless.entrypoints.pooling.pooling.protocol import IOProcessorResponse
+    from forkless.v1.core.sched.output import SchedulerOutput
+    from forkless.v1.request import Request
     from forkless.v1.sample.logits_processor import LOGITSPROCS_GROUP, AdapterLogitsProcessor
     from forkless.v1.sample.logits_processor.builtin import MinPLogitsProcessor, process_dict_updates
 
@@ -71,6 +77,15 @@ def test_the_names_ported_plugins_import() -> None:
     assert ChatCompletionNamedToolChoiceParam.model_validate(
         {"type": "function", "function": {"name": "f"}}).function.name == "f"
     assert ResponsesRequest is not None
+    import forkless.ops as ops
+    from forkless.core.request import Request as OwnRequestState
+    from forkless.protocol.pooling import IOProcessorResponse as OwnResponse
+    from forkless.protocol.step import SchedulerOutput as OwnOutput
+
+    assert (RMSNorm, SiluAndMul, RotaryEmbedding) == (ops.layernorm.RMSNorm, ops.activation.SiluAndMul,
+                                                      ops.rotary.RotaryEmbedding)
+    assert issubclass(RMSNorm, CustomOp) and callable(RMSNorm.register_oot)
+    assert (IOProcessorResponse, SchedulerOutput, Request) == (OwnResponse, OwnOutput, OwnRequestState)
 
 
 def test_envs_read_under_vllms_names_are_forkless_ones(monkeypatch: pytest.MonkeyPatch) -> None:
