@@ -50,6 +50,10 @@ ALIASES: dict[str, str] = {
     "forkless.distributed.kv_transfer.kv_connector.factory": "forkless.kv_transfer",
     "forkless.forward_context": "forkless.kv_transfer",
     "forkless.v1.core": "forkless.core",
+    "forkless.v1.engine": "forkless.engine",
+    "forkless.engine.arg_utils": "forkless.config",
+    "forkless.transformers_utils": "forkless.tokenizers",
+    "forkless.transformers_utils.tokenizer": "forkless.tokenizers",
     # (the parents are packages, so that their children can be imported)
     "forkless.entrypoints.pooling": "forkless.pooling",
     "forkless.entrypoints.pooling.pooling": "forkless.pooling",

@@ -19,4 +19,7 @@ class TokenizerLike(Protocol):
     def get_vocab(self) -> dict[str, int]: ...
 
 
-__all__ = ["TokenizerLike"]
+#: vLLM's older name (``vllm.transformers_utils.tokenizer.AnyTokenizer``).
+AnyTokenizer = TokenizerLike
+
+__all__ = ["AnyTokenizer", "TokenizerLike"]

@@ -88,6 +88,26 @@ def test_the_names_ported_plugins_import() -> None:
     assert (IOProcessorResponse, SchedulerOutput, Request) == (OwnResponse, OwnOutput, OwnRequestState)
 
 
+def test_vllms_small_helpers(tmp_path: Path) -> None:
+    from forkless.engine.arg_utils import AsyncEngineArgs, EngineArgs
+    from forkless.transformers_utils.tokenizer import AnyTokenizer
+    from forkless.utils import random_uuid
+    from forkless.utils.collection_utils import is_list_of
+    from forkless.utils.import_utils import import_from_path
+    from forkless.v1.engine.async_llm import AsyncLLM
+
+    import forkless
+
+    assert (EngineArgs, AsyncEngineArgs, AsyncLLM) == (forkless.EngineArgs, forkless.AsyncEngineArgs, forkless.AsyncLLM)
+    assert AnyTokenizer is forkless.tokenizers.TokenizerLike
+    a, b = random_uuid(), random_uuid()
+    assert a != b and len(a) == 32 and int(a, 16) >= 0
+    assert is_list_of([1, "x"], int) and not is_list_of([1, "x"], int, check="all") and not is_list_of((1,), int)
+    file = tmp_path / "my_parsers.py"
+    file.write_text("VALUE = 42\n")
+    assert import_from_path("my_parsers_mod", file).VALUE == 42
+
+
 def test_envs_read_under_vllms_names_are_forkless_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     from forkless import envs
 
