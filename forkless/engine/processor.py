@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, Union
 
+import msgspec
+
 from forkless.logger import init_logger
 from forkless.pooling_params import PoolingParams
 from forkless.protocol.engine import EngineCoreRequest
@@ -187,6 +189,10 @@ class Processor:
         self._custom_lp: list[type[LogitsProcessor]] | None = None
         # Adapters already checked (their folders are read once per engine).
         self._checked_loras: set[LoRARequest] = set()
+        # lora_int_id -> how many times load_inplace replaced its weights (prefix-cache salt).
+        self._lora_versions: dict[int, int] = {}
+        # Adapter ids whose next request reloads them (replace_lora_weights).
+        self._lora_reload: set[int] = set()
         self._lora_shapes: dict[str, tuple[int, int]] | None = None
         self._config_json: dict[str, Any] | None = None
 
@@ -388,6 +394,8 @@ class Processor:
             return lora
         # The workers cache adapters by id: one id with two folders would silently run the
         # first folder's weights for both.
+        if lora.load_inplace:  # the id's folder is this one from now on
+            self._checked_loras = {c for c in self._checked_loras if c.lora_int_id != lora.lora_int_id}
         other = next((c for c in self._checked_loras
                       if c.lora_int_id == lora.lora_int_id and c.lora_path != lora.lora_path), None)
         if other is not None:
@@ -397,8 +405,29 @@ class Processor:
         from forkless.lora.peft import read_adapter
 
         read_adapter(lora, max_rank=lc.max_lora_rank, module_shapes=self._model_lora_shapes())
-        self._checked_loras.add(lora)
+        self._checked_loras.add(msgspec.structs.replace(lora, load_inplace=False))
         return lora
+
+    def replace_lora_weights(self, lora: LoRARequest) -> None:
+        """Make the next request with this adapter's id reload it in the workers (as a
+        ``load_inplace`` request does): ``/v1/load_lora_adapter`` with ``load_inplace``.
+
+        Raises:
+            ValueError: The adapter cannot be served (see :meth:`check_lora`).
+        """
+        self.check_lora(msgspec.structs.replace(lora, load_inplace=True))
+        self._lora_reload.add(lora.lora_int_id)
+
+    def _lora_cache_salt(self, lora: LoRARequest, cache_salt: str | None) -> str | None:
+        """The request's cache salt, with the version of its adapter's weights once a
+        ``load_inplace`` request replaced them: the prefix cache's blocks of the earlier
+        weights (same adapter name, same prompt) are then never read again."""
+        if lora.load_inplace:
+            self._lora_versions[lora.lora_int_id] = self._lora_versions.get(lora.lora_int_id, 0) + 1
+        version = self._lora_versions.get(lora.lora_int_id)
+        if not version:
+            return cache_salt
+        return f"{cache_salt or ''}\x00lora {lora.lora_int_id} weights {version}"
 
     def _model_lora_shapes(self) -> dict[str, tuple[int, int]] | None:
         """The built-in architectures' adaptable projections (others are checked in the worker)."""
@@ -462,7 +491,11 @@ class Processor:
         params = self._validate_params(params if params is not None else SamplingParams(), priority)
         cache_salt = self._cache_salt(prompt)
         if lora_request is not None:
+            if lora_request.lora_int_id in self._lora_reload:  # replace_lora_weights' next request
+                self._lora_reload.discard(lora_request.lora_int_id)
+                lora_request = msgspec.structs.replace(lora_request, load_inplace=True)
             self.check_lora(lora_request)
+            cache_salt = self._lora_cache_salt(lora_request, cache_salt)
         text, ids = self._tokenize(prompt)
         self._validate_prompt(ids)
         arrival_time = time.time() if arrival_time is None else arrival_time

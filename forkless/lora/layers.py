@@ -451,8 +451,12 @@ class LoRAModelManager:
                 the model.
         """
         if lora.lora_int_id in self._cpu:
-            self._cpu.move_to_end(lora.lora_int_id)
-            return
+            if not lora.load_inplace:
+                self._cpu.move_to_end(lora.lora_int_id)
+                return
+            # Read again and replace: the slot is rewritten on the adapter's next activation.
+            self._cpu.pop(lora.lora_int_id)
+            self._slot_of.pop(lora.lora_int_id, None)
         from safetensors import safe_open
 
         spec = read_adapter(lora, max_rank=self.max_lora_rank, module_shapes=self._shapes)

@@ -544,6 +544,9 @@ class LoadLoRAAdapterRequest(RequestModel):
 
     lora_name: str
     lora_path: str
+    # vLLM's: an adapter already served under this name is read again (from lora_path) and
+    # replaces the one loaded, under the same id.
+    load_inplace: bool = False
 
 
 class UnloadLoRAAdapterRequest(RequestModel):

@@ -210,3 +210,33 @@ def test_one_id_for_two_adapter_folders_is_refused(llm, llama):
                      use_tqdm=False)
     renamed = LoRARequest("first-again", 77, str(adapters["all-r8"]))  # the same folder: the same adapter
     assert llm.generate(PROMPTS[:1], GREEDY, lora_request=renamed, use_tqdm=False)[0].outputs[0].token_ids == expected
+
+
+def test_load_inplace_rereads_the_adapter_under_its_id(llm, llama, tmp_path):
+    # vLLM's load_inplace: an RL loop writes a new checkpoint into the same folder and asks
+    # for it under the same id; without the flag the cached weights stay.
+    _, adapters = llama
+    folder = shutil.copytree(adapters["all-r8"], tmp_path / "rl-checkpoint")
+    first = llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("rl", 90, str(folder)),
+                         use_tqdm=False)[0].outputs[0].token_ids
+    other = llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("other", 91, str(adapters["qv-r16-rslora"])),
+                         use_tqdm=False)[0].outputs[0].token_ids
+    assert first != other
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 4  # whole blocks in the prefix cache
+    long_first = llm.generate(long_prompt, GREEDY, lora_request=LoRARequest("rl", 90, str(folder)),
+                              use_tqdm=False)[0].outputs[0].token_ids
+    long_other = llm.generate(long_prompt, GREEDY, lora_request=LoRARequest("other", 91, str(adapters["qv-r16-rslora"])),
+                              use_tqdm=False)[0].outputs[0].token_ids
+    shutil.rmtree(folder)
+    shutil.copytree(adapters["qv-r16-rslora"], folder)
+    cached = llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("rl", 90, str(folder)),
+                          use_tqdm=False)[0].outputs[0].token_ids
+    assert cached == first
+    reloaded = llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("rl", 90, str(folder), load_inplace=True),
+                            use_tqdm=False)[0].outputs[0].token_ids
+    assert reloaded == other
+    # The prefix cache's blocks of the earlier weights are not read for the new ones.
+    again = llm.generate(long_prompt, GREEDY, lora_request=LoRARequest("rl", 90, str(folder)), use_tqdm=False)[0]
+    assert again.outputs[0].token_ids == long_other != long_first and again.num_cached_tokens == 0
+    with pytest.raises(ValueError, match="tensorizer_config_dict is not supported"):
+        LoRARequest("t", 92, str(folder), tensorizer_config_dict={"x": 1})

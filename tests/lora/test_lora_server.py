@@ -103,6 +103,12 @@ def test_runtime_load_unload_and_errors(lora_server, llama, references, detok, t
     assert _tokens(lora_server.client(), "mlp", PROMPT_IDS[0]) == detok(references["mlp-o-r32"][0])
     dup = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "mlp", "lora_path": str(adapters["all-r8"])})
     assert dup.status_code == 400 and "already been loaded" in dup.json()["error"]["message"]
+    # vLLM's load_inplace: the name now serves the other folder's weights, under the same id.
+    swap = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "mlp", "lora_path": str(adapters["all-r8"]),
+                                                          "load_inplace": True})
+    assert swap.status_code == 200, swap.text
+    assert _tokens(lora_server.client(), "mlp", PROMPT_IDS[0]) == detok(references["all-r8"][0])
+    assert _tokens(lora_server.client(), "mlp", PROMPT_IDS[0]) == detok(references["all-r8"][0])
     bad = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(tmp_path / "none")})
     assert bad.status_code == 400 and "LoRA adapter 'bad'" in bad.json()["error"]["message"]
     missing_field = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "x"})

@@ -259,7 +259,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         # vLLM's routes and answers; only with FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1.
         @app.post("/v1/load_lora_adapter")
         async def load_lora_adapter(req: LoadLoRAAdapterRequest) -> Response:
-            await models.add_lora(req.lora_name, req.lora_path)
+            await models.add_lora(req.lora_name, req.lora_path, load_inplace=req.load_inplace)
             return Response(f"Success: LoRA adapter '{req.lora_name}' added successfully.", media_type="text/plain")
 
         @app.post("/v1/unload_lora_adapter")

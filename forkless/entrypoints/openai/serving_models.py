@@ -121,14 +121,27 @@ class ServingModels:
 
     # ---------------------------------------------------------------- adapters
 
-    async def add_lora(self, name: str, path: str, base_model_name: str | None = None) -> LoRARequest:
-        """Check an adapter folder and serve it under ``name``.
+    async def add_lora(self, name: str, path: str, base_model_name: str | None = None,
+                       load_inplace: bool = False) -> LoRARequest:
+        """Check an adapter folder and serve it under ``name``; with ``load_inplace``, an
+        adapter served under ``name`` already is read again from ``path`` and replaced
+        (same id; the next request with it reloads it in the workers).
 
         Raises:
             BadRequest: LoRA is off, the name is taken, or the adapter is malformed (400).
         """
         if not self.lora_enabled:
             raise BadRequest("LoRA adapters need a server started with --enable-lora", "lora_name")
+        if load_inplace and name in self.loras:
+            old = self.loras[name]
+            lora = LoRARequest(name, old.lora_int_id, path, old.base_model_name)
+            try:
+                await self.run_blocking(self.engine.processor.replace_lora_weights, lora)
+            except ValueError as exc:
+                raise BadRequest(str(exc), "lora_path", err_type="InvalidUserInput") from None
+            self.loras[name] = lora
+            logger.info("LoRA adapter %r (id %d) replaced in place from %s", name, lora.lora_int_id, path)
+            return lora
         if name in self.served_model_names or name in self.loras:
             raise BadRequest(f"The lora adapter {quoted(name)} has already been loaded", "lora_name",
                              err_type="InvalidUserInput")
