@@ -463,5 +463,132 @@ class Platform:
     def validate_request(cls, prompt: Any, params: Any, processed_inputs: Any) -> None:
         """Raise when a request cannot run on this device (not called by forkless)."""
 
+    # -------------------------------------------------------- vLLM's other hooks
+    # vLLM's Platform hooks with vLLM's defaults, so that a ported platform that calls them
+    # through super() or cls. keeps working. forkless calls none of them (its own code
+    # paths decide these things), so overriding one changes nothing here.
+
+    @classmethod
+    def fp8_dtype(cls) -> "torch.dtype":
+        """The float8 type of the device (e4m3)."""
+        import torch
+
+        return torch.float8_e4m3fn
+
+    @classmethod
+    def is_fp8_fnuz(cls) -> bool:
+        """Whether the device's float8 is the fnuz variant (ROCm's)."""
+        return False
+
+    @classmethod
+    def is_kv_cache_dtype_supported(cls, kv_cache_dtype: str, model_config: Any) -> bool:
+        """Whether the device stores a KV cache of ``kv_cache_dtype`` (vLLM's default: no)."""
+        return False
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: Any) -> None:
+        """Raise when the device cannot run ``dtype`` (default: every dtype runs)."""
+
+    @classproperty
+    def supported_dtypes(cls) -> list["torch.dtype"]:
+        """The model dtypes the device runs, preferred first."""
+        import torch
+
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_punica_wrapper(cls) -> str:
+        """vLLM's LoRA kernels' class path: forkless has its own LoRA layers."""
+        raise NotImplementedError("forkless runs LoRA on its own layers (forkless.lora), not vLLM's punica")
+
+    @classmethod
+    def get_current_memory_usage(cls, device: Any = None) -> float:
+        """Memory in use on the device, in bytes."""
+        raise NotImplementedError(f"{cls.__qualname__} does not report its memory usage")
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        """Seed the device's generators (default: torch's)."""
+        import torch
+
+        torch.manual_seed(seed)
+
+    @classmethod
+    def use_custom_allreduce(cls) -> bool:
+        return False
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return False
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return False
+
+    @classmethod
+    def get_static_graph_wrapper_cls(cls) -> str:
+        raise NotImplementedError("forkless captures graphs in its model runner (no static graph wrapper)")
+
+    @classmethod
+    def get_global_graph_pool(cls) -> Any:
+        return None
+
+    @classmethod
+    def is_sleep_mode_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def set_additional_forward_context(cls, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def update_block_size_for_backend(cls, vllm_config: Any) -> None:
+        """Adjust the KV block size to the attention backend (default: leave it)."""
+
+    @classmethod
+    def insert_blocks_to_device(cls, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("forkless has no host KV-cache swap")
+
+    @classmethod
+    def swap_out_blocks_to_host(cls, *args: Any, **kwargs: Any) -> None:
+        raise NotImplementedError("forkless has no host KV-cache swap")
+
+    @classmethod
+    def use_sync_weight_loader(cls) -> bool:
+        return False
+
+    @classmethod
+    def make_synced_weight_loader(cls, original_weight_loader: Any) -> Any:
+        return original_weight_loader
+
+    @classmethod
+    def get_nixl_supported_devices(cls) -> dict[str, tuple[str, ...]]:
+        return {}
+
+    @classmethod
+    def stateless_init_device_torch_dist_pg(cls, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("forkless sets up torch.distributed itself (forkless.distributed)")
+
+    @classmethod
+    def log_warnings(cls) -> None:
+        """Log the platform's start-up warnings (default: none)."""
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        return False
+
+    @classmethod
+    def get_infinity_values(cls, dtype: Any) -> tuple[float, float]:
+        """``(-inf, inf)`` as the device writes them for ``dtype``."""
+        return float("-inf"), float("inf")
+
+    @classmethod
+    def is_device_capability(cls, capability: tuple[int, int] | int, device_id: int = 0) -> bool:
+        """Whether the device's capability is exactly ``capability``."""
+        current = cls.get_device_capability(device_id=device_id)
+        if current is None:
+            return False
+        return current == capability if isinstance(capability, tuple) else current.to_int() == capability
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} device_type={self.device_type!r}>"

@@ -141,3 +141,32 @@ def test_the_hooks_are_classmethods_callable_on_the_class_and_on_an_instance(
     assert DummyStylePlatform.total_memory_bytes() == DummyStylePlatform.free_memory_bytes() == 2 << 30
     assert DummyStylePlatform().get_device_name() == "DummyDevice"
     assert PlatformEnum.OOT is DummyStylePlatform._enum
+
+
+def test_vllms_other_hooks_exist_with_vllms_defaults() -> None:
+    # A ported platform may call any of vLLM's hooks through super() or cls.
+    import torch
+
+    class Ported(Platform):
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0):
+            from forkless.platforms.interface import DeviceCapability
+
+            return DeviceCapability(8, 9)
+
+        @classmethod
+        def check_if_supports_dtype(cls, dtype):
+            super().check_if_supports_dtype(dtype)
+            if dtype == torch.float16:
+                raise ValueError("no float16 here")
+
+    assert Ported.fp8_dtype() == torch.float8_e4m3fn and not Ported.is_fp8_fnuz()
+    assert Ported.supported_dtypes[0] == torch.bfloat16 and Ported.get_infinity_values(torch.float32)[1] == float("inf")
+    assert Ported.is_device_capability((8, 9)) and Ported.is_device_capability(89) and not Ported.is_device_capability(90)
+    assert not Ported.use_custom_allreduce() and not Ported.is_sleep_mode_available()
+    assert Ported.set_additional_forward_context() == {} and Ported.make_synced_weight_loader(len) is len
+    Ported.check_if_supports_dtype(torch.bfloat16)
+    with pytest.raises(ValueError, match="float16"):
+        Ported.check_if_supports_dtype(torch.float16)
+    with pytest.raises(NotImplementedError, match="punica"):
+        Ported.get_punica_wrapper()
