@@ -161,6 +161,13 @@ class ReasoningParser(ABC):
             there is nothing to send yet.
         """
 
+    def prepare_structured_tag(self, original_tag: str | None, tool_server: Any = None, *args: Any,
+                               **kwargs: Any) -> str | None:
+        """vLLM's hook for a structural tag that shapes the reasoning (gpt-oss's channels):
+        the default returns ``original_tag``. forkless does not call it (its structured
+        outputs constrain the answer, not the reasoning)."""
+        return original_tag
+
     # The names vLLM used before late 2025 -------------------------------------------
     def extract_reasoning_content(self, model_output: str,
                                   request: "ChatCompletionRequest") -> tuple[str | None, str | None]:

@@ -107,3 +107,4 @@ def test_token_id_methods_and_vocab(plugin, tokenizer) -> None:
     assert parser.is_reasoning_end(ids) and not parser.is_reasoning_end(ids[:3])
     assert tokenizer.decode(parser.extract_content_ids(ids)).strip() == "Done"
     assert parser.vocab == tokenizer.get_vocab()
+    assert parser.prepare_structured_tag(None, None) is None and parser.prepare_structured_tag("tag", None) == "tag"
