@@ -72,6 +72,8 @@ def check_plugin(group: str, name: str) -> dict[str, Any]:
     if spec.detector:
         result["inactive"] = returned is None
     registered = _second_use(entry, spec, obj, result)
+    if spec.returns is not None and returned is not None:
+        result["problems"].extend(_returned_class_problems(returned, spec.returns))
     if registered is not None:
         result["problems"].extend(_check_registered(registered, result))
     result["ok"] = not result["problems"]
@@ -160,6 +162,27 @@ def _class_value_problems(entry: EntryPointInfo, spec: GroupSpec, obj: Any) -> l
         if not (isinstance(obj, type) and issubclass(obj, base)):
             problems.append(f"{entry.value!r} is not a subclass of {spec.interface}")
     return problems
+
+
+def _returned_class_problems(returned: Any, interface: str) -> list[str]:
+    """A detector's returned class path: it must import, subclass ``interface`` and
+    implement its abstract methods (as the process that uses it will check)."""
+    from forkless.plugins._registry import PluginImportError, check_implements, import_path
+
+    if not isinstance(returned, str):
+        return [f"returned {returned!r}: expected a class path string ('pkg.mod:Class') or None"]
+    try:
+        cls = import_path(returned)
+    except PluginImportError as exc:
+        return [f"returned {returned!r}, which is broken: {exc}"]
+    base = import_path(interface)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        return [f"returned {returned!r}, which is not a subclass of {interface}"]
+    try:
+        check_implements(cls, f"returned {returned!r}")
+    except TypeError as exc:
+        return [str(exc)]
+    return []
 
 
 def _registry_changes(first: dict[str, dict[str, str]],

@@ -69,6 +69,8 @@ class GroupSpec:
         opt_in: Loaded only when ``FORKLESS_PLUGINS`` names it.
         detector: A callable whose ``None`` result means "not active on this machine";
             such a plugin's status is ``inactive``.
+        returns: For detector groups, the class path that the class path the callable
+            returns must name a subclass of (``forkless plugins check`` imports it).
     """
 
     name: str
@@ -78,6 +80,7 @@ class GroupSpec:
     interface: str | None = None
     opt_in: bool = False
     detector: bool = False
+    returns: str | None = None
 
 
 GROUPS: dict[str, GroupSpec] = {
@@ -88,13 +91,13 @@ GROUPS: dict[str, GroupSpec] = {
                   kind=ValueKind.CALLABLE),
         GroupSpec(PLATFORM_PLUGINS_GROUP, loaded_in="every process",
                   value="zero-argument callable returning a Platform class path or None",
-                  kind=ValueKind.CALLABLE, detector=True),
+                  kind=ValueKind.CALLABLE, detector=True, returns="forkless.platforms:Platform"),
         GroupSpec(STAT_LOGGER_PLUGINS_GROUP, loaded_in="API server",
                   value="a StatLoggerBase subclass",
                   kind=ValueKind.CLASS, interface="forkless.metrics:StatLoggerBase"),
         GroupSpec(IO_PROCESSOR_PLUGINS_GROUP, loaded_in="API server",
                   value="zero-argument callable returning an IOProcessor class path or None",
-                  kind=ValueKind.CALLABLE, detector=True),
+                  kind=ValueKind.CALLABLE, detector=True, returns="forkless.io_processors:IOProcessor"),
         GroupSpec(LOGITS_PROCESSOR_GROUP, loaded_in="workers (validated in the API server)",
                   value="a LogitsProcessor subclass",
                   kind=ValueKind.CLASS, interface="forkless.logits_processors:LogitsProcessor"),

@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import plugin_env, run_forkless
 
 
@@ -157,6 +159,26 @@ def test_check_imports_every_registered_class_path(tmp_path: Path) -> None:
     # the registered module was imported after the laziness measurement, not during it
     assert result["imported_modules"] == ["typo_plugin"]
     assert set(result["registered"]["model architecture"]) == {"TypoForCausalLM", "GoodForCausalLM"}
+
+
+@pytest.mark.parametrize(("group", "returned", "fragment"), [
+    ("forkless.platform_plugins", "typo_detector_mod.platfrom:MyPlatform", "No module named"),
+    ("forkless.platform_plugins", "typo_detector_mod:NotAPlatform", "not a subclass of forkless.platforms:Platform"),
+    ("forkless.io_processor_plugins", "typo_detector_mod:HalfProcessor", "does not implement the abstract method"),
+])
+def test_check_imports_the_class_path_a_detector_returns(tmp_path: Path, group: str, returned: str,
+                                                         fragment: str) -> None:
+    site = tmp_path / "site"
+    fake_plugin(site, "typo_detector", f"def detect():\n    return {returned!r}\n", group=group, value="detect",
+                typo_detector_mod=("from forkless.io_processors import IOProcessor\n"
+                                   "class NotAPlatform:\n    pass\n"
+                                   "class HalfProcessor(IOProcessor):\n"
+                                   "    def pre_process(self, prompt, request_id=None, **kw):\n        return prompt\n"))
+    proc = run_forkless(["plugins", "check", "--json", "typo_detector"], plugin_env(site, tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (result,) = json.loads(proc.stdout)
+    assert any(p.startswith(f"returned {returned!r}") and fragment in p for p in result["problems"]), \
+        result["problems"]
 
 
 def test_check_named_plugins_and_exit_status(plugin_site: Path, tmp_path: Path) -> None:
