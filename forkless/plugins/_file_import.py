@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 import traceback
 from types import ModuleType
 
 from forkless.plugins._registry import PluginImportError
+from forkless.utils.import_utils import import_from_path
 
 
 def import_module_or_file(spec: str, what: str) -> ModuleType:
@@ -37,17 +37,12 @@ def import_module_or_file(spec: str, what: str) -> ModuleType:
         name = "_forkless_plugin_" + os.path.splitext(os.path.basename(path))[0]
         if name in sys.modules and getattr(sys.modules[name], "__file__", None) == path:
             return sys.modules[name]
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        if module_spec is None or module_spec.loader is None:
-            raise PluginImportError(f"{what} {spec}: cannot load this file as a Python module")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
         try:
-            module_spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
-        return module
+            return import_from_path(name, path)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:  # the plugin's own import failed: reported below, with its traceback
+                raise
+            raise PluginImportError(f"{what} {spec}: cannot load this file as a Python module") from None
     except PluginImportError:
         raise
     except Exception as exc:

@@ -14,11 +14,12 @@ def import_from_path(module_name: str, file_path: str | Path) -> ModuleType:
     ``sys.modules`` under that name).
 
     Raises:
-        ModuleNotFoundError: The file cannot be loaded as a module.
+        ModuleNotFoundError: The file cannot be loaded as a module (its ``name`` is
+            ``module_name``); what the module raises while it runs propagates.
     """
     spec = importlib.util.spec_from_file_location(module_name, file_path)
     if spec is None or spec.loader is None:
-        raise ModuleNotFoundError(f"no module named {module_name!r} at {file_path}")
+        raise ModuleNotFoundError(f"no module named {module_name!r} at {file_path}", name=module_name)
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
