@@ -301,9 +301,7 @@ def to_beam_search_params(req: SamplingFields, max_tokens: int | None, default_m
                                 include_stop_str_in_output=req.include_stop_str_in_output,
                                 skip_special_tokens=req.skip_special_tokens)
     except ValueError as exc:
-        match = re.match(r"BeamSearchParams\.(\w+)=", str(exc))
-        field = {"beam_width": "n"}.get(match.group(1), match.group(1)) if match else None
-        raise BadRequest(str(exc), field) from None
+        raise BadRequest(str(exc), _refused_field(str(exc), req)) from None
 
 
 async def _without_generation(stream: AsyncIterator["RequestOutput"]) -> AsyncIterator["RequestOutput"]:
@@ -327,7 +325,7 @@ def _refused_field(message: str, req: SamplingFields) -> str | None:
         return "response_format" if by_format else "structured_outputs"
     if message.startswith("the prompt"):
         return "messages" if chat else "prompt"
-    match = re.match(r"(?:SamplingParams\.)?(\w+)(?:=|\[| has )", message)
+    match = re.match(r"(?:(?:Sampling|BeamSearch)Params\.)?(\w+)(?:=|\[| has )", message)
     if match is None:
         return None
     field = match.group(1)
