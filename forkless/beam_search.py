@@ -5,9 +5,10 @@ Invariants:
     * Each step asks the engine for one token per live beam with ``2 * beam_width``
       logprobs: every token in that dict (the top ``2 * beam_width`` and the sampled one)
       is a candidate continuation, scored by the beam's cumulative logprob plus its own.
-    * A candidate ending in EOS (unless ``ignore_eos``) is complete and leaves the search;
-      the others are ranked by :func:`get_beam_search_score` and the best ``beam_width``
-      live on. A beam that reaches ``max_model_len`` is complete too (``length``).
+    * A candidate ending in EOS (unless ``ignore_eos``) is complete and leaves the search
+      (only the best ``beam_width`` complete ones are kept: their scores are final); the
+      others are ranked by :func:`get_beam_search_score` and the best ``beam_width`` live
+      on. A beam that reaches ``max_model_len`` is complete too (``length``).
     * The answer is the best ``beam_width`` of the complete and live beams together,
       best first. ``tokens`` include the prompt (vLLM's convention); ``text`` is the
       generated part only, the EOS token's text left out unless
@@ -133,6 +134,8 @@ class BeamSearch:
                     inst.completed.append(beam)
                 else:
                     inst.beams.append(beam)
+            # A complete beam's score is final: only the best beam_width can be in the answer.
+            inst.completed = sorted(inst.completed, key=self._score, reverse=True)[:self.params.beam_width]
 
     def results(self, tokenizer: Any) -> list[BeamSearchOutput]:
         """Each prompt's best ``beam_width`` sequences, best first, their ``text`` decoded."""
