@@ -100,6 +100,27 @@ CPU_DEFAULT_MAX_RUNNING_SEQS_PER_REQUEST = 8
 CPU_DEFAULT_MAX_PREFILL_TOKENS_PER_CLIENT = 8
 
 
+#: vLLM engine arguments for what forkless does one way only -> (the values that ask for
+#: that way, what is expected otherwise). Accepted so that vLLM's scripts run unchanged;
+#: any other value is refused, never ignored.
+VLLM_ONLY_DEFAULTS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "tokenizer_mode": (("auto", "hf"), "auto (forkless loads the model folder's Hugging Face tokenizer)"),
+    "revision": ((None,), "none: forkless loads local folders, with no hub revision"),
+    "tokenizer_revision": ((None,), "none: forkless loads local folders, with no hub revision"),
+    "hf_token": ((None, False), "none: forkless downloads nothing from the hub"),
+    "hf_overrides": ((None, {}), "none: forkless reads config.json as it is"),
+    "skip_tokenizer_init": ((False,), "False: forkless always loads the tokenizer"),
+    "swap_space": ((None, 0, 4), "0 or vLLM's default 4: forkless never swaps KV blocks to host memory "
+                                  "(a preempted request is recomputed, as in vLLM v1)"),
+    "cpu_offload_gb": ((0,), "0: forkless keeps the weights on the device"),
+    "data_parallel_size": ((1,), "1: run several forkless servers behind a load balancer instead"),
+    "mm_processor_kwargs": ((None, {}), "none: forkless serves text models"),
+    "allowed_local_media_path": (("",), "empty: forkless serves text models"),
+    # forkless has no custom all-reduce to disable: either value runs torch.distributed's.
+    "disable_custom_all_reduce": ((False, True), "a bool"),
+}
+
+
 def _bad_flag(flag: str, value: Any, expected: str) -> ValueError:
     return ValueError(f"{flag}={value!r} is invalid: expected {expected}")
 
@@ -398,6 +419,24 @@ class EngineArgs:
     override_generation_config: str | dict[str, Any] | None = None
     # --max-logprobs (vLLM's): the most logprobs a request may ask for; -1: the vocabulary.
     max_logprobs: int = 20
+    # vLLM's, accepted for its scripts: nothing to allow (forkless runs no code from model folders).
+    trust_remote_code: bool = False
+    # vLLM's --kv-cache-memory-bytes: the same as kv_cache_memory.
+    kv_cache_memory_bytes: int | None = None
+    # vLLM's arguments for what forkless does one way only: their values that ask for that
+    # way are accepted (VLLM_ONLY_DEFAULTS), any other is an error saying why.
+    tokenizer_mode: str = "auto"
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    hf_token: str | bool | None = None
+    hf_overrides: dict[str, Any] | None = None
+    skip_tokenizer_init: bool = False
+    swap_space: float | None = None
+    cpu_offload_gb: float = 0
+    data_parallel_size: int = 1
+    mm_processor_kwargs: dict[str, Any] | None = None
+    allowed_local_media_path: str = ""
+    disable_custom_all_reduce: bool = False
 
     # ------------------------------------------------------------------------- CLI
 
@@ -435,6 +474,18 @@ class EngineArgs:
                             "(forkless's own defaults), or a folder holding a generation_config.json")
         g.add_argument("--override-generation-config", default=None, metavar="JSON",
                        help='sampling defaults over --generation-config\'s, e.g. \'{"temperature": 0.5}\'')
+        g.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+                       help="vLLM's name of --kv-cache-memory")
+        vllm = parser.add_argument_group("vLLM's engine flags for what forkless does one way only "
+                                         "(their other values are refused, saying why)")
+        vllm.add_argument("--tokenizer-mode", default=d.tokenizer_mode)
+        vllm.add_argument("--revision", default=None)
+        vllm.add_argument("--tokenizer-revision", default=None)
+        vllm.add_argument("--swap-space", type=float, default=None)
+        vllm.add_argument("--cpu-offload-gb", type=float, default=d.cpu_offload_gb)
+        vllm.add_argument("--data-parallel-size", "-dp", type=int, default=d.data_parallel_size)
+        vllm.add_argument("--disable-custom-all-reduce", action="store_true")
+        vllm.add_argument("--skip-tokenizer-init", action="store_true")
         g.add_argument("--max-logprobs", type=int, default=d.max_logprobs,
                        help="the most logprobs / top_logprobs / prompt_logprobs a request may ask for per token "
                             "(-1: the whole vocabulary; a request's -1 asks for the whole vocabulary)")
@@ -1007,6 +1058,15 @@ class EngineArgs:
                     "given as pkg.mod:Class") from exc
 
     def _validate_flags(self) -> None:
+        for name, (accepted, why) in VLLM_ONLY_DEFAULTS.items():
+            value = getattr(self, name)
+            if value not in accepted:
+                raise _bad_flag("--" + name.replace("_", "-"), value, why)
+        if self.kv_cache_memory_bytes is not None:
+            if self.kv_cache_memory is not None and self.kv_cache_memory != self.kv_cache_memory_bytes:
+                raise ValueError(f"--kv-cache-memory {self.kv_cache_memory} and --kv-cache-memory-bytes "
+                                 f"{self.kv_cache_memory_bytes} disagree: give one")
+            self.kv_cache_memory = self.kv_cache_memory_bytes
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         if self.max_model_len == -1:  # vLLM's "as long as it can be"
             self.max_model_len = None

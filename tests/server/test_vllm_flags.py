@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import httpx
@@ -69,3 +70,20 @@ def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, 
         assert len(logged) == 5 and all("prompt tokens, SamplingParams(" in line for line in logged), logged
     finally:
         assert server.stop() == 0, server.log()[-3000:]
+
+
+def test_vllms_other_engine_arguments_are_taken_or_refused_saying_why(tiny_llama: Path) -> None:
+    # vLLM scripts pass these; the values that ask for what forkless does are accepted.
+    config = EngineArgs(model=str(tiny_llama), trust_remote_code=True, tokenizer_mode="auto", swap_space=4,
+                        cpu_offload_gb=0, disable_custom_all_reduce=True, kv_cache_memory_bytes=1 << 24,
+                        ).create_engine_config()
+    assert config.cache_config.kv_cache_memory == 1 << 24
+    assert _parse(str(tiny_llama), "--kv-cache-memory-bytes", "1000000", "-dp", "1", "--swap-space", "0",
+                  "--tokenizer-mode", "auto").create_engine_config().cache_config.kv_cache_memory == 1000000
+    for argv, fragment in ((["--revision", "main"], "--revision='main' is invalid: expected none"),
+                           (["--tokenizer-mode", "mistral"], "--tokenizer-mode='mistral'"),
+                           (["-dp", "2"], "--data-parallel-size=2 is invalid: expected 1"),
+                           (["--cpu-offload-gb", "8"], "--cpu-offload-gb=8.0"),
+                           (["--skip-tokenizer-init"], "--skip-tokenizer-init=True")):
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            _parse(str(tiny_llama), *argv).create_engine_config()
