@@ -91,6 +91,7 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
         finished: Whether every completion is done.
         prompt_logprobs: Per prompt token, the requested logprobs (``None`` at position 0).
         num_cached_tokens: How many prompt tokens were served from the prefix cache.
+        lora_request: The LoRA adapter the request ran with, if any.
     """
 
     request_id: str
@@ -100,6 +101,7 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
     finished: bool
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int | None = None
+    lora_request: Any = None  # a forkless.lora.LoRARequest (this leaf module imports none)
 
     def add(self, later: RequestOutput, aggregate: bool = True) -> None:
         """Fold a later output of the same request into this one (in place), as vLLM's

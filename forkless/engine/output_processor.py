@@ -209,6 +209,7 @@ class _Parent:
         self.prompt_logprobs: PromptLogprobs | None = None
         self.sent_prompt_logprobs = False
         self.pooling = processed.pooling_params is not None
+        self.lora_request = processed.core_requests[0].lora_request if processed.core_requests else None
 
     def add_child(self, child: _Completion) -> None:
         self.children.append(child)
@@ -242,6 +243,7 @@ class _Parent:
             finished=finished,
             prompt_logprobs=prompt_logprobs,
             num_cached_tokens=self.children[0].num_cached_tokens,
+            lora_request=self.lora_request,
         )
 
 

@@ -217,8 +217,10 @@ def test_load_inplace_rereads_the_adapter_under_its_id(llm, llama, tmp_path):
     # for it under the same id; without the flag the cached weights stay.
     _, adapters = llama
     folder = shutil.copytree(adapters["all-r8"], tmp_path / "rl-checkpoint")
-    first = llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("rl", 90, str(folder)),
-                         use_tqdm=False)[0].outputs[0].token_ids
+    first_out = llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("rl", 90, str(folder)),
+                             use_tqdm=False)[0]
+    assert first_out.lora_request == LoRARequest("rl", 90, str(folder))  # vLLM's RequestOutput.lora_request
+    first = first_out.outputs[0].token_ids
     other = llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("other", 91, str(adapters["qv-r16-rslora"])),
                          use_tqdm=False)[0].outputs[0].token_ids
     assert first != other
