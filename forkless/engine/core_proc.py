@@ -50,7 +50,11 @@ class EngineCoreProc:
             config = EngineConfig.from_builtins(ipc.decode(config_bytes))
             self.core = EngineCore(config)
         except Exception as exc:
-            self._send(ipc.FAILED, {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+            # A worker's failure carries the worker's traceback (the cause); the API server
+            # reports it, once.
+            cause = exc.child_traceback if isinstance(exc, ipc.ChildStartError) else traceback.format_exc()
+            error = str(exc) if isinstance(exc, ipc.ChildStartError) else f"{type(exc).__name__}: {exc}"
+            self._send(ipc.FAILED, {"error": error, "traceback": cause})
             raise
         self._send(ipc.READY, {
             "pid": os.getpid(),
@@ -157,7 +161,10 @@ def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, pare
     except SystemExit:
         pass
     except Exception as exc:
-        logger.error("engine core failed: %s", exc, exc_info=True)
+        if proc is None:  # failed to start: the API server got FAILED with the traceback and reports it
+            logger.debug("engine core failed to start: %s", exc, exc_info=True)
+        else:
+            logger.error("engine core failed: %s", exc, exc_info=True)
         if proc is not None:
             try:
                 proc._send(ipc.DEAD, {"error": f"{type(exc).__name__}: {exc}"})

@@ -618,7 +618,7 @@ class MultiprocExecutor(RankedWorkersExecutor):
             data = ipc.decode(payload)
             if kind == ipc.FAILED:
                 self.shutdown()
-                raise RuntimeError(f"worker {rank} failed to start: {data['error']}\n{data['traceback']}")
+                raise ipc.ChildStartError(f"worker {rank} failed to start: {data['error']}", data["traceback"])
             pids[rank] = data["pid"]
             self._async_ok = self._async_ok and bool(data["async_scheduling"])
         self.worker_pids = [pids[rank] for rank in range(self.world_size)]

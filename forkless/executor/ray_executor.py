@@ -300,7 +300,7 @@ class RayExecutor(RankedWorkersExecutor):
             kind, payload = answer
             data = ipc.decode(payload)
             if kind == ipc.FAILED:
-                raise RuntimeError(f"worker {rank} failed to start: {data['error']}\n{data['traceback']}")
+                raise ipc.ChildStartError(f"worker {rank} failed to start: {data['error']}", data["traceback"])
             self._async_ok = self._async_ok and bool(data["async_scheduling"])
 
         self._gather(refs, "start", _STARTUP_TIMEOUT_S, True, check=started)

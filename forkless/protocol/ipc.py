@@ -160,6 +160,25 @@ def remove_ipc_dir_if_orphaned(parent_pid: int, directory: str) -> bool:
     return True
 
 
+class ChildStartError(RuntimeError):
+    """A child process (a worker, the engine core) answered FAILED while starting.
+
+    The message is one line (``worker 0 failed to start: TypeError: ...``); the child's
+    traceback, the one that shows the cause, travels beside it, so that it is printed
+    once, where the failure is reported, not again inside every parent's message.
+
+    Args:
+        message: What failed.
+        child_traceback: The child's formatted traceback.
+    """
+
+    def __init__(self, message: str, child_traceback: str = "") -> None:
+        super().__init__(message)
+        self.child_traceback = child_traceback
+        if child_traceback:  # shown where Python prints the exception (an offline script's crash)
+            self.add_note(f"the child's traceback:\n{child_traceback.rstrip()}")
+
+
 # Message kinds ----------------------------------------------------------------------
 ADD = b"add"
 ABORT = b"abort"

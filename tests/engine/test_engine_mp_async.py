@@ -273,5 +273,10 @@ def test_a_worker_that_fails_to_start_reports_its_error_every_time(llama_dir: Pa
     # the message left, in two starts of three ("died while starting (exit code 1)" alone).
     for _ in range(4):
         with pytest.raises(RuntimeError, match=r"worker 0 failed to start: ValueError: --kv-cache-dtype fp8 is "
-                                               r"not supported by the 'cpu' attention backend"):
+                                               r"not supported by the 'cpu' attention backend") as info:
             _engine(llama_dir, kv_cache_dtype="fp8")
+        # The message is one line; the worker's traceback (the cause) comes as a note,
+        # which Python prints with the exception.
+        assert "\n" not in str(info.value)
+        (note,) = info.value.__notes__
+        assert note.startswith("the child's traceback:\nTraceback") and "raise ValueError" in note

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from tests.conftest import plugin_env
 from tests.server.conftest import Server, alive, descendants, start_server, stop_and_check, wait_until
 from tests.server.test_metrics import scrape, value
 
@@ -109,3 +112,15 @@ def test_signal_shuts_everything_down_cleanly(tiny_llama: Path, tmp_path: Path, 
     assert not streamer.is_alive()
     assert "Traceback" not in srv.log(), srv.log()[-3000:]
     assert os.listdir(tmpdir) == []
+
+
+def test_a_worker_that_cannot_start_is_reported_once(tiny_llama: Path, tmp_path: Path) -> None:
+    # The worker's error, with its traceback, once: not again in the engine core's log and
+    # inside the API server's message.
+    proc = subprocess.run([sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", str(tiny_llama),
+                           "--port", "0", "--kv-cache-dtype", "fp8", "--max-model-len", "128"],
+                          env=plugin_env(None, tmp_path), capture_output=True, text=True, timeout=240)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert log.count("worker 0 failed to start: ValueError: --kv-cache-dtype fp8") == 1, log
+    assert log.count("Traceback (most recent call last)") == 1, log
