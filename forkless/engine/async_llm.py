@@ -287,6 +287,13 @@ class AsyncLLM:
             EngineShuttingDownError: The server is shutting down.
         """
         self._check_open()
+        return self._submit(prompt, sampling_params, request_id, priority, group_id, lora_request, client_key)
+
+    def _submit(self, prompt: Any, sampling_params: "SamplingParams", request_id: str, priority: int = 0,
+                group_id: str | None = None, lora_request: "LoRARequest | None" = None,
+                client_key: str | None = None) -> AsyncGenerator["RequestOutput", None]:
+        """:meth:`generate` once the engine takes the request: also a beam search's next step,
+        which a draining server still runs (the search was admitted before the signal)."""
         try:
             # Refused here, as a 400, rather than when the output processor indexes them.
             check_stop_strings(sampling_params.stop if sampling_params is not None else None)
@@ -341,8 +348,10 @@ class AsyncLLM:
 
         step = 0
         while requests := search.requests():
-            streams = [self.generate(p, search.step_params, f"{request_id}-beam{step}.{i}", priority=priority,
-                                     group_id=request_id, lora_request=lora, client_key=client_key)
+            if self.errored:
+                raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
+            streams = [self._submit(p, search.step_params, f"{request_id}-beam{step}.{i}", priority=priority,
+                                    group_id=request_id, lora_request=lora, client_key=client_key)
                        for i, (p, lora) in enumerate(requests)]
             search.advance(await asyncio.gather(*(last(s) for s in streams)))
             step += 1

@@ -491,13 +491,14 @@ class Processor:
         params = self._validate_params(params if params is not None else SamplingParams(), priority)
         cache_salt = self._cache_salt(prompt)
         if lora_request is not None:
+            self.check_lora(lora_request)
+        text, ids = self._tokenize(prompt)
+        self._validate_prompt(ids)
+        if lora_request is not None:  # (only once the request is valid: a refused one reloads nothing)
             if lora_request.lora_int_id in self._lora_reload:  # replace_lora_weights' next request
                 self._lora_reload.discard(lora_request.lora_int_id)
                 lora_request = msgspec.structs.replace(lora_request, load_inplace=True)
-            self.check_lora(lora_request)
             cache_salt = self._lora_cache_salt(lora_request, cache_salt)
-        text, ids = self._tokenize(prompt)
-        self._validate_prompt(ids)
         arrival_time = time.time() if arrival_time is None else arrival_time
         mc = self.config.model_config
         tokenizer_eos = self.tokenizer.eos_token_id

@@ -109,6 +109,13 @@ def test_runtime_load_unload_and_errors(lora_server, llama, references, detok, t
     assert swap.status_code == 200, swap.text
     assert _tokens(lora_server.client(), "mlp", PROMPT_IDS[0]) == detok(references["all-r8"][0])
     assert _tokens(lora_server.client(), "mlp", PROMPT_IDS[0]) == detok(references["all-r8"][0])
+    # Back again; a refused request first does not use up the reload.
+    back = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "mlp", "lora_path": str(adapters["mlp-o-r32"]),
+                                                          "load_inplace": True})
+    assert back.status_code == 200, back.text
+    with pytest.raises(openai.BadRequestError):
+        lora_server.client().completions.create(model="mlp", prompt=[10 ** 7], max_tokens=1)
+    assert _tokens(lora_server.client(), "mlp", PROMPT_IDS[0]) == detok(references["mlp-o-r32"][0])
     bad = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(tmp_path / "none")})
     assert bad.status_code == 400 and "LoRA adapter 'bad'" in bad.json()["error"]["message"]
     missing_field = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "x"})

@@ -256,3 +256,39 @@ def test_openai_streams_that_fall_behind_send_the_same_choices(tiny_llama: Path)
         assert got["content"] == c.message.content and got["finish"] == [c.finish_reason]
         assert _same(got["logprobs"], c.logprobs.model_dump()["content"])
     assert fast_usage["completion_tokens"] == whole.usage.completion_tokens
+
+
+def test_a_beam_search_admitted_before_a_drain_finishes(tiny_llama: Path) -> None:
+    # Each beam step is a new engine request: a draining server (stop_accepting) refuses new
+    # requests but lets a search it had admitted run to its end.
+
+    from forkless.engine.async_llm import EngineShuttingDownError
+    from forkless.sampling_params import BeamSearchParams
+
+    async def main() -> tuple[int, bool]:
+        args = EngineArgs(model=str(tiny_llama), max_model_len=256, kv_cache_memory=32 << 20)
+        llm = AsyncLLM.from_engine_args(args, log_stats=False)
+        try:
+            await llm.start()
+            params = BeamSearchParams(beam_width=2, max_tokens=120, ignore_eos=True)
+            search = llm.beam_search("Hello there", "beam", params)
+
+            async def run() -> int:
+                async for out in search:
+                    final = out
+                return len(final.outputs[0].token_ids)
+
+            task = asyncio.create_task(run())
+            await asyncio.sleep(0.2)  # a few steps in
+            llm.stop_accepting()
+            refused = False
+            try:
+                llm.generate("new", SamplingParams(max_tokens=2), "late")
+            except EngineShuttingDownError:
+                refused = True
+            return await task, refused
+        finally:
+            llm.shutdown()
+
+    tokens, refused = asyncio.run(main())
+    assert tokens == 120 and refused

@@ -111,11 +111,18 @@ def test_docs_are_off_and_the_open_paths_stay_open_under_the_root_path(tls_serve
 
 def test_without_allowed_origins_there_are_no_cors_headers(tiny_llama: Path, tmp_path: Path) -> None:
     # vLLM allows every origin by default; forkless answers none unless asked.
-    server = start_server(tiny_llama, tmp_path, "--root-path", "/llm")
+    server = start_server(tiny_llama, tmp_path, "--root-path", "/llm", "--max-logprobs", "-1")
     try:
         r = httpx.options(server.url + "/v1/models", headers={"Origin": GOOD_ORIGIN,
                                                               "Access-Control-Request-Method": "GET"})
         assert "access-control-allow-origin" not in r.headers
+        # --max-logprobs -1: a request's -1 gets the whole vocabulary, completions and chat.
+        full = httpx.post(server.url + "/v1/completions", json={"prompt": "Hi", "max_tokens": 1, "logprobs": -1},
+                          timeout=60).json()["choices"][0]["logprobs"]["top_logprobs"][0]
+        chat = httpx.post(server.url + "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "logprobs": True, "top_logprobs": -1},
+            timeout=60).json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]
+        assert len(full) > 40000 and len(chat) > 40000  # SmolLM2's 49152 tokens (some decode alike)
         spec = httpx.get(server.url + "/openapi.json").json()
         assert spec["servers"] == [{"url": "/llm"}]  # the docs call the API through the proxy's prefix
     finally:

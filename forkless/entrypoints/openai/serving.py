@@ -771,7 +771,8 @@ class OpenAIServing:
             elif n == 0:  # the sampled token alone, as vLLM answers logprobs=0
                 lp.top_logprobs.append({lp.tokens[-1]: chosen.logprob})
             else:
-                top = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)[: n + 1]
+                # -1: the whole vocabulary (every entry the engine returned).
+                top = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)[: None if n == -1 else n + 1]
                 lp.top_logprobs.append({self._token_text(t, entries): e.logprob for t, e in top})
         return lp
 
@@ -1058,7 +1059,7 @@ class OpenAIServing:
             ranked = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)
             tops = [TopLogprob(token=self._token_text(t, entries), logprob=e.logprob,
                                bytes=list(self._token_text(t, entries).encode()))
-                    for t, e in ranked if (e.rank or 0) <= (top or 0)][: top or 0]
+                    for t, e in ranked if top == -1 or (e.rank or 0) <= (top or 0)][: None if top == -1 else top or 0]
             content.append(ChatTokenLogprob(token=token, logprob=chosen.logprob if chosen else -9999.0,
                                             bytes=list(token.encode()), top_logprobs=tops))
         return ChatLogprobs(content=content)
