@@ -163,6 +163,8 @@ def test_config_file_becomes_flags_and_the_command_line_wins(tmp_path: Path) -> 
     ("port: [1\n", "not valid YAML"),
     ("port:\n", "'port' has no value"),
     ("port: many\n", "invalid int value"),
+    ("disable-fastapi-docs: 0\n", "'disable-fastapi-docs' is a switch: expected true or false, got 0"),
+    ("port: true\n", "'port' takes a value, not true"),
 ])
 def test_bad_config_files_are_refused_naming_the_problem(tmp_path: Path, text: str, fragment: str) -> None:
     config = tmp_path / "c.yaml"
@@ -173,6 +175,9 @@ def test_bad_config_files_are_refused_naming_the_problem(tmp_path: Path, text: s
     missing = subprocess.run([sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", "--config",
                               str(tmp_path / "nope.yaml")], capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "cannot read it" in missing.stderr
+    twice = subprocess.run([sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", "--config", str(config),
+                            f"--config={config}"], capture_output=True, text=True, timeout=120)
+    assert twice.returncode == 2 and "--config is given 2 times" in twice.stderr
 
 
 @pytest.mark.parametrize(("kwargs", "fragment"), [

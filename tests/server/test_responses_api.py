@@ -70,6 +70,23 @@ def test_previous_response_id_continues_the_conversation(server: Server) -> None
         client.responses.retrieve(unstored.id)
 
 
+def test_ids_are_the_servers_and_an_empty_model_is_the_served_one(server: Server) -> None:
+    # A client's X-Request-Id names the engine request, not the stored response: two
+    # responses never share an id (nor overwrite each other in the store).
+    made = [httpx.post(server.url + "/v1/responses", json={"model": "", "input": "hi", "max_output_tokens": 1},
+                       headers={"X-Request-Id": "same"}, timeout=60).json() for _ in range(2)]
+    assert made[0]["id"] != made[1]["id"] and all(m["model"] == "tiny" for m in made)
+    for m in made:
+        assert httpx.get(server.url + f"/v1/responses/{m['id']}", timeout=30).json()["id"] == m["id"]
+
+
+def test_include_logprobs_alone_turns_them_on(server: Server) -> None:
+    r = server.client().responses.create(model="tiny", input="Hi", max_output_tokens=2, temperature=0,
+                                         include=["message.output_text.logprobs"])
+    logprobs = r.output[0].content[0].logprobs
+    assert len(logprobs) == 2 and all(t.top_logprobs == [] for t in logprobs)
+
+
 def test_top_logprobs_come_with_the_text(server: Server) -> None:
     r = server.client().responses.create(model="tiny", input="Hi", max_output_tokens=3, temperature=0,
                                          top_logprobs=2, include=["message.output_text.logprobs"])
@@ -88,6 +105,16 @@ def test_top_logprobs_come_with_the_text(server: Server) -> None:
     ({"include": ["file_search_call.results"]}, "include"),
     ({"text": {"format": {"type": "yaml"}}}, "text"),
     ({"conversation": "conv_1"}, "conversation"),
+    ({"text": {"format": "json"}}, "text"),
+    ({"text": {"verbosity": "low"}}, "text"),
+    ({"reasoning": {"summary": "auto"}}, "reasoning"),
+    ({"service_tier": "flex"}, "service_tier"),
+    ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+    ({"metadata": {"k": "v" * 513}}, "metadata"),
+    ({"input": "hello world " * 3000, "max_output_tokens": 5}, "input"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": "x"}]}, "tools"),
+    ({"cache_salt": ""}, "cache_salt"),
+    ({"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}, "input"),
 ])
 def test_what_cannot_be_honoured_is_a_400_naming_the_field(server: Server, fields: dict, param: str) -> None:
     body = {"model": "tiny", "input": "Hi", **fields}
@@ -160,3 +187,7 @@ def test_the_store_drops_the_oldest_past_its_count_or_size() -> None:
     with pytest.raises(BadRequest):
         store.get("huge")
     assert store.get("big")[0] == {"id": "big"}
+    for _ in range(5):  # the same id again: its size is counted once
+        store.put({"id": "big"}, [{"role": "user", "content": "y" * 300}])
+    store.put({"id": "small"}, [{"role": "user", "content": "s"}])
+    assert store.get("big")[0] == {"id": "big"} and store.get("small")[0] == {"id": "small"}

@@ -24,28 +24,39 @@ CONFIG_FLAG = "--config"
 
 
 def _config_path(argv: list[str]) -> tuple[int, int, str] | None:
-    """Where ``--config FILE`` (or ``--config=FILE``) is in ``argv``: (start, end, path)."""
+    """Where ``--config FILE`` (or ``--config=FILE``) is in ``argv``: (start, end, path).
+
+    Raises:
+        ValueError: ``--config`` without a file, or given more than once.
+    """
+    found = []
     for i, arg in enumerate(argv):
         if arg == CONFIG_FLAG:
             if i + 1 >= len(argv):
                 raise ValueError(f"{CONFIG_FLAG} needs a YAML file")
-            return i, i + 2, argv[i + 1]
-        if arg.startswith(CONFIG_FLAG + "="):
-            return i, i + 1, arg.split("=", 1)[1]
-        if arg == "--":
+            found.append((i, i + 2, argv[i + 1]))
+        elif arg.startswith(CONFIG_FLAG + "="):
+            found.append((i, i + 1, arg.split("=", 1)[1]))
+        elif arg == "--":
             break
-    return None
+    if len(found) > 1:
+        raise ValueError(f"{CONFIG_FLAG} is given {len(found)} times: give one file")
+    return found[0] if found else None
 
 
 def _flag_args(key: str, value: Any, options: dict[str, argparse.Action], path: str) -> list[str]:
     flag = "--" + key.replace("_", "-")
     if flag not in options or flag == CONFIG_FLAG:
         raise ValueError(f"{path}: {key!r} is not a flag of this command (see --help)")
-    if isinstance(value, bool):
+    if options[flag].nargs == 0:  # a switch: only true or false mean anything
+        if not isinstance(value, bool):
+            raise ValueError(f"{path}: {key!r} is a switch: expected true or false, got {value!r}")
         if value:
             return [flag]
         negative = "--no-" + key.replace("_", "-")
         return [negative] if negative in options else []
+    if isinstance(value, bool):
+        raise ValueError(f"{path}: {key!r} takes a value, not {str(value).lower()}")
     if value is None:
         raise ValueError(f"{path}: {key!r} has no value")
     if isinstance(value, list):

@@ -26,6 +26,8 @@ import uuid
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
+from pydantic import ValidationError
+
 from forkless import envs
 from forkless.entrypoints.openai.errors import BadRequest
 from forkless.protocol.openai import ChatCompletionRequest, ChatCompletionResponse, ResponsesRequest
@@ -34,7 +36,8 @@ if TYPE_CHECKING:
     from forkless.entrypoints.openai.serving import OpenAIServing
 
 # A chat field's error, renamed to the Responses field that set it.
-_PARAM_NAMES = {"max_completion_tokens": "max_output_tokens", "response_format": "text", "messages": "input"}
+_PARAM_NAMES = {"max_completion_tokens": "max_output_tokens", "response_format": "text", "messages": "input",
+                "prompt": "input", "structured_outputs": "text"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
 # Responses fields forkless does not implement (refused unless null).
 _REFUSED = {"conversation": "chain responses with previous_response_id",
@@ -65,6 +68,9 @@ class ResponsesStore:
         chars = len(json.dumps(response)) + len(json.dumps(conversation))
         if self.size <= 0 or chars > self.max_chars:
             return
+        old = self._items.pop(response["id"], None)
+        if old is not None:
+            self._chars -= old[2]
         self._items[response["id"]] = (response, conversation, chars)
         self._chars += chars
         while len(self._items) > self.size or self._chars > self.max_chars:
@@ -105,9 +111,17 @@ class OpenAIServingResponses:
             if extra.get(name) is not None:
                 raise BadRequest(f"{name} is not supported: {why}", name)
         self.chat.ignored_fields.note([name for name in extra if name not in _REFUSED])
-        if req.reasoning and req.reasoning.get("effort") is not None:
-            raise BadRequest("reasoning.effort is not supported; a reasoning model thinks as its chat template "
-                             "says", "reasoning")
+        for key in ("effort", "summary", "generate_summary"):
+            if (req.reasoning or {}).get(key) is not None:
+                raise BadRequest(f"reasoning.{key} is not supported: a reasoning model thinks as its chat template "
+                                 "says, and its reasoning comes back whole", "reasoning")
+        if req.service_tier not in (None, "auto", "default"):
+            raise BadRequest(f"service_tier {req.service_tier!r} is not supported: this server has one tier "
+                             "(auto / default)", "service_tier")
+        for key in (req.text or {}):
+            if key != "format" and (req.text or {})[key] is not None:
+                raise BadRequest(f"text.{key} is not supported (text takes format)", "text")
+        _check_metadata(req.metadata)
         for name in req.include or []:
             if name not in _INCLUDABLE:
                 raise BadRequest(f"include {name!r} is not supported (supported: {', '.join(_INCLUDABLE)})",
@@ -124,8 +138,8 @@ class OpenAIServingResponses:
             priority=req.priority, cache_salt=req.cache_salt, stream=bool(req.stream),
             parallel_tool_calls=req.parallel_tool_calls, extra_args=req.extra_args, vllm_xargs=req.vllm_xargs,
         )
-        if req.top_logprobs is not None:
-            fields.update(logprobs=True, top_logprobs=req.top_logprobs)
+        if req.top_logprobs is not None or "message.output_text.logprobs" in (req.include or []):
+            fields.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
         if req.truncation == "auto":
             fields["truncate_prompt_tokens"] = -1
         if req.stream:
@@ -138,8 +152,12 @@ class OpenAIServingResponses:
             fields["response_format"] = _response_format(req.text["format"])
         try:
             return ChatCompletionRequest(**{k: v for k, v in fields.items() if v is not None}), conversation
-        except ValueError as exc:  # pydantic's ValidationError: a malformed item or tool
-            raise BadRequest(f"invalid request: {exc}", None) from None
+        except ValidationError as exc:  # a malformed tool, format or value
+            first = exc.errors()[0]
+            field = str(first["loc"][0]) if first.get("loc") else None
+            param = _PARAM_NAMES.get(field or "", field)
+            where = ".".join(str(p) for p in first.get("loc", ())[1:])
+            raise BadRequest(f"invalid {param}{'.' + where if where else ''}: {first['msg']}", param) from None
 
     async def create(self, req: ResponsesRequest, raw_request: Any) -> Any:
         """The response (a dict), or its stream of SSE events.
@@ -148,23 +166,26 @@ class OpenAIServingResponses:
             BadRequest: The request is invalid (``param`` names its Responses field).
         """
         chat_req, conversation = self._chat_request(req)
-        client_id = raw_request.headers.get("x-request-id") if raw_request is not None else None
-        response_id = f"resp_{client_id or req.request_id}" if (client_id or req.request_id) else _id("resp")
+        # Made here, never taken from the client (X-Request-Id, request_id name the engine
+        # request): a stored response is not overwritten by another with the same id.
+        response_id = _id("resp")
         try:
             result = await self.chat.create_chat_completion(chat_req, raw_request)
         except BadRequest as exc:
+            if exc.param == "structured_outputs" and req.tools and req.tool_choice not in (None, "auto", "none"):
+                exc.param = "tools"  # the forced tool's parameters schema is the constraint
             if exc.param in _PARAM_NAMES:
                 exc.message = exc.message.replace(exc.param, _PARAM_NAMES[exc.param])
                 exc.param = _PARAM_NAMES[exc.param]
             raise
         if req.stream:
-            return self._stream(req, result, conversation, response_id)
+            return self._stream(req, result, conversation, response_id, chat_req.logprobs)
         assert isinstance(result, ChatCompletionResponse)
         choice = result.choices[0]
         message = choice.message
         items = _output_items(message.reasoning, message.content, [
             {"call_id": c.id, "name": c.function.name, "arguments": c.function.arguments}
-            for c in message.tool_calls], _content_logprobs(choice.logprobs) if req.top_logprobs is not None else None)
+            for c in message.tool_calls], _content_logprobs(choice.logprobs) if chat_req.logprobs else None)
         usage = result.usage
         response = self._response(req, items, "incomplete" if choice.finish_reason == "length" else "completed",
                                   usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0,
@@ -189,7 +210,7 @@ class OpenAIServingResponses:
             "status": status, "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-            "model": self.chat.model_name if req.model is None else req.model, "output": output,
+            "model": req.model or self.chat.model_name, "output": output,
             "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": req.previous_response_id,
             "reasoning": {"effort": None, "summary": None}, "store": req.store is not False,
             "temperature": req.temperature, "text": {"format": fmt}, "tool_choice": req.tool_choice or "auto",
@@ -205,7 +226,7 @@ class OpenAIServingResponses:
             self.store.put(response, conversation + _assistant_messages(response["output"]))
 
     async def _stream(self, req: ResponsesRequest, chunks: AsyncIterator[str], conversation: list[dict[str, Any]],
-                      response_id: str) -> AsyncIterator[str]:
+                      response_id: str, with_logprobs: bool) -> AsyncIterator[str]:
         """The chat stream's chunks, rewritten as Responses events."""
         events = _EventWriter()
         created = int(time.time())
@@ -213,7 +234,7 @@ class OpenAIServingResponses:
         shell["usage"] = None
         yield events.emit("response.created", response=shell)
         yield events.emit("response.in_progress", response=shell)
-        builder = _StreamedOutput(events, req.top_logprobs is not None)
+        builder = _StreamedOutput(events, with_logprobs)
         finish, usage = None, None
         async for raw in chunks:
             for data in _sse_data(raw):
@@ -352,6 +373,17 @@ class _StreamedOutput:
         return self._close()
 
 
+def _check_metadata(metadata: dict[str, str] | None) -> None:
+    """OpenAI's limits on ``metadata``: 16 pairs, keys of 64 and values of 512 characters."""
+    if metadata is None:
+        return
+    if len(metadata) > 16:
+        raise BadRequest(f"metadata has {len(metadata)} keys: at most 16", "metadata")
+    for key, value in metadata.items():
+        if len(key) > 64 or len(value) > 512:
+            raise BadRequest(f"metadata key {key[:64]!r}...: keys may have 64 characters and values 512", "metadata")
+
+
 def _sse_data(raw: str) -> list[str]:
     """The ``data:`` payloads of one or more SSE events."""
     return [line[len("data: "):] for line in raw.split("\n") if line.startswith("data: ")]
@@ -422,7 +454,7 @@ def _input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             if role not in ("user", "system", "developer", "assistant"):
                 raise BadRequest(f"{where}.role {role!r} is invalid: expected user, system, developer or assistant",
                                  "input")
-            message: dict[str, Any] = {"role": role, "content": _text_content(item.get("content"), where)}
+            message: dict[str, Any] = {"role": role, "content": _text_content(item.get("content"), f"{where}.content")}
             if role == "assistant" and reasoning is not None:
                 message["reasoning"], reasoning = reasoning, None
             messages.append(message)
@@ -440,7 +472,8 @@ def _input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "function_call_output":
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": _required(item, "call_id", where),
-                             "content": output if isinstance(output, str) else _text_content(output, where)})
+                             "content": output if isinstance(output, str)
+                             else _text_content(output, f"{where}.output")})
         elif kind == "reasoning":
             parts = item.get("content") or item.get("summary") or []
             reasoning = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
@@ -460,17 +493,19 @@ def _required(item: dict[str, Any], key: str, where: str) -> str:
 
 
 def _text_content(content: Any, where: str) -> str:
-    """A message's content (a string, or text parts) as one string."""
+    """A message's content (a string, or text parts) as one string; ``where`` names it."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise BadRequest(f"{where}.content must be a string or a list of text parts", "input")
+        raise BadRequest(f"{where} must be a string or a list of text parts", "input")
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS or not isinstance(part.get("text"), str):
-            raise BadRequest(f"{where}.content[{j}] of type {kind!r} is not supported: this server takes text "
+        if kind not in _TEXT_PARTS:
+            raise BadRequest(f"{where}[{j}] of type {kind!r} is not supported: this server takes text "
                              "(input_text, output_text)", "input")
+        if not isinstance(part.get("text"), str):
+            raise BadRequest(f"{where}[{j}].text must be a string", "input")
         texts.append(part["text"])
     return "".join(texts)
 
@@ -494,7 +529,10 @@ def _chat_tool_choice(choice: str | dict[str, Any]) -> Any:
                      '{"type": "function", "name": ...}', "tool_choice")
 
 
-def _response_format(fmt: dict[str, Any]) -> dict[str, Any]:
+def _response_format(fmt: Any) -> dict[str, Any]:
+    if not isinstance(fmt, dict):
+        raise BadRequest(f"text.format must be an object such as {{\"type\": \"json_schema\", ...}}, got "
+                         f"{type(fmt).__name__}", "text")
     kind = fmt.get("type")
     if kind in ("text", "json_object"):
         return {"type": kind}
