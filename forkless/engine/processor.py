@@ -494,11 +494,6 @@ class Processor:
             self.check_lora(lora_request)
         text, ids = self._tokenize(prompt)
         self._validate_prompt(ids)
-        if lora_request is not None:  # (only once the request is valid: a refused one reloads nothing)
-            if lora_request.lora_int_id in self._lora_reload:  # replace_lora_weights' next request
-                self._lora_reload.discard(lora_request.lora_int_id)
-                lora_request = msgspec.structs.replace(lora_request, load_inplace=True)
-            cache_salt = self._lora_cache_salt(lora_request, cache_salt)
         arrival_time = time.time() if arrival_time is None else arrival_time
         mc = self.config.model_config
         tokenizer_eos = self.tokenizer.eos_token_id
@@ -517,6 +512,11 @@ class Processor:
         # bad_words become token ids here, where the tokenizer already is: the workers
         # never load one.
         core_params.update_from_tokenizer(self.tokenizer)
+        if lora_request is not None:  # (only once the request is valid: a refused one reloads nothing)
+            if lora_request.lora_int_id in self._lora_reload:  # replace_lora_weights' next request
+                self._lora_reload.discard(lora_request.lora_int_id)
+                lora_request = msgspec.structs.replace(lora_request, load_inplace=True)
+            cache_salt = self._lora_cache_salt(lora_request, cache_salt)
         if params.n == 1:
             children = [(request_id, core_params)]
         else:
