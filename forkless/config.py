@@ -478,14 +478,17 @@ class EngineArgs:
                        help="vLLM's name of --kv-cache-memory")
         vllm = parser.add_argument_group("vLLM's engine flags for what forkless does one way only "
                                          "(their other values are refused, saying why)")
-        vllm.add_argument("--tokenizer-mode", default=d.tokenizer_mode)
-        vllm.add_argument("--revision", default=None)
-        vllm.add_argument("--tokenizer-revision", default=None)
-        vllm.add_argument("--swap-space", type=float, default=None)
-        vllm.add_argument("--cpu-offload-gb", type=float, default=d.cpu_offload_gb)
-        vllm.add_argument("--data-parallel-size", "-dp", type=int, default=d.data_parallel_size)
-        vllm.add_argument("--disable-custom-all-reduce", action="store_true")
-        vllm.add_argument("--skip-tokenizer-init", action="store_true")
+        vllm.add_argument("--tokenizer-mode", default=d.tokenizer_mode, help="auto (or hf): the folder's tokenizer")
+        vllm.add_argument("--revision", default=None, help="none: local folders have no hub revision")
+        vllm.add_argument("--tokenizer-revision", default=None, help="none: local folders have no hub revision")
+        vllm.add_argument("--swap-space", type=float, default=None,
+                          help="0 or 4 (vLLM's default): preempted requests are recomputed, never swapped")
+        vllm.add_argument("--cpu-offload-gb", type=float, default=d.cpu_offload_gb, help="0: no weight offloading")
+        vllm.add_argument("--data-parallel-size", "-dp", type=int, default=d.data_parallel_size,
+                          help="1: run several servers behind a load balancer instead")
+        vllm.add_argument("--disable-custom-all-reduce", action="store_true",
+                          help="accepted: forkless has no custom all-reduce (torch.distributed's runs)")
+        vllm.add_argument("--skip-tokenizer-init", action="store_true", help="refused: the tokenizer always loads")
         g.add_argument("--max-logprobs", type=int, default=d.max_logprobs,
                        help="the most logprobs / top_logprobs / prompt_logprobs a request may ask for per token "
                             "(-1: the whole vocabulary; a request's -1 asks for the whole vocabulary)")
