@@ -30,9 +30,9 @@ from forkless.engine.processor import Processor
 from forkless.logger import init_logger
 from forkless.sampling_params import RequestOutputKind
 from forkless.metrics import (
+    IntervalViews,
     LoggingStatLogger,
     StatLoggerBase,
-    IntervalViews,
     iteration_stats,
     load_stat_logger_plugin_factories,
     make_stat_logger,
@@ -328,11 +328,10 @@ class AsyncLLM:
         from forkless.beam_search import BeamSearch
 
         self._check_open()
-        mc = self.config.model_config
-        eos = mc.eos_token_id if mc.eos_token_id is not None else self.tokenizer.eos_token_id
         try:
             ids = self.processor.prompt_token_ids(prompt)
-            search = BeamSearch([ids], params, eos, mc, [lora_request])
+            search = BeamSearch([ids], params, self.processor.eos_token_id, self.config.model_config,
+                                [lora_request])
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
         return self._beam_search(search, request_id, ids, priority, client_key)

@@ -283,6 +283,13 @@ class Processor:
         ids = tokenizer.encode(text, add_special_tokens=False)
         return {"prompt": text, "prompt_token_ids": ids}
 
+    @property
+    def eos_token_id(self) -> int | None:
+        """The token that ends a generation: the model's (``generation_config.json``), else the
+        tokenizer's."""
+        mc = self.config.model_config
+        return mc.eos_token_id if mc.eos_token_id is not None else self.tokenizer.eos_token_id
+
     def prompt_token_ids(self, prompt: PromptType) -> list[int]:
         """A generation prompt's token ids (text is tokenized as :meth:`process_inputs` does).
 
@@ -497,7 +504,7 @@ class Processor:
         arrival_time = time.time() if arrival_time is None else arrival_time
         mc = self.config.model_config
         tokenizer_eos = self.tokenizer.eos_token_id
-        eos = mc.eos_token_id if mc.eos_token_id is not None else tokenizer_eos
+        eos = self.eos_token_id
         core_params = params.clone()
         # -1 asks for the whole vocabulary: the worker takes the count.
         if core_params.logprobs == -1:

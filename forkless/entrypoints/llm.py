@@ -142,7 +142,7 @@ class LLM:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise ValueError(f"concurrency_limit={concurrency_limit!r} is invalid: expected an integer >= 1")
         tokenizer = self.get_tokenizer()
-        eos = mc.eos_token_id if mc.eos_token_id is not None else tokenizer.eos_token_id
+        eos = self.llm_engine.processor.eos_token_id
         results: list[BeamSearchOutput] = []
         with tqdm(total=len(prompt_list), desc="Beam search", unit="prompt", disable=not use_tqdm,
                   dynamic_ncols=True) as bar:
