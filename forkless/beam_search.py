@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from forkless.outputs import Logprob
-from forkless.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
+from forkless.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams, logprobs_cap
 
 __all__ = ["BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "get_beam_search_score", "BeamSearch"]
 
@@ -88,7 +88,7 @@ class BeamSearch:
 
     def __init__(self, prompts: Sequence[list[int]], params: BeamSearchParams, eos_token_id: int | None,
                  model_config: Any, lora_requests: Sequence[LoRARequest | None]) -> None:
-        cap = model_config.vocab_size if model_config.max_logprobs == -1 else model_config.max_logprobs
+        cap = logprobs_cap(model_config.max_logprobs, model_config.vocab_size)
         if 2 * params.beam_width > cap:
             raise ValueError(f"beam_width={params.beam_width} needs {2 * params.beam_width} logprobs a step, "
                              f"over max_logprobs ({cap}): use beam_width <= {cap // 2}, or raise "

@@ -41,8 +41,8 @@ class RequestOutputKind(enum.IntEnum):
     FINAL_ONLY = 2  # nothing until the request finishes
 
 
-def _bad(field: str, value: Any, expected: str) -> ValueError:
-    return ValueError(f"SamplingParams.{field}={value!r} is invalid: expected {expected}")
+def _bad(field: str, value: Any, expected: str, owner: str = "SamplingParams") -> ValueError:
+    return ValueError(f"{owner}.{field}={value!r} is invalid: expected {expected}")
 
 
 # vLLM ``SamplingParams`` arguments (current and older releases) that forkless does not
@@ -472,17 +472,19 @@ class BeamSearchParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("beam_width", "max_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"BeamSearchParams.{name}={value!r} is invalid: expected an integer >= 1")
-        for name, ok in (("temperature", lambda v: v >= 0), ("length_penalty", lambda v: True)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                    or not ok(value):
-                expected = "a number >= 0" if name == "temperature" else "a finite number"
-                raise ValueError(f"BeamSearchParams.{name}={value!r} is invalid: expected {expected}")
+        owner = "BeamSearchParams"
+        _int(self.beam_width, "beam_width", 1, owner)
+        _int(self.max_tokens, "max_tokens", 1, owner)
+        _float(self.temperature, "temperature", "a number >= 0", owner)
+        if self.temperature < 0:
+            raise _bad("temperature", self.temperature, "a number >= 0", owner)
+        _float(self.length_penalty, "length_penalty", "a number", owner)
 
+
+
+def logprobs_cap(max_logprobs: int, vocab_size: int) -> int:
+    """The most logprobs a token may have: ``--max-logprobs``, or the vocabulary for -1."""
+    return vocab_size if max_logprobs == -1 else max_logprobs
 
 
 def check_logprobs_count(field: str, asked: int | None, max_logprobs: int, vocab_size: int) -> None:
@@ -499,24 +501,24 @@ def check_logprobs_count(field: str, asked: int | None, max_logprobs: int, vocab
     """
     if asked is None:
         return
-    cap = vocab_size if max_logprobs == -1 else max_logprobs
+    cap = logprobs_cap(max_logprobs, vocab_size)
     num = vocab_size if asked == -1 else asked
     if num > cap:
         raise ValueError(f"{field}={asked} asks for {num} logprobs per token, more than this engine allows "
                          f"({cap}: --max-logprobs, -1 for the whole vocabulary of {vocab_size})")
 
 
-def _int(value: Any, field: str, minimum: int | None) -> None:
+def _int(value: Any, field: str, minimum: int | None, owner: str = "SamplingParams") -> None:
     if not _is_int(value):
-        raise _bad(field, value, "an integer" if minimum is None else f"an integer >= {minimum}")
+        raise _bad(field, value, "an integer" if minimum is None else f"an integer >= {minimum}", owner)
     if minimum is not None and value < minimum:
-        raise _bad(field, value, f"an integer >= {minimum}")
+        raise _bad(field, value, f"an integer >= {minimum}", owner)
 
 
-def _float(value: Any, field: str, expected: str) -> None:
+def _float(value: Any, field: str, expected: str, owner: str = "SamplingParams") -> None:
     # NaN and +-inf are refused whatever the range: no sampling field can mean them, and
     # a range check alone lets inf through wherever the range is open-ended.
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _bad(field, value, expected)
+        raise _bad(field, value, expected, owner)
     if not math.isfinite(value):
-        raise _bad(field, value, f"a finite number, {expected}")
+        raise _bad(field, value, f"a finite number, {expected}", owner)
