@@ -45,6 +45,10 @@ def get_io_processor(config: Any, plugin_name: str | None) -> IOProcessor | None
         raise ValueError(f"--io-processor-plugin {plugin_name!r}: the plugin returned None (it does not apply to "
                          "this server)")
     cls = resolve_class(path, IOProcessor, "--io-processor-plugin")
+    if cls.parse_data is IOProcessor.parse_data and not callable(getattr(cls, "parse_request", None)):
+        # Found now, not as every request's error.
+        raise ValueError(f"--io-processor-plugin {plugin_name!r}: {path} implements neither parse_data(data) nor "
+                         "vLLM's earlier parse_request(request)")
     logger.info("IO processor plugin %r: %s", plugin_name, path)
     # vLLM's processors take (vllm_config, renderer); its earlier ones, and some written
     # for forkless, only the configuration.

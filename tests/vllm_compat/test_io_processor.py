@@ -43,3 +43,13 @@ def test_either_interface_answers_pooling(site: Path, tmp_path: Path, name: str)
             assert bad.status_code == 400 and "list of texts" in bad.json()["error"]["message"]
     finally:
         srv.stop()
+
+
+def test_a_processor_that_parses_nothing_is_refused_at_start(site: Path, tmp_path: Path) -> None:
+    from tests.conftest import plugin_env, run_forkless
+
+    env = plugin_env(site, tmp_path, FORKLESS_PLUGINS="echo_unparsing")
+    proc = run_forkless(["serve", str(minilm_folder()), "--port", "0", "--io-processor-plugin", "echo_unparsing"],
+                        env, timeout=120)
+    assert proc.returncode == 2
+    assert "implements neither parse_data(data) nor vLLM's earlier parse_request(request)" in proc.stderr

@@ -21,6 +21,10 @@ def earlier() -> str:
     return "vllm_style_io_processor:EarlierEcho"
 
 
+def unparsing() -> str:
+    return "vllm_style_io_processor:Unparsing"
+
+
 def _summaries(model_output: Sequence[Any]) -> list[dict]:
     return [{"dims": len(out.outputs.data), "first": float(out.outputs.data[0])} for out in model_output]
 
@@ -63,3 +67,9 @@ class EarlierEcho(IOProcessor):
 
     def output_to_response(self, plugin_output: list) -> IOProcessorResponse:
         return IOProcessorResponse(request_id="made-by-the-plugin", data={"texts": plugin_output, "style": "earlier"})
+
+
+class Unparsing(CurrentEcho):
+    """Neither parse_data nor parse_request: refused when the server starts."""
+
+    parse_data = IOProcessor.parse_data
