@@ -55,6 +55,9 @@ class EngineCoreProc:
             cause = exc.child_traceback if isinstance(exc, ipc.ChildStartError) else traceback.format_exc()
             error = str(exc) if isinstance(exc, ipc.ChildStartError) else f"{type(exc).__name__}: {exc}"
             self._send(ipc.FAILED, {"error": error, "traceback": cause})
+            # Delivered before the process exits (os._exit would kill ZeroMQ's I/O thread
+            # with the message still queued): the API server reports it; nobody else does.
+            self.close()
             raise
         self._send(ipc.READY, {
             "pid": os.getpid(),
