@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     FORKLESS_WORKER_THREADS: int | None
     FORKLESS_GRAMMAR_PROCESS: bool | None
     FORKLESS_GRAMMAR_PROCESSES: int
+    FORKLESS_GRAMMAR_ROUTE_TOKENS: bool
     FORKLESS_STEP_TRACE_DIR: str | None
     FORKLESS_API_KEY: str | None
     FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE: int
@@ -208,6 +209,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # cut the constrained step's overhead from +32 % to +13 %; benchmarks/README.md).
     "FORKLESS_GRAMMAR_PROCESSES": lambda: _positive("FORKLESS_GRAMMAR_PROCESSES",
                                                     str(_default_grammar_processes())),
+    # With grammar processes and an executor that routes tokens (mp): the worker sends a
+    # deferred step's sampled tokens straight to the grammar processes, not through the
+    # engine core (forkless.structured_output.process). On by default; 0 turns it off.
+    "FORKLESS_GRAMMAR_ROUTE_TOKENS": lambda: parse_bool("FORKLESS_GRAMMAR_ROUTE_TOKENS", True),
     # A folder: with --async-scheduling the engine core and each multiprocess worker append
     # one JSON record per step there (host timings; device busy and idle time on CUDA; the
     # grammar process one per deferred bitmask fill), for

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter, deque
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from forkless import envs
 from forkless.core.request import Request, RequestStatus
@@ -403,7 +403,9 @@ class EngineCore:
             # the fill thread, ahead of its fill (or, in the grammar process, before the
             # scheduler's update, and start that fill then).
             deferred = launched if launched is not None and launched[0].defer_sampling else None
-            collected, fill_started = self._collect_pending(defer_advance=deferred is not None, fill=deferred)
+            collected, fill_started = self._collect_pending(
+                defer_advance=deferred is not None, fill=deferred,
+                void=launched[0].preempted_request_ids if launched is not None else ())
             outputs += collected
         if launched is not None:
             self._pending = launched
@@ -443,29 +445,41 @@ class EngineCore:
             outputs = self._collect(batches.popleft())[0]
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
-    def _collect_pending(self, defer_advance: bool = False,
-                         fill: tuple[SchedulerOutput, Any] | None = None) -> tuple[list, bool]:
+    def _collect_pending(self, defer_advance: bool = False, fill: tuple[SchedulerOutput, Any] | None = None,
+                         void: Sequence[str] = ()) -> tuple[list, bool]:
         """Collect the pending async step (sampled first if it waits for its bitmask).
+
+        Args:
+            void: The requests preempted by the plan made since the step's launch (the
+                scheduler drops their tokens of it).
 
         Returns:
             Its outputs, and whether ``fill``'s bitmask was started: given the deferred
             plan launched after it (and its handle), the grammars may take the step's
             tokens before the scheduler applies them and start that fill at once
-            (``accept_early``).
+            (``accept_early``), or, where the worker sends them the tokens
+            (``grammar_tokens_to``), before the step is collected.
         """
         self._sample_pending()
         pending, self._pending = self._pending, None
         assert pending is not None
-        return self._collect(pending, defer_advance, fill)
+        return self._collect(pending, defer_advance, fill, void)
 
     def _collect(self, pending: tuple[SchedulerOutput, Any], defer_advance: bool = False,
-                 fill: tuple[SchedulerOutput, Any] | None = None) -> tuple[list, bool]:
+                 fill: tuple[SchedulerOutput, Any] | None = None, void: Sequence[str] = ()) -> tuple[list, bool]:
         scheduler_output, handle = pending
+        started = routed = False
+        if scheduler_output.grammar_tokens_to is not None:
+            # The worker sends the grammar processes this step's tokens: the next fill can
+            # go out now, ahead of them (benchmarks/README.md, "Tokens straight to the
+            # grammar processes").
+            routed = True
+            assert isinstance(self._structured, GrammarProcessClient)  # (only it routes a plan's tokens)
+            started = self._structured.take_routed_tokens(scheduler_output, fill, list(void))
         t0 = self._trace.now() if self._trace is not None else 0.0
         runner_output = self._note_worker_output(self.executor.collect(handle))
         t1 = self._trace.now() if self._trace is not None else 0.0
-        started = False
-        if fill is not None and self._structured.has_grammars():
+        if fill is not None and not routed and self._structured.has_grammars():
             kept = self.scheduler.kept_tokens(scheduler_output, runner_output,
                                               scheduler_output.structured_output_request_ids)
             started = kept is not None and self._structured.accept_early(kept, *fill)
@@ -543,7 +557,8 @@ def _structured_output_manager(config: EngineConfig, executor: Executor
         if executor.supports_shared_bitmask_buffer:
             return GrammarProcessClient(so_config, mc.tokenizer, mc.vocab_size, eos,
                                         executor.allocate_shared_bitmask_buffer, executor.deferred_sample_route,
-                                        envs.FORKLESS_GRAMMAR_PROCESSES)
+                                        envs.FORKLESS_GRAMMAR_PROCESSES,
+                                        executor.routes_grammar_tokens and envs.FORKLESS_GRAMMAR_ROUTE_TOKENS)
         logger.warning("FORKLESS_GRAMMAR_PROCESS: the %s executor has no shared bitmask buffer; "
                        "the grammars stay in the engine core", type(executor).__name__)
     return StructuredOutputManager(so_config, mc.tokenizer, mc.vocab_size, eos, executor.allocate_bitmask_buffer)

@@ -113,6 +113,14 @@ class Executor(ABC):
         message's ``parts`` says). ``None`` (the default): :meth:`sample_deferred` only."""
         return None
 
+    @property
+    def routes_grammar_tokens(self) -> bool:
+        """Whether the output rank's worker sends a deferred step's sampled tokens to the
+        addresses its plan names (``SchedulerOutput.grammar_tokens_to``), as soon as it has
+        them, before the step's output goes back (default: no; the engine core then hands
+        the grammars the tokens it collected)."""
+        return False
+
     @abstractmethod
     def check_health(self) -> None:
         """Raise if a worker is dead or unhealthy."""

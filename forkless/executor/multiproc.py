@@ -56,7 +56,11 @@ is true when every rank does. Invariants of the async steps:
       bitmask; ``""``: any other buffer, sent as a third frame). The buffer is refilled
       only after the step was collected, so no rank is still reading it. A rank with no
       step ``seq`` in flight (its launch failed and was answered) ignores the message; a
-      sampling that fails is that step's answer.
+      sampling that fails is that step's answer. Where the plan names the grammar
+      processes' token sockets (``SchedulerOutput.grammar_tokens_to``), rank 0 sends them
+      the step's sampled tokens when it collects the step, before the step's output (and
+      a ``None`` in their place when the launch or the collect failed), so the next
+      fill does not wait for the tokens' trip through the engine core.
     * Synchronous calls (``execute_model`` and the start-up calls) are refused while async
       steps are uncollected: their replies would interleave with the steps'.
     * Shutdown drops a step in flight: the worker exits without collecting it.
@@ -91,7 +95,8 @@ from forkless.protocol.kv_transfer import KVOutputAggregator
 from forkless.protocol.step import ModelRunnerOutput, SchedulerOutput
 from forkless.protocol import ipc
 from forkless.executor.interface import Executor
-from forkless.protocol.shared_memory import SAMPLE, BitmaskSegments, Segment, decode_sample, sample_message
+from forkless.protocol.shared_memory import (SAMPLE, BitmaskSegments, Segment, decode_sample,
+                                             grammar_tokens_message, sample_message)
 from forkless.gc_tuning import tune_process
 from forkless.logger import init_logger
 
@@ -305,6 +310,30 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     timer = _device_step_timer() if trace is not None else None
     shared = _SharedBitmask(worker)
     traced: dict[int, dict[str, Any]] = {}
+    # Rank 0 sends deferred steps' tokens to the grammar processes (routes_grammar_tokens):
+    # the route of each step in flight, by seq, and a PUSH socket per grammar process.
+    token_routes: dict[int, tuple[tuple[int, list[str]], list[str]]] = {}
+    to_grammar: dict[str, Any] = {}
+
+    def send_grammar_tokens(route: tuple[tuple[int, list[str]], list[str]],
+                            output: ModelRunnerOutput | None) -> None:
+        # A deferred step's tokens, straight to the grammar processes (None: it failed).
+        (fill_id, addresses), ids = route
+        tokens = None
+        if output is not None:
+            sampled = output.sampled_token_ids
+            tokens = [t[0] if (t := sampled.get(rid)) else -1 for rid in ids]
+        frames = grammar_tokens_message(fill_id, tokens)
+        for address in addresses:
+            sock = to_grammar.get(address)
+            if sock is None:
+                sock = to_grammar[address] = ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(address)
+            try:
+                sock.send_multipart(frames, flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # a grammar process gone (and so the engine core's fill): nothing waits
 
     def finish_pending() -> None:
         # Collect the step in flight and send its output (or its error), tagged with seq.
@@ -312,13 +341,19 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         if pending is None:
             return
         (seq, handle), pending = pending, None
+        route = token_routes.pop(seq, None)
         collect_start = collected = StepTrace.now() if trace is not None else 0.0
         try:
             output = worker.collect(handle)
             if trace is not None:
                 collected = StepTrace.now()
+            if route is not None:
+                send_grammar_tokens(route, output)  # first: they are on the next sampling's chain
+                route = None
             outbox.send_multipart([_STEP_OK, ipc.encode([seq, output])])
         except Exception as exc:
+            if route is not None:
+                send_grammar_tokens(route, None)
             outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, _error_payload(exc)])])
         if trace is not None:
             gpu_ms, idle_ms = timer.read(seq) if timer is not None else (None, None)
@@ -409,6 +444,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
                 launched, error = worker.execute_model_async(scheduler_output), None
             except Exception as exc:
                 launched, error = None, _error_payload(exc)
+            route = scheduler_output.grammar_tokens_to if rank == 0 else None
             if trace is not None:
                 if timer is not None:
                     timer.end(seq)
@@ -421,10 +457,14 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
                     traced.pop(seq, None)
                     if timer is not None:
                         timer.drop(seq)
+                if route is not None:
+                    send_grammar_tokens((route, []), None)
                 outbox.send_multipart([_STEP_ERROR, ipc.encode([seq, error])])
             else:
                 pending = (seq, launched)
                 unsampled = scheduler_output.defer_sampling
+                if route is not None:
+                    token_routes[seq] = (route, scheduler_output.structured_output_request_ids)
             continue
         if not await_sample():
             break
@@ -443,6 +483,8 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         trace.close()
     worker.shutdown()
     shared.close()  # after the worker: a dropped step's copy from it may have been queued
+    for sock in to_grammar.values():
+        sock.close()
     inbox.close(linger=0)
     if sample_inbox is not None:
         sample_inbox.close(linger=0)
@@ -777,6 +819,12 @@ class MultiprocExecutor(RankedWorkersExecutor):
         """
         self._check_uncollected(pending)
         return pending.seq, self._sample_addresses
+
+    @property
+    def routes_grammar_tokens(self) -> bool:
+        """Rank 0's worker sends a deferred step's tokens to the plan's grammar processes
+        (``SchedulerOutput.grammar_tokens_to``) before the step's output."""
+        return True
 
     def allocate_bitmask_buffer(self, nbytes: int) -> memoryview:
         """``nbytes`` of a shared-memory segment every worker maps: the engine core fills a

@@ -10,6 +10,9 @@ Invariants:
     * A worker process is told to sample a deferred step by one message,
       :func:`sample_message`: from the executor (the engine core filled the bitmask) or
       straight from the grammar process that filled it (``Executor.deferred_sample_route``).
+    * The other way, the output rank's worker sends the grammar processes a deferred
+      step's sampled tokens, :func:`grammar_tokens_message`, where its plan says so
+      (``SchedulerOutput.grammar_tokens_to``): once per such step, also when it failed.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import msgspec
 
 #: The kind of the message that has a worker process sample a deferred step.
 SAMPLE = b"sample"
+#: The kind of the message that brings a grammar process a deferred step's tokens.
+GRAMMAR_TOKENS = b"tokens"
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -37,6 +42,19 @@ def sample_message(seq: int, where: str | None, nbytes: int, parts: int = 1) -> 
 def decode_sample(payload: bytes) -> tuple[int, str | None, int, int]:
     """``(seq, where, nbytes, parts)`` of a :func:`sample_message`'s second frame."""
     return msgspec.msgpack.decode(payload, type=tuple[int, str | None, int, int])
+
+
+def grammar_tokens_message(fill_id: int, tokens: list[int] | None) -> list[bytes]:
+    """The frames a worker sends a grammar process with the tokens of a step planned with
+    ``SchedulerOutput.grammar_tokens_to`` (``fill_id``): one per row of its
+    ``structured_output_request_ids``, -1 for a row that sampled nothing; ``None``: the step
+    failed (nothing to advance)."""
+    return [GRAMMAR_TOKENS, _encoder.encode([fill_id, tokens])]
+
+
+def decode_grammar_tokens(payload: bytes) -> tuple[int, list[int] | None]:
+    """``(fill_id, tokens)`` of a :func:`grammar_tokens_message`'s second frame."""
+    return msgspec.msgpack.decode(payload, type=tuple[int, list[int] | None])
 
 
 class Segment(SharedMemory):

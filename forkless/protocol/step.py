@@ -141,6 +141,15 @@ class SchedulerOutput:
             samples only once ``sample_deferred`` brings the bitmask (the engine core
             advances the grammars and fills it, on its fill thread, while the device runs
             the forward).
+        grammar_tokens_to: With ``defer_sampling``, where the grammar process (or
+            processes) has the output rank's worker send the step's sampled tokens itself
+            once it has them: ``(fill id, addresses)``, each address a ZeroMQ PUSH peer for
+            :func:`forkless.protocol.shared_memory.grammar_tokens_message`, the tokens in the
+            order of ``structured_output_request_ids``. The grammars then advance without
+            the tokens' trip through the engine core, which is on the chain from one
+            step's tokens to the next step's sampling. ``None``: the engine core hands the
+            grammars the tokens (``Executor.routes_grammar_tokens`` is off, or a grammar's
+            backend cannot tell completion from its tokens).
         kv_connector_metadata: With a KV connector (``--kv-transfer-config``): its
             scheduler side's plan for this step (what to load and save), msgpack-encoded
             (``forkless.kv_transfer``); the workers' connectors decode it. Present even
@@ -154,6 +163,7 @@ class SchedulerOutput:
     structured_output_request_ids: list[str] = field(default_factory=list)
     grammar_bitmask: bytes | None = None
     defer_sampling: bool = False
+    grammar_tokens_to: tuple[int, list[str]] | None = None
     kv_connector_metadata: bytes | None = None
 
     @property

@@ -54,6 +54,15 @@ Invariants:
       the next deferred fill before the scheduler applies the step; the ``accept`` that
       follows sends nothing but the finished requests (the process advanced them too),
       and tells completion from the stop tokens, as above.
+    * Where the executor routes tokens (``Executor.routes_grammar_tokens``) and every
+      constrained row's backend tells completion from tokens, a deferred plan names the
+      processes' token sockets and a fill id (``SchedulerOutput.grammar_tokens_to``): the
+      worker sends each process the step's tokens itself once it has them, without their
+      trip through the engine core. Each routed step's tokens are taken by exactly one
+      later message, sent before any other that concerns the grammars: the next deferred
+      fill (``tokens_from``, sent before the step is collected) or ``consume``. Either
+      carries the ids whose token the scheduler drops (requests preempted by the plan
+      after the step): a process skips those, and requests it no longer holds.
     * The process exits on ``shutdown``, when the client is dropped without one or the
       interpreter exits (``ipc.release_with``), or when the engine core's process is gone.
 """
@@ -66,6 +75,7 @@ import subprocess
 import sys
 import time
 import traceback
+from collections import deque
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -74,7 +84,7 @@ import zmq
 
 from forkless.logger import init_logger
 from forkless.protocol import ipc
-from forkless.protocol.shared_memory import sample_message
+from forkless.protocol.shared_memory import decode_grammar_tokens, sample_message
 from forkless.sampling_params import StructuredOutputsParams
 from forkless.structured_output.config import StructuredOutputsConfig
 from forkless.structured_output.manager import mark_deferred
@@ -87,6 +97,7 @@ if TYPE_CHECKING:
 logger = init_logger("forkless.structured_output.process")
 
 _SUBMIT, _FINISH, _ACCEPT, _FILL, _FILL_NOW, _SHUTDOWN = b"submit", b"finish", b"accept", b"fill", b"fill_now", b"stop"
+_CONSUME = b"consume"
 _COMPILED, _FILLED, _REPLY, _ERROR = b"compiled", b"filled", b"reply", b"error"
 # How long the process sleeps on its socket between looks at the engine core's process
 # (and, while something compiles, at the compilations).
@@ -108,12 +119,15 @@ class GrammarProcessClient:
             workers to sample a deferred step once its bitmask is filled.
         num_processes: How many grammar processes share the requests
             (``FORKLESS_GRAMMAR_PROCESSES``; see the module's invariants).
+        route_tokens: Whether deferred plans have the workers send their tokens to the
+            processes (``Executor.routes_grammar_tokens``, where
+            ``FORKLESS_GRAMMAR_ROUTE_TOKENS`` allows it).
     """
 
     def __init__(self, config: StructuredOutputsConfig, tokenizer_path: str, vocab_size: int,
                  eos_token_ids: list[int], allocate_shared: Callable[[int], tuple[str, Any] | None],
                  sample_route: Callable[[Any], tuple[int, list[str]] | None] = lambda pending: None,
-                 num_processes: int = 1) -> None:
+                 num_processes: int = 1, route_tokens: bool = False) -> None:
         if num_processes < 1:
             raise ValueError(f"num_processes must be at least 1, got {num_processes}")
         self._args = (dataclasses.asdict(config), tokenizer_path, vocab_size, list(eos_token_ids))
@@ -121,6 +135,18 @@ class GrammarProcessClient:
         self._allocate_shared = allocate_shared
         self._sample_route = sample_route
         self.num_processes = num_processes
+        self.route_tokens = route_tokens
+        # The processes' token sockets (route_tokens), and the next routed plan's fill id.
+        self._token_addresses: list[str] = []
+        self._next_fill_id = 0
+        # A routed step's tokens for the deferred fill to come (fill id, void ids), where it
+        # could not go out before the step was collected; and the most bytes a view has had
+        # (a larger one grows the executor's segment, whose old name the workers may still
+        # have to map for the step in flight).
+        self._tokens_from: tuple[int, list[str]] | None = None
+        self._view_bytes = 0
+        # The request ids of the last deferred fill's rows (every process has its part).
+        self._fill_ids: list[str] | None = None
         #: Whether the deferred fill last started has the workers sample its step itself
         #: (then the engine core does not call ``Executor.sample_deferred``).
         self.sample_sent = False
@@ -132,6 +158,11 @@ class GrammarProcessClient:
         # The requests whose tokens accept_early() sent ahead of the scheduler's update,
         # until accept() does the rest (None: none sent).
         self._early: set[str] | None = None
+        # accept() after a routed step: the worker sent the tokens (no membership to check).
+        self._routed_accept = False
+        # Requests whose backend cannot tell completion from tokens (stale ids are pruned
+        # where it is read): a plan with one of them is not routed.
+        self._opaque: set[str] = set()
         # Stops the process and closes the sockets: at shutdown, or when this client is
         # dropped without one, or at interpreter exit (ipc.release_with).
         self._release: Callable[[], Any] | None = None
@@ -184,18 +215,20 @@ class GrammarProcessClient:
         try:
             for index in range(self.num_processes):
                 to_proc = ipc.ipc_address(self._ipc_dir, f"in-{index}")
+                tokens_in = ipc.ipc_address(self._ipc_dir, f"tokens-{index}")
                 out = self._ctx.socket(zmq.PUSH)
                 out.bind(to_proc)
                 self._outs.append(out)
+                self._token_addresses.append(tokens_in)
                 # A fresh interpreter running this module, not multiprocessing's spawn:
                 # that would import the caller's main script again, which a script
                 # without a __main__ guard cannot survive.
                 self._procs.append(subprocess.Popen(
                     [sys.executable, "-m", __name__, args, to_proc, from_proc, str(os.getpid()), self._ipc_dir,
-                     f"{index}/{self.num_processes}"], env=env))
+                     f"{index}/{self.num_processes}", tokens_in], env=env))
         except BaseException:
             _stop_grammar_process(self._procs, self._outs, self._in, self._ctx, self._ipc_dir)
-            self._procs, self._outs = [], []
+            self._procs, self._outs, self._token_addresses = [], [], []
             self._in = self._ctx = self._ipc_dir = None
             raise
         self._release = ipc.release_with(self, _stop_grammar_process, self._procs, self._outs, self._in, self._ctx,
@@ -228,6 +261,8 @@ class GrammarProcessClient:
                 self._compiling.discard(rid)
                 if reason is None:
                     self._grammars[rid] = frozenset(stop) if stop is not None else None
+                    if stop is None:
+                        self._opaque.add(rid)
                     self._compiled[0].append(rid)
                 else:
                     self._compiled[1].append((rid, reason))
@@ -273,12 +308,15 @@ class GrammarProcessClient:
     # ------------------------------------------------------------------ the step
 
     def has_grammars(self) -> bool:
-        return bool(self._grammars or self._refused)
+        # (Or an accept is due: a step's tokens went ahead, whatever has finished since.)
+        return bool(self._grammars or self._refused) or self._early is not None
 
     def _view(self, rows: int) -> tuple[str, Any]:
-        shared = self._allocate_shared(rows * self._words * 4)
+        nbytes = rows * self._words * 4
+        shared = self._allocate_shared(nbytes)
         if shared is None:
             raise RuntimeError("the executor gave no shared bitmask buffer")
+        self._view_bytes = max(self._view_bytes, nbytes)
         return shared
 
     def _note_refused(self, refused: list) -> None:
@@ -317,8 +355,19 @@ class GrammarProcessClient:
         scheduler_output.grammar_bitmask = view
 
     def defer(self, scheduler_output: SchedulerOutput) -> None:
-        """Mark a plan made while the step before still runs (see the manager's ``defer``)."""
+        """Mark a plan made while the step before still runs (see the manager's ``defer``),
+        and, where tokens are routed, have its worker send the step's tokens to the
+        processes (see the module's invariants)."""
         mark_deferred(scheduler_output, self._grammars)
+        if not (self.route_tokens and scheduler_output.defer_sampling and self._procs):
+            return
+        opaque = self._opaque
+        if opaque:
+            opaque.intersection_update(self._grammars)
+            if not opaque.isdisjoint(scheduler_output.structured_output_request_ids):
+                return
+        scheduler_output.grammar_tokens_to = (self._next_fill_id, self._token_addresses)
+        self._next_fill_id += 1
 
     def start_deferred_fill(self, scheduler_output: SchedulerOutput, pending: Any = None) -> None:
         """Have the process fill a deferred plan's bitmask (after the advance
@@ -326,28 +375,38 @@ class GrammarProcessClient:
         executor routes it (``deferred_sample_route`` of ``pending``, the plan's launched
         step), the process then has the workers sample the step itself (:attr:`sample_sent`)."""
         self._take_fill()
-        self._start_fill(None, scheduler_output, pending)
+        tokens_from, self._tokens_from = self._tokens_from, None
+        self._start_fill(None, scheduler_output, pending, *(tokens_from or (None, None)))
 
-    def _start_fill(self, rows: list | None, plan: SchedulerOutput, pending: Any) -> None:
-        # One message to each process: the advance accept_early hands over (rows), then
-        # the fill of its requests' rows (all of them: each sends its part of the sample).
+    def _start_fill(self, rows: list | None, plan: SchedulerOutput, pending: Any,
+                    tokens_from: int | None = None, void: list[str] | None = None) -> None:
+        # One message to each process: the advance accept_early hands over (rows) or the
+        # worker sends (the tokens of routed fill tokens_from, less void), then the fill of
+        # its requests' rows (all of them: each sends its part of the sample).
         ids = plan.structured_output_request_ids
         name, view = self._view(len(ids))
         route = self._sample_route(pending) if pending is not None else None
+        fill_id = plan.grammar_tokens_to[0] if plan.grammar_tokens_to is not None else None
+        tail = [fill_id, tokens_from, void or []]
         n = self.num_processes
+        # The rows of most fills are the previous fill's, in the same order: then each
+        # process is told so (ids None) rather than sent its rows again.
+        same = ids == self._fill_ids
+        self._fill_ids = ids
         if n == 1:
-            self._send(_FILL, [rows, name, len(view), len(ids), None, ids, route, 1])
+            self._send(_FILL, [rows, name, len(view), len(ids), None, None if same else ids, route, 1, *tail])
         else:
             kept = self._split(rows) if rows is not None else [None] * n
-            rows_of: list[list[int]] = [[] for _ in range(n)]
-            ids_of: list[list[str]] = [[] for _ in range(n)]
-            for i, rid in enumerate(ids):
-                index = hash(rid) % n
-                rows_of[index].append(i)
-                ids_of[index].append(rid)
+            if not same:
+                rows_of: list[list[int]] = [[] for _ in range(n)]
+                ids_of: list[list[str]] = [[] for _ in range(n)]
+                for i, rid in enumerate(ids):
+                    index = hash(rid) % n
+                    rows_of[index].append(i)
+                    ids_of[index].append(rid)
             for index in range(n):
-                self._send(_FILL, [kept[index], name, len(view), len(ids), rows_of[index], ids_of[index], route, n],
-                           index)
+                part = [None, None] if same else [rows_of[index], ids_of[index]]
+                self._send(_FILL, [kept[index], name, len(view), len(ids), *part, route, n, *tail], index)
         self._fill_view = view
         self._fill_parts = n
         self.sample_sent = route is not None
@@ -390,6 +449,30 @@ class GrammarProcessClient:
         # and skips them.)
         self._start_fill(kept, plan, pending)
         self._early = {rid for rid, _ in kept}
+        return True
+
+    def take_routed_tokens(self, step: SchedulerOutput, fill: tuple[SchedulerOutput, Any] | None,
+                           void: list[str]) -> bool:
+        """Before a step planned with ``grammar_tokens_to`` is collected: have the
+        processes take its tokens from the worker (less ``void``, the ids whose token the
+        scheduler drops), with ``fill``'s deferred fill (its plan and launched step) where
+        one is due, else by themselves; :meth:`accept` then only tells completion and
+        drops the finished requests. Returns whether ``fill``'s fill was started (else
+        :meth:`start_deferred_fill` of it is still to call)."""
+        assert step.grammar_tokens_to is not None
+        fill_id = step.grammar_tokens_to[0]
+        self._take_fill()
+        self._early, self._routed_accept = set(), True
+        if fill is None:
+            for index in range(self.num_processes):
+                self._send(_CONSUME, [fill_id, void], index)
+            return False
+        if len(fill[0].structured_output_request_ids) * self._words * 4 > self._view_bytes:
+            # Its rows need a larger segment: the fill goes out once the step is collected
+            # (its sampling has mapped the segment in use), with these tokens.
+            self._tokens_from = (fill_id, void)
+            return False
+        self._start_fill(None, fill[0], fill[1], fill_id, void)
         return True
 
     def accept(self, outputs: list[EngineCoreOutput],
@@ -442,6 +525,7 @@ class GrammarProcessClient:
         them: it did not know); the fill runs on."""
         early, self._early = self._early, None
         assert early is not None
+        routed, self._routed_accept = self._routed_accept, False
         rejected, self._refused = self._refused, []
         grammars = self._grammars
         complete: list[str] = []
@@ -451,7 +535,7 @@ class GrammarProcessClient:
             stops = grammars.get(rid, 0)
             if stops == 0:
                 continue
-            if rid not in early:
+            if not routed and rid not in early:
                 raise RuntimeError(f"request {rid!r}: its tokens reached the grammars after the bitmask's fill "
                                    "started (the scheduler kept a token kept_tokens() left out)")
             if out.finish_reason is not None:
@@ -484,7 +568,7 @@ class GrammarProcessClient:
         release, self._release = self._release, None
         if release is not None:
             release()
-        self._procs, self._outs = [], []
+        self._procs, self._outs, self._token_addresses = [], [], []
         self._in = self._ctx = self._ipc_dir = None
         self._fill_view = None
 
@@ -547,9 +631,14 @@ def _outputs(rows: Iterable[tuple[str, list[int], bool]]) -> list[SimpleNamespac
             for rid, tokens, done in rows]
 
 
+class _Shutdown(Exception):
+    """The engine core said stop, or is gone, while the process waited for tokens."""
+
+
 def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent_pid: int, ipc_dir: str,
-                          index: int = 0, count: int = 1) -> None:
-    """Entry point of grammar process ``index`` of ``count`` (see the module's invariants)."""
+                          index: int = 0, count: int = 1, addr_tokens: str | None = None) -> None:
+    """Entry point of grammar process ``index`` of ``count`` (see the module's invariants);
+    ``addr_tokens``: where it binds the socket the workers send routed steps' tokens to."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the engine core shuts it down
@@ -565,6 +654,20 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
     manager = StructuredOutputManager(StructuredOutputsConfig(**config_dict), tokenizer_path, vocab_size, eos,
                                       allocate_buffer=segments.view)
     ctx, inbox, outbox = ipc.connect_to_parent(addr_in, addr_out)
+    tokens_inbox = None
+    if addr_tokens is not None:
+        tokens_inbox = ctx.socket(zmq.PULL)
+        tokens_inbox.bind(addr_tokens)
+    # The engine core's messages read while waiting for a routed step's tokens, handled
+    # after them in order; tokens that came for a later fill than the one waited for.
+    backlog: deque[list[bytes]] = deque()
+    early_tokens: dict[int, list[int] | None] = {}
+    # Routed fills whose tokens are still to take: fill id -> (rows, request ids) of
+    # this process's requests (rows None: all of them, in order).
+    routed: dict[int, tuple[list[int] | None, list[str]]] = {}
+    # This process's part of the last deferred fill's rows: (rows, request ids), rows None
+    # for all of them (a fill with ids None has the same).
+    part: tuple[list[int] | None, list[str]] = (None, [])
     # Refusals an advance found that no fill's reply carried yet.
     refused: list = []
     # Each deferred fill's time here (its advance included), logged at the end.
@@ -595,13 +698,46 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
         if segments.use(name):
             manager.drop_buffer()  # its buffer viewed the old segment
 
+    def take_tokens(fill_id: int, void: list[str]) -> None:
+        # Advance this process's grammars over routed fill fill_id's tokens, which the
+        # worker sends (waited for), less the void ids.
+        rows, ids = routed.pop(fill_id)
+        tokens = early_tokens.pop(fill_id, 0)
+        if tokens_inbox is None:
+            raise RuntimeError("a routed fill's tokens, but the process has no token socket")
+        poller = zmq.Poller()
+        poller.register(tokens_inbox, zmq.POLLIN)
+        poller.register(inbox, zmq.POLLIN)
+        while tokens == 0:
+            ready = dict(poller.poll(1000))
+            if tokens_inbox in ready:
+                got, values = decode_grammar_tokens(tokens_inbox.recv_multipart()[1])
+                if got == fill_id:
+                    tokens = values
+                elif got > fill_id:
+                    early_tokens[got] = values
+                # (an older fill's: taken already, cannot come twice)
+            elif inbox in ready:
+                frames = inbox.recv_multipart()
+                if frames[0] == _SHUTDOWN:
+                    raise _Shutdown
+                backlog.append(frames)
+            elif not ready and not ipc.parent_alive(parent_pid):
+                raise _Shutdown
+        if tokens is None:
+            return  # the step failed: nothing was sampled
+        skip = set(void)
+        positions = range(len(ids)) if rows is None else rows
+        manager.advance_kept([(rid, [t]) for i, rid in zip(positions, ids)
+                              if (t := tokens[i]) >= 0 and rid not in skip])
+
     try:
         while True:
-            if not inbox.poll(_COMPILING_POLL_MS if manager.has_compiling() else _IDLE_POLL_MS):
+            if not backlog and not inbox.poll(_COMPILING_POLL_MS if manager.has_compiling() else _IDLE_POLL_MS):
                 if not ipc.parent_alive(parent_pid):
                     break
             else:
-                kind, payload = inbox.recv_multipart()
+                kind, payload = backlog.popleft() if backlog else inbox.recv_multipart()
                 if kind == _SHUTDOWN:
                     break
                 try:
@@ -618,12 +754,22 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
                         else:
                             send(_REPLY, [complete, rejected])
                     elif kind == _FILL:
-                        started = time.perf_counter()
-                        received = StepTrace.now() if trace is not None else 0.0
-                        rows, name, nbytes, num_rows, indices, ids, route, parts = ipc.decode(payload)
+                        (rows, name, nbytes, num_rows, indices, ids, route, parts, fill_id, tokens_from,
+                         void) = ipc.decode(payload)
+                        if ids is None:
+                            indices, ids = part
+                        else:
+                            part = (indices, ids)
                         try:
+                            if tokens_from is not None:  # the worker's (the client checked the backends)
+                                take_tokens(tokens_from, void)
+                            # (Timed from the tokens: a routed fill comes before they do.)
+                            started = time.perf_counter()
+                            received = StepTrace.now() if trace is not None else 0.0
                             if rows is not None:  # accept_early's advance (the client checked the backends)
                                 manager.advance_kept(rows)
+                            if fill_id is not None:
+                                routed[fill_id] = (indices, ids)
                             map_segment(name)
                             # (indices None: every row is this process's.)
                             manager.fill_deferred_rows_now(num_rows, enumerate(ids) if indices is None
@@ -644,6 +790,9 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
                         send(_FILLED, refused)
                         refused = []
                         fill_seconds.append(time.perf_counter() - started)
+                    elif kind == _CONSUME:
+                        fill_id, void = ipc.decode(payload)
+                        take_tokens(fill_id, void)
                     elif kind == _FILL_NOW:
                         name, nbytes, num_rows, rows = ipc.decode(payload)
                         map_segment(name)
@@ -655,6 +804,8 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
                         refused = []
                     else:
                         raise ValueError(f"unknown message {kind!r}")
+                except _Shutdown:
+                    break
                 except Exception:  # noqa: BLE001 -- reported to the engine core, which raises it
                     send(_ERROR, traceback.format_exc())
             if manager.has_compiling():
@@ -674,6 +825,8 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
         manager.shutdown()
         segments.segment = None
         inbox.close(linger=0)
+        if tokens_inbox is not None:
+            tokens_inbox.close(linger=0)
         for sock in to_workers.values():
             sock.close()
         outbox.close()
@@ -684,4 +837,4 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
 if __name__ == "__main__":
     _index, _count = (int(n) for n in sys.argv[6].split("/"))
     _grammar_process_main(bytes.fromhex(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], _index,
-                          _count)
+                          _count, sys.argv[7] if len(sys.argv) > 7 else None)

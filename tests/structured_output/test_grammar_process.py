@@ -78,31 +78,37 @@ def reference(smollm2_folder: Path) -> list[tuple]:
         llm.shutdown()
 
 
-@pytest.mark.parametrize(("engine_kwargs", "processes"), [
-    ({}, 1),
-    ({"async_scheduling": True}, 1),
-    ({"async_scheduling": True, "distributed_executor_backend": "mp"}, 1),
-    ({}, 3),
+@pytest.mark.parametrize(("engine_kwargs", "processes", "route_tokens"), [
+    ({}, 1, True),
+    ({"async_scheduling": True}, 1, True),
+    ({"async_scheduling": True, "distributed_executor_backend": "mp"}, 1, True),
+    ({"async_scheduling": True, "distributed_executor_backend": "mp"}, 1, False),
+    ({}, 3, True),
     ({"async_scheduling": True, "distributed_executor_backend": "mp",
-      "structured_outputs_config": {"backend": f"{__name__}:SlowFillBackend"}}, 3),
-], ids=["sync", "async", "async-mp", "sync-3-processes", "async-mp-3-processes"])
+      "structured_outputs_config": {"backend": f"{__name__}:SlowFillBackend"}}, 3, True),
+], ids=["sync", "async", "async-mp", "async-mp-tokens-through-the-core", "sync-3-processes", "async-mp-3-processes"])
 def test_the_grammar_process_gives_the_engine_cores_outputs(smollm2_folder: Path, reference: list[tuple],
-                                                            engine_kwargs: dict, processes: int,
+                                                            engine_kwargs: dict, processes: int, route_tokens: bool,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``FORKLESS_GRAMMAR_PROCESSES=3`` the requests are shared out over three
     processes, each filling its own rows; the worker samples once all three wrote theirs
     (their fills take random times here: a worker that sampled at the first would read
-    the others' rows as the step before left them)."""
+    the others' rows as the step before left them). With ``mp`` the worker sends the
+    deferred steps' tokens to the processes itself, unless
+    ``FORKLESS_GRAMMAR_ROUTE_TOKENS=0``."""
     monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESS", "1")
     monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESSES", str(processes))
+    monkeypatch.setenv("FORKLESS_GRAMMAR_ROUTE_TOKENS", "1" if route_tokens else "0")
     llm = LLM(str(smollm2_folder), max_model_len=512, max_num_seqs=16, **engine_kwargs)
     try:
         client = llm.llm_engine.engine_core._structured
         assert isinstance(client, GrammarProcessClient)
         sent: list[bytes] = []
+        fills: list[list] = []
         by_process: set[int] = set()
         send = client._send
         client._send = lambda kind, payload, index=0: (sent.append(kind), by_process.add(index),
+                                                       kind == b"fill" and fills.append(payload),
                                                        send(kind, payload, index))[-1]
         # Who tells the workers to sample a deferred step: the process, where the executor
         # gives it a route to them (mp), else the engine core.
@@ -134,6 +140,14 @@ def test_the_grammar_process_gives_the_engine_cores_outputs(smollm2_folder: Path
         assert routes and not by_core
         for seq, addresses in routes:  # (Executor.deferred_sample_route: one socket per worker)
             assert isinstance(seq, int) and len(addresses) == 1 and addresses[0].startswith("ipc://")
+        # The deferred steps' tokens went from the worker to the processes (a fill names
+        # the routed step whose tokens to take), or else through the engine core (the
+        # early accept's fill carries them; so it does for a step planned synchronously,
+        # a request's first, whose plan names no route).
+        tokens_from_worker = [f for f in fills if f[9] is not None]
+        tokens_from_core = [f for f in fills if f[0] is not None]
+        assert (client._next_fill_id > 0) == route_tokens
+        assert bool(tokens_from_worker) == route_tokens and (route_tokens or tokens_from_core)
     else:
         # (The last step launched may stay uncollected once every request is done: it is
         # sampled, and dropped, at the next step.)
@@ -300,3 +314,35 @@ def test_a_killed_grammar_process_fails_the_engine_without_a_hang(tiny_llama: Pa
         llm.shutdown()
     assert time.monotonic() - started < 8  # (a worker that had to be killed takes 10 s)
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+
+
+def test_routed_tokens_of_preempted_requests_are_dropped(smollm2_folder: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request preempted while its token is in flight gets that token dropped by the
+    scheduler: the grammar process, which has it from the worker, must not advance the
+    grammar over it (it would then be a token ahead of the output when the request
+    resumes, and mask for the wrong place). A KV cache of a few blocks preempts often."""
+    monkeypatch.setenv("FORKLESS_GRAMMAR_PROCESSES", "2")
+    llm = LLM(str(smollm2_folder), max_model_len=160, max_num_seqs=8, async_scheduling=True,
+              distributed_executor_backend="mp", kv_cache_memory=14 << 20)
+    try:
+        core = llm.llm_engine.engine_core
+        client = core._structured
+        assert isinstance(client, GrammarProcessClient)
+        voids: list[list[str]] = []
+        take = client.take_routed_tokens
+        client.take_routed_tokens = lambda step, fill, void: (voids.append(list(void)), take(step, fill, void))[1]
+        tokenizer = llm.get_tokenizer()
+        prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"{PROMPTS['person']} (#{i})"}],
+                                                 tokenize=False, add_generation_prompt=True) for i in range(8)]
+        params = SamplingParams(temperature=0, max_tokens=100,
+                                structured_outputs=StructuredOutputsParams(json=SCHEMAS["person"]))
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        preemptions = core.scheduler.num_preemptions
+    finally:
+        llm.shutdown()
+    assert preemptions > 0 and any(voids)
+    for out in outs:
+        completion = out.outputs[0]
+        assert completion.finish_reason == "stop", completion.text
+        jsonschema.validate(json.loads(completion.text), SCHEMAS["person"])
