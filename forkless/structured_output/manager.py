@@ -83,13 +83,16 @@ def mark_deferred(scheduler_output: SchedulerOutput, grammars: Collection[str]) 
     ``structured_output_request_ids``); a plan without such rows is left as it is."""
     if not grammars:
         return
-    rows = [s for s in scheduler_output.scheduled_requests if s.sample and s.request_id in grammars]
-    if not rows:
+    ids = []
+    for s in scheduler_output.scheduled_requests:  # (one pass: at batch 256 it runs every step)
+        if s.sample and s.request_id in grammars:
+            if s.num_spec_tokens:
+                # Drafts keep steps synchronous (the scheduler's invariant): never deferred.
+                raise RuntimeError("a constrained request with drafts was planned while a step was in flight")
+            ids.append(s.request_id)
+    if not ids:
         return
-    if any(s.num_spec_tokens for s in rows):
-        # Drafts keep steps synchronous (the scheduler's invariant): never deferred.
-        raise RuntimeError("a constrained request with drafts was planned while a step was in flight")
-    scheduler_output.structured_output_request_ids = [s.request_id for s in rows]
+    scheduler_output.structured_output_request_ids = ids
     scheduler_output.defer_sampling = True
 
 
