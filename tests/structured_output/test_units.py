@@ -102,6 +102,33 @@ def test_auto_falls_back_to_guidance_unless_told_not_to() -> None:
                        StructuredOutputsConfig(backend="auto"))
 
 
+def test_a_constraint_sent_again_is_not_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An application sends the same schema with every request: its check (llguidance
+    building the grammar) runs once, and a bad one is refused every time alike."""
+    import llguidance
+
+    calls: list[str] = []
+    check = llguidance.LLMatcher.validate_grammar_with_warnings
+    monkeypatch.setattr(llguidance.LLMatcher, "validate_grammar_with_warnings",
+                        lambda grammar: (calls.append(grammar), check(grammar))[1])
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 7013}}}
+    for _ in range(3):
+        assert choose_backend(StructuredOutputsParams(json=schema), StructuredOutputsConfig()) == "xgrammar"
+    assert len(calls) == 1
+    bad = StructuredOutputsParams(json={"type": "integer", "minimum": "seven thousand"})
+    messages = []
+    for _ in range(2):
+        with pytest.raises(ValueError) as info:
+            choose_backend(bad, StructuredOutputsConfig())
+        messages.append(str(info.value))
+    assert len(calls) == 2 and messages[0] == messages[1] and "minimum" in messages[0]
+    # A constraint too long to remember is checked each time.
+    long_regex = "a{1,3}" + "b" * (64 << 10)
+    for _ in range(2):
+        choose_backend(StructuredOutputsParams(regex=long_regex), StructuredOutputsConfig())
+    assert len(calls) == 4
+
+
 def _reference(logits: torch.Tensor, bitmask: np.ndarray, rows: list[int]) -> torch.Tensor:
     out = logits.clone()
     vocab = logits.shape[1]
