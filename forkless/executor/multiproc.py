@@ -323,17 +323,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
         if output is not None:
             sampled = output.sampled_token_ids
             tokens = [t[0] if (t := sampled.get(rid)) else -1 for rid in ids]
-        frames = grammar_tokens_message(fill_id, tokens)
-        for address in addresses:
-            sock = to_grammar.get(address)
-            if sock is None:
-                sock = to_grammar[address] = ctx.socket(zmq.PUSH)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.connect(address)
-            try:
-                sock.send_multipart(frames, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # a grammar process gone (and so the engine core's fill): nothing waits
+        ipc.push_to_peers(ctx, to_grammar, addresses, grammar_tokens_message(fill_id, tokens))
 
     def finish_pending() -> None:
         # Collect the step in flight and send its output (or its error), tagged with seq.

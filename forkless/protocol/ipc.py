@@ -61,6 +61,24 @@ def connect_to_parent(addr_in: str, addr_out: str) -> tuple[Any, Any, Any]:
     return ctx, inbox, outbox
 
 
+def push_to_peers(ctx: Any, sockets: dict[str, Any], addresses: list[str], frames: list[bytes]) -> None:
+    """Send ``frames`` to each address without blocking, on a PUSH socket per address
+    connected at first use and kept in ``sockets`` (the caller closes them). A peer that
+    is gone is skipped: what waited for it (its step, its fill) fails on its own."""
+    import zmq
+
+    for address in addresses:
+        sock = sockets.get(address)
+        if sock is None:
+            sock = sockets[address] = ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(address)
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
+
+
 def release_with(owner: Any, release: Callable[..., None], *args: Any) -> weakref.finalize:
     """Call ``release(*args)`` once: when ``owner`` is garbage collected, when the
     interpreter exits, or when the returned finalizer is called (the owner's

@@ -682,17 +682,7 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
         # The workers sample the step now (before the engine core hears of the fill), once
         # every process's part came.
         seq, addresses = route
-        frames = sample_message(seq, where, nbytes, parts)
-        for address in addresses:
-            sock = to_workers.get(address)
-            if sock is None:
-                sock = to_workers[address] = ctx.socket(zmq.PUSH)
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.connect(address)
-            try:
-                sock.send_multipart(frames, flags=zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # a worker gone (and so the engine core's step): nothing waits for it
+        ipc.push_to_peers(ctx, to_workers, addresses, sample_message(seq, where, nbytes, parts))
 
     def map_segment(name: str) -> None:
         if segments.use(name):
