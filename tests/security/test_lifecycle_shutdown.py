@@ -111,7 +111,9 @@ def test_sigterm_lets_requests_finish_then_ends_the_rest(long_context_llama: Pat
                       Call(srv, LONG, stream=True), Call(srv, LONG, stream=False)]
         short_calls = [Call(srv, SHORT, stream=True), Call(srv, SHORT, stream=False)]
         running = lambda: value(scrape(srv), "forkless:num_requests_running")  # noqa: E731
-        assert wait_until(lambda: running() >= 6, 60, 0.05), "the requests did not all start"
+        assert wait_until(lambda: running() >= 6, 60, 0.05), (
+            f"the requests did not all start: {running()} running; calls (status, failure): "
+            f"{[(c.status, c.failure) for c in long_calls + short_calls]}")
         assert all(c.first_event.is_set() and c.events for c in long_calls + short_calls if c.body["stream"])
         # A load balancer's keep-alive connection, idle after a health check.
         idle = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
