@@ -481,7 +481,6 @@ class BeamSearchParams:
         _float(self.length_penalty, "length_penalty", "a number", owner)
 
 
-
 def logprobs_cap(max_logprobs: int, vocab_size: int) -> int:
     """The most logprobs a token may have: ``--max-logprobs``, or the vocabulary for -1."""
     return vocab_size if max_logprobs == -1 else max_logprobs

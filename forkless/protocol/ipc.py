@@ -76,7 +76,7 @@ def push_to_peers(ctx: Any, sockets: dict[str, Any], addresses: list[str], frame
         try:
             sock.send_multipart(frames, flags=zmq.NOBLOCK)
         except zmq.Again:
-            pass
+            continue  # the peer is gone (see above)
 
 
 def release_with(owner: Any, release: Callable[..., None], *args: Any) -> weakref.finalize:

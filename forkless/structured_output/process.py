@@ -655,9 +655,14 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
                                       allocate_buffer=segments.view)
     ctx, inbox, outbox = ipc.connect_to_parent(addr_in, addr_out)
     tokens_inbox = None
+    # While a routed fill waits for its tokens: the token socket, and the engine core's
+    # (a shutdown must still end the wait).
+    tokens_poller = zmq.Poller()
     if addr_tokens is not None:
         tokens_inbox = ctx.socket(zmq.PULL)
         tokens_inbox.bind(addr_tokens)
+        tokens_poller.register(tokens_inbox, zmq.POLLIN)
+        tokens_poller.register(inbox, zmq.POLLIN)
     # The engine core's messages read while waiting for a routed step's tokens, handled
     # after them in order; tokens that came for a later fill than the one waited for.
     backlog: deque[list[bytes]] = deque()
@@ -691,15 +696,12 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
     def take_tokens(fill_id: int, void: list[str]) -> None:
         # Advance this process's grammars over routed fill fill_id's tokens, which the
         # worker sends (waited for), less the void ids.
-        rows, ids = routed.pop(fill_id)
-        tokens = early_tokens.pop(fill_id, 0)
         if tokens_inbox is None:
             raise RuntimeError("a routed fill's tokens, but the process has no token socket")
-        poller = zmq.Poller()
-        poller.register(tokens_inbox, zmq.POLLIN)
-        poller.register(inbox, zmq.POLLIN)
+        rows, ids = routed.pop(fill_id)
+        tokens = early_tokens.pop(fill_id, 0)
         while tokens == 0:
-            ready = dict(poller.poll(1000))
+            ready = dict(tokens_poller.poll(1000))
             if tokens_inbox in ready:
                 got, values = decode_grammar_tokens(tokens_inbox.recv_multipart()[1])
                 if got == fill_id:
