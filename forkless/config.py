@@ -270,18 +270,27 @@ class LoRAConfig:
     max_cpu_loras: int = 1
 
 
+#: vLLM's ``cudagraph_mode`` values forkless runs: no graphs; decode steps captured whole
+#: (prefill and mixed steps eager); and those plus prefill and mixed steps as graphs split
+#: around attention (the default, as in vLLM).
+CUDAGRAPH_MODES = ("NONE", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+CUDAGRAPH_MODE_DEFAULT = "FULL_AND_PIECEWISE"
+
+
 @dataclass(kw_only=True)
 class CompilationConfig:
     """The part of vLLM's ``--compilation-config`` forkless has (there is no torch.compile
-    here; decode CUDA graphs follow ``--enforce-eager``).
+    here; ``--enforce-eager`` turns every CUDA graph off).
 
     Attributes:
         custom_ops: Which custom ops (``forkless.ops``) run their device implementation
             rather than ``forward_native``: ``"all"``, ``"none"``, ``"+op"``, ``"-op"``, as
             ``FORKLESS_CUSTOM_OPS`` takes them (which it replaces when given).
+        cudagraph_mode: One of :data:`CUDAGRAPH_MODES` (upper case).
     """
 
     custom_ops: list[str] = field(default_factory=list)
+    cudagraph_mode: str = CUDAGRAPH_MODE_DEFAULT
 
 
 @dataclass(kw_only=True)
@@ -589,9 +598,11 @@ class EngineArgs:
                             '"kv_both", "kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}} '
                             "(kv_role: kv_producer, kv_consumer, kv_both; also kv_connector_module_path)")
         g.add_argument("--compilation-config", default=None, metavar="JSON",
-                       help='vLLM\'s key custom_ops: which layer ops run their device kernels, e.g. '
-                            '{"custom_ops": ["none", "+rms_norm"]} (all, none, +op, -op; ops: rms_norm, '
-                            "rotary_embedding, silu_and_mul); replaces FORKLESS_CUSTOM_OPS")
+                       help='vLLM\'s keys custom_ops (which layer ops run their device kernels, e.g. '
+                            '{"custom_ops": ["none", "+rms_norm"]}: all, none, +op, -op; ops: rms_norm, '
+                            "rotary_embedding, silu_and_mul; replaces FORKLESS_CUSTOM_OPS) and cudagraph_mode "
+                            "(FULL_AND_PIECEWISE, the default: decode steps as whole CUDA graphs, prefill and "
+                            "mixed steps as graphs split around attention; FULL_DECODE_ONLY; NONE)")
         g.add_argument("--runner", default=d.runner, choices=RUNNERS,
                        help="generate, or pooling (embeddings, classification, scores); auto: pooling for "
                             "encoders and *ForSequenceClassification models or with --convert")
@@ -893,11 +904,16 @@ class EngineArgs:
         if self.compilation_config is None:
             return None
         data = json_object_arg(self.compilation_config, "--compilation-config")
-        unknown = sorted(set(data) - {"custom_ops"})
+        unknown = sorted(set(data) - {"custom_ops", "cudagraph_mode"})
         if unknown:
             raise ValueError(f"--compilation-config: {', '.join(map(repr, unknown))} is not supported: forkless "
-                             "reads only 'custom_ops' (it has no torch.compile; --enforce-eager turns the decode "
-                             "CUDA graphs off)")
+                             "reads only 'custom_ops' and 'cudagraph_mode' (it has no torch.compile; "
+                             "--enforce-eager turns the CUDA graphs off)")
+        mode = data.get("cudagraph_mode", CUDAGRAPH_MODE_DEFAULT)
+        if not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES:
+            raise ValueError(f"--compilation-config: cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}, "
+                             f"got {mode!r:.80} (vLLM's PIECEWISE and FULL are not supported: forkless "
+                             "captures decode steps whole and splits only prefill and mixed steps)")
         entries = data.get("custom_ops", [])
         if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
             raise ValueError(f"--compilation-config: custom_ops must be a list of strings such as "
@@ -905,7 +921,7 @@ class EngineArgs:
         from forkless.ops.registry import op_enabled
 
         op_enabled(None, ",".join(entries), True, "--compilation-config custom_ops")  # checks every entry
-        return CompilationConfig(custom_ops=entries)
+        return CompilationConfig(custom_ops=entries, cudagraph_mode=mode.upper())
 
     def _sampling_defaults(self, model_path: Path) -> dict[str, Any]:
         """The sampling defaults of ``--generation-config`` and ``--override-generation-config``

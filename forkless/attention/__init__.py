@@ -4,7 +4,7 @@ Importing this package does not import torch or any kernel: backends are resolve
 by name in the worker that runs them.
 """
 
-from forkless.attention.interface import AttentionBackend, AttentionMetadata, KVStoreTarget
+from forkless.attention.interface import AttentionBackend, AttentionMetadata, KVStoreTarget, attention_layers
 from forkless.attention.registry import (
     attention_backend_path,
     available_attention_backends,
@@ -17,6 +17,7 @@ __all__ = [
     "AttentionMetadata",
     "KVStoreTarget",
     "attention_backend_path",
+    "attention_layers",
     "available_attention_backends",
     "get_attention_backend",
     "register_attention_backend",

@@ -112,6 +112,12 @@ class AttentionBackend(abc.ABC):
     #: Whether a decode step's forward pass may be captured in a CUDA graph (the backend
     #: then reads everything it needs from the metadata's device tensors).
     supports_cuda_graphs: ClassVar[bool] = False
+    #: Whether a prefill or mixed step may be captured in pieces: CUDA graphs of the layers
+    #: between attention calls, with :meth:`forward_stored` run eagerly between their
+    #: replays (``forkless.attention.piecewise``). The backend then hands its
+    #: ``forward_stored`` calls to :func:`~forkless.attention.piecewise.active_splitter`
+    #: while one is installed, and writes into ``output`` when given.
+    supports_piecewise_graphs: ClassVar[bool] = False
     #: The ``--kv-cache-dtype`` values the backend reads and writes. ``"auto"``: the cache
     #: holds the model dtype; ``"fp8"`` / ``"fp8_e4m3"``: float8 e4m3 holding ``x / scale``
     #: with the layer's :attr:`k_scale` / :attr:`v_scale`.
@@ -193,12 +199,35 @@ class AttentionBackend(abc.ABC):
         return None
 
     def forward_stored(self, q: "torch.Tensor", kv_cache: "torch.Tensor",
-                       attn_metadata: AttentionMetadata) -> "torch.Tensor":
+                       attn_metadata: AttentionMetadata, output: "torch.Tensor | None" = None) -> "torch.Tensor":
         """:meth:`forward` without the store: the new keys and values are already in
         ``kv_cache`` at ``attn_metadata.slot_mapping`` (see :meth:`kv_store_target`).
 
+        Args:
+            q: ``[T, Hq, D]`` queries of the new tokens.
+            kv_cache: This layer's cache.
+            attn_metadata: The step's batch layout.
+            output: ``[T, Hq, D]`` contiguous tensor to write the result into (piecewise
+                CUDA graphs pass one whose address their replays read); ``None``: a new one.
+
         Returns:
-            ``[T, Hq * D]`` attention output, as :meth:`forward`.
+            ``[T, Hq * D]`` attention output, as :meth:`forward` (a view of ``output``
+            when given).
         """
         raise NotImplementedError(f"{type(self).__name__} returns a kv_store_target but does not "
                                   "implement forward_stored")
+
+
+def attention_layers(model: Any) -> list[tuple[str, AttentionBackend]]:
+    """A model's attention backends with their module paths (``model.layers.0.self_attn.attn``),
+    in module order.
+
+    Args:
+        model: A ``torch.nn.Module`` whose modules hold backends as attributes.
+    """
+    found = []
+    for path, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, AttentionBackend):
+                found.append((f"{path}.{attr}" if path else attr, value))
+    return found

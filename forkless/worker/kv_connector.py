@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from forkless.attention import AttentionBackend
+from forkless.attention import AttentionBackend, attention_layers
 from forkless.kv_transfer.interface import ForwardContext, KVConnectorRole
 from forkless.kv_transfer.registry import KVConnectorFactory
 from forkless.protocol.kv_transfer import KVConnectorOutput, decode_connector_metadata
@@ -86,16 +86,6 @@ class WorkerKVConnector:
     def shutdown(self) -> None:
         """Stop the connector's threads and connections."""
         self.connector.shutdown()
-
-
-def attention_layers(model: Any) -> list[tuple[str, AttentionBackend]]:
-    """The model's attention backends with their module paths, in module order."""
-    found = []
-    for path, module in model.named_modules():
-        for attr, value in vars(module).items():
-            if isinstance(value, AttentionBackend):
-                found.append((f"{path}.{attr}" if path else attr, value))
-    return found
 
 
 def _hook(backend: AttentionBackend, layer_name: str, connector: KVConnectorBase) -> None:

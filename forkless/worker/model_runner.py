@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from forkless import envs
+from forkless.config import CUDAGRAPH_MODE_DEFAULT
 from forkless.attention import AttentionBackend, AttentionMetadata
 from forkless.distributed.parallel_state import get_pp_group, get_world_group
 from forkless.logger import init_logger
@@ -54,6 +55,7 @@ if TYPE_CHECKING:
     from forkless.protocol.kv_transfer import KVConnectorOutput
     from forkless.spec_decode.interface import Proposer
     from forkless.worker.cuda_graphs import DecodeGraphs
+    from forkless.worker.piecewise_graphs import PiecewiseGraphs
     from forkless.worker.kv_connector import WorkerKVConnector
 
 logger = init_logger(__name__)
@@ -235,12 +237,16 @@ class ModelRunner:
             and (config.parallel_config.tensor_parallel_size == 1 or _tp_collectives_capturable())
             # -pp > 1: a stage's send / recv run eagerly (not tried in graphs yet).
             and config.parallel_config.pipeline_parallel_size == 1
+            # --compilation-config '{"cudagraph_mode": "NONE"}' is --enforce-eager's twin.
+            and self._cudagraph_mode != "NONE"
         )
         # Pipeline parallelism: only the last stage computes logits and samples; the
         # others run their layers, pass the hidden states on and report nothing.
         pp = config.parallel_config.pipeline_parallel_size
         self.samples = pp == 1 or get_pp_group().is_last_rank
         self.graphs: DecodeGraphs | None = None
+        # Prefill and mixed steps' graphs, split around attention (piecewise_graphs).
+        self.piecewise: PiecewiseGraphs | None = None
         # The KV connector's worker side (--kv-transfer-config), made with the cache.
         self.kv_connector: WorkerKVConnector | None = None
         # The last launched step's sampled ids (device) and each request's row in it.
@@ -324,6 +330,25 @@ class ModelRunner:
                     self.graphs.capture()
             else:
                 self.graphs.capture()
+            if self._piecewise_wanted():
+                from forkless.worker.piecewise_graphs import PiecewiseGraphs
+
+                self.piecewise = PiecewiseGraphs(self.model, self.kv_caches, sched.max_num_batched_tokens,
+                                                 sched.max_model_len, self.block_size, self.dtype, self.device)
+                self.piecewise.capture()
+
+    @property
+    def _cudagraph_mode(self) -> str:
+        comp = self.config.compilation_config
+        return CUDAGRAPH_MODE_DEFAULT if comp is None else comp.cudagraph_mode
+
+    def _piecewise_wanted(self) -> bool:
+        """Whether prefill and mixed steps run as piecewise graphs (``cudagraph_mode``
+        ``FULL_AND_PIECEWISE``, the default): the backend allows it, and nothing hooks the
+        layers per step (LoRA's token grouping counts a step's real tokens; a KV
+        connector's layer hooks would be skipped)."""
+        return (self._cudagraph_mode == "FULL_AND_PIECEWISE" and self.attn_backend.supports_piecewise_graphs
+                and self.lora_manager is None and self.kv_connector is None)
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         if self.device.type != "cpu":
@@ -467,7 +492,10 @@ class ModelRunner:
             verification, _ = self._verify(rows, hidden, starts, grammar)
         else:
             input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
-            hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
+            if self.piecewise is not None and self.piecewise.bucket(input_ids.shape[0]) is not None:
+                hidden = self.piecewise.run(input_ids, positions, attn_md)
+            else:
+                hidden = self.model(input_ids, positions, self.kv_caches, attn_md)
             if not self.samples:
                 return _PendingStep(rows)  # an earlier pipeline stage: its hidden states went on
             prompt_parts = self._prompt_logprobs(rows, hidden, attn_md.query_start_loc_cpu)

@@ -18,7 +18,7 @@ def _prompts(vocab: int) -> list[dict]:
     return [{"prompt_token_ids": p} for p in prompts]
 
 
-def _greedy(model, **engine_args) -> list[list[int]]:
+def _greedy(model, inspect=None, **engine_args) -> list[list[int]]:
     from forkless import LLM, SamplingParams
 
     llm = LLM(str(model), dtype="float32", max_model_len=256, kv_cache_memory=1 << 30,
@@ -30,6 +30,8 @@ def _greedy(model, **engine_args) -> list[list[int]]:
         params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
         first = llm.generate(outs[:7], params, use_tqdm=False)
         last = llm.generate(outs[7:], params, use_tqdm=False)
+        if inspect is not None:
+            inspect(llm.llm_engine.engine_core.executor.worker.model_runner)
         return [list(o.outputs[0].token_ids) for o in first + last]
     finally:
         llm.shutdown()
@@ -46,6 +48,29 @@ def test_triton_eager_equals_reference(real_size_model, reference):
 
 def test_cuda_graph_decode_equals_eager(real_size_model, reference):
     assert _greedy(real_size_model, attention_backend="triton") == reference
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_piecewise_graphs_run_prefill_and_mixed_steps(real_size_model, reference, async_scheduling):
+    # The default cudagraph_mode (FULL_AND_PIECEWISE): steps with prompt tokens replay
+    # graphs split around attention, padded to their bucket, and give the eager tokens.
+    seen = {}
+
+    def inspect(runner):
+        seen["replays"] = runner.piecewise.replays if runner.piecewise is not None else None
+
+    assert _greedy(real_size_model, inspect, attention_backend="triton", async_scheduling=async_scheduling) == reference
+    assert seen["replays"]  # (the first of them ran every prompt's first chunk: 7 in one H100 run)
+    assert _greedy(real_size_model, inspect, attention_backend="triton",
+                   compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY"}) == reference
+    assert seen["replays"] is None
+
+
+def test_piecewise_buckets_across_token_counts(real_size_model):
+    # A larger token budget: several buckets, steps padded to each; tokens as eager ones.
+    expected = _staggered(real_size_model, attention_backend="triton", enforce_eager=True,
+                          max_num_batched_tokens=512)
+    assert _staggered(real_size_model, attention_backend="triton", max_num_batched_tokens=512) == expected
 
 
 def test_plain_pytorch_layers_equal_fused_kernels(real_size_model, reference, monkeypatch):

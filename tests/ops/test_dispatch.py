@@ -301,5 +301,24 @@ def test_compilation_config_custom_ops_choose_the_models_ops(tiny_llama, monkeyp
     assert runs["flag"][1] == runs["all"][1]
     with pytest.raises(ValueError, match="custom ops: rms_norm, rotary_embedding, silu_and_mul"):
         EngineArgs(model=str(tiny_llama), compilation_config={"custom_ops": ["-layer_norm"]}).create_engine_config()
-    with pytest.raises(ValueError, match="'mode' is not supported: forkless reads only 'custom_ops'"):
+    with pytest.raises(ValueError, match="'mode' is not supported: forkless reads only 'custom_ops' and "
+                                         "'cudagraph_mode'"):
         EngineArgs(model=str(tiny_llama), compilation_config={"mode": 3}).create_engine_config()
+
+
+def test_compilation_config_cudagraph_mode(tiny_llama):
+    # vLLM's cudagraph_mode, by its enum names in any case; the default is vLLM's too.
+    from forkless.config import EngineArgs
+
+    def mode(cc):
+        config = EngineArgs(model=str(tiny_llama), compilation_config=cc).create_engine_config()
+        return None if config.compilation_config is None else config.compilation_config.cudagraph_mode
+
+    assert mode(None) is None  # the runner then takes FULL_AND_PIECEWISE
+    assert mode({}) == "FULL_AND_PIECEWISE"
+    assert mode('{"cudagraph_mode": "full_decode_only"}') == "FULL_DECODE_ONLY"
+    assert mode({"cudagraph_mode": "NONE", "custom_ops": ["all"]}) == "NONE"
+    for bad in ("PIECEWISE", "FULL", "sometimes", 2):
+        with pytest.raises(ValueError, match="cudagraph_mode must be one of NONE, FULL_DECODE_ONLY, "
+                                             "FULL_AND_PIECEWISE, got"):
+            EngineArgs(model=str(tiny_llama), compilation_config={"cudagraph_mode": bad}).create_engine_config()

@@ -21,6 +21,7 @@ import torch
 import triton
 
 from forkless.attention.interface import AttentionMetadata, KVStoreTarget
+from forkless.attention.piecewise import active_splitter
 from forkless.attention.backends.torch_sdpa import TorchAttentionBackend
 from forkless.attention.backends.triton_kernels import (
     LOG2E,
@@ -125,6 +126,8 @@ class TritonAttentionBackend(TorchAttentionBackend):
     name = "triton"
     #: The forward pass may be captured in a CUDA graph (see the model runner).
     supports_cuda_graphs = True
+    #: Prefill and mixed steps may run as graphs between eager attention calls.
+    supports_piecewise_graphs = True
     supported_kv_cache_dtypes = ("auto", "fp8", "fp8_e4m3")
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer_idx: int = 0) -> None:
@@ -167,12 +170,17 @@ class TritonAttentionBackend(TorchAttentionBackend):
             return None
         return KVStoreTarget(kv_cache, attn_metadata.slot_mapping, 1.0 / self.k_scale, 1.0 / self.v_scale)
 
-    def forward_stored(self, q: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward_stored(self, q: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: AttentionMetadata,
+                       output: torch.Tensor | None = None) -> torch.Tensor:
+        splitter = active_splitter()
+        if splitter is not None:  # a piecewise capture: attention runs between the graphs
+            return splitter.split(self, q, kv_cache, attn_metadata)
         md = attn_metadata
         num_tokens = q.shape[0]
         kv_fp8 = kv_cache.dtype == torch.float8_e4m3fn
         pdl = use_pdl(q.device, num_tokens)
-        out = torch.empty(num_tokens, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
+        out = output if output is not None else torch.empty(
+            num_tokens, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         num_seqs = md.seq_lens.shape[0]
         if md.max_query_len == 1:
             launch = self.decode_launch(num_seqs, q.device, kv_fp8=kv_fp8 and q.dtype != torch.float32,
