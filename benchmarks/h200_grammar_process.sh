@@ -4,6 +4,7 @@
 # ROUNDS times (see benchmarks/README.md, "The grammar process"): 0 = the grammars in the
 # engine core (FORKLESS_GRAMMAR_PROCESS=0), N >= 1 = N grammar processes
 # (FORKLESS_GRAMMAR_PROCESSES=N), default = neither variable set. Default SETTINGS="1 2 4".
+# STEP_MEDIAN: alternations of the per-step median (default 4).
 # Prepared here (this machine):
 #   python benchmarks/qwen_tokenizer.py .dev/qtok         # the Qwen vocabulary
 #   cd .venv-whl && for py in 3.11 3.12 3.13; do pip download --no-deps --only-binary=:all: \
@@ -25,7 +26,7 @@ for round in $(seq "${ROUNDS:-2}"); do for gp in ${SETTINGS:-1 2 4}; do
   if [ "$gp" = default ]; then unset FORKLESS_GRAMMAR_PROCESS FORKLESS_GRAMMAR_PROCESSES
   else export FORKLESS_GRAMMAR_PROCESS=$((gp > 0)) FORKLESS_GRAMMAR_PROCESSES=$((gp > 0 ? gp : 1)); fi
   timeout "${RUN_TIMEOUT:-200}" python3 benchmarks/structured_outputs.py --shape qwen3-0.6b \
-    --batch 256 --max-tokens 64 --dtype bfloat16 --repeats 1 --step-median 4 --async-scheduling --no-detokenize \
+    --batch 256 --max-tokens 64 --dtype bfloat16 --repeats 1 --step-median "${STEP_MEDIAN:-4}" --async-scheduling --no-detokenize \
     --tokenizer-from .dev/qtok --distributed-executor-backend "${EXECUTOR:-mp}" ${CHECK---check} > "$log" 2>&1
   echo "rc=$?"; grep -E "grammar process:|batch 256|median decode|^check:|Error" "$log" | head -8
 done; done

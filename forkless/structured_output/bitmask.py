@@ -31,6 +31,31 @@ _SHIFTS: dict[torch.device, torch.Tensor] = {}
 # Per CUDA device: a pinned staging buffer, reused (pinning a fresh one every step costs
 # milliseconds), and the event of the last copy out of it.
 _STAGING: dict[torch.device, tuple[torch.Tensor, torch.cuda.Event | None]] = {}
+# Per CUDA device: the stream the bitmask's copies run on.
+_COPY_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _copy_beside(host: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.cuda.Event]:
+    """Copy pinned ``host`` to ``device`` on a side stream, which the current stream waits for.
+
+    On the current stream the copy would queue behind the step's forward pass, which is
+    still running when the bitmask arrives; beside it, the ~5 MB of a 256-row bitmask over
+    a 151,936-token vocabulary cross PCIe while the GPU computes (~0.1-0.2 ms a step).
+
+    Returns:
+        ``(the device tensor, the event of the copy's end)``.
+    """
+    stream = _COPY_STREAMS.get(device)
+    if stream is None:
+        stream = _COPY_STREAMS[device] = torch.cuda.Stream(device)
+    current = torch.cuda.current_stream(device)
+    with torch.cuda.stream(stream):
+        packed = host.to(device, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record(stream)
+    current.wait_event(event)
+    packed.record_stream(current)  # its memory outlives the copy stream's use of it
+    return packed, event
 
 
 def _staged_to_cuda(bitmask: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -41,7 +66,7 @@ def _staged_to_cuda(bitmask: np.ndarray, device: torch.device) -> torch.Tensor:
     if bitmask.flags.c_contiguous and bitmask.flags.writeable:
         tensor = torch.from_numpy(bitmask)
         if tensor.is_pinned():
-            return tensor.to(device, non_blocking=True)
+            return _copy_beside(tensor, device)[0]
     size = bitmask.size
     staging, copied = _STAGING.get(device, (None, None))
     if staging is None or staging.numel() < size:
@@ -50,9 +75,7 @@ def _staged_to_cuda(bitmask: np.ndarray, device: torch.device) -> torch.Tensor:
         copied.synchronize()  # the step before's copy has left the buffer
     view = staging[:size].view(bitmask.shape)
     view.numpy()[...] = bitmask
-    packed = view.to(device, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
+    packed, event = _copy_beside(view, device)
     _STAGING[device] = (staging, event)
     return packed
 

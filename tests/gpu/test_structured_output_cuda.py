@@ -44,6 +44,27 @@ def test_cuda_bitmask_equals_cpu() -> None:
             assert torch.equal(on_gpu.cpu(), on_cpu)
 
 
+def test_the_bitmask_crosses_while_the_forward_runs() -> None:
+    """The bitmask's upload does not queue behind the work already on the stream (the step's
+    forward pass): it runs beside it, and the masking after it still waits for both."""
+    from forkless.structured_output.bitmask import _STAGING, apply_token_bitmask
+
+    vocab = 151936
+    logits = torch.zeros(256, vocab, device="cuda")
+    bitmask = np.zeros((256, (vocab + 31) // 32), dtype=np.int32)  # nothing allowed
+    apply_token_bitmask(logits, bitmask, None)  # (the staging buffer and stream exist)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU cycles: the "forward"
+    apply_token_bitmask(logits, bitmask, None)
+    copied = _STAGING[logits.device][1]
+    deadline = time.monotonic() + 0.5
+    while not copied.query() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert copied.query(), "the bitmask's copy waited for the work queued before it"
+    assert not torch.cuda.current_stream().query()  # the "forward" is still running
+    assert torch.isneginf(logits.cpu()).all()  # the masking ran after both
+
+
 def test_cuda_bitmask_time_at_batch_256() -> None:
     """Qwen3-0.6B's vocabulary at batch 256: the apply (upload included) stays far below a
     decode step (the issue's bar: the bitmask costs at most 5 % of a step)."""
