@@ -11,6 +11,11 @@ fewer drafts is padded to ``q`` tokens that store nothing (slot -1) and whose ou
 never read; its sequence length counts the padding, because the attention kernel places a
 row's query tokens at the end of its sequence. Causality keeps the real tokens' outputs
 independent of the padding behind them.
+
+With ``FORKLESS_DECODE_OVERLAP_MIN_BATCH`` a decode graph of that many rows or more holds
+two independent halves of the batch, the second captured on a side stream (parallel
+branches of one graph); the second half reads its own ``query_start_loc`` (its rows' tokens
+counted from 0), every other buffer is a slice of the whole batch's.
 """
 
 from __future__ import annotations
@@ -151,7 +156,7 @@ class DecodeGraphs:
 
     def _forward_halves(self, bs: int) -> torch.Tensor:
         """The decode forward of ``bs`` rows as two independent halves, the second on a side
-        stream: in a graph the two chains are parallel branches, so the GPU runs one half's
+        stream: in a graph the two chains are parallel branches, so the GPU may run one half's
         GEMMs (compute-bound) while the other's attention reads the cache (memory-bound)."""
         h = bs // 2
         first, second = self._half_metadata(bs)

@@ -337,9 +337,9 @@ class ModelRunner:
             if self._piecewise_wanted():
                 from forkless.worker.piecewise_graphs import PiecewiseGraphs
 
-                self.piecewise = PiecewiseGraphs(self.model, self.kv_caches, sched.max_num_batched_tokens,
-                                                 sched.max_model_len, self.block_size, self.dtype, self.device)
-                self.piecewise.capture()
+                piecewise = PiecewiseGraphs(self.model, self.kv_caches, sched.max_num_batched_tokens,
+                                            sched.max_model_len, self.block_size, self.dtype, self.device)
+                self.piecewise = piecewise if piecewise.capture() else None
 
     @property
     def _cudagraph_mode(self) -> str:

@@ -94,7 +94,9 @@ class PiecewiseGraphs:
         # The attention calls' query and output buffers, by (heads, head size), allocated
         # before any capture (one pair serves every layer of that shape).
         self._buffers: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-        for _, backend in attention_layers(model):
+        layers = attention_layers(model)
+        self._num_attention = len(layers)
+        for _, backend in layers:
             shape = (n, backend.num_heads, backend.head_dim)
             if shape[1:] not in self._buffers:
                 self._buffers[shape[1:]] = (torch.empty(shape, dtype=dtype, device=device),
@@ -135,8 +137,14 @@ class PiecewiseGraphs:
         )
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Capture every bucket, largest first (the smaller ones reuse its memory)."""
+    def capture(self) -> bool:
+        """Capture every bucket, largest first (the smaller ones reuse its memory).
+
+        Returns:
+            Whether the forward pass split at every attention layer. ``False`` (nothing is
+            kept): a model that attends other than through its backends' ``forward_stored``
+            (a plugin's) would have its attention frozen into a piece, so it runs eagerly.
+        """
         stream = torch.cuda.Stream(self.device)
         for size in reversed(self.buckets):
             md = self._warmup_metadata(size)
@@ -153,12 +161,20 @@ class PiecewiseGraphs:
                 finally:
                     self._graph.capture_end()
             self._graphs.append(self._graph)
+            self._graph = None
+            if len(self._calls) != self._num_attention:
+                logger.warning("prefill and mixed steps run eagerly: the model's forward pass made %d attention "
+                               "calls through its backends' forward_stored, for %d attention layers",
+                               len(self._calls), self._num_attention)
+                self.pieces.clear()
+                self.outputs.clear()
+                return False
             self.pieces[size] = (self._graphs, self._calls)
             self.outputs[size] = hidden
-            self._graph = None
         torch.cuda.synchronize(self.device)
         logger.info("captured piecewise CUDA graphs for prefill and mixed steps of %s tokens (%d pieces each)",
                     self.buckets, len(self.pieces[self.buckets[-1]][0]))
+        return True
 
     def split(self, backend: AttentionBackend, q: torch.Tensor, kv_cache: torch.Tensor,
               attn_metadata: AttentionMetadata) -> torch.Tensor:
