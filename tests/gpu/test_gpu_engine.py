@@ -60,7 +60,7 @@ def test_piecewise_graphs_run_prefill_and_mixed_steps(real_size_model, reference
         seen["replays"] = runner.piecewise.replays if runner.piecewise is not None else None
 
     assert _greedy(real_size_model, inspect, attention_backend="triton", async_scheduling=async_scheduling) == reference
-    assert seen["replays"]  # (the first of them ran every prompt's first chunk: 7 in one H100 run)
+    assert seen["replays"]  # steps with prompt tokens (7 in an H100 run)
     assert _greedy(real_size_model, inspect, attention_backend="triton",
                    compilation_config={"cudagraph_mode": "FULL_DECODE_ONLY"}) == reference
     assert seen["replays"] is None
