@@ -152,6 +152,9 @@ class PiecewiseGraphs:
             # per positions tensor). The warm-up compiles this size's kernels.
             self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, md)
             torch.cuda.synchronize(self.device)
+            # As torch.cuda.graph does before a capture: the warm-up's cached blocks go back
+            # to the device, so the pool's copy of the same activations does not stack on them.
+            torch.cuda.empty_cache()
             self._graphs, self._calls = [], []
             with torch.cuda.stream(stream), splitting(self):
                 self._graph = torch.cuda.CUDAGraph()
