@@ -47,6 +47,36 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
     return sizes
 
 
+def filler_metadata(num_tokens: int, max_model_len: int, block_size: int, device: torch.device,
+                    slot_mapping: torch.Tensor | None = None) -> AttentionMetadata:
+    """A prefill batch of ``num_tokens`` tokens in sequences of at most ``max_model_len``
+    that stores nothing (the profiling run's and the piecewise warm-ups' batch).
+
+    Args:
+        num_tokens: Tokens in the batch.
+        max_model_len: The longest sequence.
+        block_size: Tokens per KV block.
+        device: Where the metadata's tensors live.
+        slot_mapping: ``[num_tokens]`` of -1 to use (a static buffer); ``None``: a new one.
+    """
+    lens = [min(max_model_len, num_tokens - i) for i in range(0, num_tokens, max_model_len)]
+    starts = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    return AttentionMetadata(
+        slot_mapping=(torch.full((num_tokens,), -1, dtype=torch.int64, device=device)
+                      if slot_mapping is None else slot_mapping),
+        query_start_loc=starts.to(device),
+        seq_lens=seq_lens.to(device),
+        # Zeros: a kernel that reads the cache through them reads block 0, in bounds.
+        block_tables=torch.zeros((len(lens), -(-max(lens) // block_size)), dtype=torch.int32, device=device),
+        max_query_len=max(lens),
+        max_seq_len=max(lens),
+        block_size=block_size,
+        query_start_loc_cpu=starts,
+        seq_lens_cpu=seq_lens,
+    )
+
+
 def gather_block_rows(block_table: np.ndarray, table_rows: np.ndarray, out: np.ndarray) -> None:
     """Copy rows of the runner's block table into ``out`` (one C-level gather).
 

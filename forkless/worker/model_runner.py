@@ -40,6 +40,7 @@ from forkless.plugins import resolve_class
 from forkless.protocol.step import PLACEHOLDER_TOKEN_ID, ModelRunnerOutput
 from forkless.sample import InputBatch, LogprobsTensors, Sampler, gather_logprobs
 from forkless.sampling_params import SamplingParams
+from forkless.worker.cuda_graphs import filler_metadata
 from forkless.worker.host_zeros import BlockPopulator, lazy_zeros
 from forkless.worker.kv_budget import kv_cache_torch_dtype
 from forkless.spec_decode.interface import StepRow
@@ -378,20 +379,9 @@ class ModelRunner:
         """
         sched = self.config.scheduler_config
         total = sched.max_num_batched_tokens
-        lens = [min(sched.max_model_len, total - i) for i in range(0, total, sched.max_model_len)]
-        starts = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-        positions = torch.from_numpy(np.concatenate([np.arange(n) for n in lens])).to(self.device)
-        md = AttentionMetadata(
-            slot_mapping=torch.full((total,), -1, dtype=torch.int64, device=self.device),
-            query_start_loc=torch.from_numpy(starts).to(self.device),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device),
-            block_tables=torch.zeros((len(lens), 1), dtype=torch.int32, device=self.device),
-            max_query_len=max(lens),
-            max_seq_len=max(lens),
-            block_size=self.block_size,
-            query_start_loc_cpu=torch.from_numpy(starts),
-            seq_lens_cpu=torch.tensor(lens, dtype=torch.int32),
-        )
+        md = filler_metadata(total, sched.max_model_len, self.block_size, self.device)
+        starts = md.query_start_loc_cpu.numpy()
+        positions = torch.from_numpy(np.concatenate([np.arange(n) for n in md.seq_lens_cpu.tolist()])).to(self.device)
         input_ids = torch.zeros(total, dtype=torch.int64, device=self.device)
         if self.lora_manager is not None:
             self.lora_manager.clear_step()
@@ -496,7 +486,7 @@ class ModelRunner:
             verification, _ = self._verify(rows, hidden, starts, grammar)
         else:
             input_ids, positions, attn_md, last_idx = self._prepare_inputs(rows)
-            if self.piecewise is not None and self.piecewise.bucket(input_ids.shape[0]) is not None:
+            if self.piecewise is not None and input_ids.shape[0] <= self.piecewise.buckets[-1]:
                 hidden = self.piecewise.run(input_ids, positions, attn_md)
             else:
                 hidden = self.model(input_ids, positions, self.kv_caches, attn_md)

@@ -35,6 +35,7 @@ import torch
 from forkless.attention import AttentionBackend, AttentionMetadata, attention_layers
 from forkless.attention.piecewise import splitting
 from forkless.logger import init_logger
+from forkless.worker.cuda_graphs import filler_metadata
 
 if TYPE_CHECKING:
     from forkless.models.interface import CausalLMBase
@@ -119,23 +120,6 @@ class PiecewiseGraphs:
                 return size
         return None
 
-    def _warmup_metadata(self, num_tokens: int) -> AttentionMetadata:
-        """Sequences of at most ``max_model_len`` tokens filling ``num_tokens``, storing nothing."""
-        lens = [min(self.max_model_len, num_tokens - i) for i in range(0, num_tokens, self.max_model_len)]
-        starts = torch.tensor([0] + lens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-        width = -(-max(lens) // self.block_size)
-        return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:num_tokens],
-            query_start_loc=starts.to(self.device),
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device=self.device),
-            block_tables=torch.zeros((len(lens), width), dtype=torch.int32, device=self.device),
-            max_query_len=max(lens),
-            max_seq_len=max(lens),
-            block_size=self.block_size,
-            query_start_loc_cpu=starts,
-            seq_lens_cpu=torch.tensor(lens, dtype=torch.int32),
-        )
-
     @torch.inference_mode()
     def capture(self) -> bool:
         """Capture every bucket, largest first (the smaller ones reuse its memory).
@@ -147,7 +131,7 @@ class PiecewiseGraphs:
         """
         stream = torch.cuda.Stream(self.device)
         for size in reversed(self.buckets):
-            md = self._warmup_metadata(size)
+            md = filler_metadata(size, self.max_model_len, self.block_size, self.device, self.slot_mapping[:size])
             # Fresh views each call (see DecodeGraphs.capture: the rotary tables memoize
             # per positions tensor). The warm-up compiles this size's kernels.
             self.model(self.input_ids[:size], self.positions[:size], self.kv_caches, md)
