@@ -6,8 +6,7 @@
 # (benchmarks/README.md):
 #   A="piecewise||" B="decode-only||--compilation-config {\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}" \
 #     ROUNDS=2 bash benchmarks/h200_throughput_ab.sh
-#   A="one-stream|FORKLESS_DECODE_OVERLAP_MIN_BATCH=0|" B="halves|FORKLESS_DECODE_OVERLAP_MIN_BATCH=256|" \
-#     ROUNDS=2 bash benchmarks/h200_throughput_ab.sh
+#   A="default||" B="no-fused|FORKLESS_FUSED_KERNELS=0|" ROUNDS=2 bash benchmarks/h200_throughput_ab.sh
 # Wheels carried in .venv-whl/ as for h200_run.sh.
 OUT=${OUT:-h200-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .venv-whl/*.whl || exit 1

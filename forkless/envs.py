@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     FORKLESS_GGUF_ACTIVATIONS: str
     FORKLESS_CUDA_GEMV: bool
     FORKLESS_CUDA_PDL: bool
-    FORKLESS_DECODE_OVERLAP_MIN_BATCH: int
     FORKLESS_KERNEL_CACHE_DIR: str
     FORKLESS_CPU_ISA: str
     FORKLESS_PLUGINS: str | None
@@ -167,10 +166,6 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # fused layer ops, attention) are launched with programmatic dependent launch, each
     # overlapping the end of the one before (forkless.triton_utils.pdl). ``0``: plain launches.
     "FORKLESS_CUDA_PDL": lambda: parse_bool("FORKLESS_CUDA_PDL", True),
-    # Decode CUDA graphs of at least this many rows run the batch as two halves on two
-    # streams, so that one half's GEMMs overlap the other's attention (which reads memory
-    # while the GEMMs compute); 0 (the default): one stream. Read when the graphs are captured.
-    "FORKLESS_DECODE_OVERLAP_MIN_BATCH": lambda: _number("FORKLESS_DECODE_OVERLAP_MIN_BATCH", "0", int),
     # Where compiled kernels are cached (content-addressed, so one directory can serve
     # every cache root). Default: ``$FORKLESS_CACHE_ROOT/kernels``.
     "FORKLESS_KERNEL_CACHE_DIR": lambda: _path(

@@ -11,11 +11,6 @@ fewer drafts is padded to ``q`` tokens that store nothing (slot -1) and whose ou
 never read; its sequence length counts the padding, because the attention kernel places a
 row's query tokens at the end of its sequence. Causality keeps the real tokens' outputs
 independent of the padding behind them.
-
-With ``FORKLESS_DECODE_OVERLAP_MIN_BATCH`` a decode graph of that many rows or more holds
-two independent halves of the batch, the second captured on a side stream (parallel
-branches of one graph); the second half reads its own ``query_start_loc`` (its rows' tokens
-counted from 0), every other buffer is a slice of the whole batch's.
 """
 
 from __future__ import annotations
@@ -108,14 +103,11 @@ class DecodeGraphs:
         num_spec_tokens: ``k`` of speculative decoding: also capture verification graphs
             of ``1 + k`` tokens per row (0: none).
         max_spec_batch: Largest verification batch to capture.
-        overlap_min_batch: Decode graphs of at least this many rows (even) run as two
-            halves on two streams, one half's GEMMs beside the other's attention (0: never;
-            ``FORKLESS_DECODE_OVERLAP_MIN_BATCH``).
     """
 
     def __init__(self, model: CausalLMBase, kv_caches: list[torch.Tensor], max_num_seqs: int,
                  max_blocks: int, block_size: int, device: torch.device, num_spec_tokens: int = 0,
-                 max_spec_batch: int = 64, overlap_min_batch: int = 0) -> None:
+                 max_spec_batch: int = 64) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
@@ -138,12 +130,6 @@ class DecodeGraphs:
         self.slot_mapping = buf((n,), torch.int64)
         self.seq_lens = buf((rows,), torch.int32)
         self.query_start_loc = buf((rows + 1,), torch.int32)
-        # The second half's own cumulative token counts (a split graph's; see run()).
-        self.query_start_loc_b = buf((rows // 2 + 1,), torch.int32)
-        self.overlap_min_batch = overlap_min_batch
-        self._side_stream: torch.cuda.Stream | None = None
-        #: Captured sizes that run as two halves.
-        self.split_sizes: set[int] = set()
         self.block_tables = (torch.zeros((rows, max_blocks), dtype=torch.int32, device=device), None)
         # Pinned staging of the batch's block tables: each step gathers its rows from the
         # runner's persistent table (one C-level copy, no per-block Python work).
@@ -171,37 +157,6 @@ class DecodeGraphs:
             block_size=self.block_size,
         )
 
-    def _half_metadata(self, bs: int) -> tuple[AttentionMetadata, AttentionMetadata]:
-        h = bs // 2
-        md = self._metadata(1, bs)
-        first = AttentionMetadata(
-            slot_mapping=md.slot_mapping[:h], query_start_loc=md.query_start_loc[: h + 1],
-            seq_lens=md.seq_lens[:h], block_tables=md.block_tables[:h], max_query_len=1,
-            max_seq_len=md.max_seq_len, block_size=self.block_size)
-        second = AttentionMetadata(
-            slot_mapping=md.slot_mapping[h:bs], query_start_loc=self.query_start_loc_b[0][: h + 1],
-            seq_lens=md.seq_lens[h:bs], block_tables=md.block_tables[h:bs], max_query_len=1,
-            max_seq_len=md.max_seq_len, block_size=self.block_size)
-        return first, second
-
-    def _forward_halves(self, bs: int) -> torch.Tensor:
-        """The decode forward of ``bs`` rows as two independent halves, the second on a side
-        stream: in a graph the two chains are parallel branches, so the GPU may run one half's
-        GEMMs (compute-bound) while the other's attention reads the cache (memory-bound)."""
-        h = bs // 2
-        first, second = self._half_metadata(bs)
-        ids, pos = self.input_ids[0], self.positions[0]
-        main = torch.cuda.current_stream(self.device)
-        if self._side_stream is None:
-            self._side_stream = torch.cuda.Stream(self.device)
-        side = self._side_stream
-        side.wait_stream(main)
-        out_a = self.model(ids[:h], pos[:h], self.kv_caches, first)
-        with torch.cuda.stream(side):
-            out_b = self.model(ids[h:bs], pos[h:bs], self.kv_caches, second)
-        main.wait_stream(side)
-        return torch.cat([out_a, out_b])
-
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture one graph per (query length, size), most tokens first so that the
@@ -224,25 +179,16 @@ class DecodeGraphs:
                 # which would freeze it into the graph (stale, and later freed, memory).
                 return self.input_ids[0][:tokens], self.positions[0][:tokens], self.kv_caches, md
 
-            split = q == 1 and self.overlap_min_batch > 0 and bs >= self.overlap_min_batch and bs % 2 == 0
-            if split:
-                self.query_start_loc_b[0][: bs // 2 + 1].copy_(self.query_start_loc[0][: bs // 2 + 1])
-                self._forward_halves(bs)  # warm-up (the halves' own kernel variants)
-                torch.cuda.synchronize(self.device)
-                self.split_sizes.add(bs)
-            else:
-                self.model(*args())  # warm-up: compiles kernels, settles allocations
+            self.model(*args())  # warm-up: compiles kernels, settles allocations
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[q, bs] = self._forward_halves(bs) if split else self.model(*args())
+                self.outputs[q, bs] = self.model(*args())
             pool = graph.pool()
             self.graphs[q, bs] = graph
         torch.cuda.synchronize(self.device)
         for q, sizes in self.sizes_of.items():
             logger.info("captured CUDA graphs for %s batch sizes %s", "decode" if q == 1 else
                         f"verification ({q} tokens a row)", sizes)
-        if self.split_sizes:
-            logger.info("decode graphs of %d rows and more run as two halves on two streams", min(self.split_sizes))
 
     def run(self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray,
             seq_lens: np.ndarray, block_table: np.ndarray, table_rows: np.ndarray,
@@ -289,11 +235,6 @@ class DecodeGraphs:
         qsl = self.query_start_loc[1].numpy()
         qsl[: b + 1] = np.arange(0, real + 1, q)
         qsl[b + 1 : bs + 1] = real  # padding sequences own no token
-        split = q == 1 and bs in self.split_sizes
-        if split:
-            # The second half's rows own tokens h.. of the step, i.e. 0.. of its own slice.
-            h = bs // 2
-            np.maximum(qsl[h : bs + 1] - h, 0, out=self.query_start_loc_b[1].numpy()[: h + 1])
         gather_block_rows(block_table, table_rows, self.block_staging.numpy()[:b])
         # Whole rows are copied so that source and destination stay contiguous (one DMA
         # of b * max_blocks ints).
@@ -301,8 +242,6 @@ class DecodeGraphs:
             dev[:padded].copy_(host[:padded], non_blocking=True)
         self.seq_lens[0][:bs].copy_(self.seq_lens[1][:bs], non_blocking=True)
         self.query_start_loc[0][: bs + 1].copy_(self.query_start_loc[1][: bs + 1], non_blocking=True)
-        if split:
-            self.query_start_loc_b[0][: bs // 2 + 1].copy_(self.query_start_loc_b[1][: bs // 2 + 1], non_blocking=True)
         self.block_tables[0][:b].copy_(self.block_staging[:b], non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()

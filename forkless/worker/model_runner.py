@@ -325,10 +325,6 @@ class ModelRunner:
                 self.model, self.kv_caches, sched.max_num_seqs,
                 -(-sched.max_model_len // self.block_size), self.block_size, self.device,
                 num_spec_tokens=spec.num_speculative_tokens if spec is not None and self.lora_manager is None else 0,
-                # Two halves on two streams: not with LoRA (one token grouping per step) nor
-                # -tp > 1 (collectives of two streams in flight at once).
-                overlap_min_batch=(envs.FORKLESS_DECODE_OVERLAP_MIN_BATCH if self.lora_manager is None
-                                   and self.config.parallel_config.tensor_parallel_size == 1 else 0),
             )
             if self.lora_manager is not None:
                 with self.lora_manager.capturing():

@@ -94,7 +94,7 @@ def test_async_scheduling_equals_reference(real_size_model, reference, eager):
                    async_scheduling=True) == reference
 
 
-def _staggered(model, inspect=None, **engine_args) -> list[list[int]]:
+def _staggered(model, **engine_args) -> list[list[int]]:
     # Requests of different lengths through 4 rows: rows finish, move and are refilled,
     # which exercises the graph runner's block tables kept across steps.
     from forkless import LLM, SamplingParams
@@ -105,27 +105,9 @@ def _staggered(model, inspect=None, **engine_args) -> list[list[int]]:
         prompts = _prompts(151936)
         params = [SamplingParams(temperature=0.0, max_tokens=8 + 9 * i, ignore_eos=True)
                   for i in range(len(prompts))]
-        outs = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
-        if inspect is not None:
-            inspect(llm.llm_engine.engine_core.executor.worker.model_runner)
-        return outs
+        return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
     finally:
         llm.shutdown()
-
-
-def test_decode_halves_on_two_streams_equal_eager(real_size_model, monkeypatch):
-    # FORKLESS_DECODE_OVERLAP_MIN_BATCH: decode graphs of 2 and 4 rows run as two halves on
-    # two streams (padding rows in the second half too); the tokens stay the eager ones.
-    expected = _staggered(real_size_model, attention_backend="triton", enforce_eager=True)
-    monkeypatch.setenv("FORKLESS_DECODE_OVERLAP_MIN_BATCH", "2")
-    seen = {}
-
-    def inspect(runner):
-        seen["split"] = runner.graphs.split_sizes
-
-    assert _staggered(real_size_model, inspect, attention_backend="triton") == expected
-    assert seen["split"] == {2, 4}
-    assert _staggered(real_size_model, attention_backend="triton", async_scheduling=True) == expected
 
 
 def test_graph_block_tables_across_steps_equal_eager(real_size_model):
