@@ -8,6 +8,10 @@ device waited for; kernel counts show what fusion would remove.
     python benchmarks/profile_decode.py --shape llama3-8b --dtype bfloat16 [--enforce-eager]
     python benchmarks/profile_decode.py --shape qwen3-0.6b --batch 64 --lora-adapters 8  # multi-LoRA
 
+``--gaps`` also prints where the device sat idle between kernels (the last 80 % of the
+profiled run, past its prefill): the idle time per step and the kernel pairs it fell
+between.
+
 ``--lora-adapters N`` spreads the batch round-robin over N random rank-``--lora-rank``
 adapters on every projection (as ``benchmarks/lora.py`` writes them).
 """
@@ -33,6 +37,7 @@ def main() -> None:
     parser.add_argument("--async-scheduling", action="store_true")
     parser.add_argument("--lora-adapters", type=int, default=0)
     parser.add_argument("--lora-rank", type=int, default=16)
+    parser.add_argument("--gaps", action="store_true", help="print the device's idle gaps between kernels")
     args = parser.parse_args()
 
     import torch
@@ -89,6 +94,37 @@ def main() -> None:
     for e in events[: args.top]:
         print(f"{e.key[:70]:70s} {dev_time(e) / steps / 1e3:8.3f} {e.count / steps:10.1f}")
     print(f"kernels per step: {sum(e.count for e in events) / steps:.0f}")
+    if args.gaps:
+        print_gaps(prof, steps)
+
+
+def print_gaps(prof, steps: int) -> None:
+    """The device's idle time between kernels and copies, by the pair it fell between."""
+    spans = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                   if e.device_type.name == "CUDA")
+    if not spans:
+        return
+    t0, t1 = spans[0][0], max(end for _, end, _ in spans)
+    cut = t0 + 0.2 * (t1 - t0)  # past the prefill and the first steps
+    spans = [s for s in spans if s[0] >= cut]
+    idle, pairs = 0.0, {}
+    end, last = spans[0][1], spans[0][2]
+    for start, stop, name in spans[1:]:
+        if start > end:
+            gap = start - end
+            idle += gap
+            key = f"{last[:40]} -> {name[:40]}"
+            total, count = pairs.get(key, (0.0, 0))
+            pairs[key] = (total + gap, count + 1)
+        if stop > end:
+            end, last = stop, name
+    span = end - spans[0][0]
+    share = span / (t1 - t0)
+    print(f"device idle {idle / 1e3:.3f} of {span / 1e3:.3f} ms ({100 * idle / span:.1f} %), "
+          f"{idle / (steps * share):.1f} us a step")
+    print(f"{'idle between':84s} {'us/step':>8s} {'count/step':>10s}")
+    for key, (total, count) in sorted(pairs.items(), key=lambda kv: -kv[1][0])[:15]:
+        print(f"{key:84s} {total / (steps * share):8.2f} {count / (steps * share):10.2f}")
 
 
 if __name__ == "__main__":

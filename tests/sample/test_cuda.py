@@ -48,3 +48,14 @@ def test_processors_and_logprobs_on_cuda():
     assert out.sampled_token_ids.tolist()[1:] == [7, 5]
     assert out.sampled_token_ids[0].item() != eos
     assert out.logprobs.ranks[1].item() == 2  # raw: token 7 is second to EOS
+
+
+def test_few_rows_argmax_on_cuda_equals_torch():
+    # row_argmax sends up to FEW_ROWS rows of a vocabulary's width to the Triton argmax.
+    from argmax_cases import cases
+
+    from forkless.sample.argmax import FEW_ROWS, row_argmax
+
+    for x in cases("cuda"):
+        for rows in (1, 2, FEW_ROWS, FEW_ROWS + 1):
+            assert row_argmax(x[:rows]).tolist() == x[:rows].argmax(dim=-1).tolist(), (x.dtype, x.shape, rows)
