@@ -28,7 +28,7 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     """
     if x.device.type == "cpu":
         return x.max(dim=-1).indices
-    if (x.device.type == "cuda" and x.dim() == 2 and x.shape[0] <= FEW_ROWS and x.shape[1] >= MIN_WIDTH
+    if (x.device.type == "cuda" and x.dim() == 2 and 0 < x.shape[0] <= FEW_ROWS and x.shape[1] >= MIN_WIDTH
             and x.dtype in _HALF_OR_FLOAT and x.stride(1) == 1):
         try:
             from forkless.sample.argmax_triton import argmax_rows
