@@ -289,6 +289,22 @@ class AsyncLLM:
         self._check_open()
         return self._submit(prompt, sampling_params, request_id, priority, group_id, lora_request, client_key)
 
+    async def check_structured_outputs(self, sampling_params: "SamplingParams") -> None:
+        """Check a request's structured-output constraint in a thread, before
+        :meth:`generate` (which checks it again, on the caller's event loop, where a
+        large constraint's first check would stall every other stream for a second or
+        more; the second is a lookup).
+
+        Raises:
+            InvalidRequestError: The constraint is invalid or no backend supports it.
+        """
+        if sampling_params.structured_outputs is None:
+            return
+        try:
+            await asyncio.to_thread(self.processor.check_structured_outputs, sampling_params)
+        except ValueError as exc:
+            raise InvalidRequestError(str(exc)) from None
+
     def _submit(self, prompt: Any, sampling_params: "SamplingParams", request_id: str, priority: int = 0,
                 group_id: str | None = None, lora_request: "LoRARequest | None" = None,
                 client_key: str | None = None) -> AsyncGenerator["RequestOutput", None]:

@@ -358,6 +358,18 @@ class Processor:
             )
         return params
 
+    def check_structured_outputs(self, params: SamplingParams) -> None:
+        """Check a request's constraint ahead of :meth:`process_inputs`, which checks it
+        again: the API server calls this off its event loop, since checking a large
+        constraint takes a second or more (50,000 choices), and the answer is remembered
+        (``choose_backend``), so the check on the loop is then a lookup.
+
+        Raises:
+            ValueError: The constraint is invalid or no backend supports it.
+        """
+        if params.structured_outputs is not None:
+            self._structured_output_backend(params)
+
     def _structured_output_backend(self, params: SamplingParams) -> str:
         """The backend that compiles the request's constraint (see ``choose_backend``).
 

@@ -122,7 +122,8 @@ class StructuredOutputBackend(abc.ABC):
         """Refuse a constraint this backend cannot compile (torch-free; see the module).
 
         The default accepts everything (compilation errors then fail the request in the
-        engine core).
+        engine core). The answer is remembered for the same params (``choose_backend``):
+        it must depend on them alone.
 
         Raises:
             ValueError: The message names the problem.

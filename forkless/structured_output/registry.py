@@ -9,7 +9,12 @@ an unknown name is an error listing the available ones.
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from forkless.plugins import LazyRegistry, canonical_path, import_path
 from forkless.structured_output.interface import StructuredOutputBackend
@@ -95,11 +100,23 @@ def check_backend(name: str) -> None:
         raise ValueError(f"--structured-outputs-config: backend {name!r}: {exc}") from None
 
 
+#: Answers of choose_backend remembered: (backend setting, disable_fallback, digest of the
+#: params) -> ("ok", backend) or ("error", message); the last 256.
+_ANSWERS = 256
+_answers: OrderedDict[tuple[str, bool, bytes], tuple[str, str]] = OrderedDict()
+_answers_lock = threading.Lock()
+
+
 def choose_backend(params: StructuredOutputsParams, config: StructuredOutputsConfig) -> str:
     """Check a request's constraint and pick the backend that compiles it (``auto``:
     the first of :data:`AUTO_ORDER` that accepts it, unless ``disable_fallback``).
 
-    Torch-free: runs in the API server and offline before the request is queued.
+    Torch-free: runs in the API server and offline before the request is queued. The
+    answer for the last 256 constraints is remembered, by a digest of the params:
+    checking one can take a second or more (llguidance builds the grammar: 50,000
+    choices), an application sends the same ``response_format`` with every request, and
+    the API server checks each request's constraint in a thread first, so that the check
+    that ``Processor.process_inputs`` repeats on the event loop is a lookup. Thread-safe.
 
     Returns:
         The backend's name (or class path), recorded in the params for the engine core.
@@ -107,6 +124,28 @@ def choose_backend(params: StructuredOutputsParams, config: StructuredOutputsCon
     Raises:
         ValueError: No backend accepts it; the message names the problem.
     """
+    key = (config.backend, bool(config.disable_fallback),
+           hashlib.blake2b(msgspec.msgpack.encode(params), digest_size=16).digest())
+    with _answers_lock:
+        found = _answers.get(key)
+        if found is not None:
+            _answers.move_to_end(key)
+    if found is None:
+        try:
+            found = ("ok", _choose_backend(params, config))
+        except ValueError as exc:
+            found = ("error", str(exc))
+        with _answers_lock:
+            _answers[key] = found
+            if len(_answers) > _ANSWERS:
+                _answers.popitem(last=False)
+    outcome, value = found
+    if outcome == "error":
+        raise ValueError(value)
+    return value
+
+
+def _choose_backend(params: StructuredOutputsParams, config: StructuredOutputsConfig) -> str:
     if config.backend != "auto":
         StructuredOutputBackendRegistry.resolve(config.backend).validate_params(params)
         return config.backend

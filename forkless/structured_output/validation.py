@@ -7,7 +7,6 @@ engine core. llguidance (a Rust parser, no torch) checks the syntax for both bui
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -113,27 +112,15 @@ def llguidance_grammar(kind: str, spec: str) -> str:
     return llguidance.grammar_from("grammar", spec)
 
 
-#: Constraints up to this many characters have their check remembered (see below).
-_CACHED_SPEC_CHARS = 64 << 10
-
-
 def llguidance_problems(kind: str, spec: str, *, strict: bool) -> list[str]:
     """What llguidance finds wrong with a constraint: errors, and with ``strict`` also
     the features it would not enforce ("Unimplemented keys").
 
-    The answer for a constraint of up to 64 K characters is remembered (the last 256):
-    checking one builds its grammar (~0.5 ms for a small JSON schema), and an application
-    sends the same ``response_format`` with every request (256 requests of one schema
-    spent ~140 ms here before a batch started).
+    Checking one builds its grammar (~0.5 ms for a small JSON schema, over a second for
+    50,000 choices; llguidance releases the GIL meanwhile); ``choose_backend`` remembers
+    the answers.
     """
-    if len(spec) <= _CACHED_SPEC_CHARS:
-        return list(_remembered_problems(kind, spec, strict))
     return _problems(kind, spec, strict)
-
-
-@functools.lru_cache(maxsize=256)
-def _remembered_problems(kind: str, spec: str, strict: bool) -> tuple[str, ...]:
-    return tuple(_problems(kind, spec, strict))
 
 
 def _problems(kind: str, spec: str, strict: bool) -> list[str]:

@@ -4,11 +4,14 @@ an unknown backend stops the server at start, listing the available ones."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 
@@ -41,6 +44,19 @@ def test_a_plugin_backend_serves_its_constraints_and_refuses_others(tiny_llama: 
         with pytest.raises(openai.BadRequestError, match="choice_trie backend compiles only choice"):
             client.completions.create(model="tiny", prompt="x", max_tokens=5,
                                       extra_body={"structured_outputs": {"regex": "[a-z]+"}})
+        # A check that takes 1.5 s runs off the API server's event loop: /health answers meanwhile.
+        slow_choices = ["slow to check", "gamma"]
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(client.completions.create, model="tiny", prompt="Pick one:", max_tokens=20,
+                               extra_body={"structured_outputs": {"choice": slow_choices}})
+            waits = []
+            while not slow.done():
+                start = time.perf_counter()
+                assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
+                waits.append(time.perf_counter() - start)
+                time.sleep(0.05)
+            assert slow.result().choices[0].text in slow_choices
+        assert len(waits) >= 10 and max(waits) < 0.75, waits
     finally:
         assert stop_and_check(srv) == 0, srv.log()[-3000:]
 

@@ -719,6 +719,8 @@ class OpenAIServing:
         client_key = _client_key(req, raw_request)
         for i, (ids, sp) in enumerate(zip(prompts, params)):
             self.log_request(f"{engine_id}-{i}", ids, sp)
+        for sp in params:
+            await self._check_constraint(req, sp)
         streams = [self._engine_stream(req, _engine_prompt(ids, req), sp, f"{engine_id}-{i}", lora, client_key,
                                        group_id=engine_id)
                    for i, (ids, sp) in enumerate(zip(prompts, params))]
@@ -1000,6 +1002,7 @@ class OpenAIServing:
                 parser.reasoning = None
         request_id, engine_id = _request_ids("chatcmpl", req.request_id, raw_request)
         self.log_request(engine_id, ids, params)
+        await self._check_constraint(req, params)
         stream = self._engine_stream(req, _engine_prompt(ids, req), params, engine_id, lora,
                                      _client_key(req, raw_request))
         model_name = self._response_model(lora)
@@ -1016,6 +1019,22 @@ class OpenAIServing:
                 stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None))
         return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=_usage(final),
                                       prompt_logprobs=_prompt_logprobs(final))
+
+    async def _check_constraint(self, req: SamplingFields, params: SamplingParams | BeamSearchParams) -> None:
+        """Check a structured-output constraint off the event loop, before the engine
+        takes the request (its own check is then a lookup: see
+        ``AsyncLLM.check_structured_outputs``).
+
+        Raises:
+            BadRequest: The constraint is invalid; ``param`` names the request's field.
+        """
+        from forkless.engine.async_llm import InvalidRequestError
+
+        if isinstance(params, SamplingParams):
+            try:
+                await self.engine.check_structured_outputs(params)
+            except InvalidRequestError as exc:
+                raise BadRequest(str(exc), _refused_field(str(exc), req)) from None
 
     def _engine_stream(self, req: SamplingFields, prompt: Any, params: SamplingParams | BeamSearchParams,
                        request_id: str, lora: LoRARequest | None, client_key: str,

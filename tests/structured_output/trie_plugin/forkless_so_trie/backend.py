@@ -4,6 +4,7 @@ choices' token sequences (each choice as the tokenizer spells it)."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 
@@ -70,6 +71,9 @@ class ChoiceTrieBackend(StructuredOutputBackend):
     def validate_params(cls, params) -> None:
         if params.kind != "choice":
             raise ValueError(f"the choice_trie backend compiles only choice constraints, not {params.kind}")
+        if params.choice[0] == "slow to check":
+            # A check that takes a while, as llguidance's of 50,000 choices (the GIL released).
+            time.sleep(1.5)
 
     def compile_grammar(self, request_type: str, spec: str, *, any_whitespace: bool = True) -> StructuredOutputGrammar:
         choices = json.loads(spec)
