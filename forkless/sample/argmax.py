@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from forkless.triton_utils import triton_available
+
 #: Up to this many rows a CUDA argmax runs as chunked Triton programs
 #: (``argmax_triton``): with so few outputs ATen's reduction leaves the GPU mostly idle.
 #: Measured on an H100 (bf16, in a CUDA graph; benchmarks/README.md): a 128,256-wide row
@@ -29,10 +31,8 @@ def row_argmax(x: torch.Tensor) -> torch.Tensor:
     if x.device.type == "cpu":
         return x.max(dim=-1).indices
     if (x.device.type == "cuda" and x.dim() == 2 and 0 < x.shape[0] <= FEW_ROWS and x.shape[1] >= MIN_WIDTH
-            and x.dtype in _HALF_OR_FLOAT and x.stride(1) == 1):
-        try:
-            from forkless.sample.argmax_triton import argmax_rows
-        except ImportError:  # no Triton: ATen's argmax
-            return x.argmax(dim=-1)
+            and x.dtype in _HALF_OR_FLOAT and x.stride(1) == 1 and triton_available()):
+        from forkless.sample.argmax_triton import argmax_rows
+
         return argmax_rows(x)
     return x.argmax(dim=-1)
