@@ -19,7 +19,7 @@ for round in $(seq "${ROUNDS:-2}"); do for setting in "$A" "$B"; do
     --shape qwen3-0.6b --load-format dummy --dtype bfloat16 -n 512 --max-num-seqs 512 --async-scheduling \
     --skip-hf --peak-tflops 790 $flags --json "$OUT/ab_${label}_$round.json" > "$log" 2>&1
   echo "round $round $label rc=$? $(grep -E 'forkless / floor' "$log")"
-  grep -E "captured|halves|Error" "$log" | cut -c1-200 | sed 's/^/    /' | head -4
+  grep -E "captured|Error" "$log" | cut -c1-200 | sed 's/^/    /' | head -4
 done; done
 python3 - "$OUT" "${A%%|*}" "${B%%|*}" <<'PY'
 import json, statistics, sys
