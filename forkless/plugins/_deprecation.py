@@ -157,3 +157,9 @@ class DeprecationRegistry:
 
 DEPRECATIONS = DeprecationRegistry()
 """The registry forkless itself checks (CLI, environment, HTTP server, Python API)."""
+
+# Removed from forkless itself: an error naming them, never silently ignored.
+# FORKLESS_DECODE_OVERLAP_MIN_BATCH (decode graphs as two halves on two streams) measured
+# slower than one stream and went (benchmarks/README.md).
+DEPRECATIONS.add(Deprecation(DeprecationKind.ENV_VAR, "FORKLESS_DECODE_OVERLAP_MIN_BATCH", None,
+                             "0.1.0", "0.1.0", stage=3))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -79,3 +82,11 @@ def test_python_api_decorator(warnings_seen) -> None:
 def test_bad_stage_rejected() -> None:
     with pytest.raises(ValueError, match="stage must be 1, 2 or 3"):
         Deprecation(DeprecationKind.ENV_VAR, "X", None, "0.1", "0.2", stage=4)
+
+
+def test_a_removed_forkless_variable_stops_the_cli_naming_it() -> None:
+    env = dict(os.environ, FORKLESS_DECODE_OVERLAP_MIN_BATCH="256")
+    proc = subprocess.run([sys.executable, "-m", "forkless.entrypoints.cli.main", "--help"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "environment variable FORKLESS_DECODE_OVERLAP_MIN_BATCH was removed in forkless 0.1.0" in proc.stderr
