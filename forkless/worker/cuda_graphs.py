@@ -2,7 +2,7 @@
 
 A decode step of a small model is hundreds of tiny kernel launches; replaying a graph
 turns them into one launch. The graphs read their inputs from static device buffers,
-which each step fills with a handful of non-blocking copies from pinned host memory, so
+which each step fills with one non-blocking copy from a pinned host arena, so
 the decode loop synchronises with the device only to read the sampled tokens.
 
 With speculative decoding a second set of graphs runs *verification* steps: every row
@@ -121,19 +121,33 @@ class DecodeGraphs:
         rows = self.sizes[-1]
         self.max_blocks = max_blocks
 
-        def buf(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-            return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype).pin_memory()
+        # Every per-step input lives at a fixed place of one pinned staging arena, which has
+        # a twin on the device that the graphs read: a step's inputs cross in one copy, its
+        # front up to the last block-table row in use (eight small copies before, each a
+        # few microseconds of the device's time between two graphs at batch 1).
+        fields = [("input_ids", n, torch.int64), ("positions", n, torch.int64),
+                  ("slot_mapping", n, torch.int64), ("fix_where", n, torch.int64), ("fix_src", n, torch.int64),
+                  ("seq_lens", rows, torch.int32), ("query_start_loc", rows + 1, torch.int32)]
+        offsets, size = [], 0
+        for _, count, dtype in fields:
+            offsets.append(size)
+            size += -(-count * dtype.itemsize // 8) * 8  # each field 8-byte aligned
+        #: Bytes before the block tables: copied every step.
+        self._front = size
+        self._row_bytes = max_blocks * 4
+        self._host = torch.zeros(size + rows * self._row_bytes, dtype=torch.uint8).pin_memory()
+        self._dev = torch.zeros(size + rows * self._row_bytes, dtype=torch.uint8, device=device)
 
-        # (device buffer, pinned staging) pairs; the graphs read only the device side.
-        self.input_ids = buf((n,), torch.int64)
-        self.positions = buf((n,), torch.int64)
-        self.slot_mapping = buf((n,), torch.int64)
-        self.seq_lens = buf((rows,), torch.int32)
-        self.query_start_loc = buf((rows + 1,), torch.int32)
-        self.block_tables = (torch.zeros((rows, max_blocks), dtype=torch.int32, device=device), None)
+        def view(arena: torch.Tensor, offset: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+            return arena[offset : offset + count * dtype.itemsize].view(dtype)
+
+        # (device view, pinned staging view) pairs; the graphs read only the device side.
+        for (name, count, dtype), offset in zip(fields, offsets):
+            setattr(self, name, (view(self._dev, offset, count, dtype), view(self._host, offset, count, dtype)))
+        self.block_tables = (view(self._dev, size, rows * max_blocks, torch.int32).view(rows, max_blocks), None)
         # Pinned staging of the batch's block tables: each step gathers its rows from the
         # runner's persistent table (one C-level copy, no per-block Python work).
-        self.block_staging = torch.zeros((rows, max_blocks), dtype=torch.int32).pin_memory()
+        self.block_staging = view(self._host, size, rows * max_blocks, torch.int32).view(rows, max_blocks)
         self._copied: torch.cuda.Event | None = None
         #: Graphs and their outputs by ``(query length, batch size)``.
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -192,7 +206,7 @@ class DecodeGraphs:
 
     def run(self, input_ids: np.ndarray, positions: np.ndarray, slots: np.ndarray,
             seq_lens: np.ndarray, block_table: np.ndarray, table_rows: np.ndarray,
-            ids_fix: tuple[torch.Tensor, torch.Tensor] | None = None, query_len: int = 1) -> torch.Tensor:
+            ids_fix: tuple[np.ndarray, np.ndarray, torch.Tensor] | None = None, query_len: int = 1) -> torch.Tensor:
         """Replay the graph for this decode (or verification) batch.
 
         Args:
@@ -203,9 +217,9 @@ class DecodeGraphs:
             block_table: The runner's int32 block tables, one row per request it holds,
                 padded with 0 (``ModelRunner.block_table``).
             table_rows: ``[B]`` each sequence's row of ``block_table``.
-            ids_fix: ``(token indices, token ids)`` on the device, written over
-                ``input_ids`` after its copy (tokens that the previous step sampled and
-                the host has not read).
+            ids_fix: ``(token indices, source rows, sampled)``: tokens that the previous
+                step sampled and the host has not read, written over ``input_ids`` on the
+                device after its copy (``input_ids[where] = sampled[src]``).
             query_len: Tokens per sequence: 1, or ``1 + k`` for verification.
 
         Returns:
@@ -217,8 +231,8 @@ class DecodeGraphs:
         bs = next(s for s in self.sizes_of[q] if s >= b)
         real, padded = b * q, bs * q
         if self._copied is not None:
-            # The previous step's copies read these pinned buffers; with async scheduling
-            # the host may get here before the device ran them (normally long done).
+            # The previous step's copy reads the pinned arena; with async scheduling the
+            # host may get here before the device ran it (normally long done).
             self._copied.synchronize()
         self.input_ids[1][:real] = torch.from_numpy(input_ids)
         self.positions[1][:real] = torch.from_numpy(positions)
@@ -235,18 +249,22 @@ class DecodeGraphs:
         qsl = self.query_start_loc[1].numpy()
         qsl[: b + 1] = np.arange(0, real + 1, q)
         qsl[b + 1 : bs + 1] = real  # padding sequences own no token
+        fixes = 0
+        if ids_fix is not None:
+            where, src, sampled = ids_fix
+            fixes = len(where)
+            self.fix_where[1].numpy()[:fixes] = where
+            self.fix_src[1].numpy()[:fixes] = src
         gather_block_rows(block_table, table_rows, self.block_staging.numpy()[:b])
-        # Whole rows are copied so that source and destination stay contiguous (one DMA
-        # of b * max_blocks ints).
-        for dev, host in (self.input_ids, self.positions, self.slot_mapping):
-            dev[:padded].copy_(host[:padded], non_blocking=True)
-        self.seq_lens[0][:bs].copy_(self.seq_lens[1][:bs], non_blocking=True)
-        self.query_start_loc[0][: bs + 1].copy_(self.query_start_loc[1][: bs + 1], non_blocking=True)
-        self.block_tables[0][:b].copy_(self.block_staging[:b], non_blocking=True)
+        # The arena's front and the batch's block-table rows, whole rows so that source
+        # and destination stay contiguous: one DMA.
+        nbytes = self._front + b * self._row_bytes
+        self._dev[:nbytes].copy_(self._host[:nbytes], non_blocking=True)
         self._copied = torch.cuda.Event()
         self._copied.record()
-        if ids_fix is not None:
-            self.input_ids[0].index_copy_(0, *ids_fix)
+        if fixes:
+            tokens = sampled.index_select(0, self.fix_src[0][:fixes])
+            self.input_ids[0].index_copy_(0, self.fix_where[0][:fixes], tokens)
         self.graphs[q, bs].replay()
         if q > 1:
             self.spec_replays += 1

@@ -741,9 +741,10 @@ class ModelRunner:
             return False
         return True
 
-    def _placeholder_fix(self, ids: np.ndarray, row_of_index: np.ndarray | None,
-                         rows: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Where ``ids`` holds placeholders: (their indexes, the tokens), on the device."""
+    def _placeholder_sources(self, ids: np.ndarray, row_of_index: np.ndarray | None,
+                             rows: list[ScheduledRequest]) -> tuple[np.ndarray, np.ndarray, torch.Tensor] | None:
+        """Where ``ids`` holds placeholders: (their indexes, the rows of the previous step's
+        sampled tokens that fill them, those tokens on the device)."""
         where = np.flatnonzero(ids == PLACEHOLDER_TOKEN_ID)
         if where.size == 0:
             return None
@@ -756,8 +757,16 @@ class ModelRunner:
             raise RuntimeError(f"request {e.args[0]!r} has a placeholder token but was not "
                                "sampled by the previous step") from None
         assert self._prev_sampled is not None
-        tokens = self._prev_sampled.index_select(0, self._to_device(src))
-        return self._to_device(where.astype(np.int64)), tokens
+        return where, src, self._prev_sampled
+
+    def _placeholder_fix(self, ids: np.ndarray, row_of_index: np.ndarray | None,
+                         rows: list[ScheduledRequest]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Where ``ids`` holds placeholders: (their indexes, the tokens), on the device."""
+        sources = self._placeholder_sources(ids, row_of_index, rows)
+        if sources is None:
+            return None
+        where, src, sampled = sources
+        return self._to_device(where.astype(np.int64)), sampled.index_select(0, self._to_device(src))
 
     def _update_states(self, so: SchedulerOutput) -> None:
         batch = self.input_batch
@@ -912,7 +921,7 @@ class ModelRunner:
         flat_ids = ids.reshape(-1)
         hidden = self.graphs.run(flat_ids, positions.reshape(-1), slots.reshape(-1),
                                  (first + q).astype(np.int32), self.block_table, table_rows,
-                                 self._placeholder_fix(flat_ids, np.repeat(np.arange(n), q), rows), query_len=q)
+                                 self._placeholder_sources(flat_ids, np.repeat(np.arange(n), q), rows), query_len=q)
         return hidden, torch.from_numpy(starts), self._to_device(starts[:-1].astype(np.int64) + counts - 1)
 
     def _decode_inputs(
@@ -947,7 +956,7 @@ class ModelRunner:
             seq_lens,
             self.block_table,
             table_rows,
-            self._placeholder_fix(input_ids, None, rows),
+            self._placeholder_sources(input_ids, None, rows),
         )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
