@@ -13,9 +13,9 @@ import torch
 from forkless.attention import AttentionMetadata, get_attention_backend
 
 # The backend module imports Triton; CI has neither a GPU nor (necessarily) Triton.
-DecodeLaunch = pytest.importorskip(
-    "forkless.attention.backends.triton_paged",
-    reason="needs Triton (the paged GPU attention backend); not installed").DecodeLaunch
+_paged = pytest.importorskip("forkless.attention.backends.triton_paged",
+                             reason="needs Triton (the paged GPU attention backend); not installed")
+DecodeLaunch, PrefillLaunch = _paged.DecodeLaunch, _paged.PrefillLaunch
 
 HQ, HKV, D, BS, NUM_BLOCKS = 16, 8, 128, 16, 256
 
@@ -80,13 +80,27 @@ def test_fp8_dot_matches_reference(splits, launch, scales):
     the fp8 cache alone is held to 2 %)."""
     _check(torch.bfloat16, 4e-2, splits, launch, kv_dtype=torch.float8_e4m3fn, scales=scales)
 
-def _check(dtype, tol, splits, launch, kv_dtype=None, scales=(1.0, 1.0)):
+# Prefill launches: the default and the candidates benchmarks/prefill_attention.py --sweep
+# times (bf16 only: float32 tiles of 128 and more rows need more shared memory than a GPU has).
+PREFILL_LAUNCHES = [_paged.PREFILL_DEFAULT, PrefillLaunch(128, 64, 8, 2), PrefillLaunch(128, 128, 8, 2),
+                    PrefillLaunch(256, 64, 8, 2), PrefillLaunch(128, 32, 4, 3)]
+
+
+@pytest.mark.parametrize("launch", PREFILL_LAUNCHES, ids=lambda x: f"r{x.rows}-n{x.block_n}-w{x.num_warps}-s{x.num_stages}")
+def test_prefill_launches_match_reference(launch):
+    """Every prefill launch attends as the reference on prefill, prefill over cached
+    context and mixed steps (the steps' decode rows take the default decode launch)."""
+    _check(torch.bfloat16, 2e-2, None, None, prefill=launch)
+
+
+def _check(dtype, tol, splits, launch, kv_dtype=None, scales=(1.0, 1.0), prefill=None):
     dev = torch.device("cuda")
     kv_dtype = kv_dtype or dtype
     ref = get_attention_backend("torch")(HQ, HKV, D, D**-0.5)
     tri = get_attention_backend("triton")(HQ, HKV, D, D**-0.5)
     tri.decode_splits = splits
     tri.decode_override = launch
+    tri.prefill_override = prefill
     tri.k_scale, tri.v_scale = scales
     shape = ref.get_kv_cache_shape(NUM_BLOCKS, BS, HKV, D)
     cache_ref = torch.zeros(shape, dtype=dtype, device=dev)

@@ -31,9 +31,6 @@ from forkless.attention.backends.triton_kernels import (
 )
 from forkless.triton_utils.pdl import use_pdl
 
-# Query rows (token x GQA head) per program in prefill tiles.
-_PREFILL_ROWS = 64
-_BLOCK_N = 64
 _MAX_SPLITS = 16
 
 
@@ -97,6 +94,32 @@ DECODE_DEFAULT = DecodeLaunch(num_stages=2, heads_fast=True)
 DECODE_DEFAULT_FP8 = DecodeLaunch(block_n=128, num_stages=2, heads_fast=True, fp8_dot=True)
 
 
+class PrefillLaunch(NamedTuple):
+    """How a prefill or mixed step's attention is launched (all host integers).
+
+    Attributes:
+        rows: Query rows (token x GQA head pairs) per program: ``rows // group`` tokens of
+            one KV head's query heads.
+        block_n: Tokens per key tile.
+        num_warps: Warps per program.
+        num_stages: Software-pipelining depth of the key/value loads.
+    """
+
+    rows: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+#: The prefill launch: 64 query rows (32 tokens of a KV head's two query heads in
+#: Qwen3-0.6B), 64-token key tiles, 3 stages; every dtype and head size fits it. Swept on an
+#: H100 (benchmarks/README.md, "Prefill attention against flash attention"): the fastest
+#: candidate (128 rows, 128-token key tiles, 8 warps, 2 stages) was 6 % faster in sum over
+#: four steps but not on the throughput workload's prompts, and flipped a random model's
+#: greedy tokens in a test (rounding); not adopted.
+PREFILL_DEFAULT = PrefillLaunch()
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -138,6 +161,8 @@ class TritonAttentionBackend(TorchAttentionBackend):
         self.decode_splits: int | None = None
         #: Fixed decode launch (benchmarks, tests); ``None`` uses :meth:`decode_launch`.
         self.decode_override: DecodeLaunch | None = None
+        #: Fixed prefill launch (benchmarks, tests); ``None`` uses :meth:`prefill_launch`.
+        self.prefill_override: PrefillLaunch | None = None
 
     def forward(
         self,
@@ -194,10 +219,11 @@ class TritonAttentionBackend(TorchAttentionBackend):
                        and _fp8_mma(q.device.index or 0))
             keys_first = keys_first or fp8_dot
         else:
-            kv_per_prog, block_n, splits = 1, _BLOCK_N, 1
-            block_q = max(1, _PREFILL_ROWS // self.group)
+            prefill = self.prefill_launch()
+            kv_per_prog, block_n, splits = 1, prefill.block_n, 1
+            block_q = max(1, prefill.rows // self.group)
             block_m = max(16, triton.next_power_of_2(block_q * self.group))
-            num_warps, num_stages = 4, 3
+            num_warps, num_stages = prefill.num_warps, prefill.num_stages
             via_fp16 = keys_first = heads_fast = fp8_dot = False
         # 0: the cache holds q's dtype; 1: fp8 read as q's dtype; 2: fp8 read as float16;
         # 3: fp8 scores from e4m3 queries (values as 1).
@@ -269,6 +295,10 @@ class TritonAttentionBackend(TorchAttentionBackend):
             # below) 64-token tiles were as fast or faster.
             block_n = max(block_n, 128)
         return launch._replace(kv_per_prog=kv_per_prog, block_n=block_n, splits=splits)
+
+    def prefill_launch(self) -> PrefillLaunch:
+        """The launch of a prefill or mixed step's attention (host values only)."""
+        return self.prefill_override or PREFILL_DEFAULT
 
     def _decode_splits(self, programs: int, device: torch.device) -> int:
         """Split the context when the (sequence, KV-head group) programs are too few to keep
