@@ -101,29 +101,35 @@ class Batch:
 
     def time(self, backend, calls: int = 10, repeats: int = 15) -> float:
         """Median seconds of one forward, from replays of a graph of ``calls`` forwards."""
-        import torch
+        return graph_time(lambda: backend.forward(self.q, self.k, self.v, self.cache, self.md), calls, repeats)
 
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                backend.forward(self.q, self.k, self.v, self.cache, self.md)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                backend.forward(self.q, self.k, self.v, self.cache, self.md)
-        times = []
-        for i in range(repeats + 2):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            b.synchronize()
-            if i >= 2:
-                times.append(a.elapsed_time(b) / 1e3 / calls)
-        del graph
-        return statistics.median(times)
+
+def graph_time(fn, calls: int = 10, repeats: int = 15) -> float:
+    """Median seconds of one ``fn()`` (CUDA work only), from ``repeats`` replays of a CUDA
+    graph of ``calls`` of them, after two warm-up calls on a side stream."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    times = []
+    for i in range(repeats + 2):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        if i >= 2:
+            times.append(a.elapsed_time(b) / 1e3 / calls)
+    del graph
+    return statistics.median(times)
 
 
 def _candidates():

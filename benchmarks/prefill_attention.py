@@ -21,7 +21,11 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_bw import graph_time  # noqa: E402  (benchmarks/attention_bw.py)
 
 HQ, HKV, D, BS = 16, 8, 128, 16
 
@@ -91,34 +95,6 @@ class Step:
             outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=D**-0.5)[0].transpose(0, 1))
         return torch.cat(outs).reshape(-1, HQ * D)
 
-    def time(self, fn, calls: int = 5, repeats: int = 9) -> float:
-        """Median seconds of one ``fn()``, from replays of a graph of ``calls`` of them."""
-        import torch
-
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
-
-        times = []
-        for i in range(repeats + 2):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            graph.replay()
-            b.record()
-            b.synchronize()
-            if i >= 2:
-                times.append(a.elapsed_time(b) / 1e3 / calls)
-        del graph
-        return statistics.median(times)
-
-
 def _candidates():
     from forkless.attention.backends.triton_paged import PrefillLaunch as P
 
@@ -144,7 +120,7 @@ def main() -> None:
         launches += [("candidate", c) for c in _candidates()]
     print(f"{'launch':46s} " + " ".join(f"{name:>20s}" for name in steps) + f" {'sum ms':>8s}")
     refs = {name: st.baseline() for name, st in steps.items()}
-    base = {name: st.time(st.baseline) for name, st in steps.items()}
+    base = {name: graph_time(st.baseline, 5, 9) for name, st in steps.items()}
     print(f"{'torch SDPA (ms, TFLOP/s)':46s} " + " ".join(
         f"{base[n] * 1e3:8.3f} {st.flops / base[n] / 1e12:5.0f}      " for n, st in steps.items())
         + f" {sum(base.values()) * 1e3:8.3f}")
@@ -156,7 +132,7 @@ def main() -> None:
             try:
                 out = backend.forward_stored(st.q, st.cache, st.md).float()
                 err = ((out - refs[name].float()).norm() / refs[name].float().norm()).item()
-                t = st.time(lambda: backend.forward_stored(st.q, st.cache, st.md))
+                t = graph_time(lambda: backend.forward_stored(st.q, st.cache, st.md), 5, 9)
             except Exception as e:  # a launch over the GPU's shared memory: reported, not fatal
                 row.append(f"{type(e).__name__:>20s}")
                 ok = False
