@@ -5,7 +5,8 @@ CI has no GPU (``tests/gpu/test_triton_attention.py`` runs the same launches in 
 One step, float32: a 40-token prompt, a 25-token chunk over 30 cached tokens and a decode
 row, over scattered cache blocks, with query tiles of 8, 32 and 64 tokens (rows of two
 query heads per KV head) and key tiles of 16 and 32 tokens: the causal edge inside a tile,
-tiles past a short sequence's end, and keys read across cache blocks.
+tiles past a short sequence's end, and keys read across cache blocks; with and without the
+unmasked loop over the keys before a tile's first query (``split_causal``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ out_ref = ref.forward(q, k, v, cache_ref, md)
 for i, slot in enumerate(slots):
     cache_tri[0, slot // BS, slot % BS], cache_tri[1, slot // BS, slot % BS] = k[i], v[i]
 cases = 0
-for launch in [PrefillLaunch(16, 16, 4, 3), PrefillLaunch(64, 32, 4, 3), PrefillLaunch(128, 16, 8, 2)]:
+for launch in [PrefillLaunch(16, 16, 4, 3), PrefillLaunch(64, 32, 4, 3), PrefillLaunch(128, 16, 8, 2),
+               PrefillLaunch(16, 16, 4, 3, True), PrefillLaunch(64, 32, 4, 3, True), PrefillLaunch(32, 16, 4, 2, True)]:
     tri.prefill_override = launch
     out = tri.forward_stored(q, cache_tri, md)
     err = (out - out_ref).abs().max().item()
@@ -63,4 +65,4 @@ print("prefill ok", cases)
 
 @needs_triton
 def test_prefill_launches_under_the_interpreter() -> None:
-    run_interpreted(_SCRIPT, "prefill ok 3")
+    run_interpreted(_SCRIPT, "prefill ok 6")

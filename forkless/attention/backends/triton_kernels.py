@@ -30,6 +30,9 @@ The kernels:
   fp8 dot becomes Hopper's fp8 MMA only with a 64-row first operand (16 rows: Triton
   converts both to float16), hence the keys first. On an H200 it read the cache 14-16 %
   faster than route 1 at batch 64-512 (benchmarks/README.md); the default for fp8 caches.
+* a prefill launch may take the keys before a query tile's first position (visible to every
+  row of the tile) in a loop of unmasked key tiles and only the rest with the causal mask
+  (``SPLIT_CAUSAL``; not yet run on a GPU).
 * split-KV decode (``paged_attention`` with ``NUM_SPLITS > 1`` + ``combine_splits``):
   when a decode batch has too few programs to fill the GPU, or contexts of very
   different lengths, each (sequence, KV-head group) is split along the context (at
@@ -114,6 +117,81 @@ def _store_partials(part_acc_ptr, part_ml_ptr, seq, split, head, acc, m_i, l_i, 
 
 
 @triton.jit
+def _attend_keys(acc, m_i, l_i, q, q_t, q_scale, q_pos, m_kv, kv_begin, kv_end, q_ptr, cache_ptr,
+                 block_tables_ptr, seq, kvg, bt_stride, cache_kv_stride, block_size, scale_log2, offs_r, offs_d,
+                 d_valid, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                 KV_PER_PROG: tl.constexpr, ONE_BLOCK: tl.constexpr, KV_FP8: tl.constexpr, KEYS_FIRST: tl.constexpr,
+                 IEEE: tl.constexpr, CAUSAL: tl.constexpr):
+    """The online softmax of the query rows over keys ``[kv_begin, kv_end)``, on from
+    ``(acc, m_i, l_i)``. CAUSAL: mask keys past each row's position or the range's end
+    (else every key of the range is visible to every row, and no score is masked but
+    those of other KV heads' rows)."""
+    r_tok = offs_r // KV_PER_PROG
+    r_kv = offs_r % KV_PER_PROG
+    for start_n in range(kv_begin, kv_end, BLOCK_N):
+        offs_n = start_n + r_tok
+        n_valid = offs_n < kv_end
+        slot = _cache_slots(block_tables_ptr, seq, bt_stride, block_size, start_n, offs_n, n_valid, ONE_BLOCK)
+        kv_off = (slot * NUM_KV_HEADS + kvg * KV_PER_PROG + r_kv) * HEAD_DIM
+        kv_mask = n_valid[:, None] & d_valid[None, :]
+        k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8 == 1:
+            k = k.to(q_ptr.dtype.element_ty)
+        elif KV_FP8 == 2:
+            k = k.to(tl.float16)
+        if KEYS_FIRST:
+            # Scores transposed, [key rows, query rows]: the key tile is the dot's
+            # first operand, loaded (and converted) as it lies, with no transpose.
+            if IEEE:
+                s_t = tl.dot(k, q_t, input_precision="ieee")
+            else:
+                s_t = tl.dot(k, q_t)
+            if KV_FP8 == 3:
+                s_t = s_t * q_scale[None, :]
+            s_t = s_t * scale_log2
+            if CAUSAL:
+                visible_t = (offs_n[:, None] <= q_pos[None, :]) & n_valid[:, None]
+                if KV_PER_PROG > 1:
+                    visible_t = visible_t & (r_kv[:, None] == m_kv[None, :])
+                s_t = tl.where(visible_t, s_t, float("-inf"))
+            elif KV_PER_PROG > 1:
+                s_t = tl.where(r_kv[:, None] == m_kv[None, :], s_t, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s_t, 0))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.trans(tl.exp2(s_t - m_safe[None, :]))
+        else:
+            if IEEE:
+                qk = tl.dot(q, tl.trans(k), input_precision="ieee")
+            else:
+                qk = tl.dot(q, tl.trans(k))
+            qk = qk * scale_log2
+            if CAUSAL:
+                visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
+                if KV_PER_PROG > 1:
+                    visible = visible & (r_kv[None, :] == m_kv[:, None])
+                qk = tl.where(visible, qk, float("-inf"))
+            elif KV_PER_PROG > 1:
+                qk = tl.where(r_kv[None, :] == m_kv[:, None], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            # A row that has seen no key yet keeps m = -inf; exp2 of (-inf) - 0 is 0.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(qk - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(cache_ptr + cache_kv_stride + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        if KV_FP8 == 1 or KV_FP8 == 3:
+            v = v.to(q_ptr.dtype.element_ty)
+        elif KV_FP8 == 2:
+            v = v.to(tl.float16)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
 def paged_attention_kernel(
     q_ptr, out_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
     part_acc_ptr, part_ml_ptr,
@@ -125,6 +203,7 @@ def paged_attention_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_PER_PROG: tl.constexpr, ONE_BLOCK: tl.constexpr, KV_FP8: tl.constexpr, KEYS_FIRST: tl.constexpr,
     NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, HEADS_FAST: tl.constexpr = False, PDL: tl.constexpr = False,
+    SPLIT_CAUSAL: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     seq, kvg, tile = _grid_ids(HEADS_FAST)
@@ -167,66 +246,30 @@ def paged_attention_kernel(
         if NUM_SPLITS > 1:
             kv_begin, kv_end = _split_range(kv_end, split, NUM_SPLITS, BLOCK_N)
 
+        q_t = q
         if KEYS_FIRST:
             q_t = tl.trans(q)
+        if KV_FP8 != 3:
+            q_scale = tl.full([BLOCK_M], 1.0, tl.float32)
         offs_r = tl.arange(0, KV_ROWS)
-        r_tok = offs_r // KV_PER_PROG
-        r_kv = offs_r % KV_PER_PROG
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for start_n in range(kv_begin, kv_end, BLOCK_N):
-            offs_n = start_n + r_tok
-            n_valid = offs_n < kv_end
-            slot = _cache_slots(block_tables_ptr, seq, bt_stride, block_size, start_n, offs_n, n_valid, ONE_BLOCK)
-            kv_off = (slot * NUM_KV_HEADS + kvg * KV_PER_PROG + r_kv) * HEAD_DIM
-            kv_mask = n_valid[:, None] & d_valid[None, :]
-            k = tl.load(cache_ptr + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-            if KV_FP8 == 1:
-                k = k.to(q_ptr.dtype.element_ty)
-            elif KV_FP8 == 2:
-                k = k.to(tl.float16)
-            if KEYS_FIRST:
-                # Scores transposed, [key rows, query rows]: the key tile is the dot's
-                # first operand, loaded (and converted) as it lies, with no transpose.
-                if IEEE:
-                    s_t = tl.dot(k, q_t, input_precision="ieee")
-                else:
-                    s_t = tl.dot(k, q_t)
-                visible_t = (offs_n[:, None] <= q_pos[None, :]) & n_valid[:, None]
-                if KV_PER_PROG > 1:
-                    visible_t = visible_t & (r_kv[:, None] == m_kv[None, :])
-                if KV_FP8 == 3:
-                    s_t = s_t * q_scale[None, :]
-                s_t = tl.where(visible_t, s_t * scale_log2, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(s_t, 0))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.trans(tl.exp2(s_t - m_safe[None, :]))
-            else:
-                if IEEE:
-                    qk = tl.dot(q, tl.trans(k), input_precision="ieee")
-                else:
-                    qk = tl.dot(q, tl.trans(k))
-                visible = (offs_n[None, :] <= q_pos[:, None]) & n_valid[None, :]
-                if KV_PER_PROG > 1:
-                    visible = visible & (r_kv[None, :] == m_kv[:, None])
-                qk = tl.where(visible, qk * scale_log2, float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(qk, 1))
-                # A row that has seen no key yet keeps m = -inf; exp2 of (-inf) - 0 is 0.
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.exp2(qk - m_safe[:, None])
-            alpha = tl.exp2(m_i - m_safe)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            v = tl.load(cache_ptr + cache_kv_stride + kv_off[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-            if KV_FP8 == 1 or KV_FP8 == 3:
-                v = v.to(q_ptr.dtype.element_ty)
-            elif KV_FP8 == 2:
-                v = v.to(tl.float16)
-            if IEEE:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            else:
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m_i = m_new
+        causal_begin = kv_begin
+        if SPLIT_CAUSAL:
+            # Keys before the tile's first query position are visible to every query row
+            # (and inside the sequence): whole key tiles of them need no mask.
+            causal_begin = tl.maximum(kv_begin, tl.minimum(kv_end, (ctx_len + qblk * BLOCK_Q) // BLOCK_N * BLOCK_N))
+            acc, m_i, l_i = _attend_keys(
+                acc, m_i, l_i, q, q_t, q_scale, q_pos, m_kv, kv_begin, causal_begin, q_ptr, cache_ptr,
+                block_tables_ptr, seq, kvg, bt_stride, cache_kv_stride, block_size, scale_log2, offs_r, offs_d,
+                d_valid, NUM_KV_HEADS, HEAD_DIM, BLOCK_N, KV_PER_PROG, ONE_BLOCK, KV_FP8, KEYS_FIRST, IEEE,
+                False)
+        acc, m_i, l_i = _attend_keys(
+            acc, m_i, l_i, q, q_t, q_scale, q_pos, m_kv, causal_begin, kv_end, q_ptr, cache_ptr,
+            block_tables_ptr, seq, kvg, bt_stride, cache_kv_stride, block_size, scale_log2, offs_r, offs_d,
+            d_valid, NUM_KV_HEADS, HEAD_DIM, BLOCK_N, KV_PER_PROG, ONE_BLOCK, KV_FP8, KEYS_FIRST, IEEE,
+            True)
         if KV_FP8 != 0:
             acc = acc * v_scale
 

@@ -103,12 +103,16 @@ class PrefillLaunch(NamedTuple):
         block_n: Tokens per key tile.
         num_warps: Warps per program.
         num_stages: Software-pipelining depth of the key/value loads.
+        split_causal: Attend the keys every query row of a tile sees (those before its
+            first query's position) in a loop of unmasked key tiles, and only the rest with
+            the causal mask. Not yet run on a GPU.
     """
 
     rows: int = 64
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
+    split_causal: bool = False
 
 
 #: The prefill launch: 64 query rows (32 tokens of a KV head's two query heads in
@@ -214,6 +218,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             block_q = 1
             block_m = max(16, triton.next_power_of_2(kv_per_prog * self.group))
             num_warps, num_stages = launch.num_warps, launch.num_stages
+            split_causal = False
             via_fp16, keys_first, heads_fast = launch.fp8_via_fp16, launch.keys_first, launch.heads_fast
             fp8_dot = (launch.fp8_dot and kv_fp8 and q.dtype in (torch.bfloat16, torch.float16)
                        and _fp8_mma(q.device.index or 0))
@@ -223,7 +228,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             kv_per_prog, block_n, splits = 1, prefill.block_n, 1
             block_q = max(1, prefill.rows // self.group)
             block_m = max(16, triton.next_power_of_2(block_q * self.group))
-            num_warps, num_stages = prefill.num_warps, prefill.num_stages
+            num_warps, num_stages, split_causal = prefill.num_warps, prefill.num_stages, prefill.split_causal
             via_fp16 = keys_first = heads_fast = fp8_dot = False
         # 0: the cache holds q's dtype; 1: fp8 read as q's dtype; 2: fp8 read as float16;
         # 3: fp8 scores from e4m3 queries (values as 1).
@@ -243,7 +248,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             HEAD_DIM=self.head_dim, BLOCK_D=self.block_d,
             BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
             KV_PER_PROG=kv_per_prog, ONE_BLOCK=md.block_size % block_n == 0, KV_FP8=fp8_mode, KEYS_FIRST=keys_first,
-            NUM_SPLITS=splits, IEEE=q.dtype == torch.float32, HEADS_FAST=heads_fast, PDL=pdl,
+            NUM_SPLITS=splits, IEEE=q.dtype == torch.float32, HEADS_FAST=heads_fast, PDL=pdl, SPLIT_CAUSAL=split_causal,
             num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
         )
         if splits > 1:
