@@ -90,7 +90,8 @@ PREFILL_LAUNCHES = [_paged.PREFILL_DEFAULT, PrefillLaunch(128, 64, 8, 2), Prefil
 @pytest.mark.parametrize("launch", PREFILL_LAUNCHES, ids=lambda x: f"r{x.rows}-n{x.block_n}-w{x.num_warps}-s{x.num_stages}{'-split' if x.split_causal else ''}")
 def test_prefill_launches_match_reference(launch):
     """Every prefill launch attends as the reference on prefill, prefill over cached
-    context and mixed steps (the steps' decode rows take the default decode launch)."""
+    context and mixed steps (whose one-token rows it attends too); decode steps take the
+    default decode launch."""
     _check(torch.bfloat16, 2e-2, None, None, prefill=launch)
 
 

@@ -95,7 +95,7 @@ DECODE_DEFAULT_FP8 = DecodeLaunch(block_n=128, num_stages=2, heads_fast=True, fp
 
 
 class PrefillLaunch(NamedTuple):
-    """How a prefill or mixed step's attention is launched (all host integers).
+    """How a prefill or mixed step's attention is launched (host values only).
 
     Attributes:
         rows: Query rows (token x GQA head pairs) per program: ``rows // group`` tokens of
