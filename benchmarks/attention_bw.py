@@ -144,6 +144,10 @@ def _candidates():
     # The heads of a sequence side by side in the grid (HEADS_FAST), with the split rule.
     out += [L(1, 64, 4, 2, None, heads_fast=True), L(1, 128, 4, 2, None, heads_fast=True),
             L(1, 64, 4, 3, None, heads_fast=True)]
+    # The same with the sequences walked longest first (the default's tile, 128 tokens from
+    # batch 128 on, and 64 below).
+    out += [L(1, 64, 4, 2, None, heads_fast=True, longest_first=True),
+            L(1, 128, 4, 2, None, heads_fast=True, longest_first=True)]
     return out + [L(1, 128, 8, 2, 1), L(1, 256, 8, 2, 1), L(1, 64, 4, 2, 1, fp8_via_fp16=True),
                   L(1, 128, 4, 2, 1, fp8_via_fp16=True), L(1, 64, 4, 2, 1, keys_first=True),
                   L(1, 128, 4, 2, 1, keys_first=True), L(1, 128, 4, 2, 1, fp8_via_fp16=True, keys_first=True)] + [
@@ -173,7 +177,7 @@ def bandwidth(args: argparse.Namespace) -> None:
             name = (f"kv/prog {c.kv_per_prog} tile {c.block_n} warps {c.num_warps} stages {c.num_stages} "
                     f"splits {c.splits or 'auto'}{' fp8->f16' if c.fp8_via_fp16 else ''}"
                     f"{' keys-first' if c.keys_first else ''}{' heads-fast' if c.heads_fast else ''}"
-                    f"{' fp8-dot' if c.fp8_dot else ''}")
+                    f"{' fp8-dot' if c.fp8_dot else ''}{' longest-first' if c.longest_first else ''}")
             if args.sweep_filter and args.sweep_filter not in name:
                 continue
             b = TritonAttentionBackend(HQ, HKV, D, D**-0.5)

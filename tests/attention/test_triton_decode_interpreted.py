@@ -6,7 +6,7 @@ decode step of three sequences with 5-70 tokens of context over scattered cache 
 plus a padding sequence with no query (as a CUDA-graph batch has), float32 (the
 interpreter's 16-bit ``tl.dot`` is not exact; the GPU tests hold bf16 and fp8 caches):
 whole contexts and contexts split 3 and 4 ways (the splits' buffers and merge), both grid
-orders, one and two KV heads per program.
+orders, one and two KV heads per program, and the sequences walked longest first.
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ def error(dtype, kv_dtype, launch, splits, scales):
 
 cases = 0
 for launch, splits in [(DecodeLaunch(block_n=16), None), (DecodeLaunch(block_n=16, heads_fast=True), 3),
-                       (DecodeLaunch(kv_per_prog=2, block_n=32), 4)]:
+                       (DecodeLaunch(kv_per_prog=2, block_n=32), 4),
+                       (DecodeLaunch(block_n=16, heads_fast=True, longest_first=True), None),
+                       (DecodeLaunch(block_n=16, longest_first=True), 3)]:
     e = error(torch.float32, torch.float32, launch, splits, (1.0, 1.0))
     assert e < 1e-5, (launch, splits, e)
     cases += 1
@@ -80,4 +82,4 @@ print("decode ok", cases)
 
 @needs_triton
 def test_split_decode_under_the_interpreter() -> None:
-    run_interpreted(_SCRIPT, "decode ok 3")
+    run_interpreted(_SCRIPT, "decode ok 5")

@@ -42,6 +42,8 @@ LAUNCHES = [
     DecodeLaunch(kv_per_prog=2, block_n=32, num_stages=2, keys_first=True),
     DecodeLaunch(block_n=64, num_stages=2, heads_fast=True),
     DecodeLaunch(kv_per_prog=2, block_n=32, num_stages=2, splits=3, heads_fast=True),
+    DecodeLaunch(block_n=64, num_stages=2, heads_fast=True, longest_first=True),
+    DecodeLaunch(block_n=32, num_stages=2, splits=3, longest_first=True),
 ]
 
 
@@ -49,7 +51,7 @@ LAUNCHES = [
 @pytest.mark.parametrize("splits", [None, 4])
 @pytest.mark.parametrize("launch", LAUNCHES, ids=lambda x: "auto" if x is None else
                          f"kv{x.kv_per_prog}-n{x.block_n}-w{x.num_warps}-s{x.num_stages}-sp{x.splits}"
-                         f"{'-kfirst' if x.keys_first else ''}{'-hfast' if x.heads_fast else ''}")
+                         f"{'-kfirst' if x.keys_first else ''}{'-hfast' if x.heads_fast else ''}{'-longest' if x.longest_first else ''}")
 def test_matches_reference(dtype, tol, splits, launch):
     _check(dtype, tol, splits, launch)
 

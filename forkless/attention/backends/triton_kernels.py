@@ -33,6 +33,10 @@ The kernels:
 * a prefill launch may take the keys before a query tile's first position (visible to every
   row of the tile) in a loop of unmasked key tiles and only the rest with the causal mask
   (``SPLIT_CAUSAL``; not yet run on a GPU).
+* a decode launch may walk the sequences longest first (``ORDERED``, an order of the
+  batch's sequences computed on the device once a step): the programs of the longest
+  contexts start first and the last wave holds short ones, instead of whichever long
+  context happens to come last (not yet run on a GPU).
 * split-KV decode (``paged_attention`` with ``NUM_SPLITS > 1`` + ``combine_splits``):
   when a decode batch has too few programs to fill the GPU, or contexts of very
   different lengths, each (sequence, KV-head group) is split along the context (at
@@ -193,7 +197,7 @@ def _attend_keys(acc, m_i, l_i, q, q_t, q_scale, q_pos, m_kv, kv_begin, kv_end, 
 
 @triton.jit
 def paged_attention_kernel(
-    q_ptr, out_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr,
+    q_ptr, out_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, qsl_ptr, seq_order_ptr,
     part_acc_ptr, part_ml_ptr,
     scale_log2, v_scale,
     q_stride_t, q_stride_h, o_stride_t, o_stride_h,
@@ -203,10 +207,13 @@ def paged_attention_kernel(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     KV_PER_PROG: tl.constexpr, ONE_BLOCK: tl.constexpr, KV_FP8: tl.constexpr, KEYS_FIRST: tl.constexpr,
     NUM_SPLITS: tl.constexpr, IEEE: tl.constexpr, HEADS_FAST: tl.constexpr = False, PDL: tl.constexpr = False,
-    SPLIT_CAUSAL: tl.constexpr = False,
+    SPLIT_CAUSAL: tl.constexpr = False, ORDERED: tl.constexpr = False,
 ):
     pdl_enter(PDL)
     seq, kvg, tile = _grid_ids(HEADS_FAST)
+    if ORDERED:
+        # The grid's sequence axis walks the sequences in the order given (longest first).
+        seq = tl.load(seq_order_ptr + seq)
     # With splits the second grid axis indexes the split (decode: one query tile).
     qblk = tile if NUM_SPLITS == 1 else 0
     split = tile if NUM_SPLITS > 1 else 0

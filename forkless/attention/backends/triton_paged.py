@@ -57,6 +57,9 @@ class DecodeLaunch(NamedTuple):
             ``keys_first``: Hopper's fp8 MMA needs the 64 key rows as the first operand;
             Triton converts a 16-row fp8 dot to float16). The default over fp8 caches,
             taken on Hopper and newer (others read the keys as bfloat16).
+        longest_first: Walk the sequences in order of decreasing length (sorted on the
+            device once a step), so that the longest contexts' programs start first and
+            the last wave of programs holds short ones. Not yet run on a GPU.
     """
 
     kv_per_prog: int = 1
@@ -68,6 +71,7 @@ class DecodeLaunch(NamedTuple):
     keys_first: bool = False
     heads_fast: bool = False
     fp8_dot: bool = False
+    longest_first: bool = False
 
 
 #: The decode launch before the tuning of issue #14 (one KV head per program, 64-token
@@ -218,7 +222,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             block_q = 1
             block_m = max(16, triton.next_power_of_2(kv_per_prog * self.group))
             num_warps, num_stages = launch.num_warps, launch.num_stages
-            split_causal = False
+            split_causal, ordered = False, launch.longest_first
             via_fp16, keys_first, heads_fast = launch.fp8_via_fp16, launch.keys_first, launch.heads_fast
             fp8_dot = (launch.fp8_dot and kv_fp8 and q.dtype in (torch.bfloat16, torch.float16)
                        and _fp8_mma(q.device.index or 0))
@@ -229,6 +233,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             block_q = max(1, prefill.rows // self.group)
             block_m = max(16, triton.next_power_of_2(block_q * self.group))
             num_warps, num_stages, split_causal = prefill.num_warps, prefill.num_stages, prefill.split_causal
+            ordered = False
             via_fp16 = keys_first = heads_fast = fp8_dot = False
         # 0: the cache holds q's dtype; 1: fp8 read as q's dtype; 2: fp8 read as float16;
         # 3: fp8 scores from e4m3 queries (values as 1).
@@ -240,6 +245,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
         groups = self.num_kv_heads // kv_per_prog
         paged_attention_kernel[(groups, tiles, num_seqs) if heads_fast else (num_seqs, tiles, groups)](
             q, out, kv_cache, md.block_tables, md.seq_lens, md.query_start_loc,
+            self._longest_first(md) if ordered else md.seq_lens,
             part_acc, part_ml,
             self.scale * LOG2E * (self.k_scale if kv_fp8 else 1.0), self.v_scale,
             q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -249,11 +255,23 @@ class TritonAttentionBackend(TorchAttentionBackend):
             BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n,
             KV_PER_PROG=kv_per_prog, ONE_BLOCK=md.block_size % block_n == 0, KV_FP8=fp8_mode, KEYS_FIRST=keys_first,
             NUM_SPLITS=splits, IEEE=q.dtype == torch.float32, HEADS_FAST=heads_fast, PDL=pdl, SPLIT_CAUSAL=split_causal,
+            ORDERED=ordered,
             num_warps=num_warps, num_stages=num_stages, launch_pdl=pdl,
         )
         if splits > 1:
             self._combine_splits(part_acc, part_ml, out, md, splits, pdl)
         return out.view(num_tokens, self.num_heads * self.head_dim)
+
+    @staticmethod
+    def _longest_first(md: AttentionMetadata) -> torch.Tensor:
+        """The batch's sequence indexes by decreasing length (on the device), sorted once a
+        step: the first layer sorts, the others reuse it (inside a CUDA graph the sort is
+        captured once and runs at every replay). Ties in any order."""
+        order = md.backend_state.get("triton_longest_first")
+        if order is None:
+            order = torch.argsort(md.seq_lens, descending=True)
+            md.backend_state["triton_longest_first"] = order
+        return order
 
     def _split_partials(self, out: torch.Tensor, num_seqs: int,
                         splits: int) -> tuple[torch.Tensor, torch.Tensor]:
