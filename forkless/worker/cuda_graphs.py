@@ -184,14 +184,16 @@ class DecodeGraphs:
             self.seq_lens[0].fill_(q)
             self.query_start_loc[0][: bs + 1].copy_(
                 torch.arange(0, q * bs + 1, q, dtype=torch.int32, device=self.device))
-            md = self._metadata(q, bs)
             tokens = q * bs
 
             def args() -> tuple:
-                # Fresh views each call: a layer that memoizes per positions tensor (the
-                # rotary tables do) must not hand the capture the warm-up's eager result,
-                # which would freeze it into the graph (stale, and later freed, memory).
-                return self.input_ids[0][:tokens], self.positions[0][:tokens], self.kv_caches, md
+                # Fresh views and metadata each call: a layer that memoizes per positions
+                # tensor (the rotary tables do), or a backend that caches what it derives
+                # from the metadata in its backend_state, must not hand the capture the
+                # warm-up's eager result, which would freeze it into the graph (stale, and
+                # later freed, memory).
+                return (self.input_ids[0][:tokens], self.positions[0][:tokens], self.kv_caches,
+                        self._metadata(q, bs))
 
             self.model(*args())  # warm-up: compiles kernels, settles allocations
             graph = torch.cuda.CUDAGraph()
