@@ -20,21 +20,31 @@ HOPPER_SHARED = 227 * 1024
 HKV, GROUP, D = 8, 2, 128
 
 
+#: Integer arguments that a launch's specialisation sees as multiples of 16, as Triton's JIT
+#: does at run time (row strides of 16-bit tensors with 128-wide heads, the block size); the
+#: block tables' row stride (the longest sequence's blocks) need not be one.
+_DIVISIBLE = {"q_stride_t", "q_stride_h", "o_stride_t", "o_stride_h", "cache_kv_stride", "block_size"}
+
+
 def _compile(fn, types: dict[str, str], constexprs: dict[str, object], num_warps: int, num_stages: int):
     """``fn`` compiled for sm_90: pointer and scalar arguments typed by ``types`` (the rest
-    int32), ``constexprs`` as given."""
+    int32), ``constexprs`` as given. Pointers are 16-byte aligned (as torch's allocations
+    are): without that the compiler cannot vectorise or pipeline a load, and the kernel
+    compiled would not be the one a GPU runs."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    signature, consts = {}, {}
+    signature, consts, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
             signature[name] = "constexpr"
             consts[(i,)] = constexprs[name]
-        else:
-            signature[name] = types.get(name, "i32")
-    src = ASTSource(fn=fn, signature=signature, constexprs=consts)
+            continue
+        signature[name] = types.get(name, "i32")
+        if signature[name].startswith("*") or name in _DIVISIBLE:
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32),
                           options={"num_warps": num_warps, "num_stages": num_stages})
 
