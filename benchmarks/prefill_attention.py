@@ -59,7 +59,6 @@ class Step:
         for nb in nblocks:
             tables.append(perm[at: at + nb] + [0] * (width - nb))
             at += nb
-        self.seqs = seqs
         self.cache = torch.randn(2, sum(nblocks) + 1, BS, HKV, D, generator=g).to(dev, torch.bfloat16)
         starts = [0]
         for _, n in seqs:
@@ -94,6 +93,7 @@ class Step:
             mask = causal_lower_right(q.shape[2], k.shape[2])
             outs.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=D**-0.5)[0].transpose(0, 1))
         return torch.cat(outs).reshape(-1, HQ * D)
+
 
 def _candidates():
     from forkless.attention.backends.triton_paged import PrefillLaunch as P
