@@ -221,6 +221,22 @@ _GROUPS = (
 )
 
 
+def dev_time(e) -> float:
+    """A profiler event's own device time in us (``self_cuda_time_total`` on older torch)."""
+    return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
+
+
+def kernel_groups(events) -> dict[str, float]:
+    """Device time in us of profiler events, summed by :data:`_GROUPS` (the first group
+    whose pattern a kernel's name holds; ``other`` for none)."""
+    groups = {g: 0.0 for g, _ in _GROUPS} | {"other": 0.0}
+    for e in events:
+        key = e.key.lower()
+        group = next((g for g, pats in _GROUPS if any(p in key for p in pats)), "other")
+        groups[group] += dev_time(e)
+    return groups
+
+
 def step_profile(args: argparse.Namespace) -> None:
     import random
 
@@ -265,25 +281,13 @@ def step_profile(args: argparse.Namespace) -> None:
             torch.cuda.synchronize()
         llm.shutdown()
 
-    def dev_time(e) -> float:
-        return getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0)
-
     events = [e for e in prof.key_averages() if dev_time(e) > 0]
     events.sort(key=dev_time, reverse=True)
     total = sum(dev_time(e) for e in events)
     print(f"decode steps at batch {batch} (kv cache {args.profile_kv_cache_dtype}, "
           f"{'eager' if args.enforce_eager else 'CUDA graphs'}): wall {wall * 1e3:.2f} ms/step, "
           f"GPU kernel time {total / steps / 1e3:.2f} ms/step")
-    groups = {g: 0.0 for g, _ in _GROUPS} | {"other": 0.0}
-    for e in events:
-        key = e.key.lower()
-        for g, pats in _GROUPS:
-            if any(p in key for p in pats):
-                groups[g] += dev_time(e)
-                break
-        else:
-            groups["other"] += dev_time(e)
-    for g, t in groups.items():
+    for g, t in kernel_groups(events).items():
         print(f"  {g:50s} {t / steps / 1e3:8.3f} ms/step {100 * t / max(total, 1e-9):5.1f} %")
     print(f"{'kernel':80s} {'ms/step':>8s} {'calls/step':>10s}")
     for e in events[: args.top]:

@@ -4,8 +4,8 @@ Runs the prompts of ``forkless bench throughput``'s workload (512 requests, 100-
 tokens, seed 0; Qwen3-0.6B shape, bf16, dummy weights, async scheduling, prefix caching
 off so every run computes every prompt) with ``max_tokens=1``: the prefill steps and
 nothing else. Prints the wall time of three runs, then one run under ``torch.profiler``:
-the GPU's kernel time in all, grouped into GEMMs, attention and the rest, and the top
-kernels.
+the GPU's kernel time in all, grouped as ``benchmarks/attention_bw.py --step-profile``
+groups a decode step's, and the top kernels.
 
     python benchmarks/profile_prefill.py [--max-num-batched-tokens 8192]
 
@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from attention_bw import dev_time, kernel_groups  # noqa: E402  (benchmarks/attention_bw.py)
 
 
 def main() -> None:
@@ -58,17 +62,14 @@ def main() -> None:
         llm.shutdown()
     print(f"{torch.cuda.get_device_name()}; prefill of {sum(len(p) for p, _ in work)} tokens, "
           f"--max-num-batched-tokens {args.max_num_batched_tokens}: wall " + ", ".join(f"{w:.3f}" for w in walls) + " s")
-    events = [e for e in prof.key_averages() if e.self_device_time_total > 0]
-    events.sort(key=lambda e: e.self_device_time_total, reverse=True)
-    groups: dict[str, float] = {}
-    for e in events:
-        group = ("GEMM" if any(s in e.key for s in ("nvjet", "gemm", "cutlass", "splitK")) else
-                 "attention" if "paged_attention" in e.key else "rest")
-        groups[group] = groups.get(group, 0.0) + e.self_device_time_total
-    total = sum(groups.values())
-    print(f"GPU kernel time {total / 1e6:.3f} s: " + ", ".join(f"{g} {t / 1e6:.3f} s" for g, t in groups.items()))
+    events = [e for e in prof.key_averages() if dev_time(e) > 0]
+    events.sort(key=dev_time, reverse=True)
+    groups = kernel_groups(events)
+    print(f"GPU kernel time {sum(groups.values()) / 1e6:.3f} s")
+    for g, t in groups.items():
+        print(f"  {g:50s} {t / 1e6:7.3f} s")
     for e in events[: args.top]:
-        print(f"{e.key[:80]:80s} {e.self_device_time_total / 1e3:9.1f} ms {e.count:6d} calls")
+        print(f"{e.key[:80]:80s} {dev_time(e) / 1e3:9.1f} ms {e.count:6d} calls")
 
 
 if __name__ == "__main__":
