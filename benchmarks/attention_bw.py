@@ -15,6 +15,7 @@ keys/values; the ratio is attention bandwidth over copy bandwidth.
                                                        #   its triton_kernels.py and triton_paged.py)
     python benchmarks/attention_bw.py --step-profile   # + GPU kernels of real decode steps, batch 512
     python benchmarks/attention_bw.py --sweep --sweep-filter heads-fast --block-size 64  # some candidates, other blocks
+    python benchmarks/attention_bw.py --no-bandwidth --overlap  # can a layer's GEMMs hide behind attention?
 
 ``--step-profile`` runs ``LLM`` on a Qwen3-0.6B-shaped model with random weights: 512
 prompts of 100-1024 tokens, steps until every prompt is prefilled, then profiles decode
@@ -294,6 +295,64 @@ def step_profile(args: argparse.Namespace) -> None:
         print(f"{e.key[:80]:80s} {dev_time(e) / steps / 1e3:8.3f} {e.count / steps:10.1f}")
 
 
+def overlap(args: argparse.Namespace) -> None:
+    """Times decode attention and one Qwen3-0.6B layer's four GEMMs at the same batch, alone
+    and forked onto two streams of one graph, under cuBLASLt's SM carveout (SMs the GEMMs
+    leave free) and with the GEMM stream at high priority or not. ``hidden`` is the share
+    of the GEMMs' own time that running beside attention saved: 1 is a perfect overlap, 0
+    none (they only interleave), negative a loss."""
+    import torch
+    import torch.nn.functional as F
+
+    from forkless.attention.backends.triton_paged import TritonAttentionBackend
+
+    dev, bf16 = torch.device("cuda"), torch.bfloat16
+    backend = TritonAttentionBackend(HQ, HKV, D, D**-0.5)
+    hidden, inter = 1024, 3072
+    w_qkv, w_o = (torch.randn(o, i, device=dev, dtype=bf16) / 32 for o, i in ((4096, hidden), (hidden, 2048)))
+    w_gu, w_down = (torch.randn(o, i, device=dev, dtype=bf16) / 32 for o, i in ((2 * inter, hidden), (hidden, inter)))
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    print(f"{torch.cuda.get_device_name()}, {sms} SMs: one layer's GEMMs (qkv, o, gate_up, down) beside decode "
+          f"attention, contexts 100-2048")
+    print(f"{'batch':>5s} {'blas':>8s} {'carveout':>8s} {'prio':>5s} {'attn us':>8s} {'gemm us':>8s} "
+          f"{'both us':>8s} {'hidden':>7s}")
+    for batch in args.batch:
+        bt = Batch(batch, bf16)
+        x = torch.randn(batch, hidden, device=dev, dtype=bf16)
+
+        def gemms():
+            qkv = F.linear(x, w_qkv)
+            o = F.linear(qkv[:, :2048], w_o)
+            gu = F.linear(o, w_gu)
+            return F.linear(gu[:, :inter], w_down)
+
+        def attn():
+            return backend.forward(bt.q, bt.k, bt.v, bt.cache, bt.md)
+
+        t_a = graph_time(attn)
+        for lib in ("cublas", "cublaslt"):
+            torch.backends.cuda.preferred_blas_library(lib)
+            for carve in ((0,) if lib == "cublas" else (0, 8, 16, 32, sms // 2)):
+                torch._C._set_sm_carveout_experimental(carve or None)
+                t_g = graph_time(gemms)
+                for prio in (False, True):
+                    side = torch.cuda.Stream(priority=-1 if prio else 0)
+
+                    def both():
+                        side.wait_stream(torch.cuda.current_stream())
+                        with torch.cuda.stream(side):
+                            gemms()
+                        attn()
+                        torch.cuda.current_stream().wait_stream(side)
+
+                    t_b = graph_time(both)
+                    print(f"{batch:5d} {lib:>8s} {carve:8d} {str(prio):>5s} {t_a * 1e6:8.1f} {t_g * 1e6:8.1f} "
+                          f"{t_b * 1e6:8.1f} {(t_a + t_g - t_b) / t_g:7.2f}", flush=True)
+        torch._C._set_sm_carveout_experimental(None)
+        torch.backends.cuda.preferred_blas_library("cublas")
+        del bt
+
+
 def main() -> None:
     global BS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -312,6 +371,8 @@ def main() -> None:
     parser.add_argument("--profile-kv-cache-dtype", default="auto")
     parser.add_argument("--enforce-eager", action="store_true", help="profile without CUDA graphs")
     parser.add_argument("--top", type=int, default=20)
+    parser.add_argument("--overlap", action="store_true",
+                        help="time a layer's GEMMs beside decode attention on two streams (SM carveout, priority)")
     args = parser.parse_args()
     BS = args.block_size
     import torch
@@ -320,6 +381,8 @@ def main() -> None:
         sys.exit("attention_bw.py measures the Triton kernels: it needs a CUDA GPU (none is available)")
     if not args.no_bandwidth:
         bandwidth(args)
+    if args.overlap:
+        overlap(args)
     if args.step_profile:
         step_profile(args)
 
