@@ -169,6 +169,31 @@ def test_sigterm_lets_requests_finish_then_ends_the_rest(long_context_llama: Pat
     assert sorted(os.listdir(tmpdir)) == [], "left in TMPDIR"
 
 
+def test_a_second_signal_ends_the_wait_and_still_exits_cleanly(long_context_llama: Path, tmp_path: Path) -> None:
+    """SIGTERM, then SIGINT during the shutdown timeout (an impatient operator's Ctrl-C):
+    the requests end with their 503 at once, and the server still exits 0 with no
+    traceback (uvicorn skips its lifespan shutdown on a second signal)."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    srv = start_server(long_context_llama, tmp_path, "--served-model-name", "tiny", "--max-model-len", "16384",
+                       "--shutdown-timeout", "600", env_extra={"TMPDIR": str(tmpdir)})
+    try:
+        call = Call(srv, LONG, stream=True)
+        assert call.first_event.wait(60) and call.events, call.failure
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        srv.proc.send_signal(signal.SIGINT)
+        assert srv.proc.wait(60) == 0, srv.log()[-3000:]
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    call.result()
+    assert call.events[-1] == "[DONE]" and "shutting down" in call.events[-2], call.events[-3:]
+    log = srv.log()
+    assert "Traceback" not in log and "ERROR" not in log, log[-5000:]
+    assert sorted(os.listdir(tmpdir)) == [], "left in TMPDIR"
+
+
 def test_health_is_503_from_the_signal_on() -> None:
     """The signal handler marks the app as shutting down at once: a ``/health`` that the
     application still answers is a 503 with the OpenAI error body, and new requests are

@@ -307,6 +307,11 @@ class _Server(uvicorn.Server):
         # uvicorn's own shutdown now finds the connections closed (it cancels any that a
         # client keeps open past _FORCE_CLOSE_AFTER_S) and runs the lifespan shutdown.
         await super().shutdown(sockets=sockets)
+        if self.force_exit:
+            # After a second signal uvicorn skips the lifespan shutdown; its task, still
+            # waiting for that event, would be cancelled at exit and logged as an ERROR
+            # with a traceback. The second signal is only meant to cut the waits short.
+            await self.lifespan.shutdown()
 
     async def _drain(self) -> None:
         """Take no more work, give the requests in flight the shutdown timeout, then end
