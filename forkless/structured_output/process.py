@@ -237,10 +237,23 @@ class GrammarProcessClient:
                     ", ".join(str(p.pid) for p in self._procs))
 
     def _send(self, kind: bytes, payload: Any, index: int = 0) -> None:
-        """Send a message to grammar process ``index``."""
+        """Send a message to grammar process ``index``.
+
+        Raises:
+            RuntimeError: The process is dead (a PUSH socket with no peer would otherwise
+                block the engine core's step loop forever).
+        """
         if not self._procs:
             self._start()
-        self._outs[index].send_multipart([kind, ipc.encode(payload)], copy=False)
+        out, proc, frames = self._outs[index], self._procs[index], [kind, ipc.encode(payload)]
+        while True:
+            try:
+                out.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                return
+            except zmq.Again:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"the grammar process died (exit code {proc.returncode})") from None
+                out.poll(_IDLE_POLL_MS, zmq.POLLOUT)
 
     def _receive(self, timeout_ms: int | None) -> bool:
         """Take one message from the process into its slot; ``False`` when none came

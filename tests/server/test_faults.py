@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -19,7 +20,7 @@ import openai
 import pytest
 
 from tests.conftest import plugin_env
-from tests.server.conftest import Server, alive, descendants, start_server, stop_and_check, wait_until
+from tests.server.conftest import Server, alive, cmdline, descendants, start_server, stop_and_check, wait_until
 from tests.server.test_metrics import scrape, value
 
 
@@ -58,6 +59,34 @@ def test_killed_worker_fails_health_and_requests_then_server_exits(tiny_llama: P
             [p for p in processes if alive(p)]
         assert "worker 0" in srv.log() and "died" in srv.log()
         assert os.listdir(tmpdir) == []  # the API server removed the IPC directory
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+
+
+def test_killed_grammar_process_fails_requests_instead_of_hanging(tiny_llama: Path, tmp_path: Path) -> None:
+    # The engine core sends to the grammar process through a PUSH socket, which blocks
+    # forever once its only peer is gone: the next constrained request must fail (and the
+    # server stop), not hang the step loop with /health still answering 200.
+    tmpdir = _own_tmpdir(tmp_path)
+    srv = start_server(tiny_llama, tmp_path, "--max-model-len", "512", env_extra={"TMPDIR": str(tmpdir)})
+    processes = descendants(srv.proc.pid)
+    try:
+        client = srv.client(timeout=60)  # a hang fails the test instead of blocking it
+        constrained = {"structured_outputs": {"regex": "[a-z]{1,8}"}}
+        client.completions.create(model=str(tiny_llama), prompt="a word:", max_tokens=8, extra_body=constrained)
+        grammar = [p for p in descendants(srv.proc.pid) if "forkless.structured_output.process" in cmdline(p)]
+        assert len(grammar) == 1, [cmdline(p) for p in descendants(srv.proc.pid)]
+        os.kill(grammar[0], signal.SIGKILL)
+        time.sleep(1)  # ZeroMQ has dropped the dead peer: a send now finds no one to queue for
+        with pytest.raises(openai.APIStatusError) as caught:
+            client.completions.create(model=str(tiny_llama), prompt="another word:", max_tokens=8,
+                                      extra_body=constrained)
+        assert caught.value.status_code == 503, caught.value
+        assert srv.proc.wait(60) != 0  # the server notices and shuts itself down
+        assert wait_until(lambda: not any(alive(p) for p in processes), 15), \
+            [p for p in processes if alive(p)]
+        assert "the grammar process died (exit code -9)" in srv.log()
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
