@@ -252,8 +252,16 @@ class GrammarProcessClient:
                 return
             except zmq.Again:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"the grammar process died (exit code {proc.returncode})") from None
+                    raise self._died(proc) from None
                 out.poll(_IDLE_POLL_MS, zmq.POLLOUT)
+
+    def _died(self, proc: subprocess.Popen) -> RuntimeError:
+        """The error for a grammar process found dead, after stopping the others and
+        removing the socket directory: the engine core fails with it and exits without
+        a shutdown, and no process is left to remove the directory."""
+        error = RuntimeError(f"the grammar process died (exit code {proc.returncode})")
+        self.shutdown()
+        return error
 
     def _receive(self, timeout_ms: int | None) -> bool:
         """Take one message from the process into its slot; ``False`` when none came
@@ -263,7 +271,7 @@ class GrammarProcessClient:
         while not self._in.poll(step):
             for proc in self._procs:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"the grammar process died (exit code {proc.returncode})")
+                    raise self._died(proc)
             if timeout_ms is not None:
                 return False
         kind, payload = self._in.recv_multipart()

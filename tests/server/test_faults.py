@@ -87,6 +87,7 @@ def test_killed_grammar_process_fails_requests_instead_of_hanging(tiny_llama: Pa
         assert wait_until(lambda: not any(alive(p) for p in processes), 15), \
             [p for p in processes if alive(p)]
         assert "the grammar process died (exit code -9)" in srv.log()
+        assert os.listdir(tmpdir) == []  # nor the grammar process's socket directory
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
