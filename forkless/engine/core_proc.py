@@ -171,6 +171,12 @@ def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, pare
         if proc is not None:
             try:
                 proc._send(ipc.DEAD, {"error": f"{type(exc).__name__}: {exc}"})
+                # Delivered before os._exit, which would kill ZeroMQ's I/O thread with the
+                # message still queued: the API server would then see only an exit code,
+                # not the reason. (The output socket's linger bounds the wait.)
+                proc.input.close(linger=0)
+                proc.output.close()
+                proc.ctx.term()
             except Exception:  # the socket may be gone too
                 pass
         ipc.remove_ipc_dir_if_orphaned(parent_pid, ipc_dir)
