@@ -194,6 +194,34 @@ def test_a_second_signal_ends_the_wait_and_still_exits_cleanly(long_context_llam
     assert sorted(os.listdir(tmpdir)) == [], "left in TMPDIR"
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_model_loads_exits_cleanly(tiny_llama: Path, tmp_path: Path, sig: int) -> None:
+    """Ctrl-C or a stop while the engine starts: exit 0 with one line, no
+    KeyboardInterrupt traceback nor death by SIGTERM, and nothing left behind."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    log_path = tmp_path / "server.log"
+    env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="", TMPDIR=str(tmpdir))
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "forkless.entrypoints.cli.main", "serve", str(tiny_llama),
+                                 "--port", "0"], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        assert wait_until(lambda: "started the engine core process" in log_path.read_text(), 60, 0.02), \
+            log_path.read_text()
+        processes = descendants(proc.pid)
+        proc.send_signal(sig)
+        assert proc.wait(60) == 0, log_path.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = log_path.read_text()
+    assert f"received {signal.Signals(sig).name} while starting" in log, log[-3000:]
+    assert "Traceback" not in log and "ERROR" not in log, log[-3000:]
+    assert wait_until(lambda: not any(alive(p) for p in processes), 15)
+    assert wait_until(lambda: not os.listdir(tmpdir), 10), os.listdir(tmpdir)
+
+
 def test_health_is_503_from_the_signal_on() -> None:
     """The signal handler marks the app as shutting down at once: a ``/health`` that the
     application still answers is a 503 with the OpenAI error body, and new requests are

@@ -370,8 +370,28 @@ def _import_http_app() -> None:
 
 
 async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: socket.socket) -> int:
+    # A signal while the model loads (Ctrl-C, systemd's stop) ends the start-up as one
+    # after it ends the drain: exit 0 with one line, not a KeyboardInterrupt traceback
+    # (SIGINT) or death by the signal (SIGTERM). run_server stops the engine either way.
+    loop = asyncio.get_running_loop()
+    starting = asyncio.current_task()
+    assert starting is not None
+    stopped_by: list[int] = []
+
+    def stop_starting(sig: int) -> None:
+        logger.info("received %s while starting; shutting down", signal.Signals(sig).name)
+        stopped_by.append(sig)
+        starting.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop_starting, sig)
     try:
         await engine.start(while_starting=_import_http_app)
+    except asyncio.CancelledError:
+        if not stopped_by:
+            raise
+        starting.uncancel()
+        return 0
     except Exception as exc:
         logger.error("%s", exc)
         return 1
