@@ -180,8 +180,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
             the same tokens whatever else shares the batch.
         max_tokens: Maximum number of generated tokens; ``None`` means up to the model's
             context length.
-        min_tokens: EOS and ``stop_token_ids`` are masked until this many tokens exist
-            (0 with ``structured_outputs``, whose grammar decides where the output ends).
+        min_tokens: EOS and ``stop_token_ids`` are masked until this many tokens exist,
+            and stop strings are looked for only in the text of later tokens (vLLM's
+            rules; 0 with ``structured_outputs``, whose grammar decides where the output ends).
         stop: Strings that end generation (normalized to a list).
         stop_token_ids: Token ids that end generation (the token is kept in the output).
         ignore_eos: Keep generating after the model's EOS token.

@@ -122,7 +122,10 @@ class _Completion:
                 piece += trailing  # tokens after this piece's
                 new_text = self.detok.update(pieces[after])
                 self.text += new_text
-                if self.stop and new_text and len(self.token_ids) - piece >= self.params.min_tokens:
+                # The first min_tokens tokens' text is never searched (vLLM's rule): a stop
+                # string ends the output at the earliest at token min_tokens + 1, where a
+                # stop token (masked until min_tokens tokens exist) could end it too.
+                if self.stop and new_text and len(self.token_ids) - piece > self.params.min_tokens:
                     found = self.stop.find(self.text, len(new_text), self.params.include_stop_str_in_output)
                     if found is not None:
                         del self.token_ids[len(self.token_ids) - piece:]

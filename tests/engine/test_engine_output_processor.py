@@ -232,3 +232,21 @@ def test_prompt_tokens_and_ttft_count_at_the_first_token_not_at_the_end(parts) -
     assert [len(s.time_to_first_tokens) for s in stats] == [1] + [0] * (len(ids) - 1)
     assert [len(s.finished_requests) for s in stats] == [0] * (len(ids) - 1) + [1]
     assert sum(s.num_generation_tokens for s in stats) == len(ids)
+
+
+def test_a_stop_string_in_the_first_min_tokens_tokens_does_not_stop(parts) -> None:
+    # vLLM's rule: the text of tokens 1..min_tokens is never searched for stop strings, so
+    # "over" stops the output when its last character comes in token min_tokens + 1 or
+    # later, and is no stop string when it comes in token min_tokens (then "lazy" is).
+    processor, tok = parts
+    ids = tok.encode(TEXT)
+    k = next(k for k in range(1, len(ids) + 1) if "over" in tok.decode(ids[:k]))  # the token ending "over"
+    finals = {}
+    for min_tokens in (k - 1, k):
+        out_proc = OutputProcessor(tok)
+        params = SamplingParams(stop=["over", "lazy"], min_tokens=min_tokens)
+        out_proc.add_request(processor.process_inputs("r", "Hi", params))
+        results = _feed(out_proc, "r", ids)
+        finals[min_tokens] = [o for r in results for o in r.request_outputs if o.finished][0].outputs[0]
+    assert (finals[k - 1].text, finals[k - 1].stop_reason) == (" jumps ", "over")
+    assert (finals[k].text, finals[k].stop_reason) == (" jumps over the ", "lazy")
