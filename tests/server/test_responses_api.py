@@ -170,6 +170,20 @@ def test_reasoning_and_function_calls_are_output_items(tool_server: Server, toke
     assert follow.status in ("completed", "incomplete") and follow.usage.input_tokens > r.usage.input_tokens
 
 
+def test_streamed_logprobs_are_the_unstreamed_ones(tool_server: Server, tokenizer) -> None:
+    # Every token's logprobs, as unstreamed: the reasoning's (before the message opens) and
+    # the EOS's (a token with no text) included, in output_text.delta events.
+    client = tool_server.client()
+    kwargs = dict(model="tiny", input="Hi", top_logprobs=1, include=["message.output_text.logprobs"],
+                  extra_body=forced(tokenizer, f"<think>{REASONING}</think>\n\nHello there"))
+    whole = [t.token for t in client.responses.create(**kwargs).output[1].content[0].logprobs]
+    assert whole[-1] == tokenizer.eos_token and len(whole) > len(tokenizer.encode("Hello there")) + 1
+    events = list(client.responses.create(stream=True, **kwargs))
+    streamed = [t.token for e in events if e.type == "response.output_text.delta" for t in e.logprobs]
+    assert streamed == whole
+    assert [t.token for t in events[-1].response.output[1].content[0].logprobs] == whole
+
+
 def test_the_store_drops_the_oldest_past_its_count_or_size() -> None:
     from forkless.entrypoints.openai.errors import BadRequest
     from forkless.entrypoints.openai.serving_responses import ResponsesStore

@@ -7,7 +7,9 @@ Invariants:
       ``input``), served by :class:`OpenAIServing` exactly as ``/v1/chat/completions``
       is: the same template, parsers, limits and errors. The chat answer (or its SSE
       chunks) is then rewritten into Responses output items (``reasoning``, ``message``,
-      ``function_call``) or Responses stream events.
+      ``function_call``) or Responses stream events. A streamed message's logprobs (its
+      ``output_text.delta`` events' and its final part's) are the unstreamed message's:
+      every token's up to the message's end, reasoning and EOS included.
     * Fields forkless cannot honour (other tool types than ``function``, ``background``,
       ``reasoning.effort``, image input...) are a 400 naming the field; an error from the
       chat path names the Responses field it came from (``max_output_tokens``, ``text``).
@@ -287,6 +289,10 @@ class _StreamedOutput:
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the item being streamed
         self.calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> its item
+        # Logprobs of tokens that came while no message was open (reasoning, or an answer
+        # that has not started): the next message gets them, as an unstreamed response's
+        # message has every token's logprobs.
+        self.pending_logprobs: list[dict[str, Any]] = []
 
     def delta(self, delta: dict[str, Any], logprobs: dict[str, Any] | None) -> list[str]:
         out: list[str] = []
@@ -295,16 +301,15 @@ class _StreamedOutput:
             self.open["content"][0]["text"] += delta["reasoning"]
             out.append(self.events.emit("response.reasoning_text.delta", item_id=self.open["id"],
                                         output_index=len(self.items) - 1, content_index=0, delta=delta["reasoning"]))
+        lps = _content_logprobs(logprobs) if self.with_logprobs else []
         if delta.get("content"):
             out += self._open("message")
-            part = self.open["content"][0]
-            part["text"] += delta["content"]
-            lps = _content_logprobs(logprobs) if self.with_logprobs else []
-            if self.with_logprobs:
-                part["logprobs"] += lps
-            out.append(self.events.emit("response.output_text.delta", item_id=self.open["id"],
-                                        output_index=len(self.items) - 1, content_index=0, delta=delta["content"],
-                                        logprobs=lps))
+        if self.open is not None and self.open["type"] == "message" and (delta.get("content") or lps):
+            # Tokens without text of their own (the EOS that ends the answer) keep their
+            # logprobs too, in a delta of no text.
+            out.append(self._text_delta(delta.get("content") or "", lps))
+        else:
+            self.pending_logprobs += lps
         for call in delta.get("tool_calls") or []:
             function = call.get("function") or {}
             item = self.calls.get(call["index"])
@@ -322,6 +327,17 @@ class _StreamedOutput:
                 out.append(self.events.emit("response.function_call_arguments.delta", item_id=item["id"],
                                             output_index=self.items.index(item), delta=function["arguments"]))
         return out
+
+    def _text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> str:
+        """Add to the open message's text, with the logprobs held for it before these."""
+        assert self.open is not None
+        logprobs, self.pending_logprobs = self.pending_logprobs + logprobs, []
+        part = self.open["content"][0]
+        part["text"] += text
+        if self.with_logprobs:
+            part["logprobs"] += logprobs
+        return self.events.emit("response.output_text.delta", item_id=self.open["id"],
+                                output_index=len(self.items) - 1, content_index=0, delta=text, logprobs=logprobs)
 
     def _open(self, kind: str) -> list[str]:
         if self.open is not None and self.open["type"] == kind:
@@ -369,7 +385,10 @@ class _StreamedOutput:
         """Close the open item; an output with no item at all gets an empty message, as a
         response that is not streamed has."""
         if not self.items:
-            return self._open("message") + self._close()
+            out = self._open("message")
+            if self.pending_logprobs:
+                out.append(self._text_delta("", []))
+            return out + self._close()
         return self._close()
 
 
