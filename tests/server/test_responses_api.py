@@ -184,6 +184,18 @@ def test_streamed_logprobs_are_the_unstreamed_ones(tool_server: Server, tokenize
     assert [t.token for t in events[-1].response.output[1].content[0].logprobs] == whole
 
 
+def test_a_streamed_answer_of_reasoning_alone_ends_with_an_empty_message(tool_server: Server, tokenizer) -> None:
+    # As unstreamed: an output with no function call has a message, empty if need be.
+    client = tool_server.client()
+    kwargs = dict(model="tiny", input="Hi", extra_body=forced(tokenizer, f"<think>{REASONING}</think>"))
+    whole = client.responses.create(**kwargs)
+    assert [(o.type, o.content[0].text) for o in whole.output] == [("reasoning", REASONING), ("message", "")]
+    events = list(client.responses.create(stream=True, **kwargs))
+    final = events[-1].response
+    assert [(o.type, o.content[0].text) for o in final.output] == [("reasoning", REASONING), ("message", "")]
+    assert [e.item.type for e in events if e.type == "response.output_item.done"] == ["reasoning", "message"]
+
+
 def test_the_store_drops_the_oldest_past_its_count_or_size() -> None:
     from forkless.entrypoints.openai.errors import BadRequest
     from forkless.entrypoints.openai.serving_responses import ResponsesStore

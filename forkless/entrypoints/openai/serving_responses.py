@@ -382,9 +382,10 @@ class _StreamedOutput:
         return out
 
     def close(self) -> list[str]:
-        """Close the open item; an output with no item at all gets an empty message, as a
-        response that is not streamed has."""
-        if not self.items:
+        """Close the open item; an output with neither a message nor a function call (none
+        at all, or reasoning alone) gets an empty message, as a response that is not
+        streamed has."""
+        if not any(item["type"] in ("message", "function_call") for item in self.items):
             out = self._open("message")
             if self.pending_logprobs:
                 out.append(self._text_delta("", []))
