@@ -299,6 +299,14 @@ def test_tokenize_takes_the_chat_fields(server: Server) -> None:
     assert opened["count"] > body["count"]  # the closed turn adds its end-of-turn tokens
     both = _post(server, "/tokenize", {"messages": turns, "prompt": "Hi"})
     assert both.status_code == 400 and both.json()["error"]["param"] == "prompt"
+    # What chat completions refuse, /tokenize refuses with messages: its tokens would not follow it.
+    for field, value in (("add_special_tokens", True), ("chat_template", "{{ 'X' }}"),
+                         ("mm_processor_kwargs", {"a": 1})):
+        refused = _post(server, "/tokenize", {"messages": turns, field: value})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == field, refused.text
+    quiet = _post(server, "/tokenize", {"messages": turns, "add_generation_prompt": False, "add_special_tokens": False,
+                                        "chat_template": None})
+    assert quiet.status_code == 200 and quiet.json()["tokens"] == opened["tokens"]
 
 
 def test_completions_logprobs_0_give_the_sampled_token_alone(server: Server) -> None:

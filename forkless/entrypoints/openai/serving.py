@@ -154,6 +154,21 @@ def _reject_unsupported(req: SamplingFields) -> None:
             raise BadRequest(f"{name}={quoted(value)}: {reason}", name)
 
 
+def _reject_unsupported_chat_tokenize(req: TokenizeRequest) -> None:
+    """Refuse the fields of vLLM's chat ``/tokenize`` that chat completions refuse too
+    (``add_special_tokens: true``, ``chat_template``, multimodal kwargs), which the
+    conversation's tokens would otherwise silently not follow."""
+    if req.add_special_tokens and "add_special_tokens" in req.model_fields_set:
+        # An explicit true: the default (true) is the one for a plain prompt.
+        raise BadRequest(f"add_special_tokens=True with messages: {_UNSUPPORTED_CHAT_FIELDS['add_special_tokens'][1]}",
+                         "add_special_tokens")
+    extra = req.model_extra or {}
+    for name in ("chat_template", "mm_processor_kwargs", "media_io_kwargs"):
+        accepted, reason = _UNSUPPORTED_CHAT_FIELDS.get(name) or _UNSUPPORTED_FIELDS[name]
+        if extra.get(name) not in accepted:
+            raise BadRequest(f"{name}={quoted(extra[name])}: {reason}", name)
+
+
 def _unknown_fields(req: RequestModel) -> list[str]:
     """Top-level fields of a request that no model declares and no list above knows."""
     known: dict[str, Any] = {}
@@ -882,6 +897,7 @@ class OpenAIServing:
         if req.messages is not None and req.prompt is not None:
             raise BadRequest("give either prompt or messages, not both", "prompt")
         if req.messages is not None:
+            _reject_unsupported_chat_tokenize(req)
             # The prompt a chat request with these fields gets (the same count as its usage).
             chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt,
                                          continue_final_message=req.continue_final_message, tools=req.tools,
