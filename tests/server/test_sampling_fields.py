@@ -77,6 +77,8 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
     (_chat(stream=True, stream_options={"continuous_usage_stats": True}), "stream_options"),
     (_completion(max_completion_tokens=5), "max_completion_tokens"),
     (_chat(functions=[{"name": "f"}]), "functions"),
+    (_chat(verbosity="low"), "verbosity"),
+    (_chat(web_search_options={}), "web_search_options"),
     (_completion(min_tokens=3, structured_outputs={"choice": ["yes", "no"]}), "min_tokens"),
     (_completion(seed=2**70), "seed"),
     (_completion(stop=""), "stop"),

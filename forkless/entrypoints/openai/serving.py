@@ -131,6 +131,11 @@ _UNSUPPORTED_CHAT_FIELDS = {
     "modalities": ((None, ["text"]), "only text output is supported"),
     "audio": ((None,), "audio output is not supported"),
     "prediction": ((None,), "predicted outputs are not supported"),
+    # OpenAI's: they change the answer (its length, a web search), which the model here
+    # cannot be told to do (as /v1/responses refuses text.verbosity and web_search tools).
+    "verbosity": ((None,), "verbosity is not supported: the model answers as its chat template and "
+                           "sampling make it"),
+    "web_search_options": ((None,), "web search is not supported"),
 }
 
 
