@@ -206,6 +206,12 @@ class CompletionRequest(SamplingFields):
     def _null_max_tokens_is_16(cls, value: Any) -> Any:
         return 16 if value is None else value
 
+    @field_validator("echo", mode="before")
+    @classmethod
+    def _null_echo_is_false(cls, value: Any) -> Any:
+        # Nullable in the OpenAI API and in vLLM (false); some clients send null.
+        return False if value is None else value
+
 
 class ChatMessage(OpenAIModel):
     role: str
@@ -311,6 +317,12 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = True
     documents: list[dict[str, Any]] | None = None
+
+    @field_validator("logprobs", mode="before")
+    @classmethod
+    def _null_logprobs_is_false(cls, value: Any) -> Any:
+        # Nullable in the OpenAI API and in vLLM (false); some clients send null.
+        return False if value is None else value
 
 
 class UsageInfo(OpenAIModel):

@@ -340,6 +340,8 @@ def test_null_n_and_stream_are_their_defaults() -> None:
     for req in (_completion(n=None, stream=None), _chat(n=None, stream=None)):
         assert (req.n, req.stream) == (1, False)
         assert to_sampling_params(req, 5, None, 5).n == 1
+    # So are completions' echo and chat's logprobs (false, as in vLLM).
+    assert _completion(echo=None).echo is False and _chat(logprobs=None).logprobs is False
 
 
 def test_echo_with_max_tokens_0_returns_the_prompt_alone(server: Server) -> None:
