@@ -577,7 +577,7 @@ class TokenizeRequest(RequestModel):
     continue_final_message: bool = False
     tools: list[ChatCompletionToolParam] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    return_token_strs: bool = False
+    return_token_strs: bool | None = False  # nullable, as in vLLM
 
 
 class TokenizeResponse(OpenAIModel):

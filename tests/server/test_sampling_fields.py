@@ -306,6 +306,8 @@ def test_tokenize_takes_the_chat_fields(server: Server) -> None:
                          ("mm_processor_kwargs", {"a": 1})):
         refused = _post(server, "/tokenize", {"messages": turns, field: value})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == field, refused.text
+    unnamed = _post(server, "/tokenize", {"messages": turns, "return_token_strs": None})  # null: false, as vLLM
+    assert unnamed.status_code == 200 and unnamed.json()["token_strs"] is None, unnamed.text
     quiet = _post(server, "/tokenize", {"messages": turns, "add_generation_prompt": False, "add_special_tokens": False,
                                         "chat_template": None})
     assert quiet.status_code == 200 and quiet.json()["tokens"] == opened["tokens"]
