@@ -6,6 +6,7 @@ effects through a real ``forkless serve`` on the tiny Llama.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
@@ -422,3 +423,17 @@ def test_streamed_text_offsets_match_the_whole_answer_under_a_stop_string(server
                 tokens += c.logprobs.tokens
     assert streamed == whole["text"]
     assert (offsets, tokens) == (whole["logprobs"]["text_offset"], whole["logprobs"]["tokens"])
+
+
+def test_a_grammar_the_engine_cannot_compile_is_refused_naming_the_field(server: Server) -> None:
+    # llguidance's check in the API server passes an empty alternative, which xgrammar
+    # (the default backend) then fails to compile in the engine core: the refusal still
+    # names structured_outputs, unstreamed and in the stream's error event.
+    fields = {"max_tokens": 2, "structured_outputs": {"grammar": 'root ::= "a" | '}}
+    r = _post(server, "/v1/chat/completions", {"messages": MESSAGES, **fields})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs", r.text
+    streamed = _post(server, "/v1/completions", {"prompt": PROMPT, "stream": True, **fields})
+    events = [line[len("data: "):] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert (error["code"], error["param"]) == (400, "structured_outputs"), error

@@ -340,7 +340,8 @@ def _refused_field(message: str, req: SamplingFields) -> str | None:
     request's own names: chat's ``top_logprobs`` and ``max_completion_tokens``,
     ``response_format`` where it set the constraint, ``messages`` for a chat prompt."""
     chat = isinstance(req, ChatCompletionRequest)
-    if message.startswith("structured_outputs"):
+    # "structured outputs: ..." is the engine core's, for a constraint its backend failed to compile.
+    if message.startswith(("structured_outputs", "structured outputs")):
         by_format = req.response_format is not None and req.response_format.type != "text"
         return "response_format" if by_format else "structured_outputs"
     if message.startswith("the prompt"):
@@ -525,8 +526,8 @@ def _text_chars(obj: Any) -> int:
     return 0
 
 
-def _sse_error(message: str, err_type: str, code: int) -> str:
-    body = {"error": {"message": message, "type": err_type, "param": None, "code": code}}
+def _sse_error(message: str, err_type: str, code: int, param: str | None = None) -> str:
+    body = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
     return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n"
 
 
@@ -749,7 +750,7 @@ class OpenAIServing:
         model_name = self._response_model(lora)
         if req.stream:
             return self._stream_completion(req, base_id, prompts, streams, raw_request, model_name)
-        finals = await self._collect(streams, raw_request)
+        finals = await self._collect(streams, raw_request, req)
         choices = await self.in_tokenizer_thread(self._completion_choices, req, prompts, finals)
         usage = UsageInfo()
         for out in finals:
@@ -833,7 +834,7 @@ class OpenAIServing:
         # stream_options.continuous_usage_stats: every chunk carries its choice's usage so far.
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         text_chunk = _TextChunks(base_id, created, model_name)
-        async for p_idx, out in self._merge_or_error(streams, raw_request):
+        async for p_idx, out in self._merge_or_error(streams, raw_request, req):
             if isinstance(out, str):
                 yield out
                 return
@@ -1029,7 +1030,7 @@ class OpenAIServing:
         model_name = self._response_model(lora)
         if req.stream:
             return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, len(ids), named)
-        (final,) = await self._collect([stream], raw_request)
+        (final,) = await self._collect([stream], raw_request, req)
         choices = []
         for c in final.outputs:
             message = parsers[c.index].parse_whole(c.text) if parsers else ChatResponseMessage(content=c.text)
@@ -1122,7 +1123,7 @@ class OpenAIServing:
         choices = [_StreamedChoice() for _ in range(req.n)]
         keep_whole = parsers is not None  # the parsers read the whole text and token ids
         prompt_tokens = None
-        async for _, out in self._merge_or_error([stream], raw_request):
+        async for _, out in self._merge_or_error([stream], raw_request, req):
             if isinstance(out, str):
                 yield out
                 return
@@ -1200,27 +1201,41 @@ class OpenAIServing:
                 if aclose is not None:
                     await aclose()
 
-    async def _merge_or_error(self, streams: list[AsyncIterator["RequestOutput"]],
-                              raw_request: Any) -> AsyncIterator[tuple[int, Any]]:
+    async def _merge_or_error(self, streams: list[AsyncIterator["RequestOutput"]], raw_request: Any,
+                              req: SamplingFields | None = None) -> AsyncIterator[tuple[int, Any]]:
         """Like ``_merge``, but an error after the response started becomes a final SSE
-        error event (the HTTP status is already sent) followed by ``[DONE]``."""
+        error event (the HTTP status is already sent) followed by ``[DONE]``; a refusal
+        names ``req``'s field it is about."""
         from forkless.engine.async_llm import EngineDeadError, InvalidRequestError
 
         try:
             async for item in self._merge(streams, raw_request):
                 yield item
         except (InvalidRequestError, BadRequest) as exc:
-            yield -1, _sse_error(str(exc), "BadRequestError", 400)
+            param = getattr(exc, "param", None) or (_refused_field(str(exc), req) if req is not None else None)
+            yield -1, _sse_error(str(exc), "BadRequestError", 400, param)
         except EngineDeadError as exc:
             yield -1, _sse_error(str(exc), "ServiceUnavailableError", 503)
         except Exception as exc:  # noqa: BLE001 - reported to the client, and logged
             logger.error("stream failed", exc_info=True)
             yield -1, _sse_error(f"internal error: {type(exc).__name__}: {exc}", "InternalServerError", 500)
 
-    async def _collect(self, streams: list[AsyncIterator["RequestOutput"]], raw_request: Any) -> list["RequestOutput"]:
+    async def _collect(self, streams: list[AsyncIterator["RequestOutput"]], raw_request: Any,
+                       req: SamplingFields | None = None) -> list["RequestOutput"]:
+        """The streams' final outputs.
+
+        Raises:
+            BadRequest: The engine refused a request after taking it (a constraint its
+                backend could not compile); ``param`` names ``req``'s field.
+        """
+        from forkless.engine.async_llm import InvalidRequestError
+
         finals: dict[int, "RequestOutput"] = {}
-        async for i, out in self._merge(streams, raw_request):
-            finals[i] = out
+        try:
+            async for i, out in self._merge(streams, raw_request):
+                finals[i] = out
+        except InvalidRequestError as exc:
+            raise BadRequest(str(exc), _refused_field(str(exc), req) if req is not None else None) from None
         return [finals[i] for i in range(len(streams))]
 
 
