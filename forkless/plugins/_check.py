@@ -151,8 +151,11 @@ def _second_use(entry: EntryPointInfo, spec: GroupSpec, obj: Any,
 
 
 def _class_value_problems(entry: EntryPointInfo, spec: GroupSpec, obj: Any) -> list[str]:
+    """A class-valued entry point (a logits processor, a stat logger): it must load the same
+    class twice, subclass the group's interface and implement its abstract methods, since
+    the process that uses it builds an instance (a worker only after the model loaded)."""
     from forkless.plugins._loader import load_entry_point_value
-    from forkless.plugins._registry import import_path
+    from forkless.plugins._registry import check_implements, import_path
 
     problems = []
     if load_entry_point_value(entry.value) is not obj:
@@ -161,6 +164,11 @@ def _class_value_problems(entry: EntryPointInfo, spec: GroupSpec, obj: Any) -> l
         base = import_path(spec.interface)
         if not (isinstance(obj, type) and issubclass(obj, base)):
             problems.append(f"{entry.value!r} is not a subclass of {spec.interface}")
+        else:
+            try:
+                check_implements(obj, repr(entry.value))
+            except TypeError as exc:
+                problems.append(str(exc))
     return problems
 
 

@@ -181,6 +181,30 @@ def test_check_imports_the_class_path_a_detector_returns(tmp_path: Path, group: 
         result["problems"]
 
 
+@pytest.mark.parametrize(("group", "source", "missing"), [
+    ("forkless.logits_processors",
+     "from forkless.logits_processors import LogitsProcessor\n"
+     "class Half(LogitsProcessor):\n"
+     "    def is_argmax_invariant(self):\n        return True\n"
+     "    def update_state(self, batch_update):\n        pass\n", "apply"),
+    ("forkless.stat_logger_plugins",
+     "from forkless.metrics import StatLoggerBase\n"
+     "class Half(StatLoggerBase):\n"
+     "    def log(self):\n        pass\n", "log_engine_initialized, record"),
+])
+def test_check_flags_a_class_entry_point_with_abstract_methods_left(tmp_path: Path, group: str,
+                                                                     source: str, missing: str) -> None:
+    """A class entry point that cannot be instantiated fails check, not the server's start
+    (a logits processor's only in the worker, after the model loaded)."""
+    site = tmp_path / "site"
+    fake_plugin(site, "half_class", source, group=group, value="Half")
+    proc = run_forkless(["plugins", "check", "--json", "half_class"], plugin_env(site, tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (result,) = json.loads(proc.stdout)
+    assert result["problems"] == [f"'half_class:Half': half_class.Half does not implement the abstract "
+                                  f"method(s) {missing} of its interface"]
+
+
 def test_check_named_plugins_and_exit_status(plugin_site: Path, tmp_path: Path) -> None:
     env = plugin_env(plugin_site, tmp_path)
     proc = run_forkless(["plugins", "check", "example_model", "example_cpu"], env)
