@@ -65,6 +65,21 @@ ALIASES: dict[str, str] = {
     "forkless.engine.ipc": "forkless.protocol.ipc",
 }
 
+#: vLLM paths (``vllm`` renamed) with no forkless counterpart, and what to use instead. A
+#: ported plugin that imports one (or a module beneath it) gets this in its
+#: ``ModuleNotFoundError``: the missing module's name alone gave a porter nothing to go on.
+UNSUPPORTED: dict[str, str] = {
+    # Python imports the parents first, so the hint must be on the package that fails
+    # first: vLLM's Model Runner V2 logits processors live under it.
+    "forkless.v1.worker": (
+        "forkless has none of vLLM's worker modules (its worker is forkless.worker.worker:Worker); "
+        "a logits processor written for vLLM's Model Runner V2 interface "
+        "(vllm.v1.worker.gpu.sample.logits_processor: apply(logits, ctx), add_request) does not "
+        "port: write it against vLLM's v1 interface, forkless.v1.sample.logits_processor."
+        "LogitsProcessor (update_state(batch_update), apply(logits), is_argmax_invariant())"
+    ),
+}
+
 # Longest first, so that a nested alias wins over its parent's.
 _BY_LENGTH = sorted(ALIASES, key=len, reverse=True)
 
@@ -81,7 +96,12 @@ class _AliasFinder:
     """Finds an alias path and loads it as the module it names (importing that one)."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if not name.startswith("forkless.") or target_of(name) is None:
+        if not name.startswith("forkless."):
+            return None
+        for prefix, hint in UNSUPPORTED.items():
+            if name == prefix or name.startswith(prefix + "."):
+                raise ModuleNotFoundError(f"No module named {name!r}: {hint}", name=name)
+        if target_of(name) is None:
             return None
         return importlib.machinery.ModuleSpec(name, self)
 

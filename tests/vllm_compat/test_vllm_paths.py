@@ -205,3 +205,16 @@ def test_an_entry_point_left_in_a_vllm_group_is_named_with_its_new_group(tmp_pat
         proc = run_python(code, plugin_env(site, tmp_path, FORKLESS_PLUGIN_CACHE=cache))
         assert proc.returncode == 0, proc.stderr
         assert proc.stderr.count("rename it to forkless.general_plugins") == 1, proc.stderr
+
+
+def test_a_vllm_path_forkless_lacks_says_what_to_use_instead() -> None:
+    """A Model Runner V2 logits processor does not port; its import says so and names the
+    v1 interface, instead of only the missing module."""
+    code = ("try:\n"
+            "    from forkless.v1.worker.gpu.sample.logits_processor import LogitsProcessor\n"
+            "except ModuleNotFoundError as exc:\n"
+            "    print(exc.name); print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    name, message = proc.stdout.strip().split("\n", 1)
+    assert name == "forkless.v1.worker", proc.stderr
+    assert "Model Runner V2" in message and "forkless.v1.sample.logits_processor.LogitsProcessor" in message
