@@ -133,6 +133,22 @@ def test_with_thinking_on_an_output_without_think_end_is_reasoning(tool_server: 
     assert (choice.message.content, choice.message.reasoning) == (None, text)
 
 
+def test_a_constrained_request_is_all_content_under_a_reasoning_parser(tool_server: Server, tokenizer) -> None:
+    # docs/plugins.md §9: the constraint holds from the first token, so forkless runs no
+    # reasoning parser on the output (vLLM would constrain after the reasoning and split it).
+    text = "<think>x</think>y"
+    client = tool_server.client()
+    for stream in (False, True):
+        reply = client.chat.completions.create(
+            model=client.models.list().data[0].id, messages=MESSAGES, max_tokens=20, stream=stream,
+            extra_body={**forced(tokenizer, text), "structured_outputs": {"regex": "<think>x</think>y"}})
+        if stream:
+            streamed = collect_stream(reply)
+            assert (streamed["content"], streamed["reasoning"]) == (text, "")
+        else:
+            assert (reply.choices[0].message.content, reply.choices[0].message.reasoning) == (text, None)
+
+
 def test_forcing_a_named_call_returns_that_call(tool_server: Server) -> None:
     # The output is held to the tool's parameters (tests/structured_output/ checks the JSON
     # on a real model; this one has random weights).
