@@ -24,7 +24,7 @@ import traceback
 from typing import Any
 
 from forkless.plugins._discovery import EntryPointInfo
-from forkless.plugins._loader import GROUPS, GroupSpec, ValueKind
+from forkless.plugins._loader import ENDPOINT_PLUGINS_GROUP, GROUPS, GroupSpec, ValueKind
 
 # Modules whose import during registration defeats lazy loading: a plugin should register
 # paths and let the worker import the heavy code.
@@ -74,6 +74,8 @@ def check_plugin(group: str, name: str) -> dict[str, Any]:
     registered = _second_use(entry, spec, obj, result)
     if spec.returns is not None and returned is not None:
         result["problems"].extend(_returned_class_problems(returned, spec.returns))
+    if group == ENDPOINT_PLUGINS_GROUP:
+        result["problems"].extend(_endpoint_problems(returned))
     if registered is not None:
         result["problems"].extend(_check_registered(registered, result))
     result["ok"] = not result["problems"]
@@ -190,6 +192,22 @@ def _returned_class_problems(returned: Any, interface: str) -> list[str]:
         check_implements(cls, f"returned {returned!r}")
     except TypeError as exc:
         return [str(exc)]
+    return []
+
+
+def _endpoint_problems(returned: Any) -> list[str]:
+    """An endpoint factory's object must attach its routes: the API server skips one without
+    ``attach_router`` (a warning only) and fails to start on one whose ``attach_router``
+    raises, so attach them to a throwaway FastAPI app as the server would."""
+    attach = getattr(returned, "attach_router", None)
+    if not callable(attach):
+        return [f"returned {returned!r}, which has no attach_router(app): the API server skips it"]
+    from fastapi import FastAPI
+
+    try:
+        attach(FastAPI())
+    except Exception as exc:
+        return [f"attach_router(app) raised {type(exc).__name__}: {exc}"]
     return []
 
 

@@ -205,6 +205,23 @@ def test_check_flags_a_class_entry_point_with_abstract_methods_left(tmp_path: Pa
                                   f"method(s) {missing} of its interface"]
 
 
+@pytest.mark.parametrize(("source", "problem"), [
+    ("class R:\n    def attach_routes(self, app):\n        pass\n", "which has no attach_router(app)"),
+    ("class R:\n    def attach_router(self, app):\n        raise RuntimeError('no route table')\n",
+     "attach_router(app) raised RuntimeError: no route table"),
+])
+def test_check_attaches_an_endpoint_plugins_routes(tmp_path: Path, source: str, problem: str) -> None:
+    """An endpoint plugin the API server would skip, or that stops it building its app,
+    fails check (it used to pass as ok)."""
+    site = tmp_path / "site"
+    fake_plugin(site, "half_endpoint", source + "def make():\n    return R()\n",
+                group="forkless.endpoint_plugins", value="make")
+    proc = run_forkless(["plugins", "check", "--json", "half_endpoint"], plugin_env(site, tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (result,) = json.loads(proc.stdout)
+    assert len(result["problems"]) == 1 and problem in result["problems"][0], result["problems"]
+
+
 def test_check_named_plugins_and_exit_status(plugin_site: Path, tmp_path: Path) -> None:
     env = plugin_env(plugin_site, tmp_path)
     proc = run_forkless(["plugins", "check", "example_model", "example_cpu"], env)
