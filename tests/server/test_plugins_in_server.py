@@ -130,3 +130,18 @@ def test_unlisted_endpoint_plugin_is_404_with_one_hint(server: Server) -> None:
     assert len(hints) == 1, hints
     # FORKLESS_PLUGINS="" (none) is set, so the hint adds the plugin to that empty list.
     assert "enable it with FORKLESS_PLUGINS=example_hello" in hints[0]
+
+
+def test_an_endpoint_plugin_whose_attach_router_raises_is_named(tiny_llama: Path, tmp_path: Path) -> None:
+    """The server cannot build its app; the error names the plugin and its distribution,
+    not only the exception's text."""
+    from tests.plugins.test_cli import fake_plugin
+
+    site = tmp_path / "site"
+    fake_plugin(site, "boom_endpoint", "class R:\n    def attach_router(self, app):\n"
+                "        raise RuntimeError('no route table')\n\ndef make():\n    return R()\n",
+                group="forkless.endpoint_plugins", value="make")
+    with pytest.raises(AssertionError, match="server exited with 2") as info:
+        start_server(tiny_llama, tmp_path, site=site, env_extra={"FORKLESS_PLUGINS": "+boom_endpoint"})
+    assert ("could not build the HTTP app: endpoint plugin 'boom_endpoint' (distribution boom-endpoint 1.0): "
+            "attach_router(app) raised RuntimeError: no route table") in str(info.value)

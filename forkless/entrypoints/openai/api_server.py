@@ -153,6 +153,16 @@ def _add_middleware(app: FastAPI, path: str) -> None:
         app.middleware("http")(obj)
 
 
+def _plugin_origin(group: str, name: str) -> str:
+    """``'name' (distribution DIST VERSION)``: which installed package a plugin came from."""
+    from forkless.plugins import plugin_records
+
+    for record in plugin_records():
+        if record.group == group and record.name == name:
+            return f"{name!r} (distribution {record.dist} {record.version})"
+    return repr(name)
+
+
 def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: int,
               api_key: str | None = None, middleware: list[str] | None = None,
               metrics: Callable[[], bytes] | None = None,
@@ -316,7 +326,13 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     # The loader logs a factory that fails (strict mode: one error naming every failure).
     for name, plugin in call_plugins_by_group(ENDPOINT_PLUGINS_GROUP).items():
         if hasattr(plugin, "attach_router"):  # the object a third-party factory returned
-            plugin.attach_router(app)
+            try:
+                plugin.attach_router(app)
+            except Exception as exc:
+                # The server cannot start without the routes the operator opted in to;
+                # the message must say whose they were (it gave only the exception's text).
+                raise RuntimeError(f"endpoint plugin {_plugin_origin(ENDPOINT_PLUGINS_GROUP, name)}: "
+                                   f"attach_router(app) raised {type(exc).__name__}: {exc}") from exc
             logger.info("endpoint plugin %r attached its routes", name)
         else:
             logger.warning("endpoint plugin %r returned %r, which has no attach_router(app)", name, plugin)
