@@ -1,6 +1,6 @@
 """Engine statistics: ``from forkless.metrics import StatLoggerBase``."""
 
-from forkless.metrics.interface import StatLoggerBase
+from forkless.metrics.interface import PerEngineStatLoggerFactory, StatLoggerBase, StatLoggerFactory
 from forkless.metrics.loggers import LoggingStatLogger
 from forkless.metrics.registry import load_stat_logger_plugin_factories, make_stat_logger
 from forkless.metrics.stats import (FinishedRequestStats, IntervalViews, IterationStats, PrefixCacheStats,
@@ -11,9 +11,11 @@ __all__ = [
     "IntervalViews",
     "IterationStats",
     "LoggingStatLogger",
+    "PerEngineStatLoggerFactory",
     "PrefixCacheStats",
     "SchedulerStats",
     "StatLoggerBase",
+    "StatLoggerFactory",
     "iteration_stats",
     "load_stat_logger_plugin_factories",
     "make_stat_logger",

@@ -10,7 +10,7 @@ Invariants:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from forkless.plugins import Stability, stability
 
@@ -62,3 +62,10 @@ class StatLoggerBase(ABC):
 
     def record_sleep_state(self, is_awake: int, level: int) -> None:  # noqa: B027 - optional hook
         """vLLM's sleep-mode hook; forkless has no sleep mode, so it is never called."""
+
+
+# vLLM's names for what AsyncLLM(stat_loggers=[...]) accepts, so that a ported logger's
+# type hints import (``from vllm.v1.metrics.loggers import StatLoggerFactory``). forkless
+# builds one logger per engine core, so its factories are all of vLLM's per-engine kind.
+PerEngineStatLoggerFactory = Callable[[Any, int], StatLoggerBase]
+StatLoggerFactory = PerEngineStatLoggerFactory

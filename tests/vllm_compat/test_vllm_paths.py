@@ -218,3 +218,15 @@ def test_a_vllm_path_forkless_lacks_says_what_to_use_instead() -> None:
     name, message = proc.stdout.strip().split("\n", 1)
     assert name == "forkless.v1.worker", proc.stderr
     assert "Model Runner V2" in message and "forkless.v1.sample.logits_processor.LogitsProcessor" in message
+
+
+def test_a_ported_stat_loggers_factory_type_imports() -> None:
+    """vLLM's ``StatLoggerFactory`` (what ``AsyncLLM(stat_loggers=...)`` takes) is a type a
+    ported logger's hints import; forkless's loggers are all per engine."""
+    from typing import get_args
+
+    from forkless.metrics import StatLoggerBase
+    from forkless.v1.metrics.loggers import PerEngineStatLoggerFactory, StatLoggerFactory
+
+    assert StatLoggerFactory is PerEngineStatLoggerFactory
+    assert get_args(StatLoggerFactory)[-1] is StatLoggerBase
