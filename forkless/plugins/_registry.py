@@ -109,17 +109,21 @@ def import_path(path: str) -> Any:
 
 
 def _suggest(owner: Any, missing: str) -> str:
-    """``"; did you mean 'X'?"`` for a misspelt name, else the classes ``owner`` has."""
+    """``"; did you mean 'X'?"`` for a misspelt name, else what ``owner`` has that a path
+    may name: its classes, and the functions it defines itself (a path may name a function:
+    ``--middleware``, an entry point's callable), which a list of classes alone left out."""
     names = [n for n in dir(owner) if not n.startswith("_")]
     close = difflib.get_close_matches(missing, names, n=1, cutoff=0.75)
     if close:
         return f"; did you mean {close[0]!r}?"
     classes = sorted(n for n in names if inspect.isclass(getattr(owner, n, None))
                      and getattr(getattr(owner, n), "__module__", "") not in ("typing", "builtins", "abc"))
-    if classes:
-        shown = ", ".join(classes[:12]) + (", ..." if len(classes) > 12 else "")
-        return f" (its classes: {shown})"
-    return ""
+    # Only its own functions: the ones it imported are not what a path to it means.
+    functions = sorted(n for n in names if inspect.isfunction(getattr(owner, n, None))
+                       and getattr(getattr(owner, n), "__module__", None) == getattr(owner, "__name__", ""))
+    parts = [f"its {kind}: " + ", ".join(found[:12]) + (", ..." if len(found) > 12 else "")
+             for kind, found in (("classes", classes), ("functions", functions)) if found]
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def check_implements(cls: type, what: str) -> None:

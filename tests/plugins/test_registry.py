@@ -112,6 +112,22 @@ def test_a_misspelt_class_path_suggests_the_name(fresh_module) -> None:
         import_path(f"{mod}:Zzz")
 
 
+def test_a_missing_name_lists_the_modules_own_functions_too(fresh_module) -> None:
+    """A path may name a function (--middleware, an entry point's callable): a module of
+    functions got no list of what it has."""
+    from forkless.plugins import import_path
+
+    mod = fresh_module("function_target_mod", "from os.path import join\n"
+                       "async def add_process_time(request, call_next): ...\n"
+                       "def make_plugin(): ...\n")
+    with pytest.raises(PluginImportError, match=r"has no attribute 'add_time' "
+                                                r"\(its functions: add_process_time, make_plugin\)$"):
+        import_path(f"{mod}:add_time")
+    mod = fresh_module("mixed_target_mod", "class Other: ...\ndef helper(): ...\n")
+    with pytest.raises(PluginImportError, match=r"\(its classes: Other; its functions: helper\)$"):
+        import_path(f"{mod}:Zzz")
+
+
 def test_registry_checks_base_class() -> None:
     class Base:
         pass
