@@ -78,6 +78,8 @@ def test_chat_with_beam_search_and_logprobs(server: Server) -> None:
     ("/v1/completions", {"logprobs": 5}, "logprobs"),
     ("/v1/completions", {"n": 11}, None),
     ("/v1/completions", {"echo": True}, "echo"),
+    ("/v1/completions", {"vllm_xargs": {"force_token_id": 42}}, "vllm_xargs"),
+    ("/v1/chat/completions", {"extra_args": {"force_token_id": 42}}, "extra_args"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required"},
      "tool_choice"),

@@ -292,6 +292,9 @@ _NOT_WITH_BEAM_SEARCH: dict[str, tuple[Any, ...]] = {
     "allowed_token_ids": (None,), "bad_words": (None, []), "prompt_logprobs": (None,),
     "structured_outputs": (None,), "echo": (None, False), "cache_salt": (None,),
     "spaces_between_special_tokens": (True,),
+    # A logits processor's arguments: beam search runs no logits processors, so a plugin's
+    # argument (and its validate_params) was silently skipped.
+    "vllm_xargs": (None, {}), "extra_args": (None, {}),
 }
 
 
