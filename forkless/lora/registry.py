@@ -84,6 +84,18 @@ class _LoRAResolverRegistry:
             self._resolvers[resolver_name] = target
         return target
 
+    def snapshot(self) -> dict[str, str]:
+        """``name -> what was registered`` (a path, or a description of the object), in
+        resolution order, without importing or instantiating anything."""
+        def describe(target: Any) -> str:
+            if isinstance(target, str):
+                return target
+            cls = target if isinstance(target, type) else type(target)
+            what = f"{cls.__module__}:{cls.__qualname__}"
+            return what if isinstance(target, type) else f"<{what} instance>"
+
+        return {name: describe(target) for name, target in self._resolvers.items()}
+
     def unregister_resolver(self, resolver_name: str) -> None:
         """Forget a resolver (tests); unknown names are ignored."""
         self._resolvers.pop(resolver_name, None)

@@ -78,6 +78,7 @@ def check_plugin(group: str, name: str) -> dict[str, Any]:
         result["problems"].extend(_endpoint_problems(returned))
     if registered is not None:
         result["problems"].extend(_check_registered(registered, result))
+        result["problems"].extend(_check_lora_resolvers(result))
     result["ok"] = not result["problems"]
     return result
 
@@ -246,6 +247,32 @@ def _check_registered(registered: list[tuple[str, str]], result: dict[str, Any])
         if problem is not None:
             problems.append(f"registered {kind} {name!r} -> {target!r} is broken: {problem}")
     result["registered"] = report
+    return problems
+
+
+def _check_lora_resolvers(result: dict[str, Any]) -> list[str]:
+    """Build every LoRA resolver the plugin registered, as the API server does on a request
+    for an unknown model: a path that does not import, or a class that cannot be built,
+    fails the check instead of every such request.
+
+    ``LoRAResolverRegistry`` is not one of the lazy registries (its resolvers may be
+    instances, vLLM's contract), so :func:`_check_registered` does not see it. This process
+    loaded no other plugin, so whatever it holds, this plugin registered.
+    """
+    module = sys.modules.get("forkless.lora.registry")
+    if module is None:
+        return []  # the plugin never imported it: it registered no resolver
+    registry = module.LoRAResolverRegistry
+    targets = registry.snapshot()
+    if targets:
+        result.setdefault("registered", {})["LoRA resolver"] = targets
+    problems = []
+    for name, target in targets.items():
+        try:
+            registry.get_resolver(name)
+        except Exception as exc:  # PluginImportError, TypeError, or whatever __init__ raised
+            problems.append(f"registered LoRA resolver {name!r} -> {target!r} is broken: "
+                            f"{type(exc).__name__}: {exc}")
     return problems
 
 

@@ -161,6 +161,29 @@ def test_check_imports_every_registered_class_path(tmp_path: Path) -> None:
     assert set(result["registered"]["model architecture"]) == {"TypoForCausalLM", "GoodForCausalLM"}
 
 
+def test_check_builds_every_registered_lora_resolver(tmp_path: Path) -> None:
+    """LoRA resolvers live outside the lazy registries: a typo in one's path passed check
+    and failed only when a request named an unknown model."""
+    site = tmp_path / "site"
+    fake_plugin(site, "resolver_plugin", (
+        "def register():\n"
+        "    from forkless.lora import LoRAResolverRegistry\n"
+        "    from resolver_plugin_mod import Good\n"
+        "    LoRAResolverRegistry.register_resolver('typo', 'resolver_plugin_mod:Resolvr')\n"
+        "    LoRAResolverRegistry.register_resolver('good', Good())\n"),
+        resolver_plugin_mod=("from forkless.lora import LoRAResolver\n"
+                             "class Resolver(LoRAResolver):\n"
+                             "    async def resolve_lora(self, base_model_name, lora_name):\n        return None\n"
+                             "class Good(Resolver):\n    pass\n"))
+    proc = run_forkless(["plugins", "check", "--json", "resolver_plugin"], plugin_env(site, tmp_path))
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (result,) = json.loads(proc.stdout)
+    assert len(result["problems"]) == 1, result["problems"]
+    assert result["problems"][0].startswith(
+        "registered LoRA resolver 'typo' -> 'resolver_plugin_mod:Resolvr' is broken: PluginImportError: ")
+    assert list(result["registered"]["LoRA resolver"]) == ["typo", "good"]
+
+
 @pytest.mark.parametrize(("group", "returned", "fragment"), [
     ("forkless.platform_plugins", "typo_detector_mod.platfrom:MyPlatform", "No module named"),
     ("forkless.platform_plugins", "typo_detector_mod:NotAPlatform", "not a subclass of forkless.platforms:Platform"),
