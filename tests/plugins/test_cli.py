@@ -272,6 +272,26 @@ def test_check_flags_eager_heavy_imports(tmp_path: Path) -> None:
     assert "not lazy: registration imported torch" in result["problems"][0]
 
 
+def test_check_notes_torch_imported_by_a_logits_processor_without_failing(tmp_path: Path) -> None:
+    """vLLM's examples import torch at module level, so this is no failure; but the API
+    server imports the class too, and the list of imported modules hid torch past its
+    first names."""
+    site = tmp_path / "site"
+    fake_plugin(site, "eager_processor", (
+        "import torch\n"
+        "from forkless.logits_processors import LogitsProcessor\n"
+        "class Eager(LogitsProcessor):\n"
+        "    def is_argmax_invariant(self):\n        return True\n"
+        "    def update_state(self, batch_update):\n        pass\n"
+        "    def apply(self, logits):\n        return logits\n"),
+        group="forkless.logits_processors", value="Eager")
+    proc = run_forkless(["plugins", "check", "eager_processor"], plugin_env(site, tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("ok   eager_processor (forkless.logits_processors")
+    assert ("     note: loading it imported torch; the API server loads forkless.logits_processors "
+            "plugins too and otherwise never imports torch: import it inside the methods that use it\n") in proc.stdout
+
+
 def test_check_shortens_a_long_list_of_imported_modules(tmp_path: Path) -> None:
     site = tmp_path / "site"
     extra = {f"many_dep_{i:02d}": "" for i in range(11)}

@@ -174,6 +174,14 @@ def _print_check(r: dict[str, Any]) -> None:
     mods = r.get("imported_modules")
     if mods is not None:
         print(f"     imported during registration: {_shorten(mods)}")
+    heavy = r.get("heavy_imports")
+    if heavy and r["group"] != GENERAL_PLUGINS_GROUP:  # a general plugin's is a problem
+        # Not a failure (vLLM's own examples import torch at module level), but the list
+        # above may hide it past its first names, and it costs the API server's start.
+        names = ", ".join(heavy)
+        print(f"     note: loading it imported {names}; the API server loads {r['group']} plugins "
+              f"too and otherwise never imports {names}: import {'them' if len(heavy) > 1 else 'it'} "
+              "inside the methods that use it")
     for problem in r["problems"]:
         print(f"     problem: {problem}")
 
