@@ -59,6 +59,12 @@ ALIASES: dict[str, str] = {
     "forkless.entrypoints.pooling.pooling": "forkless.pooling",
     "forkless.entrypoints.pooling.pooling.protocol": "forkless.protocol.pooling",
     "forkless.v1.request": "forkless.core.request",
+    # The built-in parsers' modules under vLLM's file names: a plugin that subclasses one
+    # (a reasoning parser of other think tags, say) imports it from there.
+    "forkless.reasoning.deepseek_r1_reasoning_parser": "forkless.reasoning.deepseek_r1",
+    "forkless.reasoning.qwen3_reasoning_parser": "forkless.reasoning.qwen3",
+    "forkless.tool_parsers.hermes_tool_parser": "forkless.tool_parsers.hermes",
+    "forkless.tool_parsers.llama_tool_parser": "forkless.tool_parsers.llama3_json",
     # forkless's own earlier paths.
     "forkless.core.sched.output": "forkless.protocol.step",
     "forkless.engine.protocol": "forkless.protocol.engine",

@@ -230,3 +230,32 @@ def test_a_ported_stat_loggers_factory_type_imports() -> None:
 
     assert StatLoggerFactory is PerEngineStatLoggerFactory
     assert get_args(StatLoggerFactory)[-1] is StatLoggerBase
+
+
+def test_a_plugin_subclasses_a_built_in_parser_from_its_vllm_module() -> None:
+    """vLLM's parsers live in ``*_reasoning_parser`` / ``*_tool_parser`` modules; a plugin
+    that subclasses one (other think tags) imports it from there."""
+    from forkless.entrypoints.openai.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+    from forkless.reasoning.deepseek_r1_reasoning_parser import DeepSeekR1ReasoningParser
+    from forkless.reasoning.qwen3_reasoning_parser import Qwen3ReasoningParser
+    from forkless.tool_parsers.llama_tool_parser import Llama3JsonToolParser
+
+    import forkless.reasoning.deepseek_r1 as r1
+    import forkless.reasoning.qwen3 as qwen3
+    import forkless.tool_parsers.hermes as hermes
+    import forkless.tool_parsers.llama3_json as llama3_json
+
+    assert (DeepSeekR1ReasoningParser, Qwen3ReasoningParser, Hermes2ProToolParser, Llama3JsonToolParser) == (
+        r1.DeepSeekR1ReasoningParser, qwen3.Qwen3ReasoningParser, hermes.Hermes2ProToolParser,
+        llama3_json.Llama3JsonToolParser)
+
+    class SeedThink(DeepSeekR1ReasoningParser):
+        @property
+        def start_token(self) -> str:
+            return "<seed:think>"
+
+        @property
+        def end_token(self) -> str:
+            return "</seed:think>"
+
+    assert SeedThink(None).extract_reasoning("<seed:think>hm</seed:think>ok", None) == ("hm", "ok")
