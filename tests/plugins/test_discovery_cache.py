@@ -44,3 +44,23 @@ def test_corrupt_cache_is_ignored(tmp_path: Path) -> None:
     for f in (tmp_path / "cache" / "entry_points").glob("*.json"):
         f.write_text("{not json")
     assert discover(site, tmp_path, "1") == first
+
+
+def test_entry_points_rewritten_in_place_are_seen(tmp_path: Path) -> None:
+    """setuptools' egg_info rewrites an editable install's entry_points.txt in place: neither
+    the site directory's nor the metadata folder's mtime moves, the file's does."""
+    import os
+
+    site = tmp_path / "site"
+    install_packages(site, [EXAMPLES / "forkless-example-model"])
+    assert [e[1] for e in discover(site, tmp_path, "1") if e[2] != "forkless"] == ["example_model"]
+    (eps,) = site.glob("*.dist-info/entry_points.txt")
+    folder = os.stat(eps.parent)
+    text = eps.read_text()
+    with open(eps, "w") as f:  # the same file (inode), new contents
+        f.write(text.replace("example_model", "example_model_renamed"))
+    os.utime(eps, ns=(folder.st_atime_ns, folder.st_mtime_ns + 10**9))
+    assert os.stat(eps.parent).st_mtime_ns == folder.st_mtime_ns
+    after = discover(site, tmp_path, "1")
+    assert [e[1] for e in after if e[2] != "forkless"] == ["example_model_renamed"]
+    assert after == discover(site, tmp_path, "0")
