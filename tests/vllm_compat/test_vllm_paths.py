@@ -195,6 +195,9 @@ def test_an_entry_point_left_in_a_vllm_group_is_named_with_its_new_group(tmp_pat
     assert proc.returncode == 2
     assert ("'ported' of ported-plugin in group vllm.general_plugins (rename it to forkless.general_plugins)"
             in proc.stderr), proc.stderr
+    # Checking everything says so too (nothing of forkless's groups to check from this site).
+    checked = run_forkless(["plugins", "check"], plugin_env(site, tmp_path), timeout=120)
+    assert "rename it to forkless.general_plugins" in checked.stderr, checked.stderr
     listed = run_forkless(["plugins", "list", "--json"], plugin_env(site, tmp_path), timeout=120)
     assert listed.returncode == 0 and json.loads(listed.stdout) is not None
     assert "rename it to forkless.general_plugins" in listed.stderr
