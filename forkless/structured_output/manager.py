@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, NamedTupl
 
 from forkless.logger import init_logger
 from forkless.structured_output.config import StructuredOutputsConfig
-from forkless.structured_output.registry import StructuredOutputBackendRegistry
+from forkless.structured_output.registry import AUTO_ORDER, StructuredOutputBackendRegistry
 from forkless.structured_output.validation import grammar_spec
 
 if TYPE_CHECKING:
@@ -160,9 +160,27 @@ class StructuredOutputManager:
             return backend
 
     def _compile(self, params: StructuredOutputsParams) -> tuple[StructuredOutputGrammar, StructuredOutputBackend]:
-        backend = self._backend(params._backend or self.config.backend)
         kind, spec, any_whitespace = grammar_spec(params, self.config)
-        return backend.compile_grammar(kind, spec, any_whitespace=any_whitespace), backend
+        first = params._backend or self.config.backend
+        names = [first]
+        if (self.config.backend == "auto" and first in AUTO_ORDER
+                and not (params.disable_fallback or self.config.disable_fallback)):
+            # auto chose the first backend whose torch-free check (run in the API server)
+            # accepted the constraint; xgrammar's check reads it with llguidance, which
+            # accepts some grammars xgrammar's own parser refuses (an empty alternative):
+            # the next backend then gets it, as auto's own choice would have been.
+            names += AUTO_ORDER[AUTO_ORDER.index(first) + 1:]
+        first_error: ValueError | None = None
+        for name in names:
+            backend = self._backend(name)
+            try:
+                return backend.compile_grammar(kind, spec, any_whitespace=any_whitespace), backend
+            except ValueError as exc:
+                first_error = first_error or exc
+                if name != names[-1]:
+                    logger.info("structured outputs: %s; falling back to %s", exc, names[names.index(name) + 1])
+        assert first_error is not None
+        raise first_error
 
     def submit(self, request_id: str, params: StructuredOutputsParams) -> None:
         """Start compiling a request's grammar; :meth:`poll` says when it is ready."""

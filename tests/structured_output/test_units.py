@@ -329,6 +329,39 @@ def test_a_verifying_request_gets_a_bitmask_row_per_position(smollm2_folder, bac
         manager.shutdown()
 
 
+@pytest.mark.parametrize("disable_fallback", [False, True])
+def test_auto_falls_back_when_xgrammar_refuses_what_its_check_passed(smollm2_folder, disable_fallback: bool) -> None:
+    """auto's torch-free check reads an EBNF grammar for xgrammar with llguidance, which
+    takes an empty alternative that xgrammar's parser refuses: the engine core then
+    compiles it with guidance (auto's next choice), unless fallback is disabled."""
+    import time
+
+    from forkless.structured_output.manager import StructuredOutputManager
+    from forkless.structured_output.registry import choose_backend
+
+    config = StructuredOutputsConfig(backend="auto")
+    params = StructuredOutputsParams(grammar='root ::= "yes" | ', disable_fallback=disable_fallback)
+    params._backend = choose_backend(params, config)
+    assert params._backend == "xgrammar"
+    manager = StructuredOutputManager(config, str(smollm2_folder), 49152, [2])
+    try:
+        manager.submit("r", params)
+        deadline = time.monotonic() + 60
+        while True:
+            ready, failed = manager.poll()
+            if ready or failed:
+                break
+            assert time.monotonic() < deadline
+            manager.wait(0.1)
+        if disable_fallback:
+            assert ready == [] and len(failed) == 1 and "xgrammar cannot compile the grammar" in failed[0][1]
+        else:
+            assert ready == ["r"] and failed == []
+            assert type(manager._backend_of["r"]).__name__ == "GuidanceBackend"
+    finally:
+        manager.shutdown()
+
+
 def _three_choice_grammars(smollm2_folder, ids: list[str]):
     """An xgrammar manager holding a ready choice grammar ("yes please" / "no thanks") for
     each id; ``(manager, tokens of "yes please", a token the grammars refuse)``."""
