@@ -22,7 +22,9 @@ LAYERS: list[set[str]] = [
     {"forkless.sampling_params", "forkless.pooling_params", "forkless.inputs"},
     {"forkless.protocol", "forkless.outputs", "forkless.tokenizers"},
     {"forkless.beam_search"},
-    {"forkless.cpu_kernels", "forkless.tool_parsers", "forkless.reasoning",
+    # Below structured outputs, whose grammars start after the reasoning.
+    {"forkless.reasoning"},
+    {"forkless.cpu_kernels", "forkless.tool_parsers",
      "forkless.metrics", "forkless.logits_processors", "forkless.structured_output", "forkless.io_processors"},
     {"forkless.attention", "forkless.sample", "forkless.core", "forkless.pooling", "forkless.distributed"},
     {"forkless.platforms"},

@@ -75,9 +75,20 @@ class ReasoningParser(ABC):
     vLLM's structured outputs, and by the server to see whether the prompt already closed
     the reasoning) are optional here.
 
+    With structured outputs, the engine core builds one instance (``cls(tokenizer)``) to
+    see where a constrained request's reasoning ends: :meth:`is_reasoning_end` of the
+    prompt, then :attr:`end_token_id` among the sampled tokens. The grammar holds from the
+    token after that one; a parser without an :attr:`end_token_id` cannot say, and
+    constraints then hold from the first token (its reasoning is not split off them).
+
     Args:
         tokenizer: The served model's tokenizer.
     """
+
+    #: The token that ends the reasoning, where that is one token of the vocabulary
+    #: (``None``: it is not, or the parser does not say). A subclass sets it (an
+    #: attribute or a property), as vLLM's ``BaseThinkingReasoningParser`` does.
+    end_token_id: int | None = None
 
     def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
         self.model_tokenizer = tokenizer
