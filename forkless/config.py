@@ -413,6 +413,11 @@ class EngineArgs:
     speculative_config: str | dict[str, Any] | None = None
     # --structured-outputs-config: a JSON object (string) or a dict, vLLM's keys.
     structured_outputs_config: str | dict[str, Any] | None = None
+    # --reasoning-parser / --reasoning-parser-plugin (the server's flags; LLM(reasoning_parser=)
+    # as vLLM's): the structured-outputs config's keys of the same names, so that a
+    # constraint starts after the reasoning.
+    reasoning_parser: str | None = None
+    reasoning_parser_plugin: str | None = None
     # --kv-transfer-config: a JSON object (string), a dict or a KVTransferConfig, vLLM's keys.
     kv_transfer_config: str | dict[str, Any] | KVTransferConfig | None = None
     # --compilation-config: a JSON object (string) or a dict; only vLLM's custom_ops key.
@@ -589,7 +594,8 @@ class EngineArgs:
         g.add_argument("--structured-outputs-config", default=None, metavar="JSON",
                        help='structured outputs, vLLM\'s keys: {"backend": "xgrammar"} (xgrammar, guidance, auto or a '
                             'class path; also disable_fallback, disable_any_whitespace, '
-                            'disable_additional_properties)')
+                            'disable_additional_properties, reasoning_parser (what --reasoning-parser sets), '
+                            'reasoning_parser_plugin, enable_in_reasoning)')
         g.add_argument("--speculative-config", default=None, metavar="JSON",
                        help='speculative decoding, vLLM\'s keys: {"method": "ngram", "num_speculative_tokens": 4, '
                             '"prompt_lookup_max": 4} (method: a registered proposer or a class path)')
@@ -961,11 +967,13 @@ class EngineArgs:
 
     def _structured_outputs_config(self) -> StructuredOutputsConfig:
         """``--structured-outputs-config`` parsed, its backend resolved (after the general
-        plugins, which may register it).
+        plugins, which may register it), with ``--reasoning-parser`` (and its plugin) as
+        its ``reasoning_parser`` (``reasoning_parser_plugin``).
 
         Raises:
-            ValueError: Invalid JSON or keys, or an unknown backend (the message lists the
-                available ones).
+            ValueError: Invalid JSON or keys, an unknown backend or reasoning parser (the
+                message lists the available ones), or a reasoning parser given twice,
+                differently.
         """
         from forkless.plugins import load_general_plugins
         from forkless.structured_output.registry import check_backend
@@ -973,6 +981,23 @@ class EngineArgs:
         so = StructuredOutputsConfig.from_json(self.structured_outputs_config)
         load_general_plugins()
         check_backend(so.backend)
+        for key, flag in (("reasoning_parser", "--reasoning-parser"),
+                          ("reasoning_parser_plugin", "--reasoning-parser-plugin")):
+            value = getattr(self, key) or ""
+            if value and getattr(so, key) and getattr(so, key) != value:
+                raise ValueError(f"{flag} {value!r} and --structured-outputs-config's {key} "
+                                 f"{getattr(so, key)!r} disagree: give one")
+            if value:
+                so = dataclasses.replace(so, **{key: value})
+        if so.reasoning_parser:
+            from forkless.reasoning import ReasoningParserManager
+
+            if so.reasoning_parser_plugin:
+                ReasoningParserManager.import_reasoning_parser(so.reasoning_parser_plugin)
+            try:
+                ReasoningParserManager.get_reasoning_parser(so.reasoning_parser)  # an unknown name fails here
+            except KeyError as exc:  # RegistryError: its message lists the registered parsers
+                raise ValueError(f"--reasoning-parser: {exc.args[0] if exc.args else exc}") from None
         return so
 
     def _kv_transfer_config(self, pooling: bool) -> KVTransferConfig | None:

@@ -30,12 +30,21 @@ class StructuredOutputsConfig:
         disable_any_whitespace: Compact JSON for every request (no whitespace between
             tokens).
         disable_additional_properties: JSON objects get only their schema's properties.
+        reasoning_parser: The reasoning parser's registered name (``--reasoning-parser``);
+            ``""``: none, every constraint holds from the first token.
+        reasoning_parser_plugin: A ``.py`` file or module to import before the parser is
+            looked up (``--reasoning-parser-plugin``); ``""``: none.
+        enable_in_reasoning: Constrain the reasoning too: the grammar holds from the
+            first token even with a reasoning parser.
     """
 
     backend: str = DEFAULT_BACKEND
     disable_fallback: bool = False
     disable_any_whitespace: bool = False
     disable_additional_properties: bool = False
+    reasoning_parser: str = ""
+    reasoning_parser_plugin: str = ""
+    enable_in_reasoning: bool = False
 
     @classmethod
     def from_json(cls, value: str | dict[str, Any] | StructuredOutputsConfig | None) -> StructuredOutputsConfig:
@@ -58,7 +67,11 @@ class StructuredOutputsConfig:
         if not isinstance(backend, str) or not backend:
             raise ValueError(f"--structured-outputs-config: backend={backend!r} is invalid: expected 'xgrammar', "
                              "'guidance', 'auto', another registered name or a class path")
-        for name in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
+        for name in ("disable_fallback", "disable_any_whitespace", "disable_additional_properties",
+                     "enable_in_reasoning"):
             if name in value and not isinstance(value[name], bool):
                 raise ValueError(f"--structured-outputs-config: {name}={value[name]!r} is invalid: expected a bool")
+        for name in ("reasoning_parser", "reasoning_parser_plugin"):
+            if name in value and not isinstance(value[name], str):
+                raise ValueError(f"--structured-outputs-config: {name}={value[name]!r} is invalid: expected a string")
         return cls(**value)
