@@ -129,3 +129,41 @@ def ops_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     if not platforms.current_platform.is_cpu():
         monkeypatch.setattr(platforms, "_current", CpuPlatform())
     assert kernels.cpu_kernels() is not None, "the CPU kernels did not build (see the log)"
+
+
+THINK_TOKENS = {11: "<think>", 12: "</think>"}  # (SmolLM2's <jupyter_start> and <jupyter_text>)
+
+
+@pytest.fixture(scope="session")
+def tiny_thinker(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama whose tokenizer has ``<think>`` and ``</think>`` as single,
+    non-special tokens (as Qwen3's has): SmolLM2's, with two unused added tokens renamed."""
+    import shutil
+
+    tokenizer = tmp_path_factory.mktemp("thinker-tokenizer")
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "config.json"):
+        if (smollm2_folder / name).exists():
+            shutil.copy(smollm2_folder / name, tokenizer / name)
+    spec = json.loads((smollm2_folder / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    for entry in spec["added_tokens"]:
+        if entry["id"] in THINK_TOKENS:
+            del vocab[entry["content"]]
+            entry["content"], entry["special"] = THINK_TOKENS[entry["id"]], False
+            vocab[entry["content"]] = entry["id"]
+    (tokenizer / "tokenizer.json").write_text(json.dumps(spec))
+    config = json.loads((tokenizer / "tokenizer_config.json").read_text())
+    for key, entry in config.get("added_tokens_decoder", {}).items():
+        if int(key) in THINK_TOKENS:
+            entry["content"], entry["special"] = THINK_TOKENS[int(key)], False
+    config["additional_special_tokens"] = [t for t in config.get("additional_special_tokens", [])
+                                           if t not in ("<jupyter_start>", "<jupyter_text>")]
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps(config))
+    special = tokenizer / "special_tokens_map.json"
+    if special.exists():
+        data = json.loads(special.read_text())
+        data["additional_special_tokens"] = [t for t in data.get("additional_special_tokens", [])
+                                             if (t if isinstance(t, str) else t.get("content"))
+                                             not in ("<jupyter_start>", "<jupyter_text>")]
+        special.write_text(json.dumps(data))
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-thinker"), tokenizer)

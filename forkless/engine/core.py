@@ -185,7 +185,7 @@ class EngineCore:
                 raise ValueError(f"duplicate request id {request.request_id!r}")
             # Into the scheduler once its grammar is compiled (_admit_compiled).
             self._grammar_held[request.request_id] = (core_request, lora)
-            self._structured.submit(request.request_id, so)
+            self._structured.submit(request.request_id, so, request.prompt_token_ids)
             return
         self._queue(core_request, lora)
 

@@ -32,6 +32,18 @@ Invariants:
       still-pending advance first. A token such an advance refuses (a backend fault: the
       token was sampled under that grammar's own mask) fails its request at the next
       :meth:`accept`, one step later than a synchronous advance would.
+    * With a reasoning parser (``StructuredOutputsConfig.reasoning_parser``, unless
+      ``enable_in_reasoning``), a request whose prompt does not end the reasoning is
+      *thinking* (in :attr:`_thinking`, with the parser's ``end_token_id``) from its
+      compilation until that token comes: it keeps its grammar and its bitmask rows, as
+      any constrained request (so the plans, deferred ones included, are the same), but
+      its rows allow everything and its grammar takes none of its tokens. The tokens
+      after the end token, in the step that samples it, are the grammar's first; where
+      that step verifies drafts past a drafted end token, the rows after it are the
+      grammar's, filled as any request's drafts are. A parser without an
+      ``end_token_id`` thinks in no request (the grammar holds from the first token).
+      Whether a request thinks changes only in :meth:`accept` and :meth:`advance_kept`,
+      on the step loop, before the fill that reads it starts.
     * The step's bitmask has ``1 + num_spec_tokens`` rows per scheduled request that
       samples and has a grammar (one per position it samples or verifies), in
       ``SchedulerOutput.structured_output_request_ids`` order; it crosses to the worker
@@ -45,7 +57,7 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Collection, Iterable, NamedTuple, Sequence, TypeVar
 
 from forkless.logger import init_logger
 from forkless.structured_output.config import StructuredOutputsConfig
@@ -125,6 +137,11 @@ class StructuredOutputManager:
         # Each constrained request's grammar, and the backend that compiled it.
         self._grammars: dict[str, StructuredOutputGrammar] = {}
         self._backend_of: dict[str, StructuredOutputBackend] = {}
+        # Requests still thinking (see the module's invariants) -> the token that ends it;
+        # and the reasoning parser that tells (built once, with the tokenizer; None until
+        # then, or without one).
+        self._thinking: dict[str, int] = {}
+        self._reasoner: Any = None
         # The step's packed bitmask (see _rows).
         self._allocate_buffer = allocate_buffer
         self._buffer: Any = bytearray()
@@ -159,7 +176,8 @@ class StructuredOutputManager:
                 self._backends[name] = backend
             return backend
 
-    def _compile(self, params: StructuredOutputsParams) -> tuple[StructuredOutputGrammar, StructuredOutputBackend]:
+    def _compile(self, params: StructuredOutputsParams, prompt_token_ids: Sequence[int]
+                 ) -> tuple[StructuredOutputGrammar, StructuredOutputBackend, int | None]:
         kind, spec, any_whitespace = grammar_spec(params, self.config)
         first = params._backend or self.config.backend
         names = [first]
@@ -174,22 +192,61 @@ class StructuredOutputManager:
         for name in names:
             backend = self._backend(name)
             try:
-                return backend.compile_grammar(kind, spec, any_whitespace=any_whitespace), backend
+                grammar = backend.compile_grammar(kind, spec, any_whitespace=any_whitespace)
             except ValueError as exc:
                 first_error = first_error or exc
                 if name != names[-1]:
                     logger.info("structured outputs: %s; falling back to %s", exc, names[names.index(name) + 1])
+                continue
+            return grammar, backend, self._reasoning_end(prompt_token_ids)
         assert first_error is not None
         raise first_error
 
-    def submit(self, request_id: str, params: StructuredOutputsParams) -> None:
-        """Start compiling a request's grammar; :meth:`poll` says when it is ready."""
+    def _reasoning_end(self, prompt_token_ids: Sequence[int]) -> int | None:
+        """The token that will end the reasoning of a request with this prompt, or
+        ``None`` when its grammar holds from the first token (no reasoning parser, or
+        ``enable_in_reasoning``, or a parser without an ``end_token_id``, or a prompt that
+        ends the reasoning already: a template that closed the think block). On a
+        compile thread, after :meth:`_backend` (which loads the tokenizer)."""
+        config = self.config
+        if not config.reasoning_parser or config.enable_in_reasoning:
+            return None
+        with self._lock:
+            if self._reasoner is None:
+                from forkless.reasoning import ReasoningParserManager
+
+                if config.reasoning_parser_plugin:
+                    ReasoningParserManager.import_reasoning_parser(config.reasoning_parser_plugin)
+                self._reasoner = ReasoningParserManager.get_reasoning_parser(config.reasoning_parser)(self._tokenizer)
+                if self._reasoner.end_token_id is None:
+                    logger.warning("structured outputs: the %s reasoning parser names no end_token_id (its end tag "
+                                   "is not one token of this vocabulary): constraints hold from the first token, "
+                                   "reasoning included", config.reasoning_parser)
+            reasoner = self._reasoner
+        end = reasoner.end_token_id
+        if end is None:
+            return None
+        try:
+            ended = reasoner.is_reasoning_end(list(prompt_token_ids))
+        except NotImplementedError:
+            ended = False  # (as the server's ChoiceParser: the output starts in the reasoning)
+        return None if ended else int(end)
+
+    def submit(self, request_id: str, params: StructuredOutputsParams, prompt_token_ids: Sequence[int] = ()) -> None:
+        """Start compiling a request's grammar; :meth:`poll` says when it is ready.
+
+        Args:
+            request_id: The request.
+            params: Its constraint.
+            prompt_token_ids: Its prompt, which says whether its output starts in the
+                reasoning (read only with a reasoning parser).
+        """
         if self._pool is None:
             # Two threads: one compilation may wait on another's backend being built;
             # more would only take cores from the step loop.
             self._pool = concurrent.futures.ThreadPoolExecutor(
                 max_workers=min(2, os.cpu_count() or 1), thread_name_prefix="forkless-grammar")
-        self._compiling[request_id] = self._pool.submit(self._compile, params)
+        self._compiling[request_id] = self._pool.submit(self._compile, params, prompt_token_ids)
 
     def has_compiling(self) -> bool:
         """Whether a request is still waiting for its grammar."""
@@ -216,7 +273,9 @@ class StructuredOutputManager:
                 continue
             del self._compiling[rid]
             try:
-                self._grammars[rid], self._backend_of[rid] = future.result()
+                self._grammars[rid], self._backend_of[rid], end = future.result()
+                if end is not None:
+                    self._thinking[rid] = end
                 ready.append(rid)
             except Exception as exc:  # a bad constraint fails its own request only
                 reason = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
@@ -228,6 +287,25 @@ class StructuredOutputManager:
         completion from them (``completion_from_tokens``); ``None`` otherwise."""
         backend = self._backend_of.get(request_id)
         return backend.stop_token_ids() if backend is not None and backend.completion_from_tokens else None
+
+    def reasoning_end_id(self, request_id: str) -> int | None:
+        """The token that ends a ready request's reasoning while it still thinks (its
+        grammar then starts after it); ``None`` once it does not."""
+        return self._thinking.get(request_id)
+
+    def _grammar_tokens(self, request_id: str, tokens: list[int]) -> list[int]:
+        """The part of a request's new ``tokens`` that its grammar takes: all of them, or,
+        while it thinks, those after the end token (and then it thinks no more); none
+        before."""
+        end = self._thinking.get(request_id)
+        if end is None:
+            return tokens
+        try:
+            at = tokens.index(end)
+        except ValueError:
+            return []
+        del self._thinking[request_id]
+        return tokens[at + 1:]
 
     def drop_buffer(self) -> None:
         """Forget the reused bitmask buffer: the next fill allocates one again (the
@@ -283,18 +361,31 @@ class StructuredOutputManager:
         self._advance_now()
         bitmask = self._rows(num_rows)
         grammars = self._grammars
-        live = []
+        thinking = self._thinking
+        # (request id, grammar, first row, drafts verified under the grammar)
+        live: list[tuple[str, StructuredOutputGrammar, int, list[int]]] = []
         for s, offset in rows:
-            grammar = grammars.get(s.request_id)
+            rid, m = s.request_id, s.num_spec_tokens
+            grammar = grammars.get(rid)
+            drafts = list(s.token_ids[len(s.token_ids) - m:]) if m else []
+            if grammar is not None and rid in thinking:
+                # Unconstrained up to a drafted end token and at it; the grammar's rows
+                # start right after it (none when no draft ends the reasoning).
+                end = thinking[rid]
+                cut = drafts.index(end) + 1 if end in drafts else m + 1
+                bitmask[offset:offset + min(cut, m + 1)] = -1
+                if cut > m:
+                    continue
+                offset, drafts = offset + cut, drafts[cut:]
             if grammar is None:
-                bitmask[offset:offset + 1 + s.num_spec_tokens] = -1
+                bitmask[offset:offset + 1 + m] = -1
             else:
-                live.append(((s, grammar), offset))
+                live.append((rid, grammar, offset, drafts))
         if not live:
             return
-        self._fill(bitmask, [(s.request_id, g, offset) for (s, g), offset in live])
-        if any(s.num_spec_tokens for (s, _), _ in live):
-            self._fill_drafts(bitmask, [row for row, _ in live], [offset for _, offset in live])
+        self._fill(bitmask, [(rid, g, offset) for rid, g, offset, _ in live])
+        if any(drafts for *_, drafts in live):
+            self._fill_drafts(bitmask, live)
 
     def defer(self, scheduler_output: SchedulerOutput) -> None:
         """Mark a plan made while the step before still runs: its constrained rows'
@@ -351,9 +442,10 @@ class StructuredOutputManager:
         others' rows are set to allow everything (the request finished meanwhile)."""
         live = []
         grammars = self._grammars
+        thinking = self._thinking
         for i, rid in rows:
             grammar = grammars.get(rid)
-            if grammar is None:
+            if grammar is None or rid in thinking:  # (thinking: unconstrained for now)
                 bitmask[i] = -1
             else:
                 live.append((rid, grammar, i))
@@ -369,6 +461,9 @@ class StructuredOutputManager:
         self._join_fill()
         self._advance_now()
         grammars = self._grammars
+        if self._thinking:
+            kept = [(rid, self._grammar_tokens(rid, tokens)) for rid, tokens in kept if rid in grammars]
+            kept = [row for row in kept if row[1]]  # (no token for the grammar: nothing to do)
         items = [(rid, grammar, row) for row in kept if (grammar := grammars.get(rid := row[0])) is not None]
         for backend, grammars_of, rows in self._by_backend(items):
             if not backend.completion_from_tokens:
@@ -497,32 +592,30 @@ class StructuredOutputManager:
         """Fill bitmask rows from grammars at their current state, one call per backend."""
         self._fill_groups(bitmask, self._by_backend(rows))
 
-    def _fill_drafts(self, bitmask: np.ndarray, rows: list, offsets: list[int]) -> None:
+    def _fill_drafts(self, bitmask: np.ndarray, rows: list[tuple[str, StructuredOutputGrammar, int, list[int]]]
+                     ) -> None:
         """The rows of the verified positions after each request's first (see
-        :meth:`fill_bitmask`)."""
-        drafts: list[list[int]] = []
-        for s, grammar in rows:
-            m = s.num_spec_tokens
-            valid = grammar.validate_tokens(list(s.token_ids[len(s.token_ids) - m:])) if m else []
-            drafts.append(valid)
+        :meth:`fill_bitmask`), given as ``(request id, grammar, first row, drafts)``."""
+        drafts: list[list[int]] = [grammar.validate_tokens(d) if d else [] for _, grammar, _, d in rows]
+        offsets = [offset for _, _, offset, _ in rows]
         advanced = [0] * len(rows)
-        for j in range(max(s.num_spec_tokens for s, _ in rows)):
+        for j in range(max(len(d) for *_, d in rows)):
             to_fill = []
-            for i, (s, grammar) in enumerate(rows):
-                if j >= s.num_spec_tokens:
+            for i, (rid, grammar, _, verified) in enumerate(rows):
+                if j >= len(verified):
                     continue
                 row = offsets[i] + j + 1
                 if advanced[i] == j and j < len(drafts[i]):
-                    grammar.accept_tokens(s.request_id, [drafts[i][j]])
+                    grammar.accept_tokens(rid, [drafts[i][j]])
                     if grammar.is_terminated():
                         grammar.rollback(1)  # complete: its stop token may only come last
                     else:
                         advanced[i] += 1
-                        to_fill.append((s.request_id, grammar, row))
+                        to_fill.append((rid, grammar, row))
                         continue
                 bitmask[row] = bitmask[offsets[i] + advanced[i]]
             self._fill(bitmask, to_fill)
-        for (_, grammar), n in zip(rows, advanced):
+        for (_, grammar, _, _), n in zip(rows, advanced):
             if n:
                 grammar.rollback(n)
 
@@ -555,35 +648,42 @@ class StructuredOutputManager:
         complete: list[str] = []
         rejected, self._refused = self._refused, []
         grammars = self._grammars
+        thinking = self._thinking
         advancing = []
         for out in outputs:
-            grammar = grammars.get(out.request_id)
+            rid = out.request_id
+            grammar = grammars.get(rid)
             if grammar is None:
                 continue
             if out.finish_reason is not None:
-                self._drop(out.request_id)
+                self._drop(rid)
                 continue
-            advancing.append((out.request_id, grammar, out))
+            tokens = out.new_token_ids
+            if thinking and rid in thinking:
+                tokens = self._grammar_tokens(rid, tokens)
+                if not tokens:
+                    continue  # still thinking, or its grammar starts with the next token
+            advancing.append((rid, grammar, (rid, tokens)))
         for backend, grammars_of, outs in self._by_backend(advancing):
-            tokens = [o.new_token_ids for o in outs]
+            ids = [rid for rid, _ in outs]
+            tokens = [t for _, t in outs]
             if defer_advance and backend.completion_from_tokens:
-                later = self._drop_complete(_Advance(backend, grammars_of, [o.request_id for o in outs], tokens),
-                                            complete)
+                later = self._drop_complete(_Advance(backend, grammars_of, ids, tokens), complete)
                 if later.grammars:
                     self._advance.append(later)
                 continue
-            accepted = backend.accept_tokens_batch(grammars_of, [o.request_id for o in outs], tokens)
+            accepted = backend.accept_tokens_batch(grammars_of, ids, tokens)
             if not all(accepted):
-                for out, ok in zip(outs, accepted):
+                for rid, t, ok in zip(ids, tokens, accepted):
                     if not ok:
-                        self._drop(out.request_id)
-                        rejected.append((out.request_id, _refusal(out.new_token_ids)))
+                        self._drop(rid)
+                        rejected.append((rid, _refusal(t)))
                 kept = [i for i, ok in enumerate(accepted) if ok]
-                grammars_of, outs, tokens = [grammars_of[i] for i in kept], [outs[i] for i in kept], [tokens[i] for i in kept]
-            for out, done in zip(outs, backend.terminated_batch(grammars_of, tokens)):
+                grammars_of, ids, tokens = [grammars_of[i] for i in kept], [ids[i] for i in kept], [tokens[i] for i in kept]
+            for rid, done in zip(ids, backend.terminated_batch(grammars_of, tokens)):
                 if done:
-                    self._drop(out.request_id)
-                    complete.append(out.request_id)
+                    self._drop(rid)
+                    complete.append(rid)
         return complete, rejected
 
     def finish(self, request_ids: Any) -> None:
@@ -597,6 +697,7 @@ class StructuredOutputManager:
     def _drop(self, request_id: str) -> None:
         self._grammars.pop(request_id, None)
         self._backend_of.pop(request_id, None)
+        self._thinking.pop(request_id, None)
 
     def shutdown(self) -> None:
         """Stop the compile and fill threads and release the backends."""

@@ -26,7 +26,11 @@ Invariants:
       complete it where its backend tells completion from them
       (``completion_from_tokens``). Both drop a request at the same calls, so they agree
       on which requests hold a grammar, except for a refusal the process found and has
-      not yet reported (the client learns it with the next fill's reply).
+      not yet reported (the client learns it with the next fill's reply). Of a request
+      still thinking (the manager's invariants), the client holds the token that ends its
+      reasoning too (``_thinking``, from the ``compiled`` event), and sees it end in the
+      same tokens the process does: its completion from the stop tokens reads only the
+      tokens after that one.
     * Messages go one way on a PUSH socket per process and come back on one the
       processes share, and a process handles them in the order sent. ``fill`` (a
       deferred fill, carrying the advance of ``accept_early`` where it comes from there)
@@ -77,7 +81,7 @@ import time
 import traceback
 from collections import deque
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import msgspec
 import zmq
@@ -169,6 +173,10 @@ class GrammarProcessClient:
         self._compiling: set[str] = set()
         # Request id -> its completion stop tokens (None: its backend must be asked).
         self._grammars: dict[str, frozenset[int] | None] = {}
+        # Requests still thinking -> the token that ends it (see the module's invariants);
+        # and whether any request can (else prompts are not sent with submissions).
+        self._thinking: dict[str, int] = {}
+        self._gated = bool(config.reasoning_parser) and not config.enable_in_reasoning
         self._refused: list[tuple[str, str]] = []
         self._compiled: tuple[list[str], list[tuple[str, str]]] = ([], [])
         # Answers of the processes (one per process asked), and the refusals of the
@@ -277,11 +285,13 @@ class GrammarProcessClient:
         kind, payload = self._in.recv_multipart()
         body = ipc.decode(payload)
         if kind == _COMPILED:
-            rid, stop, reason = body
+            rid, stop, reason, end = body
             if rid in self._compiling:  # (not finished meanwhile)
                 self._compiling.discard(rid)
                 if reason is None:
                     self._grammars[rid] = frozenset(stop) if stop is not None else None
+                    if end is not None:
+                        self._thinking[rid] = end
                     if stop is None:
                         self._opaque.add(rid)
                     self._compiled[0].append(rid)
@@ -305,9 +315,11 @@ class GrammarProcessClient:
 
     # ------------------------------------------------------------------ compilation
 
-    def submit(self, request_id: str, params: StructuredOutputsParams) -> None:
-        """Start compiling a request's grammar; :meth:`poll` says when it is ready."""
-        self._send(_SUBMIT, [request_id, params], self._shard(request_id))
+    def submit(self, request_id: str, params: StructuredOutputsParams, prompt_token_ids: Sequence[int] = ()) -> None:
+        """Start compiling a request's grammar; :meth:`poll` says when it is ready (see
+        the manager's ``submit``)."""
+        prompt = list(prompt_token_ids) if self._gated else []
+        self._send(_SUBMIT, [request_id, params, prompt], self._shard(request_id))
         self._compiling.add(request_id)
 
     def has_compiling(self) -> bool:
@@ -513,7 +525,8 @@ class GrammarProcessClient:
             for rid, tokens, done in rows:
                 if done:
                     del grammars[rid]
-                elif tokens and tokens[-1] in grammars[rid]:  # type: ignore[operator]
+                    self._thinking.pop(rid, None)
+                elif self._completes(rid, tokens, grammars[rid]):  # type: ignore[arg-type]
                     del grammars[rid]
                     complete.append(rid)
             for index, part in enumerate(self._split(rows)):
@@ -533,12 +546,26 @@ class GrammarProcessClient:
             for rid, reason in refused:
                 grammars.pop(rid, None)
                 rejected.append((rid, reason))
-        for rid, _, done in rows:
+        for rid, tokens, done in rows:
             if done:
                 grammars.pop(rid, None)
+            if rid in self._thinking and (done or self._thinking[rid] in tokens):
+                del self._thinking[rid]  # (the process saw it end too)
         for rid in complete:
             grammars.pop(rid, None)
         return complete, rejected
+
+    def _completes(self, rid: str, tokens: list[int], stops: frozenset[int]) -> bool:
+        """Whether a step's ``tokens`` complete a request's grammar, told from the stop
+        tokens: its last token is one, and it is the grammar's (after the reasoning's end,
+        for a request that thinks; it then thinks no more)."""
+        end = self._thinking.get(rid)
+        if end is not None:
+            if end not in tokens:
+                return False
+            del self._thinking[rid]
+            tokens = tokens[tokens.index(end) + 1:]
+        return bool(tokens) and tokens[-1] in stops
 
     def _accepted_early(self, outputs: list[EngineCoreOutput]) -> tuple[list[str], list[tuple[str, str]]]:
         """:meth:`accept` after :meth:`accept_early` sent the tokens: the complete and the
@@ -561,8 +588,9 @@ class GrammarProcessClient:
                                    "started (the scheduler kept a token kept_tokens() left out)")
             if out.finish_reason is not None:
                 del grammars[rid]
+                self._thinking.pop(rid, None)
                 finished.append(rid)
-            elif out.new_token_ids and out.new_token_ids[-1] in stops:  # type: ignore[operator]
+            elif self._completes(rid, out.new_token_ids, stops):  # type: ignore[arg-type]
                 del grammars[rid]  # the process dropped it too (completion from tokens)
                 complete.append(rid)
         if finished:
@@ -578,6 +606,7 @@ class GrammarProcessClient:
         """Forget requests (finished, aborted, failed); unknown ids are ignored."""
         gone = []
         for rid in request_ids:
+            self._thinking.pop(rid, None)
             if self._grammars.pop(rid, 0) != 0 or rid in self._compiling:
                 self._compiling.discard(rid)
                 gone.append(rid)
@@ -755,8 +784,8 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
                     break
                 try:
                     if kind == _SUBMIT:
-                        rid, params = ipc.decode(payload)
-                        manager.submit(rid, msgspec.convert(params, StructuredOutputsParams))
+                        rid, params, prompt = ipc.decode(payload)
+                        manager.submit(rid, msgspec.convert(params, StructuredOutputsParams), prompt)
                     elif kind == _FINISH:
                         manager.finish(ipc.decode(payload))
                     elif kind == _ACCEPT:
@@ -824,9 +853,9 @@ def _grammar_process_main(args_bytes: bytes, addr_in: str, addr_out: str, parent
             if manager.has_compiling():
                 ready, failed = manager.poll()
                 for rid in ready:
-                    send(_COMPILED, [rid, manager.completion_stop_ids(rid), None])
+                    send(_COMPILED, [rid, manager.completion_stop_ids(rid), None, manager.reasoning_end_id(rid)])
                 for rid, reason in failed:
-                    send(_COMPILED, [rid, None, reason])
+                    send(_COMPILED, [rid, None, reason, None])
     finally:
         if fill_seconds:
             fill_seconds.sort()

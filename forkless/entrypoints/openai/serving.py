@@ -1022,9 +1022,12 @@ class OpenAIServing:
                                         tool_constraint(req, forced) if forced is not None else None,
                                         defaults=self.sampling_defaults)
         if isinstance(params, SamplingParams) and params.structured_outputs is not None:
-            # The constraint holds from the first token: there is no reasoning to split off.
+            # The engine starts the constraint after the reasoning (as vLLM) where the
+            # parser names its end token; else it holds from the first token, and there is
+            # no reasoning to split off.
             for parser in parsers or ():
-                parser.reasoning = None
+                if parser.reasoning is not None and parser.reasoning.end_token_id is None:
+                    parser.reasoning = None
         request_id, engine_id = _request_ids("chatcmpl", req.request_id, raw_request)
         self.log_request(engine_id, ids, params)
         await self._check_constraint(req, params)
