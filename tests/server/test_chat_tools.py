@@ -134,8 +134,10 @@ def test_with_thinking_on_an_output_without_think_end_is_reasoning(tool_server: 
 
 
 def test_a_constrained_request_is_all_content_under_a_reasoning_parser(tool_server: Server, tokenizer) -> None:
-    # docs/plugins.md §9: the constraint holds from the first token, so forkless runs no
-    # reasoning parser on the output (vLLM would constrain after the reasoning and split it).
+    # docs/plugins.md §9: this tokenizer has no one-token </think>, so the engine cannot
+    # tell where reasoning ends: the constraint holds from the first token and forkless
+    # runs no reasoning parser on the output (with a one-token tag the reasoning is split
+    # off: tests/structured_output/test_reasoning.py).
     text = "<think>x</think>y"
     client = tool_server.client()
     for stream in (False, True):
