@@ -308,7 +308,7 @@ class EngineConfig:
         lora_config: Multi-LoRA serving, or ``None`` without ``--enable-lora``.
         speculative_config: Speculative decoding (``--speculative-config``), or ``None``.
         structured_outputs_config: Structured outputs (``--structured-outputs-config``);
-            ``None``: the defaults (backend ``xgrammar``).
+            ``None``: the defaults (backend ``auto``).
         kv_transfer_config: The KV connector (``--kv-transfer-config``), or ``None``.
         compilation_config: ``--compilation-config`` (its ``custom_ops``), or ``None``.
     """
@@ -592,7 +592,7 @@ class EngineArgs:
         g.add_argument("--disable-log-stats", action="store_true",
                        help="do not log throughput periodically (the /metrics endpoint stays)")
         g.add_argument("--structured-outputs-config", default=None, metavar="JSON",
-                       help='structured outputs, vLLM\'s keys: {"backend": "xgrammar"} (xgrammar, guidance, auto or a '
+                       help='structured outputs, vLLM\'s keys: {"backend": "auto"} (auto, xgrammar, guidance or a '
                             'class path; also disable_fallback, disable_any_whitespace, '
                             'disable_additional_properties, reasoning_parser (what --reasoning-parser sets), '
                             'reasoning_parser_plugin, enable_in_reasoning)')

@@ -15,7 +15,9 @@ from typing import Any
 
 from forkless.json_arg import json_object_arg
 
-DEFAULT_BACKEND = "xgrammar"
+# vLLM's default: xgrammar where its check passes, else guidance (Lark grammars, what
+# xgrammar's compiler refuses).
+DEFAULT_BACKEND = "auto"
 
 
 @dataclass(frozen=True)
@@ -23,9 +25,9 @@ class StructuredOutputsConfig:
     """How constrained requests are compiled.
 
     Attributes:
-        backend: ``xgrammar`` (default), ``guidance`` (llguidance), ``auto`` (xgrammar,
-            else guidance for what xgrammar cannot do), another registered name, or a
-            ``StructuredOutputBackend`` class path.
+        backend: ``auto`` (default, as vLLM's: xgrammar, else guidance for what xgrammar
+            cannot do), ``xgrammar``, ``guidance`` (llguidance), another registered name,
+            or a ``StructuredOutputBackend`` class path.
         disable_fallback: With ``auto``: refuse rather than fall back to guidance.
         disable_any_whitespace: Compact JSON for every request (no whitespace between
             tokens).

@@ -85,7 +85,7 @@ def test_backends_are_imported_lazily_and_are_backends() -> None:
 ])
 def test_xgrammar_checks_refuse_bad_constraints(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError) as info:
-        choose_backend(StructuredOutputsParams(**kwargs), StructuredOutputsConfig())
+        choose_backend(StructuredOutputsParams(**kwargs), StructuredOutputsConfig(backend="xgrammar"))
     assert message in str(info.value)
 
 
@@ -111,21 +111,22 @@ def test_a_constraint_sent_again_is_not_checked_again(monkeypatch: pytest.Monkey
     check = llguidance.LLMatcher.validate_grammar_with_warnings
     monkeypatch.setattr(llguidance.LLMatcher, "validate_grammar_with_warnings",
                         lambda grammar: (calls.append(grammar), check(grammar))[1])
+    config = StructuredOutputsConfig(backend="xgrammar")  # (auto checks a bad one twice: each backend)
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 7013}}}
     for _ in range(3):
-        assert choose_backend(StructuredOutputsParams(json=schema), StructuredOutputsConfig()) == "xgrammar"
+        assert choose_backend(StructuredOutputsParams(json=schema), config) == "xgrammar"
     assert len(calls) == 1
     bad = StructuredOutputsParams(json={"type": "integer", "minimum": "seven thousand"})
     messages = []
     for _ in range(2):
         with pytest.raises(ValueError) as info:
-            choose_backend(bad, StructuredOutputsConfig())
+            choose_backend(bad, config)
         messages.append(str(info.value))
     assert len(calls) == 2 and messages[0] == messages[1] and "minimum" in messages[0]
     # A long one too (remembered by a digest, not by its text).
     long_regex = "a{1,3}" + "b" * (64 << 10)
     for _ in range(2):
-        choose_backend(StructuredOutputsParams(regex=long_regex), StructuredOutputsConfig())
+        choose_backend(StructuredOutputsParams(regex=long_regex), config)
     assert len(calls) == 3
 
 
