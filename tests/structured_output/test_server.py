@@ -162,3 +162,26 @@ def test_bad_constraints_are_400_and_the_server_keeps_serving(server: Server, bo
         client.chat.completions.create(model="smol", messages=_user("Hi"), max_tokens=5, extra_body=body)
     assert message in str(info.value)
     assert client.chat.completions.create(model="smol", messages=_user("Hi"), max_tokens=3).choices[0].message
+
+
+def test_a_grammar_xgrammar_cannot_compile_is_refused_naming_the_field_or_served_by_guidance(server: Server) -> None:
+    """The API server's check reads EBNF with llguidance, which passes an empty alternative
+    that xgrammar's compiler refuses in the engine core: with the xgrammar backend the
+    refusal names structured_outputs, unstreamed and in the stream's error event; with
+    guidance (and with auto, the default, which falls back to it) the grammar is served."""
+    import httpx
+
+    fields = {"model": "smol", "max_tokens": 2, "structured_outputs": {"grammar": 'root ::= "a" | '}}
+    chat = httpx.post(server.url + "/v1/chat/completions", json={"messages": _user("Say a."), **fields}, timeout=60)
+    streamed = httpx.post(server.url + "/v1/completions", json={"prompt": "Say a.", "stream": True, **fields},
+                          timeout=60)
+    events = [line[len("data: "):] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    if server.extra["backend"] == "xgrammar":
+        assert chat.status_code == 400 and chat.json()["error"]["param"] == "structured_outputs", chat.text
+        error = json.loads(events[-2])["error"]
+        assert (error["code"], error["param"]) == (400, "structured_outputs"), error
+    else:
+        assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["content"] in ("a", ""), chat.text
+        text = "".join(c["text"] for e in events[:-1] for c in json.loads(e)["choices"])
+        assert text in ("a", ""), events
