@@ -89,6 +89,22 @@ def _refusal(tokens: list[int]) -> str:
     return f"structured outputs: the grammar refused token(s) {tokens} it had allowed"
 
 
+def grammar_tokens(thinking: dict[str, int], request_id: str, tokens: list[int]) -> list[int]:
+    """The part of a request's new ``tokens`` that its grammar takes: all of them, or,
+    while it thinks (in ``thinking``, with the token that ends it), those after the end
+    token, and it is then removed from ``thinking``; none before. The manager and the
+    grammar process's client follow a request's reasoning with it alike."""
+    end = thinking.get(request_id)
+    if end is None:
+        return tokens
+    try:
+        at = tokens.index(end)
+    except ValueError:
+        return []
+    del thinking[request_id]
+    return tokens[at + 1:]
+
+
 def mark_deferred(scheduler_output: SchedulerOutput, grammars: Collection[str]) -> None:
     """Mark a plan whose sampling rows hold a grammar (an id in ``grammars``) as one
     whose bitmask comes later (``defer_sampling``, the rows in
@@ -293,20 +309,6 @@ class StructuredOutputManager:
         grammar then starts after it); ``None`` once it does not."""
         return self._thinking.get(request_id)
 
-    def _grammar_tokens(self, request_id: str, tokens: list[int]) -> list[int]:
-        """The part of a request's new ``tokens`` that its grammar takes: all of them, or,
-        while it thinks, those after the end token (and then it thinks no more); none
-        before."""
-        end = self._thinking.get(request_id)
-        if end is None:
-            return tokens
-        try:
-            at = tokens.index(end)
-        except ValueError:
-            return []
-        del self._thinking[request_id]
-        return tokens[at + 1:]
-
     def drop_buffer(self) -> None:
         """Forget the reused bitmask buffer: the next fill allocates one again (the
         grammar process, when the executor's segment was replaced)."""
@@ -462,7 +464,7 @@ class StructuredOutputManager:
         self._advance_now()
         grammars = self._grammars
         if self._thinking:
-            kept = [(rid, self._grammar_tokens(rid, tokens)) for rid, tokens in kept if rid in grammars]
+            kept = [(rid, grammar_tokens(self._thinking, rid, tokens)) for rid, tokens in kept if rid in grammars]
             kept = [row for row in kept if row[1]]  # (no token for the grammar: nothing to do)
         items = [(rid, grammar, row) for row in kept if (grammar := grammars.get(rid := row[0])) is not None]
         for backend, grammars_of, rows in self._by_backend(items):
@@ -660,7 +662,7 @@ class StructuredOutputManager:
                 continue
             tokens = out.new_token_ids
             if thinking and rid in thinking:
-                tokens = self._grammar_tokens(rid, tokens)
+                tokens = grammar_tokens(thinking, rid, tokens)
                 if not tokens:
                     continue  # still thinking, or its grammar starts with the next token
             advancing.append((rid, grammar, (rid, tokens)))

@@ -91,7 +91,7 @@ from forkless.protocol import ipc
 from forkless.protocol.shared_memory import decode_grammar_tokens, sample_message
 from forkless.sampling_params import StructuredOutputsParams
 from forkless.structured_output.config import StructuredOutputsConfig
-from forkless.structured_output.manager import mark_deferred
+from forkless.structured_output.manager import grammar_tokens, mark_deferred
 from forkless.tracing import StepTrace
 
 if TYPE_CHECKING:
@@ -549,8 +549,9 @@ class GrammarProcessClient:
         for rid, tokens, done in rows:
             if done:
                 grammars.pop(rid, None)
-            if rid in self._thinking and (done or self._thinking[rid] in tokens):
-                del self._thinking[rid]  # (the process saw it end too)
+                self._thinking.pop(rid, None)
+            else:
+                grammar_tokens(self._thinking, rid, tokens)  # (the process saw its reasoning end too)
         for rid in complete:
             grammars.pop(rid, None)
         return complete, rejected
@@ -559,12 +560,7 @@ class GrammarProcessClient:
         """Whether a step's ``tokens`` complete a request's grammar, told from the stop
         tokens: its last token is one, and it is the grammar's (after the reasoning's end,
         for a request that thinks; it then thinks no more)."""
-        end = self._thinking.get(rid)
-        if end is not None:
-            if end not in tokens:
-                return False
-            del self._thinking[rid]
-            tokens = tokens[tokens.index(end) + 1:]
+        tokens = grammar_tokens(self._thinking, rid, tokens)
         return bool(tokens) and tokens[-1] in stops
 
     def _accepted_early(self, outputs: list[EngineCoreOutput]) -> tuple[list[str], list[tuple[str, str]]]:
