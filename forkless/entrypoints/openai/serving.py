@@ -139,6 +139,14 @@ _UNSUPPORTED_CHAT_FIELDS = {
 }
 
 
+def _reject_field(name: str, value: Any, endpoint: dict[str, tuple[tuple[Any, ...], str]]) -> None:
+    """A 400 naming ``name`` when ``value`` is not one its table (``endpoint``'s, else
+    :data:`_UNSUPPORTED_FIELDS`) accepts; a field in neither table passes."""
+    accepted, reason = endpoint.get(name) or _UNSUPPORTED_FIELDS.get(name, ((value,), ""))
+    if value not in accepted:
+        raise BadRequest(f"{name}={quoted(value)}: {reason}", name)
+
+
 def _reject_unsupported(req: SamplingFields) -> None:
     """Refuse vLLM request fields that this server would otherwise silently ignore."""
     options = req.stream_options
@@ -154,9 +162,7 @@ def _reject_unsupported(req: SamplingFields) -> None:
     for name, value in extra.items():
         if name == "best_of" and value not in (None, req.n):
             raise BadRequest(f"best_of={quoted(value)} is not supported (vLLM removed it too); use n", "best_of")
-        accepted, reason = endpoint.get(name) or _UNSUPPORTED_FIELDS.get(name, ((value,), ""))
-        if value not in accepted:
-            raise BadRequest(f"{name}={quoted(value)}: {reason}", name)
+        _reject_field(name, value, endpoint)
 
 
 def _reject_unsupported_chat_tokenize(req: TokenizeRequest) -> None:
@@ -169,9 +175,8 @@ def _reject_unsupported_chat_tokenize(req: TokenizeRequest) -> None:
                          "add_special_tokens")
     extra = req.model_extra or {}
     for name in ("chat_template", "mm_processor_kwargs", "media_io_kwargs"):
-        accepted, reason = _UNSUPPORTED_CHAT_FIELDS.get(name) or _UNSUPPORTED_FIELDS[name]
-        if extra.get(name) not in accepted:
-            raise BadRequest(f"{name}={quoted(extra[name])}: {reason}", name)
+        if name in extra:
+            _reject_field(name, extra[name], _UNSUPPORTED_CHAT_FIELDS)
 
 
 def _unknown_fields(req: RequestModel) -> list[str]:
