@@ -161,3 +161,52 @@ def test_client_request_id_names_the_response_even_when_reused(server: Server) -
                                           max_tokens=2, extra_body={"request_id": "job-8"})
     assert chat.id == "chatcmpl-job-8"
     assert client.completions.create(model="tiny", prompt="Hi", max_tokens=1).id.startswith("cmpl-")
+
+
+@pytest.fixture(scope="module")
+def bos_server(smollm2_folder, tmp_path_factory: pytest.TempPathFactory):
+    """A server whose tokenizer puts a BOS before every prompt (as Llama's does): SmolLM2's
+    with a post-processor that adds ``<|im_start|>``."""
+    import json
+    import shutil
+
+    from tests.conftest import make_tiny_model
+    from tests.server.conftest import start_server, stop_and_check
+
+    tok = tmp_path_factory.mktemp("bos-tokenizer")
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja", "config.json"):
+        if (smollm2_folder / name).exists():
+            shutil.copy(smollm2_folder / name, tok / name)
+    spec = json.loads((smollm2_folder / "tokenizer.json").read_text())
+    bos = "<|im_start|>"
+    bos_id = spec["model"]["vocab"][bos]
+    spec["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {bos: {"id": bos, "ids": [bos_id], "tokens": [bos]}}}
+    (tok / "tokenizer.json").write_text(json.dumps(spec))
+    model = make_tiny_model(tmp_path_factory.mktemp("bos-model"), tok)
+    srv = start_server(model, tmp_path_factory.mktemp("bos-server"), "--served-model-name", "tiny")
+    yield srv
+    assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
+def test_echo_returns_the_prompt_as_sent_not_with_the_tokenizers_bos(bos_server: Server) -> None:
+    client = bos_server.client()
+    prompt = PROMPTS[0]
+    tokens = httpx.post(bos_server.url + "/tokenize", json={"model": "tiny", "prompt": prompt}).json()["tokens"]
+    assert tokens[0] == 1  # <|im_start|>: the model sees a BOS the user did not write
+    whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0, echo=True)
+    assert whole.choices[0].text.startswith(prompt), whole.choices[0].text
+    assert whole.usage.prompt_tokens == len(tokens)
+    stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0, echo=True,
+                                       stream=True)
+    assert "".join(c.choices[0].text for c in stream) == whole.choices[0].text
+    only = client.completions.create(model="tiny", prompt=prompt, max_tokens=0, echo=True, logprobs=0)
+    assert only.choices[0].text == prompt
+    assert only.choices[0].logprobs.tokens[0] == "<|im_start|>"  # the BOS is still a prompt token
+    # Token ids have no text as sent: their decoding is echoed, BOS included.
+    ids = client.completions.create(model="tiny", prompt=tokens, max_tokens=0, echo=True)
+    assert ids.choices[0].text == "<|im_start|>" + prompt

@@ -732,6 +732,10 @@ class OpenAIServing:
         echo_only = req.echo and req.max_tokens == 0 and not req.use_beam_search
         max_tokens = 1 if echo_only else req.max_tokens
         prompts = [truncate_prompt(ids, req, max_tokens, self.max_model_len) for ids in tokenized]
+        # echo returns a text prompt as sent (as vLLM), not its tokens decoded: they differ
+        # where the tokenizer adds a BOS or does not round-trip; a truncated prompt is decoded.
+        echo_texts = [t if isinstance(t, str) and len(p) == len(ids) else None
+                      for t, ids, p in zip(texts, tokenized, prompts)]
         for ids in prompts:
             self._check_prompt(ids, max_tokens)
         self.check_logprobs("logprobs", req.logprobs)
@@ -757,9 +761,9 @@ class OpenAIServing:
             streams = [_without_generation(s) for s in streams]
         model_name = self._response_model(lora)
         if req.stream:
-            return self._stream_completion(req, base_id, prompts, streams, raw_request, model_name)
+            return self._stream_completion(req, base_id, prompts, echo_texts, streams, raw_request, model_name)
         finals = await self._collect(streams, raw_request, req)
-        choices = await self.in_tokenizer_thread(self._completion_choices, req, prompts, finals)
+        choices = await self.in_tokenizer_thread(self._completion_choices, req, prompts, echo_texts, finals)
         usage = UsageInfo()
         for out in finals:
             u = _usage(out)
@@ -768,12 +772,13 @@ class OpenAIServing:
         usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
         return CompletionResponse(id=base_id, model=model_name, choices=choices, usage=usage)
 
-    def _completion_choices(self, req: CompletionRequest, prompts: list[list[int]],
+    def _completion_choices(self, req: CompletionRequest, prompts: list[list[int]], echo_texts: list[str | None],
                             finals: list["RequestOutput"]) -> list[CompletionChoice]:
         """The choices of a finished completions request (runs in the tokenizer thread)."""
         choices = []
         for p_idx, out in enumerate(finals):
-            echo, echo_lp = self._echo(prompts[p_idx], out, req.logprobs) if req.echo else ("", None)
+            echo, echo_lp = (self._echo(prompts[p_idx], echo_texts[p_idx], out, req.logprobs) if req.echo
+                             else ("", None))
             for c in out.outputs:
                 lp = None
                 if req.logprobs is not None:
@@ -807,13 +812,16 @@ class OpenAIServing:
                 lp.top_logprobs.append({self._token_text(t, entries): e.logprob for t, e in top})
         return lp
 
-    def _echo(self, prompt_ids: list[int], out: "RequestOutput", n: int | None) -> tuple[str, CompletionLogProbs | None]:
-        """The echoed prompt's text, and with ``logprobs`` its tokens in the completions
-        ``logprobs`` format (as vLLM: the first token has neither a logprob nor top
-        logprobs). Runs in the tokenizer thread: the prompt may be long."""
+    def _echo(self, prompt_ids: list[int], text: str | None, out: "RequestOutput",
+              n: int | None) -> tuple[str, CompletionLogProbs | None]:
+        """The echoed prompt's text (``text``, the prompt as sent, else its tokens decoded),
+        and with ``logprobs`` its tokens in the completions ``logprobs`` format (as vLLM: the
+        first token has neither a logprob nor top logprobs; offsets count the tokens' own
+        text). Runs in the tokenizer thread: the prompt may be long."""
         from forkless.outputs import CompletionOutput
 
-        text = self.tokenizer.decode(prompt_ids)
+        if text is None:
+            text = self.tokenizer.decode(prompt_ids)
         if n is None:
             return text, None
         entries = [entry or {} for entry in out.prompt_logprobs or []]
@@ -831,7 +839,7 @@ class OpenAIServing:
         return self.tokenizer.decode([token_id])
 
     async def _stream_completion(self, req: CompletionRequest, base_id: str, prompts: list[list[int]],
-                                 streams: list[AsyncIterator["RequestOutput"]], raw_request: Any,
+                                 echo_texts: list[str | None], streams: list[AsyncIterator["RequestOutput"]], raw_request: Any,
                                  model_name: str) -> AsyncIterator[str]:
         created = int(time.time())
         echoes: dict[int, tuple[str, CompletionLogProbs | None]] = {}
@@ -863,7 +871,8 @@ class OpenAIServing:
                     echo, echo_lp = "", None
                     if req.echo:  # text may still be held back, so sent_text cannot say whether it was sent
                         if p_idx not in echoes:
-                            echoes[p_idx] = await self.in_tokenizer_thread(self._echo, prompts[p_idx], out, req.logprobs)
+                            echoes[p_idx] = await self.in_tokenizer_thread(self._echo, prompts[p_idx], echo_texts[p_idx],
+                                                                       out, req.logprobs)
                         echo, echo_lp = echoes[p_idx]
                         yield _sse(CompletionResponse(id=base_id, created=created, model=model_name, choices=[
                             CompletionChoice(index=idx, text=echo, logprobs=echo_lp)],
