@@ -992,10 +992,8 @@ class EngineArgs:
         if so.reasoning_parser:
             from forkless.reasoning import ReasoningParserManager
 
-            if so.reasoning_parser_plugin:
-                ReasoningParserManager.import_reasoning_parser(so.reasoning_parser_plugin)
-            try:
-                ReasoningParserManager.get_reasoning_parser(so.reasoning_parser)  # an unknown name fails here
+            try:  # an unknown name fails here
+                ReasoningParserManager.resolve(so.reasoning_parser, so.reasoning_parser_plugin)
             except KeyError as exc:  # RegistryError: its message lists the registered parsers
                 raise ValueError(f"--reasoning-parser: {exc.args[0] if exc.args else exc}") from None
         return so

@@ -44,6 +44,19 @@ class ReasoningParserManager(ParserManager):
         """
         cls.import_plugin(plugin)
 
+    @classmethod
+    def resolve(cls, name: str, plugin: str | None = None) -> type[ReasoningParser]:
+        """The parser class ``name`` after importing ``plugin`` (``--reasoning-parser-plugin``),
+        which may be what registers it: the one order every user of the two flags follows.
+
+        Raises:
+            PluginImportError: The plugin failed to import.
+            RegistryError: Unknown name; the message lists the registered ones.
+        """
+        if plugin:
+            cls.import_reasoning_parser(plugin)
+        return cls.get_reasoning_parser(name)
+
 
 ReasoningParserManager.register_lazy_module("deepseek_r1", "forkless.reasoning.deepseek_r1", "DeepSeekR1ReasoningParser")
 ReasoningParserManager.register_lazy_module("qwen3", "forkless.reasoning.qwen3", "Qwen3ReasoningParser")

@@ -231,9 +231,8 @@ class StructuredOutputManager:
             if self._reasoner is None:
                 from forkless.reasoning import ReasoningParserManager
 
-                if config.reasoning_parser_plugin:
-                    ReasoningParserManager.import_reasoning_parser(config.reasoning_parser_plugin)
-                self._reasoner = ReasoningParserManager.get_reasoning_parser(config.reasoning_parser)(self._tokenizer)
+                parser = ReasoningParserManager.resolve(config.reasoning_parser, config.reasoning_parser_plugin)
+                self._reasoner = parser(self._tokenizer)
                 if self._reasoner.end_token_id is None:
                     logger.warning("structured outputs: the %s reasoning parser names no end_token_id (its end tag "
                                    "is not one token of this vocabulary): constraints hold from the first token, "
