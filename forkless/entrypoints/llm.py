@@ -3,11 +3,12 @@ for pooling models ``LLM.embed``, ``LLM.classify``, ``LLM.score`` and ``LLM.enco
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import msgspec
 import numpy as np
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from forkless.beam_search import BeamSearchOutput
 from forkless.config import EngineArgs
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from forkless.protocol.lora import LoRARequest
 
 Conversation = list[dict[str, Any]]
+# ``use_tqdm``: show tqdm's bar or not, or (vLLM's) a callable that makes the bar.
+ProgressBar = bool | Callable[..., Any]
 
 
 class LLM:
@@ -77,7 +80,7 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: ProgressBar = True,
         priority: Sequence[int] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
@@ -88,7 +91,9 @@ class LLM:
                 prompt), or ``{"prompt": ...}`` / ``{"prompt_token_ids": ...}`` dicts.
             sampling_params: One for all prompts, one per prompt, or ``None`` for
                 :meth:`get_default_sampling_params`.
-            use_tqdm: Show a progress bar over requests.
+            use_tqdm: Show a progress bar over requests; a callable makes it, as vLLM's
+                (``use_tqdm(total=..., desc=..., dynamic_ncols=True)``, e.g. a
+                ``functools.partial`` of ``tqdm``).
             priority: Per-prompt priority (``--scheduling-policy priority``).
             lora_request: A LoRA adapter for every prompt, or a list with one adapter (or
                 ``None``: the base model) per prompt; needs ``enable_lora=True``.
@@ -107,7 +112,7 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         params: BeamSearchParams,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: ProgressBar = False,
         concurrency_limit: int | None = None,
     ) -> list[BeamSearchOutput]:
         """The ``params.beam_width`` most likely continuations of each prompt (vLLM's API;
@@ -117,7 +122,8 @@ class LLM:
             prompts: One prompt or a list, in any form :meth:`generate` takes.
             params: Beam width, length and scoring.
             lora_request: One adapter for every prompt, or one (or ``None``) per prompt.
-            use_tqdm: Show a progress bar over the prompts.
+            use_tqdm: Show a progress bar over the prompts (or a callable making it, as in
+                :meth:`generate`).
             concurrency_limit: Search at most this many prompts at once (default: all).
 
         Returns:
@@ -128,8 +134,6 @@ class LLM:
             ValueError: An invalid prompt or parameter, or a beam width whose
                 ``2 * beam_width`` logprobs a step are over ``max_logprobs``.
         """
-        from tqdm.auto import tqdm
-
         from forkless.beam_search import BeamSearch
 
         if not isinstance(params, BeamSearchParams):
@@ -144,8 +148,7 @@ class LLM:
         tokenizer = self.get_tokenizer()
         eos = self.llm_engine.processor.eos_token_id
         results: list[BeamSearchOutput] = []
-        with tqdm(total=len(prompt_list), desc="Beam search", unit="prompt", disable=not use_tqdm,
-                  dynamic_ncols=True) as bar:
+        with _progress_bar(use_tqdm, len(prompt_list), "Beam search", "prompt") as bar:
             for start in range(0, len(prompt_list), limit):
                 chunk = slice(start, start + limit)
                 search = BeamSearch(token_ids[chunk], params, eos, mc, loras[chunk])
@@ -160,7 +163,7 @@ class LLM:
         self,
         messages: Conversation | Sequence[Conversation],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: ProgressBar = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         chat_template: str | None = None,
         chat_template_content_format: str = "auto",
@@ -178,7 +181,7 @@ class LLM:
             messages: One conversation (a list of ``{"role", "content"}`` dicts) or a
                 list of conversations.
             sampling_params: As in :meth:`generate`.
-            use_tqdm: Show a progress bar.
+            use_tqdm: As in :meth:`generate`.
             lora_request: As in :meth:`generate` (one per conversation, or one for all).
             chat_template: A Jinja template overriding the tokenizer's.
             chat_template_content_format: How the template gets each message's content:
@@ -223,7 +226,7 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-        use_tqdm: bool = True,
+        use_tqdm: ProgressBar = True,
         pooling_task: str | None = None,
     ) -> list[PoolingRequestOutput]:
         """Pool prompts with a pooling model (``--runner pooling``), batched by the engine.
@@ -232,7 +235,7 @@ class LLM:
             prompts: One prompt or a list (text, token ids, or prompt dicts).
             pooling_params: One for all prompts, one per prompt, or ``None`` (the model's
                 defaults).
-            use_tqdm: Show a progress bar over requests.
+            use_tqdm: As in :meth:`generate`.
             pooling_task: ``embed``, ``classify``, ``score``, ``token_embed``... for every
                 prompt whose parameters name none (``None``: the model's task).
 
@@ -275,20 +278,20 @@ class LLM:
 
     def embed(self, prompts: PromptType | Sequence[PromptType],
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+              use_tqdm: ProgressBar = True) -> list[EmbeddingRequestOutput]:
         """Embeddings of prompts (``outputs.embedding``, a list of floats), as vLLM's ``LLM.embed``."""
         outs = self.encode(prompts, pooling_params, use_tqdm, pooling_task="embed")
         return [EmbeddingRequestOutput.from_base(o) for o in outs]
 
     def classify(self, prompts: PromptType | Sequence[PromptType],
                  pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-                 use_tqdm: bool = True) -> list[ClassificationRequestOutput]:
+                 use_tqdm: ProgressBar = True) -> list[ClassificationRequestOutput]:
         """Class probabilities of prompts (``outputs.probs``), as vLLM's ``LLM.classify``."""
         outs = self.encode(prompts, pooling_params, use_tqdm, pooling_task="classify")
         return [ClassificationRequestOutput.from_base(o) for o in outs]
 
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str],
-              use_tqdm: bool = True) -> list[ScoringRequestOutput]:
+              use_tqdm: ProgressBar = True) -> list[ScoringRequestOutput]:
         """Relevance of text pairs, as vLLM's ``LLM.score``.
 
         One ``data_1`` is paired with every ``data_2``; otherwise the lists pair up one to
@@ -353,7 +356,7 @@ class LLM:
         self,
         prompts: list[Any],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
-        use_tqdm: bool,
+        use_tqdm: ProgressBar,
         priority: Sequence[int] | None,
         lora_request: Any,
     ) -> list[RequestOutput]:
@@ -389,13 +392,10 @@ class LLM:
             engine.abort_request(ids)
             raise
 
-    def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        from tqdm.auto import tqdm
-
+    def _run_engine(self, ids: list[str], use_tqdm: ProgressBar) -> list[RequestOutput]:
         engine = self.llm_engine
         finished: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), desc="Processed prompts", unit="req", disable=not use_tqdm,
-                  dynamic_ncols=True) as bar, paused_full_collections():
+        with _progress_bar(use_tqdm, len(ids), "Processed prompts", "req") as bar, paused_full_collections():
             while engine.has_unfinished_requests():
                 for output in engine.step():
                     if output.finished:
@@ -417,3 +417,24 @@ def _final_only(params: SamplingParams | None) -> SamplingParams | None:
         raise TypeError(f"sampling_params must be SamplingParams, got {type(params).__name__}")
     # A shallow copy is enough: only this scalar field differs.
     return msgspec.structs.replace(params, output_kind=RequestOutputKind.FINAL_ONLY)
+
+
+@contextlib.contextmanager
+def _progress_bar(use_tqdm: ProgressBar, total: int, desc: str, unit: str) -> Iterator[Any]:
+    """The progress bar ``use_tqdm`` asks for, closed on exit.
+
+    ``True`` and ``False`` show tqdm's bar or a disabled one; a callable (vLLM's other
+    form) makes the bar, called with the keyword arguments vLLM gives it (``total``,
+    ``desc``, ``dynamic_ncols``) and nothing else, so that a callable written for vLLM
+    fits. What it returns needs ``update(n)`` and ``close()``, as vLLM's loop uses.
+    """
+    if callable(use_tqdm):
+        bar = use_tqdm(total=total, desc=desc, dynamic_ncols=True)
+    else:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total, desc=desc, unit=unit, disable=not use_tqdm, dynamic_ncols=True)
+    try:
+        yield bar
+    finally:
+        bar.close()

@@ -52,6 +52,29 @@ def test_sampling_params_as_a_dict_is_a_type_error(llm: LLM) -> None:
         llm.generate("Hi", {"max_tokens": 2}, use_tqdm=False)
 
 
+def test_use_tqdm_may_be_a_callable_making_the_bar(llm: LLM) -> None:
+    # vLLM's use_tqdm takes a callable that makes the bar; it used to be taken for True,
+    # and forkless's own bar shown instead.
+    class Bar:
+        def __init__(self, **kwargs) -> None:
+            self.kwargs, self.count, self.closed = kwargs, 0, False
+            made.append(self)
+
+        def update(self, n: int = 1) -> None:
+            self.count += n
+
+        def close(self) -> None:
+            self.closed = True
+
+    made: list[Bar] = []
+    params = SamplingParams(max_tokens=1)
+    assert len(llm.generate(["a", "b"], params, use_tqdm=Bar)) == 2
+    llm.chat(CHAT, params, use_tqdm=Bar)
+    [bar, chat_bar] = made
+    assert bar.kwargs == {"total": 2, "desc": "Processed prompts", "dynamic_ncols": True}
+    assert (bar.count, bar.closed, chat_bar.count, chat_bar.closed) == (2, True, 1, True)
+
+
 def test_chat_takes_vllms_arguments_in_vllms_order(llm: LLM) -> None:
     template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
