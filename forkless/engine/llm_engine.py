@@ -14,7 +14,7 @@ from forkless.executor import get_executor_cls
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from forkless.config import EngineArgs, EngineConfig
+    from forkless.config import EngineArgs, EngineConfig, ModelConfig
     from forkless.protocol.lora import LoRARequest
     from forkless.core.sched import SchedulerStats
     from forkless.engine.processor import PromptType
@@ -56,6 +56,24 @@ class LLMEngine:
     def get_tokenizer(self) -> PreTrainedTokenizerBase:
         """The model's tokenizer."""
         return self.processor.tokenizer
+
+    # vLLM's LLMEngine attributes, which scripts read through ``llm.llm_engine``
+    # (``llm.llm_engine.model_config.max_model_len``): other names of what is above.
+
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The model's tokenizer (vLLM's name of :meth:`get_tokenizer`)."""
+        return self.processor.tokenizer
+
+    @property
+    def vllm_config(self) -> EngineConfig:
+        """The whole configuration (vLLM's name of :attr:`config`)."""
+        return self.config
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The model's configuration (``config.model_config``)."""
+        return self.config.model_config
 
     def add_request(
         self,

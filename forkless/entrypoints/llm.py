@@ -28,6 +28,7 @@ from forkless.sampling_params import BeamSearchParams, RequestOutputKind, Sampli
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from forkless.config import ModelConfig
     from forkless.engine.processor import PromptType
     from forkless.outputs import RequestOutput
     from forkless.protocol.lora import LoRARequest
@@ -61,6 +62,11 @@ class LLM:
             raise TypeError(f"{exc}; known engine arguments: {', '.join(known)}") from None
         self.llm_engine = LLMEngine.from_engine_args(args)
         self._counter = itertools.count()
+
+    @property
+    def model_config(self) -> ModelConfig:
+        """The model's configuration (``max_model_len``...), as vLLM's ``LLM.model_config``."""
+        return self.llm_engine.model_config
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase:
         """The model's tokenizer."""

@@ -75,6 +75,14 @@ def test_use_tqdm_may_be_a_callable_making_the_bar(llm: LLM) -> None:
     assert (bar.count, bar.closed, chat_bar.count, chat_bar.closed) == (2, True, 1, True)
 
 
+def test_vllms_engine_attributes(llm: LLM) -> None:
+    # What vLLM scripts read through llm.llm_engine; each was an AttributeError.
+    engine = llm.llm_engine
+    assert engine.model_config.max_model_len == llm.model_config.max_model_len == 256
+    assert engine.vllm_config.model_config is engine.model_config
+    assert engine.tokenizer is engine.get_tokenizer() is llm.get_tokenizer()
+
+
 def test_chat_takes_vllms_arguments_in_vllms_order(llm: LLM) -> None:
     template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
