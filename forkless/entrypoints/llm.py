@@ -1,5 +1,5 @@
 """The offline API: ``LLM(model).generate(prompts, params)`` and ``LLM.chat(messages, params)``;
-for pooling models ``LLM.embed``, ``LLM.classify``, ``LLM.score`` and ``LLM.encode``."""
+for pooling models ``LLM.embed``, ``LLM.classify``, ``LLM.reward``, ``LLM.score`` and ``LLM.encode``."""
 
 from __future__ import annotations
 
@@ -295,6 +295,14 @@ class LLM:
         """Class probabilities of prompts (``outputs.probs``), as vLLM's ``LLM.classify``."""
         outs = self.encode(prompts, pooling_params, use_tqdm, pooling_task="classify")
         return [ClassificationRequestOutput.from_base(o) for o in outs]
+
+    def reward(self, prompts: PromptType | Sequence[PromptType],
+               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+               use_tqdm: ProgressBar = True) -> list[PoolingRequestOutput]:
+        """Per-token scores of a reward (classifier) model, as vLLM's ``LLM.reward``:
+        ``outputs.data`` is ``[prompt tokens, labels]``, the classifier head on every
+        token's hidden state (its activation applied; vLLM's ``token_classify`` task)."""
+        return self.encode(prompts, pooling_params, use_tqdm, pooling_task="token_classify")
 
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str],
               use_tqdm: ProgressBar = True) -> list[ScoringRequestOutput]:

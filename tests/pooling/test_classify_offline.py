@@ -1,5 +1,5 @@
-"""Offline classification and scoring against transformers: BERT heads, a cross-encoder,
-and a causal ``*ForSequenceClassification`` model."""
+"""Offline classification, rewards and scoring against transformers: BERT heads, a
+cross-encoder, and a causal ``*ForSequenceClassification`` model."""
 
 from __future__ import annotations
 
@@ -86,14 +86,18 @@ def test_causal_sequence_classification_equals_transformers(tiny_llama: Path, tm
     try:
         assert llm.llm_engine.config.model_config.pooler_config.pooling_type == "LAST"
         outs = llm.classify(texts, use_tqdm=False)
+        rewards = llm.reward(texts, use_tqdm=False)  # vLLM's name; an AttributeError before
     finally:
         llm.shutdown()
     tok = AutoTokenizer.from_pretrained(folder)
-    for text, out in zip(texts, outs):
+    for text, out, reward in zip(texts, outs, rewards):
         ids = tok(text)["input_ids"]
         with torch.no_grad():
             logits = ref_model(torch.tensor([ids])).logits[0]
+            per_token = ref_model.score(ref_model.model(torch.tensor([ids])).last_hidden_state)[0]
         assert np.allclose(out.outputs.probs, torch.softmax(logits, -1).numpy(), atol=1e-5)
+        assert reward.outputs.data.shape == (len(ids), 4)
+        assert np.allclose(reward.outputs.data, torch.softmax(per_token, -1).numpy(), atol=1e-5)
 
 
 def test_bad_token_types_are_refused_before_the_engine(tiny_cross_encoder: Path) -> None:
