@@ -92,6 +92,9 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
         prompt_logprobs: Per prompt token, the requested logprobs (``None`` at position 0).
         num_cached_tokens: How many prompt tokens were served from the prefix cache.
         lora_request: The LoRA adapter the request ran with, if any.
+        metrics: vLLM's per-request statistics; always ``None`` here, as in vLLM's
+            ``LLM`` by default (``disable_log_stats=True``): per-request timings go to
+            the server's ``/metrics`` only.
     """
 
     request_id: str
@@ -102,6 +105,8 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int | None = None
     lora_request: Any = None  # a forkless.lora.LoRARequest (this leaf module imports none)
+    # vLLM scripts read it (``if out.metrics is not None: ...``).
+    metrics: Any = None
 
     def add(self, later: RequestOutput, aggregate: bool = True) -> None:
         """Fold a later output of the same request into this one (in place), as vLLM's

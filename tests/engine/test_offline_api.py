@@ -83,6 +83,11 @@ def test_vllms_engine_attributes(llm: LLM) -> None:
     assert engine.tokenizer is engine.get_tokenizer() is llm.get_tokenizer()
 
 
+def test_request_output_has_vllms_metrics_field(llm: LLM) -> None:
+    out = llm.generate("Hi", SamplingParams(max_tokens=1), use_tqdm=False)[0]
+    assert out.metrics is None  # as vLLM's LLM without log stats; an AttributeError before
+
+
 def test_chat_takes_vllms_arguments_in_vllms_order(llm: LLM) -> None:
     template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
