@@ -121,6 +121,13 @@ VLLM_ONLY_DEFAULTS: dict[str, tuple[tuple[Any, ...], str]] = {
 }
 
 
+#: vLLM engine arguments whose ``None`` means "the default" (vLLM types them optional, and
+#: scripts pass their own argparse default ``None`` through): ``None`` becomes forkless's
+#: default, which is vLLM's (``seed`` 0, as vLLM's v1 sets a ``None`` seed). Left as
+#: ``None``, a block size crashed later and ``None`` prefix caching meant off.
+NONE_MEANS_DEFAULT = ("seed", "block_size", "max_num_seqs", "enable_prefix_caching", "enable_chunked_prefill")
+
+
 def _bad_flag(flag: str, value: Any, expected: str) -> ValueError:
     return ValueError(f"{flag}={value!r} is invalid: expected {expected}")
 
@@ -1109,6 +1116,12 @@ class EngineArgs:
                 raise ValueError(f"--kv-cache-memory {self.kv_cache_memory} and --kv-cache-memory-bytes "
                                  f"{self.kv_cache_memory_bytes} disagree: give one")
             self.kv_cache_memory = self.kv_cache_memory_bytes
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in NONE_MEANS_DEFAULT:
+            if getattr(self, name) is None:
+                setattr(self, name, defaults[name])
+        if type(self.dtype).__module__ == "torch":  # vLLM takes a torch.dtype too (torch.bfloat16)
+            self.dtype = str(self.dtype).removeprefix("torch.")
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         if self.max_model_len == -1:  # vLLM's "as long as it can be"
             self.max_model_len = None

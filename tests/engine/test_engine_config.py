@@ -85,6 +85,22 @@ def test_invalid_engine_args_name_the_flag(llama_dir, kwargs, flag) -> None:
         EngineArgs(model=str(llama_dir), **kwargs).create_engine_config()
 
 
+def test_vllms_none_and_torch_dtype_engine_args_mean_what_they_mean_in_vllm(llama_dir) -> None:
+    import torch
+
+    # A vLLM script passing its argparse defaults: seed=None was refused, block_size=None
+    # crashed in a division, and enable_prefix_caching=None turned prefix caching off.
+    config = EngineArgs(model=str(llama_dir), kv_cache_memory=1 << 20, seed=None, block_size=None,
+                        max_num_seqs=None, enable_prefix_caching=None, enable_chunked_prefill=None,
+                        dtype=torch.float32).create_engine_config()
+    assert config.device_config.seed == 0 and config.cache_config.block_size == 16
+    assert config.scheduler_config.max_num_seqs == 256
+    assert config.cache_config.enable_prefix_caching and config.scheduler_config.enable_chunked_prefill
+    assert config.model_config.dtype == "float32"  # was "--dtype=torch.float32 is invalid"
+    with pytest.raises(ValueError, match="--dtype='float64'"):
+        EngineArgs(model=str(llama_dir), dtype=torch.float64).create_engine_config()
+
+
 def test_unsupported_architecture_lists_the_supported_ones(tmp_path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["FooForCausalLM"]}))
     with pytest.raises(ValueError, match="FooForCausalLM") as info:
