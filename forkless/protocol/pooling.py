@@ -154,6 +154,9 @@ class RerankResult(OpenAIModel):
 
 
 class RerankUsage(OpenAIModel):
+    """vLLM's rerank usage: prompt tokens, and the total (the same: nothing is generated)."""
+
+    prompt_tokens: int
     total_tokens: int
 
 

@@ -142,6 +142,8 @@ def test_pooling_score_and_rerank(minilm_server, minilm: Path) -> None:
     order = list(np.argsort(-np.asarray(want))[:2])
     assert [res["index"] for res in rerank["results"]] == order
     assert rerank["results"][0]["document"]["text"] == docs[order[0]]
+    # vLLM's rerank usage has prompt_tokens next to total_tokens (clients read either).
+    assert rerank["usage"]["prompt_tokens"] == rerank["usage"]["total_tokens"] == score["usage"]["prompt_tokens"]
     tokens = httpx.post(minilm_server.url + "/pooling", json={"input": "cats", "task": "token_embed"},
                         timeout=60).json()
     assert np.asarray(tokens["data"][0]["data"]).shape == (3, 384)  # [CLS] cats [SEP]

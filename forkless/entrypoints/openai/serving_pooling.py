@@ -382,7 +382,7 @@ class OpenAIServingPooling:
                                 document=RerankDocument(text=req.documents[i]) if req.return_documents else None)
                    for i in order]
         return RerankResponse(id=_response_id("rerank", req), model=self.serving.model_name,
-                              usage=RerankUsage(total_tokens=tokens), results=results)
+                              usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens), results=results)
 
 
 def attach_pooling_routes(app: FastAPI, engine: AsyncLLM, serving: OpenAIServing,
