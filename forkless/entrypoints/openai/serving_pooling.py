@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
@@ -86,6 +87,13 @@ def _response_id(prefix: str, req: Any) -> str:
     from forkless.entrypoints.openai.serving import _request_ids
 
     return _request_ids(prefix, req.request_id)[0]
+
+
+def _refused_param(message: str) -> str:
+    """The request field an engine refusal is about: the engine's messages about
+    ``dimensions`` and ``priority`` start with ``field=``; any other is about the input."""
+    match = re.match(r"(dimensions|priority)=", message)
+    return match.group(1) if match else "input"
 
 
 def _params(**fields: Any) -> PoolingParams:
@@ -183,7 +191,7 @@ class OpenAIServingPooling:
             streams = [self.engine.encode(prompts[i], params_list[i], f"{base_id}-{i}", priority=req.priority,
                                           group_id=base_id, client_key=client) for i in order]
         except InvalidRequestError as exc:
-            raise BadRequest(str(exc), "input") from None
+            raise BadRequest(str(exc), _refused_param(str(exc))) from None
         outs = await asyncio.gather(*(self._last(s) for s in streams))
         result: list[Any] = [None] * len(prompts)
         for i, out in zip(order, outs):
