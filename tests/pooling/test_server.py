@@ -208,6 +208,13 @@ def test_truncate_prompt_tokens(minilm_server) -> None:
                    json={"input": "word " * 400, "truncate_prompt_tokens": 16}, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["prompt_tokens"] == 16
+    # As vLLM: a truncation longer than the context (or of nothing) is refused, naming it.
+    for path, body in (("/v1/embeddings", {"input": "hello"}), ("/score", {"text_1": "a", "text_2": "b"})):
+        for keep in (0, 257):
+            r = httpx.post(minilm_server.url + path, json={**body, "truncate_prompt_tokens": keep}, timeout=60)
+            assert r.status_code == 400, r.text
+            err = r.json()["error"]
+            assert err["param"] == "truncate_prompt_tokens" and "max_model_len = 256" in err["message"], err
 
 
 def test_unknown_io_processor_plugin_fails_at_start(minilm: Path, plugin_site: Path, tmp_path: Path) -> None:

@@ -156,20 +156,33 @@ class OpenAIServingPooling:
                 raise BadRequest(f"{param}[{i}] is empty", param)
         return out  # type: ignore[return-value]
 
-    def _tokenize(self, items: list[str | list[int]], truncate: int | None) -> list[list[int]]:
-        """Token ids of every input; texts in one batch call."""
+    def _truncation(self, req: Any) -> int | None:
+        """How many tokens ``truncate_prompt_tokens`` keeps of each prompt (``-1``:
+        ``max_model_len``; ``None``: no truncation).
+
+        Raises:
+            BadRequest: 0, or more than ``max_model_len`` (as vLLM refuses it), naming it.
+        """
+        keep = req.truncate_prompt_tokens
+        if keep is None:
+            return None
+        if not (keep == -1 or 0 < keep <= self.max_model_len):
+            raise BadRequest(f"truncate_prompt_tokens={keep} must be between 1 and max_model_len = "
+                             f"{self.max_model_len} (or -1: max_model_len)", "truncate_prompt_tokens")
+        return self.max_model_len if keep == -1 else keep
+
+    def _tokenize(self, items: list[str | list[int]], limit: int | None) -> list[list[int]]:
+        """Token ids of every input, cut to ``limit`` tokens (see :meth:`_truncation`);
+        texts in one batch call."""
         tok = self.serving.tokenizer
         texts = [(i, t) for i, t in enumerate(items) if isinstance(t, str)]
         out: list[Any] = list(items)
         if texts:
-            kwargs: dict[str, Any] = {}
-            if truncate is not None:
-                kwargs = {"truncation": True, "max_length": self.max_model_len if truncate == -1 else truncate}
+            kwargs: dict[str, Any] = {} if limit is None else {"truncation": True, "max_length": limit}
             enc = tok([t for _, t in texts], **kwargs)["input_ids"]
             for (i, _), ids in zip(texts, enc):
                 out[i] = list(ids)
-        if truncate is not None:
-            limit = self.max_model_len if truncate == -1 else truncate
+        if limit is not None:
             out = [ids[:limit] for ids in out]
         return out
 
@@ -217,7 +230,8 @@ class OpenAIServingPooling:
         for item in items:
             if isinstance(item, str):
                 self.serving.check_text_size(len(item), param)
-        return await self.serving.in_tokenizer_thread(self._tokenize, items, req.truncate_prompt_tokens)
+        limit = self._truncation(req)
+        return await self.serving.in_tokenizer_thread(self._tokenize, items, limit)
 
     @staticmethod
     def _usage(outs: list[PoolingRequestOutput]) -> UsageInfo:
@@ -337,10 +351,9 @@ class OpenAIServingPooling:
             raise BadRequest(f"{len(left)} texts to pair with {len(right)}: give one text and a list, or two lists "
                              "of the same (non-zero) length", "text_2")
         self.serving.check_sequences(len(right), 1, right_param)
+        limit = self._truncation(req)
         if pooler.task == "classify":  # a cross-encoder reads each pair at once
             processor = self.engine.processor
-            truncate = req.truncate_prompt_tokens
-            limit = None if truncate is None else self.max_model_len if truncate == -1 else truncate
 
             def pairs() -> list[dict[str, Any]]:
                 return [processor.tokenize_pair(a, b, limit) for a, b in zip(left, right)]
@@ -349,7 +362,7 @@ class OpenAIServingPooling:
             outs = await self._pool(prompts, PoolingParams(task="score"), raw_request, req, prefix)
             return [float(o.outputs.data.reshape(-1)[0]) for o in outs], sum(len(o.prompt_token_ids) for o in outs)
         texts = list(dict.fromkeys([*left, *right]))
-        ids = await self.serving.in_tokenizer_thread(self._tokenize, texts, req.truncate_prompt_tokens)
+        ids = await self.serving.in_tokenizer_thread(self._tokenize, texts, limit)
         outs = await self._pool(ids, PoolingParams(task="embed"), raw_request, req, prefix)
         vec = {t: o.outputs.data.astype(np.float64) for t, o in zip(texts, outs)}
         scores = [float(vec[a] @ vec[b] / max(np.linalg.norm(vec[a]) * np.linalg.norm(vec[b]), 1e-12))
