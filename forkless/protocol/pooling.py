@@ -32,7 +32,14 @@ EmbedDType = Literal["float32", "float16", "bfloat16"]
 Endianness = Literal["native", "little", "big"]
 
 
-class EmbeddingRequest(_PoolingRequestBase):
+class _InputsRequest(_PoolingRequestBase):
+    """A request of ``input`` prompts (not pairs): vLLM's ``add_special_tokens`` applies
+    to its texts (``false``: no [CLS] / [SEP] or BOS; token ids are taken as given)."""
+
+    add_special_tokens: bool = True
+
+
+class EmbeddingRequest(_InputsRequest):
     """``POST /v1/embeddings``."""
 
     input: PoolingInput
@@ -43,7 +50,7 @@ class EmbeddingRequest(_PoolingRequestBase):
     normalize: bool | None = None
 
 
-class PoolingRequest(_PoolingRequestBase):
+class PoolingRequest(_InputsRequest):
     """``POST /pooling``: ``input`` through the model's pooler, or ``data`` through the
     server's IO processor plugin (``--io-processor-plugin``)."""
 
@@ -58,7 +65,7 @@ class PoolingRequest(_PoolingRequestBase):
     use_activation: bool | None = None
 
 
-class ClassificationRequest(_PoolingRequestBase):
+class ClassificationRequest(_InputsRequest):
     """``POST /classify``."""
 
     input: PoolingInput

@@ -203,6 +203,28 @@ def test_classify_server_and_generative_server_refusals(tiny_bert_classifier: Pa
         gen.stop()
 
 
+def test_add_special_tokens_false_embeds_the_text_alone(minilm_server, minilm: Path) -> None:
+    # vLLM's add_special_tokens (default true): false tokenizes the text without [CLS] and
+    # [SEP], which changes the embedding: the same as sending the text's bare token ids.
+    from transformers import AutoTokenizer
+
+    bare = AutoTokenizer.from_pretrained(minilm)("a red fox", add_special_tokens=False)["input_ids"]
+
+    def post(path: str, **body) -> dict:
+        r = httpx.post(minilm_server.url + path, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    for path, key in (("/v1/embeddings", "embedding"), ("/pooling", "data")):
+        without = post(path, input="a red fox", add_special_tokens=False)
+        assert without["usage"]["prompt_tokens"] == len(bare)
+        by_ids = post(path, input=bare)
+        assert _cos(without["data"][0][key], by_ids["data"][0][key]) >= 0.99999
+        default = post(path, input="a red fox", add_special_tokens=True)
+        assert default["usage"]["prompt_tokens"] == len(bare) + 2
+        assert _cos(default["data"][0][key], without["data"][0][key]) < 0.999
+
+
 def test_truncate_prompt_tokens(minilm_server) -> None:
     r = httpx.post(minilm_server.url + "/v1/embeddings",
                    json={"input": "word " * 400, "truncate_prompt_tokens": 16}, timeout=60)

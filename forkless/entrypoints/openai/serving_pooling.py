@@ -171,14 +171,16 @@ class OpenAIServingPooling:
                              f"{self.max_model_len} (or -1: max_model_len)", "truncate_prompt_tokens")
         return self.max_model_len if keep == -1 else keep
 
-    def _tokenize(self, items: list[str | list[int]], limit: int | None) -> list[list[int]]:
+    def _tokenize(self, items: list[str | list[int]], limit: int | None,
+                  add_special_tokens: bool = True) -> list[list[int]]:
         """Token ids of every input, cut to ``limit`` tokens (see :meth:`_truncation`);
-        texts in one batch call."""
+        texts in one batch call, with the tokenizer's special tokens unless told not to."""
         tok = self.serving.tokenizer
         texts = [(i, t) for i, t in enumerate(items) if isinstance(t, str)]
         out: list[Any] = list(items)
         if texts:
             kwargs: dict[str, Any] = {} if limit is None else {"truncation": True, "max_length": limit}
+            kwargs["add_special_tokens"] = add_special_tokens
             enc = tok([t for _, t in texts], **kwargs)["input_ids"]
             for (i, _), ids in zip(texts, enc):
                 out[i] = list(ids)
@@ -231,7 +233,7 @@ class OpenAIServingPooling:
             if isinstance(item, str):
                 self.serving.check_text_size(len(item), param)
         limit = self._truncation(req)
-        return await self.serving.in_tokenizer_thread(self._tokenize, items, limit)
+        return await self.serving.in_tokenizer_thread(self._tokenize, items, limit, req.add_special_tokens)
 
     @staticmethod
     def _usage(outs: list[PoolingRequestOutput]) -> UsageInfo:
