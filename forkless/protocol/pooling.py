@@ -72,7 +72,15 @@ class ClassificationRequest(_InputsRequest):
     use_activation: bool | None = None
 
 
-class ScoreRequest(_PoolingRequestBase):
+class _PairsRequest(_PoolingRequestBase):
+    """A request of text pairs (``/score``, ``/rerank``). ``use_activation``: a
+    cross-encoder's sigmoid on its relevance logit (``false``: the raw logit; an embedding
+    model's cosine similarity has none)."""
+
+    use_activation: bool | None = None
+
+
+class ScoreRequest(_PairsRequest):
     """``POST /score``: ``text_1`` against each ``text_2`` (vLLM's names; ``queries`` /
     ``documents`` are accepted too)."""
 
@@ -82,7 +90,7 @@ class ScoreRequest(_PoolingRequestBase):
     documents: str | list[str] | None = None
 
 
-class RerankRequest(_PoolingRequestBase):
+class RerankRequest(_PairsRequest):
     """``POST /rerank``: documents ordered by relevance to ``query``."""
 
     query: str

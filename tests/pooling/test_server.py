@@ -259,6 +259,14 @@ def test_a_cross_encoder_truncates_its_pairs(tiny_cross_encoder: Path, tmp_path:
         def post(path: str, **body) -> httpx.Response:
             return httpx.post(srv.url + path, json={"model": "ce", **body}, timeout=60)
 
+        # use_activation=false (vLLM's): the raw logits, whose sigmoid the default gives.
+        scores = post("/score", text_1="a fox", text_2=["a dog", "a cat"]).json()["data"]
+        logits = post("/score", text_1="a fox", text_2=["a dog", "a cat"], use_activation=False).json()["data"]
+        assert np.allclose([1 / (1 + np.exp(-d["score"])) for d in logits], [d["score"] for d in scores], atol=1e-5)
+        assert not np.allclose([d["score"] for d in logits], [d["score"] for d in scores], atol=1e-3)
+        ranked = post("/rerank", query="a fox", documents=["a dog", "a cat"], use_activation=False).json()["results"]
+        assert sorted(r["relevance_score"] for r in ranked) == pytest.approx(sorted(d["score"] for d in logits),
+                                                                             abs=1e-5)
         short = post("/score", text_1="a fox", text_2=["a dog", "a cat"], truncate_prompt_tokens=6)
         assert short.status_code == 200, short.text
         assert short.json()["usage"]["prompt_tokens"] == 12  # two pairs of 6

@@ -361,7 +361,8 @@ class OpenAIServingPooling:
                 return [processor.tokenize_pair(a, b, limit) for a, b in zip(left, right)]
 
             prompts = await self.serving.in_tokenizer_thread(pairs)
-            outs = await self._pool(prompts, PoolingParams(task="score"), raw_request, req, prefix)
+            params = PoolingParams(task="score", use_activation=req.use_activation)
+            outs = await self._pool(prompts, params, raw_request, req, prefix)
             return [float(o.outputs.data.reshape(-1)[0]) for o in outs], sum(len(o.prompt_token_ids) for o in outs)
         texts = list(dict.fromkeys([*left, *right]))
         ids = await self.serving.in_tokenizer_thread(self._tokenize, texts, limit)
