@@ -27,7 +27,10 @@ class _PoolingRequestBase(RequestModel):
     request_id: str | None = None
 
 
-# vLLM's base64 options: the values' type and byte order (the float encoding is JSON's).
+# vLLM's encodings of pooled values: JSON floats, base64 in the JSON, or the raw bytes as
+# the body (``bytes``: with a ``metadata`` header of JSON; ``bytes_only``: without).
+EncodingFormat = Literal["float", "base64", "bytes", "bytes_only"]
+# vLLM's binary options: the values' type and byte order (the float encoding is JSON's).
 EmbedDType = Literal["float32", "float16", "bfloat16"]
 Endianness = Literal["native", "little", "big"]
 
@@ -43,7 +46,7 @@ class EmbeddingRequest(_InputsRequest):
     """``POST /v1/embeddings``."""
 
     input: PoolingInput
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: EncodingFormat = "float"
     embed_dtype: EmbedDType = "float32"
     endianness: Endianness = "native"
     dimensions: int | None = Field(default=None, ge=1)
@@ -57,7 +60,7 @@ class PoolingRequest(_InputsRequest):
     input: PoolingInput | None = None
     data: Any = None
     task: str | None = None
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: EncodingFormat = "float"
     embed_dtype: EmbedDType = "float32"
     endianness: Endianness = "native"
     dimensions: int | None = Field(default=None, ge=1)

@@ -87,13 +87,47 @@ def test_base64_in_vllms_embed_dtypes_and_byte_orders(minilm_server) -> None:
     assert r.status_code == 200 and r.json()["id"] == "embd-job-7", r.text
 
 
+def test_bytes_encodings_are_vllms(minilm_server) -> None:
+    # vLLM's encoding_format bytes: the raw values as the body and, in a metadata header,
+    # where each output lies, its shape and dtype, and the response's id, model and usage;
+    # bytes_only: the body alone.
+    import json
+
+    texts = ["a red fox", "dogs bark at night"]
+
+    def post(path: str, **body) -> httpx.Response:
+        r = httpx.post(minilm_server.url + path, json={"model": "minilm", **body}, timeout=60)
+        assert r.status_code == 200, r.text
+        return r
+
+    floats = post("/v1/embeddings", input=texts).json()
+    r = post("/v1/embeddings", input=texts, encoding_format="bytes", embed_dtype="float16", endianness="big")
+    assert r.headers["content-type"] == "application/octet-stream"
+    meta = json.loads(r.headers["metadata"])
+    assert meta["model"] == "minilm" and meta["id"].startswith("embd-") and meta["usage"] == floats["usage"]
+    assert [(d["index"], d["shape"], d["embed_dtype"], d["endianness"]) for d in meta["data"]] == [
+        (0, [384], "float16", "big"), (1, [384], "float16", "big")]
+    assert meta["data"][-1]["end"] == len(r.content) == 2 * 384 * 2
+    for d, ref in zip(meta["data"], floats["data"]):
+        values = np.frombuffer(r.content[d["start"]:d["end"]], dtype=">f2")
+        # (Two requests' values may differ in their last float32 bits: batches differ.)
+        assert np.allclose(values, ref["embedding"], rtol=2 ** -10, atol=1e-6)
+    only = post("/v1/embeddings", input=texts, encoding_format="bytes_only")
+    assert "metadata" not in only.headers
+    assert np.allclose(np.frombuffer(only.content, dtype="=f4").reshape(2, 384),
+                       [d["embedding"] for d in floats["data"]], rtol=1e-5, atol=1e-6)
+    tokens = post("/pooling", input="cats", task="token_embed", encoding_format="bytes")
+    assert json.loads(tokens.headers["metadata"])["data"][0]["shape"] == [3, 384]  # [CLS] cats [SEP]
+    assert len(tokens.content) == 3 * 384 * 4
+
+
 @pytest.mark.parametrize("path,body,param,words", [
     ("/v1/embeddings", {"input": []}, "input", "empty"),
     ("/v1/embeddings", {"input": ""}, "input", "empty string"),
     ("/v1/embeddings", {"input": "x", "request_id": ""}, "request_id", "must not be empty"),
     ("/v1/embeddings", {"input": ["a", ""]}, "input", "input[1] is empty"),
     ("/v1/embeddings", {"input": "word " * 400}, "input", "maximum context length"),
-    ("/v1/embeddings", {"input": "hello", "encoding_format": "int8"}, "encoding_format", "'float' or 'base64'"),
+    ("/v1/embeddings", {"input": "hello", "encoding_format": "int8"}, "encoding_format", "'bytes' or 'bytes_only'"),
     ("/v1/embeddings", {"input": ["x"] * 257}, "input", "257 inputs in input; this server takes at most 256"),
     ("/rerank", {"query": "q", "documents": ["x"] * 257}, "documents", "257 inputs in documents"),
     ("/v1/embeddings", {"input": [101, 99999, 102]}, "input", "outside the vocabulary"),

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import re
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 import numpy as np
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from forkless.entrypoints.openai.errors import BadRequest
 from forkless.logger import init_logger
@@ -61,12 +62,9 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
-def _encode(values: np.ndarray, req: EmbeddingRequest | PoolingRequest) -> list[Any] | str:
-    """Floats as a list, or ``base64`` bytes: float32 (OpenAI's) by default, or vLLM's
-    ``embed_dtype`` float16 / bfloat16, in ``endianness``'s byte order (``native``: this
-    host's)."""
-    if req.encoding_format != "base64":
-        return values.tolist()
+def _binary(values: np.ndarray, req: EmbeddingRequest | PoolingRequest) -> bytes:
+    """The values' bytes: float32 (OpenAI's) by default, or vLLM's ``embed_dtype`` float16
+    / bfloat16, in ``endianness``'s byte order (``native``: this host's)."""
     order = {"native": "=", "little": "<", "big": ">"}[req.endianness]
     data = np.asarray(values, dtype=np.float32)
     if req.embed_dtype == "float16":
@@ -78,7 +76,32 @@ def _encode(values: np.ndarray, req: EmbeddingRequest | PoolingRequest) -> list[
         raw = rounded.astype(order + "u2")
     else:
         raw = data.astype(order + "f4")
-    return base64.b64encode(np.ascontiguousarray(raw).tobytes()).decode("ascii")
+    return np.ascontiguousarray(raw).tobytes()
+
+
+def _encode(values: np.ndarray, req: EmbeddingRequest | PoolingRequest) -> list[Any] | str:
+    """Floats as a list, or ``base64`` of :func:`_binary`."""
+    if req.encoding_format != "base64":
+        return values.tolist()
+    return base64.b64encode(_binary(values, req)).decode("ascii")
+
+
+def _bytes_response(outs: list[PoolingRequestOutput], req: EmbeddingRequest | PoolingRequest,
+                    envelope: dict[str, Any]) -> Response:
+    """vLLM's ``bytes`` / ``bytes_only`` encodings: every output's :func:`_binary` one after
+    another as the body; for ``bytes``, a ``metadata`` header of JSON holds ``envelope``
+    (id, created, model, usage) and, per output, its bytes' ``start`` / ``end`` and shape."""
+    chunks: list[bytes] = []
+    items: list[dict[str, Any]] = []
+    offset = 0
+    for i, o in enumerate(outs):
+        raw = _binary(o.outputs.data, req)
+        items.append({"index": i, "embed_dtype": req.embed_dtype, "endianness": req.endianness, "start": offset,
+                      "end": offset + len(raw), "shape": list(o.outputs.data.shape)})
+        chunks.append(raw)
+        offset += len(raw)
+    headers = None if req.encoding_format == "bytes_only" else {"metadata": json.dumps({**envelope, "data": items})}
+    return Response(b"".join(chunks), media_type="application/octet-stream", headers=headers)
 
 
 def _response_id(prefix: str, req: Any) -> str:
@@ -240,19 +263,30 @@ class OpenAIServingPooling:
         n = sum(len(o.prompt_token_ids) for o in outs)
         return UsageInfo(prompt_tokens=n, total_tokens=n)
 
+    def _encoded(self, outs: list[PoolingRequestOutput], req: EmbeddingRequest | PoolingRequest, prefix: str,
+                 response: type[EmbeddingResponse] | type[PoolingResponse],
+                 item: Callable[[int, list[Any] | str], Any]) -> EmbeddingResponse | PoolingResponse | Response:
+        """The response of pooled values in the request's ``encoding_format``: a JSON list of
+        ``item(index, values)``, or the bytes of :func:`_bytes_response`."""
+        envelope = {"id": _response_id(prefix, req), "created": int(time.time()), "model": self.serving.model_name}
+        usage = self._usage(outs)
+        if req.encoding_format in ("bytes", "bytes_only"):
+            return _bytes_response(outs, req, {**envelope, "usage": usage.model_dump()})
+        return response(**envelope, data=[item(i, _encode(o.outputs.data, req)) for i, o in enumerate(outs)],
+                        usage=usage)
+
     # -- endpoints ------------------------------------------------------------------------
-    async def create_embedding(self, req: EmbeddingRequest, raw_request: Any) -> EmbeddingResponse:
+    async def create_embedding(self, req: EmbeddingRequest, raw_request: Any) -> EmbeddingResponse | Response:
         await self.serving.check_model(req.model)
         self._check_pooling_model("/v1/embeddings")
         prompts = await self._prompts(req.input, req)
         params = _params(task="embed", dimensions=req.dimensions, normalize=req.normalize)
         outs = await self._pool(prompts, params, raw_request, req, "embd")
-        data = [EmbeddingData(index=i, embedding=_encode(o.outputs.data, req))
-                for i, o in enumerate(outs)]
-        return EmbeddingResponse(id=_response_id("embd", req), created=int(time.time()), model=self.serving.model_name,
-                                 data=data, usage=self._usage(outs))
+        return self._encoded(outs, req, "embd", EmbeddingResponse,
+                             lambda i, values: EmbeddingData(index=i, embedding=values))
 
-    async def create_pooling(self, req: PoolingRequest, raw_request: Any) -> PoolingResponse | IOProcessorResponse:
+    async def create_pooling(self, req: PoolingRequest,
+                             raw_request: Any) -> PoolingResponse | IOProcessorResponse | Response:
         await self.serving.check_model(req.model)
         self._check_pooling_model("/pooling")
         if req.data is not None:
@@ -261,9 +295,7 @@ class OpenAIServingPooling:
         params = _params(task=req.task, dimensions=req.dimensions, normalize=req.normalize,
                          use_activation=req.use_activation)
         outs = await self._pool(prompts, params, raw_request, req, "pool")
-        data = [PoolingData(index=i, data=_encode(o.outputs.data, req)) for i, o in enumerate(outs)]
-        return PoolingResponse(id=_response_id("pool", req), created=int(time.time()), model=self.serving.model_name,
-                               data=data, usage=self._usage(outs))
+        return self._encoded(outs, req, "pool", PoolingResponse, lambda i, values: PoolingData(index=i, data=values))
 
     async def _io_process(self, req: PoolingRequest, raw_request: Any) -> IOProcessorResponse:
         proc = self.io_processor
@@ -425,14 +457,16 @@ def attach_pooling_routes(app: FastAPI, engine: AsyncLLM, serving: OpenAIServing
     """
     pooling = OpenAIServingPooling(engine, serving, io_processor)
 
-    def respond(result: Any) -> JSONResponse:
+    def respond(result: Any) -> Response:
+        if isinstance(result, Response):  # the bytes encodings
+            return result
         return JSONResponse(result.model_dump(exclude_none=isinstance(result, RerankResponse)))
 
     @app.post("/v1/embeddings")
-    async def embeddings(req: EmbeddingRequest, request: Request) -> JSONResponse:
+    async def embeddings(req: EmbeddingRequest, request: Request) -> Response:
         return respond(await run(request, pooling.create_embedding(req, request)))
 
-    async def pool(req: PoolingRequest, request: Request) -> JSONResponse:
+    async def pool(req: PoolingRequest, request: Request) -> Response:
         return respond(await run(request, pooling.create_pooling(req, request)))
 
     async def classify(req: ClassificationRequest, request: Request) -> JSONResponse:
