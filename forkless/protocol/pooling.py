@@ -13,7 +13,7 @@ from typing import Any, Literal, Union
 
 from pydantic import Field
 
-from forkless.protocol.openai import OpenAIModel, RequestModel, UsageInfo
+from forkless.protocol.openai import ChatMessage, OpenAIModel, RequestModel, UsageInfo
 
 # An input: one text, texts, one token-id list, or token-id lists (OpenAI's ``input``).
 PoolingInput = Union[str, list[str], list[int], list[list[int]]]
@@ -36,16 +36,23 @@ Endianness = Literal["native", "little", "big"]
 
 
 class _InputsRequest(_PoolingRequestBase):
-    """A request of ``input`` prompts (not pairs): vLLM's ``add_special_tokens`` applies
-    to its texts (``false``: no [CLS] / [SEP] or BOS; token ids are taken as given)."""
+    """A request of ``input`` prompts (not pairs), or of one conversation in ``messages``
+    (vLLM's chat form: the chat template makes the prompt, as for a chat completion).
+    vLLM's ``add_special_tokens`` applies to ``input``'s texts (``false``: no [CLS] /
+    [SEP] or BOS; token ids are taken as given); with ``messages`` the template writes
+    the special tokens, and ``true`` is refused, as chat completions refuse it."""
 
+    input: PoolingInput | None = None
     add_special_tokens: bool = True
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = False
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class EmbeddingRequest(_InputsRequest):
     """``POST /v1/embeddings``."""
 
-    input: PoolingInput
     encoding_format: EncodingFormat = "float"
     embed_dtype: EmbedDType = "float32"
     endianness: Endianness = "native"
@@ -57,7 +64,6 @@ class PoolingRequest(_InputsRequest):
     """``POST /pooling``: ``input`` through the model's pooler, or ``data`` through the
     server's IO processor plugin (``--io-processor-plugin``)."""
 
-    input: PoolingInput | None = None
     data: Any = None
     task: str | None = None
     encoding_format: EncodingFormat = "float"
@@ -71,7 +77,6 @@ class PoolingRequest(_InputsRequest):
 class ClassificationRequest(_InputsRequest):
     """``POST /classify``."""
 
-    input: PoolingInput
     use_activation: bool | None = None
 
 

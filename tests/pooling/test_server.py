@@ -19,12 +19,19 @@ def _cos(a, b) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+# The chat template of minilm_server (MiniLM has none): for vLLM's messages form of the
+# pooling endpoints.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+
+
 @pytest.fixture(scope="module")
 def minilm_server(minilm: Path, plugin_site: Path, tmp_path_factory: pytest.TempPathFactory):
-    """all-MiniLM-L6-v2 with the example zero-shot IO processor plugin."""
-    srv = start_server(minilm, tmp_path_factory.mktemp("minilm-server"), "--dtype", "float32",
-                       "--served-model-name", "minilm", "--io-processor-plugin", "zero_shot", site=plugin_site,
-                       env_extra={"FORKLESS_PLUGINS": "zero_shot"})
+    """all-MiniLM-L6-v2 with the example zero-shot IO processor plugin and :data:`CHAT_TEMPLATE`."""
+    tmp = tmp_path_factory.mktemp("minilm-server")
+    (tmp / "chat.jinja").write_text(CHAT_TEMPLATE)
+    srv = start_server(minilm, tmp, "--dtype", "float32", "--served-model-name", "minilm",
+                       "--io-processor-plugin", "zero_shot", "--chat-template", str(tmp / "chat.jinja"),
+                       site=plugin_site, env_extra={"FORKLESS_PLUGINS": "zero_shot"})
     yield srv
     srv.stop()
 
@@ -257,6 +264,32 @@ def test_add_special_tokens_false_embeds_the_text_alone(minilm_server, minilm: P
         default = post(path, input="a red fox", add_special_tokens=True)
         assert default["usage"]["prompt_tokens"] == len(bare) + 2
         assert _cos(default["data"][0][key], without["data"][0][key]) < 0.999
+
+
+def test_messages_are_embedded_through_the_chat_template(minilm_server) -> None:
+    # vLLM's chat form of /v1/embeddings and /pooling: the conversation rendered by the chat
+    # template is one prompt, tokenized without added special tokens (the template's own).
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a red fox"}]
+    rendered = "system: Be brief.\nuser: a red fox\n"
+
+    def post(path: str, **body) -> httpx.Response:
+        return httpx.post(minilm_server.url + path, json={"model": "minilm", **body}, timeout=60)
+
+    for path, key in (("/v1/embeddings", "embedding"), ("/pooling", "data")):
+        chat = post(path, messages=messages)
+        assert chat.status_code == 200, chat.text
+        plain = post(path, input=rendered, add_special_tokens=False).json()
+        assert chat.json()["usage"] == plain["usage"]
+        assert len(chat.json()["data"]) == 1
+        assert _cos(chat.json()["data"][0][key], plain["data"][0][key]) >= 0.99999
+    cut = post("/v1/embeddings", messages=messages, truncate_prompt_tokens=3)
+    assert cut.status_code == 200 and cut.json()["usage"]["prompt_tokens"] == 3, cut.text
+    for body, param in (({"messages": messages, "input": "x"}, "input"),
+                        ({"messages": messages, "add_special_tokens": True}, "add_special_tokens"),
+                        ({"messages": messages, "chat_template": "{{ 1 }}"}, "chat_template"),
+                        ({"messages": []}, "messages")):
+        r = post("/v1/embeddings", **body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
 def test_truncate_prompt_tokens(minilm_server) -> None:

@@ -165,10 +165,11 @@ def _reject_unsupported(req: SamplingFields) -> None:
         _reject_field(name, value, endpoint)
 
 
-def _reject_unsupported_chat_tokenize(req: TokenizeRequest) -> None:
-    """Refuse the fields of vLLM's chat ``/tokenize`` that chat completions refuse too
-    (``add_special_tokens: true``, ``chat_template``, multimodal kwargs), which the
-    conversation's tokens would otherwise silently not follow."""
+def _reject_unsupported_chat_tokenize(req: Any) -> None:
+    """Refuse the fields of vLLM's chat ``/tokenize`` (and the pooling endpoints'
+    ``messages``) that chat completions refuse too (``add_special_tokens: true``,
+    ``chat_template``, multimodal kwargs), which the conversation's tokens would otherwise
+    silently not follow."""
     if req.add_special_tokens and "add_special_tokens" in req.model_fields_set:
         # An explicit true: the default (true) is the one for a plain prompt.
         raise BadRequest(f"add_special_tokens=True with messages: {_UNSUPPORTED_CHAT_FIELDS['add_special_tokens'][1]}",
@@ -920,14 +921,7 @@ class OpenAIServing:
         if req.messages is not None and req.prompt is not None:
             raise BadRequest("give either prompt or messages, not both", "prompt")
         if req.messages is not None:
-            _reject_unsupported_chat_tokenize(req)
-            # The prompt a chat request with these fields gets (the same count as its usage).
-            chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt,
-                                         continue_final_message=req.continue_final_message, tools=req.tools,
-                                         chat_template_kwargs=req.chat_template_kwargs)
-            self.check_text_size(_text_chars([m.model_dump() for m in req.messages])
-                                 + _text_chars(req.model_dump(include={"tools"})), "messages")
-            tokens = await self.in_tokenizer_thread(self.render_chat, chat)
+            tokens = await self.messages_prompt(req, "/tokenize")
         elif req.prompt is not None:
             self.check_text_size(len(req.prompt), "prompt")
             tokens = await self.in_tokenizer_thread(
@@ -952,8 +946,34 @@ class OpenAIServing:
         return self.tokenizer.decode(tokens)
 
     # -- chat ---------------------------------------------------------------------------
-    def render_chat(self, req: ChatCompletionRequest) -> list[int]:
-        """The prompt token ids of a conversation (blocking: call it in the tokenizer thread)."""
+    async def messages_prompt(self, req: Any, endpoint: str) -> list[int]:
+        """The prompt token ids of the ``messages`` of a request that is not a chat completion
+        (``/tokenize``, the pooling endpoints): the prompt a chat completion with the same
+        fields gets. Its fields that a chat completion refuses are refused the same way.
+
+        Args:
+            req: A request with ``messages``, ``add_generation_prompt``,
+                ``continue_final_message``, ``chat_template_kwargs``, ``add_special_tokens``
+                and optionally ``tools``.
+            endpoint: The endpoint, for the error of a model without a chat template.
+
+        Raises:
+            BadRequest: A refused field, text too long for the context, or a conversation
+                the template cannot render.
+        """
+        _reject_unsupported_chat_tokenize(req)
+        tools = getattr(req, "tools", None)
+        chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt,
+                                     continue_final_message=req.continue_final_message, tools=tools,
+                                     chat_template_kwargs=req.chat_template_kwargs)
+        self.check_text_size(_text_chars([m.model_dump() for m in req.messages])
+                             + _text_chars(chat.model_dump(include={"tools"})), "messages")
+        return await self.in_tokenizer_thread(self.render_chat, chat, endpoint)
+
+    def render_chat(self, req: ChatCompletionRequest, endpoint: str = "/v1/chat/completions") -> list[int]:
+        """The prompt token ids of a conversation (blocking: call it in the tokenizer thread);
+        ``endpoint`` names the request's endpoint in the error of a model without a chat
+        template."""
         if not req.messages:
             raise BadRequest("messages must not be empty", "messages")
         if req.continue_final_message and req.add_generation_prompt:
@@ -969,10 +989,11 @@ class OpenAIServing:
                 documents=req.documents,
                 chat_template_kwargs=req.chat_template_kwargs)
         except NoChatTemplateError:
+            instead = {"/v1/chat/completions": "use /v1/completions with a plain prompt",
+                       "/tokenize": "send a plain prompt"}.get(endpoint, "send the text as input")
             raise BadRequest(
-                "this model has no chat template, so /v1/chat/completions cannot turn messages into a "
-                "prompt: start the server with --chat-template PATH, or use /v1/completions with a "
-                "plain prompt", "messages") from None
+                f"this model has no chat template, so {endpoint} cannot turn messages into a "
+                f"prompt: start the server with --chat-template PATH, or {instead}", "messages") from None
         except ValueError as exc:
             raise BadRequest(str(exc), "messages") from None
 

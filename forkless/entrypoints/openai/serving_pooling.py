@@ -5,6 +5,8 @@ Invariants:
     * Each input of a request is one engine request (``AsyncLLM.encode``): the engine
       batches them with every other request's, and each finishes after its prompt.
     * Inputs are tokenized in one batch call, in the tokenizer thread, off the event loop.
+      ``messages`` (vLLM's chat form of ``/v1/embeddings``, ``/pooling`` and ``/classify``)
+      are one prompt, rendered by the chat template as a chat completion's would be.
     * A bad input (empty, too long, token ids outside the vocabulary, a task the model
       does not serve) is a 400 with an OpenAI-style error naming it, before anything runs;
       a pooling model asked for completions, and a generative model asked for pooling,
@@ -162,21 +164,21 @@ class OpenAIServingPooling:
                              "embed)", "model")
 
     @staticmethod
-    def _input_list(value: PoolingInput | None, param: str = "input") -> list[str | list[int]]:
+    def _input_list(value: PoolingInput | None) -> list[str | list[int]]:
         if value is None:
-            raise BadRequest(f"{param} is required", param)
+            raise BadRequest("input (or messages) is required", "input")
         if isinstance(value, str):
             if not value:  # as OpenAI, and as one empty string in a list is
-                raise BadRequest(f"{param} is an empty string: give some text", param)
+                raise BadRequest("input is an empty string: give some text", "input")
             return [value]
         if not value:
-            raise BadRequest(f"{param} is an empty list: give at least one input", param)
+            raise BadRequest("input is an empty list: give at least one input", "input")
         if all(isinstance(x, int) and not isinstance(x, bool) for x in value):
             return [list(value)]  # type: ignore[arg-type]
         out = list(value)
         for i, item in enumerate(out):
             if isinstance(item, list) and not item or isinstance(item, str) and not item:
-                raise BadRequest(f"{param}[{i}] is empty", param)
+                raise BadRequest(f"input[{i}] is empty", "input")
         return out  # type: ignore[return-value]
 
     def _truncation(self, req: Any) -> int | None:
@@ -249,13 +251,20 @@ class OpenAIServingPooling:
 
         return _client_key(req, raw_request)
 
-    async def _prompts(self, value: PoolingInput | None, req: Any, param: str = "input") -> list[list[int]]:
-        items = self._input_list(value, param)
-        self.serving.check_sequences(len(items), 1, param)
+    async def _prompts(self, req: Any, endpoint: str) -> list[list[int]]:
+        """Token ids of each of the request's ``input`` prompts, or of its ``messages``
+        rendered by the chat template (one prompt), cut by ``truncate_prompt_tokens``."""
+        limit = self._truncation(req)
+        if req.messages is not None:
+            if req.input is not None:
+                raise BadRequest("give either input or messages, not both", "input")
+            ids = await self.serving.messages_prompt(req, endpoint)
+            return [ids if limit is None else ids[:limit]]
+        items = self._input_list(req.input)
+        self.serving.check_sequences(len(items), 1, "input")
         for item in items:
             if isinstance(item, str):
-                self.serving.check_text_size(len(item), param)
-        limit = self._truncation(req)
+                self.serving.check_text_size(len(item), "input")
         return await self.serving.in_tokenizer_thread(self._tokenize, items, limit, req.add_special_tokens)
 
     @staticmethod
@@ -279,7 +288,7 @@ class OpenAIServingPooling:
     async def create_embedding(self, req: EmbeddingRequest, raw_request: Any) -> EmbeddingResponse | Response:
         await self.serving.check_model(req.model)
         self._check_pooling_model("/v1/embeddings")
-        prompts = await self._prompts(req.input, req)
+        prompts = await self._prompts(req, "/v1/embeddings")
         params = _params(task="embed", dimensions=req.dimensions, normalize=req.normalize)
         outs = await self._pool(prompts, params, raw_request, req, "embd")
         return self._encoded(outs, req, "embd", EmbeddingResponse,
@@ -291,7 +300,7 @@ class OpenAIServingPooling:
         self._check_pooling_model("/pooling")
         if req.data is not None:
             return await self._io_process(req, raw_request)
-        prompts = await self._prompts(req.input, req)
+        prompts = await self._prompts(req, "/pooling")
         params = _params(task=req.task, dimensions=req.dimensions, normalize=req.normalize,
                          use_activation=req.use_activation)
         outs = await self._pool(prompts, params, raw_request, req, "pool")
@@ -359,7 +368,7 @@ class OpenAIServingPooling:
     async def create_classify(self, req: ClassificationRequest, raw_request: Any) -> ClassificationResponse:
         await self.serving.check_model(req.model)
         self._check_pooling_model("/classify")
-        prompts = await self._prompts(req.input, req)
+        prompts = await self._prompts(req, "/classify")
         params = _params(task="classify", use_activation=req.use_activation)
         outs = await self._pool(prompts, params, raw_request, req, "classify")
         data = []
