@@ -142,6 +142,9 @@ def test_bytes_encodings_are_vllms(minilm_server) -> None:
     ("/v1/embeddings", {"input": "hello", "dimensions": 8}, "dimensions", "Matryoshka"),
     ("/pooling", {"input": "hello", "dimensions": 384}, "dimensions", "Matryoshka"),
     ("/v1/embeddings", {"input": "hello", "priority": 1}, "priority", "scheduling policy"),
+    ("/v1/embeddings", {"input": "x", "mm_processor_kwargs": {"a": 1}}, "mm_processor_kwargs", "multimodal"),
+    ("/rerank", {"query": "q", "documents": ["d"], "max_tokens_per_doc": 5}, "max_tokens_per_doc", "use trunc"),
+    ("/score", {"text_1": "q", "text_2": "d", "truncation_side": "left"}, "truncation_side", "first tokens"),
     ("/v1/completions", {"prompt": "hello"}, "model", "pooling model"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, "model", "pooling model"),
     ("/classify", {"input": "hello"}, "input", "classify"),
@@ -159,6 +162,17 @@ def test_bad_inputs_are_400(minilm_server, path, body, param, words) -> None:
     if param is not None:
         assert err["param"] == param
     assert err["type"] == "BadRequestError"
+
+
+def test_unknown_fields_are_logged_as_ignored(minilm_server) -> None:
+    # As the other endpoints (and vLLM): a field no request declares is named in the log.
+    for path, body in (("/v1/embeddings", {"input": "x", "embedding_colour": "red"}),
+                       ("/rerank", {"query": "q", "documents": ["d"], "rerank_colour": "blue"})):
+        r = httpx.post(minilm_server.url + path, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+    from tests.server.conftest import wait_until
+
+    assert wait_until(lambda: "'embedding_colour'" in minilm_server.log() and "'rerank_colour'" in minilm_server.log())
 
 
 def test_bad_input_through_openai_client(minilm_server) -> None:

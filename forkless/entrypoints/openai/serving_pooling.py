@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from forkless.entrypoints.openai.errors import BadRequest
+from forkless.entrypoints.openai.serving import _reject_field
 from forkless.logger import init_logger
 from forkless.pooling.order import longest_first
 from forkless.pooling_params import PoolingParams
@@ -62,6 +63,17 @@ if TYPE_CHECKING:
     from forkless.outputs import PoolingRequestOutput
 
 logger = init_logger(__name__)
+
+
+# vLLM's pooling fields that this server does not implement: a value other than those
+# listed (what the server does anyway) is a 400 naming the field, not silently ignored.
+# Other unknown fields are logged and ignored, as vLLM does (see ``IgnoredFieldsLog``).
+_UNSUPPORTED_POOLING_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
+    "mm_processor_kwargs": ((None, {}), "multimodal inputs are not supported"),
+    "max_tokens_per_query": ((None, 0), "per-query truncation is not supported: use truncate_prompt_tokens"),
+    "max_tokens_per_doc": ((None, 0), "per-document truncation is not supported: use truncate_prompt_tokens"),
+    "truncation_side": ((None, "right"), "truncate_prompt_tokens keeps the first tokens here (right)"),
+}
 
 
 def _binary(values: np.ndarray, req: EmbeddingRequest | PoolingRequest) -> bytes:
@@ -157,6 +169,22 @@ class OpenAIServingPooling:
         return self.engine.processor.config.model_config.max_model_len
 
     # -- inputs ---------------------------------------------------------------------------
+    async def _accept(self, req: Any, endpoint: str) -> None:
+        """Check a request before its inputs: the model it names, that the model pools,
+        and its fields that no model declares (see :data:`_UNSUPPORTED_POOLING_FIELDS`).
+
+        Raises:
+            BadRequest: As :meth:`OpenAIServing.check_model`, and a 400 for a generative
+                model or a refused field.
+        """
+        await self.serving.check_model(req.model)
+        self._check_pooling_model(endpoint)
+        extra = req.model_extra or {}
+        for name, value in extra.items():
+            if name in _UNSUPPORTED_POOLING_FIELDS:
+                _reject_field(name, value, _UNSUPPORTED_POOLING_FIELDS)
+        self.serving.ignored_fields.note(name for name in extra if name not in _UNSUPPORTED_POOLING_FIELDS)
+
     def _check_pooling_model(self, endpoint: str) -> None:
         if self.pooler is None:
             raise BadRequest(f"{endpoint}: {self.serving.model_name} is a generative model: it has no embeddings "
@@ -286,8 +314,7 @@ class OpenAIServingPooling:
 
     # -- endpoints ------------------------------------------------------------------------
     async def create_embedding(self, req: EmbeddingRequest, raw_request: Any) -> EmbeddingResponse | Response:
-        await self.serving.check_model(req.model)
-        self._check_pooling_model("/v1/embeddings")
+        await self._accept(req, "/v1/embeddings")
         prompts = await self._prompts(req, "/v1/embeddings")
         params = _params(task="embed", dimensions=req.dimensions, normalize=req.normalize)
         outs = await self._pool(prompts, params, raw_request, req, "embd")
@@ -296,8 +323,7 @@ class OpenAIServingPooling:
 
     async def create_pooling(self, req: PoolingRequest,
                              raw_request: Any) -> PoolingResponse | IOProcessorResponse | Response:
-        await self.serving.check_model(req.model)
-        self._check_pooling_model("/pooling")
+        await self._accept(req, "/pooling")
         if req.data is not None:
             return await self._io_process(req, raw_request)
         prompts = await self._prompts(req, "/pooling")
@@ -366,8 +392,7 @@ class OpenAIServingPooling:
                              "/classify, /score or /rerank", "model")
 
     async def create_classify(self, req: ClassificationRequest, raw_request: Any) -> ClassificationResponse:
-        await self.serving.check_model(req.model)
-        self._check_pooling_model("/classify")
+        await self._accept(req, "/classify")
         prompts = await self._prompts(req, "/classify")
         params = _params(task="classify", use_activation=req.use_activation)
         outs = await self._pool(prompts, params, raw_request, req, "classify")
@@ -423,8 +448,7 @@ class OpenAIServingPooling:
         return items
 
     async def create_score(self, req: ScoreRequest, raw_request: Any) -> ScoreResponse:
-        await self.serving.check_model(req.model)
-        self._check_pooling_model("/score")
+        await self._accept(req, "/score")
         left = self._texts(req.text_1 if req.text_1 is not None else req.queries, "text_1")
         right = self._texts(req.text_2 if req.text_2 is not None else req.documents, "text_2")
         scores, tokens = await self._scores(left, right, req, raw_request, "score",
@@ -434,8 +458,7 @@ class OpenAIServingPooling:
                              usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens))
 
     async def create_rerank(self, req: RerankRequest, raw_request: Any) -> RerankResponse:
-        await self.serving.check_model(req.model)
-        self._check_pooling_model("/rerank")
+        await self._accept(req, "/rerank")
         if not req.documents:
             raise BadRequest("documents is an empty list", "documents")
         scores, tokens = await self._scores([req.query], list(req.documents), req, raw_request, "rerank",
