@@ -89,20 +89,24 @@ class _PairsRequest(_PoolingRequestBase):
 
 
 class ScoreRequest(_PairsRequest):
-    """``POST /score``: ``text_1`` against each ``text_2`` (vLLM's names; ``queries`` /
-    ``documents`` are accepted too)."""
+    """``POST /score``: ``text_1`` against each ``text_2``, under any of vLLM's pairs of
+    names (``text_1`` / ``text_2``, ``queries`` / ``documents`` or ``items``, ``data_1`` /
+    ``data_2``)."""
 
     text_1: str | list[str] | None = None
     text_2: str | list[str] | None = None
     queries: str | list[str] | None = None
     documents: str | list[str] | None = None
+    items: str | list[str] | None = None
+    data_1: str | list[str] | None = None
+    data_2: str | list[str] | None = None
 
 
 class RerankRequest(_PairsRequest):
     """``POST /rerank``: documents ordered by relevance to ``query``."""
 
     query: str
-    documents: list[str]
+    documents: str | list[str]  # one document, or several (vLLM takes either)
     top_n: int | None = Field(default=None, ge=0)
     return_documents: bool = True
 

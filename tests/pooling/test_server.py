@@ -194,6 +194,16 @@ def test_pooling_score_and_rerank(minilm_server, minilm: Path) -> None:
     score = httpx.post(minilm_server.url + "/score", json={"text_1": "cats", "text_2": docs}, timeout=60).json()
     want = [_cos(ref[0], d) for d in ref[1:]]
     assert [round(d["score"], 4) for d in score["data"]] == [round(w, 4) for w in want]
+    # vLLM's other names of the pairs score the same; a single document reranks too.
+    for names in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2")):
+        same = httpx.post(minilm_server.url + "/score", json=dict(zip(names, ("cats", docs))), timeout=60)
+        assert same.status_code == 200, same.text
+        assert [round(d["score"], 4) for d in same.json()["data"]] == [round(w, 4) for w in want]
+    mismatched = httpx.post(minilm_server.url + "/score", json={"data_1": ["a", "b"], "data_2": docs}, timeout=60)
+    assert mismatched.status_code == 400 and mismatched.json()["error"]["param"] == "data_2", mismatched.text
+    one = httpx.post(minilm_server.url + "/rerank", json={"query": "cats", "documents": docs[0]}, timeout=60)
+    assert one.status_code == 200, one.text
+    assert [(r["index"], r["document"]["text"]) for r in one.json()["results"]] == [(0, docs[0])]
     rerank = httpx.post(minilm_server.url + "/v1/rerank",
                         json={"query": "cats", "documents": docs, "top_n": 2}, timeout=60).json()
     order = list(np.argsort(-np.asarray(want))[:2])

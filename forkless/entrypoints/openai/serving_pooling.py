@@ -417,7 +417,7 @@ class OpenAIServingPooling:
             left = left * len(right)
         if not right or len(left) != len(right):
             raise BadRequest(f"{len(left)} texts to pair with {len(right)}: give one text and a list, or two lists "
-                             "of the same (non-zero) length", "text_2")
+                             "of the same (non-zero) length", right_param)
         self.serving.check_sequences(len(right), 1, right_param)
         limit = self._truncation(req)
         if pooler.task == "classify":  # a cross-encoder reads each pair at once
@@ -439,35 +439,35 @@ class OpenAIServingPooling:
         return scores, sum(len(o.prompt_token_ids) for o in outs)
 
     @staticmethod
-    def _texts(value: str | list[str] | None, param: str) -> list[str]:
+    def _texts(req: Any, names: tuple[str, ...]) -> tuple[list[str], str]:
+        """The texts of the first of ``names`` the request gives, and that name."""
+        param = next((name for name in names if getattr(req, name) is not None), names[0])
+        value = getattr(req, param)
         if value is None:
             raise BadRequest(f"{param} is required", param)
         items = [value] if isinstance(value, str) else list(value)
         if not items:
             raise BadRequest(f"{param} is an empty list", param)
-        return items
+        return items, param
 
     async def create_score(self, req: ScoreRequest, raw_request: Any) -> ScoreResponse:
         await self._accept(req, "/score")
-        left = self._texts(req.text_1 if req.text_1 is not None else req.queries, "text_1")
-        right = self._texts(req.text_2 if req.text_2 is not None else req.documents, "text_2")
-        scores, tokens = await self._scores(left, right, req, raw_request, "score",
-                                            "text_2" if req.text_2 is not None else "documents")
+        left, _ = self._texts(req, ("text_1", "queries", "data_1"))
+        right, right_param = self._texts(req, ("text_2", "documents", "items", "data_2"))
+        scores, tokens = await self._scores(left, right, req, raw_request, "score", right_param)
         return ScoreResponse(id=_response_id("score", req), created=int(time.time()), model=self.serving.model_name,
                              data=[ScoreData(index=i, score=s) for i, s in enumerate(scores)],
                              usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens))
 
     async def create_rerank(self, req: RerankRequest, raw_request: Any) -> RerankResponse:
         await self._accept(req, "/rerank")
-        if not req.documents:
-            raise BadRequest("documents is an empty list", "documents")
-        scores, tokens = await self._scores([req.query], list(req.documents), req, raw_request, "rerank",
-                                            "documents")
+        documents, _ = self._texts(req, ("documents",))
+        scores, tokens = await self._scores([req.query], documents, req, raw_request, "rerank", "documents")
         order = sorted(range(len(scores)), key=lambda i: -scores[i])
         if req.top_n:
             order = order[: req.top_n]
         results = [RerankResult(index=i, relevance_score=scores[i],
-                                document=RerankDocument(text=req.documents[i]) if req.return_documents else None)
+                                document=RerankDocument(text=documents[i]) if req.return_documents else None)
                    for i in order]
         return RerankResponse(id=_response_id("rerank", req), model=self.serving.model_name,
                               usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens), results=results)
