@@ -65,9 +65,11 @@ _UNSUPPORTED_ARGS: dict[str, tuple[tuple[Any, ...], str]] = {
     "truncate_prompt_tokens": ((None,), "truncate the prompt before generate() (the OpenAI server takes "
                                         "truncate_prompt_tokens)"),
     "best_of": ((None, 1), "vLLM removed it; use n"),
-    "use_beam_search": ((False,), "beam search is not implemented"),
-    "length_penalty": ((1.0,), "it only applies to beam search, which is not implemented"),
-    "early_stopping": ((False,), "it only applies to beam search, which is not implemented"),
+    "use_beam_search": ((False,), "use LLM.beam_search(prompts, BeamSearchParams(...)), as vLLM"),
+    "length_penalty": ((1.0,), "it only applies to beam search: use LLM.beam_search with "
+                               "BeamSearchParams(length_penalty=...)"),
+    "early_stopping": ((False,), "beam search (LLM.beam_search) runs every beam to max_tokens or EOS, "
+                                 "as vLLM's"),
     "watermarking": ((None, False), "not implemented"),
     "logits_processors": ((None, []), "per-request callables are not supported; select batch-level "
                                       "processors with --logits-processors and pass arguments in extra_args"),

@@ -168,6 +168,14 @@ def test_vllm_arguments_forkless_does_not_implement_are_value_errors(kwargs, fie
         SamplingParams(**kwargs)
 
 
+def test_beam_search_arguments_point_to_llm_beam_search():
+    # Beam search exists offline (LLM.beam_search, docs/sampling.md): the errors say where.
+    for kwargs in ({"use_beam_search": True}, {"length_penalty": 0.5}, {"early_stopping": True}):
+        with pytest.raises(ValueError, match=r"LLM\.beam_search") as info:
+            SamplingParams(**kwargs)
+        assert "not implemented" not in str(info.value)
+
+
 def test_vllm_arguments_at_their_do_nothing_values_are_accepted_and_dropped():
     p = SamplingParams(best_of=1, use_beam_search=False, structured_outputs=None, skip_clone=True,
                        stream_interval=None, flat_logprobs=False, temperature=0.5)
