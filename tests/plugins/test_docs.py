@@ -10,6 +10,10 @@
 * Every example package is pip-installed (the shared ``plugin_site``), checked with
   ``forkless plugins check`` (the good ones pass, the bad ones fail as designed) and used
   once. Servers are not started here: tests/server/ runs the packages in a real server.
+
+README.md, docs/architecture.md and docs/sampling.md get the cheap part: every ``--flag``
+exists in a ``forkless`` command, every ``FORKLESS_*`` variable in ``forkless.envs``, every
+file path in the repository, and every import and dotted ``forkless.…`` name resolves.
 """
 
 from __future__ import annotations
@@ -543,3 +547,83 @@ def test_middleware_adds_its_header(plugin_site: Path, tmp_path: Path) -> None:
     proc = run_python(MIDDLEWARE, plugin_env(plugin_site, tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "True"
+
+
+# -- the other documents: README.md, docs/architecture.md, docs/sampling.md -------------
+
+OTHER_DOCS = ["README.md", "docs/architecture.md", "docs/sampling.md"]
+#: Flags on lines that are not forkless's: Ray's own command line, and the placeholder of
+#: an error line.
+NOT_FORKLESS_FLAGS = {"--head", "--address", "--num-cpus", "--flag"}
+
+
+@pytest.fixture(scope="module")
+def every_cli_option() -> set[str]:
+    """The options of every ``forkless`` command and of ``python -m forkless.metrics.step_trace``."""
+    from forkless.entrypoints.cli.main import build_parser
+
+    options: set[str] = set()
+    for command in ("serve", "generate", "plugins", "bench", "disagg-proxy"):
+        options |= _options(_subparser(build_parser([command]), command))
+    step_trace = (REPO / "forkless" / "metrics" / "step_trace.py").read_text()
+    return options | {flag for flag in FLAG.findall(step_trace) if f'"{flag}"' in step_trace}
+
+
+@pytest.mark.parametrize("doc", OTHER_DOCS)
+def test_other_documents_name_only_existing_flags_variables_and_files(doc: str,
+                                                                      every_cli_option: set[str]) -> None:
+    from forkless.envs import environment_variables
+
+    text = (REPO / doc).read_text()
+    missing = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if is_coming(line):
+            continue
+        missing += [f"{doc}:{number}: flag {flag}" for flag in FLAG.findall(line)
+                    if flag not in every_cli_option and flag not in NOT_FORKLESS_FLAGS]
+        missing += [f"{doc}:{number}: variable {name}" for name in ENV.findall(line)
+                    if name not in environment_variables]
+    base = (REPO / doc).parent
+    for path in set(re.findall(r"(?<![\w/.])((?:\.\./)?(?:forkless|tests|benchmarks|examples|docs)/[\w/.-]*\w/?)",
+                               text)):
+        if not ((REPO / path).exists() or (base / path).exists()):
+            missing.append(f"{doc}: file {path}")
+    assert not missing, f"{doc} names what does not exist (mark it coming?):\n" + "\n".join(missing)
+
+
+DOTTED_PROBE = textwrap.dedent("""
+    import importlib, json, sys
+    out = {}
+    for path in json.loads(sys.stdin.read()):
+        parts = path.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            for name in parts[i:]:
+                obj = getattr(obj, name, out)
+                if obj is out:
+                    break
+            break
+        out[path] = obj is not out
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.parametrize("doc", OTHER_DOCS)
+def test_other_documents_name_only_importable_python(doc: str, tmp_path: Path) -> None:
+    """Every ``from forkless... import ...`` and every dotted ``forkless.…`` name (a module, or
+    a name in one) resolves, entry-point groups aside."""
+    text = (REPO / doc).read_text()
+    names = set()
+    for m in re.finditer(r"\bfrom\s+(forkless(?:\.\w+)*)\s+import\s+(\w+(?:\s*,\s*\w+)*)", text):
+        names |= {f"{m[1]}.{name}" for name in _names(m[2])}
+    names |= {n for n in re.findall(r"`(forkless(?:\.\w+)+)", text) if n not in GROUPS}
+    if not names:
+        return
+    proc = run_python(DOTTED_PROBE.replace("sys.stdin.read()", repr(json.dumps(sorted(names)))),
+                      plugin_env(None, tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    missing = [name for name, ok in json.loads(proc.stdout.splitlines()[-1]).items() if not ok]
+    assert not missing, f"{doc} names Python that does not exist:\n" + "\n".join(missing)
