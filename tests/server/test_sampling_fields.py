@@ -80,6 +80,8 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
     (_chat(functions=[{"name": "f"}]), "functions"),
     (_chat(verbosity="low"), "verbosity"),
     (_chat(web_search_options={}), "web_search_options"),
+    (_completion(logits_processors=["pkg.mod.Processor"]), "logits_processors"),
+    (_chat(logits_processors=[{"qualname": "pkg.mod.Processor"}]), "logits_processors"),
     (_completion(min_tokens=3, structured_outputs={"choice": ["yes", "no"]}), "min_tokens"),
     (_completion(seed=2**70), "seed"),
     (_completion(stop=""), "stop"),
@@ -94,7 +96,7 @@ def test_fields_that_would_be_ignored_are_rejected_naming_them(req, param) -> No
 @pytest.mark.parametrize("req", [
     _completion(use_beam_search=False, length_penalty=1.0, best_of=1, response_format={"type": "text"},
                 add_special_tokens=True, return_token_ids=False, thinking_token_budget=-1, session_id="s",
-                some_future_openai_field=1, cache_salt="s"),
+                some_future_openai_field=1, cache_salt="s", logits_processors=[]),
     _chat(add_special_tokens=False, echo=False, include_reasoning=True),
 ])
 def test_vllm_fields_at_their_do_nothing_values_are_accepted(req) -> None:

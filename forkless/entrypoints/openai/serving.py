@@ -111,6 +111,10 @@ _UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "mm_processor_kwargs": ((None, {}), "multimodal inputs are not supported"),
     "media_io_kwargs": ((None, {}), "multimodal inputs are not supported"),
     "early_stopping": ((None, False), "beam search runs every beam to max_tokens or EOS"),
+    # vLLM's per-request processors by qualified name (which vLLM refuses unless started
+    # with --logits-processor-pattern): forkless runs batch-level processors only.
+    "logits_processors": ((None, []), "per-request logits processors are not supported; start the server "
+                                      "with --logits-processors and pass their arguments in vllm_xargs"),
 }
 _UNSUPPORTED_COMPLETION_FIELDS = {
     "add_special_tokens": ((None, True), "add_special_tokens=false is not supported: the prompt is "
