@@ -13,7 +13,8 @@
 
 README.md, docs/architecture.md and docs/sampling.md get the cheap part: every ``--flag``
 exists in a ``forkless`` command, every ``FORKLESS_*`` variable in ``forkless.envs``, every
-file path in the repository, and every import and dotted ``forkless.…`` name resolves.
+file path in the repository, and every import and dotted ``forkless.…`` name resolves; the
+tiers of docs/architecture.md's extension table match the interfaces.
 """
 
 from __future__ import annotations
@@ -627,3 +628,31 @@ def test_other_documents_name_only_importable_python(doc: str, tmp_path: Path) -
     assert proc.returncode == 0, proc.stderr
     missing = [name for name, ok in json.loads(proc.stdout.splitlines()[-1]).items() if not ok]
     assert not missing, f"{doc} names Python that does not exist:\n" + "\n".join(missing)
+
+
+ARCHITECTURE_TIERS = textwrap.dedent("""
+    import importlib, json, sys
+    from forkless.plugins import tier_of
+    out = {}
+    for folder, name in json.loads(sys.argv[1]):
+        module = importlib.import_module(folder)
+        cls = getattr(module, name, None) or getattr(importlib.import_module(folder + ".interface"), name)
+        out[name] = tier_of(cls).value
+    print(json.dumps(out))
+""")
+
+
+def test_architecture_extension_table_tiers_match_the_interfaces(tmp_path: Path) -> None:
+    rows = []  # (folder as a module, interface class, tier)
+    for line in (REPO / "docs" / "architecture.md").read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) == 6 and cells[1].startswith("`forkless/"):
+            folder = cells[1].strip("`/").replace("/", ".")
+            rows += [(folder, name, cells[5]) for name in re.findall(r"`([A-Z]\w+)`", cells[2])]
+    assert len(rows) >= 16
+    code = ARCHITECTURE_TIERS.replace("sys.argv[1]", repr(json.dumps([(f, n) for f, n, _ in rows])))
+    proc = run_python(code, plugin_env(None, tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    tiers = json.loads(proc.stdout.splitlines()[-1])
+    wrong = [f"{name}: the table says {tier}, the class is {tiers[name]}" for _, name, tier in rows if tiers[name] != tier]
+    assert not wrong, "docs/architecture.md §4:\n" + "\n".join(wrong)
