@@ -184,6 +184,30 @@ def test_streamed_logprobs_are_the_unstreamed_ones(tool_server: Server, tokenize
     assert [t.token for t in events[-1].response.output[1].content[0].logprobs] == whole
 
 
+def test_streamed_logprobs_after_the_text_are_the_unstreamed_ones(tool_server: Server, tokenizer) -> None:
+    # A text, then a function call, then the EOS: unstreamed, the message's logprobs are
+    # every token's; streamed, the call's tokens and the EOS keep theirs too (in
+    # output_text.delta events before the message is done), and items still come one
+    # after the other.
+    client = tool_server.client()
+    kwargs = dict(model="tiny", input="Weather?", tools=[WEATHER], top_logprobs=1,
+                  include=["message.output_text.logprobs"], extra_body=forced(tokenizer, OUTPUT))
+    whole = client.responses.create(**kwargs)
+    assert [o.type for o in whole.output] == ["reasoning", "message", "function_call"]
+    tokens = [t.token for t in whole.output[1].content[0].logprobs]
+    assert tokens[-1] == tokenizer.eos_token
+    events = list(client.responses.create(stream=True, **kwargs))
+    assert [t.token for e in events if e.type == "response.output_text.delta" for t in e.logprobs] == tokens
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert [t.token for t in done.logprobs] == tokens
+    final = events[-1].response
+    assert [o.type for o in final.output] == ["reasoning", "message", "function_call"]
+    assert [t.token for t in final.output[1].content[0].logprobs] == tokens
+    assert final.output[2].arguments == ARGUMENTS
+    order = [(e.type, e.output_index) for e in events if e.type.startswith("response.output_item.")]
+    assert order == [(f"response.output_item.{kind}", i) for i in range(3) for kind in ("added", "done")]
+
+
 def test_a_streamed_answer_of_reasoning_alone_ends_with_an_empty_message(tool_server: Server, tokenizer) -> None:
     # As unstreamed: an output with no function call has a message, empty if need be.
     client = tool_server.client()

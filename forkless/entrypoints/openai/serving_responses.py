@@ -9,7 +9,10 @@ Invariants:
       chunks) is then rewritten into Responses output items (``reasoning``, ``message``,
       ``function_call``) or Responses stream events. A streamed message's logprobs (its
       ``output_text.delta`` events' and its final part's) are the unstreamed message's:
-      every token's up to the message's end, reasoning and EOS included.
+      every token's, the reasoning's, the function calls' and the EOS's included. So that
+      the message has them all before it is done while items still stream one after the
+      other, a function call that follows a message with logprobs is held back and
+      streamed after it, at the end.
     * Fields forkless cannot honour (other tool types than ``function``, ``background``,
       ``reasoning.effort``, image input...) are a 400 naming the field; an error from the
       chat path names the Responses field it came from (``max_output_tokens``, ``text``).
@@ -293,6 +296,8 @@ class _StreamedOutput:
         # that has not started): the next message gets them, as an unstreamed response's
         # message has every token's logprobs.
         self.pending_logprobs: list[dict[str, Any]] = []
+        # Chat tool-call deltas held back until the open message with logprobs is done.
+        self.held_calls: list[dict[str, Any]] = []
 
     def delta(self, delta: dict[str, Any], logprobs: dict[str, Any] | None) -> list[str]:
         out: list[str] = []
@@ -311,21 +316,31 @@ class _StreamedOutput:
         else:
             self.pending_logprobs += lps
         for call in delta.get("tool_calls") or []:
-            function = call.get("function") or {}
-            item = self.calls.get(call["index"])
-            if item is None:
-                out += self._close()
-                item = {"type": "function_call", "id": _id("fc"), "call_id": call.get("id") or _id("call"),
-                        "name": function.get("name") or "", "arguments": "", "status": "in_progress"}
-                self.calls[call["index"]] = item
-                self.items.append(item)
-                self.open = item
-                out.append(self.events.emit("response.output_item.added", output_index=len(self.items) - 1,
-                                            item=item))
-            if function.get("arguments"):
-                item["arguments"] += function["arguments"]
-                out.append(self.events.emit("response.function_call_arguments.delta", item_id=item["id"],
-                                            output_index=self.items.index(item), delta=function["arguments"]))
+            # The open message still takes the logprobs of the call's tokens and of the
+            # EOS after it (they are the unstreamed message's): the call waits for its end.
+            if self.held_calls or (self.with_logprobs and self.open is not None and self.open["type"] == "message"):
+                self.held_calls.append(call)
+            else:
+                out += self._call_delta(call)
+        return out
+
+    def _call_delta(self, call: dict[str, Any]) -> list[str]:
+        """Open a chat tool call's ``function_call`` item, or add to its arguments."""
+        out: list[str] = []
+        function = call.get("function") or {}
+        item = self.calls.get(call["index"])
+        if item is None:
+            out += self._close()
+            item = {"type": "function_call", "id": _id("fc"), "call_id": call.get("id") or _id("call"),
+                    "name": function.get("name") or "", "arguments": "", "status": "in_progress"}
+            self.calls[call["index"]] = item
+            self.items.append(item)
+            self.open = item
+            out.append(self.events.emit("response.output_item.added", output_index=len(self.items) - 1, item=item))
+        if function.get("arguments"):
+            item["arguments"] += function["arguments"]
+            out.append(self.events.emit("response.function_call_arguments.delta", item_id=item["id"],
+                                        output_index=self.items.index(item), delta=function["arguments"]))
         return out
 
     def _text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> str:
@@ -382,15 +397,19 @@ class _StreamedOutput:
         return out
 
     def close(self) -> list[str]:
-        """Close the open item; an output with neither a message nor a function call (none
-        at all, or reasoning alone) gets an empty message, as a response that is not
-        streamed has."""
+        """Close the open item, then stream the function calls held back behind it; an
+        output with neither a message nor a function call (none at all, or reasoning alone)
+        gets an empty message, as a response that is not streamed has."""
         if not any(item["type"] in ("message", "function_call") for item in self.items):
             out = self._open("message")
             if self.pending_logprobs:
                 out.append(self._text_delta("", []))
             return out + self._close()
-        return self._close()
+        out = self._close()
+        held, self.held_calls = self.held_calls, []
+        for call in held:
+            out += self._call_delta(call)
+        return out + self._close()
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
