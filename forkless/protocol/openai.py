@@ -293,10 +293,21 @@ class ResponsesRequest(RequestModel):
     include: list[str] | None = None
     background: bool | None = False
     service_tier: str | None = None
-    # vLLM's extensions, as on chat completions.
+    # vLLM's extensions (its ResponsesRequest's), passed on to chat completions, which
+    # checks them.
     top_k: int | None = None
     min_p: float | None = None
     repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    structured_outputs: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     request_id: str | None = None
     priority: int = 0
     cache_salt: str | None = None

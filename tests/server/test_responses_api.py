@@ -241,3 +241,45 @@ def test_the_store_drops_the_oldest_past_its_count_or_size() -> None:
         store.put({"id": "big"}, [{"role": "user", "content": "y" * 300}])
     store.put({"id": "small"}, [{"role": "user", "content": "s"}])
     assert store.get("big")[0] == {"id": "big"} and store.get("small")[0] == {"id": "small"}
+
+
+def _chat_of(tool_server: Server, fields: dict) -> tuple:
+    """The chat completion of ``Hi`` with ``fields``: its reasoning, text and token count."""
+    chat = httpx.post(tool_server.url + "/v1/chat/completions", timeout=60, json={
+        "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_completion_tokens": 6, **fields}).json()
+    message = chat["choices"][0]["message"]
+    return message["reasoning"] or "", message["content"] or "", chat["usage"]["completion_tokens"]
+
+
+@pytest.mark.parametrize("fields", [
+    {"seed": 7, "temperature": 1.0},
+    {"logit_bias": {"33662": 100}, "temperature": 0},
+    {"presence_penalty": 2.0, "frequency_penalty": 2.0, "temperature": 0},
+    {"stop": ["there"], "forced": "Hello there"},
+    {"stop": ["there"], "include_stop_str_in_output": True, "forced": "Hello there"},
+    {"ignore_eos": True, "forced": ""},
+    {"skip_special_tokens": False, "forced": "<|im_start|>Hello"},
+    {"chat_template_kwargs": {"enable_thinking": False}, "forced": "Hello there"},
+    {"structured_outputs": {"choice": ["yes", "no"]}, "temperature": 0},
+])
+def test_vllms_sampling_fields_are_the_chat_completions(tool_server: Server, tokenizer, fields: dict) -> None:
+    # vLLM's Responses extensions are honoured as on chat completions, not dropped.
+    fields = dict(fields)
+    if "forced" in fields:
+        fields.update(forced(tokenizer, fields.pop("forced")))
+    r = httpx.post(tool_server.url + "/v1/responses", timeout=60,
+                   json={"model": "tiny", "input": "Hi", "max_output_tokens": 6, **fields}).json()
+    reasoning = "".join(o["content"][0]["text"] for o in r["output"] if o["type"] == "reasoning")
+    text = "".join(o["content"][0]["text"] for o in r["output"] if o["type"] == "message")
+    assert (reasoning, text, r["usage"]["output_tokens"]) == _chat_of(tool_server, fields)
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"structured_outputs": {"bogus": 1}}, "structured_outputs"),
+    ({"structured_outputs": {"choice": ["a"]}, "text": {"format": {"type": "json_object"}}}, "structured_outputs"),
+    ({"logit_bias": {"1": 500}}, "logit_bias"),
+])
+def test_bad_vllm_fields_are_a_400_naming_them(server: Server, fields: dict, param: str) -> None:
+    r = httpx.post(server.url + "/v1/responses", json={"model": "tiny", "input": "Hi", **fields}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param

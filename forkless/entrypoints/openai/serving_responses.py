@@ -5,7 +5,9 @@ Invariants:
     * A Responses request becomes one chat completions request (instructions first as a
       system message, then the stored conversation of ``previous_response_id``, then
       ``input``), served by :class:`OpenAIServing` exactly as ``/v1/chat/completions``
-      is: the same template, parsers, limits and errors. The chat answer (or its SSE
+      is: the same template, parsers, limits and errors. vLLM's extensions of the
+      request (``seed``, ``stop``, the penalties, ``structured_outputs``...) are the chat
+      request's fields of the same names (:data:`_CHAT_FIELDS`). The chat answer (or its SSE
       chunks) is then rewritten into Responses output items (``reasoning``, ``message``,
       ``function_call``) or Responses stream events. A streamed message's logprobs (its
       ``output_text.delta`` events' and its final part's) are the unstreamed message's:
@@ -50,6 +52,11 @@ _REFUSED = {"conversation": "chain responses with previous_response_id",
             "max_tool_calls": "the model's tool calls are not limited here",
             "stream_options": "a streamed response always ends with its usage"}
 _INCLUDABLE = ("message.output_text.logprobs", "reasoning.encrypted_content")
+# Responses fields that are chat completions fields of the same name and meaning.
+_CHAT_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                "frequency_penalty", "logit_bias", "seed", "stop", "ignore_eos", "skip_special_tokens",
+                "include_stop_str_in_output", "structured_outputs", "chat_template_kwargs", "user", "request_id",
+                "priority", "cache_salt", "parallel_tool_calls", "extra_args", "vllm_xargs")
 # The stored responses' JSON, at most (their conversations included).
 MAX_STORED_CHARS = 256 << 20
 
@@ -136,13 +143,8 @@ class OpenAIServingResponses:
             conversation = list(self.store.get(req.previous_response_id, "previous_response_id")[1])
         conversation += _input_messages(req.input)
         messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
-        fields: dict[str, Any] = dict(
-            model=req.model, messages=messages, max_completion_tokens=req.max_output_tokens,
-            temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, min_p=req.min_p,
-            repetition_penalty=req.repetition_penalty, user=req.user, request_id=req.request_id,
-            priority=req.priority, cache_salt=req.cache_salt, stream=bool(req.stream),
-            parallel_tool_calls=req.parallel_tool_calls, extra_args=req.extra_args, vllm_xargs=req.vllm_xargs,
-        )
+        fields: dict[str, Any] = {name: getattr(req, name) for name in _CHAT_FIELDS}
+        fields.update(messages=messages, max_completion_tokens=req.max_output_tokens, stream=bool(req.stream))
         if req.top_logprobs is not None or "message.output_text.logprobs" in (req.include or []):
             fields.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
         if req.truncation == "auto":
@@ -155,6 +157,8 @@ class OpenAIServingResponses:
             fields["tool_choice"] = _chat_tool_choice(req.tool_choice)
         if req.text is not None and req.text.get("format") is not None:
             fields["response_format"] = _response_format(req.text["format"])
+            if req.structured_outputs is not None and fields["response_format"]["type"] != "text":
+                raise BadRequest("give one of text.format and structured_outputs, not both", "structured_outputs")
         try:
             return ChatCompletionRequest(**{k: v for k, v in fields.items() if v is not None}), conversation
         except ValidationError as exc:  # a malformed tool, format or value
@@ -177,6 +181,8 @@ class OpenAIServingResponses:
         try:
             result = await self.chat.create_chat_completion(chat_req, raw_request)
         except BadRequest as exc:
+            if exc.param == "structured_outputs" and req.structured_outputs is not None:
+                raise  # the request's own structured_outputs, not text.format's
             if exc.param == "structured_outputs" and req.tools and req.tool_choice not in (None, "auto", "none"):
                 exc.param = "tools"  # the forced tool's parameters schema is the constraint
             if exc.param in _PARAM_NAMES:
