@@ -115,6 +115,10 @@ def test_top_logprobs_come_with_the_text(server: Server) -> None:
     ({"tools": [{"type": "function", "name": "f", "parameters": "x"}]}, "tools"),
     ({"cache_salt": ""}, "cache_salt"),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}, "input"),
+    # A union field's param is the field, not the union member pydantic tried.
+    ({"input": 5}, "input"),
+    ({"tool_choice": "bogus"}, "tool_choice"),
+    ({"stop": 5}, "stop"),
 ])
 def test_what_cannot_be_honoured_is_a_400_naming_the_field(server: Server, fields: dict, param: str) -> None:
     body = {"model": "tiny", "input": "Hi", **fields}

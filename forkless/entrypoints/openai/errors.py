@@ -11,6 +11,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import re
 from http import HTTPStatus
 from typing import Any, Sequence
 
@@ -37,6 +38,10 @@ ERROR_TYPES = {
 # Longest client value an error message quotes: enough to recognize it, never the whole
 # multi-megabyte input echoed back.
 MAX_QUOTED = 200
+# What pydantic puts in an error's location to say which member of a union failed
+# (``stop.str``, ``tool_choice.literal['none','auto','required']``, a model's class
+# name): a type, never a field, so ``param`` leaves it out.
+_UNION_MEMBER = re.compile(r"str|int|float|bool|bytes|[a-z-]+\[.*\]|[A-Z][A-Za-z0-9]*")
 MAX_MESSAGE = 4000
 # Validation errors listed in one message (a list of a million bad items has as many).
 MAX_SHOWN_ERRORS = 5
@@ -112,8 +117,9 @@ def error_response(message: str, status: int = 400, err_type: str | None = None,
 def describe_validation_errors(errors: Sequence[Any]) -> tuple[str, str | None]:
     """A message and the ``param`` for pydantic's errors on a request body.
 
-    ``param`` is the dotted location of the first error (``messages.0.content``), or the
-    one a request-level check puts in its context (see ``RequestModel``).
+    ``param`` is the dotted location of the first error (``messages.0.content``), without
+    the union members the message names, or the one a request-level check puts in its
+    context (see ``RequestModel``).
     """
     first = errors[0] if errors else {}
     ctx = first.get("ctx") or {}
@@ -127,7 +133,8 @@ def describe_validation_errors(errors: Sequence[Any]) -> tuple[str, str | None]:
     shown = [f"{where(e)}: {e.get('msg')}" for e in errors[:MAX_SHOWN_ERRORS]]
     if len(errors) > MAX_SHOWN_ERRORS:
         shown.append(f"... and {len(errors) - MAX_SHOWN_ERRORS} more errors")
-    param = where(first) if errors else None
+    fields = [p for p in first.get("loc", ()) if not (isinstance(p, str) and _UNION_MEMBER.fullmatch(p))]
+    param = where({**first, "loc": fields}) if errors else None
     return "; ".join(shown) or "invalid request", None if param == "body" else param
 
 
