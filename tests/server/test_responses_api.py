@@ -115,6 +115,10 @@ def test_top_logprobs_come_with_the_text(server: Server) -> None:
     ({"tools": [{"type": "function", "name": "f", "parameters": "x"}]}, "tools"),
     ({"cache_salt": ""}, "cache_salt"),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": 5}]}, "input"),
+    ({"include_reasoning": False}, "include_reasoning"),
+    ({"enable_response_messages": True}, "enable_response_messages"),
+    ({"kv_transfer_params": {"do_remote_prefill": True}}, "kv_transfer_params"),
+    ({"watermarking": True}, "watermarking"),
     # A union field's param is the field, not the union member pydantic tried.
     ({"input": 5}, "input"),
     ({"tool_choice": "bogus"}, "tool_choice"),
@@ -127,6 +131,12 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(server: Server, field
     assert r.json()["error"]["param"] == param
     if param == "max_output_tokens":
         assert "max_output_tokens" in r.json()["error"]["message"]
+
+
+def test_what_is_refused_passes_at_a_value_that_changes_nothing(server: Server) -> None:
+    body = {"model": "tiny", "input": "Hi", "max_output_tokens": 1, "include_reasoning": True,
+            "enable_response_messages": False, "max_tool_calls": None, "watermarking": False}
+    assert httpx.post(server.url + "/v1/responses", json=body, timeout=30).status_code == 200
 
 
 @pytest.fixture(scope="module")

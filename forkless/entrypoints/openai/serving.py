@@ -143,12 +143,17 @@ _UNSUPPORTED_CHAT_FIELDS = {
 }
 
 
-def _reject_field(name: str, value: Any, endpoint: dict[str, tuple[tuple[Any, ...], str]]) -> None:
+def reject_field(name: str, value: Any, endpoint: dict[str, tuple[tuple[Any, ...], str]]) -> bool:
     """A 400 naming ``name`` when ``value`` is not one its table (``endpoint``'s, else
-    :data:`_UNSUPPORTED_FIELDS`) accepts; a field in neither table passes."""
-    accepted, reason = endpoint.get(name) or _UNSUPPORTED_FIELDS.get(name, ((value,), ""))
-    if value not in accepted:
-        raise BadRequest(f"{name}={quoted(value)}: {reason}", name)
+    :data:`_UNSUPPORTED_FIELDS`) accepts; a field in neither table passes.
+
+    Returns:
+        Whether a table knows the field (else it is one the caller may log as ignored).
+    """
+    known = endpoint.get(name) or _UNSUPPORTED_FIELDS.get(name)
+    if known is not None and value not in known[0]:
+        raise BadRequest(f"{name}={quoted(value)}: {known[1]}", name)
+    return known is not None
 
 
 def _reject_unsupported(req: SamplingFields) -> None:
@@ -166,7 +171,7 @@ def _reject_unsupported(req: SamplingFields) -> None:
     for name, value in extra.items():
         if name == "best_of" and value not in (None, req.n):
             raise BadRequest(f"best_of={quoted(value)} is not supported (vLLM removed it too); use n", "best_of")
-        _reject_field(name, value, endpoint)
+        reject_field(name, value, endpoint)
 
 
 def _reject_unsupported_chat_tokenize(req: Any) -> None:
@@ -181,7 +186,7 @@ def _reject_unsupported_chat_tokenize(req: Any) -> None:
     extra = req.model_extra or {}
     for name in ("chat_template", "mm_processor_kwargs", "media_io_kwargs"):
         if name in extra:
-            _reject_field(name, extra[name], _UNSUPPORTED_CHAT_FIELDS)
+            reject_field(name, extra[name], _UNSUPPORTED_CHAT_FIELDS)
 
 
 def _unknown_fields(req: RequestModel) -> list[str]:

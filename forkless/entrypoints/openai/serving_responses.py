@@ -37,6 +37,7 @@ from pydantic import ValidationError
 
 from forkless import envs
 from forkless.entrypoints.openai.errors import BadRequest
+from forkless.entrypoints.openai.serving import reject_field
 from forkless.protocol.openai import ChatCompletionRequest, ChatCompletionResponse, ResponsesRequest
 
 if TYPE_CHECKING:
@@ -46,11 +47,18 @@ if TYPE_CHECKING:
 _PARAM_NAMES = {"max_completion_tokens": "max_output_tokens", "response_format": "text", "messages": "input",
                 "prompt": "input", "structured_outputs": "text"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
-# Responses fields forkless does not implement (refused unless null).
-_REFUSED = {"conversation": "chain responses with previous_response_id",
-            "prompt": "prompt templates are not stored here; send input",
-            "max_tool_calls": "the model's tool calls are not limited here",
-            "stream_options": "a streamed response always ends with its usage"}
+# Fields of OpenAI's and vLLM's Responses requests that forkless does not implement: the
+# values it accepts (those that change nothing), and why (as serving.reject_field takes
+# them; the fields all endpoints refuse, such as kv_transfer_params, are refused too).
+_REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
+    "conversation": ((None,), "chain responses with previous_response_id"),
+    "prompt": ((None,), "prompt templates are not stored here; send input"),
+    "max_tool_calls": ((None,), "the model's tool calls are not limited here"),
+    "stream_options": ((None,), "a streamed response always ends with its usage"),
+    "include_reasoning": ((None, True), "reasoning items are always returned"),
+    "enable_response_messages": ((None, False), "the response's input and output messages are not returned"),
+    "previous_input_messages": ((None,), "chain responses with previous_response_id"),
+}
 _INCLUDABLE = ("message.output_text.logprobs", "reasoning.encrypted_content")
 # Responses fields that are chat completions fields of the same name and meaning.
 _CHAT_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
@@ -119,10 +127,8 @@ class OpenAIServingResponses:
         if req.background:
             raise BadRequest("background responses are not supported", "background")
         extra = req.model_extra or {}
-        for name, why in _REFUSED.items():
-            if extra.get(name) is not None:
-                raise BadRequest(f"{name} is not supported: {why}", name)
-        self.chat.ignored_fields.note([name for name in extra if name not in _REFUSED])
+        self.chat.ignored_fields.note([name for name, value in extra.items()
+                                       if not reject_field(name, value, _REFUSED)])
         for key in ("effort", "summary", "generate_summary"):
             if (req.reasoning or {}).get(key) is not None:
                 raise BadRequest(f"reasoning.{key} is not supported: a reasoning model thinks as its chat template "
