@@ -107,6 +107,7 @@ def test_top_logprobs_come_with_the_text(server: Server) -> None:
     ({"conversation": "conv_1"}, "conversation"),
     ({"text": {"format": "json"}}, "text"),
     ({"text": {"verbosity": "low"}}, "text"),
+    ({"text": {"format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}}, "text"),
     ({"reasoning": {"summary": "auto"}}, "reasoning"),
     ({"service_tier": "flex"}, "service_tier"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
@@ -131,6 +132,17 @@ def test_what_cannot_be_honoured_is_a_400_naming_the_field(server: Server, field
     assert r.json()["error"]["param"] == param
     if param == "max_output_tokens":
         assert "max_output_tokens" in r.json()["error"]["message"]
+
+
+def test_text_format_json_schema_is_the_chats_response_format(server: Server) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    client = server.client()
+    r = client.responses.create(model="tiny", input="Hi", max_output_tokens=12, temperature=0,
+                                text={"format": {"type": "json_schema", "name": "x", "schema": schema}})
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=12,
+                                          temperature=0, response_format={"type": "json_schema",
+                                                                          "json_schema": {"name": "x", "schema": schema}})
+    assert r.output_text == chat.choices[0].message.content
 
 
 def test_what_is_refused_passes_at_a_value_that_changes_nothing(server: Server) -> None:

@@ -588,6 +588,11 @@ def _response_format(fmt: Any) -> dict[str, Any]:
     if kind in ("text", "json_object"):
         return {"type": kind}
     if kind == "json_schema":
+        # Required, as OpenAI's and vLLM's: without it the chat request would constrain the
+        # answer to any JSON object (a chat-style {"json_schema": {...}} here would do so).
+        if not isinstance(fmt.get("schema"), dict):
+            raise BadRequest('text.format of type "json_schema" needs a "schema" object (text.format is '
+                             '{"type": "json_schema", "name": ..., "schema": {...}})', "text")
         schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": schema}
     raise BadRequest(f"text.format type {kind!r} is invalid: expected text, json_object or json_schema", "text")
