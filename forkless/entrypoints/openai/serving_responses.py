@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 _PARAM_NAMES = {"max_completion_tokens": "max_output_tokens", "response_format": "text", "messages": "input",
                 "prompt": "input", "structured_outputs": "text"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
+_REASONING_PARTS = ("reasoning_text", "summary_text")
 # Fields of OpenAI's and vLLM's Responses requests that forkless does not implement: the
 # values it accepts (those that change nothing), and why (as serving.reject_field takes
 # them; the fields all endpoints refuse, such as kv_transfer_params, are refused too).
@@ -526,8 +527,8 @@ def _input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                              "content": output if isinstance(output, str)
                              else _text_content(output, f"{where}.output")})
         elif kind == "reasoning":
-            parts = item.get("content") or item.get("summary") or []
-            reasoning = "".join(p.get("text", "") for p in parts if isinstance(p, dict))
+            key = "content" if item.get("content") else "summary"
+            reasoning = _text_content(item.get(key) or [], f"{where}.{key}", _REASONING_PARTS)
         else:
             raise BadRequest(f"{where}.type {kind!r} is not supported (supported: message, function_call, "
                              "function_call_output, reasoning)", "input")
@@ -543,8 +544,14 @@ def _required(item: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _text_content(content: Any, where: str) -> str:
-    """A message's content (a string, or text parts) as one string; ``where`` names it."""
+def _text_content(content: Any, where: str, kinds: tuple[str, ...] = _TEXT_PARTS) -> str:
+    """A message's content (a string, or parts of the types ``kinds``) as one string.
+
+    Args:
+        content: The content.
+        where: Its place in ``input``, for errors (``input[2].content``).
+        kinds: The part types it may hold (a reasoning item's are its own).
+    """
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -552,9 +559,9 @@ def _text_content(content: Any, where: str) -> str:
     texts = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in _TEXT_PARTS:
+        if kind not in kinds:
             raise BadRequest(f"{where}[{j}] of type {kind!r} is not supported: this server takes text "
-                             "(input_text, output_text)", "input")
+                             f"({', '.join(kinds)})", "input")
         if not isinstance(part.get("text"), str):
             raise BadRequest(f"{where}[{j}].text must be a string", "input")
         texts.append(part["text"])
