@@ -70,6 +70,19 @@ def test_previous_response_id_continues_the_conversation(server: Server) -> None
         client.responses.retrieve(unstored.id)
 
 
+def test_cancel_is_refused_as_no_response_runs_in_the_background(server: Server) -> None:
+    # As vLLM's for a response that was not made in the background: a 400, not a 404
+    # that says the route (or a stored response) does not exist.
+    client = server.client()
+    r = client.responses.create(model="tiny", input="Hi", max_output_tokens=1)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.cancel(r.id)
+    assert info.value.body["param"] == "response_id" and "background" in info.value.message
+    assert client.responses.retrieve(r.id).status == r.status
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_none")
+
+
 def test_ids_are_the_servers_and_an_empty_model_is_the_served_one(server: Server) -> None:
     # A client's X-Request-Id names the engine request, not the stored response: two
     # responses never share an id (nor overwrite each other in the store).

@@ -308,6 +308,10 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     async def delete_response(response_id: str) -> JSONResponse:
         return JSONResponse(responses.delete(response_id))
 
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> JSONResponse:
+        return JSONResponse(responses.cancel(response_id))
+
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest, request: Request) -> TokenizeResponse:
         check_deprecated(request, req)

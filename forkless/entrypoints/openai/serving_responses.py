@@ -1,5 +1,5 @@
-"""OpenAI's Responses API (``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``)
-on top of chat completions.
+"""OpenAI's Responses API (``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
+``POST /v1/responses/{id}/cancel``) on top of chat completions.
 
 Invariants:
     * A Responses request becomes one chat completions request (instructions first as a
@@ -217,6 +217,18 @@ class OpenAIServingResponses:
     def delete(self, response_id: str) -> dict[str, Any]:
         self.store.delete(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
+
+    def cancel(self, response_id: str) -> dict[str, Any]:
+        """Cancel a background response: there is none, as ``background`` is refused and
+        every response is done when its request is answered.
+
+        Raises:
+            BadRequest: 404, no such stored response; else 400, as vLLM's for a response
+                that was not made in the background.
+        """
+        self.store.get(response_id)
+        raise BadRequest("cannot cancel a synchronous response: only background responses can be cancelled, "
+                         "and this server runs none (background is not supported)", "response_id")
 
     # -- response ------------------------------------------------------------------------
     def _response(self, req: ResponsesRequest, output: list[dict[str, Any]], status: str, input_tokens: int,
