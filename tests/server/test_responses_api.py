@@ -100,6 +100,16 @@ def test_include_logprobs_alone_turns_them_on(server: Server) -> None:
     assert len(logprobs) == 2 and all(t.top_logprobs == [] for t in logprobs)
 
 
+def test_top_logprobs_without_include_returns_no_logprobs(server: Server) -> None:
+    # As OpenAI's and vLLM's: top_logprobs sizes the logprobs that include asks for.
+    client = server.client()
+    r = client.responses.create(model="tiny", input="Hi", max_output_tokens=2, top_logprobs=2)
+    assert r.output[-1].content[0].logprobs is None
+    events = list(client.responses.create(model="tiny", input="Hi", max_output_tokens=2, top_logprobs=2, stream=True))
+    assert all(e.logprobs == [] for e in events if e.type == "response.output_text.delta")
+    assert events[-1].response.output[-1].content[0].logprobs is None
+
+
 def test_top_logprobs_come_with_the_text(server: Server) -> None:
     r = server.client().responses.create(model="tiny", input="Hi", max_output_tokens=3, temperature=0,
                                          top_logprobs=2, include=["message.output_text.logprobs"])

@@ -152,7 +152,9 @@ class OpenAIServingResponses:
         messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
         fields: dict[str, Any] = {name: getattr(req, name) for name in _CHAT_FIELDS}
         fields.update(messages=messages, max_completion_tokens=req.max_output_tokens, stream=bool(req.stream))
-        if req.top_logprobs is not None or "message.output_text.logprobs" in (req.include or []):
+        # As OpenAI's and vLLM's: logprobs come only when include asks for them, top_logprobs
+        # says how many alternatives each token then has.
+        if "message.output_text.logprobs" in (req.include or []):
             fields.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
         if req.truncation == "auto":
             fields["truncate_prompt_tokens"] = -1
