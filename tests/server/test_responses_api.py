@@ -222,6 +222,23 @@ def test_reasoning_and_function_calls_are_output_items(tool_server: Server, toke
     assert follow.status in ("completed", "incomplete") and follow.usage.input_tokens > r.usage.input_tokens
 
 
+def test_output_items_sent_back_as_input_are_the_previous_response(tool_server: Server, tokenizer) -> None:
+    # OpenAI's two ways of carrying a conversation on, the output items appended to the
+    # input or previous_response_id, make the same prompt: a message and the function call
+    # after it are one assistant turn.
+    client = tool_server.client()
+    r = client.responses.create(model="tiny", input="What is the weather in Paris?", tools=[WEATHER],
+                                extra_body=forced(tokenizer, OUTPUT))
+    assert [o.type for o in r.output] == ["reasoning", "message", "function_call"]
+    result = {"type": "function_call_output", "call_id": r.output[2].call_id, "output": "21 C"}
+    chained = client.responses.create(model="tiny", previous_response_id=r.id, input=[result], tools=[WEATHER],
+                                      max_output_tokens=1)
+    items = [o.model_dump(exclude_none=True) for o in r.output]
+    manual = client.responses.create(model="tiny", tools=[WEATHER], max_output_tokens=1, input=[
+        {"role": "user", "content": "What is the weather in Paris?"}, *items, result])
+    assert manual.usage.input_tokens == chained.usage.input_tokens
+
+
 def test_streamed_logprobs_are_the_unstreamed_ones(tool_server: Server, tokenizer) -> None:
     # Every token's logprobs, as unstreamed: the reasoning's (before the message opens) and
     # the EOS's (a token with no text) included, in output_text.delta events.

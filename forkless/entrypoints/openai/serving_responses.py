@@ -528,8 +528,12 @@ def _input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             call = {"id": _required(item, "call_id", where), "type": "function",
                     "function": {"name": _required(item, "name", where), "arguments": _required(item, "arguments", where)}}
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(call)  # parallel calls of one turn
+            if last is not None and last["role"] == "assistant" and reasoning is None:
+                # The calls of the assistant turn whose text (or first call) came just
+                # before: one chat message, as a stored response's output becomes
+                # (_assistant_messages), so output items sent back as input make the
+                # same prompt as previous_response_id.
+                last.setdefault("tool_calls", []).append(call)
             else:
                 message = {"role": "assistant", "content": "", "tool_calls": [call]}
                 if reasoning is not None:
