@@ -49,6 +49,18 @@ def test_a_response_is_the_chat_completion_of_its_messages(server: Server) -> No
     assert events[-1].response.output_text == r.output_text and events[-1].response.usage.output_tokens == 6
 
 
+def test_the_response_says_what_it_sampled_with(server: Server) -> None:
+    # As vLLM's: the request's temperature and top_p, else the defaults it sampled with
+    # (the tiny model's generation config has none: 1), never null; streamed too.
+    client = server.client()
+    r = client.responses.create(model="tiny", input="Hi", max_output_tokens=1)
+    assert (r.temperature, r.top_p) == (1.0, 1.0)
+    r = client.responses.create(model="tiny", input="Hi", max_output_tokens=1, temperature=0, top_p=0.5)
+    assert (r.temperature, r.top_p) == (0, 0.5)
+    events = list(client.responses.create(model="tiny", input="Hi", max_output_tokens=1, top_p=0.5, stream=True))
+    assert (events[0].response.temperature, events[-1].response.top_p) == (1.0, 0.5)
+
+
 def test_previous_response_id_continues_the_conversation(server: Server) -> None:
     client = server.client()
     first = client.responses.create(model="tiny", input="First question", max_output_tokens=4, temperature=0,

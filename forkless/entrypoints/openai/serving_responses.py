@@ -237,6 +237,10 @@ class OpenAIServingResponses:
                   output_tokens: int, response_id: str | None = None, created_at: int | None = None
                   ) -> dict[str, Any]:
         fmt = (req.text or {}).get("format") or {"type": "text"}
+        # What it sampled with, as vLLM's: the request's, else the model's default, else 1.
+        defaults = self.chat.sampling_defaults
+        temperature, top_p = ((getattr(req, name) if getattr(req, name) is not None else defaults.get(name, 1.0))
+                              for name in ("temperature", "top_p"))
         return {
             "id": response_id or _id("resp"), "object": "response", "created_at": created_at or int(time.time()),
             "status": status, "error": None,
@@ -245,8 +249,8 @@ class OpenAIServingResponses:
             "model": req.model or self.chat.model_name, "output": output,
             "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": req.previous_response_id,
             "reasoning": {"effort": None, "summary": None}, "store": req.store is not False,
-            "temperature": req.temperature, "text": {"format": fmt}, "tool_choice": req.tool_choice or "auto",
-            "tools": req.tools or [], "top_p": req.top_p, "truncation": req.truncation or "disabled",
+            "temperature": temperature, "text": {"format": fmt}, "tool_choice": req.tool_choice or "auto",
+            "tools": req.tools or [], "top_p": top_p, "truncation": req.truncation or "disabled",
             "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
                       "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": input_tokens + output_tokens},
