@@ -144,6 +144,7 @@ def test_top_logprobs_come_with_the_text(server: Server) -> None:
     ({"text": {"verbosity": "low"}}, "text"),
     ({"text": {"format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}}, "text"),
     ({"reasoning": {"summary": "auto"}}, "reasoning"),
+    ({"reasoning": {"budget_tokens": 100}}, "reasoning"),
     ({"service_tier": "flex"}, "service_tier"),
     ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
     ({"metadata": {"k": "v" * 513}}, "metadata"),

@@ -130,8 +130,9 @@ class OpenAIServingResponses:
         extra = req.model_extra or {}
         self.chat.ignored_fields.note([name for name, value in extra.items()
                                        if not reject_field(name, value, _REFUSED)])
-        for key in ("effort", "summary", "generate_summary"):
-            if (req.reasoning or {}).get(key) is not None:
+        # OpenAI's keys (effort, summary, generate_summary) and any other: none is honoured.
+        for key, value in (req.reasoning or {}).items():
+            if value is not None:
                 raise BadRequest(f"reasoning.{key} is not supported: a reasoning model thinks as its chat template "
                                  "says, and its reasoning comes back whole", "reasoning")
         if req.service_tier not in (None, "auto", "default"):
