@@ -38,13 +38,13 @@ ERROR_TYPES = {
 # Longest client value an error message quotes: enough to recognize it, never the whole
 # multi-megabyte input echoed back.
 MAX_QUOTED = 200
+MAX_MESSAGE = 4000
+# Validation errors listed in one message (a list of a million bad items has as many).
+MAX_SHOWN_ERRORS = 5
 # What pydantic puts in an error's location to say which member of a union failed
 # (``stop.str``, ``tool_choice.literal['none','auto','required']``, a model's class
 # name): a type, never a field, so ``param`` leaves it out.
 _UNION_MEMBER = re.compile(r"str|int|float|bool|bytes|[a-z-]+\[.*\]|[A-Z][A-Za-z0-9]*")
-MAX_MESSAGE = 4000
-# Validation errors listed in one message (a list of a million bad items has as many).
-MAX_SHOWN_ERRORS = 5
 
 
 def error_type(status: int) -> str:
