@@ -29,7 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from forkless.entrypoints.openai.errors import BadRequest
-from forkless.entrypoints.openai.serving import _reject_field
+from forkless.entrypoints.openai.serving import reject_field
 from forkless.logger import init_logger
 from forkless.pooling.order import longest_first
 from forkless.pooling_params import PoolingParams
@@ -182,7 +182,7 @@ class OpenAIServingPooling:
         extra = req.model_extra or {}
         for name, value in extra.items():
             if name in _UNSUPPORTED_POOLING_FIELDS:
-                _reject_field(name, value, _UNSUPPORTED_POOLING_FIELDS)
+                reject_field(name, value, _UNSUPPORTED_POOLING_FIELDS)
         self.serving.ignored_fields.note(name for name in extra if name not in _UNSUPPORTED_POOLING_FIELDS)
 
     def _check_pooling_model(self, endpoint: str) -> None:
