@@ -178,3 +178,13 @@ def test_parallel_tool_calls_false_keeps_the_first_call(tool_server: Server, tok
     assert [c.function.arguments for c in one] == [ARGUMENTS]
     streamed = collect_stream(client.chat.completions.create(parallel_tool_calls=False, stream=True, **kw))
     assert [c["arguments"] for c in streamed["calls"].values()] == [ARGUMENTS]
+
+
+def test_tool_choice_auto_without_tools_is_a_400(tool_server: Server) -> None:
+    # vLLM and OpenAI answer 400: "auto" chooses among tools, and none were given.
+    client = tool_server.client()
+    with pytest.raises(openai.BadRequestError, match="needs tools") as err:
+        client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
+                                       tool_choice="auto", max_tokens=2)
+    assert err.value.body["param"] == "tool_choice"
+

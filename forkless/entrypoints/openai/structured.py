@@ -77,9 +77,14 @@ def forced_tool_choice(req: ChatCompletionRequest) -> str | None:
     """``"required"``, the named function, or ``None`` when the tool choice is free.
 
     Raises:
-        BadRequest: A forced choice without tools, or naming a function not in ``tools``.
+        BadRequest: A ``tool_choice`` other than ``"none"`` without ``tools``, or one
+            naming a function not in ``tools``.
     """
     choice = req.tool_choice
+    if choice == "auto" and req.tools is None:
+        # vLLM's and OpenAI's 400: "auto" chooses among tools, and there are none.
+        raise BadRequest('tool_choice="auto" needs tools (leave tool_choice out, or give "none", for a '
+                         "reply without tools)", "tool_choice")
     if choice == "required":
         if not req.tools:
             raise BadRequest('tool_choice="required" needs tools', "tool_choice")
