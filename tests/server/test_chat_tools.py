@@ -188,3 +188,14 @@ def test_tool_choice_auto_without_tools_is_a_400(tool_server: Server) -> None:
                                        tool_choice="auto", max_tokens=2)
     assert err.value.body["param"] == "tool_choice"
 
+
+def test_a_forced_tool_choice_with_an_invalid_schema_names_tools(tool_server: Server) -> None:
+    # The constraint is the tools' parameters: the 400 names tools, not structured_outputs
+    # (a field the request never had).
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}
+    client = tool_server.client()
+    for choice in ("required", {"type": "function", "function": {"name": "f"}}):
+        with pytest.raises(openai.BadRequestError, match="invalid JSON schema") as err:
+            client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
+                                           tools=[bad], tool_choice=choice, max_tokens=2)
+        assert err.value.body["param"] == "tools" and err.value.body["message"].startswith("tools:")

@@ -356,10 +356,13 @@ async def _without_generation(stream: AsyncIterator["RequestOutput"]) -> AsyncIt
 def _refused_field(message: str, req: SamplingFields) -> str | None:
     """The request field an engine refusal (or a ``SamplingParams`` error) is about, by the
     request's own names: chat's ``top_logprobs`` and ``max_completion_tokens``,
-    ``response_format`` where it set the constraint, ``messages`` for a chat prompt."""
+    ``response_format`` or ``tools`` where it set the constraint, ``messages`` for a chat
+    prompt."""
     chat = isinstance(req, ChatCompletionRequest)
     # "structured outputs: ..." is the engine core's, for a constraint its backend failed to compile.
     if message.startswith(("structured_outputs", "structured outputs")):
+        if chat and (req.tool_choice == "required" or isinstance(req.tool_choice, NamedToolChoice)):
+            return "tools"  # the constraint is the tools' schemas (a request has one constraint)
         by_format = req.response_format is not None and req.response_format.type != "text"
         return "response_format" if by_format else "structured_outputs"
     if message.startswith("the prompt"):
@@ -1106,7 +1109,11 @@ class OpenAIServing:
             try:
                 await self.engine.check_structured_outputs(params)
             except InvalidRequestError as exc:
-                raise BadRequest(str(exc), _refused_field(str(exc), req)) from None
+                param = _refused_field(str(exc), req)
+                # The engine names the constraint by its own field, which this request did not send.
+                message = (f"tools: tool_choice constrains the output to the tools' parameters, which the "
+                           f"server cannot use as a constraint: {exc}" if param == "tools" else str(exc))
+                raise BadRequest(message, param) from None
 
     def _engine_stream(self, req: SamplingFields, prompt: Any, params: SamplingParams | BeamSearchParams,
                        request_id: str, lora: LoRARequest | None, client_key: str,
