@@ -199,3 +199,20 @@ def test_a_forced_tool_choice_with_an_invalid_schema_names_tools(tool_server: Se
             client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
                                            tools=[bad], tool_choice=choice, max_tokens=2)
         assert err.value.body["param"] == "tools" and err.value.body["message"].startswith("tools:")
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"tools": [WEATHER_TOOL], "tool_choice": "any"}, "tool_choice"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function"}}, "tool_choice"),
+    ({"tools": [WEATHER_TOOL], "tool_choice": {"type": "function", "function": {}}}, "tool_choice"),
+    ({"messages": [{"role": "tool", "tool_call_id": "c1", "content": 5}]}, "messages.0.content"),
+    ({"tools": [{"type": "function", "function": {"parameters": {}}}]}, "tools.0.function.name"),
+])
+def test_a_malformed_field_is_a_400_naming_it_as_the_client_does(tool_server: Server, body: dict, param: str) -> None:
+    # pydantic's location also names the member of a union that failed
+    # ("tool_choice.literal['none','auto','required']"); param is the client's path.
+    client = tool_server.client()
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(**{"model": client.models.list().data[0].id, "messages": MESSAGES,
+                                          "max_tokens": 2, **body})
+    assert err.value.body["param"] == param

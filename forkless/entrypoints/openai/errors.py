@@ -11,7 +11,6 @@ Invariants:
 from __future__ import annotations
 
 import json
-import re
 from http import HTTPStatus
 from typing import Any, Sequence
 
@@ -41,10 +40,6 @@ MAX_QUOTED = 200
 MAX_MESSAGE = 4000
 # Validation errors listed in one message (a list of a million bad items has as many).
 MAX_SHOWN_ERRORS = 5
-# What pydantic puts in an error's location to say which member of a union failed
-# (``stop.str``, ``tool_choice.literal['none','auto','required']``, a model's class
-# name): a type, never a field, so ``param`` leaves it out.
-_UNION_MEMBER = re.compile(r"str|int|float|bool|bytes|[a-z-]+\[.*\]|[A-Z][A-Za-z0-9]*")
 
 
 def error_type(status: int) -> str:
@@ -114,28 +109,57 @@ def error_response(message: str, status: int = 400, err_type: str | None = None,
     return JSONResponse(error_body(message, status, err_type, param, code), status_code=status, headers=headers)
 
 
-def describe_validation_errors(errors: Sequence[Any]) -> tuple[str, str | None]:
+def describe_validation_errors(errors: Sequence[Any], body: Any = None) -> tuple[str, str | None]:
     """A message and the ``param`` for pydantic's errors on a request body.
 
-    ``param`` is the dotted location of the first error (``messages.0.content``), without
-    the union members the message names, or the one a request-level check puts in its
-    context (see ``RequestModel``).
+    ``param`` is the dotted location of the first error in the client's names
+    (``messages.0.content``: see :func:`_client_path`), or the one a request-level check
+    puts in its context (see ``RequestModel``). The message keeps pydantic's locations,
+    which say which alternative of a union failed how.
+
+    Args:
+        errors: pydantic's errors.
+        body: The decoded request body, when there was one.
     """
     first = errors[0] if errors else {}
     ctx = first.get("ctx") or {}
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {ctx.get('error', first.get('msg'))}", None
 
-    def where(error: Any) -> str:
-        loc = ".".join(str(p) for p in error.get("loc", ()) if p != "body")
-        return loc or (error.get("ctx") or {}).get("param") or "body"
+    def where(error: Any, path: Sequence[Any]) -> str:
+        return ".".join(map(str, path)) or (error.get("ctx") or {}).get("param") or "body"
 
-    shown = [f"{where(e)}: {e.get('msg')}" for e in errors[:MAX_SHOWN_ERRORS]]
+    def loc(error: Any) -> list[Any]:
+        return [p for p in error.get("loc", ()) if p != "body"]
+
+    shown = [f"{where(e, loc(e))}: {e.get('msg')}" for e in errors[:MAX_SHOWN_ERRORS]]
     if len(errors) > MAX_SHOWN_ERRORS:
         shown.append(f"... and {len(errors) - MAX_SHOWN_ERRORS} more errors")
-    fields = [p for p in first.get("loc", ()) if not (isinstance(p, str) and _UNION_MEMBER.fullmatch(p))]
-    param = where({**first, "loc": fields}) if errors else None
+    param = where(first, _client_path(loc(first), body, first.get("type") == "missing")) if errors else None
     return "; ".join(shown) or "invalid request", None if param == "body" else param
+
+
+def _client_path(loc: Sequence[Any], body: Any, missing: bool) -> list[Any]:
+    """An error location without the steps that are not in the request body.
+
+    pydantic puts the member of a union that failed into the location
+    (``tool_choice.literal['none','auto','required']``, ``messages.0.content.str``); a
+    client knows only its own keys and indexes. Following the location through the body
+    keeps the steps the body has, and the last step of a missing field (which it cannot
+    have). Without a decoded body the location is kept as it is.
+    """
+    if not isinstance(body, (dict, list)):
+        return list(loc)
+    path, value = [], body
+    for i, step in enumerate(loc):
+        if isinstance(value, dict) and step in value:
+            value = value[step]
+        elif isinstance(value, list) and type(step) is int and 0 <= step < len(value):
+            value = value[step]
+        elif not (missing and i == len(loc) - 1):
+            continue
+        path.append(step)
+    return path
 
 
 def error_bytes(message: str, status: int) -> bytes:
