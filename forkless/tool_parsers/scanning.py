@@ -99,8 +99,23 @@ def call_from_object(text: str, obj: ScannedObject, arg_keys: Sequence[str] = ("
         call.arguments = "" if text[start] == '"' else text[start:]
     else:
         raw = text[start:end]
-        call.arguments = json.loads(raw) if raw.startswith('"') else raw
+        call.arguments = _string_arguments(raw) if raw.startswith('"') else raw
     return call
+
+
+def _string_arguments(raw: str) -> str:
+    """The arguments of a call that wrote them as a JSON string (``raw``, quotes included).
+
+    Models often encode the arguments object as a string; it is decoded so the call's
+    arguments are that object. A string that holds no JSON stays the JSON string it is
+    (vLLM's arguments for it), since arguments must parse as JSON, streamed or not.
+    """
+    decoded = json.loads(raw)
+    try:
+        json.loads(decoded)
+    except ValueError:
+        return raw
+    return decoded
 
 
 def make_tool_call_id(id_type: str = "random", func_name: str | None = None, idx: int | None = None) -> str:

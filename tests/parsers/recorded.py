@@ -18,6 +18,9 @@ HERMES = [
                        '"opts":{"n":[1,2,{"k":null}],"exact":true,"score":-1.5e3}}')]),
     # Arguments written before the name; text after the calls is not content (vLLM's rule).
     ('<tool_call>{"arguments": {"x": 1}, "name": "f"}</tool_call> done', None, [("f", '{"x": 1}')]),
+    # Arguments written as a string: one holding JSON is decoded, any other stays a JSON string.
+    ('<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call>', None, [("f", '{"x": 1}')]),
+    ('<tool_call>{"name": "f", "arguments": "Paris"}</tool_call>', None, [("f", '"Paris"')]),
     # No arguments at all; the model stopped before the closing tag.
     ('<tool_call>{"name": "now"}', None, [("now", "{}")]),
     # Plain answers, including ones with a '<' that is not a tag.

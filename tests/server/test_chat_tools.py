@@ -216,3 +216,18 @@ def test_a_malformed_field_is_a_400_naming_it_as_the_client_does(tool_server: Se
         client.chat.completions.create(**{"model": client.models.list().data[0].id, "messages": MESSAGES,
                                           "max_tokens": 2, **body})
     assert err.value.body["param"] == param
+
+
+def test_arguments_written_as_a_plain_string_are_one_call_streamed_or_not(tool_server: Server, tokenizer) -> None:
+    # The streamed call once came with the whole <tool_call> text as content too, while
+    # the unstreamed reply had no call at all.
+    text = '<tool_call>\n{"name": "get_weather", "arguments": "Paris"}\n</tool_call>'
+    client = tool_server.client()
+    kw = dict(model=client.models.list().data[0].id, messages=MESSAGES, tools=[WEATHER_TOOL],
+              extra_body={**forced(tokenizer, text), "chat_template_kwargs": {"enable_thinking": False}})
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == [("get_weather", '"Paris"')]
+    assert (whole.message.content, whole.finish_reason) == (None, "tool_calls")
+    streamed = collect_stream(client.chat.completions.create(stream=True, **kw))
+    assert [(c["name"], c["arguments"]) for c in streamed["calls"].values()] == [("get_weather", '"Paris"')]
+    assert (streamed["content"], streamed["finish"]) == ("", "tool_calls")
