@@ -231,3 +231,19 @@ def test_arguments_written_as_a_plain_string_are_one_call_streamed_or_not(tool_s
     streamed = collect_stream(client.chat.completions.create(stream=True, **kw))
     assert [(c["name"], c["arguments"]) for c in streamed["calls"].values()] == [("get_weather", '"Paris"')]
     assert (streamed["content"], streamed["finish"]) == ("", "tool_calls")
+
+
+@pytest.mark.parametrize("max_tokens", [None, 20])
+def test_a_streamed_call_that_ends_broken_is_not_sent_again_as_content(tool_server: Server, tokenizer,
+                                                                       max_tokens: int | None) -> None:
+    # Cut by max_tokens, or stopped inside the arguments: the call's first part was already
+    # streamed as a call. The stream once sent its text a second time, as content.
+    text = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
+    client = tool_server.client()
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    streamed = collect_stream(client.chat.completions.create(
+        model=client.models.list().data[0].id, messages=MESSAGES, tools=[WEATHER_TOOL], stream=True,
+        max_tokens=max_tokens, extra_body={**forced(tokenizer, text), **off}))
+    assert streamed["content"] == "Sure. "
+    (call,) = streamed["calls"].values()
+    assert call["name"] == "get_weather" and '{"city": "Pa'.startswith(call["arguments"])

@@ -111,11 +111,14 @@ class ChoiceParser:
 
         Streaming parsers hold back text that might still become a tag; at the end, the
         whole-output parse says what it was. Only extensions of what was sent are added.
+        Calls already streamed that the whole output turns out not to hold (cut off by
+        ``max_tokens``, or broken at the end) cannot be taken back; the whole parse makes
+        their text content, which is not sent again.
         """
         whole = self.parse_whole(text)
         sent = self._sent
         reasoning = _rest(sent.reasoning, whole.reasoning or "")
-        content = _rest(sent.content, whole.content or "")
+        content = _rest(sent.content, whole.content or "") if whole.tool_calls or not sent.names else ""
         calls = []
         for i, call in enumerate(whole.tool_calls if self.tools is not None else []):
             if i not in sent.names:
