@@ -52,14 +52,19 @@ def _no_additional_properties(schema: Any) -> Any:
 
 def grammar_spec(params: StructuredOutputsParams, config: StructuredOutputsConfig) -> tuple[str, str, bool]:
     """``(request_type, spec, any_whitespace)`` for ``compile_grammar``, the same for
-    equal constraints (the engine core's compile cache is keyed on it)."""
+    equal constraints (the engine core's compile cache is keyed on it).
+
+    A schema keeps its key order: the grammars write an object's properties in the order
+    its ``properties`` lists them (a schema asking for ``reasoning`` before ``answer``
+    gets them in that order), so two orders are two constraints.
+    """
     kind = params.kind
     any_whitespace = not (params.disable_any_whitespace or config.disable_any_whitespace)
     if kind == "json":
         schema = schema_of(params)
         if params.disable_additional_properties or config.disable_additional_properties:
             schema = _no_additional_properties(schema)
-        return kind, json.dumps(schema, sort_keys=True), any_whitespace
+        return kind, json.dumps(schema), any_whitespace
     if kind == "choice":
         return kind, json.dumps(params.choice), any_whitespace
     if kind == "json_object":

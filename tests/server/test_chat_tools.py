@@ -247,3 +247,17 @@ def test_a_streamed_call_that_ends_broken_is_not_sent_again_as_content(tool_serv
     assert streamed["content"] == "Sure. "
     (call,) = streamed["calls"].values()
     assert call["name"] == "get_weather" and '{"city": "Pa'.startswith(call["arguments"])
+
+
+def test_forced_arguments_follow_the_order_of_the_tools_properties(tool_server: Server, tokenizer) -> None:
+    # The constraint once had the schema's keys sorted, so "activity" had to come before
+    # "city": a model writing the properties in their declared order was refused.
+    tool = {"type": "function", "function": {"name": "plan", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "activity": {"type": "string"}}}}}
+    arguments = '{"city": "Nice", "activity": "swim"}'
+    client = tool_server.client()
+    for choice, output in (({"type": "function", "function": {"name": "plan"}}, arguments),
+                           ("required", f'[{{"name": "plan", "parameters": {arguments}}}]')):
+        reply = client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
+                                               tools=[tool], tool_choice=choice, extra_body=forced(tokenizer, output))
+        assert [c.function.arguments for c in reply.choices[0].message.tool_calls] == [arguments]
