@@ -10,6 +10,9 @@ Invariants of request bodies (:class:`RequestModel`):
     * They nest at most :data:`MAX_NESTING` levels deep.
     * Every number is finite: Python's JSON reads ``NaN``, ``Infinity`` and ``1e999``,
       which no sampling field can mean.
+
+Response bodies send every field, ``null`` included, except in a streamed tool call's
+deltas, which leave out what they do not carry (see :class:`_WithoutNulls`).
 """
 
 from __future__ import annotations
@@ -408,12 +411,27 @@ class ToolCall(OpenAIModel):
     function: FunctionCall
 
 
-class DeltaFunctionCall(OpenAIModel):
+class _WithoutNulls(OpenAIModel):
+    """Serialized without its ``None`` fields.
+
+    A streamed tool call's later deltas carry only ``index`` and the next piece of
+    ``function.arguments``, as OpenAI and vLLM send them: the ``openai`` client's stream
+    accumulator replaces ``type`` with each delta's, so a ``"type": null`` erases the
+    call's type (and ``client.chat.completions.stream()`` fails on it).
+    """
+
+    @model_serializer(mode="wrap")
+    def _without_nulls(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+class DeltaFunctionCall(_WithoutNulls):
     name: str | None = None
     arguments: str | None = None
 
 
-class DeltaToolCall(OpenAIModel):
+class DeltaToolCall(_WithoutNulls):
     index: int
     id: str | None = None
     type: Literal["function"] | None = None

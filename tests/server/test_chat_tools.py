@@ -261,3 +261,18 @@ def test_forced_arguments_follow_the_order_of_the_tools_properties(tool_server: 
         reply = client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
                                                tools=[tool], tool_choice=choice, extra_body=forced(tokenizer, output))
         assert [c.function.arguments for c in reply.choices[0].message.tool_calls] == [arguments]
+
+
+def test_the_openai_clients_stream_helper_accumulates_the_calls(tool_server: Server, tokenizer) -> None:
+    # client.chat.completions.stream() replaces a call's type with each delta's: the later
+    # deltas' "type": null once made it fail (AssertionError) on every streamed call.
+    client = tool_server.client()
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    paris = '{"city": "Paris"}'  # the constraint allows the tool's properties only
+    for choice, text, arguments in (("auto", OUTPUT, ARGUMENTS), (named, paris, paris)):
+        with client.chat.completions.stream(model=client.models.list().data[0].id, messages=MESSAGES,
+                                            tools=[WEATHER_TOOL], tool_choice=choice,
+                                            extra_body=forced(tokenizer, text)) as stream:
+            final = stream.get_final_completion()
+        (call,) = final.choices[0].message.tool_calls
+        assert (call.type, call.function.name, call.function.arguments) == ("function", "get_weather", arguments)
