@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import openai
 import pytest
 
 from tests.conftest import plugin_env, run_forkless
@@ -41,6 +42,44 @@ def test_parser_registered_by_a_general_plugin_package(tiny_llama: Path, plugin_
         assert streamed["content"] == "Checking. " and streamed["finish"] == "tool_calls"
         assert [(c["name"], c["arguments"]) for c in streamed["calls"].values()] == \
             [("get_weather", '{"city": "Paris"}')]
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]
+
+
+FAILING_PARSER = '''
+from forkless.protocol.openai import DeltaMessage, ExtractedToolCallInformation
+from forkless.tool_parsers import ToolParser, ToolParserManager
+
+
+@ToolParserManager.register_module("fails_on_boom")
+class FailsOnBoom(ToolParser):
+    def extract_tool_calls(self, model_output, request):
+        return ExtractedToolCallInformation(tools_called=False, content=model_output)
+
+    def extract_tool_calls_streaming(self, previous_text, current_text, delta_text, *args):
+        if "BOOM" in current_text:
+            raise IndexError("list index out of range")  # as ported vLLM parsers do on odd output
+        return DeltaMessage(content=delta_text)
+'''
+
+
+def test_a_parser_that_fails_mid_stream_ends_the_stream_with_an_error_event(tiny_llama: Path, tmp_path: Path,
+                                                                             tokenizer) -> None:
+    # The connection used to drop without a word (the openai client raised httpx's
+    # "peer closed connection without sending complete message body").
+    (tmp_path / "failing_parser.py").write_text(FAILING_PARSER)
+    srv = start_server(tiny_llama, tmp_path, "--tool-parser-plugin", str(tmp_path / "failing_parser.py"),
+                       "--tool-call-parser", "fails_on_boom", "--enable-auto-tool-choice", "--logits-processors", FORCE,
+                       env_extra={"PYTHONPATH": str(HERE)})
+    try:
+        client = srv.client()
+        stream = client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
+                                                tools=[WEATHER_TOOL], stream=True,
+                                                extra_body=forced(tokenizer, "It went BOOM there."))
+        with pytest.raises(openai.APIError, match="internal error: IndexError: list index out of range"):
+            for _ in stream:
+                pass
+        assert "chat stream failed" in srv.log()
     finally:
         assert srv.stop() == 0, srv.log()[-3000:]
 

@@ -552,6 +552,12 @@ def _sse_error(message: str, err_type: str, code: int, param: str | None = None)
     return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n"
 
 
+def _sse_internal_error(exc: Exception, where: str) -> str:
+    """The final event of a stream that failed on a bug (logged with its traceback)."""
+    logger.error("%s failed", where, exc_info=exc)
+    return _sse_error(f"internal error: {type(exc).__name__}: {exc}", "InternalServerError", 500)
+
+
 def _sse(obj: Any) -> str:
     data = obj if isinstance(obj, str) else obj.model_dump_json(exclude_unset=False)
     return f"data: {data}\n\n"
@@ -1180,33 +1186,42 @@ class OpenAIServing:
         choices = [_StreamedChoice() for _ in range(req.n)]
         keep_whole = parsers is not None  # the parsers read the whole text and token ids
         prompt_tokens = None
-        async for _, out in self._merge_or_error([stream], raw_request, req):
-            if isinstance(out, str):
-                yield out
-                return
-            if prompt_tokens is None:
-                prompt_tokens = len(out.prompt_token_ids or [])
-            for c in out.outputs:
-                state = choices[c.index]
-                state.receive(c, keep_whole)
-                delta = c.text
-                if not delta and not c.finish_reason:
-                    continue
-                pending = state.take(c.index)
-                lp = self._chat_logprobs(pending, 0, top) if req.logprobs else None
-                finish = c.finish_reason
-                if parsers is None:
-                    message: DeltaMessage | None = DeltaMessage(content=delta)
-                else:
-                    parser = parsers[c.index]
-                    message = _merge_deltas(parser.step(state.text, list(state.all_token_ids)),
-                                            parser.finish(state.text) if finish else None)
-                    finish = _finish_reason(finish, parser.called_tools, named)
-                    if message is None and not finish and lp is None:
-                        continue  # the parsers hold this text back for now
-                yield chunk([ChatStreamChoice(index=c.index, delta=message or DeltaMessage(), logprobs=lp,
-                                              finish_reason=finish, stop_reason=c.stop_reason)],
-                            usage=_usage_of(prompt_tokens, state.num_tokens) if continuous else None)
+        outputs = self._merge_or_error([stream], raw_request, req)
+        try:
+            async for _, out in outputs:
+                if isinstance(out, str):
+                    yield out
+                    return
+                if prompt_tokens is None:
+                    prompt_tokens = len(out.prompt_token_ids or [])
+                for c in out.outputs:
+                    state = choices[c.index]
+                    state.receive(c, keep_whole)
+                    delta = c.text
+                    if not delta and not c.finish_reason:
+                        continue
+                    pending = state.take(c.index)
+                    lp = self._chat_logprobs(pending, 0, top) if req.logprobs else None
+                    finish = c.finish_reason
+                    if parsers is None:
+                        message: DeltaMessage | None = DeltaMessage(content=delta)
+                    else:
+                        parser = parsers[c.index]
+                        message = _merge_deltas(parser.step(state.text, list(state.all_token_ids)),
+                                                parser.finish(state.text) if finish else None)
+                        finish = _finish_reason(finish, parser.called_tools, named)
+                        if message is None and not finish and lp is None:
+                            continue  # the parsers hold this text back for now
+                    yield chunk([ChatStreamChoice(index=c.index, delta=message or DeltaMessage(), logprobs=lp,
+                                                  finish_reason=finish, stop_reason=c.stop_reason)],
+                                usage=_usage_of(prompt_tokens, state.num_tokens) if continuous else None)
+        except Exception as exc:  # noqa: BLE001 - a parser's bug (a plugin's, often): the client is told
+            # The response has started: an error event ends it, as vLLM's does, where the
+            # connection would otherwise just drop.
+            yield _sse_internal_error(exc, "chat stream")
+            return
+        finally:
+            await outputs.aclose()  # aborts the engine request if it did not finish
         if req.stream_options and req.stream_options.include_usage and prompt_tokens is not None:
             yield chunk([], usage=_usage_of(prompt_tokens, sum(st.num_tokens for st in choices)))
         yield _sse("[DONE]")
@@ -1274,8 +1289,7 @@ class OpenAIServing:
         except EngineDeadError as exc:
             yield -1, _sse_error(str(exc), "ServiceUnavailableError", 503)
         except Exception as exc:  # noqa: BLE001 - reported to the client, and logged
-            logger.error("stream failed", exc_info=True)
-            yield -1, _sse_error(f"internal error: {type(exc).__name__}: {exc}", "InternalServerError", 500)
+            yield -1, _sse_internal_error(exc, "stream")
 
     async def _collect(self, streams: list[AsyncIterator["RequestOutput"]], raw_request: Any,
                        req: SamplingFields | None = None) -> list["RequestOutput"]:
