@@ -60,6 +60,13 @@ def _cases(llm: LLM) -> tuple[list[str], list[SamplingParams]]:
     params.append(SamplingParams(temperature=0, max_tokens=20, structured_outputs=StructuredOutputsParams(
         choice=["yes", "no", "maybe so"])))
     params.append(SamplingParams(temperature=0, max_tokens=24))
+    # The seeded request keeps steps synchronous while it runs (its sampling reads its
+    # output length): a constrained request that outlives it (80 tokens of "yes"/"no")
+    # makes sure async runs have constrained steps left to defer, whatever lengths the
+    # others' answers have.
+    prompts.append(chat("Say yes or no, many times."))
+    params.append(SamplingParams(temperature=0, max_tokens=80, structured_outputs=StructuredOutputsParams(
+        regex="(yes|no)( (yes|no)){60}")))
     return prompts, params
 
 
