@@ -25,29 +25,69 @@ _CACHE_SIZE = 256
 
 
 class GuidanceGrammar(StructuredOutputGrammar):
-    """A request's ``llguidance.LLMatcher``."""
+    """A request's ``llguidance.LLMatcher``.
 
-    def __init__(self, matcher: Any) -> None:
+    Complete once it has taken a stop token, as vLLM's guidance grammar and xgrammar's
+    are: a matcher that stops because nothing can extend its text (a JSON object's
+    closing brace) allows only the stop tokens next, and taking one then completes it
+    without feeding the matcher (which refuses anything after such a stop). Those stop
+    tokens are counted (``_after_stop``) so that :meth:`rollback` undoes them first: a
+    speculative draft may be one.
+    """
+
+    def __init__(self, matcher: Any, stop_token_ids: frozenset[int]) -> None:
         self.matcher = matcher
+        self._stop_ids = stop_token_ids
+        self._after_stop = 0
 
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
-        return bool(self.matcher.consume_tokens(tokens)) and not self.matcher.is_error()
+        matcher = self.matcher
+        if matcher.is_stopped():
+            return self._accept_after_stop(tokens)
+        n = matcher.validate_tokens(tokens)
+        if not matcher.consume_tokens(tokens[:n]) or matcher.is_error():
+            return False
+        return n == len(tokens) or (matcher.is_stopped() and self._accept_after_stop(tokens[n:]))
+
+    def _accept_after_stop(self, tokens: list[int]) -> bool:
+        if not all(t in self._stop_ids for t in tokens):
+            return False
+        self._after_stop += len(tokens)
+        return True
 
     def validate_tokens(self, tokens: list[int]) -> list[int]:
-        return tokens[: self.matcher.validate_tokens(tokens)]
+        n = 0 if self.matcher.is_stopped() else self.matcher.validate_tokens(tokens)
+        # A stop token right after the matcher's own stop is what its mask allows there.
+        if n < len(tokens) and tokens[n] in self._stop_ids and self._stops_after(tokens[:n]):
+            n += 1
+        return tokens[:n]
+
+    def _stops_after(self, tokens: list[int]) -> bool:
+        """Whether the matcher stops once it takes ``tokens`` (which it accepts)."""
+        matcher = self.matcher
+        if not tokens or matcher.is_stopped():
+            return matcher.is_stopped()
+        matcher.consume_tokens(tokens)
+        stopped = matcher.is_stopped()
+        matcher.rollback(len(tokens))
+        return stopped
 
     def rollback(self, num_tokens: int) -> None:
-        self.matcher.rollback(num_tokens)
+        undone = min(num_tokens, self._after_stop)
+        self._after_stop -= undone
+        if num_tokens > undone:
+            self.matcher.rollback(num_tokens - undone)
 
     def fill_bitmask(self, bitmask: np.ndarray, index: int) -> None:
         row = bitmask[index]
         self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.size * row.itemsize)
 
     def is_terminated(self) -> bool:
-        return self.matcher.is_stopped()
+        return self._after_stop > 0 or self.matcher.stop_reason() == "EndOfSentence"
 
     def reset(self) -> None:
         self.matcher.reset()
+        self._after_stop = 0
 
 
 class GuidanceBackend(StructuredOutputBackend):
@@ -99,4 +139,4 @@ class GuidanceBackend(StructuredOutputBackend):
                 self._cache[key] = proto
                 while len(self._cache) > _CACHE_SIZE:
                     self._cache.popitem(last=False)
-        return GuidanceGrammar(proto.deep_copy())
+        return GuidanceGrammar(proto.deep_copy(), frozenset(self.eos_token_ids))

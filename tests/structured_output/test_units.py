@@ -234,6 +234,30 @@ def test_a_steps_rows_filled_at_once_equal_one_by_one(smollm2_folder, backend: s
 
 
 @pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
+def test_a_closed_object_allows_only_the_stop_token_and_completes_with_it(smollm2_folder, backend: str) -> None:
+    """Both backends as vLLM's: a JSON object whose closing brace leaves nothing to add is
+    complete only once the stop token is taken (the output ends with it), and a stop
+    token taken (as a speculative draft is) rolls back; anything else after it is refused."""
+    from forkless.tokenizers.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(smollm2_folder)
+    instance = StructuredOutputBackendRegistry.resolve(backend)(tokenizer, 49152, [2], StructuredOutputsConfig())
+    spec = ('{"type": "object", "properties": {"a": {"type": "string", "maxLength": 5}}, "required": ["a"], '
+            '"additionalProperties": false}')
+    grammar = instance.compile_grammar("json", spec)
+    text = tokenizer.encode('{"a": "xy"}', add_special_tokens=False)
+    assert grammar.validate_tokens([*text, 2]) == [*text, 2]
+    assert grammar.accept_tokens("r", text) and not grammar.is_terminated()
+    row = instance.allocate_token_bitmask(1)
+    grammar.fill_bitmask(row, 0)
+    assert [t for t in range(49152) if row[0, t // 32] >> (t % 32) & 1] == [2]
+    assert grammar.accept_tokens("r", [2]) and grammar.is_terminated()
+    grammar.rollback(1)
+    assert not grammar.is_terminated()
+    assert not grammar.accept_tokens("r", tokenizer.encode(".", add_special_tokens=False))
+
+
+@pytest.mark.parametrize("backend", ["xgrammar", "guidance"])
 def test_a_steps_grammars_advance_at_once_as_one_by_one(smollm2_folder, backend: str) -> None:
     """A step's tokens advance the grammars in one call per backend: what each accepts
     and which are complete afterwards (stop token taken) are what the grammars say one
