@@ -89,14 +89,14 @@ def _cases():
     )
 
     return {
-        # A large batch (at most two splits: 128-token tiles on GPUs with big shared memory).
-        "decode": _attention(**_decode(DECODE_DEFAULT, block_n=128)),
-        # A small batch: context splits, 64-token tiles.
+        # A large batch (at most two splits), the sequences longest first.
+        "decode": _attention(**_decode(DECODE_DEFAULT, block_n=64)),
+        # A small batch: context splits.
         "decode, 4 splits": _attention(**_decode(DECODE_DEFAULT, block_n=64, splits=4)),
         "decode, fp8 cache": _attention(cache="fp8e4nv", **_decode(DECODE_DEFAULT_FP8, block_n=DECODE_DEFAULT_FP8.block_n,
                                                                      KV_FP8=3, KEYS_FIRST=True)),
-        "decode, longest first": _attention(**_decode(DECODE_DEFAULT._replace(longest_first=True), block_n=128)),
-        "decode, longest first, 4 splits": _attention(**_decode(DecodeLaunch(longest_first=True), block_n=64, splits=4)),
+        "decode, 128-token tiles, in batch order": _attention(**_decode(DecodeLaunch(num_stages=2, heads_fast=True),
+                                                                        block_n=128)),
         "prefill": _attention(**_prefill(PREFILL_DEFAULT)),
         "prefill, float32": _attention("fp32", **_prefill(PREFILL_DEFAULT)),
         "prefill, split causal, 128 x 128 tiles": _attention(**_prefill(PrefillLaunch(128, 128, 8, 2, split_causal=True))),

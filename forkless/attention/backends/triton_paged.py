@@ -59,7 +59,7 @@ class DecodeLaunch(NamedTuple):
             taken on Hopper and newer (others read the keys as bfloat16).
         longest_first: Walk the sequences in order of decreasing length (sorted on the
             device once a step), so that the longest contexts' programs start first and
-            the last wave of programs holds short ones. Not yet run on a GPU.
+            the last wave of programs holds short ones.
     """
 
     kv_per_prog: int = 1
@@ -85,9 +85,11 @@ DECODE_BASELINE = DecodeLaunch()
 #: at both batches; 128-token tiles with 3 stages matched 2 stages at 512 (0.963) and beat
 #: it at 256 (0.914), but need twice the shared memory (too much for float32 or head
 #: size 256). The grid puts a sequence's head programs side by side (``heads_fast``), and
-#: a batch split at most in two takes 128-token tiles where they fit (16-bit queries,
-#: heads of at most 128): see :meth:`TritonAttentionBackend.decode_launch`.
-DECODE_DEFAULT = DecodeLaunch(num_stages=2, heads_fast=True)
+#: the sequences are walked longest first: on an H100 (same shapes, 2026-12-05) 118.3 /
+#: 377.7 / 723.8 us at batch 64 / 256 / 512 against 122.8 / 390.9 / 737.3 for the launch
+#: before (which took 128-token tiles at batches split at most in two; with the longest
+#: first, 64-token tiles are the faster at every batch: 386.1 / 731.7 us with 128).
+DECODE_DEFAULT = DecodeLaunch(num_stages=2, heads_fast=True, longest_first=True)
 #: The default decode launch over an fp8 cache with 16-bit queries and heads of at most 128:
 #: 128-token tiles (the bytes of a 64-token bf16 tile), the scores as an fp8 dot. Measured
 #: on an H200 (same shapes, benchmarks/README.md): 565 us at batch 512 against 654 us with
@@ -109,7 +111,7 @@ class PrefillLaunch(NamedTuple):
         num_stages: Software-pipelining depth of the key/value loads.
         split_causal: Attend the keys every query row of a tile sees (those before its
             first query's position) in a loop of unmasked key tiles, and only the rest with
-            the causal mask. Not yet run on a GPU.
+            the causal mask.
     """
 
     rows: int = 64
@@ -120,11 +122,14 @@ class PrefillLaunch(NamedTuple):
 
 
 #: The prefill launch: 64 query rows (32 tokens of a KV head's two query heads in
-#: Qwen3-0.6B), 64-token key tiles, 3 stages; every dtype and head size fits it. Swept on an
-#: H100 (benchmarks/README.md, "Prefill attention against flash attention"): the fastest
-#: candidate (128 rows, 128-token key tiles, 8 warps, 2 stages) was 6 % faster in sum over
-#: four steps but not on the throughput workload's prompts, and flipped a random model's
-#: greedy tokens in a test (rounding); not adopted.
+#: Qwen3-0.6B), 64-token key tiles, 3 stages, every tile masked; every dtype and head size
+#: fits it. Swept on an H100 (benchmarks/README.md, "Longest-first decode, and split-causal
+#: prefill"): with the keys before a tile's first query unmasked (``split_causal``) and 128 x
+#: 128 tiles, 1.21x faster over the sweep's four steps (1.25x on one 8,192-token prompt,
+#: the same on the throughput workload's short prompts), but the different rounding flipped
+#: a random model's greedy tokens in ``tests/gpu/test_kv_connector_gpu.py`` (its prompt
+#: computed whole against its last block computed over the loaded cache, on an H200; so
+#: did split_causal with these 64 x 64 tiles): not adopted until that test tolerates rounding.
 PREFILL_DEFAULT = PrefillLaunch()
 
 
@@ -138,13 +143,6 @@ def _fp8_mma(index: int) -> bool:
     """Whether the GPU multiplies fp8 matrices at 64 rows (Hopper's wgmma; ``fp8_dot`` is
     only worth its query rounding there, and older GPUs lack the e4m3 dot)."""
     return torch.cuda.get_device_capability(index)[0] >= 9
-
-
-@functools.lru_cache(maxsize=None)
-def _big_shared_memory(index: int) -> bool:
-    """Whether a program may use 160 KiB of shared memory (Hopper, A100; not consumer GPUs):
-    two stages of 128-token bf16 key and value tiles of 128-wide heads need 128 KiB."""
-    return torch.cuda.get_device_properties(index).shared_memory_per_block_optin >= 160 * 1024
 
 
 class TritonAttentionBackend(TorchAttentionBackend):
@@ -216,8 +214,7 @@ class TritonAttentionBackend(TorchAttentionBackend):
             num_tokens, self.num_heads, self.head_dim, dtype=q.dtype, device=q.device)
         num_seqs = md.seq_lens.shape[0]
         if md.max_query_len == 1:
-            launch = self.decode_launch(num_seqs, q.device, kv_fp8=kv_fp8 and q.dtype != torch.float32,
-                                        half=q.dtype in (torch.bfloat16, torch.float16))
+            launch = self.decode_launch(num_seqs, q.device, kv_fp8=kv_fp8 and q.dtype != torch.float32)
             kv_per_prog, block_n, splits = launch.kv_per_prog, launch.block_n, launch.splits
             block_q = 1
             block_m = max(16, triton.next_power_of_2(kv_per_prog * self.group))
@@ -292,15 +289,13 @@ class TritonAttentionBackend(TorchAttentionBackend):
             NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits), PDL=pdl, launch_pdl=pdl,
         )
 
-    def decode_launch(self, num_seqs: int, device: torch.device, kv_fp8: bool = False,
-                      half: bool = False) -> DecodeLaunch:
+    def decode_launch(self, num_seqs: int, device: torch.device, kv_fp8: bool = False) -> DecodeLaunch:
         """The decode launch for a batch of ``num_seqs`` sequences (host integers only).
 
         Args:
             num_seqs: Sequences in the batch.
             device: Their device.
             kv_fp8: The cache holds fp8 and the queries are 16-bit.
-            half: The queries are 16-bit (bfloat16 or float16).
         """
         launch = self.decode_override or (DECODE_DEFAULT_FP8 if kv_fp8 and self.head_dim <= 128 else DECODE_DEFAULT)
         kv_per_prog = launch.kv_per_prog if self.num_kv_heads % launch.kv_per_prog == 0 else 1
@@ -309,14 +304,6 @@ class TritonAttentionBackend(TorchAttentionBackend):
         splits = self.decode_splits if self.decode_splits is not None else launch.splits
         if splits is None:
             splits = self._decode_splits(num_seqs * (self.num_kv_heads // kv_per_prog), device)
-        if (self.decode_override is None and splits <= 2 and half and self.head_dim <= 128
-                and device.type == "cuda" and _big_shared_memory(device.index or 0)):
-            # Measured on an H100 (Qwen3-0.6B's heads, contexts of 100-2,048 tokens,
-            # benchmarks/README.md): with the heads side by side, 128-token tiles took
-            # 211.8 / 391.4 / 738.1 us at batch 128 (2 splits) / 256 / 512 against 218.5 /
-            # 401.9 / 754.0 for the earlier default; with 4 or more splits (batch 64 and
-            # below) 64-token tiles were as fast or faster.
-            block_n = max(block_n, 128)
         return launch._replace(kv_per_prog=kv_per_prog, block_n=block_n, splits=splits)
 
     def prefill_launch(self) -> PrefillLaunch:
