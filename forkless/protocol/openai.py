@@ -331,6 +331,9 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = True
     documents: list[dict[str, Any]] | None = None
+    # vLLM's values; the chat template gets it (and enable_thinking, unless
+    # chat_template_kwargs sets that: false for "none").
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
 
     @field_validator("logprobs", mode="before")
     @classmethod

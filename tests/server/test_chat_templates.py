@@ -24,6 +24,7 @@ TEMPLATE = (
     "{% if tools %}<tools>{{ tools | map(attribute='function') | map(attribute='name') | join(',') }}</tools>{% endif %}"
     "{% if documents %}<docs>{% for d in documents %}{{ d.title }}={{ d.text }};{% endfor %}</docs>{% endif %}"
     "{% if enable_thinking is defined and not enable_thinking %}<no_think>{% endif %}"
+    "{% if reasoning_effort is defined and reasoning_effort %}<effort={{ reasoning_effort }}>{% endif %}"
     "{% if add_generation_prompt %}[assistant]{% endif %}"
 )
 
@@ -200,6 +201,22 @@ def test_chat_template_file_and_tool_parser_plugin_file(bare_model: Path, tmp_pa
         assert [(c["name"], c["arguments"]) for c in streamed["calls"].values()] == \
             [("get_weather", '{"city": "Paris"}')]
         assert streamed["finish"] == "tool_calls"
+        # reasoning_effort reaches the template, with enable_thinking off for "none" (as vLLM
+        # gives them) unless chat_template_kwargs says otherwise.
+        for effort, template_kwargs, shown in [("none", None, "<no_think><effort=none>"), ("high", None, "<effort=high>"),
+                                               ("none", {"enable_thinking": True}, "<effort=none>")]:
+            resp = client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1, reasoning_effort=effort,
+                extra_body={"chat_template_kwargs": template_kwargs} if template_kwargs else None)
+            assert resp.usage.prompt_tokens == len(tokenizer.encode(f"[user]Hi{shown}[assistant]",
+                                                                     add_special_tokens=False)), effort
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
+                                           extra_body={"reasoning_effort": "huge"})
+        assert info.value.body["param"] == "reasoning_effort"
+        r = client.responses.create(model=model, input="Hi", max_output_tokens=1, reasoning={"effort": "low"})
+        assert r.reasoning.effort == "low"
+        assert r.usage.input_tokens == len(tokenizer.encode("[user]Hi<effort=low>[assistant]", add_special_tokens=False))
     finally:
         assert srv.stop() == 0, srv.log()[-3000:]
 

@@ -136,7 +136,7 @@ def test_top_logprobs_come_with_the_text(server: Server) -> None:
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input"),
     ({"background": True}, "background"),
     ({"max_output_tokens": 100000}, "max_output_tokens"),
-    ({"reasoning": {"effort": "high"}}, "reasoning"),
+    ({"reasoning": {"effort": "huge"}}, "reasoning"),
     ({"include": ["file_search_call.results"]}, "include"),
     ({"text": {"format": {"type": "yaml"}}}, "text"),
     ({"conversation": "conv_1"}, "conversation"),

@@ -128,7 +128,6 @@ _UNSUPPORTED_CHAT_FIELDS = {
     "echo": ((None, False), "echo is not supported for chat completions"),
     "chat_template": ((None,), "a per-request chat_template is not supported; start the server with "
                                "--chat-template"),
-    "reasoning_effort": ((None,), "reasoning_effort is not supported; use chat_template_kwargs"),
     "include_reasoning": ((None, True), "include_reasoning=false is not supported"),
     "functions": ((None,), "the legacy functions field is not supported; use tools"),
     "function_call": ((None,), "the legacy function_call field is not supported; use tool_choice"),
@@ -1005,7 +1004,7 @@ class OpenAIServing:
                 chat_template=self.chat_options.chat_template,
                 tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
                 documents=req.documents,
-                chat_template_kwargs=req.chat_template_kwargs)
+                chat_template_kwargs=_template_kwargs(req))
         except NoChatTemplateError:
             instead = {"/v1/chat/completions": "use /v1/completions with a plain prompt",
                        "/tokenize": "send a plain prompt"}.get(endpoint, "send the text as input")
@@ -1308,6 +1307,18 @@ class OpenAIServing:
         except InvalidRequestError as exc:
             raise BadRequest(str(exc), _refused_field(str(exc), req) if req is not None else None) from None
         return [finals[i] for i in range(len(streams))]
+
+
+def _template_kwargs(req: ChatCompletionRequest) -> dict[str, Any] | None:
+    """The chat template's extra variables: ``chat_template_kwargs``, and as vLLM gives them,
+    ``reasoning_effort`` with ``enable_thinking`` (off for ``"none"``) unless the request's
+    ``chat_template_kwargs`` set that (templates that declare neither ignore them)."""
+    effort = req.reasoning_effort
+    if effort is None:
+        return req.chat_template_kwargs
+    kwargs = {**(req.chat_template_kwargs or {}), "reasoning_effort": effort}
+    kwargs.setdefault("enable_thinking", effort != "none")
+    return kwargs
 
 
 def _finish_reason(reason: str | None, called_tools: bool, named: bool = False) -> str | None:

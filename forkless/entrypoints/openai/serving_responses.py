@@ -16,7 +16,7 @@ Invariants:
       other, a function call that follows a message with logprobs is held back and
       streamed after it, at the end.
     * Fields forkless cannot honour (other tool types than ``function``, ``background``,
-      ``reasoning.effort``, image input...) are a 400 naming the field; an error from the
+      ``reasoning.summary``, image input...) are a 400 naming the field; an error from the
       chat path names the Responses field it came from (``max_output_tokens``, ``text``).
     * ``store`` (OpenAI's default: true) keeps the response and its conversation in
       memory for ``previous_response_id`` and ``GET``, at most
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 
 # A chat field's error, renamed to the Responses field that set it.
 _PARAM_NAMES = {"max_completion_tokens": "max_output_tokens", "response_format": "text", "messages": "input",
-                "prompt": "input", "structured_outputs": "text"}
+                "prompt": "input", "structured_outputs": "text", "reasoning_effort": "reasoning"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
 _REASONING_PARTS = ("reasoning_text", "summary_text")
 # Fields of OpenAI's and vLLM's Responses requests that forkless does not implement: the
@@ -130,9 +130,10 @@ class OpenAIServingResponses:
         extra = req.model_extra or {}
         self.chat.ignored_fields.note([name for name, value in extra.items()
                                        if not reject_field(name, value, _REFUSED)])
-        # OpenAI's keys (effort, summary, generate_summary) and any other: none is honoured.
+        # effort goes to the chat template (chat's reasoning_effort); OpenAI's other keys
+        # (summary, generate_summary) and any other are not honoured.
         for key, value in (req.reasoning or {}).items():
-            if value is not None:
+            if value is not None and key != "effort":
                 raise BadRequest(f"reasoning.{key} is not supported: a reasoning model thinks as its chat template "
                                  "says, and its reasoning comes back whole", "reasoning")
         if req.service_tier not in (None, "auto", "default"):
@@ -152,7 +153,8 @@ class OpenAIServingResponses:
         conversation += _input_messages(req.input)
         messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
         fields: dict[str, Any] = {name: getattr(req, name) for name in _CHAT_FIELDS}
-        fields.update(messages=messages, max_completion_tokens=req.max_output_tokens, stream=bool(req.stream))
+        fields.update(messages=messages, max_completion_tokens=req.max_output_tokens, stream=bool(req.stream),
+                      reasoning_effort=(req.reasoning or {}).get("effort"))
         # As OpenAI's and vLLM's: logprobs come only when include asks for them, top_logprobs
         # says how many alternatives each token then has.
         if "message.output_text.logprobs" in (req.include or []):
@@ -249,7 +251,8 @@ class OpenAIServingResponses:
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
             "model": req.model or self.chat.model_name, "output": output,
             "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": req.previous_response_id,
-            "reasoning": {"effort": None, "summary": None}, "store": req.store is not False,
+            "reasoning": {"effort": (req.reasoning or {}).get("effort"), "summary": None},
+            "store": req.store is not False,
             "temperature": temperature, "text": {"format": fmt}, "tool_choice": req.tool_choice or "auto",
             "tools": req.tools or [], "top_p": top_p, "truncation": req.truncation or "disabled",
             "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
