@@ -31,6 +31,7 @@ def test_a_response_is_the_chat_completion_of_its_messages(server: Server) -> No
     chat = client.chat.completions.create(model="tiny", max_tokens=6, temperature=0, messages=[
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}])
     assert r.id.startswith("resp_") and r.object == "response" and r.metadata == {"k": "v"}
+    assert r.tool_choice == "none"  # no tools: what OpenAI (and vLLM) report
     assert r.output_text == chat.choices[0].message.content
     assert (r.status, r.incomplete_details.reason) == ("incomplete", "max_output_tokens")
     assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)

@@ -253,7 +253,9 @@ class OpenAIServingResponses:
             "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": req.previous_response_id,
             "reasoning": {"effort": (req.reasoning or {}).get("effort"), "summary": None},
             "store": req.store is not False,
-            "temperature": temperature, "text": {"format": fmt}, "tool_choice": req.tool_choice or "auto",
+            # (OpenAI's default: "auto" with tools, "none" without, as the chat request got it.)
+            "temperature": temperature, "text": {"format": fmt},
+            "tool_choice": req.tool_choice or ("auto" if req.tools else "none"),
             "tools": req.tools or [], "top_p": top_p, "truncation": req.truncation or "disabled",
             "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
                       "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
