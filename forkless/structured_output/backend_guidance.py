@@ -42,12 +42,17 @@ class GuidanceGrammar(StructuredOutputGrammar):
 
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
         matcher = self.matcher
-        if matcher.is_stopped():
-            return self._accept_after_stop(tokens)
-        n = matcher.validate_tokens(tokens)
-        if not matcher.consume_tokens(tokens[:n]) or matcher.is_error():
+        # Up to the first stop token, the matcher takes them in one call (a step's usual
+        # case: no stop token at all); a stop token after its own stop it may not take.
+        cut = next((i for i, t in enumerate(tokens) if t in self._stop_ids), len(tokens))
+        if cut and (matcher.is_stopped() or not matcher.consume_tokens(tokens[:cut]) or matcher.is_error()):
             return False
-        return n == len(tokens) or (matcher.is_stopped() and self._accept_after_stop(tokens[n:]))
+        rest = tokens[cut:]
+        if not rest:
+            return True
+        if matcher.is_stopped():
+            return self._accept_after_stop(rest)
+        return bool(matcher.consume_tokens(rest)) and not matcher.is_error()
 
     def _accept_after_stop(self, tokens: list[int]) -> bool:
         if not all(t in self._stop_ids for t in tokens):
