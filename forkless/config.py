@@ -159,6 +159,8 @@ class ModelConfig:
         quantized_from: The GGUF file, with ``quantization="gguf"``.
         max_logprobs: The most ``logprobs`` / ``prompt_logprobs`` a request may ask for per
             token (``--max-logprobs``); -1: the whole vocabulary.
+        enable_sleep_mode: Whether ``LLM.sleep()`` / ``wake_up()`` may free and allocate
+            again the workers' KV cache and weights (vLLM's flag).
     """
 
     model: str
@@ -178,6 +180,8 @@ class ModelConfig:
     # --runner pooling: how hidden states are pooled (None: a generative model).
     pooler_config: PoolerConfig | None = None
     max_logprobs: int = 20
+    # vLLM's: the offline LLM may sleep() (free the KV cache, and the weights) and wake_up().
+    enable_sleep_mode: bool = False
 
     def get_diff_sampling_param(self) -> dict[str, Any]:
         """vLLM's name for :attr:`sampling_defaults` (a copy)."""
@@ -444,6 +448,13 @@ class EngineArgs:
     trust_remote_code: bool = False
     # vLLM's --kv-cache-memory-bytes: the same as kv_cache_memory.
     kv_cache_memory_bytes: int | None = None
+    # vLLM's: the worker class (a Worker subclass path, "pkg.module.Class" or "pkg.module:Class"),
+    # whose public methods LLM.collective_rpc calls by name; "auto": the platform's. Checked
+    # where the workers start (this process imports no worker code).
+    worker_cls: str = "auto"
+    # vLLM's: LLM.sleep() / wake_up() may free and allocate again the KV cache and weights.
+    # No CLI flag: the server has no sleep endpoints.
+    enable_sleep_mode: bool = False
     # vLLM's arguments for what forkless does one way only: their values that ask for that
     # way are accepted (VLLM_ONLY_DEFAULTS), any other is an error saying why.
     tokenizer_mode: str = "auto"
@@ -769,6 +780,7 @@ class EngineArgs:
                 quantized_from=self._quantized_from(model_path, device_type, pooler is not None),
                 pooler_config=pooler,
                 max_logprobs=self.max_logprobs,
+                enable_sleep_mode=self.enable_sleep_mode,
             ),
             cache_config=CacheConfig(
                 block_size=self.block_size,
@@ -887,7 +899,7 @@ class EngineArgs:
         if tp * pp > 1 and backend == "uni":  # the in-process executor runs one worker
             backend = "mp"
         return ParallelConfig(distributed_executor_backend=backend, world_size=tp * pp,
-                              tensor_parallel_size=tp, pipeline_parallel_size=pp)
+                              tensor_parallel_size=tp, pipeline_parallel_size=pp, worker_cls=self.worker_cls)
 
     def _pooling(self, hf: dict[str, Any], model_path: Path, architecture: str) -> tuple[PoolerConfig | None, int | None]:
         """``--runner`` / ``--convert`` / ``--pooler-config`` resolved (``forkless.pooling.config``), and
@@ -1185,6 +1197,11 @@ class EngineArgs:
         if not self.distributed_executor_backend:
             raise _bad_flag("--distributed-executor-backend", self.distributed_executor_backend,
                             "uni, mp, ray, or an Executor class path")
+        if not isinstance(self.worker_cls, str) or not self.worker_cls.strip():
+            raise ValueError(f"worker_cls={self.worker_cls!r} is invalid: expected a Worker subclass path "
+                             "('pkg.module.Class') or 'auto'")
+        if not isinstance(self.enable_sleep_mode, bool):
+            raise ValueError(f"enable_sleep_mode={self.enable_sleep_mode!r} is invalid: expected True or False")
 
 
 # ------------------------------------------------------------------------- helpers

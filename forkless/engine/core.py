@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter, deque
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from forkless import envs
 from forkless.core.request import Request, RequestStatus
@@ -58,6 +58,8 @@ class EngineCore:
         # _collect adds its waiting and updating times to the step's record.
         self._trace = StepTrace.open("core")
         self._trace_wait = self._trace_update = self._trace_mask = 0.0
+        # Sleep mode (sleep / wake_up): what the workers have freed.
+        self._sleeping: set[str] = set()
         self.executor = get_executor_cls(config.parallel_config.distributed_executor_backend)(config)
         try:
             num_blocks = self.executor.determine_num_blocks()
@@ -157,7 +159,11 @@ class EngineCore:
             ValueError: It can never be served (empty prompt, prompt of ``max_model_len``
                 tokens or more, duplicate id), or it names a LoRA adapter and the engine
                 was started without ``--enable-lora``.
+            RuntimeError: The engine sleeps (:meth:`sleep`).
         """
+        if self._sleeping:
+            raise RuntimeError(f"request {request.request_id!r}: the engine sleeps "
+                               f"({', '.join(sorted(self._sleeping))}): call wake_up() first")
         salt: Any = request.cache_salt
         lora = request.lora_request
         if lora is not None:
@@ -519,6 +525,64 @@ class EngineCore:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix."""
         return self.scheduler.reset_prefix_cache()
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Run a worker method on every worker (:meth:`Executor.collective_rpc`); results by rank."""
+        return self.executor.collective_rpc(method, timeout, args, kwargs)
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode: the workers free their KV cache (``level`` 2: their weights
+        too, :meth:`forkless.worker.worker.Worker.sleep`) until :meth:`wake_up`; the prefix
+        cache is forgotten. Requests are refused meanwhile.
+
+        Raises:
+            ValueError: Sleep mode is off (``enable_sleep_mode``), or ``level`` is not 1 or 2.
+            RuntimeError: Requests are in flight, or the engine sleeps already.
+        """
+        if not self.config.model_config.enable_sleep_mode:
+            raise ValueError("sleep(): sleep mode is off: build the engine with enable_sleep_mode=True "
+                             "(LLM(model, enable_sleep_mode=True))")
+        if isinstance(level, bool) or level not in (1, 2):
+            raise ValueError(f"sleep level={level!r} is invalid: expected 1 (free the KV cache) or 2 "
+                             "(the KV cache and the weights)")
+        if self._sleeping:
+            raise RuntimeError(f"sleep(): the engine sleeps already ({', '.join(sorted(self._sleeping))})")
+        if self.has_unfinished_requests():
+            raise RuntimeError("sleep(): requests are in flight: let them finish (or abort them) first")
+        # The cache's contents are forgotten: no prefix may point into it afterwards.
+        if not self.scheduler.reset_prefix_cache():
+            raise RuntimeError("sleep(): the prefix cache could not be reset (blocks are still held)")
+        self.executor.collective_rpc("sleep", kwargs={"level": level})
+        self._sleeping = {"kv_cache", "weights"} if level == 2 else {"kv_cache"}
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Allocate again what :meth:`sleep` freed: ``tags`` among ``"weights"`` and
+        ``"kv_cache"`` (``None``: everything). A tag that does not sleep is left alone.
+
+        Raises:
+            ValueError: An unknown tag.
+            RuntimeError: The engine does not sleep, or ``kv_cache`` is woken while the
+                weights still sleep.
+        """
+        if tags is not None and (isinstance(tags, str) or not isinstance(tags, (list, tuple, set))):
+            raise TypeError(f"wake_up tags must be a list of 'weights' / 'kv_cache' or None, got {tags!r}")
+        wanted = set(self._sleeping if tags is None else tags)
+        unknown = sorted(map(str, wanted - {"weights", "kv_cache"}))
+        if unknown:
+            raise ValueError(f"wake_up tags {unknown} are invalid: expected 'weights' and/or 'kv_cache'")
+        if not self._sleeping:
+            raise RuntimeError("wake_up(): the engine is not sleeping")
+        wanted &= self._sleeping
+        if "kv_cache" in wanted and "weights" in self._sleeping - wanted:
+            raise RuntimeError("wake_up(['kv_cache']) while the weights sleep: wake 'weights' first (or both)")
+        if wanted:
+            self.executor.collective_rpc("wake_up", kwargs={"tags": sorted(wanted)})
+        self._sleeping -= wanted
+
+    def is_sleeping(self) -> bool:
+        """Whether the engine sleeps (part of it may have been woken already)."""
+        return bool(self._sleeping)
 
     def check_health(self) -> None:
         """Raise when a worker is unhealthy."""

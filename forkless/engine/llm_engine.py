@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from forkless.protocol.step import FinishReason
 from forkless.engine.core import EngineCore
@@ -163,6 +163,23 @@ class LLMEngine:
     def get_num_unfinished_requests(self) -> int:
         """Number of user-visible requests in flight."""
         return self.output_processor.get_num_unfinished_requests()
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Run a worker method on every worker; the results by rank (see ``LLM.collective_rpc``)."""
+        return self.engine_core.collective_rpc(method, timeout, args, kwargs)
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the workers' KV cache (level 2: their weights too); see ``LLM.sleep``."""
+        self.engine_core.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Allocate again what :meth:`sleep` freed; see ``LLM.wake_up``."""
+        self.engine_core.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        """Whether the engine sleeps."""
+        return self.engine_core.is_sleeping()
 
     def make_stats(self) -> SchedulerStats:
         """The engine core's scheduler statistics."""

@@ -33,6 +33,10 @@ if TYPE_CHECKING:
     from forkless.outputs import RequestOutput
     from forkless.protocol.lora import LoRARequest
 
+_NO_PROFILER = ("LLM.{method}(): forkless has no torch profiler hook (vLLM's profiler_config): set "
+                "FORKLESS_STEP_TRACE_DIR (with async_scheduling=True) for per-step timings, or run torch.profiler.profile() around generate() "
+                "(the default uni executor runs the model in this process)")
+
 Conversation = list[dict[str, Any]]
 # ``use_tqdm``: show tqdm's bar or not, or (vLLM's) a callable that makes the bar.
 ProgressBar = bool | Callable[..., Any]
@@ -81,6 +85,79 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix; False (nothing done) while requests hold blocks."""
         return self.llm_engine.engine_core.reset_prefix_cache()
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Run a method on every worker, as vLLM's ``LLM.collective_rpc``.
+
+        Args:
+            method: The name of a public method of the worker class (``worker_cls=``, a
+                subclass of :class:`forkless.worker.worker.Worker`), or, with the default
+                ``uni`` executor (the worker in this process), a callable taking the worker
+                first. Worker processes (``mp``, ``ray``) take names only: nothing is
+                pickled across processes.
+            timeout: Seconds to wait for every worker (``mp`` and ``ray`` executors);
+                ``None``: no limit.
+            args: Positional arguments (plain data across processes).
+            kwargs: Keyword arguments (plain data across processes).
+
+        Returns:
+            One result per worker, by rank (decoded from msgpack across processes).
+
+        Raises:
+            AttributeError: The worker has no public method of that name.
+            TypeError: A callable or non-plain data for worker processes.
+            ValueError: A ``timeout`` with the ``uni`` executor, or one not > 0.
+            TimeoutError: A worker did not answer within ``timeout``.
+            RuntimeError: The method raised in a worker process (its traceback).
+        """
+        return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (needs ``enable_sleep_mode=True``): free the KV cache, whose
+        contents (and the prefix cache) are forgotten; ``level=2`` frees the weights too.
+        Generation is refused until :meth:`wake_up`.
+
+        forkless's level 1 leaves the weights where they are (vLLM moves them from the GPU
+        to host memory); its level 2 wake-up loads them again from the model's files (vLLM
+        leaves them for the caller to load).
+
+        Raises:
+            ValueError: Sleep mode is off, or ``level`` is not 1 or 2.
+            RuntimeError: Requests are in flight, or the engine sleeps already.
+        """
+        self.llm_engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Allocate again what :meth:`sleep` freed: ``tags`` among ``"weights"`` and
+        ``"kv_cache"`` (``None``: everything). The KV cache comes back empty.
+
+        Raises:
+            ValueError: An unknown tag.
+            RuntimeError: The engine does not sleep, or ``"kv_cache"`` is woken before
+                ``"weights"`` after a level-2 sleep.
+        """
+        self.llm_engine.wake_up(tags)
+
+    def is_sleeping(self) -> bool:
+        """Whether the engine sleeps (:meth:`sleep`) and is not fully woken."""
+        return self.llm_engine.is_sleeping()
+
+    def start_profile(self) -> None:
+        """vLLM's torch-profiler hook, which forkless does not have.
+
+        Raises:
+            NotImplementedError: Always, naming what to use instead.
+        """
+        raise NotImplementedError(_NO_PROFILER.format(method="start_profile"))
+
+    def stop_profile(self) -> None:
+        """See :meth:`start_profile`.
+
+        Raises:
+            NotImplementedError: Always.
+        """
+        raise NotImplementedError(_NO_PROFILER.format(method="stop_profile"))
 
     def generate(
         self,

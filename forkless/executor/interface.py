@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from forkless.plugins import Stability, stability
 
@@ -120,6 +120,26 @@ class Executor(ABC):
         them, before the step's output goes back (default: no; the engine core then hands
         the grammars the tokens it collected)."""
         return False
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Run a worker method on every worker, as vLLM's ``collective_rpc``: ``method`` is
+        the name of a public method of the worker class (``--worker-cls``), called with
+        ``args`` and ``kwargs``; its results, by rank. Where the workers run in other
+        processes, the arguments and results cross as msgpack (plain data only), and
+        ``method`` must be a name; an in-process worker may also be given a callable,
+        called with the worker first.
+
+        Args:
+            method: The method's name (or, in process, a callable).
+            timeout: Seconds to wait for every worker; ``None``: no limit.
+            args: Positional arguments.
+            kwargs: Keyword arguments.
+
+        Raises:
+            NotImplementedError: This executor runs no worker methods by name (the default).
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not run worker methods by name (collective_rpc)")
 
     @abstractmethod
     def check_health(self) -> None:

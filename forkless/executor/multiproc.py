@@ -86,7 +86,9 @@ import traceback
 from collections import deque
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
+
+import msgspec
 
 import zmq
 
@@ -105,7 +107,8 @@ if TYPE_CHECKING:
 
 logger = init_logger("forkless.executor.multiproc")
 
-_WORKER_METHODS = ("determine_num_blocks", "initialize_cache", "execute_model", "check_health")
+# collective_rpc runs any public worker method by name: [name, args, kwargs], msgpack.
+_WORKER_METHODS = ("determine_num_blocks", "initialize_cache", "execute_model", "check_health", "collective_rpc")
 # Async steps (see the module docstring): launch one, finish the one in flight.
 _STEP = b"execute_model_async"
 _FLUSH = b"flush"
@@ -197,7 +200,44 @@ def _run_call(worker: Any, name: str, payload: bytes) -> Any:
         raise ValueError(f"unknown worker method {name!r}; expected one of {', '.join(_WORKER_METHODS)}")
     if name == "execute_model":
         return worker.execute_model(ipc.decode(payload, SchedulerOutput))
+    if name == "collective_rpc":
+        from forkless.worker.worker import call_worker_method  # (this process has torch already)
+
+        method, args, kwargs = ipc.decode(payload)
+        result = call_worker_method(worker, method, args, kwargs)
+        try:
+            return msgspec.Raw(ipc.encode(result))  # (encoded here, to name the method if it cannot be)
+        except TypeError as exc:
+            raise TypeError(f"collective_rpc({method!r}) returned a {type(result).__name__}, which cannot "
+                            f"cross to the engine core as msgpack ({exc}): return plain data") from None
     return getattr(worker, name)(*ipc.decode(payload))
+
+
+def rpc_payload(method: Any, timeout: float | None, args: Any, kwargs: Any) -> bytes:
+    """A ``collective_rpc`` call for workers in other processes, checked and msgpack-encoded.
+
+    Raises:
+        TypeError: ``method`` is not a name (a callable cannot cross: nothing is pickled),
+            or an argument is not plain data.
+        ValueError: ``timeout`` is not a positive number or ``None``.
+    """
+    if not isinstance(method, str):
+        what = "a callable" if callable(method) else f"a {type(method).__name__}"
+        raise TypeError(f"collective_rpc method must be the name of a worker method, got {what}: forkless sends "
+                        "no pickled code to worker processes (define the method on a worker class, "
+                        "worker_cls='pkg.module.Class', or use distributed_executor_backend='uni')")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout > 0):
+        raise ValueError(f"collective_rpc timeout={timeout!r} is invalid: expected seconds > 0 or None")
+    if not isinstance(args, (list, tuple)):
+        raise TypeError(f"collective_rpc args must be a tuple or list, got {type(args).__name__}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"collective_rpc kwargs must be a dict or None, got {type(kwargs).__name__}")
+    try:
+        return ipc.encode([method, list(args), kwargs or {}])
+    except TypeError as exc:
+        raise TypeError(f"collective_rpc({method!r}): its arguments cannot cross to the workers as msgpack "
+                        f"({exc}): pass plain data") from None
 
 
 def _device_step_timer() -> Any:
@@ -507,9 +547,9 @@ class RankedWorkersExecutor(Executor):
             raise RuntimeError(f"sample_deferred({pending!r}): not an uncollected step of this executor")
 
     @abstractmethod
-    def _call(self, method: str, *args: Any, payload: Any = None) -> list[bytes]:
+    def _call(self, method: str, *args: Any, payload: Any = None, timeout_s: float | None = None) -> list[bytes]:
         """Run a worker method on every rank (``args`` msgpack-encoded, or ``payload``
-        as it is); the msgpack replies by rank."""
+        as it is); the msgpack replies by rank (``TimeoutError`` after ``timeout_s``)."""
 
     def _step_payload(self, scheduler_output: SchedulerOutput) -> Any:
         """What carries one step to the workers (msgpack bytes)."""
@@ -517,6 +557,17 @@ class RankedWorkersExecutor(Executor):
 
     def determine_num_blocks(self) -> int:
         return min(ipc.decode(r, int) for r in self._call("determine_num_blocks"))
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Every rank's answer, decoded from msgpack (see :func:`rpc_payload` for what may cross).
+
+        Raises:
+            TimeoutError: Some rank did not answer within ``timeout`` seconds.
+            RuntimeError: A worker raised (its message and traceback).
+        """
+        payload = rpc_payload(method, timeout, args, kwargs)
+        return [ipc.decode(r) for r in self._call("collective_rpc", payload=payload, timeout_s=timeout)]
 
     def initialize_cache(self, num_blocks: int) -> None:
         self._call("initialize_cache", num_blocks)
@@ -614,6 +665,8 @@ class MultiprocExecutor(RankedWorkersExecutor):
         self._async_ok = True
         self._next_seq = 0
         self._in_flight: deque[int] = deque()
+        # Per rank, replies still to come of calls that timed out (collective_rpc's timeout).
+        self._late_replies = [0] * self.world_size
         # The shared memory of the grammar bitmask (allocate_bitmask_buffer), newest last.
         self._bitmask_segments = BitmaskSegments()
         # Stops the workers at shutdown, or when this executor is dropped or the
@@ -733,22 +786,33 @@ class MultiprocExecutor(RankedWorkersExecutor):
             if timeout_s is not None and waited > timeout_s:
                 raise TimeoutError(f"worker {rank} did not answer within {timeout_s:.0f} s")
 
-    def _call(self, method: str, *args: Any, payload: bytes | None = None) -> list[bytes]:
+    def _call(self, method: str, *args: Any, payload: bytes | None = None,
+              timeout_s: float | None = None) -> list[bytes]:
         """Send one call to every worker; their replies, by rank.
 
         Raises:
             RuntimeError: A worker raised (its message and traceback), or async steps
                 are uncollected (their replies would come first).
+            TimeoutError: ``timeout_s`` passed before every rank answered; the late
+                replies are dropped when they come (before the next call's).
         """
         if self._in_flight:
             raise RuntimeError(f"{method} called while async steps {list(self._in_flight)} are not "
                                "collected: collect() them first")
         data = ipc.encode(list(args)) if payload is None else payload
         for rank in range(self.world_size):
+            self._drop_late_replies(rank)
             self._send(rank, [method.encode(), data])
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         results = []
         for rank in range(self.world_size):
-            kind, reply = self._receive(rank, None)
+            try:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                kind, reply = self._receive(rank, left)
+            except TimeoutError:
+                for late in range(rank, self.world_size):
+                    self._late_replies[late] += 1
+                raise TimeoutError(f"{method}: worker {rank} did not answer within {timeout_s:g} s") from None
             if kind == b"error":
                 err = ipc.decode(reply)
                 failure = RuntimeError(f"worker {rank}: {method} failed: {err['error']}\n{err['traceback']}")
@@ -759,6 +823,13 @@ class MultiprocExecutor(RankedWorkersExecutor):
             results.append(reply)
         return results
 
+    def _drop_late_replies(self, rank: int) -> None:
+        """Read and drop the replies of calls that timed out on ``rank`` (it answers in
+        order), so that the next reply read is the next call's."""
+        while self._late_replies[rank]:
+            self._receive(rank, None)
+            self._late_replies[rank] -= 1
+
     def execute_model_async(self, scheduler_output: SchedulerOutput) -> StepHandle:
         """Send one step to every worker without waiting for it.
 
@@ -768,6 +839,8 @@ class MultiprocExecutor(RankedWorkersExecutor):
         Raises:
             WorkerDiedError: A worker is dead.
         """
+        for rank in range(self.world_size):
+            self._drop_late_replies(rank)
         seq = self._next_seq
         self._next_seq += 1
         data = ipc.encode([seq, scheduler_output])

@@ -406,7 +406,7 @@ class RayExecutor(RankedWorkersExecutor):
         data = ipc.encode(scheduler_output)
         return ray.put(data) if self.world_size > 1 and len(data) > _INLINE_BYTES else data
 
-    def _call(self, method: str, *args: Any, payload: Any = None) -> list[bytes]:
+    def _call(self, method: str, *args: Any, payload: Any = None, timeout_s: float | None = None) -> list[bytes]:
         """Run a worker method on every rank; the replies by rank.
 
         Raises:
@@ -419,7 +419,7 @@ class RayExecutor(RankedWorkersExecutor):
             raise RuntimeError(f"{method} called while async steps {list(self._in_flight)} are not "
                                "collected: collect() them first")
         data = ipc.encode(list(args)) if payload is None else payload
-        replies = self._gather([a.call.remote(method, data) for a in self.actors], method)
+        replies = self._gather([a.call.remote(method, data) for a in self.actors], method, timeout_s)
         for rank, (kind, reply) in enumerate(replies):
             if kind == _ERROR:
                 err = ipc.decode(reply)

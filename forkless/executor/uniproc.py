@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from forkless.executor.interface import Executor
 from forkless.protocol.shared_memory import BitmaskSegments
-from forkless.worker.worker import create_worker
+from forkless.worker.worker import call_worker_method, create_worker
 
 if TYPE_CHECKING:
     from forkless.config import EngineConfig
@@ -70,6 +70,19 @@ class UniProcExecutor(Executor):
             worker = self.worker
             self._segments = BitmaskSegments(worker.register_host_buffer, worker.unregister_host_buffer)
         return self._segments.view(nbytes)
+
+    def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
+                       args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """The worker's answer, called in this thread (a callable too: nothing crosses a process).
+
+        Raises:
+            ValueError: A ``timeout``: a call in this thread cannot be cut short.
+        """
+        if timeout is not None:
+            raise ValueError(f"collective_rpc timeout={timeout!r}: the uni executor calls its worker in this "
+                             "thread, which cannot be interrupted; use distributed_executor_backend='mp' for "
+                             "a timeout, or leave it None")
+        return [call_worker_method(self.worker, method, args, kwargs)]
 
     def check_health(self) -> None:
         self.worker.check_health()

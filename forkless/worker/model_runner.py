@@ -338,6 +338,26 @@ class ModelRunner:
                                             sched.max_model_len, self.block_size, self.dtype, self.device)
                 self.piecewise = piecewise if piecewise.capture() else None
 
+    def release_cache(self) -> None:
+        """Free the KV cache and the graphs captured on it (sleep mode);
+        :meth:`initialize_cache` allocates it again, zeroed, and captures them again.
+
+        Raises:
+            RuntimeError: A KV connector or a draft model holds the cache (its hooks and
+                its own cache are not rebuilt at wake-up).
+        """
+        if self.kv_connector is not None:
+            raise RuntimeError("sleep mode with a KV connector (--kv-transfer-config) is not supported: "
+                               "its layer hooks hold the cache")
+        if self.proposer is not None and self.proposer.uses_kv_cache:
+            raise RuntimeError("sleep mode with a draft model (--speculative-config) is not supported: "
+                               "its own KV cache is not freed")
+        self.graphs = self.piecewise = None
+        self._populator = None
+        self.kv_caches = []
+        # The last step's sampled ids were read from a step on the freed cache.
+        self._prev_sampled, self._prev_row_of = None, {}
+
     @property
     def _cudagraph_mode(self) -> str:
         comp = self.config.compilation_config

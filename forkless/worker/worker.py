@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -44,6 +44,9 @@ class Worker:
         self.distributed_init_method = distributed_init_method
         self.device: torch.device | None = None
         self.model_runner: ModelRunner | None = None
+        # Sleep mode: the KV-cache blocks to allocate again at wake-up, and what sleeps.
+        self._num_blocks: int | None = None
+        self._sleeping: set[str] = set()
 
     def init_device(self) -> None:
         """Select the device, apply ``--num-threads``, seed the global generators, and,
@@ -127,6 +130,67 @@ class Worker:
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate the KV cache."""
         self._runner().initialize_cache(num_blocks)
+        self._num_blocks = num_blocks
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode: free the KV cache, whose contents are forgotten; level 2 frees
+        the model's weights too. The engine core calls it with no request in flight and its
+        prefix cache reset (:meth:`forkless.engine.core.EngineCore.sleep`).
+
+        Level 1 keeps the weights where they are: vLLM offloads them from the GPU to host
+        memory, which forkless does not (on the CPU they are there already). Level 2 drops
+        the model runner, and :meth:`wake_up` builds it again from the model's files, where
+        vLLM leaves the woken weights for the caller to load.
+
+        Raises:
+            ValueError: ``level`` is not 1 or 2.
+            RuntimeError: The worker sleeps already, or its KV cache feeds a KV connector
+                or a draft model (their sleep is not implemented).
+        """
+        if isinstance(level, bool) or level not in (1, 2):
+            raise ValueError(f"sleep level={level!r} is invalid: expected 1 (free the KV cache) or 2 "
+                             "(the KV cache and the weights)")
+        if self._sleeping:
+            raise RuntimeError(f"the worker sleeps already ({', '.join(sorted(self._sleeping))}): wake_up() first")
+        self._runner().release_cache()
+        self._sleeping = {"kv_cache"}
+        if level == 2:
+            self.model_runner = None
+            self._sleeping.add("weights")
+        import gc
+
+        gc.collect()  # the cache's pages go back now, not at the next collection
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Allocate again what :meth:`sleep` freed: ``tags`` names which of ``"weights"``
+        and ``"kv_cache"`` (``None``: all that sleeps). The KV cache comes back zeroed,
+        with as many blocks as before; weights come back from the model's files.
+
+        Raises:
+            ValueError: A tag other than those two.
+            RuntimeError: The KV cache is woken while the weights still sleep.
+        """
+        wanted = set(self._sleeping if tags is None else tags)
+        unknown = sorted(wanted - {"weights", "kv_cache"})
+        if unknown:
+            raise ValueError(f"wake_up tags {unknown} are invalid: expected 'weights' and/or 'kv_cache'")
+        wanted &= self._sleeping
+        if "weights" in wanted:
+            self.load_model()
+            self._sleeping.discard("weights")
+        if "kv_cache" in wanted:
+            if "weights" in self._sleeping:
+                raise RuntimeError("wake_up(['kv_cache']) while the weights sleep: wake 'weights' first "
+                                   "(or both, tags=None)")
+            assert self._num_blocks is not None
+            self._runner().initialize_cache(self._num_blocks)
+            self._sleeping.discard("kv_cache")
+
+    def is_sleeping(self) -> bool:
+        """Whether anything sleeps (:meth:`sleep`)."""
+        return bool(self._sleeping)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step (see :meth:`ModelRunner.execute_model`)."""
@@ -208,8 +272,38 @@ class Worker:
 
     def _runner(self) -> ModelRunner:
         if self.model_runner is None:
+            if "weights" in self._sleeping:
+                raise RuntimeError("the worker sleeps (level 2): wake_up() first")
             raise RuntimeError("the worker has no model: call load_model() first (or it was shut down)")
         return self.model_runner
+
+
+def call_worker_method(worker: Worker, method: str | Callable[..., Any], args: Sequence[Any] = (),
+                       kwargs: dict[str, Any] | None = None) -> Any:
+    """Run ``method`` on ``worker`` for ``collective_rpc``: the name of one of its public
+    methods, or (in the worker's own process only) a callable taking the worker first.
+
+    Raises:
+        TypeError: ``method`` is neither; ``args`` is not a list or tuple, or ``kwargs``
+            not a dict.
+        AttributeError: The worker has no public method of that name.
+    """
+    if not isinstance(args, (list, tuple)):
+        raise TypeError(f"collective_rpc args must be a tuple or list, got {type(args).__name__}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"collective_rpc kwargs must be a dict or None, got {type(kwargs).__name__}")
+    if callable(method):
+        return method(worker, *args, **(kwargs or {}))
+    if not isinstance(method, str):
+        raise TypeError(f"collective_rpc method must be a worker method's name or a callable, got "
+                        f"{type(method).__name__}")
+    target = None if method.startswith("_") else getattr(worker, method, None)
+    if not callable(target):
+        cls = type(worker)  # (not the instance: a property would run)
+        public = sorted(n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n)))
+        raise AttributeError(f"collective_rpc: {type(worker).__name__} has no public method {method!r}; "
+                             f"it has: {', '.join(public)}")
+    return target(*args, **(kwargs or {}))
 
 
 def create_worker(config: EngineConfig, rank: int = 0, local_rank: int | None = None,

@@ -42,3 +42,19 @@ class NoAsyncWorker(Worker):
     @property
     def supports_async_scheduling(self) -> bool:
         return False
+
+
+class RpcWorker(Worker):
+    """Methods for ``LLM.collective_rpc`` to call by name in worker processes."""
+
+    def echo(self, value: Any, scale: int = 1) -> dict[str, Any]:
+        return {"rank": self.rank, "value": value * scale}
+
+    def pause(self, seconds: float) -> float:
+        import time
+
+        time.sleep(seconds)
+        return seconds
+
+    def device_handle(self) -> Any:
+        return self.device  # a torch.device: not plain data
