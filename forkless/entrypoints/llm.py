@@ -311,6 +311,10 @@ class LLM:
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         use_tqdm: ProgressBar = True,
         pooling_task: str | None = None,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
     ) -> list[PoolingRequestOutput]:
         """Pool prompts with a pooling model (``--runner pooling``), batched by the engine.
 
@@ -321,14 +325,22 @@ class LLM:
             use_tqdm: As in :meth:`generate`.
             pooling_task: ``embed``, ``classify``, ``score``, ``token_embed``... for every
                 prompt whose parameters name none (``None``: the model's task).
+            truncate_prompt_tokens: Keep each prompt's first this many tokens (``-1``:
+                ``max_model_len``), as the server's field; vLLM's keyword, which it also
+                takes in ``tokenization_kwargs``.
+            lora_request: Only ``None`` (or ``None`` per prompt): pooling models run
+                without LoRA adapters here.
+            tokenization_kwargs: vLLM's tokenizer overrides: ``truncate_prompt_tokens``
+                and ``add_special_tokens`` (texts only; default True); other keys are refused.
 
         Returns:
             One ``PoolingRequestOutput`` per prompt, in input order (``outputs.data`` a
             float32 numpy array).
 
         Raises:
-            ValueError: The model is not a pooling model, or an input is invalid; nothing
-                is left running.
+            ValueError: The model is not a pooling model, an input is invalid, a LoRA
+                adapter, or a tokenization argument that is unknown or out of range;
+                nothing is left running.
         """
         prompt_list = self._as_list(prompts)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
@@ -341,13 +353,22 @@ class LLM:
         if pooling_task is not None:
             params_list = [p if p.task is not None else msgspec.structs.replace(p, task=pooling_task)
                            for p in params_list]
+        _no_lora(lora_request)
+        limit, add_special = self._tokenization(truncate_prompt_tokens, tokenization_kwargs)
         engine = self.llm_engine
-        texts = [i for i, p in enumerate(prompt_list) if isinstance(p, str)]
+        texts = [i for i, p in enumerate(prompt_list) if _text_of(p) is not None]
+        prompt_list = list(prompt_list)
         if texts:  # one batch call into the tokenizer, not one per text
-            encoded = engine.get_tokenizer()([prompt_list[i] for i in texts])["input_ids"]
-            prompt_list = list(prompt_list)
+            kwargs: dict[str, Any] = {"add_special_tokens": add_special}
+            if limit is not None:
+                kwargs.update(truncation=True, max_length=limit)
+            encoded = engine.get_tokenizer()([_text_of(prompt_list[i]) for i in texts], **kwargs)["input_ids"]
             for i, token_ids in zip(texts, encoded):
-                prompt_list[i] = {"prompt": prompt_list[i], "prompt_token_ids": list(token_ids)}
+                prompt = prompt_list[i]
+                prompt_list[i] = ({**prompt, "prompt_token_ids": list(token_ids)} if isinstance(prompt, dict)
+                                  else {"prompt": prompt, "prompt_token_ids": list(token_ids)})
+        if limit is not None:
+            prompt_list = [_cut(p, limit) for p in prompt_list]
         ids = [str(next(self._counter)) for _ in prompt_list]
         added: list[str] = []
         try:
@@ -361,28 +382,45 @@ class LLM:
 
     def embed(self, prompts: PromptType | Sequence[PromptType],
               pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-              use_tqdm: ProgressBar = True) -> list[EmbeddingRequestOutput]:
-        """Embeddings of prompts (``outputs.embedding``, a list of floats), as vLLM's ``LLM.embed``."""
-        outs = self.encode(prompts, pooling_params, use_tqdm, pooling_task="embed")
+              use_tqdm: ProgressBar = True, *, truncate_prompt_tokens: int | None = None,
+              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+              tokenization_kwargs: dict[str, Any] | None = None) -> list[EmbeddingRequestOutput]:
+        """Embeddings of prompts (``outputs.embedding``, a list of floats), as vLLM's
+        ``LLM.embed``; the keyword arguments as in :meth:`encode`."""
+        outs = self.encode(prompts, pooling_params, use_tqdm, pooling_task="embed",
+                           truncate_prompt_tokens=truncate_prompt_tokens, lora_request=lora_request,
+                           tokenization_kwargs=tokenization_kwargs)
         return [EmbeddingRequestOutput.from_base(o) for o in outs]
 
     def classify(self, prompts: PromptType | Sequence[PromptType],
                  pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-                 use_tqdm: ProgressBar = True) -> list[ClassificationRequestOutput]:
-        """Class probabilities of prompts (``outputs.probs``), as vLLM's ``LLM.classify``."""
-        outs = self.encode(prompts, pooling_params, use_tqdm, pooling_task="classify")
+                 use_tqdm: ProgressBar = True, *,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                 tokenization_kwargs: dict[str, Any] | None = None) -> list[ClassificationRequestOutput]:
+        """Class probabilities of prompts (``outputs.probs``), as vLLM's ``LLM.classify``;
+        the keyword arguments as in :meth:`encode`."""
+        outs = self.encode(prompts, pooling_params, use_tqdm, pooling_task="classify", lora_request=lora_request,
+                           tokenization_kwargs=tokenization_kwargs)
         return [ClassificationRequestOutput.from_base(o) for o in outs]
 
     def reward(self, prompts: PromptType | Sequence[PromptType],
                pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-               use_tqdm: ProgressBar = True) -> list[PoolingRequestOutput]:
+               use_tqdm: ProgressBar = True, *, truncate_prompt_tokens: int | None = None,
+               lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+               tokenization_kwargs: dict[str, Any] | None = None) -> list[PoolingRequestOutput]:
         """Per-token scores of a reward (classifier) model, as vLLM's ``LLM.reward``:
         ``outputs.data`` is ``[prompt tokens, labels]``, the classifier head on every
-        token's hidden state (its activation applied; vLLM's ``token_classify`` task)."""
-        return self.encode(prompts, pooling_params, use_tqdm, pooling_task="token_classify")
+        token's hidden state (its activation applied; vLLM's ``token_classify`` task). The
+        keyword arguments as in :meth:`encode`."""
+        return self.encode(prompts, pooling_params, use_tqdm, pooling_task="token_classify",
+                           truncate_prompt_tokens=truncate_prompt_tokens, lora_request=lora_request,
+                           tokenization_kwargs=tokenization_kwargs)
 
     def score(self, data_1: str | Sequence[str], data_2: str | Sequence[str],
-              use_tqdm: ProgressBar = True) -> list[ScoringRequestOutput]:
+              use_tqdm: ProgressBar = True, *, pooling_params: PoolingParams | None = None,
+              lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+              tokenization_kwargs: dict[str, Any] | None = None,
+              chat_template: str | None = None) -> list[ScoringRequestOutput]:
         """Relevance of text pairs, as vLLM's ``LLM.score``.
 
         One ``data_1`` is paired with every ``data_2``; otherwise the lists pair up one to
@@ -390,11 +428,23 @@ class LLM:
         (the sigmoid of its logit); an embedding model scores the cosine similarity of
         the two embeddings.
 
+        Args:
+            data_1: A text, or a list.
+            data_2: A text, or a list.
+            use_tqdm: As in :meth:`generate`.
+            pooling_params: For every request (its task, if set, must be the one the
+                model scores with: ``score`` for a cross-encoder, ``embed`` otherwise).
+            lora_request: Only ``None``, as in :meth:`encode`.
+            tokenization_kwargs: As in :meth:`encode`; a cross-encoder's pair is truncated
+                to ``truncate_prompt_tokens``, the longer text first.
+            chat_template: Only ``None``: forkless has no score templates.
+
         Returns:
             One ``ScoringRequestOutput`` per pair (``outputs.score``), in order.
 
         Raises:
-            ValueError: Lists of different lengths, or a model that cannot score.
+            ValueError: Lists of different lengths, a model that cannot score, or an
+                argument it cannot honour (above).
         """
         left = [data_1] if isinstance(data_1, str) else list(data_1)
         right = [data_2] if isinstance(data_2, str) else list(data_2)
@@ -407,20 +457,73 @@ class LLM:
         if pooler is None or "score" not in pooler.tasks:
             raise ValueError("this model cannot score pairs: it needs a cross-encoder (a classifier with one "
                              "label) or an embedding model")
-        if pooler.task == "classify":
+        if chat_template is not None:
+            raise ValueError("score(chat_template=...): forkless has no score templates; the pair is the "
+                             "tokenizer's text-pair encoding")
+        if pooling_params is not None and not isinstance(pooling_params, PoolingParams):
+            raise TypeError(f"score pooling_params must be one PoolingParams or None, got "
+                            f"{type(pooling_params).__name__}")
+        _no_lora(lora_request)
+        task = "score" if pooler.task == "classify" else "embed"
+        params = pooling_params or PoolingParams()
+        if params.task not in (None, task):
+            raise ValueError(f"score: pooling_params.task={params.task!r}, but this model scores with the "
+                             f"{task!r} task")
+        params = msgspec.structs.replace(params, task=task)
+        if task == "score":
+            limit, add_special = self._tokenization(None, tokenization_kwargs)
+            if add_special is not True:
+                raise ValueError("score: add_special_tokens=False is not supported for a cross-encoder: its "
+                                 "pair needs the separator tokens")
             processor = self.llm_engine.processor
-            pairs = [processor.tokenize_pair(a, b) for a, b in zip(left, right)]
-            outs = self.encode(pairs, PoolingParams(task="score"), use_tqdm)
+            pairs = [processor.tokenize_pair(a, b, limit) for a, b in zip(left, right)]
+            outs = self.encode(pairs, params, use_tqdm)
             return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.outputs.data.reshape(-1)[0])),
                                          o.prompt_token_ids) for o in outs]
         texts = list(dict.fromkeys([*left, *right]))
-        vectors = {t: o.outputs.data for t, o in zip(texts, self.encode(texts, PoolingParams(task="embed"), use_tqdm))}
+        encoded = self.encode(texts, params, use_tqdm, tokenization_kwargs=tokenization_kwargs)
+        vectors = {t: o.outputs.data for t, o in zip(texts, encoded)}
         out = []
         for i, (a, b) in enumerate(zip(left, right)):
             va, vb = vectors[a], vectors[b]
             cos = float((va @ vb) / max(float(np.linalg.norm(va) * np.linalg.norm(vb)), 1e-12))
             out.append(ScoringRequestOutput(f"score-{i}", ScoringOutput(cos), []))
         return out
+
+    def _tokenization(self, truncate_prompt_tokens: int | None,
+                      tokenization_kwargs: dict[str, Any] | None) -> tuple[int | None, bool]:
+        """What ``truncate_prompt_tokens`` and vLLM's ``tokenization_kwargs`` ask of a pooling
+        call: how many tokens to keep of each prompt (``None``: all) and whether texts get
+        the tokenizer's special tokens.
+
+        Raises:
+            ValueError: An unknown key, both spellings of the truncation with different
+                values, or a value out of range.
+            TypeError: ``tokenization_kwargs`` is not a dict.
+        """
+        extra = dict(tokenization_kwargs or {})
+        if tokenization_kwargs is not None and not isinstance(tokenization_kwargs, dict):
+            raise TypeError(f"tokenization_kwargs must be a dict, got {type(tokenization_kwargs).__name__}")
+        unknown = sorted(set(extra) - {"truncate_prompt_tokens", "add_special_tokens"})
+        if unknown:
+            raise ValueError(f"tokenization_kwargs {unknown} are not supported: forkless takes "
+                             "truncate_prompt_tokens and add_special_tokens")
+        keep = extra.get("truncate_prompt_tokens")
+        if truncate_prompt_tokens is not None:
+            if keep is not None and keep != truncate_prompt_tokens:
+                raise ValueError(f"truncate_prompt_tokens={truncate_prompt_tokens} and tokenization_kwargs' "
+                                 f"{keep} disagree: pass one")
+            keep = truncate_prompt_tokens
+        add_special = extra.get("add_special_tokens", True)
+        if not isinstance(add_special, bool):
+            raise ValueError(f"add_special_tokens={add_special!r} is invalid: expected True or False")
+        if keep is None:
+            return None, add_special
+        max_len = self.llm_engine.config.model_config.max_model_len
+        if isinstance(keep, bool) or not isinstance(keep, int) or not (keep == -1 or 0 < keep <= max_len):
+            raise ValueError(f"truncate_prompt_tokens={keep!r} is invalid: expected 1 to max_model_len = "
+                             f"{max_len}, or -1 (max_model_len)")
+        return (max_len if keep == -1 else keep), add_special
 
     # ------------------------------------------------------------------- helpers
 
@@ -497,6 +600,41 @@ class LLM:
     def shutdown(self) -> None:
         """Stop the engine's workers."""
         self.llm_engine.shutdown()
+
+
+def _no_lora(lora_request: Any) -> None:
+    """Refuse a LoRA adapter for a pooling call (``None``, or ``None`` per prompt, is fine).
+
+    Raises:
+        ValueError: An adapter: pooling models run without LoRA here.
+    """
+    adapters = lora_request if isinstance(lora_request, (list, tuple)) else [lora_request]
+    named = [a for a in adapters if a is not None]
+    if named:
+        raise ValueError(f"lora_request={named[0]!r}: pooling models run without LoRA adapters in forkless "
+                         "(--enable-lora is for generation)")
+
+
+def _text_of(prompt: Any) -> str | None:
+    """A pooling prompt's text where it still needs tokenizing (a string, or a dict with
+    ``prompt`` and no ``prompt_token_ids``), else ``None``."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, dict) and "prompt_token_ids" not in prompt and isinstance(prompt.get("prompt"), str):
+        return prompt["prompt"]
+    return None
+
+
+def _cut(prompt: Any, limit: int) -> Any:
+    """``prompt`` (token ids, or a dict of them) cut to its first ``limit`` tokens, its
+    segment ids with them."""
+    if isinstance(prompt, dict):
+        cut = dict(prompt)
+        for key in ("prompt_token_ids", "token_type_ids"):
+            if cut.get(key) is not None:
+                cut[key] = list(cut[key])[:limit]
+        return cut
+    return list(prompt)[:limit]
 
 
 def _final_only(params: SamplingParams | None) -> SamplingParams | None:
