@@ -83,7 +83,7 @@ def test_level_two_frees_the_weights_and_wakes_by_tags(llm: LLM) -> None:
         llm.wake_up()
 
 
-def test_sleep_levels_and_sleep_mode_are_checked(llm: LLM, tiny_llama: Path) -> None:
+def test_sleep_level_is_checked(llm: LLM) -> None:
     with pytest.raises(ValueError, match="level=3 is invalid"):
         llm.sleep(level=3)
     assert not llm.is_sleeping()
