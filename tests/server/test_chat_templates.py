@@ -181,7 +181,7 @@ def test_chat_template_file_and_tool_parser_plugin_file(bare_model: Path, tmp_pa
     srv = start_server(bare_model, tmp_path, "--chat-template", str(tmp_path / "template.jinja"),
                        "--tool-parser-plugin", str(tmp_path / "my_parser.py"), "--tool-call-parser", "call_lines",
                        "--enable-auto-tool-choice", "--reasoning-parser", "deepseek_r1", "--logits-processors", FORCE,
-                       env_extra={"PYTHONPATH": str(HERE)})
+                       "--exclude-tools-when-tool-choice-none", env_extra={"PYTHONPATH": str(HERE)})
     try:
         client = srv.client()
         model = client.models.list().data[0].id
@@ -210,6 +210,18 @@ def test_chat_template_file_and_tool_parser_plugin_file(bare_model: Path, tmp_pa
                 extra_body={"chat_template_kwargs": template_kwargs} if template_kwargs else None)
             assert resp.usage.prompt_tokens == len(tokenizer.encode(f"[user]Hi{shown}[assistant]",
                                                                      add_special_tokens=False)), effort
+        # --exclude-tools-when-tool-choice-none: tool_choice "none" renders without the tools,
+        # any other choice with them; the Responses API keeps them, as in vLLM.
+        for choice, shown in (("none", ""), ("auto", "<tools>get_weather</tools>"),
+                              ("required", "<tools>get_weather</tools>")):
+            resp = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}],
+                                                  max_tokens=1, tools=[WEATHER_TOOL], tool_choice=choice)
+            assert resp.usage.prompt_tokens == len(tokenizer.encode(f"[user]Hi{shown}[assistant]",
+                                                                     add_special_tokens=False)), choice
+        r = client.responses.create(model=model, input="Hi", max_output_tokens=1, tool_choice="none",
+                                    tools=[{"type": "function", **WEATHER_TOOL["function"]}])
+        assert r.usage.input_tokens == len(tokenizer.encode("[user]Hi<tools>get_weather</tools>[assistant]",
+                                                            add_special_tokens=False))
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=1,
                                            extra_body={"reasoning_effort": "huge"})

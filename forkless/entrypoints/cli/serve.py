@@ -118,6 +118,9 @@ def add_parser(subparsers: Any) -> None:
                       help="tool parser turning model output into tool_calls (built-in: hermes, llama3_json)")
     chat.add_argument("--enable-auto-tool-choice", action="store_true",
                       help='parse tool calls for tool_choice="auto" (needs --tool-call-parser)')
+    chat.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                      help='render the chat template without the request\'s tools when its tool_choice is "none" '
+                           "(chat completions, as vLLM)")
     chat.add_argument("--tool-parser-plugin", default=None, metavar="FILE_OR_MODULE",
                       help="a .py file or module to import first; it registers tool parsers")
     chat.add_argument("--reasoning-parser", default=None, metavar="NAME",

@@ -21,6 +21,9 @@ class ChatOptions:
         chat_template: A Jinja template replacing the model's (``--chat-template``).
         tool_parser: Name of the tool parser (``--tool-call-parser``).
         enable_auto_tool_choice: Parse tool calls for ``tool_choice="auto"``.
+        exclude_tools_when_tool_choice_none: Render a chat completion whose ``tool_choice``
+            is ``"none"`` without its tools (``--exclude-tools-when-tool-choice-none``,
+            vLLM's): the model is not shown functions it may not call.
         reasoning_parser: Name of the reasoning parser (``--reasoning-parser``).
         response_role: The role of the reply when the prompt ends with the generation
             prompt (``--response-role``, vLLM's); otherwise the reply continues the last
@@ -30,6 +33,7 @@ class ChatOptions:
     chat_template: str | None = None
     tool_parser: str | None = None
     enable_auto_tool_choice: bool = False
+    exclude_tools_when_tool_choice_none: bool = False
     reasoning_parser: str | None = None
     response_role: str = "assistant"
 
@@ -54,6 +58,7 @@ class ChatOptions:
             chat_template=load_chat_template(getattr(args, "chat_template", None)),
             tool_parser=getattr(args, "tool_call_parser", None),
             enable_auto_tool_choice=bool(getattr(args, "enable_auto_tool_choice", False)),
+            exclude_tools_when_tool_choice_none=bool(getattr(args, "exclude_tools_when_tool_choice_none", False)),
             reasoning_parser=getattr(args, "reasoning_parser", None),
             response_role=getattr(args, "response_role", None) or "assistant",
         )

@@ -997,16 +997,23 @@ class OpenAIServing:
             raise BadRequest("continue_final_message and add_generation_prompt cannot both be true: give "
                              "add_generation_prompt=false to continue the last message", "continue_final_message")
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        tools = req.tools
+        if (req.tool_choice == "none" and endpoint == "/v1/chat/completions"
+                and self.chat_options.exclude_tools_when_tool_choice_none):
+            # --exclude-tools-when-tool-choice-none: a model shown tools it may not call
+            # tends to write calls anyway. As in vLLM, the Responses API keeps them.
+            tools = None
         try:
             return self.engine.apply_chat_template(
                 messages, add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
                 continue_final_message=req.continue_final_message,
                 chat_template=self.chat_options.chat_template,
-                tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+                tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None,
                 documents=req.documents,
                 chat_template_kwargs=_template_kwargs(req))
         except NoChatTemplateError:
             instead = {"/v1/chat/completions": "use /v1/completions with a plain prompt",
+                       "/v1/responses": "use /v1/completions with a plain prompt",
                        "/tokenize": "send a plain prompt"}.get(endpoint, "send the text as input")
             raise BadRequest(
                 f"this model has no chat template, so {endpoint} cannot turn messages into a "
@@ -1040,7 +1047,19 @@ class OpenAIServing:
             parsers[0].tools.adjust_request(req)
         return parsers
 
-    async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Any) -> Any:
+    async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Any,
+                                     endpoint: str = "/v1/chat/completions") -> Any:
+        """The chat completion (a response model), or its stream of SSE lines.
+
+        Args:
+            req: The request.
+            raw_request: The HTTP request (headers, disconnection), or ``None``.
+            endpoint: The endpoint the request came to: ``/v1/responses`` sends its
+                requests here as chat completions, and the prompt is rendered for it.
+
+        Raises:
+            BadRequest: The request is invalid (``param`` names the field).
+        """
         lora = await self.check_model(req.model)
         self.check_sequences(1, req.n)
         self.ignored_fields.note(_unknown_fields(req))
@@ -1049,7 +1068,7 @@ class OpenAIServing:
         parsers = self._choice_parsers(req, forced)
         self.check_text_size(_text_chars([m.model_dump() for m in req.messages])
                              + _text_chars(req.model_dump(include={"tools"})), "messages")
-        ids = await self.in_tokenizer_thread(self.render_chat, req)
+        ids = await self.in_tokenizer_thread(self.render_chat, req, endpoint)
         ids = truncate_prompt(ids, req, req.max_completion_tokens if req.max_completion_tokens is not None
                               else req.max_tokens, self.max_model_len)
         for parser in parsers or ():

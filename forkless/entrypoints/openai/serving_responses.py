@@ -191,7 +191,7 @@ class OpenAIServingResponses:
         # request): a stored response is not overwritten by another with the same id.
         response_id = _id("resp")
         try:
-            result = await self.chat.create_chat_completion(chat_req, raw_request)
+            result = await self.chat.create_chat_completion(chat_req, raw_request, "/v1/responses")
         except BadRequest as exc:
             if exc.param == "structured_outputs" and req.structured_outputs is not None:
                 raise  # the request's own structured_outputs, not text.format's
