@@ -263,13 +263,47 @@ def test_forced_arguments_follow_the_order_of_the_tools_properties(tool_server: 
         assert [c.function.arguments for c in reply.choices[0].message.tool_calls] == [arguments]
 
 
+PLAN_TOOL = {"type": "function", "function": {"name": "plan", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "activity": {"type": "string"}}}}}
+
+
+def test_a_required_tool_choice_streams_each_call_as_it_is_written(tool_server: Server, tokenizer) -> None:
+    # As vLLM and OpenAI stream a call: its name first, then its arguments in pieces, per
+    # index. "required" once sent its calls whole, in the stream's last chunk.
+    first = '{"city":"Paris"}'  # as written: the unstreamed call keeps the model's spacing too
+    second = ('{"city": "Saint-Remy-de-Provence", "activity": "a long walk along the canal, '
+              'then lunch in the shade of the plane trees by the old fountain"}')
+    output = f'[{{"name": "get_weather", "parameters": {first}}}, {{"name": "plan", "parameters": {second}}}]'
+    client = tool_server.client()
+    kw = dict(model=client.models.list().data[0].id, messages=MESSAGES, tools=[WEATHER_TOOL, PLAN_TOOL],
+              tool_choice="required", extra_body=forced(tokenizer, output))
+    whole = client.chat.completions.create(**kw).choices[0]
+    assert [(c.function.name, c.function.arguments) for c in whole.message.tool_calls] == \
+        [("get_weather", first), ("plan", second)]
+    assert (whole.message.content, whole.finish_reason) == (None, "tool_calls")
+    chunks = list(client.chat.completions.create(stream=True, **kw))
+    streamed = collect_stream(chunks)  # checks that only a call's first delta has its id and name
+    assert [(c["name"], c["arguments"]) for c in streamed["calls"].values()] == \
+        [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+    assert (streamed["content"], streamed["finish"]) == ("", "tool_calls")
+    deltas = [(n, call) for n, chunk in enumerate(chunks) for choice in chunk.choices
+              for call in choice.delta.tool_calls or []]
+    (named_0,) = [n for n, call in deltas if call.index == 0 and call.function.name]
+    (named_1,) = [n for n, call in deltas if call.index == 1 and call.function.name]
+    assert named_0 < named_1  # the second call is not named before the first is written
+    pieces = [call.function.arguments for n, call in deltas if call.index == 1 and n > named_1]
+    assert len(pieces) > 1 and all(pieces), pieces
+    assert all(call.type is None and call.id is None for n, call in deltas if n > named_1)
+
+
 def test_the_openai_clients_stream_helper_accumulates_the_calls(tool_server: Server, tokenizer) -> None:
     # client.chat.completions.stream() replaces a call's type with each delta's: the later
     # deltas' "type": null once made it fail (AssertionError) on every streamed call.
     client = tool_server.client()
     named = {"type": "function", "function": {"name": "get_weather"}}
     paris = '{"city": "Paris"}'  # the constraint allows the tool's properties only
-    for choice, text, arguments in (("auto", OUTPUT, ARGUMENTS), (named, paris, paris)):
+    required = f'[{{"name": "get_weather", "parameters": {paris}}}]'
+    for choice, text, arguments in (("auto", OUTPUT, ARGUMENTS), (named, paris, paris), ("required", required, paris)):
         with client.chat.completions.stream(model=client.models.list().data[0].id, messages=MESSAGES,
                                             tools=[WEATHER_TOOL], tool_choice=choice,
                                             extra_body=forced(tokenizer, text)) as stream:

@@ -142,6 +142,26 @@ def test_tool_choice_required_and_named(server: Server) -> None:
             finish = chunk.choices[0].finish_reason
     assert names == ["get_time"] and finish == "stop"
     assert arguments == by_name.choices[0].message.tool_calls[0].function.arguments
+    # "required" streams each call as it is written (its name, then its arguments in
+    # pieces), adding up to the unstreamed calls.
+    stream = server.client().chat.completions.create(model="smol", messages=question, tools=tools,
+                                                     tool_choice="required", max_tokens=120, temperature=0, stream=True)
+    calls: dict[int, list] = {}
+    for chunk in stream:
+        for delta_call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if delta_call.index not in calls:
+                assert delta_call.id and delta_call.type == "function" and delta_call.function.name
+                calls[delta_call.index] = [delta_call.function.name, delta_call.function.arguments or "", 0]
+            else:
+                assert delta_call.id is None and delta_call.function.name is None
+                calls[delta_call.index][1] += delta_call.function.arguments or ""
+                calls[delta_call.index][2] += 1
+        if chunk.choices and chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert finish == "tool_calls"
+    assert [(name, args) for name, args, _ in calls.values()] == \
+        [(c.function.name, c.function.arguments) for c in required.choices[0].message.tool_calls]
+    assert calls[0][2] > 1  # the arguments came in pieces
 
 
 @pytest.mark.parametrize(("body", "message"), [

@@ -20,6 +20,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from forkless.entrypoints.openai.errors import BadRequest
+from forkless.entrypoints.openai.tool_call_array import ToolCallArrayScanner
 from forkless.protocol.openai import (
     DeltaFunctionCall,
     DeltaMessage,
@@ -118,8 +119,12 @@ class ForcedToolCalls:
     """The tool-call "parser" of a forced tool choice: the output is the calls' JSON.
 
     Used where a :class:`~forkless.tool_parsers.ToolParser` is (``ChoiceParser.tools``).
-    A named function streams its arguments as they come; ``"required"`` sends its calls
-    when the array is complete.
+    A stream sends each call as it is written, as vLLM and OpenAI do: a first delta with
+    its index, id, type and name, then its arguments in pieces (``index`` and
+    ``function.arguments`` only). A named function's arguments are the whole output;
+    ``"required"``'s are the text of each array element's ``parameters``, as the model
+    wrote it, streamed or not (:mod:`~forkless.entrypoints.openai.tool_call_array`), so
+    the pieces add up to the unstreamed call.
 
     Args:
         forced: ``"required"`` or the function's name.
@@ -128,6 +133,8 @@ class ForcedToolCalls:
     def __init__(self, forced: str) -> None:
         self.forced = forced
         self._call_id = random_id("chatcmpl-tool")
+        self._scanner = ToolCallArrayScanner()
+        self._sent: list[int] = []  # per streamed call, how much of its arguments went out
 
     def adjust_request(self, request: ChatCompletionRequest) -> ChatCompletionRequest:
         return request
@@ -141,21 +148,39 @@ class ForcedToolCalls:
         except json.JSONDecodeError:
             # Cut by max_tokens: no complete call to return; the text stays content.
             return ExtractedToolCallInformation(tools_called=False, content=model_output)
+        scanned = ToolCallArrayScanner().feed(model_output)
         calls = [ToolCall(id=random_id("chatcmpl-tool"),
-                          function=FunctionCall(name=item["name"],
-                                                arguments=json.dumps(item["parameters"], ensure_ascii=False)))
-                 for item in items if isinstance(item, dict) and "name" in item and "parameters" in item]
+                          function=FunctionCall(name=call.name, arguments=call.arguments(model_output)))
+                 for call in scanned if call.name is not None and call.arguments_end is not None]
+        if not isinstance(items, list) or len(calls) != len(items):
+            # Not the constraint's shape (a backend that could not hold the output to it).
+            return ExtractedToolCallInformation(tools_called=False, content=model_output)
         return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls,
                                             content=None if calls else model_output)
 
     def extract_tool_calls_streaming(self, previous_text: str, current_text: str, delta_text: str,
                                      previous_token_ids: Any, current_token_ids: Any, delta_token_ids: Any,
                                      request: ChatCompletionRequest) -> DeltaMessage | None:
-        if self.forced == "required" or not delta_text:
-            return None  # the whole array is parsed at the end (ChoiceParser.finish)
-        if not previous_text:
-            call = DeltaToolCall(index=0, id=self._call_id, type="function",
-                                 function=DeltaFunctionCall(name=self.forced, arguments=delta_text))
-        else:
-            call = DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=delta_text))
-        return DeltaMessage(tool_calls=[call])
+        if not delta_text:
+            return None
+        if self.forced != "required":
+            if not previous_text:
+                call = DeltaToolCall(index=0, id=self._call_id, type="function",
+                                     function=DeltaFunctionCall(name=self.forced, arguments=delta_text))
+            else:
+                call = DeltaToolCall(index=0, function=DeltaFunctionCall(arguments=delta_text))
+            return DeltaMessage(tool_calls=[call])
+        deltas = []
+        for index, scanned in enumerate(self._scanner.feed(current_text)):
+            if scanned.name is None:
+                continue  # a call goes out with its name, which must be whole
+            arguments = scanned.arguments(current_text)
+            if index == len(self._sent):
+                deltas.append(DeltaToolCall(index=index, id=random_id("chatcmpl-tool"), type="function",
+                                            function=DeltaFunctionCall(name=scanned.name, arguments=arguments)))
+                self._sent.append(len(arguments))
+            elif index < len(self._sent) and len(arguments) > self._sent[index]:
+                deltas.append(DeltaToolCall(index=index,
+                                            function=DeltaFunctionCall(arguments=arguments[self._sent[index]:])))
+                self._sent[index] = len(arguments)
+        return DeltaMessage(tool_calls=deltas) if deltas else None
