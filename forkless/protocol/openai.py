@@ -342,10 +342,20 @@ class ChatCompletionRequest(SamplingFields):
         return False if value is None else value
 
 
+class PromptTokenUsageInfo(OpenAIModel):
+    """vLLM's ``usage.prompt_tokens_details``: the prompt tokens found in the prefix cache."""
+
+    cached_tokens: int | None = None
+
+
 class UsageInfo(OpenAIModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # Only where it was asked for (the Responses API's input_tokens_details), else left out
+    # of the JSON altogether: completions and chat do not report it (vLLM does only with
+    # --enable-prompt-tokens-details).
+    prompt_tokens_details: PromptTokenUsageInfo | None = Field(None, exclude_if=lambda value: value is None)
 
 
 class CompletionLogProbs(OpenAIModel):

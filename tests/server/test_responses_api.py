@@ -366,3 +366,24 @@ def test_bad_vllm_fields_are_a_400_naming_them(server: Server, fields: dict, par
     r = httpx.post(server.url + "/v1/responses", json={"model": "tiny", "input": "Hi", **fields}, timeout=30)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_usage_counts_the_prompt_tokens_found_in_the_prefix_cache(server: Server) -> None:
+    # As vLLM's Responses API (always, where chat completions needs
+    # --enable-prompt-tokens-details): input_tokens_details.cached_tokens is the prefix
+    # cache's hits for the prompt, streamed or not; they used to be reported as 0.
+    from tests.security.test_cache_salt import BLOCK, cached_tokens, long_prompt
+
+    client = server.client()
+    kwargs = dict(model="tiny", input=long_prompt(), max_output_tokens=1, temperature=0)
+    answers = []
+    hits = [cached_tokens(server, lambda: answers.append(client.responses.create(**kwargs))) for _ in range(2)]
+    # (The first may hit the chat template's opening, which other tests' prompts share.)
+    assert hits[1] >= hits[0] + 6 * BLOCK
+    assert [r.usage.input_tokens_details.cached_tokens for r in answers] == hits
+    assert hits[1] < answers[1].usage.input_tokens  # the last prompt token is always computed
+    streamed = []
+    hit = cached_tokens(server, lambda: streamed.extend(client.responses.create(stream=True, **kwargs)))
+    assert hit == hits[1] and streamed[-1].response.usage.input_tokens_details.cached_tokens == hit
+    assert client.responses.retrieve(answers[1].id).usage.input_tokens_details.cached_tokens == hits[1]
+

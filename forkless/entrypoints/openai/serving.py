@@ -64,6 +64,7 @@ from forkless.protocol.openai import (
     DetokenizeResponse,
     PromptLogprob,
     PromptLogprobs,
+    PromptTokenUsageInfo,
     RequestModel,
     SamplingFields,
     TokenizeRequest,
@@ -519,15 +520,17 @@ class _StreamedChoice:
         return out
 
 
-def _usage_of(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+def _usage_of(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> UsageInfo:
+    """The usage; with ``prompt_tokens_details`` when ``cached_tokens`` is given."""
+    details = PromptTokenUsageInfo(cached_tokens=cached_tokens) if cached_tokens is not None else None
     return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens)
+                     total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details)
 
 
-def _usage(out: "RequestOutput") -> UsageInfo:
+def _usage(out: "RequestOutput", with_cached_tokens: bool = False) -> UsageInfo:
     prompt = len(out.prompt_token_ids or [])
     completion = sum(len(c.token_ids) for c in out.outputs)
-    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+    return _usage_of(prompt, completion, (out.num_cached_tokens or 0) if with_cached_tokens else None)
 
 
 # Tokens of margin in max_text_chars: a text cut there still makes more tokens than
@@ -1048,7 +1051,8 @@ class OpenAIServing:
         return parsers
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Any,
-                                     endpoint: str = "/v1/chat/completions") -> Any:
+                                     endpoint: str = "/v1/chat/completions",
+                                     with_cached_tokens: bool = False) -> Any:
         """The chat completion (a response model), or its stream of SSE lines.
 
         Args:
@@ -1056,6 +1060,8 @@ class OpenAIServing:
             raw_request: The HTTP request (headers, disconnection), or ``None``.
             endpoint: The endpoint the request came to: ``/v1/responses`` sends its
                 requests here as chat completions, and the prompt is rendered for it.
+            with_cached_tokens: Report ``usage.prompt_tokens_details.cached_tokens`` (the
+                Responses API's ``input_tokens_details`` are made from it).
 
         Raises:
             BadRequest: The request is invalid (``param`` names the field).
@@ -1106,7 +1112,8 @@ class OpenAIServing:
                                      _client_key(req, raw_request))
         model_name = self._response_model(lora)
         if req.stream:
-            return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, len(ids), named)
+            return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, len(ids), named,
+                                     with_cached_tokens)
         (final,) = await self._collect([stream], raw_request, req)
         choices = []
         for c in final.outputs:
@@ -1116,7 +1123,7 @@ class OpenAIServing:
                 index=c.index, message=message,
                 finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls), named),
                 stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None))
-        return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=_usage(final),
+        return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=_usage(final, with_cached_tokens),
                                       prompt_logprobs=_prompt_logprobs(final))
 
     async def _check_constraint(self, req: SamplingFields, params: SamplingParams | BeamSearchParams) -> None:
@@ -1189,7 +1196,8 @@ class OpenAIServing:
     async def _stream_chat(self, req: ChatCompletionRequest, request_id: str,
                            stream: AsyncIterator["RequestOutput"], raw_request: Any, model_name: str,
                            parsers: list[ChoiceParser] | None = None,
-                           num_prompt_tokens: int = 0, named: bool = False) -> AsyncIterator[str]:
+                           num_prompt_tokens: int = 0, named: bool = False,
+                           with_cached_tokens: bool = False) -> AsyncIterator[str]:
         created = int(time.time())
         top = req.top_logprobs if req.logprobs else None
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -1204,6 +1212,7 @@ class OpenAIServing:
         choices = [_StreamedChoice() for _ in range(req.n)]
         keep_whole = parsers is not None  # the parsers read the whole text and token ids
         prompt_tokens = None
+        cached_tokens = 0
         outputs = self._merge_or_error([stream], raw_request, req)
         try:
             async for _, out in outputs:
@@ -1212,6 +1221,7 @@ class OpenAIServing:
                     return
                 if prompt_tokens is None:
                     prompt_tokens = len(out.prompt_token_ids or [])
+                cached_tokens = out.num_cached_tokens or cached_tokens
                 for c in out.outputs:
                     state = choices[c.index]
                     state.receive(c, keep_whole)
@@ -1232,7 +1242,8 @@ class OpenAIServing:
                             continue  # the parsers hold this text back for now
                     yield chunk([ChatStreamChoice(index=c.index, delta=message or DeltaMessage(), logprobs=lp,
                                                   finish_reason=finish, stop_reason=c.stop_reason)],
-                                usage=_usage_of(prompt_tokens, state.num_tokens) if continuous else None)
+                                usage=_usage_of(prompt_tokens, state.num_tokens,
+                                                cached_tokens if with_cached_tokens else None) if continuous else None)
         except Exception as exc:  # noqa: BLE001 - a parser's bug (a plugin's, often): the client is told
             # The response has started: an error event ends it, as vLLM's does, where the
             # connection would otherwise just drop.
@@ -1241,7 +1252,8 @@ class OpenAIServing:
         finally:
             await outputs.aclose()  # aborts the engine request if it did not finish
         if req.stream_options and req.stream_options.include_usage and prompt_tokens is not None:
-            yield chunk([], usage=_usage_of(prompt_tokens, sum(st.num_tokens for st in choices)))
+            yield chunk([], usage=_usage_of(prompt_tokens, sum(st.num_tokens for st in choices),
+                                            cached_tokens if with_cached_tokens else None))
         yield _sse("[DONE]")
 
     # -- plumbing -----------------------------------------------------------------------

@@ -191,7 +191,8 @@ class OpenAIServingResponses:
         # request): a stored response is not overwritten by another with the same id.
         response_id = _id("resp")
         try:
-            result = await self.chat.create_chat_completion(chat_req, raw_request, "/v1/responses")
+            result = await self.chat.create_chat_completion(chat_req, raw_request, "/v1/responses",
+                                                            with_cached_tokens=True)
         except BadRequest as exc:
             if exc.param == "structured_outputs" and req.structured_outputs is not None:
                 raise  # the request's own structured_outputs, not text.format's
@@ -209,10 +210,8 @@ class OpenAIServingResponses:
         items = _output_items(message.reasoning, message.content, [
             {"call_id": c.id, "name": c.function.name, "arguments": c.function.arguments}
             for c in message.tool_calls], _content_logprobs(choice.logprobs) if chat_req.logprobs else None)
-        usage = result.usage
         response = self._response(req, items, "incomplete" if choice.finish_reason == "length" else "completed",
-                                  usage.prompt_tokens if usage else 0, usage.completion_tokens if usage else 0,
-                                  response_id)
+                                  result.usage.model_dump() if result.usage else None, response_id)
         self._remember(req, response, conversation)
         return response
 
@@ -236,9 +235,19 @@ class OpenAIServingResponses:
                          "and this server runs none (background is not supported)", "response_id")
 
     # -- response ------------------------------------------------------------------------
-    def _response(self, req: ResponsesRequest, output: list[dict[str, Any]], status: str, input_tokens: int,
-                  output_tokens: int, response_id: str | None = None, created_at: int | None = None
+    def _response(self, req: ResponsesRequest, output: list[dict[str, Any]], status: str,
+                  usage: dict[str, Any] | None, response_id: str | None = None, created_at: int | None = None
                   ) -> dict[str, Any]:
+        """The response object.
+
+        Args:
+            usage: The chat completion's usage (a dict, as its JSON), or None for zeros.
+        """
+        usage = usage or {}
+        input_tokens, output_tokens = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+        # The prefix cache's hits, as vLLM's Responses API reports them (the chat path
+        # counts them for this endpoint alone).
+        cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         fmt = (req.text or {}).get("format") or {"type": "text"}
         # What it sampled with, as vLLM's: the request's, else the model's default, else 1.
         defaults = self.chat.sampling_defaults
@@ -257,7 +266,7 @@ class OpenAIServingResponses:
             "temperature": temperature, "text": {"format": fmt},
             "tool_choice": req.tool_choice or ("auto" if req.tools else "none"),
             "tools": req.tools or [], "top_p": top_p, "truncation": req.truncation or "disabled",
-            "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
                       "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
                       "total_tokens": input_tokens + output_tokens},
             "user": req.user, "metadata": req.metadata or {},
@@ -272,7 +281,7 @@ class OpenAIServingResponses:
         """The chat stream's chunks, rewritten as Responses events."""
         events = _EventWriter()
         created = int(time.time())
-        shell = self._response(req, [], "in_progress", 0, 0, response_id, created)
+        shell = self._response(req, [], "in_progress", None, response_id, created)
         shell["usage"] = None
         yield events.emit("response.created", response=shell)
         yield events.emit("response.in_progress", response=shell)
@@ -289,7 +298,7 @@ class OpenAIServingResponses:
                     error = chunk["error"]
                     yield events.emit("error", code=str(error.get("code")), message=error.get("message"),
                                       param=error.get("param"))
-                    failed = self._response(req, builder.items, "failed", 0, 0, response_id, created)
+                    failed = self._response(req, builder.items, "failed", usage, response_id, created)
                     failed["error"] = {"code": "server_error", "message": error.get("message")}
                     yield events.emit("response.failed", response=failed)
                     return
@@ -301,8 +310,7 @@ class OpenAIServingResponses:
         for event in builder.close():
             yield event
         status = "incomplete" if finish == "length" else "completed"
-        response = self._response(req, builder.items, status, (usage or {}).get("prompt_tokens", 0),
-                                  (usage or {}).get("completion_tokens", 0), response_id, created)
+        response = self._response(req, builder.items, status, usage, response_id, created)
         self._remember(req, response, conversation)
         yield events.emit(f"response.{status}", response=response)
 
