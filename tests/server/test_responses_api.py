@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import Server, start_server
+from tests.server.conftest import Server, start_server, wait_until
 from tests.server.force_tokens import PATH as FORCE
 from tests.server.test_chat_tools import ARGUMENTS, HERE, OUTPUT, REASONING, forced
 
@@ -368,6 +368,13 @@ def test_bad_vllm_fields_are_a_400_naming_them(server: Server, fields: dict, par
     assert r.json()["error"]["param"] == param
 
 
+def _events(response: httpx.Response) -> Iterator[dict]:
+    """The JSON bodies of a Responses stream's events, as they come."""
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            yield json.loads(line[len("data: "):])
+
+
 def test_usage_counts_the_prompt_tokens_found_in_the_prefix_cache(server: Server) -> None:
     # As vLLM's Responses API (always, where chat completions needs
     # --enable-prompt-tokens-details): input_tokens_details.cached_tokens is the prefix
@@ -387,3 +394,61 @@ def test_usage_counts_the_prompt_tokens_found_in_the_prefix_cache(server: Server
     assert hit == hits[1] and streamed[-1].response.usage.input_tokens_details.cached_tokens == hit
     assert client.responses.retrieve(answers[1].id).usage.input_tokens_details.cached_tokens == hits[1]
 
+
+def test_a_stream_the_client_leaves_is_stored_as_cancelled(server: Server) -> None:
+    # As OpenAI's: the stored response says what became of it (it was not found at all).
+    body = {"model": "tiny", "input": "A long story:", "max_output_tokens": 200, "ignore_eos": True,
+            "temperature": 0, "stream": True}
+    text = ""
+    with httpx.stream("POST", server.url + "/v1/responses", json=body, timeout=60) as resp:
+        assert resp.status_code == 200
+        for event in _events(resp):
+            if event["type"] == "response.created":
+                response_id = event["response"]["id"]
+            elif event["type"] == "response.output_text.delta":
+                text += event["delta"]
+                if len(text) > 5:
+                    break  # leaving the block closes the connection mid-stream
+    client = server.client()
+
+    def stored():
+        try:
+            return client.responses.retrieve(response_id)
+        except openai.NotFoundError:
+            return None
+
+    r = wait_until(stored, 15)
+    assert r is not None and r.status == "cancelled" and r.error is None
+    assert r.output_text.startswith(text) and 0 < r.usage.output_tokens < 200 and r.usage.input_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def failing_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server whose tool parser raises on a text with BOOM in it, mid-stream."""
+    from tests.server.test_parser_plugins import FAILING_PARSER
+
+    tmp = tmp_path_factory.mktemp("responses-failing")
+    (tmp / "failing_parser.py").write_text(FAILING_PARSER)
+    srv = start_server(tiny_llama, tmp, "--tool-parser-plugin", str(tmp / "failing_parser.py"), "--tool-call-parser",
+                       "fails_on_boom", "--enable-auto-tool-choice", "--logits-processors", FORCE,
+                       "--served-model-name", "tiny", env_extra={"PYTHONPATH": str(HERE)})
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def test_a_stream_that_fails_is_stored_as_failed(failing_server: Server, tokenizer) -> None:
+    # As OpenAI's: GET says what the stream's response.failed said (it was not found at all).
+    body = {"model": "tiny", "input": "Weather?", "tools": [WEATHER], "stream": True,
+            **forced(tokenizer, "It went BOOM there.")}
+    with httpx.stream("POST", failing_server.url + "/v1/responses", json=body, timeout=60) as resp:
+        events = list(_events(resp))
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and "IndexError" in failed["error"]["message"]
+    stored = httpx.get(f"{failing_server.url}/v1/responses/{failed['id']}", timeout=30)
+    assert stored.status_code == 200 and stored.json() == failed
+    unstored = dict(body, store=False)
+    with httpx.stream("POST", failing_server.url + "/v1/responses", json=unstored, timeout=60) as resp:
+        gone = [e for e in _events(resp) if e["type"] == "response.failed"][0]["response"]["id"]
+    with pytest.raises(openai.NotFoundError):
+        failing_server.client().responses.retrieve(gone)

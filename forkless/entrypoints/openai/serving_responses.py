@@ -22,11 +22,13 @@ Invariants:
       memory for ``previous_response_id`` and ``GET``, at most
       ``FORKLESS_RESPONSES_STORE_SIZE`` responses and :data:`MAX_STORED_CHARS` characters
       of JSON, the oldest dropped first; nothing is written to disk, and a restart forgets
-      them all.
+      them all. A stream is stored as it ended: ``failed`` (with its error) or
+      ``cancelled`` (the client left) as well as ``completed`` / ``incomplete``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -162,7 +164,9 @@ class OpenAIServingResponses:
         if req.truncation == "auto":
             fields["truncate_prompt_tokens"] = -1
         if req.stream:
-            fields["stream_options"] = {"include_usage": True}
+            # Usage in every chunk: a stream that fails or is left is stored with the
+            # tokens it had so far.
+            fields["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
         if req.tools:
             fields["tools"] = [_chat_tool(t, i) for i, t in enumerate(req.tools)]
         if req.tool_choice is not None:
@@ -278,7 +282,13 @@ class OpenAIServingResponses:
 
     async def _stream(self, req: ResponsesRequest, chunks: AsyncIterator[str], conversation: list[dict[str, Any]],
                       response_id: str, with_logprobs: bool) -> AsyncIterator[str]:
-        """The chat stream's chunks, rewritten as Responses events."""
+        """The chat stream's chunks, rewritten as Responses events.
+
+        With ``store``, the response is stored as the stream ends it, before its last
+        event: ``completed`` or ``incomplete``; ``failed``, with the error, when the chat
+        stream ends with one; ``cancelled``, with the output so far, when the client leaves
+        (or the server cancels the stream) before the end, as OpenAI's are.
+        """
         events = _EventWriter()
         created = int(time.time())
         shell = self._response(req, [], "in_progress", None, response_id, created)
@@ -287,32 +297,49 @@ class OpenAIServingResponses:
         yield events.emit("response.in_progress", response=shell)
         builder = _StreamedOutput(events, with_logprobs)
         finish, usage = None, None
-        async for raw in chunks:
-            for data in _sse_data(raw):
-                if data == "[DONE]":
-                    continue
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    for event in builder.close():
-                        yield event
-                    error = chunk["error"]
-                    yield events.emit("error", code=str(error.get("code")), message=error.get("message"),
-                                      param=error.get("param"))
-                    failed = self._response(req, builder.items, "failed", usage, response_id, created)
-                    failed["error"] = {"code": "server_error", "message": error.get("message")}
-                    yield events.emit("response.failed", response=failed)
-                    return
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or []:
-                    for event in builder.delta(choice.get("delta") or {}, choice.get("logprobs")):
-                        yield event
-                    finish = choice.get("finish_reason") or finish
-        for event in builder.close():
-            yield event
-        status = "incomplete" if finish == "length" else "completed"
-        response = self._response(req, builder.items, status, usage, response_id, created)
-        self._remember(req, response, conversation)
-        yield events.emit(f"response.{status}", response=response)
+        stored = False  # the response's end is stored: a close after it changes nothing
+        try:
+            async for raw in chunks:
+                for data in _sse_data(raw):
+                    if data == "[DONE]":
+                        continue
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        closing = builder.close()
+                        error = chunk["error"]
+                        failed = self._response(req, builder.items, "failed", usage, response_id, created)
+                        failed["error"] = {"code": "server_error", "message": error.get("message")}
+                        self._remember(req, failed, conversation)
+                        stored = True
+                        for event in closing:
+                            yield event
+                        yield events.emit("error", code=str(error.get("code")), message=error.get("message"),
+                                          param=error.get("param"))
+                        yield events.emit("response.failed", response=failed)
+                        return
+                    usage = chunk.get("usage") or usage
+                    for choice in chunk.get("choices") or []:
+                        for event in builder.delta(choice.get("delta") or {}, choice.get("logprobs")):
+                            yield event
+                        finish = choice.get("finish_reason") or finish
+            closing = builder.close()
+            status = "incomplete" if finish == "length" else "completed"
+            response = self._response(req, builder.items, status, usage, response_id, created)
+            self._remember(req, response, conversation)
+            stored = True
+            for event in closing:
+                yield event
+            yield events.emit(f"response.{status}", response=response)
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client left (or the server is stopping): the chat stream's own close
+            # aborts the engine request; what was streamed so far is kept, unfinished.
+            if not stored:
+                for item in builder.items:
+                    if item["status"] == "in_progress":
+                        item["status"] = "incomplete"
+                self._remember(req, self._response(req, builder.items, "cancelled", usage, response_id, created),
+                               conversation)
+            raise
 
 
 class _EventWriter:
