@@ -422,6 +422,21 @@ def test_a_stream_the_client_leaves_is_stored_as_cancelled(server: Server) -> No
     assert r.output_text.startswith(text) and 0 < r.usage.output_tokens < 200 and r.usage.input_tokens > 0
 
 
+def test_input_items_are_not_listed_and_say_so(server: Server) -> None:
+    # vLLM serves no input_items route, nor item_reference input items: each is a 4xx
+    # that names it, not a 500 or a bare "no route".
+    client = server.client()
+    r = client.responses.create(model="tiny", input="Hi", max_output_tokens=1)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.input_items.list(r.id)
+    assert "input_items" in info.value.message and info.value.body["param"] == "response_id"
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_none")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="tiny", input=[{"type": "item_reference", "id": r.output[0].id}])
+    assert "item_reference" in info.value.message and info.value.body["param"] == "input"
+
+
 @pytest.fixture(scope="module")
 def failing_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A server whose tool parser raises on a text with BOOM in it, mid-stream."""

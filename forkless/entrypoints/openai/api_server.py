@@ -312,6 +312,10 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     async def cancel_response(response_id: str) -> JSONResponse:
         return JSONResponse(responses.cancel(response_id))
 
+    @app.get("/v1/responses/{response_id}/input_items")
+    async def list_input_items(response_id: str) -> JSONResponse:
+        return JSONResponse(responses.input_items(response_id))
+
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest, request: Request) -> TokenizeResponse:
         check_deprecated(request, req)

@@ -1,5 +1,6 @@
 """OpenAI's Responses API (``POST /v1/responses``, ``GET`` / ``DELETE /v1/responses/{id}``,
-``POST /v1/responses/{id}/cancel``) on top of chat completions.
+``POST /v1/responses/{id}/cancel``, ``GET /v1/responses/{id}/input_items``) on top of chat
+completions.
 
 Invariants:
     * A Responses request becomes one chat completions request (instructions first as a
@@ -24,6 +25,8 @@ Invariants:
       of JSON, the oldest dropped first; nothing is written to disk, and a restart forgets
       them all. A stream is stored as it ended: ``failed`` (with its error) or
       ``cancelled`` (the client left) as well as ``completed`` / ``incomplete``.
+    * As in vLLM, ``item_reference`` input items and ``GET .../input_items`` are not
+      served: each is a 400 that names it.
 """
 
 from __future__ import annotations
@@ -237,6 +240,17 @@ class OpenAIServingResponses:
         self.store.get(response_id)
         raise BadRequest("cannot cancel a synchronous response: only background responses can be cancelled, "
                          "and this server runs none (background is not supported)", "response_id")
+
+    def input_items(self, response_id: str) -> dict[str, Any]:
+        """List a stored response's input items: not served, as in vLLM.
+
+        Raises:
+            BadRequest: 404, no such stored response; else 400 naming the route.
+        """
+        self.store.get(response_id)
+        raise BadRequest("listing a response's input items (GET /v1/responses/{id}/input_items) is not supported: "
+                         "input items are not stored one by one here (GET /v1/responses/{id} returns the response "
+                         "and its output)", "response_id")
 
     # -- response ------------------------------------------------------------------------
     def _response(self, req: ResponsesRequest, output: list[dict[str, Any]], status: str,
@@ -593,8 +607,11 @@ def _input_messages(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             key = "content" if item.get("content") else "summary"
             reasoning = _text_content(item.get(key) or [], f"{where}.{key}", _REASONING_PARTS)
         else:
+            # (As in vLLM, an item_reference is refused too: stored items are not looked up
+            # by id; previous_response_id carries a stored conversation on.)
+            hint = "; send the item itself, or chain with previous_response_id" if kind == "item_reference" else ""
             raise BadRequest(f"{where}.type {kind!r} is not supported (supported: message, function_call, "
-                             "function_call_output, reasoning)", "input")
+                             f"function_call_output, reasoning{hint})", "input")
     if not messages:
         raise BadRequest("input has no messages", "input")
     return messages
