@@ -187,21 +187,36 @@ def test_bad_constraints_are_400_and_the_server_keeps_serving(server: Server, bo
 def test_a_grammar_xgrammar_cannot_compile_is_refused_naming_the_field_or_served_by_guidance(server: Server) -> None:
     """The API server's check reads EBNF with llguidance, which passes an empty alternative
     that xgrammar's compiler refuses in the engine core: with the xgrammar backend the
-    refusal names structured_outputs, unstreamed and in the stream's error event; with
-    guidance (and with auto, the default, which falls back to it) the grammar is served."""
+    refusal is a 400 naming structured_outputs, streamed or not (a stream waits for the
+    compiled grammar's first token before its 200 starts), and the server keeps serving;
+    with guidance (and with auto, the default, which falls back to it) the grammar is served."""
     import httpx
 
     fields = {"model": "smol", "max_tokens": 2, "structured_outputs": {"grammar": 'root ::= "a" | '}}
-    chat = httpx.post(server.url + "/v1/chat/completions", json={"messages": _user("Say a."), **fields}, timeout=60)
-    streamed = httpx.post(server.url + "/v1/completions", json={"prompt": "Say a.", "stream": True, **fields},
-                          timeout=60)
-    events = [line[len("data: "):] for line in streamed.text.splitlines() if line.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    if server.extra["backend"] == "xgrammar":
-        assert chat.status_code == 400 and chat.json()["error"]["param"] == "structured_outputs", chat.text
-        error = json.loads(events[-2])["error"]
-        assert (error["code"], error["param"]) == (400, "structured_outputs"), error
-    else:
-        assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["content"] in ("a", ""), chat.text
-        text = "".join(c["text"] for e in events[:-1] for c in json.loads(e)["choices"])
-        assert text in ("a", ""), events
+    replies = {
+        (path, stream): httpx.post(server.url + path, json={**body, "stream": stream, **fields}, timeout=60)
+        for path, body in (("/v1/chat/completions", {"messages": _user("Say a.")}),
+                           ("/v1/completions", {"prompt": "Say a.", "n": 2}))
+        for stream in (False, True)}
+    for (path, stream), reply in replies.items():
+        if server.extra["backend"] == "xgrammar":
+            assert reply.status_code == 400, (path, stream, reply.text)
+            assert reply.headers["content-type"].startswith("application/json"), (path, stream)
+            error = reply.json()["error"]
+            assert error["param"] == "structured_outputs" and "xgrammar" in error["message"], (path, stream, error)
+        else:
+            assert reply.status_code == 200, (path, stream, reply.text)
+            if not stream:
+                body = reply.json()["choices"]
+                texts = [c["message"]["content"] if "message" in c else c["text"] for c in body]
+            else:
+                events = [line[len("data: "):] for line in reply.text.splitlines() if line.startswith("data: ")]
+                assert events[-1] == "[DONE]", events
+                chunks = [c for e in events[:-1] for c in json.loads(e)["choices"]]
+                texts = ["".join(c.get("text") or (c.get("delta") or {}).get("content") or "" for c in chunks
+                                 if c["index"] == i) for i in {c["index"] for c in chunks}]
+            assert texts and all(t in ("a", "") for t in texts), (path, stream, texts)
+    client = server.client()
+    streamed = client.completions.create(model="smol", prompt="Say a.", max_tokens=3, stream=True,
+                                         extra_body={"structured_outputs": {"regex": "a+"}})
+    assert re.fullmatch("a*", "".join(c.choices[0].text for c in streamed if c.choices))

@@ -34,7 +34,7 @@ import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Sequence, TypeVar
 
 import msgspec
 
@@ -340,6 +340,29 @@ def to_beam_search_params(req: SamplingFields, max_tokens: int | None, default_m
                                 skip_special_tokens=req.skip_special_tokens)
     except ValueError as exc:
         raise BadRequest(str(exc), _refused_field(str(exc), req)) from None
+
+
+async def _first_output(stream: AsyncIterator["RequestOutput"]) -> "RequestOutput | None":
+    """The first output of ``stream``, or None when it ends without one."""
+    async for out in stream:
+        return out
+    return None
+
+
+async def _resumed(first: "RequestOutput | None",
+                   stream: AsyncIterator["RequestOutput"]) -> AsyncIterator["RequestOutput"]:
+    """``first`` (taken from ``stream`` already), then the rest of ``stream``; closing this
+    closes ``stream`` (which aborts its request if it did not finish)."""
+    try:
+        if first is None:
+            return
+        yield first
+        async for out in stream:
+            yield out
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 async def _without_generation(stream: AsyncIterator["RequestOutput"]) -> AsyncIterator["RequestOutput"]:
@@ -778,6 +801,8 @@ class OpenAIServing:
         streams = [self._engine_stream(req, _engine_prompt(ids, req), sp, f"{engine_id}-{i}", lora, client_key,
                                        group_id=engine_id)
                    for i, (ids, sp) in enumerate(zip(prompts, params))]
+        if req.stream:
+            streams = await self._started(streams, params, req)
         if echo_only:
             streams = [_without_generation(s) for s in streams]
         model_name = self._response_model(lora)
@@ -1112,6 +1137,7 @@ class OpenAIServing:
                                      _client_key(req, raw_request))
         model_name = self._response_model(lora)
         if req.stream:
+            (stream,) = await self._started([stream], [params], req)
             return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, len(ids), named,
                                      with_cached_tokens)
         (final,) = await self._collect([stream], raw_request, req)
@@ -1165,6 +1191,42 @@ class OpenAIServing:
                                         lora_request=lora, client_key=client_key)
         except InvalidRequestError as exc:
             raise BadRequest(str(exc), _refused_field(str(exc), req)) from None
+
+    async def _started(self, streams: list[AsyncIterator["RequestOutput"]],
+                       params: Sequence[SamplingParams | BeamSearchParams],
+                       req: SamplingFields) -> list[AsyncIterator["RequestOutput"]]:
+        """The streams of a streamed request, each past its first output where the engine
+        may still refuse it after taking it: a constrained request's grammar compiles in
+        the engine core, and a backend can refuse there what the API server's check
+        passed (xgrammar's compiler refuses an empty EBNF alternative that llguidance's
+        parser reads). Once the 200 and its headers are sent such a refusal could only be
+        an error event inside the stream; waiting for the first output (or the refusal)
+        makes it a 400, as unstreamed. Other streams are returned as they are, so their
+        response starts at once.
+
+        Raises:
+            BadRequest: The engine refused a request; ``param`` names ``req``'s field
+                (every stream is closed, which aborts the others).
+        """
+        if not any(isinstance(p, SamplingParams) and p.structured_outputs is not None for p in params):
+            return streams
+        from forkless.engine.async_llm import InvalidRequestError
+
+        firsts = [asyncio.ensure_future(_first_output(s)) for s in streams]
+        try:
+            outputs = await asyncio.gather(*firsts)
+        except BaseException as exc:  # a refusal, or the client gone (the handler cancelled)
+            for f in firsts:
+                f.cancel()
+            await asyncio.gather(*firsts, return_exceptions=True)
+            for s in streams:
+                aclose = getattr(s, "aclose", None)
+                if aclose is not None:
+                    await aclose()  # aborts the requests in the engine
+            if isinstance(exc, InvalidRequestError):
+                raise BadRequest(str(exc), _refused_field(str(exc), req)) from None
+            raise
+        return [_resumed(first, s) for first, s in zip(outputs, streams)]
 
     def log_request(self, request_id: str, prompt: list[int], params: Any) -> None:
         """With ``--enable-log-requests``, one line per engine request: its id, prompt length
