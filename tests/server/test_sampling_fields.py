@@ -67,6 +67,11 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
     (_completion(structured_outputs={"regex": "a+", "choice": ["b"]}), "structured_outputs"),
     (_completion(guided_choice=["a", "b"]), "guided_choice"),
     (_completion(logprob_token_ids=[1]), "logprob_token_ids"),
+    (_completion(prompt_logprob_token_ids=[1, 2]), "prompt_logprob_token_ids"),
+    (_chat(prompt_logprob_start=3), "prompt_logprob_start"),
+    (_completion(trace_decode_token_ids=[5, 6]), "trace_decode_token_ids"),
+    (_chat(detokenize=False), "detokenize"),
+    (_completion(flat_logprobs="yes"), "flat_logprobs"),
     (_completion(return_token_ids=True), "return_token_ids"),
     (_completion(thinking_token_budget=10), "thinking_token_budget"),
     (_completion(add_special_tokens=False), "add_special_tokens"),
@@ -96,8 +101,9 @@ def test_fields_that_would_be_ignored_are_rejected_naming_them(req, param) -> No
 @pytest.mark.parametrize("req", [
     _completion(use_beam_search=False, length_penalty=1.0, best_of=1, response_format={"type": "text"},
                 add_special_tokens=True, return_token_ids=False, thinking_token_budget=-1, session_id="s",
-                some_future_openai_field=1, cache_salt="s", logits_processors=[]),
-    _chat(add_special_tokens=False, echo=False, include_reasoning=True),
+                some_future_openai_field=1, cache_salt="s", logits_processors=[], flat_logprobs=True,
+                prompt_logprob_start=0, detokenize=True),
+    _chat(add_special_tokens=False, echo=False, include_reasoning=True, flat_logprobs=False),
 ])
 def test_vllm_fields_at_their_do_nothing_values_are_accepted(req) -> None:
     to_sampling_params(req, 5, None, 5)
@@ -238,6 +244,33 @@ def test_unsupported_fields_are_openai_style_400s(server: Server) -> None:
         assert r.status_code == 400, (body, r.text)
         error = r.json()["error"]
         assert error["type"] == "BadRequestError" and error["param"] == param and param in error["message"]
+
+
+def test_vllm_engine_logprob_fields_are_honoured_or_refused_never_ignored(server: Server) -> None:
+    """flat_logprobs picks how vLLM's engine holds logprobs in memory: either value gives
+    the same JSON, and neither is logged as ignored. prompt_logprob_token_ids would score
+    chosen tokens at each prompt position, which is not implemented: a 400 naming it."""
+    body = {"prompt": PROMPT, "max_tokens": 3, "temperature": 0, "logprobs": 2, "prompt_logprobs": 1}
+    plain = _post(server, "/v1/completions", body)
+    for flat in (True, False):
+        r = _post(server, "/v1/completions", {**body, "flat_logprobs": flat})
+        assert r.status_code == 200, r.text
+        for key in ("text", "logprobs", "prompt_logprobs"):
+            assert r.json()["choices"][0][key] == plain.json()["choices"][0][key], key
+    chat = _post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "logprobs": True,
+                                                  "top_logprobs": 1, "flat_logprobs": True})
+    assert chat.status_code == 200 and chat.json()["choices"][0]["logprobs"]["content"], chat.text
+    for route, extra in (("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", {"messages": MESSAGES})):
+        r = _post(server, route, {**extra, "max_tokens": 2, "prompt_logprob_token_ids": [1, 2]})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "prompt_logprob_token_ids", r.text
+    r = _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "flat_logprobs": "yes"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "flat_logprobs", r.text
+    # An unknown field is still logged (the check below would see one).
+    assert _post(server, "/v1/completions", {"prompt": PROMPT, "max_tokens": 1, "flat_logprobz": 1}).status_code == 200
+    ignored = [line for line in server.log().splitlines() if "present in the request but ignored" in line]
+    assert any("flat_logprobz" in line for line in ignored), ignored
+    assert not any("flat_logprobs" in line or "prompt_logprob_token_ids" in line for line in ignored), ignored
 
 
 def test_unknown_stream_options_are_refused() -> None:

@@ -112,6 +112,16 @@ _UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "mm_processor_kwargs": ((None, {}), "multimodal inputs are not supported"),
     "media_io_kwargs": ((None, {}), "multimodal inputs are not supported"),
     "early_stopping": ((None, False), "beam search runs every beam to max_tokens or EOS"),
+    # vLLM SamplingParams fields that vLLM's server does not take either (it logs them as
+    # ignored): each changes the answer, so a value other than its default is refused.
+    "prompt_logprob_token_ids": ((None,), "prompt_logprob_token_ids is not supported; use prompt_logprobs"),
+    "prompt_logprob_start": ((None, 0), "prompt logprobs always start at the first prompt token"),
+    "trace_decode_token_ids": ((None,), "trace_decode_token_ids is not supported: tokens are sampled"),
+    "detokenize": ((None, True), "detokenize=false is not supported: the answer is text"),
+    # Also engine-level only in vLLM, but either value is honoured: it picks the container
+    # that holds logprobs in the engine's memory (vLLM's FlatLogprobs), and the JSON answer
+    # is the same whichever it is. Anything but a boolean is refused.
+    "flat_logprobs": ((None, False, True), "flat_logprobs must be true or false"),
     # vLLM's per-request processors by qualified name (which vLLM refuses unless started
     # with --logits-processor-pattern): forkless runs batch-level processors only.
     "logits_processors": ((None, []), "per-request logits processors are not supported; start the server "
