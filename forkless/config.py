@@ -608,7 +608,9 @@ class EngineArgs:
         g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=d.pipeline_parallel_size,
                        help="split the layers into this many stages, one worker process each (x -tp)")
         g.add_argument("--disable-log-stats", action="store_true",
-                       help="do not log throughput periodically (the /metrics endpoint stays)")
+                       help="keep no statistics, as vLLM: no periodic throughput line and no forkless: series at "
+                            "/metrics (which still answers); stat logger plugins, if any, still get them, with the "
+                            "/metrics series")
         g.add_argument("--structured-outputs-config", default=None, metavar="JSON",
                        help='structured outputs, vLLM\'s keys: {"backend": "auto"} (auto, xgrammar, guidance or a '
                             'class path; also disable_fallback, disable_any_whitespace, '

@@ -108,8 +108,11 @@ class AsyncLLM:
         config: The engine configuration.
         stat_loggers: Extra stat loggers: ``StatLoggerBase`` subclasses (constructed as
             ``cls(config, 0)``, vLLM's ``(vllm_config, engine_idx)``) or instances.
-        log_stats: Whether to log throughput periodically (the Prometheus logger behind
-            ``render_metrics`` is always on).
+        log_stats: Whether to keep statistics (vLLM's rule, ``--disable-log-stats``
+            turns it off): the periodic throughput line and the Prometheus metrics of
+            ``render_metrics``. Off, ``render_metrics`` is empty, unless stat loggers are
+            given or installed as plugins: they then run, with the Prometheus metrics, and
+            only the periodic line stays off.
 
     Raises:
         ValueError, ImportError, TypeError: ``distributed_executor_backend`` names no
@@ -145,16 +148,28 @@ class AsyncLLM:
         self._end_in_flight: str | None = None
         self.dead_event: asyncio.Event | None = None
         spec = config.speculative_config
-        self.prometheus = PrometheusStatLogger(
-            config.model_config, max_loras=config.lora_config.max_loras if config.lora_config is not None else None,
-            num_speculative_tokens=spec.num_speculative_tokens if spec is not None else None,
-            kv_transfer=config.kv_transfer_config is not None)
-        self.stat_loggers: list[StatLoggerBase] = [self.prometheus]
+        plugins = load_stat_logger_plugin_factories()
+        # As vLLM's AsyncLLM: without log_stats no statistics are kept (no periodic line,
+        # no Prometheus series: /metrics answers, empty), unless there are stat loggers
+        # of the user's own, which then get them, and the Prometheus logger with them.
+        self.log_stats = log_stats or bool(plugins or stat_loggers)
+        if not log_stats and self.log_stats:
+            logger.info("statistics are on for the stat loggers given or installed as plugins, "
+                        "without the periodic log line (log_stats=False, --disable-log-stats)")
+        self.prometheus: PrometheusStatLogger | None = None
+        self.stat_loggers: list[StatLoggerBase] = []
+        if self.log_stats:
+            self.prometheus = PrometheusStatLogger(
+                config.model_config,
+                max_loras=config.lora_config.max_loras if config.lora_config is not None else None,
+                num_speculative_tokens=spec.num_speculative_tokens if spec is not None else None,
+                kv_transfer=config.kv_transfer_config is not None)
+            self.stat_loggers.append(self.prometheus)
         self._stat_logger_failures: dict[int, int] = {}  # id(logger) -> failed record() calls
         self._interval_views = IntervalViews()  # vLLM's per-interval fields of the stats
         if log_stats:
             self.stat_loggers.append(LoggingStatLogger(config))
-        for cls in load_stat_logger_plugin_factories():
+        for cls in plugins:
             self.stat_loggers.append(make_stat_logger(cls, config, f"stat logger plugin {cls.__qualname__}"))
         for item in stat_loggers or []:
             self.stat_loggers.append(make_stat_logger(item, config, "AsyncLLM(stat_loggers=...)"))
@@ -263,7 +278,8 @@ class AsyncLLM:
         return list(self.processor.apply_chat_template(messages, **kwargs)["prompt_token_ids"])
 
     def render_metrics(self) -> bytes:
-        return self.prometheus.render()
+        """The Prometheus exposition text of ``GET /metrics`` (empty without statistics)."""
+        return self.prometheus.render() if self.prometheus is not None else b""
 
     # -- requests -----------------------------------------------------------------------
     def generate(self, prompt: Any, sampling_params: "SamplingParams", request_id: str,
@@ -495,8 +511,9 @@ class AsyncLLM:
                     queue.put_nowait(request_output)
             if result.reqs_to_abort:
                 await self.client.abort_requests(result.reqs_to_abort)
-            self._record(outputs.scheduler_stats,
-                         iteration_stats(result.num_new_tokens, result.finished, result.first_tokens))
+            if self.stat_loggers:  # (none with log_stats off: nothing to compute the stats for)
+                self._record(outputs.scheduler_stats,
+                             iteration_stats(result.num_new_tokens, result.finished, result.first_tokens))
         elif kind == ipc.REQUEST_ERROR:
             data = ipc.decode(payload)
             parent = self._parent_of.get(data["request_id"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -20,8 +21,12 @@ def value(samples: list, name: str, **labels: str) -> float:
     return sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
 
 
+THROUGHPUT_LINE = "prompt throughput"
+
+
 def test_counters_and_histograms_match_the_requests_sent(tiny_llama: Path, tmp_path: Path) -> None:
-    srv = start_server(tiny_llama, tmp_path, "--served-model-name", "tiny")
+    srv = start_server(tiny_llama, tmp_path, "--served-model-name", "tiny",
+                       env_extra={"FORKLESS_LOG_STATS_INTERVAL": "0.3"})
     try:
         client = srv.client()
         sent = []  # (usage, number of sequences)
@@ -63,5 +68,25 @@ def test_counters_and_histograms_match_the_requests_sent(tiny_llama: Path, tmp_p
         assert value(m, "forkless:inter_token_latency_seconds_count") == multi_token
         assert wait_until(lambda: value(scrape(srv), "forkless:kv_cache_usage_perc") == 0, 15)
         assert value(scrape(srv), "forkless:num_requests_running") == 0
+        # The periodic line (which --disable-log-stats turns off: below).
+        assert THROUGHPUT_LINE in srv.log()
+    finally:
+        assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
+def test_disable_log_stats_keeps_no_statistics_as_vllm(tiny_llama: Path, tmp_path: Path) -> None:
+    """vLLM's --disable-log-stats without stat logger plugins: no periodic line and no
+    Prometheus series; /metrics still answers (empty), and requests are served."""
+    srv = start_server(tiny_llama, tmp_path, "--served-model-name", "tiny", "--disable-log-stats",
+                       env_extra={"FORKLESS_LOG_STATS_INTERVAL": "0.3"})
+    try:
+        client = srv.client()
+        for i in range(3):
+            assert client.completions.create(model="tiny", prompt=f"Quiet {i}", max_tokens=4).usage.completion_tokens
+        time.sleep(1.0)  # three log intervals
+        response = httpx.get(srv.url + "/metrics", timeout=30)
+        assert response.status_code == 200
+        assert not [s for s in scrape(srv) if s.name.startswith("forkless:")]
+        assert THROUGHPUT_LINE not in srv.log()
     finally:
         assert stop_and_check(srv) == 0, srv.log()[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
@@ -76,6 +77,28 @@ def test_stat_logger_plugin_receives_the_requests(plugin_server: Server) -> None
                 "generation": before["generation"] + sum(r.usage.completion_tokens for r in sent),
                 "finished": sorted(before["finished"] + ["length"] * 3)}
     assert wait_until(lambda: stat_totals(path) == expected, 10), (stat_totals(path), expected)
+
+
+def test_stat_logger_plugin_keeps_stats_on_under_disable_log_stats(toy_model: Path, plugin_site: Path,
+                                                                   tmp_path: Path) -> None:
+    """As vLLM: with --disable-log-stats a stat logger plugin still gets every batch, and
+    the Prometheus series at /metrics are kept with it; only the periodic line is off."""
+    from tests.server.test_metrics import THROUGHPUT_LINE, scrape, value
+
+    stats = tmp_path / "stats.jsonl"
+    srv = start_server(toy_model, tmp_path, "--served-model-name", "toy", "--disable-log-stats", site=plugin_site,
+                       env_extra={"FORKLESS_PLUGINS": "example_model,example_stat_logger",
+                                  "FORKLESS_EXAMPLE_STATS_FILE": str(stats), "FORKLESS_LOG_STATS_INTERVAL": "0.3"})
+    try:
+        sent = [srv.client().completions.create(model="toy", prompt=f"Count {i}", max_tokens=3, temperature=0)
+                for i in range(2)]
+        generated = sum(r.usage.completion_tokens for r in sent)
+        assert wait_until(lambda: stat_totals(stats)["generation"] == generated, 10), stat_totals(stats)
+        assert wait_until(lambda: value(scrape(srv), "forkless:generation_tokens_total") == generated, 10)
+        time.sleep(1.0)  # three log intervals
+        assert THROUGHPUT_LINE not in srv.log()
+    finally:
+        assert stop_and_check(srv) == 0, srv.log()[-3000:]
 
 
 def test_opted_in_endpoint_plugin_serves_its_route(plugin_server: Server) -> None:
