@@ -178,6 +178,12 @@ class SamplingFields(RequestModel):
     # vLLM's beam search: the n best of n beams (scores divide by length ** length_penalty).
     use_beam_search: bool = False
     length_penalty: float = 1.0
+    # vLLM's, accepted without effect as on vLLM's generation endpoints: session_id names
+    # the requests of one conversation (vLLM routes a session to one of its engines; there
+    # is one here), and the two others are read by vLLM's /render endpoints only.
+    session_id: str | None = None
+    return_token_offsets: bool | None = False
+    return_mm_kwargs: bool = True
 
     @field_validator("n", "stream", mode="before")
     @classmethod

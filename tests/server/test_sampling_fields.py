@@ -71,6 +71,7 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
     (_chat(prompt_logprob_start=3), "prompt_logprob_start"),
     (_completion(trace_decode_token_ids=[5, 6]), "trace_decode_token_ids"),
     (_chat(detokenize=False), "detokenize"),
+    (_chat(return_prompt_text=True), "return_prompt_text"),
     (_completion(flat_logprobs="yes"), "flat_logprobs"),
     (_completion(return_token_ids=True), "return_token_ids"),
     (_completion(thinking_token_budget=10), "thinking_token_budget"),
@@ -102,8 +103,9 @@ def test_fields_that_would_be_ignored_are_rejected_naming_them(req, param) -> No
     _completion(use_beam_search=False, length_penalty=1.0, best_of=1, response_format={"type": "text"},
                 add_special_tokens=True, return_token_ids=False, thinking_token_budget=-1, session_id="s",
                 some_future_openai_field=1, cache_salt="s", logits_processors=[], flat_logprobs=True,
-                prompt_logprob_start=0, detokenize=True),
-    _chat(add_special_tokens=False, echo=False, include_reasoning=True, flat_logprobs=False),
+                prompt_logprob_start=0, detokenize=True, return_token_offsets=True, return_mm_kwargs=False),
+    _chat(add_special_tokens=False, echo=False, include_reasoning=True, flat_logprobs=False, session_id="s",
+          return_prompt_text=False),
 ])
 def test_vllm_fields_at_their_do_nothing_values_are_accepted(req) -> None:
     to_sampling_params(req, 5, None, 5)
@@ -271,6 +273,23 @@ def test_vllm_engine_logprob_fields_are_honoured_or_refused_never_ignored(server
     ignored = [line for line in server.log().splitlines() if "present in the request but ignored" in line]
     assert any("flat_logprobz" in line for line in ignored), ignored
     assert not any("flat_logprobs" in line or "prompt_logprob_token_ids" in line for line in ignored), ignored
+
+
+def test_vllm_fields_without_effect_are_typed_and_not_logged_as_ignored(server: Server) -> None:
+    """session_id, return_token_offsets and return_mm_kwargs change nothing on vLLM's
+    generation endpoints: accepted (a value of the wrong type is a 400), never logged as
+    ignored; return_prompt_text, which would add the templated prompt to the answer, is
+    a 400 naming it."""
+    fields = {"session_id": "conversation-7", "return_token_offsets": True, "return_mm_kwargs": False}
+    for route, extra in (("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", {"messages": MESSAGES})):
+        r = _post(server, route, {**extra, "max_tokens": 2, **fields})
+        assert r.status_code == 200, r.text
+        r = _post(server, route, {**extra, "max_tokens": 2, "session_id": 7})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "session_id", r.text
+    r = _post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "return_prompt_text": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "return_prompt_text", r.text
+    ignored = [line for line in server.log().splitlines() if "present in the request but ignored" in line]
+    assert not any(name in line for line in ignored for name in [*fields, "return_prompt_text"]), ignored
 
 
 def test_unknown_stream_options_are_refused() -> None:

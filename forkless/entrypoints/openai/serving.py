@@ -142,6 +142,8 @@ _UNSUPPORTED_CHAT_FIELDS = {
     "include_reasoning": ((None, True), "include_reasoning=false is not supported"),
     "functions": ((None,), "the legacy functions field is not supported; use tools"),
     "function_call": ((None,), "the legacy function_call field is not supported; use tool_choice"),
+    # vLLM's: the answer would carry the templated prompt as prompt_text.
+    "return_prompt_text": ((None, False), "return_prompt_text is not supported"),
     "modalities": ((None, ["text"]), "only text output is supported"),
     "audio": ((None,), "audio output is not supported"),
     "prediction": ((None,), "predicted outputs are not supported"),
