@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,6 +120,30 @@ def test_client_disconnect_aborts_the_request(server: Server) -> None:
     assert generated < 240
     r = server.client().completions.create(model="tiny", prompt="still serving", max_tokens=3, temperature=0)
     assert r.usage.completion_tokens == 3
+
+
+def test_client_gone_before_a_constrained_stream_starts_aborts_it(server: Server) -> None:
+    """A constrained stream's response starts with its first output (so that a grammar
+    the engine refuses is still a 400); a client that leaves before then aborts it too."""
+    before = scrape(server)
+    # A regex of its own, so that the request waits for its grammar's compilation (not one
+    # cached by an earlier run), and that never completes: only an abort ends it early.
+    regex = f"(?:{os.urandom(8).hex()})?[ab ]+"
+    body = {"model": "tiny", "prompt": "Letters:", "max_tokens": 240, "stream": True, "ignore_eos": True,
+            "temperature": 0, "structured_outputs": {"regex": regex}}
+    with pytest.raises(httpx.TimeoutException):  # gone (most likely before the first output)
+        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.005))
+
+    def idle() -> bool:
+        m = scrape(server)
+        return value(m, "forkless:kv_cache_usage_perc") == 0 and value(m, "forkless:num_requests_running") == 0
+
+    assert wait_until(idle, 15)
+    generated = value(scrape(server), "forkless:generation_tokens_total") - value(before, "forkless:generation_tokens_total")
+    assert generated < 240
+    r = server.client().completions.create(model="tiny", prompt="still serving", max_tokens=3, temperature=0,
+                                           stream=True, extra_body={"structured_outputs": {"regex": "[ab ]+"}})
+    assert re.fullmatch("[ab ]*", "".join(c.choices[0].text for c in r if c.choices))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
