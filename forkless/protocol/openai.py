@@ -147,6 +147,11 @@ class SamplingFields(RequestModel):
     # OpenAI's range: -100 bans a token, 100 all but forces it; more means nothing more.
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
     user: str | None = None
+    # OpenAI's, accepted without effect as user is: safety_identifier names the end user
+    # for OpenAI's abuse checks, and prompt_cache_key steers requests to OpenAI's prompt
+    # caches, where the prefix cache here serves every request alike.
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
     # vLLM extensions
     top_k: int | None = None
     min_p: float | None = None

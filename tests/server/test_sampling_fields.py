@@ -277,15 +277,17 @@ def test_vllm_engine_logprob_fields_are_honoured_or_refused_never_ignored(server
 
 def test_vllm_fields_without_effect_are_typed_and_not_logged_as_ignored(server: Server) -> None:
     """session_id, return_token_offsets and return_mm_kwargs change nothing on vLLM's
-    generation endpoints: accepted (a value of the wrong type is a 400), never logged as
-    ignored; return_prompt_text, which would add the templated prompt to the answer, is
+    generation endpoints, nor OpenAI's safety_identifier and prompt_cache_key here:
+    accepted (a value of the wrong type is a 400), never logged as ignored; return_prompt_text, which would add the templated prompt to the answer, is
     a 400 naming it."""
-    fields = {"session_id": "conversation-7", "return_token_offsets": True, "return_mm_kwargs": False}
+    fields = {"session_id": "conversation-7", "return_token_offsets": True, "return_mm_kwargs": False,
+              "safety_identifier": "user-hash-1", "prompt_cache_key": "tenant-3"}
     for route, extra in (("/v1/completions", {"prompt": PROMPT}), ("/v1/chat/completions", {"messages": MESSAGES})):
         r = _post(server, route, {**extra, "max_tokens": 2, **fields})
         assert r.status_code == 200, r.text
-        r = _post(server, route, {**extra, "max_tokens": 2, "session_id": 7})
-        assert r.status_code == 400 and r.json()["error"]["param"] == "session_id", r.text
+        for name in ("session_id", "prompt_cache_key"):
+            r = _post(server, route, {**extra, "max_tokens": 2, name: 7})
+            assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text
     r = _post(server, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 2, "return_prompt_text": True})
     assert r.status_code == 400 and r.json()["error"]["param"] == "return_prompt_text", r.text
     ignored = [line for line in server.log().splitlines() if "present in the request but ignored" in line]
