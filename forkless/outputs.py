@@ -92,9 +92,12 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
         prompt_logprobs: Per prompt token, the requested logprobs (``None`` at position 0).
         num_cached_tokens: How many prompt tokens were served from the prefix cache.
         lora_request: The LoRA adapter the request ran with, if any.
-        metrics: vLLM's per-request statistics; always ``None`` here, as in vLLM's
-            ``LLM`` by default (``disable_log_stats=True``): per-request timings go to
-            the server's ``/metrics`` only.
+        metrics: vLLM's per-request statistics, a
+            ``forkless.metrics.stats.RequestStateStats`` (also importable as
+            ``forkless.v1.metrics.stats.RequestStateStats``) from the offline
+            ``LLM(disable_log_stats=False)``; ``None`` otherwise, as in vLLM's ``LLM`` by
+            default (``disable_log_stats=True``). ``AsyncLLM`` and the server leave it
+            ``None``: their per-request timings go to ``/metrics``.
     """
 
     request_id: str
@@ -105,7 +108,8 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int | None = None
     lora_request: Any = None  # a forkless.lora.LoRARequest (this leaf module imports none)
-    # vLLM scripts read it (``if out.metrics is not None: ...``).
+    # vLLM scripts read it (``if out.metrics is not None: ...``); a RequestStateStats
+    # (forkless.metrics, which this leaf module does not import) or None.
     metrics: Any = None
 
     def add(self, later: RequestOutput, aggregate: bool = True) -> None:

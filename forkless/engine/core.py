@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from forkless import envs
 from forkless.core.request import Request, RequestStatus
-from forkless.protocol.step import FinishReason, SpecDecodeStats
+from forkless.protocol.step import EngineCoreEvent, EngineCoreEventType, FinishReason, SpecDecodeStats
 from forkless.core.sched import KVCacheConfig, get_scheduler_cls
 from forkless.protocol.engine import EngineCoreOutputs
 from forkless.executor import get_executor_cls
@@ -43,17 +43,23 @@ class EngineCore:
     Args:
         config: The engine configuration. ``config.cache_config.num_blocks`` is set to
             the number of KV-cache blocks the workers allocated.
+        log_stats: Record each request's lifecycle events (queued, scheduled,
+            preempted; ``EngineCoreOutput.events``) for per-request statistics, as
+            vLLM's engine core does with ``log_stats``. Off, nothing is recorded.
 
     Raises:
         ValueError: The KV cache cannot hold one ``max_model_len`` sequence, or a class
             path in the config is invalid.
     """
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, log_stats: bool = False) -> None:
         from forkless.plugins import load_general_plugins
 
         load_general_plugins()
         self.config = config
+        self.log_stats = log_stats
+        # With log_stats: each request's events not sent yet; they go with its next output.
+        self._events: dict[str, list[EngineCoreEvent]] = {}
         # FORKLESS_STEP_TRACE_DIR: one record per async step (forkless.metrics.step_trace);
         # _collect adds its waiting and updating times to the step's record.
         self._trace = StepTrace.open("core")
@@ -192,8 +198,12 @@ class EngineCore:
             # Into the scheduler once its grammar is compiled (_admit_compiled).
             self._grammar_held[request.request_id] = (core_request, lora)
             self._structured.submit(request.request_id, so, request.prompt_token_ids)
-            return
-        self._queue(core_request, lora)
+        else:
+            self._queue(core_request, lora)
+        if self.log_stats:
+            # Once taken (a refused request has no events): a request whose grammar
+            # compiles first, or that waits for a LoRA slot, counts as queued all along.
+            self._events[request.request_id] = [EngineCoreEvent(EngineCoreEventType.QUEUED, time.monotonic())]
 
     def _queue(self, core_request: Request, lora: LoRARequest | None) -> None:
         """Hand a request to the scheduler (or hold it for an adapter slot)."""
@@ -265,6 +275,9 @@ class EngineCore:
         """``(request id, reason)`` of the requests failed since the last call (a worker could
         not run them: their LoRA adapter failed to load); they are finished already."""
         errors, self._request_errors = self._request_errors, []
+        if self._events:
+            for rid, _ in errors:
+                self._events.pop(rid, None)
         return errors
 
     def _admit_compiled(self) -> None:
@@ -288,11 +301,33 @@ class EngineCore:
         requests' grammar bitmask (left for :meth:`_sample_deferred` when a step is
         ``in_flight``: the grammars have not taken its tokens yet)."""
         scheduler_output = self._attach_loras(self.scheduler.schedule())
+        if self.log_stats:
+            self._record_plan(scheduler_output)
         if in_flight and self._defer_grammar:
             self._structured.defer(scheduler_output)
         else:
             self._structured.fill_bitmask(scheduler_output)
         return scheduler_output
+
+    def _record_plan(self, plan: SchedulerOutput) -> None:
+        """Note the plan's admissions (first or after a preemption) and its preemptions."""
+        now = time.monotonic()
+        events = self._events
+        for s in plan.scheduled_requests:
+            if s.is_new:
+                events.setdefault(s.request_id, []).append(EngineCoreEvent(EngineCoreEventType.SCHEDULED, now))
+        for rid in plan.preempted_request_ids:
+            events.setdefault(rid, []).append(EngineCoreEvent(EngineCoreEventType.PREEMPTED, now))
+
+    def _outputs(self, outputs: list) -> EngineCoreOutputs:
+        """A step's ``EngineCoreOutputs``: its outputs, with their requests' events, and the stats."""
+        events = self._events
+        if events:
+            for out in outputs:
+                if out.request_id in events:
+                    out.events = events.pop(out.request_id)
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time(),
+                                 monotonic_timestamp=time.monotonic())
 
     def _sample_pending(self) -> None:
         """Let the workers sample the pending step, launched with ``defer_sampling``, with
@@ -339,6 +374,9 @@ class EngineCore:
         self.scheduler.finish_requests(ids, finish_reason)
         if self._lora_of:
             self._lora_done(ids)
+        if self._events:
+            for rid in ids:
+                self._events.pop(rid, None)
 
     def step(self) -> EngineCoreOutputs:
         """Schedule, execute and update once.
@@ -360,7 +398,7 @@ class EngineCore:
         if self.async_scheduling:
             return self._step_async()
         if not self.scheduler.has_unfinished_requests():
-            return EngineCoreOutputs(scheduler_stats=self.make_stats(), timestamp=time.time())
+            return self._outputs([])
         scheduler_output = self._plan()
         runner_output = self._note_worker_output(self.executor.execute_model(scheduler_output))
         outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
@@ -368,7 +406,7 @@ class EngineCore:
             # Only a KV connector's transfers are in flight: let its threads have the CPU
             # rather than spin on empty steps.
             time.sleep(0.001)
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
+        return self._outputs(outputs)
 
     def _step_async(self) -> EngineCoreOutputs:
         # Schedule and launch step N+1, then collect step N: the host's scheduling and
@@ -430,7 +468,7 @@ class EngineCore:
                       num_reqs=len(plan.scheduled_requests) if plan is not None else 0,
                       num_tokens=plan.num_batched_tokens if plan is not None else 0, num_outputs=len(outputs))
             self._trace_wait = self._trace_update = self._trace_mask = 0.0
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
+        return self._outputs(outputs)
 
     def _step_batches(self) -> EngineCoreOutputs:
         # Pipeline parallelism: launch a batch while fewer than one per stage are in
@@ -449,7 +487,7 @@ class EngineCore:
         outputs: list = []
         if batches and (len(batches) == self._max_batches or not launched):
             outputs = self._collect(batches.popleft())[0]
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
+        return self._outputs(outputs)
 
     def _collect_pending(self, defer_advance: bool = False, fill: tuple[SchedulerOutput, Any] | None = None,
                          void: Sequence[str] = ()) -> tuple[list, bool]:

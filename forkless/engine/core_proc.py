@@ -90,7 +90,7 @@ class EngineCoreProc:
 
         self.last_stats = time.monotonic()
         self._send(ipc.OUTPUTS, EngineCoreOutputs(outputs=[], scheduler_stats=self.core.make_stats(),
-                                                  timestamp=time.monotonic()))
+                                                  timestamp=time.time(), monotonic_timestamp=self.last_stats))
 
     def run(self) -> None:
         import zmq

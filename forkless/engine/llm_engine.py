@@ -28,13 +28,16 @@ class LLMEngine:
 
     Args:
         config: The engine configuration.
+        log_stats: Give every ``RequestOutput`` its request's statistics
+            (``metrics``, a :class:`forkless.metrics.stats.RequestStateStats`), as
+            vLLM's ``LLMEngine(log_stats=True)``; off, ``metrics`` is ``None``.
 
     Raises:
         ValueError, ImportError, TypeError: ``distributed_executor_backend`` names no
             registered executor, does not import, or is not an ``Executor`` subclass.
     """
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, log_stats: bool = False) -> None:
         check_not_bootstrapping("LLM() / LLMEngine()")
         # Resolved first, before the tokenizer loads and the executor starts workers: a
         # bad --distributed-executor-backend fails at once (create_engine_config checked
@@ -42,16 +45,18 @@ class LLMEngine:
         get_executor_cls(config.parallel_config.distributed_executor_backend)
         self.config = config
         self.processor = Processor(config)
-        self.output_processor = OutputProcessor(self.processor.tokenizer)
-        self.engine_core = EngineCore(config)
+        self.log_stats = log_stats
+        self.output_processor = OutputProcessor(self.processor.tokenizer, log_stats=log_stats)
+        self.engine_core = EngineCore(config, log_stats=log_stats)
         # The other requests' outputs of a step that raised for failed requests, returned
         # by the next step() (see step()).
         self._held: list[RequestOutput] = []
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs) -> LLMEngine:
-        """Resolve the arguments and build the engine."""
-        return cls(engine_args.create_engine_config())
+        """Resolve the arguments and build the engine (with per-request statistics unless
+        ``disable_log_stats``, as vLLM's)."""
+        return cls(engine_args.create_engine_config(), log_stats=not engine_args.disable_log_stats)
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase:
         """The model's tokenizer."""
@@ -136,7 +141,8 @@ class LLMEngine:
             held, self._held = self._held, []
             return held
         core_outputs = self.engine_core.step()
-        processed = self.output_processor.process_outputs(core_outputs.outputs, core_outputs.timestamp)
+        processed = self.output_processor.process_outputs(core_outputs.outputs, core_outputs.timestamp,
+                                                          core_outputs.monotonic_timestamp)
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort, FinishReason.STOP)
         errors = self.engine_core.take_request_errors()

@@ -3,7 +3,8 @@
 Per request it detokenizes incrementally, applies stop strings (the engine core knows
 tokens, not text, so the caller must abort the ids returned in ``reqs_to_abort``), turns
 logprobs into ``Logprob`` dicts, merges the ``n`` child requests of a parent, honours
-``output_kind`` (cumulative, delta, final only) and records per-request timings.
+``output_kind`` (cumulative, delta, final only) and records per-request timings (with
+``log_stats``, vLLM's ``RequestStateStats`` too, shown as ``RequestOutput.metrics``).
 
 Prompt logprobs arrive with a child's first token; the parent keeps the first that
 arrive (every child of a parent has the same prompt) and shows them in every output,
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from forkless.engine.detokenizer import IncrementalDetokenizer
 from forkless.engine.stop_strings import StopStringMatcher
-from forkless.metrics.stats import RequestTiming
+from forkless.metrics.stats import RequestStateStats, RequestTiming
+from forkless.protocol.step import EngineCoreEventType
 from forkless.outputs import CompletionOutput, Logprob, PoolingOutput, PoolingRequestOutput, PromptLogprobs, RequestOutput
 from forkless.sampling_params import RequestOutputKind
 
@@ -56,7 +58,7 @@ class _Completion:
     """State of one engine-core request (one of a parent's ``n`` completions)."""
 
     def __init__(self, request_id: str, index: int, params: SamplingParams, parent: _Parent,
-                 tokenizer: PreTrainedTokenizerBase | None, stop: StopStringMatcher) -> None:
+                 tokenizer: PreTrainedTokenizerBase | None, stop: StopStringMatcher, log_stats: bool = False) -> None:
         self.request_id = request_id
         self.index = index
         self.params = params
@@ -85,6 +87,7 @@ class _Completion:
         self.sent_tokens = 0
         # A pooling request's result (it arrives with the request's only output).
         self.pooled: Any = None
+        self.stats = RequestStateStats(arrival_time=parent.arrival_time) if log_stats else None
 
     @property
     def finished(self) -> bool:
@@ -138,6 +141,25 @@ class _Completion:
             self.finish_reason = str(getattr(out.finish_reason, "value", out.finish_reason))
             self.stop_reason = out.stop_reason
         return stopped_by_text
+
+    def update_stats(self, out: EngineCoreOutput, now: float, core_time: float) -> None:
+        """Apply one engine-core output to :attr:`stats` (before :meth:`update`), as vLLM's
+        ``IterationStats.update_from_output``."""
+        stats = self.stats
+        assert stats is not None
+        if out.events:
+            for event in out.events:
+                if event.type == EngineCoreEventType.QUEUED:
+                    stats.queued_ts = event.timestamp
+                elif event.type == EngineCoreEventType.SCHEDULED and not stats.scheduled_ts:
+                    stats.scheduled_ts = event.timestamp
+        if not out.new_token_ids:
+            return
+        if self.first_token_time is None:
+            stats.first_token_latency = now - stats.arrival_time
+            stats.first_token_ts = core_time
+        stats.last_token_ts = core_time
+        stats.num_generation_tokens += len(out.new_token_ids)
 
     def _add_logprobs(self, raw: Any) -> None:
         assert self.logprobs is not None and self.cumulative_logprob is not None
@@ -247,6 +269,9 @@ class _Parent:
             prompt_logprobs=prompt_logprobs,
             num_cached_tokens=self.children[0].num_cached_tokens,
             lora_request=self.lora_request,
+            # As vLLM: the statistics of the completion whose news this is (the live
+            # object, complete once the request is finished).
+            metrics=updated[-1].stats,
         )
 
 
@@ -255,10 +280,13 @@ class OutputProcessor:
 
     Args:
         tokenizer: For detokenization; ``None`` returns token ids only (empty text).
+        log_stats: Keep a ``RequestStateStats`` per completion and show it as
+            ``RequestOutput.metrics`` (vLLM's ``log_stats``); off, ``metrics`` is ``None``.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase | None) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None, log_stats: bool = False) -> None:
         self.tokenizer = tokenizer
+        self.log_stats = log_stats
         self._parents: dict[str, _Parent] = {}
         self._children: dict[str, _Completion] = {}
 
@@ -275,18 +303,23 @@ class OutputProcessor:
         stop = StopStringMatcher(processed.params.stop or ())
         parent = _Parent(processed)
         for index, core_req in enumerate(processed.core_requests):
-            child = _Completion(core_req.request_id, index, core_req.sampling_params, parent, self.tokenizer, stop)
+            child = _Completion(core_req.request_id, index, core_req.sampling_params, parent, self.tokenizer, stop,
+                                self.log_stats)
             parent.add_child(child)
             self._children[child.request_id] = child
         self._parents[parent.request_id] = parent
 
-    def process_outputs(self, outputs: Iterable[EngineCoreOutput], now: float | None = None) -> OutputProcessorOutput:
+    def process_outputs(self, outputs: Iterable[EngineCoreOutput], now: float | None = None,
+                        core_time: float | None = None) -> OutputProcessorOutput:
         """Apply one engine-core step's outputs.
 
         Args:
             outputs: ``EngineCoreOutputs.outputs``. Ids no longer tracked (aborted) are
                 ignored.
             now: The time to record (default ``time.time()``).
+            core_time: With ``log_stats``, the step's end on the engine core's monotonic
+                clock (``EngineCoreOutputs.monotonic_timestamp``; default
+                ``time.monotonic()``), for the first and last token times.
 
         Returns:
             The request outputs, the ids to abort in the core, and finished timings.
@@ -297,11 +330,16 @@ class OutputProcessor:
         children_by_id = self._children
         final_only = RequestOutputKind.FINAL_ONLY
         num_new_tokens = 0
+        log_stats = self.log_stats
+        if log_stats and not core_time:
+            core_time = time.monotonic()
         for out in outputs:
             child = children_by_id.get(out.request_id)
             if child is None or child.finish_reason is not None:
                 continue
             num_new_tokens += len(out.new_token_ids)
+            if log_stats:
+                child.update_stats(out, now, core_time)
             first = child.first_token_time is None and bool(out.new_token_ids)
             if child.update(out, now):
                 result.reqs_to_abort.append(child.request_id)

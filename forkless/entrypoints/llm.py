@@ -50,6 +50,8 @@ class LLM:
             embedded default model (SmolLM2-135M-Instruct).
         **engine_args: Any :class:`forkless.config.EngineArgs` field, named like vLLM's
             flags (``max_model_len=...``, ``enable_prefix_caching=...``).
+            ``disable_log_stats`` defaults to ``True`` here, as in vLLM's ``LLM``:
+            ``disable_log_stats=False`` gives every ``RequestOutput`` its ``metrics``.
 
     Raises:
         ValueError: An invalid engine argument (the message names it).
@@ -57,6 +59,8 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        # vLLM's LLM collects no statistics unless asked (RequestOutput.metrics is None).
+        engine_args.setdefault("disable_log_stats", True)
         try:
             args = EngineArgs(model=model, **engine_args)
         except TypeError as exc:

@@ -14,8 +14,40 @@ from dataclasses import dataclass, field
 # so it lives in the protocol package.
 from forkless.protocol.step import PrefixCacheStats, SchedulerStats, SpecDecodeStats
 
-__all__ = ["FinishedRequestStats", "IntervalViews", "IterationStats", "PrefixCacheStats", "RequestTiming",
-           "SchedulerStats", "iteration_stats"]
+__all__ = ["FinishedRequestStats", "IntervalViews", "IterationStats", "PrefixCacheStats", "RequestStateStats",
+           "RequestTiming", "SchedulerStats", "iteration_stats"]
+
+
+@dataclass
+class RequestStateStats:
+    """One request's statistics so far, as vLLM's (``RequestOutput.metrics`` of the offline
+    ``LLM(disable_log_stats=False)``).
+
+    Two clocks, as in vLLM: ``arrival_time`` is the caller's wall clock (``time.time()``);
+    the ``*_ts`` fields are the engine core's ``time.monotonic()``, comparable with one
+    another but not with ``arrival_time``. A field not reached yet is 0.
+
+    Attributes:
+        num_generation_tokens: Tokens the engine generated for the request.
+        arrival_time: When the request arrived (wall clock).
+        queued_ts: When the engine core queued it.
+        scheduled_ts: When it was first scheduled (a readmission after a preemption
+            leaves it as it was).
+        first_token_ts: When the step that made its first token ended.
+        last_token_ts: When the step that made its latest token ended.
+        first_token_latency: Seconds from arrival to the first token (wall clock).
+        is_corrupted: vLLM's flag for NaNs in the logits; forkless does not count
+            them, so it stays ``False``.
+    """
+
+    num_generation_tokens: int = 0
+    arrival_time: float = 0.0
+    queued_ts: float = 0.0
+    scheduled_ts: float = 0.0
+    first_token_ts: float = 0.0
+    last_token_ts: float = 0.0
+    first_token_latency: float = 0.0
+    is_corrupted: bool = False
 
 
 @dataclass

@@ -59,9 +59,13 @@ class EngineCoreOutputs(msgspec.Struct, kw_only=True):
         outputs: One entry per request that produced tokens or finished.
         scheduler_stats: A snapshot for stat loggers (``None`` when not collected).
         timestamp: ``time.time()`` when the step finished.
+        monotonic_timestamp: The same moment in the engine core's ``time.monotonic()``
+            seconds, the clock of its request events (vLLM's ``EngineCoreOutputs.timestamp``
+            is this one): per-request statistics measure first and last tokens with it.
     """
 
     outputs: list[EngineCoreOutput] = msgspec.field(default_factory=list)
     scheduler_stats: SchedulerStats | None = None
     timestamp: float = 0.0
+    monotonic_timestamp: float = 0.0
 

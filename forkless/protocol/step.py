@@ -318,6 +318,29 @@ class ModelRunnerOutput:
     kv_connector_output: KVConnectorOutput | None = None
 
 
+class EngineCoreEventType(enum.IntEnum):
+    """What happened to a request in the engine core (vLLM's ``EngineCoreEventType``)."""
+
+    QUEUED = 1
+    SCHEDULED = 2
+    PREEMPTED = 3
+
+
+class EngineCoreEvent(msgspec.Struct, array_like=True, gc=False):
+    """One lifecycle event of a request, as vLLM's ``EngineCoreEvent``.
+
+    Recorded only when the engine core is asked to (``EngineCore(log_stats=True)``, the
+    offline ``LLM(disable_log_stats=False)``), and carried by the request's next output.
+
+    Attributes:
+        type: What happened.
+        timestamp: When, in the engine core's ``time.monotonic()`` seconds.
+    """
+
+    type: EngineCoreEventType
+    timestamp: float
+
+
 class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
     """News about one request after a step, for the engine / API server.
 
@@ -336,6 +359,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
         stop_reason: The ``stop_token_ids`` entry that finished it, if one did (``None``
             when EOS did, as in vLLM).
         pooling_output: A pooling request's pooled values (it finishes in that output).
+        events: The request's lifecycle events since its previous output (queued,
+            scheduled, preempted), or ``None``: only when the engine core records them.
     """
 
     request_id: str
@@ -346,6 +371,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
     stop_reason: int | None = None
     new_prompt_logprobs: Any = None
     pooling_output: PooledData | None = None
+    events: list[EngineCoreEvent] | None = None
 
     @property
     def finished(self) -> bool:

@@ -148,3 +148,34 @@ def test_vllms_top_level_names() -> None:
 
     assert RequestOutput is Direct
     assert all(hasattr(forkless, name) for name in forkless.__all__)
+
+
+def test_disable_log_stats_false_gives_vllms_per_request_metrics(tiny_llama: Path) -> None:
+    import time
+
+    from forkless.v1.metrics.stats import RequestStateStats
+
+    # One sequence at a time: the second prompt waits in the queue while the first runs.
+    llm = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=1 << 24, max_num_seqs=1,
+              disable_log_stats=False)
+    try:
+        wall, mono = time.time(), time.monotonic()
+        first, second = llm.generate(["Hello there", "General Kenobi"],
+                                     SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+        wall_end, mono_end = time.time(), time.monotonic()
+    finally:
+        llm.shutdown()
+    for out in (first, second):
+        m = out.metrics
+        assert isinstance(m, RequestStateStats)
+        assert m.num_generation_tokens == len(out.outputs[0].token_ids) == 5
+        # vLLM's clocks: arrival (and the latency from it) on the wall clock, the engine
+        # core's times on the monotonic one.
+        assert wall <= m.arrival_time <= wall_end
+        assert 0 < m.first_token_latency <= wall_end - m.arrival_time
+        assert mono <= m.queued_ts <= m.scheduled_ts <= m.first_token_ts < m.last_token_ts <= mono_end
+        assert m.is_corrupted is False
+    # The second was queued with the first and scheduled only once the first was done.
+    assert second.metrics.queued_ts <= first.metrics.scheduled_ts
+    assert second.metrics.scheduled_ts >= first.metrics.last_token_ts
+    assert second.metrics.first_token_latency > first.metrics.first_token_latency
