@@ -363,9 +363,9 @@ class UsageInfo(OpenAIModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
-    # Only where it was asked for (the Responses API's input_tokens_details), else left out
-    # of the JSON altogether: completions and chat do not report it (vLLM does only with
-    # --enable-prompt-tokens-details).
+    # Only where it was asked for, else left out of the JSON altogether: completions and
+    # chat report it with --enable-prompt-tokens-details (as vLLM, only when some prompt
+    # tokens were cached), and the Responses API's input_tokens_details are made from it.
     prompt_tokens_details: PromptTokenUsageInfo | None = Field(None, exclude_if=lambda value: value is None)
 
 

@@ -5,9 +5,11 @@ offline prompt dict, as vLLM's ``TextPrompt`` / ``TokensPrompt``), mixed into th
 hashes, so that one tenant cannot tell from response times whether another tenant sent a
 prompt. It must be a non-empty string: anything else is a 400 naming ``cache_salt``.
 
-forkless does not report ``usage.prompt_tokens_details`` (vLLM does only with
-``--enable-prompt-tokens-details``), so the server tests read the prefix-cache hits at
-``/metrics``; offline, ``RequestOutput.num_cached_tokens`` says it per request.
+The server tests read the prefix-cache hits at ``/metrics``; completions and chat report
+them per request in ``usage.prompt_tokens_details.cached_tokens`` only with
+``--enable-prompt-tokens-details`` (as vLLM), which this module's server has, and the
+last test checks that against ``/metrics``. Offline, ``RequestOutput.num_cached_tokens``
+says it per request.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ BLOCK = 16  # the default --block-size
 
 @pytest.fixture(scope="module")
 def srv(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    s = start_server(tiny_llama, tmp_path_factory.mktemp("cache-salt"), "--served-model-name", "tiny")
+    s = start_server(tiny_llama, tmp_path_factory.mktemp("cache-salt"), "--served-model-name", "tiny",
+                     "--enable-prompt-tokens-details")
     yield s
     assert stop_and_check(s) == 0, s.log()[-3000:]
 
@@ -119,3 +122,35 @@ def test_offline_prompt_dicts_take_a_salt(tiny_llama: Path) -> None:
     for bad in ("", 5, b"a"):
         with pytest.raises(ValueError, match="cache_salt"):
             llm.generate({"prompt_token_ids": ids, "cache_salt": bad}, params, use_tqdm=False)
+
+
+def test_enable_prompt_tokens_details_reports_the_hits_in_usage(srv: Server) -> None:
+    # --enable-prompt-tokens-details, vLLM's: completions and chat, streamed (the final
+    # usage chunk) or not, report usage.prompt_tokens_details.cached_tokens, the prompt's
+    # prefix-cache hits, as /metrics counts them; a prompt without a hit has no details
+    # (as vLLM's). Without the flag there are never any (tests/server/test_openai_api.py).
+    client = srv.client()
+    prompt, messages = long_prompt(), [{"role": "user", "content": long_prompt()}]
+    usages = []
+
+    def send(chat: bool, stream: bool):
+        kwargs = dict(model="tiny", max_tokens=1, temperature=0)
+        if stream:
+            kwargs["stream_options"] = {"include_usage": True}
+        if chat:
+            answer = client.chat.completions.create(messages=messages, stream=stream, **kwargs)
+        else:
+            answer = client.completions.create(prompt=prompt, stream=stream, **kwargs)
+        usages.append(list(answer)[-1].usage if stream else answer.usage)
+
+    for chat in (False, True):
+        for stream in (False, True, False):
+            hits = cached_tokens(srv, lambda: send(chat, stream))
+            details = usages[-1].prompt_tokens_details
+            assert (details.cached_tokens if details is not None else 0) == hits, (chat, stream, usages[-1])
+            assert details is None or 0 < details.cached_tokens < usages[-1].prompt_tokens
+        # The first send of the prompt may hit only the chat template's opening; the
+        # second and third hit the whole prompt but its last block.
+        assert usages[-1].prompt_tokens_details.cached_tokens >= 6 * BLOCK
+        assert usages[-1] == usages[-2]
+    assert usages[0].prompt_tokens_details is None  # a new completions prompt: no hit, no details

@@ -210,3 +210,21 @@ def test_echo_returns_the_prompt_as_sent_not_with_the_tokenizers_bos(bos_server:
     # Token ids have no text as sent: their decoding is echoed, BOS included.
     ids = client.completions.create(model="tiny", prompt=tokens, max_tokens=0, echo=True)
     assert ids.choices[0].text == "<|im_start|>" + prompt
+
+
+def test_usage_has_no_prompt_tokens_details_without_the_flag(server: Server) -> None:
+    # As vLLM: completions and chat report the prefix-cache hits only with
+    # --enable-prompt-tokens-details (tests/security/test_cache_salt.py); without it the
+    # key is left out, even where the whole prompt but its last block is a hit.
+    prompt = " ".join(f"word{i}" for i in range(40))  # ~130 tokens, 8 blocks
+    bodies = [("/v1/completions", {"prompt": prompt}),
+              ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}]})]
+    for path, body in bodies:
+        body = {"model": "tiny", "max_tokens": 1, "temperature": 0, **body}
+        for _ in range(2):
+            usage = httpx.post(server.url + path, json=body, timeout=60).json()["usage"]
+            assert set(usage) == {"prompt_tokens", "completion_tokens", "total_tokens"}, usage
+        streamed = httpx.post(server.url + path, json={**body, "stream": True, "stream_options": {"include_usage": True}},
+                              timeout=60).text
+        final = [line for line in streamed.splitlines() if line.startswith("data: {")][-1]
+        assert '"usage"' in final and "prompt_tokens_details" not in final, final

@@ -95,6 +95,9 @@ def add_parser(subparsers: Any) -> None:
                       help="log one line per request: its id, prompt length and sampling parameters")
     logs.add_argument("--disable-log-requests", action="store_true",
                       help="no per-request lines: the default (accepted for vLLM's command lines)")
+    group.add_argument("--enable-prompt-tokens-details", action="store_true",
+                       help="completions and chat report usage.prompt_tokens_details.cached_tokens, the prompt "
+                            "tokens found in the prefix cache (as vLLM: only when there are some)")
     group.add_argument("--middleware", action="append", default=[],
                        help="ASGI middleware class path or async function (repeatable)")
     group.add_argument("--api-server-count", type=int, default=1, help="API server processes (only 1)")
@@ -406,7 +409,8 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: s
                         middleware=args.middleware, metrics=engine.render_metrics,
                         chat_options=args.chat_options, limits=args.http_limits,
                         lora_modules=args.lora_module_paths, io_processor=args.io_processor,
-                        log_requests=args.enable_log_requests, frontend=args.frontend)
+                        log_requests=args.enable_log_requests, frontend=args.frontend,
+                        enable_prompt_tokens_details=args.enable_prompt_tokens_details)
     except Exception as exc:
         logger.error("could not build the HTTP app: %s", exc)
         return 2

@@ -168,7 +168,8 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
               metrics: Callable[[], bytes] | None = None,
               chat_options: ChatOptions | None = None, limits: HttpLimits | None = None,
               lora_modules: list[LoRAModulePath] | None = None, io_processor: Any = None,
-              log_requests: bool = False, frontend: FrontendOptions | None = None) -> FastAPI:
+              log_requests: bool = False, frontend: FrontendOptions | None = None,
+              enable_prompt_tokens_details: bool = False) -> FastAPI:
     """Assemble the FastAPI app around a running engine.
 
     Args:
@@ -186,6 +187,8 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         io_processor: The ``--io-processor-plugin`` processor for ``/pooling`` ``data``.
         log_requests: Log one line per engine request (``--enable-log-requests``).
         frontend: CORS and the docs pages (``--allowed-origins``, ``--disable-fastapi-docs``...).
+        enable_prompt_tokens_details: Completions and chat report
+            ``usage.prompt_tokens_details.cached_tokens`` (``--enable-prompt-tokens-details``).
 
     Raises:
         ValueError: A ``--lora-modules`` adapter cannot be served (the message names it).
@@ -197,7 +200,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     models.load_static(lora_modules or [])
     serving = OpenAIServing(engine, served_model_names, max_model_len, chat_options,
                             max_sequences_per_request=limits.max_sequences_per_request, models=models,
-                            log_requests=log_requests)
+                            log_requests=log_requests, enable_prompt_tokens_details=enable_prompt_tokens_details)
     app.state.serving = serving
     app.state.engine = engine
     # Set by forkless serve when a signal starts its draining shutdown: /health is a 503 then.

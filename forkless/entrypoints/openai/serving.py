@@ -562,10 +562,11 @@ def _usage_of(prompt_tokens: int, completion_tokens: int, cached_tokens: int | N
                      total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details)
 
 
-def _usage(out: "RequestOutput", with_cached_tokens: bool = False) -> UsageInfo:
+def _usage(out: "RequestOutput", cached_tokens: int | None = None) -> UsageInfo:
+    """``out``'s usage; ``cached_tokens`` as :func:`_usage_of`."""
     prompt = len(out.prompt_token_ids or [])
     completion = sum(len(c.token_ids) for c in out.outputs)
-    return _usage_of(prompt, completion, (out.num_cached_tokens or 0) if with_cached_tokens else None)
+    return _usage_of(prompt, completion, cached_tokens)
 
 
 # Tokens of margin in max_text_chars: a text cut there still makes more tokens than
@@ -633,9 +634,11 @@ class OpenAIServing:
     def __init__(self, engine: "AsyncLLM", served_model_names: list[str], max_model_len: int,
                  chat_options: ChatOptions | None = None,
                  max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST,
-                 models: ServingModels | None = None, log_requests: bool = False) -> None:
+                 models: ServingModels | None = None, log_requests: bool = False,
+                 enable_prompt_tokens_details: bool = False) -> None:
         self.engine = engine
         self.log_requests = log_requests  # --enable-log-requests
+        self.enable_prompt_tokens_details = enable_prompt_tokens_details  # --enable-prompt-tokens-details
         # The model names requests may give: the served model's and its LoRA adapters'.
         self.models = models or ServingModels(engine, served_model_names, max_model_len)
         self.chat_options = chat_options or ChatOptions()
@@ -645,6 +648,19 @@ class OpenAIServing:
         self.max_sequences_per_request = max_sequences_per_request
         self.ignored_fields = IgnoredFieldsLog()
         self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forkless-tokenizer")
+
+    def reported_cached_tokens(self, num_cached_tokens: int | None, always: bool = False) -> int | None:
+        """The ``usage.prompt_tokens_details.cached_tokens`` of a response, or ``None`` to
+        leave ``prompt_tokens_details`` out.
+
+        With ``--enable-prompt-tokens-details``, the prompt tokens found in the prefix
+        cache when there are any: vLLM leaves the details out of a response whose prompt
+        had no hit, and so does this. ``always`` (the Responses API, whose
+        ``input_tokens_details`` are made from it): the count, 0 included, flag or not.
+        """
+        if always:
+            return num_cached_tokens or 0
+        return num_cached_tokens if self.enable_prompt_tokens_details and num_cached_tokens else None
 
     async def in_tokenizer_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the tokenizer thread (see the module); its exceptions propagate."""
@@ -822,12 +838,10 @@ class OpenAIServing:
             return self._stream_completion(req, base_id, prompts, echo_texts, streams, raw_request, model_name)
         finals = await self._collect(streams, raw_request, req)
         choices = await self.in_tokenizer_thread(self._completion_choices, req, prompts, echo_texts, finals)
-        usage = UsageInfo()
-        for out in finals:
-            u = _usage(out)
-            usage.prompt_tokens += u.prompt_tokens
-            usage.completion_tokens += u.completion_tokens
-        usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+        usage = _usage_of(sum(len(out.prompt_token_ids or []) for out in finals),
+                          sum(len(c.token_ids) for out in finals for c in out.outputs),
+                          # (vLLM reports the last prompt's hits; here every prompt's count)
+                          self.reported_cached_tokens(sum(out.num_cached_tokens or 0 for out in finals)))
         return CompletionResponse(id=base_id, model=model_name, choices=choices, usage=usage)
 
     def _completion_choices(self, req: CompletionRequest, prompts: list[list[int]], echo_texts: list[str | None],
@@ -904,6 +918,7 @@ class OpenAIServing:
         offsets: dict[int, _TextOffsets] = {}  # per choice: text_offset counts from its first chunk
         choices: dict[int, _StreamedChoice] = {}
         prompt_tokens: dict[int, int] = {}
+        cached_tokens: dict[int, int] = {}  # per prompt: its tokens found in the prefix cache
         want_logprobs = req.logprobs is not None
         # stream_options.continuous_usage_stats: every chunk carries its choice's usage so far.
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -914,6 +929,7 @@ class OpenAIServing:
                 return
             # DELTA outputs carry the completions that changed; every choice of a prompt
             # starts (echo, offsets) in index order with the prompt's first output.
+            cached_tokens[p_idx] = out.num_cached_tokens or cached_tokens.get(p_idx, 0)
             if p_idx not in prompt_tokens:
                 prompt_tokens[p_idx] = len(out.prompt_token_ids or [])
                 by_index = {c.index: c for c in out.outputs}
@@ -965,7 +981,8 @@ class OpenAIServing:
                     usage=_usage_of(prompt_tokens[p_idx], state.num_tokens) if continuous else None)
                 yield _sse(chunk)
         if req.stream_options and req.stream_options.include_usage:
-            usage = _usage_of(sum(prompt_tokens.values()), sum(st.num_tokens for st in choices.values()))
+            usage = _usage_of(sum(prompt_tokens.values()), sum(st.num_tokens for st in choices.values()),
+                              self.reported_cached_tokens(sum(cached_tokens.values())))
             yield _sse(CompletionResponse(id=base_id, created=created, model=model_name,
                                           choices=[], usage=usage))
         yield _sse("[DONE]")
@@ -1097,8 +1114,9 @@ class OpenAIServing:
             raw_request: The HTTP request (headers, disconnection), or ``None``.
             endpoint: The endpoint the request came to: ``/v1/responses`` sends its
                 requests here as chat completions, and the prompt is rendered for it.
-            with_cached_tokens: Report ``usage.prompt_tokens_details.cached_tokens`` (the
-                Responses API's ``input_tokens_details`` are made from it).
+            with_cached_tokens: Report ``usage.prompt_tokens_details.cached_tokens`` even
+                without ``--enable-prompt-tokens-details``, 0 included (the Responses
+                API's ``input_tokens_details`` are made from it).
 
         Raises:
             BadRequest: The request is invalid (``param`` names the field).
@@ -1161,7 +1179,8 @@ class OpenAIServing:
                 index=c.index, message=message,
                 finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls), named),
                 stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None))
-        return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=_usage(final, with_cached_tokens),
+        usage = _usage(final, self.reported_cached_tokens(final.num_cached_tokens, with_cached_tokens))
+        return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=usage,
                                       prompt_logprobs=_prompt_logprobs(final))
 
     async def _check_constraint(self, req: SamplingFields, params: SamplingParams | BeamSearchParams) -> None:
@@ -1327,7 +1346,7 @@ class OpenAIServing:
             await outputs.aclose()  # aborts the engine request if it did not finish
         if req.stream_options and req.stream_options.include_usage and prompt_tokens is not None:
             yield chunk([], usage=_usage_of(prompt_tokens, sum(st.num_tokens for st in choices),
-                                            cached_tokens if with_cached_tokens else None))
+                                            self.reported_cached_tokens(cached_tokens, with_cached_tokens)))
         yield _sse("[DONE]")
 
     # -- plumbing -----------------------------------------------------------------------
