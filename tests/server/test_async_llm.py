@@ -44,6 +44,7 @@ def test_async_llm_generate_abort_and_stat_loggers(tiny_llama: Path) -> None:
                     final = out
                 texts.append(final.outputs[0].text)
                 assert final.finished and len(final.outputs[0].token_ids) == 5
+                assert final.metrics is None  # per-request stats are the offline LLM's only
             # abort: a long request, cancelled after its first output
             stream = llm.generate("Count", SamplingParams(temperature=0, max_tokens=200, ignore_eos=True), "long")
             async for out in stream:
