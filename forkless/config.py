@@ -251,6 +251,8 @@ class ParallelConfig:
         worker_cls: Worker class path; ``"auto"`` (vLLM's spelling) leaves the choice
             to the platform, whose ``check_and_update_config`` sets it (a ``"auto"``
             left over means the platform's ``worker_cls`` attribute).
+        worker_extension_cls: A class path whose methods are added to the worker class
+            (vLLM's), so that ``collective_rpc`` can call them by name; ``""``: none.
         device_communicator_cls: Collective-communication helper class path, chosen by
             the platform; ``None`` when the device needs none (one worker).
     """
@@ -260,6 +262,7 @@ class ParallelConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     worker_cls: str = "auto"
+    worker_extension_cls: str = ""
     device_communicator_cls: str | None = None
 
 
@@ -452,6 +455,10 @@ class EngineArgs:
     # whose public methods LLM.collective_rpc calls by name; "auto": the platform's. Checked
     # where the workers start (this process imports no worker code).
     worker_cls: str = "auto"
+    # vLLM's: a class ("pkg.module.Class") whose methods are mixed into the worker class, for
+    # LLM.collective_rpc to call by name without replacing the worker; "": none. Resolved
+    # where the workers start, and a name the worker class has already is refused there.
+    worker_extension_cls: str = ""
     # vLLM's: LLM.sleep() / wake_up() may free and allocate again the KV cache and weights.
     # No CLI flag: the server has no sleep endpoints.
     enable_sleep_mode: bool = False
@@ -901,7 +908,8 @@ class EngineArgs:
         if tp * pp > 1 and backend == "uni":  # the in-process executor runs one worker
             backend = "mp"
         return ParallelConfig(distributed_executor_backend=backend, world_size=tp * pp,
-                              tensor_parallel_size=tp, pipeline_parallel_size=pp, worker_cls=self.worker_cls)
+                              tensor_parallel_size=tp, pipeline_parallel_size=pp, worker_cls=self.worker_cls,
+                              worker_extension_cls=self.worker_extension_cls)
 
     def _pooling(self, hf: dict[str, Any], model_path: Path, architecture: str) -> tuple[PoolerConfig | None, int | None]:
         """``--runner`` / ``--convert`` / ``--pooler-config`` resolved (``forkless.pooling.config``), and
@@ -1202,6 +1210,9 @@ class EngineArgs:
         if not isinstance(self.worker_cls, str) or not self.worker_cls.strip():
             raise ValueError(f"worker_cls={self.worker_cls!r} is invalid: expected a Worker subclass path "
                              "('pkg.module.Class') or 'auto'")
+        if not isinstance(self.worker_extension_cls, str):
+            raise ValueError(f"worker_extension_cls={self.worker_extension_cls!r} is invalid: expected a class "
+                             "path ('pkg.module.Class') or '' (none)")
         if not isinstance(self.enable_sleep_mode, bool):
             raise ValueError(f"enable_sleep_mode={self.enable_sleep_mode!r} is invalid: expected True or False")
 

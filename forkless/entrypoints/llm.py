@@ -8,7 +8,7 @@ import itertools
 
 import msgspec
 import numpy as np
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypeVar
 
 from forkless.beam_search import BeamSearchOutput
 from forkless.config import EngineArgs
@@ -26,6 +26,7 @@ from forkless.pooling_params import PoolingParams
 from forkless.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedTokenizerBase
 
     from forkless.config import ModelConfig
@@ -37,6 +38,7 @@ _NO_PROFILER = ("LLM.{method}(): forkless has no torch profiler hook (vLLM's pro
                 "FORKLESS_STEP_TRACE_DIR (with async_scheduling=True) for per-step timings, or run torch.profiler.profile() around generate() "
                 "(the default uni executor runs the model in this process)")
 
+_R = TypeVar("_R")
 Conversation = list[dict[str, Any]]
 # ``use_tqdm``: show tqdm's bar or not, or (vLLM's) a callable that makes the bar.
 ProgressBar = bool | Callable[..., Any]
@@ -96,7 +98,8 @@ class LLM:
 
         Args:
             method: The name of a public method of the worker class (``worker_cls=``, a
-                subclass of :class:`forkless.worker.worker.Worker`), or, with the default
+                subclass of :class:`forkless.worker.worker.Worker`, with the methods of
+                ``worker_extension_cls=`` if given), or, with the default
                 ``uni`` executor (the worker in this process), a callable taking the worker
                 first. Worker processes (``mp``, ``ray``) take names only: nothing is
                 pickled across processes.
@@ -116,6 +119,30 @@ class LLM:
             RuntimeError: The method raised in a worker process (its traceback).
         """
         return self.llm_engine.collective_rpc(method, timeout, args, kwargs)
+
+    def apply_model(self, func: Callable[[torch.nn.Module], _R]) -> list[_R]:
+        """``func(model)`` in every worker, as vLLM's ``LLM.apply_model``: the results, by
+        rank. Runs with the default ``uni`` executor only (the model in this process).
+
+        Raises:
+            TypeError: ``func`` is not callable, or the workers run in other processes
+                (``mp``, ``ray``), where a function cannot go: forkless sends no pickled
+                code (define a worker method, ``worker_extension_cls=``, and call it with
+                :meth:`collective_rpc`).
+            RuntimeError: No model is loaded (a level-2 :meth:`sleep`).
+        """
+        if not callable(func):
+            raise TypeError(f"apply_model(func): func must be callable (it gets the model), got "
+                            f"{type(func).__name__}")
+        executor = self.llm_engine.engine_core.executor
+        if not executor.workers_in_process:
+            backend = self.llm_engine.config.parallel_config.distributed_executor_backend
+            raise TypeError(f"apply_model: the workers run in other processes (distributed_executor_backend="
+                            f"{backend!r}), where a function cannot go: forkless sends no pickled code. Put the "
+                            "code in a worker method (worker_extension_cls='pkg.module.Class', whose methods can "
+                            "use self.get_model()) and call it with collective_rpc('name'), or use "
+                            "distributed_executor_backend='uni'")
+        return self.llm_engine.collective_rpc("apply_model", args=(func,))
 
     def sleep(self, level: int = 1) -> None:
         """vLLM's sleep mode (needs ``enable_sleep_mode=True``): free the KV cache, whose

@@ -121,6 +121,12 @@ class Executor(ABC):
         the grammars the tokens it collected)."""
         return False
 
+    @property
+    def workers_in_process(self) -> bool:
+        """Whether the workers run in this process, so that ``collective_rpc`` may be given a
+        callable and ``LLM.apply_model`` a function (default: no; the ``uni`` executor: yes)."""
+        return False
+
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
         """Run a worker method on every worker, as vLLM's ``collective_rpc``: ``method`` is

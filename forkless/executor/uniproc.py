@@ -71,6 +71,10 @@ class UniProcExecutor(Executor):
             self._segments = BitmaskSegments(worker.register_host_buffer, worker.unregister_host_buffer)
         return self._segments.view(nbytes)
 
+    @property
+    def workers_in_process(self) -> bool:
+        return True
+
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
         """The worker's answer, called in this thread (a callable too: nothing crosses a process).

@@ -192,6 +192,20 @@ class Worker:
         """Whether anything sleeps (:meth:`sleep`)."""
         return bool(self._sleeping)
 
+    def get_model(self) -> torch.nn.Module:
+        """The model this worker runs (vLLM's ``get_model``).
+
+        Raises:
+            RuntimeError: No model is loaded (before ``load_model()``, after ``shutdown()``,
+                or during a level-2 sleep).
+        """
+        return self._runner().model
+
+    def apply_model(self, func: Callable[[torch.nn.Module], Any]) -> Any:
+        """``func(model)`` on this worker's model (vLLM's ``apply_model``); for
+        ``LLM.apply_model``, in process only (a callable does not cross processes)."""
+        return func(self.get_model())
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step (see :meth:`ModelRunner.execute_model`)."""
         return self._runner().execute_model(scheduler_output)
@@ -311,8 +325,12 @@ def create_worker(config: EngineConfig, rank: int = 0, local_rank: int | None = 
     """Instantiate the platform's worker class (``config.parallel_config.worker_cls``,
     or ``current_platform.worker_cls`` while that is still ``"auto"``).
 
+    With ``parallel_config.worker_extension_cls`` the class is extended with it
+    (:func:`extend_worker_class`).
+
     Raises:
-        TypeError: The class does not subclass :class:`Worker`.
+        TypeError: The class does not subclass :class:`Worker`, or the extension is not a
+            class or clashes with it.
     """
     from forkless.platforms import current_platform
     from forkless.plugins import resolve_class
@@ -321,5 +339,56 @@ def create_worker(config: EngineConfig, rank: int = 0, local_rank: int | None = 
     if path == "auto":  # a platform's check_and_update_config need not fill it in
         path = current_platform.worker_cls
     cls = resolve_class(path, Worker, "worker_cls")
+    if config.parallel_config.worker_extension_cls:
+        cls = extend_worker_class(cls, config.parallel_config.worker_extension_cls)
     return cls(config, rank=rank, local_rank=rank if local_rank is None else local_rank,
                distributed_init_method=distributed_init_method)
+
+
+# (worker class, extension class) -> the extended class: one class per pair and process,
+# so that engines of one process with the same pair share it.
+_extended: dict[tuple[type, type], type] = {}
+
+
+def extend_worker_class(worker_cls: type[Worker], extension: str | type) -> type[Worker]:
+    """``worker_cls`` with the methods of ``extension`` (vLLM's ``worker_extension_cls``),
+    for ``collective_rpc`` to call by name.
+
+    vLLM appends the extension to the worker class's own bases, in place; here a subclass
+    of both is made instead, so that the worker class stays as it was for other engines
+    of the process (the in-process ``uni`` executor shares the caller's classes). As in
+    vLLM, the worker's attributes come first and none of them may be redefined: the
+    extension adds methods, it does not override the worker's.
+
+    Args:
+        worker_cls: The worker class.
+        extension: A class path (``"pkg.module.Class"`` or ``"pkg.module:Class"``) or a class.
+
+    Returns:
+        The extended class (``worker_cls`` itself when it already derives from the extension).
+
+    Raises:
+        ValueError: ``extension`` is not a well-formed class path.
+        PluginImportError: The path does not import.
+        TypeError: ``extension`` is not a class, or defines a name the worker class has
+            (the names are listed).
+    """
+    from forkless.plugins import resolve_class
+
+    ext = resolve_class(extension, object, "worker_extension_cls")
+    if issubclass(worker_cls, ext):
+        return worker_cls
+    key = (worker_cls, ext)
+    if key not in _extended:
+        names = [n for n in dir(ext) if not n.startswith("__")]
+        clashes = sorted(n for n in names if hasattr(worker_cls, n))
+        if clashes:
+            raise TypeError(f"worker_extension_cls {ext.__module__}.{ext.__qualname__} defines "
+                            f"{', '.join(clashes)}, which the worker class {worker_cls.__module__}."
+                            f"{worker_cls.__qualname__} has already: an extension may only add names")
+        methods = sorted(n for n in names if callable(getattr(ext, n)))
+        _extended[key] = type(worker_cls.__name__, (worker_cls, ext),
+                              {"__module__": worker_cls.__module__, "__qualname__": worker_cls.__qualname__})
+        logger.info("worker class %s extended with %s: collective_rpc can call %s", worker_cls.__qualname__,
+                    ext.__qualname__, ", ".join(methods) or "nothing (no methods)")
+    return _extended[key]

@@ -1,5 +1,5 @@
-"""vLLM's LLM.collective_rpc and sleep mode (sleep / wake_up / is_sleeping), and the
-profiler hook forkless refuses, on a tiny model."""
+"""vLLM's LLM.collective_rpc (with worker_extension_cls), apply_model and sleep mode
+(sleep / wake_up / is_sleeping), and the profiler hook forkless refuses, on a tiny model."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from forkless import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPTS = ["Hello there", "The capital of France is"]
+EXTENSION = "tests.engine.worker_extensions.ModelInfoExtension"
 
 
 @pytest.fixture(scope="module")
 def llm(tiny_llama: Path):
-    engine = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=1 << 24, enable_sleep_mode=True)
+    engine = LLM(str(tiny_llama), max_model_len=256, kv_cache_memory=1 << 24, enable_sleep_mode=True,
+                 worker_extension_cls=EXTENSION)
     yield engine
     engine.shutdown()
 
@@ -33,6 +35,34 @@ def test_collective_rpc_runs_a_worker_method_by_name_and_a_callable(llm: LLM) ->
     layers = llm.collective_rpc(_num_kv_layers)
     assert layers == [2]  # the tiny model's two layers, one cache tensor each
     assert llm.collective_rpc(lambda w, a, b=0: (w.rank, a + b), args=(1,), kwargs={"b": 2}) == [(0, 3)]
+
+
+def test_worker_extension_methods_run_by_name(llm: LLM) -> None:
+    num_params = llm.collective_rpc("num_parameters")
+    assert num_params[0] > 0
+    assert llm.collective_rpc("rank_and", args=("x",)) == [{"rank": 0, "value": "x"}]
+    # The worker's own methods are still there, and the base class is left unextended
+    # for other engines of this process.
+    assert llm.collective_rpc("is_sleeping") == [False]
+    from forkless.worker.worker import Worker
+
+    assert not hasattr(Worker, "num_parameters")
+
+
+def test_apply_model_runs_a_function_on_the_model(llm: LLM) -> None:
+    counts = llm.apply_model(lambda model: sum(p.numel() for p in model.parameters()))
+    assert counts == llm.collective_rpc("num_parameters")
+    assert llm.apply_model(lambda model: type(model).__name__) == ["LlamaForCausalLM"]
+    with pytest.raises(TypeError, match="func must be callable"):
+        llm.apply_model("model")
+
+
+def test_worker_extension_that_redefines_a_worker_method_is_refused(tiny_llama: Path) -> None:
+    with pytest.raises(TypeError, match="defines check_health, which the worker class .*Worker has already"):
+        LLM(str(tiny_llama), max_model_len=64, kv_cache_memory=1 << 22,
+            worker_extension_cls="tests.engine.worker_extensions.ClashingExtension")
+    with pytest.raises(ValueError, match="worker_extension_cls=3 is invalid"):
+        LLM(str(tiny_llama), worker_extension_cls=3)
 
 
 def test_collective_rpc_refuses_what_it_cannot_honour(llm: LLM) -> None:
@@ -109,10 +139,16 @@ def test_profiler_hooks_are_refused_naming_what_to_use(llm: LLM, method: str) ->
 
 def test_collective_rpc_in_worker_processes(tiny_llama: Path) -> None:
     mp = LLM(str(tiny_llama), max_model_len=64, kv_cache_memory=1 << 22, distributed_executor_backend="mp",
-             worker_cls="tests.engine.mp_workers.RpcWorker", enable_sleep_mode=True)
+             worker_cls="tests.engine.mp_workers.RpcWorker", enable_sleep_mode=True,
+             worker_extension_cls=EXTENSION)
     try:
         assert mp.collective_rpc("echo", args=([1, "a"],), kwargs={"scale": 2}) == [{"rank": 0,
                                                                                      "value": [1, "a", 1, "a"]}]
+        # The extension's methods, mixed into RpcWorker in the worker process.
+        assert mp.collective_rpc("rank_and", args=([2],)) == [{"rank": 0, "value": [2]}]
+        assert mp.collective_rpc("num_parameters")[0] > 0
+        with pytest.raises(TypeError, match="apply_model: the workers run in other processes.*'mp'"):
+            mp.apply_model(lambda model: 1)
         with pytest.raises(TypeError, match="name of a worker method, got a callable"):
             mp.collective_rpc(lambda w: 1)
         with pytest.raises(RuntimeError, match="'device_handle'.*cannot cross"):
