@@ -165,21 +165,27 @@ class PoolingRequestOutput:
         request_id: The request's id.
         outputs: Its :class:`PoolingOutput`.
         prompt_token_ids: The prompt's token ids.
+        num_cached_tokens: How many prompt tokens were served from the prefix cache, as the
+            engine core reports them; always 0 today, since the engine turns prefix
+            caching off for pooling models (a pooled prompt runs whole, and an encoder's
+            attention reads no cached blocks).
         finished: Always true (a pooling request finishes in one step).
     """
 
-    __slots__ = ("request_id", "outputs", "prompt_token_ids", "finished")
+    __slots__ = ("request_id", "outputs", "prompt_token_ids", "num_cached_tokens", "finished")
 
+    # vLLM's positional order: num_cached_tokens before finished.
     def __init__(self, request_id: str, outputs: PoolingOutput, prompt_token_ids: list[int],
-                 finished: bool = True) -> None:
+                 num_cached_tokens: int = 0, finished: bool = True) -> None:
         self.request_id = request_id
         self.outputs = outputs
         self.prompt_token_ids = prompt_token_ids
+        self.num_cached_tokens = num_cached_tokens
         self.finished = finished
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(request_id={self.request_id!r}, outputs={self.outputs!r}, "
-                f"prompt_token_ids={self.prompt_token_ids!r})")
+                f"prompt_token_ids={self.prompt_token_ids!r}, num_cached_tokens={self.num_cached_tokens})")
 
 
 class EmbeddingOutput:
@@ -235,7 +241,7 @@ class _TaskRequestOutput(PoolingRequestOutput):
     def from_base(cls, out: PoolingRequestOutput) -> Any:
         """The task-shaped view of a pooling result (its values as a flat list)."""
         return cls(out.request_id, cls.output_cls(out.outputs.data.reshape(-1).tolist()), out.prompt_token_ids,
-                   out.finished)
+                   out.num_cached_tokens, out.finished)
 
 
 class EmbeddingRequestOutput(_TaskRequestOutput):
@@ -254,5 +260,5 @@ class ScoringRequestOutput(PoolingRequestOutput):
     """``LLM.score``'s result per pair: ``outputs.score``."""
 
     def __init__(self, request_id: str, outputs: ScoringOutput, prompt_token_ids: list[int],  # type: ignore[override]
-                 finished: bool = True) -> None:
-        super().__init__(request_id, outputs, prompt_token_ids, finished)  # type: ignore[arg-type]
+                 num_cached_tokens: int = 0, finished: bool = True) -> None:
+        super().__init__(request_id, outputs, prompt_token_ids, num_cached_tokens, finished)  # type: ignore[arg-type]

@@ -250,7 +250,8 @@ class _Parent:
             pooled = self.children[0].pooled
             if not finished or pooled is None:
                 return None  # an aborted pooling request has no result to show
-            return PoolingRequestOutput(self.request_id, PoolingOutput(pooled.to_numpy()), self.prompt_token_ids)
+            return PoolingRequestOutput(self.request_id, PoolingOutput(pooled.to_numpy()), self.prompt_token_ids,
+                                        self.children[0].num_cached_tokens)
         if self.kind is RequestOutputKind.FINAL_ONLY and not finished:
             return None
         delta = self.kind is RequestOutputKind.DELTA

@@ -510,7 +510,7 @@ class LLM:
             pairs = [processor.tokenize_pair(a, b, limit) for a, b in zip(left, right)]
             outs = self.encode(pairs, params, use_tqdm)
             return [ScoringRequestOutput(o.request_id, ScoringOutput(float(o.outputs.data.reshape(-1)[0])),
-                                         o.prompt_token_ids) for o in outs]
+                                         o.prompt_token_ids, o.num_cached_tokens) for o in outs]
         texts = list(dict.fromkeys([*left, *right]))
         encoded = self.encode(texts, params, use_tqdm, tokenization_kwargs=tokenization_kwargs)
         vectors = {t: o.outputs.data for t, o in zip(texts, encoded)}

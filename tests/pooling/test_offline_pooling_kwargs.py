@@ -88,3 +88,14 @@ def test_cross_encoder_pair_is_truncated(tiny_cross_encoder: Path) -> None:
             llm.score("a", "b", tokenization_kwargs={"add_special_tokens": False}, use_tqdm=False)
     finally:
         llm.shutdown()
+
+
+def test_pooling_outputs_carry_num_cached_tokens(embedder: LLM) -> None:
+    # vLLM's PoolingRequestOutput.num_cached_tokens: the engine core's prefix-cache hits,
+    # 0 here even for a repeated prompt, as pooling models run without the prefix cache.
+    first, again = embedder.encode([TEXT, TEXT], pooling_task="embed", use_tqdm=False)
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens == 0
+    embedded = embedder.embed([TEXT], use_tqdm=False)[0]
+    assert embedded.num_cached_tokens == 0 and embedded.finished
+    assert "num_cached_tokens=0" in repr(embedded)
+    assert embedder.score(TEXT, ["cats", "fish"], use_tqdm=False)[0].num_cached_tokens == 0

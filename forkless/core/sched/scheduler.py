@@ -728,8 +728,11 @@ class Scheduler(SchedulerInterface):
                                f"{request.request_id!r}, whose whole prompt it ran")
         request.num_output_placeholders = 0
         self._finish(request, RequestStatus.FINISHED_STOPPED)
+        # Its prefix-cache hits as for a generation request (0 while the engine turns
+        # prefix caching off for pooling models).
         return EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
-                                finish_reason=request.finish_reason, pooling_output=pooled)
+                                finish_reason=request.finish_reason, pooling_output=pooled,
+                                num_cached_tokens=max(request.num_cached_tokens, 0))
 
     # ---------------------------------------------------------------------------- stats
 
