@@ -560,8 +560,27 @@ class EngineCore:
                 self._spec_stats, num_accepted_tokens_per_pos=list(self._spec_stats.num_accepted_tokens_per_pos))
         return stats
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix."""
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        """Forget every cached prefix (see ``LLM.reset_prefix_cache``).
+
+        Raises:
+            ValueError: A flag that is not a bool.
+            NotImplementedError: ``reset_connector=True`` with a KV connector: forkless's
+                connectors have no hook to empty their store.
+        """
+        for name, flag in (("reset_running_requests", reset_running_requests), ("reset_connector", reset_connector)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"reset_prefix_cache({name}={flag!r}) is invalid: expected True or False")
+        if reset_connector and self.config.kv_transfer_config is not None:
+            raise NotImplementedError("reset_prefix_cache(reset_connector=True): forkless's KV connectors "
+                                      "(KVConnectorBase) have no hook to empty their store; clear the store "
+                                      "itself, or leave reset_connector False")
+        if reset_running_requests and (self._pending is not None or self._batches):
+            raise RuntimeError("reset_prefix_cache(reset_running_requests=True) while a step is in flight "
+                               "(async scheduling or pipeline stages): call it between steps with none "
+                               "launched, e.g. after LLM.generate() returns")
+        if reset_running_requests:  # (a keyword custom schedulers need only take if it is used)
+            return self.scheduler.reset_prefix_cache(reset_running_requests=True)  # type: ignore[call-arg]
         return self.scheduler.reset_prefix_cache()
 
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,

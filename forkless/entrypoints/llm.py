@@ -88,9 +88,27 @@ class LLM:
         (``generation_config=`` / ``override_generation_config=``, as the server's flags)."""
         return SamplingParams(**self.llm_engine.config.model_config.sampling_defaults)
 
-    def reset_prefix_cache(self) -> bool:
-        """Forget every cached prefix; False (nothing done) while requests hold blocks."""
-        return self.llm_engine.engine_core.reset_prefix_cache()
+    def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        """Forget every cached prefix, as vLLM's ``LLM.reset_prefix_cache`` (after the
+        weights changed, say): later prompts compute their KV again.
+
+        Args:
+            reset_running_requests: Preempt the requests still running first (those added
+                through ``llm_engine``; :meth:`generate` returns with none), so that their
+                KV is computed again too. Otherwise their blocks stay theirs, no longer
+                shared with anything.
+            reset_connector: Also empty a KV connector's store: refused where one is
+                configured (forkless's connectors have no such hook); nothing to do
+                without one.
+
+        Returns:
+            True: forkless's KV-cache manager can always reset.
+
+        Raises:
+            ValueError: A flag that is not a bool.
+            NotImplementedError: ``reset_connector=True`` with a KV connector.
+        """
+        return self.llm_engine.engine_core.reset_prefix_cache(reset_running_requests, reset_connector)
 
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> list[Any]:

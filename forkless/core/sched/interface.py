@@ -166,6 +166,11 @@ class SchedulerInterface(ABC):
     def reset_prefix_cache(self) -> bool:
         """Forget every cached prefix.
 
+        The engine core calls it with ``reset_running_requests=True`` (vLLM's keyword) only
+        when the user asks for it (``LLM.reset_prefix_cache``): then every running request
+        is preempted first, so that its KV is computed again. A scheduler that does not
+        take the keyword serves every other call.
+
         Returns:
             Whether the cache was reset.
         """

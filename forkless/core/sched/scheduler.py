@@ -166,6 +166,9 @@ class Scheduler(SchedulerInterface):
         self.num_preemptions = 0
         # Reported to the runner by the next schedule() so it can drop their state.
         self._finished_ids: list[str] = []
+        # Requests preempted between plans (reset_prefix_cache(reset_running_requests=True)):
+        # the next plan reports them, so that the runner drops their state.
+        self._preempted_ids: list[str] = []
         # Breaks ties between equal arrival times by insertion order.
         self._arrival_seq: dict[str, int] = {}
         self._seq = itertools.count()
@@ -511,9 +514,10 @@ class Scheduler(SchedulerInterface):
         output = SchedulerOutput(
             num_batched_tokens=cfg.max_num_batched_tokens - budget,
             finished_request_ids=self._finished_ids,
-            preempted_request_ids=preempted,
+            preempted_request_ids=self._preempted_ids + preempted if self._preempted_ids else preempted,
         )
         self._finished_ids = []
+        self._preempted_ids = []
         requests = self.requests
         make = self._make_scheduled
         output.scheduled_requests = [
@@ -748,7 +752,13 @@ class Scheduler(SchedulerInterface):
             kv_transfer=dataclasses.replace(self._kv_stats) if self.connector is not None else None,
         )
 
-    def reset_prefix_cache(self) -> bool:
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        if reset_running_requests:
+            # Latest first, as preemption goes; each restarts from its first token (a token
+            # of it still in flight is dropped, as for any preemption).
+            for request in sorted(self.running, key=self._preemption_key, reverse=True):
+                self._preempt(request)
+                self._preempted_ids.append(request.request_id)
         return self.kv_cache_manager.reset_prefix_cache()
 
     # -------------------------------------------------------------------------- helpers
