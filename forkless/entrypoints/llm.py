@@ -215,6 +215,8 @@ class LLM:
         use_tqdm: ProgressBar = True,
         priority: Sequence[int] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        *,
+        tokenization_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Generate completions for prompts, batched by the engine.
 
@@ -229,14 +231,22 @@ class LLM:
             priority: Per-prompt priority (``--scheduling-policy priority``).
             lora_request: A LoRA adapter for every prompt, or a list with one adapter (or
                 ``None``: the base model) per prompt; needs ``enable_lora=True``.
+            tokenization_kwargs: vLLM's tokenizer overrides: ``add_special_tokens`` (text
+                prompts; default True) and ``truncate_prompt_tokens`` (keep each prompt's
+                last this many tokens, as vLLM's generation does; ``-1``: ``max_model_len``;
+                a cut prompt's ``prompt`` is the text of the tokens kept). Other keys are
+                refused.
 
         Returns:
             One finished ``RequestOutput`` per prompt, in input order.
 
         Raises:
-            ValueError: An invalid prompt, parameter or adapter; nothing is left running.
+            ValueError: An invalid prompt, parameter, adapter or tokenization argument;
+                nothing is left running.
         """
         prompt_list = self._as_list(prompts)
+        if tokenization_kwargs is not None:
+            prompt_list = self._tokenize_for_generation(prompt_list, tokenization_kwargs, add_special_default=True)
         return self._run(prompt_list, sampling_params, use_tqdm, priority, lora_request)
 
     def beam_search(
@@ -303,6 +313,7 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
+        tokenization_kwargs: dict[str, Any] | None = None,
         mm_processor_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to conversations, rendered with the tokenizer's chat template.
@@ -323,6 +334,9 @@ class LLM:
             continue_final_message: Let the model continue the last message instead.
             tools: Tool schemas for the template.
             chat_template_kwargs: Extra template variables.
+            tokenization_kwargs: As in :meth:`generate`, for the rendered prompt, except
+                that ``add_special_tokens`` defaults to False (as in vLLM: the template
+                writes its special tokens itself).
             mm_processor_kwargs: Only ``None``: forkless's models read text only.
 
         Returns:
@@ -330,7 +344,8 @@ class LLM:
 
         Raises:
             ValueError: An empty list of conversations, a content format other than the
-                three, ``mm_processor_kwargs``, or a message the template cannot render.
+                three, ``mm_processor_kwargs``, a message the template cannot render, or a
+                tokenization argument that is unknown or out of range.
         """
         if mm_processor_kwargs:
             raise ValueError("mm_processor_kwargs: forkless's models read text only")
@@ -350,6 +365,8 @@ class LLM:
             )
             for conv in conversations
         ]
+        if tokenization_kwargs is not None:
+            prompts = self._tokenize_for_generation(prompts, tokenization_kwargs, add_special_default=False)
         return self._run(prompts, sampling_params, use_tqdm, None, lora_request)
 
     # ------------------------------------------------------------------- pooling
@@ -542,8 +559,8 @@ class LLM:
     def _tokenization(self, truncate_prompt_tokens: int | None,
                       tokenization_kwargs: dict[str, Any] | None) -> tuple[int | None, bool]:
         """What ``truncate_prompt_tokens`` and vLLM's ``tokenization_kwargs`` ask of a pooling
-        call: how many tokens to keep of each prompt (``None``: all) and whether texts get
-        the tokenizer's special tokens.
+        or generation call: how many tokens to keep of each prompt (``None``: all) and
+        whether texts get the tokenizer's special tokens.
 
         Raises:
             ValueError: An unknown key, both spellings of the truncation with different
@@ -573,6 +590,50 @@ class LLM:
             raise ValueError(f"truncate_prompt_tokens={keep!r} is invalid: expected 1 to max_model_len = "
                              f"{max_len}, or -1 (max_model_len)")
         return (max_len if keep == -1 else keep), add_special
+
+    def _tokenize_for_generation(self, prompts: list[Any], tokenization_kwargs: dict[str, Any],
+                                 add_special_default: bool) -> list[Any]:
+        """Generation prompts as ``tokenization_kwargs`` asks (see :meth:`generate`): texts
+        tokenized with or without the special tokens, every prompt cut to its last
+        ``truncate_prompt_tokens`` tokens.
+
+        A text prompt (a string, or a dict with ``prompt`` and no ``prompt_token_ids``) is
+        tokenized with ``add_special_tokens`` (``add_special_default`` when not given);
+        a rendered chat prompt (``prompt`` and ``prompt_token_ids``, encoded without
+        them) is tokenized again only when ``add_special_tokens`` is True; token ids are
+        taken as they are.
+
+        Raises:
+            ValueError, TypeError: As :meth:`_tokenization`; an invalid prompt.
+        """
+        limit, add_special = self._tokenization(None, tokenization_kwargs)
+        if "add_special_tokens" not in tokenization_kwargs:
+            add_special = add_special_default
+        if limit is None and add_special is add_special_default and add_special_default is False:
+            return prompts  # (chat, nothing asked: the template's own tokens)
+        processor = self.llm_engine.processor
+        tokenizer = processor.tokenizer
+        out = []
+        for prompt in prompts:
+            text = _text_of(prompt)
+            if text is None and add_special and isinstance(prompt, dict) and isinstance(prompt.get("prompt"), str):
+                text = prompt["prompt"]  # a rendered chat prompt, to encode with the special tokens
+            if text is not None:
+                ids = list(tokenizer.encode(text, add_special_tokens=add_special))
+            elif limit is None:
+                out.append(prompt)
+                continue
+            else:
+                ids = processor.prompt_token_ids(prompt)
+                text = prompt.get("prompt") if isinstance(prompt, dict) else None
+            if limit is not None and len(ids) > limit:
+                ids = ids[-limit:]  # vLLM cuts a generation prompt on the left
+                text = tokenizer.decode(ids) if text is not None else None
+            extra = {k: v for k, v in prompt.items() if k not in ("prompt", "prompt_token_ids")} \
+                if isinstance(prompt, dict) else {}
+            out.append({**extra, "prompt": text, "prompt_token_ids": ids} if text is not None
+                       else {**extra, "prompt_token_ids": ids})
+        return out
 
     # ------------------------------------------------------------------- helpers
 
