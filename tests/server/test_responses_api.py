@@ -437,15 +437,35 @@ def test_input_items_are_not_listed_and_say_so(server: Server) -> None:
     assert "item_reference" in info.value.message and info.value.body["param"] == "input"
 
 
+# A tool parser that, besides raising on BOOM (in the chat stream), streams on ODD the
+# opening delta of a call (its id and type, no function yet) with an index it set after
+# making the delta, a list: pydantic checks no assignment, the chat stream sends it on,
+# and the Responses events cannot key a call by it.
+ODD_PARSER = """
+from forkless.protocol.openai import DeltaToolCall
+
+
+@ToolParserManager.register_module("odd_calls")
+class OddCalls(FailsOnBoom):
+    def extract_tool_calls_streaming(self, previous_text, current_text, delta_text, *args):
+        if "ODD" in current_text and "ODD" not in previous_text:
+            call = DeltaToolCall(index=0, id="call_odd", type="function")
+            call.index = [0]
+            return DeltaMessage(tool_calls=[call])
+        return super().extract_tool_calls_streaming(previous_text, current_text, delta_text, *args)
+"""
+
+
 @pytest.fixture(scope="module")
 def failing_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A server whose tool parser raises on a text with BOOM in it, mid-stream."""
+    """A server whose tool parser raises on a text with BOOM in it, mid-stream (and
+    streams a call the Responses events cannot take on ODD)."""
     from tests.server.test_parser_plugins import FAILING_PARSER
 
     tmp = tmp_path_factory.mktemp("responses-failing")
-    (tmp / "failing_parser.py").write_text(FAILING_PARSER)
+    (tmp / "failing_parser.py").write_text(FAILING_PARSER + ODD_PARSER)
     srv = start_server(tiny_llama, tmp, "--tool-parser-plugin", str(tmp / "failing_parser.py"), "--tool-call-parser",
-                       "fails_on_boom", "--enable-auto-tool-choice", "--logits-processors", FORCE,
+                       "odd_calls", "--enable-auto-tool-choice", "--logits-processors", FORCE,
                        "--served-model-name", "tiny", env_extra={"PYTHONPATH": str(HERE)})
     yield srv
     assert srv.stop() == 0, srv.log()[-3000:]
@@ -467,3 +487,31 @@ def test_a_stream_that_fails_is_stored_as_failed(failing_server: Server, tokeniz
         gone = [e for e in _events(resp) if e["type"] == "response.failed"][0]["response"]["id"]
     with pytest.raises(openai.NotFoundError):
         failing_server.client().responses.retrieve(gone)
+
+
+def test_a_stream_whose_events_fail_ends_with_response_failed_and_is_stored(failing_server: Server,
+                                                                            tokenizer) -> None:
+    # A failure in making the Responses events themselves (not in the chat stream under
+    # them) used to drop the connection mid-stream, with nothing stored.
+    body = {"model": "tiny", "input": "Weather?", "tools": [WEATHER], "stream": True, "max_output_tokens": 50,
+            **forced(tokenizer, "Hello there ODD call.")}
+    with httpx.stream("POST", failing_server.url + "/v1/responses", json=body, timeout=60) as resp:
+        events = list(_events(resp))
+    assert [e["type"] for e in events][-2:] == ["error", "response.failed"]
+    failed = events[-1]["response"]
+    message = failed["error"]["message"]
+    assert failed["status"] == "failed" and message.startswith("internal error: TypeError")
+    assert "Traceback" not in message and events[-2]["message"] == message
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    # What was streamed before is kept, its open message marked incomplete.
+    (item,) = failed["output"]
+    assert item["status"] == "incomplete" and item["content"][0]["text"].startswith("Hello there")
+    assert failed["usage"]["output_tokens"] > 0
+    stored = httpx.get(f"{failing_server.url}/v1/responses/{failed['id']}", timeout=30)
+    assert stored.status_code == 200 and stored.json() == failed
+    assert "Responses stream" in failing_server.log()
+    # The server serves on, and the official client reads the failure as such.
+    events = list(failing_server.client().responses.create(model="tiny", input="Hi", tools=[WEATHER], stream=True,
+                                                          extra_body=forced(tokenizer, "ODD")))
+    assert events[-1].type == "response.failed" and events[-1].response.status == "failed"
+

@@ -41,12 +41,15 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 from pydantic import ValidationError
 
 from forkless import envs
+from forkless.logger import init_logger
 from forkless.entrypoints.openai.errors import BadRequest
 from forkless.entrypoints.openai.serving import reject_field
 from forkless.protocol.openai import ChatCompletionRequest, ChatCompletionResponse, ResponsesRequest
 
 if TYPE_CHECKING:
     from forkless.entrypoints.openai.serving import OpenAIServing
+
+logger = init_logger("forkless.entrypoints.openai")
 
 # A chat field's error, renamed to the Responses field that set it.
 _PARAM_NAMES = {"max_completion_tokens": "max_output_tokens", "response_format": "text", "messages": "input",
@@ -321,9 +324,8 @@ class OpenAIServingResponses:
                     if "error" in chunk:
                         closing = builder.close()
                         error = chunk["error"]
-                        failed = self._response(req, builder.items, "failed", usage, response_id, created)
-                        failed["error"] = {"code": "server_error", "message": error.get("message")}
-                        self._remember(req, failed, conversation)
+                        failed = self._failed(req, builder.items, usage, response_id, created, conversation,
+                                              error.get("message"))
                         stored = True
                         for event in closing:
                             yield event
@@ -354,6 +356,33 @@ class OpenAIServingResponses:
                 self._remember(req, self._response(req, builder.items, "cancelled", usage, response_id, created),
                                conversation)
             raise
+        except Exception as exc:  # noqa: BLE001 - a bug in making the events: the client is told
+            # The response has started (a 200 and its first events are sent): without this
+            # the connection would just drop and nothing be stored. The events' state is
+            # not to be trusted now, so no item is closed: those still open end incomplete.
+            logger.error("Responses stream %s failed", response_id, exc_info=exc)
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            for item in builder.items:
+                if item["status"] == "in_progress":
+                    item["status"] = "incomplete"
+            failed = self._failed(req, builder.items, usage, response_id, created, conversation, message)
+            yield events.emit("error", code="500", message=message, param=None)
+            yield events.emit("response.failed", response=failed)
+        finally:
+            # Ends the chat stream, which aborts the engine request if it is still running
+            # (a failure above left it unread).
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def _failed(self, req: ResponsesRequest, items: list[dict[str, Any]], usage: dict[str, Any] | None,
+                response_id: str, created: int, conversation: list[dict[str, Any]], message: str | None
+                ) -> dict[str, Any]:
+        """The ``failed`` response (stored, with ``store``) of a stream that ended on an error."""
+        failed = self._response(req, items, "failed", usage, response_id, created)
+        failed["error"] = {"code": "server_error", "message": message}
+        self._remember(req, failed, conversation)
+        return failed
 
 
 class _EventWriter:
