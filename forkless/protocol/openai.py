@@ -359,6 +359,12 @@ class PromptTokenUsageInfo(OpenAIModel):
     cached_tokens: int | None = None
 
 
+class CompletionTokenUsageInfo(OpenAIModel):
+    """``usage.completion_tokens_details``: the generated tokens that were reasoning."""
+
+    reasoning_tokens: int | None = None
+
+
 class UsageInfo(OpenAIModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -367,6 +373,9 @@ class UsageInfo(OpenAIModel):
     # chat report it with --enable-prompt-tokens-details (as vLLM, only when some prompt
     # tokens were cached), and the Responses API's input_tokens_details are made from it.
     prompt_tokens_details: PromptTokenUsageInfo | None = Field(None, exclude_if=lambda value: value is None)
+    # Only for the Responses API (its output_tokens_details are made from it), as vLLM
+    # reports reasoning tokens there and not on chat completions.
+    completion_tokens_details: CompletionTokenUsageInfo | None = Field(None, exclude_if=lambda value: value is None)
 
 
 class CompletionLogProbs(OpenAIModel):

@@ -61,6 +61,10 @@ class BaseThinkingReasoningParser(ReasoningParser):
 
     start_token: str = ""
     end_token: str = ""
+    #: Whether an output without the start tag is reasoning from its first token (the
+    #: chat template opened the block); a subclass whose template can turn thinking off
+    #: sets it per request.
+    thinking_enabled: bool = True
 
     def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(tokenizer, *args, **kwargs)
@@ -137,6 +141,33 @@ class BaseThinkingReasoningParser(ReasoningParser):
         text = self._decode(input_ids)  # a tag of several tokens: look in the text
         return text.rfind(self.end_token) > text.rfind(self.start_token)
 
+    def _tag_ids(self, tag: str, token_id: int | None) -> list[int]:
+        """The ids of ``tag``: its one token, else its own tokenization (empty without a
+        tokenizer)."""
+        if token_id is not None:
+            return [token_id]
+        encode = getattr(self.model_tokenizer, "encode", None)
+        return list(encode(tag, add_special_tokens=False)) if encode is not None else []
+
+    def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
+        """The tokens between the start tag (or the output's start, when thinking is on
+        and the template opened the block) and the first end tag, or the output's end:
+        vLLM's count, which finds each tag as its run of token ids and counts neither."""
+        ids = list(token_ids)
+        start_ids = self._tag_ids(self.start_token, self.start_token_id)
+        end_ids = self._tag_ids(self.end_token, self.end_token_id)
+        if not start_ids or not end_ids:
+            return 0
+        found = _find(ids, start_ids)
+        if found >= 0:
+            start = found + len(start_ids)
+        elif self.thinking_enabled:
+            start = 0
+        else:
+            return 0
+        end = _find(ids, end_ids)
+        return max(0, (end if end >= 0 else len(ids)) - start)
+
     def extract_content_ids(self, input_ids: list[int]) -> list[int]:
         """The ids after the first end tag; ``[]`` when there is none yet."""
         if self.end_token_id is not None:
@@ -147,6 +178,15 @@ class BaseThinkingReasoningParser(ReasoningParser):
             if self.end_token in self._decode(input_ids[:i]):
                 return input_ids[i:]
         return []
+
+
+def _find(ids: list[int], sub: list[int]) -> int:
+    """Where the first run of ``sub`` starts in ``ids``, or -1."""
+    first = sub[0]
+    for i, token in enumerate(ids):
+        if token == first and ids[i:i + len(sub)] == sub:
+            return i
+    return -1
 
 
 def _growth(old: str | None, new: str | None) -> str:

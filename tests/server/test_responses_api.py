@@ -515,3 +515,21 @@ def test_a_stream_whose_events_fail_ends_with_response_failed_and_is_stored(fail
                                                           extra_body=forced(tokenizer, "ODD")))
     assert events[-1].type == "response.failed" and events[-1].response.status == "failed"
 
+
+def test_usage_counts_the_reasoning_tokens(tool_server: Server, tokenizer) -> None:
+    # As vLLM's: output_tokens_details.reasoning_tokens are the reasoning parser's count
+    # of the output's tokens between <think> and </think> (they were always 0).
+    client = tool_server.client()
+    kwargs = dict(model="tiny", input="Hi", extra_body=forced(tokenizer, f"<think>{REASONING}</think>\n\nHello there"))
+    thinking = len(tokenizer.encode(REASONING, add_special_tokens=False))
+    r = client.responses.create(**kwargs)
+    assert r.output[0].type == "reasoning" and r.usage.output_tokens_details.reasoning_tokens == thinking
+    assert r.usage.output_tokens > thinking
+    events = list(client.responses.create(stream=True, **kwargs))
+    assert events[-1].response.usage.output_tokens_details.reasoning_tokens == thinking
+    assert client.responses.retrieve(events[-1].response.id).usage.output_tokens_details.reasoning_tokens == thinking
+    # No reasoning (the template turned thinking off: it is all content): none counted.
+    extra = forced(tokenizer, "Hello there")
+    r = client.responses.create(model="tiny", input="Hi", extra_body={**extra, "chat_template_kwargs": {
+        "enable_thinking": False}})
+    assert [o.type for o in r.output] == ["message"] and r.usage.output_tokens_details.reasoning_tokens == 0

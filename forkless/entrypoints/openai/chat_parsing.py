@@ -64,6 +64,11 @@ class ChoiceParser:
         if ended:
             self.reasoning = None
 
+    def reasoning_tokens(self, token_ids: list[int]) -> int:
+        """How many of the output's ``token_ids`` are reasoning, as the reasoning parser
+        counts them (0 without one, or where the prompt ended the reasoning)."""
+        return self.reasoning.count_reasoning_tokens(token_ids) if self.reasoning is not None else 0
+
     @property
     def called_tools(self) -> bool:
         """Whether the stream has sent at least one tool call."""

@@ -64,6 +64,7 @@ from forkless.protocol.openai import (
     DetokenizeResponse,
     PromptLogprob,
     PromptLogprobs,
+    CompletionTokenUsageInfo,
     PromptTokenUsageInfo,
     RequestModel,
     SamplingFields,
@@ -555,18 +556,22 @@ class _StreamedChoice:
         return out
 
 
-def _usage_of(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> UsageInfo:
-    """The usage; with ``prompt_tokens_details`` when ``cached_tokens`` is given."""
+def _usage_of(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None,
+              reasoning_tokens: int | None = None) -> UsageInfo:
+    """The usage; with ``prompt_tokens_details`` when ``cached_tokens`` is given, and
+    ``completion_tokens_details`` when ``reasoning_tokens`` is."""
     details = PromptTokenUsageInfo(cached_tokens=cached_tokens) if cached_tokens is not None else None
+    completion = CompletionTokenUsageInfo(reasoning_tokens=reasoning_tokens) if reasoning_tokens is not None else None
     return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details)
+                     total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details,
+                     completion_tokens_details=completion)
 
 
-def _usage(out: "RequestOutput", cached_tokens: int | None = None) -> UsageInfo:
-    """``out``'s usage; ``cached_tokens`` as :func:`_usage_of`."""
+def _usage(out: "RequestOutput", cached_tokens: int | None = None, reasoning_tokens: int | None = None) -> UsageInfo:
+    """``out``'s usage; ``cached_tokens`` and ``reasoning_tokens`` as :func:`_usage_of`."""
     prompt = len(out.prompt_token_ids or [])
     completion = sum(len(c.token_ids) for c in out.outputs)
-    return _usage_of(prompt, completion, cached_tokens)
+    return _usage_of(prompt, completion, cached_tokens, reasoning_tokens)
 
 
 # Tokens of margin in max_text_chars: a text cut there still makes more tokens than
@@ -1106,7 +1111,7 @@ class OpenAIServing:
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Any,
                                      endpoint: str = "/v1/chat/completions",
-                                     with_cached_tokens: bool = False) -> Any:
+                                     with_cached_tokens: bool = False, with_reasoning_tokens: bool = False) -> Any:
         """The chat completion (a response model), or its stream of SSE lines.
 
         Args:
@@ -1117,6 +1122,10 @@ class OpenAIServing:
             with_cached_tokens: Report ``usage.prompt_tokens_details.cached_tokens`` even
                 without ``--enable-prompt-tokens-details``, 0 included (the Responses
                 API's ``input_tokens_details`` are made from it).
+            with_reasoning_tokens: Report ``usage.completion_tokens_details.reasoning_tokens``
+                (the Responses API's ``output_tokens_details``): the tokens of the
+                reasoning, as the reasoning parser counts them (0 without one). In a
+                stream, the last usage chunk has them.
 
         Raises:
             BadRequest: The request is invalid (``param`` names the field).
@@ -1169,7 +1178,7 @@ class OpenAIServing:
         if req.stream:
             (stream,) = await self._started([stream], [params], req)
             return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, len(ids), named,
-                                     with_cached_tokens)
+                                     with_cached_tokens, with_reasoning_tokens)
         (final,) = await self._collect([stream], raw_request, req)
         choices = []
         for c in final.outputs:
@@ -1179,7 +1188,9 @@ class OpenAIServing:
                 index=c.index, message=message,
                 finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls), named),
                 stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None))
-        usage = _usage(final, self.reported_cached_tokens(final.num_cached_tokens, with_cached_tokens))
+        reasoning_tokens = (sum(parsers[c.index].reasoning_tokens(c.token_ids) if parsers else 0
+                                for c in final.outputs) if with_reasoning_tokens else None)
+        usage = _usage(final, self.reported_cached_tokens(final.num_cached_tokens, with_cached_tokens), reasoning_tokens)
         return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=usage,
                                       prompt_logprobs=_prompt_logprobs(final))
 
@@ -1290,7 +1301,8 @@ class OpenAIServing:
                            stream: AsyncIterator["RequestOutput"], raw_request: Any, model_name: str,
                            parsers: list[ChoiceParser] | None = None,
                            num_prompt_tokens: int = 0, named: bool = False,
-                           with_cached_tokens: bool = False) -> AsyncIterator[str]:
+                           with_cached_tokens: bool = False,
+                           with_reasoning_tokens: bool = False) -> AsyncIterator[str]:
         created = int(time.time())
         top = req.top_logprobs if req.logprobs else None
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -1303,7 +1315,8 @@ class OpenAIServing:
             yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role=self._reply_role(req), content=""))],
                         usage=_usage_of(num_prompt_tokens, 0) if continuous else None)
         choices = [_StreamedChoice() for _ in range(req.n)]
-        keep_whole = parsers is not None  # the parsers read the whole text and token ids
+        # The parsers read the whole text and token ids (and so does the reasoning count).
+        keep_whole = parsers is not None
         prompt_tokens = None
         cached_tokens = 0
         outputs = self._merge_or_error([stream], raw_request, req)
@@ -1345,8 +1358,11 @@ class OpenAIServing:
         finally:
             await outputs.aclose()  # aborts the engine request if it did not finish
         if req.stream_options and req.stream_options.include_usage and prompt_tokens is not None:
+            reasoning_tokens = (sum(parsers[i].reasoning_tokens(st.all_token_ids) if parsers else 0
+                                    for i, st in enumerate(choices)) if with_reasoning_tokens else None)
             yield chunk([], usage=_usage_of(prompt_tokens, sum(st.num_tokens for st in choices),
-                                            self.reported_cached_tokens(cached_tokens, with_cached_tokens)))
+                                            self.reported_cached_tokens(cached_tokens, with_cached_tokens),
+                                            reasoning_tokens))
         yield _sse("[DONE]")
 
     # -- plumbing -----------------------------------------------------------------------

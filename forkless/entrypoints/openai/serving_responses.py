@@ -202,7 +202,7 @@ class OpenAIServingResponses:
         response_id = _id("resp")
         try:
             result = await self.chat.create_chat_completion(chat_req, raw_request, "/v1/responses",
-                                                            with_cached_tokens=True)
+                                                            with_cached_tokens=True, with_reasoning_tokens=True)
         except BadRequest as exc:
             if exc.param == "structured_outputs" and req.structured_outputs is not None:
                 raise  # the request's own structured_outputs, not text.format's
@@ -269,6 +269,9 @@ class OpenAIServingResponses:
         # The prefix cache's hits, as vLLM's Responses API reports them (the chat path
         # counts them for this endpoint alone).
         cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        # The reasoning's tokens, as vLLM counts them: the reasoning parser's count of the
+        # output's tokens (0 without one). A stream has them in its last usage only.
+        reasoning_tokens = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
         fmt = (req.text or {}).get("format") or {"type": "text"}
         # What it sampled with, as vLLM's: the request's, else the model's default, else 1.
         defaults = self.chat.sampling_defaults
@@ -288,7 +291,7 @@ class OpenAIServingResponses:
             "tool_choice": req.tool_choice or ("auto" if req.tools else "none"),
             "tools": req.tools or [], "top_p": top_p, "truncation": req.truncation or "disabled",
             "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
-                      "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+                      "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                       "total_tokens": input_tokens + output_tokens},
             "user": req.user, "metadata": req.metadata or {},
         }
