@@ -437,6 +437,22 @@ def test_input_items_are_not_listed_and_say_so(server: Server) -> None:
     assert "item_reference" in info.value.message and info.value.body["param"] == "input"
 
 
+
+def test_retrieve_refuses_the_query_parameters_it_cannot_honour(server: Server) -> None:
+    # OpenAI's GET takes stream / starting_after (a background response's events replayed)
+    # and include: answering them with the plain JSON would ignore them.
+    client = server.client()
+    r = client.responses.create(model="tiny", input="Hi", max_output_tokens=1)
+    assert client.responses.retrieve(r.id).id == r.id
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.retrieve(r.id, stream=True)
+    assert info.value.body["param"] == "stream" and "background" in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.retrieve(r.id, include=["message.output_text.logprobs"])
+    assert info.value.body["param"].startswith("include")
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_none", stream=True)
+
 # A tool parser that, besides raising on BOOM (in the chat stream), streams on ODD the
 # opening delta of a call (its id and type, no function yet) with an index it set after
 # making the delta, a list: pydantic checks no assignment, the chat stream sends it on,

@@ -225,8 +225,26 @@ class OpenAIServingResponses:
         self._remember(req, response, conversation)
         return response
 
-    def retrieve(self, response_id: str) -> dict[str, Any]:
-        return self.store.get(response_id)[0]
+    def retrieve(self, response_id: str, query: dict[str, str] | None = None) -> dict[str, Any]:
+        """A stored response, as it ended.
+
+        Args:
+            response_id: Its id.
+            query: The request's query parameters. OpenAI's ``stream`` and
+                ``starting_after`` replay a background response's events, which this
+                server does not make, and ``include`` adds output to a stored one: each
+                is refused, not ignored (an unknown parameter too).
+
+        Raises:
+            BadRequest: 404, no such stored response; 400, a query parameter.
+        """
+        found = self.store.get(response_id)[0]
+        for name in query or {}:
+            what = ("replays a background response's events, and this server runs none (background is not "
+                    "supported)" if name in ("stream", "starting_after", "include_obfuscation")
+                    else "is not supported here: a stored response is returned as it ended")
+            raise BadRequest(f"GET /v1/responses/{{id}}?{name}=... {what}", name)
+        return found
 
     def delete(self, response_id: str) -> dict[str, Any]:
         self.store.delete(response_id)
