@@ -95,9 +95,9 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
         metrics: vLLM's per-request statistics, a
             ``forkless.metrics.stats.RequestStateStats`` (also importable as
             ``forkless.v1.metrics.stats.RequestStateStats``) from the offline
-            ``LLM(disable_log_stats=False)``; ``None`` otherwise, as in vLLM's ``LLM`` by
-            default (``disable_log_stats=True``). ``AsyncLLM`` and the server leave it
-            ``None``: their per-request timings go to ``/metrics``.
+            ``LLM(disable_log_stats=False)`` and from ``AsyncLLM`` with statistics on
+            (its default; off with ``log_stats=False`` and no stat loggers); ``None``
+            otherwise, as in vLLM's ``LLM`` by default (``disable_log_stats=True``).
     """
 
     request_id: str

@@ -109,10 +109,12 @@ class AsyncLLM:
         stat_loggers: Extra stat loggers: ``StatLoggerBase`` subclasses (constructed as
             ``cls(config, 0)``, vLLM's ``(vllm_config, engine_idx)``) or instances.
         log_stats: Whether to keep statistics (vLLM's rule, ``--disable-log-stats``
-            turns it off): the periodic throughput line and the Prometheus metrics of
-            ``render_metrics``. Off, ``render_metrics`` is empty, unless stat loggers are
-            given or installed as plugins: they then run, with the Prometheus metrics, and
-            only the periodic line stays off.
+            turns it off): the periodic throughput line, the Prometheus metrics of
+            ``render_metrics`` and each ``RequestOutput.metrics`` (vLLM's
+            ``RequestStateStats``, from the lifecycle events the engine core then
+            records). Off, ``render_metrics`` is empty and ``metrics`` is ``None``, unless
+            stat loggers are given or installed as plugins: they then run, with the
+            Prometheus metrics and ``metrics``, and only the periodic line stays off.
 
     Raises:
         ValueError, ImportError, TypeError: ``distributed_executor_backend`` names no
@@ -193,7 +195,8 @@ class AsyncLLM:
                 core starts; what it raises is raised here.
         """
         self.dead_event = asyncio.Event()
-        self.client = EngineCoreClient(self.config)
+        # The engine core records request events only when there are statistics to keep.
+        self.client = EngineCoreClient(self.config, log_stats=self.log_stats)
 
         def load() -> None:
             self.output_processor  # noqa: B018 (loads the tokenizer)
@@ -262,7 +265,7 @@ class AsyncLLM:
     @property
     def output_processor(self) -> OutputProcessor:
         if self._output_processor is None:
-            self._output_processor = OutputProcessor(self.processor.tokenizer)
+            self._output_processor = OutputProcessor(self.processor.tokenizer, log_stats=self.log_stats)
         return self._output_processor
 
     @property
@@ -504,7 +507,9 @@ class AsyncLLM:
         assert self.client is not None
         if kind == ipc.OUTPUTS:
             outputs = ipc.decode(payload, EngineCoreOutputs)
-            result = self.output_processor.process_outputs(outputs.outputs)
+            # Arrival and token times on this process's clock (the client's side), as
+            # before; with statistics, the per-request intervals on the engine core's.
+            result = self.output_processor.process_outputs(outputs.outputs, core_time=outputs.monotonic_timestamp)
             for request_output in result.request_outputs:
                 queue = self._queues.get(request_output.request_id)
                 if queue is not None:

@@ -52,9 +52,11 @@ class EngineCoreClient:
 
     Args:
         config: The engine configuration, sent to the process as msgpack.
+        log_stats: Have the engine core record each request's lifecycle events (queued,
+            scheduled, preempted) for per-request statistics, as vLLM's ``log_stats``.
     """
 
-    def __init__(self, config: "EngineConfig") -> None:
+    def __init__(self, config: "EngineConfig", log_stats: bool = False) -> None:
         self.ipc_dir = ipc.make_ipc_dir("forkless-ipc-")
         self.ctx = zmq.asyncio.Context()
         self.input = self.ctx.socket(zmq.PUSH)
@@ -65,7 +67,7 @@ class EngineCoreClient:
         self._output_now = zmq.Socket.shadow(self.output.underlying)
         self.proc = start_engine_core_process(
             ipc.encode(config.to_builtins()), ipc.ipc_address(self.ipc_dir, "input"),
-            ipc.ipc_address(self.ipc_dir, "output"), self.ipc_dir)
+            ipc.ipc_address(self.ipc_dir, "output"), self.ipc_dir, log_stats)
         logger.info("started the engine core process (pid %d); it starts the worker, which loads the model",
                     self.proc.pid)
         self.ready_info: dict[str, Any] = {}

@@ -31,9 +31,14 @@ STATS_INTERVAL_S = 1.0
 
 
 class EngineCoreProc:
-    """Runs an ``EngineCore`` behind two sockets until told to stop or its parent dies."""
+    """Runs an ``EngineCore`` behind two sockets until told to stop or its parent dies.
 
-    def __init__(self, config_bytes: bytes, input_addr: str, output_addr: str, parent_pid: int) -> None:
+    ``log_stats`` is the engine core's (:class:`forkless.engine.core.EngineCore`): record
+    each request's lifecycle events for the API server's per-request statistics.
+    """
+
+    def __init__(self, config_bytes: bytes, input_addr: str, output_addr: str, parent_pid: int,
+                 log_stats: bool = False) -> None:
         import zmq
 
         from forkless.config import EngineConfig
@@ -48,7 +53,7 @@ class EngineCoreProc:
         self.output.connect(output_addr)
         try:
             config = EngineConfig.from_builtins(ipc.decode(config_bytes))
-            self.core = EngineCore(config)
+            self.core = EngineCore(config, log_stats=log_stats)
         except Exception as exc:
             # A worker's failure carries the worker's traceback (the cause); the API server
             # reports it, once.
@@ -133,7 +138,7 @@ class EngineCoreProc:
 
 
 def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, parent_pid: int,
-                    ipc_dir: str) -> None:
+                    ipc_dir: str, log_stats: bool = False) -> None:
     """Entry point of the spawned engine core process.
 
     Args:
@@ -142,6 +147,9 @@ def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, pare
         output_addr: Where outputs go (the API server binds it).
         parent_pid: The API server's pid, watched to exit when it is gone.
         ipc_dir: The API server's IPC directory, for the worker sockets too.
+        log_stats: Record each request's lifecycle events (queued, scheduled, preempted)
+            for per-request statistics; off (``--disable-log-stats`` without stat-logger
+            plugins), nothing is recorded.
     """
     from forkless.plugins import load_general_plugins
 
@@ -157,7 +165,7 @@ def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, pare
     load_general_plugins()
     proc = None
     try:
-        proc = EngineCoreProc(config_bytes, input_addr, output_addr, parent_pid)
+        proc = EngineCoreProc(config_bytes, input_addr, output_addr, parent_pid, log_stats)
         gc.enable()
         tune_process()  # this process is forkless's alone (forkless.gc_tuning)
         proc.run()
@@ -189,10 +197,10 @@ def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, pare
 
 
 def start_engine_core_process(config_bytes: bytes, input_addr: str, output_addr: str,
-                              ipc_dir: str) -> multiprocessing.process.BaseProcess:
+                              ipc_dir: str, log_stats: bool = False) -> multiprocessing.process.BaseProcess:
     """Spawn the engine core process (see :func:`run_engine_core` for the arguments)."""
     ctx = multiprocessing.get_context("spawn")
     proc = ctx.Process(target=run_engine_core, name="forkless-engine-core",
-                       args=(config_bytes, input_addr, output_addr, os.getpid(), ipc_dir))
+                       args=(config_bytes, input_addr, output_addr, os.getpid(), ipc_dir, log_stats))
     proc.start()
     return proc

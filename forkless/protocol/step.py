@@ -329,8 +329,9 @@ class EngineCoreEventType(enum.IntEnum):
 class EngineCoreEvent(msgspec.Struct, array_like=True, gc=False):
     """One lifecycle event of a request, as vLLM's ``EngineCoreEvent``.
 
-    Recorded only when the engine core is asked to (``EngineCore(log_stats=True)``, the
-    offline ``LLM(disable_log_stats=False)``), and carried by the request's next output.
+    Recorded only when the engine core is asked to (``EngineCore(log_stats=True)``: the
+    offline ``LLM(disable_log_stats=False)``, or the server's engine core when the API
+    server keeps statistics), and carried by the request's next output.
 
     Attributes:
         type: What happened.

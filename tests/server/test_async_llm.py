@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 from forkless import AsyncLLM, SamplingParams
 from forkless.config import EngineArgs
 from forkless.metrics import StatLoggerBase
+from forkless.metrics.stats import RequestStateStats
 
 
 class CollectingLogger(StatLoggerBase):
@@ -40,11 +42,21 @@ def test_async_llm_generate_abort_and_stat_loggers(tiny_llama: Path) -> None:
             texts = []
             for i in range(2):
                 params = SamplingParams(temperature=0, max_tokens=5)
+                wall, mono = time.time(), time.monotonic()
                 async for out in llm.generate("Hello there", params, request_id=f"r{i}"):
                     final = out
+                wall_end, mono_end = time.time(), time.monotonic()
                 texts.append(final.outputs[0].text)
                 assert final.finished and len(final.outputs[0].token_ids) == 5
-                assert final.metrics is None  # per-request stats are the offline LLM's only
+                # As vLLM's AsyncLLM with statistics on (here for the stat loggers given):
+                # the request's RequestStateStats, its *_ts from the engine core's events
+                # and steps (the monotonic clock, one per host).
+                m = final.metrics
+                assert isinstance(m, RequestStateStats)
+                assert m.num_generation_tokens == 5
+                assert wall <= m.arrival_time <= wall_end
+                assert 0 < m.first_token_latency <= wall_end - m.arrival_time
+                assert mono <= m.queued_ts <= m.scheduled_ts <= m.first_token_ts < m.last_token_ts <= mono_end
             # abort: a long request, cancelled after its first output
             stream = llm.generate("Count", SamplingParams(temperature=0, max_tokens=200, ignore_eos=True), "long")
             async for out in stream:
@@ -92,17 +104,30 @@ def test_a_stream_that_falls_behind_gets_the_newest_output(tiny_llama: Path) -> 
     from forkless.sampling_params import RequestOutputKind
 
     texts: dict = {}
+    events: list = []
 
     async def main() -> tuple[list[list[int]], list[list[int]], list[int]]:
         args = EngineArgs(model=str(tiny_llama), max_model_len=256, kv_cache_memory=32 << 20)
         llm = AsyncLLM.from_engine_args(args, log_stats=False)
         try:
             await llm.start()
+            # Statistics off (no stat loggers either): the engine core records no request
+            # events, and no output gets metrics (vLLM's AsyncLLM without log_stats).
+            processor = llm.output_processor
+            process_outputs = processor.process_outputs
+
+            def watch(outputs, *args, **kwargs):
+                outputs = list(outputs)
+                events.extend(out.events for out in outputs)
+                return process_outputs(outputs, *args, **kwargs)
+
+            processor.process_outputs = watch
 
             async def read(kind: RequestOutputKind, rid: str) -> list[list[int]]:
                 params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, output_kind=kind)
                 seen = []
                 async for out in llm.generate("Hello there", params, request_id=rid):
+                    assert out.metrics is None
                     seen.append(list(out.outputs[0].token_ids))
                     texts.setdefault(kind, []).append(out.outputs[0].text)
                     await asyncio.sleep(0.1)  # slower than the engine's steps
@@ -126,6 +151,7 @@ def test_a_stream_that_falls_behind_gets_the_newest_output(tiny_llama: Path) -> 
     assert [t for d in deltas for t in d] == reference  # every delta, in order
     assert len(deltas) < 20, len(deltas)  # the ones it fell behind on came merged
     assert "".join(texts[RequestOutputKind.DELTA]) == texts["ref"][0] == texts[RequestOutputKind.CUMULATIVE][-1]
+    assert len(events) >= 40 and all(e is None for e in events)  # the engine core recorded nothing
 
 
 def _same(a, b, tol: float = 1e-3) -> bool:
