@@ -215,6 +215,7 @@ class _Completion:
             num_generation_tokens=len(self.token_ids),
             num_cached_tokens=self.num_cached_tokens,
             finish_reason=self.finish_reason,
+            stats=self.stats,
         )
 
 

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                     2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
+# vLLM's buckets of a request's phases (queue, prefill, decode, inference).
+_REQUEST_PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                          120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 
 class PrometheusStatLogger(StatLoggerBase):
@@ -62,6 +65,20 @@ class PrometheusStatLogger(StatLoggerBase):
         self.ttft = histogram("forkless:time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
         self.itl = histogram("forkless:inter_token_latency_seconds", "Time between output tokens.", _LATENCY_BUCKETS)
         self.e2e = histogram("forkless:e2e_request_latency_seconds", "End-to-end request latency.", _LATENCY_BUCKETS)
+        # vLLM's phases of a finished request, from the engine core's event times (always
+        # there: this logger runs only with statistics on, and then the engine core
+        # records the events).
+        self.queue_time = histogram("forkless:request_queue_time_seconds",
+                                    "Time a request spent waiting before it was first scheduled.",
+                                    _REQUEST_PHASE_BUCKETS)
+        self.prefill_time = histogram("forkless:request_prefill_time_seconds",
+                                      "Time from a request's first scheduling to its first token.",
+                                      _REQUEST_PHASE_BUCKETS)
+        self.decode_time = histogram("forkless:request_decode_time_seconds",
+                                     "Time from a request's first token to its last.", _REQUEST_PHASE_BUCKETS)
+        self.inference_time = histogram("forkless:request_inference_time_seconds",
+                                        "Time from a request's first scheduling to its last token.",
+                                        _REQUEST_PHASE_BUCKETS)
         token_buckets = tuple(float(2**i) for i in range(15))
         self.req_prompt = histogram("forkless:request_prompt_tokens", "Prompt length of finished requests.", token_buckets)
         self.req_gen = histogram("forkless:request_generation_tokens", "Generated length of finished requests.", token_buckets)
@@ -154,6 +171,10 @@ class PrometheusStatLogger(StatLoggerBase):
             for f in it.finished_requests:
                 self.request_success.labels(**self._labels, finished_reason=f.finish_reason).inc()
                 self.e2e.observe(f.e2e_latency)
+                self.queue_time.observe(f.queued_time)
+                self.prefill_time.observe(f.prefill_time)
+                self.decode_time.observe(f.decode_time)
+                self.inference_time.observe(f.inference_time)
                 self.req_prompt.observe(f.num_prompt_tokens)
                 self.req_gen.observe(f.num_generation_tokens)
 

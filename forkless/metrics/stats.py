@@ -2,7 +2,8 @@
 
 Scheduler-side numbers (running / waiting requests, KV usage, prefix-cache counters)
 come from the engine core as ``SchedulerStats``; request-side latencies are measured in
-the API server, where the client's clock is.
+the API server, where the client's clock is, except a request's phases (queued, prefill,
+decode, inference), measured between the engine core's event and step times.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ __all__ = ["FinishedRequestStats", "IntervalViews", "IterationStats", "PrefixCac
 @dataclass
 class RequestStateStats:
     """One request's statistics so far, as vLLM's (``RequestOutput.metrics`` of the offline
-    ``LLM(disable_log_stats=False)``).
+    ``LLM(disable_log_stats=False)`` and of ``AsyncLLM`` with statistics on).
 
     Two clocks, as in vLLM: ``arrival_time`` is the caller's wall clock (``time.time()``);
     the ``*_ts`` fields are the engine core's ``time.monotonic()``, comparable with one
@@ -64,6 +65,8 @@ class RequestTiming:
         num_generation_tokens: Tokens generated.
         num_cached_tokens: Prompt tokens served from the prefix cache.
         finish_reason: ``"stop"``, ``"length"`` or ``"abort"``.
+        stats: The completion's ``RequestStateStats`` when statistics are kept (the
+            engine core's event times), else ``None``.
     """
 
     request_id: str
@@ -75,6 +78,7 @@ class RequestTiming:
     num_generation_tokens: int
     num_cached_tokens: int
     finish_reason: str | None
+    stats: RequestStateStats | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -98,7 +102,14 @@ class FinishedRequestStats:
         num_generation_tokens: Tokens generated.
         time_to_first_token: Seconds from arrival to the first token, if any came.
         num_cached_tokens: Prompt tokens served from the prefix cache.
-        decode_time: Seconds from the first token to the last.
+        decode_time: Seconds from the first token to the last (with per-request
+            statistics on the engine core's clock, as vLLM's; else on the API server's).
+        queued_time: Seconds from being queued in the engine core to being first
+            scheduled (vLLM's; 0 without per-request statistics).
+        prefill_time: Seconds from being first scheduled to the first token (a
+            preemption meanwhile included; 0 without per-request statistics or token).
+        inference_time: Seconds from being first scheduled to the last token (0 without
+            per-request statistics or token).
     """
 
     finish_reason: str
@@ -108,6 +119,9 @@ class FinishedRequestStats:
     time_to_first_token: float | None
     num_cached_tokens: int = 0
     decode_time: float = 0.0
+    queued_time: float = 0.0
+    prefill_time: float = 0.0
+    inference_time: float = 0.0
 
     @property
     def mean_time_per_output_token(self) -> float:
@@ -170,10 +184,25 @@ def iteration_stats(num_new_tokens: int, finished: list[RequestTiming],
                 (t.last_token_time - t.first_token_time) / (t.num_generation_tokens - 1))
         decode = (t.last_token_time - t.first_token_time
                   if t.first_token_time is not None and t.last_token_time is not None else 0.0)
-        stats.finished_requests.append(FinishedRequestStats(
+        finished_stats = FinishedRequestStats(
             t.finish_reason or "abort", t.e2e_latency or 0.0, t.num_prompt_tokens,
-            t.num_generation_tokens, t.ttft, t.num_cached_tokens, decode))
+            t.num_generation_tokens, t.ttft, t.num_cached_tokens, decode)
+        if t.stats is not None:
+            _add_intervals(finished_stats, t.stats)
+        stats.finished_requests.append(finished_stats)
     return stats
+
+
+def _add_intervals(finished: FinishedRequestStats, s: RequestStateStats) -> None:
+    """vLLM's per-request intervals, from the engine core's event times (one clock). A time
+    never reached (0: the request was never scheduled, or made no token) gives 0, not the
+    negative difference from it."""
+    if s.queued_ts and s.scheduled_ts:
+        finished.queued_time = s.scheduled_ts - s.queued_ts
+    if s.scheduled_ts and s.first_token_ts:
+        finished.prefill_time = s.first_token_ts - s.scheduled_ts
+        finished.decode_time = s.last_token_ts - s.first_token_ts
+        finished.inference_time = s.last_token_ts - s.scheduled_ts
 
 
 class IntervalViews:

@@ -250,3 +250,21 @@ def test_a_stop_string_in_the_first_min_tokens_tokens_does_not_stop(parts) -> No
         finals[min_tokens] = [o for r in results for o in r.request_outputs if o.finished][0].outputs[0]
     assert (finals[k - 1].text, finals[k - 1].stop_reason) == (" jumps ", "over")
     assert (finals[k].text, finals[k].stop_reason) == (" jumps over the ", "lazy")
+
+
+def test_phases_of_a_request_that_never_made_a_token_are_zero_not_negative(parts) -> None:
+    # vLLM's phases (queued, prefill, decode, inference) are differences of the engine
+    # core's event times; one never reached is 0, and must not turn into minus the other
+    # (a request scheduled, then finished before its first token, e.g. a KV-load failure).
+    from forkless.metrics import iteration_stats
+    from forkless.protocol.step import EngineCoreEvent, EngineCoreEventType
+
+    processor, tok = parts
+    out_proc = OutputProcessor(tok, log_stats=True)
+    out_proc.add_request(processor.process_inputs("r", "Hi", SamplingParams(max_tokens=4)))
+    events = [EngineCoreEvent(EngineCoreEventType.QUEUED, 100.0), EngineCoreEvent(EngineCoreEventType.SCHEDULED, 100.5)]
+    result = out_proc.process_outputs([EngineCoreOutput("r", [], FinishReason.ABORT, events=events)],
+                                      core_time=101.0)
+    (finished,) = iteration_stats(result.num_new_tokens, result.finished, result.first_tokens).finished_requests
+    assert finished.queued_time == 0.5
+    assert (finished.prefill_time, finished.decode_time, finished.inference_time) == (0.0, 0.0, 0.0)

@@ -18,6 +18,7 @@ class CollectingLogger(StatLoggerBase):
         self.initialized = 0
         self.generated = 0
         self.finished: list[str] = []
+        self.phases: list[tuple[float, float, float, float]] = []  # vLLM's queued, prefill, decode, inference
         self.saw_scheduler_stats = False
 
     def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0) -> None:
@@ -25,6 +26,8 @@ class CollectingLogger(StatLoggerBase):
         if iteration_stats is not None:
             self.generated += iteration_stats.num_generation_tokens
             self.finished += [f.finish_reason for f in iteration_stats.finished_requests]
+            self.phases += [(f.queued_time, f.prefill_time, f.decode_time, f.inference_time)
+                            for f in iteration_stats.finished_requests]
 
     def log_engine_initialized(self) -> None:
         self.initialized += 1
@@ -74,6 +77,11 @@ def test_async_llm_generate_abort_and_stat_loggers(tiny_llama: Path) -> None:
     assert instance.saw_scheduler_stats
     assert instance.finished.count("length") == 2
     assert instance.generated >= 10
+    # The stat loggers get vLLM's phases of each finished request.
+    assert len(instance.phases) == 2
+    for queued, prefill, decode, inference in instance.phases:
+        assert queued >= 0 and prefill > 0 and decode > 0
+        assert abs(inference - (prefill + decode)) < 1e-9
 
 
 def test_the_first_requests_start_the_engine_as_vllm_s_asyncllm_is_used(tiny_llama: Path) -> None:

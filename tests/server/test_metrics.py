@@ -64,6 +64,19 @@ def test_counters_and_histograms_match_the_requests_sent(tiny_llama: Path, tmp_p
             assert value(m, name + "_bucket", le="+Inf") == finished, name
         assert value(m, "forkless:request_prompt_tokens_sum") == prompt
         assert value(m, "forkless:request_generation_tokens_sum") == generated
+        # vLLM's phases of each finished request, from the engine core's event times.
+        phases = ("queue", "prefill", "decode", "inference")
+        for phase in phases:
+            name = f"forkless:request_{phase}_time_seconds"
+            assert value(m, name + "_count") == finished, name
+            assert value(m, name + "_bucket", le="+Inf") == finished, name
+            assert value(m, name + "_sum") > 0, name
+        queue, prefill, decode, inference = (value(m, f"forkless:request_{p}_time_seconds_sum") for p in phases)
+        # Inference is prefill then decode, on one clock (the engine core's).
+        assert inference >= prefill
+        assert abs(inference - (prefill + decode)) < 1e-6
+        # No phase outlasts the request as the client saw it.
+        assert max(queue, inference) <= value(m, "forkless:e2e_request_latency_seconds_sum")
         multi_token = sum(n for u, n in sent if u.completion_tokens > n)
         assert value(m, "forkless:inter_token_latency_seconds_count") == multi_token
         assert wait_until(lambda: value(scrape(srv), "forkless:kv_cache_usage_perc") == 0, 15)
