@@ -41,7 +41,8 @@ class OutputProcessorOutput:
         reqs_to_abort: Engine-core ids finished by a stop string: abort them in the core.
         finished: Timings of completions that finished.
         first_tokens: Timings of completions that got their first token (their prompt is
-            done): the batch's prompt tokens and times to first token.
+            done; a pooling request's result counts as one): the batch's prompt tokens
+            and times to first token.
         num_new_tokens: Tokens the step generated for requests still tracked (a request
             finished or aborted here may get one more from a step the core had begun;
             nobody sees it, so the metrics do not count it).
@@ -97,9 +98,11 @@ class _Completion:
         """Apply one engine-core output; returns True when a stop string finished it."""
         if out.new_prompt_logprobs is not None and self.parent.prompt_logprobs is None:
             self.parent.prompt_logprobs = self._prompt_logprobs(out.new_prompt_logprobs)
-        if self.first_token_time is None and out.new_token_ids:
-            self.first_token_time = now
-        if out.new_token_ids:
+        # A pooling request's result is its first and last "token" (vLLM times every
+        # output), so that its latency and phases are measured as a completion's.
+        if out.new_token_ids or out.pooling_output is not None:
+            if self.first_token_time is None:
+                self.first_token_time = now
             self.last_token_time = now
         self.num_cached_tokens = out.num_cached_tokens
         if out.pooling_output is not None:
@@ -153,7 +156,7 @@ class _Completion:
                     stats.queued_ts = event.timestamp
                 elif event.type == EngineCoreEventType.SCHEDULED and not stats.scheduled_ts:
                     stats.scheduled_ts = event.timestamp
-        if not out.new_token_ids:
+        if not out.new_token_ids and out.pooling_output is None:
             return
         if self.first_token_time is None:
             stats.first_token_latency = now - stats.arrival_time
@@ -342,7 +345,7 @@ class OutputProcessor:
             num_new_tokens += len(out.new_token_ids)
             if log_stats:
                 child.update_stats(out, now, core_time)
-            first = child.first_token_time is None and bool(out.new_token_ids)
+            first = child.first_token_time is None and (bool(out.new_token_ids) or out.pooling_output is not None)
             if child.update(out, now):
                 result.reqs_to_abort.append(child.request_id)
             if first:

@@ -372,3 +372,34 @@ def test_a_cross_encoder_truncates_its_pairs(tiny_cross_encoder: Path, tmp_path:
             assert r.status_code == 200 and len(r.json()["results"]) == 2, r.text
     finally:
         srv.stop()
+
+
+def test_pooling_requests_are_timed_on_metrics(minilm_server) -> None:
+    """A pooling request's result counts as its first and last token, as vLLM times every
+    output: its latency, time to first token, prompt tokens and phases reach /metrics."""
+    from tests.server.conftest import wait_until
+    from tests.server.test_metrics import scrape, value
+
+    names = ("forkless:e2e_request_latency_seconds", "forkless:time_to_first_token_seconds",
+             "forkless:request_prefill_time_seconds", "forkless:request_inference_time_seconds")
+
+    def totals() -> dict[str, float]:
+        m = scrape(minilm_server)
+        out = {"done": value(m, "forkless:request_success_total"),
+               "prompt": value(m, "forkless:prompt_tokens_total")}
+        for name in names:
+            out[name + "_count"] = value(m, name + "_count")
+            out[name + "_sum"] = value(m, name + "_sum")
+        return out
+
+    before = totals()
+    r = httpx.post(minilm_server.url + "/v1/embeddings",
+                   json={"input": ["timed one", "timed two, a little longer", "three"]}, timeout=60)
+    assert r.status_code == 200, r.text
+    wait_until(lambda: totals()["done"] >= before["done"] + 3, 10)
+    after = totals()
+    assert after["done"] - before["done"] == 3
+    assert after["prompt"] - before["prompt"] == r.json()["usage"]["prompt_tokens"]
+    for name in names:
+        assert after[name + "_count"] - before[name + "_count"] == 3, name
+        assert after[name + "_sum"] - before[name + "_sum"] > 0, name
