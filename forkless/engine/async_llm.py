@@ -101,13 +101,49 @@ class _OutputSlot:
         return self._items.popleft()
 
 
+def _is_prometheus(item: Any) -> bool:
+    """Whether a stat logger class or instance is a Prometheus logger (it then replaces the
+    default one instead of running beside it)."""
+    from forkless.metrics.prometheus import PrometheusStatLogger
+
+    return isinstance(item, PrometheusStatLogger) or (isinstance(item, type)
+                                                      and issubclass(item, PrometheusStatLogger))
+
+
+def _make_prometheus(item: Any, source: str, config: "EngineConfig") -> Any:
+    """The Prometheus stat logger: ``item`` as is when an instance, else constructed with the
+    default one's arguments (the model config, the engine index, and the series it adds
+    for LoRA, speculative decoding and KV connectors).
+
+    Raises:
+        RuntimeError: A user's class raised in its constructor (the message names ``source``).
+    """
+    if not isinstance(item, type):
+        return item
+    spec = config.speculative_config
+    kwargs = {"max_loras": config.lora_config.max_loras if config.lora_config is not None else None,
+              "num_speculative_tokens": spec.num_speculative_tokens if spec is not None else None,
+              "kv_transfer": config.kv_transfer_config is not None}
+    try:
+        return item(config.model_config, 0, **kwargs)
+    except Exception as e:
+        if not source:
+            raise
+        raise RuntimeError(f"{source}: {item.__module__}.{item.__qualname__}(model_config, 0, "
+                           f"{', '.join(f'{k}=...' for k in kwargs)}) raised {type(e).__name__}: {e}") from e
+
+
 class AsyncLLM:
     """Asynchronous generation over an engine core in its own process.
 
     Args:
         config: The engine configuration.
         stat_loggers: Extra stat loggers: ``StatLoggerBase`` subclasses (constructed as
-            ``cls(config, 0)``, vLLM's ``(vllm_config, engine_idx)``) or instances.
+            ``cls(config, 0)``, vLLM's ``(vllm_config, engine_idx)``) or instances. A
+            ``PrometheusStatLogger`` subclass or instance (given here or as a plugin)
+            replaces the default Prometheus logger, as in vLLM, the last one winning; a
+            class is constructed as the default is, ``cls(model_config, 0, max_loras=...,
+            num_speculative_tokens=..., kv_transfer=...)``.
         log_stats: Whether to keep statistics (vLLM's rule, ``--disable-log-stats``
             turns it off): the periodic throughput line, the Prometheus metrics of
             ``render_metrics`` and each ``RequestOutput.metrics`` (vLLM's
@@ -149,7 +185,6 @@ class AsyncLLM:
         self._refuse_new: str | None = None
         self._end_in_flight: str | None = None
         self.dead_event: asyncio.Event | None = None
-        spec = config.speculative_config
         plugins = load_stat_logger_plugin_factories()
         # As vLLM's AsyncLLM: without log_stats no statistics are kept (no periodic line,
         # no Prometheus series: /metrics answers, empty), unless there are stat loggers
@@ -158,23 +193,31 @@ class AsyncLLM:
         if not log_stats and self.log_stats:
             logger.info("statistics are on for the stat loggers given or installed as plugins, "
                         "without the periodic log line (log_stats=False, --disable-log-stats)")
+        custom = [(cls, f"stat logger plugin {cls.__qualname__}") for cls in plugins]
+        custom += [(item, "AsyncLLM(stat_loggers=...)") for item in stat_loggers or []]
+        # As vLLM's StatLoggerManager: a PrometheusStatLogger subclass (or instance) of the
+        # user's replaces the default one, the last given winning; /metrics renders it.
+        prometheus: tuple[Any, str] = (PrometheusStatLogger, "")
+        for item, source in custom:
+            if _is_prometheus(item):
+                if prometheus[1]:  # vLLM keeps the last one silently; say which is dropped
+                    logger.warning("%s: %r replaces %r (%s) as the Prometheus stat logger: only one serves "
+                                   "/metrics", source, item, prometheus[0], prometheus[1])
+                prometheus = (item, source)
+        if prometheus[1]:
+            logger.info("%s: %r replaces the default Prometheus stat logger", prometheus[1], prometheus[0])
         self.prometheus: PrometheusStatLogger | None = None
         self.stat_loggers: list[StatLoggerBase] = []
         if self.log_stats:
-            self.prometheus = PrometheusStatLogger(
-                config.model_config,
-                max_loras=config.lora_config.max_loras if config.lora_config is not None else None,
-                num_speculative_tokens=spec.num_speculative_tokens if spec is not None else None,
-                kv_transfer=config.kv_transfer_config is not None)
+            self.prometheus = _make_prometheus(prometheus[0], prometheus[1], config)
             self.stat_loggers.append(self.prometheus)
         self._stat_logger_failures: dict[int, int] = {}  # id(logger) -> failed record() calls
         self._interval_views = IntervalViews()  # vLLM's per-interval fields of the stats
         if log_stats:
             self.stat_loggers.append(LoggingStatLogger(config))
-        for cls in plugins:
-            self.stat_loggers.append(make_stat_logger(cls, config, f"stat logger plugin {cls.__qualname__}"))
-        for item in stat_loggers or []:
-            self.stat_loggers.append(make_stat_logger(item, config, "AsyncLLM(stat_loggers=...)"))
+        for item, source in custom:
+            if not _is_prometheus(item):
+                self.stat_loggers.append(make_stat_logger(item, config, source))
         self.log_interval = envs.FORKLESS_LOG_STATS_INTERVAL
 
     @classmethod

@@ -101,6 +101,26 @@ def test_stat_logger_plugin_keeps_stats_on_under_disable_log_stats(toy_model: Pa
         assert stop_and_check(srv) == 0, srv.log()[-3000:]
 
 
+def test_prometheus_stat_logger_plugin_replaces_the_default(tiny_llama: Path, plugin_site: Path,
+                                                            tmp_path: Path) -> None:
+    """As vLLM: a plugin subclassing PrometheusStatLogger is the Prometheus logger /metrics
+    renders (its own series and the default ones, counted once), not one beside it."""
+    from tests.server.test_metrics import scrape, value
+
+    srv = start_server(tiny_llama, tmp_path, "--served-model-name", "tiny", site=plugin_site,
+                       env_extra={"FORKLESS_PLUGINS": "example_prometheus_stat_logger"})
+    try:
+        sent = [srv.client().completions.create(model="tiny", prompt=f"Count {i}", max_tokens=3, temperature=0)
+                for i in range(2)]
+        assert wait_until(lambda: value(scrape(srv), "forkless:request_success_total") == 2, 10), srv.log()[-3000:]
+        m = scrape(srv)
+        assert value(m, "forkless:generation_tokens_total") == sum(r.usage.completion_tokens for r in sent)
+        assert value(m, "forkless:example_output_batches_total") > 0
+        assert "replaces the default Prometheus stat logger" in srv.log()
+    finally:
+        assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
 def test_opted_in_endpoint_plugin_serves_its_route(plugin_server: Server) -> None:
     resp = httpx.get(plugin_server.url + "/example/hello", timeout=30)
     assert resp.status_code == 200
