@@ -12,7 +12,8 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import Server, start_server, wait_until
+from tests.conftest import make_tiny_model
+from tests.server.conftest import Server, start_server, stop_and_check, wait_until
 from tests.server.force_tokens import PATH as FORCE
 from tests.server.test_chat_tools import ARGUMENTS, HERE, OUTPUT, REASONING, forced
 
@@ -83,7 +84,7 @@ def test_previous_response_id_continues_the_conversation(server: Server) -> None
         client.responses.retrieve(unstored.id)
 
 
-def test_cancel_is_refused_as_no_response_runs_in_the_background(server: Server) -> None:
+def test_cancel_is_refused_for_a_response_not_made_in_the_background(server: Server) -> None:
     # As vLLM's for a response that was not made in the background: a 400, not a 404
     # that says the route (or a stored response) does not exist.
     client = server.client()
@@ -135,7 +136,9 @@ def test_top_logprobs_come_with_the_text(server: Server) -> None:
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/i.png"}]}]}, "input"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input"),
-    ({"background": True}, "background"),
+    # Background responses are read from the store, and their events are not kept.
+    ({"background": True, "store": False}, "store"),
+    ({"background": True, "stream": True}, "stream"),
     ({"max_output_tokens": 100000}, "max_output_tokens"),
     ({"reasoning": {"effort": "huge"}}, "reasoning"),
     ({"include": ["file_search_call.results"]}, "include"),
@@ -549,3 +552,99 @@ def test_usage_counts_the_reasoning_tokens(tool_server: Server, tokenizer) -> No
     r = client.responses.create(model="tiny", input="Hi", extra_body={**extra, "chat_template_kwargs": {
         "enable_thinking": False}})
     assert [o.type for o in r.output] == ["message"] and r.usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_a_background_response_is_queued_then_read_from_the_store(server: Server) -> None:
+    # As OpenAI's and vLLM's: the answer comes at once, queued (or already running), and
+    # GET shows it as it stands until it has ended; it was a 400.
+    client = server.client()
+    kwargs = dict(model="tiny", input="Hello there", instructions="Be brief.", max_output_tokens=6, temperature=0)
+    r = client.responses.create(background=True, **kwargs)
+    assert r.background is True and r.status in ("queued", "in_progress") and r.output == [] and r.usage is None
+
+    def ended():
+        got = client.responses.retrieve(r.id)
+        return got if got.status not in ("queued", "in_progress") else None
+
+    done = wait_until(ended, 60, 0.05)
+    same = client.responses.create(**kwargs)
+    assert done is not None and (done.status, done.incomplete_details.reason) == ("incomplete", "max_output_tokens")
+    assert done.background is True and same.background is False
+    assert done.output_text == same.output_text and done.usage.output_tokens == 6
+    assert (done.id, done.created_at) == (r.id, r.created_at)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.cancel(r.id)  # it has ended
+    assert info.value.body["param"] == "response_id" and "incomplete" in info.value.message
+    # It carries a conversation on as any stored response does.
+    follow = client.responses.create(model="tiny", input="And?", max_output_tokens=2, previous_response_id=r.id)
+    assert follow.usage.input_tokens > same.usage.input_tokens
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+
+
+@pytest.fixture(scope="module")
+def long_model(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with room for 16,000-token generations: minutes of work, still
+    running when a test cancels it (the shared server's 256 tokens take a third of a
+    second)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny-llama-16k"), smollm2_folder, max_position_embeddings=16384)
+
+
+def _start_long_server(model: Path, tmp: Path) -> Server:
+    return start_server(model, tmp, "--served-model-name", "tiny", "--max-model-len", "16384")
+
+
+@pytest.fixture(scope="module")
+def long_server(long_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    srv = _start_long_server(long_model, tmp_path_factory.mktemp("responses-long"))
+    yield srv
+    assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
+LONG = dict(model="tiny", input="A long story:", max_output_tokens=16000, temperature=0,
+            extra_body={"ignore_eos": True})
+
+
+def _running(srv: Server) -> float:
+    from tests.server.test_metrics import scrape, value
+
+    return value(scrape(srv), "forkless:num_requests_running")
+
+
+def _started_in_background(srv: Server) -> str:
+    """The id of a long background response, once the engine runs it."""
+    r = srv.client().responses.create(background=True, **LONG)
+    assert wait_until(lambda: _running(srv) >= 1, 60, 0.05), srv.log()[-3000:]
+    assert srv.client().responses.retrieve(r.id).status == "in_progress"
+    return r.id
+
+
+def test_cancelling_a_background_response_aborts_its_request(long_server: Server) -> None:
+    client = long_server.client()
+    response_id = _started_in_background(long_server)
+    # Its conversation is not whole yet: nothing can follow it.
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="tiny", input="Next", previous_response_id=response_id)
+    assert info.value.body["param"] == "previous_response_id" and "in_progress" in info.value.message
+    cancelled = client.responses.cancel(response_id)
+    assert cancelled.id == response_id and cancelled.status == "cancelled" and cancelled.background is True
+    assert cancelled.usage.output_tokens < 16000
+    # The engine request was aborted before the answer, and the store says cancelled.
+    assert wait_until(lambda: _running(long_server) == 0, 10, 0.05)
+    assert client.responses.retrieve(response_id).status == "cancelled"
+    assert client.responses.cancel(response_id).status == "cancelled"  # again: the same answer
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_none")
+
+
+def test_deleting_a_background_response_aborts_it_for_good(long_server: Server) -> None:
+    client = long_server.client()
+    response_id = _started_in_background(long_server)
+    gone = httpx.delete(f"{long_server.url}/v1/responses/{response_id}", timeout=30)
+    assert gone.status_code == 200 and gone.json() == {"id": response_id, "object": "response", "deleted": True}
+    assert wait_until(lambda: _running(long_server) == 0, 10, 0.05)
+    # Its end, cancelled, was not stored again after the delete.
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(response_id)
+

@@ -17,13 +17,16 @@ Invariants:
       outermost), the API key check, the HTTP limits (``http_limits.py``), the 500 guard;
       then the routes, endpoint plugins' included. So with ``--api-key`` every route but
       ``/health``, ``/version`` and ``/metrics`` needs the key, whoever added it.
+    * When the server stops, the Responses API's background responses still running are
+      cancelled (stored ``cancelled``, their engine requests aborted) before the engine is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -195,7 +198,15 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     """
     limits = limits or HttpLimits()
     frontend = frontend or FrontendOptions()
-    app = FastAPI(title="forkless", version=__version__, **frontend.fastapi_options())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        # The server is stopping (after its drain): background responses have no
+        # connection to wait for; each is cancelled and its engine request aborted.
+        await responses.shutdown()
+
+    app = FastAPI(title="forkless", version=__version__, lifespan=lifespan, **frontend.fastapi_options())
     models = ServingModels(engine, served_model_names, max_model_len)
     models.load_static(lora_modules or [])
     serving = OpenAIServing(engine, served_model_names, max_model_len, chat_options,
@@ -309,11 +320,11 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> JSONResponse:
-        return JSONResponse(responses.delete(response_id))
+        return JSONResponse(await responses.delete(response_id))
 
     @app.post("/v1/responses/{response_id}/cancel")
     async def cancel_response(response_id: str) -> JSONResponse:
-        return JSONResponse(responses.cancel(response_id))
+        return JSONResponse(await responses.cancel(response_id))
 
     @app.get("/v1/responses/{response_id}/input_items")
     async def list_input_items(response_id: str) -> JSONResponse:

@@ -16,7 +16,7 @@ Invariants:
       the message has them all before it is done while items still stream one after the
       other, a function call that follows a message with logprobs is held back and
       streamed after it, at the end.
-    * Fields forkless cannot honour (other tool types than ``function``, ``background``,
+    * Fields forkless cannot honour (other tool types than ``function``,
       ``reasoning.summary``, image input...) are a 400 naming the field; an error from the
       chat path names the Responses field it came from (``max_output_tokens``, ``text``).
     * ``store`` (OpenAI's default: true) keeps the response and its conversation in
@@ -25,6 +25,11 @@ Invariants:
       of JSON, the oldest dropped first; nothing is written to disk, and a restart forgets
       them all. A stream is stored as it ended: ``failed`` (with its error) or
       ``cancelled`` (the client left) as well as ``completed`` / ``incomplete``.
+    * ``background`` (with ``store``, not streamed) answers at once with the response
+      stored as ``queued``; a task of the API server runs it as an internal stream
+      (:meth:`OpenAIServingResponses._stream`, so it is stored as such a stream ends),
+      ``in_progress`` once it starts. Cancelling, deleting or shutting down cancels the
+      task and waits for it, which aborts the engine request before the store changes.
     * As in vLLM, ``item_reference`` input items and ``GET .../input_items`` are not
       served: each is a 400 that names it.
 """
@@ -36,6 +41,7 @@ import json
 import time
 import uuid
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from pydantic import ValidationError
@@ -76,6 +82,8 @@ _CHAT_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "repetition_p
                 "priority", "cache_salt", "parallel_tool_calls", "extra_args", "vllm_xargs")
 # The stored responses' JSON, at most (their conversations included).
 MAX_STORED_CHARS = 256 << 20
+# A background response's statuses before it ends.
+_UNFINISHED = ("queued", "in_progress")
 
 
 def _id(prefix: str) -> str:
@@ -123,18 +131,38 @@ class ResponsesStore:
         self._chars -= self._items.pop(response_id)[2]
 
 
+@dataclass
+class _BackgroundRun:
+    """A background response's task, and whether its coroutine has started (a task
+    cancelled before that never runs its body, so its stream would never be closed)."""
+
+    task: "asyncio.Task[None]"
+    started: asyncio.Event
+
+
 class OpenAIServingResponses:
     """``/v1/responses`` through an :class:`OpenAIServing`'s chat completions."""
 
     def __init__(self, chat: "OpenAIServing") -> None:
         self.chat = chat
         self.store = ResponsesStore(envs.FORKLESS_RESPONSES_STORE_SIZE)
+        # Background responses still running, by response id.
+        self._background: dict[str, _BackgroundRun] = {}
 
     # -- request -------------------------------------------------------------------------
     def _chat_request(self, req: ResponsesRequest) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
         """The chat completions request, and the conversation (without instructions) it holds."""
         if req.background:
-            raise BadRequest("background responses are not supported", "background")
+            # As OpenAI's: a background response is only ever seen through the store.
+            if req.store is False:
+                raise BadRequest("background responses must be stored (store: true): their result is read with "
+                                 "GET /v1/responses/{id}", "store")
+            if self.store.size <= 0:
+                raise BadRequest("background responses need the response store, which FORKLESS_RESPONSES_STORE_SIZE"
+                                 "=0 turns off on this server", "background")
+            if req.stream:
+                raise BadRequest("a background response cannot be streamed here: its events are not kept for "
+                                 "replay; poll GET /v1/responses/{id} instead", "stream")
         extra = req.model_extra or {}
         self.chat.ignored_fields.note([name for name, value in extra.items()
                                        if not reject_field(name, value, _REFUSED)])
@@ -157,11 +185,17 @@ class OpenAIServingResponses:
                                  "include")
         conversation: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
-            conversation = list(self.store.get(req.previous_response_id, "previous_response_id")[1])
+            previous, stored = self.store.get(req.previous_response_id, "previous_response_id")
+            if previous["status"] in _UNFINISHED:
+                raise BadRequest(f"previous response {req.previous_response_id!r} is still {previous['status']}: "
+                                 "wait until it has ended", "previous_response_id")
+            conversation = list(stored)
         conversation += _input_messages(req.input)
         messages = ([{"role": "system", "content": req.instructions}] if req.instructions else []) + conversation
         fields: dict[str, Any] = {name: getattr(req, name) for name in _CHAT_FIELDS}
-        fields.update(messages=messages, max_completion_tokens=req.max_output_tokens, stream=bool(req.stream),
+        # A background response runs as a stream that no client reads (see _stream).
+        streamed = bool(req.stream or req.background)
+        fields.update(messages=messages, max_completion_tokens=req.max_output_tokens, stream=streamed,
                       reasoning_effort=(req.reasoning or {}).get("effort"))
         # As OpenAI's and vLLM's: logprobs come only when include asks for them, top_logprobs
         # says how many alternatives each token then has.
@@ -169,7 +203,7 @@ class OpenAIServingResponses:
             fields.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
         if req.truncation == "auto":
             fields["truncate_prompt_tokens"] = -1
-        if req.stream:
+        if streamed:
             # Usage in every chunk: a stream that fails or is left is stored with the
             # tokens it had so far.
             fields["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
@@ -212,6 +246,8 @@ class OpenAIServingResponses:
                 exc.message = exc.message.replace(exc.param, _PARAM_NAMES[exc.param])
                 exc.param = _PARAM_NAMES[exc.param]
             raise
+        if req.background:
+            return self._start_background(req, result, conversation, response_id, chat_req.logprobs)
         if req.stream:
             return self._stream(req, result, conversation, response_id, chat_req.logprobs)
         assert isinstance(result, ChatCompletionResponse)
@@ -226,13 +262,14 @@ class OpenAIServingResponses:
         return response
 
     def retrieve(self, response_id: str, query: dict[str, str] | None = None) -> dict[str, Any]:
-        """A stored response, as it ended.
+        """A stored response: as it ended, or a background response as it stands now
+        (``queued``, ``in_progress``, then as it ended).
 
         Args:
             response_id: Its id.
             query: The request's query parameters. OpenAI's ``stream`` and
                 ``starting_after`` replay a background response's events, which this
-                server does not make, and ``include`` adds output to a stored one: each
+                server does not keep, and ``include`` adds output to a stored one: each
                 is refused, not ignored (an unknown parameter too).
 
         Raises:
@@ -240,27 +277,109 @@ class OpenAIServingResponses:
         """
         found = self.store.get(response_id)[0]
         for name in query or {}:
-            what = ("replays a background response's events, and this server runs none (background is not "
-                    "supported)" if name in ("stream", "starting_after", "include_obfuscation")
-                    else "is not supported here: a stored response is returned as it ended")
+            what = ("replays a background response's events, which this server does not keep (poll "
+                    "GET /v1/responses/{id} for its status)" if name in ("stream", "starting_after",
+                                                                         "include_obfuscation")
+                    else "is not supported here: a stored response is returned as it stands")
             raise BadRequest(f"GET /v1/responses/{{id}}?{name}=... {what}", name)
         return found
 
-    def delete(self, response_id: str) -> dict[str, Any]:
+    async def delete(self, response_id: str) -> dict[str, Any]:
+        """Delete a stored response; a background one still running is cancelled first
+        (its engine request aborted), so that it does not come back when it ends.
+
+        Raises:
+            BadRequest: 404, no such stored response.
+        """
+        self.store.get(response_id)
+        await self._stop_background(response_id)
         self.store.delete(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
-    def cancel(self, response_id: str) -> dict[str, Any]:
-        """Cancel a background response: there is none, as ``background`` is refused and
-        every response is done when its request is answered.
+    async def cancel(self, response_id: str) -> dict[str, Any]:
+        """Cancel a background response that is ``queued`` or ``in_progress``: its engine
+        request is aborted and it is stored ``cancelled``, with the output made so far.
+        Cancelling one that is cancelled already returns it again.
 
         Raises:
-            BadRequest: 404, no such stored response; else 400, as vLLM's for a response
-                that was not made in the background.
+            BadRequest: 404, no such stored response; else 400, as vLLM's, for a response
+                that was not made in the background or has ended otherwise.
         """
-        self.store.get(response_id)
-        raise BadRequest("cannot cancel a synchronous response: only background responses can be cancelled, "
-                         "and this server runs none (background is not supported)", "response_id")
+        response = self.store.get(response_id)[0]
+        if not response.get("background"):
+            raise BadRequest("cannot cancel a synchronous response: only background responses (background: "
+                             "true) can be cancelled", "response_id")
+        if response_id not in self._background and response["status"] != "cancelled":
+            raise BadRequest(f"cannot cancel response {response_id!r}: it has ended ({response['status']})",
+                             "response_id")
+        await self._stop_background(response_id)
+        return self.store.get(response_id)[0]
+
+    @property
+    def num_background(self) -> int:
+        """How many background responses are still running."""
+        return len(self._background)
+
+    async def shutdown(self) -> None:
+        """Cancel every background response still running (the server is stopping):
+        each is stored ``cancelled`` and its engine request aborted."""
+        running = list(self._background)
+        await asyncio.gather(*(self._stop_background(rid) for rid in running))
+        if running:
+            logger.info("cancelled %d background response(s) still running", len(running))
+
+    # -- background ----------------------------------------------------------------------
+    def _start_background(self, req: ResponsesRequest, chunks: AsyncIterator[str],
+                          conversation: list[dict[str, Any]], response_id: str,
+                          with_logprobs: bool) -> dict[str, Any]:
+        """Store the response as ``queued`` and start the task that runs its chat stream."""
+        created = int(time.time())
+        queued = self._response(req, [], "queued", None, response_id, created)
+        queued["usage"] = None  # (as a stream's first events say: nothing counted yet)
+        self.store.put(queued, conversation)
+        started = asyncio.Event()
+        task = asyncio.create_task(self._run_background(req, chunks, conversation, response_id, with_logprobs,
+                                                        created, started), name=f"background {response_id}")
+        self._background[response_id] = _BackgroundRun(task, started)
+        task.add_done_callback(lambda t: self._background_done(response_id, t))
+        return dict(queued)
+
+    async def _run_background(self, req: ResponsesRequest, chunks: AsyncIterator[str],
+                              conversation: list[dict[str, Any]], response_id: str, with_logprobs: bool,
+                              created: int, started: asyncio.Event) -> None:
+        """Read the chat stream as a streamed response's events, which no one receives:
+        :meth:`_stream` stores the response as it ends (``completed``, ``incomplete``,
+        ``failed``, or ``cancelled`` when this task is cancelled)."""
+        started.set()
+        in_progress = self._response(req, [], "in_progress", None, response_id, created)
+        in_progress["usage"] = None
+        self.store.put(in_progress, conversation)
+        events = self._stream(req, chunks, conversation, response_id, with_logprobs, created)
+        try:
+            async for _ in events:
+                pass
+        finally:
+            await events.aclose()
+
+    def _background_done(self, response_id: str, task: "asyncio.Task[None]") -> None:
+        self._background.pop(response_id, None)
+        if not task.cancelled() and task.exception() is not None:
+            # _stream stores every failure it sees as failed; this is one it could not.
+            logger.error("background response %s failed", response_id, exc_info=task.exception())
+
+    async def _stop_background(self, response_id: str) -> None:
+        """Cancel a background response's task, if it still runs, and wait for it: the
+        chat stream's close aborts the engine request, and the response is stored
+        ``cancelled`` before this returns."""
+        run = self._background.get(response_id)
+        if run is None:
+            return
+        # Cancelled before its first step, the coroutine would never run, and the chat
+        # stream (already in the engine, for a constrained request) never be closed.
+        while not run.started.is_set() and not run.task.done():
+            await asyncio.sleep(0)
+        run.task.cancel()
+        await asyncio.gather(run.task, return_exceptions=True)
 
     def input_items(self, response_id: str) -> dict[str, Any]:
         """List a stored response's input items: not served, as in vLLM.
@@ -297,7 +416,7 @@ class OpenAIServingResponses:
                               for name in ("temperature", "top_p"))
         return {
             "id": response_id or _id("resp"), "object": "response", "created_at": created_at or int(time.time()),
-            "status": status, "error": None,
+            "status": status, "background": bool(req.background), "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
             "model": req.model or self.chat.model_name, "output": output,
@@ -319,16 +438,20 @@ class OpenAIServingResponses:
             self.store.put(response, conversation + _assistant_messages(response["output"]))
 
     async def _stream(self, req: ResponsesRequest, chunks: AsyncIterator[str], conversation: list[dict[str, Any]],
-                      response_id: str, with_logprobs: bool) -> AsyncIterator[str]:
+                      response_id: str, with_logprobs: bool, created: int | None = None) -> AsyncIterator[str]:
         """The chat stream's chunks, rewritten as Responses events.
 
         With ``store``, the response is stored as the stream ends it, before its last
         event: ``completed`` or ``incomplete``; ``failed``, with the error, when the chat
         stream ends with one; ``cancelled``, with the output so far, when the client leaves
         (or the server cancels the stream) before the end, as OpenAI's are.
+
+        Args:
+            created: When the response was made (a background response's, when it was
+                queued); else now.
         """
         events = _EventWriter()
-        created = int(time.time())
+        created = created or int(time.time())
         shell = self._response(req, [], "in_progress", None, response_id, created)
         shell["usage"] = None
         yield events.emit("response.created", response=shell)
