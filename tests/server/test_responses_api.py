@@ -648,3 +648,15 @@ def test_deleting_a_background_response_aborts_it_for_good(long_server: Server) 
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(response_id)
 
+
+def test_shutdown_cancels_the_background_responses(long_model: Path, tmp_path: Path) -> None:
+    # They have no connection for the drain to wait on: the server cancels them (their
+    # engine requests aborted) before it stops the engine, and exits cleanly.
+    srv = _start_long_server(long_model, tmp_path)
+    try:
+        _started_in_background(srv)
+    finally:
+        rc = stop_and_check(srv)
+    log = srv.log()
+    assert rc == 0, log[-3000:]
+    assert "cancelled 1 background response(s)" in log and "Traceback" not in log, log[-3000:]

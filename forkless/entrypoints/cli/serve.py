@@ -11,7 +11,8 @@ Lifecycle invariants:
     * SIGTERM or SIGINT drains: no new connection is accepted and no new request admitted
       (503), the requests in flight run on for ``--shutdown-timeout`` seconds, and those
       still unfinished then end with an OpenAI error (a JSON 503, or an SSE error event
-      and ``data: [DONE]`` on a stream) before the engine is stopped. The process exits
+      and ``data: [DONE]`` on a stream) before the engine is stopped; the Responses API's
+      background responses get the same time, then are cancelled. The process exits
       0, without tracebacks. A second signal skips the rest of the wait.
     * What a load balancer sees from the signal on: a new connection is refused (it carried
       no request, so a balancer can safely retry it on another server), an idle keep-alive connection is
@@ -321,7 +322,9 @@ class _Server(uvicorn.Server):
 
     async def _drain(self) -> None:
         """Take no more work, give the requests in flight the shutdown timeout, then end
-        the rest with a 503 error (which they deliver before their connections close)."""
+        the rest with a 503 error (which they deliver before their connections close).
+        The Responses API's background responses, which no client waits on, get the same
+        time and are then cancelled (their engine requests aborted)."""
         for server in self.servers:
             server.close()  # no new connections
         self.engine.stop_accepting()  # no new requests on the connections already open
@@ -331,8 +334,9 @@ class _Server(uvicorn.Server):
         if in_flight and self.shutdown_timeout > 0:
             logger.info("waiting up to %g s for %d request(s) in flight (--shutdown-timeout)",
                         self.shutdown_timeout, in_flight)
-        if await self._connections_closed(self.shutdown_timeout):
+        if await self._connections_closed(self.shutdown_timeout, background=True):
             return
+        await self.config.app.state.responses.shutdown()
         ended = self.engine.abort_in_flight(
             f"the server is shutting down: the request did not finish within the shutdown timeout "
             f"({self.shutdown_timeout:g} s, --shutdown-timeout)")
@@ -340,16 +344,21 @@ class _Server(uvicorn.Server):
             logger.info("ended %d unfinished request(s) with a 503 error", ended)
         await self._connections_closed(_ERROR_DELIVERY_S)
 
-    async def _connections_closed(self, timeout: float) -> bool:
+    async def _connections_closed(self, timeout: float, background: bool = False) -> bool:
         """Wait up to ``timeout`` s (less after a second signal) for every connection to close.
 
+        Args:
+            background: Also wait for the background responses to end.
+
         Returns:
-            Whether they all closed.
+            Whether they all closed (and ended).
         """
+        responses = self.config.app.state.responses
+        busy = lambda: bool(self.server_state.connections or (background and responses.num_background))  # noqa: E731
         deadline = time.monotonic() + timeout
-        while self.server_state.connections and not self.force_exit and time.monotonic() < deadline:
+        while busy() and not self.force_exit and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        return not self.server_state.connections
+        return not busy()
 
 
 async def run_server(config: Any, args: argparse.Namespace, listener: socket.socket) -> int:

@@ -306,6 +306,8 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         return respond(await _cancel_on_disconnect(request, serving.create_chat_completion(req, request)))
 
     responses = OpenAIServingResponses(serving)
+    # (forkless serve's drain waits for its background responses, then cancels them.)
+    app.state.responses = responses
 
     @app.post("/v1/responses")
     async def create_response(req: ResponsesRequest, request: Request) -> Response:
