@@ -462,6 +462,10 @@ class EngineArgs:
     # vLLM's: LLM.sleep() / wake_up() may free and allocate again the KV cache and weights.
     # No CLI flag: the server has no sleep endpoints.
     enable_sleep_mode: bool = False
+    # vLLM's: LLM.start_profile() / stop_profile() run torch's profiler on every worker:
+    # {"profiler": "torch", "torch_profiler_dir": DIR} and PROFILER_FLAGS. No CLI flag: the
+    # server has no profiling endpoints.
+    profiler_config: dict[str, Any] | None = None
     # vLLM's arguments for what forkless does one way only: their values that ask for that
     # way are accepted (VLLM_ONLY_DEFAULTS), any other is an error saying why.
     tokenizer_mode: str = "auto"
@@ -1215,9 +1219,49 @@ class EngineArgs:
                              "path ('pkg.module.Class') or '' (none)")
         if not isinstance(self.enable_sleep_mode, bool):
             raise ValueError(f"enable_sleep_mode={self.enable_sleep_mode!r} is invalid: expected True or False")
+        self.profiler_options()
+
+    def profiler_options(self) -> tuple[str, dict[str, bool]] | None:
+        """``profiler_config`` checked: the trace directory and ``torch.profiler.profile``'s
+        flags, or ``None`` without a profiler.
+
+        Raises:
+            ValueError: Not a dict, a profiler other than ``torch``, no
+                ``torch_profiler_dir``, an unknown key or a flag that is not a bool.
+        """
+        config = self.profiler_config
+        if config is None:
+            return None
+        if not isinstance(config, dict):
+            raise ValueError(f"profiler_config={config!r} is invalid: expected a dict such as "
+                             "{'profiler': 'torch', 'torch_profiler_dir': './traces'}")
+        unknown = sorted(set(config) - {"profiler", "torch_profiler_dir", *PROFILER_FLAGS})
+        if unknown:
+            raise ValueError(f"profiler_config keys {unknown} are not supported: forkless takes profiler, "
+                             f"torch_profiler_dir and {', '.join(PROFILER_FLAGS)}")
+        if config.get("profiler", "torch") != "torch":
+            raise ValueError(f"profiler_config profiler={config['profiler']!r} is not supported: expected "
+                             "'torch' (run nsys around the process for CUDA's own profiler)")
+        trace_dir = config.get("torch_profiler_dir")
+        if not isinstance(trace_dir, str) or not trace_dir:
+            raise ValueError(f"profiler_config torch_profiler_dir={trace_dir!r} is invalid: expected the "
+                             "directory the traces are written to")
+        flags = {}
+        for key, torch_name in PROFILER_FLAGS.items():
+            value = config.get(key, False)
+            if not isinstance(value, bool):
+                raise ValueError(f"profiler_config {key}={value!r} is invalid: expected True or False")
+            flags[torch_name] = value
+        return trace_dir, flags
 
 
 # ------------------------------------------------------------------------- helpers
+
+#: ``profiler_config``'s flags (vLLM's names) and the ``torch.profiler.profile`` argument
+#: each sets.
+PROFILER_FLAGS = {"torch_profiler_record_shapes": "record_shapes", "torch_profiler_with_memory": "profile_memory",
+                  "torch_profiler_with_stack": "with_stack", "torch_profiler_with_flops": "with_flops"}
+
 
 
 def _read_json(path: Path) -> dict[str, Any]:

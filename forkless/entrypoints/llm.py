@@ -34,10 +34,6 @@ if TYPE_CHECKING:
     from forkless.outputs import RequestOutput
     from forkless.protocol.lora import LoRARequest
 
-_NO_PROFILER = ("LLM.{method}(): forkless has no torch profiler hook (vLLM's profiler_config): set "
-                "FORKLESS_STEP_TRACE_DIR (with async_scheduling=True) for per-step timings, or run torch.profiler.profile() around generate() "
-                "(the default uni executor runs the model in this process)")
-
 _R = TypeVar("_R")
 Conversation = list[dict[str, Any]]
 # ``use_tqdm``: show tqdm's bar or not, or (vLLM's) a callable that makes the bar.
@@ -72,6 +68,8 @@ class LLM:
             raise TypeError(f"{exc}; known engine arguments: {', '.join(known)}") from None
         self.llm_engine = LLMEngine.from_engine_args(args)
         self._counter = itertools.count()
+        # profiler_config (checked with the other arguments): start_profile's directory and flags.
+        self._profiler = args.profiler_options()
 
     @property
     def model_config(self) -> ModelConfig:
@@ -193,20 +191,32 @@ class LLM:
         return self.llm_engine.is_sleeping()
 
     def start_profile(self) -> None:
-        """vLLM's torch-profiler hook, which forkless does not have.
+        """Start torch's profiler on every worker, as vLLM's ``LLM.start_profile``: CPU
+        activity, and CUDA kernels on a GPU, until :meth:`stop_profile`. Needs
+        ``profiler_config={"profiler": "torch", "torch_profiler_dir": DIR}`` (with vLLM's
+        ``torch_profiler_record_shapes`` / ``_with_memory`` / ``_with_stack`` /
+        ``_with_flops`` flags, all off by default).
 
         Raises:
-            NotImplementedError: Always, naming what to use instead.
+            RuntimeError: No ``profiler_config``, or the profiler runs already.
         """
-        raise NotImplementedError(_NO_PROFILER.format(method="start_profile"))
+        if self._profiler is None:
+            raise RuntimeError("LLM.start_profile(): profiling is off: build the LLM with profiler_config="
+                               "{'profiler': 'torch', 'torch_profiler_dir': DIR}")
+        trace_dir, flags = self._profiler
+        self.llm_engine.collective_rpc("start_profile", args=(trace_dir, flags))
 
     def stop_profile(self) -> None:
-        """See :meth:`start_profile`.
+        """Stop the profiler and write each worker's trace to ``torch_profiler_dir``
+        (``rank<N>.*.pt.trace.json``, for Perfetto or TensorBoard).
 
         Raises:
-            NotImplementedError: Always.
+            RuntimeError: Profiling is off, or :meth:`start_profile` was not called.
         """
-        raise NotImplementedError(_NO_PROFILER.format(method="stop_profile"))
+        if self._profiler is None:
+            raise RuntimeError("LLM.stop_profile(): profiling is off: build the LLM with profiler_config="
+                               "{'profiler': 'torch', 'torch_profiler_dir': DIR}")
+        self.llm_engine.collective_rpc("stop_profile")
 
     def generate(
         self,

@@ -47,6 +47,8 @@ class Worker:
         # Sleep mode: the KV-cache blocks to allocate again at wake-up, and what sleeps.
         self._num_blocks: int | None = None
         self._sleeping: set[str] = set()
+        # LLM.start_profile(): the torch profiler running, until stop_profile().
+        self._profiler: torch.profiler.profile | None = None
 
     def init_device(self) -> None:
         """Select the device, apply ``--num-threads``, seed the global generators, and,
@@ -187,6 +189,40 @@ class Worker:
             assert self._num_blocks is not None
             self._runner().initialize_cache(self._num_blocks)
             self._sleeping.discard("kv_cache")
+
+    def start_profile(self, trace_dir: str, options: dict[str, bool] | None = None) -> None:
+        """Start torch's profiler on this worker (vLLM's ``LLM.start_profile``): CPU
+        activity, and CUDA kernels on a GPU, until :meth:`stop_profile` writes the trace.
+
+        Args:
+            trace_dir: Where :meth:`stop_profile` writes this rank's trace
+                (``rank<N>.*.pt.trace.json``, for Perfetto or TensorBoard).
+            options: ``torch.profiler.profile`` flags (``record_shapes``,
+                ``profile_memory``, ``with_stack``, ``with_flops``).
+
+        Raises:
+            RuntimeError: The profiler runs already.
+        """
+        if self._profiler is not None:
+            raise RuntimeError("start_profile(): the profiler runs already: call stop_profile() first")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.device is not None and self.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        handler = torch.profiler.tensorboard_trace_handler(trace_dir, worker_name=f"rank{self.rank}")
+        profiler = torch.profiler.profile(activities=activities, on_trace_ready=handler, **(options or {}))
+        profiler.start()
+        self._profiler = profiler
+
+    def stop_profile(self) -> None:
+        """Stop the profiler :meth:`start_profile` started and write its trace.
+
+        Raises:
+            RuntimeError: The profiler does not run.
+        """
+        profiler, self._profiler = self._profiler, None
+        if profiler is None:
+            raise RuntimeError("stop_profile(): the profiler does not run: call start_profile() first")
+        profiler.stop()
 
     def is_sleeping(self) -> bool:
         """Whether anything sleeps (:meth:`sleep`)."""

@@ -1,9 +1,11 @@
 """vLLM's LLM.collective_rpc (with worker_extension_cls), apply_model and sleep mode
-(sleep / wake_up / is_sleeping), and the profiler hook forkless refuses, on a tiny model."""
+(sleep / wake_up / is_sleeping), and the torch-profiler hooks, on a tiny model."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import json
 
 import pytest
 
@@ -132,16 +134,41 @@ def test_sleep_needs_enable_sleep_mode(tiny_llama: Path) -> None:
 
 
 @pytest.mark.parametrize("method", ["start_profile", "stop_profile"])
-def test_profiler_hooks_are_refused_naming_what_to_use(llm: LLM, method: str) -> None:
-    with pytest.raises(NotImplementedError, match=f"LLM.{method}.*FORKLESS_STEP_TRACE_DIR"):
+def test_the_profiler_needs_a_profiler_config(llm: LLM, method: str) -> None:
+    with pytest.raises(RuntimeError, match=f"LLM.{method}.*profiler_config"):
         getattr(llm, method)()
 
 
-def test_collective_rpc_in_worker_processes(tiny_llama: Path) -> None:
+@pytest.mark.parametrize(("config", "message"), [
+    ({"profiler": "cuda", "torch_profiler_dir": "t"}, "profiler='cuda' is not supported"),
+    ({"profiler": "torch"}, "torch_profiler_dir=None is invalid"),
+    ({"torch_profiler_dir": "t", "torch_profiler_use_gzip": True}, r"\['torch_profiler_use_gzip'\] are not supported"),
+    ({"torch_profiler_dir": "t", "torch_profiler_with_stack": "yes"}, "torch_profiler_with_stack='yes' is invalid"),
+])
+def test_a_bad_profiler_config_is_refused(tiny_llama: Path, config: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        LLM(str(tiny_llama), profiler_config=config)
+
+
+def test_collective_rpc_in_worker_processes(tiny_llama: Path, tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
     mp = LLM(str(tiny_llama), max_model_len=64, kv_cache_memory=1 << 22, distributed_executor_backend="mp",
              worker_cls="tests.engine.mp_workers.RpcWorker", enable_sleep_mode=True,
-             worker_extension_cls=EXTENSION)
+             worker_extension_cls=EXTENSION,
+             profiler_config={"profiler": "torch", "torch_profiler_dir": str(traces),
+                              "torch_profiler_record_shapes": True})
     try:
+        # The worker process profiles a generation and writes its trace at the stop.
+        mp.start_profile()
+        with pytest.raises(RuntimeError, match="the profiler runs already"):
+            mp.start_profile()
+        mp.generate(PROMPTS, GREEDY, use_tqdm=False)
+        mp.stop_profile()
+        with pytest.raises(RuntimeError, match="the profiler does not run"):
+            mp.stop_profile()
+        (trace,) = traces.glob("rank0*.pt.trace.json")
+        names = {e.get("name", "") for e in json.loads(trace.read_text())["traceEvents"]}
+        assert any(name.startswith("aten::") for name in names)
         assert mp.collective_rpc("echo", args=([1, "a"],), kwargs={"scale": 2}) == [{"rank": 0,
                                                                                      "value": [1, "a", 1, "a"]}]
         # The extension's methods, mixed into RpcWorker in the worker process.
