@@ -577,9 +577,9 @@ class LLM:
                 values, or a value out of range.
             TypeError: ``tokenization_kwargs`` is not a dict.
         """
-        extra = dict(tokenization_kwargs or {})
         if tokenization_kwargs is not None and not isinstance(tokenization_kwargs, dict):
             raise TypeError(f"tokenization_kwargs must be a dict, got {type(tokenization_kwargs).__name__}")
+        extra = dict(tokenization_kwargs or {})
         unknown = sorted(set(extra) - {"truncate_prompt_tokens", "add_special_tokens"})
         if unknown:
             raise ValueError(f"tokenization_kwargs {unknown} are not supported: forkless takes "

@@ -68,6 +68,8 @@ def test_generate_refuses_what_it_cannot_honour(llm: LLM, kwargs: dict, error: t
         llm.chat(CHAT, GREEDY, use_tqdm=False, tokenization_kwargs=kwargs)
     with pytest.raises(TypeError, match="tokenization_kwargs must be a dict"):
         llm.generate(TEXT, GREEDY, use_tqdm=False, tokenization_kwargs=[("add_special_tokens", False)])
+    with pytest.raises(TypeError, match="tokenization_kwargs must be a dict, got str"):
+        llm.generate(TEXT, GREEDY, use_tqdm=False, tokenization_kwargs="add_special_tokens")
     assert not llm.llm_engine.has_unfinished_requests()
 
 
