@@ -14,11 +14,26 @@ if TYPE_CHECKING:
     from forkless.metrics.stats import IterationStats
     from forkless.protocol.step import SchedulerStats
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
-# vLLM's buckets of a request's phases (queue, prefill, decode, inference).
-_REQUEST_PHASE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+# vLLM's buckets, so that a dashboard made for vLLM reads the same quantiles here.
+_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0)
+# A whole request and its phases (queue, prefill, decode, inference).
+_REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+def _one_two_five_buckets(largest: int) -> tuple[float, ...]:
+    """vLLM's token-count buckets: 1, 2, 5, 10, 20, 50, ... up to ``largest``."""
+    buckets: list[float] = []
+    scale = 1
+    while True:
+        for step in (1, 2, 5):
+            if step * scale > largest:
+                return tuple(buckets)
+            buckets.append(float(step * scale))
+        scale *= 10
 
 
 class PrometheusStatLogger(StatLoggerBase):
@@ -62,24 +77,25 @@ class PrometheusStatLogger(StatLoggerBase):
         self.request_success = Counter("forkless:request_success", "Finished requests, by finish reason.",
                                        [*names, "finished_reason"], registry=r)
         self._labels = labels
-        self.ttft = histogram("forkless:time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
-        self.itl = histogram("forkless:inter_token_latency_seconds", "Time between output tokens.", _LATENCY_BUCKETS)
-        self.e2e = histogram("forkless:e2e_request_latency_seconds", "End-to-end request latency.", _LATENCY_BUCKETS)
+        self.ttft = histogram("forkless:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
+        self.itl = histogram("forkless:inter_token_latency_seconds", "Time between output tokens.", _ITL_BUCKETS)
+        self.e2e = histogram("forkless:e2e_request_latency_seconds", "End-to-end request latency.",
+                             _REQUEST_LATENCY_BUCKETS)
         # vLLM's phases of a finished request, from the engine core's event times (always
         # there: this logger runs only with statistics on, and then the engine core
         # records the events).
         self.queue_time = histogram("forkless:request_queue_time_seconds",
                                     "Time a request spent waiting before it was first scheduled.",
-                                    _REQUEST_PHASE_BUCKETS)
+                                    _REQUEST_LATENCY_BUCKETS)
         self.prefill_time = histogram("forkless:request_prefill_time_seconds",
                                       "Time from a request's first scheduling to its first token.",
-                                      _REQUEST_PHASE_BUCKETS)
+                                      _REQUEST_LATENCY_BUCKETS)
         self.decode_time = histogram("forkless:request_decode_time_seconds",
-                                     "Time from a request's first token to its last.", _REQUEST_PHASE_BUCKETS)
+                                     "Time from a request's first token to its last.", _REQUEST_LATENCY_BUCKETS)
         self.inference_time = histogram("forkless:request_inference_time_seconds",
                                         "Time from a request's first scheduling to its last token.",
-                                        _REQUEST_PHASE_BUCKETS)
-        token_buckets = tuple(float(2**i) for i in range(15))
+                                        _REQUEST_LATENCY_BUCKETS)
+        token_buckets = _one_two_five_buckets(getattr(vllm_config, "max_model_len", None) or 2**16)
         self.req_prompt = histogram("forkless:request_prompt_tokens", "Prompt length of finished requests.", token_buckets)
         self.req_gen = histogram("forkless:request_generation_tokens", "Generated length of finished requests.", token_buckets)
         # vLLM's lora_requests_info: one series, its labels the adapters now running and

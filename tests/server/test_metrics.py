@@ -21,6 +21,11 @@ def value(samples: list, name: str, **labels: str) -> float:
     return sum(s.value for s in samples if s.name == name and labels.items() <= s.labels.items())
 
 
+def bounds(samples: list, name: str) -> list[float]:
+    """A histogram's finite bucket bounds, in order."""
+    return sorted({float(s.labels["le"]) for s in samples if s.name == name + "_bucket" and s.labels["le"] != "+Inf"})
+
+
 THROUGHPUT_LINE = "prompt throughput"
 
 
@@ -63,6 +68,13 @@ def test_counters_and_histograms_match_the_requests_sent(tiny_llama: Path, tmp_p
             assert value(m, name + "_count") == finished, name
             assert value(m, name + "_bucket", le="+Inf") == finished, name
         assert value(m, "forkless:request_prompt_tokens_sum") == prompt
+        # vLLM's bucket bounds, so that a dashboard made for vLLM reads the same quantiles.
+        assert bounds(m, "forkless:e2e_request_latency_seconds")[-2:] == [1920.0, 7680.0]
+        assert bounds(m, "forkless:time_to_first_token_seconds")[-2:] == [640.0, 2560.0]
+        assert bounds(m, "forkless:inter_token_latency_seconds")[:3] == [0.01, 0.025, 0.05]
+        max_model_len = client.models.list().data[0].model_extra["max_model_len"]
+        tokens = bounds(m, "forkless:request_prompt_tokens")
+        assert tokens[:6] == [1.0, 2.0, 5.0, 10.0, 20.0, 50.0] and tokens[-1] <= max_model_len < tokens[-1] * 2.5
         assert value(m, "forkless:request_generation_tokens_sum") == generated
         # vLLM's phases of each finished request, from the engine core's event times.
         phases = ("queue", "prefill", "decode", "inference")
