@@ -373,8 +373,8 @@ class UsageInfo(OpenAIModel):
     # chat report it with --enable-prompt-tokens-details (as vLLM, only when some prompt
     # tokens were cached), and the Responses API's input_tokens_details are made from it.
     prompt_tokens_details: PromptTokenUsageInfo | None = Field(None, exclude_if=lambda value: value is None)
-    # Only for the Responses API (its output_tokens_details are made from it), as vLLM
-    # reports reasoning tokens there and not on chat completions.
+    # Chat reports it with a reasoning parser (as vLLM), and the Responses API's
+    # output_tokens_details are made from it; left out of the JSON otherwise.
     completion_tokens_details: CompletionTokenUsageInfo | None = Field(None, exclude_if=lambda value: value is None)
 
 

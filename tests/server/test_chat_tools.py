@@ -110,6 +110,25 @@ def test_without_tools_the_call_stays_text_but_reasoning_is_split(tool_server: S
         assert choice.message.content.startswith("\n\n<tool_call>\n{\"name\": \"get_weather\"")
 
 
+def test_usage_counts_the_reasoning_tokens_with_a_reasoning_parser(tool_server: Server, tokenizer) -> None:
+    # As vLLM's: with --reasoning-parser, usage.completion_tokens_details.reasoning_tokens
+    # is the parser's count of the tokens between <think> and </think>, summed over the
+    # choices, in the whole reply and in a stream's usage chunk.
+    client = tool_server.client()
+    model = client.models.list().data[0].id
+    thinking = len(tokenizer.encode(REASONING, add_special_tokens=False))
+    kwargs = dict(model=model, messages=MESSAGES, extra_body=forced(tokenizer, f"<think>{REASONING}</think>\n\nHi"))
+    usage = client.chat.completions.create(n=2, **kwargs).usage
+    assert usage.completion_tokens_details.reasoning_tokens == 2 * thinking
+    assert usage.completion_tokens > 2 * thinking
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == thinking
+    # All content (the template closed the think block): none counted, still reported.
+    off = {**forced(tokenizer, "Hi"), "chat_template_kwargs": {"enable_thinking": False}}
+    usage = client.chat.completions.create(model=model, messages=MESSAGES, extra_body=off).usage
+    assert usage.completion_tokens_details.reasoning_tokens == 0
+
+
 def test_with_thinking_off_an_answer_is_plain_content(tool_server: Server, tokenizer) -> None:
     client = tool_server.client()
     model = client.models.list().data[0].id

@@ -91,6 +91,8 @@ def test_chat_and_streaming_agree(server: Server) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage.completion_tokens == 10
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    # No reasoning parser: no reasoning count (tests/server/test_chat_tools.py has one).
+    assert whole.usage.completion_tokens_details is None and chunks[-1].usage.completion_tokens_details is None
 
 
 def test_completion_streaming_matches(server: Server) -> None:

@@ -1123,9 +1123,10 @@ class OpenAIServing:
                 without ``--enable-prompt-tokens-details``, 0 included (the Responses
                 API's ``input_tokens_details`` are made from it).
             with_reasoning_tokens: Report ``usage.completion_tokens_details.reasoning_tokens``
-                (the Responses API's ``output_tokens_details``): the tokens of the
-                reasoning, as the reasoning parser counts them (0 without one). In a
-                stream, the last usage chunk has them.
+                (the Responses API's ``output_tokens_details``) even without a reasoning
+                parser (then 0); with one they are always reported: the tokens of the
+                reasoning, as the parser counts them. In a stream, the last usage chunk
+                has them.
 
         Raises:
             BadRequest: The request is invalid (``param`` names the field).
@@ -1136,6 +1137,8 @@ class OpenAIServing:
         forced = forced_tool_choice(req)
         named = forced not in (None, "required")
         parsers = self._choice_parsers(req, forced)
+        # As vLLM's: with a reasoning parser, chat usage says how many tokens were reasoning.
+        with_reasoning_tokens = with_reasoning_tokens or self.chat_options.reasoning_parser is not None
         self.check_text_size(_text_chars([m.model_dump() for m in req.messages])
                              + _text_chars(req.model_dump(include={"tools"})), "messages")
         ids = await self.in_tokenizer_thread(self.render_chat, req, endpoint)
