@@ -113,12 +113,12 @@ def main() -> None:
     import torch
 
     from forkless.attention import get_attention_backend
-    from forkless.attention.backends.triton_paged import PREFILL_DEFAULT
 
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     steps = {name: Step(seqs) for name, seqs in _steps().items()}
     backend = get_attention_backend("triton")(HQ, HKV, D, D**-0.5)
-    launches = [("default", PREFILL_DEFAULT)]
+    default = backend.prefill_launch(torch.bfloat16)
+    launches = [("default", default)]
     if args.sweep:
         launches += [("candidate", c) for c in _candidates()]
     print(f"{'launch':46s} " + " ".join(f"{name:>20s}" for name in steps) + f" {'sum ms':>8s}")
@@ -149,7 +149,7 @@ def main() -> None:
             seen[key] = total
             if best is None or total < seen[best]:
                 best = key
-    base_total = seen[tuple(PREFILL_DEFAULT)]
+    base_total = seen[tuple(default)]
     print(f"fastest: PrefillLaunch{best}, {seen[best] * 1e3:.3f} ms = {base_total / seen[best]:.2f}x the default "
           f"launch, {sum(base.values()) / seen[best]:.2f}x torch SDPA's speed")
 

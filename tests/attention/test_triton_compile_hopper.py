@@ -84,8 +84,8 @@ def _cases():
         DECODE_DEFAULT,
         DECODE_DEFAULT_FP8,
         PREFILL_DEFAULT,
+        PREFILL_SPLIT,
         DecodeLaunch,
-        PrefillLaunch,
     )
 
     return {
@@ -97,9 +97,12 @@ def _cases():
                                                                      KV_FP8=3, KEYS_FIRST=True)),
         "decode, 128-token tiles, in batch order": _attention(**_decode(DecodeLaunch(num_stages=2, heads_fast=True),
                                                                         block_n=128)),
-        "prefill": _attention(**_prefill(PREFILL_DEFAULT)),
+        # 16-bit queries, heads of at most 128: split causal, 128 x 128 tiles.
+        "prefill": _attention(**_prefill(PREFILL_SPLIT)),
+        "prefill, fp16": _attention("fp16", **_prefill(PREFILL_SPLIT)),
+        # What float32 queries (and heads over 128) take.
         "prefill, float32": _attention("fp32", **_prefill(PREFILL_DEFAULT)),
-        "prefill, split causal, 128 x 128 tiles": _attention(**_prefill(PrefillLaunch(128, 128, 8, 2, split_causal=True))),
+        "prefill, 64 x 64 tiles": _attention(**_prefill(PREFILL_DEFAULT)),
     }
 
 
