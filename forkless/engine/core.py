@@ -81,14 +81,16 @@ class EngineCore:
             self.scheduler = scheduler_cls(config.scheduler_config, kv_cache_config)
             # The KV connector's scheduler side (its worker side is in each worker).
             self._kv_connector = config.kv_transfer_config is not None
+            self._connector: Any = None  # a forkless.kv_transfer.KVConnectorBase
             if self._kv_connector:
                 if not scheduler_cls.supports_kv_connector:
                     raise ValueError(f"--kv-transfer-config: the scheduler {scheduler_cls.__qualname__} does not host "
                                      "KV connectors (supports_kv_connector is False)")
                 from forkless.kv_transfer import KVConnectorFactory, KVConnectorRole
 
-                self.scheduler.set_kv_connector(
-                    KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, kv_cache_config))
+                self._connector = KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER,
+                                                                      kv_cache_config)
+                self.scheduler.set_kv_connector(self._connector)
             # Pipeline parallelism: one batch in flight per stage (micro-batches), each
             # planned from requests whose tokens are all known; it takes the place of
             # async scheduling, whose placeholders the first stage could not fill (only
@@ -561,27 +563,52 @@ class EngineCore:
         return stats
 
     def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
-        """Forget every cached prefix (see ``LLM.reset_prefix_cache``).
+        """Forget every cached prefix (see ``LLM.reset_prefix_cache``), with vLLM's semantics.
+
+        The local prefix cache is reset first. Then, with ``reset_connector``, the KV
+        connector's store is emptied: every worker side finishes the saves it started
+        (``KVConnectorBase.wait_for_pending_saves``), then the scheduler side's
+        ``reset_cache()`` runs; its False fails the call, while ``None`` (a connector
+        without the hook) or True count as done. Without a connector there is nothing
+        to empty: a warning, and False.
+
+        Returns:
+            Whether everything asked for was reset.
 
         Raises:
             ValueError: A flag that is not a bool.
-            NotImplementedError: ``reset_connector=True`` with a KV connector: forkless's
-                connectors have no hook to empty their store.
+            RuntimeError: ``reset_running_requests=True`` while a step is in flight.
         """
         for name, flag in (("reset_running_requests", reset_running_requests), ("reset_connector", reset_connector)):
             if not isinstance(flag, bool):
                 raise ValueError(f"reset_prefix_cache({name}={flag!r}) is invalid: expected True or False")
-        if reset_connector and self.config.kv_transfer_config is not None:
-            raise NotImplementedError("reset_prefix_cache(reset_connector=True): forkless's KV connectors "
-                                      "(KVConnectorBase) have no hook to empty their store; clear the store "
-                                      "itself, or leave reset_connector False")
         if reset_running_requests and (self._pending is not None or self._batches):
             raise RuntimeError("reset_prefix_cache(reset_running_requests=True) while a step is in flight "
                                "(async scheduling or pipeline stages): call it between steps with none "
                                "launched, e.g. after LLM.generate() returns")
         if reset_running_requests:  # (a keyword custom schedulers need only take if it is used)
-            return self.scheduler.reset_prefix_cache(reset_running_requests=True)  # type: ignore[call-arg]
-        return self.scheduler.reset_prefix_cache()
+            ok = self.scheduler.reset_prefix_cache(reset_running_requests=True)  # type: ignore[call-arg]
+        else:
+            ok = self.scheduler.reset_prefix_cache()
+        if reset_connector:
+            ok = self._reset_connector() and ok
+        return bool(ok)
+
+    def _reset_connector(self) -> bool:
+        """Empty the KV connector's store (``reset_prefix_cache(reset_connector=True)``)."""
+        if not self._kv_connector:
+            logger.warning("reset_prefix_cache(reset_connector=True): no KV connector is configured "
+                           "(--kv-transfer-config), so there is no store to reset")
+            return False
+        # A save started before the reset must not land after it (steps run synchronously
+        # with a connector, so none is in flight; an asynchronous write may still be).
+        self.executor.collective_rpc("wait_for_kv_connector_saves")
+        connector = self._connector
+        if connector.reset_cache() is False:
+            logger.warning("reset_prefix_cache(reset_connector=True): the KV connector %s could not empty its "
+                           "store", type(connector).__name__)
+            return False
+        return True
 
     def collective_rpc(self, method: str | Callable[..., Any], timeout: float | None = None,
                        args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> list[Any]:
@@ -653,8 +680,8 @@ class EngineCore:
         try:
             self.executor.shutdown()
         finally:
-            if self._kv_connector:
-                self.scheduler.connector.shutdown()
+            if self._connector is not None:
+                self._connector.shutdown()
 
 
 def _structured_output_manager(config: EngineConfig, executor: Executor

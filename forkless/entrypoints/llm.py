@@ -95,16 +95,22 @@ class LLM:
                 through ``llm_engine``; :meth:`generate` returns with none), so that their
                 KV is computed again too. Otherwise their blocks stay theirs, no longer
                 shared with anything.
-            reset_connector: Also empty a KV connector's store: refused where one is
-                configured (forkless's connectors have no such hook); nothing to do
-                without one.
+            reset_connector: Also empty the KV connector's store
+                (``--kv-transfer-config``): the connector's ``reset_cache()``, once the
+                workers' saves in flight have ended. The built-ins delete this model's
+                blocks (``SharedStorageConnector`` its files, ``RedisConnector`` its
+                ``forkless:kv:<namespace>-*`` keys), so later prompts compute their KV
+                again rather than load it. Without a connector: a warning, and False.
 
         Returns:
-            True: forkless's KV-cache manager can always reset.
+            Whether everything asked for was reset: False when the connector's
+            ``reset_cache()`` returned False, or ``reset_connector`` was given without a
+            connector (one without the hook, whose ``reset_cache()`` returns ``None``,
+            counts as reset, as in vLLM).
 
         Raises:
             ValueError: A flag that is not a bool.
-            NotImplementedError: ``reset_connector=True`` with a KV connector.
+            RuntimeError: ``reset_running_requests=True`` while a step is in flight.
         """
         return self.llm_engine.engine_core.reset_prefix_cache(reset_running_requests, reset_connector)
 

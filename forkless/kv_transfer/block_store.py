@@ -9,7 +9,8 @@ request's blocks in order and stops at the first key the store lacks.
 A subclass supplies the store: :meth:`BlockStoreConnector.contains`,
 :meth:`BlockStoreConnector.get` and :meth:`BlockStoreConnector.put`, and says whether it
 loads and saves on a background thread (:attr:`BlockStoreConnector.load_async`,
-:attr:`BlockStoreConnector.save_async`).
+:attr:`BlockStoreConnector.save_async`); :meth:`BlockStoreConnector.clear` (optional)
+deletes its namespace's blocks, for ``reset_prefix_cache(reset_connector=True)``.
 
 Invariants:
     * Only prompt blocks are saved, once each, by the step that completes them; the
@@ -33,6 +34,10 @@ Invariants:
       (``request_finished`` returns True, the worker reports it in ``finished_sending``),
       and a preempted request's writes end before the next forward pass, so that a
       request's KV is in the store, or dropped, before anything of it is reused.
+    * A reset (``reset_cache``) deletes only this namespace's blocks -- those of this
+      model, dtypes, block size and split -- after every worker's writes in flight have
+      ended (``wait_for_pending_saves``); the connector keeps no index of what is stored,
+      so the store itself is what a later lookup asks.
 """
 
 from __future__ import annotations
@@ -190,6 +195,18 @@ class BlockStoreConnector(KVConnectorBase):
     def put(self, key: str, data: bytes) -> None:
         """Store a block's bytes (replacing a block of the same key is harmless: same KV)."""
 
+    def clear(self) -> None:
+        """Delete every block of this connector's namespace (:attr:`namespace`: the keys
+        that start with ``f"{namespace}-"``, every rank's part) from the store, and
+        nothing else (scheduler side, for :meth:`reset_cache`). Default: not supported
+        (``reset_cache`` then returns ``None``, as a connector without the hook).
+
+        Raises:
+            NotImplementedError: The store cannot be emptied (the default).
+            Exception: The store failed (``reset_cache`` logs it and returns False).
+        """
+        raise NotImplementedError
+
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         """Several blocks' bytes (``None`` where absent). Default: :meth:`get` per key; a
         store with round trips overrides it to batch them.
@@ -290,6 +307,25 @@ class BlockStoreConnector(KVConnectorBase):
             return True, None
         return False, None
 
+    def reset_cache(self) -> bool | None:
+        """Delete this namespace's blocks from the store (:meth:`clear`).
+
+        Returns:
+            True once they are gone; False (logged) when the store failed; ``None`` when
+            the subclass has no :meth:`clear`.
+        """
+        if type(self).clear is BlockStoreConnector.clear:
+            return super().reset_cache()
+        try:
+            self.clear()
+        except Exception as exc:  # noqa: BLE001 - the caller learns it from the result
+            logger.warning("%s: emptying the store for reset_prefix_cache(reset_connector=True) failed: %s",
+                           self.store_name, exc)
+            return False
+        logger.info("%s: the blocks of namespace %s are deleted (reset_prefix_cache)", self.store_name,
+                    self.namespace)
+        return True
+
     # --------------------------------------------------------------- worker side
 
     def bind_connector_metadata(self, connector_metadata: BlockStoreMetadata) -> None:
@@ -315,6 +351,12 @@ class BlockStoreConnector(KVConnectorBase):
                 # (The key stays: the scheduler still waits for the request's saves to be
                 # reported when it finishes.)
                 self._saves[rid] = []
+
+    def wait_for_pending_saves(self) -> None:
+        for futures in list(self._saves.values()):
+            for future in futures:
+                future.result()  # _put_blocks logs its own failures; this only waits
+        # (The ids stay: get_finished still reports the finished requests' saves.)
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         meta: BlockStoreMetadata = self._get_connector_metadata()

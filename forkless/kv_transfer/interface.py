@@ -20,6 +20,11 @@ next to the KV cache. Each step:
 3. scheduler side: a finished request goes through :meth:`~KVConnectorBase.request_finished`
    before its blocks are freed, and may keep them until its saves end.
 
+Outside the step, ``LLM.reset_prefix_cache(reset_connector=True)`` empties the connector's
+store: the engine core first has every worker side finish the saves it started
+(:meth:`~KVConnectorBase.wait_for_pending_saves`), then calls the scheduler side's
+:meth:`~KVConnectorBase.reset_cache` (vLLM's hook, by the same name).
+
 Invariants:
     * The metadata crosses the process boundary as msgpack (msgspec), never pickle: it
       must be an instance of the class's :attr:`KVConnectorBase.metadata_cls` (a
@@ -32,6 +37,9 @@ Invariants:
     * A failed load is never silent: the worker side reports the block ids
       (:meth:`KVConnectorBase.get_block_ids_with_load_errors`) and the scheduler
       recomputes from the first failed block.
+    * Once :meth:`KVConnectorBase.reset_cache` returned True, no request admitted later
+      loads anything that was in the store before the call, and no save started before
+      it lands after it.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
+from forkless.logger import init_logger
 from forkless.plugins import Stability, stability
 from forkless.protocol.kv_transfer import BlockIds
 
@@ -52,6 +61,8 @@ if TYPE_CHECKING:
     from forkless.core.sched.config import KVCacheConfig
     from forkless.protocol.kv_transfer import KVConnectorOutput, KVTransferStats
     from forkless.protocol.step import SchedulerOutput
+
+logger = init_logger(__name__)
 
 
 class KVConnectorRole(enum.Enum):
@@ -210,6 +221,13 @@ class KVConnectorBase(abc.ABC):
         """What the transfers moved since the last call (for the metrics). Default: ``None``."""
         return None
 
+    def wait_for_pending_saves(self) -> None:
+        """Block until every save this worker side started has ended (in the store, or
+        dropped), between steps. The engine core calls it on every worker before the
+        scheduler side's :meth:`reset_cache`, so that no save started before a reset
+        writes into the store after it. (forkless's hook; vLLM has none.) Default: nothing,
+        right for a connector whose saves end in :meth:`wait_for_save`."""
+
     def shutdown(self) -> None:
         """Release threads and connections (the worker is stopping). Default: nothing."""
 
@@ -270,6 +288,24 @@ class KVConnectorBase(abc.ABC):
             passed on by forkless yet; return ``None``. Default: ``(False, None)``.
         """
         return False, None
+
+    def reset_cache(self) -> bool | None:
+        """Empty the connector's store (scheduler side), as vLLM's
+        ``KVConnectorBase_V1.reset_cache``: ``LLM.reset_prefix_cache(reset_connector=True)``
+        calls it, between steps, after the local prefix cache is reset and every worker
+        side's :meth:`wait_for_pending_saves` has returned. After True, no later request
+        may load what the store held (its prompt is computed instead), and any index the
+        connector keeps of what is stored must be emptied too.
+
+        Returns:
+            True: emptied; False: it failed (``reset_prefix_cache`` then returns False);
+            ``None``: not implemented, which ``reset_prefix_cache`` counts as success, as
+            vLLM does. Default: logs (at debug level) that the connector does not
+            implement it and returns ``None``.
+        """
+        logger.debug("KV connector cache reset requested, but %s does not implement reset_cache()",
+                     type(self).__name__)
+        return None
 
     def take_events(self) -> Iterable[Any]:
         """KV-cache events since the last call (vLLM's hook; forkless publishes none yet).

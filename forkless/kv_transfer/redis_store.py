@@ -14,6 +14,9 @@ Invariants:
     * The only Redis call on the scheduler's path is the admission lookup (one pipelined
       ``EXISTS`` per block); an unreachable server fails it within ``timeout_seconds``
       (default 2) and the request computes its prompt.
+    * A reset (``reset_prefix_cache(reset_connector=True)``) deletes only this engine's
+      keys, ``forkless:kv:<namespace>-*`` (``SCAN`` then ``UNLINK``), never anything else
+      of the database (no ``FLUSHDB``).
 """
 
 from __future__ import annotations
@@ -93,6 +96,16 @@ class RedisConnector(BlockStoreConnector):
 
     def put(self, key: str, data: bytes) -> None:
         self._client.set(_PREFIX + key, data, ex=self._ttl)
+
+    def clear(self) -> None:
+        batch: list[bytes] = []
+        for key in self._client.scan_iter(match=f"{_PREFIX}{self.namespace}-*", count=1000):
+            batch.append(key)
+            if len(batch) >= 1000:
+                self._client.unlink(*batch)
+                batch = []
+        if batch:
+            self._client.unlink(*batch)
 
     def get_many(self, keys: list[str]) -> list[bytes | None]:
         # One round trip for a chunk of blocks (~16 MiB), not one per block.

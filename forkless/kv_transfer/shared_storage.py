@@ -13,6 +13,9 @@ Invariants:
       request).
     * A file appears whole or not at all (written to a temporary name, then renamed), so
       a reader never sees half a block; a block already on disk is not written again.
+    * A reset (``reset_prefix_cache(reset_connector=True)``) removes every block file of
+      this engine's namespace folder and its emptied sub-folders; other namespaces'
+      folders, and the temporary files of writes in progress, are left alone.
 """
 
 from __future__ import annotations
@@ -76,6 +79,19 @@ class SharedStorageConnector(BlockStoreConnector):
             return self._path(key).read_bytes()
         except FileNotFoundError:
             return None
+
+    def clear(self) -> None:
+        if not self.root.is_dir():
+            return
+        for sub in self.root.iterdir():
+            if not sub.is_dir():
+                continue
+            for path in sub.glob("*.safetensors"):
+                path.unlink(missing_ok=True)
+            try:
+                sub.rmdir()
+            except OSError:
+                pass  # a write in progress (its temporary file) keeps it: the block is not the store's yet
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)

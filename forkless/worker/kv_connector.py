@@ -83,6 +83,10 @@ class WorkerKVConnector:
         return KVConnectorOutput(finished_sending=sorted(sending or ()), finished_recving=sorted(recving or ()),
                                  invalid_block_ids=sorted(errors), stats=stats)
 
+    def wait_for_pending_saves(self) -> None:
+        """Let every save the connector started end (before its store is reset)."""
+        self.connector.wait_for_pending_saves()
+
     def shutdown(self) -> None:
         """Stop the connector's threads and connections."""
         self.connector.shutdown()

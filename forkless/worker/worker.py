@@ -304,6 +304,13 @@ class Worker:
         """Unpin what :meth:`register_host_buffer` pinned (its copies have completed)."""
         torch.cuda.cudart().cudaHostUnregister(handle.ctypes.data)
 
+    def wait_for_kv_connector_saves(self) -> None:
+        """Let every save the KV connector's worker side started end (the engine core
+        calls it between steps, before the connector's store is reset); nothing without
+        a connector."""
+        if self.model_runner is not None and self.model_runner.kv_connector is not None:
+            self.model_runner.kv_connector.wait_for_pending_saves()
+
     def check_health(self) -> None:
         """Raise when the worker cannot run steps."""
         self._runner()

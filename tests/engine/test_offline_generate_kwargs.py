@@ -5,6 +5,7 @@ Each was a TypeError (an unexpected keyword) before."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -73,10 +74,19 @@ def test_generate_refuses_what_it_cannot_honour(llm: LLM, kwargs: dict, error: t
     assert not llm.llm_engine.has_unfinished_requests()
 
 
-def test_reset_prefix_cache_forgets_prefixes(llm: LLM) -> None:
+def test_reset_prefix_cache_forgets_prefixes(llm: LLM, caplog: pytest.LogCaptureFixture) -> None:
     llm.generate(LONG, GREEDY, use_tqdm=False)
     assert llm.generate(LONG, GREEDY, use_tqdm=False)[0].num_cached_tokens > 0
-    assert llm.reset_prefix_cache(reset_connector=True) is True  # no connector: nothing more to reset
+    assert llm.reset_prefix_cache() is True
+    assert llm.generate(LONG, GREEDY, use_tqdm=False)[0].num_cached_tokens == 0
+    assert llm.generate(LONG, GREEDY, use_tqdm=False)[0].num_cached_tokens > 0
+    # No connector to reset, as vLLM: a warning, and False (the local cache is reset still).
+    logging.getLogger("forkless").addHandler(caplog.handler)  # forkless does not propagate
+    try:
+        assert llm.reset_prefix_cache(reset_connector=True) is False
+    finally:
+        logging.getLogger("forkless").removeHandler(caplog.handler)
+    assert "reset_prefix_cache(reset_connector=True): no KV connector is configured" in caplog.text
     assert llm.generate(LONG, GREEDY, use_tqdm=False)[0].num_cached_tokens == 0
     with pytest.raises(ValueError, match=r"reset_prefix_cache\(reset_running_requests='yes'\) is invalid"):
         llm.reset_prefix_cache(reset_running_requests="yes")

@@ -5,7 +5,8 @@ every block (two parts per block in the store), a second engine loads the first 
 prefill and answers alike, a part that is corrupt on one rank only is recomputed on both,
 and an engine split another way (one rank) finds nothing of it. On SharedStorage
 (synchronous) and on a real Redis server (asynchronous loads and saves: a request's
-transfer ends when both ranks report it)."""
+transfer ends when both ranks report it; ``reset_prefix_cache(reset_connector=True)``
+deletes both ranks' parts)."""
 
 from __future__ import annotations
 
@@ -99,5 +100,10 @@ def test_two_rank_engines_share_prefills_through_redis(model: Path, redis_url) -
     try:
         (got,), hits = _complete(second, [prompt])
         assert got == reference and hits == (len(prompt) - 1) // 16 * 16
+        # Both ranks' writes end, then every rank's part of every block is deleted.
+        assert second.reset_prefix_cache(reset_connector=True) is True
+        assert redis.Redis.from_url(url).keys("forkless:kv:*") == []
+        (got,), again = _complete(second, [prompt])
+        assert got == reference and again == hits  # computed, nothing more loaded
     finally:
         second.shutdown()

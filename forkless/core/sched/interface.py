@@ -169,7 +169,8 @@ class SchedulerInterface(ABC):
         The engine core calls it with ``reset_running_requests=True`` (vLLM's keyword) only
         when the user asks for it (``LLM.reset_prefix_cache``): then every running request
         is preempted first, so that its KV is computed again. A scheduler that does not
-        take the keyword serves every other call.
+        take the keyword serves every other call. (``reset_connector`` is the engine
+        core's: it resets the KV connector's store itself, after this call.)
 
         Returns:
             Whether the cache was reset.
