@@ -23,7 +23,8 @@ MODULE = "forkless_example_kv_connector.connector"
 
 # Runs one engine: argv-free, the request comes on stdin as JSON
 # {"model", "kv_transfer_config", "batches": [[prompt token ids, ...], ...]}; each batch is
-# one generate() call, in order. Prints, per batch, [[token ids, num_cached_tokens], ...].
+# one generate() call, in order, and "reset" is reset_prefix_cache(reset_connector=True).
+# Prints, per batch, [[token ids, num_cached_tokens], ...] (for "reset", its result).
 ENGINE = """
 import json, sys
 from forkless import LLM, SamplingParams
@@ -38,6 +39,9 @@ except Exception as exc:
 params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 out = []
 for batch in req["batches"]:
+    if batch == "reset":
+        out.append(llm.reset_prefix_cache(reset_connector=True))
+        continue
     results = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
     out.append([[list(r.outputs[0].token_ids), r.num_cached_tokens] for r in results])
 llm.shutdown()
@@ -99,6 +103,24 @@ def test_the_second_engine_loads_what_the_first_computed(model: Path, plugin_sit
     ((plain_tokens, plain_cached),) = run_engine(model, env, None, [[C]])["batches"][0]
     assert plain_cached == 0
     assert c_tokens == plain_tokens
+
+
+def test_reset_connector_empties_the_engines_blocks(model: Path, plugin_site: Path, tmp_path: Path) -> None:
+    db = tmp_path / "kv.sqlite"
+    env = plugin_env(plugin_site, tmp_path)
+    with sqlite3.connect(db) as conn:  # another model's block in the same file
+        conn.execute("CREATE TABLE kv_blocks (key TEXT PRIMARY KEY, data BLOB NOT NULL)")
+        conn.execute("INSERT INTO kv_blocks VALUES ('0123456789abcdef-00', x'00')")
+    batches = run_engine(model, env, sqlite_config(db), [[A], "reset", [A]])["batches"]
+    ((a_tokens, a_cached),), reset, ((again_tokens, again_cached),) = batches
+    assert a_cached == 0 and reset is True
+    assert again_cached == 0 and again_tokens == a_tokens  # computed, not loaded
+    with sqlite3.connect(db) as conn:  # saved again; the other model's block is still there
+        assert conn.execute("SELECT COUNT(*) FROM kv_blocks").fetchone()[0] == len(A) // BLOCK + 1
+    ((_, cached), ), reset = run_engine(model, env, sqlite_config(db), [[A], "reset"])["batches"]
+    assert cached == (len(A) - 1) // BLOCK * BLOCK and reset is True
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT key FROM kv_blocks").fetchall() == [("0123456789abcdef-00",)]
 
 
 def test_unknown_connector_lists_the_registered_ones(model: Path, plugin_site: Path, tmp_path: Path) -> None:

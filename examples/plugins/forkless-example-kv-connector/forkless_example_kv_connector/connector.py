@@ -7,7 +7,8 @@ same model pointing at the file reuses the prompts the others computed.
 All the KV-cache work (which blocks a request can load, copying blocks in and out of the
 cache, checking what is read back) is done by ``forkless.kv_transfer.BlockStoreConnector``.
 A store only answers three questions about whole blocks, keyed by strings that already
-name the model and the block's whole prefix: ``contains``, ``get`` and ``put``.
+name the model and the block's whole prefix: ``contains``, ``get`` and ``put``; ``clear``
+(optional) empties it for ``LLM.reset_prefix_cache(reset_connector=True)``.
 
 Invariants:
     * One table, ``kv_blocks(key TEXT PRIMARY KEY, data BLOB)``. A key's bytes never
@@ -101,6 +102,13 @@ class SQLiteConnector(BlockStoreConnector):
     def put(self, key: str, data: bytes) -> None:
         with self._lock:
             self._db.execute("INSERT OR IGNORE INTO kv_blocks (key, data) VALUES (?, ?)", (key, data))
+
+    def clear(self) -> None:
+        # reset_prefix_cache(reset_connector=True): this engine's blocks only (the keys of
+        # its namespace: this model, dtypes, block size), not other models' in the file.
+        prefix = f"{self.namespace}-"
+        with self._lock:
+            self._db.execute("DELETE FROM kv_blocks WHERE substr(key, 1, ?) = ?", (len(prefix), prefix))
 
     def shutdown(self) -> None:
         super().shutdown()  # waits for the thread pool, if any, before the connection goes
