@@ -224,7 +224,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE; uvicorn's timeout_keep_alive).
     "FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE": lambda: _number("FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE", "5", int),
     # Responses (/v1/responses with store, OpenAI's default) kept in the API server's memory
-    # for previous_response_id and GET, the oldest dropped first; 0 stores none.
+    # for previous_response_id and GET, the oldest that has ended dropped first (a background
+    # response stays while it runs; a new one finding none ended is a 429); 0 stores none.
     "FORKLESS_RESPONSES_STORE_SIZE": lambda: _number("FORKLESS_RESPONSES_STORE_SIZE", "1000", int),
     # ``1``: ``forkless serve --enable-lora`` adds POST /v1/load_lora_adapter and
     # /v1/unload_lora_adapter, and asks the registered LoRA resolvers for a ``model`` it

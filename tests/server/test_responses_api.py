@@ -583,6 +583,36 @@ def test_a_background_response_is_queued_then_read_from_the_store(server: Server
         client.responses.retrieve(r.id)
 
 
+def test_the_store_never_drops_a_running_background_response() -> None:
+    from forkless.entrypoints.openai.errors import BadRequest
+    from forkless.entrypoints.openai.serving_responses import ResponsesStore
+
+    store = ResponsesStore(size=2, max_chars=2000)
+    store.put({"id": "a", "status": "queued"}, [])
+    store.put({"id": "a", "status": "in_progress"}, [])
+    for i in range(3):  # ended ones go first
+        store.put({"id": f"s{i}", "status": "completed"}, [])
+    assert store.get("a")[0]["status"] == "in_progress"
+    store.put({"id": "b", "status": "queued"}, [])
+    with pytest.raises(BadRequest):
+        store.get("s2")
+    # Full of running ones: a new background one is refused, an ended one is not kept.
+    with pytest.raises(BadRequest) as info:
+        store.check_room()
+    assert info.value.status == 429 and info.value.param == "background"
+    with pytest.raises(BadRequest) as info:
+        store.put({"id": "c", "status": "queued"}, [])
+    assert info.value.status == 429
+    store.put({"id": "s3", "status": "completed"}, [])
+    with pytest.raises(BadRequest):
+        store.get("s3")
+    store.put({"id": "a", "status": "completed"}, [])
+    store.check_room()
+    store.put({"id": "c", "status": "queued"}, [])
+    with pytest.raises(BadRequest):
+        store.get("a")  # ended, the oldest: it made room
+
+
 @pytest.fixture(scope="module")
 def long_model(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama with room for 16,000-token generations: minutes of work, still
@@ -660,3 +690,39 @@ def test_shutdown_cancels_the_background_responses(long_model: Path, tmp_path: P
     log = srv.log()
     assert rc == 0, log[-3000:]
     assert "cancelled 1 background response(s)" in log and "Traceback" not in log, log[-3000:]
+
+
+@pytest.fixture(scope="module")
+def small_store_server(long_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A server that stores 3 responses and runs 2 requests at a time, with xgrammar
+    (whose compiler refuses in the engine core a grammar the API server's check passes)."""
+    srv = start_server(long_model, tmp_path_factory.mktemp("responses-small-store"), "--served-model-name", "tiny",
+                       "--max-model-len", "16384", "--max-num-seqs", "2",
+                       "--structured-outputs-config", json.dumps({"backend": "xgrammar"}),
+                       env_extra={"FORKLESS_RESPONSES_STORE_SIZE": "3"})
+    yield srv
+    assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
+def test_a_running_background_response_is_never_dropped_from_the_store(small_store_server: Server) -> None:
+    # It used to be dropped as the oldest past FORKLESS_RESPONSES_STORE_SIZE, its result lost.
+    srv = small_store_server
+    client = srv.client()
+    first = _started_in_background(srv)
+    for _ in range(4):
+        client.responses.create(model="tiny", input="Hi", max_output_tokens=1)
+    assert client.responses.retrieve(first).status == "in_progress"
+    second = client.responses.create(background=True, **LONG).id
+    # The store holds 3, all of them running (the third waits for room in the engine): a
+    # fourth is a 429, until one has ended.
+    third = client.responses.create(model="tiny", input="Hi", max_output_tokens=20, background=True)
+    with pytest.raises(openai.RateLimitError) as info:
+        client.responses.create(background=True, **LONG)
+    assert info.value.body["param"] == "background" and "FORKLESS_RESPONSES_STORE_SIZE" in info.value.message
+    client.responses.cancel(first)
+    fourth = client.responses.create(background=True, model="tiny", input="Hi", max_output_tokens=1)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first)  # the oldest that has ended made room
+    for response_id in (second, third.id, fourth.id):
+        client.responses.delete(response_id)
+    assert wait_until(lambda: _running(srv) == 0, 10, 0.05)

@@ -22,14 +22,16 @@ Invariants:
     * ``store`` (OpenAI's default: true) keeps the response and its conversation in
       memory for ``previous_response_id`` and ``GET``, at most
       ``FORKLESS_RESPONSES_STORE_SIZE`` responses and :data:`MAX_STORED_CHARS` characters
-      of JSON, the oldest dropped first; nothing is written to disk, and a restart forgets
-      them all. A stream is stored as it ended: ``failed`` (with its error) or
-      ``cancelled`` (the client left) as well as ``completed`` / ``incomplete``.
+      of JSON, the oldest that has ended dropped first; nothing is written to disk, and a
+      restart forgets them all. A stream is stored as it ended: ``failed`` (with its
+      error) or ``cancelled`` (the client left) as well as ``completed`` / ``incomplete``.
     * ``background`` (with ``store``, not streamed) answers at once with the response
       stored as ``queued``; a task of the API server runs it as an internal stream
       (:meth:`OpenAIServingResponses._stream`, so it is stored as such a stream ends),
       ``in_progress`` once it starts. Cancelling, deleting or shutting down cancels the
       task and waits for it, which aborts the engine request before the store changes.
+      While it has not ended it is never dropped from the store: a new one that finds
+      the store full of running ones is a 429.
     * As in vLLM, ``item_reference`` input items and ``GET .../input_items`` are not
       served: each is a 400 that names it.
 """
@@ -93,25 +95,69 @@ def _id(prefix: str) -> str:
 class ResponsesStore:
     """Stored responses and the conversations they end, the oldest dropped past ``size``
     responses or past :data:`MAX_STORED_CHARS` characters of JSON in all (so that many
-    long conversations cannot exhaust the API server's memory)."""
+    long conversations cannot exhaust the API server's memory).
+
+    A background response that has not ended (``queued``, ``in_progress``) is never
+    dropped: the ended ones go first, and a new one that finds no room once they are all
+    gone is refused (a 429)."""
 
     def __init__(self, size: int, max_chars: int = MAX_STORED_CHARS) -> None:
         self.size = size
         self.max_chars = max_chars
         self._chars = 0
-        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]], int]] = OrderedDict()
+        self._items: OrderedDict[str, _Stored] = OrderedDict()
+        # The entries of background responses not ended yet, which are never dropped.
+        self._running: set[str] = set()
 
     def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+        """Store ``response`` (replacing the entry of the same id), then drop the oldest
+        ended ones while the store is over its bounds.
+
+        Raises:
+            BadRequest: 429, ``response`` is a new unfinished one and the running ones
+                leave it no room.
+        """
+        response_id = response["id"]
         chars = len(json.dumps(response)) + len(json.dumps(conversation))
+        running = response.get("status") in _UNFINISHED
+        old = self._items.get(response_id)
+        if running and old is None:
+            self.check_room(chars)
+        if old is not None:
+            self._remove(response_id)
         if self.size <= 0 or chars > self.max_chars:
             return
-        old = self._items.pop(response["id"], None)
-        if old is not None:
-            self._chars -= old[2]
-        self._items[response["id"]] = (response, conversation, chars)
+        self._items[response_id] = _Stored(response, conversation, chars)
         self._chars += chars
+        if running:
+            self._running.add(response_id)
+        self._shrink()
+
+    def check_room(self, chars: int = 0) -> None:
+        """Check that a new background response of ``chars`` characters can be stored.
+
+        Raises:
+            BadRequest: 429, the background responses running fill the store.
+        """
+        running_chars = sum(self._items[rid].chars for rid in self._running)
+        if len(self._running) >= self.size or running_chars + chars > self.max_chars:
+            raise BadRequest(f"too many background responses running: the response store keeps them all until they "
+                             f"end, and those running fill it ({len(self._running)} of at most {self.size}, "
+                             "FORKLESS_RESPONSES_STORE_SIZE, and of its characters); retry once one has ended",
+                             "background", status=429, err_type="RateLimitError")
+
+    def _shrink(self) -> None:
+        """Drop the oldest ended responses while the store is over its bounds (running
+        ones are never dropped: ``put`` takes a new one only when there is room)."""
         while len(self._items) > self.size or self._chars > self.max_chars:
-            self._chars -= self._items.popitem(last=False)[1][2]
+            oldest = next((rid for rid in self._items if rid not in self._running), None)
+            if oldest is None:
+                return
+            self._remove(oldest)
+
+    def _remove(self, response_id: str) -> None:
+        self._chars -= self._items.pop(response_id).chars
+        self._running.discard(response_id)
 
     def get(self, response_id: str, param: str = "response_id") -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """The response and its conversation (chat messages, the output's included).
@@ -124,11 +170,18 @@ class ResponsesStore:
             raise BadRequest(f"no stored response {response_id!r} (responses are kept in memory, at most "
                              f"{self.size} of them: FORKLESS_RESPONSES_STORE_SIZE)", param, status=404,
                              err_type="NotFoundError")
-        return found[0], found[1]
+        return found.response, found.conversation
 
     def delete(self, response_id: str) -> None:
         self.get(response_id)
-        self._chars -= self._items.pop(response_id)[2]
+        self._remove(response_id)
+
+
+@dataclass
+class _Stored:
+    response: dict[str, Any]
+    conversation: list[dict[str, Any]]
+    chars: int  # the JSON's characters
 
 
 @dataclass
@@ -163,6 +216,8 @@ class OpenAIServingResponses:
             if req.stream:
                 raise BadRequest("a background response cannot be streamed here: its events are not kept for "
                                  "replay; poll GET /v1/responses/{id} instead", "stream")
+            # (Refused before the engine takes it; storing it checks again.)
+            self.store.check_room()
         extra = req.model_extra or {}
         self.chat.ignored_fields.note([name for name, value in extra.items()
                                        if not reject_field(name, value, _REFUSED)])
@@ -247,7 +302,7 @@ class OpenAIServingResponses:
                 exc.param = _PARAM_NAMES[exc.param]
             raise
         if req.background:
-            return self._start_background(req, result, conversation, response_id, chat_req.logprobs)
+            return await self._start_background(req, result, conversation, response_id, chat_req.logprobs)
         if req.stream:
             return self._stream(req, result, conversation, response_id, chat_req.logprobs)
         assert isinstance(result, ChatCompletionResponse)
@@ -329,14 +384,23 @@ class OpenAIServingResponses:
             logger.info("cancelled %d background response(s) still running", len(running))
 
     # -- background ----------------------------------------------------------------------
-    def _start_background(self, req: ResponsesRequest, chunks: AsyncIterator[str],
-                          conversation: list[dict[str, Any]], response_id: str,
-                          with_logprobs: bool) -> dict[str, Any]:
-        """Store the response as ``queued`` and start the task that runs its chat stream."""
+    async def _start_background(self, req: ResponsesRequest, chunks: AsyncIterator[str],
+                                conversation: list[dict[str, Any]], response_id: str,
+                                with_logprobs: bool) -> dict[str, Any]:
+        """Store the response as ``queued`` and start the task that runs its chat stream.
+
+        Raises:
+            BadRequest: 429, the background responses running fill the store (the chat
+                stream is closed, which aborts its engine request).
+        """
         created = int(time.time())
         queued = self._response(req, [], "queued", None, response_id, created)
         queued["usage"] = None  # (as a stream's first events say: nothing counted yet)
-        self.store.put(queued, conversation)
+        try:
+            self.store.put(queued, conversation)
+        except BadRequest:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            raise
         started = asyncio.Event()
         task = asyncio.create_task(self._run_background(req, chunks, conversation, response_id, with_logprobs,
                                                         created, started), name=f"background {response_id}")
