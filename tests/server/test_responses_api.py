@@ -136,9 +136,8 @@ def test_top_logprobs_come_with_the_text(server: Server) -> None:
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x/i.png"}]}]}, "input"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input"),
-    # Background responses are read from the store, and their events are not kept.
+    # Background responses are read from the store.
     ({"background": True, "store": False}, "store"),
-    ({"background": True, "stream": True}, "stream"),
     ({"max_output_tokens": 100000}, "max_output_tokens"),
     ({"reasoning": {"effort": "huge"}}, "reasoning"),
     ({"include": ["file_search_call.results"]}, "include"),
@@ -443,18 +442,35 @@ def test_input_items_are_not_listed_and_say_so(server: Server) -> None:
 
 def test_retrieve_refuses_the_query_parameters_it_cannot_honour(server: Server) -> None:
     # OpenAI's GET takes stream / starting_after (a background response's events replayed)
-    # and include: answering them with the plain JSON would ignore them.
+    # and include: a value it cannot honour is a 400 naming it, never ignored.
     client = server.client()
     r = client.responses.create(model="tiny", input="Hi", max_output_tokens=1)
     assert client.responses.retrieve(r.id).id == r.id
+    assert client.responses.retrieve(r.id, stream=False, include_obfuscation=False).id == r.id
     with pytest.raises(openai.BadRequestError) as info:
-        client.responses.retrieve(r.id, stream=True)
+        client.responses.retrieve(r.id, stream=True)  # its events were never kept
     assert info.value.body["param"] == "stream" and "background" in info.value.message
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.retrieve(r.id, include=["message.output_text.logprobs"])
     assert info.value.body["param"].startswith("include")
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve("resp_none", stream=True)
+    background = client.responses.create(model="tiny", input="Hi", max_output_tokens=1, background=True)
+    url = f"{server.url}/v1/responses/{background.id}"
+    for query, param in [("stream=true&starting_after=abc", "starting_after"),
+                         ("stream=true&starting_after=1.5", "starting_after"),
+                         ("stream=true&starting_after=-2", "starting_after"),
+                         ("starting_after=3", "starting_after"),  # without stream, it says nothing
+                         ("stream=maybe", "stream"), ("stream=", "stream"),
+                         ("stream=true&include_obfuscation=true", "include_obfuscation"),
+                         ("stream=true&include_obfuscation=no", "include_obfuscation"),
+                         ("stream=true&after=3", "after")]:
+        reply = httpx.get(f"{url}?{query}", timeout=30)
+        assert reply.status_code == 400, (query, reply.text)
+        assert reply.json()["error"]["param"] == param and reply.json()["error"]["type"] == "BadRequestError", query
+    reply = httpx.get(f"{url}?stream=true&starting_after=-1&include_obfuscation=false", timeout=30)
+    assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+    assert [e["sequence_number"] for e in _events(reply)][0] == 0
 
 # A tool parser that, besides raising on BOOM (in the chat stream), streams on ODD the
 # opening delta of a call (its id and type, no function yet) with an index it set after
@@ -583,16 +599,83 @@ def test_a_background_response_is_queued_then_read_from_the_store(server: Server
         client.responses.retrieve(r.id)
 
 
+def test_a_background_stream_is_its_events_and_a_replay_is_the_same(server: Server) -> None:
+    # As vLLM's and OpenAI's: background with stream answers with the response's events
+    # while it runs in the background; GET ?stream=true replays them (it was a 400).
+    client = server.client()
+    kwargs = dict(model="tiny", input="Hello there", max_output_tokens=8, temperature=0)
+    live = list(client.responses.create(background=True, stream=True, **kwargs))
+    assert [e.sequence_number for e in live] == list(range(len(live)))
+    assert live[0].type == "response.created" and live[-1].type == "response.incomplete"
+    final = live[-1].response
+    assert final.background is True and final.usage.output_tokens == 8
+    text = "".join(e.delta for e in live if e.type == "response.output_text.delta")
+    assert text == final.output_text == client.responses.create(**kwargs).output_text
+    stored = client.responses.retrieve(final.id)
+    assert stored.model_dump() == final.model_dump()
+    # A replay of a finished one is its events, whole, then the end.
+    replay = list(client.responses.retrieve(final.id, stream=True))
+    assert [e.model_dump() for e in replay] == [e.model_dump() for e in live]
+    later = list(client.responses.retrieve(final.id, stream=True, starting_after=3))
+    assert [e.model_dump() for e in later] == [e.model_dump() for e in live[4:]]
+    assert list(client.responses.retrieve(final.id, stream=True, starting_after=len(live) + 5)) == []
+    # A background response made without stream keeps its events too.
+    queued = client.responses.create(background=True, **kwargs)
+    events = list(client.responses.retrieve(queued.id, stream=True))
+    assert events[-1].type == "response.incomplete" and events[-1].response.output_text == text
+    assert events[-1].response.id == queued.id
+
+
+def test_the_events_of_a_background_response_are_kept_within_a_bound() -> None:
+    import asyncio
+
+    from forkless.entrypoints.openai.errors import BadRequest
+    from forkless.entrypoints.openai.serving_responses import ResponseEvents, _event
+
+    async def scenario() -> None:
+        kept = ResponseEvents(max_chars=1000)
+        events = [_event("response.output_text.delta", i, delta="x" * 40) for i in range(40)]
+        follower = kept.follow(-1)
+        assert kept.check_after(-1) is None
+        first = asyncio.ensure_future(follower.__anext__())
+        await asyncio.sleep(0)
+        assert not first.done()  # waits for the first event
+        kept.add(events[0])
+        assert await first == events[0]
+        for event in events[1:]:
+            kept.add(event)
+        # The oldest were dropped past the bound: a replay from before them is refused,
+        # a reader that fell behind them is told so, and ends.
+        assert 0 < kept.first and kept.chars <= 1000 and kept.next_sequence == 40
+        with pytest.raises(BadRequest) as info:
+            kept.check_after(kept.first - 2)
+        assert info.value.param == "starting_after" and str(kept.first - 1) in info.value.message
+        behind = json.loads((await follower.__anext__()).split("data: ")[1])
+        assert behind["type"] == "error" and behind["code"] == "events_dropped"
+        with pytest.raises(StopAsyncIteration):
+            await follower.__anext__()
+        late = kept.follow(kept.first - 1)
+        assert [await late.__anext__() for _ in range(kept.next_sequence - kept.first)] == events[kept.first:]
+        waiting = asyncio.ensure_future(late.__anext__())
+        await asyncio.sleep(0)
+        kept.end()
+        with pytest.raises(StopAsyncIteration):
+            await waiting
+
+    asyncio.run(scenario())
+
+
 def test_the_store_never_drops_a_running_background_response() -> None:
     from forkless.entrypoints.openai.errors import BadRequest
-    from forkless.entrypoints.openai.serving_responses import ResponsesStore
+    from forkless.entrypoints.openai.serving_responses import ResponseEvents, ResponsesStore, _event
 
     store = ResponsesStore(size=2, max_chars=2000)
-    store.put({"id": "a", "status": "queued"}, [])
+    events = ResponseEvents()
+    store.put({"id": "a", "status": "queued"}, [], events)
     store.put({"id": "a", "status": "in_progress"}, [])
     for i in range(3):  # ended ones go first
         store.put({"id": f"s{i}", "status": "completed"}, [])
-    assert store.get("a")[0]["status"] == "in_progress"
+    assert store.get("a")[0]["status"] == "in_progress" and store.events("a") is events
     store.put({"id": "b", "status": "queued"}, [])
     with pytest.raises(BadRequest):
         store.get("s2")
@@ -606,11 +689,52 @@ def test_the_store_never_drops_a_running_background_response() -> None:
     store.put({"id": "s3", "status": "completed"}, [])
     with pytest.raises(BadRequest):
         store.get("s3")
-    store.put({"id": "a", "status": "completed"}, [])
+    # Ended, it keeps its events, which then count in the store's characters.
+    store.put({"id": "a", "status": "completed"}, [{"role": "assistant", "content": "x"}])
+    assert store.events("a") is events
+    events.add(_event("response.completed", 0, response={"id": "a", "text": "y" * 500}))
+    store.settle("a")
+    assert store.events("a") is events and store._chars > 500
+    events.add(_event("response.completed", 1, response={"id": "a", "text": "y" * 2000}))
+    store.settle("a")  # too large for the store: the events go, the response stays
+    assert store.events("a") is None and store.get("a")[0]["status"] == "completed"
     store.check_room()
-    store.put({"id": "c", "status": "queued"}, [])
-    with pytest.raises(BadRequest):
-        store.get("a")  # ended, the oldest: it made room
+    store.put({"id": "c", "status": "queued"}, [], ResponseEvents())
+    store.delete("c")
+    assert store.events("c") is None
+
+
+def test_a_background_run_that_fails_before_its_stream_ends_failed() -> None:
+    # It stayed in_progress for ever, and so in the store, its readers waiting.
+    import asyncio
+    import types
+
+    from forkless.entrypoints.openai.serving_responses import OpenAIServingResponses
+    from forkless.protocol.openai import ResponsesRequest
+
+    serving = OpenAIServingResponses(types.SimpleNamespace(sampling_defaults={}, model_name="tiny"))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    serving._stream = broken
+
+    async def chunks():
+        yield ""
+
+    async def scenario() -> list[str]:
+        request = ResponsesRequest(model="tiny", input="Hi", background=True)
+        _, kept = await serving._start_background(request, chunks(), [], "resp_x", False)
+        reader = kept.follow(-1)
+        await asyncio.gather(*(run.task for run in serving._background.values()), return_exceptions=True)
+        return [event async for event in reader]
+
+    (event,) = asyncio.run(scenario())
+    failed = serving.store.get("resp_x")[0]
+    assert failed["status"] == "failed" and failed["error"]["message"] == "internal error: RuntimeError: boom"
+    assert json.loads(event.split("data: ")[1]) == {"type": "response.failed", "sequence_number": 0,
+                                                     "response": failed}
+    assert serving.num_background == 0
 
 
 @pytest.fixture(scope="module")
@@ -690,6 +814,53 @@ def test_shutdown_cancels_the_background_responses(long_model: Path, tmp_path: P
     log = srv.log()
     assert rc == 0, log[-3000:]
     assert "cancelled 1 background response(s)" in log and "Traceback" not in log, log[-3000:]
+
+
+def _long_background_stream(srv: Server, **fields) -> httpx.Response:
+    body = {**{k: v for k, v in LONG.items() if k != "extra_body"}, **LONG["extra_body"], "background": True,
+            "stream": True, **fields}
+    return httpx.stream("POST", srv.url + "/v1/responses", json=body, timeout=60)
+
+
+def test_leaving_a_background_stream_leaves_the_response_running(long_server: Server) -> None:
+    # Unlike a plain stream's, the client leaving does not cancel it: it ends as it would
+    # have, and GET ?stream=true&starting_after= picks the events up where the client left.
+    client = long_server.client()
+    seen: list[dict] = []
+    with _long_background_stream(long_server, max_output_tokens=1500) as resp:
+        assert resp.status_code == 200
+        for event in _events(resp):
+            seen.append(event)
+            if sum(e["type"] == "response.output_text.delta" for e in seen) == 3:
+                break  # leaving the block closes the connection mid-stream
+    response_id = seen[0]["response"]["id"]
+    assert [e["sequence_number"] for e in seen] == list(range(len(seen)))
+    with client.responses.retrieve(response_id, stream=True, starting_after=seen[-1]["sequence_number"]) as rest:
+        rest = list(rest)
+    assert rest[0].sequence_number == len(seen) and rest[-1].type == "response.incomplete"
+    done = client.responses.retrieve(response_id)
+    assert done.status == "incomplete" and done.usage.output_tokens == 1500
+    text = "".join(e["delta"] for e in seen if e["type"] == "response.output_text.delta")
+    text += "".join(e.delta for e in rest if e.type == "response.output_text.delta")
+    assert text == done.output_text and rest[-1].response.model_dump() == done.model_dump()
+    client.responses.delete(response_id)
+
+
+def test_cancelling_a_background_stream_ends_it_cancelled(long_server: Server) -> None:
+    client = long_server.client()
+    with _long_background_stream(long_server) as resp:
+        events = []
+        for event in _events(resp):
+            events.append(event)
+            if sum(e["type"] == "response.output_text.delta" for e in events) == 3:
+                cancelled = client.responses.cancel(events[0]["response"]["id"])
+    assert cancelled.status == "cancelled" and wait_until(lambda: _running(long_server) == 0, 10, 0.05)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    last = events[-1]
+    assert last["type"] == "response.cancelled" and last["response"]["status"] == "cancelled"
+    assert last["response"] == httpx.get(f"{long_server.url}/v1/responses/{cancelled.id}", timeout=30).json()
+    with httpx.stream("GET", f"{long_server.url}/v1/responses/{cancelled.id}?stream=true", timeout=30) as replay:
+        assert list(_events(replay)) == events
 
 
 @pytest.fixture(scope="module")

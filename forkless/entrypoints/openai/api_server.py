@@ -317,8 +317,9 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         return JSONResponse(result) if isinstance(result, dict) else respond(result)
 
     @app.get("/v1/responses/{response_id}")
-    async def retrieve_response(response_id: str, request: Request) -> JSONResponse:
-        return JSONResponse(responses.retrieve(response_id, dict(request.query_params)))
+    async def retrieve_response(response_id: str, request: Request) -> Response:
+        result = responses.retrieve(response_id, dict(request.query_params))
+        return JSONResponse(result) if isinstance(result, dict) else respond(result)
 
     @app.delete("/v1/responses/{response_id}")
     async def delete_response(response_id: str) -> JSONResponse:

@@ -25,13 +25,19 @@ Invariants:
       of JSON, the oldest that has ended dropped first; nothing is written to disk, and a
       restart forgets them all. A stream is stored as it ended: ``failed`` (with its
       error) or ``cancelled`` (the client left) as well as ``completed`` / ``incomplete``.
-    * ``background`` (with ``store``, not streamed) answers at once with the response
-      stored as ``queued``; a task of the API server runs it as an internal stream
+    * ``background`` (with ``store``) answers at once with the response stored as
+      ``queued``; a task of the API server runs it as an internal stream
       (:meth:`OpenAIServingResponses._stream`, so it is stored as such a stream ends),
       ``in_progress`` once it starts. Cancelling, deleting or shutting down cancels the
       task and waits for it, which aborts the engine request before the store changes.
       While it has not ended it is never dropped from the store: a new one that finds
       the store full of running ones is a 429.
+    * A background response's events are kept with it (:class:`ResponseEvents`, at most
+      :data:`MAX_EVENT_CHARS` characters of them, the oldest dropped; once it has ended
+      they count in the store's characters) and go with it. ``stream`` on the ``POST``
+      and ``GET ...?stream=true&starting_after=N`` read them: those kept, then each as it
+      comes, to the end, which a cut-short response marks with ``response.cancelled``.
+      A reader is never the run: the client leaving ends the reader alone.
     * As in vLLM, ``item_reference`` input items and ``GET .../input_items`` are not
       served: each is a 400 that names it.
 """
@@ -40,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections import OrderedDict
@@ -50,7 +57,7 @@ from pydantic import ValidationError
 
 from forkless import envs
 from forkless.logger import init_logger
-from forkless.entrypoints.openai.errors import BadRequest
+from forkless.entrypoints.openai.errors import BadRequest, quoted
 from forkless.entrypoints.openai.serving import reject_field
 from forkless.protocol.openai import ChatCompletionRequest, ChatCompletionResponse, ResponsesRequest
 
@@ -86,6 +93,10 @@ _CHAT_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "repetition_p
 MAX_STORED_CHARS = 256 << 20
 # A background response's statuses before it ends.
 _UNFINISHED = ("queued", "in_progress")
+# The characters of events one background response keeps (the oldest dropped past them).
+MAX_EVENT_CHARS = 16 << 20
+# The events that end a response's stream.
+_FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed", "response.cancelled")
 
 
 def _id(prefix: str) -> str:
@@ -99,7 +110,9 @@ class ResponsesStore:
 
     A background response that has not ended (``queued``, ``in_progress``) is never
     dropped: the ended ones go first, and a new one that finds no room once they are all
-    gone is refused (a 429)."""
+    gone is refused (a 429). Its events (:class:`ResponseEvents`) are kept with it and
+    go when it goes; once it has ended they count towards ``max_chars`` too
+    (:meth:`settle`)."""
 
     def __init__(self, size: int, max_chars: int = MAX_STORED_CHARS) -> None:
         self.size = size
@@ -109,9 +122,13 @@ class ResponsesStore:
         # The entries of background responses not ended yet, which are never dropped.
         self._running: set[str] = set()
 
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]],
+            events: "ResponseEvents | None" = None) -> None:
         """Store ``response`` (replacing the entry of the same id), then drop the oldest
         ended ones while the store is over its bounds.
+
+        Args:
+            events: The background response's events; ``None`` keeps those it had.
 
         Raises:
             BadRequest: 429, ``response`` is a new unfinished one and the running ones
@@ -125,9 +142,10 @@ class ResponsesStore:
             self.check_room(chars)
         if old is not None:
             self._remove(response_id)
+            events = old.events if events is None else events
         if self.size <= 0 or chars > self.max_chars:
             return
-        self._items[response_id] = _Stored(response, conversation, chars)
+        self._items[response_id] = _Stored(response, conversation, chars, events)
         self._chars += chars
         if running:
             self._running.add(response_id)
@@ -145,6 +163,22 @@ class ResponsesStore:
                              f"end, and those running fill it ({len(self._running)} of at most {self.size}, "
                              "FORKLESS_RESPONSES_STORE_SIZE, and of its characters); retry once one has ended",
                              "background", status=429, err_type="RateLimitError")
+
+    def settle(self, response_id: str) -> None:
+        """Count an ended background response's events in the store's characters (they
+        are not while it runs: :data:`MAX_EVENT_CHARS` bounds them), dropping the oldest
+        ended responses for them; events that alone would not fit are dropped, the
+        response kept."""
+        entry = self._items.get(response_id)
+        if entry is None or entry.events is None or response_id in self._running:
+            return
+        base = len(json.dumps(entry.response)) + len(json.dumps(entry.conversation))
+        self._chars -= entry.chars
+        entry.chars = base + entry.events.chars
+        if entry.chars > self.max_chars:
+            entry.events, entry.chars = None, base
+        self._chars += entry.chars
+        self._shrink()
 
     def _shrink(self) -> None:
         """Drop the oldest ended responses while the store is over its bounds (running
@@ -172,6 +206,12 @@ class ResponsesStore:
                              err_type="NotFoundError")
         return found.response, found.conversation
 
+    def events(self, response_id: str) -> "ResponseEvents | None":
+        """A stored background response's events (``None`` for another response, or
+        when its events did not fit the store)."""
+        found = self._items.get(response_id)
+        return found.events if found is not None else None
+
     def delete(self, response_id: str) -> None:
         self.get(response_id)
         self._remove(response_id)
@@ -181,7 +221,94 @@ class ResponsesStore:
 class _Stored:
     response: dict[str, Any]
     conversation: list[dict[str, Any]]
-    chars: int  # the JSON's characters
+    chars: int  # the JSON's characters (and, once it has ended, its events')
+    events: "ResponseEvents | None"
+
+
+class ResponseEvents:
+    """The events of a background response's stream (SSE text, numbered from 0 by
+    ``sequence_number``), kept for ``POST`` with ``stream`` and ``GET ...?stream=true``:
+    readers (:meth:`follow`) replay those kept and wait for the next ones.
+
+    At most ``max_chars`` characters of them are kept: past that the oldest are dropped
+    (a quarter of them at a time), so that a replay from before the oldest kept is refused
+    and a reader that falls that far behind is ended with an ``error`` event.
+    """
+
+    def __init__(self, max_chars: int = MAX_EVENT_CHARS) -> None:
+        self.max_chars = max_chars
+        self.chars = 0
+        self.first = 0  # the sequence number of events[0]
+        self.events: list[str] = []
+        self.last_type: str | None = None
+        self.ended = False
+        self._added = asyncio.Event()  # set (and replaced) when an event comes or the stream ends
+
+    @property
+    def next_sequence(self) -> int:
+        return self.first + len(self.events)
+
+    @property
+    def _bound(self) -> str:
+        return f"{self.max_chars >> 20} M" if self.max_chars >= 1 << 20 else str(self.max_chars)
+
+    def add(self, event: str) -> None:
+        """Keep the next event (``event: TYPE\\ndata: {...}\\n\\n``) and wake the readers."""
+        self.events.append(event)
+        self.chars += len(event)
+        self.last_type = event[len("event: "):event.index("\n")]
+        if self.chars > self.max_chars:
+            keep = self.max_chars * 3 // 4
+            drop = 0
+            while drop < len(self.events) - 1 and self.chars > keep:
+                self.chars -= len(self.events[drop])
+                drop += 1
+            del self.events[:drop]
+            self.first += drop
+        self._wake()
+
+    def end(self) -> None:
+        """No more events come: the readers end after the last."""
+        self.ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._added.set()
+        self._added = asyncio.Event()
+
+    def check_after(self, starting_after: int) -> None:
+        """Raises:
+            BadRequest: The events after ``starting_after`` are no longer all kept.
+        """
+        if starting_after + 1 < self.first:
+            raise BadRequest(f"starting_after={starting_after}: the events before {self.first} are no longer kept "
+                             f"(a background response keeps its last {self._bound} characters of events); "
+                             f"start after {self.first - 1} or later, or GET the response without stream",
+                             "starting_after")
+
+    async def follow(self, starting_after: int) -> AsyncIterator[str]:
+        """The events numbered above ``starting_after``: those kept, then each as it
+        comes, until the stream's end."""
+        sequence = starting_after + 1
+        while True:
+            while sequence < self.next_sequence:
+                if sequence < self.first:  # dropped while this reader was behind
+                    yield _event("error", sequence, code="events_dropped", param=None, message=(
+                        f"this reader fell behind: the events from {sequence} to {self.first - 1} were dropped "
+                        f"(a background response keeps its last {self._bound} characters of events); "
+                        f"GET the response for its state"))
+                    return
+                yield self.events[sequence - self.first]
+                sequence += 1
+            if self.ended:
+                return
+            await self._added.wait()
+
+
+def _event(kind: str, sequence: int, **fields: Any) -> str:
+    """One Responses SSE event."""
+    body = {"type": kind, "sequence_number": sequence, **fields}
+    return f"event: {kind}\ndata: {json.dumps(body)}\n\n"
 
 
 @dataclass
@@ -213,9 +340,6 @@ class OpenAIServingResponses:
             if self.store.size <= 0:
                 raise BadRequest("background responses need the response store, which FORKLESS_RESPONSES_STORE_SIZE"
                                  "=0 turns off on this server", "background")
-            if req.stream:
-                raise BadRequest("a background response cannot be streamed here: its events are not kept for "
-                                 "replay; poll GET /v1/responses/{id} instead", "stream")
             # (Refused before the engine takes it; storing it checks again.)
             self.store.check_room()
         extra = req.model_extra or {}
@@ -302,7 +426,9 @@ class OpenAIServingResponses:
                 exc.param = _PARAM_NAMES[exc.param]
             raise
         if req.background:
-            return await self._start_background(req, result, conversation, response_id, chat_req.logprobs)
+            queued, events = await self._start_background(req, result, conversation, response_id, chat_req.logprobs)
+            # Its events from the first: the client leaving ends this reader, not the response.
+            return events.follow(-1) if req.stream else queued
         if req.stream:
             return self._stream(req, result, conversation, response_id, chat_req.logprobs)
         assert isinstance(result, ChatCompletionResponse)
@@ -316,28 +442,48 @@ class OpenAIServingResponses:
         self._remember(req, response, conversation)
         return response
 
-    def retrieve(self, response_id: str, query: dict[str, str] | None = None) -> dict[str, Any]:
+    def retrieve(self, response_id: str, query: dict[str, str] | None = None) -> dict[str, Any] | AsyncIterator[str]:
         """A stored response: as it ended, or a background response as it stands now
-        (``queued``, ``in_progress``, then as it ended).
+        (``queued``, ``in_progress``, then as it ended); with ``stream=true``, a background
+        response's events (SSE), those kept then the next ones as they come, to its end.
 
         Args:
             response_id: Its id.
-            query: The request's query parameters. OpenAI's ``stream`` and
-                ``starting_after`` replay a background response's events, which this
-                server does not keep, and ``include`` adds output to a stored one: each
-                is refused, not ignored (an unknown parameter too).
+            query: The request's query parameters: OpenAI's ``stream`` (a boolean),
+                ``starting_after`` (with ``stream``: the sequence number after which the
+                events start, -1 or none for the first) and ``include_obfuscation``
+                (``false`` only: no stream is obfuscated here). ``include``, which adds
+                output to a stored response, is refused, not ignored (an unknown
+                parameter too).
 
         Raises:
-            BadRequest: 404, no such stored response; 400, a query parameter.
+            BadRequest: 404, no such stored response; 400, a query parameter, or
+                ``stream`` for a response whose events are not kept.
         """
         found = self.store.get(response_id)[0]
-        for name in query or {}:
-            what = ("replays a background response's events, which this server does not keep (poll "
-                    "GET /v1/responses/{id} for its status)" if name in ("stream", "starting_after",
-                                                                         "include_obfuscation")
-                    else "is not supported here: a stored response is returned as it stands")
-            raise BadRequest(f"GET /v1/responses/{{id}}?{name}=... {what}", name)
-        return found
+        query = dict(query or {})
+        stream = _query_bool(query, "stream")
+        if _query_bool(query, "include_obfuscation"):
+            raise BadRequest("include_obfuscation=true is not supported: this server does not obfuscate streams "
+                             "(include_obfuscation=false changes nothing)", "include_obfuscation")
+        starting_after = query.pop("starting_after", None)
+        for name in query:
+            raise BadRequest(f"GET /v1/responses/{{id}}?{name}=... is not supported here: a stored response is "
+                             "returned as it stands", name)
+        if starting_after is not None and not stream:
+            raise BadRequest("starting_after says where a stream of the response's events starts: it needs "
+                             "stream=true", "starting_after")
+        if not stream:
+            return found
+        after = -1 if starting_after is None else _sequence_number(starting_after)
+        events = self.store.events(response_id)
+        if events is None:
+            why = ("it was not made in the background (background: true), and only a background response's events "
+                   "are kept" if not found.get("background") else
+                   "its events were too large to keep in the response store")
+            raise BadRequest(f"cannot stream response {response_id!r}: {why}; GET it without stream", "stream")
+        events.check_after(after)
+        return events.follow(after)
 
     async def delete(self, response_id: str) -> dict[str, Any]:
         """Delete a stored response; a background one still running is cancelled first
@@ -386,8 +532,11 @@ class OpenAIServingResponses:
     # -- background ----------------------------------------------------------------------
     async def _start_background(self, req: ResponsesRequest, chunks: AsyncIterator[str],
                                 conversation: list[dict[str, Any]], response_id: str,
-                                with_logprobs: bool) -> dict[str, Any]:
+                                with_logprobs: bool) -> tuple[dict[str, Any], ResponseEvents]:
         """Store the response as ``queued`` and start the task that runs its chat stream.
+
+        Returns:
+            The queued response, and the events the task keeps.
 
         Raises:
             BadRequest: 429, the background responses running fill the store (the chat
@@ -396,34 +545,65 @@ class OpenAIServingResponses:
         created = int(time.time())
         queued = self._response(req, [], "queued", None, response_id, created)
         queued["usage"] = None  # (as a stream's first events say: nothing counted yet)
+        events = ResponseEvents()
         try:
-            self.store.put(queued, conversation)
+            self.store.put(queued, conversation, events)
         except BadRequest:
             await chunks.aclose()  # type: ignore[attr-defined]
             raise
         started = asyncio.Event()
         task = asyncio.create_task(self._run_background(req, chunks, conversation, response_id, with_logprobs,
-                                                        created, started), name=f"background {response_id}")
+                                                        created, started, events), name=f"background {response_id}")
         self._background[response_id] = _BackgroundRun(task, started)
         task.add_done_callback(lambda t: self._background_done(response_id, t))
-        return dict(queued)
+        return dict(queued), events
 
     async def _run_background(self, req: ResponsesRequest, chunks: AsyncIterator[str],
                               conversation: list[dict[str, Any]], response_id: str, with_logprobs: bool,
-                              created: int, started: asyncio.Event) -> None:
-        """Read the chat stream as a streamed response's events, which no one receives:
+                              created: int, started: asyncio.Event, kept: ResponseEvents) -> None:
+        """Read the chat stream as a streamed response's events into ``kept``:
         :meth:`_stream` stores the response as it ends (``completed``, ``incomplete``,
         ``failed``, or ``cancelled`` when this task is cancelled)."""
         started.set()
-        in_progress = self._response(req, [], "in_progress", None, response_id, created)
-        in_progress["usage"] = None
-        self.store.put(in_progress, conversation)
-        events = self._stream(req, chunks, conversation, response_id, with_logprobs, created)
+        events = None
+        cut: tuple[str, str | None] = ("failed", "internal error")  # (see _end_events)
         try:
-            async for _ in events:
-                pass
+            in_progress = self._response(req, [], "in_progress", None, response_id, created)
+            in_progress["usage"] = None
+            self.store.put(in_progress, conversation)
+            events = self._stream(req, chunks, conversation, response_id, with_logprobs, created)
+            async for event in events:
+                kept.add(event)
+        except asyncio.CancelledError:
+            cut = ("cancelled", None)
+            raise
+        except Exception as exc:
+            cut = ("failed", f"internal error: {type(exc).__name__}: {exc}")
+            raise
         finally:
-            await events.aclose()
+            # (Closing the events closes the chat stream, which aborts the engine request.)
+            await (events if events is not None else chunks).aclose()  # type: ignore[attr-defined]
+            self._end_events(response_id, kept, *cut)
+
+    def _end_events(self, response_id: str, kept: ResponseEvents, status: str, error: str | None) -> None:
+        """End a background response's events. A stream cut short (cancelled: by
+        ``cancel``, ``DELETE`` or the server stopping) ends with the event of the status
+        it was stored with, ``response.cancelled``, so that its readers see how it ended;
+        one that never stored its end (a failure before its stream started) is stored
+        ``status`` first, so that it does not stay running, and in the store, for ever."""
+        if kept.last_type not in _FINAL_EVENTS:
+            try:
+                response, conversation = self.store.get(response_id)
+            except BadRequest:
+                response = None
+            if response is not None and response["status"] in _UNFINISHED:
+                response = {**response, "status": status,
+                            "error": {"code": "server_error", "message": error} if error else None}
+                self.store.put(response, conversation)
+            if response is not None:
+                kept.add(_event(f"response.{response['status']}", kept.next_sequence, response=response))
+        kept.end()
+        self.store.settle(response_id)
 
     def _background_done(self, response_id: str, task: "asyncio.Task[None]") -> None:
         self._background.pop(response_id, None)
@@ -600,9 +780,8 @@ class _EventWriter:
         self.sequence = 0
 
     def emit(self, kind: str, **fields: Any) -> str:
-        body = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return f"event: {kind}\ndata: {json.dumps(body)}\n\n"
+        return _event(kind, self.sequence - 1, **fields)
 
 
 class _StreamedOutput:
@@ -744,6 +923,32 @@ def _check_metadata(metadata: dict[str, str] | None) -> None:
     for key, value in metadata.items():
         if len(key) > 64 or len(value) > 512:
             raise BadRequest(f"metadata key {key[:64]!r}...: keys may have 64 characters and values 512", "metadata")
+
+
+def _query_bool(query: dict[str, str], name: str) -> bool:
+    """Take the boolean query parameter ``name`` out of ``query`` (absent: false).
+
+    Raises:
+        BadRequest: It is not a boolean.
+    """
+    value = query.pop(name, None)
+    if value is None or value.lower() in ("false", "0"):
+        return False
+    if value.lower() in ("true", "1"):
+        return True
+    raise BadRequest(f"{name}={quoted(value)} is not a boolean: expected true or false", name)
+
+
+def _sequence_number(value: str) -> int:
+    """``starting_after``: a sequence number, or -1 (the events from the first).
+
+    Raises:
+        BadRequest: It is not an integer of at least -1.
+    """
+    if re.fullmatch(r"-?[0-9]{1,18}", value) is None or int(value) < -1:
+        raise BadRequest(f"starting_after={quoted(value)} is invalid: expected an integer, the sequence number of "
+                         "the event after which the stream starts (-1: from the first)", "starting_after")
+    return int(value)
 
 
 def _sse_data(raw: str) -> list[str]:
