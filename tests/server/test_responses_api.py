@@ -897,3 +897,28 @@ def test_a_running_background_response_is_never_dropped_from_the_store(small_sto
     for response_id in (second, third.id, fourth.id):
         client.responses.delete(response_id)
     assert wait_until(lambda: _running(srv) == 0, 10, 0.05)
+
+
+def test_a_constrained_background_response_answers_at_once(small_store_server: Server) -> None:
+    # It waited for its first token before answering (behind every request running), and
+    # a grammar the engine core refused was a 400 instead of a failed response.
+    srv = small_store_server
+    client = srv.client()
+    running = [_started_in_background(srv), client.responses.create(background=True, **LONG).id]
+    assert wait_until(lambda: _running(srv) == 2, 60, 0.05)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    waiting = httpx.post(srv.url + "/v1/responses", timeout=20, json={
+        "model": "tiny", "input": "Hi", "max_output_tokens": 20, "background": True,
+        "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}})
+    assert waiting.status_code == 200 and waiting.json()["status"] == "queued", waiting.text
+    client.responses.delete(waiting.json()["id"])
+    for response_id in running:
+        client.responses.delete(response_id)
+    refused = client.responses.create(model="tiny", input="Say a.", max_output_tokens=2, background=True,
+                                      extra_body={"structured_outputs": {"grammar": 'root ::= "a" | '}})
+    assert refused.status == "queued"
+    events = list(client.responses.retrieve(refused.id, stream=True))
+    assert [e.type for e in events][-2:] == ["error", "response.failed"]
+    failed = client.responses.retrieve(refused.id)
+    assert failed.status == "failed" and "xgrammar" in failed.error.message
+    assert events[-1].response.model_dump() == failed.model_dump()

@@ -1111,7 +1111,8 @@ class OpenAIServing:
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Any,
                                      endpoint: str = "/v1/chat/completions",
-                                     with_cached_tokens: bool = False, with_reasoning_tokens: bool = False) -> Any:
+                                     with_cached_tokens: bool = False, with_reasoning_tokens: bool = False,
+                                     wait_for_start: bool = True) -> Any:
         """The chat completion (a response model), or its stream of SSE lines.
 
         Args:
@@ -1127,6 +1128,10 @@ class OpenAIServing:
                 parser (then 0); with one they are always reported: the tokens of the
                 reasoning, as the parser counts them. In a stream, the last usage chunk
                 has them.
+            wait_for_start: A constrained stream is returned once it has its first
+                output, so that a constraint the engine refuses is a 400 (see
+                ``_started``); ``False`` returns it at once, the refusal then being its
+                error event (a background response, which answers before it runs).
 
         Raises:
             BadRequest: The request is invalid (``param`` names the field).
@@ -1179,7 +1184,8 @@ class OpenAIServing:
                                      _client_key(req, raw_request))
         model_name = self._response_model(lora)
         if req.stream:
-            (stream,) = await self._started([stream], [params], req)
+            if wait_for_start:
+                (stream,) = await self._started([stream], [params], req)
             return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, len(ids), named,
                                      with_cached_tokens, with_reasoning_tokens)
         (final,) = await self._collect([stream], raw_request, req)

@@ -26,7 +26,8 @@ Invariants:
       restart forgets them all. A stream is stored as it ended: ``failed`` (with its
       error) or ``cancelled`` (the client left) as well as ``completed`` / ``incomplete``.
     * ``background`` (with ``store``) answers at once with the response stored as
-      ``queued``; a task of the API server runs it as an internal stream
+      ``queued`` (a constrained one too: a grammar the engine refuses ends it
+      ``failed``); a task of the API server runs it as an internal stream
       (:meth:`OpenAIServingResponses._stream`, so it is stored as such a stream ends),
       ``in_progress`` once it starts. Cancelling, deleting or shutting down cancels the
       task and waits for it, which aborts the engine request before the store changes.
@@ -414,8 +415,12 @@ class OpenAIServingResponses:
         # request): a stored response is not overwritten by another with the same id.
         response_id = _id("resp")
         try:
+            # A background response answers at once: a constraint the engine refuses
+            # after taking it ends it failed (a stream's first output would be waited for,
+            # to make that refusal a 400).
             result = await self.chat.create_chat_completion(chat_req, raw_request, "/v1/responses",
-                                                            with_cached_tokens=True, with_reasoning_tokens=True)
+                                                            with_cached_tokens=True, with_reasoning_tokens=True,
+                                                            wait_for_start=not req.background)
         except BadRequest as exc:
             if exc.param == "structured_outputs" and req.structured_outputs is not None:
                 raise  # the request's own structured_outputs, not text.format's
