@@ -1,6 +1,7 @@
 """vLLM's ``vllm.entrypoints.openai.responses.protocol``, for the type hints of ported parsers.
 
-forkless serves no Responses API; see :class:`forkless.protocol.openai.ResponsesRequest`.
+The request is :class:`forkless.protocol.openai.ResponsesRequest`; the Responses API is
+served by :mod:`forkless.entrypoints.openai.serving_responses`.
 """
 
 from forkless.protocol.openai import ResponsesRequest
