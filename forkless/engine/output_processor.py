@@ -6,6 +6,8 @@ logprobs into ``Logprob`` dicts, merges the ``n`` child requests of a parent, ho
 ``output_kind`` (cumulative, delta, final only) and records per-request timings (with
 ``log_stats``, vLLM's ``RequestStateStats`` too, shown as ``RequestOutput.metrics``).
 
+Aborting every completion of a request by its engine-core ids forgets the request too.
+
 Prompt logprobs arrive with a child's first token; the parent keeps the first that
 arrive (every child of a parent has the same prompt) and shows them in every output,
 except under ``DELTA`` where only the first output that can carry them does.
@@ -377,18 +379,32 @@ class OutputProcessor:
     def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
         """Stop tracking requests (user-visible ids or engine-core ids).
 
+        An engine-core id names one completion of its request; the request is forgotten
+        too once none of its completions is left running (nothing more can come for it,
+        and ``has_unfinished_requests`` must not wait for it).
+
+        Args:
+            request_ids: The ids; unknown ones are ignored.
+
         Returns:
             The engine-core ids to abort in the core.
         """
         to_abort: list[str] = []
         for rid in request_ids:
             parent = self._parents.pop(rid, None)
-            children = parent.children if parent is not None else []
-            if parent is None and rid in self._children:
-                children = [self._children[rid]]
-            for child in children:
-                if self._children.pop(child.request_id, None) is not None:
-                    to_abort.append(child.request_id)
+            if parent is not None:
+                aborted = [c for c in parent.children if self._children.pop(c.request_id, None) is not None]
+                to_abort += [c.request_id for c in aborted]
+                continue
+            child = self._children.pop(rid, None)
+            if child is None:
+                continue
+            to_abort.append(rid)
+            child.finish_reason = "abort"
+            parent = child.parent
+            parent.num_unfinished -= 1
+            if parent.num_unfinished == 0 and self._parents.get(parent.request_id) is parent:
+                del self._parents[parent.request_id]
         return to_abort
 
     def has_unfinished_requests(self) -> bool:

@@ -88,6 +88,27 @@ def check_a_failed_compile_fails_its_request_only(llm: LLM) -> None:
     assert out[0].outputs[0].text in ("yes", "no")
 
 
+def test_a_failed_request_of_n_completions_leaves_nothing_unfinished(llm: LLM) -> None:
+    """Each of an ``n=2`` request's completions is an engine-core request of its own
+    (``0_both``, ``1_both``): when the engine core fails them, the request they belong to
+    is gone too, so ``has_unfinished_requests()`` turns False instead of stepping an idle
+    engine forever."""
+    engine = llm.llm_engine
+    engine.add_request("both", "x", SamplingParams(n=2, max_tokens=5, structured_outputs=StructuredOutputsParams(
+        choice=["fail"])))
+    errors = []
+    for _ in range(200):  # a few steps; never a spin
+        if not engine.has_unfinished_requests():
+            break
+        try:
+            assert not [o for o in engine.step() if o.request_id == "both"]
+        except ValueError as exc:
+            errors.append(str(exc))
+    assert not engine.has_unfinished_requests() and engine.get_num_unfinished_requests() == 0
+    assert errors and all("cannot compile 'fail'" in e for e in errors)
+    assert "'0_both'" in " ".join(errors) and "'1_both'" in " ".join(errors)
+
+
 def test_a_step_that_raises_for_a_failed_request_loses_no_other_output(llm: LLM,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """A failure reported in the step that also finishes another request (its grammar's
