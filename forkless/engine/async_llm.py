@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Iterable
 
 import msgspec
 
@@ -61,6 +61,12 @@ class InvalidRequestError(ValueError):
 
 class EngineShuttingDownError(EngineDeadError):
     """The server is shutting down: a new request is refused, or one in flight is ended."""
+
+
+class _Aborted(Exception):
+    """Ends a pooling request's stream that :meth:`AsyncLLM.abort` aborted (a generation's
+    ends with its last output instead). An exception so that it queues after the outputs
+    before it, never merged into them."""
 
 
 class _OutputSlot:
@@ -176,8 +182,11 @@ class AsyncLLM:
         # was awaited first).
         self._starting: asyncio.Future[None] | None = None
         self._started = False
+        # Each stream's slot, by request id; and by engine-core id (for the engine's
+        # refusals). A stream removes only its own entries: an id whose request has ended
+        # may be taken by a new request before the old stream reads that end.
         self._queues: dict[str, _OutputSlot] = {}
-        self._parent_of: dict[str, str] = {}
+        self._slot_of: dict[str, _OutputSlot] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.errored = False
         self.dead_reason: str | None = None
@@ -483,10 +492,13 @@ class AsyncLLM:
         finished = False
         try:
             for core_request, payload in zip(processed.core_requests, payloads):
-                self._parent_of[core_request.request_id] = request_id
+                self._slot_of[core_request.request_id] = queue
                 await self.client.add_request(payload)
             while True:
                 item = await queue.get()
+                if isinstance(item, _Aborted):  # abort() ended a pooling request: no result
+                    finished = True
+                    return
                 if isinstance(item, BaseException):
                     # A dead engine has nothing left to abort; a refused request or one
                     # ended by a shutdown is aborted below.
@@ -497,18 +509,33 @@ class AsyncLLM:
                     finished = True
                     return
         finally:
-            self._forget(request_id, processed.core_requests)
-            if not finished:
+            # A slot that is no longer this stream's means that its request has ended and
+            # a new one took the id: that one is not to be aborted.
+            own = self._queues.get(request_id) is queue
+            self._forget(request_id, processed.core_requests, queue)
+            if not finished and own:
                 await self.abort(request_id)
 
-    def _forget(self, request_id: str, core_requests: list[Any]) -> None:
-        self._queues.pop(request_id, None)
+    def _forget(self, request_id: str, core_requests: list[Any], queue: _OutputSlot) -> None:
+        """Drop a stream's entries (only its own: see ``_queues``)."""
+        if self._queues.get(request_id) is queue:
+            del self._queues[request_id]
         for core_request in core_requests:
-            self._parent_of.pop(core_request.request_id, None)
+            if self._slot_of.get(core_request.request_id) is queue:
+                del self._slot_of[core_request.request_id]
 
-    async def abort(self, request_id: str) -> None:
-        """Abort a request (no error if it already finished)."""
-        core_ids = self.output_processor.abort_requests([request_id])
+    async def abort(self, request_id: str | Iterable[str]) -> None:
+        """Abort requests by their ids (vLLM's ``AsyncLLM.abort``; no error for one that
+        already finished). A stream still reading one ends: with a last output whose
+        unfinished completions say ``"abort"``, as vLLM's, or, for a pooling request
+        (which has no result then), with none."""
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        finals: dict[str, Any] = {}
+        core_ids = self.output_processor.abort_requests(ids, finals)
+        for rid, final in finals.items():
+            queue = self._queues.get(rid)
+            if queue is not None:
+                queue.put_nowait(final if final is not None else _Aborted())
         if core_ids and self.client is not None and not self.errored:
             await self.client.abort_requests(core_ids)
 
@@ -564,9 +591,9 @@ class AsyncLLM:
                              iteration_stats(result.num_new_tokens, result.finished, result.first_tokens))
         elif kind == ipc.REQUEST_ERROR:
             data = ipc.decode(payload)
-            parent = self._parent_of.get(data["request_id"])
-            if parent is not None and parent in self._queues:
-                self._queues[parent].put_nowait(InvalidRequestError(data["error"]))
+            queue = self._slot_of.get(data["request_id"])
+            if queue is not None:
+                queue.put_nowait(InvalidRequestError(data["error"]))
         elif kind == ipc.DEAD:
             self._die(ipc.decode(payload)["error"])
             return False

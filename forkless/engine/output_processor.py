@@ -6,7 +6,10 @@ logprobs into ``Logprob`` dicts, merges the ``n`` child requests of a parent, ho
 ``output_kind`` (cumulative, delta, final only) and records per-request timings (with
 ``log_stats``, vLLM's ``RequestStateStats`` too, shown as ``RequestOutput.metrics``).
 
-Aborting every completion of a request by its engine-core ids forgets the request too.
+A request aborted by its user-visible id can be given a last output (``abort_requests``'
+``final_outputs``): what it had, its running completions finished with ``"abort"``, as
+vLLM's, so that whoever streams it sees it end. Aborting every completion of a request by
+its engine-core ids forgets the request too.
 
 Prompt logprobs arrive with a child's first token; the parent keeps the first that
 arrive (every child of a parent has the same prompt) and shows them in every output,
@@ -376,7 +379,9 @@ class OutputProcessor:
         result.num_new_tokens = num_new_tokens
         return result
 
-    def abort_requests(self, request_ids: Iterable[str]) -> list[str]:
+    def abort_requests(self, request_ids: Iterable[str],
+                       final_outputs: dict[str, RequestOutput | PoolingRequestOutput | None] | None = None
+                       ) -> list[str]:
         """Stop tracking requests (user-visible ids or engine-core ids).
 
         An engine-core id names one completion of its request; the request is forgotten
@@ -385,6 +390,11 @@ class OutputProcessor:
 
         Args:
             request_ids: The ids; unknown ones are ignored.
+            final_outputs: When given, each request still in flight that is aborted by its
+                user-visible id gets its last output here, under that id: its completions
+                so far, those still running finished with ``"abort"`` (vLLM's last output
+                of an aborted request), or ``None`` for a pooling request, which has no
+                result to show.
 
         Returns:
             The engine-core ids to abort in the core.
@@ -395,6 +405,11 @@ class OutputProcessor:
             if parent is not None:
                 aborted = [c for c in parent.children if self._children.pop(c.request_id, None) is not None]
                 to_abort += [c.request_id for c in aborted]
+                if final_outputs is not None and aborted:
+                    for child in aborted:
+                        child.finish_reason = "abort"
+                    parent.num_unfinished = 0
+                    final_outputs[rid] = parent.make_output(aborted)
                 continue
             child = self._children.pop(rid, None)
             if child is None:

@@ -84,6 +84,78 @@ def test_async_llm_generate_abort_and_stat_loggers(tiny_llama: Path) -> None:
         assert abs(inference - (prefill + decode)) < 1e-9
 
 
+def test_abort_beside_a_stream_ends_it_and_frees_the_id(tiny_llama: Path) -> None:
+    """vLLM's ``AsyncLLM.abort(request_id)`` from another task than the one reading the
+    request's stream: the stream ends, with a last output whose unfinished completions
+    say ``"abort"`` (vLLM's), whatever the output kind and ``n``; nothing stays in
+    flight. An id is free again once its request has ended, even while its old stream
+    has not read that end yet: the old stream's close leaves the new request alone."""
+    from forkless.sampling_params import RequestOutputKind
+
+    async def until(condition, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, "timed out"
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        args = EngineArgs(model=str(tiny_llama), max_model_len=256, kv_cache_memory=32 << 20)
+        llm = AsyncLLM.from_engine_args(args, log_stats=False)
+        try:
+            await llm.start()
+            for kind, n in ((RequestOutputKind.CUMULATIVE, 1), (RequestOutputKind.DELTA, 2),
+                            (RequestOutputKind.FINAL_ONLY, 2)):
+                params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True, n=n, output_kind=kind)
+                outs: list = []
+
+                async def read() -> None:
+                    async for out in llm.generate("Count", params, "long"):
+                        outs.append(out)
+
+                reader = asyncio.create_task(read())
+                if kind is RequestOutputKind.FINAL_ONLY:  # (no output before the end)
+                    await until(llm.output_processor.has_unfinished_requests)
+                else:
+                    await until(lambda: outs)  # some tokens are generated
+                await llm.abort("long")
+                await asyncio.wait_for(reader, 10)  # a stream left waiting fails here
+                last = outs[-1]
+                assert last.finished and [c.finish_reason for c in last.outputs] == ["abort"] * n, (kind, last)
+                if kind is RequestOutputKind.DELTA:
+                    lengths = [sum(len(c.token_ids) for o in outs for c in o.outputs if c.index == i)
+                               for i in range(n)]
+                else:
+                    lengths = [len(c.token_ids) for c in last.outputs]
+                assert all(k < 200 for k in lengths) and (kind is RequestOutputKind.FINAL_ONLY
+                                                          or all(lengths)), (kind, lengths)
+                assert llm.num_requests_in_flight == 0 and not llm.output_processor.has_unfinished_requests()
+
+            short = SamplingParams(temperature=0, max_tokens=3)
+
+            async def final(stream, last: object = None) -> object:
+                async for out in stream:
+                    last = out
+                return last
+
+            old = llm.generate("Hello", short, "again")
+            first = await old.__anext__()
+            # It finishes; its last output waits for the old stream.
+            await until(lambda: not llm.output_processor.has_unfinished_requests())
+            longer = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+            new = asyncio.create_task(final(llm.generate("Hello", longer, "again")))
+            await until(lambda: llm.output_processor.has_unfinished_requests())  # the new one runs
+            old_final = await final(old, first)  # the old stream reads its end, and closes
+            new_final = await asyncio.wait_for(new, 10)
+            assert old_final.finished and new_final.finished
+            tokens = new_final.outputs[0].token_ids
+            assert len(tokens) == 20 and tokens[:3] == old_final.outputs[0].token_ids
+            assert llm.num_requests_in_flight == 0
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())
+
+
 def test_the_first_requests_start_the_engine_as_vllm_s_asyncllm_is_used(tiny_llama: Path) -> None:
     # vLLM's recipe: AsyncLLM.from_engine_args(...) and generate at once; requests that
     # arrive together share one start.
