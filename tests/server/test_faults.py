@@ -122,6 +122,33 @@ def test_client_disconnect_aborts_the_request(server: Server) -> None:
     assert r.usage.completion_tokens == 3
 
 
+def test_client_gone_aborts_every_sequence_of_a_multi_prompt_request(server: Server) -> None:
+    """Three prompts with ``n=2`` each are six engine requests, read by one task per
+    prompt into one response: a client that leaves (mid-stream, or waiting for the whole
+    answer) aborts all six, not only the one being read."""
+    before = scrape(server)
+    body = {"model": "tiny", "prompt": ["One", "Two words", "Three more words"], "n": 2, "max_tokens": 200,
+            "ignore_eos": True, "temperature": 1.0}
+    chunks = 0
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            chunks += line.startswith("data: {")
+            if chunks == 6:
+                break
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(server.url + "/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+
+    def idle() -> bool:
+        m = scrape(server)
+        return value(m, "forkless:kv_cache_usage_perc") == 0 and value(m, "forkless:num_requests_running") == 0 \
+            and value(m, "forkless:num_requests_waiting") == 0
+
+    assert wait_until(idle, 15)
+    generated = value(scrape(server), "forkless:generation_tokens_total") - value(before, "forkless:generation_tokens_total")
+    assert generated < 2 * 6 * 200 / 2, generated  # far from every sequence run to its end
+
+
 def test_client_gone_before_a_constrained_stream_starts_aborts_it(server: Server) -> None:
     """A constrained stream's response starts with its first output (so that a grammar
     the engine refuses is still a 400); a client that leaves before then aborts it too."""
