@@ -92,6 +92,13 @@ def test_base64_in_vllms_embed_dtypes_and_byte_orders(minilm_server) -> None:
     r = httpx.post(minilm_server.url + "/v1/embeddings", json={"model": "minilm", "input": "x", "request_id": "job-7"},
                    timeout=60)
     assert r.status_code == 200 and r.json()["id"] == "embd-job-7", r.text
+    # ... and an X-Request-Id header, before the body's (vLLM's order), on every pooling route.
+    for route, body, prefix in (("/v1/embeddings", {"input": "x", "request_id": "job-7"}, "embd"),
+                                ("/rerank", {"query": "x", "documents": ["y", "z"]}, "rerank"),
+                                ("/score", {"text_1": "x", "text_2": "y"}, "score")):
+        r = httpx.post(minilm_server.url + route, json={"model": "minilm", **body}, headers={"X-Request-Id": "hdr-3"},
+                       timeout=60)
+        assert r.status_code == 200 and r.json()["id"] == f"{prefix}-hdr-3", (route, r.text)
 
 
 def test_bytes_encodings_are_vllms(minilm_server) -> None:

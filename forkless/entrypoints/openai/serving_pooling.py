@@ -118,12 +118,12 @@ def _bytes_response(outs: list[PoolingRequestOutput], req: EmbeddingRequest | Po
     return Response(b"".join(chunks), media_type="application/octet-stream", headers=headers)
 
 
-def _response_id(prefix: str, req: Any) -> str:
-    """``prefix-request_id`` where the client gave one (vLLM's ids), else a random one; an
-    empty ``request_id`` is the client's 400."""
+def _response_id(prefix: str, req: Any, raw_request: Any) -> str:
+    """``prefix-ID`` where the client gave an id (its ``X-Request-Id`` header, else the
+    body's ``request_id``: vLLM's ids), else a random one; an empty one is the client's 400."""
     from forkless.entrypoints.openai.serving import _request_ids
 
-    return _request_ids(prefix, req.request_id)[0]
+    return _request_ids(prefix, req.request_id, raw_request)[0]
 
 
 def _refused_param(message: str) -> str:
@@ -249,7 +249,7 @@ class OpenAIServingPooling:
         from forkless.entrypoints.openai.serving import _request_ids
 
         # Unique in the engine even when two clients send the same request_id.
-        _, base_id = _request_ids(prefix, req.request_id)
+        _, base_id = _request_ids(prefix, req.request_id, raw_request)
         client = self.serving_client_key(req, raw_request)
         params_list = params if isinstance(params, list) else [params] * len(prompts)
         order = longest_first(prompts)  # submitted longest first, answered in input order
@@ -300,12 +300,13 @@ class OpenAIServingPooling:
         n = sum(len(o.prompt_token_ids) for o in outs)
         return UsageInfo(prompt_tokens=n, total_tokens=n)
 
-    def _encoded(self, outs: list[PoolingRequestOutput], req: EmbeddingRequest | PoolingRequest, prefix: str,
-                 response: type[EmbeddingResponse] | type[PoolingResponse],
+    def _encoded(self, outs: list[PoolingRequestOutput], req: EmbeddingRequest | PoolingRequest, raw_request: Any,
+                 prefix: str, response: type[EmbeddingResponse] | type[PoolingResponse],
                  item: Callable[[int, list[Any] | str], Any]) -> EmbeddingResponse | PoolingResponse | Response:
         """The response of pooled values in the request's ``encoding_format``: a JSON list of
         ``item(index, values)``, or the bytes of :func:`_bytes_response`."""
-        envelope = {"id": _response_id(prefix, req), "created": int(time.time()), "model": self.serving.model_name}
+        envelope = {"id": _response_id(prefix, req, raw_request), "created": int(time.time()),
+                    "model": self.serving.model_name}
         usage = self._usage(outs)
         if req.encoding_format in ("bytes", "bytes_only"):
             return _bytes_response(outs, req, {**envelope, "usage": usage.model_dump()})
@@ -318,7 +319,7 @@ class OpenAIServingPooling:
         prompts = await self._prompts(req, "/v1/embeddings")
         params = _params(task="embed", dimensions=req.dimensions, normalize=req.normalize)
         outs = await self._pool(prompts, params, raw_request, req, "embd")
-        return self._encoded(outs, req, "embd", EmbeddingResponse,
+        return self._encoded(outs, req, raw_request, "embd", EmbeddingResponse,
                              lambda i, values: EmbeddingData(index=i, embedding=values))
 
     async def create_pooling(self, req: PoolingRequest,
@@ -330,7 +331,8 @@ class OpenAIServingPooling:
         params = _params(task=req.task, dimensions=req.dimensions, normalize=req.normalize,
                          use_activation=req.use_activation)
         outs = await self._pool(prompts, params, raw_request, req, "pool")
-        return self._encoded(outs, req, "pool", PoolingResponse, lambda i, values: PoolingData(index=i, data=values))
+        return self._encoded(outs, req, raw_request, "pool", PoolingResponse,
+                             lambda i, values: PoolingData(index=i, data=values))
 
     async def _io_process(self, req: PoolingRequest, raw_request: Any) -> IOProcessorResponse:
         proc = self.io_processor
@@ -401,7 +403,7 @@ class OpenAIServingPooling:
             probs = o.outputs.data.reshape(-1)
             data.append(ClassificationData(index=i, label=self._label(int(np.argmax(probs))), probs=probs.tolist(),
                                            num_classes=len(probs)))
-        return ClassificationResponse(id=_response_id("classify", req), created=int(time.time()),
+        return ClassificationResponse(id=_response_id("classify", req, raw_request), created=int(time.time()),
                                       model=self.serving.model_name, data=data, usage=self._usage(outs))
 
     async def _scores(self, left: list[str], right: list[str], req: Any, raw_request: Any,
@@ -455,7 +457,8 @@ class OpenAIServingPooling:
         left, _ = self._texts(req, ("text_1", "queries", "data_1"))
         right, right_param = self._texts(req, ("text_2", "documents", "items", "data_2"))
         scores, tokens = await self._scores(left, right, req, raw_request, "score", right_param)
-        return ScoreResponse(id=_response_id("score", req), created=int(time.time()), model=self.serving.model_name,
+        return ScoreResponse(id=_response_id("score", req, raw_request), created=int(time.time()),
+                             model=self.serving.model_name,
                              data=[ScoreData(index=i, score=s) for i, s in enumerate(scores)],
                              usage=UsageInfo(prompt_tokens=tokens, total_tokens=tokens))
 
@@ -469,7 +472,7 @@ class OpenAIServingPooling:
         results = [RerankResult(index=i, relevance_score=scores[i],
                                 document=RerankDocument(text=documents[i]) if req.return_documents else None)
                    for i in order]
-        return RerankResponse(id=_response_id("rerank", req), model=self.serving.model_name,
+        return RerankResponse(id=_response_id("rerank", req, raw_request), model=self.serving.model_name,
                               usage=RerankUsage(prompt_tokens=tokens, total_tokens=tokens), results=results)
 
 
