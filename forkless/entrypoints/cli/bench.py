@@ -6,8 +6,9 @@ the same run and prints both rates and their ratio, and the workload's hardware 
 (``forkless.bench.floor``) next to the measured time; ``latency`` times batch-1 decode
 against the memory-bandwidth bound. ``--shape`` writes a model folder of a known shape
 (with ``--load-format dummy`` no weights are needed). ``serve`` is ``vllm bench serve``
-with its flag names and result table (``forkless.bench.serve``), against ``--base-url``
-or a ``forkless serve`` it starts.
+with its flag names, defaults, result table and JSON (``forkless.bench.serve``; a vLLM
+flag it lacks is an error naming it), against ``--base-url`` (or ``--host`` / ``--port``)
+or, with none of them, a ``forkless serve`` it starts.
 """
 
 from __future__ import annotations
@@ -186,12 +187,29 @@ def _weight_bytes(model: str, dtype: str) -> int:
 # -------------------------------------------------------------------------- serve
 
 
+#: vLLM's backends that are not generation over the OpenAI API (audio, pooling, rerank).
+_OTHER_BACKENDS = ("openai-audio", "openai-embeddings", "openai-embeddings-chat", "openai-embeddings-clip",
+                   "openai-embeddings-vlm2vec", "infinity-embeddings", "infinity-embeddings-clip", "vllm-pooling",
+                   "vllm-rerank")
+
+
 def _dataset(value: str) -> str:
     from forkless.bench.serve import DATASETS
 
     if value not in DATASETS:
         raise argparse.ArgumentTypeError(
-            f"unknown dataset {value!r}; forkless bench serve has: {', '.join(DATASETS)}")
+            f"unknown dataset {value!r}; forkless bench serve has: {', '.join(DATASETS)} (vLLM's sharegpt, custom, "
+            "sonnet, hf, ... read dataset files or the Hugging Face Hub, which this benchmark does not)")
+    return value
+
+
+def _backend(value: str) -> str:
+    from forkless.bench.serve import BACKENDS
+
+    if value not in BACKENDS:
+        why = (" is vLLM's audio / pooling / rerank benchmark" if value in _OTHER_BACKENDS else " is unknown")
+        raise argparse.ArgumentTypeError(f"backend {value!r}{why}; forkless bench serve benchmarks text "
+                                         f"generation: {', '.join(BACKENDS)}")
     return value
 
 
@@ -209,6 +227,13 @@ def _positive(kind: type) -> Any:
             raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
         return number
     return parse
+
+
+def _non_negative(value: str) -> int:
+    number = int(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return number
 
 
 def _ratio(value: str) -> float:
@@ -235,104 +260,339 @@ def _percentiles(value: str) -> list[float]:
     return values
 
 
+def _key_value(what: str) -> Any:
+    def parse(value: str) -> tuple[str, str]:
+        if "=" not in value:
+            raise argparse.ArgumentTypeError(f"Invalid {what} format. Please use KEY=VALUE format (got {value!r}).")
+        key, val = value.split("=", 1)
+        return key.strip(), val.strip()
+    return parse
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {value}") from None
+    if not isinstance(obj, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {value}")
+    return obj
+
+
+class _Refused(argparse.Action):
+    """A vLLM flag this benchmark does not have: an error naming it and why, at once."""
+
+    def __init__(self, option_strings: list[str], dest: str, why: str = "", **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs="*", help=argparse.SUPPRESS, **kwargs)
+        self.why = why
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        parser.error(f"{option_string} (a vllm bench serve flag) is not supported by forkless bench serve: "
+                     f"{self.why}")
+
+
+class _FlagListFormatter(argparse.HelpFormatter):
+    """Wraps the description and epilog without breaking a ``--flag-name`` at its hyphens."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        import textwrap
+
+        return textwrap.fill(" ".join(text.split()), width, initial_indent=indent, subsequent_indent=indent,
+                             break_on_hyphens=False)
+
+
+def _usage_error(message: str) -> SystemExit:
+    """A bad combination of flags: argparse's form (``error:`` on stderr, exit status 2)."""
+    import sys
+
+    print(f"forkless bench serve: error: {message}", file=sys.stderr)
+    return SystemExit(2)
+
+
 def _add_serve(sub: argparse._SubParsersAction) -> None:
+    import uuid
+
+    from forkless.bench.serve import UNSUPPORTED
+
     sv = sub.add_parser(
-        "serve", help="online serving, vllm bench serve's flags and table",
-        description="Streaming /v1/completions at a request rate against --base-url, or against a forkless "
-                    "serve started here (MODEL and --server-args ...), reported as vllm bench serve does.")
+        "serve", help="online serving, vllm bench serve's flags and table", formatter_class=_FlagListFormatter,
+        description="vllm bench serve's benchmark: streaming completions (or chat completions) of random "
+                    "prompts at a request rate against a running server (--base-url, or --host/--port), or "
+                    "against a forkless serve started here (MODEL and --server-args ...) when neither is given; "
+                    "reported as vllm bench serve does.",
+        epilog="vllm bench serve flags not supported here (each fails, saying why): "
+               + ", ".join(UNSUPPORTED) + "; --dataset-name has only random, --backend only openai, vllm and "
+               "openai-chat, --random-batch-size only 1.")
     sv.add_argument("model_pos", nargs="?", default=None, metavar="MODEL",
-                    help="model to serve when no --base-url is given (default: the embedded default model)")
-    sv.add_argument("--model", default=None,
-                    help="model name in the requests (with --base-url; default: the first of /v1/models); "
-                         "without --base-url, the model to serve")
-    sv.add_argument("--base-url", default=None, help="a running server, e.g. http://127.0.0.1:8000")
-    sv.add_argument("--tokenizer", default=None,
-                    help="a local model folder whose config.json gives the vocabulary the random ids are drawn from")
-    sv.add_argument("--dataset-name", type=_dataset, default="random", help="random (the only one here)")
-    sv.add_argument("--random-input-len", type=_positive(int), default=1024)
-    sv.add_argument("--random-output-len", type=_positive(int), default=128)
-    sv.add_argument("--random-range-ratio", type=_ratio, default=0.0,
-                    help="lengths uniform in [len*(1-r), len*(1+r)], 0 <= r < 1")
-    sv.add_argument("--num-prompts", type=_positive(int), default=1000)
-    sv.add_argument("--request-rate", type=_rate, default=math.inf,
-                    help="requests/s, Poisson arrivals (gamma with --burstiness); inf: all at once")
-    sv.add_argument("--burstiness", type=_positive(float), default=1.0,
-                    help="gamma shape of the arrival gaps; 1 = Poisson, < 1 burstier, > 1 more uniform")
-    sv.add_argument("--max-concurrency", type=_positive(int), default=None, help="most requests in flight")
-    sv.add_argument("--percentile-metrics", type=_csv_choice, default=["ttft", "tpot", "itl"],
-                    help="comma-separated, of ttft,tpot,itl,e2el (default ttft,tpot,itl)")
-    sv.add_argument("--metric-percentiles", type=_percentiles, default=[99.0], help="comma-separated (default 99)")
-    sv.add_argument("--ignore-eos", action="store_true",
-                    help="accepted for vLLM's sake: the random dataset always ignores EOS, as vLLM's does")
-    sv.add_argument("--temperature", type=float, default=None, help="sent when given (default: the server's)")
-    sv.add_argument("--num-warmups", type=int, default=0, help="requests sent (and not counted) before the run")
-    sv.add_argument("--seed", type=int, default=0, help="seeds the lengths, the ids and the arrival times")
-    sv.add_argument("--save-result", action="store_true", help="write the result JSON")
-    sv.add_argument("--result-dir", default=None)
-    sv.add_argument("--result-filename", default=None,
-                    help="default: openai-{rate}qps[-concurrency{N}]-{model}-{date}.json")
-    sv.add_argument("--label", default=None, help="the result file name's prefix (default: openai)")
-    sv.add_argument("--startup-timeout", type=float, default=300, help="seconds to wait for the server's /health")
+                    help="model to serve when no server is named (default: the embedded default model)")
+    target = sv.add_argument_group("server")
+    target.add_argument("--model", default=None,
+                        help="model name in the requests (against a running server; default: the first of "
+                             "/v1/models); without one, the model to serve")
+    target.add_argument("--served-model-name", default=None,
+                        help="the model field of the requests (with --model; vLLM's); a server started here "
+                             "serves the model under this name")
+    target.add_argument("--base-url", default=None, help="a running server, e.g. http://127.0.0.1:8000")
+    target.add_argument("--host", default=None,
+                        help="a running server's host (default 127.0.0.1 when --port is given): with --host or "
+                             "--port and no --base-url the base URL is http://HOST:PORT, as vLLM builds it; "
+                             "with none of the three a server is started here")
+    target.add_argument("--port", type=int, default=None, help="a running server's port (default 8000 when "
+                                                               "--host is given)")
+    target.add_argument("--backend", type=_backend, default="openai",
+                        help="openai or vllm: /v1/completions with the prompt's token ids; openai-chat: "
+                             "/v1/chat/completions with the prompt, decoded by the server's /detokenize, as one "
+                             "user message (default: openai)")
+    target.add_argument("--endpoint", default=None,
+                        help="the path posted to (default: the backend's, /v1/completions or "
+                             "/v1/chat/completions); it must end as the backend's does, as in vLLM")
+    target.add_argument("--header", nargs="*", type=_key_value("header"), default=None, metavar="KEY=VALUE",
+                        help="extra HTTP headers of every request, e.g. Authorization='Bearer KEY' (they "
+                             "override OPENAI_API_KEY's Authorization; x-request-id overrides them)")
+    target.add_argument("--ready-check-timeout-sec", type=_non_negative, default=0,
+                        help="> 0: first send one prompt until it succeeds, for up to this many seconds "
+                             "(default 0: no check, as vLLM's)")
+    target.add_argument("--startup-timeout", type=float, default=300,
+                        help="seconds to wait for a server started here to answer /health")
+    target.add_argument("--tokenizer", default=None,
+                        help="a local model folder whose config.json gives the vocabulary the random ids are "
+                             "drawn from (it names the tokenizer in the result JSON)")
+    target.add_argument("--tokenizer-mode", default="auto",
+                        help="accepted for vLLM's sake: no client tokenizer is loaded (prompts are token ids)")
+    target.add_argument("--trust-remote-code", action="store_true",
+                        help="accepted for vLLM's sake: no client tokenizer is loaded (prompts are token ids)")
+
+    data = sv.add_argument_group("random dataset")
+    data.add_argument("--dataset-name", type=_dataset, default="random", help="random (the only one here)")
+    data.add_argument("--num-prompts", type=_positive(int), default=1000)
+    data.add_argument("--input-len", type=_positive(int), default=None, help="sets --random-input-len (vLLM's)")
+    data.add_argument("--output-len", type=_positive(int), default=None, help="sets --random-output-len (vLLM's)")
+    data.add_argument("--random-input-len", type=_positive(int), default=1024)
+    data.add_argument("--random-output-len", type=_positive(int), default=128)
+    data.add_argument("--random-range-ratio", type=_ratio, default=0.0,
+                      help="lengths uniform in [len*(1-r), len*(1+r)], 0 <= r < 1")
+    data.add_argument("--random-prefix-len", type=_non_negative, default=0,
+                      help="this many random tokens, the same in every request, before its random prompt "
+                           "(the range ratio does not apply to them)")
+    data.add_argument("--random-batch-size", type=_positive(int), default=1,
+                      help="1 only: vLLM batches prompts for its embedding backends, which are not here")
+    data.add_argument("--seed", type=int, default=0, help="seeds the lengths, the ids and the arrival times")
+
+    traffic = sv.add_argument_group("traffic")
+    traffic.add_argument("--request-rate", type=_rate, default=math.inf,
+                         help="requests/s, Poisson arrivals (gamma with --burstiness); inf: all at once")
+    traffic.add_argument("--burstiness", type=_positive(float), default=1.0,
+                         help="gamma shape of the arrival gaps; 1 = Poisson, < 1 burstier, > 1 more uniform")
+    traffic.add_argument("--max-concurrency", type=_positive(int), default=None, help="most requests in flight")
+    traffic.add_argument("--ramp-up-strategy", choices=("linear", "exponential"), default=None,
+                         help="raise the rate from --ramp-up-start-rps to --ramp-up-end-rps over the run "
+                              "(not with --request-rate)")
+    traffic.add_argument("--ramp-up-start-rps", type=int, default=None)
+    traffic.add_argument("--ramp-up-end-rps", type=int, default=None)
+    traffic.add_argument("--num-warmups", type=int, default=0, help="requests sent (and not counted) before the run")
+    traffic.add_argument("--request-id-prefix", default=f"bench-{uuid.uuid4().hex[:8]}-",
+                         help="request i goes out with the header x-request-id: PREFIX{i} (default bench-XXXXXXXX-)")
+    traffic.add_argument("--lora-modules", nargs="+", default=None,
+                         help="each request names one of these (served LoRA adapters) as its model")
+    traffic.add_argument("--lora-assignment", choices=("random", "round-robin"), default="random",
+                         help="how --lora-modules are given out: at random (seeded) or in turn")
+
+    sampling = sv.add_argument_group("sampling (each sent only when given)")
+    sampling.add_argument("--ignore-eos", action="store_true",
+                          help="accepted for vLLM's sake: the random dataset always ignores EOS, as vLLM's does")
+    for flag, kind in (("--temperature", float), ("--top-p", float), ("--top-k", int), ("--min-p", float),
+                       ("--frequency-penalty", float), ("--presence-penalty", float),
+                       ("--repetition-penalty", float)):
+        sampling.add_argument(flag, type=kind, default=None)
+    sampling.add_argument("--logprobs", type=int, default=None,
+                          help="logprobs of each completion token (completions only: vLLM's openai-chat does not "
+                               "send it either)")
+    sampling.add_argument("--extra-body", type=_json_object, default=None,
+                          help="a JSON object merged into every request body (after the flags above)")
+    sampling.add_argument("--use-beam-search", action="store_true",
+                          help="accepted for vLLM's sake, and ignored as vLLM's bench serve ignores it")
+
+    report = sv.add_argument_group("report")
+    report.add_argument("--percentile-metrics", type=_csv_choice, default=["ttft", "tpot", "itl"],
+                        help="comma-separated, of ttft,tpot,itl,e2el,client_queue_time,e2el_including_client_queue "
+                             "(default ttft,tpot,itl; the last two need --max-concurrency)")
+    report.add_argument("--metric-percentiles", type=_percentiles, default=[99.0], help="comma-separated (default 99)")
+    report.add_argument("--goodput", nargs="+", default=None, metavar="KEY:MS",
+                        help="SLOs (ms) of ttft, tpot, e2el: requests/s that met all of them is the "
+                             "request goodput")
+    report.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    report.add_argument("--save-result", action="store_true", help="write the result JSON")
+    report.add_argument("--save-detailed", action="store_true",
+                        help="keep the per-request lists in it (input_lens, output_lens, start_times, ttfts, itls, "
+                             "generated_texts, errors)")
+    report.add_argument("--append-result", action="store_true",
+                        help="append the result JSON to the file (a line of its own) instead of overwriting it")
+    report.add_argument("--metadata", nargs="*", type=_key_value("metadata"), default=None, metavar="KEY=VALUE",
+                        help="extra keys of the result JSON")
+    report.add_argument("--result-dir", default=None)
+    report.add_argument("--result-filename", default=None,
+                        help="default: {label}-{rate}qps[-concurrency{N}]-{model}-{date}.json")
+    report.add_argument("--label", default=None, help="the result file name's prefix (default: the backend)")
     sv.add_argument("--server-args", nargs=argparse.REMAINDER, default=[],
-                    help="everything after this goes to forkless serve")
+                    help="everything after this goes to the forkless serve started here")
+    for flag, why in UNSUPPORTED.items():
+        sv.add_argument(flag, action=_Refused, why=why)
     sv.set_defaults(func=run_serve)
+
+
+def _check_serve_args(args: argparse.Namespace) -> tuple[str, int, int] | None:
+    """vLLM's checks of the flags' combinations (its messages); the ramp-up, if any."""
+    from forkless.bench.serve import BACKENDS, parse_goodput
+
+    if args.random_batch_size != 1:
+        raise _usage_error(f"--random-batch-size {args.random_batch_size}: vLLM batches random prompts only for "
+                           "its embedding backends, which forkless bench serve does not have (1 only)")
+    if args.server_args and (args.base_url or args.host or args.port is not None):
+        raise _usage_error("--server-args start a server here; they cannot go with --base-url, --host or --port, "
+                           "which name a running one")
+    suffix = BACKENDS[args.backend][1]
+    if args.endpoint is not None and not args.endpoint.endswith((suffix, "profile")):
+        raise _usage_error(f"--endpoint {args.endpoint}: the {args.backend} backend's URL must end with {suffix}")
+    try:
+        args.goodput_slos = parse_goodput(args.goodput or [])
+    except ValueError as exc:
+        raise _usage_error(f"--goodput: {exc}") from None
+    if args.ramp_up_strategy is None:
+        return None
+    if not math.isinf(args.request_rate):
+        raise _usage_error("When using ramp-up, do not specify --request-rate. The request rate will be controlled "
+                           "by ramp-up parameters. Please remove the --request-rate argument.")
+    start, end = args.ramp_up_start_rps, args.ramp_up_end_rps
+    if start is None or end is None:
+        raise _usage_error("When using --ramp-up-strategy, both --ramp-up-start-rps and --ramp-up-end-rps must be "
+                           "specified")
+    if start < 0 or end < 0:
+        raise _usage_error("Ramp-up start and end RPS must be non-negative")
+    if start > end:
+        raise _usage_error("Ramp-up start RPS must be less than end RPS")
+    if args.ramp_up_strategy == "exponential" and start == 0:
+        raise _usage_error("For exponential ramp-up, the start RPS cannot be 0.")
+    if start == 0:
+        # vLLM accepts it here and then fails on the first request's rate of 0.
+        raise _usage_error("--ramp-up-start-rps 0: the first request's rate would be 0 requests/s")
+    return args.ramp_up_strategy, start, end
+
+
+def _model_id(base_url: str, headers: dict[str, str] | None, wait: float) -> str:
+    """The first model of a running server, asked again for up to ``wait`` seconds
+    (the ready check's time) while it does not answer."""
+    import time
+
+    import httpx
+
+    from forkless.bench.serve import READY_RETRY_S, served_model
+
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return served_model(base_url, headers)
+        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
+            if time.monotonic() >= deadline:
+                raise SystemExit(f"forkless bench serve: no model list at {base_url}/v1/models: {exc}") from None
+        time.sleep(min(READY_RETRY_S, max(0.0, deadline - time.monotonic())))
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from datetime import datetime
 
-    import httpx
-
     from forkless.bench import serve as bs
 
+    ramp_up = _check_serve_args(args)
+    headers = dict(args.header or [])
+    if args.input_len is not None:
+        args.random_input_len = args.input_len
+    if args.output_len is not None:
+        args.random_output_len = args.output_len
     model_arg = args.model or args.model_pos
     proc = None
     startup = None
-    if args.base_url is None:
+    if args.base_url is not None:
+        base_url = args.base_url.rstrip("/").removesuffix("/v1")
+    elif args.host is not None or args.port is not None:
+        # vLLM's base URL when there is no --base-url; a bracketed host for IPv6.
+        host = args.host or "127.0.0.1"
+        base_url = f"http://{f'[{host}]' if ':' in host else host}:{8000 if args.port is None else args.port}"
+    else:
         log = tempfile.NamedTemporaryFile("wb", prefix="forkless-serve-", suffix=".log", delete=False)
         port = bs.free_port()
-        serve_args = [*([model_arg] if model_arg else []), "--uvicorn-log-level", "warning", *args.server_args]
+        named = ["--served-model-name", args.served_model_name] if args.served_model_name else []
+        serve_args = [*([model_arg] if model_arg else []), "--uvicorn-log-level", "warning", *named,
+                      *args.server_args]
         proc, startup = bs.start_server(serve_args, port, log, timeout=args.startup_timeout)
         base_url = f"http://127.0.0.1:{port}"
         print(f"start -> /health OK: {startup:.2f} s; server log {log.name}", flush=True)
-    else:
-        base_url = args.base_url.rstrip("/").removesuffix("/v1")
     try:
-        try:
-            model_id = (args.model if proc is None else None) or bs.served_model(base_url)
-        except (httpx.HTTPError, ValueError, KeyError, IndexError) as exc:
-            raise SystemExit(f"forkless bench serve: no model list at {base_url}/v1/models: {exc}") from None
-        vocab_from = args.tokenizer or (model_arg if args.base_url is None else args.model)
+        if proc is None and args.model:
+            model_id = args.model
+        else:
+            model_id = _model_id(base_url, headers, args.ready_check_timeout_sec)
+        # vLLM's --served-model-name renames the requests' model only when --model names it.
+        model_name = args.served_model_name if proc is None and args.model and args.served_model_name else model_id
+        vocab_from = args.tokenizer or (model_arg if proc is not None else args.model)
         requests = bs.random_requests(args.num_prompts, args.random_input_len, args.random_output_len,
-                                      args.random_range_ratio, bs.vocab_size_of(vocab_from), args.seed)
-        extra = {} if args.temperature is None else {"temperature": args.temperature}
-        print(f"Traffic request rate: {args.request_rate}\nBurstiness factor: {args.burstiness} "
+                                      args.random_range_ratio, bs.vocab_size_of(vocab_from), args.seed,
+                                      args.random_prefix_len, args.request_id_prefix)
+        sampling = {k: v for k, v in (("top_p", args.top_p), ("top_k", args.top_k), ("min_p", args.min_p),
+                                      ("temperature", args.temperature),
+                                      ("frequency_penalty", args.frequency_penalty),
+                                      ("presence_penalty", args.presence_penalty),
+                                      ("repetition_penalty", args.repetition_penalty)) if v is not None}
+        names = (bs.lora_names(args.lora_modules, len(requests), args.lora_assignment, args.seed)
+                 if args.lora_modules else None)
+        if ramp_up is not None:
+            print(f"Traffic ramp-up strategy: {ramp_up[0]}.\nWill increase RPS from {ramp_up[1]} to {ramp_up[2]} "
+                  "RPS over the duration of the benchmark.", flush=True)
+        else:
+            print(f"Traffic request rate: {args.request_rate}", flush=True)
+        print(f"Burstiness factor: {args.burstiness} "
               f"({'Poisson process' if args.burstiness == 1.0 else 'Gamma distribution'})\n"
               f"Maximum request concurrency: {args.max_concurrency}", flush=True)
-        run = asyncio.run(bs.run_requests(base_url, model_id, requests, args.request_rate, args.burstiness,
-                                          args.max_concurrency, ignore_eos=True, seed=args.seed, extra_body=extra,
-                                          num_warmups=args.num_warmups))
+        run = asyncio.run(bs.run_requests(
+            base_url, model_name, requests, args.request_rate, args.burstiness, args.max_concurrency,
+            ignore_eos=True, seed=args.seed, extra_body=sampling | (args.extra_body or {}),
+            num_warmups=args.num_warmups, backend=args.backend, endpoint=args.endpoint, headers=headers,
+            logprobs=args.logprobs, ramp_up=ramp_up, model_names=names, progress=not args.disable_tqdm,
+            ready_check_timeout=args.ready_check_timeout_sec))
     finally:
         if proc is not None:
             bs.stop_server(proc)
-    metrics = bs.calculate_metrics(run, args.percentile_metrics, args.metric_percentiles)
-    for err in metrics["errors"][:10]:
-        print(f"failed request: {err}")
+    metrics = bs.calculate_metrics(run, args.percentile_metrics, args.metric_percentiles, args.goodput_slos,
+                                   args.max_concurrency, args.request_rate)
+    failed = [e for o, e in zip(run.outputs, metrics["errors"]) if not o.success]
+    if failed:
+        print("Failed requests during benchmark run detected (capping to 10):")
+        for i, err in enumerate(failed[:10]):
+            print(f"Error {i}: {err}")
     print(bs.format_result(metrics, args.percentile_metrics, args.metric_percentiles, args.max_concurrency,
                            args.request_rate))
     date = datetime.now().strftime("%Y%m%d-%H%M%S")
-    result = {"date": date, "endpoint_type": "openai", "backend": "openai", "label": args.label,
-              "model_id": model_id, "tokenizer_id": args.tokenizer or model_id, "num_prompts": args.num_prompts,
-              "request_rate": args.request_rate if not math.isinf(args.request_rate) else "inf",
-              "burstiness": args.burstiness, "max_concurrency": args.max_concurrency}
-    result |= {k: v for k, v in metrics.items() if k != "errors"}
+    result = {"date": date, "endpoint_type": args.backend, "backend": args.backend, "label": args.label,
+              "model_id": model_id, "tokenizer_id": args.tokenizer or model_id, "num_prompts": args.num_prompts}
+    result |= dict(args.metadata or [])
+    result |= {"request_rate": args.request_rate if not math.isinf(args.request_rate) else "inf",
+               "burstiness": args.burstiness, "max_concurrency": args.max_concurrency}
+    if ramp_up is not None:
+        result |= {"ramp_up_strategy": ramp_up[0], "ramp_up_start_rps": ramp_up[1], "ramp_up_end_rps": ramp_up[2]}
+    result |= metrics
+    if not args.save_detailed:
+        for key in bs.DETAILED_KEYS:
+            result.pop(key, None)
     if startup is not None:
         result["server_startup_s"] = startup
-    if args.save_result:
+    if args.save_result or args.append_result:
         name = args.result_filename or bs.result_filename(model_id, args.request_rate, args.max_concurrency, date,
-                                                          args.label)
+                                                          args.label, args.backend, ramp_up)
         path = Path(args.result_dir or ".") / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result))
+        with open(path, "a+" if args.append_result else "w", encoding="utf-8") as out:
+            if args.append_result and out.tell() != 0:
+                out.write("\n")  # one result a line (vLLM's)
+            json.dump(result, out)
         print(f"result written to {path}")
     return 0 if metrics["failed"] == 0 else 1
