@@ -193,6 +193,27 @@ def test_what_is_refused_passes_at_a_value_that_changes_nothing(server: Server) 
     assert httpx.post(server.url + "/v1/responses", json=body, timeout=30).status_code == 200
 
 
+def test_stream_options_turning_obfuscation_off_is_accepted(server: Server) -> None:
+    # OpenAI's Responses stream_options has one key, include_obfuscation; false (to save
+    # bandwidth) changes nothing here, no stream being obfuscated, as GET's
+    # include_obfuscation=false. It was a 400 that spoke of chat's usage option.
+    client = server.client()
+    kwargs = dict(model="tiny", input="Hi", max_output_tokens=2, stream=True)
+    for options in ({"include_obfuscation": False}, {}):
+        events = list(client.responses.create(stream_options=options, **kwargs))
+        assert events[-1].type == "response.incomplete"
+        events = list(client.responses.create(stream_options=options, background=True, **kwargs))
+        assert events[-1].type == "response.incomplete"
+    for options in ({"include_obfuscation": True}, {"include_usage": True}):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.responses.create(stream_options=options, **kwargs)
+        assert info.value.body["param"] == "stream_options" and "include_obfuscation" in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="tiny", input="Hi", max_output_tokens=2,
+                                stream_options={"include_obfuscation": False})
+    assert info.value.body["param"] == "stream_options" and "stream" in info.value.message
+
+
 @pytest.fixture(scope="module")
 def tool_server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = start_server(tiny_llama, tmp_path_factory.mktemp("responses-tools"), "--logits-processors", FORCE,

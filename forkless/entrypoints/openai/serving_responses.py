@@ -79,7 +79,10 @@ _REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "conversation": ((None,), "chain responses with previous_response_id"),
     "prompt": ((None,), "prompt templates are not stored here; send input"),
     "max_tool_calls": ((None,), "the model's tool calls are not limited here"),
-    "stream_options": ((None,), "a streamed response always ends with its usage"),
+    # (OpenAI's has one key: include_obfuscation, whose false changes nothing here.)
+    "stream_options": ((None, {}, {"include_obfuscation": False}),
+                       "it takes include_obfuscation alone, and only false: no stream is obfuscated here (and a "
+                       "streamed response always ends with its usage)"),
     "include_reasoning": ((None, True), "reasoning items are always returned"),
     "enable_response_messages": ((None, False), "the response's input and output messages are not returned"),
     "previous_input_messages": ((None,), "chain responses with previous_response_id"),
@@ -344,6 +347,8 @@ class OpenAIServingResponses:
             # (Refused before the engine takes it; storing it checks again.)
             self.store.check_room()
         extra = req.model_extra or {}
+        if extra.get("stream_options") is not None and not req.stream:
+            raise BadRequest("stream_options can only be given with stream=true", "stream_options")
         self.chat.ignored_fields.note([name for name, value in extra.items()
                                        if not reject_field(name, value, _REFUSED)])
         # effort goes to the chat template (chat's reasoning_effort); OpenAI's other keys
