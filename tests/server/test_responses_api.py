@@ -816,25 +816,64 @@ def test_cancelling_a_background_response_aborts_its_request(long_server: Server
 def test_deleting_a_background_response_aborts_it_for_good(long_server: Server) -> None:
     client = long_server.client()
     response_id = _started_in_background(long_server)
+    # Readers that follow it (from the first, from later, past its end) end with it, in
+    # order, each where it started.
+    threads, got = _follow_in_threads(long_server, response_id, [None, 0, 4, 10**17])
+    assert wait_until(lambda: all(len(got[after]) > 6 for after in (None, 0, 4)), 30, 0.05)
     gone = httpx.delete(f"{long_server.url}/v1/responses/{response_id}", timeout=30)
     assert gone.status_code == 200 and gone.json() == {"id": response_id, "object": "response", "deleted": True}
+    for thread in threads:
+        thread.join(10)
+    assert not any(thread.is_alive() for thread in threads)
+    events = got[None]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.cancelled" and events[-1]["response"]["id"] == response_id
+    assert (got[0], got[4], got[10**17]) == (events[1:], events[5:], [])
     assert wait_until(lambda: _running(long_server) == 0, 10, 0.05)
     # Its end, cancelled, was not stored again after the delete.
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(response_id)
 
 
+def _follow_in_threads(srv: Server, response_id: str, starting_after: list[int | None]) -> tuple[list, dict]:
+    """Readers of a background response's events (GET ?stream=true), each in a thread:
+    the threads, and each reader's events (by its starting_after) as they come."""
+    import threading
+
+    got: dict = {after: [] for after in starting_after}
+
+    def read(after: int | None) -> None:
+        query = "" if after is None else f"&starting_after={after}"
+        with httpx.stream("GET", f"{srv.url}/v1/responses/{response_id}?stream=true{query}", timeout=30) as resp:
+            for event in _events(resp):
+                got[after].append(event)
+
+    threads = [threading.Thread(target=read, args=(after,), daemon=True) for after in starting_after]
+    for thread in threads:
+        thread.start()
+    return threads, got
+
+
 def test_shutdown_cancels_the_background_responses(long_model: Path, tmp_path: Path) -> None:
     # They have no connection for the drain to wait on: the server cancels them (their
-    # engine requests aborted) before it stops the engine, and exits cleanly.
+    # engine requests aborted) before it stops the engine, and exits cleanly; their
+    # readers end with response.cancelled, not held open until the drain gives up.
+    import signal
+
     srv = _start_long_server(long_model, tmp_path)
     try:
-        _started_in_background(srv)
+        response_id = _started_in_background(srv)
+        threads, got = _follow_in_threads(srv, response_id, [None, 1])
+        assert wait_until(lambda: all(len(events) > 3 for events in got.values()), 30, 0.05)
     finally:
-        rc = stop_and_check(srv)
+        rc = stop_and_check(srv, signal.SIGINT, timeout=30)
     log = srv.log()
     assert rc == 0, log[-3000:]
     assert "cancelled 1 background response(s)" in log and "Traceback" not in log, log[-3000:]
+    for thread in threads:
+        thread.join(10)
+    assert not any(thread.is_alive() for thread in threads)
+    assert got[None][-1]["type"] == "response.cancelled" and got[1] == got[None][2:]
 
 
 def _long_background_stream(srv: Server, **fields) -> httpx.Response:
