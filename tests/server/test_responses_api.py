@@ -686,6 +686,32 @@ def test_the_events_of_a_background_response_are_kept_within_a_bound() -> None:
     asyncio.run(scenario())
 
 
+def test_the_running_background_responses_events_share_one_bound() -> None:
+    # Many long background responses cannot make the API server hold more than the
+    # budget's characters of events between them: the one adding drops its oldest.
+    from forkless.entrypoints.openai.serving_responses import EventBudget, ResponseEvents, _event
+
+    events = [_event("response.output_text.delta", i, delta="x" * 40) for i in range(30)]
+    size = len(events[0])
+    budget = EventBudget(limit=16 * size)
+    a, b = ResponseEvents(max_chars=12 * size, budget=budget), ResponseEvents(max_chars=12 * size, budget=budget)
+    for event in events[:10]:
+        a.add(event)
+    assert a.first == 0 and budget.chars == a.chars == 10 * size  # under both bounds: all kept
+    for event in events:
+        b.add(event)
+        assert budget.chars == a.chars + b.chars <= 16 * size
+    assert a.first == 0 and b.first > 0  # b, the one adding, gave up its oldest
+    assert b.next_sequence == 30 and b.events[-1] == events[-1] and b.chars <= 6 * size
+    a.end()  # an ended response's events are the store's to count
+    assert budget.chars == b.chars
+    for event in events[:20]:
+        b.add(event)
+    assert 6 * size < b.chars <= 12 * size  # the room a left is b's now, within its own bound
+    b.end()
+    assert budget.chars == 0
+
+
 def test_the_store_never_drops_a_running_background_response() -> None:
     from forkless.entrypoints.openai.errors import BadRequest
     from forkless.entrypoints.openai.serving_responses import ResponseEvents, ResponsesStore, _event

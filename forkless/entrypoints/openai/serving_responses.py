@@ -34,8 +34,9 @@ Invariants:
       While it has not ended it is never dropped from the store: a new one that finds
       the store full of running ones is a 429.
     * A background response's events are kept with it (:class:`ResponseEvents`, at most
-      :data:`MAX_EVENT_CHARS` characters of them, the oldest dropped; once it has ended
-      they count in the store's characters) and go with it. ``stream`` on the ``POST``
+      :data:`MAX_EVENT_CHARS` characters of them, and :data:`MAX_RUNNING_EVENT_CHARS`
+      of all the running ones' together, the oldest dropped; once it has ended they
+      count in the store's characters) and go with it. ``stream`` on the ``POST``
       and ``GET ...?stream=true&starting_after=N`` read them: those kept, then each as it
       comes, to the end, which a cut-short response marks with ``response.cancelled``.
       A reader is never the run: the client leaving ends the reader alone.
@@ -99,6 +100,8 @@ MAX_STORED_CHARS = 256 << 20
 _UNFINISHED = ("queued", "in_progress")
 # The characters of events one background response keeps (the oldest dropped past them).
 MAX_EVENT_CHARS = 16 << 20
+# ... and all the running ones together (an ended one's count in the store's characters).
+MAX_RUNNING_EVENT_CHARS = 256 << 20
 # The events that end a response's stream.
 _FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed", "response.cancelled")
 
@@ -170,7 +173,7 @@ class ResponsesStore:
 
     def settle(self, response_id: str) -> None:
         """Count an ended background response's events in the store's characters (they
-        are not while it runs: :data:`MAX_EVENT_CHARS` bounds them), dropping the oldest
+        are not while it runs: :class:`EventBudget` bounds them), dropping the oldest
         ended responses for them; events that alone would not fit are dropped, the
         response kept."""
         entry = self._items.get(response_id)
@@ -222,6 +225,14 @@ class ResponsesStore:
 
 
 @dataclass
+class EventBudget:
+    """The characters of events the running background responses keep, together."""
+
+    limit: int = MAX_RUNNING_EVENT_CHARS
+    chars: int = 0
+
+
+@dataclass
 class _Stored:
     response: dict[str, Any]
     conversation: list[dict[str, Any]]
@@ -234,13 +245,18 @@ class ResponseEvents:
     ``sequence_number``), kept for ``POST`` with ``stream`` and ``GET ...?stream=true``:
     readers (:meth:`follow`) replay those kept and wait for the next ones.
 
-    At most ``max_chars`` characters of them are kept: past that the oldest are dropped
-    (a quarter of them at a time), so that a replay from before the oldest kept is refused
-    and a reader that falls that far behind is ended with an ``error`` event.
+    At most ``max_chars`` characters of them are kept, and, while the response runs, at
+    most ``budget.limit`` characters of every running response's together (so that many
+    long background responses cannot exhaust the API server's memory): past either the
+    adding response's oldest are dropped (a quarter of them at a time, and at least the
+    excess), so that a replay from before the oldest kept is refused and a reader that
+    falls that far behind is ended with an ``error`` event. Ending gives the events'
+    characters back to the budget (the store counts them then).
     """
 
-    def __init__(self, max_chars: int = MAX_EVENT_CHARS) -> None:
+    def __init__(self, max_chars: int = MAX_EVENT_CHARS, budget: "EventBudget | None" = None) -> None:
         self.max_chars = max_chars
+        self.budget = budget
         self.chars = 0
         self.first = 0  # the sequence number of events[0]
         self.events: list[str] = []
@@ -261,19 +277,29 @@ class ResponseEvents:
         self.events.append(event)
         self.chars += len(event)
         self.last_type = event[len("event: "):event.index("\n")]
-        if self.chars > self.max_chars:
-            keep = self.max_chars * 3 // 4
+        over = self.chars - self.max_chars
+        if self.budget is not None:
+            self.budget.chars += len(event)
+            over = max(over, self.budget.chars - self.budget.limit)
+        if over > 0:
+            keep = min(self.chars - over, self.max_chars) * 3 // 4
             drop = 0
+            before = self.chars
             while drop < len(self.events) - 1 and self.chars > keep:
                 self.chars -= len(self.events[drop])
                 drop += 1
             del self.events[:drop]
             self.first += drop
+            if self.budget is not None:
+                self.budget.chars -= before - self.chars
         self._wake()
 
     def end(self) -> None:
         """No more events come: the readers end after the last."""
         self.ended = True
+        if self.budget is not None:
+            self.budget.chars -= self.chars
+            self.budget = None
         self._wake()
 
     def _wake(self) -> None:
@@ -332,6 +358,7 @@ class OpenAIServingResponses:
         self.store = ResponsesStore(envs.FORKLESS_RESPONSES_STORE_SIZE)
         # Background responses still running, by response id.
         self._background: dict[str, _BackgroundRun] = {}
+        self._event_budget = EventBudget()
 
     # -- request -------------------------------------------------------------------------
     def _chat_request(self, req: ResponsesRequest) -> tuple[ChatCompletionRequest, list[dict[str, Any]]]:
@@ -555,7 +582,7 @@ class OpenAIServingResponses:
         created = int(time.time())
         queued = self._response(req, [], "queued", None, response_id, created)
         queued["usage"] = None  # (as a stream's first events say: nothing counted yet)
-        events = ResponseEvents()
+        events = ResponseEvents(budget=self._event_budget)
         try:
             self.store.put(queued, conversation, events)
         except BadRequest:
