@@ -547,7 +547,9 @@ class OpenAIServingResponses:
         if not response.get("background"):
             raise BadRequest("cannot cancel a synchronous response: only background responses (background: "
                              "true) can be cancelled", "response_id")
-        if response_id not in self._background and response["status"] != "cancelled":
+        # By the stored status: a run whose task has just ended may still be in
+        # _background until its done-callback runs.
+        if response["status"] not in (*_UNFINISHED, "cancelled"):
             raise BadRequest(f"cannot cancel response {response_id!r}: it has ended ({response['status']})",
                              "response_id")
         await self._stop_background(response_id)
