@@ -28,6 +28,7 @@ from forkless.json_arg import json_object_arg
 from forkless.kv_transfer.config import KVTransferConfig
 from forkless.logger import init_logger
 from forkless.pooling.config import CONVERTS, RUNNERS, PoolerConfig
+from forkless.reasoning.config import ReasoningConfig
 from forkless.sampling_params import SamplingParams
 from forkless.spec_decode.config import SpeculativeConfig
 from forkless.structured_output.config import StructuredOutputsConfig
@@ -325,6 +326,9 @@ class EngineConfig:
             ``None``: the defaults (backend ``auto``).
         kv_transfer_config: The KV connector (``--kv-transfer-config``), or ``None``.
         compilation_config: ``--compilation-config`` (its ``custom_ops``), or ``None``.
+        reasoning_config: The reasoning markers ``thinking_token_budget`` counts from and
+            forces (``--reasoning-config``, defaulting to ``--reasoning-parser``'s), or
+            ``None`` with neither flag.
     """
 
     model_config: ModelConfig
@@ -339,6 +343,7 @@ class EngineConfig:
     structured_outputs_config: StructuredOutputsConfig | None = None
     kv_transfer_config: KVTransferConfig | None = None
     compilation_config: CompilationConfig | None = None
+    reasoning_config: ReasoningConfig | None = None
 
     def to_builtins(self) -> dict[str, Any]:
         """Plain dicts/lists/scalars, ready for msgpack or JSON."""
@@ -432,6 +437,9 @@ class EngineArgs:
     # constraint starts after the reasoning.
     reasoning_parser: str | None = None
     reasoning_parser_plugin: str | None = None
+    # --reasoning-config: a JSON object (string), a dict or a ReasoningConfig, vLLM's keys
+    # (reasoning_start_str, reasoning_end_str, reasoning_parser): thinking_token_budget's markers.
+    reasoning_config: str | dict[str, Any] | ReasoningConfig | None = None
     # --kv-transfer-config: a JSON object (string), a dict or a KVTransferConfig, vLLM's keys.
     kv_transfer_config: str | dict[str, Any] | KVTransferConfig | None = None
     # --compilation-config: a JSON object (string) or a dict; only vLLM's custom_ops key.
@@ -823,6 +831,7 @@ class EngineArgs:
             structured_outputs_config=self._structured_outputs_config(),
             kv_transfer_config=self._kv_transfer_config(pooler is not None),
             compilation_config=self._compilation_config(),
+            reasoning_config=self._reasoning_config(),
         )
         current_platform.verify_model_arch(architecture)
         current_platform.check_and_update_config(config)
@@ -1030,6 +1039,36 @@ class EngineArgs:
             except KeyError as exc:  # RegistryError: its message lists the registered parsers
                 raise ValueError(f"--reasoning-parser: {exc.args[0] if exc.args else exc}") from None
         return so
+
+    def _reasoning_config(self) -> ReasoningConfig | None:
+        """``--reasoning-config`` parsed, with ``--reasoning-parser`` as its
+        ``reasoning_parser`` (vLLM's rule: the parser's markers are the defaults of the
+        config's); ``None`` with neither. The markers become token ids where the tokenizer
+        is (the front end's ``Processor``).
+
+        Raises:
+            ValueError: Invalid JSON or keys, an unknown reasoning parser (the message
+                lists the registered ones), or a reasoning parser given twice, differently.
+        """
+        rc = ReasoningConfig.from_json(self.reasoning_config)
+        parser = self.reasoning_parser or ""
+        if rc is None:
+            return ReasoningConfig(reasoning_parser=parser) if parser else None
+        if parser and rc.reasoning_parser and rc.reasoning_parser != parser:
+            raise ValueError(f"--reasoning-parser {parser!r} and --reasoning-config's reasoning_parser "
+                             f"{rc.reasoning_parser!r} disagree: give one")
+        if parser:
+            rc = dataclasses.replace(rc, reasoning_parser=parser)
+        elif rc.reasoning_parser:
+            from forkless.plugins import load_general_plugins
+            from forkless.reasoning import ReasoningParserManager
+
+            load_general_plugins()
+            try:  # an unknown name fails here (--reasoning-parser's is checked with structured outputs')
+                ReasoningParserManager.resolve(rc.reasoning_parser, self.reasoning_parser_plugin)
+            except KeyError as exc:  # RegistryError: its message lists the registered parsers
+                raise ValueError(f"--reasoning-config: {exc.args[0] if exc.args else exc}") from None
+        return rc
 
     def _kv_transfer_config(self, pooling: bool) -> KVTransferConfig | None:
         """``--kv-transfer-config`` parsed and its connector resolved (after the general

@@ -56,7 +56,6 @@ _UNSUPPORTED_ARGS: dict[str, tuple[tuple[Any, ...], str]] = {
     "prompt_logprob_start": ((None, 0), "prompt logprobs always start at the first prompt token"),
     "flat_logprobs": ((False,), "logprobs are always lists of dicts"),
     "stream_interval": ((None, 1), "every token is streamed"),
-    "thinking_token_budget": ((None, -1), "not implemented"),
     "repetition_detection": ((None,), "not implemented"),
     "trace_decode_token_ids": ((None,), "not implemented"),
     "routed_experts_prompt_start": ((0,), "routed experts are not returned"),
@@ -225,6 +224,14 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
             grammar (:class:`StructuredOutputsParams`); ``None``: unconstrained.
         bad_words_token_ids: ``bad_words`` as token sequences; filled by
             ``update_from_tokenizer`` (the model runner calls it when it is unset).
+        thinking_token_budget: The most reasoning tokens (vLLM's): once this many follow
+            the reasoning's start marker, the engine forces its end marker, and the model
+            answers. ``None`` (or -1): no limit. Needs the engine's reasoning markers
+            (``--reasoning-parser`` and / or ``--reasoning-config``).
+        reasoning_start_token_ids: The start marker's token ids; the engine fills both
+            markers from its reasoning configuration for a request with a budget, users
+            need not.
+        reasoning_end_token_ids: The end marker's token ids (forced when the budget is spent).
     """
 
     n: int = 1
@@ -255,6 +262,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
     eos_token_ids: list[int] | None = None
     bad_words_token_ids: list[list[int]] | None = None
     structured_outputs: StructuredOutputsParams | None = None
+    thinking_token_budget: int | None = None
+    reasoning_start_token_ids: list[int] | None = None
+    reasoning_end_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         # Normalize first so that validate() and every consumer see one spelling.
@@ -273,6 +283,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
         if isinstance(self.bad_words, (list, tuple)) and all(isinstance(w, str) for w in self.bad_words):
             # Duplicates would only be checked twice per step.
             self.bad_words = list(dict.fromkeys(self.bad_words))
+        if self.thinking_token_budget == -1 and _is_int(self.thinking_token_budget):
+            self.thinking_token_budget = None  # vLLM's spelling of "no limit"
         self.validate()
 
     @staticmethod
@@ -360,6 +372,13 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
             for seq in self.bad_words_token_ids
         ):
             raise _bad("bad_words_token_ids", self.bad_words_token_ids, "non-empty lists of token ids >= 0")
+        if self.thinking_token_budget is not None and not (
+                _is_int(self.thinking_token_budget) and self.thinking_token_budget >= 0):
+            raise _bad("thinking_token_budget", self.thinking_token_budget, "an integer >= 0, or -1 for no limit")
+        for name in ("reasoning_start_token_ids", "reasoning_end_token_ids"):
+            ids = getattr(self, name)
+            if ids is not None and not (isinstance(ids, list) and ids and all(_is_int(t) and t >= 0 for t in ids)):
+                raise _bad(name, ids, "a non-empty list of token ids >= 0")
         for name in ("stop_token_ids", "eos_token_ids"):
             ids = getattr(self, name)
             if ids is not None and not all(_is_int(t) and t >= 0 for t in ids):

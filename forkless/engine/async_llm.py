@@ -252,6 +252,7 @@ class AsyncLLM:
 
         def load() -> None:
             self.output_processor  # noqa: B018 (loads the tokenizer)
+            self.processor.reasoning_token_ids  # noqa: B018 (a --reasoning-config that fails fails the start)
             if while_starting is not None:
                 while_starting()
 

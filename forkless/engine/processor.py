@@ -166,6 +166,13 @@ class ProcessedRequest:
     pooling_params: PoolingParams | None = None
 
 
+# vLLM's refusal of a request with a thinking_token_budget by an engine without reasoning
+# markers (its InputProcessor's words).
+THINKING_BUDGET_WITHOUT_REASONING = (
+    "thinking_token_budget is set but reasoning_config is not configured. Please set --reasoning-parser "
+    "and/or --reasoning-config to use thinking_token_budget.")
+
+
 class NoChatTemplateError(ValueError):
     """The model has no chat template and the caller gave none."""
 
@@ -195,6 +202,9 @@ class Processor:
         self._lora_reload: set[int] = set()
         self._lora_shapes: dict[str, tuple[int, int]] | None = None
         self._config_json: dict[str, Any] | None = None
+        # The reasoning markers' token ids (reasoning_token_ids), once resolved.
+        self._reasoning_ids: tuple[list[int], list[int]] | None = None
+        self._reasoning_resolved = False
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -208,6 +218,30 @@ class Processor:
             # Importing transformers makes this one of the slow steps of a start.
             logger.info("loaded the tokenizer in %.1f s: %s", time.perf_counter() - started, path)
         return self._tokenizer
+
+    @property
+    def reasoning_token_ids(self) -> tuple[list[int], list[int]] | None:
+        """The reasoning's start and end markers as token ids (``--reasoning-config``, else
+        ``--reasoning-parser``'s markers), which ``thinking_token_budget`` counts from and
+        forces; ``None`` when the engine has none. Resolved once, with the tokenizer (the
+        API server asks at start, so that a bad marker fails the start).
+
+        Raises:
+            ValueError: A marker string encodes to no token.
+        """
+        if not self._reasoning_resolved:
+            rc = self.config.reasoning_config
+            ids = None
+            if rc is not None:
+                so = self.config.structured_outputs_config
+                ids = rc.token_ids(self.tokenizer, so.reasoning_parser_plugin if so is not None else "")
+                if ids is None:  # vLLM's warning: its requests with a budget are refused too
+                    logger.warning("the reasoning markers are unknown: the %r reasoning parser names no "
+                                   "reasoning_start_str / reasoning_end_str, so requests with a "
+                                   "thinking_token_budget are refused (give them with --reasoning-config)",
+                                   rc.reasoning_parser)
+            self._reasoning_ids, self._reasoning_resolved = ids, True
+        return self._reasoning_ids
 
     # --------------------------------------------------------------------- prompts
 
@@ -350,6 +384,8 @@ class Processor:
         mc = self.config.model_config
         for name in ("logprobs", "prompt_logprobs"):
             check_logprobs_count(name, getattr(params, name), mc.max_logprobs, mc.vocab_size)
+        if params.thinking_token_budget is not None and self.reasoning_token_ids is None:
+            raise ValueError(THINKING_BUDGET_WITHOUT_REASONING)
         if priority != 0 and self.config.scheduler_config.policy != "priority":
             raise ValueError(
                 f"priority={priority} was given but the scheduling policy is "
@@ -531,6 +567,12 @@ class Processor:
         # bad_words become token ids here, where the tokenizer already is: the workers
         # never load one.
         core_params.update_from_tokenizer(self.tokenizer)
+        if core_params.thinking_token_budget is not None:
+            # So do the reasoning markers, which the workers' budget processor matches.
+            markers = self.reasoning_token_ids
+            assert markers is not None  # _validate_params refused the request otherwise
+            core_params.reasoning_start_token_ids = list(markers[0])
+            core_params.reasoning_end_token_ids = list(markers[1])
         if lora_request is not None:  # (only once the request is valid: a refused one reloads nothing)
             if lora_request.lora_int_id in self._lora_reload:  # replace_lora_weights' next request
                 self._lora_reload.discard(lora_request.lora_int_id)

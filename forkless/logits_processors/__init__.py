@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from forkless.logits_processors.logit_bias import LogitBiasLogitsProcessor
     from forkless.logits_processors.min_p import MinPLogitsProcessor
     from forkless.logits_processors.min_tokens import MinTokensLogitsProcessor
+    from forkless.logits_processors.thinking_budget import ThinkingTokenBudgetLogitsProcessor
 
 _LAZY = {
     "MinTokensLogitsProcessor": "forkless.logits_processors.min_tokens",
@@ -40,6 +41,7 @@ _LAZY = {
     "MinPLogitsProcessor": "forkless.logits_processors.min_p",
     "AllowedTokenIdsLogitsProcessor": "forkless.logits_processors.allowed_token_ids",
     "BadWordsLogitsProcessor": "forkless.logits_processors.bad_words",
+    "ThinkingTokenBudgetLogitsProcessor": "forkless.logits_processors.thinking_budget",
 }
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "MovedRequest",
     "RemovedRequest",
     "RequestLogitsProcessor",
+    "ThinkingTokenBudgetLogitsProcessor",
     "build_logits_processors",
     "load_custom_classes",
     "process_dict_updates",

@@ -13,8 +13,10 @@ if TYPE_CHECKING:
     from forkless.logits_processors.logit_bias import LogitBiasLogitsProcessor
     from forkless.logits_processors.min_p import MinPLogitsProcessor
     from forkless.logits_processors.min_tokens import MinTokensLogitsProcessor
+    from forkless.logits_processors.thinking_budget import ThinkingTokenBudgetLogitsProcessor
 
-__all__ = ["LogitBiasLogitsProcessor", "MinPLogitsProcessor", "MinTokensLogitsProcessor", "process_dict_updates"]
+__all__ = ["LogitBiasLogitsProcessor", "MinPLogitsProcessor", "MinTokensLogitsProcessor",
+           "ThinkingTokenBudgetLogitsProcessor", "process_dict_updates"]
 
 
 def __getattr__(name: str) -> Any:

@@ -30,6 +30,8 @@ BUILTIN_LOGITS_PROCESSORS: tuple[str, ...] = (
     "forkless.logits_processors.min_p:MinPLogitsProcessor",
     "forkless.logits_processors.allowed_token_ids:AllowedTokenIdsLogitsProcessor",
     "forkless.logits_processors.bad_words:BadWordsLogitsProcessor",
+    # Last: a forced end of the reasoning overrides the masks of the others.
+    "forkless.logits_processors.thinking_budget:ThinkingTokenBudgetLogitsProcessor",
 )
 
 

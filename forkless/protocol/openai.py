@@ -189,6 +189,19 @@ class SamplingFields(RequestModel):
     session_id: str | None = None
     return_token_offsets: bool | None = False
     return_mm_kwargs: bool = True
+    # vLLM's: the most reasoning tokens; then the engine forces the end of the reasoning
+    # (needs --reasoning-parser or --reasoning-config). -1: no limit.
+    thinking_token_budget: int | None = None
+
+    @field_validator("thinking_token_budget", mode="before")
+    @classmethod
+    def _budget(cls, value: Any) -> Any:
+        # vLLM's validator: an integer (not a bool, a float or a numeric string).
+        if value is None or value == -1 and isinstance(value, int) and not isinstance(value, bool):
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError("`thinking_token_budget` must be a non-negative integer or -1 for unlimited.")
+        return value
 
     @field_validator("n", "stream", mode="before")
     @classmethod

@@ -74,6 +74,14 @@ class BaseThinkingReasoningParser(ReasoningParser):
         self.start_token_id: int | None = single_token_id(tokenizer, self.start_token)
         self.end_token_id: int | None = single_token_id(tokenizer, self.end_token)
 
+    @property
+    def reasoning_start_str(self) -> str:
+        return self.start_token
+
+    @property
+    def reasoning_end_str(self) -> str:
+        return self.end_token
+
     # -- text ---------------------------------------------------------------------------
     def split(self, text: str, final: bool) -> tuple[str | None, str | None]:
         """Split ``text`` into ``(reasoning, content)``.

@@ -75,6 +75,10 @@ class ReasoningParser(ABC):
     vLLM's structured outputs, and by the server to see whether the prompt already closed
     the reasoning) are optional here.
 
+    :attr:`reasoning_start_str` and :attr:`reasoning_end_str` (vLLM's) name the markers
+    that ``thinking_token_budget`` counts from and forces; without them a budget needs
+    ``--reasoning-config``.
+
     With structured outputs, the engine core builds one instance (``cls(tokenizer)``) to
     see where a constrained request's reasoning ends: :meth:`is_reasoning_end` of the
     prompt, then :attr:`end_token_id` among the sampled tokens. The grammar holds from the
@@ -89,6 +93,19 @@ class ReasoningParser(ABC):
     #: (``None``: it is not, or the parser does not say). A subclass sets it (an
     #: attribute or a property), as vLLM's ``BaseThinkingReasoningParser`` does.
     end_token_id: int | None = None
+
+    @property
+    def reasoning_start_str(self) -> str | None:
+        """The text that starts the reasoning (``"<think>"``), or ``None`` when the parser
+        does not say. vLLM's: the default start marker of ``thinking_token_budget``
+        (``--reasoning-config``)."""
+        return None
+
+    @property
+    def reasoning_end_str(self) -> str | None:
+        """The text that ends the reasoning (``"</think>"``), or ``None``: what a request's
+        spent ``thinking_token_budget`` forces, unless ``--reasoning-config`` says otherwise."""
+        return None
 
     def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
         self.model_tokenizer = tokenizer

@@ -426,8 +426,8 @@ class ModelRunner:
 
         A logits processor other than the built-in ones might read a request's output
         history, which lags by one step under async scheduling (the built-ins only do so
-        for ``min_tokens`` and ``bad_words``, which the scheduler keeps out of async
-        steps).
+        for ``min_tokens``, ``bad_words`` and ``thinking_token_budget``, which the
+        scheduler keeps out of async steps).
         """
         if self.config.parallel_config.pipeline_parallel_size > 1:
             return False  # the first stage never sees sampled tokens to fill placeholders with

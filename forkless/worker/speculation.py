@@ -10,8 +10,9 @@ may speculate for; they travel back to the scheduler in ``ModelRunnerOutput``.
 Invariants:
     * Only requests whose next-token distribution is the model's own, scaled by the
       temperature and cut by top-k / top-p, speculate (:func:`speculates`): no min-p,
-      penalties, logits processors, logprobs or seed. The rejection sampler keeps exactly
-      that distribution; the others decode a token a step, in the same batches.
+      penalties, logits processors (``thinking_token_budget`` included), logprobs or
+      seed. The rejection sampler keeps exactly that distribution; the others decode a
+      token a step, in the same batches.
       Structured outputs speculate too: their grammar's mask at each verified position
       (the engine core's bitmask has a row per position) cuts the target's logits there
       before verification, so the kept tokens are the constrained distribution's.
@@ -43,7 +44,7 @@ def speculates(params: SamplingParams) -> bool:
     return (plain and params.logprobs is None and params.repetition_penalty == 1.0
             and not params.presence_penalty and not params.frequency_penalty and not params.logit_bias
             and not params.allowed_token_ids and not params.bad_words and not params.bad_words_token_ids
-            and not params.min_tokens)
+            and not params.min_tokens and params.thinking_token_budget is None)
 
 
 @dataclass

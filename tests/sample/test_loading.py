@@ -32,9 +32,10 @@ def test_builtins_then_custom_in_order_without_duplicates():
     )
     assert _names(procs) == [
         "MinTokensLogitsProcessor", "LogitBiasLogitsProcessor", "MinPLogitsProcessor",
-        "AllowedTokenIdsLogitsProcessor", "BadWordsLogitsProcessor", "ForceTokenLogitsProcessor",
+        "AllowedTokenIdsLogitsProcessor", "BadWordsLogitsProcessor", "ThinkingTokenBudgetLogitsProcessor",
+        "ForceTokenLogitsProcessor",
     ]
-    assert len(BUILTIN_LOGITS_PROCESSORS) == 5
+    assert len(BUILTIN_LOGITS_PROCESSORS) == 6
     assert all(p.device == CPU for p in procs)
 
 

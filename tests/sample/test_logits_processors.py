@@ -171,3 +171,87 @@ def test_untokenized_bad_words_are_an_error_not_ignored():
     batch = fill([SamplingParams(temperature=0, bad_words=["x"])])
     with pytest.raises(RuntimeError, match="update_from_tokenizer"):
         step(batch, torch.zeros(1, VOCAB))
+
+
+# -- thinking_token_budget ------------------------------------------------------------------
+START, END = [20, 21], [22, 23]  # two-token markers, as "<think>" is in many vocabularies
+
+
+def _budget(budget: int | None, **kwargs) -> SamplingParams:
+    kwargs.setdefault("temperature", 0)
+    return SamplingParams(thinking_token_budget=budget, reasoning_start_token_ids=START,
+                          reasoning_end_token_ids=END, **kwargs)
+
+
+def _think(batch, steps: int, favourite: int = 9) -> list[list[int]]:
+    """``steps`` greedy steps on logits that always favour ``favourite`` (a model that
+    would think forever); each step's tokens."""
+    logits = torch.zeros(batch.num_reqs, VOCAB)
+    logits[:, favourite] = 10.0
+    return [step(batch, logits).sampled_token_ids.tolist() for _ in range(steps)]
+
+
+def test_thinking_budget_forces_the_end_marker_after_that_many_reasoning_tokens():
+    batch = make_batch()
+    batch.add_request("opened", _budget(3), [1] + START)  # the template opened the reasoning
+    batch.add_request("free", SamplingParams(temperature=0), [1] + START)
+    batch.add_request("none", _budget(None), [1] + START)
+    _think(batch, 7)
+    assert batch.output_token_ids("opened") == [9, 9, 9] + END + [9, 9]
+    assert batch.output_token_ids("free") == [9] * 7
+    assert batch.output_token_ids("none") == [9] * 7
+
+
+def test_thinking_budget_counts_from_a_start_marker_the_model_writes_and_again_after_a_new_one():
+    batch = make_batch()
+    batch.add_request("r", _budget(2), [1, 2])
+    logits = torch.zeros(1, VOCAB)
+    picks = []
+    for favourite in [START[0], START[1], 9, 9, 9, 9, 9, START[0], START[1], 9, 9, 9, 9]:
+        logits.zero_()
+        logits[0, favourite] = 10.0
+        picks.append(step(batch, logits).sampled_token_ids.item())
+    # Not reasoning before the marker; two tokens of it, the end; the same after a new start.
+    assert picks == START + [9, 9] + END + [9] + START + [9, 9] + END
+
+
+def test_thinking_budget_zero_and_a_prompt_past_the_budget_end_the_reasoning_at_once():
+    batch = make_batch()
+    batch.add_request("zero", _budget(0), [1] + START)
+    batch.add_request("past", _budget(2), [1] + START + [5, 5, 5, 5])
+    batch.add_request("closed", _budget(0), [1] + START + [5] + END)  # the prompt ended it
+    _think(batch, 3)
+    assert batch.output_token_ids("zero") == END + [9]
+    assert batch.output_token_ids("past") == END + [9]
+    assert batch.output_token_ids("closed") == [9, 9, 9]
+
+
+def test_thinking_budget_overrides_masks_and_sampling_and_follows_its_row():
+    batch = make_batch()
+    batch.add_request("a", SamplingParams(temperature=0), [1])
+    batch.add_request("b", _budget(1, allowed_token_ids=[9], top_k=1), [1] + START)
+    batch.add_request("c", _budget(1, temperature=1.0, seed=3), [1] + START)
+    _think(batch, 1)
+    batch.remove_request("a")  # b and c move down a row
+    _think(batch, 3)
+    assert batch.output_token_ids("b") == [9] + END + [9]
+    assert batch.output_token_ids("c")[1:3] == END
+
+
+def test_thinking_budget_resumes_a_forced_end_marker_it_was_writing():
+    # A preempted request comes back with its output: the marker goes on where it was.
+    batch = make_batch()
+    batch.add_request("r", _budget(2), [1] + START, output_token_ids=[9, 9, END[0]])
+    _think(batch, 2)
+    assert batch.output_token_ids("r") == [9, 9] + END + [9]
+
+
+def test_thinking_budget_without_markers_is_an_error_not_ignored():
+    batch = make_batch()
+    batch.add_request("r", SamplingParams(thinking_token_budget=2), [1])
+    try:
+        batch.refresh()
+    except Exception as exc:  # LogitsProcessorError, naming the processor
+        assert "reasoning_start_token_ids" in str(exc)
+    else:
+        raise AssertionError("a budget without markers was ignored")

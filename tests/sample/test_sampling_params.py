@@ -160,12 +160,23 @@ def test_bad_words_are_tokenized_with_and_without_a_leading_space_once_each():
     ({"use_beam_search": True}, "use_beam_search"),
     ({"truncate_prompt_tokens": 8}, "truncate_prompt_tokens"),
     ({"logits_processors": [lambda ids, logits: logits]}, "logits_processors"),
-    ({"thinking_token_budget": 100}, "thinking_token_budget"),
     ({"flat_logprobs": True}, "flat_logprobs"),
 ])
 def test_vllm_arguments_forkless_does_not_implement_are_value_errors(kwargs, field):
     with pytest.raises(ValueError, match=rf"SamplingParams\.{field}=.* is not supported by forkless"):
         SamplingParams(**kwargs)
+
+
+def test_thinking_token_budget_takes_vllms_values():
+    # As vLLM's validate_thinking_token_budget: -1 is no limit, other negatives, bools and
+    # floats are refused.
+    assert SamplingParams(thinking_token_budget=0).thinking_token_budget == 0
+    assert SamplingParams(thinking_token_budget=-1).thinking_token_budget is None
+    for bad in (-2, True, 1.5, "3"):
+        with pytest.raises(ValueError, match=r"SamplingParams\.thinking_token_budget=.* is invalid"):
+            SamplingParams(thinking_token_budget=bad)
+    with pytest.raises(ValueError, match="reasoning_end_token_ids"):
+        SamplingParams(thinking_token_budget=2, reasoning_start_token_ids=[1], reasoning_end_token_ids=[])
 
 
 def test_beam_search_arguments_point_to_llm_beam_search():

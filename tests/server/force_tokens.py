@@ -55,3 +55,47 @@ class ForceTokensLogitsProcessor(LogitsProcessor):
             logits[row] = float("-inf")
             logits[row, token] = 0.0
         return logits
+
+
+THINK_FOREVER = "force_tokens:ThinkForeverLogitsProcessor"
+
+
+class ThinkForeverLogitsProcessor(LogitsProcessor):
+    """A model that thinks until it is made to stop (test helper for thinking budgets).
+
+    Requests with ``extra_args={"thinking_ids": [...], "end_ids": [...], "answer_ids":
+    [...]}`` write ``thinking_ids`` and then its last token again and again; once their
+    output holds ``end_ids`` (the end of the reasoning, which only the engine's budget
+    forces), they write ``answer_ids`` (end it with the EOS id). A row that an earlier
+    processor already forced (one finite logit left) is left as it is.
+    """
+
+    def __init__(self, config: Any, device: torch.device, is_pin_memory: bool) -> None:
+        super().__init__(config, device, is_pin_memory)
+        self.rows: dict[int, tuple[list[int], list[int], list[int], list[int]]] = {}
+
+    def is_argmax_invariant(self) -> bool:
+        return False
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        def state(params: SamplingParams, _prompt: Any, output: list[int]) -> Any:
+            extra = params.extra_args or {}
+            if "thinking_ids" not in extra:
+                return None
+            return extra["thinking_ids"], extra["end_ids"], extra["answer_ids"], output
+
+        process_dict_updates(self.rows, batch_update, state)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        for row, (thinking, end, answer, output) in self.rows.items():
+            if int(torch.isfinite(logits[row]).sum()) == 1:
+                continue  # forced already (the budget's end of the reasoning)
+            after = next((i + len(end) for i in range(len(output) - len(end) + 1)
+                          if output[i:i + len(end)] == end), None)
+            if after is None:
+                token = thinking[min(len(output), len(thinking) - 1)]
+            else:
+                token = answer[min(len(output) - after, len(answer) - 1)]
+            logits[row] = float("-inf")
+            logits[row, token] = 0.0
+        return logits

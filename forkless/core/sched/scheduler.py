@@ -904,7 +904,8 @@ class Scheduler(SchedulerInterface):
 def _reads_output_history(params: SamplingParams, grammar_deferred: bool = False) -> bool:
     """Whether sampling this request reads the tokens it generated so far: penalties,
     a seeded generator (reseeded from the output length), ``min_tokens``, ``bad_words``
-    (matched against the end of the output) or structured outputs (the engine core's
+    (matched against the end of the output), ``thinking_token_budget`` (its reasoning
+    counted in the output) or structured outputs (the engine core's
     grammar must have accepted the previous token before it fills the next bitmask;
     not with ``grammar_deferred``, where it fills it after the plan)."""
     return (
@@ -912,6 +913,7 @@ def _reads_output_history(params: SamplingParams, grammar_deferred: bool = False
         or (params.structured_outputs is not None and not grammar_deferred)
         or params.min_tokens > 0
         or bool(params.bad_words)
+        or params.thinking_token_budget is not None
         or params.presence_penalty != 0.0
         or params.frequency_penalty != 0.0
         or params.repetition_penalty != 1.0

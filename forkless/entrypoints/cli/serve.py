@@ -131,6 +131,10 @@ def add_parser(subparsers: Any) -> None:
                       help="reasoning parser giving message.reasoning (built-in: deepseek_r1, qwen3)")
     chat.add_argument("--reasoning-parser-plugin", default=None, metavar="FILE_OR_MODULE",
                       help="a .py file or module to import first; it registers reasoning parsers")
+    chat.add_argument("--reasoning-config", default=None, metavar="JSON",
+                      help='the reasoning markers a request\'s thinking_token_budget counts from and forces, vLLM\'s '
+                           'keys: {"reasoning_start_str": "<think>", "reasoning_end_str": "</think>"} (default: '
+                           "--reasoning-parser's)")
     # The server runs the model in worker processes by default (LLM runs it in-process).
     parser.set_defaults(func=cmd_serve, distributed_executor_backend="mp")
 

@@ -105,7 +105,6 @@ _UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "kv_transfer_params": ((None,), "disaggregated serving (kv_transfer_params) is not supported"),
     "ec_transfer_params": ((None,), "disaggregated serving (ec_transfer_params) is not supported"),
     "repetition_detection": ((None,), "repetition_detection is not supported"),
-    "thinking_token_budget": ((None, -1), "thinking_token_budget is not supported"),
     "stream_interval": ((None, 1), "stream_interval is not supported: every token is streamed"),
     "return_tokens_as_token_ids": ((None, False), "return_tokens_as_token_ids is not supported"),
     "return_token_ids": ((None, False), "return_token_ids is not supported"),
@@ -303,6 +302,7 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
         extra_args=extra or None,
         output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
         structured_outputs=structured or constraint,
+        thinking_token_budget=req.thinking_token_budget,
     )
     try:
         return SamplingParams(**kwargs)
@@ -323,6 +323,8 @@ _NOT_WITH_BEAM_SEARCH: dict[str, tuple[Any, ...]] = {
     # A logits processor's arguments: beam search runs no logits processors, so a plugin's
     # argument (and its validate_params) was silently skipped.
     "vllm_xargs": (None, {}), "extra_args": (None, {}),
+    # Beam search runs no logits processors, the reasoning budget's neither.
+    "thinking_token_budget": (None,),
 }
 
 
@@ -403,6 +405,8 @@ def _refused_field(message: str, req: SamplingFields) -> str | None:
         return "response_format" if by_format else "structured_outputs"
     if message.startswith("the prompt"):
         return "messages" if chat else "prompt"
+    if message.startswith("thinking_token_budget"):  # the engine's: no reasoning markers
+        return "thinking_token_budget"
     match = re.match(r"(?:(?:Sampling|BeamSearch)Params\.)?(\w+)(?:=|\[| has )", message)
     if match is None:
         return None
