@@ -349,6 +349,9 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # vLLM's: a Jinja template (its text) for this request, refused unless the server was
+    # started with --trust-request-chat-template.
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ChatCompletionToolParam] | None = None
     # None means the OpenAI default: "auto" when tools are given, else "none".
@@ -651,6 +654,7 @@ class TokenizeRequest(RequestModel):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     tools: list[ChatCompletionToolParam] | None = None
+    chat_template: str | None = None  # as chat completions' (--trust-request-chat-template)
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool | None = False  # nullable, as in vLLM
 

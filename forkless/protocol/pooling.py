@@ -49,6 +49,7 @@ class _InputsRequest(_PoolingRequestBase):
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = False
     continue_final_message: bool = False
+    chat_template: str | None = None  # as chat completions' (--trust-request-chat-template)
     chat_template_kwargs: dict[str, Any] | None = None
 
 

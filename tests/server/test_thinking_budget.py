@@ -1,4 +1,4 @@
-"""``thinking_token_budget`` (vLLM's), against real servers.
+"""``thinking_token_budget`` and a request's own ``chat_template`` (vLLM's), against real servers.
 
 The tiny model is made to think forever (``force_tokens.ThinkForeverLogitsProcessor``): it
 writes ``<think>`` and then reasoning that never ends, and only once its output holds
@@ -23,6 +23,9 @@ from tests.server.force_tokens import THINK_FOREVER, ThinkForeverLogitsProcessor
 
 HERE = Path(__file__).resolve().parent
 MESSAGES = [{"role": "user", "content": "What is 2 + 2?"}]
+TEMPLATE = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}[answer]"
+UNTRUSTED = ("Chat template is passed with request, but --trust-request-chat-template is not set. "
+             "Refused request with untrusted chat template.")
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ def script(tokenizer) -> dict:
 def thinker(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     # Async scheduling: the budget's requests must still see their latest token.
     srv = start_server(tiny_llama, tmp_path_factory.mktemp("thinker"), "--logits-processors", THINK_FOREVER,
-                       "--reasoning-parser", "qwen3", "--async-scheduling",
+                       "--reasoning-parser", "qwen3", "--trust-request-chat-template", "--async-scheduling",
                        env_extra={"PYTHONPATH": str(HERE)})
     yield srv
     assert srv.stop() == 0, srv.log()[-3000:]
@@ -167,3 +170,37 @@ def test_offline_budget_without_reasoning_markers_is_refused(tiny_llama: Path) -
     processor = Processor(EngineArgs(model=str(tiny_llama)).create_engine_config())
     with pytest.raises(ValueError, match="reasoning_config is not configured"):
         processor.process_inputs("r", "Hi", SamplingParams(thinking_token_budget=3))
+
+
+# -- a request's own chat template -------------------------------------------------------------
+
+def test_a_trusted_request_template_renders_the_prompt(thinker: Server, tokenizer) -> None:
+    rendered = tokenizer.encode("[user] What is 2 + 2?\n[answer]", add_special_tokens=False)
+    r = httpx.post(thinker.url + "/tokenize", json={"messages": MESSAGES, "chat_template": TEMPLATE}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == rendered
+    default = httpx.post(thinker.url + "/tokenize", json={"messages": MESSAGES}, timeout=60).json()["tokens"]
+    assert default != rendered  # the model's own template
+    r = _chat(thinker, chat_template=TEMPLATE, max_tokens=1)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["prompt_tokens"] == len(rendered)
+    assert _chat(thinker, max_tokens=1).json()["usage"]["prompt_tokens"] == len(default)
+    # As vLLM: a template among the template's variables is refused even when trusted.
+    r = _chat(thinker, chat_template_kwargs={"chat_template": TEMPLATE}, max_tokens=1)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+    assert "unexpected chat template kwargs" in r.json()["error"]["message"]
+
+
+def test_an_untrusted_request_template_is_a_400(server: Server) -> None:
+    for path, body, param in (
+            ("/v1/chat/completions", {"messages": MESSAGES, "chat_template": TEMPLATE, "max_tokens": 2},
+             "chat_template"),
+            ("/v1/chat/completions", {"messages": MESSAGES, "chat_template_kwargs": {"chat_template": TEMPLATE},
+                                      "max_tokens": 2}, "chat_template_kwargs"),
+            ("/tokenize", {"messages": MESSAGES, "chat_template": TEMPLATE}, "chat_template"),
+            ("/v1/responses", {"input": "Hi", "chat_template_kwargs": {"chat_template": TEMPLATE},
+                               "max_output_tokens": 2}, "chat_template_kwargs")):
+        r = httpx.post(server.url + path, json=body, timeout=60)
+        assert r.status_code == 400, (path, r.text)
+        error = r.json()["error"]
+        assert error["message"] == UNTRUSTED and error["param"] == param, (path, error)

@@ -116,6 +116,9 @@ def add_parser(subparsers: Any) -> None:
     chat = parser.add_argument_group("chat")
     chat.add_argument("--chat-template", default=None,
                       help="Jinja chat template replacing the model's: a file path, or the template text")
+    chat.add_argument("--trust-request-chat-template", action="store_true",
+                      help="let a request bring its own chat_template (chat completions, /tokenize and the pooling "
+                           "endpoints' messages); without it such a request is a 400, as vLLM")
     chat.add_argument("--response-role", default="assistant",
                       help="the reply's role after the generation prompt (default: assistant)")
     chat.add_argument("--tool-call-parser", default=None, metavar="NAME",

@@ -28,6 +28,8 @@ class ChatOptions:
         response_role: The role of the reply when the prompt ends with the generation
             prompt (``--response-role``, vLLM's); otherwise the reply continues the last
             message and has its role.
+        trust_request_chat_template: A request may bring its own ``chat_template``
+            (``--trust-request-chat-template``, vLLM's); otherwise that is a 400.
     """
 
     chat_template: str | None = None
@@ -36,6 +38,7 @@ class ChatOptions:
     exclude_tools_when_tool_choice_none: bool = False
     reasoning_parser: str | None = None
     response_role: str = "assistant"
+    trust_request_chat_template: bool = False
 
     @classmethod
     def from_cli_args(cls, args: Any) -> "ChatOptions":
@@ -61,6 +64,7 @@ class ChatOptions:
             exclude_tools_when_tool_choice_none=bool(getattr(args, "exclude_tools_when_tool_choice_none", False)),
             reasoning_parser=getattr(args, "reasoning_parser", None),
             response_role=getattr(args, "response_role", None) or "assistant",
+            trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
         )
         if options.enable_auto_tool_choice and not options.tool_parser:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME "

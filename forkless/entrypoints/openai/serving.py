@@ -137,8 +137,6 @@ _UNSUPPORTED_CHAT_FIELDS = {
     "add_special_tokens": ((None, False), "add_special_tokens=true is not supported: the chat template "
                                           "writes the special tokens"),
     "echo": ((None, False), "echo is not supported for chat completions"),
-    "chat_template": ((None,), "a per-request chat_template is not supported; start the server with "
-                               "--chat-template"),
     "include_reasoning": ((None, True), "include_reasoning=false is not supported"),
     "functions": ((None,), "the legacy functions field is not supported; use tools"),
     "function_call": ((None,), "the legacy function_call field is not supported; use tool_choice"),
@@ -189,14 +187,14 @@ def _reject_unsupported(req: SamplingFields) -> None:
 def _reject_unsupported_chat_tokenize(req: Any) -> None:
     """Refuse the fields of vLLM's chat ``/tokenize`` (and the pooling endpoints'
     ``messages``) that chat completions refuse too (``add_special_tokens: true``,
-    ``chat_template``, multimodal kwargs), which the conversation's tokens would otherwise
-    silently not follow."""
+    multimodal kwargs), which the conversation's tokens would otherwise silently not
+    follow."""
     if req.add_special_tokens and "add_special_tokens" in req.model_fields_set:
         # An explicit true: the default (true) is the one for a plain prompt.
         raise BadRequest(f"add_special_tokens=True with messages: {_UNSUPPORTED_CHAT_FIELDS['add_special_tokens'][1]}",
                          "add_special_tokens")
     extra = req.model_extra or {}
-    for name in ("chat_template", "mm_processor_kwargs", "media_io_kwargs"):
+    for name in ("mm_processor_kwargs", "media_io_kwargs"):
         if name in extra:
             reject_field(name, extra[name], _UNSUPPORTED_CHAT_FIELDS)
 
@@ -1048,10 +1046,29 @@ class OpenAIServing:
         tools = getattr(req, "tools", None)
         chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt,
                                      continue_final_message=req.continue_final_message, tools=tools,
-                                     chat_template_kwargs=req.chat_template_kwargs)
+                                     chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs)
         self.check_text_size(_text_chars([m.model_dump() for m in req.messages])
                              + _text_chars(chat.model_dump(include={"tools"})), "messages")
         return await self.in_tokenizer_thread(self.render_chat, chat, endpoint)
+
+    def check_request_chat_template(self, req: ChatCompletionRequest) -> None:
+        """Refuse a request's own chat template (``chat_template``, or one passed in
+        ``chat_template_kwargs``) unless the server trusts them
+        (``--trust-request-chat-template``), in vLLM's words: a template is code that the
+        server runs. Trusted, a template in ``chat_template_kwargs`` is still refused, as
+        vLLM refuses it (give it as ``chat_template``).
+
+        Raises:
+            BadRequest: Naming the field that carried the template.
+        """
+        in_kwargs = (req.chat_template_kwargs or {}).get("chat_template") is not None
+        if not self.chat_options.trust_request_chat_template and (req.chat_template is not None or in_kwargs):
+            raise BadRequest("Chat template is passed with request, but --trust-request-chat-template is not set. "
+                             "Refused request with untrusted chat template.",
+                             "chat_template" if req.chat_template is not None else "chat_template_kwargs")
+        if in_kwargs:
+            raise BadRequest("Found unexpected chat template kwargs from request: {'chat_template'}",
+                             "chat_template_kwargs")
 
     def render_chat(self, req: ChatCompletionRequest, endpoint: str = "/v1/chat/completions") -> list[int]:
         """The prompt token ids of a conversation (blocking: call it in the tokenizer thread);
@@ -1059,6 +1076,7 @@ class OpenAIServing:
         template."""
         if not req.messages:
             raise BadRequest("messages must not be empty", "messages")
+        self.check_request_chat_template(req)
         if req.continue_final_message and req.add_generation_prompt:
             raise BadRequest("continue_final_message and add_generation_prompt cannot both be true: give "
                              "add_generation_prompt=false to continue the last message", "continue_final_message")
@@ -1073,7 +1091,7 @@ class OpenAIServing:
             return self.engine.apply_chat_template(
                 messages, add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
                 continue_final_message=req.continue_final_message,
-                chat_template=self.chat_options.chat_template,
+                chat_template=req.chat_template or self.chat_options.chat_template,
                 tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None,
                 documents=req.documents,
                 chat_template_kwargs=_template_kwargs(req))
