@@ -176,3 +176,43 @@ def test_async_llm_rejects_a_bad_executor_before_spawning_the_engine_core(llama_
                         distributed_executor_backend="nonsense").create_engine_config()
     with pytest.raises(ValueError, match="--distributed-executor-backend='nonsense'"):
         AsyncLLM(config)
+
+
+def test_reasoning_config_takes_vllms_keys_and_the_reasoning_parser(llama_dir) -> None:
+    from forkless.config import ReasoningConfig
+
+    def build(**kwargs) -> EngineConfig:
+        return EngineArgs(model=str(llama_dir), kv_cache_memory=1 << 20, **kwargs).create_engine_config()
+
+    assert build().reasoning_config is None
+    assert build(reasoning_parser="qwen3").reasoning_config == ReasoningConfig(reasoning_parser="qwen3")
+    given = '{"reasoning_start_str": "<think>", "reasoning_end_str": "Now answer.</think>"}'
+    config = build(reasoning_config=given, reasoning_parser="deepseek_r1")
+    assert config.reasoning_config == ReasoningConfig("deepseek_r1", "<think>", "Now answer.</think>")
+    assert EngineConfig.from_builtins(msgspec.msgpack.decode(msgspec.msgpack.encode(config.to_builtins()))) == config
+    for kwargs, words in (({"reasoning_config": '{"think_start_str": "<think>"}'}, "unknown key"),
+                          ({"reasoning_config": '{"reasoning_end_str": 5}'}, "expected a string"),
+                          ({"reasoning_config": "[1]"}, "JSON object"),
+                          ({"reasoning_config": '{"reasoning_parser": "nope"}'}, "nope"),
+                          ({"reasoning_config": '{"reasoning_parser": "qwen3"}', "reasoning_parser": "deepseek_r1"},
+                           "disagree")):
+        with pytest.raises(ValueError, match=words) as info:
+            build(**kwargs)
+        assert "--reasoning" in str(info.value)
+
+
+def test_reasoning_markers_become_token_ids_as_vllm_tokenizes_them() -> None:
+    from forkless.config import ReasoningConfig
+
+    class Chars:  # one token per character
+        def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            assert not add_special_tokens
+            return [ord(c) for c in text]
+
+    think, end = [ord(c) for c in "<think>"], [ord(c) for c in "</think>"]
+    assert ReasoningConfig(reasoning_parser="qwen3").token_ids(Chars()) == (think, end)
+    # The config's own strings win over the parser's, one by one.
+    assert ReasoningConfig("qwen3", reasoning_end_str="!</think>").token_ids(Chars()) == (think, [33] + end)
+    assert ReasoningConfig(reasoning_start_str="<think>").token_ids(Chars()) is None  # no end, no parser
+    with pytest.raises(ValueError, match="failed to tokenize"):
+        ReasoningConfig("", "<think>", "</think>").token_ids(type("Empty", (), {"encode": lambda *a, **k: []})())
