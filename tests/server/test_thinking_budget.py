@@ -189,6 +189,10 @@ def test_a_trusted_request_template_renders_the_prompt(thinker: Server, tokenize
     r = _chat(thinker, chat_template_kwargs={"chat_template": TEMPLATE}, max_tokens=1)
     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
     assert "unexpected chat template kwargs" in r.json()["error"]["message"]
+    # ... and so is tokenize (it was dropped without a word).
+    r = _chat(thinker, chat_template_kwargs={"tokenize": True, "enable_thinking": False}, max_tokens=1)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+    assert "{'tokenize'}" in r.json()["error"]["message"]
 
 
 def test_an_untrusted_request_template_is_a_400(server: Server) -> None:

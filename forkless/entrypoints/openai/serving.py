@@ -1056,7 +1056,7 @@ class OpenAIServing:
         ``chat_template_kwargs``) unless the server trusts them
         (``--trust-request-chat-template``), in vLLM's words: a template is code that the
         server runs. Trusted, a template in ``chat_template_kwargs`` is still refused, as
-        vLLM refuses it (give it as ``chat_template``).
+        vLLM refuses it (give it as ``chat_template``), and so is ``tokenize`` there.
 
         Raises:
             BadRequest: Naming the field that carried the template.
@@ -1066,8 +1066,10 @@ class OpenAIServing:
             raise BadRequest("Chat template is passed with request, but --trust-request-chat-template is not set. "
                              "Refused request with untrusted chat template.",
                              "chat_template" if req.chat_template is not None else "chat_template_kwargs")
-        if in_kwargs:
-            raise BadRequest("Found unexpected chat template kwargs from request: {'chat_template'}",
+        # As vLLM's: the server decides these, so a request's own are refused, not dropped.
+        unexpected = sorted(k for k in ("chat_template", "tokenize") if k in (req.chat_template_kwargs or {}))
+        if unexpected:
+            raise BadRequest(f"Found unexpected chat template kwargs from request: {set(unexpected)}",
                              "chat_template_kwargs")
 
     def render_chat(self, req: ChatCompletionRequest, endpoint: str = "/v1/chat/completions") -> list[int]:
