@@ -409,6 +409,8 @@ class EngineArgs:
     # None: cpu_max_prefill_tokens_per_client on CPU, else 0 (no limit).
     max_prefill_tokens_per_client: int | None = None
     scheduling_policy: str = "fcfs"
+    # --stream-interval (vLLM's): a stream's outputs come every this many tokens at least.
+    stream_interval: int = 1
     scheduler_cls: str | type | None = None
     logits_processors: str | type | list[str | type] | None = None
     attention_backend: str | None = None
@@ -567,6 +569,10 @@ class EngineArgs:
                             "(reproducible in other languages), builtin (fast, trusted tenants only)")
         g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
         g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
+        g.add_argument("--stream-interval", type=int, default=d.stream_interval, metavar="N",
+                       help="a stream's chunks carry at least N new tokens (its first and last at once; a "
+                            "request's stream_interval can only raise it); fewer chunks cost the server less "
+                            "per token (default 1: every token, as vLLM)")
         g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                        default=d.enable_chunked_prefill, help="split long prompts across steps")
         g.add_argument("--long-prefill-token-threshold", type=int, default=None,
@@ -767,6 +773,7 @@ class EngineArgs:
                 # The pooling runner says it cannot; the engine core then warns and steps
                 # synchronously.
                 async_scheduling=self.async_scheduling,
+                stream_interval=self.stream_interval,
             )
         except ValueError as exc:  # a combination of flags (each was checked alone above)
             raise ValueError(f"scheduler flags: {exc}") from None

@@ -55,7 +55,6 @@ _UNSUPPORTED_ARGS: dict[str, tuple[tuple[Any, ...], str]] = {
     "prompt_logprob_token_ids": ((None,), "not implemented; use prompt_logprobs"),
     "prompt_logprob_start": ((None, 0), "prompt logprobs always start at the first prompt token"),
     "flat_logprobs": ((False,), "logprobs are always lists of dicts"),
-    "stream_interval": ((None, 1), "every token is streamed"),
     "repetition_detection": ((None,), "not implemented"),
     "trace_decode_token_ids": ((None,), "not implemented"),
     "routed_experts_prompt_start": ((0,), "routed experts are not returned"),
@@ -232,6 +231,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
             markers from its reasoning configuration for a request with a budget, users
             need not.
         reasoning_end_token_ids: The end marker's token ids (forced when the budget is spent).
+        stream_interval: With ``DELTA`` outputs, a request's next output comes once this
+            many tokens are new (its first and last at once); ``None``: every step's. The
+            engine's ``stream_interval`` (``--stream-interval``) is the least it can be
+            (vLLM's rule: the larger of the two counts). No effect on other output kinds.
     """
 
     n: int = 1
@@ -265,6 +268,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
     thinking_token_budget: int | None = None
     reasoning_start_token_ids: list[int] | None = None
     reasoning_end_token_ids: list[int] | None = None
+    stream_interval: int | None = None
 
     def __post_init__(self) -> None:
         # Normalize first so that validate() and every consumer see one spelling.
@@ -326,6 +330,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
                 raise _bad("seed", self.seed, "a 64-bit signed integer")
         if self.max_tokens is not None:
             _int(self.max_tokens, "max_tokens", 1)
+        if self.stream_interval is not None:
+            _int(self.stream_interval, "stream_interval", 1)
         _int(self.min_tokens, "min_tokens", 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise _bad(

@@ -318,7 +318,9 @@ class AsyncLLM:
     @property
     def output_processor(self) -> OutputProcessor:
         if self._output_processor is None:
-            self._output_processor = OutputProcessor(self.processor.tokenizer, log_stats=self.log_stats)
+            self._output_processor = OutputProcessor(
+                self.processor.tokenizer, log_stats=self.log_stats,
+                stream_interval=self.config.scheduler_config.stream_interval)
         return self._output_processor
 
     @property

@@ -46,7 +46,8 @@ class LLMEngine:
         self.config = config
         self.processor = Processor(config)
         self.log_stats = log_stats
-        self.output_processor = OutputProcessor(self.processor.tokenizer, log_stats=log_stats)
+        self.output_processor = OutputProcessor(self.processor.tokenizer, log_stats=log_stats,
+                                                stream_interval=config.scheduler_config.stream_interval)
         self.processor.reasoning_token_ids  # noqa: B018 (a --reasoning-config that fails fails here)
         self.engine_core = EngineCore(config, log_stats=log_stats)
         # The other requests' outputs of a step that raised for failed requests, returned

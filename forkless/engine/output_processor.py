@@ -14,6 +14,12 @@ its engine-core ids forgets the request too.
 Prompt logprobs arrive with a child's first token; the parent keeps the first that
 arrive (every child of a parent has the same prompt) and shows them in every output,
 except under ``DELTA`` where only the first output that can carry them does.
+
+Under ``DELTA`` with a stream interval above 1 (the larger of the engine's and the
+request's ``stream_interval``, vLLM's rule) a completion shows in an output only with its
+first tokens, once that many of its tokens are new, or when it finishes; the tokens of the
+steps in between wait in it and come together. A step in which none of a parent's
+completions shows makes no output for it.
 """
 
 from __future__ import annotations
@@ -91,6 +97,8 @@ class _Completion:
         self.hold_back = max(stop.max_length - 1, 0)
         self.sent_text = 0
         self.sent_tokens = 0
+        # DELTA outputs: show this completion once this many of its tokens are new (see the module).
+        self.stream_interval = 1
         # A pooling request's result (it arrives with the request's only output).
         self.pooled: Any = None
         self.stats = RequestStateStats(arrival_time=parent.arrival_time) if log_stats else None
@@ -292,11 +300,16 @@ class OutputProcessor:
         tokenizer: For detokenization; ``None`` returns token ids only (empty text).
         log_stats: Keep a ``RequestStateStats`` per completion and show it as
             ``RequestOutput.metrics`` (vLLM's ``log_stats``); off, ``metrics`` is ``None``.
+        stream_interval: The engine's ``stream_interval`` (``--stream-interval``): the least
+            number of new tokens a ``DELTA`` output of a completion carries, but its first
+            and last (see the module).
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase | None, log_stats: bool = False) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None, log_stats: bool = False,
+                 stream_interval: int = 1) -> None:
         self.tokenizer = tokenizer
         self.log_stats = log_stats
+        self.stream_interval = stream_interval
         self._parents: dict[str, _Parent] = {}
         self._children: dict[str, _Completion] = {}
 
@@ -312,9 +325,13 @@ class OutputProcessor:
         # strings): the per-step path only looks new text up in it.
         stop = StopStringMatcher(processed.params.stop or ())
         parent = _Parent(processed)
+        interval = 1
+        if parent.kind is RequestOutputKind.DELTA:
+            interval = max(self.stream_interval, processed.params.stream_interval or 1)
         for index, core_req in enumerate(processed.core_requests):
             child = _Completion(core_req.request_id, index, core_req.sampling_params, parent, self.tokenizer, stop,
                                 self.log_stats)
+            child.stream_interval = interval
             parent.add_child(child)
             self._children[child.request_id] = child
         self._parents[parent.request_id] = parent
@@ -364,6 +381,9 @@ class OutputProcessor:
                 # Nothing to show until the whole parent finishes, and it has not: this
                 # child is still running. The hot path of LLM.generate (one check).
                 continue
+            elif child.stream_interval > 1 and child.sent_tokens and \
+                    len(child.token_ids) - child.sent_tokens < child.stream_interval:
+                continue  # (DELTA) its new tokens wait for more: see the module
             children = updated.setdefault(parent.request_id, [])
             # One message may hold two outputs of a request (async scheduling can apply two
             # steps' results before sending): its completion must appear once, with both.

@@ -162,6 +162,42 @@ def test_n_children_delta_outputs_add_up_per_completion(parts) -> None:
         assert first.outputs[0].text == TEXT
 
 
+def test_stream_interval_holds_delta_outputs_until_that_many_tokens_are_new(parts) -> None:
+    # vLLM's rule: a completion's first token at once, then an output every `interval` new
+    # tokens, and its last at once; the interval is the larger of the engine's and the
+    # request's. Each completion of n > 1 counts its own tokens. Other kinds are unaffected.
+    processor, tok = parts
+    ids = tok.encode(TEXT)[:10]
+    cases = [(1, 4, [1, 4, 4, 1]), (3, None, [1, 3, 3, 3]), (3, 2, [1, 3, 3, 3]), (1, 20, [1, 9]),
+             (1, None, [1] * 10)]
+    for engine_interval, asked, sizes in cases:
+        out_proc = OutputProcessor(tok, stream_interval=engine_interval)
+        params = SamplingParams(n=2, max_tokens=len(ids), output_kind=RequestOutputKind.DELTA, stream_interval=asked)
+        out_proc.add_request(processor.process_inputs("p", "Hi", params))
+        emitted = []
+        for step, tok_id in enumerate(ids):
+            reason = FinishReason.LENGTH if step == len(ids) - 1 else None
+            outs = [EngineCoreOutput("0_p", [tok_id], reason), EngineCoreOutput("1_p", [tok_id], reason)]
+            emitted += out_proc.process_outputs(outs).request_outputs
+        got = {index: [len(c.token_ids) for o in emitted for c in o.outputs if c.index == index] for index in (0, 1)}
+        assert got == {0: sizes, 1: sizes}, (engine_interval, asked)
+        assert "".join(c.text for o in emitted for c in o.outputs if c.index == 0) == tok.decode(ids)
+        assert emitted[-1].finished and not out_proc.has_unfinished_requests()
+    out_proc = OutputProcessor(tok, stream_interval=4)
+    out_proc.add_request(processor.process_inputs("c", "Hi", SamplingParams(max_tokens=len(ids), stream_interval=4)))
+    assert len([o for r in _feed(out_proc, "c", ids, FinishReason.LENGTH) for o in r.request_outputs]) == len(ids)
+    with pytest.raises(ValueError, match="stream_interval"):
+        SamplingParams(stream_interval=0)
+
+
+def test_the_engines_stream_interval_is_a_checked_setting(llama_dir) -> None:
+    config = EngineArgs(model=str(llama_dir), stream_interval=3).create_engine_config()
+    assert config.scheduler_config.stream_interval == 3
+    assert EngineArgs(model=str(llama_dir)).create_engine_config().scheduler_config.stream_interval == 1
+    with pytest.raises(ValueError, match="stream_interval must be an integer >= 1"):
+        EngineArgs(model=str(llama_dir), stream_interval=0).create_engine_config()
+
+
 def test_a_delta_output_missing_a_lower_index_is_added_in_order() -> None:
     from forkless.outputs import CompletionOutput, RequestOutput
 

@@ -79,6 +79,12 @@ class SchedulerConfig:
             overlaps the device's. Flag: ``--async-scheduling``. Requests whose sampling
             reads their own output history (penalties, ``seed``, ``min_tokens``) and
             custom logits processors make the engine step synchronously while present.
+        stream_interval: A streamed (``DELTA``) request's next output comes once this many
+            of its tokens are new, its first and last at once; a request's own
+            ``SamplingParams.stream_interval`` can only raise it. 1: every step's (the
+            default). Read by the output processor (in the API server, or the offline
+            engine), not by the scheduler: fewer, larger outputs cost the host less per
+            token. Flag: ``--stream-interval`` (vLLM's).
     """
 
     max_model_len: int
@@ -94,6 +100,7 @@ class SchedulerConfig:
     max_running_seqs_per_request: int = 0
     max_prefill_tokens_per_client: int = 0
     async_scheduling: bool = False
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         if self.policy not in SCHEDULING_POLICIES:
@@ -107,6 +114,9 @@ class SchedulerConfig:
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
         )
+        if isinstance(self.stream_interval, bool) or not isinstance(self.stream_interval, int) \
+                or self.stream_interval < 1:
+            raise ValueError(f"SchedulerConfig.stream_interval must be an integer >= 1, got {self.stream_interval!r}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(
                 "SchedulerConfig.long_prefill_token_threshold must be >= 0, got "
