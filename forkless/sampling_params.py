@@ -112,6 +112,10 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     # The backend the API server chose for this request ("auto" resolved); filled in by
     # validation, read by the engine core. Not for users (vLLM's name).
     _backend: str | None = None
+    # Set by the API server for a chat request with include_reasoning=false (vLLM's
+    # reasoning_ended=True): the grammar holds from the first token, even with a reasoning
+    # parser and a prompt that leaves the model thinking. Not for users.
+    _reasoning_ended: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.choice, tuple):

@@ -41,7 +41,10 @@ Invariants:
       after the end token, in the step that samples it, are the grammar's first; where
       that step verifies drafts past a drafted end token, the rows after it are the
       grammar's, filled as any request's drafts are. A parser without an
-      ``end_token_id`` thinks in no request (the grammar holds from the first token).
+      ``end_token_id`` thinks in no request (the grammar holds from the first token), nor
+      does a request whose params say the reasoning has ended
+      (``StructuredOutputsParams._reasoning_ended``: a chat request that leaves the
+      reasoning out, ``include_reasoning=false``, as vLLM's ``reasoning_ended``).
       Whether a request thinks changes only in :meth:`accept` and :meth:`advance_kept`,
       on the step loop, before the fill that reads it starts.
     * The step's bitmask has ``1 + num_spec_tokens`` rows per scheduled request that
@@ -214,7 +217,7 @@ class StructuredOutputManager:
                 if name != names[-1]:
                     logger.info("structured outputs: %s; falling back to %s", exc, names[names.index(name) + 1])
                 continue
-            return grammar, backend, self._reasoning_end(prompt_token_ids)
+            return grammar, backend, None if params._reasoning_ended else self._reasoning_end(prompt_token_ids)
         assert first_error is not None
         raise first_error
 

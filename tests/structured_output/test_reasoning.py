@@ -47,13 +47,15 @@ def tokenizer(tiny_thinker: Path):
 # ---------------------------------------------------------------------------- the manager
 
 
-def _manager(tiny_thinker: Path, prompts: dict[str, list[int]], **config):
+def _manager(tiny_thinker: Path, prompts: dict[str, list[int]], reasoning_ended: set[str] = frozenset(), **config):
     from forkless.structured_output.manager import StructuredOutputManager
 
     manager = StructuredOutputManager(StructuredOutputsConfig(backend="xgrammar", reasoning_parser="qwen3", **config),
                                       str(tiny_thinker), 49152, [2])
     for rid, prompt in prompts.items():
-        manager.submit(rid, StructuredOutputsParams(choice=CHOICES), prompt)
+        params = StructuredOutputsParams(choice=CHOICES)
+        params._reasoning_ended = rid in reasoning_ended
+        manager.submit(rid, params, prompt)
     deadline = time.monotonic() + 60
     ready: list[str] = []
     while len(ready) < len(prompts):
@@ -117,6 +119,27 @@ def test_the_grammar_starts_after_the_reasoning_ends(tiny_thinker: Path, tokeniz
         assert not _allows(_fill(manager, {"r": []})["r"][0], THINK)
     finally:
         manager.shutdown()
+
+
+def test_params_that_say_the_reasoning_ended_constrain_from_the_first_token(tiny_thinker: Path,
+                                                                           tokenizer) -> None:
+    """The API server's mark for include_reasoning=false (vLLM's reasoning_ended): the
+    grammar holds from the first token though the prompt leaves the model thinking."""
+    yes = tokenizer.encode("yes please", add_special_tokens=False)
+    manager = _manager(tiny_thinker, {"open": [5, THINK], "ended": [5, THINK]}, reasoning_ended={"ended"})
+    try:
+        assert manager.reasoning_end_id("open") == END and manager.reasoning_end_id("ended") is None
+        rows = _fill(manager, {"open": [], "ended": []})
+        assert (rows["open"] == -1).all()
+        assert _allows(rows["ended"][0], yes[0]) and not _allows(rows["ended"][0], END)
+    finally:
+        manager.shutdown()
+    # The mark crosses processes with the params (the grammar process decodes them).
+    import msgspec
+
+    params = StructuredOutputsParams(choice=CHOICES)
+    params._reasoning_ended = True
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(params), type=StructuredOutputsParams)._reasoning_ended
 
 
 def test_drafts_that_cross_the_end_are_verified_under_the_grammar_after_it(tiny_thinker: Path,
