@@ -203,6 +203,15 @@ class SamplingFields(RequestModel):
             raise ValueError("`thinking_token_budget` must be a non-negative integer or -1 for unlimited.")
         return value
 
+    # vLLM's: the response carries the prompt's and each choice's token ids (in a stream,
+    # the prompt's in the first chunk of each choice, the new ids in every chunk).
+    return_token_ids: bool | None = None
+    # vLLM's: logprobs' tokens as "token_id:N" (None: the server's --return-tokens-as-token-ids).
+    return_tokens_as_token_ids: bool | None = None
+    # vLLM's: a stream sends a chunk once this many tokens are new (the first and last at
+    # once); never fewer than the server's --stream-interval. No effect without stream.
+    stream_interval: int | None = Field(None, ge=1)
+
     @field_validator("n", "stream", mode="before")
     @classmethod
     def _null_is_the_default(cls, value: Any, info: Any) -> Any:
@@ -421,6 +430,9 @@ class CompletionChoice(OpenAIModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    # vLLM's, with return_token_ids (streamed: the prompt's in the choice's first chunk).
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(OpenAIModel):
@@ -575,6 +587,7 @@ class ChatChoice(OpenAIModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's, with return_token_ids
 
 
 class ChatCompletionResponse(OpenAIModel):
@@ -585,6 +598,7 @@ class ChatCompletionResponse(OpenAIModel):
     choices: list[ChatChoice]
     usage: UsageInfo | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    prompt_token_ids: list[int] | None = None  # vLLM's, with return_token_ids
 
 
 class DeltaMessage(_WithReasoning):
@@ -602,6 +616,7 @@ class ChatStreamChoice(OpenAIModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's, with return_token_ids: this chunk's
 
 
 class ChatCompletionChunk(OpenAIModel):
@@ -611,6 +626,8 @@ class ChatCompletionChunk(OpenAIModel):
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+    # vLLM's, with return_token_ids: in the first chunk of each choice (the role's).
+    prompt_token_ids: list[int] | None = None
 
 
 class ModelCard(OpenAIModel):

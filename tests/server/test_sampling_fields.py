@@ -73,7 +73,6 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
     (_chat(detokenize=False), "detokenize"),
     (_chat(return_prompt_text=True), "return_prompt_text"),
     (_completion(flat_logprobs="yes"), "flat_logprobs"),
-    (_completion(return_token_ids=True), "return_token_ids"),
     (_completion(add_special_tokens=False), "add_special_tokens"),
     (_chat(add_special_tokens=True), "add_special_tokens"),
     (_chat(echo=True), "echo"),

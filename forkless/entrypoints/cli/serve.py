@@ -99,6 +99,10 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--enable-prompt-tokens-details", action="store_true",
                        help="completions and chat report usage.prompt_tokens_details.cached_tokens, the prompt "
                             "tokens found in the prefix cache (as vLLM: only when there are some)")
+    group.add_argument("--return-tokens-as-token-ids", action="store_true",
+                       help='logprobs name tokens "token_id:N" rather than by their text (a request\'s '
+                            "return_tokens_as_token_ids says otherwise), as vLLM: a token that is not whole "
+                            "UTF-8 text is then still identified")
     group.add_argument("--middleware", action="append", default=[],
                        help="ASGI middleware class path or async function (repeatable)")
     group.add_argument("--api-server-count", type=int, default=1, help="API server processes (only 1)")
@@ -426,7 +430,8 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: s
                         chat_options=args.chat_options, limits=args.http_limits,
                         lora_modules=args.lora_module_paths, io_processor=args.io_processor,
                         log_requests=args.enable_log_requests, frontend=args.frontend,
-                        enable_prompt_tokens_details=args.enable_prompt_tokens_details)
+                        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+                        return_tokens_as_token_ids=args.return_tokens_as_token_ids)
     except Exception as exc:
         logger.error("could not build the HTTP app: %s", exc)
         return 2

@@ -172,7 +172,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
               chat_options: ChatOptions | None = None, limits: HttpLimits | None = None,
               lora_modules: list[LoRAModulePath] | None = None, io_processor: Any = None,
               log_requests: bool = False, frontend: FrontendOptions | None = None,
-              enable_prompt_tokens_details: bool = False) -> FastAPI:
+              enable_prompt_tokens_details: bool = False, return_tokens_as_token_ids: bool = False) -> FastAPI:
     """Assemble the FastAPI app around a running engine.
 
     Args:
@@ -192,6 +192,8 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         frontend: CORS and the docs pages (``--allowed-origins``, ``--disable-fastapi-docs``...).
         enable_prompt_tokens_details: Completions and chat report
             ``usage.prompt_tokens_details.cached_tokens`` (``--enable-prompt-tokens-details``).
+        return_tokens_as_token_ids: Logprobs name tokens ``"token_id:N"`` unless a request
+            says otherwise (``--return-tokens-as-token-ids``).
 
     Raises:
         ValueError: A ``--lora-modules`` adapter cannot be served (the message names it).
@@ -211,7 +213,8 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     models.load_static(lora_modules or [])
     serving = OpenAIServing(engine, served_model_names, max_model_len, chat_options,
                             max_sequences_per_request=limits.max_sequences_per_request, models=models,
-                            log_requests=log_requests, enable_prompt_tokens_details=enable_prompt_tokens_details)
+                            log_requests=log_requests, enable_prompt_tokens_details=enable_prompt_tokens_details,
+                            return_tokens_as_token_ids=return_tokens_as_token_ids)
     app.state.serving = serving
     app.state.engine = engine
     # Set by forkless serve when a signal starts its draining shutdown: /health is a 503 then.

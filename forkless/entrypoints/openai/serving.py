@@ -105,9 +105,6 @@ _UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "kv_transfer_params": ((None,), "disaggregated serving (kv_transfer_params) is not supported"),
     "ec_transfer_params": ((None,), "disaggregated serving (ec_transfer_params) is not supported"),
     "repetition_detection": ((None,), "repetition_detection is not supported"),
-    "stream_interval": ((None, 1), "stream_interval is not supported: every token is streamed"),
-    "return_tokens_as_token_ids": ((None, False), "return_tokens_as_token_ids is not supported"),
-    "return_token_ids": ((None, False), "return_token_ids is not supported"),
     "routed_experts_prompt_start": ((None, 0), "routed experts are not returned"),
     "mm_processor_kwargs": ((None, {}), "multimodal inputs are not supported"),
     "media_io_kwargs": ((None, {}), "multimodal inputs are not supported"),
@@ -301,6 +298,7 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
         output_kind=RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY,
         structured_outputs=structured or constraint,
         thinking_token_budget=req.thinking_token_budget,
+        stream_interval=req.stream_interval,  # (no effect on FINAL_ONLY: vLLM ignores it unstreamed)
     )
     try:
         return SamplingParams(**kwargs)
@@ -642,10 +640,12 @@ class OpenAIServing:
                  chat_options: ChatOptions | None = None,
                  max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST,
                  models: ServingModels | None = None, log_requests: bool = False,
-                 enable_prompt_tokens_details: bool = False) -> None:
+                 enable_prompt_tokens_details: bool = False, return_tokens_as_token_ids: bool = False) -> None:
         self.engine = engine
         self.log_requests = log_requests  # --enable-log-requests
         self.enable_prompt_tokens_details = enable_prompt_tokens_details  # --enable-prompt-tokens-details
+        # --return-tokens-as-token-ids: the default of the request field of the same name.
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids
         # The model names requests may give: the served model's and its LoRA adapters'.
         self.models = models or ServingModels(engine, served_model_names, max_model_len)
         self.chat_options = chat_options or ChatOptions()
@@ -676,6 +676,12 @@ class OpenAIServing:
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
+
+    def tokens_as_ids(self, req: SamplingFields) -> bool:
+        """Whether ``req``'s logprobs name tokens ``"token_id:N"``: its
+        ``return_tokens_as_token_ids``, else ``--return-tokens-as-token-ids`` (vLLM's rule)."""
+        asked = req.return_tokens_as_token_ids
+        return self.return_tokens_as_token_ids if asked is None else asked
 
     def check_logprobs(self, field: str, asked: int | None) -> None:
         """Refuse a logprobs count that is not an integer >= -1 or over ``--max-logprobs``."""
@@ -855,31 +861,39 @@ class OpenAIServing:
                             finals: list["RequestOutput"]) -> list[CompletionChoice]:
         """The choices of a finished completions request (runs in the tokenizer thread)."""
         choices = []
+        as_ids = self.tokens_as_ids(req)
+        with_ids = bool(req.return_token_ids)
         for p_idx, out in enumerate(finals):
-            echo, echo_lp = (self._echo(prompts[p_idx], echo_texts[p_idx], out, req.logprobs) if req.echo
-                             else ("", None))
+            # As vLLM: with return_token_ids the echo is the prompt's ids, not its text.
+            echo, echo_lp = (self._echo(prompts[p_idx], echo_texts[p_idx], out, req.logprobs, as_ids,
+                                        with_text=not with_ids) if req.echo else ("", None))
             for c in out.outputs:
                 lp = None
                 if req.logprobs is not None:
                     offsets = _TextOffsets(self.tokenizer, prompts[p_idx], req.skip_special_tokens,
                                            req.spaces_between_special_tokens, base=len(echo))
-                    lp = self._completion_logprobs(c, 0, req.logprobs, offsets.advance(c.token_ids, len(c.text)))
+                    lp = self._completion_logprobs(c, 0, req.logprobs, offsets.advance(c.token_ids, len(c.text)),
+                                                   as_ids)
                     if echo_lp is not None:
                         lp = _join_logprobs(echo_lp, lp)
                 choices.append(CompletionChoice(
                     index=p_idx * req.n + c.index, text=echo + c.text, finish_reason=c.finish_reason,
-                    stop_reason=c.stop_reason, logprobs=lp, prompt_logprobs=_prompt_logprobs(out)))
+                    stop_reason=c.stop_reason, logprobs=lp, prompt_logprobs=_prompt_logprobs(out),
+                    prompt_token_ids=list(out.prompt_token_ids or prompts[p_idx]) if with_ids else None,
+                    token_ids=list(c.token_ids) if with_ids else None))
         return choices
 
     def _completion_logprobs(self, c: "CompletionOutput", start: int, n: int | None,
-                             offsets: list[int]) -> CompletionLogProbs:
-        """Logprobs of ``c``'s tokens from ``start`` on; ``offsets`` are their ``text_offset``s."""
+                             offsets: list[int], as_ids: bool = False) -> CompletionLogProbs:
+        """Logprobs of ``c``'s tokens from ``start`` on; ``offsets`` are their ``text_offset``s.
+        ``as_ids``: tokens are named ``"token_id:N"`` (``return_tokens_as_token_ids``); the
+        offsets still index the text."""
         lp = CompletionLogProbs(text_offset=offsets)
         for i in range(start, len(c.token_ids)):
             tok_id = c.token_ids[i]
             entries = (c.logprobs or [])[i] if c.logprobs and i < len(c.logprobs) else {}
             chosen = entries.get(tok_id)
-            lp.tokens.append(self._token_text(tok_id, entries))
+            lp.tokens.append(self._token_text(tok_id, entries, as_ids))
             lp.token_logprobs.append(chosen.logprob if chosen else None)
             if n is None or (n == 0 and chosen is None):
                 lp.top_logprobs.append(None)
@@ -888,30 +902,36 @@ class OpenAIServing:
             else:
                 # -1: the whole vocabulary (every entry the engine returned).
                 top = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)[: None if n == -1 else n + 1]
-                lp.top_logprobs.append({self._token_text(t, entries): e.logprob for t, e in top})
+                lp.top_logprobs.append({self._token_text(t, entries, as_ids): e.logprob for t, e in top})
         return lp
 
-    def _echo(self, prompt_ids: list[int], text: str | None, out: "RequestOutput",
-              n: int | None) -> tuple[str, CompletionLogProbs | None]:
-        """The echoed prompt's text (``text``, the prompt as sent, else its tokens decoded),
-        and with ``logprobs`` its tokens in the completions ``logprobs`` format (as vLLM: the
-        first token has neither a logprob nor top logprobs; offsets count the tokens' own
-        text). Runs in the tokenizer thread: the prompt may be long."""
+    def _echo(self, prompt_ids: list[int], text: str | None, out: "RequestOutput", n: int | None,
+              as_ids: bool = False, with_text: bool = True) -> tuple[str, CompletionLogProbs | None]:
+        """The echoed prompt's text (``text``, the prompt as sent, else its tokens decoded;
+        ``""`` without ``with_text``), and with ``logprobs`` its tokens in the completions
+        ``logprobs`` format (as vLLM: the first token has neither a logprob nor top logprobs;
+        offsets count the tokens' own text, capped to the text echoed; ``as_ids``: tokens
+        named ``"token_id:N"``). Runs in the tokenizer thread: the prompt may be long."""
         from forkless.outputs import CompletionOutput
 
-        if text is None:
+        if not with_text:
+            text = ""
+        elif text is None:
             text = self.tokenizer.decode(prompt_ids)
         if n is None:
             return text, None
         entries = [entry or {} for entry in out.prompt_logprobs or []]
         offsets = _TextOffsets(self.tokenizer, [], skip_special_tokens=False).advance(prompt_ids, len(text))
         lp = self._completion_logprobs(CompletionOutput(index=0, text="", token_ids=prompt_ids, logprobs=entries),
-                                       0, n, offsets)
+                                       0, n, offsets, as_ids)
         if lp.top_logprobs:
             lp.top_logprobs[0] = None
         return text, lp
 
-    def _token_text(self, token_id: int, entries: dict) -> str:
+    def _token_text(self, token_id: int, entries: dict, as_id: bool = False) -> str:
+        """A token's name in logprobs: its text, or ``"token_id:N"`` with ``as_id``."""
+        if as_id:
+            return f"token_id:{token_id}"
         e = entries.get(token_id)
         if e is not None and e.decoded_token is not None:
             return e.decoded_token
@@ -927,6 +947,11 @@ class OpenAIServing:
         prompt_tokens: dict[int, int] = {}
         cached_tokens: dict[int, int] = {}  # per prompt: its tokens found in the prefix cache
         want_logprobs = req.logprobs is not None
+        as_ids = self.tokens_as_ids(req)
+        # return_token_ids: a choice's first chunk has its prompt's ids, every chunk its new
+        # ids (vLLM's; here the echo is a chunk of its own, with no new ids).
+        with_ids = bool(req.return_token_ids)
+        prompt_ids_due: set[int] = set()  # choices whose first chunk is still to come
         # stream_options.continuous_usage_stats: every chunk carries its choice's usage so far.
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         text_chunk = _TextChunks(base_id, created, model_name)
@@ -952,12 +977,17 @@ class OpenAIServing:
                     echo, echo_lp = "", None
                     if req.echo:  # text may still be held back, so sent_text cannot say whether it was sent
                         if p_idx not in echoes:
-                            echoes[p_idx] = await self.in_tokenizer_thread(self._echo, prompts[p_idx], echo_texts[p_idx],
-                                                                       out, req.logprobs)
+                            echoes[p_idx] = await self.in_tokenizer_thread(
+                                self._echo, prompts[p_idx], echo_texts[p_idx], out, req.logprobs, as_ids,
+                                not with_ids)
                         echo, echo_lp = echoes[p_idx]
                         yield _sse(CompletionResponse(id=base_id, created=created, model=model_name, choices=[
-                            CompletionChoice(index=idx, text=echo, logprobs=echo_lp)],
+                            CompletionChoice(index=idx, text=echo, logprobs=echo_lp,
+                                             prompt_token_ids=prompts[p_idx] if with_ids else None,
+                                             token_ids=[] if with_ids else None)],
                             usage=_usage_of(prompt_tokens[p_idx], 0) if continuous else None))
+                    elif with_ids:
+                        prompt_ids_due.add(idx)
                     offsets[idx] = _TextOffsets(self.tokenizer, prompts[p_idx], req.skip_special_tokens,
                                                 req.spaces_between_special_tokens, base=len(echo))
                 if c is None:
@@ -967,7 +997,7 @@ class OpenAIServing:
                     state.offsets += offsets[idx].advance(c.token_ids, _UNCAPPED)
                 if not c.text and not c.finish_reason:
                     continue  # tokens whose text is still held back (partial UTF-8, stop string)
-                if not want_logprobs and c.finish_reason is None and not continuous:
+                if not want_logprobs and c.finish_reason is None and not continuous and not with_ids:
                     state.token_ids.clear()
                     yield text_chunk(idx, c.text)
                     continue
@@ -979,12 +1009,17 @@ class OpenAIServing:
                     end = offsets[idx].base + state.text_len
                     count = None if c.finish_reason else sum(1 for o in state.offsets if o < end)
                     sent = [min(o, end) for o in state.offsets[:count]]
-                    lp = self._completion_logprobs(state.take(c.index, count), 0, req.logprobs, sent)
+                    taken = state.take(c.index, count)
+                    lp = self._completion_logprobs(taken, 0, req.logprobs, sent, as_ids)
                 else:
-                    state.take(c.index)
+                    taken = state.take(c.index)
+                first = idx in prompt_ids_due
+                prompt_ids_due.discard(idx)
                 chunk = CompletionResponse(id=base_id, created=created, model=model_name, choices=[
                     CompletionChoice(index=idx, text=c.text, logprobs=lp, finish_reason=c.finish_reason,
-                                     stop_reason=c.stop_reason)],
+                                     stop_reason=c.stop_reason, prompt_token_ids=prompts[p_idx] if first else None,
+                                     # (the same tokens as the logprobs: see above)
+                                     token_ids=list(taken.token_ids) if with_ids else None)],
                     usage=_usage_of(prompt_tokens[p_idx], state.num_tokens) if continuous else None)
                 yield _sse(chunk)
         if req.stream_options and req.stream_options.include_usage:
@@ -1210,22 +1245,27 @@ class OpenAIServing:
         if req.stream:
             if wait_for_start:
                 (stream,) = await self._started([stream], [params], req)
-            return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, len(ids), named,
+            return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, ids, named,
                                      with_cached_tokens, with_reasoning_tokens)
         (final,) = await self._collect([stream], raw_request, req)
         choices = []
+        role = self._reply_role(req)
+        as_ids = self.tokens_as_ids(req)
         for c in final.outputs:
             message = parsers[c.index].parse_whole(c.text) if parsers else ChatResponseMessage(content=c.text)
-            message.role = self._reply_role(req)
+            message.role = role
             choices.append(ChatChoice(
                 index=c.index, message=message,
                 finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls), named),
-                stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top) if req.logprobs else None))
+                stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top, as_ids) if req.logprobs else None,
+                token_ids=list(c.token_ids) if req.return_token_ids else None))
         reasoning_tokens = (sum(parsers[c.index].reasoning_tokens(c.token_ids) if parsers else 0
                                 for c in final.outputs) if with_reasoning_tokens else None)
         usage = _usage(final, self.reported_cached_tokens(final.num_cached_tokens, with_cached_tokens), reasoning_tokens)
         return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=usage,
-                                      prompt_logprobs=_prompt_logprobs(final))
+                                      prompt_logprobs=_prompt_logprobs(final),
+                                      prompt_token_ids=list(final.prompt_token_ids or ids) if req.return_token_ids
+                                      else None)
 
     async def _check_constraint(self, req: SamplingFields, params: SamplingParams | BeamSearchParams) -> None:
         """Check a structured-output constraint off the event loop, before the engine
@@ -1315,38 +1355,52 @@ class OpenAIServing:
             return self.chat_options.response_role
         return req.messages[-1].role
 
-    def _chat_logprobs(self, c: "CompletionOutput", start: int, top: int | None) -> ChatLogprobs:
+    def _chat_logprobs(self, c: "CompletionOutput", start: int, top: int | None, as_ids: bool = False) -> ChatLogprobs:
+        """Chat logprobs of ``c``'s tokens from ``start`` on, ``top`` alternatives each.
+
+        ``as_ids`` (``return_tokens_as_token_ids``) names every token ``"token_id:N"``; as
+        vLLM, a sampled token's ``bytes`` stay its text's, an alternative's are its name's.
+        """
         content = []
         for i in range(start, len(c.token_ids)):
             tok_id = c.token_ids[i]
             entries = c.logprobs[i] if c.logprobs and i < len(c.logprobs) else {}
-            token = self._token_text(tok_id, entries)
+            text = self._token_text(tok_id, entries)
+            token = self._token_text(tok_id, entries, as_ids)
             chosen = entries.get(tok_id)
             ranked = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)
-            tops = [TopLogprob(token=self._token_text(t, entries), logprob=e.logprob,
-                               bytes=list(self._token_text(t, entries).encode()))
+            tops = [TopLogprob(token=self._token_text(t, entries, as_ids), logprob=e.logprob,
+                               bytes=list(self._token_text(t, entries, as_ids).encode()))
                     for t, e in ranked if top == -1 or (e.rank or 0) <= (top or 0)][: None if top == -1 else top or 0]
             content.append(ChatTokenLogprob(token=token, logprob=chosen.logprob if chosen else -9999.0,
-                                            bytes=list(token.encode()), top_logprobs=tops))
+                                            bytes=list(text.encode()), top_logprobs=tops))
         return ChatLogprobs(content=content)
 
     async def _stream_chat(self, req: ChatCompletionRequest, request_id: str,
                            stream: AsyncIterator["RequestOutput"], raw_request: Any, model_name: str,
                            parsers: list[ChoiceParser] | None = None,
-                           num_prompt_tokens: int = 0, named: bool = False,
+                           prompt_ids: Sequence[int] = (), named: bool = False,
                            with_cached_tokens: bool = False,
                            with_reasoning_tokens: bool = False) -> AsyncIterator[str]:
         created = int(time.time())
         top = req.top_logprobs if req.logprobs else None
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        num_prompt_tokens = len(prompt_ids)
+        # return_token_ids: each choice's role chunk has the prompt's ids, every later chunk
+        # its new ids (vLLM's).
+        with_ids = bool(req.return_token_ids)
+        as_ids = self.tokens_as_ids(req)
 
-        def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None) -> str:
+        def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None,
+                  prompt_token_ids: list[int] | None = None) -> str:
             return _sse(ChatCompletionChunk(id=request_id, created=created, model=model_name,
-                                            choices=choices, usage=usage))
+                                            choices=choices, usage=usage, prompt_token_ids=prompt_token_ids))
 
+        role = self._reply_role(req)
         for i in range(req.n):
-            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role=self._reply_role(req), content=""))],
-                        usage=_usage_of(num_prompt_tokens, 0) if continuous else None)
+            yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role=role, content=""))],
+                        usage=_usage_of(num_prompt_tokens, 0) if continuous else None,
+                        prompt_token_ids=list(prompt_ids) if req.return_token_ids else None)
         choices = [_StreamedChoice() for _ in range(req.n)]
         # The parsers read the whole text and token ids (and so does the reasoning count).
         keep_whole = parsers is not None
@@ -1368,7 +1422,7 @@ class OpenAIServing:
                     if not delta and not c.finish_reason:
                         continue
                     pending = state.take(c.index)
-                    lp = self._chat_logprobs(pending, 0, top) if req.logprobs else None
+                    lp = self._chat_logprobs(pending, 0, top, as_ids) if req.logprobs else None
                     finish = c.finish_reason
                     if parsers is None:
                         message: DeltaMessage | None = DeltaMessage(content=delta)
@@ -1377,10 +1431,11 @@ class OpenAIServing:
                         message = _merge_deltas(parser.step(state.text, list(state.all_token_ids)),
                                                 parser.finish(state.text) if finish else None)
                         finish = _finish_reason(finish, parser.called_tools, named)
-                        if message is None and not finish and lp is None:
+                        if message is None and not finish and lp is None and not with_ids:
                             continue  # the parsers hold this text back for now
                     yield chunk([ChatStreamChoice(index=c.index, delta=message or DeltaMessage(), logprobs=lp,
-                                                  finish_reason=finish, stop_reason=c.stop_reason)],
+                                                  finish_reason=finish, stop_reason=c.stop_reason,
+                                                  token_ids=list(pending.token_ids) if with_ids else None)],
                                 usage=_usage_of(prompt_tokens, state.num_tokens,
                                                 cached_tokens if with_cached_tokens else None) if continuous else None)
         except Exception as exc:  # noqa: BLE001 - a parser's bug (a plugin's, often): the client is told
