@@ -370,6 +370,12 @@ class ChatCompletionRequest(SamplingFields):
     # vLLM's values; the chat template gets it (and enable_thinking, unless
     # chat_template_kwargs sets that: false for "none").
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    # vLLM's: the reply starts with the last message's content when that message has the
+    # reply's role (a continued message, or an assistant prefill).
+    echo: bool = False
+    # vLLM's: false leaves the reasoning (and, with a reasoning parser, the per-token
+    # logprobs and token ids, which would show it) out of the reply.
+    include_reasoning: bool = True
 
     @field_validator("logprobs", mode="before")
     @classmethod

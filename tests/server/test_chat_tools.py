@@ -129,6 +129,35 @@ def test_usage_counts_the_reasoning_tokens_with_a_reasoning_parser(tool_server: 
     assert usage.completion_tokens_details.reasoning_tokens == 0
 
 
+def test_include_reasoning_false_leaves_the_reasoning_out(tool_server: Server, tokenizer) -> None:
+    # vLLM's: no reasoning in the reply, whole or streamed, and no per-token logprobs or
+    # token ids, which would show it; the rest of the reply (content, calls, the prompt's
+    # ids, the reasoning's count in usage) is as with the reasoning.
+    client = tool_server.client()
+    kw = dict(model=client.models.list().data[0].id, messages=MESSAGES, tools=[WEATHER_TOOL], n=2, logprobs=True,
+              top_logprobs=1)
+    body = {**forced(tokenizer, OUTPUT), "return_token_ids": True}
+    shown = client.chat.completions.create(extra_body=body, **kw)
+    hidden = client.chat.completions.create(extra_body={**body, "include_reasoning": False}, **kw)
+    assert hidden.prompt_token_ids == shown.prompt_token_ids and hidden.prompt_token_ids
+    assert hidden.usage == shown.usage and hidden.usage.completion_tokens_details.reasoning_tokens > 0
+    for was, choice in zip(shown.choices, hidden.choices):
+        assert was.message.reasoning == REASONING and was.logprobs is not None and was.token_ids
+        assert choice.message.reasoning is None and choice.message.reasoning_content is None
+        assert choice.logprobs is None and choice.token_ids is None
+        assert choice.message.content == was.message.content == "\n\n"
+        assert [c.function.arguments for c in choice.message.tool_calls] == [ARGUMENTS]
+        assert choice.finish_reason == "tool_calls"
+    chunks = list(client.chat.completions.create(stream=True, extra_body={**body, "include_reasoning": False}, **kw))
+    assert not any(c.logprobs or c.token_ids for chunk in chunks for c in chunk.choices)
+    assert [chunk.prompt_token_ids for chunk in chunks[:2]] == [shown.prompt_token_ids] * 2  # the role chunks
+    for index in range(2):
+        streamed = collect_stream(chunk.model_copy(update={"choices": [c for c in chunk.choices if c.index == index]})
+                                  for chunk in chunks)
+        assert (streamed["reasoning"], streamed["content"], streamed["finish"]) == ("", "\n\n", "tool_calls")
+        assert [c["arguments"] for c in streamed["calls"].values()] == [ARGUMENTS]
+
+
 def test_with_thinking_off_an_answer_is_plain_content(tool_server: Server, tokenizer) -> None:
     client = tool_server.client()
     model = client.models.list().data[0].id

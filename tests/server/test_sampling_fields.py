@@ -75,7 +75,6 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
     (_completion(flat_logprobs="yes"), "flat_logprobs"),
     (_completion(add_special_tokens=False), "add_special_tokens"),
     (_chat(add_special_tokens=True), "add_special_tokens"),
-    (_chat(echo=True), "echo"),
     (_chat(prompt_logprobs=1, stream=True), "prompt_logprobs"),
     (_completion(stream_options={"include_usage": True}), "stream_options"),
     (_chat(stream=True, stream_options={"continuous_usage_stats": True}), "stream_options"),

@@ -1,7 +1,8 @@
 """vLLM's request fields that return token ids or shape a stream, against real servers
 through the official ``openai`` client (vLLM's fields in ``extra_body``): ``return_token_ids``,
-``return_tokens_as_token_ids`` (and ``--return-tokens-as-token-ids``) and ``stream_interval``
-(and ``--stream-interval``).
+``return_tokens_as_token_ids`` (and ``--return-tokens-as-token-ids``), chat ``echo``,
+``include_reasoning`` without a reasoning parser, and ``stream_interval`` (and
+``--stream-interval``).
 
 The tiny random Llama writes greedy nonsense; ``ignore_eos`` makes every answer as long as
 ``max_tokens``.
@@ -22,6 +23,8 @@ from tests.server.conftest import Server, start_server
 
 PROMPTS = ["The capital of France is", "Once upon a time"]
 MESSAGES = [{"role": "user", "content": "Name a color."}]
+PREFILL = "My favourite colour is"
+CONTINUED = [*MESSAGES, {"role": "assistant", "content": PREFILL}]
 TOKEN_ID = re.compile(r"token_id:(\d+)")
 
 
@@ -223,3 +226,58 @@ def test_the_server_stream_interval_is_the_least_a_request_gets(flag_server: Ser
             assert len(sizes) <= 6 and all(size >= 3 for size in sizes[1:-1]), (chat, extra, sizes)
         sizes = _chunk_sizes(client, chat, stream_interval=6)
         assert len(sizes) <= 4 and all(size >= 6 for size in sizes[1:-1]), (chat, sizes)
+
+
+# -- chat echo ---------------------------------------------------------------------------------
+
+def test_chat_echo_puts_the_continued_message_first(server: Server) -> None:
+    client = server.client()
+    kw = dict(model="tiny", messages=CONTINUED, max_tokens=6, temperature=0)
+    body = {"ignore_eos": True, "add_generation_prompt": False, "continue_final_message": True}
+    plain = client.chat.completions.create(extra_body=body, **kw).choices[0].message.content
+    echoed = client.chat.completions.create(n=2, extra_body={**body, "echo": True}, **kw)
+    assert [c.message.content for c in echoed.choices] == [PREFILL + plain] * 2
+    # As vLLM: an echo asks for the prompt's logprobs, which the reply carries.
+    assert len(echoed.prompt_logprobs) == echoed.usage.prompt_tokens and echoed.prompt_logprobs[0] is None
+    # Streamed: after each choice's role chunk, a chunk of the echo, then the reply.
+    deltas: dict[int, list[str]] = defaultdict(list)
+    for chunk in client.chat.completions.create(n=2, stream=True, extra_body={**body, "echo": True}, **kw):
+        for c in chunk.choices:
+            if c.delta.content:
+                deltas[c.index].append(c.delta.content)
+    assert {i: (d[0], "".join(d)) for i, d in deltas.items()} == {i: (PREFILL, PREFILL + plain) for i in range(2)}
+    # Beam search too: each beam's reply starts with the echo.
+    beams = client.chat.completions.create(n=2, extra_body={**body, "echo": True, "use_beam_search": True}, **kw)
+    assert all(c.message.content.startswith(PREFILL) for c in beams.choices) and len(beams.choices) == 2
+    # A message of text parts is echoed as its texts joined by newlines (vLLM's rule).
+    parts = [*MESSAGES, {"role": "assistant", "content": [{"type": "text", "text": "My favourite"},
+                                                          {"type": "text", "text": "colour is"}]}]
+    reply = client.chat.completions.create(model="tiny", messages=parts, max_tokens=2,
+                                           extra_body={**body, "echo": True}).choices[0].message.content
+    assert reply.startswith("My favourite\ncolour is")
+
+
+def test_chat_echo_needs_the_last_message_in_the_reply_role(server: Server) -> None:
+    # After a generation prompt the reply is the assistant's: a last user message is not echoed.
+    client = server.client()
+    kw = dict(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0, extra_body={"ignore_eos": True})
+    plain = client.chat.completions.create(**kw).choices[0].message.content
+    kw["extra_body"] = {"ignore_eos": True, "echo": True}
+    assert client.chat.completions.create(**kw).choices[0].message.content == plain
+    streamed = "".join(c.delta.content or "" for chunk in client.chat.completions.create(stream=True, **kw)
+                       for c in chunk.choices)
+    assert streamed == plain
+
+
+def test_include_reasoning_false_without_a_reasoning_parser_changes_nothing(server: Server) -> None:
+    # Without --reasoning-parser there is no reasoning to leave out: the reply, its logprobs
+    # and its token ids are as they are without the field.
+    client = server.client()
+    kw = dict(model="tiny", messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True)
+    shown = client.chat.completions.create(extra_body={"ignore_eos": True, "return_token_ids": True}, **kw)
+    hidden = client.chat.completions.create(
+        extra_body={"ignore_eos": True, "return_token_ids": True, "include_reasoning": False}, **kw)
+    for a, b in ((shown, hidden),):
+        assert a.choices[0].message.content == b.choices[0].message.content
+        assert a.choices[0].token_ids == b.choices[0].token_ids
+        assert [e.token for e in a.choices[0].logprobs.content] == [e.token for e in b.choices[0].logprobs.content]

@@ -255,3 +255,26 @@ def test_the_server_splits_reasoning_from_schema_valid_content(server: Server, t
             reasoning += getattr(c.delta, "reasoning", None) or ""
             content += c.delta.content or ""
     assert (reasoning, content) == (REASONING, choice.message.content)
+
+
+def test_without_the_reasoning_a_constraint_holds_from_the_first_token(server: Server) -> None:
+    # vLLM's reasoning_ended=True for include_reasoning=false: the model does not think
+    # first. </think>, biased, is what an unconstrained reasoning starts with; the grammar
+    # refuses it, and the whole reply is the schema's.
+    client: openai.OpenAI = server.client()
+    kw = dict(model=client.models.list().data[0].id, messages=[{"role": "user", "content": "Yes or no?"}],
+              temperature=0, max_tokens=60, logit_bias={str(END): 100},
+              response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}})
+    thinking = client.chat.completions.create(extra_body={"return_token_ids": True}, **kw).choices[0]
+    assert thinking.token_ids[0] == END
+    hidden = client.chat.completions.create(extra_body={"include_reasoning": False}, **kw)
+    choice = hidden.choices[0]
+    jsonschema.validate(json.loads(choice.message.content), SCHEMA)
+    assert choice.message.reasoning is None and choice.finish_reason == "stop"
+    assert hidden.usage.completion_tokens == len(thinking.token_ids) - 1
+    content = ""
+    for chunk in client.chat.completions.create(stream=True, extra_body={"include_reasoning": False}, **kw):
+        for c in chunk.choices:
+            assert getattr(c.delta, "reasoning", None) is None
+            content += c.delta.content or ""
+    assert content == choice.message.content

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterable, Sequen
 import msgspec
 
 from forkless.engine.detokenizer import IncrementalDetokenizer
-from forkless.engine.processor import NoChatTemplateError
+from forkless.engine.processor import NoChatTemplateError, message_text
 from forkless.entrypoints.openai.chat_options import ChatOptions
 from forkless.entrypoints.openai.chat_parsing import ChoiceParser, make_choice_parser
 from forkless.entrypoints.openai.errors import BadRequest, quoted
@@ -133,8 +133,6 @@ _UNSUPPORTED_COMPLETION_FIELDS = {
 _UNSUPPORTED_CHAT_FIELDS = {
     "add_special_tokens": ((None, False), "add_special_tokens=true is not supported: the chat template "
                                           "writes the special tokens"),
-    "echo": ((None, False), "echo is not supported for chat completions"),
-    "include_reasoning": ((None, True), "include_reasoning=false is not supported"),
     "functions": ((None,), "the legacy functions field is not supported; use tools"),
     "function_call": ((None,), "the legacy function_call field is not supported; use tool_choice"),
     # vLLM's: the answer would carry the templated prompt as prompt_text.
@@ -267,6 +265,12 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
     elif isinstance(req, CompletionRequest) and req.echo:
         # As vLLM: the echoed prompt's tokens get logprobs too (streaming included).
         prompt_logprobs = logprobs
+    elif isinstance(req, ChatCompletionRequest) and req.echo and not req.stream:
+        # As vLLM: a chat echo asks for the prompt's logprobs, top_logprobs of them (vLLM's
+        # top_logprobs defaults to 0: the prompt tokens' own), which the reply's
+        # prompt_logprobs carries. A stream has no place for them (vLLM computes and drops
+        # them), so they are not asked for there.
+        prompt_logprobs = logprobs or 0
     try:
         bias = {int(k): float(v) for k, v in (req.logit_bias or {}).items()}
     except ValueError:
@@ -333,6 +337,8 @@ def to_beam_search_params(req: SamplingFields, max_tokens: int | None, default_m
     """
     _reject_unsupported(req)
     for name, nothing in _NOT_WITH_BEAM_SEARCH.items():
+        if name == "echo" and isinstance(req, ChatCompletionRequest):
+            continue  # a chat echo only prepends the last message to each reply
         if getattr(req, name, None) not in nothing:
             raise BadRequest(f"{name} cannot be used with use_beam_search (beam search ranks beams by their "
                              "logprobs alone)", name)
@@ -1232,9 +1238,13 @@ class OpenAIServing:
         if isinstance(params, SamplingParams) and params.structured_outputs is not None:
             # The engine starts the constraint after the reasoning (as vLLM) where the
             # parser names its end token; else it holds from the first token, and there is
-            # no reasoning to split off.
+            # no reasoning to split off. A request that leaves the reasoning out has its
+            # constraint hold from the first token (vLLM's reasoning_ended=True).
+            if not req.include_reasoning:
+                params.structured_outputs._reasoning_ended = True
             for parser in parsers or ():
-                if parser.reasoning is not None and parser.reasoning.end_token_id is None:
+                if parser.reasoning is not None and (parser.reasoning.end_token_id is None
+                                                     or not req.include_reasoning):
                     parser.reasoning = None
         request_id, engine_id = _request_ids("chatcmpl", req.request_id, raw_request)
         self.log_request(engine_id, ids, params)
@@ -1250,15 +1260,24 @@ class OpenAIServing:
         (final,) = await self._collect([stream], raw_request, req)
         choices = []
         role = self._reply_role(req)
+        echo = _echoed(req, role)
+        # include_reasoning=false (with a reasoning parser): no reasoning, and no per-token
+        # logprobs or ids, which would show it (vLLM's rule).
+        hidden = self._reasoning_hidden(req)
         as_ids = self.tokens_as_ids(req)
         for c in final.outputs:
             message = parsers[c.index].parse_whole(c.text) if parsers else ChatResponseMessage(content=c.text)
             message.role = role
+            if hidden:
+                message.reasoning = None
+            if req.echo:  # (vLLM's: the content is "" rather than null with echo, even if nothing is echoed)
+                message.content = echo + (message.content or "")
             choices.append(ChatChoice(
                 index=c.index, message=message,
                 finish_reason=_finish_reason(c.finish_reason, bool(message.tool_calls), named),
-                stop_reason=c.stop_reason, logprobs=self._chat_logprobs(c, 0, top, as_ids) if req.logprobs else None,
-                token_ids=list(c.token_ids) if req.return_token_ids else None))
+                stop_reason=c.stop_reason,
+                logprobs=self._chat_logprobs(c, 0, top, as_ids) if req.logprobs and not hidden else None,
+                token_ids=list(c.token_ids) if req.return_token_ids and not hidden else None))
         reasoning_tokens = (sum(parsers[c.index].reasoning_tokens(c.token_ids) if parsers else 0
                                 for c in final.outputs) if with_reasoning_tokens else None)
         usage = _usage(final, self.reported_cached_tokens(final.num_cached_tokens, with_cached_tokens), reasoning_tokens)
@@ -1266,6 +1285,11 @@ class OpenAIServing:
                                       prompt_logprobs=_prompt_logprobs(final),
                                       prompt_token_ids=list(final.prompt_token_ids or ids) if req.return_token_ids
                                       else None)
+
+    def _reasoning_hidden(self, req: ChatCompletionRequest) -> bool:
+        """Whether ``req`` leaves its reasoning out of the reply (``include_reasoning=false``
+        on a server with a reasoning parser: without one there is no reasoning to drop)."""
+        return not req.include_reasoning and self.chat_options.reasoning_parser is not None
 
     async def _check_constraint(self, req: SamplingFields, params: SamplingParams | BeamSearchParams) -> None:
         """Check a structured-output constraint off the event loop, before the engine
@@ -1386,9 +1410,10 @@ class OpenAIServing:
         top = req.top_logprobs if req.logprobs else None
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         num_prompt_tokens = len(prompt_ids)
+        hidden = self._reasoning_hidden(req)
         # return_token_ids: each choice's role chunk has the prompt's ids, every later chunk
-        # its new ids (vLLM's).
-        with_ids = bool(req.return_token_ids)
+        # its new ids (vLLM's), unless the reasoning is hidden: its ids would show it.
+        with_ids = bool(req.return_token_ids) and not hidden
         as_ids = self.tokens_as_ids(req)
 
         def chunk(choices: list[ChatStreamChoice], usage: UsageInfo | None = None,
@@ -1401,6 +1426,11 @@ class OpenAIServing:
             yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(role=role, content=""))],
                         usage=_usage_of(num_prompt_tokens, 0) if continuous else None,
                         prompt_token_ids=list(prompt_ids) if req.return_token_ids else None)
+        echo = _echoed(req, role)
+        if echo:  # as vLLM: one chunk per choice, after the roles, before anything generated
+            for i in range(req.n):
+                yield chunk([ChatStreamChoice(index=i, delta=DeltaMessage(content=echo))],
+                            usage=_usage_of(num_prompt_tokens, 0) if continuous else None)
         choices = [_StreamedChoice() for _ in range(req.n)]
         # The parsers read the whole text and token ids (and so does the reasoning count).
         keep_whole = parsers is not None
@@ -1422,7 +1452,7 @@ class OpenAIServing:
                     if not delta and not c.finish_reason:
                         continue
                     pending = state.take(c.index)
-                    lp = self._chat_logprobs(pending, 0, top, as_ids) if req.logprobs else None
+                    lp = self._chat_logprobs(pending, 0, top, as_ids) if req.logprobs and not hidden else None
                     finish = c.finish_reason
                     if parsers is None:
                         message: DeltaMessage | None = DeltaMessage(content=delta)
@@ -1430,6 +1460,8 @@ class OpenAIServing:
                         parser = parsers[c.index]
                         message = _merge_deltas(parser.step(state.text, list(state.all_token_ids)),
                                                 parser.finish(state.text) if finish else None)
+                        if hidden:
+                            message = _without_reasoning(message)
                         finish = _finish_reason(finish, parser.called_tools, named)
                         if message is None and not finish and lp is None and not with_ids:
                             continue  # the parsers hold this text back for now
@@ -1564,6 +1596,24 @@ def _merge_deltas(a: DeltaMessage | None, b: DeltaMessage | None) -> DeltaMessag
     calls = list(a.tool_calls or []) + list(b.tool_calls or [])
     return DeltaMessage(reasoning=join(a.reasoning, b.reasoning),
                         content=join(a.content, b.content), tool_calls=calls or None)
+
+
+def _without_reasoning(delta: DeltaMessage | None) -> DeltaMessage | None:
+    """``delta`` without its reasoning (``include_reasoning=false``); ``None`` if nothing is left."""
+    if delta is None or (delta.content is None and not delta.tool_calls):
+        return None
+    delta.reasoning = None
+    return delta
+
+
+def _echoed(req: ChatCompletionRequest, role: str) -> str:
+    """What a chat ``echo`` puts before each reply: the last message's content (its text
+    parts joined by newlines) when that message has the reply's ``role``, else nothing
+    (vLLM's rule)."""
+    last = req.messages[-1]
+    if not req.echo or last.role != role:
+        return ""
+    return message_text(last.content)
 
 
 def _request_ids(prefix: str, client_id: str | None, raw_request: Any = None) -> tuple[str, str]:
