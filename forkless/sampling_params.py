@@ -336,6 +336,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
             _int(self.max_tokens, "max_tokens", 1)
         if self.stream_interval is not None:
             _int(self.stream_interval, "stream_interval", 1)
+            if self.stream_interval >= 2**63:  # (it crosses to the engine core as a msgpack int)
+                raise _bad("stream_interval", self.stream_interval, "an integer >= 1 and < 2**63")
         _int(self.min_tokens, "min_tokens", 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise _bad(

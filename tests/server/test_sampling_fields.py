@@ -86,6 +86,7 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
     (_chat(logits_processors=[{"qualname": "pkg.mod.Processor"}]), "logits_processors"),
     (_completion(min_tokens=3, structured_outputs={"choice": ["yes", "no"]}), "min_tokens"),
     (_completion(seed=2**70), "seed"),
+    (_chat(stream=True, stream_interval=2**70), "stream_interval"),
     (_completion(stop=""), "stop"),
 ])
 def test_fields_that_would_be_ignored_are_rejected_naming_them(req, param) -> None:
