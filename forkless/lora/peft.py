@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,11 +104,19 @@ def llama_lora_shapes(hf_config: Mapping[str, Any]) -> dict[str, tuple[int, int]
             for i in range(int(hf_config["num_hidden_layers"])) for name, shape in per_layer.items()}
 
 
+# Bytes per element of the safetensors dtypes, to check each tensor's byte range.
+_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+             "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
 def read_safetensors_header(path: Path) -> dict[str, Any]:
-    """The JSON header of a safetensors file (tensor name -> dtype, shape, offsets).
+    """The JSON header of a safetensors file (tensor name -> dtype, shape, offsets),
+    checked as the safetensors loader checks it: every entry has a dtype, a shape of
+    non-negative integers and a byte range of that size, and the ranges cover the data
+    exactly (a truncated file is refused here, not when a request first reads it).
 
     Raises:
-        ValueError: The file is not a safetensors file.
+        ValueError: The file is not a complete safetensors file.
     """
     with open(path, "rb") as f:
         head = f.read(8)
@@ -116,6 +126,9 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
         if size > 100 << 20:
             raise ValueError(f"its header claims {size} bytes: not a safetensors file")
         raw = f.read(size)
+        data_size = os.fstat(f.fileno()).st_size - 8 - size
+    if len(raw) != size:
+        raise ValueError(f"the file ends inside its {size}-byte header (truncated?)")
     try:
         header = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -123,6 +136,29 @@ def read_safetensors_header(path: Path) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise ValueError("its header is not a JSON object")
     header.pop("__metadata__", None)
+    ranges = []
+    for key, info in header.items():
+        if not isinstance(info, dict) or not isinstance(info.get("dtype"), str):
+            raise ValueError(f"tensor {key!r}: its header entry has no dtype")
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if not isinstance(shape, list) or not all(type(n) is int and n >= 0 for n in shape):
+            raise ValueError(f"tensor {key!r}: its shape {shape!r} is not a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(type(n) is int for n in offsets)
+                or not 0 <= offsets[0] <= offsets[1]):
+            raise ValueError(f"tensor {key!r}: its data_offsets {offsets!r} are not a byte range [begin, end]")
+        itemsize = _ITEMSIZE.get(info["dtype"])
+        if itemsize is not None and offsets[1] - offsets[0] != math.prod(shape) * itemsize:
+            raise ValueError(f"tensor {key!r}: {info['dtype']} {shape} needs {math.prod(shape) * itemsize} "
+                             f"bytes, its data_offsets {offsets} hold {offsets[1] - offsets[0]}")
+        ranges.append(offsets)
+    end = 0
+    for begin, stop in sorted(ranges):
+        if begin != end:
+            raise ValueError(f"the tensors' byte ranges leave a gap or overlap at byte {min(begin, end)}")
+        end = stop
+    if end != data_size:
+        raise ValueError(f"the tensors need {end} bytes of data, the file has {max(data_size, 0)} "
+                         f"({'truncated' if end > data_size else 'trailing bytes'})")
     return header
 
 
@@ -130,11 +166,22 @@ def _fail(lora: LoRARequest, problem: str) -> LoRAAdapterError:
     return LoRAAdapterError(f"LoRA adapter {lora.lora_name!r} ({lora.lora_path}): {problem}")
 
 
+def _is(lora: LoRARequest, path: Path, kind: str) -> bool:
+    """Whether ``path`` is a folder (``kind`` "dir") or a file; a path the OS refuses to
+    look at (too long, not readable) is the adapter's error, not the server's."""
+    try:
+        return stat.S_ISDIR(path.stat().st_mode) if kind == "dir" else stat.S_ISREG(path.stat().st_mode)
+    except (FileNotFoundError, NotADirectoryError, ValueError):  # ValueError: a NUL in the path
+        return False
+    except OSError as exc:
+        raise _fail(lora, f"{path.name or path} cannot be read: {exc.strerror or type(exc).__name__}") from None
+
+
 def _read_config(lora: LoRARequest, folder: Path) -> dict[str, Any]:
-    if not folder.is_dir():
+    if not _is(lora, folder, "dir"):
         raise _fail(lora, "no such folder")
     cfg_path = folder / CONFIG_FILE
-    if not cfg_path.is_file():
+    if not _is(lora, cfg_path, "file"):
         raise _fail(lora, f"no {CONFIG_FILE} in the folder (expected a PEFT adapter saved with save_pretrained)")
     try:
         cfg = json.loads(cfg_path.read_text())
@@ -157,8 +204,8 @@ def _check_config(lora: LoRARequest, cfg: dict[str, Any], max_rank: int) -> tupl
         raise _fail(lora, f"rank r={rank} is above --max-lora-rank {max_rank}; start the engine with "
                           f"--max-lora-rank {rank} or more")
     alpha = cfg.get("lora_alpha", 8)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise _fail(lora, f"'lora_alpha' must be a number, got {alpha!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha):
+        raise _fail(lora, f"'lora_alpha' must be a finite number, got {alpha!r}")
     unsupported = {
         "use_dora": bool(cfg.get("use_dora")),
         "bias": cfg.get("bias", "none") not in (None, "none"),
@@ -204,12 +251,15 @@ def read_adapter(
             the rank is above ``max_rank``, a module is not an adaptable projection of the
             model, or a tensor's shape does not fit it. The message names the adapter.
     """
-    folder = Path(lora.lora_path).expanduser()
+    try:
+        folder = Path(lora.lora_path).expanduser()
+    except RuntimeError:  # "~name/..." of no such user
+        raise _fail(lora, "no such folder (its ~user has no home folder)") from None
     cfg = _read_config(lora, folder)
     rank, scaling = _check_config(lora, cfg, max_rank)
     weights = folder / WEIGHTS_FILE
-    if not weights.is_file():
-        if (folder / "adapter_model.bin").is_file():
+    if not _is(lora, weights, "file"):
+        if _is(lora, folder / "adapter_model.bin", "file"):
             raise _fail(lora, f"only {WEIGHTS_FILE} is supported, the folder has adapter_model.bin "
                               "(save the adapter with safe_serialization=True)")
         raise _fail(lora, f"no {WEIGHTS_FILE} in the folder")

@@ -129,6 +129,69 @@ def test_runtime_load_unload_and_errors(lora_server, llama, references, detok, t
     assert "mlp" not in {m.id for m in lora_server.client().models.list().data}
 
 
+def _hostile_adapters(good: Path, tmp: Path) -> dict[str, tuple[str, str]]:
+    """name -> (adapter path, what the 400 must say): folders whose safetensors or config
+    a torch-free check must refuse, and paths the OS refuses to look at."""
+    import shutil
+    import struct
+
+    def copy(name: str) -> Path:
+        return Path(shutil.copytree(good, tmp / name))
+
+    truncated = copy("truncated")
+    weights = truncated / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # header intact, data cut
+    shape = copy("shape-not-a-list")
+    raw = (shape / "adapter_model.safetensors").read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + size])
+    first = next(k for k in header if k != "__metadata__")
+    header[first]["shape"] = 5
+    new = json.dumps(header).encode()
+    (shape / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + size:])
+    infinite = copy("alpha-infinite")
+    cfg = json.loads((infinite / "adapter_config.json").read_text())
+    cfg["lora_alpha"] = float("inf")  # json writes Infinity, and reads it back
+    (infinite / "adapter_config.json").write_text(json.dumps(cfg))
+    return {
+        "truncated": (str(truncated), "adapter_model.safetensors"),
+        "shape": (str(shape), "shape"),
+        "alpha": (str(infinite), "lora_alpha"),
+        "long-path": ("/tmp/" + "a" * 5000, "LoRA adapter 'long-path'"),
+        "no-such-user": ("~no-such-user-forkless/adapter", "LoRA adapter 'no-such-user'"),
+    }
+
+
+def test_bad_loads_are_400s_never_500s(lora_server, llama, tmp_path):
+    """vLLM's answers to a load or unload without a name or path (400 InvalidUserInput), and
+    a 400 naming the adapter for adapters a torch-free check must refuse (a truncated
+    safetensors that would fail every request, a header of the wrong shape, an infinite
+    lora_alpha) and for paths the OS refuses (too long, an unknown ~user)."""
+    _, adapters = llama
+    url = lora_server.url
+    load, unload = f"{url}/v1/load_lora_adapter", f"{url}/v1/unload_lora_adapter"
+    for body in ({"lora_name": "", "lora_path": str(adapters["all-r8"])}, {"lora_name": "x", "lora_path": ""}):
+        r = httpx.post(load, json=body, timeout=30)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["message"] == "Both 'lora_name' and 'lora_path' must be provided."
+        assert r.json()["error"]["type"] == "InvalidUserInput"
+    r = httpx.post(unload, json={"lora_name": ""}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"] == "'lora_name' needs to be provided to unload a LoRA adapter."
+    for name, (path, problem) in _hostile_adapters(adapters["all-r8"], tmp_path).items():
+        r = httpx.post(load, json={"lora_name": name, "lora_path": path}, timeout=30)
+        assert r.status_code == 400, (name, r.text)
+        assert problem in r.json()["error"]["message"], (name, r.text)
+    # vLLM's messages quote the name.
+    dup = httpx.post(load, json={"lora_name": "all", "lora_path": str(adapters["all-r8"])}, timeout=30)
+    assert dup.status_code == 400 and "The lora adapter 'all' has already been loaded" in dup.text, dup.text
+    gone = httpx.post(unload, json={"lora_name": "never-loaded"}, timeout=30)
+    assert gone.status_code == 404 and "The lora adapter 'never-loaded' cannot be found" in gone.text, gone.text
+    listed = {m.id for m in lora_server.client().models.list().data}
+    assert listed.isdisjoint({"", "x", "truncated", "shape", "alpha", "long-path", "no-such-user"})
+    assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+
+
 def test_eviction_with_four_adapters_in_rotation(lora_server, llama, references, detok):
     """--max-cpu-loras 2 and --max-loras 2 with 4 adapters requested in turn (and at once)."""
     base, adapters = llama

@@ -130,6 +130,9 @@ class ServingModels:
         Raises:
             BadRequest: LoRA is off, the name is taken, or the adapter is malformed (400).
         """
+        if not name or not path:  # vLLM's answer
+            raise BadRequest("Both 'lora_name' and 'lora_path' must be provided.", "lora_name" if not name else
+                             "lora_path", err_type="InvalidUserInput")
         if not self.lora_enabled:
             raise BadRequest("LoRA adapters need a server started with --enable-lora", "lora_name")
         if load_inplace and name in self.loras:
@@ -142,19 +145,24 @@ class ServingModels:
             self.loras[name] = lora
             logger.info("LoRA adapter %r (id %d) replaced in place from %s", name, lora.lora_int_id, path)
             return lora
-        if name in self.served_model_names or name in self.loras:
-            raise BadRequest(f"The lora adapter {quoted(name)} has already been loaded", "lora_name",
-                             err_type="InvalidUserInput")
+        if name in self.served_model_names:
+            raise BadRequest(f"'{quoted(name)}' is the served model's name; give the LoRA adapter another one",
+                             "lora_name", err_type="InvalidUserInput")
+        self._refuse_loaded(name)
         lora = LoRARequest(name, next(self._ids), path, base_model_name)
         try:
             await self.run_blocking(self.engine.processor.check_lora, lora)
         except ValueError as exc:
             raise BadRequest(str(exc), "lora_path", err_type="InvalidUserInput") from None
-        if name in self.loras:  # loaded by a concurrent call while this one was checking
-            raise BadRequest(f"The lora adapter {quoted(name)} has already been loaded", "lora_name",
-                             err_type="InvalidUserInput")
+        self._refuse_loaded(name)  # loaded by a concurrent call while this one was checking
         self._install(lora)
         return lora
+
+    def _refuse_loaded(self, name: str) -> None:
+        if name in self.loras:  # vLLM's message
+            raise BadRequest(f"The lora adapter '{quoted(name)}' has already been loaded. If you want to load "
+                             "the adapter in place, set 'load_inplace' to True.", "lora_name",
+                             err_type="InvalidUserInput")
 
     def _install(self, lora: LoRARequest) -> None:
         self.loras[lora.lora_name] = lora
@@ -165,11 +173,14 @@ class ServingModels:
         """Stop serving an adapter; requests already running finish with it.
 
         Raises:
-            BadRequest: No adapter of that name (404).
+            BadRequest: No name (400) or no adapter of that name (404), as vLLM answers.
         """
+        if not name:
+            raise BadRequest("'lora_name' needs to be provided to unload a LoRA adapter.", "lora_name",
+                             err_type="InvalidUserInput")
         if self.loras.pop(name, None) is None:
-            known = ", ".join(self.loras) or "none"
-            raise BadRequest(f"The lora adapter {quoted(name)} cannot be found (loaded adapters: {known})",
+            known = ", ".join(quoted(n) for n in self.loras) or "none"
+            raise BadRequest(f"The lora adapter '{quoted(name)}' cannot be found (loaded adapters: {known})",
                              "lora_name", err_type="NotFoundError", status=HTTPStatus.NOT_FOUND)
         self._parents.pop(name, None)
         logger.info("LoRA adapter %r removed", name)
