@@ -267,6 +267,7 @@ def resolver_server(llama, plugin_site, tmp_path_factory):
                                   "FORKLESS_PLUGINS": "lora_filesystem_resolver,example_lora_resolver",
                                   "FORKLESS_LORA_RESOLVER_CACHE_DIR": str(cache),
                                   "FORKLESS_EXAMPLE_LORA_TABLE": str(table)})
+    srv.extra["cache"] = cache
     yield srv
     assert stop_and_check(srv) == 0, srv.log()[-3000:]
 
@@ -289,6 +290,61 @@ def test_resolvers_find_adapters_in_registration_order(resolver_server, referenc
         client.completions.create(model="broken", prompt="x", max_tokens=1)
     assert "LoRA adapter 'broken'" in info.value.body["message"]
     assert _tokens(client, "fs-adapter", PROMPT_IDS[1]) == detok(references["all-r8"][1])
+
+
+def test_a_client_leaving_does_not_fail_the_others_waiting_for_its_resolution(resolver_server, llama, references,
+                                                                               detok):
+    """Requests for one unknown name wait for one resolution; the first one's client
+    disconnecting must not cancel it under the others (they got a bare 500). The
+    filesystem resolver is held inside its lookup by an adapter_config.json that is a FIFO:
+    its open() waits for a writer, which the test becomes once the first client is gone."""
+    import os
+    import threading
+    import time
+
+    _, adapters = llama
+    folder = _copy_for(adapters["all-r8"], resolver_server.extra["cache"] / "slow-to-find", "tiny")
+    config = folder / "adapter_config.json"
+    text = config.read_text()
+    config.unlink()
+    os.mkfifo(config)
+    body = {"model": "slow-to-find", "prompt": PROMPT_IDS[0], "max_tokens": MAX_TOKENS, "temperature": 0.0,
+            "ignore_eos": True}
+    url = f"{resolver_server.url}/v1/completions"
+    second: dict = {}
+
+    def wait_for_it() -> None:
+        try:
+            second["response"] = httpx.post(url, json=body, timeout=60)
+        except Exception as exc:  # noqa: BLE001 -- reported below
+            second["error"] = exc
+
+    try:
+        with pytest.raises(httpx.TimeoutException):
+            waiter = threading.Thread(target=wait_for_it)  # the second request, once the first resolves
+            threading.Timer(0.5, waiter.start).start()
+            httpx.post(url, json=body, timeout=1.5)  # gives up: its client disconnects
+        time.sleep(1.0)  # the server sees the disconnect and cancels the first request
+    finally:
+        deadline = time.monotonic() + 10
+        while True:  # the resolver's open() waits for a writer: be it, with the real config
+            try:
+                fd = os.open(config, os.O_WRONLY | os.O_NONBLOCK)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        real = folder / "adapter_config.json.tmp"
+        real.write_text(text)
+        os.replace(real, config)  # what the server's own check reads next
+        os.write(fd, text.encode())
+        os.close(fd)
+    waiter.join(60)
+    assert "error" not in second, second.get("error")
+    response = second["response"]
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["text"].rstrip("\ufffd") == detok(references["all-r8"][0])
 
 
 def test_filesystem_resolver_is_a_filterable_plugin(plugin_site, tmp_path):

@@ -102,7 +102,7 @@ class ServingModels:
         self._parents: dict[str, str] = {}
         self._ids = itertools.count(1)
         # Names being loaded by a resolver: concurrent requests for one wait for one load.
-        self._resolving: dict[str, asyncio.Future[LoRARequest | None]] = {}
+        self._resolving: dict[str, asyncio.Task[LoRARequest | None]] = {}
         self.run_blocking: Callable[..., Awaitable[Any]] = self._to_thread
 
     @staticmethod
@@ -225,21 +225,20 @@ class ServingModels:
                          err_type="NotFoundError", status=HTTPStatus.NOT_FOUND, code="model_not_found")
 
     async def _resolve_with_plugins(self, name: str) -> LoRARequest | None:
-        pending = self._resolving.get(name)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[LoRARequest | None] = asyncio.get_running_loop().create_future()
-        self._resolving[name] = future
-        try:
-            result = await self._ask_resolvers(name)
-            future.set_result(result)
-            return result
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: waiters get it, nobody else must
-            raise
-        finally:
-            del self._resolving[name]
+        # One task per name, which no request owns: a client that disconnects cancels its
+        # own wait, never the resolution the others wait for.
+        task = self._resolving.get(name)
+        if task is None:
+            task = self._resolving[name] = asyncio.ensure_future(self._ask_resolvers(name))
+
+            def done(t: asyncio.Task[LoRARequest | None]) -> None:
+                if self._resolving.get(name) is t:
+                    del self._resolving[name]
+                if not t.cancelled():
+                    t.exception()  # retrieved: its waiters get it, nobody else must
+
+            task.add_done_callback(done)
+        return await asyncio.shield(task)
 
     async def _ask_resolvers(self, name: str) -> LoRARequest | None:
         """Each resolver in registration order; the first adapter found is loaded."""
