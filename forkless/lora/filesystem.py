@@ -4,7 +4,10 @@ Invariants:
     * It answers only for a folder holding a PEFT LoRA adapter whose
       ``base_model_name_or_path`` is the served model's name; the server then checks and
       loads the adapter like any other.
-    * A name is one path component: nothing outside the folder is ever read.
+    * As vLLM's: a name may be a relative path below the folder (``org/adapter``), and what
+      it names, symlinks resolved, must lie inside the folder: nothing outside it is ever
+      read. Names with empty, ``.`` or ``..`` components find nothing, so one adapter
+      folder has one name; the adapter is served from its resolved path.
 """
 
 from __future__ import annotations
@@ -30,11 +33,23 @@ class FilesystemResolver(LoRAResolver):
     def __init__(self, lora_cache_dir: str) -> None:
         self.lora_cache_dir = lora_cache_dir
 
-    def _find(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
-        # A name is one path component: "../x" or "a/b" must not leave the folder.
-        if not lora_name or lora_name in (".", "..") or os.sep in lora_name or (os.altsep and os.altsep in lora_name):
+    def _path(self, lora_name: str) -> str | None:
+        """The resolved folder ``lora_name`` names inside the cache folder, or ``None``."""
+        parts = lora_name.replace(os.altsep, os.sep).split(os.sep) if os.altsep else lora_name.split(os.sep)
+        if not lora_name or os.path.isabs(lora_name) or any(p in ("", ".", "..") for p in parts):
             return None
-        path = os.path.join(self.lora_cache_dir, lora_name)
+        try:
+            root = os.path.realpath(self.lora_cache_dir)
+            path = os.path.realpath(os.path.join(root, *parts))
+        except (OSError, ValueError):  # too long, a NUL
+            return None
+        # A symlink may point anywhere: what counts is where it leads.
+        return path if path != root and os.path.commonpath([root, path]) == root else None
+
+    def _find(self, base_model_name: str, lora_name: str) -> LoRARequest | None:
+        path = self._path(lora_name)
+        if path is None:
+            return None
         try:
             with open(os.path.join(path, CONFIG_FILE), encoding="utf-8") as f:
                 config = json.load(f)

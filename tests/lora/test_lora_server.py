@@ -292,6 +292,32 @@ def test_resolvers_find_adapters_in_registration_order(resolver_server, referenc
     assert _tokens(client, "fs-adapter", PROMPT_IDS[1]) == detok(references["all-r8"][1])
 
 
+def test_filesystem_resolver_stays_inside_its_folder(resolver_server, llama, references, detok, tmp_path):
+    """As vLLM's: a name may be a path below the folder ("org/adapter"), but what it names
+    must resolve inside the folder -- a symlink to an adapter elsewhere is not served, one
+    to an adapter inside it is (from the folder it points to); "..", "." and absolute names
+    find nothing."""
+    import os
+
+    _, adapters = llama
+    cache = resolver_server.extra["cache"]
+    outside = _copy_for(adapters["all-r8"], tmp_path / "outside", "tiny")
+    os.symlink(outside, cache / "link-out")
+    os.symlink(cache / "fs-adapter", cache / "link-in")
+    (cache / "org").mkdir()
+    _copy_for(adapters["mlp-o-r32"], cache / "org" / "nested", "tiny")
+    client = resolver_server.client()
+    assert _tokens(client, "org/nested", PROMPT_IDS[0]) == detok(references["mlp-o-r32"][0])
+    assert _tokens(client, "link-in", PROMPT_IDS[0]) == detok(references["all-r8"][0])
+    for name in ("link-out", "link-out/", "org/../link-out", "org/./nested", "org//nested", "./fs-adapter",
+                 str(cache / "fs-adapter"), str(outside)):
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model=name, prompt="x", max_tokens=1)
+    roots = {m.id: m.root for m in client.models.list().data}
+    assert roots["org/nested"] == os.path.realpath(cache / "org" / "nested")
+    assert roots["link-in"] == os.path.realpath(cache / "fs-adapter")
+
+
 def test_a_client_leaving_does_not_fail_the_others_waiting_for_its_resolution(resolver_server, llama, references,
                                                                                detok):
     """Requests for one unknown name wait for one resolution; the first one's client
