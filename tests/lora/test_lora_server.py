@@ -36,7 +36,8 @@ def references(llama):
 def lora_server(llama, tmp_path_factory):
     base, adapters = llama
     tmp = tmp_path_factory.mktemp("lora-server")
-    json_form = json.dumps({"name": "qv", "path": str(adapters["qv-r16-rslora"]), "base_model_name": "tiny"})
+    # base_model_name is not a served name: as in vLLM, the adapter's parent is the served model.
+    json_form = json.dumps({"name": "qv", "path": str(adapters["qv-r16-rslora"]), "base_model_name": "org/the-base"})
     srv = start_server(base, tmp, "--served-model-name", "tiny", "--enable-lora", "--max-loras", "2",
                        "--max-cpu-loras", "2", "--max-lora-rank", "32",
                        "--lora-modules", f"all={adapters['all-r8']}", json_form,

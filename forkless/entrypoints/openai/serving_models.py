@@ -44,7 +44,8 @@ class LoRAModulePath:
         name: The ``model`` name clients use.
         path: The adapter's folder.
         base_model_name: The base model it was trained for, when given (listed as its
-            ``parent``; default the served model).
+            ``parent`` when it is one of the served names, as vLLM lists it; else the
+            served model).
     """
 
     name: str
@@ -166,7 +167,10 @@ class ServingModels:
 
     def _install(self, lora: LoRARequest) -> None:
         self.loras[lora.lora_name] = lora
-        self._parents[lora.lora_name] = lora.base_model_name or self.base_model_name
+        # As vLLM: the parent is a model this server lists; another base_model_name (the
+        # model the adapter was trained from, say) leaves it the served model.
+        given = lora.base_model_name
+        self._parents[lora.lora_name] = given if given in self.served_model_names else self.base_model_name
         logger.info("LoRA adapter %r (id %d) added from %s", lora.lora_name, lora.lora_int_id, lora.lora_path)
 
     def remove_lora(self, name: str) -> None:
