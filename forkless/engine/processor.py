@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import operator
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, Union
@@ -194,8 +195,11 @@ class Processor:
         self.config = config
         self._tokenizer = tokenizer
         self._custom_lp: list[type[LogitsProcessor]] | None = None
-        # Adapters already checked (their folders are read once per engine).
-        self._checked_loras: set[LoRARequest] = set()
+        # Adapters already checked (their folders are read once per engine): lora_int_id ->
+        # (its folder, the requests checked with it, load_inplace off). The API server
+        # checks from several threads: the lock guards it (never held while reading).
+        self._checked_loras: dict[int, tuple[str, set[LoRARequest]]] = {}
+        self._lora_lock = threading.Lock()
         # lora_int_id -> how many times load_inplace replaced its weights (prefix-cache salt).
         self._lora_versions: dict[int, int] = {}
         # Adapter ids whose next request reloads them (replace_lora_weights).
@@ -445,23 +449,42 @@ class Processor:
         if lc is None:
             raise ValueError(f"LoRA adapter {lora.lora_name!r} was requested but LoRA is off: start the engine "
                              "with --enable-lora (LLM(..., enable_lora=True))")
-        if lora in self._checked_loras:
-            return lora
-        # The workers cache adapters by id: one id with two folders would silently run the
-        # first folder's weights for both.
-        if lora.load_inplace:  # the id's folder is this one from now on
-            self._checked_loras = {c for c in self._checked_loras if c.lora_int_id != lora.lora_int_id}
-        other = next((c for c in self._checked_loras
-                      if c.lora_int_id == lora.lora_int_id and c.lora_path != lora.lora_path), None)
-        if other is not None:
-            raise ValueError(f"LoRA adapter {lora.lora_name!r} ({lora.lora_path}) has lora_int_id "
-                             f"{lora.lora_int_id}, which adapter {other.lora_name!r} ({other.lora_path}) already "
-                             "has: give each adapter its own lora_int_id")
-        from forkless.lora.peft import read_adapter
+        with self._lora_lock:
+            checked = self._checked_loras.get(lora.lora_int_id)
+            if checked is not None and lora in checked[1]:
+                return lora
+            self._refuse_other_folder(lora)
+        from forkless.lora import peft
 
-        read_adapter(lora, max_rank=lc.max_lora_rank, module_shapes=self._model_lora_shapes())
-        self._checked_loras.add(msgspec.structs.replace(lora, load_inplace=False))
+        peft.read_adapter(lora, max_rank=lc.max_lora_rank, module_shapes=self._model_lora_shapes())
+        plain = msgspec.structs.replace(lora, load_inplace=False)
+        with self._lora_lock:
+            self._refuse_other_folder(lora)  # (a concurrent check may have taken the id meanwhile)
+            checked = self._checked_loras.get(lora.lora_int_id)
+            if lora.load_inplace or checked is None:  # load_inplace: the id's folder is this one from now on
+                self._checked_loras[lora.lora_int_id] = (lora.lora_path, {plain})
+            else:
+                checked[1].add(plain)
         return lora
+
+    def _refuse_other_folder(self, lora: LoRARequest) -> None:
+        # The workers cache adapters by id: one id with two folders would silently run the
+        # first folder's weights for both. (Under _lora_lock.)
+        checked = self._checked_loras.get(lora.lora_int_id)
+        if lora.load_inplace or checked is None or checked[0] == lora.lora_path:
+            return
+        other = next(iter(checked[1]))
+        raise ValueError(f"LoRA adapter {lora.lora_name!r} ({lora.lora_path}) has lora_int_id "
+                         f"{lora.lora_int_id}, which adapter {other.lora_name!r} ({other.lora_path}) already "
+                         "has: give each adapter its own lora_int_id")
+
+    def forget_lora(self, lora_int_id: int) -> None:
+        """Forget an adapter id's check (the server unloaded it and never uses the id
+        again), so that the checks kept do not grow with every adapter ever loaded. A
+        request for it still in flight checks its folder again; its weights' version (for
+        the prefix cache) is kept."""
+        with self._lora_lock:
+            self._checked_loras.pop(lora_int_id, None)
 
     def replace_lora_weights(self, lora: LoRARequest) -> None:
         """Make the next request with this adapter's id reload it in the workers (as a

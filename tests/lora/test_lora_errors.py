@@ -242,3 +242,38 @@ def test_load_inplace_rereads_the_adapter_under_its_id(llm, llama, tmp_path):
     assert again.outputs[0].token_ids == long_other != long_first and again.num_cached_tokens == 0
     with pytest.raises(ValueError, match="tensorizer_config_dict is not supported"):
         LoRARequest("t", 92, str(folder), tensorizer_config_dict={"x": 1})
+
+
+def test_adapters_checked_from_many_threads(llm, monkeypatch):
+    """The API server checks adapters in threads (each /v1/load_lora_adapter, each name a
+    resolver finds): concurrent checks of new adapters must not trip over one another (they
+    raised "Set changed size during iteration", a 500) nor get slower with every adapter
+    ever checked; an unloaded adapter's id is forgotten."""
+    import threading
+
+    from forkless.engine.processor import Processor
+    from forkless.lora import peft
+
+    monkeypatch.setattr(peft, "read_adapter", lambda *args, **kwargs: None)  # not the folder's reading
+    processor = Processor(llm.llm_engine.config)
+    errors: list[str] = []
+    per_thread = 1500
+
+    def check(k: int) -> None:
+        for j in range(per_thread):
+            try:
+                processor.check_lora(LoRARequest(f"a{k}-{j}", 1 + k * per_thread + j, f"/adapters/{k}-{j}"))
+            except Exception as exc:  # noqa: BLE001 -- collected
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=check, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    # Still one folder per id; once forgotten (the server unloaded it), the id is free.
+    with pytest.raises(ValueError, match="has lora_int_id 1, which adapter 'a0-0'"):
+        processor.check_lora(LoRARequest("other", 1, "/adapters/other"))
+    processor.forget_lora(1)
+    processor.check_lora(LoRARequest("other", 1, "/adapters/other"))

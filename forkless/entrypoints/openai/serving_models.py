@@ -182,11 +182,13 @@ class ServingModels:
         if not name:
             raise BadRequest("'lora_name' needs to be provided to unload a LoRA adapter.", "lora_name",
                              err_type="InvalidUserInput")
-        if self.loras.pop(name, None) is None:
+        lora = self.loras.pop(name, None)
+        if lora is None:
             known = ", ".join(quoted(n) for n in self.loras) or "none"
             raise BadRequest(f"The lora adapter '{quoted(name)}' cannot be found (loaded adapters: {known})",
                              "lora_name", err_type="NotFoundError", status=HTTPStatus.NOT_FOUND)
         self._parents.pop(name, None)
+        self.engine.processor.forget_lora(lora.lora_int_id)
         logger.info("LoRA adapter %r removed", name)
 
     def load_static(self, modules: list[LoRAModulePath]) -> None:
