@@ -11,6 +11,8 @@ import time
 from collections import Counter, deque
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
+import msgspec
+
 from forkless import envs
 from forkless.core.request import Request, RequestStatus
 from forkless.protocol.step import EngineCoreEvent, EngineCoreEventType, FinishReason, SpecDecodeStats
@@ -139,6 +141,12 @@ class EngineCore:
             self._lora_requests: dict[str, Request] = {}
             self._lora_count: Counter[int] = Counter()
             self._lora_held: deque[tuple[Request, LoRARequest]] = deque()
+            # Adapter ids whose weights a load_inplace request replaced and the workers have
+            # not reread yet: the next admission of a request with the id carries the
+            # reload (_attach_loras) -- not the load_inplace request itself, which may be
+            # aborted before it runs, nor every later admission of it (a preempted request
+            # readmitted would read the folder again, maybe an older checkpoint's).
+            self._lora_reload: set[int] = set()
             # Speculative decoding's counters so far (None without it).
             self._spec_stats = SpecDecodeStats() if config.speculative_config is not None else None
             # The workers' cumulative adapter loads and evictions, as last reported.
@@ -181,6 +189,9 @@ class EngineCore:
             # An adapter changes every block's KV: two adapters (or an adapter and the
             # base model) must never share prefix-cache blocks.
             salt = ("lora", lora.lora_int_id, lora.lora_name, request.cache_salt)
+            if lora.load_inplace:
+                self._lora_reload.add(lora.lora_int_id)
+                lora = msgspec.structs.replace(lora, load_inplace=False)
         core_request = Request(
             request_id=request.request_id,
             prompt_token_ids=request.prompt_token_ids,
@@ -249,9 +260,14 @@ class EngineCore:
         """Give the plan's admissions their adapters."""
         lora_of = self._lora_of
         if lora_of:
+            reload = self._lora_reload
             for s in scheduler_output.scheduled_requests:
                 if s.is_new:
-                    s.lora_request = lora_of.get(s.request_id)
+                    lora = lora_of.get(s.request_id)
+                    if reload and lora is not None and lora.lora_int_id in reload:
+                        reload.discard(lora.lora_int_id)
+                        lora = msgspec.structs.replace(lora, load_inplace=True)
+                    s.lora_request = lora
         return scheduler_output
 
     def _note_worker_output(self, runner_output: Any) -> Any:

@@ -277,3 +277,37 @@ def test_adapters_checked_from_many_threads(llm, monkeypatch):
         processor.check_lora(LoRARequest("other", 1, "/adapters/other"))
     processor.forget_lora(1)
     processor.check_lora(LoRARequest("other", 1, "/adapters/other"))
+
+
+def test_load_inplace_reload_is_not_lost_with_its_request(llama, tmp_path):
+    """A load_inplace request makes the workers read the adapter's folder again. When that
+    request never runs (aborted while it waits for an adapter slot -- the server's
+    load_inplace marks the name's next request, whose client may leave), the reload is
+    still owed to the id: the next request with it gets the new weights (it got the
+    cached old ones, under the new weights' prefix-cache salt)."""
+    base, adapters = llama
+    engine = LLM(str(base), enable_lora=True, max_loras=1, max_cpu_loras=3, max_lora_rank=16, max_model_len=128,
+                 max_num_seqs=8)
+    try:
+        folder = shutil.copytree(adapters["all-r8"], tmp_path / "rl")
+        old = engine.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("rl", 1, str(folder)),
+                              use_tqdm=False)[0].outputs[0].token_ids
+        new = engine.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("new", 2, str(adapters["qv-r16-rslora"])),
+                              use_tqdm=False)[0].outputs[0].token_ids
+        assert old != new
+        shutil.rmtree(folder)
+        shutil.copytree(adapters["qv-r16-rslora"], folder)  # the next checkpoint, in the same folder
+        eng = engine.llm_engine
+        # --max-loras 1: another adapter's request takes the slot, so the reloading one waits.
+        eng.add_request("busy", PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=4),
+                        lora_request=LoRARequest("new", 2, str(adapters["qv-r16-rslora"])))
+        eng.add_request("reload", PROMPTS[0], GREEDY, lora_request=LoRARequest("rl", 1, str(folder), load_inplace=True))
+        eng.step()
+        eng.abort_request(["reload"])
+        while eng.has_unfinished_requests():
+            eng.step()
+        after = engine.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("rl", 1, str(folder)),
+                                use_tqdm=False)[0].outputs[0].token_ids
+        assert after == new
+    finally:
+        engine.shutdown()
