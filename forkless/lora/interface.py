@@ -4,7 +4,8 @@ Invariants:
     * Resolvers run in the API server only, and only when runtime LoRA updating is on
       (``FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1``): a request whose ``model`` is neither the
       served model nor a loaded adapter asks each registered resolver in registration
-      order; the first :class:`LoRARequest` returned is loaded and served.
+      order; the first :class:`LoRARequest` returned that passes the server's check is
+      loaded and served (one that does not leaves the name to the next resolver).
     * A resolver only *finds* an adapter (a local folder); the server checks and loads it
       like any other, so a bad folder is the request's 400, not a crash.
 """

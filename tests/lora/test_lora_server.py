@@ -268,7 +268,7 @@ def resolver_server(llama, plugin_site, tmp_path_factory):
                                   "FORKLESS_PLUGINS": "lora_filesystem_resolver,example_lora_resolver",
                                   "FORKLESS_LORA_RESOLVER_CACHE_DIR": str(cache),
                                   "FORKLESS_EXAMPLE_LORA_TABLE": str(table)})
-    srv.extra["cache"] = cache
+    srv.extra["cache"], srv.extra["table"] = cache, table
     yield srv
     assert stop_and_check(srv) == 0, srv.log()[-3000:]
 
@@ -317,6 +317,23 @@ def test_filesystem_resolver_stays_inside_its_folder(resolver_server, llama, ref
     roots = {m.id: m.root for m in client.models.list().data}
     assert roots["org/nested"] == os.path.realpath(cache / "org" / "nested")
     assert roots["link-in"] == os.path.realpath(cache / "fs-adapter")
+
+
+def test_an_adapter_a_resolver_finds_but_cannot_load_leaves_the_name_to_the_next(resolver_server, llama, references,
+                                                                                 detok):
+    """As vLLM: when the adapter a resolver finds cannot be loaded, the next resolver is
+    asked; only when none loads one is the request a 400, naming the reason."""
+    _, adapters = llama
+    table = resolver_server.extra["table"]
+    entries = json.loads(table.read_text())
+    entries["bad-in-table"] = str(table.parent / "no-adapter-here")  # example_lora_resolver: asked first
+    table.write_text(json.dumps(entries))
+    _copy_for(adapters["mlp-o-r32"], resolver_server.extra["cache"] / "bad-in-table", "tiny")
+    client = resolver_server.client()
+    assert _tokens(client, "bad-in-table", PROMPT_IDS[0]) == detok(references["mlp-o-r32"][0])
+    with pytest.raises(openai.BadRequestError) as info:  # found by one resolver only, and broken
+        client.completions.create(model="broken", prompt="x", max_tokens=1)
+    assert "LoRA adapter 'broken'" in info.value.body["message"]
 
 
 def test_a_client_leaving_does_not_fail_the_others_waiting_for_its_resolution(resolver_server, llama, references,

@@ -247,7 +247,10 @@ class ServingModels:
         return await asyncio.shield(task)
 
     async def _ask_resolvers(self, name: str) -> LoRARequest | None:
-        """Each resolver in registration order; the first adapter found is loaded."""
+        """Each resolver in registration order; the first adapter found that loads is
+        served (as vLLM). One found that cannot be loaded leaves the name to the next
+        resolver; when none loads, the first such refusal is the request's 400."""
+        refused: BadRequest | None = None
         for resolver_name in LoRAResolverRegistry.get_supported_resolvers():
             try:
                 resolver = LoRAResolverRegistry.get_resolver(resolver_name)
@@ -263,9 +266,17 @@ class ServingModels:
                 continue
             if name in self.loras:
                 return self.loras[name]
-            lora = await self.add_lora(name, found.lora_path, found.base_model_name)
+            try:
+                lora = await self.add_lora(name, found.lora_path, found.base_model_name)
+            except BadRequest as exc:
+                logger.warning("LoRA resolver %r found adapter %r at %s, which cannot be loaded: %s", resolver_name,
+                               name, found.lora_path, exc.message)
+                refused = refused or exc
+                continue
             logger.info("LoRA resolver %r found adapter %r at %s", resolver_name, name, found.lora_path)
             return lora
+        if refused is not None:
+            raise refused
         return None
 
     # ---------------------------------------------------------------- listing
