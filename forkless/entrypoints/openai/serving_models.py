@@ -269,6 +269,8 @@ class ServingModels:
             try:
                 lora = await self.add_lora(name, found.lora_path, found.base_model_name)
             except BadRequest as exc:
+                if name in self.loras:  # /v1/load_lora_adapter loaded the name meanwhile
+                    return self.loras[name]
                 logger.warning("LoRA resolver %r found adapter %r at %s, which cannot be loaded: %s", resolver_name,
                                name, found.lora_path, exc.message)
                 refused = refused or exc
