@@ -4,12 +4,14 @@ Python, read the same way, with the same errors.
 
 Invariants:
     * The result is a dict, or a ``ValueError`` naming the flag and what was wrong: text
-      that is not JSON, or JSON that is not an object. Keys are the caller's to check.
+      that is not JSON, or JSON that is not an object. Keys are the caller's to check,
+      or :func:`json_config_arg`'s: a config dataclass's fields.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from typing import Any
 
 
@@ -33,4 +35,20 @@ def json_object_arg(value: str | dict[str, Any], flag: str) -> dict[str, Any]:
     return value
 
 
-__all__ = ["json_object_arg"]
+def json_config_arg(value: str | dict[str, Any], flag: str, cls: type) -> dict[str, Any]:
+    """``value`` as a dict whose keys are all fields of the dataclass ``cls`` (a config
+    flag's keys); the values are the caller's to check.
+
+    Raises:
+        ValueError: Not valid JSON, not a JSON object, or a key ``cls`` lacks (the message
+            lists the known ones).
+    """
+    value = json_object_arg(value, flag)
+    known = [f.name for f in fields(cls)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ValueError(f"{flag}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    return value
+
+
+__all__ = ["json_config_arg", "json_object_arg"]

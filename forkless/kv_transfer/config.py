@@ -10,10 +10,10 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from forkless.json_arg import json_object_arg
+from forkless.json_arg import json_config_arg
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 
@@ -68,11 +68,7 @@ class KVTransferConfig:
         """
         if value is None or isinstance(value, cls):
             return value
-        value = json_object_arg(value, _FLAG)
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(value) - set(known))
-        if unknown:
-            raise ValueError(f"{_FLAG}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        value = json_config_arg(value, _FLAG, cls)
         connector = value.get("kv_connector")
         if not isinstance(connector, str) or not connector:
             raise ValueError(f"{_FLAG}: kv_connector={connector!r} is invalid: expected the name of a registered "

@@ -16,10 +16,10 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from forkless.json_arg import json_object_arg
+from forkless.json_arg import json_config_arg
 
 FLAG = "--reasoning-config"
 
@@ -54,11 +54,7 @@ class ReasoningConfig:
         """
         if value is None or isinstance(value, cls):
             return value
-        value = json_object_arg(value, FLAG)
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(value) - set(known))
-        if unknown:
-            raise ValueError(f"{FLAG}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        value = json_config_arg(value, FLAG, cls)
         for name, item in value.items():
             if item is None:
                 continue

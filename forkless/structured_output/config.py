@@ -10,10 +10,10 @@ Invariants:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from forkless.json_arg import json_object_arg
+from forkless.json_arg import json_config_arg
 
 # vLLM's default: xgrammar where its check passes, else guidance (Lark grammars, what
 # xgrammar's compiler refuses).
@@ -59,12 +59,7 @@ class StructuredOutputsConfig:
             return cls()
         if isinstance(value, cls):
             return value
-        value = json_object_arg(value, "--structured-outputs-config")
-        known = {f.name: f for f in fields(cls)}
-        unknown = sorted(set(value) - set(known))
-        if unknown:
-            raise ValueError(f"--structured-outputs-config: unknown key(s) {', '.join(unknown)}; "
-                             f"known: {', '.join(known)}")
+        value = json_config_arg(value, "--structured-outputs-config", cls)
         backend = value.get("backend", DEFAULT_BACKEND)
         if not isinstance(backend, str) or not backend:
             raise ValueError(f"--structured-outputs-config: backend={backend!r} is invalid: expected 'xgrammar', "
