@@ -1390,12 +1390,12 @@ class OpenAIServing:
             tok_id = c.token_ids[i]
             entries = c.logprobs[i] if c.logprobs and i < len(c.logprobs) else {}
             text = self._token_text(tok_id, entries)
-            token = self._token_text(tok_id, entries, as_ids)
+            token = self._token_text(tok_id, entries, as_ids) if as_ids else text
             chosen = entries.get(tok_id)
             ranked = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)
-            tops = [TopLogprob(token=self._token_text(t, entries, as_ids), logprob=e.logprob,
-                               bytes=list(self._token_text(t, entries, as_ids).encode()))
-                    for t, e in ranked if top == -1 or (e.rank or 0) <= (top or 0)][: None if top == -1 else top or 0]
+            names = [(self._token_text(t, entries, as_ids), e) for t, e in ranked
+                     if top == -1 or (e.rank or 0) <= (top or 0)][: None if top == -1 else top or 0]
+            tops = [TopLogprob(token=name, logprob=e.logprob, bytes=list(name.encode())) for name, e in names]
             content.append(ChatTokenLogprob(token=token, logprob=chosen.logprob if chosen else -9999.0,
                                             bytes=list(text.encode()), top_logprobs=tops))
         return ChatLogprobs(content=content)
