@@ -82,9 +82,8 @@ class EngineCore:
             scheduler_cls = get_scheduler_cls(config.scheduler_cls)
             self.scheduler = scheduler_cls(config.scheduler_config, kv_cache_config)
             # The KV connector's scheduler side (its worker side is in each worker).
-            self._kv_connector = config.kv_transfer_config is not None
             self._connector: Any = None  # a forkless.kv_transfer.KVConnectorBase
-            if self._kv_connector:
+            if config.kv_transfer_config is not None:
                 if not scheduler_cls.supports_kv_connector:
                     raise ValueError(f"--kv-transfer-config: the scheduler {scheduler_cls.__qualname__} does not host "
                                      "KV connectors (supports_kv_connector is False)")
@@ -98,7 +97,7 @@ class EngineCore:
             # async scheduling, whose placeholders the first stage could not fill (only
             # the last stage samples).
             self._max_batches = self.executor.max_concurrent_batches
-            if self._max_batches > 1 and self._kv_connector:
+            if self._max_batches > 1 and self._connector is not None:
                 # A block that failed to load on any stage must fail its request on the last
                 # stage before it samples: the ranks agree on it step by step (a collective
                 # of every rank), which would hold each stage to the others anyway.
@@ -420,7 +419,7 @@ class EngineCore:
         scheduler_output = self._plan()
         runner_output = self._note_worker_output(self.executor.execute_model(scheduler_output))
         outputs = self._finished(self.scheduler.update_from_output(scheduler_output, runner_output))
-        if self._kv_connector and scheduler_output.is_empty:
+        if self._connector is not None and scheduler_output.is_empty:
             # Only a KV connector's transfers are in flight: let its threads have the CPU
             # rather than spin on empty steps.
             time.sleep(0.001)
@@ -612,14 +611,14 @@ class EngineCore:
 
     def _reset_connector(self) -> bool:
         """Empty the KV connector's store (``reset_prefix_cache(reset_connector=True)``)."""
-        if not self._kv_connector:
+        connector = self._connector
+        if connector is None:
             logger.warning("reset_prefix_cache(reset_connector=True): no KV connector is configured "
                            "(--kv-transfer-config), so there is no store to reset")
             return False
         # A save started before the reset must not land after it (steps run synchronously
         # with a connector, so none is in flight; an asynchronous write may still be).
         self.executor.collective_rpc("wait_for_kv_connector_saves")
-        connector = self._connector
         if connector.reset_cache() is False:
             logger.warning("reset_prefix_cache(reset_connector=True): the KV connector %s could not empty its "
                            "store", type(connector).__name__)
