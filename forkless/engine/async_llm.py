@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Iterable
 
 import msgspec
@@ -51,6 +52,11 @@ logger = init_logger("forkless.engine.async_llm")
 # lets the streams and routes run (a few steps' worth at hundreds of streams; short
 # enough that /health and new requests never wait noticeably).
 OUTPUT_DRAIN_SECONDS = 0.025
+
+# True while AsyncLLM.send runs a stream up to its request's send: the stream then yields
+# _SENT there (to send(), never to a reader), and reads its outputs when iterated later.
+_SEND_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("forkless_send_only", default=False)
+_SENT: Any = object()
 
 __all__ = ["AsyncLLM", "EngineDeadError", "EngineShuttingDownError", "InvalidRequestError"]
 
@@ -348,7 +354,8 @@ class AsyncLLM:
         ``sampling_params.output_kind`` asks; ``DELTA`` outputs a slow reader missed arrive
         merged into one). With ``lora_request`` it generates with that LoRA adapter.
 
-        The request is sent to the engine when the stream is first iterated; closing the
+        The request is sent to the engine when the stream is first iterated (or by
+        :meth:`send`); closing the
         stream early (a client that went away) aborts it. ``client_key`` names who sent it
         (the API server's ``user`` field or peer address): with
         ``--max-prefill-tokens-per-client`` the scheduler shares each step's prefill
@@ -362,6 +369,35 @@ class AsyncLLM:
         """
         self._check_open()
         return self._submit(prompt, sampling_params, request_id, priority, group_id, lora_request, client_key)
+
+    async def send(self, streams: Iterable[AsyncGenerator[Any, None]]) -> None:
+        """Send now the requests of streams that :meth:`generate` or :meth:`encode`
+        returned, rather than when each is first iterated (a beam search still sends each
+        step as it is iterated). Reading them later is as before.
+
+        A server calls this from the handler that validated the request. Its response is
+        streamed by a task of its own, which the event loop runs only after the handlers of
+        every request that arrived meanwhile: sent from there, a burst of hundreds of
+        requests would reach the engine only once all of them were parsed, the engine idle
+        until then.
+
+        Raises:
+            EngineDeadError: The engine died, or (``EngineShuttingDownError``) the server
+                is shutting down. Every stream given is then closed, which aborts the
+                requests already sent.
+        """
+        streams = list(streams)
+        token = _SEND_ONLY.set(True)
+        try:
+            for stream in streams:
+                marker = await anext(stream)
+                assert marker is _SENT, "send() takes the streams of generate() and encode()"
+        except BaseException:
+            for stream in streams:
+                await stream.aclose()
+            raise
+        finally:
+            _SEND_ONLY.reset(token)
 
     async def check_structured_outputs(self, sampling_params: "SamplingParams") -> None:
         """Check a request's structured-output constraint in a thread, before
@@ -435,6 +471,8 @@ class AsyncLLM:
                 final = out
             return final
 
+        if _SEND_ONLY.get():
+            yield _SENT  # each step is sent as the search runs
         step = 0
         while requests := search.requests():
             if self.errored:
@@ -497,6 +535,8 @@ class AsyncLLM:
             for core_request, payload in zip(processed.core_requests, payloads):
                 self._slot_of[core_request.request_id] = queue
                 await self.client.add_request(payload)
+            if _SEND_ONLY.get():
+                yield _SENT
             while True:
                 item = await queue.get()
                 if isinstance(item, _Aborted):  # abort() ended a pooling request: no result

@@ -91,6 +91,38 @@ def test_bench_throughput_prints_the_floor_on_cpu(tiny_llama: Path, tmp_path: Pa
     assert floor["ratio"] > 0
 
 
+def test_bench_throughput_runs_bench_serve_s_requests_with_its_flags(tiny_llama: Path, tmp_path: Path) -> None:
+    # The server is compared with the offline engine on the same work: vLLM's random
+    # dataset flags give `bench throughput` the requests `bench serve` sends (seed 0).
+    import json
+
+    from forkless.bench.serve import random_requests, vocab_size_of
+
+    flags = ["--random-input-len", "12", "--random-output-len", "6", "--random-range-ratio", "0.5"]
+    out = run_forkless(["bench", "throughput", "--model", str(tiny_llama), "-n", "4", *flags, "--skip-hf",
+                        "--max-num-seqs", "4", "--max-model-len", "64", "--kv-cache-memory", str(16 << 20),
+                        "--json", str(tmp_path / "r.json")], plugin_env(None, tmp_path), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "random (bench serve's) input=12 output=6 range_ratio=0.5 seed=0" in out.stdout
+    sent = random_requests(4, 12, 6, 0.5, vocab_size_of(str(tiny_llama)), 0)
+    assert len({r.expected_output_len for r in sent}) > 1  # the lengths do vary
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["forkless"]["tokens"] == sum(r.expected_output_len for r in sent)
+    # The floor's KV reads are those of these lengths: sum over requests of (o - 1) * i + (o - 1) * o / 2 tokens.
+    kv_tokens = sum((r.expected_output_len - 1) * r.prompt_len + (r.expected_output_len - 1) * r.expected_output_len // 2
+                    for r in sent)
+    assert result["floor"]["kv_bytes"] == kv_tokens * 512  # tiny_llama, float32: 512 B per token
+
+    for bad, message in ((["--random-input-len", "12"], "--random-input-len and --random-output-len go together"),
+                         ([*flags, "--input-len", "8", "8"], "give one pair"),
+                         ([*flags[:4], "--random-range-ratio", "1.5"], "--random-range-ratio must be in [0, 1)"),
+                         (["--random-input-len", "0", "--random-output-len", "4"],
+                          "--random-input-len=0: expected an integer >= 1")):
+        out = run_forkless(["bench", "throughput", "--model", str(tiny_llama), "-n", "2", "--skip-hf", *bad],
+                           plugin_env(None, tmp_path), timeout=120)
+        assert out.returncode != 0 and message in out.stderr, (bad, out.stderr[-2000:])
+
+
 def test_vllm_cpu_benchmark_prints_the_floor_next_to_both(tiny_llama: Path, capsys: pytest.CaptureFixture) -> None:
     # benchmarks/vllm_cpu.py measures the machine and prints the workload's floor before the
     # engines run (the comparison itself needs vLLM's own venv, which CI does not build).

@@ -156,6 +156,71 @@ def test_abort_beside_a_stream_ends_it_and_frees_the_id(tiny_llama: Path) -> Non
     asyncio.run(main())
 
 
+def test_send_puts_requests_in_the_engine_before_their_streams_are_read(tiny_llama: Path) -> None:
+    """``AsyncLLM.send``: the requests run before anyone reads their streams, which then
+    read the same outputs; a sent stream closed, or dropped, unread aborts its request; a
+    beam search passes through (it sends as it runs); a refused send closes them all."""
+    import gc
+
+    from forkless.engine.async_llm import EngineShuttingDownError
+    from forkless.sampling_params import BeamSearchParams
+
+    async def until(condition, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, "timed out"
+            await asyncio.sleep(0.01)
+
+    async def final(stream) -> object:
+        async for out in stream:
+            last = out
+        return last
+
+    async def main() -> None:
+        args = EngineArgs(model=str(tiny_llama), max_model_len=256, kv_cache_memory=32 << 20)
+        llm = AsyncLLM.from_engine_args(args, log_stats=False)
+        try:
+            await llm.start()
+            params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+            lazy = await final(llm.generate("Hello there", params, "lazy"))
+            sent = [llm.generate("Hello there", params, f"sent{i}") for i in range(2)]
+            await llm.send(sent)
+            # Both finish in the engine while nobody reads them.
+            await until(lambda: not llm.output_processor.has_unfinished_requests())
+            for stream in sent:
+                out = await final(stream)
+                assert out.finished and out.outputs[0].token_ids == lazy.outputs[0].token_ids
+            assert llm.num_requests_in_flight == 0
+
+            long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+            closed = llm.generate("Count", long, "closed")
+            dropped = llm.generate("Count", long, "dropped")
+            await llm.send([closed, dropped])
+            assert llm.num_requests_in_flight == 2
+            await closed.aclose()
+            del dropped
+            gc.collect()  # asyncio's finalizer closes a started stream nobody holds
+            await until(lambda: llm.num_requests_in_flight == 0
+                        and not llm.output_processor.has_unfinished_requests(), timeout=10)
+
+            beams = llm.beam_search({"prompt": "Hello"}, "beam", BeamSearchParams(beam_width=2, max_tokens=3))
+            await llm.send([beams])
+            assert len((await final(beams)).outputs) == 2
+
+            refused = [llm.generate("Hello", params, f"refused{i}") for i in range(2)]
+            llm.abort_in_flight("the test ends the engine's requests")
+            try:
+                await llm.send(refused)
+                raise AssertionError("send went through a shutdown")
+            except EngineShuttingDownError:
+                pass
+            assert llm.num_requests_in_flight == 0
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())
+
+
 def test_the_first_requests_start_the_engine_as_vllm_s_asyncllm_is_used(tiny_llama: Path) -> None:
     # vLLM's recipe: AsyncLLM.from_engine_args(...) and generate at once; requests that
     # arrive together share one start.

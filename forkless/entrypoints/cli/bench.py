@@ -33,9 +33,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     tp = sub.add_parser("throughput", help="output tokens/s against transformers generate")
     _common(tp)
     tp.add_argument("-n", "--num-prompts", type=int, default=512)
-    tp.add_argument("--input-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"))
-    tp.add_argument("--output-len", type=int, nargs=2, default=(100, 1024), metavar=("MIN", "MAX"))
+    tp.add_argument("--input-len", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                    help="prompt lengths, uniform in [MIN, MAX] (default 100 1024)")
+    tp.add_argument("--output-len", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                    help="output lengths, uniform in [MIN, MAX] (default 100 1024)")
     tp.add_argument("--workload-seed", type=int, default=0, help="seeds the random lengths and ids")
+    same = tp.add_argument_group(
+        "bench serve's workload", "the random dataset of `forkless bench serve` (vLLM's flags and lengths): with "
+        "these, the requests are those `bench serve` sends with the same flags and --seed equal to "
+        "--workload-seed, so that the server and the offline engine run the same work")
+    same.add_argument("--random-input-len", type=int, default=None)
+    same.add_argument("--random-output-len", type=int, default=None)
+    same.add_argument("--random-range-ratio", type=float, default=0.0)
     tp.add_argument("--hf-batch-size", type=int, default=64, help="static batch size of the baseline")
     tp.add_argument("--hf-max-batches", type=int, default=None,
                     help="run only the first N baseline batches (its rate, not its total, is compared)")
@@ -101,22 +110,21 @@ def _dtype(args: argparse.Namespace, config: dict[str, Any], device_type: str) -
 def run_throughput(args: argparse.Namespace) -> int:
     from forkless.bench.floor import describe, kv_dtype_bytes, load_shape, peak_flops, throughput_floor
     from forkless.bench.latency import copy_bandwidth
-    from forkless.bench.throughput import make_workload, run_forkless, run_transformers
+    from forkless.bench.throughput import run_forkless, run_transformers
     from forkless.platforms import current_platform
 
     with tempfile.TemporaryDirectory() as tmp:
         model = _model(args, tmp)
         config = json.loads((Path(model) / "config.json").read_text())
-        work = make_workload(args.num_prompts, tuple(args.input_len), tuple(args.output_len),
-                             config["vocab_size"], args.workload_seed)
+        work, lengths = _workload(args, config["vocab_size"])
         kwargs = _engine_kwargs(args)
         if args.max_model_len is None:
             kwargs.pop("max_model_len")
         device_type = current_platform.device_type
         device = str(current_platform.torch_device())
         dtype = _dtype(args, config, device_type)
-        print(f"model={args.shape or model} n={len(work)} input={list(args.input_len)} "
-              f"output={list(args.output_len)} dtype={args.dtype} load_format={args.load_format}", flush=True)
+        print(f"model={args.shape or model} n={len(work)} {lengths} dtype={args.dtype} "
+              f"load_format={args.load_format}", flush=True)
         # The floor's measurements run before the engine holds the device's memory.
         bandwidth = copy_bandwidth(device)
         bw_source = "device copy, measured now" if device_type != "cpu" else "CPU memory copy, measured now"
@@ -149,6 +157,35 @@ def run_throughput(args: argparse.Namespace) -> int:
             result["ratio"] = ratio
         _emit(args, result)
     return 0
+
+
+def _workload(args: argparse.Namespace, vocab_size: int) -> tuple[list[tuple[list[int], int]], str]:
+    """``bench throughput``'s requests (prompt ids, output length) and how they were drawn."""
+    from forkless.bench.throughput import make_workload
+
+    serve_like = (args.random_input_len, args.random_output_len)
+    if serve_like == (None, None):
+        input_len, output_len = tuple(args.input_len or (100, 1024)), tuple(args.output_len or (100, 1024))
+        work = make_workload(args.num_prompts, input_len, output_len, vocab_size, args.workload_seed)
+        return work, f"input={list(input_len)} output={list(output_len)}"
+    from forkless.bench.serve import random_requests
+
+    if None in serve_like:
+        raise SystemExit("forkless bench throughput: --random-input-len and --random-output-len go together")
+    if args.input_len is not None or args.output_len is not None:
+        raise SystemExit("forkless bench throughput: --input-len / --output-len draw another workload than "
+                         "--random-input-len / --random-output-len: give one pair")
+    for flag, value in zip(("--random-input-len", "--random-output-len"), serve_like):
+        if value < 1:
+            raise SystemExit(f"forkless bench throughput: {flag}={value}: expected an integer >= 1")
+    try:
+        requests = random_requests(args.num_prompts, args.random_input_len, args.random_output_len,
+                                   args.random_range_ratio, vocab_size, args.workload_seed)
+    except ValueError as exc:  # the range ratio, named
+        raise SystemExit(f"forkless bench throughput: {exc}") from None
+    return ([(r.prompt, r.expected_output_len) for r in requests],
+            f"random (bench serve's) input={args.random_input_len} output={args.random_output_len} "
+            f"range_ratio={args.random_range_ratio} seed={args.workload_seed}")
 
 
 def run_latency(args: argparse.Namespace) -> int:

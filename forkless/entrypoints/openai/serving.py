@@ -850,6 +850,8 @@ class OpenAIServing:
                    for i, (ids, sp) in enumerate(zip(prompts, params))]
         if req.stream:
             streams = await self._started(streams, params, req)
+        else:
+            await self.engine.send(streams)
         if echo_only:
             streams = [_without_generation(s) for s in streams]
         model_name = self._response_model(lora)
@@ -1255,8 +1257,11 @@ class OpenAIServing:
         if req.stream:
             if wait_for_start:
                 (stream,) = await self._started([stream], [params], req)
+            else:
+                await self.engine.send([stream])
             return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, ids, named,
                                      with_cached_tokens, with_reasoning_tokens)
+        await self.engine.send([stream])
         (final,) = await self._collect([stream], raw_request, req)
         choices = []
         role = self._reply_role(req)
@@ -1340,14 +1345,15 @@ class OpenAIServing:
         passed (xgrammar's compiler refuses an empty EBNF alternative that llguidance's
         parser reads). Once the 200 and its headers are sent such a refusal could only be
         an error event inside the stream; waiting for the first output (or the refusal)
-        makes it a 400, as unstreamed. Other streams are returned as they are, so their
-        response starts at once.
+        makes it a 400, as unstreamed. Other streams are returned as they are, their
+        requests sent (:meth:`AsyncLLM.send`), so that their response starts at once.
 
         Raises:
             BadRequest: The engine refused a request; ``param`` names ``req``'s field
                 (every stream is closed, which aborts the others).
         """
         if not any(isinstance(p, SamplingParams) and p.structured_outputs is not None for p in params):
+            await self.engine.send(streams)
             return streams
         from forkless.engine.async_llm import InvalidRequestError
 

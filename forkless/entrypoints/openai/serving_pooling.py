@@ -260,6 +260,7 @@ class OpenAIServingPooling:
                                           group_id=base_id, client_key=client) for i in order]
         except InvalidRequestError as exc:
             raise BadRequest(str(exc), _refused_param(str(exc))) from None
+        await self.engine.send(streams)
         outs = await asyncio.gather(*(self._last(s) for s in streams))
         result: list[Any] = [None] * len(prompts)
         for i, out in zip(order, outs):
