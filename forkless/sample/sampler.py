@@ -14,6 +14,7 @@ from forkless.sample.logprobs import LogprobsTensors, gather_logprobs
 from forkless.sample.penalties import apply_penalties
 from forkless.sample.top_k_top_p import apply_top_k_top_p
 from forkless.sampling_params import SAMPLING_EPS
+from forkless.triton_utils import triton_available
 
 if TYPE_CHECKING:
     from forkless.logits_processors.interface import LogitsProcessor
@@ -47,6 +48,10 @@ class Sampler:
          (``argmax(p / q)``, ``q ~ Exp(1)``), which draws exactly from ``p``. Seeded rows
          draw ``q`` from their own generator, so their tokens do not depend on the
          rest of the batch; the other rows share one vectorized draw.
+
+    On CUDA a step whose rows need nothing but their temperature (the API's default
+    sampling) runs steps 3 and 4 as one pass over the logits (``race_triton``), the same
+    race without the float32 copy, the probabilities or the noise tensor.
 
     Logprobs (``logprobs_mode``):
       * ``"raw_logprobs"`` (default, as vLLM's default): log-softmax of the model's logits
@@ -83,6 +88,11 @@ class Sampler:
             # float32 one (the cast is exact and keeps order and ties), without writing a
             # float32 copy of the logits (0.11 ms a step at 512 x 151,936 on an H200).
             return SamplerOutput(sampled_token_ids=row_argmax(logits), logprobs=None)
+        if self.races_in_one_pass(logits, metadata):
+            from forkless.sample.race_triton import race_rows
+
+            assert metadata.temperature is not None
+            return SamplerOutput(sampled_token_ids=race_rows(logits, metadata.temperature), logprobs=None)
         logits = logits.to(torch.float32)
         want_logprobs = metadata.max_num_logprobs is not None
         raw = None
@@ -122,6 +132,21 @@ class Sampler:
         takes each row's argmax of the logits as the model gave them."""
         return not (metadata.all_greedy and metadata.no_penalties and metadata.max_num_logprobs is None
                     and all(p.is_argmax_invariant() or not p.is_active() for p in metadata.logits_processors))
+
+    @staticmethod
+    def races_in_one_pass(logits: torch.Tensor, metadata: "SamplingMetadata") -> bool:
+        """Whether the step's rows go to the one-pass race (``race_triton``): CUDA logits
+        (Triton installed), some random row, and nothing but temperature to apply -- no
+        top-k, top-p, penalties, logprobs, active logits processor or seeded row (a seeded
+        row draws from its own generator, which the kernel does not)."""
+        if logits.device.type != "cuda" or not triton_available():
+            return False
+        from forkless.sample.race_triton import MAX_ENTRIES
+
+        return (not metadata.all_greedy and metadata.temperature is not None and metadata.top_k is None
+                and metadata.top_p is None and metadata.no_penalties and metadata.max_num_logprobs is None
+                and not metadata.generators and not any(p.is_active() for p in metadata.logits_processors)
+                and logits.dim() == 2 and logits.stride(1) == 1 and logits.numel() <= MAX_ENTRIES)
 
     def _sample(
         self,

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from forkless import SamplingParams
+from forkless.sample import Sampler
 from sample_helpers import VOCAB, fill, step
 
 pytestmark = [
@@ -59,3 +60,37 @@ def test_few_rows_argmax_on_cuda_equals_torch():
     for x in cases("cuda"):
         for rows in (1, 2, FEW_ROWS, FEW_ROWS + 1):
             assert row_argmax(x[:rows]).tolist() == x[:rows].argmax(dim=-1).tolist(), (x.dtype, x.shape, rows)
+
+
+def test_temperature_only_rows_race_in_one_pass_on_cuda():
+    # The API's default sampling (a temperature, nothing else) goes to the one-pass race:
+    # its draws have the PyTorch race's distribution, greedy rows beside them their argmax,
+    # and a row with top-p (or a seed) keeps the PyTorch path.
+    from forkless.sample.race_triton import race_rows
+
+    rows = 1000  # (the helpers' batch holds 1,024) x 4 steps: 4,000 draws
+    params = [SamplingParams(temperature=0.7, max_tokens=4) for _ in range(rows)]
+    params += [SamplingParams(temperature=0, max_tokens=4) for _ in range(4)]
+    batch = fill(params, device="cuda")
+    base = torch.randn(VOCAB, device="cuda")
+    logits = base.repeat(rows + 4, 1)
+    logits[rows:] = torch.randn(4, VOCAB, device="cuda")
+    metadata = batch.refresh()
+    assert Sampler.races_in_one_pass(logits, metadata)
+    draws = []
+    for _ in range(4):  # a new seed each step
+        tokens = Sampler()(logits.clone(), metadata).sampled_token_ids
+        assert tokens[rows:].tolist() == logits[rows:].argmax(dim=-1).tolist()
+        draws.append(tokens[:rows])
+    assert not torch.equal(draws[0], draws[1])
+    counts = torch.bincount(torch.cat(draws), minlength=VOCAB).float() / (4 * rows)
+    want = torch.softmax(base / 0.7, dim=0)
+    assert (counts - want).abs().max().item() < 0.04, (counts, want)  # 5 sigma at 4,000 draws
+    # bf16 logits, as the model gives them, the same way.
+    half = race_rows(base.to(torch.bfloat16).repeat(4 * rows, 1), torch.full((4 * rows,), 0.7, device="cuda"))
+    counts = torch.bincount(half, minlength=VOCAB).float() / (4 * rows)
+    assert (counts - torch.softmax(base.to(torch.bfloat16).float() / 0.7, dim=0)).abs().max().item() < 0.04
+
+    for other in (SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0.7, seed=3),
+                  SamplingParams(temperature=0.7, logprobs=1)):
+        assert not Sampler.races_in_one_pass(logits[:2], fill([params[0], other], device="cuda").refresh())

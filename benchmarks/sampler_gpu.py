@@ -1,0 +1,104 @@
+"""The sampler's GPU time per decode step at the throughput workload's batch, by sampling kind.
+
+One step's sampling over ``[rows, vocab]`` bf16 logits (default 512 x 151,936, Qwen3's
+vocabulary at ``--max-num-seqs 512``), timed with CUDA events, median of ``--repeat``
+steps after a warm-up, for:
+
+* greedy (``temperature=0``: the argmax of the bf16 logits);
+* temperature only (the API's default sampling), the one-pass race (``race_triton``);
+* the same rows through the PyTorch race (float32 copy, softmax, noise, argmax), as the
+  sampler ran them before the one-pass race and still runs them with top-k / top-p;
+* ``top_p=0.9`` (the PyTorch race after a sort).
+
+Each line gives the time and its ratio to the PyTorch race of the same rows, measured in
+the same run; ``--json`` writes the numbers.
+
+    python benchmarks/sampler_gpu.py [--rows 512] [--vocab 151936] [--repeat 50] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _time(fn, repeat: int) -> float:
+    import torch
+
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=512)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--repeat", type=int, default=50)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+
+    import torch
+
+    from forkless import SamplingParams
+    from forkless.logits_processors import build_logits_processors
+    from forkless.sample import InputBatch, Sampler
+
+    if not torch.cuda.is_available():
+        raise SystemExit("sampler_gpu.py needs a CUDA device")
+    device = torch.device("cuda")
+    logits = torch.randn(args.rows, args.vocab, device=device).to(torch.bfloat16)
+
+    def metadata_of(params: SamplingParams):
+        procs = build_logits_processors(None, device, False, None, entry_points=False)
+        batch = InputBatch(max_num_reqs=args.rows, vocab_size=args.vocab, device="cuda", logits_processors=procs)
+        for i in range(args.rows):
+            batch.add_request(f"r{i}", params, [1, 2, 3])
+        return batch.refresh()
+
+    sampler = Sampler()
+
+    class TorchRace(Sampler):
+        """The sampler with the one-pass race turned off: the PyTorch ops it replaced."""
+
+        @staticmethod
+        def races_in_one_pass(logits, metadata) -> bool:
+            return False
+
+    plain = metadata_of(SamplingParams(temperature=0.8))
+    kinds = {
+        "greedy": (sampler, metadata_of(SamplingParams(temperature=0))),
+        "temperature, one-pass race": (sampler, plain),
+        "temperature, PyTorch race": (TorchRace(), plain),
+        "top_p=0.9 (PyTorch)": (sampler, metadata_of(SamplingParams(temperature=0.8, top_p=0.9))),
+    }
+    assert Sampler.races_in_one_pass(logits, plain)
+    print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; logits [{args.rows}, {args.vocab}] bf16; "
+          f"median of {args.repeat} steps")
+    results = {name: _time(lambda s=s, m=m: s(logits.clone(), m), args.repeat) for name, (s, m) in kinds.items()}
+    clone = _time(lambda: logits.clone(), args.repeat)  # each timed step includes this copy
+    base = results["temperature, PyTorch race"]
+    for name, ms in results.items():
+        print(f"{name:30s} {ms:7.3f} ms  ({ms / base:.2f}x the PyTorch race)")
+    print(f"{'(the logits copy in each)':30s} {clone:7.3f} ms")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"ms": results, "clone_ms": clone, "rows": args.rows,
+                                               "vocab": args.vocab, "device": torch.cuda.get_device_name()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
