@@ -8,10 +8,12 @@ steps after a warm-up, for:
 * temperature only (the API's default sampling), the one-pass race (``race_triton``);
 * the same rows through the PyTorch race (float32 copy, softmax, noise, argmax), as the
   sampler ran them before the one-pass race and still runs them with top-k / top-p;
-* ``top_p=0.9`` (the PyTorch race after a sort).
+* ``top_p=0.9``: the top-p race (``race_rows_top_p``), and the PyTorch race after a sort.
 
-Each line gives the time and its ratio to the PyTorch race of the same rows, measured in
-the same run; ``--json`` writes the numbers.
+Each line gives the time and its ratio to the plain PyTorch race, measured in the same run
+(the top-p lines: compare them with each other); ``--json`` writes the numbers. The logits
+are random (near-uniform rows: top-p keeps ~80 % of a row), a hard case for the top-p race's
+rounds only if the winner falls outside the set, which it does with probability 1 - top_p.
 
     python benchmarks/sampler_gpu.py [--rows 512] [--vocab 151936] [--repeat 50] [--json out.json]
 """
@@ -79,11 +81,13 @@ def main() -> int:
             return False
 
     plain = metadata_of(SamplingParams(temperature=0.8))
+    top_p = metadata_of(SamplingParams(temperature=0.8, top_p=0.9))
     kinds = {
         "greedy": (sampler, metadata_of(SamplingParams(temperature=0))),
         "temperature, one-pass race": (sampler, plain),
         "temperature, PyTorch race": (TorchRace(), plain),
-        "top_p=0.9 (PyTorch)": (sampler, metadata_of(SamplingParams(temperature=0.8, top_p=0.9))),
+        "top_p=0.9, race_rows_top_p": (sampler, top_p),
+        "top_p=0.9, PyTorch (sort)": (TorchRace(), top_p),
     }
     assert Sampler.races_in_one_pass(logits, plain)
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; logits [{args.rows}, {args.vocab}] bf16; "

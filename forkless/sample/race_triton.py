@@ -10,9 +10,11 @@ race runs where its logits are read, once: ``argmax(p / q) = argmax(logits / T -
 noise drawn in the kernel from Philox counters. A first launch reduces chunks of
 ``BLOCK`` entries to their winner, a second each row's chunks (``argmax_triton``'s).
 
-Which steps come here is :meth:`forkless.sample.sampler.Sampler.races_in_one_pass`'s
-rule: rows that need only their temperature (no top-k, top-p, penalties, logprobs,
-active logits processors or per-request seeds).
+Rows with top-p race without the sort the PyTorch path runs (``race_rows_top_p``: a few
+passes a row, rejecting winners outside the top-p set). Which steps come here is
+:meth:`forkless.sample.sampler.Sampler.races_in_one_pass`'s rule: rows that need only
+their temperature and top-p (no top-k, penalties, logprobs, active logits processors or
+per-request seeds).
 
 Invariants:
     * A random row's token has the distribution of the sampler's PyTorch race on CUDA:
@@ -123,4 +125,112 @@ def race_rows(logits: torch.Tensor, temperature: torch.Tensor, seed: int | None 
     return out
 
 
-__all__ = ["MAX_ENTRIES", "race_rows"]
+@triton.jit
+def _top_p_race_kernel(x_ptr, temp_ptr, top_p_ptr, out_ptr, seed, V, stride_row, EPS: tl.constexpr,
+                       TINY: tl.constexpr, BLOCK: tl.constexpr, MAX_ROUNDS: tl.constexpr):
+    # One program a row, in passes over it: the softmax's max and sum, then rounds of a
+    # race among the logits above a pivot and a check of the winner; see race_rows_top_p.
+    row = tl.program_id(0)
+    x_row = x_ptr + row * stride_row
+    t = tl.load(temp_ptr + row)
+    greedy = t < EPS
+    scale = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, t))
+    top_p = tl.load(top_p_ptr + row)
+    sub = tl.arange(0, BLOCK)
+    m = float("-inf")
+    z = 0.0
+    for start in range(0, V, BLOCK):
+        offs = start + sub
+        x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * scale
+        x = tl.where(x != x, float("-inf"), x)
+        new_m = tl.maximum(m, tl.max(x, 0))
+        z = z * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), 0)
+        m = new_m
+    low = float("-inf")
+    token = 0
+    rounds = 0
+    accepted = 0
+    while (accepted == 0) & (rounds < MAX_ROUNDS):
+        best = float("-inf")
+        best_idx = V
+        for start in range(0, V, BLOCK):
+            offs = start + sub
+            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * scale
+            u = tl.rand(seed + rounds, row * V + offs)
+            q = tl.maximum(-tl.log(1.0 - u), TINY)
+            key = tl.where((x > low) & (x == x), x - tl.where(greedy, 0.0, tl.log(q)), float("-inf"))
+            block_best = tl.max(key, 0)
+            block_idx = tl.min(tl.where(key == block_best, offs, V), 0)
+            take = block_best > best
+            best = tl.where(take, block_best, best)
+            best_idx = tl.where(take, block_idx, best_idx)
+        best_idx = tl.minimum(best_idx, V - 1)
+        xj = tl.load(x_row + best_idx).to(tl.float32) * scale
+        above = 0.0
+        for start in range(0, V, BLOCK):
+            offs = start + sub
+            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * scale
+            above += tl.sum(tl.where(x > xj, tl.exp(x - m), 0.0), 0)
+        accepted = ((top_p >= 1.0) | (above < top_p * z)).to(tl.int32)
+        token = best_idx
+        low = xj
+        rounds += 1
+    # No winner inside the top-p set after MAX_ROUNDS rejections (see race_rows_top_p):
+    # the row's most likely token, which always is in it.
+    if accepted == 0:
+        best = float("-inf")
+        token = V
+        for start in range(0, V, BLOCK):
+            offs = start + sub
+            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            x = tl.where(x != x, float("-inf"), x)
+            block_best = tl.max(x, 0)
+            block_idx = tl.min(tl.where(x == block_best, offs, V), 0)
+            take = block_best > best
+            best = tl.where(take, block_best, best)
+            token = tl.where(take, block_idx, token)
+        token = tl.minimum(token, V - 1)
+    tl.store(out_ptr + row, token.to(tl.int64))
+
+
+#: Rejections after which a top-p row takes its most likely token (see race_rows_top_p).
+MAX_ROUNDS = 64
+
+
+def race_rows_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+                    seed: int | None = None, block: int = 1024) -> torch.Tensor:
+    """One token per row from ``softmax(logits / T)`` cut to its top-p set, without sorting.
+
+    The top-p set of a row is the tokens whose strictly more probable tokens hold less
+    than ``top_p`` of the mass (a token tied with the last one kept is kept too). It is
+    never built: a round races the tokens above a pivot (at first all of them) and checks
+    the winner, summing the mass above it. A winner inside the set is the row's token --
+    the race drew it from a superset of the set, so, given that it fell inside, from the
+    set -- and one outside raises the pivot to it: every token at or below it is outside
+    too. Each round keeps at least ``top_p`` of the candidates' mass and a rejection cuts
+    that mass to a uniform-like fraction, so a row rarely needs more than a few rounds of
+    two passes; after :data:`MAX_ROUNDS` rejections (vanishingly unlikely: the candidates'
+    mass would have had to shrink by little 64 times) it takes its most likely token.
+
+    Args:
+        logits: As :func:`race_rows` (a NaN logit is never drawn here).
+        temperature: ``[rows]`` float32; below ``SAMPLING_EPS``: the row's argmax.
+        top_p: ``[rows]`` float32 in (0, 1]; 1 keeps every token.
+        seed: The noise's seed; ``None``: drawn from torch's default CPU generator.
+        block: Entries a program reads at a time (a power of two).
+
+    Returns:
+        ``[rows]`` int64 token ids.
+    """
+    rows, v = logits.shape
+    if rows * v > MAX_ENTRIES:
+        raise ValueError(f"race_rows_top_p takes at most {MAX_ENTRIES} logits, got {rows} x {v}")
+    if seed is None:
+        seed = int(torch.randint(MAX_ENTRIES - MAX_ROUNDS, (1,)).item())
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    _top_p_race_kernel[(rows,)](logits, temperature, top_p, out, seed, v, logits.stride(0), EPS=SAMPLING_EPS,
+                                TINY=_TINY, BLOCK=block, MAX_ROUNDS=MAX_ROUNDS, num_warps=8)
+    return out
+
+
+__all__ = ["MAX_ENTRIES", "MAX_ROUNDS", "race_rows", "race_rows_top_p"]

@@ -64,10 +64,12 @@ def test_few_rows_argmax_on_cuda_equals_torch():
 
 def test_temperature_only_rows_race_in_one_pass_on_cuda():
     # The API's default sampling (a temperature, nothing else) goes to the one-pass race:
-    # its draws have the PyTorch race's distribution, greedy rows beside them their argmax,
-    # and a row with top-p (or a seed) keeps the PyTorch path.
+    # its draws have the PyTorch race's distribution, greedy rows beside them their argmax;
+    # top-p rows race without a sort; a row with top-k, a seed or logprobs keeps the
+    # PyTorch path.
     from forkless.sample.race_triton import race_rows
 
+    torch.manual_seed(0)  # the logits and the kernels' seeds: one outcome, run after run
     rows = 1000  # (the helpers' batch holds 1,024) x 4 steps: 4,000 draws
     params = [SamplingParams(temperature=0.7, max_tokens=4) for _ in range(rows)]
     params += [SamplingParams(temperature=0, max_tokens=4) for _ in range(4)]
@@ -91,6 +93,19 @@ def test_temperature_only_rows_race_in_one_pass_on_cuda():
     counts = torch.bincount(half, minlength=VOCAB).float() / (4 * rows)
     assert (counts - torch.softmax(base.to(torch.bfloat16).float() / 0.7, dim=0)).abs().max().item() < 0.04
 
-    for other in (SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=0.7, seed=3),
+    # Top-p too, without a sort: the same set as the PyTorch path's (no ties in these
+    # logits), renormalised.
+    top_p = fill([SamplingParams(temperature=0.7, top_p=0.8, max_tokens=4) for _ in range(rows)], device="cuda")
+    metadata = top_p.refresh()
+    assert Sampler.races_in_one_pass(logits[:rows], metadata)
+    drawn = torch.cat([Sampler()(logits[:rows].clone(), metadata).sampled_token_ids for _ in range(4)])
+    probs = torch.softmax(base / 0.7, dim=0)
+    above = torch.stack([probs[probs > probs[v]].sum() for v in range(VOCAB)])
+    kept = torch.where(above < 0.8, probs, 0.0)
+    counts = torch.bincount(drawn, minlength=VOCAB).float() / (4 * rows)
+    assert (counts - kept / kept.sum()).abs().max().item() < 0.04, (counts, kept / kept.sum())
+    assert set(drawn.tolist()) <= set(kept.nonzero().flatten().tolist())  # none from outside the set
+
+    for other in (SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=0.7, seed=3),
                   SamplingParams(temperature=0.7, logprobs=1)):
         assert not Sampler.races_in_one_pass(logits[:2], fill([params[0], other], device="cuda").refresh())
