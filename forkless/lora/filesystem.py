@@ -2,8 +2,9 @@
 
 Invariants:
     * It answers only for a folder holding a PEFT LoRA adapter whose
-      ``base_model_name_or_path`` is the served model's name; the server then checks and
-      loads the adapter like any other.
+      ``base_model_name_or_path`` is the ``base_model_name`` the server asks with (the
+      model as ``--model`` gave it, as in vLLM); the server then checks and loads the
+      adapter like any other.
     * As vLLM's: a name may be a relative path below the folder (``org/adapter``), and what
       it names, symlinks resolved, must lie inside the folder: nothing outside it is ever
       read. Names with empty, ``.`` or ``..`` components find nothing, so one adapter
@@ -58,7 +59,7 @@ class FilesystemResolver(LoRAResolver):
         if not isinstance(config, dict) or str(config.get("peft_type", "LORA")).upper() != "LORA":
             return None
         if config.get("base_model_name_or_path") != base_model_name:
-            logger.info("LoRA adapter folder %s is for %r, not the served model %r: not served", path,
+            logger.info("LoRA adapter folder %s is for %r, not the model %r: not served", path,
                         config.get("base_model_name_or_path"), base_model_name)
             return None
         # The server replaces the id with one of its own.

@@ -31,7 +31,8 @@ class LoRAResolver(abc.ABC):
         """The adapter called ``lora_name`` for ``base_model_name``, or ``None``.
 
         Args:
-            base_model_name: The served model's name (``--served-model-name``).
+            base_model_name: The base model as the server was given it (``--model``: a
+                path or a hub name; not ``--served-model-name``), as vLLM passes it.
             lora_name: The name the request gave as its ``model``.
 
         Returns:

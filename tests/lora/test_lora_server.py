@@ -256,9 +256,12 @@ def resolver_server(llama, plugin_site, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lora-resolvers")
     cache = tmp / "lora-cache"
     cache.mkdir()
-    _copy_for(adapters["all-r8"], cache / "fs-adapter", "tiny")
-    _copy_for(adapters["all-r8"], cache / "both", "tiny")
+    # As vLLM's, the filesystem resolver serves adapters for the model as --model gave it,
+    # not for its served name.
+    _copy_for(adapters["all-r8"], cache / "fs-adapter", str(base))
+    _copy_for(adapters["all-r8"], cache / "both", str(base))
     _copy_for(adapters["all-r8"], cache / "other-base", "some-other-model")
+    _copy_for(adapters["all-r8"], cache / "for-served-name", "tiny")
     table = tmp / "table.json"
     table.write_text(json.dumps({"table-adapter": str(adapters["mlp-o-r32"]),
                                  "both": str(adapters["qv-r16-rslora"]), "broken": str(tmp / "nothing")}))
@@ -268,7 +271,7 @@ def resolver_server(llama, plugin_site, tmp_path_factory):
                                   "FORKLESS_PLUGINS": "lora_filesystem_resolver,example_lora_resolver",
                                   "FORKLESS_LORA_RESOLVER_CACHE_DIR": str(cache),
                                   "FORKLESS_EXAMPLE_LORA_TABLE": str(table)})
-    srv.extra["cache"], srv.extra["table"] = cache, table
+    srv.extra["cache"], srv.extra["table"], srv.extra["base"] = cache, table, str(base)
     yield srv
     assert stop_and_check(srv) == 0, srv.log()[-3000:]
 
@@ -282,7 +285,7 @@ def test_resolvers_find_adapters_in_registration_order(resolver_server, referenc
     listed = {m.id: m.parent for m in client.models.list().data}
     assert listed["fs-adapter"] == listed["table-adapter"] == "tiny"
     # An adapter for another base model, a name nobody knows: 404 naming the known models.
-    for name in ("other-base", "nobody-knows", "../fs-adapter"):
+    for name in ("other-base", "for-served-name", "nobody-knows", "../fs-adapter"):
         with pytest.raises(openai.NotFoundError) as info:
             client.completions.create(model=name, prompt="x", max_tokens=1)
         assert "fs-adapter" in info.value.body["message"]
@@ -302,11 +305,11 @@ def test_filesystem_resolver_stays_inside_its_folder(resolver_server, llama, ref
 
     _, adapters = llama
     cache = resolver_server.extra["cache"]
-    outside = _copy_for(adapters["all-r8"], tmp_path / "outside", "tiny")
+    outside = _copy_for(adapters["all-r8"], tmp_path / "outside", resolver_server.extra["base"])
     os.symlink(outside, cache / "link-out")
     os.symlink(cache / "fs-adapter", cache / "link-in")
     (cache / "org").mkdir()
-    _copy_for(adapters["mlp-o-r32"], cache / "org" / "nested", "tiny")
+    _copy_for(adapters["mlp-o-r32"], cache / "org" / "nested", resolver_server.extra["base"])
     client = resolver_server.client()
     assert _tokens(client, "org/nested", PROMPT_IDS[0]) == detok(references["mlp-o-r32"][0])
     assert _tokens(client, "link-in", PROMPT_IDS[0]) == detok(references["all-r8"][0])
@@ -328,7 +331,8 @@ def test_an_adapter_a_resolver_finds_but_cannot_load_leaves_the_name_to_the_next
     entries = json.loads(table.read_text())
     entries["bad-in-table"] = str(table.parent / "no-adapter-here")  # example_lora_resolver: asked first
     table.write_text(json.dumps(entries))
-    _copy_for(adapters["mlp-o-r32"], resolver_server.extra["cache"] / "bad-in-table", "tiny")
+    _copy_for(adapters["mlp-o-r32"], resolver_server.extra["cache"] / "bad-in-table",
+              resolver_server.extra["base"])
     client = resolver_server.client()
     assert _tokens(client, "bad-in-table", PROMPT_IDS[0]) == detok(references["mlp-o-r32"][0])
     with pytest.raises(openai.BadRequestError) as info:  # found by one resolver only, and broken
@@ -347,7 +351,8 @@ def test_a_client_leaving_does_not_fail_the_others_waiting_for_its_resolution(re
     import time
 
     _, adapters = llama
-    folder = _copy_for(adapters["all-r8"], resolver_server.extra["cache"] / "slow-to-find", "tiny")
+    folder = _copy_for(adapters["all-r8"], resolver_server.extra["cache"] / "slow-to-find",
+                       resolver_server.extra["base"])
     config = folder / "adapter_config.json"
     text = config.read_text()
     config.unlink()

@@ -254,7 +254,8 @@ class ServingModels:
         for resolver_name in LoRAResolverRegistry.get_supported_resolvers():
             try:
                 resolver = LoRAResolverRegistry.get_resolver(resolver_name)
-                found = await resolver.resolve_lora(self.base_model_name, name)
+                # The model as --model gave it, as vLLM passes it (not the served name).
+                found = await resolver.resolve_lora(self.engine.model_path, name)
             except Exception as exc:  # a plugin's failure is not the client's
                 logger.warning("LoRA resolver %r failed for %r: %s: %s", resolver_name, name,
                                type(exc).__name__, exc)
