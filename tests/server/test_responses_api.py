@@ -481,6 +481,7 @@ def test_retrieve_refuses_the_query_parameters_it_cannot_honour(server: Server) 
     for query, param in [("stream=true&starting_after=abc", "starting_after"),
                          ("stream=true&starting_after=1.5", "starting_after"),
                          ("stream=true&starting_after=-2", "starting_after"),
+                         ("stream=true&starting_after=" + "9" * 19, "starting_after"),
                          ("starting_after=3", "starting_after"),  # without stream, it says nothing
                          ("stream=maybe", "stream"), ("stream=", "stream"),
                          ("stream=true&include_obfuscation=true", "include_obfuscation"),
@@ -489,6 +490,8 @@ def test_retrieve_refuses_the_query_parameters_it_cannot_honour(server: Server) 
         reply = httpx.get(f"{url}?{query}", timeout=30)
         assert reply.status_code == 400, (query, reply.text)
         assert reply.json()["error"]["param"] == param and reply.json()["error"]["type"] == "BadRequestError", query
+        if "9" * 19 in query:
+            assert "expected an integer from -1 to 999999999999999999" in reply.json()["error"]["message"]
     reply = httpx.get(f"{url}?stream=true&starting_after=-1&include_obfuscation=false", timeout=30)
     assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
     assert [e["sequence_number"] for e in _events(reply)][0] == 0

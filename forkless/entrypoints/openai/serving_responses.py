@@ -978,6 +978,10 @@ def _query_bool(query: dict[str, str], name: str) -> bool:
     raise BadRequest(f"{name}={quoted(value)} is not a boolean: expected true or false", name)
 
 
+#: The largest ``starting_after`` taken (18 digits: no event stream comes near it).
+_MAX_SEQUENCE_NUMBER = 10**18 - 1
+
+
 def _sequence_number(value: str) -> int:
     """``starting_after``: a sequence number, or -1 (the events from the first).
 
@@ -985,8 +989,9 @@ def _sequence_number(value: str) -> int:
         BadRequest: It is not an integer of at least -1.
     """
     if re.fullmatch(r"-?[0-9]{1,18}", value) is None or int(value) < -1:
-        raise BadRequest(f"starting_after={quoted(value)} is invalid: expected an integer, the sequence number of "
-                         "the event after which the stream starts (-1: from the first)", "starting_after")
+        raise BadRequest(f"starting_after={quoted(value)} is invalid: expected an integer from -1 to "
+                         f"{_MAX_SEQUENCE_NUMBER}, the sequence number of the event after which the stream starts "
+                         "(-1: from the first)", "starting_after")
     return int(value)
 
 
