@@ -387,6 +387,9 @@ class AsyncLLM:
                 requests already sent.
         """
         streams = list(streams)
+        if not self._started:
+            # Started first, so that the engine's own tasks do not begin in send()'s context.
+            await self._ensure_started()
         token = _SEND_ONLY.set(True)
         try:
             for stream in streams:

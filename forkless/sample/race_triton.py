@@ -52,7 +52,8 @@ def _quarter_race(x_row_ptr, offs, u, V, scale, greedy, TINY: tl.constexpr):
     q = tl.maximum(-tl.log(1.0 - u), TINY)
     key = tl.where(nan | (offs >= V), float("-inf"), x * scale - tl.where(greedy, 0.0, tl.log(q)))
     best = tl.max(key, 0)
-    return best, tl.min(tl.where(key == best, offs, V), 0), tl.max(nan.to(tl.int32), 0), tl.min(tl.where(nan, offs, V), 0)
+    first_best = tl.min(tl.where(key == best, offs, V), 0)
+    return best, first_best, tl.max(nan.to(tl.int32), 0), tl.min(tl.where(nan, offs, V), 0)
 
 
 @triton.jit

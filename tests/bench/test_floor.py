@@ -108,9 +108,8 @@ def test_bench_throughput_runs_bench_serve_s_requests_with_its_flags(tiny_llama:
     assert len({r.expected_output_len for r in sent}) > 1  # the lengths do vary
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["forkless"]["tokens"] == sum(r.expected_output_len for r in sent)
-    # The floor's KV reads are those of these lengths: sum over requests of (o - 1) * i + (o - 1) * o / 2 tokens.
-    kv_tokens = sum((r.expected_output_len - 1) * r.prompt_len + (r.expected_output_len - 1) * r.expected_output_len // 2
-                    for r in sent)
+    # The floor's KV reads are those of these lengths: per request (o - 1) * i + (o - 1) * o / 2 tokens.
+    kv_tokens = sum((o - 1) * r.prompt_len + (o - 1) * o // 2 for r in sent for o in [r.expected_output_len])
     assert result["floor"]["kv_bytes"] == kv_tokens * 512  # tiny_llama, float32: 512 B per token
 
     for bad, message in ((["--random-input-len", "12"], "--random-input-len and --random-output-len go together"),
