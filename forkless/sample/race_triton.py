@@ -92,6 +92,15 @@ def _chunk_race_kernel(x_ptr, temp_ptr, val_ptr, idx_ptr, nan_ptr, seed, V, stri
     tl.store(nan_ptr + out, has_nan)
 
 
+def _seed(caller: str, logits: torch.Tensor, seed: int | None, headroom: int) -> int:
+    """``seed``, or one from torch's default CPU generator leaving ``headroom`` below the
+    31-bit limit; refuses logits the kernels' 32-bit counters do not cover."""
+    rows, v = logits.shape
+    if rows * v > MAX_ENTRIES:
+        raise ValueError(f"{caller} takes at most {MAX_ENTRIES} logits, got {rows} x {v}")
+    return int(torch.randint(MAX_ENTRIES - headroom, (1,)).item()) if seed is None else seed
+
+
 def race_rows(logits: torch.Tensor, temperature: torch.Tensor, seed: int | None = None,
               block: int = BLOCK) -> torch.Tensor:
     """One token per row: a draw from ``softmax(logits / T)``, or the argmax where ``T`` is
@@ -110,10 +119,7 @@ def race_rows(logits: torch.Tensor, temperature: torch.Tensor, seed: int | None 
         ``[rows]`` int64 token ids.
     """
     rows, v = logits.shape
-    if rows * v > MAX_ENTRIES:
-        raise ValueError(f"race_rows takes at most {MAX_ENTRIES} logits, got {rows} x {v}")
-    if seed is None:
-        seed = int(torch.randint(MAX_ENTRIES, (1,)).item())
+    seed = _seed("race_rows", logits, seed, 0)
     chunks = triton.cdiv(v, block)
     vals = torch.empty(rows * chunks, dtype=torch.float32, device=logits.device)
     idxs = torch.empty(rows * chunks, dtype=torch.int64, device=logits.device)
@@ -224,10 +230,7 @@ def race_rows_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_p: torc
         ``[rows]`` int64 token ids.
     """
     rows, v = logits.shape
-    if rows * v > MAX_ENTRIES:
-        raise ValueError(f"race_rows_top_p takes at most {MAX_ENTRIES} logits, got {rows} x {v}")
-    if seed is None:
-        seed = int(torch.randint(MAX_ENTRIES - MAX_ROUNDS, (1,)).item())
+    seed = _seed("race_rows_top_p", logits, seed, MAX_ROUNDS)  # round r draws with seed + r
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     _top_p_race_kernel[(rows,)](logits, temperature, top_p, out, seed, v, logits.stride(0), EPS=SAMPLING_EPS,
                                 TINY=_TINY, BLOCK=block, MAX_ROUNDS=MAX_ROUNDS, num_warps=8)
