@@ -151,7 +151,9 @@ def _top_p_race_kernel(x_ptr, temp_ptr, top_p_ptr, out_ptr, seed, V, stride_row,
         x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * scale
         x = tl.where(x != x, float("-inf"), x)
         new_m = tl.maximum(m, tl.max(x, 0))
-        z = z * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), 0)
+        # Until a finite logit comes (a grammar's mask can make whole blocks -inf) the sum
+        # stays 0: exp(-inf - -inf) would poison it with a NaN.
+        z = tl.where(new_m == float("-inf"), 0.0, z * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), 0))
         m = new_m
     low = float("-inf")
     token = 0

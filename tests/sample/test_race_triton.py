@@ -77,6 +77,12 @@ assert only.tolist() == [2] * 50
 tokens = race_rows_top_p(base.repeat(rows, 1), torch.full((rows,), temp), torch.ones(rows), seed=6, block=8).tolist()
 got = frequencies(tokens, range(6))
 assert all(abs(g - w) < 0.08 for g, w in zip(got, want)), (got, want)
+# Whole blocks of -inf before the first finite logit (a grammar's mask): the same set.
+masked = torch.full((rows, 24), float("-inf"))
+masked[:, 18:] = base
+tokens = race_rows_top_p(masked, torch.full((rows,), 0.8), torch.full((rows,), 0.7), seed=8, block=8).tolist()
+got = frequencies(tokens, range(18, 24))
+assert got[1] == got[3] == got[4] == got[5] == 0.0 and abs(got[2] - 0.777) < 0.06, got
 wide = torch.randn(4, 40)
 got = race_rows_top_p(wide, torch.zeros(4), torch.full((4,), 0.5), block=16).tolist()
 assert got == wide.argmax(dim=-1).tolist()
