@@ -43,25 +43,52 @@ _TINY = torch.finfo(torch.float32).tiny
 
 
 @triton.jit
+def _row_scale(temp_ptr, row, EPS: tl.constexpr):
+    """Whether the row is greedy, and what its logits are multiplied by (1 / T; 1 if greedy)."""
+    t = tl.load(temp_ptr + row)
+    greedy = t < EPS
+    return greedy, tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, t))
+
+
+@triton.jit
+def _load_logits(x_row_ptr, offs, V):
+    """Logits at ``offs`` in float32, ``-inf`` past the row's end."""
+    return tl.load(x_row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+
+
+@triton.jit
+def _first_max(key, offs, V):
+    """The largest of ``key`` and the first of ``offs`` holding it."""
+    best = tl.max(key, 0)
+    return best, tl.min(tl.where(key == best, offs, V), 0)
+
+
+@triton.jit
+def _later_wins_if_larger(best, idx, later_best, later_idx):
+    """The running winner against a block of higher indices: that one wins only with a
+    strictly larger key, so a tie keeps the first index."""
+    take = later_best > best
+    return tl.where(take, later_best, best), tl.where(take, later_idx, idx)
+
+
+@triton.jit
 def _quarter_race(x_row_ptr, offs, u, V, scale, greedy, TINY: tl.constexpr):
     """A quarter of a chunk: its best key, the first index holding it, whether it has a
     NaN logit, and the first one."""
-    inside = offs < V
-    x = tl.load(x_row_ptr + offs, mask=inside, other=float("-inf")).to(tl.float32)
+    x = _load_logits(x_row_ptr, offs, V)
     nan = x != x
     q = tl.maximum(-tl.log(1.0 - u), TINY)
     key = tl.where(nan | (offs >= V), float("-inf"), x * scale - tl.where(greedy, 0.0, tl.log(q)))
-    best = tl.max(key, 0)
-    first_best = tl.min(tl.where(key == best, offs, V), 0)
+    best, first_best = _first_max(key, offs, V)
     return best, first_best, tl.max(nan.to(tl.int32), 0), tl.min(tl.where(nan, offs, V), 0)
 
 
 @triton.jit
 def _later_quarter(val, idx, has_nan, first_nan, x_row_ptr, offs, u, V, scale, greedy, TINY: tl.constexpr):
-    """Fold the next quarter (higher indices) in: it wins only with a strictly larger key."""
+    """Fold the next quarter (higher indices) in."""
     v, i, n, f = _quarter_race(x_row_ptr, offs, u, V, scale, greedy, TINY)
-    take = v > val
-    return tl.where(take, v, val), tl.where(take, i, idx), tl.maximum(has_nan, n), tl.minimum(first_nan, f)
+    val, idx = _later_wins_if_larger(val, idx, v, i)
+    return val, idx, tl.maximum(has_nan, n), tl.minimum(first_nan, f)
 
 
 @triton.jit
@@ -72,9 +99,7 @@ def _chunk_race_kernel(x_ptr, temp_ptr, val_ptr, idx_ptr, nan_ptr, seed, V, stri
     QUARTER: tl.constexpr = BLOCK // 4
     row = tl.program_id(0)
     chunk = tl.program_id(1)
-    t = tl.load(temp_ptr + row)
-    greedy = t < EPS
-    scale = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, t))
+    greedy, scale = _row_scale(temp_ptr, row, EPS)
     sub = tl.arange(0, QUARTER)
     u0, u1, u2, u3 = tl.rand4x(seed, (row * NUM_CHUNKS + chunk) * QUARTER + sub)
     x_row = x_ptr + row * stride_row
@@ -139,16 +164,14 @@ def _top_p_race_kernel(x_ptr, temp_ptr, top_p_ptr, out_ptr, seed, V, stride_row,
     # race among the logits above a pivot and a check of the winner; see race_rows_top_p.
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_row
-    t = tl.load(temp_ptr + row)
-    greedy = t < EPS
-    scale = tl.where(greedy, 1.0, 1.0 / tl.where(greedy, 1.0, t))
+    greedy, scale = _row_scale(temp_ptr, row, EPS)
     top_p = tl.load(top_p_ptr + row)
     sub = tl.arange(0, BLOCK)
     m = float("-inf")
     z = 0.0
     for start in range(0, V, BLOCK):
         offs = start + sub
-        x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * scale
+        x = _load_logits(x_row, offs, V) * scale
         x = tl.where(x != x, float("-inf"), x)
         new_m = tl.maximum(m, tl.max(x, 0))
         # Until a finite logit comes (a grammar's mask can make whole blocks -inf) the sum
@@ -164,21 +187,18 @@ def _top_p_race_kernel(x_ptr, temp_ptr, top_p_ptr, out_ptr, seed, V, stride_row,
         best_idx = V
         for start in range(0, V, BLOCK):
             offs = start + sub
-            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * scale
+            x = _load_logits(x_row, offs, V) * scale
             u = tl.rand(seed + rounds, row * V + offs)
             q = tl.maximum(-tl.log(1.0 - u), TINY)
             key = tl.where((x > low) & (x == x), x - tl.where(greedy, 0.0, tl.log(q)), float("-inf"))
-            block_best = tl.max(key, 0)
-            block_idx = tl.min(tl.where(key == block_best, offs, V), 0)
-            take = block_best > best
-            best = tl.where(take, block_best, best)
-            best_idx = tl.where(take, block_idx, best_idx)
+            block_best, block_idx = _first_max(key, offs, V)
+            best, best_idx = _later_wins_if_larger(best, best_idx, block_best, block_idx)
         best_idx = tl.minimum(best_idx, V - 1)
         xj = tl.load(x_row + best_idx).to(tl.float32) * scale
         above = 0.0
         for start in range(0, V, BLOCK):
             offs = start + sub
-            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * scale
+            x = _load_logits(x_row, offs, V) * scale
             above += tl.sum(tl.where(x > xj, tl.exp(x - m), 0.0), 0)
         accepted = ((top_p >= 1.0) | (above < top_p * z)).to(tl.int32)
         token = best_idx
@@ -191,13 +211,9 @@ def _top_p_race_kernel(x_ptr, temp_ptr, top_p_ptr, out_ptr, seed, V, stride_row,
         token = V
         for start in range(0, V, BLOCK):
             offs = start + sub
-            x = tl.load(x_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-            x = tl.where(x != x, float("-inf"), x)
-            block_best = tl.max(x, 0)
-            block_idx = tl.min(tl.where(x == block_best, offs, V), 0)
-            take = block_best > best
-            best = tl.where(take, block_best, best)
-            token = tl.where(take, block_idx, token)
+            x = _load_logits(x_row, offs, V)
+            block_best, block_idx = _first_max(tl.where(x != x, float("-inf"), x), offs, V)
+            best, token = _later_wins_if_larger(best, token, block_best, block_idx)
         token = tl.minimum(token, V - 1)
     tl.store(out_ptr + row, token.to(tl.int64))
 
