@@ -8,10 +8,12 @@ steps after a warm-up, for:
 * temperature only (the API's default sampling), the one-pass race (``race_triton``);
 * the same rows through the PyTorch race (float32 copy, softmax, noise, argmax), as the
   sampler ran them before the one-pass race and still runs them with top-k / top-p;
-* ``top_p=0.9``: the top-p race (``race_rows_top_p``), and the PyTorch race after a sort.
+* ``top_p=0.9``: the top-p race (``race_rows_top_k_top_p``), and the PyTorch race after a sort;
+* ``top_k=20, top_p=0.95`` (Qwen3's ``generation_config.json``, which the server applies to
+  every request by default) and ``top_k=50`` alone: the same two ways.
 
 Each line gives the time and its ratio to the plain PyTorch race, measured in the same run
-(the top-p lines: compare them with each other); ``--json`` writes the numbers. The logits
+(the top-k / top-p lines: compare each pair with each other); ``--json`` writes the numbers. The logits
 are random (near-uniform rows: top-p keeps ~80 % of a row), a hard case for the top-p race's
 rounds only if the winner falls outside the set, which it does with probability 1 - top_p.
 
@@ -82,14 +84,20 @@ def main() -> int:
 
     plain = metadata_of(SamplingParams(temperature=0.8))
     top_p = metadata_of(SamplingParams(temperature=0.8, top_p=0.9))
+    qwen = metadata_of(SamplingParams(temperature=0.6, top_k=20, top_p=0.95))
+    top_k = metadata_of(SamplingParams(temperature=0.8, top_k=50))
     kinds = {
         "greedy": (sampler, metadata_of(SamplingParams(temperature=0))),
         "temperature, one-pass race": (sampler, plain),
         "temperature, PyTorch race": (TorchRace(), plain),
-        "top_p=0.9, race_rows_top_p": (sampler, top_p),
+        "top_p=0.9, race": (sampler, top_p),
         "top_p=0.9, PyTorch (sort)": (TorchRace(), top_p),
+        "top_k=20 top_p=0.95, race": (sampler, qwen),
+        "top_k=20 top_p=0.95, PyTorch": (TorchRace(), qwen),
+        "top_k=50, race": (sampler, top_k),
+        "top_k=50, PyTorch (topk)": (TorchRace(), top_k),
     }
-    assert Sampler.races_in_one_pass(logits, plain)
+    assert all(Sampler.races_in_one_pass(logits, m) for m in (plain, top_p, qwen, top_k))
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; logits [{args.rows}, {args.vocab}] bf16; "
           f"median of {args.repeat} steps")
     results = {name: _time(lambda s=s, m=m: s(logits.clone(), m), args.repeat) for name, (s, m) in kinds.items()}

@@ -10,10 +10,11 @@ race runs where its logits are read, once: ``argmax(p / q) = argmax(logits / T -
 noise drawn in the kernel from Philox counters. A first launch reduces chunks of
 ``BLOCK`` entries to their winner, a second each row's chunks (``argmax_triton``'s).
 
-Rows with top-p race without the sort the PyTorch path runs (``race_rows_top_p``: a few
-passes a row, rejecting winners outside the top-p set). Which steps come here is
+Rows with top-k or top-p race without the sort the PyTorch path runs
+(``race_rows_top_k_top_p``: a radix select of the k-th largest logit, then a few passes a
+row, rejecting winners outside the top-p set). Which steps come here is
 :meth:`forkless.sample.sampler.Sampler.races_in_one_pass`'s rule: rows that need only
-their temperature and top-p (no top-k, penalties, logprobs, active logits processors or
+their temperature, top-k and top-p (no penalties, logprobs, active logits processors or
 per-request seeds).
 
 Invariants:
@@ -158,26 +159,78 @@ def race_rows(logits: torch.Tensor, temperature: torch.Tensor, seed: int | None 
 
 
 @triton.jit
-def _top_p_race_kernel(x_ptr, temp_ptr, top_p_ptr, out_ptr, seed, V, stride_row, EPS: tl.constexpr,
-                       TINY: tl.constexpr, BLOCK: tl.constexpr, MAX_ROUNDS: tl.constexpr):
-    # One program a row, in passes over it: the softmax's max and sum, then rounds of a
-    # race among the logits above a pivot and a check of the winner; see race_rows_top_p.
+def _ordered_key(x):
+    """float32 -> int64 in [0, 2**32) of the same order (``-0.0`` just below ``+0.0``)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.int64) + 2147483648
+
+
+@triton.jit
+def _kth_largest(x_row, V, k, BLOCK: tl.constexpr, LOW_BITS: tl.constexpr):
+    """A threshold that keeps a row's ``k`` largest logits and their ties (a NaN counts as
+    ``-inf``), by radix select: passes of a histogram of the next 8 bits of the
+    order-keeping keys, among the entries whose higher bits match those chosen so far.
+    The lowest ``LOW_BITS`` of the keys are the same for all entries of one sign (bf16 or
+    fp16 logits widened to float32), so no pass reads them: the threshold returned is
+    the k-th largest value, or (negative) a float32 just below it that no logit lies
+    between."""
+    sub = tl.arange(0, BLOCK)
+    bins = tl.arange(0, 256)
+    prefix = k * 0
+    left = k  # how many of the entries that match the prefix still rank above the k-th
+    for shift in tl.static_range(24, LOW_BITS - 1, -8):
+        hist = tl.zeros([256], dtype=tl.int32)
+        misses = 0  # entries out of the running, counted into bin 0 (a histogram has no mask)
+        for start in range(0, V, BLOCK):
+            offs = start + sub
+            x = _load_logits(x_row, offs, V)
+            key = _ordered_key(tl.where(x != x, float("-inf"), x))
+            match = (offs < V) & ((key >> (shift + 8)) == prefix)
+            hist += tl.histogram(tl.where(match, (key >> shift) & 255, 0).to(tl.int32), 256)
+            misses += BLOCK - tl.sum(match.to(tl.int32), 0)
+        counts = tl.where(bins == 0, hist - misses, hist).to(tl.int64)
+        at_or_above = tl.sum(counts, 0) - tl.cumsum(counts, 0) + counts
+        chosen = tl.max(tl.where(at_or_above >= left, bins, -1), 0).to(tl.int64)
+        left -= tl.sum(tl.where(bins > chosen, counts, 0), 0)
+        prefix = (prefix << 8) | chosen
+    signed = ((prefix << LOW_BITS) - 2147483648).to(tl.int32)
+    return (signed ^ ((signed >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, out_ptr, seed, V, stride_row,
+                          HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, EPS: tl.constexpr,
+                          TINY: tl.constexpr, BLOCK: tl.constexpr, MAX_ROUNDS: tl.constexpr):
+    # One program a row, in passes over it: the top-k threshold, the softmax's max and the
+    # sum of the top-k set, then rounds of a race among the logits above a pivot and a
+    # check of the winner; see race_rows_top_k_top_p.
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_row
     greedy, scale = _row_scale(temp_ptr, row, EPS)
-    top_p = tl.load(top_p_ptr + row)
+    # (Values that an `if` may change start as tensors of their type.)
+    top_p = tl.where(greedy, 1.0, tl.load(top_p_ptr + row) if HAS_TOP_P else 1.0)  # greedy: in every set
     sub = tl.arange(0, BLOCK)
-    m = float("-inf")
-    z = 0.0
-    for start in range(0, V, BLOCK):
-        offs = start + sub
-        x = _load_logits(x_row, offs, V) * scale
-        x = tl.where(x != x, float("-inf"), x)
-        new_m = tl.maximum(m, tl.max(x, 0))
-        # Until a finite logit comes (a grammar's mask can make whole blocks -inf) the sum
-        # stays 0: exp(-inf - -inf) would poison it with a NaN.
-        z = tl.where(new_m == float("-inf"), 0.0, z * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), 0))
-        m = new_m
+    kth = tl.where(greedy, float("-inf"), float("-inf"))  # the top-k set: the logits at or above it
+    if HAS_TOP_K:
+        k = tl.load(top_k_ptr + row).to(tl.int64)
+        if (k < V) & (k > 0) & (greedy == 0):
+            # bf16 widens to float32 keys whose low 16 bits carry nothing (fp16: 13;
+            # passes take 8 bits, so its last one starts at bit 8).
+            LOW_BITS: tl.constexpr = 16 if x_ptr.dtype.element_ty == tl.bfloat16 else (
+                8 if x_ptr.dtype.element_ty == tl.float16 else 0)
+            kth = _kth_largest(x_row, V, k, BLOCK, LOW_BITS)
+    m = tl.where(greedy, float("-inf"), float("-inf"))
+    z = tl.where(greedy, 0.0, 0.0)
+    if top_p < 1.0:
+        for start in range(0, V, BLOCK):
+            offs = start + sub
+            raw = _load_logits(x_row, offs, V)
+            x = tl.where((raw == raw) & (raw >= kth), raw * scale, float("-inf"))
+            new_m = tl.maximum(m, tl.max(x, 0))
+            # Until a finite logit comes (a grammar's mask can make whole blocks -inf) the
+            # sum stays 0: exp(-inf - -inf) would poison it with a NaN.
+            z = tl.where(new_m == float("-inf"), 0.0, z * tl.exp(m - new_m) + tl.sum(tl.exp(x - new_m), 0))
+            m = new_m
     low = float("-inf")
     token = 0
     rounds = 0
@@ -187,24 +240,29 @@ def _top_p_race_kernel(x_ptr, temp_ptr, top_p_ptr, out_ptr, seed, V, stride_row,
         best_idx = V
         for start in range(0, V, BLOCK):
             offs = start + sub
-            x = _load_logits(x_row, offs, V) * scale
+            raw = _load_logits(x_row, offs, V)
+            x = raw * scale
             u = tl.rand(seed + rounds, row * V + offs)
             q = tl.maximum(-tl.log(1.0 - u), TINY)
-            key = tl.where((x > low) & (x == x), x - tl.where(greedy, 0.0, tl.log(q)), float("-inf"))
+            key = tl.where((x > low) & (raw >= kth) & (x == x), x - tl.where(greedy, 0.0, tl.log(q)),
+                           float("-inf"))
             block_best, block_idx = _first_max(key, offs, V)
             best, best_idx = _later_wins_if_larger(best, best_idx, block_best, block_idx)
         best_idx = tl.minimum(best_idx, V - 1)
         xj = tl.load(x_row + best_idx).to(tl.float32) * scale
-        above = 0.0
-        for start in range(0, V, BLOCK):
-            offs = start + sub
-            x = _load_logits(x_row, offs, V) * scale
-            above += tl.sum(tl.where(x > xj, tl.exp(x - m), 0.0), 0)
-        accepted = ((top_p >= 1.0) | (above < top_p * z)).to(tl.int32)
+        accepted = (top_p >= 1.0).to(tl.int32)
+        if top_p < 1.0:
+            # The mass strictly above the winner; every logit there is in the top-k set.
+            above = tl.where(greedy, 0.0, 0.0)
+            for start in range(0, V, BLOCK):
+                offs = start + sub
+                x = _load_logits(x_row, offs, V) * scale
+                above += tl.sum(tl.where(x > xj, tl.exp(x - m), 0.0), 0)
+            accepted = (above < top_p * z).to(tl.int32)
         token = best_idx
         low = xj
         rounds += 1
-    # No winner inside the top-p set after MAX_ROUNDS rejections (see race_rows_top_p):
+    # No winner inside the top-p set after MAX_ROUNDS rejections (see race_rows_top_k_top_p):
     # the row's most likely token, which always is in it.
     if accepted == 0:
         best = float("-inf")
@@ -218,29 +276,35 @@ def _top_p_race_kernel(x_ptr, temp_ptr, top_p_ptr, out_ptr, seed, V, stride_row,
     tl.store(out_ptr + row, token.to(tl.int64))
 
 
-#: Rejections after which a top-p row takes its most likely token (see race_rows_top_p).
+#: Rejections after which a top-p row takes its most likely token (see race_rows_top_k_top_p).
 MAX_ROUNDS = 64
 
 
-def race_rows_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
-                    seed: int | None = None, block: int = 1024) -> torch.Tensor:
-    """One token per row from ``softmax(logits / T)`` cut to its top-p set, without sorting.
+def race_rows_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
+                          top_p: torch.Tensor | None, seed: int | None = None, block: int = 1024) -> torch.Tensor:
+    """One token per row from ``softmax(logits / T)`` cut to its top-k set, then to the
+    top-p set of what is left (renormalised), without sorting.
 
-    The top-p set of a row is the tokens whose strictly more probable tokens hold less
-    than ``top_p`` of the mass (a token tied with the last one kept is kept too). It is
-    never built: a round races the tokens above a pivot (at first all of them) and checks
-    the winner, summing the mass above it. A winner inside the set is the row's token --
-    the race drew it from a superset of the set, so, given that it fell inside, from the
-    set -- and one outside raises the pivot to it: every token at or below it is outside
-    too. Each round keeps at least ``top_p`` of the candidates' mass and a rejection cuts
-    that mass to a uniform-like fraction, so a row rarely needs more than a few rounds of
-    two passes; after :data:`MAX_ROUNDS` rejections (vanishingly unlikely: the candidates'
-    mass would have had to shrink by little 64 times) it takes its most likely token.
+    The top-k set of a row is its logits at or above the k-th largest (ties with it kept),
+    found by a radix select over the logits' bits (two passes for bf16 logits, four for
+    float32). The top-p set is the tokens whose strictly more probable tokens hold less
+    than ``top_p`` of the top-k set's mass (a token tied with the last one kept is kept too). It is never built: a round
+    races the top-k set's tokens above a pivot (at first all of them) and checks the
+    winner, summing the mass above it. A winner inside the set is the row's token -- the
+    race drew it from a superset of the set, so, given that it fell inside, from the set --
+    and one outside raises the pivot to it: every token at or below it is outside too.
+    Each round keeps at least ``top_p`` of the candidates' mass and a rejection cuts that
+    mass to a uniform-like fraction, so a row rarely needs more than a few rounds of two
+    passes; after :data:`MAX_ROUNDS` rejections (vanishingly unlikely: the candidates' mass
+    would have had to shrink by little 64 times) it takes its most likely token. A row
+    without top-p takes the first round's winner.
 
     Args:
         logits: As :func:`race_rows` (a NaN logit is never drawn here).
         temperature: ``[rows]`` float32; below ``SAMPLING_EPS``: the row's argmax.
-        top_p: ``[rows]`` float32 in (0, 1]; 1 keeps every token.
+        top_k: ``[rows]`` integers (``V`` or more, or 0: every token), or ``None``: no row
+            has a top-k.
+        top_p: ``[rows]`` float32 in (0, 1] (1 keeps every token), or ``None``.
         seed: The noise's seed; ``None``: drawn from torch's default CPU generator.
         block: Entries a program reads at a time (a power of two).
 
@@ -248,11 +312,13 @@ def race_rows_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_p: torc
         ``[rows]`` int64 token ids.
     """
     rows, v = logits.shape
-    seed = _seed("race_rows_top_p", logits, seed, MAX_ROUNDS)  # round r draws with seed + r
+    seed = _seed("race_rows_top_k_top_p", logits, seed, MAX_ROUNDS)  # round r draws with seed + r
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
-    _top_p_race_kernel[(rows,)](logits, temperature, top_p, out, seed, v, logits.stride(0), EPS=SAMPLING_EPS,
-                                TINY=_TINY, BLOCK=block, MAX_ROUNDS=MAX_ROUNDS, num_warps=8)
+    _filtered_race_kernel[(rows,)](logits, temperature, temperature if top_k is None else top_k,
+                                   temperature if top_p is None else top_p, out, seed, v, logits.stride(0),
+                                   HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, EPS=SAMPLING_EPS,
+                                   TINY=_TINY, BLOCK=block, MAX_ROUNDS=MAX_ROUNDS, num_warps=8)
     return out
 
 
-__all__ = ["MAX_ENTRIES", "MAX_ROUNDS", "race_rows", "race_rows_top_p"]
+__all__ = ["MAX_ENTRIES", "MAX_ROUNDS", "race_rows", "race_rows_top_k_top_p"]

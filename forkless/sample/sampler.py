@@ -51,8 +51,9 @@ class Sampler:
 
     On CUDA a step whose rows need nothing but their temperature (the API's default
     sampling) runs steps 3 and 4 as one pass over the logits (``race_triton``), the same
-    race without the float32 copy, the probabilities or the noise tensor; with top-p too,
-    a few passes a row instead of a sort of the vocabulary.
+    race without the float32 copy, the probabilities or the noise tensor; with top-k and
+    top-p too (a model's ``generation_config.json`` often sets both), a few passes a row
+    instead of a sort of the vocabulary.
 
     Logprobs (``logprobs_mode``):
       * ``"raw_logprobs"`` (default, as vLLM's default): log-softmax of the model's logits
@@ -90,13 +91,13 @@ class Sampler:
             # float32 copy of the logits (0.11 ms a step at 512 x 151,936 on an H200).
             return SamplerOutput(sampled_token_ids=row_argmax(logits), logprobs=None)
         if self.races_in_one_pass(logits, metadata):
-            from forkless.sample.race_triton import race_rows, race_rows_top_p
+            from forkless.sample.race_triton import race_rows, race_rows_top_k_top_p
 
             assert metadata.temperature is not None
-            if metadata.top_p is None:
+            if metadata.top_k is None and metadata.top_p is None:
                 return SamplerOutput(sampled_token_ids=race_rows(logits, metadata.temperature), logprobs=None)
-            return SamplerOutput(sampled_token_ids=race_rows_top_p(logits, metadata.temperature, metadata.top_p),
-                                 logprobs=None)
+            return SamplerOutput(sampled_token_ids=race_rows_top_k_top_p(
+                logits, metadata.temperature, metadata.top_k, metadata.top_p), logprobs=None)
         logits = logits.to(torch.float32)
         want_logprobs = metadata.max_num_logprobs is not None
         raw = None
@@ -140,16 +141,15 @@ class Sampler:
     @staticmethod
     def races_in_one_pass(logits: torch.Tensor, metadata: "SamplingMetadata") -> bool:
         """Whether the step's rows go to the race kernels (``race_triton``): CUDA logits
-        (Triton installed), some random row, and nothing but temperature and top-p to
-        apply -- no top-k, penalties, logprobs, active logits processor or seeded row (a
-        seeded row draws from its own generator, which the kernels do not)."""
+        (Triton installed), some random row, and nothing but temperature, top-k and top-p
+        to apply -- no penalties, logprobs, active logits processor (min_p is one) or
+        seeded row (a seeded row draws from its own generator, which the kernels do not)."""
         if logits.device.type != "cuda" or not triton_available():
             return False
         from forkless.sample.race_triton import MAX_ENTRIES
 
-        return (not metadata.all_greedy and metadata.temperature is not None and metadata.top_k is None
-                and metadata.no_penalties and metadata.max_num_logprobs is None
-                and not metadata.generators and not any(p.is_active() for p in metadata.logits_processors)
+        return (not metadata.all_greedy and metadata.temperature is not None and metadata.no_penalties
+                and metadata.max_num_logprobs is None and not metadata.generators and not any(p.is_active() for p in metadata.logits_processors)
                 and logits.dim() == 2 and logits.stride(1) == 1 and logits.numel() <= MAX_ENTRIES)
 
     def _sample(

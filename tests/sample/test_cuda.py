@@ -65,9 +65,9 @@ def test_few_rows_argmax_on_cuda_equals_torch():
 def test_temperature_only_rows_race_in_one_pass_on_cuda():
     # The API's default sampling (a temperature, nothing else) goes to the one-pass race:
     # its draws have the PyTorch race's distribution, greedy rows beside them their argmax;
-    # top-p rows race without a sort; a row with top-k, a seed or logprobs keeps the
-    # PyTorch path.
-    from forkless.sample.race_triton import race_rows
+    # top-k and top-p rows race without a sort; a row with min_p, a seed or logprobs keeps
+    # the PyTorch path.
+    from forkless.sample.race_triton import race_rows, race_rows_top_k_top_p
 
     torch.manual_seed(0)  # the logits and the kernels' seeds: one outcome, run after run
     rows = 1000  # (the helpers' batch holds 1,024) x 4 steps: 4,000 draws
@@ -106,6 +106,31 @@ def test_temperature_only_rows_race_in_one_pass_on_cuda():
     assert (counts - kept / kept.sum()).abs().max().item() < 0.04, (counts, kept / kept.sum())
     assert set(drawn.tolist()) <= set(kept.nonzero().flatten().tolist())  # none from outside the set
 
-    for other in (SamplingParams(temperature=0.7, top_k=5), SamplingParams(temperature=0.7, seed=3),
+    # Top-k, then top-p over what it kept (Qwen3's generation_config sets both): the PyTorch
+    # path's set, renormalised. top_k=10 keeps the 10 largest (no ties here), of which
+    # top_p=0.8 keeps those whose more probable ones hold < 0.8 of the 10's mass.
+    for k, p in ((10, None), (10, 0.8), (3, 0.95)):
+        both = fill([SamplingParams(temperature=0.7, top_k=k, top_p=p or 1.0, max_tokens=4) for _ in range(rows)],
+                    device="cuda")
+        metadata = both.refresh()
+        assert Sampler.races_in_one_pass(logits[:rows], metadata)
+        drawn = torch.cat([Sampler()(logits[:rows].clone(), metadata).sampled_token_ids for _ in range(4)])
+        kept = torch.where(probs >= probs.sort(descending=True).values[k - 1], probs, 0.0)
+        kept = kept / kept.sum()
+        if p is not None:
+            above = torch.stack([kept[kept > kept[v]].sum() for v in range(VOCAB)])
+            kept = torch.where(above < p, kept, 0.0)
+        counts = torch.bincount(drawn, minlength=VOCAB).float() / (4 * rows)
+        assert (counts - kept / kept.sum()).abs().max().item() < 0.04, (k, p, counts, kept / kept.sum())
+        assert set(drawn.tolist()) <= set(kept.nonzero().flatten().tolist()), (k, p)
+    # bf16 logits of Qwen3's vocabulary width (a radix select over 149 blocks a row), a
+    # different k a row: each row's draw is among its k largest.
+    wide = torch.randn(256, 151936, device="cuda").to(torch.bfloat16)
+    ks = torch.randint(1, 200, (256,), device="cuda")
+    got = race_rows_top_k_top_p(wide, torch.full((256,), 0.9, device="cuda"), ks, None)
+    kth = wide.float().sort(dim=-1, descending=True).values.gather(1, (ks - 1).unsqueeze(1)).squeeze(1)
+    assert (wide.float().gather(1, got.unsqueeze(1)).squeeze(1) >= kth).all()
+
+    for other in (SamplingParams(temperature=0.7, min_p=0.1), SamplingParams(temperature=0.7, seed=3),
                   SamplingParams(temperature=0.7, logprobs=1)):
         assert not Sampler.races_in_one_pass(logits[:2], fill([params[0], other], device="cuda").refresh())

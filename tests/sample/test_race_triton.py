@@ -63,7 +63,10 @@ assert race_rows(few, torch.ones(60), block=8).tolist() == first
 # Top-p without a sort: the tokens whose strictly more probable ones hold less than top_p
 # of the mass, renormalised. softmax(base / 0.8) = [.185, .053, .647, 0, .099, .015]:
 # top_p 0.7 keeps tokens 2 and 0 (0.777 / 0.223 after renormalising), 0.05 token 2 alone.
-from forkless.sample.race_triton import race_rows_top_p
+from forkless.sample.race_triton import race_rows_top_k_top_p
+
+def race_rows_top_p(logits, temperature, top_p, **kw):
+    return race_rows_top_k_top_p(logits, temperature, None, top_p, **kw)
 
 rows = 800
 tokens = race_rows_top_p(base.repeat(rows, 1), torch.full((rows,), 0.8), torch.full((rows,), 0.7), seed=5,
@@ -86,7 +89,72 @@ assert got[1] == got[3] == got[4] == got[5] == 0.0 and abs(got[2] - 0.777) < 0.0
 wide = torch.randn(4, 40)
 got = race_rows_top_p(wide, torch.zeros(4), torch.full((4,), 0.5), block=16).tolist()
 assert got == wide.argmax(dim=-1).tolist()
+
 print("race ok")
+"""
+
+
+_TOP_K_SCRIPT = """
+import torch
+from forkless.sample.race_triton import race_rows_top_k_top_p
+
+def frequencies(tokens, ids):
+    return [sum(1 for t in tokens if t == i) / len(tokens) for i in ids]
+
+ROWS = 400  # 5 sigma at 400 draws: 0.1
+base = torch.tensor([1.0, 0.0, 2.0, float("-inf"), 0.5, -1.0])
+# Top-k: the k largest logits (ties with the k-th kept), found by a radix select over the
+# logits' bits, renormalised; then top-p over what top-k kept, as the PyTorch path does.
+# softmax(base / 0.8) = [.185, .053, .647, 0, .099, .015]: top_k 3 keeps 2, 0, 4
+# (.696, .199, .106); with top_p 0.7 after it: 2 and 0 (.778, .222) -- the same set as
+# top-p alone, but top_p 0.69 then keeps token 2 alone (top_k's renormalised .696 >= .69),
+# where over the whole row (.647 < .69) it would keep 0 too.
+def race_top_k(logits, k, p=None, temp=0.8, **kw):
+    rows = logits.shape[0]
+    return race_rows_top_k_top_p(logits, torch.full((rows,), temp), torch.full((rows,), k),
+                                 None if p is None else torch.full((rows,), p), **kw).tolist()
+
+got = frequencies(race_top_k(base.repeat(ROWS, 1), 3, seed=9, block=8), range(6))
+assert got[1] == got[3] == got[5] == 0.0, got
+assert all(abs(g - w) < 0.1 for g, w in zip((got[2], got[0], got[4]), (0.696, 0.199, 0.106))), got
+got = frequencies(race_top_k(base.repeat(ROWS, 1), 3, 0.7, seed=10, block=8), range(6))
+assert got[1] == got[3] == got[4] == got[5] == 0.0 and abs(got[2] - 0.778) < 0.1, got
+assert race_top_k(base.repeat(50, 1), 3, 0.69, block=8) == [2] * 50
+assert race_top_k(base.repeat(50, 1), 1, block=8) == [2] * 50
+# k at or above V, or 0, keeps every token; ties at the k-th value are all kept.
+got = frequencies(race_top_k(base.repeat(ROWS, 1), 6, seed=11, block=8), range(6))
+assert got[1] > 0 and got[5] > 0, got
+tied = torch.tensor([0.0, 1.0, 1.0, 1.0, -1.0, 1.0])
+got = frequencies(race_top_k(tied.repeat(ROWS, 1), 2, temp=1.0, seed=12, block=8), range(6))
+assert got[0] == got[4] == 0.0 and all(abs(got[t] - 0.25) < 0.1 for t in (1, 2, 3, 5)), got
+# Per-row k beside rows without one, greedy rows, -inf and NaN logits, negative logits
+# and values on both sides of zero, a row wider than a block: each row's k largest.
+wide = torch.randn(32, 40) * 3
+wide[5, :30] = float("-inf")   # fewer finite logits than k: any of those
+wide[6, 7] = float("nan")      # never drawn, not counted among the largest
+wide[7] = -wide[7].abs()       # all negative
+ks = torch.tensor([1, 2, 5, 40, 0, 12, 3, 4] * 4)
+temps = torch.tensor([0.0, 0.7, 1.5, 1.0] * 8)
+drawn = torch.stack([race_rows_top_k_top_p(wide, temps, ks, None, seed=s, block=16) for s in range(4)])
+clean = torch.where(wide.isnan(), float("-inf"), wide)
+for r in range(32):
+    k = int(ks[r]) if 0 < ks[r] < 40 else 40
+    kth = clean[r].sort(descending=True).values[k - 1]
+    allowed = set(((clean[r] >= kth) & clean[r].isfinite()).nonzero().flatten().tolist())
+    assert set(drawn[:, r].tolist()) <= allowed, (r, k, sorted(set(drawn[:, r].tolist())), sorted(allowed))
+    if temps[r] == 0:
+        assert set(drawn[:, r].tolist()) == {int(clean[r].argmax())}, r
+# bf16 and fp16 logits as a model gives them (fewer radix passes: their keys' low bits are
+# all alike), negative ones too, with ties.
+for dtype in (torch.bfloat16, torch.float16):
+    low = ((torch.rand(8, 40) - 0.8) * 6).to(dtype)
+    low[0] = -low[0].abs()
+    ks = torch.tensor([1, 2, 3, 5, 7, 11, 2, 1])
+    drawn = torch.stack([race_rows_top_k_top_p(low, torch.ones(8), ks, None, seed=s, block=16) for s in range(6)])
+    for r in range(8):
+        kth = low[r].float().sort(descending=True).values[int(ks[r]) - 1]
+        assert set(drawn[:, r].tolist()) <= set((low[r].float() >= kth).nonzero().flatten().tolist()), (dtype, r)
+print("top-k ok")
 """
 
 
@@ -94,3 +162,9 @@ print("race ok")
 @needs_triton
 def test_one_pass_race_under_the_interpreter() -> None:
     run_interpreted(_SCRIPT, "race ok")
+
+
+@pytest.mark.slow  # ~1 min: four radix-select passes a row, each program run in Python
+@needs_triton
+def test_top_k_race_under_the_interpreter() -> None:
+    run_interpreted(_TOP_K_SCRIPT, "top-k ok")
