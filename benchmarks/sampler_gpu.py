@@ -10,7 +10,9 @@ steps after a warm-up, for:
   sampler ran them before the one-pass race and still runs them with top-k / top-p;
 * ``top_p=0.9``: the top-p race (``race_rows_top_k_top_p``), and the PyTorch race after a sort;
 * ``top_k=20, top_p=0.95`` (Qwen3's ``generation_config.json``, which the server applies to
-  every request by default) and ``top_k=50`` alone: the same two ways.
+  every request by default) and ``top_k=50`` alone: the same two ways;
+* Qwen3's defaults with ``min_p=0.05``: min_p as PyTorch ops, then top-k / top-p in the
+  race kernel, or a sort.
 
 Each line gives the time and its ratio to the plain PyTorch race, measured in the same run
 (the top-k / top-p lines: compare each pair with each other); ``--json`` writes the numbers. The logits
@@ -76,16 +78,21 @@ def main() -> int:
     sampler = Sampler()
 
     class TorchRace(Sampler):
-        """The sampler with the one-pass race turned off: the PyTorch ops it replaced."""
+        """The sampler with the race kernels turned off: the PyTorch ops they replaced."""
 
         @staticmethod
         def races_in_one_pass(logits, metadata) -> bool:
+            return False
+
+        @staticmethod
+        def _races_on(logits) -> bool:
             return False
 
     plain = metadata_of(SamplingParams(temperature=0.8))
     top_p = metadata_of(SamplingParams(temperature=0.8, top_p=0.9))
     qwen = metadata_of(SamplingParams(temperature=0.6, top_k=20, top_p=0.95))
     top_k = metadata_of(SamplingParams(temperature=0.8, top_k=50))
+    min_p = metadata_of(SamplingParams(temperature=0.6, top_k=20, top_p=0.95, min_p=0.05))
     kinds = {
         "greedy": (sampler, metadata_of(SamplingParams(temperature=0))),
         "temperature, one-pass race": (sampler, plain),
@@ -96,6 +103,8 @@ def main() -> int:
         "top_k=20 top_p=0.95, PyTorch": (TorchRace(), qwen),
         "top_k=50, race": (sampler, top_k),
         "top_k=50, PyTorch (topk)": (TorchRace(), top_k),
+        "+ min_p=0.05, race": (sampler, min_p),
+        "+ min_p=0.05, PyTorch": (TorchRace(), min_p),
     }
     assert all(Sampler.races_in_one_pass(logits, m) for m in (plain, top_p, qwen, top_k))
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; logits [{args.rows}, {args.vocab}] bf16; "

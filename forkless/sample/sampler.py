@@ -37,23 +37,24 @@ class SamplerOutput:
 
 
 class Sampler:
-    """Penalties -> logits processors -> greedy / random sampling.
+    """Logits processors -> penalties -> greedy / random sampling, in vLLM's order.
 
     Order, per step:
-      1. repetition, presence and frequency penalties;
-      2. logits processors that are not argmax-invariant (min_tokens, logit_bias, ...);
+      1. logits processors that are not argmax-invariant (min_tokens, logit_bias, ...);
+      2. repetition, presence and frequency penalties;
       3. greedy rows take the argmax (ties: the lowest token id);
-      4. random rows: temperature, top-k, top-p, then the argmax-invariant processors
-         (min_p, relative to the tempered distribution), then an exponential race
-         (``argmax(p / q)``, ``q ~ Exp(1)``), which draws exactly from ``p``. Seeded rows
-         draw ``q`` from their own generator, so their tokens do not depend on the
+      4. random rows: temperature, the argmax-invariant processors (min_p, relative to
+         the tempered distribution), top-k, top-p (vLLM's order), then an exponential
+         race (``argmax(p / q)``, ``q ~ Exp(1)``), which draws exactly from ``p``. Seeded
+         rows draw ``q`` from their own generator, so their tokens do not depend on the
          rest of the batch; the other rows share one vectorized draw.
 
     On CUDA a step whose rows need nothing but their temperature (the API's default
     sampling) runs steps 3 and 4 as one pass over the logits (``race_triton``), the same
     race without the float32 copy, the probabilities or the noise tensor; with top-k and
     top-p too (a model's ``generation_config.json`` often sets both), a few passes a row
-    instead of a sort of the vocabulary.
+    instead of a sort of the vocabulary. Other CUDA steps without seeded rows take the
+    race kernels for step 4's top-k, top-p and race, after the PyTorch ops of the rest.
 
     Logprobs (``logprobs_mode``):
       * ``"raw_logprobs"`` (default, as vLLM's default): log-softmax of the model's logits
@@ -104,6 +105,12 @@ class Sampler:
         if want_logprobs and self.logprobs_mode == "raw_logprobs":
             raw = torch.log_softmax(logits, dim=-1)
 
+        invariant: list["LogitsProcessor"] = []
+        for processor in metadata.logits_processors:
+            if processor.is_argmax_invariant():
+                invariant.append(processor)
+            else:
+                logits = _apply(processor, logits)
         if not metadata.no_penalties:
             assert metadata.output_token_ids is not None
             logits = apply_penalties(
@@ -114,12 +121,6 @@ class Sampler:
                 metadata.frequency_penalties,  # type: ignore[arg-type]
                 metadata.repetition_penalties,  # type: ignore[arg-type]
             )
-        invariant: list["LogitsProcessor"] = []
-        for processor in metadata.logits_processors:
-            if processor.is_argmax_invariant():
-                invariant.append(processor)
-            else:
-                logits = _apply(processor, logits)
         if want_logprobs and raw is None:
             raw = torch.log_softmax(logits, dim=-1)
 
@@ -144,13 +145,18 @@ class Sampler:
         (Triton installed), some random row, and nothing but temperature, top-k and top-p
         to apply -- no penalties, logprobs, active logits processor (min_p is one) or
         seeded row (a seeded row draws from its own generator, which the kernels do not)."""
+        return (not metadata.all_greedy and metadata.temperature is not None and metadata.no_penalties
+                and metadata.max_num_logprobs is None and not metadata.generators
+                and not any(p.is_active() for p in metadata.logits_processors) and Sampler._races_on(logits))
+
+    @staticmethod
+    def _races_on(logits: torch.Tensor) -> bool:
+        """Whether the race kernels take these logits: on CUDA with Triton, one row each."""
         if logits.device.type != "cuda" or not triton_available():
             return False
         from forkless.sample.race_triton import MAX_ENTRIES
 
-        return (not metadata.all_greedy and metadata.temperature is not None and metadata.no_penalties
-                and metadata.max_num_logprobs is None and not metadata.generators and not any(p.is_active() for p in metadata.logits_processors)
-                and logits.dim() == 2 and logits.stride(1) == 1 and logits.numel() <= MAX_ENTRIES)
+        return logits.dim() == 2 and logits.stride(1) == 1 and logits.numel() <= MAX_ENTRIES
 
     def _sample(
         self,
@@ -170,11 +176,21 @@ class Sampler:
             # Greedy rows' results are already taken; 1.0 keeps their arithmetic finite.
             temperature = torch.where(is_greedy, 1.0, temperature)
         logits = logits.div_(temperature.unsqueeze(1))
-        logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
         for processor in invariant:
             logits = _apply(processor, logits)
-        probs = logits.softmax(dim=-1)
-        sampled = self._exponential_race(probs, metadata.generators)
+        if not metadata.generators and self._races_on(logits):
+            # The tempered, processed logits race at temperature 1, with top-k and top-p
+            # in the kernel rather than a sort; greedy rows' draws are replaced below.
+            from forkless.sample.race_triton import race_rows, race_rows_top_k_top_p
+
+            ones = torch.ones_like(temperature)
+            if metadata.top_k is None and metadata.top_p is None:
+                sampled = race_rows(logits, ones)
+            else:
+                sampled = race_rows_top_k_top_p(logits, ones, metadata.top_k, metadata.top_p)
+        else:
+            logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
+            sampled = self._exponential_race(logits.softmax(dim=-1), metadata.generators)
         return sampled if greedy is None else torch.where(is_greedy, greedy, sampled)
 
     @staticmethod

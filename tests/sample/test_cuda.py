@@ -134,3 +134,12 @@ def test_temperature_only_rows_race_in_one_pass_on_cuda():
     for other in (SamplingParams(temperature=0.7, min_p=0.1), SamplingParams(temperature=0.7, seed=3),
                   SamplingParams(temperature=0.7, logprobs=1)):
         assert not Sampler.races_in_one_pass(logits[:2], fill([params[0], other], device="cuda").refresh())
+
+    # min_p (and penalties, logprobs, other processors) run as PyTorch ops, then top-k /
+    # top-p race in the kernel: min_p first, as vLLM (see test_sampler's CPU twin).
+    probs = torch.tensor([0.5, 0.3, 0.1, 0.1] + [0.0] * (VOCAB - 4), device="cuda") + 1e-12
+    batch = fill([SamplingParams(min_p=0.3, top_p=0.6, logprobs=1) for _ in range(150)]
+                 + [SamplingParams(min_p=0.3, top_k=3, repetition_penalty=1.0 + 1e-6) for _ in range(150)]
+                 + [SamplingParams(temperature=0, min_p=0.3)], device="cuda")
+    out = step(batch, probs.log().expand(301, VOCAB).contiguous()).sampled_token_ids.tolist()
+    assert set(out[:150]) == {0} and set(out[150:300]) == {0, 1} and out[300] == 0

@@ -142,6 +142,29 @@ def test_min_p_filters_unlikely_tokens():
     assert set(out[250:]) - {0, 1}
 
 
+def test_logit_bias_applies_before_the_repetition_penalty_as_in_vllm():
+    # Token 1 is in the prompt ([1, 2, 3]): its logit 1.0, biased by -0.8, is 0.2, which
+    # the penalty halves to 0.1 -- above token 0's 0.0. The penalty first (0.5 - 0.8 < 0)
+    # would hand the argmax to token 0.
+    logits = torch.full((1, VOCAB), -10.0)
+    logits[0, 0], logits[0, 1] = 0.0, 1.0
+    batch = fill([SamplingParams(temperature=0, logit_bias={1: -0.8}, repetition_penalty=2.0)])
+    assert step(batch, logits).sampled_token_ids.tolist() == [1]
+
+
+def test_min_p_applies_before_top_k_and_top_p_as_in_vllm():
+    # p = [.5, .3, .1, .1]: min_p=0.3 keeps p >= .15, tokens 0 and 1 (.625 / .375 after
+    # renormalising); top_p=0.6 then keeps token 0 alone. Top-p first (over the whole
+    # row: tokens 0 and 1) would leave token 1 to be drawn too.
+    probs = torch.tensor([0.5, 0.3, 0.1, 0.1] + [0.0] * (VOCAB - 4)) + 1e-12
+    logits = probs.log().expand(300, VOCAB).contiguous()
+    batch = fill([SamplingParams(min_p=0.3, top_p=0.6) for _ in range(150)]
+                 + [SamplingParams(min_p=0.3, top_k=3) for _ in range(150)])
+    out = step(batch, logits).sampled_token_ids.tolist()
+    assert set(out[:150]) == {0}
+    assert set(out[150:]) == {0, 1}
+
+
 def test_penalties_change_the_right_logits():
     logits = torch.tensor([[2.0, -2.0, 1.0, 0.5, 3.0]])
     vocab = 5
