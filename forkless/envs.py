@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     FORKLESS_CPU_BF16_LINEAR: str
     FORKLESS_GGUF_ACTIVATIONS: str
     FORKLESS_CUDA_GEMV: bool
+    FORKLESS_CUDA_SAMPLER: bool
     FORKLESS_CUDA_PDL: bool
     FORKLESS_KERNEL_CACHE_DIR: str
     FORKLESS_CPU_ISA: str
@@ -162,6 +163,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Triton GEMV launched with programmatic dependent launch on Hopper
     # (forkless.models.layers.cuda_gemv). ``0`` keeps cuBLAS for every product.
     "FORKLESS_CUDA_GEMV": lambda: parse_bool("FORKLESS_CUDA_GEMV", True),
+    # The sampler's Triton kernels on CUDA (forkless.sample.race_triton: the exponential
+    # race, top-k and top-p without a sort). ``0`` samples every step with PyTorch ops
+    # (to compare or to debug); read at each step.
+    "FORKLESS_CUDA_SAMPLER": lambda: parse_bool("FORKLESS_CUDA_SAMPLER", True),
     # On Hopper GPUs, the Triton kernels of decode steps of up to 32 tokens (the GEMV, the
     # fused layer ops, attention) are launched with programmatic dependent launch, each
     # overlapping the end of the one before (forkless.triton_utils.pdl). ``0``: plain launches.

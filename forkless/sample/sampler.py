@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from forkless import envs
 from forkless.logits_processors.interface import LogitsProcessorError
 from forkless.sample.argmax import row_argmax
 from forkless.sample.exponential import exponential_
@@ -151,8 +152,9 @@ class Sampler:
 
     @staticmethod
     def _races_on(logits: torch.Tensor) -> bool:
-        """Whether the race kernels take these logits: on CUDA with Triton, one row each."""
-        if logits.device.type != "cuda" or not triton_available():
+        """Whether the race kernels take these logits: on CUDA with Triton (and
+        ``FORKLESS_CUDA_SAMPLER`` on), one row each."""
+        if logits.device.type != "cuda" or not triton_available() or not envs.FORKLESS_CUDA_SAMPLER:
             return False
         from forkless.sample.race_triton import MAX_ENTRIES
 

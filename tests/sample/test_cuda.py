@@ -62,6 +62,15 @@ def test_few_rows_argmax_on_cuda_equals_torch():
             assert row_argmax(x[:rows]).tolist() == x[:rows].argmax(dim=-1).tolist(), (x.dtype, x.shape, rows)
 
 
+def test_cuda_sampler_kernels_can_be_turned_off(monkeypatch):
+    batch = fill([SamplingParams(temperature=0.7, top_k=5)], device="cuda")
+    logits = torch.randn(1, VOCAB, device="cuda")
+    assert Sampler.races_in_one_pass(logits, batch.refresh())
+    monkeypatch.setenv("FORKLESS_CUDA_SAMPLER", "0")
+    assert not Sampler.races_in_one_pass(logits, batch.refresh())
+    assert step(batch, logits).sampled_token_ids.item() in logits[0].topk(5).indices.tolist()
+
+
 def test_temperature_only_rows_race_in_one_pass_on_cuda():
     # The API's default sampling (a temperature, nothing else) goes to the one-pass race:
     # its draws have the PyTorch race's distribution, greedy rows beside them their argmax;
