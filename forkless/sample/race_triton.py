@@ -288,16 +288,16 @@ def race_rows_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k
     The top-k set of a row is its logits at or above the k-th largest (ties with it kept),
     found by a radix select over the logits' bits (two passes for bf16 logits, four for
     float32). The top-p set is the tokens whose strictly more probable tokens hold less
-    than ``top_p`` of the top-k set's mass (a token tied with the last one kept is kept too). It is never built: a round
-    races the top-k set's tokens above a pivot (at first all of them) and checks the
-    winner, summing the mass above it. A winner inside the set is the row's token -- the
-    race drew it from a superset of the set, so, given that it fell inside, from the set --
-    and one outside raises the pivot to it: every token at or below it is outside too.
-    Each round keeps at least ``top_p`` of the candidates' mass and a rejection cuts that
-    mass to a uniform-like fraction, so a row rarely needs more than a few rounds of two
-    passes; after :data:`MAX_ROUNDS` rejections (vanishingly unlikely: the candidates' mass
-    would have had to shrink by little 64 times) it takes its most likely token. A row
-    without top-p takes the first round's winner.
+    than ``top_p`` of the top-k set's mass (a token tied with the last one kept is kept
+    too). It is never built: a round races the top-k set's tokens above a pivot (at first
+    all of them) and checks the winner, summing the mass above it. A winner inside the set
+    is the row's token -- the race drew it from a superset of the set, so, given that it
+    fell inside, from the set -- and one outside raises the pivot to it: every token at or
+    below it is outside too. Each round keeps at least ``top_p`` of the candidates' mass
+    and a rejection cuts that mass to a uniform-like fraction, so a row rarely needs more
+    than a few rounds of two passes; after :data:`MAX_ROUNDS` rejections (vanishingly
+    unlikely: the candidates' mass would have had to shrink by little 64 times) it takes
+    its most likely token. A row without top-p takes the first round's winner.
 
     Args:
         logits: As :func:`race_rows` (a NaN logit is never drawn here).
