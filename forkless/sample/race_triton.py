@@ -198,14 +198,20 @@ def _kth_largest(x_row, V, k, BLOCK: tl.constexpr, LOW_BITS: tl.constexpr):
 
 
 @triton.jit
-def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, out_ptr, seed, V, stride_row,
-                          HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, EPS: tl.constexpr,
-                          TINY: tl.constexpr, BLOCK: tl.constexpr, MAX_ROUNDS: tl.constexpr):
+def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_seed_ptr, out_ptr, seed, V, stride_row,
+                          HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_ROW_SEEDS: tl.constexpr,
+                          EPS: tl.constexpr, TINY: tl.constexpr, BLOCK: tl.constexpr, MAX_ROUNDS: tl.constexpr):
     # One program a row, in passes over it: the top-k threshold, the softmax's max and the
     # sum of the top-k set, then rounds of a race among the logits above a pivot and a
     # check of the winner; see race_rows_top_k_top_p.
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_row
+    noise_seed = seed  # round r's noise: Philox(noise_seed + r) at noise_base + the index
+    noise_base = row * V
+    if HAS_ROW_SEEDS:
+        row_seed = tl.load(row_seed_ptr + row)
+        noise_seed = tl.where(row_seed >= 0, row_seed, seed)
+        noise_base = tl.where(row_seed >= 0, 0, row * V)
     greedy, scale = _row_scale(temp_ptr, row, EPS)
     # (Values that an `if` may change start as tensors of their type.)
     top_p = tl.where(greedy, 1.0, tl.load(top_p_ptr + row) if HAS_TOP_P else 1.0)  # greedy: in every set
@@ -242,7 +248,7 @@ def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, out_ptr, seed, 
             offs = start + sub
             raw = _load_logits(x_row, offs, V)
             x = raw * scale
-            u = tl.rand(seed + rounds, row * V + offs)
+            u = tl.rand(noise_seed + rounds, noise_base + offs)
             q = tl.maximum(-tl.log(1.0 - u), TINY)
             key = tl.where((x > low) & (raw >= kth) & (x == x), x - tl.where(greedy, 0.0, tl.log(q)),
                            float("-inf"))
@@ -281,7 +287,8 @@ MAX_ROUNDS = 64
 
 
 def race_rows_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
-                          top_p: torch.Tensor | None, seed: int | None = None, block: int = 1024) -> torch.Tensor:
+                          top_p: torch.Tensor | None, seed: int | None = None, block: int = 1024,
+                          row_seeds: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row from ``softmax(logits / T)`` cut to its top-k set, then to the
     top-p set of what is left (renormalised), without sorting.
 
@@ -307,6 +314,10 @@ def race_rows_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k
         top_p: ``[rows]`` float32 in (0, 1] (1 keeps every token), or ``None``.
         seed: The noise's seed; ``None``: drawn from torch's default CPU generator.
         block: Entries a program reads at a time (a power of two).
+        row_seeds: ``[rows]`` int64, or ``None``: a row's own seed, below ``2**62`` (-1: the
+            row takes ``seed``). A row with its own seed draws noise from it alone, the
+            same whatever the other rows, their number, its place or the other arguments
+            that do not touch it (``top_k`` / ``top_p`` tensors present or ``None``).
 
     Returns:
         ``[rows]`` int64 token ids.
@@ -314,10 +325,12 @@ def race_rows_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k
     rows, v = logits.shape
     seed = _seed("race_rows_top_k_top_p", logits, seed, MAX_ROUNDS)  # round r draws with seed + r
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
-    _filtered_race_kernel[(rows,)](logits, temperature, temperature if top_k is None else top_k,
-                                   temperature if top_p is None else top_p, out, seed, v, logits.stride(0),
-                                   HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None, EPS=SAMPLING_EPS,
-                                   TINY=_TINY, BLOCK=block, MAX_ROUNDS=MAX_ROUNDS, num_warps=8)
+    unused = temperature  # a pointer for the tensors a constexpr flag says are absent
+    _filtered_race_kernel[(rows,)](logits, temperature, unused if top_k is None else top_k,
+                                   unused if top_p is None else top_p, unused if row_seeds is None else row_seeds,
+                                   out, seed, v, logits.stride(0), HAS_TOP_K=top_k is not None,
+                                   HAS_TOP_P=top_p is not None, HAS_ROW_SEEDS=row_seeds is not None,
+                                   EPS=SAMPLING_EPS, TINY=_TINY, BLOCK=block, MAX_ROUNDS=MAX_ROUNDS, num_warps=8)
     return out
 
 

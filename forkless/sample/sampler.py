@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from forkless.sample.metadata import SamplingMetadata
 
 LogprobsMode = Literal["raw_logprobs", "processed_logprobs"]
+#: A seeded row's step seed as the race kernels take it (below 2**62: room for its rounds).
+_ROW_SEED_MASK = (1 << 62) - 1
 
 
 @dataclass
@@ -54,8 +56,9 @@ class Sampler:
     sampling) runs steps 3 and 4 as one pass over the logits (``race_triton``), the same
     race without the float32 copy, the probabilities or the noise tensor; with top-k and
     top-p too (a model's ``generation_config.json`` often sets both), a few passes a row
-    instead of a sort of the vocabulary. Other CUDA steps without seeded rows take the
-    race kernels for step 4's top-k, top-p and race, after the PyTorch ops of the rest.
+    instead of a sort of the vocabulary. Other CUDA steps take the race kernels for step
+    4's top-k, top-p and race, after the PyTorch ops of the rest; a seeded row there draws
+    its noise from its step's seed in the kernel (not from its generator, as on the CPU).
 
     Logprobs (``logprobs_mode``):
       * ``"raw_logprobs"`` (default, as vLLM's default): log-softmax of the model's logits
@@ -180,13 +183,21 @@ class Sampler:
         logits = logits.div_(temperature.unsqueeze(1))
         for processor in invariant:
             logits = _apply(processor, logits)
-        if not metadata.generators and self._races_on(logits):
+        if self._races_on(logits):
             # The tempered, processed logits race at temperature 1, with top-k and top-p
             # in the kernel rather than a sort; greedy rows' draws are replaced below.
             from forkless.sample.race_triton import race_rows, race_rows_top_k_top_p
 
             ones = torch.ones_like(temperature)
-            if metadata.top_k is None and metadata.top_p is None:
+            if metadata.generators:
+                # Seeded rows draw from their step's seed (seeding.step_seed, which their
+                # generators hold) in the one kernel, whatever the other rows need.
+                seeds = [-1] * logits.shape[0]
+                for row, generator in metadata.generators.items():
+                    seeds[row] = generator.initial_seed() & _ROW_SEED_MASK
+                sampled = race_rows_top_k_top_p(logits, ones, metadata.top_k, metadata.top_p,
+                                                 row_seeds=torch.tensor(seeds).to(logits.device, non_blocking=True))
+            elif metadata.top_k is None and metadata.top_p is None:
                 sampled = race_rows(logits, ones)
             else:
                 sampled = race_rows_top_k_top_p(logits, ones, metadata.top_k, metadata.top_p)

@@ -15,8 +15,8 @@ pytestmark = [
 FORCE = "sample_force_token:ForceTokenLogitsProcessor"
 
 
-def _seeded_tokens(neighbours: int) -> list[int]:
-    params = [SamplingParams(temperature=0.8, top_k=5) for _ in range(neighbours)]
+def _seeded_tokens(neighbours: int, neighbour: SamplingParams | None = None) -> list[int]:
+    params = [neighbour or SamplingParams(temperature=0.8, top_k=5) for _ in range(neighbours)]
     params.append(SamplingParams(seed=11, top_p=0.9, min_p=0.01, repetition_penalty=1.2))
     batch = fill(params, device="cuda")
     target = f"r{neighbours}"
@@ -30,7 +30,34 @@ def _seeded_tokens(neighbours: int) -> list[int]:
 
 
 def test_seeded_rows_are_independent_of_the_batch_on_cuda():
-    assert _seeded_tokens(0) == _seeded_tokens(3) == _seeded_tokens(9)
+    # The seeded row races in the kernel with its own seed, whatever its neighbours need
+    # (top-k, top-p, none, logprobs, another seed).
+    alone = _seeded_tokens(0)
+    assert alone == _seeded_tokens(3) == _seeded_tokens(9)
+    for other in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.5, top_p=0.5),
+                  SamplingParams(temperature=0.0), SamplingParams(temperature=0.9, logprobs=2, seed=5)):
+        assert _seeded_tokens(4, other) == alone, other
+
+
+def test_seeded_rows_draw_from_the_distribution_on_cuda():
+    # 2,000 rows, each its own seed, one step: the seeds' draws have the tempered
+    # softmax's frequencies (and top-k's set); the same seeds again, the same draws.
+    torch.manual_seed(1)
+    base = torch.randn(VOCAB, device="cuda")
+    rows = 1000
+    params = [SamplingParams(temperature=0.7, seed=s) for s in range(rows)]
+    params += [SamplingParams(temperature=0.7, top_k=4, seed=rows + s) for s in range(rows)]
+    logits = base.repeat(2 * rows, 1)
+    first = [fill(params[:rows], device="cuda"), fill(params[rows:], device="cuda")]
+    drawn = [step(batch, logits[:rows]).sampled_token_ids for batch in first]
+    counts = torch.bincount(drawn[0], minlength=VOCAB).float() / rows
+    assert (counts - torch.softmax(base / 0.7, dim=0)).abs().max().item() < 0.06  # 5 sigma at 1,000
+    top4 = base.topk(4).indices
+    kept = torch.zeros(VOCAB, device="cuda").index_copy_(0, top4, torch.softmax(base[top4] / 0.7, dim=0))
+    counts = torch.bincount(drawn[1], minlength=VOCAB).float() / rows
+    assert (counts - kept).abs().max().item() < 0.06 and set(drawn[1].tolist()) <= set(top4.tolist())
+    again = fill(params[:rows], device="cuda")
+    assert torch.equal(step(again, logits[:rows]).sampled_token_ids, drawn[0])
 
 
 def test_processors_and_logprobs_on_cuda():

@@ -154,6 +154,20 @@ for dtype in (torch.bfloat16, torch.float16):
     for r in range(8):
         kth = low[r].float().sort(descending=True).values[int(ks[r]) - 1]
         assert set(drawn[:, r].tolist()) <= set((low[r].float() >= kth).nonzero().flatten().tolist()), (dtype, r)
+# A row with its own seed draws the same token whatever shares the call (the other rows'
+# seeds, top-k and top-p, the row's place, whether the tensors are there at all); many
+# seeds draw from the tempered softmax (5 sigma at 300: 0.15).
+seeds = torch.arange(300) * 7919 + 11
+alone = [race_rows_top_k_top_p(base.unsqueeze(0), torch.ones(1), None, None, block=8,
+                               row_seeds=seeds[i:i + 1]).item() for i in range(0, 300, 50)]
+mixed_seeds = torch.stack([seeds, torch.full((300,), -1)], dim=1).flatten()  # unseeded rows between
+both = race_rows_top_k_top_p(base.repeat(600, 1), torch.ones(600), torch.tensor([6, 2] * 300),
+                             torch.tensor([1.0, 0.5] * 300), block=8, row_seeds=mixed_seeds).tolist()
+assert [both[2 * i] for i in range(0, 300, 50)] == alone, (alone, both[:12])
+got = frequencies(both[0::2], range(6))
+want = torch.softmax(base, dim=0).tolist()
+assert all(abs(g - w) < 0.15 for g, w in zip(got, want)), (got, want)
+assert set(both[1::2]) <= {0, 2}  # the unseeded rows kept their own top-k
 print("top-k ok")
 """
 
