@@ -4,7 +4,8 @@
 # dummy weights, 512 requests, input and output lengths uniform in 100-1,024 (bench serve's
 # random dataset for both).
 # Usage (device machine, repo root; wheels of what the machine lacks -- msgspec, pyzmq, gguf, py-spy,
-# fastapi, uvicorn, openai and their dependencies, the versions of the local venv -- in .venv-whl/):
+# fastapi, uvicorn, openai and their dependencies, the versions of the local venv -- in .venv-whl/;
+# recent fastapi needs opentelemetry-api, which the device image lacks: without it the server exits at start):
 #   bash benchmarks/h200_serve.sh        # writes logs and JSON under $OUT (or ./h200-out)
 OUT=${OUT:-h200-out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .venv-whl/*.whl || exit 1
