@@ -19,14 +19,14 @@ def frequencies(tokens, ids):
 
 # (Small blocks: the interpreter runs each program in Python.)
 # Random rows: the frequencies are softmax(logits / T)'s, not softmax(logits)'s (5 sigma
-# at 1,000 draws: 0.08).
+# at 600 draws: 0.1).
 base = torch.tensor([1.0, 0.0, 2.0, float("-inf"), 0.5, -1.0])
-rows, temp = 1000, 0.6
+rows, temp = 600, 0.6
 tokens = race_rows(base.repeat(rows, 1), torch.full((rows,), temp), seed=1234, block=8).tolist()
 want = torch.softmax(base / temp, dim=0).tolist()
 got = frequencies(tokens, range(6))
 assert got[3] == 0.0, got  # a -inf logit is never drawn
-assert all(abs(g - w) < 0.08 for g, w in zip(got, want)), (got, want)
+assert all(abs(g - w) < 0.1 for g, w in zip(got, want)), (got, want)
 assert abs(got[2] - torch.softmax(base, dim=0)[2].item()) > 0.1, got  # the temperature applies
 # One seed, one draw; another seed, another.
 few = base.repeat(60, 1)
@@ -68,24 +68,24 @@ from forkless.sample.race_triton import race_rows_top_k_top_p
 def race_rows_top_p(logits, temperature, top_p, **kw):
     return race_rows_top_k_top_p(logits, temperature, None, top_p, **kw)
 
-rows = 800
+rows = 500  # 5 sigma at 500 draws of p = .777: 0.09
 tokens = race_rows_top_p(base.repeat(rows, 1), torch.full((rows,), 0.8), torch.full((rows,), 0.7), seed=5,
                          block=8).tolist()
 got = frequencies(tokens, range(6))
-assert got[1] == got[3] == got[4] == got[5] == 0.0 and abs(got[2] - 0.777) < 0.06, got
+assert got[1] == got[3] == got[4] == got[5] == 0.0 and abs(got[2] - 0.777) < 0.09, got
 only = race_rows_top_p(base.repeat(50, 1), torch.full((50,), 0.8), torch.full((50,), 0.05), block=8)
 assert only.tolist() == [2] * 50
 # top_p 1 is the plain race (token 1 is drawn too); greedy rows take their argmax; rows
 # longer than a block are read block by block.
 tokens = race_rows_top_p(base.repeat(rows, 1), torch.full((rows,), temp), torch.ones(rows), seed=6, block=8).tolist()
 got = frequencies(tokens, range(6))
-assert all(abs(g - w) < 0.08 for g, w in zip(got, want)), (got, want)
+assert all(abs(g - w) < 0.1 for g, w in zip(got, want)), (got, want)
 # Whole blocks of -inf before the first finite logit (a grammar's mask): the same set.
 masked = torch.full((rows, 24), float("-inf"))
 masked[:, 18:] = base
 tokens = race_rows_top_p(masked, torch.full((rows,), 0.8), torch.full((rows,), 0.7), seed=8, block=8).tolist()
 got = frequencies(tokens, range(18, 24))
-assert got[1] == got[3] == got[4] == got[5] == 0.0 and abs(got[2] - 0.777) < 0.06, got
+assert got[1] == got[3] == got[4] == got[5] == 0.0 and abs(got[2] - 0.777) < 0.09, got
 wide = torch.randn(4, 40)
 got = race_rows_top_p(wide, torch.zeros(4), torch.full((4,), 0.5), block=16).tolist()
 assert got == wide.argmax(dim=-1).tolist()
@@ -102,7 +102,8 @@ def frequencies(tokens, ids):
     return [sum(1 for t in tokens if t == i) / len(tokens) for i in ids]
 
 ROWS = 400  # 5 sigma at 400 draws: 0.1
-base = torch.tensor([1.0, 0.0, 2.0, float("-inf"), 0.5, -1.0])
+# bf16, as a model gives logits (and exact here): two radix passes a row, not four.
+base = torch.tensor([1.0, 0.0, 2.0, float("-inf"), 0.5, -1.0]).to(torch.bfloat16)
 # Top-k: the k largest logits (ties with the k-th kept), found by a radix select over the
 # logits' bits, renormalised; then top-p over what top-k kept, as the PyTorch path does.
 # softmax(base / 0.8) = [.185, .053, .647, 0, .099, .015]: top_k 3 keeps 2, 0, 4
@@ -122,11 +123,11 @@ assert got[1] == got[3] == got[4] == got[5] == 0.0 and abs(got[2] - 0.778) < 0.1
 assert race_top_k(base.repeat(50, 1), 3, 0.69, block=8) == [2] * 50
 assert race_top_k(base.repeat(50, 1), 1, block=8) == [2] * 50
 # k at or above V, or 0, keeps every token; ties at the k-th value are all kept.
-got = frequencies(race_top_k(base.repeat(ROWS, 1), 6, seed=11, block=8), range(6))
+got = frequencies(race_top_k(base.repeat(200, 1), 6, seed=11, block=8), range(6))
 assert got[1] > 0 and got[5] > 0, got
-tied = torch.tensor([0.0, 1.0, 1.0, 1.0, -1.0, 1.0])
-got = frequencies(race_top_k(tied.repeat(ROWS, 1), 2, temp=1.0, seed=12, block=8), range(6))
-assert got[0] == got[4] == 0.0 and all(abs(got[t] - 0.25) < 0.1 for t in (1, 2, 3, 5)), got
+tied = torch.tensor([0.0, 1.0, 1.0, 1.0, -1.0, 1.0]).to(torch.bfloat16)
+got = frequencies(race_top_k(tied.repeat(200, 1), 2, temp=1.0, seed=12, block=8), range(6))
+assert got[0] == got[4] == 0.0 and all(abs(got[t] - 0.25) < 0.15 for t in (1, 2, 3, 5)), got
 # Per-row k beside rows without one, greedy rows, -inf and NaN logits, negative logits
 # and values on both sides of zero, a row wider than a block: each row's k largest.
 wide = torch.randn(32, 40) * 3
@@ -155,18 +156,16 @@ for dtype in (torch.bfloat16, torch.float16):
         kth = low[r].float().sort(descending=True).values[int(ks[r]) - 1]
         assert set(drawn[:, r].tolist()) <= set((low[r].float() >= kth).nonzero().flatten().tolist()), (dtype, r)
 # A row with its own seed draws the same token whatever shares the call (the other rows'
-# seeds, top-k and top-p, the row's place, whether the tensors are there at all); many
-# seeds draw from the tempered softmax (5 sigma at 300: 0.15).
-seeds = torch.arange(300) * 7919 + 11
+# seeds, top-k and top-p, the row's place, whether the tensors are there at all);
+# tests/sample/test_cuda.py checks the frequencies of many seeds' draws on a GPU.
+seeds = torch.arange(30) * 7919 + 11
 alone = [race_rows_top_k_top_p(base.unsqueeze(0), torch.ones(1), None, None, block=8,
-                               row_seeds=seeds[i:i + 1]).item() for i in range(0, 300, 50)]
-mixed_seeds = torch.stack([seeds, torch.full((300,), -1)], dim=1).flatten()  # unseeded rows between
-both = race_rows_top_k_top_p(base.repeat(600, 1), torch.ones(600), torch.tensor([6, 2] * 300),
-                             torch.tensor([1.0, 0.5] * 300), block=8, row_seeds=mixed_seeds).tolist()
-assert [both[2 * i] for i in range(0, 300, 50)] == alone, (alone, both[:12])
-got = frequencies(both[0::2], range(6))
-want = torch.softmax(base, dim=0).tolist()
-assert all(abs(g - w) < 0.15 for g, w in zip(got, want)), (got, want)
+                               row_seeds=seeds[i:i + 1]).item() for i in range(0, 30, 5)]
+mixed_seeds = torch.stack([seeds, torch.full((30,), -1)], dim=1).flatten()  # unseeded rows between
+both = race_rows_top_k_top_p(base.repeat(60, 1), torch.ones(60), torch.tensor([6, 2] * 30),
+                             torch.tensor([1.0, 0.5] * 30), block=8, row_seeds=mixed_seeds).tolist()
+assert [both[2 * i] for i in range(0, 30, 5)] == alone, (alone, both[:12])
+assert len(set(both[0::2])) > 1  # the seeds draw different tokens
 assert set(both[1::2]) <= {0, 2}  # the unseeded rows kept their own top-k
 print("top-k ok")
 """
