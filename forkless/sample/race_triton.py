@@ -15,7 +15,8 @@ Rows with top-k or top-p race without the sort the PyTorch path runs
 row, rejecting winners outside the top-p set). Which steps come here is
 :meth:`forkless.sample.sampler.Sampler.races_in_one_pass`'s rule: rows that need only
 their temperature, top-k and top-p (no penalties, logprobs, active logits processors or
-per-request seeds).
+per-request seeds). Other CUDA steps come here too, with logits the sampler's PyTorch ops
+have already processed and tempered, seeded rows with their own seeds (``row_seeds``).
 
 Invariants:
     * A random row's token has the distribution of the sampler's PyTorch race on CUDA:
@@ -26,7 +27,7 @@ Invariants:
       A random row with a NaN logit takes its first NaN too (argmax's rule).
     * One ``seed`` (and ``block``) gives one draw: the noise of an entry depends on them
       and its place alone. Each call takes a new seed from torch's default CPU generator
-      (so ``--seed`` fixes the run).
+      (so ``--seed`` fixes the run); a row given its own seed draws from that alone.
 """
 
 from __future__ import annotations

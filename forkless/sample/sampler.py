@@ -96,13 +96,8 @@ class Sampler:
             # float32 copy of the logits (0.11 ms a step at 512 x 151,936 on an H200).
             return SamplerOutput(sampled_token_ids=row_argmax(logits), logprobs=None)
         if self.races_in_one_pass(logits, metadata):
-            from forkless.sample.race_triton import race_rows, race_rows_top_k_top_p
-
             assert metadata.temperature is not None
-            if metadata.top_k is None and metadata.top_p is None:
-                return SamplerOutput(sampled_token_ids=race_rows(logits, metadata.temperature), logprobs=None)
-            return SamplerOutput(sampled_token_ids=race_rows_top_k_top_p(
-                logits, metadata.temperature, metadata.top_k, metadata.top_p), logprobs=None)
+            return SamplerOutput(sampled_token_ids=_race(logits, metadata.temperature, metadata), logprobs=None)
         logits = logits.to(torch.float32)
         want_logprobs = metadata.max_num_logprobs is not None
         raw = None
@@ -148,7 +143,9 @@ class Sampler:
         """Whether the step's rows go to the race kernels (``race_triton``): CUDA logits
         (Triton installed), some random row, and nothing but temperature, top-k and top-p
         to apply -- no penalties, logprobs, active logits processor (min_p is one) or
-        seeded row (a seeded row draws from its own generator, which the kernels do not)."""
+        seeded row. (A seeded row's step always takes the general path, whose kernel call
+        draws from its own seed: its arithmetic then never depends on what its neighbours
+        need, as the in-kernel temperature of this path would make it.)"""
         return (not metadata.all_greedy and metadata.temperature is not None and metadata.no_penalties
                 and metadata.max_num_logprobs is None and not metadata.generators
                 and not any(p.is_active() for p in metadata.logits_processors) and Sampler._races_on(logits))
@@ -186,21 +183,15 @@ class Sampler:
         if self._races_on(logits):
             # The tempered, processed logits race at temperature 1, with top-k and top-p
             # in the kernel rather than a sort; greedy rows' draws are replaced below.
-            from forkless.sample.race_triton import race_rows, race_rows_top_k_top_p
-
-            ones = torch.ones_like(temperature)
+            row_seeds = None
             if metadata.generators:
                 # Seeded rows draw from their step's seed (seeding.step_seed, which their
                 # generators hold) in the one kernel, whatever the other rows need.
                 seeds = [-1] * logits.shape[0]
                 for row, generator in metadata.generators.items():
                     seeds[row] = generator.initial_seed() & _ROW_SEED_MASK
-                sampled = race_rows_top_k_top_p(logits, ones, metadata.top_k, metadata.top_p,
-                                                 row_seeds=torch.tensor(seeds).to(logits.device, non_blocking=True))
-            elif metadata.top_k is None and metadata.top_p is None:
-                sampled = race_rows(logits, ones)
-            else:
-                sampled = race_rows_top_k_top_p(logits, ones, metadata.top_k, metadata.top_p)
+                row_seeds = torch.tensor(seeds).to(logits.device, non_blocking=True)
+            sampled = _race(logits, torch.ones_like(temperature), metadata, row_seeds)
         else:
             logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
             sampled = self._exponential_race(logits.softmax(dim=-1), metadata.generators)
@@ -216,6 +207,18 @@ class Sampler:
         for row, generator in generators.items():
             exponential_(q[row], generator)
         return row_argmax(probs.div_(q))
+
+
+def _race(logits: torch.Tensor, temperature: torch.Tensor, metadata: "SamplingMetadata",
+          row_seeds: torch.Tensor | None = None) -> torch.Tensor:
+    """The rows' tokens from the race kernels: the one-pass race where no row has a top-k,
+    a top-p or its own seed, else the kernel that takes them (the same for every batch
+    with a seeded row, so that its draws do not depend on its neighbours)."""
+    from forkless.sample.race_triton import race_rows, race_rows_top_k_top_p
+
+    if row_seeds is None and metadata.top_k is None and metadata.top_p is None:
+        return race_rows(logits, temperature)
+    return race_rows_top_k_top_p(logits, temperature, metadata.top_k, metadata.top_p, row_seeds=row_seeds)
 
 
 def _apply(processor: "LogitsProcessor", logits: torch.Tensor) -> torch.Tensor:
