@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Iterable
+from typing import TYPE_CHECKING, Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 import msgspec
 
@@ -57,8 +57,9 @@ OUTPUT_DRAIN_SECONDS = 0.025
 # _SENT there (to send(), never to a reader), and reads its outputs when iterated later.
 _SEND_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("forkless_send_only", default=False)
 _SENT: Any = object()
+T = TypeVar("T")
 
-__all__ = ["AsyncLLM", "EngineDeadError", "EngineShuttingDownError", "InvalidRequestError"]
+__all__ = ["AsyncLLM", "EngineDeadError", "EngineShuttingDownError", "InvalidRequestError", "gather_streams"]
 
 
 class InvalidRequestError(ValueError):
@@ -111,6 +112,28 @@ class _OutputSlot:
             self._ready.clear()
             await self._ready.wait()
         return self._items.popleft()
+
+
+async def gather_streams(streams: Sequence[AsyncIterator[Any]],
+                         consume: Callable[[AsyncIterator[Any]], Awaitable[T]]) -> list[T]:
+    """``consume(stream)`` for every stream at once; their results, in order.
+
+    If one raises, or the caller is cancelled (its client gone), the others are cancelled
+    and every stream is closed -- which aborts the engine requests that had not finished
+    -- before the error is raised: no sibling of a failed request runs on.
+    """
+    tasks = [asyncio.ensure_future(consume(s)) for s in streams]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for s in streams:
+            aclose = getattr(s, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        raise
 
 
 def _is_prometheus(item: Any) -> bool:
@@ -483,7 +506,7 @@ class AsyncLLM:
             streams = [self._submit(p, search.step_params, f"{request_id}-beam{step}.{i}", priority=priority,
                                     group_id=request_id, lora_request=lora, client_key=client_key)
                        for i, (p, lora) in enumerate(requests)]
-            search.advance(await asyncio.gather(*(last(s) for s in streams)))
+            search.advance(await gather_streams(streams, last))
             step += 1
         best = search.results(self.tokenizer)[0].sequences
         yield RequestOutput(

@@ -162,7 +162,7 @@ def test_send_puts_requests_in_the_engine_before_their_streams_are_read(tiny_lla
     beam search passes through (it sends as it runs); a refused send closes them all."""
     import gc
 
-    from forkless.engine.async_llm import EngineShuttingDownError
+    from forkless.engine.async_llm import EngineShuttingDownError, gather_streams
     from forkless.sampling_params import BeamSearchParams
 
     async def until(condition, timeout: float = 30) -> None:
@@ -202,6 +202,27 @@ def test_send_puts_requests_in_the_engine_before_their_streams_are_read(tiny_lla
             gc.collect()  # asyncio's finalizer closes a started stream nobody holds
             await until(lambda: llm.num_requests_in_flight == 0
                         and not llm.output_processor.has_unfinished_requests(), timeout=10)
+
+            # gather_streams (a pooling request's inputs, a beam step's beams, a constrained
+            # request's choices): when one stream's reader fails, the others are aborted
+            # at once, not left to run to their 200 tokens.
+            siblings = [llm.generate("Count", long, f"sibling{i}") for i in range(3)]
+            await llm.send(siblings)
+
+            async def read_or_fail(stream) -> object:
+                async for out in stream:
+                    if stream is siblings[1] and out.outputs[0].token_ids:
+                        raise RuntimeError("the second sibling failed")
+                    last = out
+                return last
+
+            try:
+                await gather_streams(siblings, read_or_fail)
+                raise AssertionError("the failure was not raised")
+            except RuntimeError as exc:
+                assert "second sibling" in str(exc)
+            assert llm.num_requests_in_flight == 0
+            await until(lambda: not llm.output_processor.has_unfinished_requests(), timeout=10)
 
             beams = llm.beam_search({"prompt": "Hello"}, "beam", BeamSearchParams(beam_width=2, max_tokens=3))
             await llm.send([beams])
@@ -434,7 +455,7 @@ def test_a_beam_search_admitted_before_a_drain_finishes(tiny_llama: Path) -> Non
     # Each beam step is a new engine request: a draining server (stop_accepting) refuses new
     # requests but lets a search it had admitted run to its end.
 
-    from forkless.engine.async_llm import EngineShuttingDownError
+    from forkless.engine.async_llm import EngineShuttingDownError, gather_streams
     from forkless.sampling_params import BeamSearchParams
 
     async def main() -> tuple[int, bool]:

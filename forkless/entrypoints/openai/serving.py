@@ -1355,22 +1355,12 @@ class OpenAIServing:
         if not any(isinstance(p, SamplingParams) and p.structured_outputs is not None for p in params):
             await self.engine.send(streams)
             return streams
-        from forkless.engine.async_llm import InvalidRequestError
+        from forkless.engine.async_llm import InvalidRequestError, gather_streams
 
-        firsts = [asyncio.ensure_future(_first_output(s)) for s in streams]
         try:
-            outputs = await asyncio.gather(*firsts)
-        except BaseException as exc:  # a refusal, or the client gone (the handler cancelled)
-            for f in firsts:
-                f.cancel()
-            await asyncio.gather(*firsts, return_exceptions=True)
-            for s in streams:
-                aclose = getattr(s, "aclose", None)
-                if aclose is not None:
-                    await aclose()  # aborts the requests in the engine
-            if isinstance(exc, InvalidRequestError):
-                raise BadRequest(str(exc), _refused_field(str(exc), req)) from None
-            raise
+            outputs = await gather_streams(streams, _first_output)
+        except InvalidRequestError as exc:  # the other streams are closed, their requests aborted
+            raise BadRequest(str(exc), _refused_field(str(exc), req)) from None
         return [_resumed(first, s) for first, s in zip(outputs, streams)]
 
     def log_request(self, request_id: str, prompt: list[int], params: Any) -> None:

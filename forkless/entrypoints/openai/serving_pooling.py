@@ -17,7 +17,6 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import re
@@ -244,7 +243,7 @@ class OpenAIServingPooling:
     async def _pool(self, prompts: list[Any], params: PoolingParams | list[PoolingParams], raw_request: Any,
                     req: Any, prefix: str) -> list[PoolingRequestOutput]:
         """Run every prompt as its own engine request; their outputs, in order."""
-        from forkless.engine.async_llm import InvalidRequestError
+        from forkless.engine.async_llm import InvalidRequestError, gather_streams
 
         from forkless.entrypoints.openai.serving import _request_ids
 
@@ -261,7 +260,7 @@ class OpenAIServingPooling:
         except InvalidRequestError as exc:
             raise BadRequest(str(exc), _refused_param(str(exc))) from None
         await self.engine.send(streams)
-        outs = await asyncio.gather(*(self._last(s) for s in streams))
+        outs = await gather_streams(streams, self._last)  # one failing aborts the others
         result: list[Any] = [None] * len(prompts)
         for i, out in zip(order, outs):
             result[i] = out
