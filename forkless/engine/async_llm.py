@@ -59,7 +59,8 @@ _SEND_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("forkless_send
 _SENT: Any = object()
 T = TypeVar("T")
 
-__all__ = ["AsyncLLM", "EngineDeadError", "EngineShuttingDownError", "InvalidRequestError", "gather_streams"]
+__all__ = ["AsyncLLM", "EngineDeadError", "EngineShuttingDownError", "InvalidRequestError", "close_streams",
+           "gather_streams"]
 
 
 class InvalidRequestError(ValueError):
@@ -126,14 +127,20 @@ async def gather_streams(streams: Sequence[AsyncIterator[Any]],
     try:
         return list(await asyncio.gather(*tasks))
     except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for s in streams:
-            aclose = getattr(s, "aclose", None)
-            if aclose is not None:
-                await aclose()
+        await close_streams(tasks, streams)
         raise
+
+
+async def close_streams(readers: Sequence["asyncio.Future[Any]"], streams: Sequence[AsyncIterator[Any]]) -> None:
+    """Cancel the tasks reading ``streams`` and wait for them, then close every stream:
+    the engine requests that had not finished are aborted."""
+    for t in readers:
+        t.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
+    for s in streams:
+        aclose = getattr(s, "aclose", None)
+        if aclose is not None:
+            await aclose()
 
 
 def _is_prometheus(item: Any) -> bool:

@@ -1518,15 +1518,11 @@ class OpenAIServing:
                 else:
                     yield i, item
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            # Closing the engine streams aborts requests that did not finish
-            # (client gone, or an error in a sibling stream).
-            for s in streams:
-                aclose = getattr(s, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+            # Aborts the requests that did not finish (client gone, or an error in a
+            # sibling stream).
+            from forkless.engine.async_llm import close_streams
+
+            await close_streams(tasks, streams)
 
     async def _merge_or_error(self, streams: list[AsyncIterator["RequestOutput"]], raw_request: Any,
                               req: SamplingFields | None = None) -> AsyncIterator[tuple[int, Any]]:
