@@ -1254,14 +1254,13 @@ class OpenAIServing:
         stream = self._engine_stream(req, _engine_prompt(ids, req), params, engine_id, lora,
                                      _client_key(req, raw_request))
         model_name = self._response_model(lora)
+        if req.stream and wait_for_start:
+            (stream,) = await self._started([stream], [params], req)
+        else:
+            await self.engine.send([stream])
         if req.stream:
-            if wait_for_start:
-                (stream,) = await self._started([stream], [params], req)
-            else:
-                await self.engine.send([stream])
             return self._stream_chat(req, request_id, stream, raw_request, model_name, parsers, ids, named,
                                      with_cached_tokens, with_reasoning_tokens)
-        await self.engine.send([stream])
         (final,) = await self._collect([stream], raw_request, req)
         choices = []
         role = self._reply_role(req)
