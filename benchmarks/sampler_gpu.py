@@ -12,7 +12,9 @@ steps after a warm-up, for:
 * ``top_k=20, top_p=0.95`` (Qwen3's ``generation_config.json``, which the server applies to
   every request by default) and ``top_k=50`` alone: the same two ways;
 * Qwen3's defaults with ``min_p=0.05``: min_p as PyTorch ops, then top-k / top-p in the
-  race kernel, or a sort.
+  race kernel, or a sort;
+* the top-k kernel alone (``race_rows_top_k_top_p``) with its candidate list (the default)
+  and without it (``candidates=0``: the radix select, and every pass over the whole row).
 
 Each line gives the time and its ratio to the plain PyTorch race, measured in the same run
 (the top-k / top-p lines: compare each pair with each other); ``--json`` writes the numbers. The logits
@@ -107,14 +109,23 @@ def main() -> int:
         "+ min_p=0.05, PyTorch": (TorchRace(), min_p),
     }
     assert all(Sampler.races_in_one_pass(logits, m) for m in (plain, top_p, qwen, top_k))
+    from forkless.sample.race_triton import CANDIDATES, race_rows_top_k_top_p
+
+    temps = torch.full((args.rows,), 0.6, device=device)
+    ks = {k: torch.full((args.rows,), k, device=device, dtype=torch.int64) for k in (20, 50, 200)}
+    p95 = torch.full((args.rows,), 0.95, device=device)
+    kernel = {f"kernel top_k={k}{' top_p=0.95' if p is not None else ''}, {how}":
+              (lambda k=k, p=p, c=c: race_rows_top_k_top_p(logits.clone(), temps, ks[k], p, candidates=c))
+              for k, p in ((20, p95), (50, None), (200, None)) for how, c in (("list", CANDIDATES), ("radix", 0))}
     print(f"{torch.cuda.get_device_name()}; torch {torch.__version__}; logits [{args.rows}, {args.vocab}] bf16; "
           f"median of {args.repeat} steps")
     results = {name: _time(lambda s=s, m=m: s(logits.clone(), m), args.repeat) for name, (s, m) in kinds.items()}
+    results.update({name: _time(fn, args.repeat) for name, fn in kernel.items()})
     clone = _time(lambda: logits.clone(), args.repeat)  # each timed step includes this copy
     base = results["temperature, PyTorch race"]
     for name, ms in results.items():
-        print(f"{name:30s} {ms:7.3f} ms  ({ms / base:.2f}x the PyTorch race)")
-    print(f"{'(the logits copy in each)':30s} {clone:7.3f} ms")
+        print(f"{name:40s} {ms:7.3f} ms  ({ms / base:.2f}x the PyTorch race)")
+    print(f"{'(the logits copy in each)':40s} {clone:7.3f} ms")
     if args.json:
         Path(args.json).write_text(json.dumps({"ms": results, "clone_ms": clone, "rows": args.rows,
                                                "vocab": args.vocab, "device": torch.cuda.get_device_name()}))

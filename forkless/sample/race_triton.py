@@ -11,8 +11,9 @@ noise drawn in the kernel from Philox counters. A first launch reduces chunks of
 ``BLOCK`` entries to their winner, a second each row's chunks (``argmax_triton``'s).
 
 Rows with top-k or top-p race without the sort the PyTorch path runs
-(``race_rows_top_k_top_p``: a radix select of the k-th largest logit, then a few passes a
-row, rejecting winners outside the top-p set). Which steps come here is
+(``race_rows_top_k_top_p``: the top-k set listed from a bound that slices' maxima give, or
+a radix select of the k-th largest logit where it does not fit the list; then a few
+passes over the list or the row, rejecting winners outside the top-p set). Which steps come here is
 :meth:`forkless.sample.sampler.Sampler.races_in_one_pass`'s rule: rows that need only
 their temperature, top-k and top-p (no penalties, logprobs, active logits processors or
 per-request seeds). Other CUDA steps come here too, with logits the sampler's PyTorch ops
@@ -167,6 +168,13 @@ def _ordered_key(x):
 
 
 @triton.jit
+def _key_value(key):
+    """The float32 whose ``_ordered_key`` is ``key`` (the xor undoes itself)."""
+    bits = (key - 2147483648).to(tl.int32)
+    return (bits ^ ((bits >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _kth_largest(x_row, V, k, BLOCK: tl.constexpr, LOW_BITS: tl.constexpr):
     """A threshold that keeps a row's ``k`` largest logits and their ties (a NaN counts as
     ``-inf``), by radix select: passes of a histogram of the next 8 bits of the
@@ -194,20 +202,95 @@ def _kth_largest(x_row, V, k, BLOCK: tl.constexpr, LOW_BITS: tl.constexpr):
         chosen = tl.max(tl.where(at_or_above >= left, bins, -1), 0).to(tl.int64)
         left -= tl.sum(tl.where(bins > chosen, counts, 0), 0)
         prefix = (prefix << 8) | chosen
-    signed = ((prefix << LOW_BITS) - 2147483648).to(tl.int32)
-    return (signed ^ ((signed >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+    return _key_value(prefix << LOW_BITS)
 
 
 @triton.jit
-def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_seed_ptr, out_ptr, seed, V, stride_row,
-                          HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr, HAS_ROW_SEEDS: tl.constexpr,
-                          EPS: tl.constexpr, TINY: tl.constexpr, BLOCK: tl.constexpr, MAX_ROUNDS: tl.constexpr):
+def _kth_of(vals, k):
+    """The k-th largest of ``vals``, ties counted (``-inf`` where fewer than ``k`` are
+    finite): the largest values taken off a group of ties at a time. A loop of at most
+    ``k`` reductions, where a sort of the list would compile to thousands of lines."""
+    kth = tl.max(vals, 0)
+    top = kth
+    taken = k * 0
+    while (taken < k) & (top > float("-inf")):
+        kth = top
+        taken += tl.sum((vals == top).to(tl.int64), 0)
+        vals = tl.where(vals == top, float("-inf"), vals)
+        top = tl.max(vals, 0)
+    return tl.where(taken >= k, kth, float("-inf"))
+
+
+@triton.jit
+def _top_k_candidates(x_row, cand_val_row, cand_idx_row, V, k, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                      SUB: tl.constexpr):
+    """A list of at most ``CAP`` of a row's logits, in index order, that holds its top-k
+    set, and the set's threshold: the k-th largest logit. Two passes: the maxima of
+    ``SUB``-entry slices, whose k-th largest is a lower bound of the row's (k slices'
+    maxima are k logits at or above it), then every finite logit at or above that bound.
+    Returns the number listed, which is more than ``CAP`` (nothing usable listed) when
+    ``k`` exceeds the number of slices or too many logits pass the bound."""
+    PER_BLOCK: tl.constexpr = BLOCK // SUB
+    cap = tl.arange(0, CAP)
+    slices = tl.cdiv(V, SUB)
+    tile = tl.arange(0, PER_BLOCK)[:, None] * SUB + tl.arange(0, SUB)[None, :]
+    for start in range(0, V, BLOCK):
+        x = _load_logits(x_row, start + tile, V)
+        at = start // SUB + tl.arange(0, PER_BLOCK)
+        tl.store(cand_val_row + at, tl.max(tl.where(x != x, float("-inf"), x), 1), mask=at < slices)
+    tl.debug_barrier()  # every thread's maxima stored before any is read
+    bound = _kth_of(tl.load(cand_val_row + cap, mask=cap < slices, other=float("-inf")), k)
+    tl.debug_barrier()  # read before the list overwrites them
+    count = 0
+    if k <= slices:
+        sub = tl.arange(0, BLOCK)
+        for start in range(0, V, BLOCK):
+            offs = start + sub
+            x = _load_logits(x_row, offs, V)
+            keep = (x >= bound) & (x > float("-inf"))  # not NaN, not past the end
+            kept = tl.sum(keep.to(tl.int32), 0)
+            if kept > 0:  # few blocks hold any: the others skip the scan
+                at = count + tl.cumsum(keep.to(tl.int32), 0) - 1
+                tl.store(cand_val_row + at, x, mask=keep & (at < CAP))
+                tl.store(cand_idx_row + at, offs, mask=keep & (at < CAP))
+            count += kept
+    else:
+        count = CAP + 1
+    tl.debug_barrier()  # the list complete before any thread reads it
+    return count, _kth_of(tl.load(cand_val_row + cap, mask=cap < tl.minimum(count, CAP), other=float("-inf")), k)
+
+
+@triton.jit
+def _entries(x_row, cand_val_row, cand_idx_row, offs, V, n, listed, CAP: tl.constexpr):
+    """Logits at ``offs`` of the row, or (``listed``) of its candidate list of ``n``, in
+    float32 with their token ids; ``-inf`` (and id ``V``) past the end."""
+    if CAP > 0:
+        if listed:
+            raw = tl.load(cand_val_row + offs, mask=offs < n, other=float("-inf"))
+            idx = tl.load(cand_idx_row + offs, mask=offs < n, other=V)
+        else:
+            raw = _load_logits(x_row, offs, V)
+            idx = offs
+    else:
+        raw = _load_logits(x_row, offs, V)
+        idx = offs
+    return raw, idx
+
+
+@triton.jit
+def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_seed_ptr, cand_val_ptr, cand_idx_ptr, out_ptr,
+                          seed, V, stride_row, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
+                          HAS_ROW_SEEDS: tl.constexpr, EPS: tl.constexpr, TINY: tl.constexpr, BLOCK: tl.constexpr,
+                          MAX_ROUNDS: tl.constexpr, CAP: tl.constexpr, SUB: tl.constexpr):
     # One program a row, in passes over it: the top-k threshold, the softmax's max and the
     # sum of the top-k set, then rounds of a race among the logits above a pivot and a
-    # check of the winner; see race_rows_top_k_top_p.
+    # check of the winner; see race_rows_top_k_top_p. Where the top-k set fits a candidate
+    # list (CAP > 0), the passes after the threshold read the list, not the row.
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_row
-    noise_seed = seed  # round r's noise: Philox(noise_seed + r) at noise_base + the index
+    cand_val_row = cand_val_ptr + row * CAP
+    cand_idx_row = cand_idx_ptr + row * CAP
+    noise_seed = seed  # round r's noise: Philox(noise_seed + r) at noise_base + the token id
     noise_base = row * V
     if HAS_ROW_SEEDS:
         row_seed = tl.load(row_seed_ptr + row)
@@ -218,20 +301,28 @@ def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_seed_ptr, o
     top_p = tl.where(greedy, 1.0, tl.load(top_p_ptr + row) if HAS_TOP_P else 1.0)  # greedy: in every set
     sub = tl.arange(0, BLOCK)
     kth = tl.where(greedy, float("-inf"), float("-inf"))  # the top-k set: the logits at or above it
+    n = V  # entries the passes below read: the row's, or its candidate list's
+    listed = greedy & (V < 0)
     if HAS_TOP_K:
         k = tl.load(top_k_ptr + row).to(tl.int64)
         if (k < V) & (k > 0) & (greedy == 0):
-            # bf16 widens to float32 keys whose low 16 bits carry nothing (fp16: 13;
-            # passes take 8 bits, so its last one starts at bit 8).
-            LOW_BITS: tl.constexpr = 16 if x_ptr.dtype.element_ty == tl.bfloat16 else (
-                8 if x_ptr.dtype.element_ty == tl.float16 else 0)
-            kth = _kth_largest(x_row, V, k, BLOCK, LOW_BITS)
+            count = CAP + 1
+            if CAP > 0:
+                count, kth = _top_k_candidates(x_row, cand_val_row, cand_idx_row, V, k, BLOCK, CAP, SUB)
+            if count <= CAP:
+                n = count
+                listed = greedy == 0
+            else:
+                # bf16 widens to float32 keys whose low 16 bits carry nothing (fp16: 13;
+                # passes take 8 bits, so its last one starts at bit 8).
+                LOW_BITS: tl.constexpr = 16 if x_ptr.dtype.element_ty == tl.bfloat16 else (
+                    8 if x_ptr.dtype.element_ty == tl.float16 else 0)
+                kth = _kth_largest(x_row, V, k, BLOCK, LOW_BITS)
     m = tl.where(greedy, float("-inf"), float("-inf"))
     z = tl.where(greedy, 0.0, 0.0)
     if top_p < 1.0:
-        for start in range(0, V, BLOCK):
-            offs = start + sub
-            raw = _load_logits(x_row, offs, V)
+        for start in range(0, n, BLOCK):
+            raw, _ = _entries(x_row, cand_val_row, cand_idx_row, start + sub, V, n, listed, CAP)
             x = tl.where((raw == raw) & (raw >= kth), raw * scale, float("-inf"))
             new_m = tl.maximum(m, tl.max(x, 0))
             # Until a finite logit comes (a grammar's mask can make whole blocks -inf) the
@@ -245,25 +336,25 @@ def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_seed_ptr, o
     while (accepted == 0) & (rounds < MAX_ROUNDS):
         best = float("-inf")
         best_idx = V
-        for start in range(0, V, BLOCK):
-            offs = start + sub
-            raw = _load_logits(x_row, offs, V)
+        for start in range(0, n, BLOCK):
+            raw, idx = _entries(x_row, cand_val_row, cand_idx_row, start + sub, V, n, listed, CAP)
             x = raw * scale
-            u = tl.rand(noise_seed + rounds, noise_base + offs)
+            u = tl.rand(noise_seed + rounds, noise_base + idx)
             q = tl.maximum(-tl.log(1.0 - u), TINY)
             key = tl.where((x > low) & (raw >= kth) & (x == x), x - tl.where(greedy, 0.0, tl.log(q)),
                            float("-inf"))
-            block_best, block_idx = _first_max(key, offs, V)
+            block_best, block_idx = _first_max(key, idx, V)
             best, best_idx = _later_wins_if_larger(best, best_idx, block_best, block_idx)
         best_idx = tl.minimum(best_idx, V - 1)
         xj = tl.load(x_row + best_idx).to(tl.float32) * scale
         accepted = (top_p >= 1.0).to(tl.int32)
         if top_p < 1.0:
-            # The mass strictly above the winner; every logit there is in the top-k set.
+            # The mass strictly above the winner; every logit there is in the top-k set
+            # (and so in the candidate list).
             above = tl.where(greedy, 0.0, 0.0)
-            for start in range(0, V, BLOCK):
-                offs = start + sub
-                x = _load_logits(x_row, offs, V) * scale
+            for start in range(0, n, BLOCK):
+                raw, _ = _entries(x_row, cand_val_row, cand_idx_row, start + sub, V, n, listed, CAP)
+                x = raw * scale
                 above += tl.sum(tl.where(x > xj, tl.exp(x - m), 0.0), 0)
             accepted = (above < top_p * z).to(tl.int32)
         token = best_idx
@@ -285,20 +376,28 @@ def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_seed_ptr, o
 
 #: Rejections after which a top-p row takes its most likely token (see race_rows_top_k_top_p).
 MAX_ROUNDS = 64
+#: The longest candidate list a top-k row's passes read instead of the row.
+CANDIDATES = 2048
 
 
 def race_rows_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
                           top_p: torch.Tensor | None, seed: int | None = None, block: int = 1024,
-                          row_seeds: torch.Tensor | None = None) -> torch.Tensor:
+                          row_seeds: torch.Tensor | None = None, candidates: int = CANDIDATES) -> torch.Tensor:
     """One token per row from ``softmax(logits / T)`` cut to its top-k set, then to the
     top-p set of what is left (renormalised), without sorting.
 
-    The top-k set of a row is its logits at or above the k-th largest (ties with it kept),
-    found by a radix select over the logits' bits (two passes for bf16 logits, four for
-    float32). The top-p set is the tokens whose strictly more probable tokens hold less
-    than ``top_p`` of the top-k set's mass (a token tied with the last one kept is kept
-    too). It is never built: a round races the top-k set's tokens above a pivot (at first
-    all of them) and checks the winner, summing the mass above it. A winner inside the set
+    The top-k set of a row is its logits at or above the k-th largest (ties with it kept).
+    Usually two cheap passes find it and list it: the maxima of slices of the row give a
+    lower bound of the k-th largest, and the logits at or above the bound (usually a few
+    more than ``k``) are copied to a list of at most ``candidates``; the passes after it
+    read that list instead of the row, and take the same tokens from the same noise.
+    Where the list would overflow (``k`` above the number of slices, or many logits near
+    the bound), a radix select over the logits' bits finds the k-th largest (two passes
+    for bf16 logits, four for float32) and the passes read the row. The top-p set is the
+    tokens whose strictly more probable tokens hold less than ``top_p`` of the top-k
+    set's mass (a token tied with the last one kept is kept too). It is never built: a
+    round races the top-k set's tokens above a pivot (at first all of them) and checks
+    the winner, summing the mass above it. A winner inside the set
     is the row's token -- the race drew it from a superset of the set, so, given that it
     fell inside, from the set -- and one outside raises the pivot to it: every token at or
     below it is outside too. Each round keeps at least ``top_p`` of the candidates' mass
@@ -319,20 +418,30 @@ def race_rows_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k
             row takes ``seed``). A row with its own seed draws noise from it alone, the
             same whatever the other rows, their number, its place or the other arguments
             that do not touch it (``top_k`` / ``top_p`` tensors present or ``None``).
+        candidates: The candidate list's length (a power of two; 0: always the radix
+            select and the row).
 
     Returns:
         ``[rows]`` int64 token ids.
     """
     rows, v = logits.shape
+    if candidates & (candidates - 1):
+        raise ValueError(f"race_rows_top_k_top_p: candidates must be 0 or a power of two, got {candidates}")
     seed = _seed("race_rows_top_k_top_p", logits, seed, MAX_ROUNDS)  # round r draws with seed + r
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     unused = temperature  # a pointer for the tensors a constexpr flag says are absent
+    # Slices small enough that their maxima fit the list (they are listed there first).
+    sub = triton.next_power_of_2(triton.cdiv(v, candidates)) if candidates else 0
+    cap = candidates if top_k is not None and 0 < sub <= block else 0
+    cand_val = torch.empty((rows, cap), dtype=torch.float32, device=logits.device) if cap else unused
+    cand_idx = torch.empty((rows, cap), dtype=torch.int32, device=logits.device) if cap else unused
     _filtered_race_kernel[(rows,)](logits, temperature, unused if top_k is None else top_k,
                                    unused if top_p is None else top_p, unused if row_seeds is None else row_seeds,
-                                   out, seed, v, logits.stride(0), HAS_TOP_K=top_k is not None,
+                                   cand_val, cand_idx, out, seed, v, logits.stride(0), HAS_TOP_K=top_k is not None,
                                    HAS_TOP_P=top_p is not None, HAS_ROW_SEEDS=row_seeds is not None,
-                                   EPS=SAMPLING_EPS, TINY=_TINY, BLOCK=block, MAX_ROUNDS=MAX_ROUNDS, num_warps=8)
+                                   EPS=SAMPLING_EPS, TINY=_TINY, BLOCK=block, MAX_ROUNDS=MAX_ROUNDS, CAP=cap,
+                                   SUB=max(sub, 1), num_warps=8)
     return out
 
 
-__all__ = ["MAX_ENTRIES", "MAX_ROUNDS", "race_rows", "race_rows_top_k_top_p"]
+__all__ = ["CANDIDATES", "MAX_ENTRIES", "MAX_ROUNDS", "race_rows", "race_rows_top_k_top_p"]

@@ -166,6 +166,16 @@ def test_temperature_only_rows_race_in_one_pass_on_cuda():
     got = race_rows_top_k_top_p(wide, torch.full((256,), 0.9, device="cuda"), ks, None)
     kth = wide.float().sort(dim=-1, descending=True).values.gather(1, (ks - 1).unsqueeze(1)).squeeze(1)
     assert (wide.float().gather(1, got.unsqueeze(1)).squeeze(1) >= kth).all()
+    # Its candidate list (the logits at or above a bound from slices' maxima) takes the
+    # radix select's tokens from the same seed, top-p after it too; rows it cannot list
+    # (k above the slices' number, a row of ties) go to the radix select.
+    ks[:8] = torch.tensor([1, 2, 20, 50, 300, 1500, 100_000, 20], device="cuda")
+    wide[7] = 0.5
+    p95 = torch.full((256,), 0.95, device="cuda")
+    for seed in range(3):
+        listed = race_rows_top_k_top_p(wide, torch.full((256,), 0.9, device="cuda"), ks, p95, seed=seed)
+        radix = race_rows_top_k_top_p(wide, torch.full((256,), 0.9, device="cuda"), ks, p95, seed=seed, candidates=0)
+        assert torch.equal(listed, radix), (listed != radix).nonzero()
 
     for other in (SamplingParams(temperature=0.7, min_p=0.1), SamplingParams(temperature=0.7, seed=3),
                   SamplingParams(temperature=0.7, logprobs=1)):

@@ -167,6 +167,22 @@ both = race_rows_top_k_top_p(base.repeat(60, 1), torch.ones(60), torch.tensor([6
 assert [both[2 * i] for i in range(0, 30, 5)] == alone, (alone, both[:12])
 assert len(set(both[0::2])) > 1  # the seeds draw different tokens
 assert set(both[1::2]) <= {0, 2}  # the unseeded rows kept their own top-k
+# The candidate list (logits at or above the k-th largest of slices' maxima, read instead
+# of the row) takes the radix select's tokens from the same seed; rows it cannot list
+# (k above the number of slices, more candidates than fit, ties, -inf, NaN) take the
+# radix select. candidates=64 over 200 logits: 50 slices of 4; 8: 7 slices of 32.
+wide = torch.randn(24, 200) * 2
+wide[3, :150] = float("-inf")
+wide[4, 7] = float("nan")
+wide[5] = wide[5].round()
+ks = torch.tensor([1, 2, 3, 5, 8, 13, 20, 40, 100, 199, 0, 7] * 2)
+ps = torch.tensor([1.0, 0.9, 0.5, 0.95] * 6)
+temps = torch.tensor([0.7, 1.0, 0.0, 1.3] * 6)
+for dtype, cands in ((torch.float32, 64), (torch.bfloat16, 8)):
+    x = wide.to(dtype)
+    radix = race_rows_top_k_top_p(x, temps, ks, ps, seed=21, block=32, candidates=0)
+    listed = race_rows_top_k_top_p(x, temps, ks, ps, seed=21, block=32, candidates=cands)
+    assert listed.tolist() == radix.tolist(), (dtype, listed, radix)
 print("top-k ok")
 """
 
