@@ -228,21 +228,24 @@ def _top_k_candidates(x_row, cand_val_row, cand_idx_row, V, k, BLOCK: tl.constex
     set, and the set's threshold: the k-th largest logit. Two passes: the maxima of
     ``SUB``-entry slices, whose k-th largest is a lower bound of the row's (k slices'
     maxima are k logits at or above it), then every finite logit at or above that bound.
-    Returns the number listed, which is more than ``CAP`` (nothing usable listed) when
-    ``k`` exceeds the number of slices or too many logits pass the bound."""
+    Returns the number listed, which is more than ``CAP`` (nothing usable listed, no
+    threshold) when ``k`` exceeds the number of slices -- then no pass runs -- or too many
+    logits pass the bound."""
     PER_BLOCK: tl.constexpr = BLOCK // SUB
     cap = tl.arange(0, CAP)
     slices = tl.cdiv(V, SUB)
-    tile = tl.arange(0, PER_BLOCK)[:, None] * SUB + tl.arange(0, SUB)[None, :]
-    for start in range(0, V, BLOCK):
-        x = _load_logits(x_row, start + tile, V)
-        at = start // SUB + tl.arange(0, PER_BLOCK)
-        tl.store(cand_val_row + at, tl.max(tl.where(x != x, float("-inf"), x), 1), mask=at < slices)
-    tl.debug_barrier()  # every thread's maxima stored before any is read
-    bound = _kth_of(tl.load(cand_val_row + cap, mask=cap < slices, other=float("-inf")), k)
-    tl.debug_barrier()  # read before the list overwrites them
-    count = 0
-    if k <= slices:
+    count = CAP + 1
+    kth = float("-inf")
+    if k <= slices:  # (else fewer than k maxima bound nothing: no pass is worth reading)
+        tile = tl.arange(0, PER_BLOCK)[:, None] * SUB + tl.arange(0, SUB)[None, :]
+        for start in range(0, V, BLOCK):
+            x = _load_logits(x_row, start + tile, V)
+            at = start // SUB + tl.arange(0, PER_BLOCK)
+            tl.store(cand_val_row + at, tl.max(tl.where(x != x, float("-inf"), x), 1), mask=at < slices)
+        tl.debug_barrier()  # every thread's maxima stored before any is read
+        bound = _kth_of(tl.load(cand_val_row + cap, mask=cap < slices, other=float("-inf")), k)
+        tl.debug_barrier()  # read before the list overwrites them
+        count = 0
         sub = tl.arange(0, BLOCK)
         for start in range(0, V, BLOCK):
             offs = start + sub
@@ -254,10 +257,10 @@ def _top_k_candidates(x_row, cand_val_row, cand_idx_row, V, k, BLOCK: tl.constex
                 tl.store(cand_val_row + at, x, mask=keep & (at < CAP))
                 tl.store(cand_idx_row + at, offs, mask=keep & (at < CAP))
             count += kept
-    else:
-        count = CAP + 1
-    tl.debug_barrier()  # the list complete before any thread reads it
-    return count, _kth_of(tl.load(cand_val_row + cap, mask=cap < tl.minimum(count, CAP), other=float("-inf")), k)
+        if count <= CAP:  # (an overflowing list is not read: the caller takes the radix select)
+            tl.debug_barrier()  # the list complete before any thread reads it
+            kth = _kth_of(tl.load(cand_val_row + cap, mask=cap < count, other=float("-inf")), k)
+    return count, kth
 
 
 @triton.jit
