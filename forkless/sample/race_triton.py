@@ -182,7 +182,7 @@ def _kth_largest(x_row, V, k, BLOCK: tl.constexpr, LOW_BITS: tl.constexpr):
     The lowest ``LOW_BITS`` of the keys are the same for all entries of one sign (bf16 or
     fp16 logits widened to float32), so no pass reads them: the threshold returned is
     the k-th largest value, or (negative) a float32 just below it that no logit lies
-    between."""
+    between; ``-inf`` where fewer than ``k`` logits are finite."""
     sub = tl.arange(0, BLOCK)
     bins = tl.arange(0, 256)
     prefix = k * 0
@@ -202,35 +202,45 @@ def _kth_largest(x_row, V, k, BLOCK: tl.constexpr, LOW_BITS: tl.constexpr):
         chosen = tl.max(tl.where(at_or_above >= left, bins, -1), 0).to(tl.int64)
         left -= tl.sum(tl.where(bins > chosen, counts, 0), 0)
         prefix = (prefix << 8) | chosen
-    return _key_value(prefix << LOW_BITS)
+    return _threshold(prefix << LOW_BITS)
 
 
 @triton.jit
-def _kth_of(vals, k):
-    """The k-th largest of ``vals``, ties counted (``-inf`` where fewer than ``k`` are
-    finite): the largest values taken off a group of ties at a time. A loop of at most
-    ``k`` reductions, where a sort of the list would compile to thousands of lines."""
-    kth = tl.max(vals, 0)
-    top = kth
-    taken = k * 0
-    while (taken < k) & (top > float("-inf")):
-        kth = top
-        taken += tl.sum((vals == top).to(tl.int64), 0)
-        vals = tl.where(vals == top, float("-inf"), vals)
-        top = tl.max(vals, 0)
-    return tl.where(taken >= k, kth, float("-inf"))
+def _threshold(key):
+    """The float32 of a k-th largest key whose low bits were not chosen (left 0): the value
+    itself or, negative, one just below it; ``-inf`` for ``-inf``'s key (0-filled low bits
+    turn it into a NaN, which no logit is at or above: fewer than k finite logits would
+    leave a row nothing to draw)."""
+    value = _key_value(key)
+    return tl.where(value != value, float("-inf"), value)
+
+
+@triton.jit
+def _kth_of(vals, k, LOW_BITS: tl.constexpr):
+    """The k-th largest of ``vals`` (a list of at most a few thousand, ``k`` at most its
+    length), ties counted, as :func:`_kth_largest` gives it (``-inf`` where fewer than
+    ``k`` are finite). Built bit by bit from the top: the largest key that at least ``k``
+    keys reach, one reduction a bit -- a fixed number, where taking off the largest
+    values a tie group at a time would loop up to ``k`` times (and a `tl.sort` of the
+    list compiles to thousands of lines)."""
+    keys = _ordered_key(vals)
+    chosen = k * 0
+    for bit in tl.static_range(31, LOW_BITS - 1, -1):
+        trial = chosen | (1 << bit)
+        chosen = tl.where(tl.sum((keys >= trial).to(tl.int32), 0) >= k, trial, chosen)
+    return _threshold(chosen)
 
 
 @triton.jit
 def _top_k_candidates(x_row, cand_val_row, cand_idx_row, V, k, BLOCK: tl.constexpr, CAP: tl.constexpr,
-                      SUB: tl.constexpr):
+                      SUB: tl.constexpr, LOW_BITS: tl.constexpr):
     """A list of at most ``CAP`` of a row's logits, in index order, that holds its top-k
     set, and the set's threshold: the k-th largest logit. Two passes: the maxima of
     ``SUB``-entry slices, whose k-th largest is a lower bound of the row's (k slices'
     maxima are k logits at or above it), then every finite logit at or above that bound.
     Returns the number listed, which is more than ``CAP`` (nothing usable listed, no
     threshold) when ``k`` exceeds the number of slices -- then no pass runs -- or too many
-    logits pass the bound."""
+    logits pass the bound. ``LOW_BITS``: as :func:`_kth_of`'s."""
     PER_BLOCK: tl.constexpr = BLOCK // SUB
     cap = tl.arange(0, CAP)
     slices = tl.cdiv(V, SUB)
@@ -243,7 +253,7 @@ def _top_k_candidates(x_row, cand_val_row, cand_idx_row, V, k, BLOCK: tl.constex
             at = start // SUB + tl.arange(0, PER_BLOCK)
             tl.store(cand_val_row + at, tl.max(tl.where(x != x, float("-inf"), x), 1), mask=at < slices)
         tl.debug_barrier()  # every thread's maxima stored before any is read
-        bound = _kth_of(tl.load(cand_val_row + cap, mask=cap < slices, other=float("-inf")), k)
+        bound = _kth_of(tl.load(cand_val_row + cap, mask=cap < slices, other=float("-inf")), k, LOW_BITS)
         tl.debug_barrier()  # read before the list overwrites them
         count = 0
         sub = tl.arange(0, BLOCK)
@@ -259,7 +269,7 @@ def _top_k_candidates(x_row, cand_val_row, cand_idx_row, V, k, BLOCK: tl.constex
             count += kept
         if count <= CAP:  # (an overflowing list is not read: the caller takes the radix select)
             tl.debug_barrier()  # the list complete before any thread reads it
-            kth = _kth_of(tl.load(cand_val_row + cap, mask=cap < count, other=float("-inf")), k)
+            kth = _kth_of(tl.load(cand_val_row + cap, mask=cap < count, other=float("-inf")), k, LOW_BITS)
     return count, kth
 
 
@@ -308,19 +318,19 @@ def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_seed_ptr, c
     listed = greedy & (V < 0)
     if HAS_TOP_K:
         k = tl.load(top_k_ptr + row).to(tl.int64)
+        # bf16 widens to float32 keys whose low 16 bits carry nothing (fp16: 13); the radix
+        # select's passes take 8 bits, so for fp16 its last one starts at bit 8.
+        LOW_BITS: tl.constexpr = 16 if x_ptr.dtype.element_ty == tl.bfloat16 else (
+            13 if x_ptr.dtype.element_ty == tl.float16 else 0)
         if (k < V) & (k > 0) & (greedy == 0):
             count = CAP + 1
             if CAP > 0:
-                count, kth = _top_k_candidates(x_row, cand_val_row, cand_idx_row, V, k, BLOCK, CAP, SUB)
+                count, kth = _top_k_candidates(x_row, cand_val_row, cand_idx_row, V, k, BLOCK, CAP, SUB, LOW_BITS)
             if count <= CAP:
                 n = count
                 listed = greedy == 0
             else:
-                # bf16 widens to float32 keys whose low 16 bits carry nothing (fp16: 13;
-                # passes take 8 bits, so its last one starts at bit 8).
-                LOW_BITS: tl.constexpr = 16 if x_ptr.dtype.element_ty == tl.bfloat16 else (
-                    8 if x_ptr.dtype.element_ty == tl.float16 else 0)
-                kth = _kth_largest(x_row, V, k, BLOCK, LOW_BITS)
+                kth = _kth_largest(x_row, V, k, BLOCK, LOW_BITS // 8 * 8)
     m = tl.where(greedy, float("-inf"), float("-inf"))
     z = tl.where(greedy, 0.0, 0.0)
     if top_p < 1.0:

@@ -183,6 +183,15 @@ for dtype, cands in ((torch.float32, 64), (torch.bfloat16, 8)):
     radix = race_rows_top_k_top_p(x, temps, ks, ps, seed=21, block=32, candidates=0)
     listed = race_rows_top_k_top_p(x, temps, ks, ps, seed=21, block=32, candidates=cands)
     assert listed.tolist() == radix.tolist(), (dtype, listed, radix)
+# Fewer finite logits than k (a grammar's mask under top_k=20): the finite ones race, on
+# both paths and in every dtype (bf16's radix threshold of -inf was a NaN: token V-1).
+few = torch.full((4, 64), float("-inf"))
+few[:, 5], few[:, 9], few[:, 40] = 1.0, 0.5, -2.0
+for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for cands in (0, 2048):
+        drawn = race_rows_top_k_top_p(few.to(dtype), torch.ones(4), torch.full((4,), 20), None, seed=3, block=16,
+                                      candidates=cands)
+        assert set(drawn.tolist()) <= {5, 9, 40}, (dtype, cands, drawn)
 print("top-k ok")
 """
 
