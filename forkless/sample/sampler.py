@@ -190,7 +190,10 @@ class Sampler:
                 seeds = [-1] * logits.shape[0]
                 for row, generator in metadata.generators.items():
                     seeds[row] = generator.initial_seed() & _ROW_SEED_MASK
-                row_seeds = torch.tensor(seeds).to(logits.device, non_blocking=True)
+                # (Pinned: a copy from pageable memory may wait for the stream, for the
+                # step that async scheduling overlaps with this one.)
+                host = torch.tensor(seeds)
+                row_seeds = (host.pin_memory() if logits.is_cuda else host).to(logits.device, non_blocking=True)
             sampled = _race(logits, torch.ones_like(temperature), metadata, row_seeds)
         else:
             logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
