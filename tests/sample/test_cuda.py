@@ -176,6 +176,18 @@ def test_temperature_only_rows_race_in_one_pass_on_cuda():
         listed = race_rows_top_k_top_p(wide, torch.full((256,), 0.9, device="cuda"), ks, p95, seed=seed)
         radix = race_rows_top_k_top_p(wide, torch.full((256,), 0.9, device="cuda"), ks, p95, seed=seed, candidates=0)
         assert torch.equal(listed, radix), (listed != radix).nonzero()
+    # Narrower rows (slices of 1 and 2 logits: the first list written had every row draw
+    # its argmax on an H100), and bf16 rows with fewer finite logits than k (their
+    # threshold -inf: the radix path's was a NaN, which left token V-1).
+    for width in (32, 1000, 4096):
+        narrow = (torch.randn(64, width, device="cuda") * 2).to(torch.bfloat16)
+        narrow[:4, 3:] = float("-inf")
+        ks = torch.randint(1, 30, (64,), device="cuda")
+        for seed in range(2):
+            drawn = [race_rows_top_k_top_p(narrow, torch.full((64,), 0.7, device="cuda"), ks, p95[:64], seed=seed,
+                                           candidates=c) for c in (2048, 0)]
+            assert torch.equal(drawn[0], drawn[1]), (width, (drawn[0] != drawn[1]).nonzero())
+            assert (drawn[0][:4] < 3).all(), drawn[0][:4]
 
     for other in (SamplingParams(temperature=0.7, min_p=0.1), SamplingParams(temperature=0.7, seed=3),
                   SamplingParams(temperature=0.7, logprobs=1)):
