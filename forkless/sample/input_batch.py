@@ -18,6 +18,7 @@ from forkless.sample.batch_update_builder import BatchUpdateBuilder
 from forkless.sample.metadata import SamplingMetadata
 from forkless.sample.seeding import make_generator, step_seed
 from forkless.sampling_params import SamplingType
+from forkless.utils.torch_utils import async_tensor_h2d
 
 if TYPE_CHECKING:
     from forkless.logits_processors.interface import BatchUpdate, LogitsProcessor
@@ -265,10 +266,7 @@ class InputBatch:
         return rows
 
     def _tensor(self, values: list[Any], dtype: torch.dtype) -> torch.Tensor:
-        host = torch.tensor(values, dtype=dtype)
-        if self.pin_memory:
-            host = host.pin_memory()
-        return host.to(self.device, non_blocking=True)
+        return async_tensor_h2d(values, dtype, self.device, self.pin_memory)
 
     def _padded(self, seqs: list[list[int]]) -> torch.Tensor:
         width = max((len(s) for s in seqs), default=0)

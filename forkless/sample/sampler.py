@@ -15,6 +15,7 @@ from forkless.sample.logprobs import LogprobsTensors, gather_logprobs
 from forkless.sample.penalties import apply_penalties
 from forkless.sample.top_k_top_p import apply_top_k_top_p
 from forkless.sampling_params import SAMPLING_EPS
+from forkless.utils.torch_utils import async_tensor_h2d
 from forkless.triton_utils import triton_available
 
 if TYPE_CHECKING:
@@ -190,10 +191,7 @@ class Sampler:
                 seeds = [-1] * logits.shape[0]
                 for row, generator in metadata.generators.items():
                     seeds[row] = generator.initial_seed() & _ROW_SEED_MASK
-                # (Pinned: a copy from pageable memory may wait for the stream, for the
-                # step that async scheduling overlaps with this one.)
-                host = torch.tensor(seeds)
-                row_seeds = (host.pin_memory() if logits.is_cuda else host).to(logits.device, non_blocking=True)
+                row_seeds = async_tensor_h2d(seeds, torch.int64, logits.device, logits.is_cuda)
             sampled = _race(logits, torch.ones_like(temperature), metadata, row_seeds)
         else:
             logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from forkless.triton_utils import triton_available
+from forkless.utils.torch_utils import async_tensor_h2d
 
 if TYPE_CHECKING:
     from forkless.protocol.step import SchedulerOutput, ScheduledRequest
@@ -127,7 +128,7 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: np.ndarray, rows: list[in
     if rows is None:
         logits[: disallowed.shape[0]].masked_fill_(disallowed, float("-inf"))
         return
-    index = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
+    index = async_tensor_h2d(rows, torch.int64, logits.device, logits.is_cuda)
     picked = logits.index_select(0, index)
     picked.masked_fill_(disallowed, float("-inf"))
     logits.index_copy_(0, index, picked)

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from forkless.utils.torch_utils import async_tensor_h2d
+
 #: Tokens per program (151,936 / 4,096: 38 programs a row).
 BLOCK = 4096
 
@@ -52,8 +54,7 @@ def apply_bitmask_cuda(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[i
     if n == 0:
         return
     vocab = logits.shape[1]
-    index = (torch.tensor(rows, dtype=torch.int32).to(logits.device, non_blocking=True)
-             if rows is not None else bitmask)
+    index = async_tensor_h2d(rows, torch.int32, logits.device, logits.is_cuda) if rows is not None else bitmask
     _apply_bitmask_kernel[(n, triton.cdiv(vocab, BLOCK))](
         logits, bitmask, index, logits.stride(0), words, vocab, BLOCK=BLOCK, HAS_ROWS=rows is not None,
         num_warps=4)

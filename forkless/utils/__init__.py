@@ -1,5 +1,6 @@
 """vLLM's small helpers that plugins import (``vllm.utils``): ``random_uuid`` here,
-``import_utils.import_from_path`` and ``collection_utils.is_list_of`` beside it."""
+``import_utils.import_from_path``, ``collection_utils.is_list_of`` and
+``torch_utils.async_tensor_h2d`` beside it."""
 
 from __future__ import annotations
 

@@ -89,11 +89,13 @@ def test_the_names_ported_plugins_import() -> None:
 
 
 def test_vllms_small_helpers(tmp_path: Path) -> None:
+    import torch
     from forkless.engine.arg_utils import AsyncEngineArgs, EngineArgs
     from forkless.transformers_utils.tokenizer import AnyTokenizer
     from forkless.utils import random_uuid
     from forkless.utils.collection_utils import is_list_of
     from forkless.utils.import_utils import import_from_path
+    from forkless.utils.torch_utils import async_tensor_h2d
     from forkless.v1.engine.async_llm import AsyncLLM
 
     import forkless
@@ -106,6 +108,8 @@ def test_vllms_small_helpers(tmp_path: Path) -> None:
     file = tmp_path / "my_parsers.py"
     file.write_text("VALUE = 42\n")
     assert import_from_path("my_parsers_mod", file).VALUE == 42
+    moved = async_tensor_h2d([[3, 1], [4, 1]], torch.int32, "cpu", pin_memory=False)
+    assert moved.dtype == torch.int32 and moved.tolist() == [[3, 1], [4, 1]]
 
 
 def test_envs_read_under_vllms_names_are_forkless_ones(monkeypatch: pytest.MonkeyPatch) -> None:
