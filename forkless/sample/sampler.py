@@ -15,8 +15,8 @@ from forkless.sample.logprobs import LogprobsTensors, gather_logprobs
 from forkless.sample.penalties import apply_penalties
 from forkless.sample.top_k_top_p import apply_top_k_top_p
 from forkless.sampling_params import SAMPLING_EPS
-from forkless.utils.torch_utils import async_tensor_h2d
 from forkless.triton_utils import triton_available
+from forkless.utils.torch_utils import async_tensor_h2d
 
 if TYPE_CHECKING:
     from forkless.logits_processors.interface import LogitsProcessor
