@@ -8,6 +8,7 @@ import torch
 
 from forkless.logits_processors.interface import LogitsProcessor
 from forkless.logits_processors.state import process_dict_updates
+from forkless.utils.torch_utils import async_tensor_h2d
 
 if TYPE_CHECKING:
     from forkless.logits_processors.interface import BatchUpdate
@@ -62,5 +63,5 @@ class AllowedTokenIdsLogitsProcessor(LogitsProcessor):
             # (validate_request_params); a narrower logits tensor still cannot index past.
             allowed = [t for t in self._rows[row] if t < vocab]
             banned[i, allowed] = False
-        self._index = torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
+        self._index = async_tensor_h2d(rows, torch.long, self.device, self.is_pin_memory)
         self._banned = banned.to(self.device, non_blocking=True)

@@ -14,6 +14,7 @@ import torch
 
 from forkless.logits_processors.interface import LogitsProcessor
 from forkless.logits_processors.state import process_dict_updates
+from forkless.utils.torch_utils import async_tensor_h2d
 
 if TYPE_CHECKING:
     from forkless.logits_processors.interface import BatchUpdate
@@ -72,6 +73,6 @@ class BadWordsLogitsProcessor(LogitsProcessor):
                     rows.append(row)
                     tokens.append(seq[-1])
         if rows:
-            index = torch.tensor([rows, tokens], dtype=torch.long).to(self.device, non_blocking=True)
+            index = async_tensor_h2d([rows, tokens], torch.long, self.device, self.is_pin_memory)
             logits[index[0], index[1]] = float("-inf")
         return logits

@@ -8,6 +8,7 @@ import torch
 
 from forkless.logits_processors.interface import LogitsProcessor
 from forkless.logits_processors.state import process_dict_updates
+from forkless.utils.torch_utils import async_tensor_h2d
 
 if TYPE_CHECKING:
     from forkless.logits_processors.interface import BatchUpdate
@@ -46,9 +47,9 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
             rows.extend([row] * len(bias))
             tokens.extend(bias.keys())
             biases.extend(bias.values())
-        self._idx_rows = torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
-        self._idx_tokens = torch.tensor(tokens, dtype=torch.long).to(self.device, non_blocking=True)
-        self._bias = torch.tensor(biases, dtype=torch.float32).to(self.device, non_blocking=True)
+        self._idx_rows = async_tensor_h2d(rows, torch.long, self.device, self.is_pin_memory)
+        self._idx_tokens = async_tensor_h2d(tokens, torch.long, self.device, self.is_pin_memory)
+        self._bias = async_tensor_h2d(biases, torch.float32, self.device, self.is_pin_memory)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self._rows:

@@ -8,6 +8,7 @@ import torch
 
 from forkless.logits_processors.interface import LogitsProcessor
 from forkless.logits_processors.state import process_dict_updates
+from forkless.utils.torch_utils import async_tensor_h2d
 
 if TYPE_CHECKING:
     from forkless.logits_processors.interface import BatchUpdate
@@ -52,9 +53,7 @@ class MinPLogitsProcessor(LogitsProcessor):
         values = [0.0] * self._batch_size
         for row, min_p in self._rows.items():
             values[row] = min_p
-        self._min_p = torch.tensor(values, dtype=torch.float32).to(
-            self.device, non_blocking=True
-        ).unsqueeze(1)
+        self._min_p = async_tensor_h2d(values, torch.float32, self.device, self.is_pin_memory).unsqueeze(1)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self._min_p is None:

@@ -8,6 +8,7 @@ import torch
 
 from forkless.logits_processors.interface import LogitsProcessor
 from forkless.logits_processors.state import process_dict_updates
+from forkless.utils.torch_utils import async_tensor_h2d
 
 if TYPE_CHECKING:
     from forkless.logits_processors.interface import BatchUpdate
@@ -51,10 +52,8 @@ class MinTokensLogitsProcessor(LogitsProcessor):
             for row, (_, _, stop_ids) in self._rows.items():
                 rows.extend([row] * len(stop_ids))
                 tokens.extend(stop_ids)
-            self._mask_rows = torch.tensor(rows, dtype=torch.long).to(self.device, non_blocking=True)
-            self._mask_tokens = torch.tensor(tokens, dtype=torch.long).to(
-                self.device, non_blocking=True
-            )
+            self._mask_rows = async_tensor_h2d(rows, torch.long, self.device, self.is_pin_memory)
+            self._mask_tokens = async_tensor_h2d(tokens, torch.long, self.device, self.is_pin_memory)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self._rows:

@@ -33,6 +33,7 @@ import torch
 
 from forkless.logits_processors.interface import LogitsProcessor
 from forkless.logits_processors.state import process_dict_updates
+from forkless.utils.torch_utils import async_tensor_h2d
 
 if TYPE_CHECKING:
     from forkless.logits_processors.interface import BatchUpdate
@@ -148,8 +149,8 @@ class ThinkingTokenBudgetLogitsProcessor(LogitsProcessor):
                 forced[index] = token
         if forced != self._forced:
             self._forced = forced
-            self._index = torch.tensor([list(forced), list(forced.values())],
-                                       dtype=torch.long).reshape(2, -1).to(self.device, non_blocking=True)
+            self._index = async_tensor_h2d([list(forced), list(forced.values())], torch.long,
+                                           self.device, self.is_pin_memory).reshape(2, -1)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if not self._forced:
