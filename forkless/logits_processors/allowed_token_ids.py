@@ -57,7 +57,8 @@ class AllowedTokenIdsLogitsProcessor(LogitsProcessor):
 
     def _build(self, vocab: int) -> None:
         rows = sorted(self._rows)
-        banned = torch.ones((len(rows), vocab), dtype=torch.bool)
+        # Pinned on CUDA: from pageable memory the copy below may wait for the busy stream.
+        banned = torch.ones((len(rows), vocab), dtype=torch.bool, pin_memory=self.is_pin_memory)
         for i, row in enumerate(rows):
             # Ids were checked against the vocabulary when the request was accepted
             # (validate_request_params); a narrower logits tensor still cannot index past.
