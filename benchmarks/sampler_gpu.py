@@ -11,8 +11,9 @@ steps after a warm-up, for:
 * ``top_p=0.9``: the top-p race (``race_rows_top_k_top_p``), and the PyTorch race after a sort;
 * ``top_k=20, top_p=0.95`` (Qwen3's ``generation_config.json``, which the server applies to
   every request by default) and ``top_k=50`` alone: the same two ways;
-* Qwen3's defaults with ``min_p=0.05``: min_p as PyTorch ops, then top-k / top-p in the
-  race kernel, or a sort;
+* Qwen3's defaults with ``min_p=0.05``: all in the race kernel (min_p a threshold below
+  the row's max), min_p as the built-in processor's PyTorch ops on a float32 copy and then
+  the kernel (as the sampler ran it before), or a sort;
 * the top-k kernel alone (``race_rows_top_k_top_p``) with its candidate list (the default)
   and without it (``candidates=0``: the radix select, and every pass over the whole row).
 
@@ -90,6 +91,13 @@ def main() -> int:
         def _races_on(logits) -> bool:
             return False
 
+    class ProcessorsThenRace(Sampler):
+        """The general path: processors as PyTorch ops on a float32 copy, then the kernels."""
+
+        @staticmethod
+        def races_in_one_pass(logits, metadata) -> bool:
+            return False
+
     plain = metadata_of(SamplingParams(temperature=0.8))
     top_p = metadata_of(SamplingParams(temperature=0.8, top_p=0.9))
     qwen = metadata_of(SamplingParams(temperature=0.6, top_k=20, top_p=0.95))
@@ -106,9 +114,10 @@ def main() -> int:
         "top_k=50, race": (sampler, top_k),
         "top_k=50, PyTorch (topk)": (TorchRace(), top_k),
         "+ min_p=0.05, race": (sampler, min_p),
+        "+ min_p=0.05, PyTorch min_p then race": (ProcessorsThenRace(), min_p),
         "+ min_p=0.05, PyTorch": (TorchRace(), min_p),
     }
-    assert all(Sampler.races_in_one_pass(logits, m) for m in (plain, top_p, qwen, top_k))
+    assert all(Sampler.races_in_one_pass(logits, m) for m in (plain, top_p, qwen, top_k, min_p))
     from forkless.sample.race_triton import CANDIDATES, race_rows_top_k_top_p
 
     temps = torch.full((args.rows,), 0.6, device=device)

@@ -55,6 +55,12 @@ class MinPLogitsProcessor(LogitsProcessor):
             values[row] = min_p
         self._min_p = async_tensor_h2d(values, torch.float32, self.device, self.is_pin_memory).unsqueeze(1)
 
+    def row_min_p(self) -> torch.Tensor | None:
+        """Each row's ``min_p`` (0: none), ``[batch_size]`` float32 on the device, or
+        ``None`` when no row has one: what the sampler's race kernels take in place of
+        :meth:`apply` (the same set, without its float32 passes over the logits)."""
+        return None if self._min_p is None else self._min_p.view(-1)
+
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         if self._min_p is None:
             return logits

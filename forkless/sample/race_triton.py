@@ -10,13 +10,14 @@ race runs where its logits are read, once: ``argmax(p / q) = argmax(logits / T -
 noise drawn in the kernel from Philox counters. A first launch reduces chunks of
 ``BLOCK`` entries to their winner, a second each row's chunks (``argmax_triton``'s).
 
-Rows with top-k or top-p race without the sort the PyTorch path runs
+Rows with top-k, top-p or min_p race without the sort the PyTorch path runs
 (``race_rows_top_k_top_p``: the top-k set listed from a bound that slices' maxima give, or
-a radix select of the k-th largest logit where it does not fit the list; then a few
-passes over the list or the row, rejecting winners outside the top-p set). Which steps come here is
+a radix select of the k-th largest logit where it does not fit the list; min_p as a
+threshold below the row's max; then a few passes over the list or the row, rejecting
+winners outside the top-p set). Which steps come here is
 :meth:`forkless.sample.sampler.Sampler.races_in_one_pass`'s rule: rows that need only
-their temperature, top-k and top-p (no penalties, logprobs, active logits processors or
-per-request seeds). Other CUDA steps come here too, with logits the sampler's PyTorch ops
+their temperature, top-k, top-p and min_p (no penalties, logprobs, other active logits
+processors or per-request seeds). Other CUDA steps come here too, with logits the sampler's PyTorch ops
 have already processed and tempered, seeded rows with their own seeds (``row_seeds``).
 
 Invariants:
@@ -291,14 +292,15 @@ def _entries(x_row, cand_val_row, cand_idx_row, offs, V, n, listed, CAP: tl.cons
 
 
 @triton.jit
-def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_seed_ptr, cand_val_ptr, cand_idx_ptr, out_ptr,
-                          seed, V, stride_row, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
-                          HAS_ROW_SEEDS: tl.constexpr, EPS: tl.constexpr, TINY: tl.constexpr, BLOCK: tl.constexpr,
-                          MAX_ROUNDS: tl.constexpr, CAP: tl.constexpr, SUB: tl.constexpr):
-    # One program a row, in passes over it: the top-k threshold, the softmax's max and the
-    # sum of the top-k set, then rounds of a race among the logits above a pivot and a
-    # check of the winner; see race_rows_top_k_top_p. Where the top-k set fits a candidate
-    # list (CAP > 0), the passes after the threshold read the list, not the row.
+def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, min_p_ptr, row_seed_ptr, cand_val_ptr, cand_idx_ptr,
+                          out_ptr, seed, V, stride_row, HAS_TOP_K: tl.constexpr, HAS_TOP_P: tl.constexpr,
+                          HAS_MIN_P: tl.constexpr, HAS_ROW_SEEDS: tl.constexpr, EPS: tl.constexpr, TINY: tl.constexpr,
+                          BLOCK: tl.constexpr, MAX_ROUNDS: tl.constexpr, CAP: tl.constexpr, SUB: tl.constexpr):
+    # One program a row, in passes over it: the top-k threshold, the min_p threshold (the
+    # row's max), the softmax's max and the sum of the kept set, then rounds of a race
+    # among the logits above a pivot and a check of the winner; see race_rows_top_k_top_p.
+    # Where the top-k set fits a candidate list (CAP > 0), the passes after the threshold
+    # read the list, not the row.
     row = tl.program_id(0)
     x_row = x_ptr + row * stride_row
     cand_val_row = cand_val_ptr + row * CAP
@@ -331,6 +333,17 @@ def _filtered_race_kernel(x_ptr, temp_ptr, top_k_ptr, top_p_ptr, row_seed_ptr, c
                 listed = greedy == 0
             else:
                 kth = _kth_largest(x_row, V, k, BLOCK, LOW_BITS // 8 * 8)
+    if HAS_MIN_P:
+        min_p = tl.load(min_p_ptr + row)
+        if (min_p > 0.0) & (greedy == 0):
+            # p >= min_p * p_max  <=>  logit / T >= max_logit / T + log(min_p). Both this
+            # set and the top-k set hold the largest logits, so applying min_p first (vLLM's
+            # order) and then top-k keeps their intersection: the higher threshold.
+            top = tl.where(greedy, float("-inf"), float("-inf"))
+            for start in range(0, n, BLOCK):  # the row's max (a top-k list holds it)
+                raw, _ = _entries(x_row, cand_val_row, cand_idx_row, start + sub, V, n, listed, CAP)
+                top = tl.maximum(top, tl.max(tl.where(raw == raw, raw, float("-inf")), 0))
+            kth = tl.maximum(kth, top + tl.log(min_p) / scale)
     m = tl.where(greedy, float("-inf"), float("-inf"))
     z = tl.where(greedy, 0.0, 0.0)
     if top_p < 1.0:
@@ -395,9 +408,13 @@ CANDIDATES = 2048
 
 def race_rows_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor | None,
                           top_p: torch.Tensor | None, seed: int | None = None, block: int = 1024,
-                          row_seeds: torch.Tensor | None = None, candidates: int = CANDIDATES) -> torch.Tensor:
-    """One token per row from ``softmax(logits / T)`` cut to its top-k set, then to the
-    top-p set of what is left (renormalised), without sorting.
+                          row_seeds: torch.Tensor | None = None, candidates: int = CANDIDATES,
+                          min_p: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row from ``softmax(logits / T)`` cut to its min_p set and its top-k
+    set, then to the top-p set of what is left (renormalised), without sorting.
+
+    The min_p set is the tokens whose probability is at least ``min_p`` times the row's
+    largest (one more pass over the row, or its candidate list, for the max).
 
     The top-k set of a row is its logits at or above the k-th largest (ties with it kept).
     Usually two cheap passes find it and list it: the maxima of slices of the row give a
@@ -433,6 +450,7 @@ def race_rows_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k
             that do not touch it (``top_k`` / ``top_p`` tensors present or ``None``).
         candidates: The candidate list's length (a power of two; 0: always the radix
             select and the row).
+        min_p: ``[rows]`` float32 in [0, 1] (0: off), or ``None``.
 
     Returns:
         ``[rows]`` int64 token ids.
@@ -449,9 +467,10 @@ def race_rows_top_k_top_p(logits: torch.Tensor, temperature: torch.Tensor, top_k
     cand_val = torch.empty((rows, cap), dtype=torch.float32, device=logits.device) if cap else unused
     cand_idx = torch.empty((rows, cap), dtype=torch.int32, device=logits.device) if cap else unused
     _filtered_race_kernel[(rows,)](logits, temperature, unused if top_k is None else top_k,
-                                   unused if top_p is None else top_p, unused if row_seeds is None else row_seeds,
-                                   cand_val, cand_idx, out, seed, v, logits.stride(0), HAS_TOP_K=top_k is not None,
-                                   HAS_TOP_P=top_p is not None, HAS_ROW_SEEDS=row_seeds is not None,
+                                   unused if top_p is None else top_p, unused if min_p is None else min_p,
+                                   unused if row_seeds is None else row_seeds, cand_val, cand_idx, out, seed, v,
+                                   logits.stride(0), HAS_TOP_K=top_k is not None, HAS_TOP_P=top_p is not None,
+                                   HAS_MIN_P=min_p is not None, HAS_ROW_SEEDS=row_seeds is not None,
                                    EPS=SAMPLING_EPS, TINY=_TINY, BLOCK=block, MAX_ROUNDS=MAX_ROUNDS, CAP=cap,
                                    SUB=max(sub, 1), num_warps=8)
     return out

@@ -9,6 +9,7 @@ import torch
 
 from forkless import envs
 from forkless.logits_processors.interface import LogitsProcessorError
+from forkless.logits_processors.min_p import MinPLogitsProcessor
 from forkless.sample.argmax import row_argmax
 from forkless.sample.exponential import exponential_
 from forkless.sample.logprobs import LogprobsTensors, gather_logprobs
@@ -55,9 +56,9 @@ class Sampler:
 
     On CUDA a step whose rows need nothing but their temperature (the API's default
     sampling) runs steps 3 and 4 as one pass over the logits (``race_triton``), the same
-    race without the float32 copy, the probabilities or the noise tensor; with top-k and
-    top-p too (a model's ``generation_config.json`` often sets both), a few passes a row
-    instead of a sort of the vocabulary. Other CUDA steps take the race kernels for step
+    race without the float32 copy, the probabilities or the noise tensor; with top-k,
+    top-p and min_p too (a model's ``generation_config.json`` often sets the first two),
+    a few passes a row instead of a sort of the vocabulary. Other CUDA steps take the race kernels for step
     4's top-k, top-p and race, after the PyTorch ops of the rest; a seeded row there draws
     its noise from its step's seed in the kernel (not from its generator, as on the CPU).
 
@@ -98,7 +99,8 @@ class Sampler:
             return SamplerOutput(sampled_token_ids=row_argmax(logits), logprobs=None)
         if self.races_in_one_pass(logits, metadata):
             assert metadata.temperature is not None
-            return SamplerOutput(sampled_token_ids=_race(logits, metadata.temperature, metadata), logprobs=None)
+            return SamplerOutput(sampled_token_ids=_race(logits, metadata.temperature, metadata,
+                                                         min_p=_min_p_rows(metadata)), logprobs=None)
         logits = logits.to(torch.float32)
         want_logprobs = metadata.max_num_logprobs is not None
         raw = None
@@ -142,14 +144,15 @@ class Sampler:
     @staticmethod
     def races_in_one_pass(logits: torch.Tensor, metadata: "SamplingMetadata") -> bool:
         """Whether the step's rows go to the race kernels (``race_triton``): CUDA logits
-        (Triton installed), some random row, and nothing but temperature, top-k and top-p
-        to apply -- no penalties, logprobs, active logits processor (min_p is one) or
-        seeded row. (A seeded row's step always takes the general path, whose kernel call
+        (Triton installed), some random row, and nothing but temperature, top-k, top-p
+        and min_p (the built-in processor, whose rows the kernel takes) to apply -- no
+        penalties, logprobs, other active logits processor or seeded row. (A seeded row's step always takes the general path, whose kernel call
         draws from its own seed: its arithmetic then never depends on what its neighbours
         need, as the in-kernel temperature of this path would make it.)"""
         return (not metadata.all_greedy and metadata.temperature is not None and metadata.no_penalties
                 and metadata.max_num_logprobs is None and not metadata.generators
-                and not any(p.is_active() for p in metadata.logits_processors) and Sampler._races_on(logits))
+                and all(isinstance(p, MinPLogitsProcessor) or not p.is_active() for p in metadata.logits_processors)
+                and Sampler._races_on(logits))
 
     @staticmethod
     def _races_on(logits: torch.Tensor) -> bool:
@@ -211,15 +214,25 @@ class Sampler:
 
 
 def _race(logits: torch.Tensor, temperature: torch.Tensor, metadata: "SamplingMetadata",
-          row_seeds: torch.Tensor | None = None) -> torch.Tensor:
+          row_seeds: torch.Tensor | None = None, min_p: torch.Tensor | None = None) -> torch.Tensor:
     """The rows' tokens from the race kernels: the one-pass race where no row has a top-k,
-    a top-p or its own seed, else the kernel that takes them (the same for every batch
-    with a seeded row, so that its draws do not depend on its neighbours)."""
+    a top-p, a min_p or its own seed, else the kernel that takes them (the same for every
+    batch with a seeded row, so that its draws do not depend on its neighbours)."""
     from forkless.sample.race_triton import race_rows, race_rows_top_k_top_p
 
-    if row_seeds is None and metadata.top_k is None and metadata.top_p is None:
+    if row_seeds is None and metadata.top_k is None and metadata.top_p is None and min_p is None:
         return race_rows(logits, temperature)
-    return race_rows_top_k_top_p(logits, temperature, metadata.top_k, metadata.top_p, row_seeds=row_seeds)
+    return race_rows_top_k_top_p(logits, temperature, metadata.top_k, metadata.top_p, row_seeds=row_seeds,
+                                 min_p=min_p)
+
+
+def _min_p_rows(metadata: "SamplingMetadata") -> torch.Tensor | None:
+    """The rows' ``min_p`` where the built-in processor is active (the race kernels apply
+    it in place of its PyTorch ops), else ``None``."""
+    for processor in metadata.logits_processors:
+        if isinstance(processor, MinPLogitsProcessor) and processor.is_active():
+            return processor.row_min_p()
+    return None
 
 
 def _apply(processor: "LogitsProcessor", logits: torch.Tensor) -> torch.Tensor:

@@ -101,8 +101,8 @@ def test_cuda_sampler_kernels_can_be_turned_off(monkeypatch):
 def test_temperature_only_rows_race_in_one_pass_on_cuda():
     # The API's default sampling (a temperature, nothing else) goes to the one-pass race:
     # its draws have the PyTorch race's distribution, greedy rows beside them their argmax;
-    # top-k and top-p rows race without a sort; a row with min_p, a seed or logprobs keeps
-    # the PyTorch path.
+    # top-k, top-p and min_p rows race without a sort; a row with a seed, logprobs or
+    # another logits processor keeps the PyTorch path.
     from forkless.sample.race_triton import race_rows, race_rows_top_k_top_p
 
     torch.manual_seed(0)  # the logits and the kernels' seeds: one outcome, run after run
@@ -189,8 +189,36 @@ def test_temperature_only_rows_race_in_one_pass_on_cuda():
             assert torch.equal(drawn[0], drawn[1]), (width, (drawn[0] != drawn[1]).nonzero())
             assert (drawn[0][:4] < 3).all(), drawn[0][:4]
 
-    for other in (SamplingParams(temperature=0.7, min_p=0.1), SamplingParams(temperature=0.7, seed=3),
-                  SamplingParams(temperature=0.7, logprobs=1)):
+    # min_p in the kernel too (relative to the tempered distribution, applied before top-k
+    # and top-p): the built-in processor's set, renormalised; beside rows without it.
+    for min_p, k in ((0.05, None), (0.2, 3)):
+        rows_p = [SamplingParams(temperature=0.7, min_p=min_p, top_k=k or 0, max_tokens=4) for _ in range(rows)]
+        batch = fill(rows_p + [SamplingParams(temperature=0.7, max_tokens=4)], device="cuda")
+        metadata = batch.refresh()
+        assert Sampler.races_in_one_pass(logits[:rows + 1], metadata)
+        drawn = torch.cat([Sampler()(logits[:rows + 1].clone(), metadata).sampled_token_ids[:rows]
+                           for _ in range(4)])
+        kept = torch.where(probs >= min_p * probs.max(), probs, 0.0)
+        if k is not None:
+            kept = torch.where(kept >= kept.sort(descending=True).values[k - 1], kept, 0.0)
+        counts = torch.bincount(drawn, minlength=VOCAB).float() / (4 * rows)
+        assert (counts - kept / kept.sum()).abs().max().item() < 0.04, (min_p, k, counts, kept / kept.sum())
+        assert set(drawn.tolist()) <= set(kept.nonzero().flatten().tolist()), (min_p, k)
+    # ... and at Qwen3's width, bf16, against its radix path and the sampler's PyTorch set.
+    wide = (torch.randn(64, 151936, device="cuda") * 2).to(torch.bfloat16)
+    mp, t = torch.full((64,), 0.1, device="cuda"), torch.full((64,), 0.8, device="cuda")
+    ks = torch.full((64,), 20, device="cuda")
+    for seed in range(2):
+        listed = race_rows_top_k_top_p(wide, t, ks, p95[:64], seed=seed, min_p=mp)
+        radix = race_rows_top_k_top_p(wide, t, ks, p95[:64], seed=seed, min_p=mp, candidates=0)
+        assert torch.equal(listed, radix)
+        alone = race_rows_top_k_top_p(wide, t, None, None, seed=seed, min_p=mp)
+        tempered = wide.float() / 0.8
+        ok = tempered.gather(1, alone.unsqueeze(1)) >= tempered.amax(dim=1, keepdim=True) + torch.log(mp).unsqueeze(1)
+        assert ok.all()
+
+    for other in (SamplingParams(temperature=0.7, seed=3), SamplingParams(temperature=0.7, logprobs=1),
+                  SamplingParams(temperature=0.7, min_p=0.1, logit_bias={3: 1.0})):
         assert not Sampler.races_in_one_pass(logits[:2], fill([params[0], other], device="cuda").refresh())
 
     # min_p (and penalties, logprobs, other processors) run as PyTorch ops, then top-k /

@@ -195,6 +195,66 @@ for dtype in (torch.float32, torch.bfloat16, torch.float16):
 print("top-k ok")
 """
 
+_MIN_P_SCRIPT = """
+import torch
+from forkless.sample.race_triton import race_rows_top_k_top_p
+
+def frequencies(tokens, ids):
+    return [sum(1 for t in tokens if t == i) / len(tokens) for i in ids]
+
+ROWS = 400  # 5 sigma at 400 draws: 0.1
+base = torch.tensor([1.0, 0.0, 2.0, float("-inf"), 0.5, -1.0]).to(torch.bfloat16)
+def race(logits, min_p, k=None, p=None, temp=0.8, **kw):
+    rows = logits.shape[0]
+    full = lambda v: None if v is None else torch.full((rows,), v)
+    return race_rows_top_k_top_p(logits, torch.full((rows,), temp), full(k), full(p),
+                                 min_p=torch.full((rows,), float(min_p)), **kw).tolist()
+
+# softmax(base / 0.8) = [.185, .053, .647, 0, .099, .015]. min_p 0.2 (below .129) keeps 2
+# and 0, renormalised (.778, .222); min_p is relative to the tempered distribution: at
+# T = 2 ([.227, .138, .374, 0, .177, .084]; below .075) it keeps every finite logit.
+got = frequencies(race(base.repeat(ROWS, 1), 0.2, seed=5, block=8), range(6))
+assert got[1] == got[3] == got[4] == got[5] == 0.0 and abs(got[2] - 0.778) < 0.1, got
+got = frequencies(race(base.repeat(ROWS, 1), 0.2, temp=2.0, seed=6, block=8), range(6))
+assert got[3] == 0.0 and got[5] > 0.0 and abs(got[2] - 0.374) < 0.1, got
+# min_p 0.1 (below .065) keeps 2, 0 and 4; then top-k 2 keeps 2 and 0; then top-p 0.69 over
+# what min_p kept (.696, .199, .106) keeps 2 alone.
+got = frequencies(race(base.repeat(ROWS, 1), 0.1, seed=7, block=8), range(6))
+assert got[1] == got[3] == got[5] == 0.0 and all(
+    abs(g - w) < 0.1 for g, w in zip((got[2], got[0], got[4]), (0.696, 0.199, 0.106))), got
+assert set(race(base.repeat(60, 1), 0.1, k=2, seed=8, block=8, candidates=0)) == {0, 2}
+assert race(base.repeat(50, 1), 0.1, p=0.69, block=8) == [2] * 50
+assert race(base.repeat(50, 1), 1.0, block=8) == [2] * 50  # only the most likely
+# Per-row min_p (0: off) beside greedy rows, against the sampler's PyTorch set (the built-in
+# processor's rule on the tempered logits), with and without top-k, listed or not.
+wide = torch.randn(16, 120) * 3
+wide[5, :110] = float("-inf")
+wide[6, 7] = float("nan")
+min_p = torch.tensor([0.0, 0.05, 0.3, 0.9] * 4)
+temps = torch.tensor([0.0, 0.7, 1.5, 1.0, 0.5, 2.0, 1.0, 0.9] * 2)
+ks = torch.tensor([0, 5, 50, 3] * 4)
+for dtype in (torch.float32, torch.bfloat16):
+    x = wide.to(dtype)
+    clean = torch.where(x.float().isnan(), float("-inf"), x.float())
+    tempered = clean / torch.where(temps > 0, temps, 1.0).unsqueeze(1)
+    keep = tempered >= tempered.amax(dim=1, keepdim=True) + torch.log(min_p).unsqueeze(1)
+    for top_k in (None, ks):
+        drawn = torch.stack([race_rows_top_k_top_p(x, temps, top_k, None, seed=s, block=32, min_p=min_p)
+                             for s in range(2)])
+        for r in range(16):
+            allowed = keep[r] & clean[r].isfinite()
+            if top_k is not None and 0 < top_k[r] < 120:
+                allowed &= clean[r] >= clean[r].sort(descending=True).values[int(top_k[r]) - 1]
+            got = set(drawn[:, r].tolist())
+            assert got <= set(allowed.nonzero().flatten().tolist()), (dtype, r, got)
+            if temps[r] == 0:
+                assert got == {int(clean[r].argmax())}, r
+    listed = race_rows_top_k_top_p(x, temps, ks, None, seed=9, block=32, candidates=32, min_p=min_p)
+    radix = race_rows_top_k_top_p(x, temps, ks, None, seed=9, block=32, candidates=0, min_p=min_p)
+    assert listed.tolist() == radix.tolist(), dtype
+print("min_p ok")
+"""
+
 
 @pytest.mark.slow  # ~1 min: the interpreter runs each of ~4,000 programs in Python
 @needs_triton
@@ -206,3 +266,9 @@ def test_one_pass_race_under_the_interpreter() -> None:
 @needs_triton
 def test_top_k_race_under_the_interpreter() -> None:
     run_interpreted(_TOP_K_SCRIPT, "top-k ok")
+
+
+@pytest.mark.slow  # the interpreter runs each row's passes in Python
+@needs_triton
+def test_min_p_race_under_the_interpreter() -> None:
+    run_interpreted(_MIN_P_SCRIPT, "min_p ok")
