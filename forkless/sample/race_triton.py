@@ -17,8 +17,9 @@ threshold below the row's max; then a few passes over the list or the row, rejec
 winners outside the top-p set). Which steps come here is
 :meth:`forkless.sample.sampler.Sampler.races_in_one_pass`'s rule: rows that need only
 their temperature, top-k, top-p and min_p (no penalties, logprobs, other active logits
-processors or per-request seeds). Other CUDA steps come here too, with logits the sampler's PyTorch ops
-have already processed and tempered, seeded rows with their own seeds (``row_seeds``).
+processors or per-request seeds). Other CUDA steps come here too, with logits the
+sampler's PyTorch ops have already processed and tempered, seeded rows with their own
+seeds (``row_seeds``).
 
 Invariants:
     * A random row's token has the distribution of the sampler's PyTorch race on CUDA:

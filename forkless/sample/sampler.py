@@ -58,9 +58,10 @@ class Sampler:
     sampling) runs steps 3 and 4 as one pass over the logits (``race_triton``), the same
     race without the float32 copy, the probabilities or the noise tensor; with top-k,
     top-p and min_p too (a model's ``generation_config.json`` often sets the first two),
-    a few passes a row instead of a sort of the vocabulary. Other CUDA steps take the race kernels for step
-    4's top-k, top-p and race, after the PyTorch ops of the rest; a seeded row there draws
-    its noise from its step's seed in the kernel (not from its generator, as on the CPU).
+    a few passes a row instead of a sort of the vocabulary. Other CUDA steps take the
+    race kernels for step 4's top-k, top-p and race, after the PyTorch ops of the rest; a
+    seeded row there draws its noise from its step's seed in the kernel (not from its
+    generator, as on the CPU).
 
     Logprobs (``logprobs_mode``):
       * ``"raw_logprobs"`` (default, as vLLM's default): log-softmax of the model's logits
@@ -146,9 +147,10 @@ class Sampler:
         """Whether the step's rows go to the race kernels (``race_triton``): CUDA logits
         (Triton installed), some random row, and nothing but temperature, top-k, top-p
         and min_p (the built-in processor, whose rows the kernel takes) to apply -- no
-        penalties, logprobs, other active logits processor or seeded row. (A seeded row's step always takes the general path, whose kernel call
-        draws from its own seed: its arithmetic then never depends on what its neighbours
-        need, as the in-kernel temperature of this path would make it.)"""
+        penalties, logprobs, other active logits processor or seeded row. (A seeded
+        row's step always takes the general path, whose kernel call draws from its own
+        seed: its arithmetic then never depends on what its neighbours need, as the
+        in-kernel temperature of this path would make it.)"""
         return (not metadata.all_greedy and metadata.temperature is not None and metadata.no_penalties
                 and metadata.max_num_logprobs is None and not metadata.generators
                 and all(isinstance(p, MinPLogitsProcessor) or not p.is_active() for p in metadata.logits_processors)
