@@ -254,6 +254,34 @@ def test_pack_linear_layers_replaces_only_linears():
     torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_pack_linear_layers_packs_in_place_only_what_the_model_does_not_share():
+    torch.manual_seed(0)
+    # 3,072 x 576 floats is several of the in-place pass's 4 MiB chunks, the last one partial.
+    own, tied, padded = torch.nn.Linear(576, 3072), torch.nn.Linear(64, 48, bias=False), torch.nn.Linear(16, 50)
+    twin = torch.nn.Linear(64, 48, bias=False)
+    twin.weight = tied.weight  # one Parameter in two modules (a tied weight)
+    model = torch.nn.ModuleList([own, tied, twin, padded])
+    inputs = [torch.randn(5, 576), torch.randn(5, 64), torch.randn(5, 64), torch.randn(5, 16)]
+    with torch.inference_mode():
+        expected = [layer(x) for layer, x in zip(model, inputs)]
+    weights = {name: model[i].weight for i, name in enumerate(("own", "tied", "twin", "padded"))}
+    tied_values = tied.weight.detach().clone()
+    assert pack_linear_layers(model) == 4
+    assert model[0].packed.data_ptr() == weights["own"].data_ptr()  # no second copy
+    assert torch.equal(weights["tied"], tied_values)  # the shared weight kept its values
+    assert model[1].packed.data_ptr() != weights["tied"].data_ptr()
+    with torch.inference_mode():
+        for layer, x, want in zip(model, inputs, expected):
+            torch.testing.assert_close(layer(x), want, rtol=1e-5, atol=1e-5)
+    # Packed in place or into a new tensor: the same layout.
+    w = torch.randn(24 * 41, 40)
+    assert torch.equal(PackedLinear(w.clone(), consume=True).packed, PackedLinear(w).packed)
+    assert torch.equal(PackedLinear._pack_in_place(w.clone(), 24, chunk_bytes=3 * 24 * 40 * 4), PackedLinear._pack(w, 24))
+    wb = torch.randn(32 * 5, 20).to(torch.bfloat16)
+    assert torch.equal(PackedLinearBF16._pack_in_place(wb.clone(), 32, chunk_bytes=2 * 32 * 20 * 2),
+                       PackedLinearBF16._pack(wb, 32))
+
+
 # oneDNN runs bfloat16 on AVX512-BF16 / AMX (or AVX-512, emulated); on an AVX2-only CPU
 # it does not, and bfloat16 layers stay nn.Linear (the test after these checks that).
 needs_onednn_bf16 = pytest.mark.skipif(not onednn_bf16_available(),

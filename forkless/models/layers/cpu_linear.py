@@ -16,7 +16,9 @@
   ``FORKLESS_CPU_BF16_LINEAR`` overrides the choice (:func:`bf16_linear_kind`).
 
 Invariants: a packed layer holds its weight in its own layout and the ``nn.Linear`` it
-replaces is dropped (a tied LM head is packed as a copy: the embedding keeps its rows),
+replaces is dropped (a tied LM head is packed as a copy: the embedding keeps its rows);
+:func:`pack_linear_layers` packs a weight that nothing else in the model shares in its own
+memory (``consume``), a few megabytes at a time, instead of into a new copy,
 outputs have the input's dtype and match ``nn.Linear`` up to the order of the
 sums, and which class a weight gets depends only on its dtype, its shape and the CPU
 (:func:`cpu_linear_for`).
@@ -77,6 +79,10 @@ class _PanelLinear(CPULinear):
         bias: ``[out_features]`` or None (kept in float32).
         lib: The kernels to run on (:func:`forkless.cpu_kernels.load_isa`, to compare ISA
             levels); default: :func:`forkless.cpu_kernels.load`'s.
+        consume: Pack ``weight`` in its own memory (its values are then the packed
+            layout's: the caller must not use it again) where it is contiguous and whole
+            panels wide; otherwise, or when False, pack into a new tensor. At start-up this
+            spares a second copy of the weights and its page faults.
 
     Raises:
         RuntimeError: The CPU kernels are unavailable (check :func:`forkless.cpu_kernels.load`).
@@ -90,7 +96,8 @@ class _PanelLinear(CPULinear):
     #: Whether the kernel takes K in pairs (``in_features`` must be even).
     _k_pairs: ClassVar[bool] = False
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, lib: Any = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, lib: Any = None,
+                 consume: bool = False) -> None:
         super().__init__()
         name = type(self).__name__
         lib = lib if lib is not None else cpu_kernels.load()
@@ -108,7 +115,10 @@ class _PanelLinear(CPULinear):
         w = weight.detach()
         if padded != self.out_features:  # zero columns, cut off the output again
             w = torch.cat([w, w.new_zeros(padded - self.out_features, self.in_features)])
-        self.register_buffer("packed", self._pack(w, width), persistent=False)
+        elif consume and w.is_contiguous():
+            self.register_buffer("packed", self._pack_in_place(w, width), persistent=False)
+        if not hasattr(self, "packed"):
+            self.register_buffer("packed", self._pack(w, width), persistent=False)
         if bias is not None:
             b = torch.zeros(padded, dtype=torch.float32)
             b[: self.out_features] = bias.detach()
@@ -120,6 +130,21 @@ class _PanelLinear(CPULinear):
         """``w`` (``[N, K]``, N whole panels) in the kernel's layout: ``[N / width, ...]``,
         whose dimension 2 is the panel width."""
         raise NotImplementedError
+
+    @classmethod
+    def _pack_in_place(cls, w: torch.Tensor, width: int, chunk_bytes: int = 4 << 20) -> torch.Tensor:
+        """:meth:`_pack` of the contiguous ``w`` written over ``w`` itself: each panel's
+        bytes are the same ones in either layout, so a few megabytes of panels at a time
+        are packed into a small buffer and copied back."""
+        n, k = w.shape
+        panels = w.view(n // width, width * k)
+        step = max(1, chunk_bytes // (width * k * w.element_size()))
+        shape = None
+        for first in range(0, panels.shape[0], step):
+            part = cls._pack(w[first * width:(first + step) * width], width)
+            shape = part.shape[1:]
+            panels[first:first + part.shape[0]].copy_(part.reshape(part.shape[0], -1))
+        return panels.view(panels.shape[0], *shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = self._rows(x)
@@ -278,34 +303,41 @@ def cpu_linear_dtype_supported(dtype: torch.dtype) -> bool:
     return False
 
 
-def cpu_linear_for(weight: torch.Tensor, bias: torch.Tensor | None = None) -> CPULinear:
+def cpu_linear_for(weight: torch.Tensor, bias: torch.Tensor | None = None, consume: bool = False) -> CPULinear:
     """The packed layer for ``weight``: :class:`PackedLinear` for float32; for bfloat16
     :class:`PackedLinearBF16` or :class:`OneDNNLinear` as :func:`bf16_linear_kind` says
-    (oneDNN for an odd ``in_features``, which the C kernel does not take).
+    (oneDNN for an odd ``in_features``, which the C kernel does not take). ``consume``:
+    forkless's own layers may pack ``weight`` in its own memory (see :class:`_PanelLinear`).
 
     Raises:
         ValueError: No packed layer takes that dtype.
     """
     if weight.dtype == torch.float32:
-        return PackedLinear(weight, bias)
+        return PackedLinear(weight, bias, consume=consume)
     if weight.dtype == torch.bfloat16:
         if bf16_linear_kind() == "kernels" and weight.shape[1] % 2 == 0:
-            return PackedLinearBF16(weight, bias)
+            return PackedLinearBF16(weight, bias, consume=consume)
         return OneDNNLinear(weight, bias)
     raise ValueError(f"no packed CPU linear layer for {weight.dtype} weights: expected float32 or bfloat16")
 
 
 def pack_linear_layers(model: nn.Module) -> int:
-    """Replace every ``nn.Linear`` in ``model`` by its packed layer (:func:`cpu_linear_for`).
+    """Replace every ``nn.Linear`` in ``model`` by its packed layer (:func:`cpu_linear_for`),
+    packing in the weight's own memory where no other tensor of the model shares it.
 
     Returns:
         How many layers were replaced.
     """
+    owners: dict[int, int] = {}  # storage address -> the model's tensors on it
+    for _, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        key = tensor.untyped_storage().data_ptr()
+        owners[key] = owners.get(key, 0) + 1
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                setattr(module, name, cpu_linear_for(child.weight, child.bias))
+                alone = owners.get(child.weight.untyped_storage().data_ptr()) == 1
+                setattr(module, name, cpu_linear_for(child.weight, child.bias, consume=alone))
                 count += 1
     return count
 
