@@ -16,12 +16,11 @@
   ``FORKLESS_CPU_BF16_LINEAR`` overrides the choice (:func:`bf16_linear_kind`).
 
 Invariants: a packed layer holds its weight in its own layout and the ``nn.Linear`` it
-replaces is dropped (a tied LM head is packed as a copy: the embedding keeps its rows);
-:func:`pack_linear_layers` packs a weight that nothing else in the model shares in its own
-memory (``consume``), a few megabytes at a time, instead of into a new copy,
-outputs have the input's dtype and match ``nn.Linear`` up to the order of the
-sums, and which class a weight gets depends only on its dtype, its shape and the CPU
-(:func:`cpu_linear_for`).
+replaces is dropped (a tied LM head is packed as a copy: the embedding keeps its rows; a
+weight nothing else in the model shares is packed in its own memory by
+:func:`pack_linear_layers`, not copied), outputs have the input's dtype and match
+``nn.Linear`` up to the order of the sums, and which class a weight gets depends only on
+its dtype, its shape and the CPU (:func:`cpu_linear_for`).
 """
 
 from __future__ import annotations
@@ -115,10 +114,12 @@ class _PanelLinear(CPULinear):
         w = weight.detach()
         if padded != self.out_features:  # zero columns, cut off the output again
             w = torch.cat([w, w.new_zeros(padded - self.out_features, self.in_features)])
+            packed = self._pack(w, width)
         elif consume and w.is_contiguous():
-            self.register_buffer("packed", self._pack_in_place(w, width), persistent=False)
-        if not hasattr(self, "packed"):
-            self.register_buffer("packed", self._pack(w, width), persistent=False)
+            packed = self._pack_in_place(w, width)
+        else:
+            packed = self._pack(w, width)
+        self.register_buffer("packed", packed, persistent=False)
         if bias is not None:
             b = torch.zeros(padded, dtype=torch.float32)
             b[: self.out_features] = bias.detach()
