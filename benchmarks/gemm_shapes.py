@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -37,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from attention_bw import graph_time  # noqa: E402  (benchmarks/attention_bw.py)
 
 try:
     import triton
@@ -109,28 +110,23 @@ TILES = [
 ]
 
 
-def _graph_time(launch, repeat: int) -> float:
-    """Milliseconds of one replay of a graph of ``launch``'s work (median of ``repeat``)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        launch()  # compile / warm up outside the capture
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        launch()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def _us(launch, copies: int, repeat: int) -> float:
+    """Microseconds of one product: a graph of ``launch``'s ``copies`` products, replayed."""
+    return graph_time(launch, calls=1, repeats=repeat) * 1e6 / copies
+
+
+def best_tile(run_tile, copies: int, repeat: int) -> tuple[float, tuple[int, ...]]:
+    """``(microseconds, tile)`` of the fastest of :data:`TILES` for ``run_tile(tile)`` (a
+    launch of ``copies`` products); a tile the device cannot run is skipped."""
+    best = (float("inf"), TILES[0])
+    for tile in TILES:
+        try:
+            t = _us(lambda: run_tile(tile), copies, repeat)
+        except Exception as exc:  # shared memory the device does not have
+            print(f"  tile {tile} skipped: {type(exc).__name__}")
+            continue
+        best = min(best, (t, tile), key=lambda p: p[0])
+    return best
 
 
 def projections(shape: str) -> tuple[int, dict[str, tuple[int, int]]]:
@@ -190,19 +186,12 @@ def main() -> int:
                 for w, y in zip(weights, outs):
                     torch.matmul(x, w.t(), out=y)
 
-            row = {"proj": name, "batch": m, "n": n, "k": k,
-                   "cublas_us": _graph_time(cublas, args.repeat) * 1e3 / copies}
-            best = (float("inf"), None)
-            for tile in TILES:
-                def tri(tile=tile):
-                    for w, y in zip(weights, outs):
-                        triton_gemm(x, w, y, tile)
-                try:
-                    t = _graph_time(tri, args.repeat) * 1e3 / copies
-                except Exception as exc:  # a tile the device cannot run (shared memory): skip it
-                    print(f"  tile {tile} skipped: {type(exc).__name__}")
-                    continue
-                best = min(best, (t, tile), key=lambda p: p[0])
+            def tri(tile):
+                for w, y in zip(weights, outs):
+                    triton_gemm(x, w, y, tile)
+
+            row = {"proj": name, "batch": m, "n": n, "k": k, "cublas_us": _us(cublas, copies, args.repeat)}
+            best = best_tile(tri, copies, args.repeat)
             ref = F.linear(x, weights[0])
             triton_gemm(x, weights[0], outs[0], best[1])
             row["triton_err"] = (outs[0].float() - ref.float()).abs().max().item()
@@ -231,18 +220,12 @@ def main() -> int:
                     torch.matmul(x, w.t(), out=y)
                     a.copy_(silu_and_mul(y))
 
-            t_unfused = _graph_time(unfused, args.repeat) * 1e3 / layers
-            best = (float("inf"), None)
-            for tile in TILES:
-                def fused(tile=tile):
-                    for w, a in zip(weights, acts):
-                        triton_gemm(x, w, a, tile, silu=True)
-                try:
-                    t = _graph_time(fused, args.repeat) * 1e3 / layers
-                except Exception as exc:
-                    print(f"  tile {tile} skipped: {type(exc).__name__}")
-                    continue
-                best = min(best, (t, tile), key=lambda p: p[0])
+            def fused(tile):
+                for w, a in zip(weights, acts):
+                    triton_gemm(x, w, a, tile, silu=True)
+
+            t_unfused = _us(unfused, layers, args.repeat)
+            best = best_tile(fused, layers, args.repeat)
             ref = silu_and_mul(F.linear(x, weights[0]))
             triton_gemm(x, weights[0], acts[0], best[1], silu=True)
             err = (acts[0].float() - ref.float()).abs().max().item()
