@@ -26,6 +26,7 @@ its dtype, its shape and the CPU (:func:`cpu_linear_for`).
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from typing import Any, ClassVar
 
 import torch
@@ -79,9 +80,10 @@ class _PanelLinear(CPULinear):
         lib: The kernels to run on (:func:`forkless.cpu_kernels.load_isa`, to compare ISA
             levels); default: :func:`forkless.cpu_kernels.load`'s.
         consume: Pack ``weight`` in its own memory (its values are then the packed
-            layout's: the caller must not use it again) where it is contiguous and whole
-            panels wide; otherwise, or when False, pack into a new tensor. At start-up this
-            spares a second copy of the weights and its page faults.
+            layout's: the caller must not use it again) where it is contiguous; when False,
+            pack into a new tensor. At start-up this spares a second copy of the weights
+            and its page faults. (A weight padded to whole panels is packed in the padded
+            copy, which is the layer's own, either way.)
 
     Raises:
         RuntimeError: The CPU kernels are unavailable (check :func:`forkless.cpu_kernels.load`).
@@ -114,11 +116,8 @@ class _PanelLinear(CPULinear):
         w = weight.detach()
         if padded != self.out_features:  # zero columns, cut off the output again
             w = torch.cat([w, w.new_zeros(padded - self.out_features, self.in_features)])
-            packed = self._pack(w, width)
-        elif consume and w.is_contiguous():
-            packed = self._pack_in_place(w, width)
-        else:
-            packed = self._pack(w, width)
+            consume = True  # the padded copy is this layer's own
+        packed = self._pack_in_place(w, width) if consume and w.is_contiguous() else self._pack(w, width)
         self.register_buffer("packed", packed, persistent=False)
         if bias is not None:
             b = torch.zeros(padded, dtype=torch.float32)
@@ -140,12 +139,12 @@ class _PanelLinear(CPULinear):
         n, k = w.shape
         panels = w.view(n // width, width * k)
         step = max(1, chunk_bytes // (width * k * w.element_size()))
-        shape = None
         for first in range(0, panels.shape[0], step):
             part = cls._pack(w[first * width:(first + step) * width], width)
-            shape = part.shape[1:]
             panels[first:first + part.shape[0]].copy_(part.reshape(part.shape[0], -1))
-        return panels.view(panels.shape[0], *shape)
+        # One panel's packed shape, from a tensor without storage.
+        layout = cls._pack(torch.empty(width, k, dtype=w.dtype, device="meta"), width).shape[1:]
+        return panels.view(panels.shape[0], *layout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = self._rows(x)
@@ -329,15 +328,13 @@ def pack_linear_layers(model: nn.Module) -> int:
     Returns:
         How many layers were replaced.
     """
-    owners: dict[int, int] = {}  # storage address -> the model's tensors on it
-    for _, tensor in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
-        key = tensor.untyped_storage().data_ptr()
-        owners[key] = owners.get(key, 0) + 1
+    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
+    owners = Counter(tensor.untyped_storage().data_ptr() for _, tensor in tensors)  # storage -> its tensors
     count = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                alone = owners.get(child.weight.untyped_storage().data_ptr()) == 1
+                alone = owners[child.weight.untyped_storage().data_ptr()] == 1
                 setattr(module, name, cpu_linear_for(child.weight, child.bias, consume=alone))
                 count += 1
     return count
