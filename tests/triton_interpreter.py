@@ -61,11 +61,42 @@ if hasattr(_interp, "_get_np_dtype"):
 """
 
 
+class InterpretedRun:
+    """A script started under the interpreter in a child process (:func:`start_interpreted`)."""
+
+    def __init__(self, script: str) -> None:
+        # One thread each: several runs share the machine's cores (see start_interpreted).
+        env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="",
+                   OMP_NUM_THREADS="1")
+        self.proc = subprocess.Popen([sys.executable, "-c", _PRELUDE + script], cwd=ROOT, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def check(self, done: str, timeout: float = 300) -> None:
+        """Wait for the script: it must exit 0 and print ``done`` when all its checks have passed."""
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise
+        assert self.proc.returncode == 0, err[-3000:]
+        assert done in out
+
+    def stop(self) -> None:
+        """Kill the script if it still runs (a test that never checked it)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+def start_interpreted(script: str) -> InterpretedRun:
+    """Start ``script`` with ``TRITON_INTERPRET=1`` (no GPU visible) from the repository root,
+    without waiting: a test module starts all its scripts at once, so the interpreter, a
+    single Python thread, runs on each of the machine's cores while the first is checked."""
+    return InterpretedRun(script)
+
+
 def run_interpreted(script: str, done: str) -> None:
     """Run ``script`` with ``TRITON_INTERPRET=1`` (no GPU visible) from the repository root;
     it must exit 0 and print ``done`` when all its checks have passed."""
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run([sys.executable, "-c", _PRELUDE + script], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert done in proc.stdout
+    start_interpreted(script).check(done)

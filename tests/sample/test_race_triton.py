@@ -5,9 +5,12 @@ sampler."""
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import pytest
 
-from tests.triton_interpreter import needs_triton, run_interpreted
+from forkless.triton_utils import triton_available
+from tests.triton_interpreter import InterpretedRun, needs_triton, start_interpreted
 
 _SCRIPT = """
 import math
@@ -258,19 +261,32 @@ print("min_p ok")
 """
 
 
+@pytest.fixture(scope="module")
+def runs() -> Iterator[dict[str, InterpretedRun]]:
+    """The three scripts, started together: each is one Python thread, so together they use
+    every core while the tests wait on them one by one (~170 s one after the other on 2 cores)."""
+    if not triton_available():
+        pytest.skip("Triton is not installed")
+    started = {name: start_interpreted(script) for name, script in
+               (("race", _SCRIPT), ("top-k", _TOP_K_SCRIPT), ("min_p", _MIN_P_SCRIPT))}
+    yield started
+    for run in started.values():
+        run.stop()
+
+
 @pytest.mark.slow  # ~1 min: the interpreter runs each of ~4,000 programs in Python
 @needs_triton
-def test_one_pass_race_under_the_interpreter() -> None:
-    run_interpreted(_SCRIPT, "race ok")
+def test_one_pass_race_under_the_interpreter(runs: dict[str, InterpretedRun]) -> None:
+    runs["race"].check("race ok")
 
 
 @pytest.mark.slow  # ~1 min: four radix-select passes a row, each program run in Python
 @needs_triton
-def test_top_k_race_under_the_interpreter() -> None:
-    run_interpreted(_TOP_K_SCRIPT, "top-k ok")
+def test_top_k_race_under_the_interpreter(runs: dict[str, InterpretedRun]) -> None:
+    runs["top-k"].check("top-k ok")
 
 
 @pytest.mark.slow  # the interpreter runs each row's passes in Python
 @needs_triton
-def test_min_p_race_under_the_interpreter() -> None:
-    run_interpreted(_MIN_P_SCRIPT, "min_p ok")
+def test_min_p_race_under_the_interpreter(runs: dict[str, InterpretedRun]) -> None:
+    runs["min_p"].check("min_p ok")
