@@ -194,6 +194,7 @@ def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, pare
             proc.close()
     # After close(): the workers have stopped, so nothing uses the directory any more.
     ipc.remove_ipc_dir_if_orphaned(parent_pid, ipc_dir)
+    ipc.exit_process(0)
 
 
 def start_engine_core_process(config_bytes: bytes, input_addr: str, output_addr: str,

@@ -521,6 +521,7 @@ def _worker_main(config_bytes: bytes, addr_in: str, addr_out: str, rank: int, pa
     outbox.close()
     ctx.term()
     ipc.remove_ipc_dir_if_orphaned(parent_pid, ipc_dir)
+    ipc.exit_process(0)
 
 
 class RankedWorkersExecutor(Executor):

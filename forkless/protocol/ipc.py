@@ -27,7 +27,7 @@ import os
 import shutil
 import tempfile
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn
 
 import msgspec
 
@@ -164,6 +164,35 @@ def leave_sigterm_to_parent(parent_pid: int) -> None:
         received.append(True)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def exit_process(code: int = 0) -> NoReturn:
+    """End this child process now, once its own shutdown is done, as the interpreter would
+    but for its teardown: threads that are not daemons are waited for, the ``atexit``
+    handlers run (``weakref.finalize`` and ``multiprocessing``'s included), logging and
+    the standard streams are flushed; the teardown is skipped.
+
+    That teardown (each module's globals dropped, the collector over everything torch,
+    transformers and xgrammar built) took ~0.7 s of a 2-core host per process, and each
+    parent waits for its children's exits one after the other: a server's stop, an
+    offline engine's ``shutdown()``.
+    """
+    import logging
+    import sys
+    import threading
+
+    try:
+        # What the interpreter's exit calls first (multiprocessing's children call it too):
+        # the hooks that stop thread pools' workers, then a join of every thread that is
+        # not a daemon.
+        threading._shutdown()  # type: ignore[attr-defined]
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+    finally:
+        os._exit(code)
 
 
 def remove_ipc_dir_if_orphaned(parent_pid: int, directory: str) -> bool:

@@ -876,3 +876,4 @@ if __name__ == "__main__":
     _index, _count = (int(n) for n in sys.argv[6].split("/"))
     _grammar_process_main(bytes.fromhex(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5], _index,
                           _count, sys.argv[7] if len(sys.argv) > 7 else None)
+    ipc.exit_process(0)

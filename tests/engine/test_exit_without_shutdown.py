@@ -154,3 +154,37 @@ def test_ctrl_c_during_generate_exits(tiny_llama: Path, tmp_path: Path) -> None:
         time.sleep(0.1)
     assert not [p for p in pids if _alive(p)], "a worker outlived the script"
     assert not [p.name for p in tmp.iterdir() if p.name.startswith("forkless-")]
+
+
+ENDED_BY_EXIT_PROCESS = """
+import atexit, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from forkless.protocol.ipc import exit_process
+
+out = Path(sys.argv[1])
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+pool = ThreadPoolExecutor(1)
+pool.submit(lambda: (time.sleep(0.5), (out / "pool").write_text("finished")))
+worker = threading.Thread(target=lambda: (time.sleep(0.5), (out / "thread").write_text("finished")))
+worker.start()
+sys.stdout.write("buffered, no newline")
+exit_process(3)
+"""
+
+
+def test_exit_process_ends_a_process_as_the_interpreter_would(tmp_path: Path) -> None:
+    """The forkless processes (and the ``forkless`` command) end through
+    ``ipc.exit_process``, which skips the interpreter's teardown: what a plugin leaves to
+    the process's end still happens (its ``atexit`` handlers, its thread pools' and
+    threads' last work, its buffered output), and the exit status is the one given."""
+    script = tmp_path / "script.py"
+    script.write_text(ENDED_BY_EXIT_PROCESS)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert proc.stdout == "buffered, no newline"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert (tmp_path / "pool").read_text() == "finished"
+    assert (tmp_path / "thread").read_text() == "finished"
