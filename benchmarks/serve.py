@@ -8,8 +8,8 @@ completions of random token ids, input 40-120 and output 32-96 tokens (``--rando
 requests; the server gets ``--max-model-len 1024 --max-num-seqs 64 --kv-cache-memory
 512 MiB``. Any ``forkless bench serve`` flag overrides these (``--server-args ...`` last).
 
-``--startup-only`` times start -> ``/health`` OK only, ``--repeat K`` times, and prints
-each start with the load average, then the median. The wait for ``/health`` costs the
+``--startup-only`` times start -> ``/health`` OK only (and the SIGTERM -> exit that ends
+each), ``--repeat K`` times, and prints each start with the load average, then the medians. The wait for ``/health`` costs the
 server no CPU: the port listens from the server's first second on, so one request waits
 in its backlog until the app answers (a poll loop creating HTTP clients every 20 ms took
 CPU from the server on 2 cores). ``--baseline-rev REV`` also starts the code of git
@@ -78,8 +78,11 @@ def cpu_model() -> str:
     return "unknown"
 
 
-def time_start(serve_args: list[str], log: IO[bytes], tree: Path | None, timeout: float = 300) -> float:
-    """Seconds from launching ``forkless serve`` (of ``tree``, default this one) to a 200 from ``/health``."""
+def time_start(serve_args: list[str], log: IO[bytes], tree: Path | None,
+               timeout: float = 300) -> tuple[float, float]:
+    """Seconds from launching ``forkless serve`` (of ``tree``, default this one) to a 200 from
+    ``/health``, and from the SIGTERM that follows to the server's exit (its engine core
+    and workers are stopped before it exits)."""
     port = free_port()
     env = dict(os.environ)
     if tree is not None:  # its forkless before the installed (editable) one, in every process
@@ -98,11 +101,15 @@ def time_start(serve_args: list[str], log: IO[bytes], tree: Path | None, timeout
             try:
                 conn.request("GET", "/health")
                 if conn.getresponse().status == 200:
-                    return time.perf_counter() - t0
+                    started = time.perf_counter() - t0
+                    break
             except (ConnectionRefusedError, TimeoutError, http.client.HTTPException, OSError):
                 time.sleep(0.02)  # not listening yet (or not answering yet: ask again)
             finally:
                 conn.close()
+        t1 = time.perf_counter()
+        stop_server(proc)
+        return started, time.perf_counter() - t1
     finally:
         stop_server(proc)
 
@@ -143,20 +150,27 @@ def startup_only(argv: list[str]) -> None:
         if rev is not None:
             trees = {f"baseline {rev}": stack.enter_context(worktree(rev)), "this tree": None}
             for name, tree in trees.items():
-                print(f"{name}: untimed first start {time_start(args, log, tree):.2f} s", flush=True)
+                print(f"{name}: untimed first start {time_start(args, log, tree)[0]:.2f} s", flush=True)
         times: dict[str, list[float]] = {name: [] for name in trees}
+        stops: dict[str, list[float]] = {name: [] for name in trees}
         for _ in range(repeat):
             for name, tree in trees.items():  # alternated: a burst of load hits both
                 before = loadavg()
-                seconds = time_start(args, log, tree)
+                seconds, stop = time_start(args, log, tree)
                 times[name].append(seconds)
-                print(f"{name}: start -> /health OK: {seconds:.2f} s (load average {before})", flush=True)
+                stops[name].append(stop)
+                print(f"{name}: start -> /health OK: {seconds:.2f} s, SIGTERM -> exit: {stop:.2f} s "
+                      f"(load average {before})", flush=True)
     for name, samples in times.items():
         print(f"{name}: median {statistics.median(samples):.2f} s over {len(samples)} starts "
-              f"(min {min(samples):.2f}, max {max(samples):.2f}; target <= {TARGET_S:g} s)")
+              f"(min {min(samples):.2f}, max {max(samples):.2f}; target <= {TARGET_S:g} s); "
+              f"stop median {statistics.median(stops[name]):.2f} s")
     if rev is not None:
-        ratio = statistics.median(times["this tree"]) / statistics.median(times[f"baseline {rev}"])
-        print(f"this tree / baseline {rev}: {ratio:.2f}x (medians); load average now {loadavg()}")
+        base = f"baseline {rev}"
+        ratio = statistics.median(times["this tree"]) / statistics.median(times[base])
+        stop_ratio = statistics.median(stops["this tree"]) / statistics.median(stops[base])
+        print(f"this tree / baseline {rev}: start {ratio:.2f}x, stop {stop_ratio:.2f}x (medians); "
+              f"load average now {loadavg()}")
 
 
 def main() -> int:
