@@ -167,8 +167,8 @@ def leave_sigterm_to_parent(parent_pid: int) -> None:
 
 
 def exit_process(code: int = 0) -> NoReturn:
-    """End this child process now, once its own shutdown is done, as the interpreter would
-    but for its teardown: threads that are not daemons are waited for, the ``atexit``
+    """End this process now, once its own shutdown is done, as the interpreter would but for
+    its teardown: threads that are not daemons are waited for, the ``atexit``
     handlers run (``weakref.finalize`` and ``multiprocessing``'s included), logging and
     the standard streams are flushed; the teardown is skipped.
 

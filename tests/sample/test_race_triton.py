@@ -9,7 +9,6 @@ from typing import Iterator
 
 import pytest
 
-from forkless.triton_utils import triton_available
 from tests.triton_interpreter import InterpretedRun, needs_triton, start_interpreted
 
 _SCRIPT = """
@@ -265,8 +264,6 @@ print("min_p ok")
 def runs() -> Iterator[dict[str, InterpretedRun]]:
     """The three scripts, started together: each is one Python thread, so together they use
     every core while the tests wait on them one by one (~170 s one after the other on 2 cores)."""
-    if not triton_available():
-        pytest.skip("Triton is not installed")
     started = {name: start_interpreted(script) for name, script in
                (("race", _SCRIPT), ("top-k", _TOP_K_SCRIPT), ("min_p", _MIN_P_SCRIPT))}
     yield started
