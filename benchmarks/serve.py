@@ -9,12 +9,13 @@ requests; the server gets ``--max-model-len 1024 --max-num-seqs 64 --kv-cache-me
 512 MiB``. Any ``forkless bench serve`` flag overrides these (``--server-args ...`` last).
 
 ``--startup-only`` times start -> ``/health`` OK only (and the SIGTERM -> exit that ends
-each), ``--repeat K`` times, and prints each start with the load average, then the medians. The wait for ``/health`` costs the
-server no CPU: the port listens from the server's first second on, so one request waits
-in its backlog until the app answers (a poll loop creating HTTP clients every 20 ms took
-CPU from the server on 2 cores). ``--baseline-rev REV`` also starts the code of git
-revision REV (a temporary worktree, removed after), alternating with this tree, and prints
-the ratio of the medians; one untimed start of each comes first (kernel and model caches).
+each), ``--repeat K`` times, and prints each start with the load average, then the
+medians. The wait for ``/health`` costs the server no CPU: the port listens from the
+server's first second on, so one request waits in its backlog until the app answers (a
+poll loop creating HTTP clients every 20 ms took CPU from the server on 2 cores).
+``--baseline-rev REV`` also starts the code of git revision REV (a temporary worktree,
+removed after), alternating with this tree, and prints the ratios of the medians; one
+untimed start of each comes first (kernel and model caches).
 Each tree's package is byte-compiled first, as ``make serve`` does (``make bytecode``).
 
     python benchmarks/serve.py

@@ -62,10 +62,13 @@ if hasattr(_interp, "_get_np_dtype"):
 
 
 class InterpretedRun:
-    """A script started under the interpreter in a child process (:func:`start_interpreted`)."""
+    """``script`` started with ``TRITON_INTERPRET=1`` (no GPU visible) from the repository
+    root, in a child process, without waiting: a test module starts all its scripts at
+    once, so the interpreter, a single Python thread, runs on each of the machine's cores
+    while the first is checked."""
 
     def __init__(self, script: str) -> None:
-        # One thread each: several runs share the machine's cores (see start_interpreted).
+        # One thread each: several runs share the machine's cores.
         env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="",
                    OMP_NUM_THREADS="1")
         self.proc = subprocess.Popen([sys.executable, "-c", _PRELUDE + script], cwd=ROOT, env=env,
@@ -89,14 +92,7 @@ class InterpretedRun:
             self.proc.communicate()
 
 
-def start_interpreted(script: str) -> InterpretedRun:
-    """Start ``script`` with ``TRITON_INTERPRET=1`` (no GPU visible) from the repository root,
-    without waiting: a test module starts all its scripts at once, so the interpreter, a
-    single Python thread, runs on each of the machine's cores while the first is checked."""
-    return InterpretedRun(script)
-
-
 def run_interpreted(script: str, done: str) -> None:
     """Run ``script`` with ``TRITON_INTERPRET=1`` (no GPU visible) from the repository root;
     it must exit 0 and print ``done`` when all its checks have passed."""
-    start_interpreted(script).check(done)
+    InterpretedRun(script).check(done)

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.triton_interpreter import InterpretedRun, needs_triton, start_interpreted
+from tests.triton_interpreter import InterpretedRun, needs_triton
 
 _SCRIPT = """
 import math
@@ -264,7 +264,7 @@ print("min_p ok")
 def runs() -> Iterator[dict[str, InterpretedRun]]:
     """The three scripts, started together: each is one Python thread, so together they use
     every core while the tests wait on them one by one (~170 s one after the other on 2 cores)."""
-    started = {name: start_interpreted(script) for name, script in
+    started = {name: InterpretedRun(script) for name, script in
                (("race", _SCRIPT), ("top-k", _TOP_K_SCRIPT), ("min_p", _MIN_P_SCRIPT))}
     yield started
     for run in started.values():
