@@ -115,8 +115,8 @@ def test_abort_beside_a_stream_ends_it_and_frees_the_id(tiny_llama: Path) -> Non
                 reader = asyncio.create_task(read())
                 if kind is RequestOutputKind.FINAL_ONLY:  # (no output before the end)
                     await until(llm.output_processor.has_unfinished_requests)
-                else:
-                    await until(lambda: outs)  # some tokens are generated
+                else:  # every sequence has a token (a delta may carry one sequence's only)
+                    await until(lambda: {c.index for o in outs for c in o.outputs if c.token_ids} == set(range(n)))
                 await llm.abort("long")
                 await asyncio.wait_for(reader, 10)  # a stream left waiting fails here
                 last = outs[-1]
