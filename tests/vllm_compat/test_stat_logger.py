@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from tests.conftest import plugin_env, run_python
@@ -43,10 +44,12 @@ def test_a_vllm_style_logger_is_driven_with_vllm_signatures(tiny_llama: Path) ->
             for rid in ("r2", "r3"):  # the second finds the first's blocks
                 async for out in engine.generate(prompt, SamplingParams(max_tokens=3, ignore_eos=True), rid):
                     pass
-            await asyncio.sleep(0.5)  # the output handler records after it hands out tokens
+            (logger,) = [s for s in engine.stat_loggers if isinstance(s, CountingStatLogger)]
+            deadline = time.monotonic() + 30  # the output handler records after it hands out tokens
+            while sum(n for _, n in logger.records) < 10 and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
         finally:
             engine.shutdown()
-        (logger,) = [s for s in engine.stat_loggers if isinstance(s, CountingStatLogger)]
         return logger, out.num_cached_tokens, len(out.prompt_token_ids)
 
     logger, cached, prompt_len = asyncio.run(main())
