@@ -18,10 +18,20 @@ import pytest
 from tests.conftest import plugin_env
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing listens on now, never the same twice in a session: the kernel may
+    give the same free port again before the process it was chosen for has bound it
+    (two proxies started back to back were handed one port)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def children_of(pid: int) -> list[int]:

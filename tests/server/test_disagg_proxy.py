@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import socketserver
 import subprocess
 import sys
@@ -101,7 +102,9 @@ def stack(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         started = [pool.submit(start_server, tiny_llama, tmp, *args, *kv(role), api_key=API_KEY)
                    for role in ("kv_producer", "kv_consumer")]
         prefill, decode = (f.result() for f in started)
-    down = f"http://127.0.0.1:{free_port()}"
+    held = socket.socket()  # bound, never listening: connections are refused, and nothing else takes the port
+    held.bind(("127.0.0.1", 0))
+    down = f"http://127.0.0.1:{held.getsockname()[1]}"
     proxies = {
         "main": launch_proxy(tmp, [prefill.url], [decode.url]),
         "decode_down": launch_proxy(tmp, [prefill.url], [down]),
@@ -117,6 +120,7 @@ def stack(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         assert proxy.proc.wait(30) == 0, proxy.log()
     for server in (prefill, decode):
         assert stop_and_check(server) == 0, server.log()[-3000:]
+    held.close()
 
 
 class PrefillCalls:
