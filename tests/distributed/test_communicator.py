@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import socket
 from pathlib import Path
 
 import pytest
@@ -17,12 +16,7 @@ import torch
 
 from forkless.distributed import available_device_communicators, resolve_device_communicator
 from forkless.distributed.parallel_state import get_tp_group, pp_groups, tp_groups
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.server.conftest import free_port
 
 
 def _rank_main(rank: int, init_method: str, out: str) -> None:
@@ -55,7 +49,7 @@ def _rank_main(rank: int, init_method: str, out: str) -> None:
 
 def test_gloo_communicator_collectives_between_two_processes(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    init = f"tcp://127.0.0.1:{free_port()}"
     procs = [ctx.Process(target=_rank_main, args=(r, init, str(tmp_path))) for r in range(2)]
     for p in procs:
         p.start()

@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from forkless.entrypoints.openai import http_limits
-from tests.server.conftest import Server, start_server, stop_and_check
+from tests.server.conftest import Server, free_port, start_server, stop_and_check
 
 KEY = "h9-env-key-7c41f0"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -201,9 +201,7 @@ def limits_only_server(limit: int) -> Iterator[tuple[int, threading.Thread, obje
         raise AssertionError("the body should have been refused before the application")
 
     limits = http_limits.HttpLimits(max_request_body_size=limit)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(http_limits.RequestLimitsMiddleware(app, limits), port=port,
                                            log_level="warning", lifespan="off", **limits.uvicorn_options()))
     thread = threading.Thread(target=server.run, daemon=True)

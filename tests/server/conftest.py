@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -160,6 +161,15 @@ def wait_until(predicate, timeout: float = 30, interval: float = 0.2):
         if value or time.monotonic() > deadline:
             return value
         time.sleep(interval)
+
+
+async def until(condition, timeout: float = 30) -> None:
+    """``wait_until`` for a test's event loop: poll ``condition`` (which must hold within
+    ``timeout``) without blocking the engine's tasks."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
 
 
 def kill_during_stream(srv: Server, pid: int, stream, processes: list[int], fails_within: float | None = None,

@@ -10,6 +10,7 @@ from forkless import AsyncLLM, SamplingParams
 from forkless.config import EngineArgs
 from forkless.metrics import StatLoggerBase
 from forkless.metrics.stats import RequestStateStats
+from tests.server.conftest import until
 
 
 class CollectingLogger(StatLoggerBase):
@@ -92,12 +93,6 @@ def test_abort_beside_a_stream_ends_it_and_frees_the_id(tiny_llama: Path) -> Non
     has not read that end yet: the old stream's close leaves the new request alone."""
     from forkless.sampling_params import RequestOutputKind
 
-    async def until(condition, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            assert time.monotonic() < deadline, "timed out"
-            await asyncio.sleep(0.01)
-
     async def main() -> None:
         args = EngineArgs(model=str(tiny_llama), max_model_len=256, kv_cache_memory=32 << 20)
         llm = AsyncLLM.from_engine_args(args, log_stats=False)
@@ -164,12 +159,6 @@ def test_send_puts_requests_in_the_engine_before_their_streams_are_read(tiny_lla
 
     from forkless.engine.async_llm import EngineShuttingDownError, gather_streams
     from forkless.sampling_params import BeamSearchParams
-
-    async def until(condition, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            assert time.monotonic() < deadline, "timed out"
-            await asyncio.sleep(0.01)
 
     async def final(stream) -> object:
         async for out in stream:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 from tests.conftest import plugin_env, run_python
+from tests.server.conftest import until
 
 _FACTORIES = (
     "import json, os\n"
@@ -45,9 +45,7 @@ def test_a_vllm_style_logger_is_driven_with_vllm_signatures(tiny_llama: Path) ->
                 async for out in engine.generate(prompt, SamplingParams(max_tokens=3, ignore_eos=True), rid):
                     pass
             (logger,) = [s for s in engine.stat_loggers if isinstance(s, CountingStatLogger)]
-            deadline = time.monotonic() + 30  # the output handler records after it hands out tokens
-            while sum(n for _, n in logger.records) < 10 and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
+            await until(lambda: sum(n for _, n in logger.records) >= 10)  # recorded after the tokens go out
         finally:
             engine.shutdown()
         return logger, out.num_cached_tokens, len(out.prompt_token_ids)
