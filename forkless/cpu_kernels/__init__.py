@@ -51,8 +51,8 @@ logger = init_logger(__name__)
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("paged_decode.c", "paged_prefill.c", "linear.c", "linear_bf16.c", "quant_linear.c", "layers.c",
-            "decode_stack.c")
-_ABI_VERSION = 12
+            "decode_stack.c", "argmax.c")
+_ABI_VERSION = 13
 _BASE_FLAGS = ("-O3", "-shared", "-fPIC", "-fno-math-errno")
 
 _ptr, _i64, _i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -69,6 +69,7 @@ _SIGNATURES = {
     **{f"forkless_rotary_{t}": [_ptr, _i64, _i64, _ptr, _i64, _i64, _ptr, _ptr, _i64, _i32, _i32, _i32, _i32]
        for t in ("f32", "bf16")},
     **{f"forkless_silu_and_mul_{t}": [_ptr, _i64, _ptr, _i32, _i32] for t in ("f32", "bf16")},
+    "forkless_row_argmax_f32": [_ptr, _i64, _ptr, _i32, _i64],
     "forkless_linear_q8_0": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
     "forkless_linear_q4_1": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],
     "forkless_linear_q8_0_i8": [_ptr, _i64, _ptr, _ptr, _ptr, _ptr, _i64, _i32, _i32, _i32],

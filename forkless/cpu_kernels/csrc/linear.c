@@ -88,7 +88,7 @@
 #define PF_AHEAD 1024
 #endif
 
-int forkless_cpu_kernels_abi_version(void) { return 12; }
+int forkless_cpu_kernels_abi_version(void) { return 13; }
 
 const char *forkless_cpu_kernels_isa(void) { return FORKLESS_ISA_NAME; }
 
