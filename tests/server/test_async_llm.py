@@ -136,14 +136,17 @@ def test_abort_beside_a_stream_ends_it_and_frees_the_id(tiny_llama: Path) -> Non
             first = await old.__anext__()
             # It finishes; its last output waits for the old stream.
             await until(lambda: not llm.output_processor.has_unfinished_requests())
-            longer = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+            # Long enough to be seen running (a fast host ran 20 tokens between two polls);
+            # should it end first all the same, the old stream's close below must still leave
+            # its output whole.
+            longer = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
             new = asyncio.create_task(final(llm.generate("Hello", longer, "again")))
-            await until(lambda: llm.output_processor.has_unfinished_requests())  # the new one runs
+            await until(lambda: llm.output_processor.has_unfinished_requests() or new.done())  # the new one runs
             old_final = await final(old, first)  # the old stream reads its end, and closes
             new_final = await asyncio.wait_for(new, 10)
             assert old_final.finished and new_final.finished
             tokens = new_final.outputs[0].token_ids
-            assert len(tokens) == 20 and tokens[:3] == old_final.outputs[0].token_ids
+            assert len(tokens) == 200 and tokens[:3] == old_final.outputs[0].token_ids
             assert llm.num_requests_in_flight == 0
         finally:
             llm.shutdown()
