@@ -18,33 +18,20 @@
 static int64_t row_argmax(const float *row, int64_t n) {
     int64_t i = 0;
     float m = -INFINITY;
-    int nan = 0;
-#if defined(FORKLESS_AVX512)
+    unsigned nan = 0;
+#ifdef FORKLESS_SIMD
     if (n >= VW) {
         vec vm = vset1(-INFINITY);
-        __mmask16 unordered = 0;
         for (; i + VW <= n; i += VW) {
             const vec v = vload(row + i);
-            unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            nan |= vnan_bits(v);
             vm = vmax(vm, v);
         }
-        nan = unordered != 0;
-        m = vhmax(vm);
-    }
-#elif defined(FORKLESS_AVX2)
-    if (n >= VW) {
-        vec vm = vset1(-INFINITY), unordered = vzero();
-        for (; i + VW <= n; i += VW) {
-            const vec v = vload(row + i);
-            unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-            vm = vmax(vm, v);
-        }
-        nan = _mm256_movemask_ps(unordered) != 0;
         m = vhmax(vm);
     }
 #endif
     for (; i < n; i++) {
-        nan |= isnan(row[i]);
+        nan |= isnan(row[i]) != 0;
         m = row[i] > m ? row[i] : m;
     }
     if (nan) {  /* rare: the first NaN, found plainly */
@@ -52,17 +39,10 @@ static int64_t row_argmax(const float *row, int64_t n) {
             if (isnan(row[i])) return i;
     }
     i = 0;
-#if defined(FORKLESS_AVX512)
-    const vec vm = vset1(m);
-    for (; i + VW <= n; i += VW) {
-        const __mmask16 hit = _mm512_cmp_ps_mask(vload(row + i), vm, _CMP_EQ_OQ);
-        if (hit) return i + __builtin_ctz((unsigned)hit);
-    }
-#elif defined(FORKLESS_AVX2)
-    const vec vm = vset1(m);
-    for (; i + VW <= n; i += VW) {
-        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(vload(row + i), vm, _CMP_EQ_OQ));
-        if (hit) return i + __builtin_ctz((unsigned)hit);
+#ifdef FORKLESS_SIMD
+    for (const vec vm = vset1(m); i + VW <= n; i += VW) {
+        const unsigned hit = veq_bits(vload(row + i), vm);
+        if (hit) return i + __builtin_ctz(hit);
     }
 #endif
     for (; i < n; i++)

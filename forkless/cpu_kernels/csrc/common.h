@@ -82,6 +82,9 @@ ALWAYS_INLINE vec vreplace_gt(vec x, vec a, vec b, vec y) {
 }
 /* Lanes of e where x == y zeroed. */
 ALWAYS_INLINE vec vzero_eq(vec e, vec x, vec y) { return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, y, _CMP_NEQ_UQ), e); }
+/* Bit i set where lane i of a is NaN / where a and b's lanes i are equal (not NaN). */
+ALWAYS_INLINE unsigned vnan_bits(vec a) { return _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q); }
+ALWAYS_INLINE unsigned veq_bits(vec a, vec b) { return _mm512_cmp_ps_mask(a, b, _CMP_EQ_OQ); }
 #elif defined(FORKLESS_AVX2)
 typedef __m256 vec;
 #define VW 8
@@ -110,6 +113,8 @@ ALWAYS_INLINE vec vpow2i(vec n) {
 }
 ALWAYS_INLINE vec vreplace_gt(vec x, vec a, vec b, vec y) { return _mm256_blendv_ps(x, y, _mm256_cmp_ps(a, b, _CMP_GT_OQ)); }
 ALWAYS_INLINE vec vzero_eq(vec e, vec x, vec y) { return _mm256_andnot_ps(_mm256_cmp_ps(x, y, _CMP_EQ_OQ), e); }
+ALWAYS_INLINE unsigned vnan_bits(vec a) { return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q)); }
+ALWAYS_INLINE unsigned veq_bits(vec a, vec b) { return (unsigned)_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_EQ_OQ)); }
 #else
 /* The plain loops' width, where a kernel's layout is in vectors. */
 #define VW 8
