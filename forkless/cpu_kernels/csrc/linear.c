@@ -34,6 +34,15 @@
  * at once (the streams across panels): 10-20 % slower at 5 rows. Past 6 rows (AVX2: 4),
  * a second row block, the time grows with the FMAs: they no longer hide under the reads.
  *
+ * From NEXT_PANEL_MIN_TILES = 4 row tiles per panel (24 rows, AVX2 16) the tiles after a
+ * panel's first, which read it from L2, also fetch the next panel into L2, each tile a
+ * share of its rows spread over its loop: the first tile of every panel read it from
+ * memory at one tile's FMA rate and waited (at 35 rows, 6 tiles, one panel of 576 rows
+ * is 147 KB: ~5 us from memory against ~2 us of FMAs). The default model's pass (Zen 5,
+ * benchmarks/cpu_linear_isa.py --baseline): 1.07-1.08x faster at 24-64 rows on one thread,
+ * 1.12-1.18x on two, prefill unchanged; with 2-3 tiles, where the few tiles after the first
+ * must pull a whole panel in at memory speed, 0.74x and 0.97x: there it stays off.
+ *
  * Up to 32 rows the panels are split over threads once the layer holds 1 MB of weights
  * (PARALLEL_MIN_WEIGHTS) rather than by multiply-adds: reading w is the cost, and two
  * threads read it faster than one (two threads, same pass: 22.5 ms at one row, 26.1 at
@@ -84,6 +93,9 @@
 #ifndef PARALLEL_MIN_WEIGHTS
 #define PARALLEL_MIN_WEIGHTS FORKLESS_PARALLEL_MIN_WEIGHTS
 #endif
+#ifndef NEXT_PANEL_MIN_TILES
+#define NEXT_PANEL_MIN_TILES 4
+#endif
 #ifndef PF_AHEAD
 #define PF_AHEAD 1024
 #endif
@@ -99,15 +111,21 @@ int forkless_linear_panel_width(void) { return NR; }
 ALWAYS_INLINE void prefetch_ahead(const float *p) { prefetch_bytes((const char *)p + PF_AHEAD, NR * sizeof(float)); }
 
 /* MB (<= MR, a constant after inlining) rows of x times one panel, prefetched as it
- * streams in (from memory for the first row block, from L2 for the next ones: both gain). */
+ * streams in (from memory for the first row block, from L2 for the next ones: both gain).
+ * With next, rows phase, phase + every, ... of the panel at next are fetched into L2. */
 ALWAYS_INLINE void tile(const float *x, int64_t ldx, const float *panel, const float *bias, float *y, int64_t ldy,
-                        int K, int MB) {
+                        int K, int MB, const float *next, int phase, int every) {
     vec acc[MR][NV];
     for (int i = 0; i < MB; i++)
         for (int j = 0; j < NV; j++) acc[i][j] = vzero();
+    int countdown = phase + 1;
     for (int k = 0; k < K; k++) {
         const float *p = panel + (int64_t)k * NR;
         prefetch_ahead(p);
+        if (next && --countdown == 0) {
+            countdown = every;
+            prefetch_bytes_l2(next + (int64_t)k * NR, NR * sizeof(float));
+        }
         vec w[NV];
         for (int j = 0; j < NV; j++) {
             w[j] = vload(p + VW * j);
@@ -211,7 +229,8 @@ static void few_rows(const float *x, int64_t ldx, const float *packed, const flo
 }
 #else
 static void tile(const float *x, int64_t ldx, const float *panel, const float *bias, float *y, int64_t ldy, int K,
-                 int MB) {
+                 int MB, const float *next, int phase, int every) {
+    (void)next, (void)phase, (void)every;
     for (int i = 0; i < MB; i++) {
         float acc[NR] = {0};
         for (int k = 0; k < K; k++)
@@ -295,23 +314,27 @@ int forkless_linear_f32(const float *x, int64_t ldx, const float *packed, const 
             const float *panel = packed + (int64_t)p * K * NR, *bp = bias ? bias + p * NR : NULL;
             const float *xm = x + (int64_t)m * ldx;
             float *ym = y + (int64_t)m * ldy + p * NR;
+            /* Tile t > 0 of a panel fetches rows t - 1, t - 1 + (tiles - 1), ... of the next
+             * panel into L2 (see the top). */
+            const int t = (int)(item % tiles), phase = t - 1, every = tiles > 1 ? tiles - 1 : 1;
+            const float *next = t > 0 && tiles >= NEXT_PANEL_MIN_TILES && p + 1 < panels ? panel + (int64_t)K * NR : NULL;
             switch (m1 - m < MR ? m1 - m : MR) {
 #if MR > 8
-            case 12: tile(xm, ldx, panel, bp, ym, ldy, K, 12); break;
-            case 11: tile(xm, ldx, panel, bp, ym, ldy, K, 11); break;
-            case 10: tile(xm, ldx, panel, bp, ym, ldy, K, 10); break;
-            case 9: tile(xm, ldx, panel, bp, ym, ldy, K, 9); break;
+            case 12: tile(xm, ldx, panel, bp, ym, ldy, K, 12, next, phase, every); break;
+            case 11: tile(xm, ldx, panel, bp, ym, ldy, K, 11, next, phase, every); break;
+            case 10: tile(xm, ldx, panel, bp, ym, ldy, K, 10, next, phase, every); break;
+            case 9: tile(xm, ldx, panel, bp, ym, ldy, K, 9, next, phase, every); break;
 #endif
 #if MR > 4
-            case 8: tile(xm, ldx, panel, bp, ym, ldy, K, 8); break;
-            case 7: tile(xm, ldx, panel, bp, ym, ldy, K, 7); break;
-            case 6: tile(xm, ldx, panel, bp, ym, ldy, K, 6); break;
-            case 5: tile(xm, ldx, panel, bp, ym, ldy, K, 5); break;
+            case 8: tile(xm, ldx, panel, bp, ym, ldy, K, 8, next, phase, every); break;
+            case 7: tile(xm, ldx, panel, bp, ym, ldy, K, 7, next, phase, every); break;
+            case 6: tile(xm, ldx, panel, bp, ym, ldy, K, 6, next, phase, every); break;
+            case 5: tile(xm, ldx, panel, bp, ym, ldy, K, 5, next, phase, every); break;
 #endif
-            case 4: tile(xm, ldx, panel, bp, ym, ldy, K, 4); break;
-            case 3: tile(xm, ldx, panel, bp, ym, ldy, K, 3); break;
-            case 2: tile(xm, ldx, panel, bp, ym, ldy, K, 2); break;
-            default: tile(xm, ldx, panel, bp, ym, ldy, K, 1); break;
+            case 4: tile(xm, ldx, panel, bp, ym, ldy, K, 4, next, phase, every); break;
+            case 3: tile(xm, ldx, panel, bp, ym, ldy, K, 3, next, phase, every); break;
+            case 2: tile(xm, ldx, panel, bp, ym, ldy, K, 2, next, phase, every); break;
+            default: tile(xm, ldx, panel, bp, ym, ldy, K, 1, next, phase, every); break;
             }
         }
     }
