@@ -9,7 +9,10 @@
  * scaled_dot_product_attention: decode attention is bound by reading the cache, and the
  * gather read it twice and wrote it once. The next block is prefetched while one computes,
  * since a sequence's blocks are scattered, into L2 (prefetch_bytes_l2: 1.8x the read rate
- * of prefetching into L1).
+ * of prefetching into L1), a few lines at a time spread evenly over the loops (one head's
+ * keys per head scored, 4 tokens' values over the heads' chunks): issued a row or four at
+ * once, the prefetches filled the miss queue and stalled the loop (one thread, Zen 5, the
+ * default model at 64 x 300-1,000 tokens: 1.11-1.20x faster spread, outputs bit-identical).
  *
  * Built by forkless/cpu_kernels with the system C compiler and called through ctypes;
  * queries and outputs float32, the cache float32 or bfloat16.
@@ -52,10 +55,10 @@ ALWAYS_INLINE void head_scores(float *sh, int64_t L, const float *qh, const void
  * token at once: a token's keys are one contiguous row, read front to back. */
 ALWAYS_INLINE void scores_block(float *s, int64_t L, const float *q, const void *k0, const void *next,
                                 int num_kv_heads, int ntok, int G, int D, float scale, int bf16) {
-    const int64_t slot_stride = (int64_t)num_kv_heads * D;
+    const int64_t slot_stride = (int64_t)num_kv_heads * D, head_bytes = (int64_t)D * (bf16 ? 2 : 4);
     for (int t = 0; t < ntok; t++) {
-        prefetch_bytes_l2(el_at(next, t * slot_stride, bf16), slot_stride * (bf16 ? 2 : 4));
         for (int h = 0; h < num_kv_heads; h++) {
+            prefetch_bytes_l2(el_at(next, t * slot_stride + h * D, bf16), head_bytes);
             const void *k = el_at(k0, t * slot_stride + h * D, bf16);
             for (int g = 0; g < G; g += 4) {
                 const float *qh = q + (int64_t)(h * G + g) * D;
@@ -82,8 +85,9 @@ ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const voi
     int t = 0;
 #ifdef FORKLESS_SIMD
     if (D % VW == 0) {
+        const int64_t pf_chunk = ((4 * row_bytes / (num_kv_heads * (D / VW)) + 63) / 64) * 64;
         for (; t + 4 <= ntok; t += 4) {
-            for (int r = 0; r < 4; r++) prefetch_bytes_l2(el_at(next, (t + r) * slot_stride, bf16), row_bytes);
+            const char *pf = (const char *)el_at(next, t * slot_stride, bf16), *pf_end = pf + 4 * row_bytes;
             for (int h = 0; h < num_kv_heads; h++) {
                 const void *vh = el_at(v0, t * slot_stride + h * D, bf16);
                 const float *ph = p + (int64_t)h * G * L + t;
@@ -91,6 +95,7 @@ ALWAYS_INLINE void values_block(float *acc, const float *p, int64_t L, const voi
                 /* Each value chunk is loaded (and, in bfloat16, widened) once for the G query
                  * heads that share it. */
                 for (int d = 0; d < D; d += VW) {
+                    if (pf < pf_end) prefetch_bytes_l2(pf, pf_chunk), pf += pf_chunk;
                     const vec v0_ = el_vload(vh, d, bf16), v1_ = el_vload(vh, slot_stride + d, bf16);
                     const vec v2_ = el_vload(vh, 2 * slot_stride + d, bf16), v3_ = el_vload(vh, 3 * slot_stride + d, bf16);
                     for (int g = 0; g < G; g++) {
