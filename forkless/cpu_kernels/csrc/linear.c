@@ -34,13 +34,15 @@
  * at once (the streams across panels): 10-20 % slower at 5 rows. Past 6 rows (AVX2: 4),
  * a second row block, the time grows with the FMAs: they no longer hide under the reads.
  *
- * From NEXT_PANEL_MIN_TILES = 4 row tiles per panel (24 rows, AVX2 16) the tiles after a
- * panel's first, which read it from L2, also fetch the next panel into L2, each tile a
- * share of its rows spread over its loop: the first tile of every panel read it from
- * memory at one tile's FMA rate and waited (at 35 rows, 6 tiles, one panel of 576 rows
+ * From NEXT_PANEL_MIN_TILES = 4 row tiles per panel (19 rows in AVX-512's 6-row tiles; the
+ * tile path itself starts past SMALL_M rows: 5 in AMD's AVX-512 builds, 32 in the others) the
+ * tiles after a panel's first, which read it from L2, also fetch the next panel into L2,
+ * each tile a share of its rows spread over its loop: the first tile of every panel read
+ * it from memory at one tile's FMA rate and waited (at 35 rows, 6 tiles, one panel of 576 rows
  * is 147 KB: ~5 us from memory against ~2 us of FMAs). The default model's pass (Zen 5,
  * benchmarks/cpu_linear_isa.py --baseline): 1.07-1.08x faster at 24-64 rows on one thread,
- * 1.12-1.18x on two, prefill unchanged; with 2-3 tiles, where the few tiles after the first
+ * 1.12-1.18x on two, prefill unchanged; an Intel Xeon with AMX 1.26-1.36x at 35-64 rows on
+ * one thread, 1.11-1.27x on two; with 2-3 tiles, where the few tiles after the first
  * must pull a whole panel in at memory speed, 0.74x and 0.97x: there it stays off.
  *
  * Up to 32 rows the panels are split over threads once the layer holds 1 MB of weights
