@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,8 @@ from forkless.attention import get_attention_backend
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "models"))
 from test_cpu_kernels import _paged_step  # noqa: E402 - the tests' random paged cache
 
+from cpu_linear_isa import revision_sources  # noqa: E402 - this folder is first on sys.path
+
 CASES = {
     "decode, 64 sequences of 300": [(299, 1)] * 64,
     "decode, 64 sequences of 1,000": [(999, 1)] * 64,
@@ -43,15 +44,7 @@ CASES = {
 def load_revision(rev: str, level: str, out_dir: Path) -> ctypes.CDLL:
     """The kernel library of git revision ``rev`` built for ``level`` by ``cpu_kernels``' own
     build (its sources swapped for REV's while it builds and loads)."""
-    root = Path(__file__).resolve().parent.parent
-    csrc = "forkless/cpu_kernels/csrc"
-    src = out_dir / "csrc"
-    src.mkdir(parents=True, exist_ok=True)
-    names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{csrc}"], cwd=root, check=True,
-                           capture_output=True, text=True).stdout.split()
-    for name in names:
-        data = subprocess.run(["git", "show", f"{rev}:{csrc}/{name}"], cwd=root, check=True, capture_output=True).stdout
-        (src / name).write_bytes(data)
+    src = revision_sources(rev, out_dir / "csrc")
     here = cpu_kernels._CSRC
     cpu_kernels._CSRC = src
     cpu_kernels._load_level.cache_clear()

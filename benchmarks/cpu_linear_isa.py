@@ -57,17 +57,23 @@ SHAPES = ((HIDDEN + 2 * KV, HIDDEN), (HIDDEN, HIDDEN), (2 * INTER, HIDDEN), (HID
 CSRC = "forkless/cpu_kernels/csrc"
 
 
-def build_revision(rev: str, level: str, out_dir: Path) -> ctypes.CDLL:
-    """The linear kernel of git revision ``rev`` built for ``level`` (``cpu_kernels``'
-    compiler and flags), loaded; only ``forkless_linear_f32`` and the panel width are used."""
+def revision_sources(rev: str, src: Path) -> Path:
+    """The C kernel sources (``forkless/cpu_kernels/csrc``) of git revision ``rev``, written
+    to the folder ``src``; returns it."""
     root = Path(__file__).resolve().parent.parent
-    src = out_dir / f"{level}-src"
     src.mkdir(parents=True, exist_ok=True)
     names = subprocess.run(["git", "ls-tree", "--name-only", f"{rev}:{CSRC}"], cwd=root, check=True,
                            capture_output=True, text=True).stdout.split()
     for name in names:
         data = subprocess.run(["git", "show", f"{rev}:{CSRC}/{name}"], cwd=root, check=True, capture_output=True).stdout
         (src / name).write_bytes(data)
+    return src
+
+
+def build_revision(rev: str, level: str, out_dir: Path) -> ctypes.CDLL:
+    """The linear kernel of git revision ``rev`` built for ``level`` (``cpu_kernels``'
+    compiler and flags), loaded; only ``forkless_linear_f32`` and the panel width are used."""
+    src = revision_sources(rev, out_dir / f"{level}-src")
     out = out_dir / f"{level}.so"
     cc = os.environ.get("CC") or "cc"
     flags = [*cpu_kernels._BASE_FLAGS, *cpu_kernels.isa_flags(level)]
