@@ -306,9 +306,10 @@ def test_save_detailed_append_metadata_and_progress_bar(server: Server, tmp_path
     assert not set(plain) & {"ttfts", "itls", "generated_texts", "errors", "input_lens", "output_lens", "start_times"}
     assert len(plain["latencies"]) == 3  # kept in every result, as vLLM's
     assert detailed["output_lens"] == [3, 3, 3] and detailed["errors"] == ["", "", ""]
-    # One gap per text-carrying chunk after the first: at most 2 for 3 tokens (fewer where a
-    # sampled token's text is held back, part of a character, and arrives with the next), and
-    # the first chunk's time plus the gaps is the request's latency.
+    # One gap per text-carrying chunk after the first: at most 2 for 3 tokens, fewer where
+    # tokens share a chunk (a sampled token's text held back, part of a character, comes with
+    # the next; a stream that fell behind gets its missed steps merged, _OutputSlot); the
+    # first chunk's time plus the gaps is the request's latency.
     for itl, ttft, latency in zip(detailed["itls"], detailed["ttfts"], detailed["latencies"], strict=True):
         assert len(itl) <= 2 and ttft > 0 and all(gap >= 0 for gap in itl), (itl, ttft)
         assert ttft + sum(itl) == pytest.approx(latency, abs=1e-6), (itl, ttft, latency)
