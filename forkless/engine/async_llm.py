@@ -664,7 +664,8 @@ class AsyncLLM:
                 await self.client.abort_requests(result.reqs_to_abort)
             if self.stat_loggers:  # (none with log_stats off: nothing to compute the stats for)
                 self._record(outputs.scheduler_stats,
-                             iteration_stats(result.num_new_tokens, result.finished, result.first_tokens))
+                             iteration_stats(result.num_new_tokens, result.finished, result.first_tokens,
+                                             result.inter_token_latencies))
         elif kind == ipc.REQUEST_ERROR:
             data = ipc.decode(payload)
             queue = self._slot_of.get(data["request_id"])

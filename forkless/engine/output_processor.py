@@ -57,6 +57,9 @@ class OutputProcessorOutput:
         num_new_tokens: Tokens the step generated for requests still tracked (a request
             finished or aborted here may get one more from a step the core had begun;
             nobody sees it, so the metrics do not count it).
+        inter_token_latencies: With ``log_stats``, one value per completion that got
+            tokens here after earlier ones: seconds since its previous tokens came (vLLM's
+            ``inter_token_latencies_iter``: a gap per output, not per token).
     """
 
     request_outputs: list[RequestOutput] = field(default_factory=list)
@@ -64,6 +67,7 @@ class OutputProcessorOutput:
     finished: list[RequestTiming] = field(default_factory=list)
     first_tokens: list[RequestTiming] = field(default_factory=list)
     num_new_tokens: int = 0
+    inter_token_latencies: list[float] = field(default_factory=list)
 
 
 class _Completion:
@@ -367,6 +371,8 @@ class OutputProcessor:
             num_new_tokens += len(out.new_token_ids)
             if log_stats:
                 child.update_stats(out, now, core_time)
+                if out.new_token_ids and child.last_token_time is not None:
+                    result.inter_token_latencies.append(now - child.last_token_time)
             first = child.first_token_time is None and (bool(out.new_token_ids) or out.pooling_output is not None)
             if child.update(out, now):
                 result.reqs_to_abort.append(child.request_id)

@@ -79,6 +79,8 @@ class PrometheusStatLogger(StatLoggerBase):
         self._labels = labels
         self.ttft = histogram("forkless:time_to_first_token_seconds", "Time to first token.", _TTFT_BUCKETS)
         self.itl = histogram("forkless:inter_token_latency_seconds", "Time between output tokens.", _ITL_BUCKETS)
+        self.tpot = histogram("forkless:request_time_per_output_token_seconds",
+                              "Mean time per output token after the first, per finished request.", _ITL_BUCKETS)
         self.e2e = histogram("forkless:e2e_request_latency_seconds", "End-to-end request latency.",
                              _REQUEST_LATENCY_BUCKETS)
         # vLLM's phases of a finished request, from the engine core's event times (always
@@ -187,6 +189,7 @@ class PrometheusStatLogger(StatLoggerBase):
             for f in it.finished_requests:
                 self.request_success.labels(**self._labels, finished_reason=f.finish_reason).inc()
                 self.e2e.observe(f.e2e_latency)
+                self.tpot.observe(f.mean_time_per_output_token)
                 self.queue_time.observe(f.queued_time)
                 self.prefill_time.observe(f.prefill_time)
                 self.decode_time.observe(f.decode_time)

@@ -137,7 +137,8 @@ class IterationStats:
         num_prompt_tokens: Prompt tokens of requests that got their first token now.
         num_generation_tokens: Tokens generated in this batch.
         time_to_first_tokens: Seconds from arrival to first token, per new request.
-        inter_token_latencies: Seconds between consecutive token batches, per request.
+        inter_token_latencies: Seconds since the request's previous tokens, one value per
+            request that got tokens in this batch after earlier ones.
         finished_requests: Requests that finished in this batch.
     """
 
@@ -164,7 +165,8 @@ class IterationStats:
 
 
 def iteration_stats(num_new_tokens: int, finished: list[RequestTiming],
-                    first_tokens: list[RequestTiming] = ()) -> IterationStats:
+                    first_tokens: list[RequestTiming] = (),
+                    inter_token_latencies: list[float] = ()) -> IterationStats:
     """Build the statistics of one batch of outputs.
 
     Args:
@@ -172,16 +174,15 @@ def iteration_stats(num_new_tokens: int, finished: list[RequestTiming],
         finished: Timings of the completions that finished in it.
         first_tokens: Timings of the completions that got their first token in it: their
             prompt tokens and time to first token count in this batch, as vLLM counts them.
+        inter_token_latencies: The batch's gaps since each request's previous tokens
+            (``OutputProcessorOutput.inter_token_latencies``).
     """
-    stats = IterationStats(num_generation_tokens=num_new_tokens)
+    stats = IterationStats(num_generation_tokens=num_new_tokens, inter_token_latencies=list(inter_token_latencies))
     for t in first_tokens:
         stats.num_prompt_tokens += t.num_prompt_tokens
         if t.ttft is not None:
             stats.time_to_first_tokens.append(t.ttft)
     for t in finished:
-        if t.first_token_time is not None and t.last_token_time is not None and t.num_generation_tokens > 1:
-            stats.inter_token_latencies.append(
-                (t.last_token_time - t.first_token_time) / (t.num_generation_tokens - 1))
         decode = (t.last_token_time - t.first_token_time
                   if t.first_token_time is not None and t.last_token_time is not None else 0.0)
         finished_stats = FinishedRequestStats(

@@ -304,3 +304,23 @@ def test_phases_of_a_request_that_never_made_a_token_are_zero_not_negative(parts
     (finished,) = iteration_stats(result.num_new_tokens, result.finished, result.first_tokens).finished_requests
     assert finished.queued_time == 0.5
     assert (finished.prefill_time, finished.decode_time, finished.inference_time) == (0.0, 0.0, 0.0)
+
+
+def test_inter_token_latencies_are_one_gap_per_output_after_the_first(parts) -> None:
+    # vLLM's inter_token_latencies_iter: each output after a request's first adds the time
+    # since its previous one, so a dashboard's ITL quantiles see every stall, not a
+    # per-request mean at the end.
+    from forkless.metrics import iteration_stats
+
+    processor, tok = parts
+    out_proc = OutputProcessor(tok, log_stats=True)
+    out_proc.add_request(processor.process_inputs("r", "Hi", SamplingParams(max_tokens=4)))
+    times = [10.0, 10.5, 12.5, 12.75]
+    stats = []
+    for i, now in enumerate(times):
+        reason = FinishReason.LENGTH if i == len(times) - 1 else None
+        r = out_proc.process_outputs([EngineCoreOutput("r", [tok.encode(" a")[0]], reason)], now=now)
+        stats.append(iteration_stats(r.num_new_tokens, r.finished, r.first_tokens, r.inter_token_latencies))
+    assert [s.inter_token_latencies_iter for s in stats] == [[], [0.5], [2.0], [0.25]]
+    (finished,) = stats[-1].finished_requests
+    assert finished.mean_time_per_output_token == (12.75 - 10.0) / 3

@@ -89,8 +89,11 @@ def test_counters_and_histograms_match_the_requests_sent(tiny_llama: Path, tmp_p
         assert abs(inference - (prefill + decode)) < 1e-6
         # No phase outlasts the request as the client saw it.
         assert max(queue, inference) <= value(m, "forkless:e2e_request_latency_seconds_sum")
-        multi_token = sum(n for u, n in sent if u.completion_tokens > n)
-        assert value(m, "forkless:inter_token_latency_seconds_count") == multi_token
+        # vLLM's: one gap per output after a sequence's first (one token an output here),
+        # and every finished request's mean time per output token.
+        assert value(m, "forkless:inter_token_latency_seconds_count") == generated - finished
+        assert value(m, "forkless:request_time_per_output_token_seconds_count") == finished
+        assert value(m, "forkless:request_time_per_output_token_seconds_sum") > 0
         assert wait_until(lambda: value(scrape(srv), "forkless:kv_cache_usage_perc") == 0, 15)
         assert value(scrape(srv), "forkless:num_requests_running") == 0
         # The periodic line (which --disable-log-stats turns off: below), at the first log
