@@ -527,7 +527,7 @@ class EngineArgs:
                             "(forkless's own defaults), or a folder holding a generation_config.json")
         g.add_argument("--override-generation-config", default=None, metavar="JSON",
                        help='sampling defaults over --generation-config\'s, e.g. \'{"temperature": 0.5}\'')
-        g.add_argument("--kv-cache-memory-bytes", type=int, default=None,
+        g.add_argument("--kv-cache-memory-bytes", type=parse_human_int, default=None,
                        help="vLLM's name of --kv-cache-memory")
         vllm = parser.add_argument_group("vLLM's engine flags for what forkless does one way only "
                                          "(their other values are refused, saying why)")
@@ -556,7 +556,7 @@ class EngineArgs:
         g.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV-cache block")
         g.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                        help="fraction of device memory to use (model + KV cache)")
-        g.add_argument("--kv-cache-memory", type=int, default=None,
+        g.add_argument("--kv-cache-memory", type=parse_human_int, default=None,
                        help="KV-cache size in bytes (overrides --gpu-memory-utilization)")
         g.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=KV_CACHE_DTYPE_CHOICES,
                        help="KV-cache storage: auto = the model dtype; fp8 / fp8_e4m3 = float8 e4m3, "
@@ -568,7 +568,7 @@ class EngineArgs:
                        help="prefix-cache block hash: sha256 (collision-resistant), sha256_cbor "
                             "(reproducible in other languages), builtin (fast, trusted tenants only)")
         g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
-        g.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget of one step")
+        g.add_argument("--max-num-batched-tokens", type=parse_human_int, default=None, help="token budget of one step")
         g.add_argument("--stream-interval", type=int, default=d.stream_interval, metavar="N",
                        help="a stream's chunks carry at least N new tokens (its first and last at once; a "
                             "request's stream_interval can only raise it); fewer chunks cost the server less "
@@ -1400,27 +1400,40 @@ def _primary_eos(generation_config: dict[str, Any], hf: dict[str, Any]) -> int |
     return None
 
 
+def parse_human_int(value: str, what: str = "a positive integer") -> int:
+    """A positive integer flag as vLLM's ``human_readable_int`` reads it: plain, or with a
+    suffix (k/m/g/t: powers of 1,000, a decimal before it allowed, as in 25.6k; K/M/G/T:
+    of 1,024, whole numbers only).
+
+    Raises:
+        argparse.ArgumentTypeError: Anything else, naming ``what`` was expected (argparse
+            names the flag).
+    """
+    text = value.strip()
+    suffix = text[-1:]
+    decimal = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}.get(suffix)
+    binary = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}.get(suffix)
+    number = text[:-1] if decimal or binary else text
+    try:
+        result = float(number) * decimal if decimal else int(number) * (binary or 1)
+    except ValueError:
+        result = None
+    if result is None or result != int(result) or result < 1:
+        hint = f" (decimals only before k/m/g/t: {number}{suffix.lower()}?)" if binary and result is None else ""
+        raise argparse.ArgumentTypeError(f"expected {what} (4096, 4k, 4K, 25.6k), got {value!r}{hint}")
+    return int(result)
+
+
 def parse_model_len(value: str) -> int | None:
-    """``--max-model-len``: an integer, or with a suffix as vLLM reads it (k/m/g: powers of
-    1,000; K/M/G: of 1,024; a decimal before it, as in 25.6k); -1 or ``auto``: ``None``
-    (the model's context length).
+    """``--max-model-len``: :func:`parse_human_int`, or -1 / ``auto``: ``None`` (the model's
+    context length).
 
     Raises:
         argparse.ArgumentTypeError: Anything else (argparse names the flag).
     """
-    text = value.strip()
-    if text in ("-1", "auto"):
+    if value.strip().lower() in ("-1", "auto"):
         return None
-    scale = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    number = text[:-1] if scale != 1 else text
-    try:
-        tokens = float(number) * scale if scale != 1 else int(number)
-    except ValueError:
-        tokens = None
-    if tokens is None or tokens != int(tokens) or tokens < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive number of tokens (4096, 4k, 4K, 25.6k) or -1, "
-                                         f"got {value!r}")
-    return int(tokens)
+    return parse_human_int(value, "a positive number of tokens or -1")
 
 
 def _served_names(value: str | list[str] | None) -> list[str]:

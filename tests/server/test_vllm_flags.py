@@ -20,7 +20,7 @@ def _parse(*argv: str) -> EngineArgs:
 
 
 def test_the_flags_parse_as_vllm_reads_them(tiny_llama: Path) -> None:
-    args = _parse("--model", str(tiny_llama), "--max-model-len", "0.25K", "--dtype", "float", "--trust-remote-code")
+    args = _parse("--model", str(tiny_llama), "--max-model-len", "0.256k", "--dtype", "float", "--trust-remote-code")
     config = args.create_engine_config()
     assert config.model_config.model == str(tiny_llama)
     assert config.model_config.max_model_len == 256 and config.model_config.dtype == "float32"
@@ -31,6 +31,15 @@ def test_the_flags_parse_as_vllm_reads_them(tiny_llama: Path) -> None:
         assert _parse(str(tiny_llama), "--max-model-len", text).max_model_len == tokens
     with pytest.raises(SystemExit):
         _parse(str(tiny_llama), "--max-model-len", "lots")
+    # vLLM's human_readable_int for the token budget and the KV-cache bytes too; a decimal
+    # before a binary suffix is refused, as vLLM refuses it.
+    args = _parse(str(tiny_llama), "--max-num-batched-tokens", "8k", "--kv-cache-memory-bytes", "64M")
+    assert (args.max_num_batched_tokens, args.kv_cache_memory_bytes) == (8000, 64 << 20)
+    assert _parse(str(tiny_llama), "--kv-cache-memory", "1G").kv_cache_memory == 1 << 30
+    for flag, text in (("--max-model-len", "0.25K"), ("--max-num-batched-tokens", "0"),
+                       ("--kv-cache-memory-bytes", "lots")):
+        with pytest.raises(SystemExit):
+            _parse(str(tiny_llama), flag, text)
     assert EngineArgs(model=str(tiny_llama), dtype="half").create_engine_config().model_config.dtype == "float16"
     assert EngineArgs(model=str(tiny_llama), max_model_len=-1).create_engine_config().model_config.max_model_len > 0
     assert _parse(str(tiny_llama), "--max-logprobs", "-1").create_engine_config().model_config.max_logprobs == -1
