@@ -60,8 +60,9 @@ _UNSUPPORTED_ARGS: dict[str, tuple[tuple[Any, ...], str]] = {
     "routed_experts_prompt_start": ((0,), "routed experts are not returned"),
     "skip_reading_prefix_cache": ((None,), "a request skips the prefix cache exactly when it asks for prompt_logprobs"),
     "skip_clone": ((False, True), ""),
-    "truncate_prompt_tokens": ((None,), "truncate the prompt before generate() (the OpenAI server takes "
-                                        "truncate_prompt_tokens)"),
+    "truncate_prompt_tokens": ((None,), "pass tokenization_kwargs={'truncate_prompt_tokens': N} to "
+                                        "LLM.generate / LLM.chat, as vLLM now takes it (the OpenAI server "
+                                        "takes the request field truncate_prompt_tokens)"),
     "best_of": ((None, 1), "vLLM removed it; use n"),
     "use_beam_search": ((False,), "use LLM.beam_search(prompts, BeamSearchParams(...)), as vLLM"),
     "length_penalty": ((1.0,), "it only applies to beam search: use LLM.beam_search with "
@@ -276,12 +277,15 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
 
     def __post_init__(self) -> None:
         # Normalize first so that validate() and every consumer see one spelling.
+        # Lists from any iterable, but not from a string or a number (list("12") would be
+        # two stop ids, list(5) a TypeError): those are validate()'s error naming the field.
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        elif self.stop is not None:
+        elif isinstance(self.stop, (list, tuple, set)):
             self.stop = list(self.stop)
-        if self.stop_token_ids is not None:
-            self.stop_token_ids = list(self.stop_token_ids)
+        for name in ("stop_token_ids", "eos_token_ids"):
+            if isinstance(getattr(self, name), (tuple, set)):
+                setattr(self, name, list(getattr(self, name)))
         if self.top_k == -1:
             self.top_k = 0
         if self.logit_bias is not None:
@@ -323,8 +327,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
         _float(self.top_p, "top_p", "a number in (0, 1]")
         if not 0.0 < self.top_p <= 1.0:
             raise _bad("top_p", self.top_p, "a number in (0, 1]")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
-            raise _bad("top_k", self.top_k, "an integer >= 1, or 0 / -1 to disable it")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or not 0 <= self.top_k < 2**63:
+            raise _bad("top_k", self.top_k, "an integer >= 1 (64-bit), or 0 / -1 to disable it")
         _float(self.min_p, "min_p", "a number in [0, 1]")
         if not 0.0 <= self.min_p <= 1.0:
             raise _bad("min_p", self.min_p, "a number in [0, 1]")
@@ -393,9 +397,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
                 raise _bad(name, ids, "a non-empty list of token ids >= 0")
         for name in ("stop_token_ids", "eos_token_ids"):
             ids = getattr(self, name)
-            if ids is not None and not all(_is_int(t) and t >= 0 for t in ids):
+            if ids is not None and not (isinstance(ids, list) and all(_is_int(t) and t >= 0 for t in ids)):
                 raise _bad(name, ids, "a list of token ids >= 0")
-        if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
+        if self.stop is not None and not (isinstance(self.stop, list) and all(isinstance(s, str) and s
+                                                                               for s in self.stop)):
             raise _bad("stop", self.stop, "a non-empty string or a list of non-empty strings")
         if not isinstance(self.detokenize, bool):
             raise _bad("detokenize", self.detokenize, "a bool")

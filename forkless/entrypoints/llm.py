@@ -3,6 +3,7 @@ for pooling models ``LLM.embed``, ``LLM.classify``, ``LLM.reward``, ``LLM.score`
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import itertools
 
@@ -657,6 +658,9 @@ class LLM:
     def _as_list(prompts: Any) -> list[Any]:
         if isinstance(prompts, (str, dict)):
             return [prompts]
+        if not isinstance(prompts, collections.abc.Iterable) or isinstance(prompts, bytes):
+            raise ValueError(f"prompts={prompts!r:.100} is not a prompt: expected a string, token ids, a prompt "
+                             "dict (TextPrompt / TokensPrompt) or a list of them")
         prompts = list(prompts)
         if prompts and all(isinstance(t, int) for t in prompts):
             return [prompts]  # one prompt given as token ids

@@ -74,6 +74,14 @@ def test_generate_refuses_what_it_cannot_honour(llm: LLM, kwargs: dict, error: t
     assert not llm.llm_engine.has_unfinished_requests()
 
 
+def test_a_prompt_that_is_not_one_is_a_value_error(llm: LLM) -> None:
+    for prompts in (5, b"bytes"):
+        with pytest.raises(ValueError, match=r"prompts=.* is not a prompt: expected a string, token ids"):
+            llm.generate(prompts, GREEDY, use_tqdm=False)
+    # Any iterable of prompts still is one (vLLM takes sequences; a generator works too).
+    assert len(llm.generate((t for t in [TEXT, TEXT]), GREEDY, use_tqdm=False)) == 2
+
+
 def test_reset_prefix_cache_forgets_prefixes(llm: LLM, caplog: pytest.LogCaptureFixture) -> None:
     llm.generate(LONG, GREEDY, use_tqdm=False)
     assert llm.generate(LONG, GREEDY, use_tqdm=False)[0].num_cached_tokens > 0
