@@ -167,8 +167,8 @@ def get_json_schema_from_tools(tool_choice: Any, tools: Sequence[Any] | None,
     A named function (``{"type": "function", "function": {"name": ...}}``): its arguments
     object, valid against its ``parameters``. ``"required"``: a JSON array of
     ``{"name", "parameters"}`` objects, one per call, each naming a tool and valid against
-    its schema; the tools' ``$defs`` are gathered at the top of the schema, where their
-    ``$ref``s point. ``"none"``, ``"auto"`` or no tools: ``None`` (no constraint).
+    its schema; the tools' ``$defs`` and ``definitions`` are gathered at the top of the
+    schema, where their ``$ref``s point, and their other local ``$ref``s follow them. ``"none"``, ``"auto"`` or no tools: ``None`` (no constraint).
 
     Args:
         tool_choice: The request's ``tool_choice``.
@@ -177,7 +177,7 @@ def get_json_schema_from_tools(tool_choice: Any, tools: Sequence[Any] | None,
 
     Raises:
         ValueError: The named function is not among the tools, or two tools define one
-            ``$defs`` name differently.
+            ``$defs`` (or ``definitions``) name differently.
     """
     if tools is None or tool_choice in (None, "none", "auto"):
         return None
@@ -193,15 +193,22 @@ def get_json_schema_from_tools(tool_choice: Any, tools: Sequence[Any] | None,
                          f"({', '.join(repr(n) for n, _ in named) or 'none given'})")
     if tool_choice != "required":
         raise ValueError(f"tool_choice {tool_choice!r} is not 'none', 'auto', 'required' or a named function")
-    defs: dict[str, Any] = {}
+    # Definitions under either keyword (draft 2019's "$defs", draft 7's "definitions", which
+    # pydantic v1 and zod write) move to the top, where "#/$defs/..." and "#/definitions/..."
+    # point; any other local reference ("#" itself, "#/properties/...") is made to point
+    # into the tool's parameters where they now sit.
+    defs: dict[str, dict[str, Any]] = {"$defs": {}, "definitions": {}}
     calls = []
-    for tool_name, parameters in named:
+    for i, (tool_name, parameters) in enumerate(named):
         parameters = copy.deepcopy(parameters) if parameters else dict(_EMPTY_PARAMETERS)
-        for def_name, def_schema in parameters.pop("$defs", {}).items():
-            if def_name in defs and defs[def_name] != def_schema:
-                raise ValueError(f"tools define $defs {def_name!r} differently; a forced tool choice "
-                                 "needs one schema per name")
-            defs[def_name] = def_schema
+        for keyword, gathered in defs.items():
+            for def_name, def_schema in parameters.pop(keyword, {}).items():
+                if def_name in gathered and gathered[def_name] != def_schema:
+                    raise ValueError(f"tools define {keyword} {def_name!r} differently; a forced tool choice "
+                                     "needs one schema per name")
+                gathered[def_name] = def_schema
+        where = "/items" + ("" if len(named) == 1 else f"/anyOf/{i}") + "/properties/parameters"
+        _relocate_refs(parameters, where)
         calls.append({"type": "object",
                       "properties": {"name": {"type": "string", "enum": [tool_name]}, "parameters": parameters},
                       "required": ["name", "parameters"]})
@@ -209,6 +216,23 @@ def get_json_schema_from_tools(tool_choice: Any, tools: Sequence[Any] | None,
                               "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
     if not parallel_tool_calls:
         schema["maxItems"] = 1
-    if defs:
-        schema["$defs"] = defs
+    for keyword, gathered in defs.items():
+        if gathered:
+            schema[keyword] = gathered
     return schema
+
+
+def _relocate_refs(schema: Any, where: str) -> None:
+    """Point ``schema``'s local ``$ref``s, other than to the gathered definitions, at
+    ``where`` (the JSON pointer it now sits at), in place; walks iteratively."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) and \
+                    not ref.startswith(("#/$defs/", "#/definitions/")):
+                node["$ref"] = "#" + where + ref[1:]
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)

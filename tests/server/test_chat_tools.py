@@ -342,6 +342,16 @@ def test_a_required_tool_choice_streams_each_call_as_it_is_written(tool_server: 
     pieces = [call.function.arguments for n, call in deltas if call.index == 1 and n > named_1]
     assert len(pieces) > 1 and all(pieces), pieces
     assert all(call.type is None and call.id is None for n, call in deltas if n > named_1)
+    # Cut by max_tokens inside the second call: both replies hold the first call whole and
+    # the second as far as it was written, no content (the array is not text).
+    for max_tokens in (len(tokenizer.encode(output, add_special_tokens=False)) - 12,):
+        whole = client.chat.completions.create(max_tokens=max_tokens, **kw).choices[0]
+        streamed = collect_stream(client.chat.completions.create(stream=True, max_tokens=max_tokens, **kw))
+        calls = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+        assert calls[0] == ("get_weather", first) and calls[1][0] == "plan" and second.startswith(calls[1][1])
+        assert calls[1][1] != second and (whole.message.content, whole.finish_reason) == (None, "length")
+        assert [(c["name"], c["arguments"]) for c in streamed["calls"].values()] == calls
+        assert (streamed["content"], streamed["finish"]) == ("", "length")
 
 
 def test_the_openai_clients_stream_helper_accumulates_the_calls(tool_server: Server, tokenizer) -> None:

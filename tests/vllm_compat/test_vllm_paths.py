@@ -189,6 +189,27 @@ def test_the_forced_tool_choice_schema_gathers_the_tools_defs() -> None:
         get_json_schema_from_tools({"type": "function", "function": {"name": "nope"}}, tools)
 
 
+def test_the_forced_tool_choice_schema_keeps_draft7_definitions_and_self_references() -> None:
+    # pydantic v1 and zod write "definitions"; a recursive schema refers to itself by "#".
+    from forkless.tool_parsers.utils import get_json_schema_from_tools
+
+    loc = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tree = {"type": "object", "properties": {"label": {"type": "string"},
+                                             "children": {"type": "array", "items": {"$ref": "#"}}},
+            "required": ["label"]}
+    tools = [_tool("where", {"type": "object", "properties": {"loc": {"$ref": "#/definitions/Loc"}},
+                             "required": ["loc"], "definitions": {"Loc": loc}}),
+             _tool("outline", tree)]
+    schema = get_json_schema_from_tools("required", tools)
+    assert schema["definitions"] == {"Loc": loc}
+    jsonschema.validate([{"name": "where", "parameters": {"loc": {"city": "Paris"}}},
+                         {"name": "outline", "parameters": {"label": "a", "children": [{"label": "b"}]}}], schema)
+    for bad in ([{"name": "where", "parameters": {"loc": {"town": "Paris"}}}],
+                [{"name": "outline", "parameters": {"label": "a", "children": [{"title": "b"}]}}]):
+        with pytest.raises(jsonschema.ValidationError):  # both references are followed
+            jsonschema.validate(bad, schema)
+
+
 def test_an_entry_point_left_in_a_vllm_group_is_named_with_its_new_group(tmp_path: Path) -> None:
     site = tmp_path / "site"
     meta = site / "ported_plugin-1.0.dist-info"

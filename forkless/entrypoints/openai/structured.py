@@ -82,6 +82,9 @@ def forced_tool_choice(req: ChatCompletionRequest) -> str | None:
             naming a function not in ``tools``.
     """
     choice = req.tool_choice
+    if req.tools is not None and not req.tools:
+        # vLLM's and OpenAI's 400: an empty list offers nothing to choose from.
+        raise BadRequest("tools is an empty array: give at least one tool, or leave tools out", "tools")
     if choice == "auto" and req.tools is None:
         # vLLM's and OpenAI's 400: "auto" chooses among tools, and there are none.
         raise BadRequest('tool_choice="auto" needs tools (leave tool_choice out, or give "none", for a '
@@ -143,12 +146,17 @@ class ForcedToolCalls:
         if self.forced != "required":
             call = ToolCall(id=self._call_id, function=FunctionCall(name=self.forced, arguments=model_output))
             return ExtractedToolCallInformation(tools_called=True, tool_calls=[call], content=None)
+        scanned = ToolCallArrayScanner().feed(model_output)
         try:
             items = json.loads(model_output)
         except json.JSONDecodeError:
-            # Cut by max_tokens: no complete call to return; the text stays content.
-            return ExtractedToolCallInformation(tools_called=False, content=model_output)
-        scanned = ToolCallArrayScanner().feed(model_output)
+            # Cut by max_tokens: the calls as far as they are written, each with its name,
+            # the last one's arguments unfinished -- what a stream of the same output sent
+            # (as a named function's cut arguments are returned); none before a whole name.
+            calls = [ToolCall(id=random_id("chatcmpl-tool"),
+                              function=FunctionCall(name=call.name, arguments=call.arguments(model_output)))
+                     for call in scanned if call.name is not None]
+            return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls, content=None)
         calls = [ToolCall(id=random_id("chatcmpl-tool"),
                           function=FunctionCall(name=call.name, arguments=call.arguments(model_output)))
                  for call in scanned if call.name is not None and call.arguments_end is not None]
