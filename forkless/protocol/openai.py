@@ -32,8 +32,9 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIModel(BaseModel):
-    # Unknown fields are accepted and ignored, as the OpenAI API and vLLM do, so that
-    # newer clients keep working.
+    # Unknown fields are kept (``model_extra``), not failed by pydantic: the server refuses
+    # a request's unknown fields itself, naming each with a hint, after the fields it
+    # refuses with a reason of their own (``serving.refuse_unknown_fields``).
     model_config = ConfigDict(extra="allow")
 
 
@@ -109,14 +110,24 @@ class StreamOptions(OpenAIModel):
 
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False
+    # OpenAI's: false (or none) asks for what this server does, streams never obfuscated.
+    include_obfuscation: bool | None = None
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _no_obfuscation(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("include_obfuscation=true is not supported: this server does not obfuscate streams")
+        return value
 
 
 class JsonSchemaFormat(OpenAIModel):
-    """``response_format.json_schema``: OpenAI's structured-outputs schema."""
+    """``response_format.json_schema``: OpenAI's structured-outputs schema (``name``
+    required, as OpenAI and vLLM require it; an unknown key is a 400)."""
 
-    model_config = ConfigDict(populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
-    name: str | None = None
+    name: str
     description: str | None = None
     json_schema: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = None
@@ -124,10 +135,20 @@ class JsonSchemaFormat(OpenAIModel):
 
 class ResponseFormat(OpenAIModel):
     """OpenAI's ``response_format``: ``text``, ``json_object`` (any JSON object) or
-    ``json_schema`` (a JSON value valid against ``json_schema.schema``)."""
+    ``json_schema`` (a JSON value valid against ``json_schema.schema``). An unknown key, or
+    a ``json_schema`` beside another type (which would not constrain anything), is a 400."""
+
+    model_config = ConfigDict(extra="forbid")
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_only_with_its_type(self) -> "ResponseFormat":
+        if self.json_schema is not None and self.type != "json_schema":
+            raise ValueError(f'json_schema is given with type "{self.type}": send type "json_schema" to '
+                             "constrain the answer to it, or leave json_schema out")
+        return self
 
 
 class SamplingFields(RequestModel):

@@ -1,9 +1,9 @@
 """Request and response bodies of the pooling endpoints (OpenAI's and vLLM's shapes).
 
 ``/v1/embeddings`` is OpenAI's; ``/pooling``, ``/classify``, ``/score`` and ``/rerank``
-are vLLM's. Invariants: unknown fields are accepted, logged and ignored (as vLLM does),
-except vLLM's pooling fields the server does not implement, which it refuses unless they
-hold what it does anyway (``serving_pooling._UNSUPPORTED_POOLING_FIELDS``); a field of the
+are vLLM's. Invariants: an unknown field is a 400 naming it, and so are vLLM's pooling
+fields the server does not implement unless they hold what it does anyway
+(``serving_pooling._UNSUPPORTED_POOLING_FIELDS``); a field of the
 wrong type or value is a 400 naming it (pydantic's validation, turned into an OpenAI-style
 error by the server).
 """

@@ -191,6 +191,19 @@ def test_body_over_the_limit_is_413(srv: Server) -> None:
     assert httpx.post(srv.url + "/tokenize", json={"prompt": "small"}, headers=AUTH).status_code == 200
 
 
+def test_a_compressed_body_is_415_naming_the_encoding(srv: Server) -> None:
+    import gzip
+    import json
+
+    body = gzip.compress(json.dumps({"model": "tiny", "prompt": "hi", "max_tokens": 1}).encode())
+    resp = httpx.post(srv.url + "/v1/completions", content=body, timeout=60,
+                      headers={**AUTH, "content-type": "application/json", "content-encoding": "gzip"})
+    error = assert_openai_error(resp, 415)
+    assert "Content-Encoding 'gzip' is not supported" in error["message"], error
+    plain = {**AUTH, "content-type": "application/json", "content-encoding": "identity"}
+    assert httpx.post(srv.url + "/tokenize", content=b'{"prompt": "x"}', headers=plain, timeout=60).status_code == 200
+
+
 @contextlib.contextmanager
 def limits_only_server(limit: int) -> Iterator[tuple[int, threading.Thread, object]]:
     """An in-process uvicorn server with the body limit and the read timeout alone (no

@@ -72,6 +72,9 @@ def test_api_key_is_required_on_v1(options_server: Server, headers: dict) -> Non
         error = resp.json()["error"]
         assert set(error) == {"message", "type", "param", "code"} and "API key" in error["message"]
     assert httpx.get(options_server.url + "/health", timeout=30).status_code == 200
+    assert httpx.get(options_server.url + "/ping", timeout=30).status_code == 200  # vLLM's SageMaker probe
+    assert httpx.post(options_server.url + "/invocations", json={"model": "tiny", "prompt": "hi"},
+                      headers=headers, timeout=30).status_code == 401
 
 
 def test_official_client_with_and_without_key(options_server: Server) -> None:

@@ -21,6 +21,31 @@ def test_models_health_version(server: Server) -> None:
     assert httpx.get(server.url + "/version").json()["version"] == "0.1.0"
 
 
+def test_sagemaker_ping_and_invocations(server: Server) -> None:
+    # vLLM's SageMaker routes: /ping answers as /health; /invocations serves a body by the
+    # request type it validates as (chat first, then completions).
+    assert [httpx.request(m, server.url + "/ping").status_code for m in ("GET", "POST")] == [200, 200]
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3, "temperature": 0}
+    direct = httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=60).json()
+    invoked = httpx.post(server.url + "/invocations", json=chat, timeout=60).json()
+    assert invoked["object"] == "chat.completion"
+    assert invoked["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
+    completion = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 3, "temperature": 0}
+    invoked = httpx.post(server.url + "/invocations", json=completion, timeout=60).json()
+    assert invoked["object"] == "text_completion"
+    assert invoked["choices"][0]["text"] == httpx.post(server.url + "/v1/completions", json=completion,
+                                                       timeout=60).json()["choices"][0]["text"]
+    with httpx.stream("POST", server.url + "/invocations", json={**completion, "stream": True}, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.iter_lines() if line]
+    assert events[-1] == "data: [DONE]" and events[0].startswith("data: {")
+    for body, fragment in (({"model": "tiny", "input": "hi"}, "a chat completion request (with messages), a completion request (with prompt)"),
+                           ([1, 2], "JSON object"), (None, "not valid JSON")):
+        r = httpx.post(server.url + "/invocations", content=b"{" if body is None else None,
+                       json=body if body is not None else None, timeout=60)
+        assert r.status_code == 400 and fragment in r.json()["error"]["message"], r.text
+
+
 def test_completion_greedy_usage_and_length(server: Server) -> None:
     client = server.client()
     r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=7, temperature=0)

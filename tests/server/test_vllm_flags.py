@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from pathlib import Path
 
@@ -50,7 +51,8 @@ def test_the_flags_parse_as_vllm_reads_them(tiny_llama: Path) -> None:
 
 def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, tmp_path: Path) -> None:
     server = start_server(tiny_llama, tmp_path, "--served-model-name", "alpha", "beta", "--response-role", "bot",
-                          "--enable-log-requests", "--uvicorn-log-level", "info")
+                          "--enable-log-requests", "--uvicorn-log-level", "info", "--enable-force-include-usage",
+                          "--max-log-len", "100")
     try:
         # --response-role names the reply after a generation prompt; a continued message keeps its role.
         def chat(stream: bool = False, **body) -> list[str]:
@@ -65,6 +67,14 @@ def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, 
         assert chat() == ["bot"]
         assert chat(add_generation_prompt=False) == ["user"]
         assert '"role":"bot"' in chat(stream=True)[0].replace(" ", "")
+        # --enable-force-include-usage: a stream that did not ask for its usage ends with it.
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
+                           ("/v1/completions", {"prompt": "Hi"})):
+            r = httpx.post(server.url + path, json={"model": "alpha", "max_tokens": 2, "stream": True, **body},
+                           timeout=60)
+            events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+            assert events[-1]["choices"] == [] and events[-1]["usage"]["completion_tokens"] == 2, r.text
+            assert all(e.get("usage") is None for e in events[:-1]), r.text
         models = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
         assert [m["id"] for m in models][:2] == ["alpha", "beta"]
         for name in ("alpha", "beta"):
@@ -74,9 +84,9 @@ def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, 
         r = httpx.post(server.url + "/v1/completions", json={"model": "gamma", "prompt": "Hi", "max_tokens": 2},
                        timeout=60)
         assert r.status_code == 404, r.text
-        # --enable-log-requests: a line per engine request (three chats, two completions), with its parameters.
+        # --enable-log-requests: a line per engine request (four chats, three completions), with its parameters.
         logged = [line for line in server.log().splitlines() if "forkless.entrypoints.openai: request " in line]
-        assert len(logged) == 5 and all("prompt tokens, SamplingParams(" in line for line in logged), logged
+        assert len(logged) == 7 and all("prompt tokens, SamplingParams(" in line for line in logged), logged
     finally:
         assert server.stop() == 0, server.log()[-3000:]
 

@@ -99,6 +99,12 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--enable-prompt-tokens-details", action="store_true",
                        help="completions and chat report usage.prompt_tokens_details.cached_tokens, the prompt "
                             "tokens found in the prefix cache (as vLLM: only when there are some)")
+    group.add_argument("--enable-force-include-usage", action="store_true",
+                       help="every stream ends with its usage, as if it asked for stream_options.include_usage "
+                            "(vLLM's)")
+    group.add_argument("--max-log-len", type=int, default=None, metavar="N",
+                       help="accepted for vLLM's command lines: --enable-log-requests logs no prompt text or ids "
+                            "here, so no more than N of them")
     group.add_argument("--return-tokens-as-token-ids", action="store_true",
                        help='logprobs name tokens "token_id:N" rather than by their text (a request\'s '
                             "return_tokens_as_token_ids says otherwise), as vLLM: a token that is not whole "
@@ -431,7 +437,8 @@ async def _serve(engine: Any, config: Any, args: argparse.Namespace, listener: s
                         lora_modules=args.lora_module_paths, io_processor=args.io_processor,
                         log_requests=args.enable_log_requests, frontend=args.frontend,
                         enable_prompt_tokens_details=args.enable_prompt_tokens_details,
-                        return_tokens_as_token_ids=args.return_tokens_as_token_ids)
+                        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+                        enable_force_include_usage=args.enable_force_include_usage)
     except Exception as exc:
         logger.error("could not build the HTTP app: %s", exc)
         return 2

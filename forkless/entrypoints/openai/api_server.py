@@ -1,8 +1,9 @@
 """The FastAPI application of ``forkless serve``.
 
-Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``,
-``/version``, ``/tokenize``, ``/detokenize``, ``/metrics``, FastAPI's ``/docs``, ``/redoc``
-and ``/openapi.json``; ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` with
+Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, the pooling routes,
+``/v1/models``, ``/health`` (and vLLM's SageMaker probe ``/ping``), ``/version``, ``/tokenize``,
+``/detokenize``, ``/metrics``, vLLM's SageMaker ``/invocations`` (a body served by the route
+whose request it validates as), FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json``; ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` with
 ``--enable-lora`` and ``FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1``; plus routes from opt-in
 endpoint plugins and ASGI middleware from ``--middleware``.
 
@@ -16,7 +17,7 @@ Invariants:
     * Middleware, outermost first: ``--middleware`` (in the order given, the last one
       outermost), the API key check, the HTTP limits (``http_limits.py``), the 500 guard;
       then the routes, endpoint plugins' included. So with ``--api-key`` every route but
-      ``/health``, ``/version`` and ``/metrics`` needs the key, whoever added it.
+      ``/health``, ``/ping``, ``/version`` and ``/metrics`` needs the key, whoever added it.
     * When the server stops, the Responses API's background responses still running are
       cancelled (stored ``cancelled``, their engine requests aborted) before the engine is.
 """
@@ -26,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import json
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -172,14 +175,15 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
               chat_options: ChatOptions | None = None, limits: HttpLimits | None = None,
               lora_modules: list[LoRAModulePath] | None = None, io_processor: Any = None,
               log_requests: bool = False, frontend: FrontendOptions | None = None,
-              enable_prompt_tokens_details: bool = False, return_tokens_as_token_ids: bool = False) -> FastAPI:
+              enable_prompt_tokens_details: bool = False, return_tokens_as_token_ids: bool = False,
+              enable_force_include_usage: bool = False) -> FastAPI:
     """Assemble the FastAPI app around a running engine.
 
     Args:
         engine: The async engine the routes submit to.
         served_model_names: Names accepted in the ``model`` field; the first is reported.
         max_model_len: Context length, for validation and ``/v1/models``.
-        api_key: When set, every route but ``/health``, ``/version`` and ``/metrics``
+        api_key: When set, every route but ``/health``, ``/ping``, ``/version`` and ``/metrics``
             requires ``Authorization: Bearer <key>``.
         middleware: Class paths (or async functions) of ASGI middleware to add.
         metrics: Returns the Prometheus exposition text for ``/metrics``.
@@ -194,6 +198,8 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
             ``usage.prompt_tokens_details.cached_tokens`` (``--enable-prompt-tokens-details``).
         return_tokens_as_token_ids: Logprobs name tokens ``"token_id:N"`` unless a request
             says otherwise (``--return-tokens-as-token-ids``).
+        enable_force_include_usage: Every stream ends with its usage, as if it asked for
+            ``stream_options.include_usage`` (``--enable-force-include-usage``).
 
     Raises:
         ValueError: A ``--lora-modules`` adapter cannot be served (the message names it).
@@ -214,7 +220,8 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     serving = OpenAIServing(engine, served_model_names, max_model_len, chat_options,
                             max_sequences_per_request=limits.max_sequences_per_request, models=models,
                             log_requests=log_requests, enable_prompt_tokens_details=enable_prompt_tokens_details,
-                            return_tokens_as_token_ids=return_tokens_as_token_ids)
+                            return_tokens_as_token_ids=return_tokens_as_token_ids,
+                            enable_force_include_usage=enable_force_include_usage)
     app.state.serving = serving
     app.state.engine = engine
     # Set by forkless serve when a signal starts its draining shutdown: /health is a 503 then.
@@ -266,6 +273,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         return JSONResponse(result.model_dump())
 
     @app.get("/health")
+    @app.api_route("/ping", methods=["GET", "POST"])  # vLLM's SageMaker probe: /health's answer
     async def health() -> Response:
         if engine.errored:
             return error_response(f"engine is dead: {engine.dead_reason}", 503, "ServiceUnavailableError")
@@ -294,7 +302,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
             models.remove_lora(req.lora_name)
             return Response(f"Success: LoRA adapter '{req.lora_name}' removed successfully.", media_type="text/plain")
 
-    pooling = attach_pooling_routes(app, engine, serving, io_processor, _cancel_on_disconnect)
+    pooling, pooling_invocations = attach_pooling_routes(app, engine, serving, io_processor, _cancel_on_disconnect)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
@@ -345,6 +353,30 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     async def detokenize(req: DetokenizeRequest, request: Request) -> DetokenizeResponse:
         check_deprecated(request, req)
         return await serving.detokenize(req)
+
+    @app.post("/invocations")
+    async def invocations(request: Request) -> Response:
+        # vLLM's SageMaker route: the body goes to the first route, in vLLM's order, whose
+        # request it is (a generative model's chat then completions; a pooling model's
+        # routes for its tasks), told by the keys that route's request needs.
+        try:
+            body = json.loads(await request.body())
+        except ValueError as exc:
+            raise BadRequest(f"the body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest(f"the body must be a JSON object, got {type(body).__name__}")
+        routes = (pooling_invocations() if pooling.pooler is not None else
+                  [("a chat completion request", ("messages",), ChatCompletionRequest, chat),
+                   ("a completion request", ("prompt",), CompletionRequest, completions)])
+        for _, keys, kind, endpoint in routes:
+            if any(key in body for key in keys):
+                try:
+                    req = kind.model_validate(body)
+                except ValidationError as exc:
+                    raise RequestValidationError(exc.errors(), body=body) from None
+                return await endpoint(req, request)
+        raise BadRequest("/invocations: the body is none of what this model serves: "
+                         + ", ".join(f"{name} (with {' or '.join(keys)})" for name, keys, _, _ in routes))
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

@@ -45,7 +45,7 @@ from forkless.logger import init_logger
 logger = init_logger("forkless.entrypoints.openai")
 
 # Reachable without the API key: liveness probes, the version, and Prometheus scrapes.
-OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})
+OPEN_PATHS = frozenset({"/health", "/ping", "/version", "/metrics"})
 
 DEFAULT_MAX_REQUEST_BODY_SIZE = 32 << 20
 DEFAULT_REQUEST_READ_TIMEOUT = 30.0
@@ -248,6 +248,14 @@ async def send_error(send: Send, status: int, message: str, headers: list[tuple[
     await send({"type": "http.response.body", "body": body})
 
 
+def _content_encoding(scope: Scope) -> str | None:
+    """The request's ``Content-Encoding`` other than ``identity``, else ``None``."""
+    for name, value in scope["headers"]:
+        if name == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+            return value.decode("latin-1")
+    return None
+
+
 def _content_length(scope: Scope) -> int | None:
     for name, value in scope["headers"]:
         if name == b"content-length":
@@ -278,6 +286,13 @@ class RequestLimitsMiddleware:
         length = _content_length(scope)
         if length is not None and length > self.max_size:
             await send_error(send, 413, self._too_large(length))
+            return
+        encoding = _content_encoding(scope)
+        if encoding is not None:
+            # Nothing here decompresses a body (a small gzip body could also expand past
+            # the size limit): say so, rather than fail to read it as JSON.
+            await send_error(send, 415, f"Content-Encoding {encoding[:50]!r} is not supported: send the body "
+                                        "uncompressed", [(b"accept-encoding", b"identity")])
             return
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout

@@ -29,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import difflib
 import functools
 import json
 import re
@@ -194,41 +195,35 @@ def _reject_unsupported_chat_tokenize(req: Any) -> None:
             reject_field(name, extra[name], _UNSUPPORTED_CHAT_FIELDS)
 
 
-def _unknown_fields(req: RequestModel) -> list[str]:
-    """Top-level fields of a request that no model declares and no list above knows."""
+def refuse_unknown_fields(names: Iterable[str], declared: Iterable[str]) -> None:
+    """A 400 naming the first of ``names``: fields of a request that its model does not
+    declare and no table of refused fields lists. As the OpenAI API answers an argument it
+    does not know: a field that nothing reads is refused, never accepted and ignored (a
+    misspelt ``max_token`` would otherwise run to the end of the context).
+
+    Args:
+        names: The unknown fields (a request's ``model_extra`` less what its tables know).
+        declared: Every field the endpoint knows, for a "did you mean" hint.
+
+    Raises:
+        BadRequest: When ``names`` has any.
+    """
+    for name in names:
+        close = difflib.get_close_matches(name, sorted(declared), n=1, cutoff=0.75)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise BadRequest(f"Unrecognized request argument supplied: {quoted(name, 100)}{hint}; fields this server "
+                         "does not implement are refused, not ignored", quoted(name, 100))
+
+
+def check_unknown_fields(req: RequestModel) -> None:
+    """:func:`refuse_unknown_fields` for a completions, chat or tokenizer request (the
+    refused-field tables' names are checked by their own rules)."""
     known: dict[str, Any] = {}
     if isinstance(req, SamplingFields):
         endpoint = _UNSUPPORTED_COMPLETION_FIELDS if isinstance(req, CompletionRequest) else _UNSUPPORTED_CHAT_FIELDS
         known = {**_UNSUPPORTED_FIELDS, **endpoint, "best_of": None}
-    return [name for name in req.model_extra or {} if name not in known]
-
-
-class IgnoredFieldsLog:
-    """Logs request fields the server accepts but ignores, once per field name.
-
-    As vLLM does ("The following fields were present in the request but ignored"), but
-    once per name rather than per request, and for at most ``max_names`` names: a client
-    could otherwise fill the log, or the memory of names seen, with random field names.
-    """
-
-    def __init__(self, max_names: int = 256) -> None:
-        self.max_names = max_names
-        self._seen: set[str] = set()
-
-    def note(self, names: Iterable[str]) -> None:
-        """Log the names not logged before (cut to 100 characters)."""
-        if len(self._seen) >= self.max_names:
-            return
-        new = sorted({quoted(name, 100) for name in names} - self._seen)
-        if not new:
-            return
-        new = new[: self.max_names - len(self._seen)]
-        self._seen.update(new)
-        # A set of reprs: quotes and escapes keep a field name from forging log lines.
-        logger.warning("The following fields were present in the request but ignored: {%s}%s",
-                       ", ".join(map(repr, new)),
-                       "" if len(self._seen) < self.max_names else
-                       f" (no more ignored field names are logged after {self.max_names})")
+    extra = req.model_extra or {}
+    refuse_unknown_fields((name for name in extra if name not in known), [*type(req).model_fields, *known])
 
 
 def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: int | None,
@@ -646,8 +641,10 @@ class OpenAIServing:
                  chat_options: ChatOptions | None = None,
                  max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST,
                  models: ServingModels | None = None, log_requests: bool = False,
-                 enable_prompt_tokens_details: bool = False, return_tokens_as_token_ids: bool = False) -> None:
+                 enable_prompt_tokens_details: bool = False, return_tokens_as_token_ids: bool = False,
+                 enable_force_include_usage: bool = False) -> None:
         self.engine = engine
+        self.enable_force_include_usage = enable_force_include_usage  # --enable-force-include-usage
         self.log_requests = log_requests  # --enable-log-requests
         self.enable_prompt_tokens_details = enable_prompt_tokens_details  # --enable-prompt-tokens-details
         # --return-tokens-as-token-ids: the default of the request field of the same name.
@@ -659,7 +656,6 @@ class OpenAIServing:
         self.model_name = served_model_names[0]
         self.max_model_len = max_model_len
         self.max_sequences_per_request = max_sequences_per_request
-        self.ignored_fields = IgnoredFieldsLog()
         self._tokenizer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forkless-tokenizer")
 
     def reported_cached_tokens(self, num_cached_tokens: int | None, always: bool = False) -> int | None:
@@ -674,6 +670,11 @@ class OpenAIServing:
         if always:
             return num_cached_tokens or 0
         return num_cached_tokens if self.enable_prompt_tokens_details and num_cached_tokens else None
+
+    def include_usage(self, req: SamplingFields) -> bool:
+        """Whether a stream ends with its usage: it asked (``stream_options.include_usage``)
+        or the server always adds it (``--enable-force-include-usage``, as vLLM's)."""
+        return bool(req.stream_options and req.stream_options.include_usage) or self.enable_force_include_usage
 
     async def in_tokenizer_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the tokenizer thread (see the module); its exceptions propagate."""
@@ -757,13 +758,14 @@ class OpenAIServing:
     def _default_max_tokens(self, prompt_len: int) -> int:
         return max(1, self.max_model_len - prompt_len)
 
-    def _check_prompt(self, token_ids: list[int], max_tokens: int | None, max_tokens_field: str = "max_tokens") -> None:
+    def _check_prompt(self, token_ids: list[int], max_tokens: int | None, max_tokens_field: str = "max_tokens",
+                      prompt_field: str = "prompt") -> None:
         if not token_ids:
-            raise BadRequest("the prompt is empty", "prompt")
+            raise BadRequest("the prompt is empty", prompt_field)
         if len(token_ids) >= self.max_model_len:
             raise BadRequest(
                 f"This model's maximum context length is {self.max_model_len} tokens, but the "
-                f"prompt has {len(token_ids)} tokens; there is no room to generate.", "prompt",
+                f"prompt has {len(token_ids)} tokens; there is no room to generate.", prompt_field,
                 code="context_length_exceeded")
         if max_tokens is not None and len(token_ids) + max_tokens > self.max_model_len:
             raise BadRequest(
@@ -812,7 +814,7 @@ class OpenAIServing:
             raise BadRequest("suffix is not supported", "suffix")
         texts = self._prompt_list(req)
         self.check_sequences(len(texts), req.n)
-        self.ignored_fields.note(_unknown_fields(req))
+        check_unknown_fields(req)
         texts = [self._bounded_text(t, req) if isinstance(t, str) else t for t in texts]
         if any(isinstance(t, str) for t in texts):
             tokenized = await self.in_tokenizer_thread(self._tokenize_prompts, texts)
@@ -1030,7 +1032,7 @@ class OpenAIServing:
                                      token_ids=list(taken.token_ids) if with_ids else None)],
                     usage=_usage_of(prompt_tokens[p_idx], state.num_tokens) if continuous else None)
                 yield _sse(chunk)
-        if req.stream_options and req.stream_options.include_usage:
+        if self.include_usage(req):
             usage = _usage_of(sum(prompt_tokens.values()), sum(st.num_tokens for st in choices.values()),
                               self.reported_cached_tokens(sum(cached_tokens.values())))
             yield _sse(CompletionResponse(id=base_id, created=created, model=model_name,
@@ -1041,7 +1043,7 @@ class OpenAIServing:
     async def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         """``/tokenize``: a prompt's or a conversation's token ids."""
         await self.check_model(req.model)
-        self.ignored_fields.note(_unknown_fields(req))
+        check_unknown_fields(req)
         if req.messages is not None and req.prompt is not None:
             raise BadRequest("give either prompt or messages, not both", "prompt")
         if req.messages is not None:
@@ -1059,7 +1061,7 @@ class OpenAIServing:
     async def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
         """``/detokenize``: the text of token ids."""
         await self.check_model(req.model)
-        self.ignored_fields.note(_unknown_fields(req))
+        check_unknown_fields(req)
         return DetokenizeResponse(prompt=await self.in_tokenizer_thread(self._detokenize, req.tokens))
 
     def _detokenize(self, tokens: list[int]) -> str:
@@ -1205,7 +1207,7 @@ class OpenAIServing:
         """
         lora = await self.check_model(req.model)
         self.check_sequences(1, req.n)
-        self.ignored_fields.note(_unknown_fields(req))
+        check_unknown_fields(req)
         forced = forced_tool_choice(req)
         named = forced not in (None, "required")
         parsers = self._choice_parsers(req, forced)
@@ -1220,9 +1222,11 @@ class OpenAIServing:
             parser.set_prompt(ids)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         self._check_prompt(ids, max_tokens,
-                           "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
+                           "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens",
+                           "messages")
         top = req.top_logprobs if req.logprobs else None
-        if req.top_logprobs is not None and not req.logprobs:
+        if req.top_logprobs and not req.logprobs:
+            # (0 asks for nothing without logprobs, as vLLM takes it.)
             raise BadRequest("top_logprobs requires logprobs to be true", "top_logprobs")
         self.check_logprobs("top_logprobs", top)
         params: SamplingParams | BeamSearchParams
@@ -1472,7 +1476,7 @@ class OpenAIServing:
             return
         finally:
             await outputs.aclose()  # aborts the engine request if it did not finish
-        if req.stream_options and req.stream_options.include_usage and prompt_tokens is not None:
+        if self.include_usage(req) and prompt_tokens is not None:
             reasoning_tokens = (sum(parsers[i].reasoning_tokens(st.all_token_ids) if parsers else 0
                                     for i, st in enumerate(choices)) if with_reasoning_tokens else None)
             yield chunk([], usage=_usage_of(prompt_tokens, sum(st.num_tokens for st in choices),

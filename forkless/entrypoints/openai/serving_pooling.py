@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from forkless.entrypoints.openai.errors import BadRequest
-from forkless.entrypoints.openai.serving import reject_field
+from forkless.entrypoints.openai.serving import refuse_unknown_fields, reject_field
 from forkless.logger import init_logger
 from forkless.pooling.order import longest_first
 from forkless.pooling_params import PoolingParams
@@ -66,7 +66,7 @@ logger = init_logger(__name__)
 
 # vLLM's pooling fields that this server does not implement: a value other than those
 # listed (what the server does anyway) is a 400 naming the field, not silently ignored.
-# Other unknown fields are logged and ignored, as vLLM does (see ``IgnoredFieldsLog``).
+# Any other unknown field is a 400 too (``refuse_unknown_fields``).
 _UNSUPPORTED_POOLING_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "mm_processor_kwargs": ((None, {}), "multimodal inputs are not supported"),
     "max_tokens_per_query": ((None, 0), "per-query truncation is not supported: use truncate_prompt_tokens"),
@@ -182,7 +182,8 @@ class OpenAIServingPooling:
         for name, value in extra.items():
             if name in _UNSUPPORTED_POOLING_FIELDS:
                 reject_field(name, value, _UNSUPPORTED_POOLING_FIELDS)
-        self.serving.ignored_fields.note(name for name in extra if name not in _UNSUPPORTED_POOLING_FIELDS)
+        refuse_unknown_fields((name for name in extra if name not in _UNSUPPORTED_POOLING_FIELDS),
+                              [*type(req).model_fields, *_UNSUPPORTED_POOLING_FIELDS])
 
     def _check_pooling_model(self, endpoint: str) -> None:
         if self.pooler is None:
@@ -477,7 +478,8 @@ class OpenAIServingPooling:
 
 
 def attach_pooling_routes(app: FastAPI, engine: AsyncLLM, serving: OpenAIServing,
-                          io_processor: IOProcessor | None, run: Any) -> OpenAIServingPooling:
+                          io_processor: IOProcessor | None, run: Any,
+                          ) -> tuple[OpenAIServingPooling, Callable[[], list[tuple[str, tuple[str, ...], type, Any]]]]:
     """Add the pooling routes to ``app``.
 
     Args:
@@ -488,7 +490,10 @@ def attach_pooling_routes(app: FastAPI, engine: AsyncLLM, serving: OpenAIServing
         run: ``run(request, awaitable)`` -> the result, cancelled when the client goes away.
 
     Returns:
-        The serving object behind the routes.
+        The serving object behind the routes, and a function giving the routes a body sent
+        to ``/invocations`` may be served by for the model's tasks, in vLLM's order: (what
+        the body is, the keys one of which such a body has, its request type,
+        ``endpoint(req, request)``).
     """
     pooling = OpenAIServingPooling(engine, serving, io_processor)
 
@@ -517,4 +522,15 @@ def attach_pooling_routes(app: FastAPI, engine: AsyncLLM, serving: OpenAIServing
         app.add_api_route(path, endpoint, methods=["POST"])
         app.add_api_route("/v1" + path, endpoint, methods=["POST"])
     app.add_api_route("/v2/rerank", rerank, methods=["POST"])
-    return pooling
+
+    def invocation_routes() -> list[tuple[str, tuple[str, ...], type, Any]]:
+        tasks = pooling.pooler.tasks
+        routes = [("an embedding request", ("input", "messages"), EmbeddingRequest, embeddings, "embed"),
+                  ("a classification request", ("input", "messages"), ClassificationRequest, classify, "classify"),
+                  ("a score request", ("text_1", "queries", "data_1"), ScoreRequest, score, "score"),
+                  ("a rerank request", ("query",), RerankRequest, rerank, "score"),
+                  ("a pooling request", ("input", "messages", "data"), PoolingRequest, pool, None)]
+        return [(name, keys, kind, endpoint) for name, keys, kind, endpoint, task in routes
+                if task is None or task in tasks]
+
+    return pooling, invocation_routes

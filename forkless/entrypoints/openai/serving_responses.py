@@ -60,7 +60,7 @@ from pydantic import ValidationError
 from forkless import envs
 from forkless.logger import init_logger
 from forkless.entrypoints.openai.errors import BadRequest, quoted
-from forkless.entrypoints.openai.serving import reject_field
+from forkless.entrypoints.openai.serving import refuse_unknown_fields, reject_field
 from forkless.protocol.openai import ChatCompletionRequest, ChatCompletionResponse, ResponsesRequest
 
 if TYPE_CHECKING:
@@ -376,8 +376,8 @@ class OpenAIServingResponses:
         extra = req.model_extra or {}
         if extra.get("stream_options") is not None and not req.stream:
             raise BadRequest("stream_options can only be given with stream=true", "stream_options")
-        self.chat.ignored_fields.note([name for name, value in extra.items()
-                                       if not reject_field(name, value, _REFUSED)])
+        refuse_unknown_fields([name for name, value in extra.items() if not reject_field(name, value, _REFUSED)],
+                              [*type(req).model_fields, *_REFUSED])
         # effort goes to the chat template (chat's reasoning_effort); OpenAI's other keys
         # (summary, generate_summary) and any other are not honoured.
         for key, value in (req.reasoning or {}).items():
@@ -709,7 +709,8 @@ class OpenAIServingResponses:
             # (OpenAI's default: "auto" with tools, "none" without, as the chat request got it.)
             "temperature": temperature, "text": {"format": fmt},
             "tool_choice": req.tool_choice or ("auto" if req.tools else "none"),
-            "tools": req.tools or [], "top_p": top_p, "truncation": req.truncation or "disabled",
+            "tools": req.tools or [], "top_logprobs": req.top_logprobs, "top_p": top_p,
+            "truncation": req.truncation or "disabled",
             "usage": {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": cached_tokens},
                       "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
                       "total_tokens": input_tokens + output_tokens},
