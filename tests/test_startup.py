@@ -249,3 +249,15 @@ def test_serve_turns_the_collector_back_on_when_it_returns() -> None:
     assert gc.isenabled()
     assert main(["serve", "--port", "0", "--api-server-count", "2"]) == 2  # a usage error
     assert gc.isenabled()
+
+
+def test_vllm_server_flags_forkless_does_not_implement_are_refused_saying_why(capsys) -> None:
+    from forkless.entrypoints.cli.main import main
+
+    for argv, reason in ((["--uds", "/tmp/x.sock"], "Unix domain socket"),
+                         (["--disable-frontend-multiprocessing"], "own process"),
+                         (["--download-dir", "/tmp"], "nothing is downloaded"),
+                         (["--hf-overrides", '{"a": 1}'], "config.json")):
+        assert main(["serve", "--port", "0", *argv]) == 2
+        err = capsys.readouterr().err
+        assert f"forkless serve: error: {argv[0]}: " in err and reason in err, err

@@ -50,9 +50,14 @@ def test_the_flags_parse_as_vllm_reads_them(tiny_llama: Path) -> None:
 
 
 def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, tmp_path: Path) -> None:
+    template = tmp_path / "parts.jinja"  # renders a content given as parts, part by part
+    template.write_text("{% for m in messages %}<|{{ m.role }}|>{% if m.content is string %}{{ m.content }}"
+                        "{% else %}{% for p in m.content %}[part:{{ p.text }}]{% endfor %}{% endif %}\n"
+                        "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
     server = start_server(tiny_llama, tmp_path, "--served-model-name", "alpha", "beta", "--response-role", "bot",
+                          "--chat-template", str(template),
                           "--enable-log-requests", "--uvicorn-log-level", "info", "--enable-force-include-usage",
-                          "--max-log-len", "100")
+                          "--max-log-len", "100", "--chat-template-content-format", "openai")
     try:
         # --response-role names the reply after a generation prompt; a continued message keeps its role.
         def chat(stream: bool = False, **body) -> list[str]:
@@ -67,6 +72,12 @@ def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, 
         assert chat() == ["bot"]
         assert chat(add_generation_prompt=False) == ["user"]
         assert '"role":"bot"' in chat(stream=True)[0].replace(" ", "")
+        # --chat-template-content-format openai: the template gets each content as a list of
+        # text parts.
+        ids = httpx.post(server.url + "/tokenize", json={"model": "alpha", "messages": [
+            {"role": "user", "content": "Hi"}]}, timeout=60).json()["tokens"]
+        rendered = httpx.post(server.url + "/detokenize", json={"model": "alpha", "tokens": ids}, timeout=60)
+        assert "<|user|>[part:Hi]" in rendered.json()["prompt"], rendered.text
         # --enable-force-include-usage: a stream that did not ask for its usage ends with it.
         for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]}),
                            ("/v1/completions", {"prompt": "Hi"})):

@@ -64,6 +64,16 @@ def _non_negative_seconds(value: str) -> float:
     return seconds
 
 
+# vLLM's serve flags that ask for something forkless does not do: refused with the reason
+# (rather than argparse's bare "unrecognized arguments").
+_REFUSED_FLAGS = {
+    "--uds": "listening on a Unix domain socket is not supported: use --host and --port",
+    "--disable-frontend-multiprocessing": "the engine always runs in its own process, apart from the API server",
+    "--download-dir": "nothing is downloaded: models load from local folders (or the embedded default model)",
+    "--hf-overrides": "config overrides are not supported: edit a copy of the model folder's config.json",
+}
+
+
 def add_parser(subparsers: Any) -> None:
     from forkless.config import EngineArgs
 
@@ -77,8 +87,8 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     group.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     group.add_argument("--api-key", default=envs.FORKLESS_API_KEY,
-                       help="require 'Authorization: Bearer KEY' on every route but /health, /version and "
-                            "/metrics (or FORKLESS_API_KEY)")
+                       help="require 'Authorization: Bearer KEY' on every route but /health, /ping, /version "
+                            "and /metrics (or FORKLESS_API_KEY)")
     # Defaults (None) are HttpLimits' (forkless/entrypoints/openai/http_limits.py), which
     # also checks the values; it is not imported here, to keep the first log line fast.
     group.add_argument("--max-request-body-size", type=int, default=None, metavar="BYTES",
@@ -112,6 +122,11 @@ def add_parser(subparsers: Any) -> None:
     group.add_argument("--middleware", action="append", default=[],
                        help="ASGI middleware class path or async function (repeatable)")
     group.add_argument("--api-server-count", type=int, default=1, help="API server processes (only 1)")
+    refused = parser.add_argument_group("vLLM's server flags for what forkless does not do (refused, saying why)")
+    for flag, reason in _REFUSED_FLAGS.items():
+        # (vLLM's --disable-frontend-multiprocessing is a switch; the others take a value.)
+        kind = {"action": "store_true", "default": None} if flag == "--disable-frontend-multiprocessing" else {}
+        refused.add_argument(flag, help=reason, **kind)
     group.add_argument("--shutdown-timeout", type=_non_negative_seconds, default=DEFAULT_SHUTDOWN_TIMEOUT,
                        metavar="SECONDS",
                        help="on SIGTERM/SIGINT, stop accepting requests and let those in flight finish for "
@@ -126,6 +141,9 @@ def add_parser(subparsers: Any) -> None:
     chat = parser.add_argument_group("chat")
     chat.add_argument("--chat-template", default=None,
                       help="Jinja chat template replacing the model's: a file path, or the template text")
+    chat.add_argument("--chat-template-content-format", default="auto", choices=("auto", "string", "openai"),
+                      help="how the template gets each message's content: auto or string = one string (the text "
+                           "parts joined), openai = a list of text parts (vLLM's)")
     chat.add_argument("--trust-request-chat-template", action="store_true",
                       help="let a request bring its own chat_template (chat completions, /tokenize and the pooling "
                            "endpoints' messages); without it such a request is a 400, as vLLM")
@@ -163,6 +181,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.api_server_count != 1:
         return _usage_error(f"--api-server-count {args.api_server_count} is not supported; "
                             "this release runs one API server process (use 1)")
+    for flag, reason in _REFUSED_FLAGS.items():
+        if getattr(args, flag[2:].replace("-", "_")) is not None:
+            return _usage_error(f"{flag}: {reason}")
     # The port is taken before anything slow (imports, plugins, the model): a busy one
     # fails in a second instead of after a whole model load.
     try:

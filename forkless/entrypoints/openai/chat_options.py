@@ -30,6 +30,9 @@ class ChatOptions:
             message and has its role.
         trust_request_chat_template: A request may bring its own ``chat_template``
             (``--trust-request-chat-template``, vLLM's); otherwise that is a 400.
+        chat_template_content_format: How the template gets each message's content
+            (``--chat-template-content-format``, vLLM's): ``auto`` / ``string`` one string,
+            ``openai`` a list of text parts.
     """
 
     chat_template: str | None = None
@@ -39,6 +42,7 @@ class ChatOptions:
     reasoning_parser: str | None = None
     response_role: str = "assistant"
     trust_request_chat_template: bool = False
+    chat_template_content_format: str = "auto"
 
     @classmethod
     def from_cli_args(cls, args: Any) -> "ChatOptions":
@@ -65,6 +69,7 @@ class ChatOptions:
             reasoning_parser=getattr(args, "reasoning_parser", None),
             response_role=getattr(args, "response_role", None) or "assistant",
             trust_request_chat_template=bool(getattr(args, "trust_request_chat_template", False)),
+            chat_template_content_format=getattr(args, "chat_template_content_format", None) or "auto",
         )
         if options.enable_auto_tool_choice and not options.tool_parser:
             raise ValueError("--enable-auto-tool-choice needs --tool-call-parser NAME "

@@ -1141,7 +1141,8 @@ class OpenAIServing:
                 chat_template=req.chat_template or self.chat_options.chat_template,
                 tools=[t.model_dump(exclude_none=True) for t in tools] if tools else None,
                 documents=req.documents,
-                chat_template_kwargs=_template_kwargs(req))
+                chat_template_kwargs=_template_kwargs(req),
+                content_format=self.chat_options.chat_template_content_format)
         except NoChatTemplateError:
             instead = {"/v1/chat/completions": "use /v1/completions with a plain prompt",
                        "/v1/responses": "use /v1/completions with a plain prompt",
