@@ -3,9 +3,10 @@
 Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, the pooling routes,
 ``/v1/models``, ``/health`` (and vLLM's SageMaker probe ``/ping``), ``/version``, ``/tokenize``,
 ``/detokenize``, ``/metrics``, vLLM's SageMaker ``/invocations`` (a body served by the route
-whose request it validates as), FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json``; ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` with
-``--enable-lora`` and ``FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1``; plus routes from opt-in
-endpoint plugins and ASGI middleware from ``--middleware``.
+its keys belong to), FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json``;
+``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` with ``--enable-lora`` and
+``FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1``; plus routes from opt-in endpoint plugins and ASGI
+middleware from ``--middleware``.
 
 Invariants:
     * ``/health`` is 200 while the server takes requests; a 503 with the OpenAI error body

@@ -24,6 +24,8 @@ Invariants:
       checked before any prompt is tokenized.
     * ``text_offset`` in completions logprobs indexes into the choice's text as the client
       receives it (echoed prompt included, across streamed chunks).
+    * Every request field is read or refused: a field no request model declares is a 400
+      naming it (:func:`refuse_unknown_fields`), on every endpoint.
 """
 
 from __future__ import annotations
