@@ -121,6 +121,10 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     def __post_init__(self) -> None:
         if isinstance(self.choice, tuple):
             self.choice = list(self.choice)
+        for name in ("json_object", "disable_fallback", "disable_any_whitespace", "disable_additional_properties"):
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (value is None and name == "json_object"):
+                raise ValueError(f"StructuredOutputsParams.{name}={value!r:.80} is invalid: expected true or false")
         kinds = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
         if self.json_object:
             kinds.append("json_object")

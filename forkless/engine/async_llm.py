@@ -175,6 +175,29 @@ def _make_prometheus(item: Any, source: str, config: "EngineConfig") -> Any:
                            f"{', '.join(f'{k}=...' for k in kwargs)}) raised {type(e).__name__}: {e}") from e
 
 
+def _encode_requests(requests: list[Any]) -> list[bytes]:
+    """The engine core's messages for ``requests``, each decoded back as the engine core
+    will decode it: a value msgpack cannot carry (an integer past 64 bits) or of a type
+    the core's typed decoding refuses (a string where a flag must be a boolean) is the
+    client's 400 here, never a failure inside the engine core.
+
+    Raises:
+        InvalidRequestError: Naming the value (msgspec's path to it).
+    """
+    from forkless.protocol.engine import EngineCoreRequest
+
+    try:
+        payloads = [ipc.encode(r) for r in requests]
+        for payload in payloads:
+            ipc.decode(payload, EngineCoreRequest)
+    except (OverflowError, TypeError, msgspec.EncodeError) as exc:
+        raise InvalidRequestError(f"the request has a value the engine cannot accept: {exc} "
+                                  "(e.g. an integer outside the 64-bit range)") from None
+    except msgspec.ValidationError as exc:
+        raise InvalidRequestError(f"the request has a value of the wrong type: {exc}") from None
+    return payloads
+
+
 class AsyncLLM:
     """Asynchronous generation over an engine core in its own process.
 
@@ -461,12 +484,7 @@ class AsyncLLM:
                                                       client_key=client_key)
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
-        try:  # encoded now, so that a value msgpack cannot carry is the client's 400, not a 500
-            payloads = [ipc.encode(r) for r in processed.core_requests]
-        except (OverflowError, TypeError, msgspec.EncodeError) as exc:
-            raise InvalidRequestError(f"the request has a value the engine cannot accept: {exc} "
-                                      "(e.g. an integer outside the 64-bit range)") from None
-        return self._stream(processed, payloads)
+        return self._stream(processed, _encode_requests(processed.core_requests))
 
     def beam_search(self, prompt: Any, request_id: str, params: "BeamSearchParams",
                     lora_request: "LoRARequest | None" = None, priority: int = 0,
@@ -546,12 +564,9 @@ class AsyncLLM:
         try:
             processed = self.processor.process_pooling_inputs(request_id, prompt, pooling_params, priority=priority,
                                                               group_id=group_id, client_key=client_key)
-            payloads = [ipc.encode(r) for r in processed.core_requests]
         except ValueError as exc:
             raise InvalidRequestError(str(exc)) from None
-        except (OverflowError, TypeError, msgspec.EncodeError) as exc:
-            raise InvalidRequestError(f"the request has a value the engine cannot accept: {exc}") from None
-        return self._stream(processed, payloads)
+        return self._stream(processed, _encode_requests(processed.core_requests))
 
     async def _stream(self, processed: Any, payloads: list[bytes]) -> AsyncGenerator["RequestOutput", None]:
         if not self._started:

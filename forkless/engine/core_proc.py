@@ -20,6 +20,8 @@ import time
 import traceback
 from typing import Any
 
+import msgspec
+
 from forkless.gc_tuning import tune_process
 from forkless.protocol import ipc
 from forkless.logger import init_logger
@@ -79,7 +81,13 @@ class EngineCoreProc:
         from forkless.protocol.engine import EngineCoreRequest
 
         if kind == ipc.ADD:
-            req = ipc.decode(payload, EngineCoreRequest)
+            try:
+                req = ipc.decode(payload, EngineCoreRequest)
+            except msgspec.ValidationError as exc:
+                # (The API server decodes each request as here before sending it; another
+                # client's malformed one fails alone, not the engine.)
+                self._send(ipc.REQUEST_ERROR, {"request_id": _request_id(payload), "error": f"invalid request: {exc}"})
+                return
             try:
                 self.core.add_request(req)
             except ValueError as exc:
@@ -205,3 +213,14 @@ def start_engine_core_process(config_bytes: bytes, input_addr: str, output_addr:
                        args=(config_bytes, input_addr, output_addr, os.getpid(), ipc_dir, log_stats))
     proc.start()
     return proc
+
+
+def _request_id(payload: bytes) -> str | None:
+    """The ``request_id`` of an ``EngineCoreRequest`` message that failed its typed
+    decoding (``None`` if even that is unreadable)."""
+    try:
+        data = ipc.decode(payload)
+    except msgspec.DecodeError:
+        return None
+    request_id = data.get("request_id") if isinstance(data, dict) else None
+    return request_id if isinstance(request_id, str) else None

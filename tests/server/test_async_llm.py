@@ -477,3 +477,41 @@ def test_a_beam_search_admitted_before_a_drain_finishes(tiny_llama: Path) -> Non
 
     tokens, refused = asyncio.run(main())
     assert tokens == 120 and refused
+
+
+def test_a_value_of_the_wrong_type_is_refused_and_never_reaches_the_engine_core(tiny_llama: Path) -> None:
+    """A request the engine core's typed decoding would refuse is the caller's
+    InvalidRequestError (the server's 400), decoded as the core decodes it before it is
+    sent; and a malformed message that reaches the core all the same fails alone: the
+    engine keeps serving (it once died of a string where a flag is a boolean)."""
+    import msgspec
+    import pytest
+
+    from forkless.engine.async_llm import InvalidRequestError
+    from forkless.protocol import ipc
+    from forkless.protocol.engine import EngineCoreRequest
+    from forkless.sampling_params import StructuredOutputsParams
+
+    async def main() -> None:
+        args = EngineArgs(model=str(tiny_llama), max_model_len=256, kv_cache_memory=32 << 20)
+        llm = AsyncLLM.from_engine_args(args, log_stats=False)
+        try:
+            await llm.start()
+            params = SamplingParams(max_tokens=3, structured_outputs=StructuredOutputsParams(regex="[ab]+"))
+            params.structured_outputs.disable_any_whitespace = "maybe"  # past the constructor's checks
+            with pytest.raises(InvalidRequestError, match="disable_any_whitespace"):
+                async for _ in llm.generate("Hi", params, "typed"):
+                    pass
+            good = EngineCoreRequest(request_id="raw", prompt_token_ids=[1, 2, 3],
+                                     sampling_params=SamplingParams(max_tokens=2), eos_token_id=None,
+                                     arrival_time=time.time())
+            raw = msgspec.to_builtins(good)
+            raw["sampling_params"]["temperature"] = "hot"
+            await llm.client.add_request(ipc.encode(raw))
+            async for out in llm.generate("Hello there", SamplingParams(temperature=0, max_tokens=4), "after"):
+                final = out
+            assert final.finished and len(final.outputs[0].token_ids) == 4 and not llm.errored
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())

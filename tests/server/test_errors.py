@@ -40,6 +40,9 @@ def assert_openai_error(resp: httpx.Response, status: int = 400, fragment: str =
         ("/v1/completions", {"model": "tiny", "prompt": "hi", "vllm_xargs": {"k": -2**70}}, "64-bit", None),
         ("/v1/completions", {"model": "tiny", "prompt": "hi", "n": 100_000}, "128", "n"),
         ("/v1/completions", {"model": "tiny", "prompt": "hi", "top_k": 2**70}, "64-bit", "top_k"),
+        # a string where a flag is a boolean once killed the engine core (its typed decoding)
+        ("/v1/completions", {"model": "tiny", "prompt": "hi", "structured_outputs": {
+            "regex": "a", "disable_any_whitespace": "maybe"}}, "expected true or false", "structured_outputs"),
         ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "word " * 400}]},
          "maximum context length is 256", "messages"),
         ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": []},

@@ -46,6 +46,31 @@ def test_sagemaker_ping_and_invocations(server: Server) -> None:
         assert r.status_code == 400 and fragment in r.json()["error"]["message"], r.text
 
 
+def test_logprobs_of_tokens_a_grammar_masks_are_numbers(server: Server) -> None:
+    # A grammar masks tokens to -inf, and they still rank among the top ones: JSON cannot
+    # carry -inf (it was a 500), so they are -9999.0, as vLLM answers.
+    import json
+    import math
+
+    constraint = {"structured_outputs": {"regex": "[0-9]{4}"}}
+    r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": "Num:", "max_tokens": 6,
+                                                        "logprobs": 3, **constraint}, timeout=60)
+    assert r.status_code == 200, r.text
+    tops = r.json()["choices"][0]["logprobs"]["top_logprobs"]
+    values = [v for top in tops for v in top.values()]
+    assert -9999.0 in values and all(isinstance(v, float) and math.isfinite(v) for v in values), tops
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Num?"}], "max_tokens": 6, "logprobs": True,
+            "top_logprobs": 3, **constraint}
+    for stream in (False, True):
+        r = httpx.post(server.url + "/v1/chat/completions", json={**chat, "stream": stream}, timeout=60)
+        assert r.status_code == 200, r.text
+        bodies = ([json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")] if stream
+                  else [r.json()])
+        content = [c for b in bodies for ch in b["choices"] for c in (ch.get("logprobs") or {}).get("content") or []]
+        values = [t["logprob"] for c in content for t in c["top_logprobs"]]
+        assert content and -9999.0 in values and all(isinstance(v, float) for v in values), (stream, content)
+
+
 def test_completion_greedy_usage_and_length(server: Server) -> None:
     client = server.client()
     r = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=7, temperature=0)

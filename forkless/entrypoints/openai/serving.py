@@ -470,8 +470,14 @@ def _prompt_logprobs(out: "RequestOutput") -> PromptLogprobs | None:
     if out.prompt_logprobs is None:
         return None
     return [None if entry is None else {
-        tok: PromptLogprob(logprob=max(lp.logprob, -9999.0), rank=lp.rank, decoded_token=lp.decoded_token)
+        tok: PromptLogprob(logprob=_json_logprob(lp.logprob), rank=lp.rank, decoded_token=lp.decoded_token)
         for tok, lp in entry.items()} for entry in out.prompt_logprobs]
+
+
+def _json_logprob(logprob: float) -> float:
+    """A logprob JSON can carry: -inf (a token a grammar or a logit bias masks, listed among
+    the top ones) and NaN become -9999.0, as in vLLM's answers."""
+    return logprob if logprob >= -9999.0 else -9999.0
 
 
 class _TextOffsets:
@@ -906,15 +912,16 @@ class OpenAIServing:
             entries = (c.logprobs or [])[i] if c.logprobs and i < len(c.logprobs) else {}
             chosen = entries.get(tok_id)
             lp.tokens.append(self._token_text(tok_id, entries, as_ids))
-            lp.token_logprobs.append(chosen.logprob if chosen else None)
+            lp.token_logprobs.append(_json_logprob(chosen.logprob) if chosen else None)
             if n is None or (n == 0 and chosen is None):
                 lp.top_logprobs.append(None)
             elif n == 0:  # the sampled token alone, as vLLM answers logprobs=0
-                lp.top_logprobs.append({lp.tokens[-1]: chosen.logprob})
+                lp.top_logprobs.append({lp.tokens[-1]: _json_logprob(chosen.logprob)})
             else:
                 # -1: the whole vocabulary (every entry the engine returned).
                 top = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)[: None if n == -1 else n + 1]
-                lp.top_logprobs.append({self._token_text(t, entries, as_ids): e.logprob for t, e in top})
+                lp.top_logprobs.append({self._token_text(t, entries, as_ids): _json_logprob(e.logprob)
+                                        for t, e in top})
         return lp
 
     def _echo(self, prompt_ids: list[int], text: str | None, out: "RequestOutput", n: int | None,
@@ -1397,8 +1404,9 @@ class OpenAIServing:
             ranked = sorted(entries.items(), key=lambda kv: kv[1].rank or 0)
             names = [(self._token_text(t, entries, as_ids), e) for t, e in ranked
                      if top == -1 or (e.rank or 0) <= (top or 0)][: None if top == -1 else top or 0]
-            tops = [TopLogprob(token=name, logprob=e.logprob, bytes=list(name.encode())) for name, e in names]
-            content.append(ChatTokenLogprob(token=token, logprob=chosen.logprob if chosen else -9999.0,
+            tops = [TopLogprob(token=name, logprob=_json_logprob(e.logprob), bytes=list(name.encode()))
+                    for name, e in names]
+            content.append(ChatTokenLogprob(token=token, logprob=_json_logprob(chosen.logprob) if chosen else -9999.0,
                                             bytes=list(text.encode()), top_logprobs=tops))
         return ChatLogprobs(content=content)
 
