@@ -38,6 +38,8 @@ def test_a_response_is_the_chat_completion_of_its_messages(server: Server) -> No
     assert (r.usage.input_tokens, r.usage.output_tokens) == (chat.usage.prompt_tokens, chat.usage.completion_tokens)
     (item,) = r.output
     assert item.type == "message" and item.role == "assistant" and item.content[0].type == "output_text"
+    # Cut by max_output_tokens: the item is incomplete too, and the response not completed.
+    assert item.status == "incomplete" and r.completed_at is None
 
     events = list(client.responses.create(model="tiny", input="Hello there", instructions="Be brief.",
                                           max_output_tokens=6, temperature=0, stream=True))
@@ -49,6 +51,13 @@ def test_a_response_is_the_chat_completion_of_its_messages(server: Server) -> No
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == r.output_text
     assert events[-1].response.output_text == r.output_text and events[-1].response.usage.output_tokens == 6
+    assert [e.item.status for e in events if e.type == "response.output_item.done"] == ["incomplete"]
+    # Stopped inside the same greedy text (a stop string of it): completed, and when.
+    assert len(r.output_text) >= 3
+    done = client.responses.create(model="tiny", input="Hello there", instructions="Be brief.", temperature=0,
+                                   max_output_tokens=200, extra_body={"stop": [r.output_text[1:3]]})
+    assert done.status == "completed" and done.output[-1].status == "completed"
+    assert done.completed_at >= done.created_at
 
 
 def test_the_response_says_what_it_sampled_with(server: Server) -> None:
@@ -105,6 +114,14 @@ def test_ids_are_the_servers_and_an_empty_model_is_the_served_one(server: Server
     assert made[0]["id"] != made[1]["id"] and all(m["model"] == "tiny" for m in made)
     for m in made:
         assert httpx.get(server.url + f"/v1/responses/{m['id']}", timeout=30).json()["id"] == m["id"]
+
+
+def test_include_of_encrypted_reasoning_is_refused(server: Server) -> None:
+    # Nothing here encrypts reasoning for a stateless next turn: asked for, it is a 400,
+    # not an include that returns nothing.
+    r = httpx.post(server.url + "/v1/responses", json={"model": "tiny", "input": "Hi", "max_output_tokens": 1,
+                                                       "include": ["reasoning.encrypted_content"]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "include", r.text
 
 
 def test_include_logprobs_alone_turns_them_on(server: Server) -> None:

@@ -88,7 +88,9 @@ _REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "enable_response_messages": ((None, False), "the response's input and output messages are not returned"),
     "previous_input_messages": ((None,), "chain responses with previous_response_id"),
 }
-_INCLUDABLE = ("message.output_text.logprobs", "reasoning.encrypted_content")
+# (OpenAI's reasoning.encrypted_content is refused: nothing here encrypts reasoning for a
+# stateless next turn; previous_response_id chains with the stored reasoning.)
+_INCLUDABLE = ("message.output_text.logprobs",)
 # Responses fields that are chat completions fields of the same name and meaning.
 _CHAT_FIELDS = ("model", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                 "frequency_penalty", "logit_bias", "seed", "stop", "ignore_eos", "skip_special_tokens",
@@ -474,8 +476,10 @@ class OpenAIServingResponses:
         items = _output_items(message.reasoning, message.content, [
             {"call_id": c.id, "name": c.function.name, "arguments": c.function.arguments}
             for c in message.tool_calls], _content_logprobs(choice.logprobs) if chat_req.logprobs else None)
-        response = self._response(req, items, "incomplete" if choice.finish_reason == "length" else "completed",
-                                  result.usage.model_dump() if result.usage else None, response_id)
+        status = "incomplete" if choice.finish_reason == "length" else "completed"
+        items[-1]["status"] = status  # (the item the output was cut in, as OpenAI marks it)
+        response = self._response(req, items, status, result.usage.model_dump() if result.usage else None,
+                                  response_id)
         self._remember(req, response, conversation)
         return response
 
@@ -699,7 +703,8 @@ class OpenAIServingResponses:
                               for name in ("temperature", "top_p"))
         return {
             "id": response_id or _id("resp"), "object": "response", "created_at": created_at or int(time.time()),
-            "status": status, "background": bool(req.background), "error": None,
+            "status": status, "completed_at": int(time.time()) if status == "completed" else None,
+            "background": bool(req.background), "error": None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
             "model": req.model or self.chat.model_name, "output": output,
@@ -766,8 +771,8 @@ class OpenAIServingResponses:
                         for event in builder.delta(choice.get("delta") or {}, choice.get("logprobs")):
                             yield event
                         finish = choice.get("finish_reason") or finish
-            closing = builder.close()
             status = "incomplete" if finish == "length" else "completed"
+            closing = builder.close(status)
             response = self._response(req, builder.items, status, usage, response_id, created)
             self._remember(req, response, conversation)
             stored = True
@@ -916,11 +921,11 @@ class _StreamedOutput:
                                         content_index=0, part=_text_part("", [] if self.with_logprobs else None)))
         return out
 
-    def _close(self) -> list[str]:
+    def _close(self, status: str = "completed") -> list[str]:
         item, self.open = self.open, None
         if item is None:
             return []
-        item["status"] = "completed"
+        item["status"] = status
         index = self.items.index(item)
         out = []
         if item["type"] == "reasoning":
@@ -938,20 +943,21 @@ class _StreamedOutput:
         out.append(self.events.emit("response.output_item.done", output_index=index, item=item))
         return out
 
-    def close(self) -> list[str]:
+    def close(self, status: str = "completed") -> list[str]:
         """Close the open item, then stream the function calls held back behind it; an
         output with neither a message nor a function call (none at all, or reasoning alone)
-        gets an empty message, as a response that is not streamed has."""
+        gets an empty message, as a response that is not streamed has. The last item gets
+        ``status`` (``incomplete``: the output was cut there, as OpenAI marks it)."""
         if not any(item["type"] in ("message", "function_call") for item in self.items):
             out = self._open("message")
             if self.pending_logprobs:
                 out.append(self._text_delta("", []))
-            return out + self._close()
-        out = self._close()
+            return out + self._close(status)
         held, self.held_calls = self.held_calls, []
+        out = self._close("completed" if held else status)
         for call in held:
             out += self._call_delta(call)
-        return out + self._close()
+        return out + self._close(status)
 
 
 def _check_metadata(metadata: dict[str, str] | None) -> None:
