@@ -716,6 +716,9 @@ class EngineArgs:
             current_platform.attention_backend_path(self.attention_backend)
         except KeyError as exc:
             raise ValueError(f"--attention-backend: {exc}") from None
+        if self.tokenizer and not Path(self.tokenizer).expanduser().exists():
+            raise ValueError(f"--tokenizer {self.tokenizer!r} is not a local folder (nothing is downloaded): give "
+                             "a tokenizer folder, or leave it out for the model's own")
         model_path = resolve_model_path(self.model)
         hf = _read_json(model_path / "config.json")
         architecture = _check_architecture(hf)
@@ -1246,6 +1249,14 @@ class EngineArgs:
                             ("--max-cpu-loras", self.max_cpu_loras)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise _bad_flag(flag, value, "a positive integer")
+        lora_flags = [flag for flag, value, default in (("--max-loras", self.max_loras, 1),
+                                                        ("--max-lora-rank", self.max_lora_rank, 16),
+                                                        ("--max-cpu-loras", self.max_cpu_loras, None))
+                      if value != default]
+        if lora_flags and not self.enable_lora:
+            verb = "needs" if len(lora_flags) == 1 else "need"
+            raise ValueError(f"{', '.join(lora_flags)} {verb} --enable-lora (they size the LoRA adapters' slots, "
+                             "which only exist with it)")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             raise _bad_flag("--max-cpu-loras", self.max_cpu_loras,
                             f"at least --max-loras ({self.max_loras}): adapters in slots stay loaded")
@@ -1313,9 +1324,14 @@ PROFILER_FLAGS = {"torch_profiler_record_shapes": "record_shapes", "torch_profil
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            data = json.load(f)
     except FileNotFoundError:
         return {}
+    except ValueError as exc:  # (UnicodeDecodeError is one too)
+        raise ValueError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, not {type(data).__name__}")
+    return data
 
 
 def _text_config(hf: dict[str, Any]) -> dict[str, Any]:

@@ -261,3 +261,37 @@ def test_vllm_server_flags_forkless_does_not_implement_are_refused_saying_why(ca
         assert main(["serve", "--port", "0", *argv]) == 2
         err = capsys.readouterr().err
         assert f"forkless serve: error: {argv[0]}: " in err and reason in err, err
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["generate", "/nonexistent-model", "--prompt", "hi"], "is not a local folder or file"),
+    (["generate", "--prompt", "hi", "--tokenizer", "/nonexistent-tokenizer"], "--tokenizer '/nonexistent-tokenizer'"),
+    (["bench", "latency", "--model", "/nonexistent-model"], "is not a local folder or file"),
+    (["serve", "--port", "0", "--max-loras", "2"], "--max-loras needs --enable-lora"),
+])
+def test_bad_command_lines_are_one_line_errors_at_once(tmp_path: Path, argv: list[str], expected: str) -> None:
+    env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="")
+    proc, elapsed = forkless_cli(argv, env)
+    assert_one_line_error(proc, elapsed, expected, tmp_path / "cache")
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["serve", "--port", "99999"], "argument --port: expected a port number in 0-65535, got '99999'"),
+    (["disagg-proxy", "--prefill", "http://a", "--decode", "http://b", "--port", "-1"], "0-65535, got '-1'"),
+    (["bench", "throughput", "--num-prompts", "0"], "--num-prompts: expected a whole number >= 1, got '0'"),
+    (["bench", "latency", "--output-len", "0"], "--output-len: expected a whole number >= 1, got '0'"),
+])
+def test_bad_flag_values_are_argparse_errors(tmp_path: Path, argv: list[str], expected: str) -> None:
+    # (argparse's usage, then its error line; not a traceback once the work has started.)
+    proc, elapsed = forkless_cli(argv, plugin_env(None, tmp_path, FORKLESS_PLUGINS=""))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert expected in proc.stderr.splitlines()[-1] and elapsed < 20, proc.stderr[-500:]
+
+
+def test_a_malformed_config_json_is_named(tmp_path: Path) -> None:
+    model = tmp_path / "broken-model"
+    model.mkdir()
+    (model / "config.json").write_text("{not json")
+    env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="")
+    proc, elapsed = forkless_cli(["serve", str(model), "--port", "0"], env)
+    assert_one_line_error(proc, elapsed, f"{model / 'config.json'} is not valid JSON", tmp_path / "cache")

@@ -17,22 +17,25 @@ import argparse
 import asyncio
 import json
 import math
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from forkless.config import EngineArgs
+from forkless.entrypoints.cli.arg_types import port_number, positive_int
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``bench`` and its sub-commands."""
     parser = subparsers.add_parser("bench", help="benchmark forkless",
-                                   description="Offline benchmarks (see benchmarks/README.md).")
+                                   description="Benchmarks: the offline engine's throughput and batch-1 latency, "
+                                               "and online serving (see benchmarks/README.md).")
     sub = parser.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
 
     tp = sub.add_parser("throughput", help="output tokens/s against transformers generate")
     _common(tp)
-    tp.add_argument("-n", "--num-prompts", type=int, default=512)
+    tp.add_argument("-n", "--num-prompts", type=positive_int, default=512)
     tp.add_argument("--input-len", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
                     help="prompt lengths, uniform in [MIN, MAX] (default 100 1024)")
     tp.add_argument("--output-len", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
@@ -52,16 +55,31 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     tp.add_argument("--peak-tflops", type=float, default=None,
                     help="peak FLOP/s (in TFLOP/s) for the floor's prefill compute (default: the "
                          "device's data-sheet dense bf16 number; on the CPU a matmul measured in the run)")
-    tp.set_defaults(func=run_throughput)
+    tp.set_defaults(func=_one_line_errors("throughput", run_throughput))
 
     lat = sub.add_parser("latency", help="batch-1 time per output token against the bandwidth bound")
     _common(lat)
-    lat.add_argument("--prompt-len", type=int, default=128)
-    lat.add_argument("--output-len", type=int, default=256)
-    lat.set_defaults(func=run_latency)
+    lat.add_argument("--prompt-len", type=positive_int, default=128)
+    lat.add_argument("--output-len", type=positive_int, default=256)
+    lat.set_defaults(func=_one_line_errors("latency", run_latency))
 
     _add_serve(sub)
     return parser
+
+
+def _one_line_errors(name: str, run: Any) -> Any:
+    """``run(args)``, with a model that is not there or a bad engine flag reported as
+    ``serve`` reports them: one line, exit status 2 (not a traceback)."""
+    from forkless.model_loader.default_model import ModelNotFoundError
+
+    def checked(args: argparse.Namespace) -> int:
+        try:
+            return run(args)
+        except (ValueError, ModelNotFoundError) as exc:
+            print(f"forkless bench {name}: error: {exc}", file=sys.stderr)
+            return 2
+
+    return checked
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -375,7 +393,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
                         help="a running server's host (default 127.0.0.1 when --port is given): with --host or "
                              "--port and no --base-url the base URL is http://HOST:PORT, as vLLM builds it; "
                              "with none of the three a server is started here")
-    target.add_argument("--port", type=int, default=None, help="a running server's port (default 8000 when "
+    target.add_argument("--port", type=port_number, default=None, help="a running server's port (default 8000 when "
                                                                "--host is given)")
     target.add_argument("--backend", type=_backend, default="openai",
                         help="openai or vllm: /v1/completions with the prompt's token ids; openai-chat: "

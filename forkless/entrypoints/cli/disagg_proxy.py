@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 import uvicorn
 
+from forkless.entrypoints.cli.arg_types import port_number
 from forkless.logger import init_logger
 
 logger = init_logger("forkless.disagg_proxy")
@@ -74,7 +75,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--decode", action="append", required=True, type=_backend_url, metavar="URL",
                         help="base URL of a decode server, http://HOST:PORT (repeat for several: used in turn)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    parser.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000)")
     parser.add_argument("--connect-timeout", type=_positive_seconds, default=CONNECT_TIMEOUT_S, metavar="SECONDS",
                         help=f"seconds to connect to a backend (default {CONNECT_TIMEOUT_S:g}); reading has no "
                              "timeout, generations may be long")

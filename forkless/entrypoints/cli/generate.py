@@ -30,6 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from forkless.executor import get_executor_cls
+    from forkless.model_loader.default_model import ModelNotFoundError
     from forkless.plugins import PluginLoadError
     from forkless.sampling_params import SamplingParams
 
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
             outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params, use_tqdm=False)
         else:
             outputs = llm.generate(args.prompt, params, use_tqdm=False)
-    except ValueError as exc:
+    except (ValueError, ModelNotFoundError) as exc:
         print(f"forkless generate: error: {exc}", file=sys.stderr)
         return 2
     for output in outputs:

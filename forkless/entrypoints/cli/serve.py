@@ -36,6 +36,7 @@ from typing import Any, Iterator
 import uvicorn
 
 from forkless import envs
+from forkless.entrypoints.cli.arg_types import port_number
 from forkless.entrypoints.cli.main import STARTED
 from forkless.entrypoints.openai.frontend_options import FrontendOptions
 from forkless.entrypoints.openai.frontend_options import add_cli_args as add_frontend_args
@@ -85,7 +86,7 @@ def add_parser(subparsers: Any) -> None:
                              "line win")
     group = parser.add_argument_group("server")
     group.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    group.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    group.add_argument("--port", type=port_number, default=8000, help="port to listen on (default 8000)")
     group.add_argument("--api-key", default=envs.FORKLESS_API_KEY,
                        help="require 'Authorization: Bearer KEY' on every route but /health, /ping, /version "
                             "and /metrics (or FORKLESS_API_KEY)")
