@@ -361,13 +361,18 @@ class LLM:
 
         Raises:
             ValueError: An empty list of conversations, a content format other than the
-                three, ``mm_processor_kwargs``, a message the template cannot render, or a
+                three, ``mm_processor_kwargs``, both ``add_generation_prompt`` and
+                ``continue_final_message``, a message the template cannot render, or a
                 tokenization argument that is unknown or out of range.
         """
         if mm_processor_kwargs:
             raise ValueError("mm_processor_kwargs: forkless's models read text only")
         if not messages:
             raise ValueError("messages is empty: pass a conversation (a list of message dicts) or a list of them")
+        if add_generation_prompt and continue_final_message:
+            # (vLLM's ValueError, as transformers' apply_chat_template raises it; the server's 400.)
+            raise ValueError("continue_final_message=True and add_generation_prompt=True cannot be combined: "
+                             "pass add_generation_prompt=False to continue the last message")
         conversations = [messages] if isinstance(messages[0], dict) else list(messages)
         processor = self.llm_engine.processor
         prompts = [

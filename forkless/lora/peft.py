@@ -179,7 +179,7 @@ def _is(lora: LoRARequest, path: Path, kind: str) -> bool:
 
 def _read_config(lora: LoRARequest, folder: Path) -> dict[str, Any]:
     if not _is(lora, folder, "dir"):
-        raise _fail(lora, "no such folder")
+        raise _fail(lora, "a file, not a PEFT adapter folder" if _is(lora, folder, "file") else "no such folder")
     cfg_path = folder / CONFIG_FILE
     if not _is(lora, cfg_path, "file"):
         raise _fail(lora, f"no {CONFIG_FILE} in the folder (expected a PEFT adapter saved with save_pretrained)")

@@ -117,3 +117,10 @@ def test_reset_running_requests_preempts_and_recomputes(llm: LLM) -> None:
         finished += [o for o in engine.step() if o.finished]
     # Computed again from its first token, it ends with the same greedy tokens.
     assert _tokens(finished) == expected
+
+
+def test_chat_refuses_a_generation_prompt_after_a_continued_message(llm: LLM) -> None:
+    # As vLLM's LLM.chat (and the server's 400): both cannot hold at once.
+    with pytest.raises(ValueError, match="add_generation_prompt=False to continue"):
+        llm.chat(CHAT, GREEDY, use_tqdm=False, continue_final_message=True)
+    assert llm.chat(CHAT, GREEDY, use_tqdm=False, continue_final_message=True, add_generation_prompt=False)

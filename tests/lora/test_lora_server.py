@@ -121,6 +121,16 @@ def test_runtime_load_unload_and_errors(lora_server, llama, references, detok, t
     assert bad.status_code == 400 and "LoRA adapter 'bad'" in bad.json()["error"]["message"]
     missing_field = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "x"})
     assert missing_field.status_code == 400
+    a_file = tmp_path / "adapter.txt"
+    a_file.write_text("not an adapter")
+    bad = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": str(a_file)})
+    assert bad.status_code == 400 and "a file, not a PEFT adapter folder" in bad.json()["error"]["message"]
+    # Fields the endpoints do not read are refused, and an id that is not the adapter's too.
+    extra = httpx.post(f"{url}/v1/load_lora_adapter", json={"lora_name": "y", "lora_path": str(a_file),
+                                                           "lora_int_id": 5})
+    assert extra.status_code == 400 and extra.json()["error"]["param"] == "lora_int_id", extra.text
+    wrong_id = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "mlp", "lora_int_id": 10 ** 6})
+    assert wrong_id.status_code == 400 and wrong_id.json()["error"]["param"] == "lora_int_id", wrong_id.text
     gone = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "mlp"})
     assert gone.status_code == 200, gone.text
     again = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "mlp"})

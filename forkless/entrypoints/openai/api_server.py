@@ -56,7 +56,7 @@ from forkless.protocol.openai import (
     TokenizeResponse,
     UnloadLoRAAdapterRequest,
 )
-from forkless.entrypoints.openai.serving import OpenAIServing
+from forkless.entrypoints.openai.serving import OpenAIServing, check_unknown_fields
 from forkless.entrypoints.openai.serving_models import LoRAModulePath, ServingModels
 from forkless.entrypoints.openai.serving_pooling import attach_pooling_routes
 from forkless.entrypoints.openai.serving_responses import OpenAIServingResponses
@@ -295,12 +295,14 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         # vLLM's routes and answers; only with FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1.
         @app.post("/v1/load_lora_adapter")
         async def load_lora_adapter(req: LoadLoRAAdapterRequest) -> Response:
+            check_unknown_fields(req)  # (vLLM's lora_int_id is the server's to choose here)
             await models.add_lora(req.lora_name, req.lora_path, load_inplace=req.load_inplace)
             return Response(f"Success: LoRA adapter '{req.lora_name}' added successfully.", media_type="text/plain")
 
         @app.post("/v1/unload_lora_adapter")
         async def unload_lora_adapter(req: UnloadLoRAAdapterRequest) -> Response:
-            models.remove_lora(req.lora_name)
+            check_unknown_fields(req)
+            models.remove_lora(req.lora_name, req.lora_int_id)
             return Response(f"Success: LoRA adapter '{req.lora_name}' removed successfully.", media_type="text/plain")
 
     pooling, pooling_invocations = attach_pooling_routes(app, engine, serving, io_processor, _cancel_on_disconnect)

@@ -173,20 +173,29 @@ class ServingModels:
         self._parents[lora.lora_name] = given if given in self.served_model_names else self.base_model_name
         logger.info("LoRA adapter %r (id %d) added from %s", lora.lora_name, lora.lora_int_id, lora.lora_path)
 
-    def remove_lora(self, name: str) -> None:
+    def remove_lora(self, name: str, lora_int_id: int | None = None) -> None:
         """Stop serving an adapter; requests already running finish with it.
 
+        Args:
+            name: The adapter's name.
+            lora_int_id: vLLM's optional id of it: when given, it must be the adapter's.
+
         Raises:
-            BadRequest: No name (400) or no adapter of that name (404), as vLLM answers.
+            BadRequest: No name (400), no adapter of that name (404), as vLLM answers, or
+                an id that is not the named adapter's (400: it is not ignored).
         """
         if not name:
             raise BadRequest("'lora_name' needs to be provided to unload a LoRA adapter.", "lora_name",
                              err_type="InvalidUserInput")
-        lora = self.loras.pop(name, None)
+        lora = self.loras.get(name)
         if lora is None:
             known = ", ".join(quoted(n) for n in self.loras) or "none"
             raise BadRequest(f"The lora adapter '{quoted(name)}' cannot be found (loaded adapters: {known})",
                              "lora_name", err_type="NotFoundError", status=HTTPStatus.NOT_FOUND)
+        if lora_int_id is not None and lora_int_id != lora.lora_int_id:
+            raise BadRequest(f"lora_int_id {lora_int_id} is not the id of adapter '{quoted(name)}' "
+                             f"({lora.lora_int_id}); leave it out to unload by name", "lora_int_id")
+        del self.loras[name]
         self._parents.pop(name, None)
         self.engine.processor.forget_lora(lora.lora_int_id)
         logger.info("LoRA adapter %r removed", name)
