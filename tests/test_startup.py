@@ -268,6 +268,8 @@ def test_vllm_server_flags_forkless_does_not_implement_are_refused_saying_why(ca
     (["generate", "--prompt", "hi", "--tokenizer", "/nonexistent-tokenizer"], "--tokenizer '/nonexistent-tokenizer'"),
     (["bench", "latency", "--model", "/nonexistent-model"], "is not a local folder or file"),
     (["serve", "--port", "0", "--max-loras", "2"], "--max-loras needs --enable-lora"),
+    (["generate", "--prompt", "hi", "--served-model-name", "x"], "--served-model-name has no use here"),
+    (["generate", "--prompt", "hi", "--enable-lora"], "--enable-lora has no use here"),
 ])
 def test_bad_command_lines_are_one_line_errors_at_once(tmp_path: Path, argv: list[str], expected: str) -> None:
     env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="")
@@ -280,6 +282,7 @@ def test_bad_command_lines_are_one_line_errors_at_once(tmp_path: Path, argv: lis
     (["disagg-proxy", "--prefill", "http://a", "--decode", "http://b", "--port", "-1"], "0-65535, got '-1'"),
     (["bench", "throughput", "--num-prompts", "0"], "--num-prompts: expected a whole number >= 1, got '0'"),
     (["bench", "latency", "--output-len", "0"], "--output-len: expected a whole number >= 1, got '0'"),
+    (["generate", "--prompt", "hi", "--config", "any.yaml"], "unrecognized arguments: --config"),  # serve's alone
 ])
 def test_bad_flag_values_are_argparse_errors(tmp_path: Path, argv: list[str], expected: str) -> None:
     # (argparse's usage, then its error line; not a traceback once the work has started.)

@@ -557,7 +557,8 @@ class Processor:
             The processed request.
 
         Raises:
-            ValueError: Empty prompt, prompt not shorter than ``max_model_len``, token ids
+            ValueError: A request id that is not a non-empty string, an empty prompt, a
+                prompt not shorter than ``max_model_len``, token ids
                 outside the vocabulary, invalid sampling parameters, a priority without the
                 priority policy, a ``cache_salt`` that is not a non-empty string, or a
                 LoRA adapter that cannot be served (see :meth:`check_lora`).
@@ -566,6 +567,8 @@ class Processor:
             raise ValueError(f"{self.config.model_config.served_model_name} is a pooling model (--runner pooling): "
                              "it makes embeddings, classifications and scores, not text (use embed / classify / "
                              "score, or /v1/embeddings, /classify, /score, /pooling)")
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id={request_id!r:.80} is invalid: expected a non-empty string (vLLM's type)")
         params = self._validate_params(params if params is not None else SamplingParams(), priority)
         cache_salt = self._cache_salt(prompt)
         if lora_request is not None:

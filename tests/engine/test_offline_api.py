@@ -105,6 +105,9 @@ def test_chat_takes_vllms_arguments_in_vllms_order(llm: LLM) -> None:
         llm.chat(CHAT, params, use_tqdm=False, mm_processor_kwargs={"max_pixels": 4})
     with pytest.raises(ValueError, match="messages is empty"):
         llm.chat([], params, use_tqdm=False)
+    for bad_id in (5, ""):  # vLLM's request ids are strings
+        with pytest.raises(ValueError, match="request_id=.* expected a non-empty string"):
+            llm.llm_engine.add_request(bad_id, "Hello", params)
     with pytest.raises(ValueError, match="enable_lora"):
         from forkless.lora.request import LoRARequest
 

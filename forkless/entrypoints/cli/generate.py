@@ -28,6 +28,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+_SERVER_ONLY = {"served_model_name": None, "stream_interval": 1, "max_prefill_tokens_per_client": None,
+                "enable_lora": False}
+
+
 def run(args: argparse.Namespace) -> int:
     from forkless.executor import get_executor_cls
     from forkless.model_loader.default_model import ModelNotFoundError
@@ -35,6 +39,13 @@ def run(args: argparse.Namespace) -> int:
     from forkless.sampling_params import SamplingParams
 
     engine_args = EngineArgs.from_cli_args(args)
+    # The engine flags that mean something to a server only (or to a LoRA adapter, which
+    # generate cannot name): given, they are refused rather than ignored.
+    for name, default in _SERVER_ONLY.items():
+        if getattr(engine_args, name) != default:
+            print(f"forkless generate: error: --{name.replace('_', '-')} has no use here (serve it with forkless "
+                  "serve, or use the Python API)", file=sys.stderr)
+            return 2
     # Every class path on the command line is imported and checked before the model
     # loads: a typo fails in a second with one line, like an argparse error.
     try:

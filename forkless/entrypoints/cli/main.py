@@ -86,9 +86,10 @@ def _main(argv: list[str]) -> int:
         print(f"forkless: error: {exc}", file=sys.stderr)
         return 2
     parser = build_parser(argv)
-    if CONFIG_FLAG in argv or any(a.startswith(CONFIG_FLAG + "=") for a in argv):
-        command = next((a for a in argv if not a.startswith("-")), None)
-        subparser = _subparsers(parser).get(command) if command else None
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command == "serve" and (CONFIG_FLAG in argv or any(a.startswith(CONFIG_FLAG + "=") for a in argv)):
+        # (serve alone takes --config; elsewhere argparse refuses it as unrecognized.)
+        subparser = _subparsers(parser).get(command)
         if subparser is not None:
             try:
                 argv = expand_config_file(argv, subparser)
