@@ -1028,3 +1028,25 @@ def test_a_constrained_background_response_answers_at_once(small_store_server: S
     failed = client.responses.retrieve(refused.id)
     assert failed.status == "failed" and "xgrammar" in failed.error.message
     assert events[-1].response.model_dump() == failed.model_dump()
+
+
+def test_truncation_auto_drops_the_oldest_items_and_keeps_the_instructions(server: Server) -> None:
+    # OpenAI's "auto": items are dropped from the start of the conversation until it fits;
+    # "disabled" (the default) is a 400 for a conversation longer than the context.
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "word " * 30}
+             for i in range(12)] + [{"role": "user", "content": "the last question"}]
+    body = {"model": "tiny", "input": turns, "instructions": "Be brief.", "max_output_tokens": 8}
+    too_long = httpx.post(server.url + "/v1/responses", json=body, timeout=60)
+    assert too_long.status_code == 400 and too_long.json()["error"]["param"] == "input", too_long.text
+    r = httpx.post(server.url + "/v1/responses", json={**body, "truncation": "auto"}, timeout=60)
+    assert r.status_code == 200 and r.json()["truncation"] == "auto", r.text
+    used = r.json()["usage"]["input_tokens"]
+    assert used + 8 <= 256  # the tiny model's context
+    # The kept items are the newest ones, after the instructions: the same prompt as the
+    # conversation's tail sent on its own (bisection keeps as many as fit).
+    kept = next(k for k in range(1, len(turns) + 1)
+                if httpx.post(server.url + "/tokenize", json={"model": "tiny", "messages": [
+                    {"role": "system", "content": "Be brief."}, *turns[-k:]]}, timeout=60).json()["count"] > used) - 1
+    tail = httpx.post(server.url + "/tokenize", json={"model": "tiny", "messages": [
+        {"role": "system", "content": "Be brief."}, *turns[-kept:]], "add_generation_prompt": True}, timeout=60)
+    assert tail.json()["count"] == used and 1 <= kept < len(turns)

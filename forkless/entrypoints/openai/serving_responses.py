@@ -415,8 +415,6 @@ class OpenAIServingResponses:
         # says how many alternatives each token then has.
         if "message.output_text.logprobs" in (req.include or []):
             fields.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
-        if req.truncation == "auto":
-            fields["truncate_prompt_tokens"] = -1
         if streamed:
             # Usage in every chunk: a stream that fails or is left is stored with the
             # tokens it had so far.
@@ -438,6 +436,34 @@ class OpenAIServingResponses:
             where = ".".join(str(p) for p in first.get("loc", ())[1:])
             raise BadRequest(f"invalid {param}{'.' + where if where else ''}: {first['msg']}", param) from None
 
+    async def _fit_context(self, chat_req: ChatCompletionRequest, keep: int) -> ChatCompletionRequest:
+        """``truncation: "auto"``, as OpenAI's: the conversation's oldest items are dropped
+        (never the first ``keep`` messages, the instructions; a tool call's results go with
+        it) until the prompt leaves room for ``max_output_tokens`` (else for one token).
+        The fewest items are dropped, found by bisection over where the kept part starts;
+        if the last item alone does not fit, the request fails as any too long one does."""
+        room = self.chat.max_model_len - (chat_req.max_completion_tokens or 1)
+        messages = list(chat_req.messages)
+
+        def starting_at(cut: int) -> ChatCompletionRequest:
+            return chat_req.model_copy(update={"messages": messages[:keep] + messages[cut:]})
+
+        async def fits(cut: int) -> bool:
+            ids = await self.chat.in_tokenizer_thread(self.chat.render_chat, starting_at(cut), "/v1/responses")
+            return len(ids) <= room
+
+        cuts = [c for c in range(keep, len(messages)) if messages[c].role != "tool"]
+        if not cuts or await fits(cuts[0]):
+            return chat_req
+        low, high = 1, len(cuts) - 1  # the answer is in cuts[low:high + 1]; the last is kept regardless
+        while low < high:
+            middle = (low + high) // 2
+            if await fits(cuts[middle]):
+                high = middle
+            else:
+                low = middle + 1
+        return starting_at(cuts[high]) if cuts[1:] else chat_req
+
     async def create(self, req: ResponsesRequest, raw_request: Any) -> Any:
         """The response (a dict), or its stream of SSE events.
 
@@ -445,6 +471,8 @@ class OpenAIServingResponses:
             BadRequest: The request is invalid (``param`` names its Responses field).
         """
         chat_req, conversation = self._chat_request(req)
+        if req.truncation == "auto":
+            chat_req = await self._fit_context(chat_req, keep=1 if req.instructions else 0)
         # Made here, never taken from the client (X-Request-Id, request_id name the engine
         # request): a stored response is not overwritten by another with the same id.
         response_id = _id("resp")
