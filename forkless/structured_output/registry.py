@@ -150,14 +150,17 @@ def _choose_backend(params: StructuredOutputsParams, config: StructuredOutputsCo
         StructuredOutputBackendRegistry.resolve(config.backend).validate_params(params)
         return config.backend
     no_fallback = params.disable_fallback or config.disable_fallback
-    first_error: ValueError | None = None
+    errors: list[tuple[str, ValueError]] = []
     for name in AUTO_ORDER:
         try:
             StructuredOutputBackendRegistry.resolve(name).validate_params(params)
             return name
         except ValueError as exc:
-            first_error = first_error or exc
+            errors.append((name, exc))
             if no_fallback:
                 break
-    assert first_error is not None
-    raise first_error
+    if len(errors) == 1:
+        raise errors[0][1]
+    # Each backend's own reason: the first one's alone would advise what the next refused.
+    raise ValueError("no structured-outputs backend takes this constraint: "
+                     + "; ".join(f"{name}: {exc}" for name, exc in errors))

@@ -100,6 +100,12 @@ def test_auto_falls_back_to_guidance_unless_told_not_to() -> None:
     with pytest.raises(ValueError, match="uniqueItems"):
         choose_backend(StructuredOutputsParams(json={"type": "array", "uniqueItems": True}),
                        StructuredOutputsConfig(backend="auto"))
+    # Refused by both: each backend's reason, not the first one's advice to use the second.
+    with pytest.raises(ValueError) as info:
+        choose_backend(StructuredOutputsParams(grammar='?start: "a"'), StructuredOutputsConfig(backend="auto"))
+    message = str(info.value)
+    assert message.startswith("no structured-outputs backend takes this constraint: xgrammar: ")
+    assert "; guidance: " in message
 
 
 def test_a_constraint_sent_again_is_not_checked_again(monkeypatch: pytest.MonkeyPatch) -> None:
