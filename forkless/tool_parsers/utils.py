@@ -168,7 +168,8 @@ def get_json_schema_from_tools(tool_choice: Any, tools: Sequence[Any] | None,
     object, valid against its ``parameters``. ``"required"``: a JSON array of
     ``{"name", "parameters"}`` objects, one per call, each naming a tool and valid against
     its schema; the tools' ``$defs`` and ``definitions`` are gathered at the top of the
-    schema, where their ``$ref``s point, and their other local ``$ref``s follow them. ``"none"``, ``"auto"`` or no tools: ``None`` (no constraint).
+    schema, where their ``$ref``s point, and their other local ``$ref``s follow them.
+    ``"none"``, ``"auto"`` or no tools: ``None`` (no constraint).
 
     Args:
         tool_choice: The request's ``tool_choice``.

@@ -39,7 +39,8 @@ def test_sagemaker_ping_and_invocations(server: Server) -> None:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [line for line in r.iter_lines() if line]
     assert events[-1] == "data: [DONE]" and events[0].startswith("data: {")
-    for body, fragment in (({"model": "tiny", "input": "hi"}, "a chat completion request (with messages), a completion request (with prompt)"),
+    expected = "a chat completion request (with messages), a completion request (with prompt)"
+    for body, fragment in (({"model": "tiny", "input": "hi"}, expected),
                            ([1, 2], "JSON object"), (None, "not valid JSON")):
         r = httpx.post(server.url + "/invocations", content=b"{" if body is None else None,
                        json=body if body is not None else None, timeout=60)
