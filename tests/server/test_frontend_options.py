@@ -162,7 +162,7 @@ def test_config_file_becomes_flags_and_the_command_line_wins(tmp_path: Path) -> 
     ("- a\n- b\n", "expected a mapping"),
     ("port: [1\n", "not valid YAML"),
     ("port:\n", "'port' has no value"),
-    ("port: many\n", "invalid int value"),
+    ("port: many\n", "--port: expected a port number in 0-65535, got 'many'"),
     ("disable-fastapi-docs: 0\n", "'disable-fastapi-docs' is a switch: expected true or false, got 0"),
     ("port: true\n", "'port' takes a value, not true"),
 ])
