@@ -1249,10 +1249,8 @@ class EngineArgs:
                             ("--max-cpu-loras", self.max_cpu_loras)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise _bad_flag(flag, value, "a positive integer")
-        lora_flags = [flag for flag, value, default in (("--max-loras", self.max_loras, 1),
-                                                        ("--max-lora-rank", self.max_lora_rank, 16),
-                                                        ("--max-cpu-loras", self.max_cpu_loras, None))
-                      if value != default]
+        lora_flags = ["--" + name.replace("_", "-") for name in ("max_loras", "max_lora_rank", "max_cpu_loras")
+                      if getattr(self, name) != defaults[name]]
         if lora_flags and not self.enable_lora:
             verb = "needs" if len(lora_flags) == 1 else "need"
             raise ValueError(f"{', '.join(lora_flags)} {verb} --enable-lora (they size the LoRA adapters' slots, "

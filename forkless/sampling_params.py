@@ -281,8 +281,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
 
     def __post_init__(self) -> None:
         # Normalize first so that validate() and every consumer see one spelling.
-        # Lists from any iterable, but not from a string or a number (list("12") would be
-        # two stop ids, list(5) a TypeError): those are validate()'s error naming the field.
+        # Lists from a tuple or set too, but not from a string or a number (list("12") would
+        # be two stop ids, list(5) a TypeError): those are validate()'s error naming the field.
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         elif isinstance(self.stop, (list, tuple, set)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from forkless.config import EngineArgs
@@ -28,8 +29,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
-_SERVER_ONLY = {"served_model_name": None, "stream_interval": 1, "max_prefill_tokens_per_client": None,
-                "enable_lora": False}
+#: Engine flags that mean something to a server only (or to a LoRA adapter, which generate
+#: cannot name).
+_SERVER_ONLY = ("served_model_name", "stream_interval", "max_prefill_tokens_per_client", "enable_lora")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,10 +41,10 @@ def run(args: argparse.Namespace) -> int:
     from forkless.sampling_params import SamplingParams
 
     engine_args = EngineArgs.from_cli_args(args)
-    # The engine flags that mean something to a server only (or to a LoRA adapter, which
-    # generate cannot name): given, they are refused rather than ignored.
-    for name, default in _SERVER_ONLY.items():
-        if getattr(engine_args, name) != default:
+    # Given, they are refused rather than ignored.
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineArgs)}
+    for name in _SERVER_ONLY:
+        if getattr(engine_args, name) != defaults[name]:
             print(f"forkless generate: error: --{name.replace('_', '-')} has no use here (serve it with forkless "
                   "serve, or use the Python API)", file=sys.stderr)
             return 2

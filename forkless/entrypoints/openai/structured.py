@@ -146,20 +146,19 @@ class ForcedToolCalls:
         if self.forced != "required":
             call = ToolCall(id=self._call_id, function=FunctionCall(name=self.forced, arguments=model_output))
             return ExtractedToolCallInformation(tools_called=True, tool_calls=[call], content=None)
-        scanned = ToolCallArrayScanner().feed(model_output)
         try:
-            items = json.loads(model_output)
+            items, cut = json.loads(model_output), False
         except json.JSONDecodeError:
             # Cut by max_tokens: the calls as far as they are written, each with its name,
             # the last one's arguments unfinished -- what a stream of the same output sent
             # (as a named function's cut arguments are returned); none before a whole name.
-            calls = [ToolCall(id=random_id("chatcmpl-tool"),
-                              function=FunctionCall(name=call.name, arguments=call.arguments(model_output)))
-                     for call in scanned if call.name is not None]
-            return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls, content=None)
+            items, cut = None, True
         calls = [ToolCall(id=random_id("chatcmpl-tool"),
                           function=FunctionCall(name=call.name, arguments=call.arguments(model_output)))
-                 for call in scanned if call.name is not None and call.arguments_end is not None]
+                 for call in ToolCallArrayScanner().feed(model_output)
+                 if call.name is not None and (cut or call.arguments_end is not None)]
+        if cut:
+            return ExtractedToolCallInformation(tools_called=bool(calls), tool_calls=calls, content=None)
         if not isinstance(items, list) or len(calls) != len(items):
             # Not the constraint's shape (a backend that could not hold the output to it).
             return ExtractedToolCallInformation(tools_called=False, content=model_output)
