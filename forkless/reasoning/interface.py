@@ -66,9 +66,11 @@ class ReasoningParser(ABC):
     """Separates a model's reasoning from its answer, whole or streamed.
 
     The API server creates one instance per chat request (so an implementation may keep
-    per-request state between streaming calls), as
-    ``cls(tokenizer, chat_template_kwargs=request.chat_template_kwargs or {})``, like vLLM.
-    Subclasses should accept and pass on ``*args, **kwargs``.
+    per-request state between streaming calls), as ``cls(tokenizer, model_config=...,
+    chat_template_kwargs=request.chat_template_kwargs or {})``, like vLLM (the base keeps
+    ``model_config``, forkless's ``ModelConfig``, as ``self._model_config``; ``None`` where
+    the engine core builds one). Subclasses should accept and pass on ``*args, **kwargs``.
+    Before the request is rendered and sampled, :meth:`adjust_request` may change it.
 
     Must implement :meth:`extract_reasoning` and :meth:`extract_reasoning_streaming`.
     :meth:`is_reasoning_end` and :meth:`extract_content_ids` (token-id views used by
@@ -109,6 +111,8 @@ class ReasoningParser(ABC):
 
     def __init__(self, tokenizer: Any, *args: Any, **kwargs: Any) -> None:
         self.model_tokenizer = tokenizer
+        # get, not pop: a parser that wraps others passes the same kwargs on (as vLLM's).
+        self._model_config: Any = kwargs.get("model_config")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -153,6 +157,24 @@ class ReasoningParser(ABC):
             NotImplementedError: This parser does not say.
         """
         raise NotImplementedError(f"{type(self).__name__} does not implement extract_content_ids")
+
+    def adjust_request(self, request: "ChatCompletionRequest") -> "ChatCompletionRequest":
+        """Change a chat request before it is sampled (its stop strings, say); the server
+        calls it for every chat request while this parser is configured, before the tool
+        parser's.
+
+        Args:
+            request: The chat request; it may be modified in place.
+
+        Returns:
+            The request to use.
+        """
+        return request
+
+    def adjust_initial_state_from_prompt(self, prompt_token_ids: Sequence[int]) -> None:
+        """Called once per request, before any output, when the prompt leaves the reasoning
+        open (:meth:`is_reasoning_end` of the prompt is false or not implemented): a parser
+        whose state depends on how the chat template ended the prompt sets it here."""
 
     def count_reasoning_tokens(self, token_ids: Sequence[int]) -> int:
         """How many of ``token_ids`` are reasoning; 0 when the parser cannot tell."""

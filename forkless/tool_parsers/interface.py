@@ -6,10 +6,12 @@ in its imports.
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
+from forkless.logger import init_logger
 from forkless.plugins import Stability, stability
 
 if TYPE_CHECKING:
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
         DeltaMessage,
         ExtractedToolCallInformation,
     )
+
+logger = init_logger(__name__)
 
 
 @stability(Stability.PUBLIC)
@@ -37,8 +41,30 @@ class ToolParser(ABC):
 
     Args:
         tokenizer: The served model's tokenizer.
-        tools: The request's tools, or ``None``.
+        tools: The request's tools, or ``None`` (kept as ``self.tools``, ``[]`` for none).
     """
+
+    #: vLLM's: ``False`` for a parser that reads calls in its model's own format even under
+    #: ``tool_choice`` ``"required"`` or a named function, which then go unconstrained and
+    #: are parsed as ``"auto"`` (by default they are constrained to a JSON array of calls,
+    #: which the server reads itself).
+    supports_required_and_named: bool = True
+    #: vLLM's xgrammar structural-tag format name. forkless does not constrain tool calls
+    #: with structural tags: a subclass that sets it is told so once, when it is defined.
+    structural_tag_model: str | None = None
+    #: vLLM's ``--tool-strict-level`` default for structural tags; unused, as above.
+    default_tool_strict_level: Any = None
+    #: vLLM's flag for parsers fed by the engine's own streaming parser; forkless always
+    #: calls ``extract_tool_calls_streaming`` with the text, so it is not read.
+    engine_based_streaming: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.structural_tag_model is not None and "structural_tag_model" in cls.__dict__:
+            logger.warning("%s sets structural_tag_model=%r: forkless does not constrain tool calls with "
+                           "xgrammar structural tags (tool_choice \"required\" or a named function is "
+                           "constrained to a JSON array of calls unless supports_required_and_named is "
+                           "False)", cls.__qualname__, cls.structural_tag_model)
 
     def __init__(self, tokenizer: Any, tools: "list[ChatCompletionToolParam] | None" = None) -> None:
         self.prev_tool_call_arr: list[dict[str, Any]] = []
@@ -46,7 +72,19 @@ class ToolParser(ABC):
         self.current_tool_name_sent: bool = False
         self.streamed_args_for_tool: list[str] = []
         self.model_tokenizer = tokenizer
-        self.tools = tools
+        self.tools = list(tools) if tools else []
+
+    def get_remaining_unstreamed_args(self) -> str:
+        """The latest call's arguments (``prev_tool_call_arr[-1]["arguments"]``, as JSON)
+        beyond what ``streamed_args_for_tool`` says was sent, or ``""`` when the two
+        disagree (vLLM's helper for topping up a stream at its end)."""
+        if not self.prev_tool_call_arr:
+            return ""
+        index = len(self.prev_tool_call_arr) - 1
+        arguments = self.prev_tool_call_arr[index].get("arguments", {})
+        whole = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        sent = self.streamed_args_for_tool[index] if index < len(self.streamed_args_for_tool) else ""
+        return whole[len(sent):] if whole.startswith(sent) else ""
 
     @cached_property
     def vocab(self) -> dict[str, int]:

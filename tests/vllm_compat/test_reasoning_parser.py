@@ -28,7 +28,7 @@ VLLM_PATHS = {
     "vllm.entrypoints.generate.base.protocol",  # vLLM 0.31 on
     "vllm.entrypoints.openai.engine.protocol",  # vLLM 0.1x-0.30 (and vLLM's docs)
     "vllm.entrypoints.openai.chat_completion.protocol", "vllm.entrypoints.openai.responses.protocol",
-    "vllm.entrypoints.chat_utils", "vllm.tokenizers", "vllm.logger",
+    "vllm.entrypoints.chat_utils", "vllm.renderers.chat_utils", "vllm.tokenizers", "vllm.logger",
 }
 
 
@@ -108,3 +108,25 @@ def test_token_id_methods_and_vocab(plugin, tokenizer) -> None:
     assert tokenizer.decode(parser.extract_content_ids(ids)).strip() == "Done"
     assert parser.vocab == tokenizer.get_vocab()
     assert parser.prepare_structured_tag(None, None) is None and parser.prepare_structured_tag("tag", None) == "tag"
+
+
+def test_the_parser_gets_the_model_config_and_sees_an_open_prompt(plugin, tokenizer) -> None:
+    from forkless.config import ModelConfig
+
+    config = ModelConfig(model="m", tokenizer="m", served_model_name="m", architecture="LlamaForCausalLM",
+                         dtype="float32", max_model_len=321, vocab_size=10)
+    choice = make_choice_parser(request(), tokenizer, NAME, None, config)
+    assert choice.reasoning.max_model_len == 321 and choice.reasoning.prompt_len is None
+    choice.set_prompt(tokenizer.encode("Think first: [THOUGHT]", add_special_tokens=False))
+    assert choice.reasoning.prompt_len is not None  # the prompt left the reasoning open
+    closed = make_choice_parser(request(), tokenizer, NAME, None, config)
+    closed.set_prompt(tokenizer.encode("[THOUGHT]x[/THOUGHT]", add_special_tokens=False))
+    assert closed.reasoning is None  # the prompt ended it: the output is all content
+
+
+def test_adjust_request_returns_the_request_to_use(plugin, tokenizer) -> None:
+    parser = ReasoningParserManager.create(NAME, tokenizer)
+    plain = request()
+    assert parser.adjust_request(plain) is plain
+    adjusted = parser.adjust_request(request(chat_template_kwargs={"answer_stop": "Rome"}))
+    assert adjusted.stop == ["Rome"]

@@ -135,5 +135,14 @@ def test_forkless_serve_loads_both_plugin_files(tiny_llama: Path, tmp_path: Path
         assert (reasoning, content, finish) == ("Two cities, two calls.", "Checking both. ", "tool_calls")
         assert [tuple(c) for _, c in sorted(calls.items())] == CALLS
         assert [json.loads(a) for _, a in CALLS]  # valid JSON arguments
+        # The reasoning parser's adjust_request returns a copy that stops before the
+        # second call: the copy is the request the server runs.
+        cut = client.chat.completions.create(**{**kwargs, "extra_body": {
+            **forced(tokenizer, text), "chat_template_kwargs": {"answer_stop": "\n[CALL]"}}}).choices[0]
+        assert [(c.function.name, c.function.arguments) for c in cut.message.tool_calls] == CALLS[:1]
+        # supports_required_and_named = False: "required" is not forced into a JSON array
+        # (which the forced tokens would contradict); the parser reads the calls.
+        required = client.chat.completions.create(**{**kwargs, "tool_choice": "required"}).choices[0]
+        assert [(c.function.name, c.function.arguments) for c in required.message.tool_calls] == CALLS
     finally:
         assert srv.stop() == 0, srv.log()[-3000:]

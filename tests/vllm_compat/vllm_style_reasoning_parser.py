@@ -2,8 +2,9 @@
 reasoning model", vLLM 0.33 API), with only the imports renamed (``vllm`` -> ``forkless``).
 
 Reasoning is written ``[THOUGHT]...[/THOUGHT]`` before the answer;
-``chat_template_kwargs={"thinking": False}`` turns it off. Registered with the decorator,
-as a ``--reasoning-parser-plugin`` file registers itself.
+``chat_template_kwargs={"thinking": False}`` turns it off, and ``{"answer_stop": TEXT}``
+makes ``adjust_request`` return a copy of the request that stops at TEXT. Registered with
+the decorator, as a ``--reasoning-parser-plugin`` file registers itself.
 """
 
 from collections.abc import Sequence
@@ -24,6 +25,16 @@ class ThoughtReasoningParser(ReasoningParser):
         super().__init__(tokenizer, *args, **kwargs)
         chat_kwargs = kwargs.get("chat_template_kwargs", {}) or {}
         self.thinking = chat_kwargs.get("thinking", True)
+        self.max_model_len = self._model_config.max_model_len if self._model_config is not None else None
+        self.prompt_len: int | None = None
+
+    def adjust_request(self, request: ChatCompletionRequest | ResponsesRequest) -> ChatCompletionRequest | ResponsesRequest:
+        request = super().adjust_request(request)
+        stop = (request.chat_template_kwargs or {}).get("answer_stop")
+        return request.model_copy(update={"stop": [stop]}) if stop else request
+
+    def adjust_initial_state_from_prompt(self, prompt_token_ids: Sequence[int]) -> None:
+        self.prompt_len = len(prompt_token_ids)
 
     def is_reasoning_end(self, input_ids: Sequence[int]) -> bool:
         text = self.model_tokenizer.decode(list(input_ids))

@@ -54,15 +54,18 @@ class ChoiceParser:
     def set_prompt(self, prompt_token_ids: list[int]) -> None:
         """Tell the parser the prompt. As in vLLM, when the prompt already ends the
         reasoning (a template that closed the think block, as Qwen3's does with
-        ``enable_thinking=False``), the whole output is content."""
+        ``enable_thinking=False``), the whole output is content; else the reasoning parser's
+        ``adjust_initial_state_from_prompt`` sees the prompt."""
         if self.reasoning is None:
             return
         try:
             ended = self.reasoning.is_reasoning_end(prompt_token_ids)
         except NotImplementedError:
-            return
+            ended = False
         if ended:
             self.reasoning = None
+        else:
+            self.reasoning.adjust_initial_state_from_prompt(prompt_token_ids)
 
     def reasoning_tokens(self, token_ids: list[int]) -> int:
         """How many of the output's ``token_ids`` are reasoning, as the reasoning parser
@@ -155,16 +158,16 @@ def _rest(sent: str, whole: str) -> str:
 
 
 def make_choice_parser(request: "ChatCompletionRequest", tokenizer: Any, reasoning_parser: str | None,
-                       tool_parser: str | None) -> ChoiceParser:
+                       tool_parser: str | None, model_config: Any = None) -> ChoiceParser:
     """A ``ChoiceParser`` with fresh parser instances (they may keep per-request state).
 
     The parsers are built as vLLM builds them: ``ReasoningParser(tokenizer,
-    chat_template_kwargs=...)`` and ``ToolParser(tokenizer, request.tools)``.
+    model_config=..., chat_template_kwargs=...)`` and ``ToolParser(tokenizer, request.tools)``.
     """
     from forkless.reasoning import ReasoningParserManager
     from forkless.tool_parsers import ToolParserManager
 
-    reasoning = (ReasoningParserManager.create(reasoning_parser, tokenizer,
+    reasoning = (ReasoningParserManager.create(reasoning_parser, tokenizer, model_config=model_config,
                                                chat_template_kwargs=request.chat_template_kwargs or {})
                  if reasoning_parser else None)
     tools = ToolParserManager.create(tool_parser, tokenizer, request.tools) if tool_parser else None

@@ -1167,7 +1167,9 @@ class OpenAIServing:
         opts = self.chat_options
         choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
         if choice == "required" or isinstance(choice, NamedToolChoice):
-            return None  # constrained to the tools' schemas: ForcedToolCalls reads the calls
+            # Constrained to the tools' schemas, ForcedToolCalls reads the calls; unless the
+            # parser reads them from its own format (see _parser_reads_forced_calls).
+            return opts.tool_parser if self._parser_reads_forced_calls() else None
         if choice == "none" or not req.tools:
             return None
         if not (opts.enable_auto_tool_choice and opts.tool_parser):
@@ -1175,18 +1177,45 @@ class OpenAIServing:
                              "--enable-auto-tool-choice and --tool-call-parser NAME", "tool_choice")
         return opts.tool_parser
 
-    def _choice_parsers(self, req: ChatCompletionRequest, forced: str | None = None) -> list[ChoiceParser] | None:
+    def _parser_reads_forced_calls(self) -> bool:
+        """Whether ``tool_choice`` ``"required"`` or a named function goes unconstrained, its
+        calls read by the ``--tool-call-parser``: vLLM's rule for a parser whose class sets
+        ``supports_required_and_named = False`` (a model whose tool-call format is not the
+        JSON array the constraint would force on it)."""
+        name = self.chat_options.tool_parser
+        if name is None:
+            return False
+        from forkless.tool_parsers import ToolParserManager
+
+        return not ToolParserManager.get(name).supports_required_and_named
+
+    def _choice_parsers(self, req: ChatCompletionRequest,
+                        forced: str | None = None) -> tuple[list[ChoiceParser] | None, ChatCompletionRequest]:
+        """The parsers of each choice, and the request as their ``adjust_request`` left it.
+
+        As vLLM's server: the reasoning parser's ``adjust_request`` first, then the tool
+        parser's, each given what the one before returned (a parser may change the request
+        in place or return another one).
+        """
         tool_parser = self._tool_parser_for(req)
         reasoning_parser = self.chat_options.reasoning_parser
         if tool_parser is None and reasoning_parser is None and forced is None:
-            return None
-        parsers = [make_choice_parser(req, self.tokenizer, reasoning_parser, tool_parser) for _ in range(req.n)]
+            return None, req
+        parsers = [make_choice_parser(req, self.tokenizer, reasoning_parser, tool_parser,
+                                      self.engine.config.model_config) for _ in range(req.n)]
         if forced is not None:
             for parser in parsers:
                 parser.tools = ForcedToolCalls(forced)  # type: ignore[assignment]
-        if parsers[0].tools is not None:
-            parsers[0].tools.adjust_request(req)
-        return parsers
+        for hook in (parsers[0].reasoning, parsers[0].tools):
+            if hook is not None:
+                adjusted = hook.adjust_request(req)
+                if not isinstance(adjusted, ChatCompletionRequest):
+                    raise TypeError(f"{type(hook).__qualname__}.adjust_request returned "
+                                    f"{type(adjusted).__qualname__}, expected the ChatCompletionRequest")
+                req = adjusted
+        for parser in parsers:
+            parser.request = req
+        return parsers, req
 
     async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Any,
                                      endpoint: str = "/v1/chat/completions",
@@ -1219,8 +1248,10 @@ class OpenAIServing:
         self.check_sequences(1, req.n)
         check_unknown_fields(req)
         forced = forced_tool_choice(req)
+        if forced is not None and self._parser_reads_forced_calls():
+            forced = None
         named = forced not in (None, "required")
-        parsers = self._choice_parsers(req, forced)
+        parsers, req = self._choice_parsers(req, forced)
         # As vLLM's: with a reasoning parser, chat usage says how many tokens were reasoning.
         with_reasoning_tokens = with_reasoning_tokens or self.chat_options.reasoning_parser is not None
         self.check_text_size(_text_chars([m.model_dump() for m in req.messages])
