@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +134,13 @@ def _bad_flag(flag: str, value: Any, expected: str) -> ValueError:
     return ValueError(f"{flag}={value!r} is invalid: expected {expected}")
 
 
+@functools.lru_cache(maxsize=8)
+def _hf_config(model_dir: str) -> Any:
+    from forkless.models.hf_config import load_hf_config
+
+    return load_hf_config(model_dir)
+
+
 @dataclass(kw_only=True)
 class ModelConfig:
     """The model, as resolved from its folder.
@@ -188,6 +196,32 @@ class ModelConfig:
         """vLLM's name for :attr:`sampling_defaults` (a copy)."""
         return dict(self.sampling_defaults)
 
+    # vLLM's ModelConfig names that plugins read (a logits processor sizing its state by
+    # the vocabulary, a stat logger naming the model) ------------------------------------
+    @property
+    def hf_config(self) -> Any:
+        """The model folder's Hugging Face config (read once per process and folder)."""
+        return _hf_config(self.model)
+
+    @property
+    def hf_text_config(self) -> Any:
+        """The text model's config: :attr:`hf_config` itself for forkless's text models."""
+        config = self.hf_config
+        return getattr(config, "text_config", None) or config
+
+    @property
+    def architectures(self) -> list[str]:
+        """The architecture the model was built as, in a list (vLLM's ``architectures``)."""
+        return [self.architecture]
+
+    def get_vocab_size(self) -> int:
+        """:attr:`vocab_size`."""
+        return self.vocab_size
+
+    def get_hidden_size(self) -> int:
+        """The model's hidden size (``hidden_size`` of :attr:`hf_text_config`)."""
+        return int(self.hf_text_config.hidden_size)
+
     @property
     def runner_type(self) -> str:
         """``"pooling"`` or ``"generate"`` (vLLM's ``runner_type``)."""
@@ -220,6 +254,13 @@ class CacheConfig:
     prefix_caching_hash_algo: str = "sha256"
     num_blocks: int | None = None
 
+    @property
+    def num_gpu_blocks(self) -> int | None:
+        """vLLM's name for :attr:`num_blocks` (whatever the device). In the API server it
+        is set once the engine core is ready: a stat logger reads it in
+        ``log_engine_initialized``, not in its constructor (built before the engine starts)."""
+        return self.num_blocks
+
 
 @dataclass(kw_only=True)
 class DeviceConfig:
@@ -238,6 +279,13 @@ class DeviceConfig:
     enforce_eager: bool = False
     seed: int = 0
     num_threads: int | None = None
+
+    @property
+    def device(self) -> Any:
+        """``torch.device(device_type)`` (vLLM's ``device``; imports torch)."""
+        import torch
+
+        return torch.device(self.device_type)
 
 
 @dataclass(kw_only=True)
@@ -265,6 +313,11 @@ class ParallelConfig:
     worker_cls: str = "auto"
     worker_extension_cls: str = ""
     device_communicator_cls: str | None = None
+
+    @property
+    def data_parallel_size(self) -> int:
+        """vLLM's data-parallel degree: forkless serves one engine per server (``-dp 1``)."""
+        return 1
 
 
 @dataclass(kw_only=True)

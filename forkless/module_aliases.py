@@ -59,10 +59,13 @@ ALIASES: dict[str, str] = {
     "forkless.entrypoints.pooling.pooling": "forkless.pooling",
     "forkless.entrypoints.pooling.pooling.protocol": "forkless.protocol.pooling",
     "forkless.v1.request": "forkless.core.request",
+    # vLLM 0.32 moved the chat helpers (make_tool_call_id) to vllm.renderers.chat_utils.
+    "forkless.renderers": "forkless.entrypoints",
     # The built-in parsers' modules under vLLM's file names: a plugin that subclasses one
     # (a reasoning parser of other think tags, say) imports it from there.
     "forkless.reasoning.deepseek_r1_reasoning_parser": "forkless.reasoning.deepseek_r1",
     "forkless.reasoning.qwen3_reasoning_parser": "forkless.reasoning.qwen3",
+    "forkless.reasoning.qwen3_engine_reasoning_parser": "forkless.reasoning.qwen3",  # vLLM 0.32's name
     "forkless.tool_parsers.hermes_tool_parser": "forkless.tool_parsers.hermes",
     "forkless.tool_parsers.llama_tool_parser": "forkless.tool_parsers.llama3_json",
     # forkless's own earlier paths.
@@ -114,7 +117,17 @@ class _AliasFinder:
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         real = target_of(spec.name)
         assert real is not None
-        module = importlib.import_module(real)
+        try:
+            module = importlib.import_module(real)
+        except ModuleNotFoundError as exc:
+            if exc.name != real:
+                raise
+            # Beneath an alias, but no forkless module there: name the path the plugin
+            # imported, not the forkless one it was mapped to (which it never wrote).
+            raise ModuleNotFoundError(
+                f"No module named {spec.name!r}: forkless has no counterpart of this vLLM module "
+                f"(forkless/module_aliases.py lists the vLLM paths it has; docs/plugins.md, section 9)",
+                name=spec.name) from None
         # The import system keeps a module's own __name__, __loader__ and __path__ (it
         # fills only what is missing) but sets __spec__ to the alias's: keep the module's
         # own to put back in exec_module.

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent / "forkless"
 
 # Lowest first; a package imports only itself and packages of strictly lower layers.
 LAYERS: list[set[str]] = [
-    {"forkless.version", "forkless.envs", "forkless.module_aliases", "forkless.utils"},
+    {"forkless.version", "forkless.envs", "forkless.module_aliases", "forkless.utils", "forkless.exceptions"},
     {"forkless.logger", "forkless.gc_tuning", "forkless.json_arg", "forkless.triton_utils", "forkless.tracing"},
     {"forkless.plugins"},
     {"forkless.sampling_params", "forkless.pooling_params", "forkless.inputs"},

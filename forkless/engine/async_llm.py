@@ -329,6 +329,8 @@ class AsyncLLM:
         except BaseException:
             self.shutdown()  # a failed start leaves no process or IPC directory behind
             raise
+        # As vLLM's handshake: the caller's config learns the KV cache's size.
+        self.config.cache_config.num_blocks = self.client.ready_info.get("num_blocks")
         for stat_logger in self.stat_loggers:
             stat_logger.log_engine_initialized()
         self._tasks.append(asyncio.create_task(self._handle_outputs()))

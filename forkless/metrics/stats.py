@@ -13,10 +13,22 @@ from dataclasses import dataclass, field
 
 # Where vLLM's stat loggers import it from (vllm.v1.metrics.stats); it crosses processes,
 # so it lives in the protocol package.
-from forkless.protocol.step import PrefixCacheStats, SchedulerStats, SpecDecodeStats
+from forkless.protocol.step import FinishReason, PrefixCacheStats, SchedulerStats, SpecDecodeStats
 
-__all__ = ["FinishedRequestStats", "IntervalViews", "IterationStats", "PrefixCacheStats", "RequestStateStats",
-           "RequestTiming", "SchedulerStats", "iteration_stats"]
+__all__ = ["FinishedRequestStats", "IntervalViews", "IterationStats", "MultiModalCacheStats", "PrefixCacheStats",
+           "RequestStateStats", "RequestTiming", "SchedulerStats", "iteration_stats"]
+
+
+@dataclass
+class MultiModalCacheStats:
+    """vLLM's multimodal-cache counters, the type of ``StatLoggerBase.record``'s
+    ``mm_cache_stats``: forkless serves no multimodal models and always passes ``None``,
+    so a ported logger's annotation imports and its ``None`` check holds."""
+
+    reset: bool = False
+    requests: int = 0
+    queries: int = 0
+    hits: int = 0
 
 
 @dataclass
@@ -96,7 +108,8 @@ class FinishedRequestStats:
     """One finished request (vLLM's fields, those the API server measures).
 
     Attributes:
-        finish_reason: ``"stop"``, ``"length"`` or ``"abort"``.
+        finish_reason: ``FinishReason.STOP``, ``LENGTH`` or ``ABORT`` (vLLM's type; equal to
+            the strings ``"stop"``, ``"length"``, ``"abort"``, and ``str()`` gives them).
         e2e_latency: Seconds from arrival to the last token.
         num_prompt_tokens: Prompt length.
         num_generation_tokens: Tokens generated.
@@ -110,9 +123,10 @@ class FinishedRequestStats:
             preemption meanwhile included; 0 without per-request statistics or token).
         inference_time: Seconds from being first scheduled to the last token (0 without
             per-request statistics or token).
+        request_id: The engine-core request id (a child id for ``n > 1``).
     """
 
-    finish_reason: str
+    finish_reason: FinishReason
     e2e_latency: float
     num_prompt_tokens: int
     num_generation_tokens: int
@@ -122,6 +136,7 @@ class FinishedRequestStats:
     queued_time: float = 0.0
     prefill_time: float = 0.0
     inference_time: float = 0.0
+    request_id: str | None = None
 
     @property
     def mean_time_per_output_token(self) -> float:
@@ -186,8 +201,8 @@ def iteration_stats(num_new_tokens: int, finished: list[RequestTiming],
         decode = (t.last_token_time - t.first_token_time
                   if t.first_token_time is not None and t.last_token_time is not None else 0.0)
         finished_stats = FinishedRequestStats(
-            t.finish_reason or "abort", t.e2e_latency or 0.0, t.num_prompt_tokens,
-            t.num_generation_tokens, t.ttft, t.num_cached_tokens, decode)
+            FinishReason(t.finish_reason or "abort"), t.e2e_latency or 0.0, t.num_prompt_tokens,
+            t.num_generation_tokens, t.ttft, t.num_cached_tokens, decode, request_id=t.request_id)
         if t.stats is not None:
             _add_intervals(finished_stats, t.stats)
         stats.finished_requests.append(finished_stats)

@@ -14,6 +14,7 @@ from forkless.plugins._deprecation import (
     DeprecationRegistry,
 )
 from forkless.plugins._loader import (
+    DEFAULT_PLUGINS_GROUP,
     ENDPOINT_PLUGINS_GROUP,
     GENERAL_PLUGINS_GROUP,
     GROUPS,
@@ -49,6 +50,7 @@ from forkless.plugins._registry import (
 from forkless.plugins._stability import Stability, resolve_class, stability, tier_of
 
 __all__ = [
+    "DEFAULT_PLUGINS_GROUP",
     "DEPRECATIONS",
     "DeprecatedError",
     "Deprecation",

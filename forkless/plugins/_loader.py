@@ -42,6 +42,8 @@ from forkless.plugins._requires import UNDECIDED, check_plain
 logger = init_logger("forkless.plugins")
 
 GENERAL_PLUGINS_GROUP = "forkless.general_plugins"
+#: vLLM's name for the general plugins' group.
+DEFAULT_PLUGINS_GROUP = GENERAL_PLUGINS_GROUP
 PLATFORM_PLUGINS_GROUP = "forkless.platform_plugins"
 STAT_LOGGER_PLUGINS_GROUP = "forkless.stat_logger_plugins"
 IO_PROCESSOR_PLUGINS_GROUP = "forkless.io_processor_plugins"

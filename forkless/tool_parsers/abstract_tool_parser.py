@@ -2,5 +2,6 @@
 
 from forkless.tool_parsers.interface import ToolParser
 from forkless.tool_parsers.registry import ToolParserManager
+from forkless.tool_parsers.utils import Tool
 
-__all__ = ["ToolParser", "ToolParserManager"]
+__all__ = ["Tool", "ToolParser", "ToolParserManager"]

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 __all__ = [
+    "Tool",
     "consume_space",
     "extract_intermediate_diff",
     "find_all_indices",
@@ -35,6 +36,10 @@ __all__ = [
     "partial_tag_overlap",
     "safe_literal_eval",
 ]
+
+#: vLLM's type of a request's tool (a chat tool or a Responses one). The Responses API's
+#: function tools reach forkless's parsers as chat tools, so it is the chat tool here.
+Tool = ChatCompletionToolParam
 
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 

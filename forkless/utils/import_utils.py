@@ -1,12 +1,14 @@
 """vLLM's ``vllm.utils.import_utils``: importing a module from a file (as
-``--tool-parser-plugin FILE`` does)."""
+``--tool-parser-plugin FILE`` does), and an object by its qualified name."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 
 def import_from_path(module_name: str, file_path: str | Path) -> ModuleType:
@@ -28,3 +30,16 @@ def import_from_path(module_name: str, file_path: str | Path) -> ModuleType:
         sys.modules.pop(module_name, None)
         raise
     return module
+
+
+def resolve_obj_by_qualname(qualname: str) -> Any:
+    """The object ``qualname`` (``"pkg.mod.Class"``) names, as vLLM resolves class paths.
+
+    Raises:
+        ValueError: ``qualname`` has no dot.
+        ModuleNotFoundError / AttributeError: No such module, or no such name in it.
+    """
+    module_name, dot, name = qualname.rpartition(".")
+    if not dot:
+        raise ValueError(f"{qualname!r} is not a qualified name: expected 'package.module.Name'")
+    return getattr(importlib.import_module(module_name), name)

@@ -62,6 +62,19 @@ def test_a_vllm_style_logger_is_driven_with_vllm_signatures(tiny_llama: Path) ->
     assert logger.prefix_queries >= 2 * prompt_len - 2 and logger.steps == sorted(set(logger.steps))
     assert [f[:2] for f in logger.finished] == [(0, 4), (0, 3), (cached, 3)]
     assert all(tpot > 0 for *_, tpot in logger.finished)
+    # vLLM's FinishReason compares and prints as vLLM's; the config answers vLLM's names.
+    assert logger.reasons == ["length"] * 3
+    assert logger.num_gpu_blocks == (32 << 20) // _block_bytes(tiny_llama)
+    config = json.loads((tiny_llama / "config.json").read_text())
+    assert logger.model == (config["architectures"][0], config["vocab_size"], config["hidden_size"],
+                            config["num_hidden_layers"])
+
+
+def _block_bytes(model: Path) -> int:
+    """A KV block's bytes for the tiny model (16 tokens, float32 keys and values, every layer)."""
+    c = json.loads((model / "config.json").read_text())
+    heads = c.get("num_key_value_heads", c["num_attention_heads"])
+    return 16 * 2 * c["num_hidden_layers"] * heads * (c["hidden_size"] // c["num_attention_heads"]) * 4
 
 
 def test_a_logger_whose_constructor_fails_is_named() -> None:

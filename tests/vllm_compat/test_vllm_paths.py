@@ -248,6 +248,58 @@ def test_a_vllm_path_forkless_lacks_says_what_to_use_instead() -> None:
     assert "Model Runner V2" in message and "forkless.v1.sample.logits_processor.LogitsProcessor" in message
 
 
+def test_a_vllm_module_beneath_an_alias_that_forkless_lacks_is_named_as_imported() -> None:
+    """vLLM's model-building modules have no forkless counterpart: the error names the path
+    the plugin wrote, not the forkless module the alias mapped it to."""
+    code = ("try:\n"
+            "    from forkless.model_executor.layers.logits_processor import LogitsProcessor\n"
+            "except ModuleNotFoundError as exc:\n"
+            "    print(exc.name); print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    name, message = proc.stdout.strip().split("\n", 1)
+    assert name == "forkless.model_executor.layers.logits_processor", proc.stderr
+    assert "forkless.ops" not in message and "no counterpart of this vLLM module" in message
+
+
+def test_vllm_0_32_names_plugins_import() -> None:
+    from forkless.exceptions import VLLMValidationError
+    from forkless.plugins import DEFAULT_PLUGINS_GROUP
+    from forkless.reasoning.qwen3_engine_reasoning_parser import Qwen3ReasoningParser
+    from forkless.renderers.chat_utils import make_tool_call_id
+    from forkless.tool_parsers.abstract_tool_parser import Tool
+    from forkless.utils.import_utils import resolve_obj_by_qualname
+    from forkless.utils.mistral import is_mistral_tokenizer
+
+    import forkless
+
+    # A logits processor's validate_params raising vLLM's error is a ValueError, which
+    # forkless answers with a 400 (and an offline caller catches as one).
+    error = VLLMValidationError("top_k too large", parameter="top_k", value=99)
+    assert isinstance(error, ValueError) and str(error) == "top_k too large (parameter=top_k, value=99)"
+    assert DEFAULT_PLUGINS_GROUP == "forkless.general_plugins"
+    assert Qwen3ReasoningParser is forkless.reasoning.qwen3.Qwen3ReasoningParser
+    assert make_tool_call_id().startswith("chatcmpl-tool-") and make_tool_call_id("kimi_k2", "f", 2) == "functions.f:2"
+    assert Tool is forkless.protocol.openai.ChatCompletionToolParam
+    assert resolve_obj_by_qualname("forkless.exceptions.VLLMValidationError") is VLLMValidationError
+    assert is_mistral_tokenizer(object()) is False
+
+
+def test_the_config_answers_vllms_names(tiny_llama: Path) -> None:
+    from forkless.config import EngineArgs
+
+    config = EngineArgs(model=str(tiny_llama), max_model_len=128).create_engine_config()
+    hf = json.loads((tiny_llama / "config.json").read_text())
+    model = config.model_config
+    assert model.architectures == hf["architectures"] and model.get_vocab_size() == hf["vocab_size"]
+    assert model.get_hidden_size() == hf["hidden_size"] == model.hf_text_config.hidden_size
+    assert model.hf_config.num_hidden_layers == hf["num_hidden_layers"]
+    assert str(config.device_config.device) == "cpu" and config.parallel_config.data_parallel_size == 1
+    assert config.cache_config.num_gpu_blocks is None  # set when the engine core has sized the cache
+    config.cache_config.num_blocks = 7
+    assert config.cache_config.num_gpu_blocks == 7
+    assert type(config).from_builtins(config.to_builtins()) == config  # no new fields cross processes
+
+
 def test_a_ported_stat_loggers_factory_type_imports() -> None:
     """vLLM's ``StatLoggerFactory`` (what ``AsyncLLM(stat_loggers=...)`` takes) is a type a
     ported logger's hints import; forkless's loggers are all per engine."""

@@ -1,6 +1,8 @@
 """A stat logger written the way vLLM's own are, with only the imports renamed."""
 
+from forkless.v1.engine import FinishReason
 from forkless.v1.metrics.loggers import StatLoggerBase
+from forkless.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
 
 class CountingStatLogger(StatLoggerBase):
@@ -17,9 +19,15 @@ class CountingStatLogger(StatLoggerBase):
         self.prefix_hits = 0
         self.steps: list[int] = []
         self.finished: list[tuple[int, int, float]] = []  # (cached tokens, tokens, TPOT)
+        self.reasons: list[str] = []
         self.initialized = False
+        self.num_gpu_blocks = None
+        model_config = vllm_config.model_config
+        self.model = (model_config.architectures[0], model_config.get_vocab_size(), model_config.get_hidden_size(),
+                      model_config.hf_config.num_hidden_layers)
 
-    def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+    def record(self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None,
+               mm_cache_stats: MultiModalCacheStats | None = None, engine_idx: int = 0):
         if scheduler_stats is not None:
             self.running.append(scheduler_stats.num_running_reqs)
             self.waiting.append(scheduler_stats.num_waiting_reqs)
@@ -33,6 +41,9 @@ class CountingStatLogger(StatLoggerBase):
             for req in iteration_stats.finished_requests:
                 self.finished.append((req.num_cached_tokens, req.num_generation_tokens,
                                       req.mean_time_per_output_token))
+                if req.finish_reason == FinishReason.LENGTH:
+                    self.reasons.append(str(req.finish_reason))
 
     def log_engine_initialized(self):
         self.initialized = True
+        self.num_gpu_blocks = self.vllm_config.cache_config.num_gpu_blocks

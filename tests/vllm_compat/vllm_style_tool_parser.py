@@ -5,7 +5,9 @@ keywords at the end of the file), with only the imports renamed (``vllm`` -> ``f
 
 Calls are written ``[CALL] name {json arguments} [/CALL]``; text before the first call is
 content. While streaming, a call's name is sent as soon as it is known, and its arguments
-once the call is closed.
+once the call is closed. The model writes calls in that format whatever the tool choice,
+so the parser reads ``"required"`` and named choices too (``supports_required_and_named =
+False``: vLLM then leaves them unconstrained).
 """
 
 import json
@@ -13,7 +15,6 @@ from collections.abc import Sequence
 
 import regex as re
 
-from forkless.entrypoints.chat_utils import make_tool_call_id
 from forkless.entrypoints.generate.base.protocol import (
     DeltaFunctionCall,
     DeltaMessage,
@@ -22,19 +23,20 @@ from forkless.entrypoints.generate.base.protocol import (
     FunctionCall,
     ToolCall,
 )
-from forkless.entrypoints.openai.chat_completion.protocol import (
-    ChatCompletionRequest,
-    ChatCompletionToolsParam,
-)
+from forkless.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from forkless.logger import init_logger
+from forkless.renderers.chat_utils import make_tool_call_id
 from forkless.tokenizers import TokenizerLike
 from forkless.tool_parsers import ToolParser, ToolParserManager
+from forkless.tool_parsers.abstract_tool_parser import Tool
 
 logger = init_logger(__name__)
 
 
 class CallTagToolParser(ToolParser):
-    def __init__(self, tokenizer: TokenizerLike, tools: list[ChatCompletionToolsParam] | None = None):
+    supports_required_and_named = False
+
+    def __init__(self, tokenizer: TokenizerLike, tools: list[Tool] | None = None):
         super().__init__(tokenizer, tools)
         self.call_start = "[CALL]"
         self.call_end = "[/CALL]"
