@@ -102,3 +102,26 @@ def test_a_prompt_that_closed_the_reasoning_makes_everything_content(request_wit
     parser = make_choice_parser(request_with_tools, tokenizer, "qwen3", None)
     parser.set_prompt(opened)
     assert (parser.parse_whole(text).reasoning, parser.parse_whole(text).content) == ("The answer.", "ignored tag")
+
+
+def test_a_parser_that_calls_nothing_but_rewrites_the_content_says_the_same_whole_and_streamed(
+        request_with_tools) -> None:
+    """A tool parser's content stands even when it finds no call (one that drops markup, say):
+    the whole output used to keep the raw text while the stream sent the parser's."""
+    from forkless.entrypoints.openai.chat_parsing import ChoiceParser
+    from forkless.protocol.openai import DeltaMessage, ExtractedToolCallInformation
+    from forkless.tool_parsers import ToolParser
+
+    class Shouting(ToolParser):
+        def extract_tool_calls(self, model_output, request):
+            return ExtractedToolCallInformation(tools_called=False, tool_calls=[], content=model_output.upper())
+
+        def extract_tool_calls_streaming(self, previous_text, current_text, delta_text, *args):
+            return DeltaMessage(content=delta_text.upper())
+
+    def parser() -> ChoiceParser:
+        return ChoiceParser(request_with_tools, None, Shouting(None))
+
+    text = "Hello there, no call here."
+    assert whole(parser(), text)["content"] == "HELLO THERE, NO CALL HERE."
+    assert stream(parser(), list(text)) == whole(parser(), text)

@@ -77,7 +77,6 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
     (_chat(add_special_tokens=True), "add_special_tokens"),
     (_chat(prompt_logprobs=1, stream=True), "prompt_logprobs"),
     (_completion(stream_options={"include_usage": True}), "stream_options"),
-    (_chat(stream=True, stream_options={"continuous_usage_stats": True}), "stream_options"),
     (_completion(max_completion_tokens=5), "max_completion_tokens"),
     (_chat(functions=[{"name": "f"}]), "functions"),
     (_chat(verbosity="low"), "verbosity"),
@@ -313,6 +312,10 @@ def test_continuous_usage_stats_put_usage_in_every_chunk(server: Server) -> None
         assert counted and counted == sorted(counted) and counted[-1] == 6
         assert all(c.usage is not None for c in chunks if c.choices and getattr(c.choices[0], "text", "x"))
         assert chunks[-1].usage.completion_tokens == 6 and chunks[-1].usage.prompt_tokens > 0
+        # continuous_usage_stats alone asks for nothing (vLLM's rule): no usage anywhere.
+        plain = list(create(model="tiny", max_tokens=3, stream=True, stream_options={"continuous_usage_stats": True},
+                            **kwargs))
+        assert plain and all(c.usage is None for c in plain)
 
 
 def test_chat_content_parts_and_a_tool_turn_with_null_content(server: Server) -> None:

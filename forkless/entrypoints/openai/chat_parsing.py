@@ -90,6 +90,10 @@ class ChoiceParser:
                 # parallel_tool_calls=false: at most one call (OpenAI's meaning), the first.
                 message.tool_calls = list(info.tool_calls)[: 1 if self.request.parallel_tool_calls is False else None]
                 message.content = info.content
+            elif info.content is not None:
+                # No calls, but the parser's content (markup of a call it dropped, say) is
+                # what its stream sent: the whole output says the same.
+                message.content = info.content
         return message
 
     def step(self, text: str, token_ids: list[int]) -> DeltaMessage | None:

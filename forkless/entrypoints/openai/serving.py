@@ -169,9 +169,6 @@ def _reject_unsupported(req: SamplingFields) -> None:
     options = req.stream_options
     if options is not None and not req.stream:
         raise BadRequest("stream_options can only be given with stream=true", "stream_options")
-    if options is not None and options.continuous_usage_stats and not options.include_usage:
-        raise BadRequest("stream_options.continuous_usage_stats needs include_usage=true (usage in every "
-                         "chunk as well as at the end)", "stream_options")
     extra = req.model_extra or {}
     if not extra:
         return
@@ -684,6 +681,15 @@ class OpenAIServing:
         or the server always adds it (``--enable-force-include-usage``, as vLLM's)."""
         return bool(req.stream_options and req.stream_options.include_usage) or self.enable_force_include_usage
 
+    def continuous_usage(self, req: SamplingFields) -> bool:
+        """Whether every chunk of a stream carries its usage so far: vLLM's rule, asked with
+        ``continuous_usage_stats`` and ``include_usage`` both (the first alone asks for
+        nothing), and always with ``--enable-force-include-usage``."""
+        if self.enable_force_include_usage:
+            return True
+        options = req.stream_options
+        return bool(options and options.include_usage and options.continuous_usage_stats)
+
     async def in_tokenizer_thread(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the tokenizer thread (see the module); its exceptions propagate."""
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, functools.partial(fn, *args))
@@ -972,7 +978,7 @@ class OpenAIServing:
         with_ids = bool(req.return_token_ids)
         prompt_ids_due: set[int] = set()  # choices whose first chunk is still to come
         # stream_options.continuous_usage_stats: every chunk carries its choice's usage so far.
-        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        continuous = self.continuous_usage(req)
         text_chunk = _TextChunks(base_id, created, model_name)
         async for p_idx, out in self._merge_or_error(streams, raw_request, req):
             if isinstance(out, str):
@@ -1449,7 +1455,7 @@ class OpenAIServing:
                            with_reasoning_tokens: bool = False) -> AsyncIterator[str]:
         created = int(time.time())
         top = req.top_logprobs if req.logprobs else None
-        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        continuous = self.continuous_usage(req)
         num_prompt_tokens = len(prompt_ids)
         hidden = self._reasoning_hidden(req)
         # return_token_ids: each choice's role chunk has the prompt's ids, every later chunk
