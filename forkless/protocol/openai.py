@@ -657,6 +657,24 @@ class ChatCompletionChunk(OpenAIModel):
     prompt_token_ids: list[int] | None = None
 
 
+class ModelPermission(OpenAIModel):
+    """What a client may do with a model (vLLM's card lists one; the OpenAI API once did):
+    sample and read logprobs, nothing else."""
+
+    id: str = Field(default_factory=lambda: f"modelperm-{uuid.uuid4().hex}")
+    object: Literal["model_permission"] = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
 class ModelCard(OpenAIModel):
     id: str
     object: Literal["model"] = "model"
@@ -666,6 +684,7 @@ class ModelCard(OpenAIModel):
     # A LoRA adapter's base model (the served model's name); None for the base model.
     parent: str | None = None
     max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=lambda: [ModelPermission()])
 
 
 class ModelList(OpenAIModel):

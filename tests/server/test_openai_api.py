@@ -281,3 +281,18 @@ def test_usage_has_no_prompt_tokens_details_without_the_flag(server: Server) -> 
                               timeout=60).text
         final = [line for line in streamed.splitlines() if line.startswith("data: {")][-1]
         assert '"usage"' in final and "prompt_tokens_details" not in final, final
+
+
+def test_models_carry_a_permission_and_load_counts_requests_in_flight(server: Server) -> None:
+    (card,) = httpx.get(server.url + "/v1/models", timeout=30).json()["data"]
+    (permission,) = card["permission"]  # vLLM's card lists one
+    assert permission["object"] == "model_permission" and permission["allow_sampling"] is True
+    assert permission["id"].startswith("modelperm-") and permission["allow_fine_tuning"] is False
+    assert httpx.get(server.url + "/load", timeout=30).json() == {"server_load": 0}
+    body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 64, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))  # the stream has begun
+        assert httpx.get(server.url + "/load", timeout=30).json() == {"server_load": 1}
+        assert [line for line in lines if line == "data: [DONE]"]
+    assert httpx.get(server.url + "/load", timeout=30).json() == {"server_load": 0}

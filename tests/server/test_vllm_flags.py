@@ -57,7 +57,8 @@ def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, 
     server = start_server(tiny_llama, tmp_path, "--served-model-name", "alpha", "beta", "--response-role", "bot",
                           "--chat-template", str(template),
                           "--enable-log-requests", "--uvicorn-log-level", "info", "--enable-force-include-usage",
-                          "--max-log-len", "100", "--chat-template-content-format", "openai")
+                          "--max-log-len", "100", "--chat-template-content-format", "openai",
+                          "--enable-server-load-tracking")
     try:
         # --response-role names the reply after a generation prompt; a continued message keeps its role.
         def chat(stream: bool = False, **body) -> list[str]:

@@ -111,8 +111,10 @@ def add_parser(subparsers: Any) -> None:
                        help="completions and chat report usage.prompt_tokens_details.cached_tokens, the prompt "
                             "tokens found in the prefix cache (as vLLM: only when there are some)")
     group.add_argument("--enable-force-include-usage", action="store_true",
-                       help="every stream ends with its usage, as if it asked for stream_options.include_usage "
-                            "(vLLM's)")
+                       help="every stream carries its usage, in each chunk and at its end, as if it asked for "
+                            "stream_options include_usage and continuous_usage_stats (vLLM's)")
+    group.add_argument("--enable-server-load-tracking", action="store_true",
+                       help="accepted for vLLM's command lines: GET /load always counts the requests in flight")
     group.add_argument("--max-log-len", type=int, default=None, metavar="N",
                        help="accepted for vLLM's command lines: --enable-log-requests logs no prompt text or ids "
                             "here, so no more than N of them")

@@ -56,6 +56,7 @@ from forkless.protocol.openai import (
     TokenizeResponse,
     UnloadLoRAAdapterRequest,
 )
+from forkless.entrypoints.openai.server_load import ServerLoad, ServerLoadMiddleware
 from forkless.entrypoints.openai.serving import OpenAIServing, check_unknown_fields
 from forkless.entrypoints.openai.serving_models import LoRAModulePath, ServingModels
 from forkless.entrypoints.openai.serving_pooling import attach_pooling_routes
@@ -216,6 +217,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         await responses.shutdown()
 
     app = FastAPI(title="forkless", version=__version__, lifespan=lifespan, **frontend.fastapi_options())
+    server_load = ServerLoad()
     models = ServingModels(engine, served_model_names, max_model_len)
     models.load_static(lora_modules or [])
     serving = OpenAIServing(engine, served_model_names, max_model_len, chat_options,
@@ -286,6 +288,11 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     @app.get("/version")
     async def version() -> dict[str, str]:
         return {"version": __version__}
+
+    @app.get("/load")
+    async def load() -> dict[str, int]:
+        # vLLM's: requests in flight on the routes that run the engine (server_load.py).
+        return {"server_load": server_load.in_flight}
 
     @app.get("/v1/models")
     async def list_models() -> ModelList:
@@ -402,6 +409,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     # Added innermost first (each add_middleware wraps what is there), after the plugins,
     # so that middleware a plugin adds is inside the key check too.
     app.add_middleware(InternalErrorMiddleware)
+    app.add_middleware(ServerLoadMiddleware, tracker=server_load)
     app.add_middleware(RequestLimitsMiddleware, limits=limits)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
