@@ -7,10 +7,13 @@ Invariants:
     * Registering a name again with the same target is a no-op (plugins run once per
       process and must be re-entrant); a different target replaces it with a warning and
       keeps its place in the order.
+    * A resolver's ``resolve_lora`` is an ``async def`` (the server awaits it): a class or
+      instance whose method is not is refused when registered, a path when resolved.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from forkless.logger import init_logger
@@ -47,6 +50,8 @@ class _LoRAResolverRegistry:
         if not ok:
             raise TypeError(f"resolver {resolver_name!r}: expected a LoRAResolver instance, subclass or "
                             f"'pkg.mod:Class' path, got {type(resolver).__name__}")
+        if not isinstance(resolver, str):
+            _check_async(resolver_name, resolver)
         old = self._resolvers.get(resolver_name)
         if old is not None and old is not resolver and old != resolver:
             logger.warning("LoRA resolver %r is registered again with another target: %r replaces %r",
@@ -80,6 +85,7 @@ class _LoRAResolverRegistry:
             if not issubclass(target, LoRAResolver):
                 raise TypeError(f"LoRA resolver {resolver_name!r}: {target!r} does not subclass "
                                 "forkless.lora.LoRAResolver")
+            _check_async(resolver_name, target)
             target = target()
             self._resolvers[resolver_name] = target
         return target
@@ -99,6 +105,14 @@ class _LoRAResolverRegistry:
     def unregister_resolver(self, resolver_name: str) -> None:
         """Forget a resolver (tests); unknown names are ignored."""
         self._resolvers.pop(resolver_name, None)
+
+
+def _check_async(resolver_name: str, resolver: Any) -> None:
+    """Refuse a resolver whose ``resolve_lora`` the server could not await."""
+    cls = resolver if isinstance(resolver, type) else type(resolver)
+    if not inspect.iscoroutinefunction(cls.resolve_lora):
+        raise TypeError(f"LoRA resolver {resolver_name!r}: {cls.__module__}.{cls.__qualname__}.resolve_lora must be "
+                        "an async def (the server awaits it), not a plain function")
 
 
 #: The process-wide registry (vLLM's ``LoRAResolverRegistry``).

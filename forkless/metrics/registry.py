@@ -3,32 +3,63 @@
 Invariants:
     * The group is read when :func:`load_stat_logger_plugin_factories` is called, so the
       ``FORKLESS_PLUGINS`` allow-list in force at that moment applies.
-    * A plugin whose value is not a ``StatLoggerBase`` subclass is an error naming the
-      plugin and the expected interface, never a logger that fails later.
+    * A plugin that cannot be a logger (not a ``StatLoggerBase`` subclass, an abstract
+      method left, a constructor that does not take ``(vllm_config, engine_index)``) is
+      left out with a warning naming it and what was expected, as any failing plugin is
+      (``FORKLESS_PLUGINS_STRICT=1``: an error), never a logger that fails later.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
+from forkless.logger import init_logger
 from forkless.metrics.interface import StatLoggerBase
-from forkless.plugins import STAT_LOGGER_PLUGINS_GROUP, load_plugins_by_group
+from forkless.plugins import STAT_LOGGER_PLUGINS_GROUP, PluginLoadError, load_plugins_by_group, strict_mode
+
+logger = init_logger(__name__)
 
 
 def load_stat_logger_plugin_factories() -> list[type[StatLoggerBase]]:
     """The stat-logger classes installed as ``forkless.stat_logger_plugins`` entry points.
 
     Returns:
-        The classes, in entry-point name order (plugins that failed to import are left out
-        and logged by the loader, or abort under ``FORKLESS_PLUGINS_STRICT=1``).
+        The classes, in entry-point name order; plugins that failed to import, or are no
+        usable logger class, are left out and logged.
 
     Raises:
-        TypeError: A plugin's value is not a ``StatLoggerBase`` subclass.
+        PluginLoadError: Under ``FORKLESS_PLUGINS_STRICT=1``, a plugin that is no usable
+            logger class (one that failed to import raises from the loader).
     """
     factories: list[type[StatLoggerBase]] = []
     for name, cls in load_plugins_by_group(STAT_LOGGER_PLUGINS_GROUP).items():
-        factories.append(_check_class(cls, f"stat logger plugin {name!r}"))
+        source = f"stat logger plugin {name!r}"
+        try:
+            factories.append(_check_logger_class(cls, source))
+        except TypeError as exc:
+            if strict_mode():
+                raise PluginLoadError(f"{exc} (FORKLESS_PLUGINS_STRICT=1 aborts startup)") from None
+            logger.warning("%s; it is skipped", exc)
     return factories
+
+
+def _check_logger_class(cls: Any, source: str) -> type[StatLoggerBase]:
+    """``cls``, when forkless can build it as ``cls(vllm_config, engine_index)``."""
+    cls = _check_class(cls, source)
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise TypeError(f"{source}: {name} does not implement {', '.join(missing)} "
+                        "(StatLoggerBase's abstract methods)")
+    try:
+        inspect.signature(cls).bind(None, 0)
+    except TypeError as exc:
+        raise TypeError(f"{source}: {name} cannot be built as {cls.__qualname__}(vllm_config, engine_index): "
+                        f"{exc}") from None
+    except ValueError:
+        pass  # no signature to read (a C type): its construction will tell
+    return cls
 
 
 def make_stat_logger(item: Any, config: Any, source: str, engine_index: int = 0) -> StatLoggerBase:

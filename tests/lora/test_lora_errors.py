@@ -311,3 +311,27 @@ def test_load_inplace_reload_is_not_lost_with_its_request(llama, tmp_path):
         assert after == new
     finally:
         engine.shutdown()
+
+
+def test_a_resolver_whose_resolve_lora_is_not_async_is_refused_by_name():
+    """The server awaits resolve_lora: a plain def used to fail every unknown model's request
+    with "object NoneType can't be used in 'await' expression"."""
+    from forkless.lora import LoRAResolver, LoRAResolverRegistry
+
+    class Plain(LoRAResolver):
+        def resolve_lora(self, base_model_name, lora_name):  # not async
+            return None
+
+    class Fine(LoRAResolver):
+        async def resolve_lora(self, base_model_name, lora_name):
+            return None
+
+    for target in (Plain, Plain()):
+        with pytest.raises(TypeError, match=r"LoRA resolver 'plain':.*Plain.resolve_lora must be an async def"):
+            LoRAResolverRegistry.register_resolver("plain", target)
+    assert "plain" not in LoRAResolverRegistry.get_supported_resolvers()
+    LoRAResolverRegistry.register_resolver("fine", Fine)
+    try:
+        assert isinstance(LoRAResolverRegistry.get_resolver("fine"), Fine)
+    finally:
+        LoRAResolverRegistry.unregister_resolver("fine")

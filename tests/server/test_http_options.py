@@ -32,6 +32,10 @@ class AddHeader:
             await send(message)
 
         await self.app(scope, receive, stamped)
+
+
+async def one_argument(request):
+    """Not middleware: Starlette calls an HTTP middleware function with (request, call_next)."""
 '''
 PROCESSOR = "forkless_example_logits_processor:ForceTokenLogitsProcessor"
 
@@ -91,6 +95,7 @@ def test_logits_processor_by_class_path(options_server: Server) -> None:
     ("h4_no_such_module:Middleware", "h4_no_such_module"),
     ("h4_test_middleware:Missing", "has no attribute 'Missing'"),
     ("h4_test_middleware", "class path"),
+    ("h4_test_middleware:one_argument", "cannot be called as an async function (request, call_next)"),
 ])
 def test_bad_middleware_path_fails_at_startup(tiny_llama: Path, tmp_path: Path, value: str, fragment: str) -> None:
     env = plugin_env(None, tmp_path, FORKLESS_PLUGINS="", PYTHONPATH=str(middleware_dir(tmp_path)))

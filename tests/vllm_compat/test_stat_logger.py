@@ -108,3 +108,46 @@ def test_disable_log_stats_is_an_engine_argument(tiny_llama: Path) -> None:
 
     assert LoggingStatLogger in kinds()
     assert LoggingStatLogger not in kinds(disable_log_stats=True)
+
+
+_LOGGERS = '''
+from forkless.metrics import StatLoggerBase
+
+class Good(StatLoggerBase):
+    def record(self, *args, **kwargs): pass
+    def log_engine_initialized(self): pass
+
+class NoRecord(StatLoggerBase):
+    def log_engine_initialized(self): pass
+
+class BadInit(Good):
+    def __init__(self):
+        pass
+
+class NotALogger:
+    pass
+'''
+
+
+def test_a_plugin_that_cannot_be_a_logger_is_skipped_by_name(tmp_path: Path) -> None:
+    """As any failing plugin: left out with a warning naming it and what was expected (the
+    server used to stop with a traceback), and an error under FORKLESS_PLUGINS_STRICT=1."""
+    from tests.plugins.test_cli import fake_plugin
+
+    site = tmp_path / "site"
+    for name, cls in (("a_good", "Good"), ("b_no_record", "NoRecord"), ("c_bad_init", "BadInit"),
+                      ("d_not_a_logger", "NotALogger")):
+        fake_plugin(site, name, f"from probe_loggers import {cls} as LOGGER\n", "forkless.stat_logger_plugins",
+                    "LOGGER", probe_loggers=_LOGGERS)
+    code = ("from forkless.metrics import load_stat_logger_plugin_factories\n"
+            "print([c.__name__ for c in load_stat_logger_plugin_factories()])\n")
+    proc = run_python(code, plugin_env(site, tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "['Good']"
+    assert "stat logger plugin 'b_no_record': probe_loggers.NoRecord does not implement record" in proc.stderr
+    assert "stat logger plugin 'c_bad_init': probe_loggers.BadInit cannot be built as BadInit(vllm_config, " \
+           "engine_index)" in proc.stderr
+    assert "stat logger plugin 'd_not_a_logger'" in proc.stderr and "not a forkless.metrics.StatLoggerBase" \
+        in proc.stderr
+    strict = run_python(code, plugin_env(site, tmp_path, FORKLESS_PLUGINS_STRICT="1"))
+    assert strict.returncode != 0 and "PluginLoadError: stat logger plugin 'b_no_record'" in strict.stderr

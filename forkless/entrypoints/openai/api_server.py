@@ -150,6 +150,15 @@ def resolve_middleware(path: str) -> Any:
     if not (inspect.isclass(obj) or inspect.iscoroutinefunction(obj)):
         raise TypeError(f"{path!r} is {obj!r}: expected an ASGI middleware class or an "
                         "async function (request, call_next)")
+    try:
+        # What Starlette will do with it: a class gets the app, a function the request
+        # and the next handler; a wrong signature would otherwise fail every request.
+        inspect.signature(obj).bind(*(("app",) if inspect.isclass(obj) else ("request", "call_next")))
+    except TypeError as exc:
+        expected = "a class taking the ASGI app" if inspect.isclass(obj) else "an async function (request, call_next)"
+        raise TypeError(f"{path!r} cannot be called as {expected}: {exc}") from None
+    except ValueError:
+        pass  # no signature to read: Starlette will tell
     return obj
 
 
