@@ -125,3 +125,37 @@ def test_a_parser_that_calls_nothing_but_rewrites_the_content_says_the_same_whol
     text = "Hello there, no call here."
     assert whole(parser(), text)["content"] == "HELLO THERE, NO CALL HERE."
     assert stream(parser(), list(text)) == whole(parser(), text)
+
+
+def test_a_parser_returning_the_wrong_type_is_named(request_with_tools) -> None:
+    """A plugin's wrong return value is an error naming the parser, the method and what it
+    must return (it failed further on: "too many values to unpack", "'dict' object has no
+    attribute 'tools_called'")."""
+    from forkless.entrypoints.openai.chat_parsing import ChoiceParser
+    from forkless.reasoning import ReasoningParser
+    from forkless.tool_parsers import ToolParser
+
+    class StrReasoning(ReasoningParser):
+        def extract_reasoning(self, model_output, request):
+            return model_output
+
+        def extract_reasoning_streaming(self, *args):
+            return "text"
+
+    class DictTools(ToolParser):
+        def extract_tool_calls(self, model_output, request):
+            return {"tools_called": False}
+
+        def extract_tool_calls_streaming(self, *args):
+            return "text"
+
+    with pytest.raises(TypeError, match=r"StrReasoning.extract_reasoning returned str, expected a \(reasoning"):
+        ChoiceParser(request_with_tools, StrReasoning(None), None).parse_whole("x")
+    with pytest.raises(TypeError, match=r"StrReasoning.extract_reasoning_streaming returned str, expected "
+                                        r"DeltaMessage or None"):
+        ChoiceParser(request_with_tools, StrReasoning(None), None).step("x", [])
+    with pytest.raises(TypeError, match=r"DictTools.extract_tool_calls returned dict, expected "
+                                        r"ExtractedToolCallInformation"):
+        ChoiceParser(request_with_tools, None, DictTools(None)).parse_whole("x")
+    with pytest.raises(TypeError, match=r"DictTools.extract_tool_calls_streaming returned str"):
+        ChoiceParser(request_with_tools, None, DictTools(None)).step("x", [])

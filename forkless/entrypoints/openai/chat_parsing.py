@@ -14,6 +14,7 @@ from forkless.protocol.openai import (
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,
+    ExtractedToolCallInformation,
 )
 
 if TYPE_CHECKING:
@@ -81,11 +82,12 @@ class ChoiceParser:
         """The message for a finished output."""
         if self.reasoning is None and self.tools is None:
             return ChatResponseMessage(content=text)
-        reasoning, content = (self.reasoning.extract_reasoning(text, self.request)
+        reasoning, content = (_split(self.reasoning, self.reasoning.extract_reasoning(text, self.request))
                               if self.reasoning is not None else (None, text))
         message = ChatResponseMessage(content=content, reasoning=reasoning)
         if self.tools is not None and content is not None:
-            info = self.tools.extract_tool_calls(content, self.request)
+            info = _checked(self.tools, "extract_tool_calls", self.tools.extract_tool_calls(content, self.request),
+                            ExtractedToolCallInformation)
             if info.tools_called:
                 # parallel_tool_calls=false: at most one call (OpenAI's meaning), the first.
                 message.tool_calls = list(info.tool_calls)[: 1 if self.request.parallel_tool_calls is False else None]
@@ -102,14 +104,14 @@ class ChoiceParser:
         reasoning: str | None = None
         content: str | None = delta_text or None
         if self.reasoning is not None:
-            dm = self.reasoning.extract_reasoning_streaming(
-                self._text, text, delta_text, self._ids, token_ids, delta_ids)
+            dm = _checked(self.reasoning, "extract_reasoning_streaming", self.reasoning.extract_reasoning_streaming(
+                self._text, text, delta_text, self._ids, token_ids, delta_ids), DeltaMessage, None)
             reasoning, content = (dm.reasoning, dm.content) if dm is not None else (None, None)
         tool_calls = None
         if self.tools is not None and content:
             current = self._content + content
-            dm = self.tools.extract_tool_calls_streaming(
-                self._content, current, content, self._ids, token_ids, delta_ids, self.request)
+            dm = _checked(self.tools, "extract_tool_calls_streaming", self.tools.extract_tool_calls_streaming(
+                self._content, current, content, self._ids, token_ids, delta_ids, self.request), DeltaMessage, None)
             self._content = current
             content, tool_calls = (dm.content, dm.tool_calls) if dm is not None else (None, None)
             if tool_calls and self.request.parallel_tool_calls is False:
@@ -159,6 +161,25 @@ class ChoiceParser:
 
 def _rest(sent: str, whole: str) -> str:
     return whole[len(sent):] if whole.startswith(sent) else ""
+
+
+def _checked(parser: Any, method: str, value: Any, *expected: Any) -> Any:
+    """``value``, when it is what ``parser.method`` must return (a plugin's wrong type would
+    otherwise fail further on, naming neither the parser nor what it returned)."""
+    if not any(value is None if kind is None else isinstance(value, kind) for kind in expected):
+        names = " or ".join("None" if kind is None else kind.__name__ for kind in expected)
+        raise TypeError(f"{type(parser).__module__}.{type(parser).__qualname__}.{method} returned "
+                        f"{type(value).__name__}, expected {names}")
+    return value
+
+
+def _split(parser: Any, value: Any) -> tuple[str | None, str | None]:
+    """``extract_reasoning``'s ``(reasoning, content)``, checked."""
+    if not (isinstance(value, tuple) and len(value) == 2
+            and all(part is None or isinstance(part, str) for part in value)):
+        raise TypeError(f"{type(parser).__module__}.{type(parser).__qualname__}.extract_reasoning returned "
+                        f"{type(value).__name__}, expected a (reasoning, content) tuple of str or None")
+    return value
 
 
 def make_choice_parser(request: "ChatCompletionRequest", tokenizer: Any, reasoning_parser: str | None,
