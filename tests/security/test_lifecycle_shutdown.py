@@ -188,10 +188,36 @@ def test_a_second_signal_ends_the_wait_and_still_exits_cleanly(long_context_llam
         if srv.proc.poll() is None:
             srv.proc.kill()
     call.result()
-    assert call.events[-1] == "[DONE]" and "shutting down" in call.events[-2], call.events[-3:]
+    assert call.events[-1] == "[DONE]" and "a second signal forced the shutdown" in call.events[-2], \
+        call.events[-3:]
     log = srv.log()
     assert "Traceback" not in log and "ERROR" not in log, log[-5000:]
     assert sorted(os.listdir(tmpdir)) == [], "left in TMPDIR"
+
+
+def test_a_client_still_sending_its_body_is_closed_without_a_traceback(tiny_llama: Path, tmp_path: Path) -> None:
+    """A request whose body has not all come when SIGTERM arrives has nothing in the engine
+    to end: its connection is closed after the error-delivery wait, where uvicorn cancelled
+    it 5 s later still, answering a plain-text 500 and logging a CancelledError."""
+    srv = start_server(tiny_llama, tmp_path)
+    try:
+        host, port = srv.url.removeprefix("http://").split(":")
+        client = socket.create_connection((host, int(port)), timeout=30)
+        client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 100\r\n\r\n{\"model\": \"tiny\"")
+        time.sleep(1.0)
+        sent = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        reply = client.recv(4096)
+        assert srv.proc.wait(60) == 0, srv.log()[-3000:]
+        assert time.monotonic() - sent < 9, "closed after uvicorn's own timeout, not the drain's"
+        assert b"500" not in reply, reply
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    log = srv.log()
+    assert "Traceback" not in log and "ERROR" not in log, log[-5000:]
+    assert "closed 1 connection(s) that had not finished their request" in log, log[-3000:]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

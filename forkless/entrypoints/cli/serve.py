@@ -378,12 +378,25 @@ class _Server(uvicorn.Server):
         if await self._connections_closed(self.shutdown_timeout, background=True):
             return
         await self.config.app.state.responses.shutdown()
-        ended = self.engine.abort_in_flight(
-            f"the server is shutting down: the request did not finish within the shutdown timeout "
-            f"({self.shutdown_timeout:g} s, --shutdown-timeout)")
+        why = ("a second signal forced the shutdown" if self.force_exit else
+               f"the request did not finish within the shutdown timeout ({self.shutdown_timeout:g} s, "
+               "--shutdown-timeout)")
+        ended = self.engine.abort_in_flight(f"the server is shutting down: {why}")
         if ended:
             logger.info("ended %d unfinished request(s) with a 503 error", ended)
         await self._connections_closed(_ERROR_DELIVERY_S)
+        # A connection with no answer begun by now has no engine request to end (a client
+        # still sending its body): close it. Its handler then sees the client gone and ends
+        # quietly, where uvicorn would cancel it after its own timeout and answer a
+        # plain-text 500 with a traceback in the log. An answer under way (a stream ending
+        # with its error event) is left to finish.
+        stuck = [c for c in self.server_state.connections
+                 if getattr(c, "transport", None) is not None
+                 and not getattr(getattr(c, "cycle", None), "response_started", False)]
+        for connection in stuck:
+            connection.transport.close()
+        if stuck:
+            logger.info("closed %d connection(s) that had not finished their request", len(stuck))
 
     async def _connections_closed(self, timeout: float, background: bool = False) -> bool:
         """Wait up to ``timeout`` s (less after a second signal) for every connection to close.
