@@ -35,6 +35,7 @@ from forkless.plugins._loader import (
     plugin_records,
     plugin_selection,
     strict_mode,
+    unknown_group_message,
 )
 from forkless.plugins._discovery import vllm_group_hint
 from forkless.plugins._parser_manager import ParserManager
@@ -87,6 +88,7 @@ __all__ = [
     "snapshot_all",
     "stability",
     "strict_mode",
+    "unknown_group_message",
     "tier_of",
     "vllm_group_hint",
 ]

@@ -144,7 +144,9 @@ class PluginRecord:
     value: str
     dist: str
     version: str
-    status: str = "discovered"  # loaded | inactive | filtered | opt-in | failed | incompatible
+    # loaded | inactive | filtered | opt-in | failed | incompatible | unknown-group;
+    # "discovered": installed, not (yet) loaded by this process.
+    status: str = "discovered"
     error: str | None = None
     load_ms: float | None = None
 
@@ -566,6 +568,16 @@ def load_general_plugins() -> None:
     _raise_if_strict(failed)
 
 
+def unknown_group_message(group: str) -> str:
+    """Why an entry point in ``group``, which is not one of :data:`GROUPS`, is never loaded:
+    the group named, with the closest real one (a typo such as ``forkless.general_plugin``)."""
+    import difflib
+
+    close = difflib.get_close_matches(group, list(GROUPS), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}?" if close else f"the groups are {', '.join(sorted(GROUPS))}"
+    return f"forkless reads no entry-point group {group!r}, so this plugin never loads ({hint})"
+
+
 def plugin_records() -> list[PluginRecord]:
     """What this process knows of every installed plugin (all groups, sorted)."""
     with _state.lock:
@@ -575,5 +587,7 @@ def plugin_records() -> list[PluginRecord]:
             if key not in _state.records:
                 rec = PluginRecord(entry.group, entry.name, entry.value, entry.dist, entry.version)
                 rec.status = _selected(entry, selection) or "discovered"
+                if entry.group not in GROUPS:
+                    rec.status, rec.error = "unknown-group", unknown_group_message(entry.group)
                 _state.records[key] = rec
         return [r for _, r in sorted(_state.records.items())]

@@ -356,3 +356,25 @@ def test_bisect_finds_every_culprit(plugin_site: Path, tmp_path: Path) -> None:
     proc = run_forkless(["plugins", "list"], plugin_env(
         plugin_site, tmp_path, FORKLESS_PLUGINS_STRICT="1", FORKLESS_PLUGINS=out[-1].split("=", 1)[1]))
     assert proc.returncode == 0, proc.stderr
+
+
+def test_an_entry_point_in_a_misspelt_group_is_named_with_the_group_meant(tmp_path: Path) -> None:
+    """``forkless.general_plugin`` (no s) is no group forkless reads: list and check say so
+    and name the group meant, where list showed "discovered" and check contradicted itself
+    ("no installed plugin 'x' in group forkless.general_plugin")."""
+    site = tmp_path / "site"
+    fake_plugin(site, "typo_group", "def register():\n    pass\n", group="forkless.general_plugin")
+    env = plugin_env(site, tmp_path)
+    listed = run_forkless(["plugins", "list", "--json"], env)
+    (row,) = [r for r in json.loads(listed.stdout) if r["name"] == "typo_group"]
+    assert row["status"] == "unknown-group"
+    assert "forkless reads no entry-point group 'forkless.general_plugin'" in row["error"]
+    assert "did you mean forkless.general_plugins?" in row["error"]
+    checked = run_forkless(["plugins", "check", "--json", "typo_group"], env)
+    (result,) = json.loads(checked.stdout)
+    assert checked.returncode == 1 and not result["ok"]
+    assert result["problems"] == [row["error"]]
+    misspelt = run_forkless(["plugins", "check", "typo_grup"], env)
+    assert misspelt.returncode == 2
+    assert misspelt.stderr.startswith("forkless plugins check: error: no installed plugin named typo_grup "
+                                      "(did you mean typo_group?)"), misspelt.stderr

@@ -15,6 +15,7 @@ Invariants:
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import shutil
@@ -34,6 +35,7 @@ from forkless.plugins import (
     load_plugins_by_group,
     plugin_records,
     plugin_selection,
+    unknown_group_message,
     vllm_group_hint,
 )
 
@@ -127,6 +129,8 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def _run_check(group: str, name: str, timeout: float) -> dict[str, Any]:
+    if group not in GROUPS:  # nothing to load it by: say why, as plugins list does
+        return {"group": group, "name": name, "ok": False, "problems": [unknown_group_message(group)]}
     cmd = [sys.executable, "-m", "forkless.plugins._check", group, name]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -149,8 +153,11 @@ def cmd_check(args: argparse.Namespace) -> int:
         unknown = [n for n in args.names if n not in known]
         if unknown:
             hint = vllm_group_hint(unknown)
-            print(f"error: no installed plugin named {', '.join(unknown)}; installed: "
-                  f"{', '.join(sorted(known)) or '(none)'}" + (f". {hint}" if hint else ""), file=sys.stderr)
+            close = [m for n in unknown for m in difflib.get_close_matches(n, sorted(known), n=1)]
+            print(f"forkless plugins check: error: no installed plugin named {', '.join(unknown)}"
+                  + (f" (did you mean {', '.join(close)}?)" if close else "")
+                  + f"; installed: {', '.join(sorted(known)) or '(none)'}" + (f". {hint}" if hint else ""),
+                  file=sys.stderr)
             return 2
         entries = [e for e in entries if e.name in args.names]
     results = [_run_check(e.group, e.name, args.timeout) for e in entries]
