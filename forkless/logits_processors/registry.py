@@ -7,7 +7,6 @@ listed twice runs once.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from forkless.logits_processors.interface import LogitsProcessor
@@ -17,7 +16,6 @@ if TYPE_CHECKING:
 
     from forkless.sampling_params import SamplingParams
 
-logger = logging.getLogger("forkless.logits_processors")
 
 LOGITS_PROCESSORS_GROUP = "forkless.logits_processors"
 CLI_FLAG = "--logits-processors"
@@ -83,21 +81,15 @@ def load_custom_classes(
 
 
 def _entry_point_classes() -> list[type[LogitsProcessor]]:
-    from forkless.plugins import PluginLoadError, load_plugins_by_group
-    from forkless.plugins import strict_mode
+    from forkless.plugins import load_plugins_by_group, reject_plugin
 
     out: list[type[LogitsProcessor]] = []
     for name, obj in load_plugins_by_group(LOGITS_PROCESSORS_GROUP).items():
         if isinstance(obj, type) and issubclass(obj, LogitsProcessor):
             out.append(obj)
             continue
-        message = (
-            f"entry point {name!r} in group {LOGITS_PROCESSORS_GROUP} is {obj!r}, not a "
-            f"subclass of {LogitsProcessor.__module__}.{LogitsProcessor.__qualname__}"
-        )
-        if strict_mode():
-            raise PluginLoadError(f"{message} (FORKLESS_PLUGINS_STRICT=1 aborts startup)")
-        logger.warning("%s; it is skipped", message)
+        reject_plugin(LOGITS_PROCESSORS_GROUP, name, f"entry point {name!r} in group {LOGITS_PROCESSORS_GROUP} is "
+                      f"{obj!r}, not a subclass of {LogitsProcessor.__module__}.{LogitsProcessor.__qualname__}")
     return out
 
 

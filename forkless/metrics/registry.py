@@ -14,11 +14,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from forkless.logger import init_logger
 from forkless.metrics.interface import StatLoggerBase
-from forkless.plugins import STAT_LOGGER_PLUGINS_GROUP, PluginLoadError, load_plugins_by_group, strict_mode
-
-logger = init_logger(__name__)
+from forkless.plugins import STAT_LOGGER_PLUGINS_GROUP, load_plugins_by_group, reject_plugin
 
 
 def load_stat_logger_plugin_factories() -> list[type[StatLoggerBase]]:
@@ -38,9 +35,7 @@ def load_stat_logger_plugin_factories() -> list[type[StatLoggerBase]]:
         try:
             factories.append(_check_logger_class(cls, source))
         except TypeError as exc:
-            if strict_mode():
-                raise PluginLoadError(f"{exc} (FORKLESS_PLUGINS_STRICT=1 aborts startup)") from None
-            logger.warning("%s; it is skipped", exc)
+            reject_plugin(STAT_LOGGER_PLUGINS_GROUP, name, str(exc))
     return factories
 
 

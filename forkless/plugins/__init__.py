@@ -34,6 +34,7 @@ from forkless.plugins._loader import (
     load_plugins_by_group,
     plugin_records,
     plugin_selection,
+    reject_plugin,
     strict_mode,
     unknown_group_message,
 )
@@ -87,6 +88,7 @@ __all__ = [
     "resolve_class",
     "snapshot_all",
     "stability",
+    "reject_plugin",
     "strict_mode",
     "unknown_group_message",
     "tier_of",

@@ -348,6 +348,24 @@ def _fail(record: PluginRecord, status: str, message: str, tb: str | None) -> Pl
     return record
 
 
+def reject_plugin(group: str, name: str, message: str) -> None:
+    """Mark a plugin that imported but is unusable (its family's check refused its value)
+    as failed, as a plugin that failed to import is: ``plugins list`` shows it, and it is
+    logged once per process. Under ``FORKLESS_PLUGINS_STRICT=1`` that is an error.
+
+    Raises:
+        PluginLoadError: In strict mode.
+    """
+    with _state.lock:
+        record = _state.records.get((group, name))
+        if record is None:  # not from an entry point (tests build values by hand)
+            record = PluginRecord(group, name, "?", "?", "?")
+            _state.records[(group, name)] = record
+        if record.status != "failed":
+            _fail(record, "failed", message, None)
+    _raise_if_strict([record])
+
+
 def _raise_if_strict(failed: Sequence[PluginRecord]) -> None:
     # Called outside every ``except`` block, so Python does not chain (and print again)
     # the plugin's exception under ours.

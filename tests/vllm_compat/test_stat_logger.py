@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import plugin_env, run_python
+from tests.conftest import plugin_env, run_forkless, run_python
 from tests.server.conftest import until
 
 _FACTORIES = (
@@ -150,4 +150,10 @@ def test_a_plugin_that_cannot_be_a_logger_is_skipped_by_name(tmp_path: Path) -> 
     assert "stat logger plugin 'd_not_a_logger'" in proc.stderr and "not a forkless.metrics.StatLoggerBase" \
         in proc.stderr
     strict = run_python(code, plugin_env(site, tmp_path, FORKLESS_PLUGINS_STRICT="1"))
-    assert strict.returncode != 0 and "PluginLoadError: stat logger plugin 'b_no_record'" in strict.stderr
+    assert strict.returncode != 0 and "stat logger plugin 'b_no_record'" in strict.stderr
+    assert "PluginLoadError" in strict.stderr
+    # plugins list shows them as the server takes them (it said "loaded").
+    listed = run_forkless(["plugins", "list", "--json"], plugin_env(site, tmp_path))
+    status = {r["name"]: r["status"] for r in json.loads(listed.stdout) if r["group"] == "forkless.stat_logger_plugins"}
+    assert status == {"a_good": "loaded", "b_no_record": "failed", "c_bad_init": "failed",
+                      "d_not_a_logger": "failed"}, listed.stderr

@@ -26,6 +26,8 @@ from typing import Any, Callable
 from forkless.plugins import (
     GENERAL_PLUGINS_GROUP,
     GROUPS,
+    LOGITS_PROCESSOR_GROUP,
+    STAT_LOGGER_PLUGINS_GROUP,
     PluginLoadError,
     PluginRecord,
     ValueKind,
@@ -85,11 +87,33 @@ def load_everything() -> list[PluginRecord]:
                 load_general_plugins()
             elif spec.kind is ValueKind.CALLABLE:
                 call_plugins_by_group(spec.name)
+            elif spec.name in _FAMILY_CHECKS:
+                _FAMILY_CHECKS[spec.name]()  # loads the group, then refuses what its family cannot use
             else:
                 load_plugins_by_group(spec.name)
         except PluginLoadError as exc:
             failed.extend(exc.records)
     return failed
+
+
+def _stat_loggers() -> None:
+    from forkless.metrics import load_stat_logger_plugin_factories
+
+    load_stat_logger_plugin_factories()
+
+
+def _logits_processors() -> None:
+    from forkless.logits_processors.registry import load_custom_classes
+
+    load_custom_classes(None)
+
+
+#: Groups whose values the family checks beyond importing them: run here as the server
+#: runs them, so that a plugin the server would skip is listed as failed, not loaded.
+_FAMILY_CHECKS: dict[str, Callable[[], None]] = {
+    STAT_LOGGER_PLUGINS_GROUP: _stat_loggers,
+    LOGITS_PROCESSOR_GROUP: _logits_processors,
+}
 
 
 def cmd_list(args: argparse.Namespace) -> int:
