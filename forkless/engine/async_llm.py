@@ -3,7 +3,8 @@
 It tokenizes and validates requests here, sends them to the engine core process,
 detokenizes what comes back, and streams ``RequestOutput``s to each caller. It owns the
 stat loggers. If the engine core or a worker dies, every in-flight request fails at once
-with ``EngineDeadError`` and ``dead_event`` is set.
+with ``EngineDeadError`` and ``dead_event`` is set; its message (and ``dead_reason``) is
+one line, without the traceback that the log gets.
 
 A server shutting down calls :meth:`AsyncLLM.stop_accepting` (new requests are refused
 with ``EngineShuttingDownError``) and, when its grace period is over,
@@ -576,6 +577,8 @@ class AsyncLLM:
         assert self.client is not None
         if self._end_in_flight is not None:  # validated before the grace period ended
             raise EngineShuttingDownError(self._end_in_flight)
+        if self.errored:  # died since the request was validated: _die() told only the streams before it
+            raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
         request_id = processed.request_id
         queue = _OutputSlot(processed.params.output_kind)
         self.output_processor.add_request(processed)
@@ -719,9 +722,11 @@ class AsyncLLM:
         if self.errored:
             return
         self.errored = True
-        self.dead_reason = reason
+        # The reason may carry a traceback (a worker's, after its message): the log gets
+        # it, clients and /health only its first line, the exception's type and message.
+        self.dead_reason = reason.strip().split("\n", 1)[0]
         logger.error("engine is dead: %s", reason)
-        error = EngineDeadError(f"the engine died: {reason}")
+        error = EngineDeadError(f"the engine died: {self.dead_reason}")
         for queue in self._queues.values():
             queue.put_nowait(error)
         if self.dead_event is not None:

@@ -3,6 +3,10 @@
 The client makes the server's IPC directory (``forkless.protocol.ipc``): its own two
 sockets, and the engine core's worker sockets, live there. It removes the directory at
 shutdown, whether the engine core stopped when told or died.
+
+Sends never wait for a dead engine core: a ZeroMQ PUSH socket whose peer is gone would
+hold a send forever, so each send is tried without blocking and, while the socket cannot
+take it, retried every ``SEND_POLL_MS`` as long as the engine core process lives.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ if TYPE_CHECKING:
     from forkless.protocol.engine import EngineCoreRequest
 
 logger = init_logger("forkless.engine.client")
+
+# How often a send that the socket cannot take yet checks that the engine core still lives.
+SEND_POLL_MS = 50
 
 
 class EngineDeadError(RuntimeError):
@@ -103,14 +110,32 @@ class EngineCoreClient:
                                    "while starting (see its log above)")
         raise RuntimeError(f"the engine core did not start within {timeout:.0f} s")
 
+    async def _send(self, frames: list[bytes]) -> bool:
+        """Send ``frames`` to the engine core; False, at once, when its process is gone (a
+        PUSH socket without its peer would wait forever)."""
+        while True:
+            try:
+                await self.input.send_multipart(frames, flags=zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                if not self.proc.is_alive():
+                    return False
+                await self.input.poll(SEND_POLL_MS, zmq.POLLOUT)
+
     async def add_request(self, request: "EngineCoreRequest | bytes") -> None:
-        """Send a request (or its msgpack encoding) to the engine core."""
+        """Send a request (or its msgpack encoding) to the engine core.
+
+        Raises:
+            EngineDeadError: The engine core process is gone.
+        """
         payload = request if isinstance(request, bytes) else ipc.encode(request)
-        await self.input.send_multipart([ipc.ADD, payload])
+        if not await self._send([ipc.ADD, payload]):
+            raise EngineDeadError(f"the engine died: the engine core process exited with code {self.proc.exitcode}")
 
     async def abort_requests(self, request_ids: list[str]) -> None:
+        """Abort requests in the engine core (nothing to abort once it is gone)."""
         if request_ids and not self.closed:
-            await self.input.send_multipart([ipc.ABORT, ipc.encode(request_ids)])
+            await self._send([ipc.ABORT, ipc.encode(request_ids)])
 
     async def get_message(self, timeout_ms: int = 500) -> tuple[bytes, bytes] | None:
         """The next message from the engine core, or ``None`` after ``timeout_ms``."""

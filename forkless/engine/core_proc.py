@@ -3,7 +3,10 @@
 Started with ``spawn`` by the API server. It receives requests and aborts on one ZeroMQ
 socket and pushes ``EngineCoreOutputs`` on another. When the executor fails (a worker
 died), it reports ``DEAD`` with the reason and exits, so the API server can fail the
-in-flight requests at once instead of letting them hang.
+in-flight requests at once instead of letting them hang. A worker that dies while the
+engine is idle is reported by the executor's failure callback
+(``Executor.register_failure_callback``) and fails the engine the same way, within one
+idle poll (``IDLE_POLL_MS``), not at the next request.
 
 It works in the API server's IPC directory (its executor puts the worker sockets there).
 The API server removes that directory; but when the API server is gone (killed) as the
@@ -66,6 +69,9 @@ class EngineCoreProc:
             # with the message still queued): the API server reports it; nobody else does.
             self.close()
             raise
+        # Set from the executor's watch thread; raised by run() on the main thread.
+        self._executor_failure: BaseException | None = None
+        self.core.executor.register_failure_callback(self._executor_failed)
         self._send(ipc.READY, {
             "pid": os.getpid(),
             "num_blocks": config.cache_config.num_blocks,
@@ -73,6 +79,9 @@ class EngineCoreProc:
         })
         self.running = True
         self.last_stats = 0.0
+
+    def _executor_failed(self, error: BaseException) -> None:
+        self._executor_failure = error
 
     def _send(self, kind: bytes, payload: Any) -> None:
         self.output.send_multipart([kind, ipc.encode(payload)], copy=False)
@@ -122,6 +131,8 @@ class EngineCoreProc:
                 timeout = 0
             if not self.running:
                 break
+            if self._executor_failure is not None:
+                raise self._executor_failure  # reported as DEAD, as a failed step
             if not ipc.parent_alive(self.parent_pid):
                 logger.warning("the API server (pid %d) is gone; engine core exits", self.parent_pid)
                 break
@@ -166,7 +177,7 @@ def run_engine_core(config_bytes: bytes, input_addr: str, output_addr: str, pare
     gc.disable()
     # SIGINT goes to the whole process group on Ctrl-C, and SIGTERM does on systemd's stop;
     # the API server orchestrates the shutdown, so the engine core waits to be told (or
-    # for its parent to vanish; a second SIGTERM ends it).
+    # for its parent to vanish; a SIGTERM while it runs is logged, not remembered).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     ipc.leave_sigterm_to_parent(parent_pid)
     ipc.use_ipc_dir(ipc_dir)

@@ -151,5 +151,11 @@ class Executor(ABC):
     def check_health(self) -> None:
         """Raise if a worker is dead or unhealthy."""
 
+    def register_failure_callback(self, callback: Callable[[BaseException], None]) -> None:
+        """Have ``callback(error)`` called once, from any thread, when a worker dies while the
+        engine may be waiting for no call of it (an idle engine would otherwise learn of it
+        only at its next step), never during :meth:`shutdown`; at once if one died
+        already. Default: never called (the failure surfaces at the next call)."""
+
     def shutdown(self) -> None:
         """Release the workers (idempotent)."""

@@ -11,6 +11,11 @@ Each worker process loads the general plugins itself, builds the platform's work
 answers calls (``[method, msgpack args]``) on a ZeroMQ socket pair. The executor watches
 the workers while it sends and waits: a worker that dies fails the call within a fraction
 of a second with an error naming it, so the engine core can report it instead of hanging.
+Between calls a thread waits on the worker processes' sentinels (vLLM's worker monitor):
+a worker that dies while the engine is idle is reported at once to the callback of
+:meth:`MultiprocExecutor.register_failure_callback` (the engine core then fails as for a
+step's failure), never during a shutdown, which sets ``stopping`` before any worker is
+told to exit.
 
 Async scheduling (``--async-scheduling``). Each worker says at start-up (in its ``ready``
 message) whether its runner supports it; :attr:`MultiprocExecutor.supports_async_scheduling`
@@ -79,8 +84,10 @@ from __future__ import annotations
 import functools
 import gc
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
+import threading
 import time
 import traceback
 from collections import deque
@@ -120,6 +127,48 @@ _STARTUP_TIMEOUT_S = 900.0
 
 class WorkerDiedError(RuntimeError):
     """A worker process exited while the engine needed it."""
+
+
+def _worker_died(rank: int, proc: Any, starting: bool = False) -> WorkerDiedError:
+    """The error naming worker ``rank``, whose process ``proc`` exited."""
+    what = "while starting" if starting else "while the engine was running"
+    return WorkerDiedError(f"worker {rank} (pid {proc.pid}) died {what} (exit code {proc.exitcode})")
+
+
+class _WorkerWatch:
+    """A daemon thread that waits for any of ``procs`` to exit and reports the first
+    (:class:`WorkerDiedError`) to the failure callback, unless ``stopping`` was set first
+    (a shutdown). It refers to the processes, not to the executor, whose finalizer must
+    still run when it is dropped."""
+
+    def __init__(self, procs: list[Any], stopping: threading.Event) -> None:
+        self._procs = list(procs)
+        self._stopping = stopping
+        self._lock = threading.Lock()
+        self._error: WorkerDiedError | None = None
+        self._callback: Callable[[BaseException], None] | None = None
+        threading.Thread(target=self._run, name="forkless-worker-watch", daemon=True).start()
+
+    def _run(self) -> None:
+        rank_of = {proc.sentinel: rank for rank, proc in enumerate(self._procs)}
+        ready = multiprocessing.connection.wait(list(rank_of))
+        if self._stopping.is_set():
+            return
+        rank = rank_of[ready[0]]
+        self._procs[rank].join(5)  # reaped: its exit code, for the message
+        if self._stopping.is_set():
+            return
+        error = _worker_died(rank, self._procs[rank])
+        with self._lock:  # (the callback is called once, here or in set_callback)
+            self._error, callback = error, self._callback
+        if callback is not None:
+            callback(error)
+
+    def set_callback(self, callback: Callable[[BaseException], None]) -> None:
+        with self._lock:
+            self._callback, error = callback, self._error
+        if error is not None:
+            callback(error)
 
 
 @dataclass(frozen=True)
@@ -619,10 +668,12 @@ class RankedWorkersExecutor(Executor):
 
 
 def _release_workers(procs: list, to_workers: list, from_workers: list, ctx: zmq.Context,
-                     segments: BitmaskSegments, ipc_dir: str | None) -> None:
+                     segments: BitmaskSegments, ipc_dir: str | None, stopping: threading.Event) -> None:
     """Stop the worker processes (a shutdown message, then terminate, then kill), close
     the sockets and the shared bitmask, and remove ``ipc_dir`` (``None``: not this
-    executor's). Empties ``procs`` and the socket lists, which the executor shares."""
+    executor's). Empties ``procs`` and the socket lists, which the executor shares.
+    ``stopping`` is set first: the workers' exits are no failure."""
+    stopping.set()
     for sock, proc in zip(to_workers, procs):
         if proc.is_alive():
             try:
@@ -670,11 +721,13 @@ class MultiprocExecutor(RankedWorkersExecutor):
         self._late_replies = [0] * self.world_size
         # The shared memory of the grammar bitmask (allocate_bitmask_buffer), newest last.
         self._bitmask_segments = BitmaskSegments()
+        # Set when the workers are being stopped: their exits are no failure (_WorkerWatch).
+        self._stopping = threading.Event()
         # Stops the workers at shutdown, or when this executor is dropped or the
         # interpreter exits without one; the lists are filled below, in place.
         self._release = ipc.release_with(self, _release_workers, self.procs, self.to_workers, self.from_workers,
                                          self.ctx, self._bitmask_segments,
-                                         self.ipc_dir if self._owns_ipc_dir else None)
+                                         self.ipc_dir if self._owns_ipc_dir else None, self._stopping)
         config_bytes = ipc.encode(config.to_builtins())
         for rank in range(self.world_size):
             addr_in = ipc.ipc_address(self.ipc_dir, f"to-worker-{rank}")
@@ -708,11 +761,15 @@ class MultiprocExecutor(RankedWorkersExecutor):
             pids[rank] = data["pid"]
             self._async_ok = self._async_ok and bool(data["async_scheduling"])
         self.worker_pids = [pids[rank] for rank in range(self.world_size)]
+        self._watch = _WorkerWatch(self.procs, self._stopping)
+
+    def register_failure_callback(self, callback: Callable[[BaseException], None]) -> None:
+        """``callback(WorkerDiedError)`` when a worker process exits outside a shutdown,
+        from the watch thread (at once if one did already)."""
+        self._watch.set_callback(callback)
 
     def _died(self, rank: int, starting: bool = False) -> WorkerDiedError:
-        proc = self.procs[rank]
-        what = "while starting" if starting else "while the engine was running"
-        return WorkerDiedError(f"worker {rank} (pid {proc.pid}) died {what} (exit code {proc.exitcode})")
+        return _worker_died(rank, self.procs[rank], starting)
 
     def _send(self, rank: int, frames: list[Any], copy: bool = True) -> None:
         """Send without blocking on a dead worker (a PUSH with no peer would wait forever);

@@ -144,7 +144,8 @@ class LogitsProcessor(ABC):
 
 
 class LogitsProcessorError(RuntimeError):
-    """A logits processor raised; the message names its class and the method.
+    """A logits processor raised, or returned what the sampler cannot use; the message
+    names its class and the method.
 
     The step fails as before (the processor's rows cannot be trusted), but the engine's
     last words name the plugin instead of only the exception deep inside it.
@@ -155,3 +156,11 @@ class LogitsProcessorError(RuntimeError):
         kind = type(processor)
         return cls(f"logits processor {kind.__module__}.{kind.__qualname__} raised in {method}(): "
                    f"{type(error).__name__}: {error}")
+
+    @classmethod
+    def bad_result(cls, processor: LogitsProcessor, method: str, got: str, expected: str) -> LogitsProcessorError:
+        """The error for a processor whose ``method`` returned ``got`` (a description of the
+        value) instead of ``expected``."""
+        kind = type(processor)
+        return cls(f"logits processor {kind.__module__}.{kind.__qualname__} returned {got} from {method}(): "
+                   f"expected {expected}")

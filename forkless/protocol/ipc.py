@@ -31,6 +31,9 @@ from typing import Any, Callable, NoReturn
 
 import msgspec
 
+from forkless.logger import init_logger
+
+logger = init_logger("forkless.protocol.ipc")
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -145,23 +148,32 @@ def parent_alive(parent_pid: int) -> bool:
 
 
 def leave_sigterm_to_parent(parent_pid: int) -> None:
-    """Install this child's SIGTERM handler: while its parent runs, the first SIGTERM is
-    left to the parent, a second one (or one after the parent is gone) ends the process.
+    """Install this child's SIGTERM handler: while its parent runs, a SIGTERM is logged and
+    left to the parent; once the parent is gone, one ends the process.
 
     A signal sent to the whole process group (systemd's default stop, ``timeout``,
     ``kill -- -PGID``) reaches the engine core and the workers too; exiting at once would
     fail the requests the API server is draining (``--shutdown-timeout``) and make it
     report a dead engine. The parent got the same signal and stops its children when it
-    is done; a child whose parent is gone exits anyway (its watch of the parent).
+    is done (a second signal to it cuts the drain short); a child whose parent is gone
+    exits anyway (its watch of the parent).
+
+    A child cannot tell that signal from one sent to it alone (a stray ``kill``), so it
+    remembers none: a stray SIGTERM is logged and forgotten, and a later stop of the whole
+    group still drains. (Remembering the first, so that a second one ended the child,
+    made every group stop after a stray signal end the child at once, mid-drain.)
     """
+    import multiprocessing
     import signal
 
-    received = []
-
     def on_sigterm(*_: Any) -> None:
-        if received or not parent_alive(parent_pid):
+        if not parent_alive(parent_pid):
             raise SystemExit(0)
-        received.append(True)
+        # (A handler runs on the main thread between bytecodes; logging's locks are
+        # reentrant, so a signal that lands inside a log call cannot deadlock it.)
+        logger.info("%s got SIGTERM while its parent (pid %d) runs: left to the parent, which stops this "
+                    "process when it shuts down (a stop of the whole server reaches the parent too)",
+                    multiprocessing.current_process().name, parent_pid)
 
     signal.signal(signal.SIGTERM, on_sigterm)
 

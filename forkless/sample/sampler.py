@@ -238,7 +238,18 @@ def _min_p_rows(metadata: "SamplingMetadata") -> torch.Tensor | None:
 
 
 def _apply(processor: "LogitsProcessor", logits: torch.Tensor) -> torch.Tensor:
+    """``processor.apply(logits)``, checked: what it raises, or a result that is not a float
+    tensor of the logits' shape, fails the step naming the processor (the sampler would
+    otherwise fail far from it, or sample from the wrong ids)."""
     try:
-        return processor.apply(logits)
+        result = processor.apply(logits)
     except Exception as e:
         raise LogitsProcessorError.wrap(processor, "apply", e) from e
+    if not isinstance(result, torch.Tensor):
+        got = "None" if result is None else f"a {type(result).__name__}"
+    elif result.shape != logits.shape or not result.is_floating_point():
+        got = f"a {result.dtype} tensor of shape {list(result.shape)}"
+    else:
+        return result
+    raise LogitsProcessorError.bad_result(processor, "apply", got,
+                                          f"a float tensor of the input's shape {list(logits.shape)}")

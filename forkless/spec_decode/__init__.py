@@ -2,7 +2,8 @@
 
 Public names (provisional tier): :class:`Proposer` (subclass it for a proposer),
 :class:`ProposerRegistry` (``register(name, "pkg.mod:Class")`` from a general plugin),
-:class:`ProposalBatch`, :class:`StepRow`, :class:`SpeculativeConfig`. Built-in: ``ngram``
+:class:`ProposalBatch`, :class:`StepRow`, :class:`SpeculativeConfig`, :class:`ProposerError`
+(what a step fails with when a proposer raises or returns bad drafts). Built-in: ``ngram``
 and ``draft_model`` (``forkless.worker.draft_model``: a smaller model with its own paged
 KV cache in the worker). A proposer may ask for the target's last hidden states
 (``Proposer.needs_hidden_states``).
@@ -18,7 +19,7 @@ drafts overlap as usual.
 from __future__ import annotations
 
 from forkless.spec_decode.config import SpeculativeConfig
-from forkless.spec_decode.interface import ProposalBatch, Proposer, StepRow
+from forkless.spec_decode.interface import ProposalBatch, Proposer, ProposerError, StepRow
 from forkless.spec_decode.registry import ProposerRegistry
 
-__all__ = ["ProposalBatch", "Proposer", "ProposerRegistry", "SpeculativeConfig", "StepRow"]
+__all__ = ["ProposalBatch", "Proposer", "ProposerError", "ProposerRegistry", "SpeculativeConfig", "StepRow"]

@@ -22,6 +22,9 @@ Invariants:
       cache holds what the target's holds, block for block.
     * Proposals never change what the user gets: a wrong guess costs time, not output
       (the verification keeps exactly the tokens the target itself produces).
+    * A proposer that raises, or returns anything but one sequence per request of token
+      ids in ``[0, vocab_size)``, fails the step with a :class:`ProposerError` naming it
+      (``forkless.worker.speculation.propose`` checks every draft).
 """
 
 from __future__ import annotations
@@ -135,3 +138,15 @@ class Proposer(abc.ABC):
 
     def initialize_cache(self, num_blocks: int) -> None:
         """Allocate the proposer's cache for ``num_blocks`` blocks (``uses_kv_cache``)."""
+
+
+class ProposerError(RuntimeError):
+    """A proposer raised in ``propose``, or returned drafts the target cannot verify; the
+    message names the proposer's class, so that the engine's last words name the plugin
+    rather than an error deep in the verification."""
+
+    @classmethod
+    def naming(cls, proposer: Proposer, problem: str) -> ProposerError:
+        """The error for ``proposer``'s ``propose`` and what went wrong (``problem``)."""
+        kind = type(proposer)
+        return cls(f"speculative proposer {kind.__module__}.{kind.__qualname__}: propose() {problem}")

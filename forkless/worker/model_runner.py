@@ -708,7 +708,7 @@ class ModelRunner:
         if proposer.needs_hidden_states and spec_rows and pending.last_hidden is not None:
             hidden = last_hidden_states(pending.last_hidden, pending.verification, spec_rows, self._to_device)
         step = self._step_rows(rows, sampled, set(spec_rows)) if proposer.uses_kv_cache else None
-        result.spec_token_ids = propose(proposer, histories, hidden, step,
+        result.spec_token_ids = propose(proposer, histories, self.input_batch.vocab_size, hidden, step,
                                         [rows[i].num_spec_tokens for i in spec_rows])
         if pending.verification is not None:
             result.spec_stats = pending.verification.stats(proposer.num_speculative_tokens)

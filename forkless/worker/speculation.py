@@ -25,6 +25,8 @@ Invariants:
 
 from __future__ import annotations
 
+import operator
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -33,7 +35,7 @@ import torch
 
 from forkless.protocol.step import ScheduledRequest, SpecDecodeStats
 from forkless.sampling_params import SAMPLING_EPS, SamplingParams
-from forkless.spec_decode.interface import ProposalBatch, Proposer, StepRow
+from forkless.spec_decode.interface import ProposalBatch, Proposer, ProposerError, StepRow
 from forkless.spec_decode.rejection_sampler import PAD_TOKEN_ID, rejection_sample
 
 
@@ -158,18 +160,24 @@ def last_hidden_states(last_hidden: torch.Tensor, verification: Verification | N
     return last_hidden[to_device(np.asarray(rows, dtype=np.int64))]
 
 
-def propose(proposer: Proposer, histories: list[tuple[str, list[int], list[int]]], hidden_states: Any = None,
-            step: list[StepRow] | None = None, num_verified: list[int] | None = None) -> dict[str, list[int]]:
+def propose(proposer: Proposer, histories: list[tuple[str, list[int], list[int]]], vocab_size: int,
+            hidden_states: Any = None, step: list[StepRow] | None = None,
+            num_verified: list[int] | None = None) -> dict[str, list[int]]:
     """The proposer's drafts for requests ``(id, prompt, output)``; only non-empty ones.
 
     ``hidden_states``, ``step`` and ``num_verified`` (per request, the drafts this step
     scored) go into the :class:`ProposalBatch`. With ``step``, the proposer runs even
     without requests to propose for: its cache must follow every step.
+
+    Raises:
+        ProposerError: The proposer raised, or returned anything but one sequence per
+            request of token ids in ``[0, vocab_size)`` (each draft is cut to
+            ``num_speculative_tokens``).
     """
     if not histories:
         if step:
-            proposer.propose(ProposalBatch([], np.zeros((0, 0), dtype=np.int64), np.zeros(0, dtype=np.int64),
-                                           step=step))
+            _call(proposer, ProposalBatch([], np.zeros((0, 0), dtype=np.int64), np.zeros(0, dtype=np.int64),
+                                          step=step))
         return {}
     lengths = np.array([len(p) + len(o) for _, p, o in histories], dtype=np.int64)
     ids = np.zeros((len(histories), int(lengths.max())), dtype=np.int64)
@@ -178,9 +186,36 @@ def propose(proposer: Proposer, histories: list[tuple[str, list[int], list[int]]
         ids[row, len(prompt) : lengths[row]] = output
     verified = None if num_verified is None else np.array(num_verified, dtype=np.int64)
     batch = ProposalBatch([rid for rid, _, _ in histories], ids, lengths, hidden_states, step, verified)
-    drafts = proposer.propose(batch)
+    drafts = _call(proposer, batch)
+    expected = f"one list of token ids in [0, {vocab_size}) per request ({len(histories)})"
+    try:
+        count = len(drafts)
+    except TypeError:
+        count = None
+    if count != len(histories):
+        raise ProposerError.naming(proposer, f"returned {reprlib.repr(drafts)}: expected {expected}")
     k = proposer.num_speculative_tokens
-    return {rid: [int(t) for t in d[:k]] for (rid, _, _), d in zip(histories, drafts) if len(d)}
+    checked = {}
+    for (rid, _, _), draft in zip(histories, drafts):
+        try:
+            # operator.index: ints and integer scalars (numpy's, torch's), never a float or a string.
+            tokens = [operator.index(t) for t in draft[:k]]
+        except (TypeError, IndexError, KeyError):
+            tokens = None
+        if tokens is None or not all(0 <= t < vocab_size for t in tokens):
+            raise ProposerError.naming(proposer, f"returned {reprlib.repr(draft)} for request {rid!r}: "
+                                                 f"expected {expected}")
+        if tokens:
+            checked[rid] = tokens
+    return checked
+
+
+def _call(proposer: Proposer, batch: ProposalBatch) -> Any:
+    """``proposer.propose(batch)``; what it raises becomes a :class:`ProposerError` naming it."""
+    try:
+        return proposer.propose(batch)
+    except Exception as e:
+        raise ProposerError.naming(proposer, f"raised {type(e).__name__}: {e}") from e
 
 
 __all__ = ["Verification", "last_hidden_states", "propose", "speculates", "verify"]
