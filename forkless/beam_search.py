@@ -10,8 +10,10 @@ Invariants:
       others are ranked by :func:`get_beam_search_score` and the best ``beam_width`` live
       on. A beam that reaches ``max_model_len`` is complete too (``length``).
     * The answer is the best ``beam_width`` of the complete and live beams together,
-      best first. ``tokens`` include the prompt (vLLM's convention); ``text`` is the
-      generated part only, the EOS token's text left out unless
+      best first. ``tokens`` include the prompt (vLLM's convention), and so does ``text``
+      offline (``LLM.beam_search``, vLLM's: the decoded tokens), while the API server's
+      completions take the generated part alone (:meth:`BeamSearch.results`'
+      ``with_prompt``); either way the EOS token's text is left out unless
       ``include_stop_str_in_output``.
     * Beams of one prompt share their prefix, so the prefix cache makes a step's prefills
       short: only the tokens past the last full cached block are computed again.
@@ -35,7 +37,8 @@ if TYPE_CHECKING:
 @dataclass
 class BeamSearchSequence:
     """One beam: its tokens (prompt included), the logprobs of each generated position,
-    and its cumulative logprob; ``text`` and ``finish_reason`` are set when returned."""
+    and its cumulative logprob; ``text`` (see :meth:`BeamSearch.results`) and
+    ``finish_reason`` are set when returned."""
 
     tokens: list[int]
     logprobs: list[dict[int, Logprob]] = field(default_factory=list)
@@ -137,18 +140,25 @@ class BeamSearch:
             # A complete beam's score is final: only the best beam_width can be in the answer.
             inst.completed = sorted(inst.completed, key=self._score, reverse=True)[:self.params.beam_width]
 
-    def results(self, tokenizer: Any) -> list[BeamSearchOutput]:
-        """Each prompt's best ``beam_width`` sequences, best first, their ``text`` decoded."""
+    def results(self, tokenizer: Any, with_prompt: bool = False) -> list[BeamSearchOutput]:
+        """Each prompt's best ``beam_width`` sequences, best first, their ``text`` decoded.
+
+        Args:
+            tokenizer: Decodes ``text``.
+            with_prompt: Decode the prompt's tokens too, as vLLM's ``LLM.beam_search`` does
+                (one decode of the whole sequence); otherwise ``text`` is the generated
+                part, as a completion's.
+        """
         outputs = []
         for inst in self.instances:
             for beam in inst.beams:
                 beam.finish_reason = "length"
             best = sorted(inst.completed + inst.beams, key=self._score, reverse=True)[:self.params.beam_width]
             for beam in best:
-                generated = beam.tokens[inst.prompt_len:]
+                shown = beam.tokens if with_prompt else beam.tokens[inst.prompt_len:]
                 if beam.finish_reason == "stop" and not self.params.include_stop_str_in_output:
-                    generated = generated[:-1]
-                beam.text = tokenizer.decode(generated, skip_special_tokens=self.params.skip_special_tokens)
+                    shown = shown[:-1]
+                beam.text = tokenizer.decode(shown, skip_special_tokens=self.params.skip_special_tokens)
             outputs.append(BeamSearchOutput(best))
         return outputs
 

@@ -59,6 +59,7 @@ ALIASES: dict[str, str] = {
     "forkless.entrypoints.pooling.pooling": "forkless.pooling",
     "forkless.entrypoints.pooling.pooling.protocol": "forkless.protocol.pooling",
     "forkless.v1.request": "forkless.core.request",
+    "forkless.logprobs": "forkless.outputs",  # vLLM's Logprob, SampleLogprobs, PromptLogprobs
     # vLLM 0.32 moved the chat helpers (make_tool_call_id) to vllm.renderers.chat_utils.
     "forkless.renderers": "forkless.entrypoints",
     # The built-in parsers' modules under vLLM's file names: a plugin that subclasses one

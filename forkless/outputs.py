@@ -48,6 +48,8 @@ class CompletionOutput(msgspec.Struct, kw_only=True, gc=False):
         logprobs: Per generated token, the requested logprobs; ``None`` when not asked.
         finish_reason: ``"stop"``, ``"length"``, ``"abort"``, or ``None`` while running.
         stop_reason: The stop string or stop token id that ended it, if any.
+        lora_request: The LoRA adapter it was generated with (the request's), if any.
+            (vLLM has the field but leaves it ``None``.)
     """
 
     index: int
@@ -57,6 +59,7 @@ class CompletionOutput(msgspec.Struct, kw_only=True, gc=False):
     logprobs: SampleLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    lora_request: Any = None  # a forkless.lora.LoRARequest (this leaf module imports none)
 
     def finished(self) -> bool:
         """Whether this completion is done."""
@@ -98,6 +101,11 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
             ``LLM(disable_log_stats=False)`` and from ``AsyncLLM`` with statistics on
             (its default; off with ``log_stats=False`` and no stat loggers); ``None``
             otherwise, as in vLLM's ``LLM`` by default (``disable_log_stats=True``).
+
+    vLLM's ``encoder_prompt``, ``encoder_prompt_token_ids``, ``kv_transfer_params`` and
+    ``num_cache_creation_tokens`` are read-only ``None`` here (properties, not fields):
+    forkless has no encoder-decoder models, does not pass a KV connector's transfer
+    parameters on, and does not count a request's prefix-cache writes.
     """
 
     request_id: str
@@ -111,6 +119,28 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
     # vLLM scripts read it (``if out.metrics is not None: ...``); a RequestStateStats
     # (forkless.metrics, which this leaf module does not import) or None.
     metrics: Any = None
+
+    @property
+    def encoder_prompt(self) -> None:
+        """vLLM's encoder prompt text: always ``None`` (forkless runs decoder-only models)."""
+        return None
+
+    @property
+    def encoder_prompt_token_ids(self) -> None:
+        """vLLM's encoder prompt ids: always ``None`` (forkless runs decoder-only models)."""
+        return None
+
+    @property
+    def kv_transfer_params(self) -> None:
+        """vLLM's KV-transfer parameters: always ``None``; forkless's KV connectors do not
+        pass any on (``KVConnectorBase.request_finished``'s are dropped)."""
+        return None
+
+    @property
+    def num_cache_creation_tokens(self) -> None:
+        """vLLM's count of the prompt tokens written to the prefix cache: ``None``, not
+        counted by forkless (``num_cached_tokens`` counts the hits)."""
+        return None
 
     def add(self, later: RequestOutput, aggregate: bool = True) -> None:
         """Fold a later output of the same request into this one (in place), as vLLM's

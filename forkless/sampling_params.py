@@ -2,7 +2,10 @@
 
 ``SamplingParams`` is a ``msgspec.Struct`` because it crosses the API server -> engine core
 socket as msgpack; decoding runs ``__post_init__``, so a bad value is rejected on either
-side of the socket with the same message.
+side of the socket with the same message. For the same reason everything in it must be
+plain data msgpack can carry (``extra_args`` is checked), and every field has one spelling
+once constructed: ``stop`` / ``stop_token_ids`` / ``bad_words`` are lists (empty when not
+given, as vLLM's), ``seed`` -1 is ``None`` and ``logprobs=True`` is 1 (vLLM's aliases).
 """
 
 from __future__ import annotations
@@ -181,28 +184,36 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
 
     Attributes:
         n: Number of completions to generate for the prompt.
-        temperature: Softmax temperature; below ``SAMPLING_EPS`` (e.g. 0) means greedy.
+        temperature: Softmax temperature in [0, 2] (vLLM's range); below ``SAMPLING_EPS``
+            (e.g. 0) means greedy, which allows only ``n=1`` (vLLM's rule: greedy
+            completions would all be the same).
         top_p: Keep the smallest set of tokens whose probability sums to at least top_p.
-        top_k: Keep the k most likely tokens; 0 or -1 disables it.
+        top_k: Keep the k most likely tokens; 0 or -1 disables it (-1 is kept as given,
+            as vLLM keeps it).
         min_p: Drop tokens whose probability is below ``min_p * max_probability``.
         seed: Seeds this request's own random generator: the same seed and prompt give
-            the same tokens whatever else shares the batch.
+            the same tokens whatever else shares the batch. -1 means unseeded (``None``),
+            as in vLLM.
         max_tokens: Maximum number of generated tokens; ``None`` means up to the model's
             context length.
         min_tokens: EOS and ``stop_token_ids`` are masked until this many tokens exist,
             and stop strings are looked for only in the text of later tokens (vLLM's
             rules; 0 with ``structured_outputs``, whose grammar decides where the output ends).
-        stop: Strings that end generation (normalized to a list).
-        stop_token_ids: Token ids that end generation (the token is kept in the output).
+        stop: Strings that end generation (normalized to a list; ``[]`` when not given).
+            When several complete in one step, the one that ends first wins, then the one
+            listed first (vLLM's rule).
+        stop_token_ids: Token ids that end generation (the token is kept in the output);
+            ``[]`` when not given.
         ignore_eos: Keep generating after the model's EOS token.
         logprobs: Number of top log-probabilities to return per generated token, besides
-            the sampled token's own; ``None`` returns none; -1 the whole vocabulary. At most
-            the engine's ``max_logprobs`` (``--max-logprobs``, default 20).
+            the sampled token's own; ``None`` returns none; -1 the whole vocabulary; ``True``
+            is 1 (vLLM's). At most the engine's ``max_logprobs`` (``--max-logprobs``,
+            default 20).
         prompt_logprobs: Number of top log-probabilities to return per prompt token,
-            besides the prompt token's own (-1: the whole vocabulary; ``RequestOutput.prompt_logprobs``; the first
-            prompt token has none). They are the model's raw distribution. A request
-            that asks for them does not read the prefix cache: every prompt position
-            must be computed to have logits.
+            besides the prompt token's own (-1: the whole vocabulary; ``True``: 1;
+            ``RequestOutput.prompt_logprobs``; the first prompt token has none). They are
+            the model's raw distribution. A request that asks for them does not read the
+            prefix cache: every prompt position must be computed to have logits.
         presence_penalty: Subtracted once from every token already generated ([-2, 2]).
         frequency_penalty: Subtracted per occurrence of a generated token ([-2, 2]).
         repetition_penalty: Divides positive / multiplies negative logits of tokens seen
@@ -210,11 +221,11 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
         logit_bias: Token id -> value added to its logit before sampling.
         allowed_token_ids: When set, only these token ids can be sampled (ids must be in
             the vocabulary; checked when the request is accepted).
-        bad_words: Words that must not be generated. Each is tokenized without and
-            with a leading space (``update_from_tokenizer``); the last token of such a
-            sequence is banned whenever the generated output ends with the tokens
-            before it, so a one-token word is always banned. Only generated tokens
-            count, not the prompt.
+        bad_words: Words that must not be generated (``[]`` when not given). Each is
+            tokenized without and with a leading space (``update_from_tokenizer``); the
+            last token of such a sequence is banned whenever the generated output ends
+            with the tokens before it, so a one-token word is always banned. Only
+            generated tokens count, not the prompt.
         detokenize: Turn generated tokens into text. ``False`` returns token ids only
             (empty ``text``, no ``decoded_token`` in logprobs) and skips the per-token
             detokenization cost; ``stop`` strings need text, so they require ``True``.
@@ -225,7 +236,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
         include_stop_str_in_output: Keep the matched stop string in the text.
         output_kind: What each streamed output carries.
         extra_args: Free-form arguments for custom logits processors; each processor
-            validates its own keys in ``LogitsProcessor.validate_params``.
+            validates its own keys in ``LogitsProcessor.validate_params``. Plain data that
+            msgpack carries (integers within [-2**63, 2**64), as vLLM checks), since it
+            crosses to the engine core and the workers.
         eos_token_ids: The model's EOS token ids; the engine fills this from the
             generation config (``update_from_generation_config``), users need not.
         structured_outputs: Constrain the output to a JSON schema, regex, choice or
@@ -254,8 +267,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
     seed: int | None = None
     max_tokens: int | None = 16
     min_tokens: int = 0
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    # Lists by default, as vLLM's (``None`` given is made ``[]`` too); omit_defaults leaves
+    # an empty one off the wire, as it left None.
+    stop: str | list[str] | None = msgspec.field(default_factory=list)
+    stop_token_ids: list[int] | None = msgspec.field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
     prompt_logprobs: int | None = None
@@ -264,7 +279,7 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
-    bad_words: list[str] | None = None
+    bad_words: list[str] | None = msgspec.field(default_factory=list)
     detokenize: bool = True
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -279,6 +294,30 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
     reasoning_end_token_ids: list[int] | None = None
     stream_interval: int | None = None
 
+    @classmethod
+    def from_optional(cls, **kwargs: Any) -> "SamplingParams":
+        """``SamplingParams(**kwargs)`` where an argument given as ``None`` takes its default
+        (vLLM's ``SamplingParams.from_optional``, for request fields that may be null),
+        except ``max_tokens``, whose ``None`` stays "up to the context length", as in vLLM.
+
+        As vLLM's, it also clamps each ``logit_bias`` value into [-100, 100] (OpenAI's range).
+
+        Args:
+            **kwargs: Any ``SamplingParams`` argument, by name.
+
+        Returns:
+            The parameters, validated as the constructor validates them.
+
+        Raises:
+            ValueError: As the constructor (the message names the argument).
+        """
+        given = {name: value for name, value in kwargs.items() if value is not None or name == "max_tokens"}
+        bias = given.get("logit_bias")
+        if isinstance(bias, dict):
+            given["logit_bias"] = {tok: min(100.0, max(-100.0, value)) if isinstance(value, (int, float)) else value
+                                   for tok, value in bias.items()}
+        return cls(**given)
+
     def __post_init__(self) -> None:
         # Normalize first so that validate() and every consumer see one spelling.
         # Lists from a tuple or set too, but not from a string or a number (list("12") would
@@ -290,8 +329,14 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
         for name in ("stop_token_ids", "eos_token_ids"):
             if isinstance(getattr(self, name), (tuple, set)):
                 setattr(self, name, list(getattr(self, name)))
-        if self.top_k == -1:
-            self.top_k = 0
+        for name in ("stop", "stop_token_ids", "bad_words"):
+            if getattr(self, name) is None:
+                setattr(self, name, [])  # vLLM's spelling of "none"
+        if self.seed == -1 and _is_int(self.seed):
+            self.seed = None  # vLLM's spelling of "unseeded"
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is True:
+                setattr(self, name, 1)  # as vLLM: the sampled token's and the best one's
         if self.logit_bias is not None:
             self.logit_bias = self._normalize_logit_bias(self.logit_bias)
         if isinstance(self.allowed_token_ids, (list, tuple, set)):
@@ -325,13 +370,17 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
                 and what was expected.
         """
         _int(self.n, "n", 1)
-        _float(self.temperature, "temperature", "a number >= 0")
-        if self.temperature < 0:
-            raise _bad("temperature", self.temperature, "a number >= 0 (0 means greedy)")
+        _float(self.temperature, "temperature", "a number >= 0 and <= 2")
+        if not 0 <= self.temperature <= 2:  # vLLM's range
+            raise _bad("temperature", self.temperature, "a number >= 0 and <= 2 (0 means greedy)")
+        if self.n > 1 and self.temperature < SAMPLING_EPS:
+            # vLLM's rule, whatever the seed: the n greedy completions would all be the same.
+            raise _bad("n", self.n, f"1 with greedy sampling (temperature={self.temperature}): its completions "
+                                    "would all be the same; sample with a temperature > 0 for several")
         _float(self.top_p, "top_p", "a number in (0, 1]")
         if not 0.0 < self.top_p <= 1.0:
             raise _bad("top_p", self.top_p, "a number in (0, 1]")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or not 0 <= self.top_k < 2**63:
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or not -1 <= self.top_k < 2**63:
             raise _bad("top_k", self.top_k, "an integer >= 1 (64-bit), or 0 / -1 to disable it")
         _float(self.min_p, "min_p", "a number in [0, 1]")
         if not 0.0 <= self.min_p <= 1.0:
@@ -406,8 +455,12 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
         if self.stop is not None and not (isinstance(self.stop, list) and all(isinstance(s, str) and s
                                                                                for s in self.stop)):
             raise _bad("stop", self.stop, "a non-empty string or a list of non-empty strings")
-        if not isinstance(self.detokenize, bool):
-            raise _bad("detokenize", self.detokenize, "a bool")
+        for name in ("detokenize", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+                     "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise _bad(name, getattr(self, name), "a bool (True or False)")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise _bad("output_kind", self.output_kind, "a RequestOutputKind (CUMULATIVE, DELTA or FINAL_ONLY)")
         if self.stop and not self.detokenize:
             # Stop strings are matched against the text, which detokenize=False never makes.
             raise _bad("stop", self.stop, "no stop strings when detokenize=False (they match text)")
@@ -420,8 +473,15 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
                     # softmax is NaN); -inf, a ban, is fine.
                     raise _bad("logit_bias", self.logit_bias, "finite biases or -inf (to force tokens, use "
                                "allowed_token_ids)")
-        if self.extra_args is not None and not isinstance(self.extra_args, dict):
-            raise _bad("extra_args", self.extra_args, "a dict")
+        if self.extra_args is not None:
+            if not isinstance(self.extra_args, dict):
+                raise _bad("extra_args", self.extra_args, "a dict")
+            try:
+                # It crosses to the engine core and the workers as msgpack: refuse here
+                # what would fail there (an int beyond 64 bits, an object), not mid-run.
+                msgspec.msgpack.encode(self.extra_args)
+            except (TypeError, OverflowError, ValueError) as exc:
+                raise _bad("extra_args", self.extra_args, f"plain data that msgpack can carry ({exc})") from None
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise _bad("structured_outputs", self.structured_outputs, "a StructuredOutputsParams")
 
@@ -441,6 +501,15 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
         promises that many tokens of real output before the model may say it is done.
         """
         return set(self.stop_token_ids or ()) | set(self.eos_token_ids or ())
+
+    @property
+    def eos_token_id(self) -> int | None:
+        """The model's EOS token that ends this request (vLLM's property): the first of
+        ``eos_token_ids`` (the tokenizer's, once the engine has filled them), ``None`` with
+        ``ignore_eos`` or before the engine filled them."""
+        if self.ignore_eos or not self.eos_token_ids:
+            return None
+        return self.eos_token_ids[0]
 
     def update_from_generation_config(
         self, generation_config: dict[str, Any], model_eos_token_id: int | None = None
@@ -503,6 +572,9 @@ class BeamSearchParams:
             ``2 * beam_width`` (0: greedy, adding nothing).
         length_penalty: Scores divide the cumulative logprob by ``length ** length_penalty``.
         include_stop_str_in_output: Keep the EOS token's text in ``text``.
+        structured_outputs: Only ``None`` (vLLM's field): forkless's beam search cannot
+            constrain its beams, since each step is a fresh one-token request whose grammar
+            would start over; a constraint is refused rather than ignored.
         skip_special_tokens: Leave special tokens' text out of ``text``.
     """
 
@@ -512,10 +584,14 @@ class BeamSearchParams:
     temperature: float = 0.0
     length_penalty: float = 1.0
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None  # (vLLM's position)
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         owner = "BeamSearchParams"
+        if self.structured_outputs is not None:
+            raise _bad("structured_outputs", self.structured_outputs, "None: beam search cannot constrain its "
+                       "outputs (each step is a new one-token request, whose grammar would start over)", owner)
         _int(self.beam_width, "beam_width", 1, owner)
         _int(self.max_tokens, "max_tokens", 1, owner)
         _float(self.temperature, "temperature", "a number >= 0", owner)

@@ -222,6 +222,7 @@ class _Completion:
             logprobs=logprobs,
             finish_reason=self.finish_reason,
             stop_reason=self.stop_reason,
+            lora_request=self.parent.lora_request,
         )
 
     def timing(self) -> RequestTiming:

@@ -10,10 +10,11 @@ Invariants:
       :data:`MAX_STOP_STRING_CHARS`; a longer one is refused when the request is
       validated (:func:`check_stop_strings`), so no request can make the per-token check
       expensive.
-    * Matches are the same as a scan of every stop string would find: only matches that
-      end inside the new characters count (older text was checked when it arrived); the
-      earliest start wins, and between matches starting at the same place the stop
-      string listed first wins.
+    * Matches are vLLM's (``check_stop_strings``): only matches that end inside the new
+      characters count (older text was checked when it arrived); the match that *ends*
+      first wins, and between matches ending at the same place the stop string listed
+      first wins. So text arriving several tokens at once stops where it would have
+      stopped arriving one token at a time.
 """
 
 from __future__ import annotations
@@ -54,14 +55,13 @@ class StopStringMatcher:
     def __init__(self, stop: Sequence[str]) -> None:
         check_stop_strings(stop)
         # Where each string first appears in the request: breaks ties between matches
-        # that start at the same place, as a scan in list order would.
+        # that end at the same place, as a scan in list order would.
         self._order: dict[str, int] = {}
         for index, s in enumerate(stop):
             self._order.setdefault(s, index)
         by_length: dict[int, set[str]] = {}
         for s in self._order:
             by_length.setdefault(len(s), set()).add(s)
-        # Longest first: at a given end position the longest match starts earliest.
         self._buckets = sorted(by_length.items(), reverse=True)
         self.max_length = self._buckets[0][0] if self._buckets else 0
 
@@ -75,7 +75,7 @@ class StopStringMatcher:
         return self.max_length > 0
 
     def find(self, text: str, num_new_chars: int, include_stop_str_in_output: bool) -> tuple[str, int] | None:
-        """Find the earliest stop string that the newest text completes.
+        """Find the stop string that the newest text completes first (see the module).
 
         Args:
             text: All output text so far.
@@ -85,39 +85,29 @@ class StopStringMatcher:
         Returns:
             ``(stop_string, length to truncate the text to)``, or ``None`` when none matched.
         """
-        best: tuple[int, int] | None = None  # (start, order) of the best match so far
-        best_string = ""
         for end in range(max(len(text) - num_new_chars, 0) + 1, len(text) + 1):
-            if best is not None and end - self.max_length > best[0]:
-                break  # every match ending here or later starts after the best one
-            found = self._longest_ending_at(text, end, best)
-            if found is not None:
-                candidate = (end - len(found), self._order[found])
-                if best is None or candidate < best:
-                    best, best_string = candidate, found
-        if best is None:
-            return None
-        start = best[0]
-        return best_string, start + len(best_string) if include_stop_str_in_output else start
+            found = self._first_listed_ending_at(text, end)
+            if found is not None:  # the earliest end: later ones cannot win
+                return found, end if include_stop_str_in_output else end - len(found)
+        return None
 
-    def _longest_ending_at(self, text: str, end: int, best: tuple[int, int] | None) -> str | None:
-        """The longest stop string ending at ``end`` that could still beat ``best``."""
+    def _first_listed_ending_at(self, text: str, end: int) -> str | None:
+        """Of the stop strings ending at ``end``, the one listed first (``None``: none)."""
+        best: str | None = None
         for length, bucket in self._buckets:
             start = end - length
             if start < 0:
                 continue
-            if best is not None and start > best[0]:
-                return None  # shorter strings start later still
             piece = text[start:end]
-            if piece in bucket:
-                return piece
-        return None
+            if piece in bucket and (best is None or self._order[piece] < self._order[best]):
+                best = piece
+        return best
 
 
 def find_stop_string(
     text: str, num_new_chars: int, stop: Sequence[str], include_stop_str_in_output: bool
 ) -> tuple[str, int] | None:
-    """Find the earliest stop string that the newest text completes (one-off).
+    """Find the stop string that the newest text completes first (one-off; see the module).
 
     Builds a :class:`StopStringMatcher` for this call; code that checks the same request
     repeatedly should keep one matcher instead.

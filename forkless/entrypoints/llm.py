@@ -230,7 +230,7 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: ProgressBar = True,
-        priority: Sequence[int] | None = None,
+        priority: int | Sequence[int] | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
         *,
         tokenization_kwargs: dict[str, Any] | None = None,
@@ -245,14 +245,16 @@ class LLM:
             use_tqdm: Show a progress bar over requests; a callable makes it, as vLLM's
                 (``use_tqdm(total=..., desc=..., dynamic_ncols=True)``, e.g. a
                 ``functools.partial`` of ``tqdm``).
-            priority: Per-prompt priority (``--scheduling-policy priority``).
+            priority: One priority for every prompt, or a list with one per prompt (lower
+                runs first; a non-zero one needs ``scheduling_policy="priority"``).
             lora_request: A LoRA adapter for every prompt, or a list with one adapter (or
                 ``None``: the base model) per prompt; needs ``enable_lora=True``.
             tokenization_kwargs: vLLM's tokenizer overrides: ``add_special_tokens`` (text
                 prompts; default True) and ``truncate_prompt_tokens`` (keep each prompt's
-                last this many tokens, as vLLM's generation does; ``-1``: ``max_model_len``;
-                a cut prompt's ``prompt`` is the text of the tokens kept). Other keys are
-                refused.
+                last this many tokens, as vLLM's generation does; ``-1``: ``max_model_len``,
+                as vLLM's ``LLM``, which leaves a cut prompt no room to generate: it is
+                refused, as there; a cut prompt's ``prompt`` is the text of the tokens
+                kept). Other keys are refused.
 
         Returns:
             One finished ``RequestOutput`` per prompt, in input order.
@@ -287,7 +289,8 @@ class LLM:
 
         Returns:
             One :class:`~forkless.beam_search.BeamSearchOutput` per prompt, in order, its
-            sequences best first.
+            sequences best first; each sequence's ``tokens`` and ``text`` start with the
+            prompt, as vLLM's.
 
         Raises:
             ValueError: An invalid prompt or parameter, or a beam width whose
@@ -314,7 +317,7 @@ class LLM:
                 while requests := search.requests():
                     prompts_now, adapters = zip(*requests)
                     search.advance(self._run(list(prompts_now), search.step_params, False, None, list(adapters)))
-                results += search.results(tokenizer)
+                results += search.results(tokenizer, with_prompt=True)  # vLLM's text: prompt + output
                 bar.update(len(token_ids[chunk]))
         return results
 
@@ -324,6 +327,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: ProgressBar = True,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        priority: int | Sequence[int] | None = None,
         chat_template: str | None = None,
         chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
@@ -343,6 +347,7 @@ class LLM:
             sampling_params: As in :meth:`generate`.
             use_tqdm: As in :meth:`generate`.
             lora_request: As in :meth:`generate` (one per conversation, or one for all).
+            priority: As in :meth:`generate` (one per conversation, or one for all).
             chat_template: A Jinja template overriding the tokenizer's.
             chat_template_content_format: How the template gets each message's content:
                 ``"string"`` (one string; text parts joined by newlines), ``"openai"`` (a
@@ -389,7 +394,7 @@ class LLM:
         ]
         if tokenization_kwargs is not None:
             prompts = self._tokenize_for_generation(prompts, tokenization_kwargs, add_special_default=False)
-        return self._run(prompts, sampling_params, use_tqdm, None, lora_request)
+        return self._run(prompts, sampling_params, use_tqdm, priority, lora_request)
 
     # ------------------------------------------------------------------- pooling
 
@@ -686,7 +691,7 @@ class LLM:
         prompts: list[Any],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: ProgressBar,
-        priority: Sequence[int] | None,
+        priority: int | Sequence[int] | None,
         lora_request: Any,
     ) -> list[RequestOutput]:
         if isinstance(sampling_params, dict):
@@ -705,9 +710,7 @@ class LLM:
         # (a copy of all tokens so far, per request per step) would be built for nothing,
         # and deltas would lose all but the last. The caller's params stay untouched.
         params_list = [_final_only(p) for p in params_list]
-        priorities = list(priority) if priority is not None else [0] * len(prompts)
-        if len(priorities) != len(prompts):
-            raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
+        priorities = _priorities(priority, len(prompts))
         loras = self._per_prompt(lora_request, len(prompts), "lora_request")
         engine = self.llm_engine
         ids: list[str] = []
@@ -735,6 +738,28 @@ class LLM:
     def shutdown(self) -> None:
         """Stop the engine's workers."""
         self.llm_engine.shutdown()
+
+
+def _priorities(priority: Any, count: int) -> list[int]:
+    """``priority`` as one integer per prompt: ``None`` is 0, one integer is every prompt's
+    (vLLM's forms).
+
+    Raises:
+        ValueError: Something else than an integer or a sequence of them (a string, which
+            is a sequence too, included), or a sequence of another length than the prompts.
+    """
+    if priority is None:
+        return [0] * count
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        return [priority] * count
+    if isinstance(priority, collections.abc.Sequence) and not isinstance(priority, str) and all(
+            isinstance(p, int) and not isinstance(p, bool) for p in priority):
+        if len(priority) != count:
+            raise ValueError(f"priority has {len(priority)} entries for {count} prompts: pass one integer for "
+                             "every prompt, or a list with one per prompt")
+        return list(priority)
+    raise ValueError(f"priority={priority!r:.100} is invalid: expected an integer, or a list with one integer per "
+                     "prompt")
 
 
 def _no_lora(lora_request: Any) -> None:

@@ -46,7 +46,7 @@ def test_two_steps_match_the_search_over_transformers_logits(llm: LLM, hf_llama)
             assert seq.tokens == ids + gen
             assert seq.cum_logprob == pytest.approx(cum, abs=1e-4)
             assert len(seq.logprobs) == 2 and seq.finish_reason == "length"
-            assert seq.text == tok.decode(gen)
+            assert seq.text == tok.decode(ids + gen, skip_special_tokens=True)  # with the prompt, as vLLM
 
 
 def test_width_one_is_greedy(llm: LLM) -> None:
@@ -82,10 +82,10 @@ def test_eos_ends_a_beam_and_leaves_the_text(llama_dir) -> None:
     seq = out.sequences[0]
     assert seq.tokens[-1] == second and len(seq.tokens) == 5 and seq.finish_reason == "stop"
     tok = probe.get_tokenizer()
-    assert seq.text == tok.decode(seq.tokens[3:4])  # the EOS token's text left out
+    assert seq.text == tok.decode(seq.tokens[:4])  # the prompt's and the output's, the EOS token's left out
     kept = probe.beam_search([{"prompt_token_ids": [5, 6, 7]}],
                              BeamSearchParams(beam_width=1, max_tokens=4, include_stop_str_in_output=True))[0]
-    assert kept.sequences[0].text == tok.decode(seq.tokens[3:])
+    assert kept.sequences[0].text == tok.decode(seq.tokens)
 
 
 @pytest.mark.parametrize(("kwargs", "fragment"), [

@@ -29,7 +29,8 @@ from tests.engine.test_engine_parity import PROMPTS
 # min_tokens) make the engine step synchronously while they run, the others overlap.
 CASES: list[tuple[str, SamplingParams]] = [
     *((p, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)) for p in PROMPTS),
-    (PROMPTS[1], SamplingParams(temperature=0.0, max_tokens=9, n=3, ignore_eos=True)),
+    # top_k=1: greedy in effect, unseeded (greedy itself allows only n=1, as vLLM).
+    (PROMPTS[1], SamplingParams(top_k=1, max_tokens=9, n=3, ignore_eos=True)),
     (PROMPTS[0], SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=[5, 17, 42])),
     (PROMPTS[3], SamplingParams(temperature=0.0, max_tokens=20, stop=["e", "a"])),
     (PROMPTS[2], SamplingParams(temperature=0.0, max_tokens=15, logprobs=2, prompt_logprobs=1)),

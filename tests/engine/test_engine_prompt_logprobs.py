@@ -63,8 +63,9 @@ def _check(output, ref: torch.Tensor, top: int = TOP) -> None:
             assert lp.decoded_token is not None
 
 
-def _generate(llm: LLM, n: int = 1, **kwargs):
-    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, prompt_logprobs=TOP, n=n, **kwargs)
+def _generate(llm: LLM, n: int = 1, temperature: float = 0.0, **kwargs):
+    params = SamplingParams(temperature=temperature, max_tokens=3, ignore_eos=True, prompt_logprobs=TOP, n=n,
+                            **kwargs)
     return llm.generate(PROMPTS, params, use_tqdm=False)
 
 
@@ -93,7 +94,7 @@ def test_one_token_prompt_has_only_the_leading_none(llama_dir) -> None:
 
 def test_n_completions_share_one_prompt_logprobs(llama_dir, reference) -> None:
     llm = _engine(llama_dir)
-    for out in _generate(llm, n=2, seed=1):
+    for out in _generate(llm, n=2, temperature=1.0, seed=1):  # (greedy allows only n=1, as vLLM)
         assert len(out.outputs) == 2
         _check(out, reference[out.prompt])
 

@@ -26,7 +26,7 @@ def _tokens(out) -> list[list[int]]:
 def test_every_output_kind_returns_the_whole_completion(llm: LLM) -> None:
     # generate() keeps one output per request; a DELTA request used to come back with its
     # last step's token alone.
-    base = dict(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1, n=2, seed=1)
+    base = dict(max_tokens=8, ignore_eos=True, logprobs=1, n=2, seed=1)  # (seeded: the same tokens each time)
     whole = llm.generate("Hello there", SamplingParams(**base), use_tqdm=False)[0]
     for kind in (RequestOutputKind.DELTA, RequestOutputKind.FINAL_ONLY):
         params = SamplingParams(**base, output_kind=kind)
@@ -91,8 +91,8 @@ def test_request_output_has_vllms_metrics_field(llm: LLM) -> None:
 def test_chat_takes_vllms_arguments_in_vllms_order(llm: LLM) -> None:
     template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    # (messages, sampling_params, use_tqdm, lora_request, chat_template, ...)
-    out = llm.chat(CHAT, params, False, None, template)[0]
+    # (messages, sampling_params, use_tqdm, lora_request, priority, chat_template, ...)
+    out = llm.chat(CHAT, params, False, None, 0, template)[0]
     assert out.prompt == "<user>Hello"
     assert len(out.outputs[0].token_ids) == 3
     # "openai": content reaches the template as a list of text parts.

@@ -65,7 +65,7 @@ def test_defaults_match_vllm():
 def test_normalization():
     p = SamplingParams(stop="###", top_k=-1, logit_bias={"5": 2})
     assert p.stop == ["###"]
-    assert p.top_k == 0
+    assert p.top_k == -1  # kept, as vLLM keeps it (the sampler reads it as "off", as 0)
     assert p.logit_bias == {5: 2.0}
     assert SamplingParams(max_tokens=None, min_tokens=1000).max_tokens is None
 

@@ -46,7 +46,7 @@ def test_a_request_for_many_sequences_shares_the_steps(tiny_llama: Path) -> None
         # n children share their parent's group; the prompts of one API request share the
         # group_id the API server gives them.
         engine.add_request("big", {"prompt_token_ids": [11, 12, 13]}, SamplingParams(
-            temperature=0, max_tokens=4, ignore_eos=True, n=3 * CAP))
+            top_k=1, max_tokens=4, ignore_eos=True, n=3 * CAP))
         for i in range(2):
             processed = engine.processor.process_inputs(f"api-{i}", {"prompt_token_ids": [21 + i, 22]},
                                                         params.clone(), group_id="api")

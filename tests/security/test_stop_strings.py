@@ -19,15 +19,17 @@ from forkless.sampling_params import SamplingParams
 
 def scan_every_stop_string(text: str, num_new_chars: int, stop: list[str],
                            include: bool) -> tuple[str, int] | None:
-    """The implementation the matcher replaced: one ``str.find`` per stop string."""
-    best: tuple[str, int] | None = None
-    best_start = len(text) + 1
-    for s in stop:
+    """One ``str.find`` per stop string, by vLLM's rule: the match that ends first wins,
+    then the one listed first."""
+    best: tuple[int, int, str] | None = None  # (end, order, string)
+    for order, s in enumerate(stop):
         start = text.find(s, max(0, len(text) - num_new_chars - len(s) + 1))
-        if start != -1 and start < best_start:
-            best_start = start
-            best = (s, start + len(s) if include else start)
-    return best
+        if start != -1 and (best is None or (start + len(s), order) < best[:2]):
+            best = (start + len(s), order, s)
+    if best is None:
+        return None
+    end, _, s = best
+    return s, end if include else end - len(s)
 
 
 def test_same_matches_as_scanning_every_stop_string_on_random_cases() -> None:
@@ -51,11 +53,14 @@ def test_same_matches_as_scanning_every_stop_string_on_random_cases() -> None:
     assert matched > 1000 and checked > 3000  # the cases exercised matches, not only misses
 
 
-def test_ties_go_to_the_stop_string_listed_first() -> None:
-    # "ab" and "abc" both start at 1 when "bc" arrives: the scan took the first listed.
+def test_the_match_that_ends_first_wins_then_the_one_listed_first() -> None:
+    # "ab" ends before "abc" when "bc" arrives, whatever the list order (vLLM's rule).
     assert find_stop_string("xabc", 2, ["ab", "abc"], True) == ("ab", 3)
-    assert find_stop_string("xabc", 2, ["abc", "ab"], True) == ("abc", 4)
-    # The earliest start wins over the list order.
+    assert find_stop_string("xabc", 2, ["abc", "ab"], True) == ("ab", 3)
+    # Two that end at the same place: the one listed first.
+    assert find_stop_string("xabc", 2, ["bc", "abc"], False) == ("bc", 2)
+    assert find_stop_string("xabc", 2, ["abc", "bc"], False) == ("abc", 1)
+    # The earliest end wins over the list order.
     assert find_stop_string("xyzab", 3, ["ab", "yz"], False) == ("yz", 1)
     # Only matches that end in the new text count: "yz" ended before it.
     assert find_stop_string("xyzab", 2, ["yz"], False) is None

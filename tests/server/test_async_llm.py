@@ -100,7 +100,7 @@ def test_abort_beside_a_stream_ends_it_and_frees_the_id(tiny_llama: Path) -> Non
             await llm.start()
             for kind, n in ((RequestOutputKind.CUMULATIVE, 1), (RequestOutputKind.DELTA, 2),
                             (RequestOutputKind.FINAL_ONLY, 2)):
-                params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True, n=n, output_kind=kind)
+                params = SamplingParams(top_k=1, max_tokens=200, ignore_eos=True, n=n, output_kind=kind)
                 outs: list = []
 
                 async def read() -> None:
@@ -348,10 +348,10 @@ def test_openai_streams_that_fall_behind_send_the_same_choices(tiny_llama: Path)
     from forkless.entrypoints.openai.serving import OpenAIServing
     from forkless.protocol.openai import ChatCompletionRequest, CompletionRequest
 
-    completion = dict(prompt="Hello there", n=2, max_tokens=48, temperature=0,
+    completion = dict(prompt="Hello there", n=2, max_tokens=48, top_k=1,
                       logprobs=2, echo=True, stop=[" the", "ing"], include_stop_str_in_output=False)
     completion2 = dict(completion, prompt=["Hello there", "The capital of France"])
-    chat = dict(messages=[{"role": "user", "content": "Say something"}], n=2, max_tokens=48, temperature=0,
+    chat = dict(messages=[{"role": "user", "content": "Say something"}], n=2, max_tokens=48, top_k=1,
                 logprobs=True, top_logprobs=2, stop=["ing"])
     usage = {"stream_options": {"include_usage": True}}  # only with stream=true
 

@@ -26,7 +26,9 @@ def offline(tiny_llama: Path) -> list[str]:
     try:
         out = llm.beam_search([PROMPT], BeamSearchParams(beam_width=3, max_tokens=4, ignore_eos=True,
                                                          temperature=0.0))
-        return [s.text for s in out[0].sequences]
+        # Offline text starts with the prompt (vLLM's); a completion's choice is what follows.
+        tokenizer, prompt_len = llm.get_tokenizer(), len(out[0].sequences[0].tokens) - 4
+        return [tokenizer.decode(s.tokens[prompt_len:], skip_special_tokens=True) for s in out[0].sequences]
     finally:
         llm.shutdown()
 

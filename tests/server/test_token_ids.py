@@ -55,8 +55,8 @@ def _ids_of(tokens: list[str]) -> list[int]:
 
 def test_completions_return_the_prompt_and_generated_token_ids(server: Server, tokenizer) -> None:
     client = server.client()
-    kw = dict(model="tiny", prompt=PROMPTS, n=2, max_tokens=8, temperature=0)
-    body = {"ignore_eos": True, "return_token_ids": True}
+    kw = dict(model="tiny", prompt=PROMPTS, n=2, max_tokens=8)
+    body = {"ignore_eos": True, "return_token_ids": True, "top_k": 1}  # deterministic; greedy allows n=1 only
     whole = client.completions.create(extra_body=body, **kw)
     assert len(whole.choices) == 4
     for choice in whole.choices:
@@ -101,8 +101,8 @@ def test_completions_echo_with_return_token_ids_echoes_the_ids(server: Server) -
 
 def test_chat_returns_the_prompt_and_generated_token_ids(server: Server, tokenizer) -> None:
     client = server.client()
-    kw = dict(model="tiny", messages=MESSAGES, n=2, max_tokens=8, temperature=0)
-    body = {"ignore_eos": True, "return_token_ids": True}
+    kw = dict(model="tiny", messages=MESSAGES, n=2, max_tokens=8)
+    body = {"ignore_eos": True, "return_token_ids": True, "top_k": 1}  # deterministic; greedy allows n=1 only
     whole = client.chat.completions.create(extra_body=body, **kw)
     assert whole.prompt_token_ids == _tokenize(server, messages=MESSAGES)
     for choice in whole.choices:
@@ -232,8 +232,9 @@ def test_the_server_stream_interval_is_the_least_a_request_gets(flag_server: Ser
 
 def test_chat_echo_puts_the_continued_message_first(server: Server) -> None:
     client = server.client()
-    kw = dict(model="tiny", messages=CONTINUED, max_tokens=6, temperature=0)
-    body = {"ignore_eos": True, "add_generation_prompt": False, "continue_final_message": True}
+    kw = dict(model="tiny", messages=CONTINUED, max_tokens=6)
+    body = {"ignore_eos": True, "add_generation_prompt": False, "continue_final_message": True,
+            "top_k": 1}  # deterministic; greedy allows n=1 only
     plain = client.chat.completions.create(extra_body=body, **kw).choices[0].message.content
     echoed = client.chat.completions.create(n=2, extra_body={**body, "echo": True}, **kw)
     assert [c.message.content for c in echoed.choices] == [PREFILL + plain] * 2
@@ -247,7 +248,8 @@ def test_chat_echo_puts_the_continued_message_first(server: Server) -> None:
                 deltas[c.index].append(c.delta.content)
     assert {i: (d[0], "".join(d)) for i, d in deltas.items()} == {i: (PREFILL, PREFILL + plain) for i in range(2)}
     # Beam search too: each beam's reply starts with the echo.
-    beams = client.chat.completions.create(n=2, extra_body={**body, "echo": True, "use_beam_search": True}, **kw)
+    beam_body = {k: v for k, v in body.items() if k != "top_k"}
+    beams = client.chat.completions.create(n=2, extra_body={**beam_body, "echo": True, "use_beam_search": True}, **kw)
     assert all(c.message.content.startswith(PREFILL) for c in beams.choices) and len(beams.choices) == 2
     # A message of text parts is echoed as its texts joined by newlines (vLLM's rule).
     parts = [*MESSAGES, {"role": "assistant", "content": [{"type": "text", "text": "My favourite"},
