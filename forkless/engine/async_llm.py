@@ -250,6 +250,8 @@ class AsyncLLM:
         self._tasks: list[asyncio.Task[None]] = []
         self.errored = False
         self.dead_reason: str | None = None
+        # vLLM's: with --enable-log-requests, aborts are logged too (the server sets it).
+        self.log_requests = False
         # Set by stop_accepting() and abort_in_flight() when the server shuts down.
         self._refuse_new: str | None = None
         self._end_in_flight: str | None = None
@@ -628,6 +630,8 @@ class AsyncLLM:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
         finals: dict[str, Any] = {}
         core_ids = self.output_processor.abort_requests(ids, finals)
+        if self.log_requests and finals:
+            logger.info("aborted request(s) %s", ", ".join(finals))
         for rid, final in finals.items():
             queue = self._queues.get(rid)
             if queue is not None:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from forkless.config import EngineArgs
-from tests.server.conftest import start_server
+from tests.server.conftest import start_server, wait_until
 
 
 def _parse(*argv: str) -> EngineArgs:
@@ -101,6 +101,11 @@ def test_every_served_name_is_accepted_and_the_first_reported(tiny_llama: Path, 
         # --enable-log-requests: a line per engine request (four chats, three completions), with its parameters.
         logged = [line for line in server.log().splitlines() if "forkless.entrypoints.openai: request " in line]
         assert len(logged) == 7 and all("prompt tokens, SamplingParams(" in line for line in logged), logged
+        # ... and one when a request is aborted (its client went away), as vLLM's.
+        with httpx.stream("POST", server.url + "/v1/completions", timeout=60, json={
+                "model": "alpha", "prompt": "Hi", "max_tokens": 200, "ignore_eos": True, "stream": True}) as r:
+            next(line for line in r.iter_lines() if line.startswith("data: {"))
+        assert wait_until(lambda: "aborted request(s) cmpl-" in server.log()), server.log()[-2000:]
     finally:
         assert server.stop() == 0, server.log()[-3000:]
 

@@ -236,6 +236,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
                             enable_force_include_usage=enable_force_include_usage)
     app.state.serving = serving
     app.state.engine = engine
+    engine.log_requests = log_requests  # aborts are logged too, as vLLM's
     # Set by forkless serve when a signal starts its draining shutdown: /health is a 503 then.
     app.state.shutting_down = False
 
