@@ -45,6 +45,10 @@ class PoolingParams(msgspec.Struct, kw_only=True, omit_defaults=True):
     token_type_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
+        if self.task == "plugin":
+            raise ValueError("pooling task 'plugin' (vLLM's raw hidden states for an IO processor) is not one "
+                             f"forkless's poolers have: leave task unset for the model's own, or one of "
+                             f"{', '.join(POOLING_TASKS)}")
         if self.task is not None and self.task not in POOLING_TASKS:
             raise ValueError(f"pooling task {self.task!r} is not one of {', '.join(POOLING_TASKS)}")
         if self.dimensions is not None and (isinstance(self.dimensions, bool) or self.dimensions < 1):

@@ -51,8 +51,18 @@ class IOProcessor(abc.ABC, Generic[IOProcessorInput, IOProcessorOutput]):
                                   "earlier parse_request(request)")
 
     def merge_pooling_params(self, params: PoolingParams | None = None) -> PoolingParams:
-        """The pooling parameters of the request's prompts (default: the model's)."""
+        """The pooling parameters of the request's prompts (default: the model's; vLLM's
+        default is its ``"plugin"`` task, raw hidden states, which forkless's poolers do
+        not have)."""
         return params or PoolingParams()
+
+    def merge_sampling_params(self, params: Any = None) -> Any:
+        """vLLM's hook for IO processors of generative models: the sampling parameters of the
+        request's prompts. forkless runs IO processors for ``/pooling`` only and never calls
+        it; it is here so that a ported processor's ``super()`` call resolves."""
+        from forkless.sampling_params import SamplingParams
+
+        return params or SamplingParams()
 
     @abc.abstractmethod
     def pre_process(self, prompt: IOProcessorInput, request_id: str | None = None,

@@ -77,6 +77,11 @@ class PoolingRequest(_InputsRequest):
     use_activation: bool | None = None
 
 
+#: vLLM's type of a ``/pooling`` request with ``data`` (what an IO processor's earlier
+#: ``parse_request`` gets): forkless's ``PoolingRequest``, which carries ``data`` itself.
+IOProcessorRequest = PoolingRequest
+
+
 class ClassificationRequest(_InputsRequest):
     """``POST /classify``."""
 

@@ -53,3 +53,24 @@ def test_a_processor_that_parses_nothing_is_refused_at_start(site: Path, tmp_pat
                         env, timeout=120)
     assert proc.returncode == 2
     assert "implements neither parse_data(data) nor vLLM's earlier parse_request(request)" in proc.stderr
+
+
+def test_the_models_config_names_the_processor(site: Path, tmp_path: Path) -> None:
+    """vLLM's rule: without --io-processor-plugin, the model's config.json may name one."""
+    import json
+    import shutil
+
+    model = tmp_path / "minilm-with-plugin"
+    shutil.copytree(minilm_folder(), model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "io_processor_plugin": "echo_current"}))
+    srv = start_server(model, tmp_path, "--max-model-len", "128", site=site,
+                       env_extra={"FORKLESS_PLUGINS": "echo_current"})
+    try:
+        r = httpx.post(srv.url + "/pooling", json={"data": TEXTS, "task": "plugin"}, timeout=60)  # vLLM's task
+        assert r.status_code == 200 and r.json()["data"]["style"] == "current", r.text
+        other = httpx.post(srv.url + "/pooling", json={"data": TEXTS, "task": "embed"}, timeout=60)
+        assert other.status_code == 400 and other.json()["error"]["param"] == "task", other.text
+        assert "config.json names io_processor_plugin 'echo_current'" in srv.log()
+    finally:
+        srv.stop()

@@ -27,10 +27,12 @@ import asyncio
 import contextlib
 import errno
 import gc
+import json
 import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any, Iterator
 
 import uvicorn
@@ -250,13 +252,24 @@ def _check_and_serve(args: argparse.Namespace, listener: socket.socket) -> int:
 
 
 def _io_processor(config: Any, name: str | None) -> Any:
-    """The ``--io-processor-plugin`` processor (``None`` without the flag).
+    """The ``--io-processor-plugin`` processor; without the flag, the one the model's
+    ``config.json`` names as ``io_processor_plugin`` (vLLM's rule), if any.
 
     Raises:
         ValueError: No such plugin, or the model is not a pooling model.
     """
     if name is None:
-        return None
+        try:
+            name = json.loads((Path(config.model_config.model) / "config.json").read_text()).get("io_processor_plugin")
+        except (OSError, ValueError, AttributeError):
+            name = None
+        if name is None:
+            return None
+        if config.model_config.pooler_config is None:
+            logger.warning("config.json names io_processor_plugin %r, which is not used: IO processors serve "
+                           "pooling models (--runner pooling), and this model generates", name)
+            return None
+        logger.info("config.json names io_processor_plugin %r", name)
     if config.model_config.pooler_config is None:
         raise ValueError(f"--io-processor-plugin {name!r}: IO processors serve pooling models, and this model "
                          "generates (add --runner pooling)")

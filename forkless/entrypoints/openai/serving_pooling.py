@@ -340,6 +340,9 @@ class OpenAIServingPooling:
         if proc is None:
             raise BadRequest("this request has a 'data' field, which only an IO processor plugin reads, and the "
                              "server runs none (start it with --io-processor-plugin NAME)", "data")
+        if req.task not in (None, "plugin"):  # "plugin": vLLM's default for a data request
+            raise BadRequest(f"task={req.task!r} with 'data': the IO processor plugin chooses how its prompts are "
+                             "pooled; leave task out (or 'plugin', vLLM's value for it)", "task")
         request_id = req.request_id or random_id("pool")
         try:
             parsed = proc.parse_body(req)
