@@ -188,3 +188,32 @@ def test_an_endpoint_plugin_whose_attach_router_raises_is_named(tiny_llama: Path
         start_server(tiny_llama, tmp_path, site=site, env_extra={"FORKLESS_PLUGINS": "+boom_endpoint"})
     assert ("could not build the HTTP app: endpoint plugin 'boom_endpoint' (distribution boom-endpoint 1.0): "
             "attach_router(app) raised RuntimeError: no route table") in str(info.value)
+
+
+def test_an_endpoint_plugin_that_fails_stops_the_server_and_a_shadowed_route_is_said(tiny_llama: Path,
+                                                                                       tmp_path: Path) -> None:
+    """Opted in by name, an endpoint plugin whose factory raises stops the server naming it
+    (it was skipped with a warning, while one whose attach_router raised stopped it); a route
+    that forkless answers first is said to be never served (it was attached in silence)."""
+    from tests.plugins.test_cli import fake_plugin
+
+    site = tmp_path / "site"
+    fake_plugin(site, "boom_factory", "def make():\n    raise RuntimeError('no config')\n",
+                group="forkless.endpoint_plugins", value="make")
+    fake_plugin(site, "shadow_health", (
+        "class R:\n    def attach_router(self, app):\n"
+        "        @app.get('/health')\n        async def mine():\n            return {'mine': True}\n"
+        "        @app.get('/shadow/ok')\n        async def ok():\n            return {'ok': True}\n\n"
+        "def make():\n    return R()\n"), group="forkless.endpoint_plugins", value="make")
+    with pytest.raises(AssertionError, match="server exited with 2") as info:
+        start_server(tiny_llama, tmp_path, site=site, env_extra={"FORKLESS_PLUGINS": "+boom_factory"})
+    assert "endpoint plugin 'boom_factory' (distribution boom-factory 1.0) failed: " in str(info.value)
+    assert "no config" in str(info.value)
+    srv = start_server(tiny_llama, tmp_path, site=site, env_extra={"FORKLESS_PLUGINS": "+shadow_health"})
+    try:
+        assert httpx.get(srv.url + "/shadow/ok", timeout=30).json() == {"ok": True}
+        assert httpx.get(srv.url + "/health", timeout=30).status_code == 200  # forkless's, not the plugin's
+        assert ("endpoint plugin 'shadow_health' (distribution shadow-health 1.0): its route(s) GET /health are "
+                "never served") in srv.log()
+    finally:
+        srv.stop()

@@ -180,6 +180,40 @@ def _plugin_origin(group: str, name: str) -> str:
     return repr(name)
 
 
+def _attach_endpoint_plugins(app: FastAPI) -> None:
+    """Add the routes of the endpoint plugins the operator opted in to (``FORKLESS_PLUGINS``).
+
+    The server does not start without them: a factory that fails, an ``attach_router`` that
+    raises, or a factory's result without one is an error naming the plugin (opted in by
+    name, they are not skipped as other failing plugins are). A route a plugin adds that a
+    route before it already answers (same path and method) would never be served: said.
+    """
+    from forkless.plugins import plugin_records
+
+    plugins = call_plugins_by_group(ENDPOINT_PLUGINS_GROUP)
+    failed = [r for r in plugin_records() if r.group == ENDPOINT_PLUGINS_GROUP and r.status == "failed"]
+    if failed:
+        raise RuntimeError("; ".join(f"endpoint plugin {_plugin_origin(ENDPOINT_PLUGINS_GROUP, r.name)} failed: "
+                                     f"{r.error}" for r in failed))
+    for name, plugin in plugins.items():
+        origin = _plugin_origin(ENDPOINT_PLUGINS_GROUP, name)
+        if not hasattr(plugin, "attach_router"):  # the object a third-party factory returned
+            raise RuntimeError(f"endpoint plugin {origin} returned {plugin!r:.200}, which has no attach_router(app)")
+        before = len(app.router.routes)
+        taken = {(getattr(r, "path", None), m) for r in app.router.routes for m in getattr(r, "methods", None) or ()}
+        try:
+            plugin.attach_router(app)
+        except Exception as exc:
+            raise RuntimeError(f"endpoint plugin {origin}: attach_router(app) raised {type(exc).__name__}: "
+                               f"{exc}") from exc
+        shadowed = sorted(f"{m} {r.path}" for r in app.router.routes[before:] for m in getattr(r, "methods", None) or ()
+                          if (getattr(r, "path", None), m) in taken)
+        if shadowed:
+            logger.warning("endpoint plugin %s: its route(s) %s are never served: forkless (or a plugin before "
+                           "it) answers them first", origin, ", ".join(shadowed))
+        logger.info("endpoint plugin %r attached its routes", name)
+
+
 def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: int,
               api_key: str | None = None, middleware: list[str] | None = None,
               metrics: Callable[[], bytes] | None = None,
@@ -403,19 +437,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
         body = metrics() if metrics is not None else b""
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    # The loader logs a factory that fails (strict mode: one error naming every failure).
-    for name, plugin in call_plugins_by_group(ENDPOINT_PLUGINS_GROUP).items():
-        if hasattr(plugin, "attach_router"):  # the object a third-party factory returned
-            try:
-                plugin.attach_router(app)
-            except Exception as exc:
-                # The server cannot start without the routes the operator opted in to;
-                # the message must say whose they were (it gave only the exception's text).
-                raise RuntimeError(f"endpoint plugin {_plugin_origin(ENDPOINT_PLUGINS_GROUP, name)}: "
-                                   f"attach_router(app) raised {type(exc).__name__}: {exc}") from exc
-            logger.info("endpoint plugin %r attached its routes", name)
-        else:
-            logger.warning("endpoint plugin %r returned %r, which has no attach_router(app)", name, plugin)
+    _attach_endpoint_plugins(app)
     # Added innermost first (each add_middleware wraps what is there), after the plugins,
     # so that middleware a plugin adds is inside the key check too.
     app.add_middleware(InternalErrorMiddleware)
