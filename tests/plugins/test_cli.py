@@ -378,3 +378,13 @@ def test_an_entry_point_in_a_misspelt_group_is_named_with_the_group_meant(tmp_pa
     assert misspelt.returncode == 2
     assert misspelt.stderr.startswith("forkless plugins check: error: no installed plugin named typo_grup "
                                       "(did you mean typo_group?)"), misspelt.stderr
+
+
+def test_check_calls_out_a_slow_load(tmp_path: Path) -> None:
+    """The README says check judges the load time: a plugin whose loading takes seconds is
+    said to cost that in every process that loads it (it printed "ok ... load 12000 ms")."""
+    site = tmp_path / "site"
+    fake_plugin(site, "slow_plugin", "import time\ntime.sleep(1.1)\n\ndef register():\n    pass\n")
+    proc = run_forkless(["plugins", "check", "slow_plugin"], plugin_env(site, tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "note: slow: loading took 1.1 s, paid at every start (loaded in: every process)" in proc.stdout

@@ -43,6 +43,8 @@ from forkless.plugins import (
 
 # `plugins check` prints at most this many newly imported modules per plugin.
 _MAX_MODULES_SHOWN = 8
+# A load slower than this is called out: every process that loads the group pays it.
+SLOW_LOAD_MS = 1000.0
 
 
 def add_parser(subparsers: Any) -> None:
@@ -220,6 +222,10 @@ def _print_check(r: dict[str, Any]) -> None:
         print(f"     note: loading it imported {names}; the API server loads {r['group']} plugins "
               f"too and otherwise never imports {names}: import {'them' if len(heavy) > 1 else 'it'} "
               "inside the methods that use it")
+    if (r.get("load_ms") or 0) > SLOW_LOAD_MS:
+        where = GROUPS[r["group"]].loaded_in if r["group"] in GROUPS else "each process that loads it"
+        print(f"     note: slow: loading took {r['load_ms'] / 1e3:.1f} s, paid at every start (loaded in: "
+              f"{where}); do the slow part on first use instead")
     for problem in r["problems"]:
         print(f"     problem: {problem}")
 
