@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import multiprocessing
 from typing import Any, Callable, TypeVar
 
 from forkless.plugins._registry import PluginImportError, check_implements, import_path
@@ -99,7 +100,9 @@ def resolve_class(path: Any, base: type[Any], what: str, builtin_prefix: str = "
     name = f"{cls.__module__}.{cls.__qualname__}"
     check_implements(cls, what)
     if tier_of(base) is Stability.INTERNAL and not cls.__module__.startswith(builtin_prefix):
-        if name not in _warned_internal:
+        # Once per run: in the process the user started (the engine core, spawned, builds
+        # the same class again).
+        if name not in _warned_internal and multiprocessing.parent_process() is None:
             _warned_internal.add(name)
             logger.warning(
                 "%s selects the custom class %s; the %s interface is internal and may "

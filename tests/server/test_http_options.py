@@ -53,9 +53,16 @@ def options_server(tiny_llama: Path, plugin_site: Path, tmp_path_factory: pytest
     pythonpath = os.pathsep.join([str(middleware_dir(tmp)), str(plugin_site)])
     srv = start_server(tiny_llama, tmp, "--served-model-name", "tiny",
                        "--middleware", "h4_test_middleware:AddHeader", "--logits-processors", PROCESSOR,
+                       "--scheduler-cls", "forkless_example_scheduler:ShortPromptScheduler",
                        env_extra={"PYTHONPATH": pythonpath}, api_key="s3cret")
     yield srv
     assert stop_and_check(srv) == 0, srv.log()[-3000:]
+
+
+def test_a_custom_internal_class_is_warned_about_once(options_server: Server) -> None:
+    # The API server checks the class and the engine core builds it: one warning, not two.
+    assert options_server.log().count("selects the custom class forkless_example_scheduler.ShortPromptScheduler") \
+        == 1, options_server.log()[-3000:]
 
 
 def test_middleware_adds_a_header(options_server: Server) -> None:
