@@ -292,6 +292,31 @@ class AsyncLLM:
         self.log_interval = envs.FORKLESS_LOG_STATS_INTERVAL
 
     @classmethod
+    def from_vllm_config(cls, vllm_config: "EngineConfig", start_engine_loop: bool = True, usage_context: Any = None,
+                         stat_loggers: list[Any] | None = None, enable_log_requests: bool = False,
+                         disable_log_stats: bool = False) -> "AsyncLLM":
+        """vLLM's constructor from a whole configuration (``EngineArgs.create_engine_config()``).
+
+        Args:
+            vllm_config: The engine configuration.
+            start_engine_loop: vLLM's; forkless starts the engine core on :meth:`start` or
+                the first request either way, so only ``True`` is taken.
+            usage_context: vLLM's telemetry label; forkless reports none.
+            stat_loggers: As the constructor's.
+            enable_log_requests: Log each request's abort (the server logs the requests).
+            disable_log_stats: No periodic statistics line.
+
+        Raises:
+            ValueError: ``start_engine_loop=False``, which forkless does not have.
+        """
+        if not start_engine_loop:
+            raise ValueError("start_engine_loop=False: forkless's AsyncLLM starts its engine core with start() or "
+                             "the first request; leave it True")
+        engine = cls(vllm_config, stat_loggers=stat_loggers, log_stats=not disable_log_stats)
+        engine.log_requests = enable_log_requests
+        return engine
+
+    @classmethod
     def from_engine_args(cls, engine_args: "EngineArgs", **kwargs: Any) -> "AsyncLLM":
         """Build from engine arguments; ``disable_log_stats`` turns the periodic log line
         off unless ``log_stats`` is given explicitly (as vLLM's ``from_engine_args``)."""

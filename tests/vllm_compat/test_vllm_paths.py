@@ -339,3 +339,16 @@ def test_a_plugin_subclasses_a_built_in_parser_from_its_vllm_module() -> None:
             return "</seed:think>"
 
     assert SeedThink(None).extract_reasoning("<seed:think>hm</seed:think>ok", None) == ("hm", "ok")
+
+
+def test_async_llm_from_a_whole_config(tiny_llama: Path) -> None:
+    from forkless.config import EngineArgs
+    from forkless.metrics import LoggingStatLogger
+    from forkless.v1.engine.async_llm import AsyncLLM
+
+    config = EngineArgs(model=str(tiny_llama), max_model_len=128).create_engine_config()
+    engine = AsyncLLM.from_vllm_config(config, enable_log_requests=True, disable_log_stats=True)
+    assert engine.config is config and engine.log_requests
+    assert not any(isinstance(s, LoggingStatLogger) for s in engine.stat_loggers)
+    with pytest.raises(ValueError, match="start_engine_loop=False"):
+        AsyncLLM.from_vllm_config(config, start_engine_loop=False)
