@@ -1173,7 +1173,7 @@ class EngineArgs:
         if self.logits_processors:
             raise ValueError("--speculative-config does not work with --logits-processors yet: verification "
                              "keeps the model's own distribution, which a custom processor changes")
-        from forkless.plugins import RegistryError, load_general_plugins
+        from forkless.plugins import PluginImportError, RegistryError, load_general_plugins
         from forkless.spec_decode.registry import ProposerRegistry
 
         load_general_plugins()  # once per process: a plugin may register the method
@@ -1181,6 +1181,8 @@ class EngineArgs:
             ProposerRegistry.resolve(spec.method)  # an unknown method fails here, not in a worker
         except RegistryError as exc:
             raise ValueError(f"--speculative-config: {exc.args[0]}") from None
+        except (PluginImportError, TypeError) as exc:  # a class path that does not import, or no proposer
+            raise type(exc)(f"--speculative-config: {exc}") from None
         if spec.method == "draft_model":
             from forkless.model_loader.default_model import ModelNotFoundError, resolve_model_path
             from forkless.spec_decode.config import check_draft_model

@@ -155,6 +155,15 @@ def test_bad_configs_fail_before_the_model_loads(llama_dir: Path, config: object
     assert needle in str(info.value)
 
 
+def test_a_proposer_path_that_does_not_import_names_the_flag(llama_dir: Path) -> None:
+    with pytest.raises(ImportError, match=r"^--speculative-config: cannot import 'no_such_pkg.mod:Proposer'"):
+        LLM(str(llama_dir), max_model_len=256, speculative_config={"method": "no_such_pkg.mod:Proposer",
+                                                                   "num_speculative_tokens": 2})
+    with pytest.raises(TypeError, match=r"^--speculative-config: speculative method 'collections:OrderedDict'"):
+        LLM(str(llama_dir), max_model_len=256, speculative_config={"method": "collections:OrderedDict",
+                                                                   "num_speculative_tokens": 2})
+
+
 @pytest.mark.parametrize("executor", ["uni", "mp"])
 def test_async_scheduling_with_ngram_equals_plain_decoding(llama_dir: Path, reference: LLM, executor: str) -> None:
     """With --async-scheduling the drafts are still verified (steps with drafts wait for
