@@ -191,7 +191,9 @@ class LazyRegistry(Generic[T]):
         if isinstance(target, str):
             target = canonical_path(target)
         elif self.base is not None and not (isinstance(target, type) and issubclass(target, self.base)):
-            raise TypeError(f"{self.kind} {name!r}: {describe_target(target)} is not a subclass of "
+            what = (f"{target.__module__}.{target.__qualname__}" if isinstance(target, type)
+                    else f"{target!r:.200} (an instance, not a class)")
+            raise TypeError(f"{self.kind} {name!r}: {what} is not a subclass of "
                             f"{self.base.__module__}.{self.base.__qualname__}")
         for recorder in _RECORDERS:
             recorder.append((self.kind, name))

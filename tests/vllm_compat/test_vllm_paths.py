@@ -129,7 +129,9 @@ def test_registering_a_class_that_is_no_parser_is_refused_at_once() -> None:
     class NotAParser:
         def extract_tool_calls(self, model_output, request): ...
 
-    with pytest.raises(TypeError, match="NotAParser.* is not a subclass of forkless.tool_parsers"):
+    with pytest.raises(TypeError, match=r"'not_a_parser': tests.vllm_compat.test_vllm_paths.test_registering_a_class"
+                                        r"_that_is_no_parser_is_refused_at_once.<locals>.NotAParser is not a subclass "
+                                        r"of forkless.tool_parsers"):
         ToolParserManager.register_module("not_a_parser", module=NotAParser)
     with pytest.raises(TypeError, match="is not a subclass of"):
         ReasoningParserManager.register_module("not_a_parser", module=NotAParser)
