@@ -237,29 +237,28 @@ def test_an_entry_point_left_in_a_vllm_group_is_named_with_its_new_group(tmp_pat
         assert proc.stderr.count("rename it to forkless.general_plugins") == 1, proc.stderr
 
 
+def _import_error(path: str, name: str) -> tuple[str, str]:
+    """``(exc.name, message)`` of ``from path import name`` in a fresh interpreter."""
+    code = (f"try:\n    from {path} import {name}\nexcept ModuleNotFoundError as exc:\n"
+            "    print(exc.name); print(exc)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.count("\n") >= 2, proc.stderr
+    return tuple(proc.stdout.strip().split("\n", 1))  # type: ignore[return-value]
+
+
 def test_a_vllm_path_forkless_lacks_says_what_to_use_instead() -> None:
     """A Model Runner V2 logits processor does not port; its import says so and names the
     v1 interface, instead of only the missing module."""
-    code = ("try:\n"
-            "    from forkless.v1.worker.gpu.sample.logits_processor import LogitsProcessor\n"
-            "except ModuleNotFoundError as exc:\n"
-            "    print(exc.name); print(exc)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    name, message = proc.stdout.strip().split("\n", 1)
-    assert name == "forkless.v1.worker", proc.stderr
+    name, message = _import_error("forkless.v1.worker.gpu.sample.logits_processor", "LogitsProcessor")
+    assert name == "forkless.v1.worker"
     assert "Model Runner V2" in message and "forkless.v1.sample.logits_processor.LogitsProcessor" in message
 
 
 def test_a_vllm_module_beneath_an_alias_that_forkless_lacks_is_named_as_imported() -> None:
     """vLLM's model-building modules have no forkless counterpart: the error names the path
     the plugin wrote, not the forkless module the alias mapped it to."""
-    code = ("try:\n"
-            "    from forkless.model_executor.layers.logits_processor import LogitsProcessor\n"
-            "except ModuleNotFoundError as exc:\n"
-            "    print(exc.name); print(exc)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    name, message = proc.stdout.strip().split("\n", 1)
-    assert name == "forkless.model_executor.layers.logits_processor", proc.stderr
+    name, message = _import_error("forkless.model_executor.layers.logits_processor", "LogitsProcessor")
+    assert name == "forkless.model_executor.layers.logits_processor"
     assert "forkless.ops" not in message and "no counterpart of this vLLM module" in message
 
 
