@@ -481,7 +481,8 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
                 # what would fail there (an int beyond 64 bits, an object), not mid-run.
                 msgspec.msgpack.encode(self.extra_args)
             except (TypeError, OverflowError, ValueError) as exc:
-                raise _bad("extra_args", self.extra_args, f"plain data that msgpack can carry ({exc})") from None
+                raise _bad("extra_args", self.extra_args, "plain data that msgpack can carry (64-bit integers, "
+                           f"floats, strings, booleans, None, lists, dicts): {exc}") from None
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise _bad("structured_outputs", self.structured_outputs, "a StructuredOutputsParams")
 

@@ -356,7 +356,7 @@ def test_the_prefill_call_is_cut_to_one_token_and_kv_transfer_params_go_on(
         broken: tuple[BrokenStreamBackend, Proxy]) -> None:
     backend, proxy = broken
     body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 50, "max_completion_tokens": 40, "n": 2,
-            "min_tokens": 5, "top_k": 1}
+            "min_tokens": 5, "temperature": 0}  # (the backend is a stand-in: nothing samples it)
     r = httpx.post(proxy.url + "/v1/chat/completions", json=body, headers={"authorization": "Bearer k1"})
     assert r.status_code == 200 and r.json()["kv_transfer_params"] == {"remote_block_ids": [1, 2]}
     (prefill_head, prefill_body), (decode_head, decode_body) = backend.seen
