@@ -12,7 +12,8 @@ Invariants:
       written right after it (so nothing is deferred and no block is kept past its
       request).
     * A file appears whole or not at all (written to a temporary name, then renamed), so
-      a reader never sees half a block; a block already on disk is not written again.
+      a reader never sees half a block; a block already on disk is not written again. Its
+      mode follows the umask, as any file's; its folders are made again if removed.
     * A reset (``reset_prefix_cache(reset_connector=True)``) removes every block file of
       this engine's namespace folder and its emptied sub-folders; other namespaces'
       folders, and the temporary files of writes in progress, are left alone.
@@ -26,6 +27,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from forkless.kv_transfer.block_store import BlockStoreConnector
+
+# The process's umask, read once (setting it is the only way to read it).
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
 if TYPE_CHECKING:
     from forkless.core.sched.config import KVCacheConfig
@@ -97,9 +102,14 @@ class SharedStorageConnector(BlockStoreConnector):
         path = self._path(key)
         if path.is_file():
             return
-        path.parent.mkdir(exist_ok=True)
+        # Every time (vLLM's too): an operator may empty the store while engines run.
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
+            # mkstemp makes the file 0600; a block must be as readable as any file this
+            # engine writes (the umask's mode), or engines of other users sharing the folder
+            # could never load it.
+            os.fchmod(fd, 0o666 & ~_UMASK)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)

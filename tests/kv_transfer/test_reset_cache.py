@@ -165,3 +165,32 @@ def test_a_failed_connector_reset_fails_the_call(tiny_llama: Path) -> None:
         assert llm.reset_prefix_cache() is True  # the connector is not asked
     finally:
         llm.shutdown()
+
+
+def test_shared_storage_saves_again_into_an_emptied_folder_with_the_umasks_mode(tiny_llama: Path,
+                                                                                tmp_path: Path) -> None:
+    """The README says to empty the store when weights change: saves went on failing
+    (their folders were made only at start); and block files were 0600 whatever the umask,
+    which engines of other users sharing the folder could not read."""
+    import os
+    import shutil
+    import stat
+
+    store = tmp_path / "kv"
+    umask = os.umask(0o022)
+    try:
+        llm = _engine(tiny_llama, "SharedStorageConnector", {"shared_storage_path": str(store)})
+        try:
+            reference, _ = _generate(llm)
+            files = lambda: [p for p in store.rglob("*.safetensors") if p.is_file()]  # noqa: E731
+            assert len(files()) == BLOCKS
+            assert {stat.S_IMODE(p.stat().st_mode) for p in files()} == {0o644}
+            shutil.rmtree(store)
+            store.mkdir()
+            assert llm.reset_prefix_cache() is True
+            assert _generate(llm) == (reference, 0)  # nothing to load: computed, and saved again
+            assert len(files()) == BLOCKS
+        finally:
+            llm.shutdown()
+    finally:
+        os.umask(umask)
