@@ -24,6 +24,8 @@ logger = init_logger(__name__)
 
 _BUILTIN_CONNECTORS = {
     "SharedStorageConnector": "forkless.kv_transfer.shared_storage:SharedStorageConnector",
+    # vLLM 0.32's name for the same connector (its SharedStorageConnector was renamed).
+    "ExampleConnector": "forkless.kv_transfer.shared_storage:SharedStorageConnector",
     "RedisConnector": "forkless.kv_transfer.redis_store:RedisConnector",
 }
 

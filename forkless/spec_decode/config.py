@@ -107,7 +107,10 @@ class SpeculativeConfig:
             raise ValueError(f"speculative config: unknown key(s) {', '.join(map(repr, unknown))}; "
                              f"known: {', '.join(known)}")
         data = dict(value)
-        if "method" not in data and data.get("model"):
+        if "method" not in data and data.get("model") in ("ngram", "[ngram]"):
+            data["method"] = "ngram"  # vLLM's spelling: the "model" names the method
+            del data["model"]
+        elif "method" not in data and data.get("model"):
             data["method"] = "draft_model"  # vLLM: a draft model without a method
         if "method" not in data:
             raise ValueError("speculative config: 'method' is required (e.g. \"ngram\" or \"draft_model\")")

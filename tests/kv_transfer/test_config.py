@@ -82,3 +82,12 @@ def test_register_connector_by_module_path() -> None:
     assert "MySharedStorage" in KVConnectorFactory.get_supported_connectors()
     cls = KVConnectorFactory.get_connector_class(KVTransferConfig(kv_connector="MySharedStorage"))
     assert cls.__name__ == "SharedStorageConnector"
+
+
+def test_vllm_0_32s_name_of_the_shared_storage_connector() -> None:
+    from forkless.kv_transfer.shared_storage import SharedStorageConnector
+
+    assert "ExampleConnector" in KVConnectorFactory.get_supported_connectors()
+    assert KVConnectorFactory.get_connector_class(
+        KVTransferConfig(kv_connector="ExampleConnector", kv_role="kv_both",
+                         kv_connector_extra_config={"shared_storage_path": "/tmp/x"})) is SharedStorageConnector

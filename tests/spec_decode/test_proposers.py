@@ -68,6 +68,9 @@ def test_config_keys_and_errors() -> None:
     c = SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 4})
     assert (c.prompt_lookup_min, c.prompt_lookup_max) == (5, 5)  # vLLM: neither given means 5
     assert SpeculativeConfig.from_json({"model": "/m", "num_speculative_tokens": 2}).method == "draft_model"
+    # vLLM's other spelling of n-gram speculation: the "model" names the method.
+    ngram = SpeculativeConfig.from_json({"model": "ngram", "num_speculative_tokens": 4})
+    assert ngram == SpeculativeConfig.from_json({"method": "ngram", "num_speculative_tokens": 4})
     bad = [
         ("[1]", "JSON object"),
         ("{", "not valid JSON"),
