@@ -126,7 +126,7 @@ def test_reset_connector_empties_the_engines_blocks(model: Path, plugin_site: Pa
 def test_unknown_connector_lists_the_registered_ones(model: Path, plugin_site: Path, tmp_path: Path) -> None:
     error = run_engine(model, plugin_env(plugin_site, tmp_path), {"kv_connector": "SQLiteConector"}, [])["error"]
     assert error.startswith("ValueError: --kv-transfer-config: kv_connector 'SQLiteConector': unknown KV connector")
-    assert "registered: RedisConnector, SQLiteConnector, SharedStorageConnector." in error
+    assert "registered: ExampleConnector, RedisConnector, SQLiteConnector, SharedStorageConnector." in error
 
 
 def test_missing_or_misspelt_sqlite_path_is_a_clear_error(model: Path, plugin_site: Path, tmp_path: Path) -> None:
@@ -146,7 +146,8 @@ def test_module_path_loads_a_connector_nobody_registered(model: Path, plugin_sit
     db = tmp_path / "kv.sqlite"
     env = plugin_env(plugin_site, tmp_path, FORKLESS_PLUGINS="")  # the package's plugin does not run
     error = run_engine(model, env, sqlite_config(db), [])["error"]
-    assert "unknown KV connector 'SQLiteConnector'; registered: RedisConnector, SharedStorageConnector." in error
+    assert ("unknown KV connector 'SQLiteConnector'; registered: ExampleConnector, RedisConnector, "
+            "SharedStorageConnector.") in error
 
     config = sqlite_config(db, kv_connector_module_path=MODULE)
     ((tokens, cached),) = run_engine(model, env, config, [[A]])["batches"][0]
