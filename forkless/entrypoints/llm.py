@@ -683,7 +683,7 @@ class LLM:
             return [value] * count
         values = list(value)
         if len(values) != count:
-            raise ValueError(f"got {len(values)} {name} entries for {count} prompts: pass one, or one per prompt")
+            raise ValueError(f"{name} has {len(values)} entries for {count} prompts: pass one, or one per prompt")
         return values
 
     def _run(
@@ -748,18 +748,13 @@ def _priorities(priority: Any, count: int) -> list[int]:
         ValueError: Something else than an integer or a sequence of them (a string, which
             is a sequence too, included), or a sequence of another length than the prompts.
     """
-    if priority is None:
-        return [0] * count
-    if isinstance(priority, int) and not isinstance(priority, bool):
-        return [priority] * count
-    if isinstance(priority, collections.abc.Sequence) and not isinstance(priority, str) and all(
-            isinstance(p, int) and not isinstance(p, bool) for p in priority):
-        if len(priority) != count:
-            raise ValueError(f"priority has {len(priority)} entries for {count} prompts: pass one integer for "
-                             "every prompt, or a list with one per prompt")
-        return list(priority)
-    raise ValueError(f"priority={priority!r:.100} is invalid: expected an integer, or a list with one integer per "
-                     "prompt")
+    if isinstance(priority, collections.abc.Sequence) and not isinstance(priority, str):
+        priority = list(priority)  # (a range, say: one per prompt too)
+    values = LLM._per_prompt(0 if priority is None else priority, count, "priority")
+    if not all(isinstance(p, int) and not isinstance(p, bool) for p in values):
+        raise ValueError(f"priority={priority!r:.100} is invalid: expected an integer, or a list with one integer "
+                         "per prompt")
+    return values
 
 
 def _no_lora(lora_request: Any) -> None:

@@ -17,15 +17,10 @@ import httpx
 import pytest
 
 from tests.server.conftest import Server, alive, descendants, start_server, wait_until
+from tests.server.test_faults import _own_tmpdir
 
 # probe_plugins:Class, for the servers' workers (this folder on PYTHONPATH).
 PROBES = str(Path(__file__).resolve().parent.parent / "engine")
-
-
-def _own_tmpdir(tmp_path: Path) -> Path:
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
-    return tmpdir
 
 
 def _complete(url: str, timeout: float = 30, **body: object) -> httpx.Response:

@@ -86,7 +86,7 @@ class ChoiceParser:
                               if self.reasoning is not None else (None, text))
         message = ChatResponseMessage(content=content, reasoning=reasoning)
         if self.tools is not None and content is not None:
-            info = _checked(self.tools, "extract_tool_calls", self.tools.extract_tool_calls(content, self.request),
+            info = checked_return(self.tools, "extract_tool_calls", self.tools.extract_tool_calls(content, self.request),
                             ExtractedToolCallInformation)
             if info.tools_called:
                 # parallel_tool_calls=false: at most one call (OpenAI's meaning), the first.
@@ -104,13 +104,13 @@ class ChoiceParser:
         reasoning: str | None = None
         content: str | None = delta_text or None
         if self.reasoning is not None:
-            dm = _checked(self.reasoning, "extract_reasoning_streaming", self.reasoning.extract_reasoning_streaming(
+            dm = checked_return(self.reasoning, "extract_reasoning_streaming", self.reasoning.extract_reasoning_streaming(
                 self._text, text, delta_text, self._ids, token_ids, delta_ids), DeltaMessage, None)
             reasoning, content = (dm.reasoning, dm.content) if dm is not None else (None, None)
         tool_calls = None
         if self.tools is not None and content:
             current = self._content + content
-            dm = _checked(self.tools, "extract_tool_calls_streaming", self.tools.extract_tool_calls_streaming(
+            dm = checked_return(self.tools, "extract_tool_calls_streaming", self.tools.extract_tool_calls_streaming(
                 self._content, current, content, self._ids, token_ids, delta_ids, self.request), DeltaMessage, None)
             self._content = current
             content, tool_calls = (dm.content, dm.tool_calls) if dm is not None else (None, None)
@@ -163,13 +163,22 @@ def _rest(sent: str, whole: str) -> str:
     return whole[len(sent):] if whole.startswith(sent) else ""
 
 
-def _checked(parser: Any, method: str, value: Any, *expected: Any) -> Any:
-    """``value``, when it is what ``parser.method`` must return (a plugin's wrong type would
-    otherwise fail further on, naming neither the parser nor what it returned)."""
+def _wrong_return(parser: Any, method: str, value: Any, expected: str) -> TypeError:
+    return TypeError(f"{type(parser).__module__}.{type(parser).__qualname__}.{method} returned "
+                     f"{type(value).__name__}, expected {expected}")
+
+
+def checked_return(parser: Any, method: str, value: Any, *expected: Any) -> Any:
+    """``value``, when it is what ``parser.method`` must return: an instance of one of
+    ``expected`` (``None`` for ``None``). A plugin's wrong type would otherwise fail further
+    on, naming neither the parser nor what it returned.
+
+    Raises:
+        TypeError: It is not (the message names the parser, the method and the types).
+    """
     if not any(value is None if kind is None else isinstance(value, kind) for kind in expected):
-        names = " or ".join("None" if kind is None else kind.__name__ for kind in expected)
-        raise TypeError(f"{type(parser).__module__}.{type(parser).__qualname__}.{method} returned "
-                        f"{type(value).__name__}, expected {names}")
+        raise _wrong_return(parser, method, value,
+                            " or ".join("None" if kind is None else kind.__name__ for kind in expected))
     return value
 
 
@@ -177,8 +186,7 @@ def _split(parser: Any, value: Any) -> tuple[str | None, str | None]:
     """``extract_reasoning``'s ``(reasoning, content)``, checked."""
     if not (isinstance(value, tuple) and len(value) == 2
             and all(part is None or isinstance(part, str) for part in value)):
-        raise TypeError(f"{type(parser).__module__}.{type(parser).__qualname__}.extract_reasoning returned "
-                        f"{type(value).__name__}, expected a (reasoning, content) tuple of str or None")
+        raise _wrong_return(parser, "extract_reasoning", value, "a (reasoning, content) tuple of str or None")
     return value
 
 

@@ -44,7 +44,7 @@ import msgspec
 from forkless.engine.detokenizer import IncrementalDetokenizer
 from forkless.engine.processor import NoChatTemplateError, message_text
 from forkless.entrypoints.openai.chat_options import ChatOptions
-from forkless.entrypoints.openai.chat_parsing import ChoiceParser, make_choice_parser
+from forkless.entrypoints.openai.chat_parsing import ChoiceParser, checked_return, make_choice_parser
 from forkless.entrypoints.openai.errors import BadRequest, quoted
 from forkless.entrypoints.openai.http_limits import DEFAULT_MAX_SEQUENCES_PER_REQUEST
 from forkless.entrypoints.openai.serving_models import ServingModels
@@ -1168,14 +1168,15 @@ class OpenAIServing:
         except ValueError as exc:
             raise BadRequest(str(exc), "messages") from None
 
-    def _tool_parser_for(self, req: ChatCompletionRequest) -> str | None:
-        """The tool parser to run on this request's output, after checking ``tool_choice``."""
+    def _tool_parser_for(self, req: ChatCompletionRequest, forced: str | None) -> str | None:
+        """The tool parser to run on this request's output, after checking ``tool_choice``
+        (``forced``: what :func:`forced_tool_choice` constrains the output to, if anything)."""
         opts = self.chat_options
         choice = req.tool_choice if req.tool_choice is not None else ("auto" if req.tools else "none")
         if choice == "required" or isinstance(choice, NamedToolChoice):
-            # Constrained to the tools' schemas, ForcedToolCalls reads the calls; unless the
-            # parser reads them from its own format (see _parser_reads_forced_calls).
-            return opts.tool_parser if self._parser_reads_forced_calls() else None
+            # Constrained to the tools' schemas, ForcedToolCalls reads the calls; left
+            # unconstrained (see _parser_reads_forced_calls), the tool parser does.
+            return opts.tool_parser if forced is None else None
         if choice == "none" or not req.tools:
             return None
         if not (opts.enable_auto_tool_choice and opts.tool_parser):
@@ -1203,7 +1204,7 @@ class OpenAIServing:
         parser's, each given what the one before returned (a parser may change the request
         in place or return another one).
         """
-        tool_parser = self._tool_parser_for(req)
+        tool_parser = self._tool_parser_for(req, forced)
         reasoning_parser = self.chat_options.reasoning_parser
         if tool_parser is None and reasoning_parser is None and forced is None:
             return None, req
@@ -1214,11 +1215,7 @@ class OpenAIServing:
                 parser.tools = ForcedToolCalls(forced)  # type: ignore[assignment]
         for hook in (parsers[0].reasoning, parsers[0].tools):
             if hook is not None:
-                adjusted = hook.adjust_request(req)
-                if not isinstance(adjusted, ChatCompletionRequest):
-                    raise TypeError(f"{type(hook).__qualname__}.adjust_request returned "
-                                    f"{type(adjusted).__qualname__}, expected the ChatCompletionRequest")
-                req = adjusted
+                req = checked_return(hook, "adjust_request", hook.adjust_request(req), ChatCompletionRequest)
         for parser in parsers:
             parser.request = req
         return parsers, req
