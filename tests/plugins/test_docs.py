@@ -237,7 +237,13 @@ def cli_options() -> dict[str, set[str]]:
     return {cmd: _options(_subparser(build_parser([cmd]), cmd)) for cmd in ("serve", "plugins")}
 
 
-FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*")
+
+
+def _flags(text: str) -> list[str]:
+    """The flags ``text`` names, in the dashed spelling (``--max_model_len`` is vLLM's
+    spelling of ``--max-model-len``, which forkless takes too)."""
+    return [flag.replace("_", "-") for flag in FLAG.findall(text)]
 ENV = re.compile(r"\bFORKLESS_[A-Z][A-Z0-9_]*")
 
 
@@ -245,7 +251,7 @@ def test_every_documented_flag_exists_unless_coming(cli_options: dict[str, set[s
     checked, missing = set(), []
     for line in LINES:
         command = "plugins" if "forkless plugins" in line else "serve"
-        for flag in FLAG.findall(line):
+        for flag in _flags(line):
             if is_coming(line):
                 continue
             checked.add(flag)
@@ -293,7 +299,7 @@ def test_coming_lines_name_something_that_does_not_exist_yet(probe: dict, cli_op
             m = re.fullmatch(r"--distributed-executor-backend (\w+)", span)
             if m:
                 items.append((span, m[1] in available_executors()))
-        items += [(flag, flag in cli_options["serve"]) for flag in FLAG.findall(line)]
+        items += [(flag, flag in cli_options["serve"]) for flag in _flags(line)]
         items += [(name, name in environment_variables) for name in ENV.findall(line)]
         if items and all(exists for _, exists in items):
             stale.append(f"{', '.join(what for what, _ in items)}: {line.strip()}")
@@ -567,7 +573,7 @@ def every_cli_option() -> set[str]:
     for command in ("serve", "generate", "plugins", "bench", "disagg-proxy"):
         options |= _options(_subparser(build_parser([command]), command))
     step_trace = (REPO / "forkless" / "metrics" / "step_trace.py").read_text()
-    return options | {flag for flag in FLAG.findall(step_trace) if f'"{flag}"' in step_trace}
+    return options | {flag for flag in _flags(step_trace) if f'"{flag}"' in step_trace}
 
 
 @pytest.mark.parametrize("doc", OTHER_DOCS)
@@ -580,7 +586,7 @@ def test_other_documents_name_only_existing_flags_variables_and_files(doc: str,
     for number, line in enumerate(text.splitlines(), 1):
         if is_coming(line):
             continue
-        missing += [f"{doc}:{number}: flag {flag}" for flag in FLAG.findall(line)
+        missing += [f"{doc}:{number}: flag {flag}" for flag in _flags(line)
                     if flag not in every_cli_option and flag not in NOT_FORKLESS_FLAGS]
         missing += [f"{doc}:{number}: variable {name}" for name in ENV.findall(line)
                     if name not in environment_variables]

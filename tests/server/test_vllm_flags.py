@@ -125,3 +125,35 @@ def test_vllms_other_engine_arguments_are_taken_or_refused_saying_why(tiny_llama
                            (["--skip-tokenizer-init"], "--skip-tokenizer-init=True")):
         with pytest.raises(ValueError, match=re.escape(fragment)):
             _parse(str(tiny_llama), *argv).create_engine_config()
+
+
+def test_vllms_underscore_and_dotted_flag_spellings_reach_the_flags_they_name(capsys) -> None:
+    from forkless.entrypoints.cli.flexible_args import normalize_argv
+    from forkless.entrypoints.cli.main import _subparsers, build_parser, main
+
+    argv = ["serve", "m", "--max_model_len", "64", "--speculative-config", '{"method": "ngram", "prompt_lookup_max": 4}',
+            "--speculative-config.num_speculative_tokens", "3", "--speculative_config.prompt_lookup_max=5",
+            "--kv-transfer-config.kv_connector", "SharedStorageConnector",
+            "--kv-transfer-config.kv_connector_extra_config.shared_storage_path", "/tmp/kv",
+            "--port.x+", "a,b"]
+    parser = build_parser(argv)
+    with pytest.raises(ValueError, match="--port takes no JSON object"):
+        normalize_argv(argv, _subparsers(parser)["serve"])
+    args = parser.parse_args(normalize_argv(argv[:-2], _subparsers(parser)["serve"]))
+    assert args.max_model_len == 64
+    assert json.loads(args.speculative_config) == {"method": "ngram", "prompt_lookup_max": 5,
+                                                   "num_speculative_tokens": 3}
+    assert json.loads(args.kv_transfer_config) == {
+        "kv_connector": "SharedStorageConnector", "kv_connector_extra_config": {"shared_storage_path": "/tmp/kv"}}
+    # Values are JSON where they are JSON, text otherwise, and never rewritten; nor is
+    # anything after a bare "--".
+    assert normalize_argv(["--served_model_name", "a_b", "--pooler-config.normalize", "false"],
+                          _subparsers(parser)["serve"]) == [
+        "--served-model-name", "a_b", "--pooler-config", '{"normalize": false}']
+    assert normalize_argv(["--", "--max_model_len"], _subparsers(parser)["serve"]) == ["--", "--max_model_len"]
+    # A bad dotted flag is one line naming it, exit status 2, before anything starts.
+    for bad, fragment in ((["--speculative-config.method"], "--speculative-config.method needs a value"),
+                          (["--speculative-config.n", "1", "--speculative-config.n", "2"], "given twice"),
+                          (["--no-such-flag.key", "1"], "unknown flag --no-such-flag")):
+        assert main(["serve", "m", *bad]) == 2
+        assert fragment in capsys.readouterr().err

@@ -5,7 +5,6 @@ counters on ``/metrics``."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -24,8 +23,9 @@ def test_example_proposer_plugin_through_the_server(tiny_llama: Path, plugin_sit
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
     expected = [o.outputs[0].text for o in reference.generate(PROMPTS, params, use_tqdm=False)]
     reference.shutdown()
-    spec = {"method": "example_bigram", "num_speculative_tokens": 3}
-    srv = start_server(tiny_llama, tmp_path, "--max-model-len", "512", "--speculative-config", json.dumps(spec),
+    # vLLM's dotted spelling of a JSON flag, and a flag with underscores, as a user ports them.
+    srv = start_server(tiny_llama, tmp_path, "--max_model_len", "512", "--speculative-config.method",
+                       "example_bigram", "--speculative_config.num_speculative_tokens", "3",
                        site=plugin_site, env_extra={"FORKLESS_PLUGINS": "example_proposer"})
     try:
         client = srv.client()

@@ -14,6 +14,7 @@ import time
 from typing import NoReturn
 
 from forkless.entrypoints.cli.config_file import CONFIG_FLAG, expand_config_file
+from forkless.entrypoints.cli.flexible_args import normalize_argv
 from forkless.logger import configure_logging
 from forkless.plugins import DEPRECATIONS, DeprecatedError
 from forkless.version import __version__
@@ -79,17 +80,23 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     configure_logging()
-    try:
+    parser = build_parser(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    subparser = _subparsers(parser).get(command) if command else None
+    if subparser is not None:
+        try:
+            argv = normalize_argv(argv, subparser)
+        except ValueError as exc:
+            print(f"forkless {command}: error: {exc}", file=sys.stderr)
+            return 2
+    try:  # after normalize_argv: a removed flag spelled with underscores is still named
         DEPRECATIONS.check_cli_args(argv)
         DEPRECATIONS.check_environ()
     except DeprecatedError as exc:
         print(f"forkless: error: {exc}", file=sys.stderr)
         return 2
-    parser = build_parser(argv)
-    command = next((a for a in argv if not a.startswith("-")), None)
     if command == "serve" and (CONFIG_FLAG in argv or any(a.startswith(CONFIG_FLAG + "=") for a in argv)):
         # (serve alone takes --config; elsewhere argparse refuses it as unrecognized.)
-        subparser = _subparsers(parser).get(command)
         if subparser is not None:
             try:
                 argv = expand_config_file(argv, subparser)
