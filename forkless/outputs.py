@@ -102,10 +102,14 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
             (its default; off with ``log_stats=False`` and no stat loggers); ``None``
             otherwise, as in vLLM's ``LLM`` by default (``disable_log_stats=True``).
 
-    vLLM's ``encoder_prompt``, ``encoder_prompt_token_ids``, ``kv_transfer_params`` and
+        kv_transfer_params: In the finished output, what the KV connector's
+            ``request_finished`` returned for the client (vLLM's hand-over of a prefilled
+            request to a decode engine), else ``None``.
+
+    vLLM's ``encoder_prompt``, ``encoder_prompt_token_ids`` and
     ``num_cache_creation_tokens`` are read-only ``None`` here (properties, not fields):
-    forkless has no encoder-decoder models, does not pass a KV connector's transfer
-    parameters on, and does not count a request's prefix-cache writes.
+    forkless has no encoder-decoder models and does not count a request's prefix-cache
+    writes.
     """
 
     request_id: str
@@ -116,6 +120,7 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
     prompt_logprobs: PromptLogprobs | None = None
     num_cached_tokens: int | None = None
     lora_request: Any = None  # a forkless.lora.LoRARequest (this leaf module imports none)
+    kv_transfer_params: dict[str, Any] | None = None
     # vLLM scripts read it (``if out.metrics is not None: ...``); a RequestStateStats
     # (forkless.metrics, which this leaf module does not import) or None.
     metrics: Any = None
@@ -128,12 +133,6 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
     @property
     def encoder_prompt_token_ids(self) -> None:
         """vLLM's encoder prompt ids: always ``None`` (forkless runs decoder-only models)."""
-        return None
-
-    @property
-    def kv_transfer_params(self) -> None:
-        """vLLM's KV-transfer parameters: always ``None``; forkless's KV connectors do not
-        pass any on (``KVConnectorBase.request_finished``'s are dropped)."""
         return None
 
     @property
@@ -150,10 +149,11 @@ class RequestOutput(msgspec.Struct, kw_only=True, gc=False):
         completion's text, token ids and logprobs are concatenated, per completion index (a
         ``DELTA`` output may carry only the completions that changed); without it the later
         completions replace the earlier ones. The prompt logprobs are the first that came;
-        ``finished`` and ``num_cached_tokens`` are the later output's.
+        ``finished``, ``num_cached_tokens`` and ``kv_transfer_params`` are the later output's.
         """
         self.finished = later.finished
         self.num_cached_tokens = later.num_cached_tokens
+        self.kv_transfer_params = later.kv_transfer_params
         if self.prompt_logprobs is None:
             self.prompt_logprobs = later.prompt_logprobs
         outputs = self.outputs

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import time
-from typing import Hashable, Iterable
+from typing import Any, Hashable, Iterable
 
 from forkless.pooling_params import PoolingParams
 from forkless.protocol.step import FinishReason
@@ -98,6 +98,10 @@ class Request:
         finish_reason: Set once the request is finished.
         stop_reason: The stop token id that ended the request, if one did.
         num_preemptions: How many times the request was preempted.
+        kv_transfer_params: What the client passed to the KV connector
+            (``sampling_params.extra_args["kv_transfer_params"]``, vLLM's place for it; the
+            body field of the same name on the server), or ``None``. Connectors read it
+            in ``get_num_new_matched_tokens`` to pair this request with another engine's.
     """
 
     def __init__(
@@ -143,6 +147,8 @@ class Request:
         self.finish_reason: FinishReason | None = None
         self.stop_reason: int | None = None
         self.num_preemptions = 0
+        extra = sampling_params.extra_args
+        self.kv_transfer_params: dict[str, Any] | None = extra.get("kv_transfer_params") if extra else None
 
         # Cached once: the stop checks run for every sampled token.
         self.max_tokens: int | None = sampling_params.max_tokens

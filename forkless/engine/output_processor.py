@@ -93,6 +93,8 @@ class _Completion:
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
         self.num_cached_tokens = 0
+        # The KV connector's parameters for the client, from the finishing output.
+        self.kv_transfer_params: dict[str, Any] | None = None
         self.stop = stop
         # The tokens whose text a request that they stop leaves out (see update).
         self.stop_token_ids = set() if params.include_stop_str_in_output else params.all_stop_token_ids
@@ -122,6 +124,8 @@ class _Completion:
                 self.first_token_time = now
             self.last_token_time = now
         self.num_cached_tokens = out.num_cached_tokens
+        if out.kv_transfer_params is not None:
+            self.kv_transfer_params = out.kv_transfer_params
         if out.pooling_output is not None:
             self.pooled = out.pooling_output
         self.token_ids.extend(out.new_token_ids)
@@ -292,6 +296,10 @@ class _Parent:
             prompt_logprobs=prompt_logprobs,
             num_cached_tokens=self.children[0].num_cached_tokens,
             lora_request=self.lora_request,
+            # (The first completion's that has any: a connector pairs one request, and
+            # a request of n > 1 is n of them.)
+            kv_transfer_params=next((c.kv_transfer_params for c in self.children
+                                     if c.kv_transfer_params is not None), None) if finished else None,
             # As vLLM: the statistics of the completion whose news this is (the live
             # object, complete once the request is finished).
             metrics=updated[-1].stats,

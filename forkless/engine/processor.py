@@ -390,6 +390,14 @@ class Processor:
             check_logprobs_count(name, getattr(params, name), mc.max_logprobs, mc.vocab_size)
         if params.thinking_token_budget is not None and self.reasoning_token_ids is None:
             raise ValueError(THINKING_BUDGET_WITHOUT_REASONING)
+        transfer = (params.extra_args or {}).get("kv_transfer_params")
+        if transfer is not None:
+            # vLLM logs and drops them without a connector; nothing would read them here.
+            if self.config.kv_transfer_config is None:
+                raise ValueError("kv_transfer_params are for a KV connector, and this engine has none: start it "
+                                 "with --kv-transfer-config")
+            if not isinstance(transfer, dict):
+                raise ValueError(f"kv_transfer_params must be an object (a dict), got {type(transfer).__name__}")
         if priority != 0 and self.config.scheduler_config.policy != "priority":
             raise ValueError(
                 f"priority={priority} was given but the scheduling policy is "

@@ -284,8 +284,12 @@ class KVConnectorBase(abc.ABC):
 
         Returns:
             ``(keep_blocks, kv_transfer_params)``: True keeps the blocks until a worker
-            reports the request in ``finished_sending``. ``kv_transfer_params`` is not
-            passed on by forkless yet; return ``None``. Default: ``(False, None)``.
+            reports the request in ``finished_sending``. ``kv_transfer_params`` (a dict
+            of plain data, or ``None``) goes back to the client in the request's last
+            output (``RequestOutput.kv_transfer_params``, the response's field of the same
+            name), for the engine that continues the request; the client's own come in
+            ``request.kv_transfer_params``. Not for a request aborted or ended by a stop
+            string (it has no last output from the engine). Default: ``(False, None)``.
         """
         return False, None
 

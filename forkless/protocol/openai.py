@@ -194,6 +194,8 @@ class SamplingFields(RequestModel):
     request_id: str | None = None
     extra_args: dict[str, Any] | None = None
     vllm_xargs: dict[str, Any] | None = None
+    # vLLM's: passed to the KV connector (Request.kv_transfer_params); needs one.
+    kv_transfer_params: dict[str, Any] | None = None
     # vLLM's: mixed into the prefix-cache hashes, so the request shares cached blocks
     # only with requests of the same salt (one secret salt per tenant).
     cache_salt: str | None = None
@@ -469,6 +471,8 @@ class CompletionResponse(OpenAIModel):
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
+    # vLLM's: the KV connector's hand-over for the engine that continues the request.
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class TopLogprob(OpenAIModel):
@@ -626,6 +630,7 @@ class ChatCompletionResponse(OpenAIModel):
     usage: UsageInfo | None = None
     prompt_logprobs: PromptLogprobs | None = None
     prompt_token_ids: list[int] | None = None  # vLLM's, with return_token_ids
+    kv_transfer_params: dict[str, Any] | None = None  # as CompletionResponse's
 
 
 class DeltaMessage(_WithReasoning):

@@ -362,6 +362,9 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
         pooling_output: A pooling request's pooled values (it finishes in that output).
         events: The request's lifecycle events since its previous output (queued,
             scheduled, preempted), or ``None``: only when the engine core records them.
+        kv_transfer_params: In the output that finishes the request, what the KV
+            connector's ``request_finished`` returned for the client (vLLM's hand-over to
+            the engine that continues the request), else ``None``.
     """
 
     request_id: str
@@ -373,6 +376,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, gc=False):
     new_prompt_logprobs: Any = None
     pooling_output: PooledData | None = None
     events: list[EngineCoreEvent] | None = None
+    kv_transfer_params: dict[str, Any] | None = None
 
     @property
     def finished(self) -> bool:

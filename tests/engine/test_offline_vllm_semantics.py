@@ -193,6 +193,9 @@ def test_outputs_have_vllms_attributes(llm: LLM) -> None:
     assert (out.encoder_prompt, out.encoder_prompt_token_ids, out.kv_transfer_params,
             out.num_cache_creation_tokens) == (None, None, None, None)
     assert out.outputs[0].lora_request is None and out.lora_request is None  # no adapter
+    # vLLM's place for a KV connector's parameters; this engine has no connector to take them.
+    with pytest.raises(ValueError, match="--kv-transfer-config"):
+        llm.generate(P, SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": {"x": 1}}), use_tqdm=False)
 
 
 def test_logprob_imports_from_vllms_module_path() -> None:

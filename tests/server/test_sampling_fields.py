@@ -237,6 +237,10 @@ def test_unsupported_fields_are_openai_style_400s(server: Server) -> None:
         ("/v1/completions", {"prompt": PROMPT, "bad_words": [""]}, "bad_words"),
         ("/v1/completions", {"prompt": PROMPT, "request_id": ""}, "request_id"),
         ("/v1/completions", {"prompt": PROMPT, "stream_options": {"include_usage": True}}, "stream_options"),
+        # No KV connector on this server: nothing would read them.
+        ("/v1/chat/completions", {"messages": MESSAGES, "kv_transfer_params": {"do_remote_prefill": True}},
+         "kv_transfer_params"),
+        ("/v1/completions", {"prompt": PROMPT, "kv_transfer_params": "remote"}, "kv_transfer_params"),
     ]:
         r = _post(server, path, body)
         assert r.status_code == 400, (body, r.text)

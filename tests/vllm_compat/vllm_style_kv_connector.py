@@ -1,6 +1,8 @@
 """A KV connector written as vLLM's (``vllm`` renamed ``forkless`` in the imports, nothing
 else): it records, on its worker side, what its scheduler side saw of each step through
-vLLM's views (``scheduled_new_reqs``, ``scheduled_cached_reqs``, ``KVCacheBlocks``)."""
+vLLM's views (``scheduled_new_reqs``, ``scheduled_cached_reqs``, ``KVCacheBlocks``), and
+answers a request that came with ``kv_transfer_params`` as a prefill engine of vLLM's
+answers its decode engine: with the blocks it holds and what the client sent."""
 
 from __future__ import annotations
 
@@ -46,7 +48,10 @@ class RecordingConnector(KVConnectorBase_V1):
         return meta
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        return False, None
+        if request.kv_transfer_params is None:
+            return False, None
+        return False, {"remote_block_ids": list(block_ids), "remote_engine_id": "recorder",
+                       "asked": request.kv_transfer_params}
 
     # -- worker side
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:

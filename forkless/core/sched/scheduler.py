@@ -690,6 +690,7 @@ class Scheduler(SchedulerInterface):
                 request.num_output_placeholders -= 1
             new_token_ids: list[int] = []
             status: RequestStatus | None = None
+            kv_params = None
             for token_id in token_ids:
                 request.append_output_token(token_id)
                 new_token_ids.append(token_id)
@@ -697,7 +698,7 @@ class Scheduler(SchedulerInterface):
                 if status is not None:
                     break
             if status is not None:
-                self._finish(request, status)
+                kv_params = self._finish(request, status)
                 any_finished = True
             else:
                 if item.num_spec_tokens:
@@ -718,6 +719,7 @@ class Scheduler(SchedulerInterface):
                     new_logprobs=logprobs.get(request.request_id),
                     stop_reason=request.stop_reason,
                     new_prompt_logprobs=prompt_logprobs.get(request.request_id),
+                    kv_transfer_params=kv_params,
                 )
             )
         if any_finished:
@@ -731,12 +733,13 @@ class Scheduler(SchedulerInterface):
             raise RuntimeError(f"the model runner returned no pooled output for pooling request "
                                f"{request.request_id!r}, whose whole prompt it ran")
         request.num_output_placeholders = 0
-        self._finish(request, RequestStatus.FINISHED_STOPPED)
+        kv_params = self._finish(request, RequestStatus.FINISHED_STOPPED)
         # Its prefix-cache hits as for a generation request (0 while the engine turns
         # prefix caching off for pooling models).
         return EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
                                 finish_reason=request.finish_reason, pooling_output=pooled,
-                                num_cached_tokens=max(request.num_cached_tokens, 0))
+                                num_cached_tokens=max(request.num_cached_tokens, 0),
+                                kv_transfer_params=kv_params)
 
     # ---------------------------------------------------------------------------- stats
 
@@ -872,16 +875,21 @@ class Scheduler(SchedulerInterface):
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
-    def _finish(self, request: Request, status: RequestStatus) -> None:
+    def _finish(self, request: Request, status: RequestStatus) -> dict[str, Any] | None:
+        """Finish ``request``; returns the connector's ``kv_transfer_params`` for the
+        client (for the request's last output), or ``None``."""
         # The caller removes the request from `running` (in one pass for many requests).
         if request.status is RequestStatus.RUNNING:
             self._left_running(request)
         loading = request.status is RequestStatus.WAITING_FOR_REMOTE_KVS
         request.status = status
         request.finish_reason = status.finish_reason
-        keep = False
+        keep, kv_params = False, None
         if self.connector is not None:
-            keep, _ = self.connector.request_finished(request, request.block_ids)
+            keep, kv_params = self.connector.request_finished(request, request.block_ids)
+            if kv_params is not None and not isinstance(kv_params, dict):
+                raise TypeError(f"{type(self.connector).__name__}.request_finished returned kv_transfer_params "
+                                f"of type {type(kv_params).__name__}: expected a dict or None")
         if keep or loading:
             # Freed when the workers report it done.
             uses = {use for use, busy in (("send", keep), ("recv", loading)) if busy}
@@ -899,6 +907,7 @@ class Scheduler(SchedulerInterface):
         self._history_dependent.discard(request.request_id)
         self._drafted.discard(request.request_id)
         self._finished_ids.append(request.request_id)
+        return kv_params
 
 
 def _reads_output_history(params: SamplingParams, grammar_deferred: bool = False) -> bool:

@@ -105,7 +105,6 @@ _UNSUPPORTED_FIELDS: dict[str, tuple[tuple[Any, ...], str]] = {
     "guided_regex": ((None,), 'vLLM replaced it: use structured_outputs={"regex": ...}'),
     "guided_choice": ((None,), 'vLLM replaced it: use structured_outputs={"choice": [...]}'),
     "guided_grammar": ((None,), 'vLLM replaced it: use structured_outputs={"grammar": ...}'),
-    "kv_transfer_params": ((None,), "disaggregated serving (kv_transfer_params) is not supported"),
     "ec_transfer_params": ((None,), "disaggregated serving (ec_transfer_params) is not supported"),
     "repetition_detection": ((None,), "repetition_detection is not supported"),
     "routed_experts_prompt_start": ((None, 0), "routed experts are not returned"),
@@ -252,6 +251,8 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
                          "out response_format / structured_outputs", "tool_choice")
     extra = dict(req.vllm_xargs or {})
     extra.update(req.extra_args or {})
+    if req.kv_transfer_params is not None:
+        extra["kv_transfer_params"] = req.kv_transfer_params  # where vLLM puts it
     prompt_logprobs = req.prompt_logprobs
     if prompt_logprobs is not None:
         if req.stream and prompt_logprobs != 0:  # 0 asks for nothing to stream (vLLM's rule)
@@ -717,6 +718,13 @@ class OpenAIServing:
         except ValueError as exc:
             raise BadRequest(str(exc), field) from None
 
+    def check_kv_transfer_params(self, req: SamplingFields) -> None:
+        """Refuse ``kv_transfer_params`` where no KV connector would read them (vLLM
+        logs a warning and drops them)."""
+        if req.kv_transfer_params is not None and self.engine.config.kv_transfer_config is None:
+            raise BadRequest("kv_transfer_params are for a KV connector, and this server has none: start it with "
+                             "--kv-transfer-config", "kv_transfer_params")
+
     @functools.cached_property
     def sampling_defaults(self) -> dict[str, Any]:
         """What requests sample with where they set nothing (``--generation-config``)."""
@@ -847,6 +855,7 @@ class OpenAIServing:
             self._check_prompt(ids, max_tokens)
         self.check_logprobs("logprobs", req.logprobs)
         self.check_logprobs("prompt_logprobs", req.prompt_logprobs)
+        self.check_kv_transfer_params(req)
         base_id, engine_id = _request_ids("cmpl", req.request_id, raw_request)
         if req.use_beam_search:
             params = [to_beam_search_params(req, max_tokens, self._default_max_tokens(len(ids)), req.logprobs,
@@ -879,7 +888,9 @@ class OpenAIServing:
                           sum(len(c.token_ids) for out in finals for c in out.outputs),
                           # (vLLM reports the last prompt's hits; here every prompt's count)
                           self.reported_cached_tokens(sum(out.num_cached_tokens or 0 for out in finals)))
-        return CompletionResponse(id=base_id, model=model_name, choices=choices, usage=usage)
+        # (vLLM's: the first prompt's; a connector pairs one request.)
+        return CompletionResponse(id=base_id, model=model_name, choices=choices, usage=usage,
+                                  kv_transfer_params=finals[0].kv_transfer_params if finals else None)
 
     def _completion_choices(self, req: CompletionRequest, prompts: list[list[int]], echo_texts: list[str | None],
                             finals: list["RequestOutput"]) -> list[CompletionChoice]:
@@ -1273,6 +1284,7 @@ class OpenAIServing:
             # (0 asks for nothing without logprobs, as vLLM takes it.)
             raise BadRequest("top_logprobs requires logprobs to be true", "top_logprobs")
         self.check_logprobs("top_logprobs", top)
+        self.check_kv_transfer_params(req)
         params: SamplingParams | BeamSearchParams
         if req.use_beam_search and forced is not None:
             raise BadRequest('tool_choice "required" or a named function constrains the output, which beam '
@@ -1336,7 +1348,7 @@ class OpenAIServing:
         return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=usage,
                                       prompt_logprobs=_prompt_logprobs(final),
                                       prompt_token_ids=list(final.prompt_token_ids or ids) if req.return_token_ids
-                                      else None)
+                                      else None, kv_transfer_params=final.kv_transfer_params)
 
     def _reasoning_hidden(self, req: ChatCompletionRequest) -> bool:
         """Whether ``req`` leaves its reasoning out of the reply (``include_reasoning=false``

@@ -75,7 +75,7 @@ _TEXT_PARTS = ("input_text", "output_text", "text")
 _REASONING_PARTS = ("reasoning_text", "summary_text")
 # Fields of OpenAI's and vLLM's Responses requests that forkless does not implement: the
 # values it accepts (those that change nothing), and why (as serving.reject_field takes
-# them; the fields all endpoints refuse, such as kv_transfer_params, are refused too).
+# them; the fields all endpoints refuse, such as ec_transfer_params, are refused too).
 _REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "conversation": ((None,), "chain responses with previous_response_id"),
     "prompt": ((None,), "prompt templates are not stored here; send input"),
@@ -87,6 +87,8 @@ _REFUSED: dict[str, tuple[tuple[Any, ...], str]] = {
     "include_reasoning": ((None, True), "reasoning items are always returned"),
     "enable_response_messages": ((None, False), "the response's input and output messages are not returned"),
     "previous_input_messages": ((None,), "chain responses with previous_response_id"),
+    "kv_transfer_params": ((None,), "a KV connector's parameters are taken by /v1/completions and "
+                                    "/v1/chat/completions, not here"),
 }
 # (OpenAI's reasoning.encrypted_content is refused: nothing here encrypts reasoning for a
 # stateless next turn; previous_response_id chains with the stored reasoning.)
