@@ -27,6 +27,10 @@ Invariants:
     * A store that fails (unreachable, full, corrupt) never fails a request: a failed
       lookup finds nothing, a failed save is dropped, a failed load is recomputed; each
       is logged (at most once per 10 s per kind).
+    * A lookup runs on the scheduler's thread, so a store that does not answer would hold
+      every step for its timeout, once per admitted request: after a failed lookup the
+      store is not asked again for 1 s, then 2, 4... up to 30 s while it keeps failing
+      (those requests compute their prompts); the first lookup that succeeds ends it.
     * A save copies its blocks out of the cache and encodes them right after the step,
       on the step's thread (CPU work, ~1 ms a block, that a background thread would only
       fight the forward pass's threads for); with ``save_async`` only the write to the
@@ -71,6 +75,8 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 _WARN_EVERY_S = 10.0
+# Seconds lookups skip the store after one fails, doubled per failure in a row up to the last.
+_LOOKUP_BACKOFF_S = (1.0, 30.0)
 
 
 @functools.cache
@@ -157,6 +163,9 @@ class BlockStoreConnector(KVConnectorBase):
         self._requests: dict[str, Request] = {}
         self._own_hashes: dict[str, list[bytes]] = {}
         self._lookup_start: dict[str, int] = {}  # first block the connector was asked about
+        # After a failed lookup: until when lookups skip the store, and the last pause's length.
+        self._lookups_off_until = 0.0
+        self._lookup_pause = 0.0
         self._pending_loads: list[BlockTransfer] = []
         self._num_saved: dict[str, int] = {}  # leading blocks saved, loaded or already present
         self._saving: set[str] = set()  # requests whose async saves may still read blocks
@@ -251,6 +260,8 @@ class BlockStoreConnector(KVConnectorBase):
         limit = (request.num_tokens - 1) // self.block_size  # never the last token
         if limit <= start:
             return 0, False
+        if time.monotonic() < self._lookups_off_until:
+            return 0, False  # the store failed a moment ago: not asked (see the module)
         keys = self._keys(request, limit)[start:]
         try:
             if self.num_ranks == 1:
@@ -259,8 +270,13 @@ class BlockStoreConnector(KVConnectorBase):
                 parts = self.contains([f"{key}.r{rank}" for key in keys for rank in range(self.num_ranks)])
                 found = [all(parts[i * self.num_ranks:(i + 1) * self.num_ranks]) for i in range(len(keys))]
         except Exception as exc:  # noqa: BLE001 - any store failure means "not found"
-            self._warn("lookup", "%s lookup failed, computing the prompt instead: %s", self.store_name, exc)
+            first, most = _LOOKUP_BACKOFF_S
+            self._lookup_pause = min(most, self._lookup_pause * 2) if self._lookup_pause else first
+            self._lookups_off_until = time.monotonic() + self._lookup_pause
+            self._warn("lookup", "%s lookup failed, computing prompts without it for %.0f s: %s",
+                       self.store_name, self._lookup_pause, exc)
             return 0, False
+        self._lookup_pause = 0.0
         hits = 0
         while hits < len(found) and found[hits]:
             hits += 1

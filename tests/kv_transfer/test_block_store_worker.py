@@ -1,7 +1,8 @@
 """The block store's worker side on real CPU cache tensors: what a save writes, a load puts
 back block for block (all layers, keys and values); a block of another shape, another key,
 with a flipped bit or missing is reported, not used; asynchronous saves are reported done
-only for finished requests, and a preempted request's saves end before the next step."""
+only for finished requests, and a preempted request's saves end before the next step. And
+its scheduler side's lookups against a store that stops answering."""
 
 from __future__ import annotations
 
@@ -43,13 +44,16 @@ class AsyncMemoryStore(MemoryStore):
     save_async = True
 
 
-def worker(cls: type, dtype: torch.dtype = torch.float32) -> tuple[BlockStoreConnector, list[torch.Tensor]]:
-    config = SimpleNamespace(
+def _config(cls: type) -> SimpleNamespace:
+    return SimpleNamespace(
         kv_transfer_config=KVTransferConfig(kv_connector=cls.__name__),
         cache_config=SimpleNamespace(block_size=BLOCK, prefix_caching_hash_algo="sha256", cache_dtype="auto"),
         model_config=SimpleNamespace(served_model_name="m", dtype="float32"),
         parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1, world_size=1))
-    conn = cls(config, KVConnectorRole.WORKER)
+
+
+def worker(cls: type, dtype: torch.dtype = torch.float32) -> tuple[BlockStoreConnector, list[torch.Tensor]]:
+    conn = cls(_config(cls), KVConnectorRole.WORKER)
     caches = [torch.zeros(2, BLOCKS, BLOCK, HEADS, DIM, dtype=dtype) for _ in range(LAYERS)]
     conn.register_kv_caches({f"model.layers.{i}.self_attn.attn": c for i, c in enumerate(caches)})
     return conn, caches
@@ -144,3 +148,52 @@ def test_async_loads_end_between_steps() -> None:
     assert received == {"b"}
     assert torch.equal(caches[1][:, 0], src_caches[1][:, 4])
     target.shutdown()
+
+
+class FlakyStore(MemoryStore):
+    """A store whose lookups time out while ``down`` is set, counting the times it is asked."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.down = True
+        self.asked = 0
+
+    def contains(self, keys: list[str]) -> list[bool]:
+        self.asked += 1
+        if self.down:
+            raise TimeoutError("Timeout reading from socket")
+        return super().contains(keys)
+
+
+def test_a_store_that_stops_answering_is_not_asked_again_at_once(monkeypatch) -> None:
+    # Each lookup runs on the scheduler's thread: one per admitted request, every one
+    # waiting for the store's timeout, would stall every running request with it.
+    from forkless.core.request import Request
+    from forkless.kv_transfer import block_store
+    from forkless.sampling_params import SamplingParams
+
+    now = [100.0]
+    monkeypatch.setattr(block_store, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    conn = FlakyStore(_config(FlakyStore), KVConnectorRole.SCHEDULER)
+    requests = iter(Request(f"r{i}", list(range(1, 4 * BLOCK + 2)), SamplingParams(max_tokens=1)) for i in range(99))
+
+    def lookup(at: float) -> tuple[int | None, bool]:
+        now[0] = 100.0 + at
+        return conn.get_num_new_matched_tokens(next(requests), 0)
+
+    assert lookup(0) == (0, False) and conn.asked == 1  # failed: found nothing
+    assert lookup(0.1) == lookup(0.9) == (0, False) and conn.asked == 1  # not asked for 1 s
+    assert lookup(1.0) == (0, False) and conn.asked == 2  # asked again, failed again ...
+    assert lookup(2.9) == (0, False) and conn.asked == 2  # ... so not for 2 s
+    assert lookup(3.0) == (0, False) and conn.asked == 3
+    assert lookup(6.9) == (0, False) and conn.asked == 3  # then 4 s
+    # Back: the next lookup after the pause finds what the store holds, and the next
+    # failure pauses 1 s again, not 8.
+    conn.down = False
+    first = Request("x", list(range(1, 4 * BLOCK + 2)), SamplingParams(max_tokens=1))
+    conn.data.update({key: b"" for key in conn._keys(first, 2)})
+    now[0] = 107.0
+    assert conn.get_num_new_matched_tokens(first, 0) == (2 * BLOCK, False) and conn.asked == 4
+    conn.down = True
+    assert lookup(8.0) == (0, False) and conn.asked == 5
+    assert lookup(9.0) == (0, False) and conn.asked == 6
