@@ -66,6 +66,18 @@ class SharedStorageConnector(BlockStoreConnector):
         if not isinstance(path, str) or not path:
             raise ValueError("--kv-transfer-config: SharedStorageConnector needs kv_connector_extra_config."
                              f"shared_storage_path (a folder), got {path!r}")
+        # Here, before any engine process starts, rather than in each of them (the
+        # constructor makes the model's sub-folder).
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"--kv-transfer-config: shared_storage_path {path!r} cannot be used as a folder: "
+                             f"{exc.strerror or exc}") from None
+        needed = os.R_OK | os.X_OK | (os.W_OK if kv_transfer_config.is_kv_producer else 0)
+        if not os.access(path, needed):
+            raise ValueError(f"--kv-transfer-config: shared_storage_path {path!r} is not "
+                             f"{'readable and writable' if needed & os.W_OK else 'readable'} by this process "
+                             f"({kv_transfer_config.kv_role} {'saves' if needed & os.W_OK else 'loads'} blocks there)")
 
     def _path(self, key: str) -> Path:
         digest = key.rsplit("-", 1)[-1]

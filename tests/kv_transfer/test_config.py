@@ -55,6 +55,9 @@ def test_engine_config_checks_the_connector(tiny_llama: Path, tmp_path: Path) ->
     for extra, message in [
         ({}, "SharedStorageConnector needs kv_connector_extra_config.shared_storage_path"),
         ({"path": "/tmp"}, "unknown kv_connector_extra_config key(s) path; known: shared_storage_path"),
+        # Refused here, before any engine process starts (each of them failed on it, with a traceback).
+        ({"shared_storage_path": str(tiny_llama / "config.json" / "kv")},
+         f"shared_storage_path '{tiny_llama / 'config.json' / 'kv'}' cannot be used as a folder: Not a directory"),
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             engine_config(tiny_llama, kv_transfer_config={"kv_connector": "SharedStorageConnector",
