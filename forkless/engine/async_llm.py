@@ -60,12 +60,17 @@ _SEND_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("forkless_send
 _SENT: Any = object()
 T = TypeVar("T")
 
-__all__ = ["AsyncLLM", "EngineDeadError", "EngineShuttingDownError", "InvalidRequestError", "close_streams",
-           "gather_streams"]
+__all__ = ["AsyncLLM", "EngineDeadError", "EngineShuttingDownError", "InvalidRequestError", "RequestFailedError",
+           "close_streams", "gather_streams"]
 
 
 class InvalidRequestError(ValueError):
     """The engine refused a request (bad prompt or sampling parameters)."""
+
+
+class RequestFailedError(RuntimeError):
+    """A request failed on the engine's side, the others going on (its KV cache failed to
+    load under ``kv_load_failure_policy: fail``): a server error, not the client's."""
 
 
 class EngineShuttingDownError(EngineDeadError):
@@ -719,7 +724,8 @@ class AsyncLLM:
             data = ipc.decode(payload)
             queue = self._slot_of.get(data["request_id"])
             if queue is not None:
-                queue.put_nowait(InvalidRequestError(data["error"]))
+                queue.put_nowait(RequestFailedError(data["error"]) if data.get("failed")
+                                 else InvalidRequestError(data["error"]))
         elif kind == ipc.DEAD:
             self._die(ipc.decode(payload)["error"])
             return False

@@ -153,6 +153,10 @@ class EngineCore:
             # (request id, reason) of requests a worker could not run (their adapter failed
             # to load), finished here; the caller tells their clients (take_request_errors).
             self._request_errors: list[tuple[str, str]] = []
+            # ... and of requests that failed on the server's side (a KV load under
+            # kv_load_failure_policy "fail"): their clients get a server error
+            # (take_request_failures).
+            self._request_failures: list[tuple[str, str]] = []
             # Structured outputs: constrained requests wait here, with their adapter, while
             # their grammar compiles on the manager's threads (forkless.structured_output).
             self._structured = _structured_output_manager(config, self.executor)
@@ -288,6 +292,16 @@ class EngineCore:
             self._request_errors.extend(failed.items())
         return runner_output
 
+    def take_request_failures(self) -> list[tuple[str, str]]:
+        """``(request id, reason)`` of the requests that failed on the server's side since
+        the last call (the scheduler ended them: ``take_failed_requests``); they are
+        finished already. Their clients get a server error (HTTP 500), not a refusal."""
+        failures, self._request_failures = self._request_failures, []
+        if self._events:
+            for rid, _ in failures:
+                self._events.pop(rid, None)
+        return failures
+
     def take_request_errors(self) -> list[tuple[str, str]]:
         """``(request id, reason)`` of the requests failed since the last call (a worker could
         not run them: their LoRA adapter failed to load); they are finished already."""
@@ -362,6 +376,13 @@ class EngineCore:
                 self.executor.sample_deferred(self._pending[1], bitmask)
 
     def _finished(self, outputs: list, defer_advance: bool = False) -> list:
+        failures = self.scheduler.take_failed_requests()
+        if failures:
+            ids = [rid for rid, _ in failures]
+            self._structured.finish(ids)
+            if self._lora_of:
+                self._lora_done(ids)
+            self._request_failures.extend(failures)
         if self._structured.has_grammars():
             # Advance the grammars (with defer_advance, on the fill thread started next,
             # where the backend allows); one that is complete finishes its request

@@ -143,6 +143,10 @@ class EngineCoreProc:
                 # fails alone, with the reason, as a request the engine refused.
                 for request_id, reason in self.core.take_request_errors():
                     self._send(ipc.REQUEST_ERROR, {"request_id": request_id, "error": reason})
+                # Requests that failed on this side (a KV load under kv_load_failure_policy
+                # "fail"): a server error for their clients, not a refusal.
+                for request_id, reason in self.core.take_request_failures():
+                    self._send(ipc.REQUEST_ERROR, {"request_id": request_id, "error": reason, "failed": True})
                 self.last_stats = time.monotonic()
             elif time.monotonic() - self.last_stats > STATS_INTERVAL_S:
                 self._send_stats()

@@ -138,6 +138,8 @@ class LLMEngine:
                 LoRA adapter, the engine core could not compile their grammar); those are
                 finished, the others stay in flight. What the step gave the others comes
                 with the next call, which runs no step for it: nothing is lost.
+            RuntimeError: The same, for requests that failed in the engine (their KV
+                cache failed to load under ``kv_load_failure_policy: fail``).
         """
         if self._held:
             held, self._held = self._held, []
@@ -147,15 +149,18 @@ class LLMEngine:
                                                           core_outputs.monotonic_timestamp)
         if processed.reqs_to_abort:
             self.engine_core.abort_requests(processed.reqs_to_abort, FinishReason.STOP)
-        errors = self.engine_core.take_request_errors()
-        if errors:
-            # A worker could not run them (their LoRA adapter failed to load): finished in
-            # the engine core already, the other requests go on. Offline there is no
-            # per-request error channel, so the step fails with the reasons.
-            self.output_processor.abort_requests([rid for rid, _ in errors])
-            failed = {rid for rid, _ in errors}
-            self._held = [out for out in processed.request_outputs if out.request_id not in failed]
-            raise ValueError("; ".join(f"request {rid!r}: {reason}" for rid, reason in errors))
+        # Requests the engine could not run (their LoRA adapter failed to load: refused,
+        # ValueError) or that failed in it (a KV load under kv_load_failure_policy "fail":
+        # RuntimeError): finished in the engine core already, the other requests go on.
+        # Offline there is no per-request error channel, so the step fails with the reasons.
+        for take, error in ((self.engine_core.take_request_failures, RuntimeError),
+                            (self.engine_core.take_request_errors, ValueError)):
+            pairs = take()
+            if pairs:
+                self.output_processor.abort_requests([rid for rid, _ in pairs])
+                failed = {rid for rid, _ in pairs}
+                self._held = [out for out in processed.request_outputs if out.request_id not in failed]
+                raise error("; ".join(f"request {rid!r}: {reason}" for rid, reason in pairs))
         return processed.request_outputs
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from forkless.json_arg import json_config_arg
 
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+KV_LOAD_FAILURE_POLICIES = ("recompute", "fail")
 
 _FLAG = "--kv-transfer-config"
 
@@ -36,6 +37,10 @@ class KVTransferConfig:
             ``shared_storage_path``, ``url``).
         engine_id: A name for this engine in the connector's logs (vLLM's key); ``None``:
             none.
+        kv_load_failure_policy: What a request whose KV blocks failed to load gets
+            (vLLM's key): ``recompute`` (forkless's default) computes them instead, from
+            the first failed block; ``fail`` (vLLM's default) ends the request with an
+            error (HTTP 500, as vLLM's).
     """
 
     kv_connector: str
@@ -43,6 +48,7 @@ class KVTransferConfig:
     kv_connector_module_path: str | None = None
     kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
     engine_id: str | None = None
+    kv_load_failure_policy: str = "recompute"
 
     @property
     def is_kv_producer(self) -> bool:
@@ -80,6 +86,10 @@ class KVTransferConfig:
         for key in ("kv_connector_module_path", "engine_id"):
             if value.get(key) is not None and not isinstance(value[key], str):
                 raise ValueError(f"{_FLAG}: {key}={value[key]!r} is invalid: expected a string")
+        policy = value.get("kv_load_failure_policy", "recompute")
+        if policy not in KV_LOAD_FAILURE_POLICIES:
+            raise ValueError(f"{_FLAG}: kv_load_failure_policy={policy!r} is invalid: expected one of "
+                             f"{', '.join(KV_LOAD_FAILURE_POLICIES)}")
         extra = value.get("kv_connector_extra_config", {})
         if not isinstance(extra, dict):
             raise ValueError(f"{_FLAG}: kv_connector_extra_config={extra!r} is invalid: expected a JSON object")

@@ -25,6 +25,8 @@ def engine_config(model: Path, **kw: object):
     ('{"kv_connector": "SharedStorageConnector", "kv_buffer_size": 1}', "unknown key(s) kv_buffer_size"),
     ('{"kv_connector": "SharedStorageConnector", "kv_connector_extra_config": 3}',
      "kv_connector_extra_config=3 is invalid"),
+    ('{"kv_connector": "SharedStorageConnector", "kv_load_failure_policy": "retry"}',
+     "kv_load_failure_policy='retry' is invalid: expected one of recompute, fail"),
 ])
 def test_malformed_values_are_refused(value: str, message: str) -> None:
     with pytest.raises(ValueError) as info:

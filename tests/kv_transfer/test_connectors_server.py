@@ -27,10 +27,10 @@ def model(smollm2_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return make_tiny_model(tmp_path_factory.mktemp("tiny-2k"), smollm2_folder, max_position_embeddings=2048)
 
 
-def serve(model: Path, tmp: Path, connector: str, role: str, extra: dict) -> Server:
-    config = {"kv_connector": connector, "kv_role": role, "kv_connector_extra_config": extra}
+def serve(model: Path, tmp: Path, connector: str, role: str, extra: dict, *args: str, **config: str) -> Server:
+    config = {"kv_connector": connector, "kv_role": role, "kv_connector_extra_config": extra, **config}
     return start_server(model, tmp, "--max-model-len", "2048", "--kv-cache-memory", str(128 << 20),
-                        "--kv-transfer-config", json.dumps(config))
+                        "--kv-transfer-config", json.dumps(config), *args)
 
 
 def complete(srv: Server, prompt: list[int], max_tokens: int = 8) -> list[str]:
@@ -149,5 +149,33 @@ def test_unreachable_redis_computes_and_logs(model: Path, tmp_path: Path) -> Non
         assert time.monotonic() - started < 30
         assert "lookup failed, computing prompts without it for 1 s" in srv.log()
         assert external_hits(srv) == 0
+    finally:
+        assert stop_and_check(srv) == 0
+
+
+def test_a_failed_load_fails_the_request_under_vllms_fail_policy(model: Path, tmp_path: Path) -> None:
+    store = tmp_path / "kv"
+    # No local prefix cache: every request looks its prompt up in the store.
+    srv = serve(model, tmp_path, "SharedStorageConnector", "kv_both", {"shared_storage_path": str(store)},
+                "--no-enable-prefix-caching", kv_load_failure_policy="fail")
+    try:
+        prompt = PREFIX[:500]
+        complete(srv, prompt)  # computed, and its blocks saved
+        assert complete(srv, prompt)  # loaded
+        assert wait_until(lambda: external_hits(srv) > 0, 10)
+        middle = sorted(store.rglob("*.safetensors"))[10]
+        middle.write_bytes(middle.read_bytes()[:-8])  # truncated: the load notices
+        body = {"model": srv_model(srv), "prompt": prompt, "max_tokens": 4}
+        r = httpx.post(srv.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 500, r.text
+        error = r.json()["error"]
+        assert error["type"] == "InternalServerError" and "kv_load_failure_policy is 'fail'" in error["message"]
+        # Streamed: the stream ends with the error event.
+        with httpx.stream("POST", srv.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as s:
+            events = [line for line in s.iter_lines() if line.startswith("data: ")]
+        assert '"code": 500' in events[-2] and "kv_load_failure_policy" in events[-2] and events[-1] == "data: [DONE]"
+        # Only those requests: the server goes on.
+        assert len(complete(srv, PREFIX[::-1][:100])) == 8
+        assert "failing it (kv_load_failure_policy 'fail')" in srv.log()
     finally:
         assert stop_and_check(srv) == 0

@@ -133,6 +133,13 @@ class SchedulerInterface(ABC):
         grammars then take the tokens after the update. Default: ``None``."""
         return None
 
+    def take_failed_requests(self) -> list[tuple[str, str]]:
+        """``(request id, reason)`` of the requests the scheduler ended as failed since
+        the last call (a KV load that failed under ``kv_load_failure_policy: fail``);
+        they are finished already, and their clients get the reason as a server error.
+        The engine core asks after each :meth:`update_from_output`. Default: none."""
+        return []
+
     @abstractmethod
     def finish_requests(
         self, request_ids: str | Iterable[str], finish_reason: FinishReason

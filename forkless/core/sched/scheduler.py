@@ -207,6 +207,10 @@ class Scheduler(SchedulerInterface):
         # once the workers report every one done.
         self._kv_busy: dict[str, tuple[Request, set[str]]] = {}
         self._kv_stats = KVTransferStats()
+        # kv_load_failure_policy "fail": a request whose loaded blocks failed ends, and its
+        # (id, reason) waits here for the engine core (take_failed_requests).
+        self._fail_kv_loads = False
+        self._failed: list[tuple[str, str]] = []
 
     # ----------------------------------------------------------------- requests in / out
 
@@ -267,6 +271,11 @@ class Scheduler(SchedulerInterface):
 
     def set_kv_connector(self, connector: Any) -> None:
         self.connector = connector
+        self._fail_kv_loads = connector._kv_transfer_config.kv_load_failure_policy == "fail"
+
+    def take_failed_requests(self) -> list[tuple[str, str]]:
+        failed, self._failed = self._failed, []
+        return failed
 
     def set_grammar_deferred(self, deferred: bool) -> None:
         self._grammar_deferred = deferred
@@ -566,17 +575,29 @@ class Scheduler(SchedulerInterface):
             bad = set(out.invalid_block_ids)
             size = self.kv_cache_config.block_size
             holders = [r for r in self.running] + [r for r, _ in self._remote_loads.values()]
+            failed: list[str] = []
             for request in holders:
                 first = next((i for i, b in enumerate(request.block_ids) if b in bad), None)
                 if first is None:
                     continue
-                logger.warning("request %s: KV blocks from %d on failed to load; computing them instead",
-                               request.request_id, first)
                 rid = request.request_id
+                if self._fail_kv_loads:
+                    logger.warning("request %s: KV blocks from %d on failed to load; failing it "
+                                   "(kv_load_failure_policy 'fail')", rid, first)
+                    failed.append(rid)
+                    self._failed.append((rid, f"its KV cache failed to load from the KV connector "
+                                              f"({type(self.connector).__name__}), and the server's "
+                                              "kv_load_failure_policy is 'fail'"))
+                    continue
+                logger.warning("request %s: KV blocks from %d on failed to load; computing them instead",
+                               rid, first)
                 if rid in self._remote_loads:
                     self._remote_loads[rid] = (request, min(self._remote_loads[rid][1], first * size))
                 elif request.num_computed_tokens > first * size:
                     rolled_back[rid] = first * size
+            if failed:
+                # (This step's tokens for them are then skipped: they are no longer running.)
+                self.finish_requests(failed, FinishReason.ABORT)
         for rid in out.finished_recving:
             loading = self._remote_loads.pop(rid, None)
             if loading is not None:

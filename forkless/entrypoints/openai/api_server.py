@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from forkless.engine.async_llm import EngineDeadError, InvalidRequestError
+from forkless.engine.async_llm import EngineDeadError, InvalidRequestError, RequestFailedError
 from forkless.entrypoints.openai.chat_options import ChatOptions
 from forkless.entrypoints.openai.errors import BadRequest, describe_validation_errors, error_response, quoted
 from forkless.entrypoints.openai.frontend_options import FrontendOptions
@@ -303,6 +303,11 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     @app.exception_handler(EngineDeadError)
     async def _dead(_: Request, exc: EngineDeadError) -> JSONResponse:
         return error_response(str(exc), 503, "ServiceUnavailableError")
+
+    @app.exception_handler(RequestFailedError)
+    async def _failed(_: Request, exc: RequestFailedError) -> JSONResponse:
+        # One request failed in the engine, which logged why; no traceback here.
+        return error_response(str(exc), 500, "InternalServerError")
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

@@ -1589,7 +1589,7 @@ class OpenAIServing:
         """Like ``_merge``, but an error after the response started becomes a final SSE
         error event (the HTTP status is already sent) followed by ``[DONE]``; a refusal
         names ``req``'s field it is about."""
-        from forkless.engine.async_llm import EngineDeadError, InvalidRequestError
+        from forkless.engine.async_llm import EngineDeadError, InvalidRequestError, RequestFailedError
 
         try:
             async for item in self._merge(streams, raw_request):
@@ -1599,6 +1599,8 @@ class OpenAIServing:
             yield -1, _sse_error(str(exc), "BadRequestError", 400, param)
         except EngineDeadError as exc:
             yield -1, _sse_error(str(exc), "ServiceUnavailableError", 503)
+        except RequestFailedError as exc:  # (the engine logged why)
+            yield -1, _sse_error(str(exc), "InternalServerError", 500)
         except Exception as exc:  # noqa: BLE001 - reported to the client, and logged
             yield -1, _sse_internal_error(exc, "stream")
 
