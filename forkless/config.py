@@ -413,6 +413,30 @@ class EngineConfig:
 VllmConfig = EngineConfig
 
 
+def _check_backend_module(path: str, name: str) -> None:
+    """Refuse an attention backend whose module cannot be found, here rather than in
+    every worker: found, not imported (it may import torch or a device library), so
+    only its parent packages are imported.
+
+    Raises:
+        ValueError: Naming the backend, its path, and the plugin that registered it.
+    """
+    import importlib.util
+
+    from forkless.attention.registry import available_attention_backends, describe_attention_backend
+    from forkless.plugins import canonical_path
+
+    module = canonical_path(path).split(":", 1)[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package is missing, or fails to import
+        found = False
+    if not found:
+        what = (describe_attention_backend(name) if name in available_attention_backends()
+                else f"attention backend {name!r} -> {path!r}")
+        raise ValueError(f"{what}: module {module!r} cannot be found")
+
+
 @dataclass
 class EngineArgs:
     """Engine arguments, named like vLLM's (``--max-model-len`` is ``max_model_len``).
@@ -766,9 +790,10 @@ class EngineArgs:
 
         try:  # a bad --attention-backend fails here, not later inside a worker
             # (by name: the platform's get_attn_backend_cls runs in the workers, with torch)
-            current_platform.attention_backend_path(self.attention_backend)
+            backend_path = current_platform.attention_backend_path(self.attention_backend)
         except KeyError as exc:
             raise ValueError(f"--attention-backend: {exc}") from None
+        _check_backend_module(backend_path, current_platform.resolved_attention_backend(self.attention_backend))
         if self.tokenizer and not Path(self.tokenizer).expanduser().exists():
             raise ValueError(f"--tokenizer {self.tokenizer!r} is not a local folder (nothing is downloaded): give "
                              "a tokenizer folder, or leave it out for the model's own")

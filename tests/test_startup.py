@@ -105,6 +105,25 @@ def test_generate_rejects_a_bad_class_path_at_once(tmp_path: Path, flags: list[s
     assert_one_line_error(proc, elapsed, expected, tmp_path / "cache")
 
 
+def test_a_plugin_that_points_a_backend_at_a_missing_module_is_named_at_once(tmp_path: Path) -> None:
+    # It replaced a built-in's path: the start fails before any engine process, naming
+    # the plugin (each worker failed on it, with tracebacks and the --attention-backend
+    # flag the user never gave).
+    from tests.plugins.test_cli import fake_plugin
+
+    site = tmp_path / "site"
+    fake_plugin(site, "backend_swap", "def register():\n"
+                "    from forkless.attention import register_attention_backend\n"
+                "    register_attention_backend('cpu', 'no_such_pkg.attn:Backend')\n")
+    env = plugin_env(site, tmp_path)
+    proc, elapsed = forkless_cli(["serve", "--port", str(free_port()), "--attention-backend", "cpu"], env)
+    assert_one_line_error(proc, elapsed, "error: attention backend 'cpu' -> 'no_such_pkg.attn:Backend' (registered "
+                          "by plugin 'backend_swap' of forkless.general_plugins): module 'no_such_pkg.attn' cannot "
+                          "be found", tmp_path / "cache")
+    assert "now replaced by no_such_pkg.attn:Backend, by plugin 'backend_swap' of forkless.general_plugins" \
+        in proc.stderr
+
+
 PLUGIN = '''
 def register() -> None:
     from forkless.executor import register_executor

@@ -70,6 +70,12 @@ def attention_backend_path(name: str) -> str:
     return path
 
 
+def describe_attention_backend(name: str) -> str:
+    """``name`` and its class path for messages, with the plugin that registered it, if
+    one did (a plugin may replace a built-in's path)."""
+    return _registry.describe(name)
+
+
 def available_attention_backends() -> list[str]:
     """The registered backend names, sorted."""
     return _registry.names()

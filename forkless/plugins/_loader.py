@@ -36,7 +36,7 @@ from forkless.plugins._discovery import (
     vllm_group_entry_points,
     vllm_group_hint,
 )
-from forkless.plugins._registry import PluginImportError, import_path
+from forkless.plugins._registry import PluginImportError, import_path, registering_as
 from forkless.plugins._requires import UNDECIDED, check_plain
 
 logger = init_logger("forkless.plugins")
@@ -492,7 +492,8 @@ def _call(group: str, name: str, func: Callable[[], Any]) -> tuple[bool, Any, Pl
     record = _state.records.get((group, name))
     start = time.perf_counter()
     try:
-        result = func()
+        with registering_as(f"plugin {name!r} of {group}"):
+            result = func()
     except Exception as exc:
         _state.loaded.pop((group, name), None)
         if record is None:

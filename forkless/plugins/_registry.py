@@ -32,6 +32,8 @@ _ALL_REGISTRIES: "weakref.WeakValueDictionary[str, LazyRegistry[Any]]" = (
 )
 # Lists that :func:`recording_registrations` blocks are filling, innermost last.
 _RECORDERS: list[list[tuple[str, str]]] = []
+# Who registers now (the plugin loader's calls, :func:`registering_as`), innermost last.
+_REGISTRANTS: list[str] = []
 
 
 class RegistryError(KeyError):
@@ -166,6 +168,7 @@ class LazyRegistry(Generic[T]):
         self.hint = hint
         self._targets: dict[str, Any] = {}
         self._resolved: dict[str, T] = {}
+        self._owners: dict[str, str] = {}  # name -> the plugin that registered it, if one did
         self._lock = threading.RLock()
         _ALL_REGISTRIES[kind] = self
 
@@ -201,13 +204,19 @@ class LazyRegistry(Generic[T]):
             old = self._targets.get(name)
             if name in self._targets and self._same_target(name, old, target):
                 return
+            owner = _REGISTRANTS[-1] if _REGISTRANTS else None
             if name in self._targets:
                 logger.warning(
-                    "%s %r was registered as %s and is now replaced by %s (the newest "
+                    "%s %r was registered as %s and is now replaced by %s%s (the newest "
                     "registration wins)",
                     self.kind, name, describe_target(old), describe_target(target),
+                    f", by {owner}" if owner else "",
                 )
             self._targets[name] = target
+            if owner:
+                self._owners[name] = owner
+            else:
+                self._owners.pop(name, None)
             self._resolved.pop(name, None)
             if not isinstance(target, str):
                 self._resolved[name] = target
@@ -226,6 +235,19 @@ class LazyRegistry(Generic[T]):
         with self._lock:
             self._targets.pop(name, None)
             self._resolved.pop(name, None)
+            self._owners.pop(name, None)
+
+    def owner(self, name: str) -> str | None:
+        """Who registered ``name``, as ``"plugin 'x' of GROUP"``, when a plugin did;
+        ``None`` for built-ins and registrations made outside the plugin loader."""
+        return self._owners.get(name)
+
+    def describe(self, name: str) -> str:
+        """``name`` and its target for messages, with the plugin that registered it:
+        ``"attention backend 'cpu' -> 'pkg.mod:Cls' (registered by plugin 'x' ...)"``."""
+        owner = self._owners.get(name)
+        return (f"{self.kind} {name!r} -> {describe_target(self._targets.get(name))!r}"
+                + (f" (registered by {owner})" if owner else ""))
 
     # -- lookup -------------------------------------------------------------------------
     def resolve(self, name: str) -> T:
@@ -242,16 +264,22 @@ class LazyRegistry(Generic[T]):
             if name not in self._targets:
                 raise RegistryError(self.unknown_message(name))
             path = self._targets[name]
-            obj = import_path(path)
+            try:
+                obj = import_path(path)
+            except PluginImportError as exc:
+                owner = self._owners.get(name)
+                if owner is None:
+                    raise
+                raise PluginImportError(f"{exc} ({self.kind} {name!r}, registered by {owner})") from exc
             if self.base is not None and not (
                 isinstance(obj, type) and issubclass(obj, self.base)
             ):
                 raise TypeError(
-                    f"{self.kind} {name!r} -> {path!r} is {obj!r}, which is not a subclass "
+                    f"{self.describe(name)} is {obj!r}, which is not a subclass "
                     f"of {self.base.__module__}.{self.base.__qualname__}"
                 )
             if self.base is not None:
-                check_implements(obj, f"{self.kind} {name!r} -> {path!r}")
+                check_implements(obj, self.describe(name))
             self._resolved[name] = obj
             return obj
 
@@ -313,6 +341,18 @@ def recording_registrations() -> Iterator[list[tuple[str, str]]]:
         yield recorded
     finally:
         _RECORDERS.remove(recorded)
+
+
+@contextmanager
+def registering_as(who: str) -> Iterator[None]:
+    """Attribute the registrations made while the block runs to ``who`` (the plugin
+    loader's calls: ``"plugin 'x' of forkless.general_plugins"``), so that a replaced
+    built-in and a target that later fails to import name the plugin behind them."""
+    _REGISTRANTS.append(who)
+    try:
+        yield
+    finally:
+        _REGISTRANTS.pop()
 
 
 def snapshot_all() -> dict[str, dict[str, str]]:

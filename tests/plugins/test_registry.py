@@ -218,3 +218,23 @@ def test_a_class_missing_abstract_methods_is_refused_when_named() -> None:
     registry.register("half_by_path", "forkless.executor.interface:Executor")
     with pytest.raises(TypeError, match="does not implement"):
         registry.resolve("half_by_path")
+
+
+def test_a_plugins_registrations_name_it_when_they_fail_or_replace(caplog) -> None:
+    from forkless.plugins._registry import registering_as
+
+    reg: LazyRegistry[object] = LazyRegistry("widget", base=dict)
+    reg.register("plain", "collections:OrderedDict")
+    with registering_as("plugin 'acme' of forkless.general_plugins"):
+        with caplog.at_level(logging.WARNING, logger="forkless.plugins"):
+            reg.register("plain", "nosuch_pkg.widgets:Widget")
+        reg.register("list", "builtins:list")
+    assert "now replaced by nosuch_pkg.widgets:Widget, by plugin 'acme' of forkless.general_plugins" in caplog.text
+    assert reg.owner("plain") == "plugin 'acme' of forkless.general_plugins"
+    with pytest.raises(PluginImportError, match=r"\(widget 'plain', registered by plugin 'acme' of "):
+        reg.resolve("plain")
+    with pytest.raises(TypeError, match=r"widget 'list' -> 'builtins:list' \(registered by plugin 'acme' .* "
+                                        "not a subclass of builtins.dict"):
+        reg.resolve("list")
+    reg.register("list", "collections:OrderedDict")  # outside any plugin: the owner goes with the old target
+    assert reg.owner("list") is None and reg.resolve("list").__name__ == "OrderedDict"
