@@ -644,6 +644,9 @@ class EngineArgs:
         g.add_argument("--prefix-caching-hash-algo", default=d.prefix_caching_hash_algo, choices=HASH_ALGOS,
                        help="prefix-cache block hash: sha256 (collision-resistant), sha256_cbor "
                             "(reproducible in other languages), builtin (fast, trusted tenants only)")
+        g.add_argument("--enable-sleep-mode", action="store_true", default=d.enable_sleep_mode,
+                       help="allow sleep / wake_up (LLM, AsyncLLM; the server's /sleep and /wake_up with "
+                            "FORKLESS_SERVER_DEV_MODE=1) to free and allocate the KV cache and weights")
         g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="most requests running at once")
         g.add_argument("--max-num-batched-tokens", type=parse_human_int, default=None, help="token budget of one step")
         g.add_argument("--stream-interval", type=int, default=d.stream_interval, metavar="N",

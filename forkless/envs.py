@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     FORKLESS_HTTP_TIMEOUT_KEEP_ALIVE: int
     FORKLESS_RESPONSES_STORE_SIZE: int
     FORKLESS_ALLOW_RUNTIME_LORA_UPDATING: bool
+    FORKLESS_SERVER_DEV_MODE: bool
     FORKLESS_LORA_RESOLVER_CACHE_DIR: str | None
     FORKLESS_TOOL_PARSE_REGEX_TIMEOUT_SECONDS: int
     FORKLESS_RAY_PLACEMENT_STRATEGY: str
@@ -236,6 +237,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # /v1/unload_lora_adapter, and asks the registered LoRA resolvers for a ``model`` it
     # does not know (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING).
     "FORKLESS_ALLOW_RUNTIME_LORA_UPDATING": lambda: parse_bool("FORKLESS_ALLOW_RUNTIME_LORA_UPDATING", False),
+    # ``1``: ``forkless serve`` adds vLLM's development routes, POST /reset_prefix_cache,
+    # /sleep and /wake_up, GET /is_sleeping (vLLM's VLLM_SERVER_DEV_MODE); they change the
+    # engine for every client, so only for a server whose clients are trusted.
+    "FORKLESS_SERVER_DEV_MODE": lambda: parse_bool("FORKLESS_SERVER_DEV_MODE", False),
     # The built-in filesystem LoRA resolver serves ``<this folder>/<model name>/`` (a PEFT
     # adapter folder); unset: that resolver finds nothing (vLLM's VLLM_LORA_RESOLVER_CACHE_DIR).
     "FORKLESS_LORA_RESOLVER_CACHE_DIR": lambda: _path(os.environ["FORKLESS_LORA_RESOLVER_CACHE_DIR"])

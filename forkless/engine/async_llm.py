@@ -69,8 +69,13 @@ class InvalidRequestError(ValueError):
 
 
 class RequestFailedError(RuntimeError):
-    """A request failed on the engine's side, the others going on (its KV cache failed to
-    load under ``kv_load_failure_policy: fail``): a server error, not the client's."""
+    """A request failed on the engine's side, the others going on: a server error, not the
+    client's. ``status`` is its HTTP status: 500 (its KV cache failed to load under
+    ``kv_load_failure_policy: fail``) or 503 (the engine sleeps: ``sleep``)."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class EngineShuttingDownError(EngineDeadError):
@@ -253,6 +258,9 @@ class AsyncLLM:
         self._queues: dict[str, _OutputSlot] = {}
         self._slot_of: dict[str, _OutputSlot] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        # Utility calls awaiting the engine core's answer (_call_utility), by call id.
+        self._calls: dict[int, asyncio.Future[Any]] = {}
+        self._next_call_id = 0
         self.errored = False
         self.dead_reason: str | None = None
         # vLLM's: with --enable-log-requests, aborts are logged too (the server sets it).
@@ -382,6 +390,9 @@ class AsyncLLM:
         for task in self._tasks:
             task.cancel()
         self._tasks.clear()
+        for future in self._calls.values():  # (nothing would answer them now)
+            if not future.done():
+                future.set_exception(EngineShuttingDownError("the engine was shut down"))
         if self.client is not None:
             self.client.shutdown()
 
@@ -489,6 +500,71 @@ class AsyncLLM:
             raise
         finally:
             _SEND_ONLY.reset(token)
+
+    # -- the engine core's methods (vLLM's EngineClient) ------------------------------------
+    async def reset_prefix_cache(self, reset_running_requests: bool = False, reset_connector: bool = False) -> bool:
+        """Forget every cached prefix, as ``LLM.reset_prefix_cache`` (vLLM's keywords).
+
+        Returns:
+            Whether it was reset (False while running requests hold blocks, unless
+            ``reset_running_requests`` preempts them first).
+        """
+        return bool(await self._call_utility("reset_prefix_cache", reset_running_requests, reset_connector))
+
+    async def sleep(self, level: int = 1, abort_in_flight: bool = False) -> None:
+        """vLLM's sleep mode (``--enable-sleep-mode``): the workers free their KV cache
+        (``level`` 2: their weights too) until :meth:`wake_up`; requests are refused
+        meanwhile.
+
+        Args:
+            level: 1 frees the KV cache, 2 the weights too.
+            abort_in_flight: Abort the requests in flight first (their streams end with
+                ``finish_reason`` ``abort``), as vLLM's server does (``mode=abort``).
+
+        Raises:
+            ValueError: Sleep mode is off, or ``level`` is not 1 or 2.
+            RuntimeError: Requests are in flight (without ``abort_in_flight``), or the
+                engine sleeps already.
+        """
+        if abort_in_flight and self._queues:
+            await self.abort(list(self._queues))
+        await self._call_utility("sleep", level)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Allocate again what :meth:`sleep` freed (``tags``: ``"weights"``, ``"kv_cache"``;
+        ``None``: everything).
+
+        Raises:
+            ValueError: An unknown tag.
+            RuntimeError: The engine does not sleep, or the KV cache is woken before the weights.
+        """
+        await self._call_utility("wake_up", tags)
+
+    async def is_sleeping(self) -> bool:
+        """Whether the engine sleeps (part of it may be awake already)."""
+        return bool(await self._call_utility("is_sleeping"))
+
+    async def _call_utility(self, method: str, *args: Any) -> Any:
+        """Call the engine core's ``method`` between its steps and wait for its answer.
+
+        Raises:
+            ValueError, TypeError, RuntimeError: The engine core refused the call (its
+                message).
+            EngineDeadError: The engine is dead or shutting down.
+        """
+        if not self._started:
+            await self._ensure_started()
+        if self.errored:
+            raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
+        assert self.client is not None
+        call_id, self._next_call_id = self._next_call_id, self._next_call_id + 1
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = future
+        try:
+            await self.client.call_utility({"call_id": call_id, "method": method, "args": list(args)})
+            return await future
+        finally:
+            self._calls.pop(call_id, None)
 
     async def check_structured_outputs(self, sampling_params: "SamplingParams") -> None:
         """Check a request's structured-output constraint in a thread, before
@@ -724,8 +800,17 @@ class AsyncLLM:
             data = ipc.decode(payload)
             queue = self._slot_of.get(data["request_id"])
             if queue is not None:
-                queue.put_nowait(RequestFailedError(data["error"]) if data.get("failed")
+                queue.put_nowait(RequestFailedError(data["error"], data.get("status", 500)) if data.get("failed")
                                  else InvalidRequestError(data["error"]))
+        elif kind == ipc.UTILITY_RESULT:
+            data = ipc.decode(payload)
+            future = self._calls.get(data["call_id"])
+            if future is not None and not future.done():
+                if "error" in data:
+                    error = {"ValueError": ValueError, "TypeError": TypeError}.get(data["kind"], RuntimeError)
+                    future.set_exception(error(data["error"]))
+                else:
+                    future.set_result(data["result"])
         elif kind == ipc.DEAD:
             self._die(ipc.decode(payload)["error"])
             return False
@@ -764,6 +849,9 @@ class AsyncLLM:
         error = EngineDeadError(f"the engine died: {self.dead_reason}")
         for queue in self._queues.values():
             queue.put_nowait(error)
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(error)
         if self.dead_event is not None:
             self.dead_event.set()
 

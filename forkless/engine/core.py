@@ -36,6 +36,11 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 
+class EngineSleepingError(RuntimeError):
+    """A request came while the engine sleeps (:meth:`EngineCore.sleep`): refused alone,
+    the engine going on."""
+
+
 class EngineCore:
     """Owns the scheduler and the executor (and through it the workers).
 
@@ -178,11 +183,11 @@ class EngineCore:
             ValueError: It can never be served (empty prompt, prompt of ``max_model_len``
                 tokens or more, duplicate id), or it names a LoRA adapter and the engine
                 was started without ``--enable-lora``.
-            RuntimeError: The engine sleeps (:meth:`sleep`).
+            EngineSleepingError: The engine sleeps (:meth:`sleep`).
         """
         if self._sleeping:
-            raise RuntimeError(f"request {request.request_id!r}: the engine sleeps "
-                               f"({', '.join(sorted(self._sleeping))}): call wake_up() first")
+            raise EngineSleepingError(f"request {request.request_id!r}: the engine sleeps "
+                                      f"({', '.join(sorted(self._sleeping))}): call wake_up() first")
         salt: Any = request.cache_salt
         lora = request.lora_request
         if lora is not None:

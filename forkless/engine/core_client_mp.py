@@ -132,6 +132,15 @@ class EngineCoreClient:
         if not await self._send([ipc.ADD, payload]):
             raise EngineDeadError(f"the engine died: the engine core process exited with code {self.proc.exitcode}")
 
+    async def call_utility(self, call: dict[str, Any]) -> None:
+        """Send a utility call (:data:`forkless.protocol.ipc.UTILITY`) to the engine core.
+
+        Raises:
+            EngineDeadError: The engine core process is gone.
+        """
+        if not await self._send([ipc.UTILITY, ipc.encode(call)]):
+            raise EngineDeadError(f"the engine died: the engine core process exited with code {self.proc.exitcode}")
+
     async def abort_requests(self, request_ids: list[str]) -> None:
         """Abort requests in the engine core (nothing to abort once it is gone)."""
         if request_ids and not self.closed:

@@ -33,6 +33,10 @@ logger = init_logger("forkless.engine.core_proc")
 
 IDLE_POLL_MS = 100
 STATS_INTERVAL_S = 1.0
+# The engine core's methods a client may call between steps (ipc.UTILITY; AsyncLLM's
+# methods of the same names). Their refusals (ValueError, TypeError, RuntimeError) go
+# back to the caller; anything else fails the engine, as a failed step does.
+UTILITY_METHODS = frozenset({"reset_prefix_cache", "sleep", "wake_up", "is_sleeping"})
 
 
 class EngineCoreProc:
@@ -87,6 +91,7 @@ class EngineCoreProc:
         self.output.send_multipart([kind, ipc.encode(payload)], copy=False)
 
     def _handle(self, kind: bytes, payload: bytes) -> None:
+        from forkless.engine.core import EngineSleepingError
         from forkless.protocol.engine import EngineCoreRequest
 
         if kind == ipc.ADD:
@@ -101,6 +106,11 @@ class EngineCoreProc:
                 self.core.add_request(req)
             except ValueError as exc:
                 self._send(ipc.REQUEST_ERROR, {"request_id": req.request_id, "error": str(exc)})
+            except EngineSleepingError as exc:  # refused alone, a 503; the engine goes on sleeping
+                self._send(ipc.REQUEST_ERROR, {"request_id": req.request_id, "error": str(exc), "failed": True,
+                                               "status": 503})
+        elif kind == ipc.UTILITY:
+            self._send(ipc.UTILITY_RESULT, self._utility(ipc.decode(payload)))
         elif kind == ipc.ABORT:
             self.core.abort_requests(ipc.decode(payload, list[str]))
             self._send_stats()  # aborted requests' blocks are free now: show it
@@ -146,10 +156,24 @@ class EngineCoreProc:
                 # Requests that failed on this side (a KV load under kv_load_failure_policy
                 # "fail"): a server error for their clients, not a refusal.
                 for request_id, reason in self.core.take_request_failures():
-                    self._send(ipc.REQUEST_ERROR, {"request_id": request_id, "error": reason, "failed": True})
+                    self._send(ipc.REQUEST_ERROR, {"request_id": request_id, "error": reason, "failed": True,
+                                                   "status": 500})
                 self.last_stats = time.monotonic()
             elif time.monotonic() - self.last_stats > STATS_INTERVAL_S:
                 self._send_stats()
+
+    def _utility(self, call: dict[str, Any]) -> dict[str, Any]:
+        """Run one utility call; its answer for ``UTILITY_RESULT``."""
+        call_id, method = call.get("call_id"), call.get("method")
+        if method not in UTILITY_METHODS:
+            return {"call_id": call_id, "error": f"the engine core has no utility method {method!r}; it has "
+                                                 f"{', '.join(sorted(UTILITY_METHODS))}", "kind": "ValueError"}
+        try:
+            result = getattr(self.core, method)(*call.get("args", ()), **call.get("kwargs", {}))
+        except (ValueError, TypeError, RuntimeError) as exc:
+            return {"call_id": call_id, "error": str(exc), "kind": type(exc).__name__}
+        self._send_stats()  # (a reset or a sleep changes the cache's usage: show it)
+        return {"call_id": call_id, "result": result}
 
     def close(self) -> None:
         core = getattr(self, "core", None)

@@ -464,13 +464,20 @@ class CompletionChoice(OpenAIModel):
     token_ids: list[int] | None = None
 
 
-class CompletionResponse(OpenAIModel):
+class CompletionStreamResponse(OpenAIModel):
+    """One chunk of a streamed completion (OpenAI's, with the object of a whole one)."""
+
     id: str = Field(default_factory=lambda: random_id("cmpl"))
     object: Literal["text_completion"] = "text_completion"
     created: int = Field(default_factory=lambda: int(time.time()))
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
+
+
+class CompletionResponse(CompletionStreamResponse):
+    """A whole completion."""
+
     # vLLM's: the KV connector's hand-over for the engine that continues the request.
     kv_transfer_params: dict[str, Any] | None = None
 

@@ -5,8 +5,9 @@ Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, the po
 ``/detokenize``, ``/metrics``, vLLM's SageMaker ``/invocations`` (a body served by the route
 its keys belong to), FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json``;
 ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` with ``--enable-lora`` and
-``FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1``; plus routes from opt-in endpoint plugins and ASGI
-middleware from ``--middleware``.
+``FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1``; vLLM's development routes ``/reset_prefix_cache``,
+``/sleep``, ``/wake_up`` and ``/is_sleeping`` with ``FORKLESS_SERVER_DEV_MODE=1``; plus routes
+from opt-in endpoint plugins and ASGI middleware from ``--middleware``.
 
 Invariants:
     * ``/health`` is 200 while the server takes requests; a 503 with the OpenAI error body
@@ -41,6 +42,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from forkless.engine.async_llm import EngineDeadError, InvalidRequestError, RequestFailedError
 from forkless.entrypoints.openai.chat_options import ChatOptions
+from forkless import envs
+from forkless.entrypoints.openai.dev_routes import attach_dev_routes
 from forkless.entrypoints.openai.errors import BadRequest, describe_validation_errors, error_response, quoted
 from forkless.entrypoints.openai.frontend_options import FrontendOptions
 from forkless.entrypoints.openai.http_limits import ApiKeyMiddleware, HttpLimits, RequestLimitsMiddleware
@@ -306,8 +309,9 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
 
     @app.exception_handler(RequestFailedError)
     async def _failed(_: Request, exc: RequestFailedError) -> JSONResponse:
-        # One request failed in the engine, which logged why; no traceback here.
-        return error_response(str(exc), 500, "InternalServerError")
+        # One request failed in the engine (which logged why), or the engine sleeps; no traceback here.
+        return error_response(str(exc), exc.status,
+                              "ServiceUnavailableError" if exc.status == 503 else "InternalServerError")
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:
@@ -360,6 +364,9 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
             check_unknown_fields(req)
             models.remove_lora(req.lora_name, req.lora_int_id)
             return Response(f"Success: LoRA adapter '{req.lora_name}' removed successfully.", media_type="text/plain")
+
+    if envs.FORKLESS_SERVER_DEV_MODE:
+        attach_dev_routes(app, engine)
 
     pooling, pooling_invocations = attach_pooling_routes(app, engine, serving, io_processor, _cancel_on_disconnect)
 

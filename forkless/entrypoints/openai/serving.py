@@ -62,6 +62,7 @@ from forkless.protocol.openai import (
     CompletionLogProbs,
     CompletionRequest,
     CompletionResponse,
+    CompletionStreamResponse,
     DeltaMessage,
     DetokenizeRequest,
     DetokenizeResponse,
@@ -628,7 +629,7 @@ class _TextChunks:
     __slots__ = ("_head", "_tail")
 
     def __init__(self, request_id: str, created: int, model: str) -> None:
-        head = CompletionResponse(id=request_id, created=created, model=model, choices=[
+        head = CompletionStreamResponse(id=request_id, created=created, model=model, choices=[
             CompletionChoice(index=0, text="")]).model_dump_json(exclude_unset=False)
         # Split the model's own JSON around the choice's index and text.
         marker = '"choices":[{"index":0,"text":"",'
@@ -1017,7 +1018,7 @@ class OpenAIServing:
                                 self._echo, prompts[p_idx], echo_texts[p_idx], out, req.logprobs, as_ids,
                                 not with_ids)
                         echo, echo_lp = echoes[p_idx]
-                        yield _sse(CompletionResponse(id=base_id, created=created, model=model_name, choices=[
+                        yield _sse(CompletionStreamResponse(id=base_id, created=created, model=model_name, choices=[
                             CompletionChoice(index=idx, text=echo, logprobs=echo_lp,
                                              prompt_token_ids=prompts[p_idx] if with_ids else None,
                                              token_ids=[] if with_ids else None)],
@@ -1051,7 +1052,7 @@ class OpenAIServing:
                     taken = state.take(c.index)
                 first = idx in prompt_ids_due
                 prompt_ids_due.discard(idx)
-                chunk = CompletionResponse(id=base_id, created=created, model=model_name, choices=[
+                chunk = CompletionStreamResponse(id=base_id, created=created, model=model_name, choices=[
                     CompletionChoice(index=idx, text=c.text, logprobs=lp, finish_reason=c.finish_reason,
                                      stop_reason=c.stop_reason, prompt_token_ids=prompts[p_idx] if first else None,
                                      # (the same tokens as the logprobs: see above)
@@ -1061,7 +1062,7 @@ class OpenAIServing:
         if self.include_usage(req):
             usage = _usage_of(sum(prompt_tokens.values()), sum(st.num_tokens for st in choices.values()),
                               self.reported_cached_tokens(sum(cached_tokens.values())))
-            yield _sse(CompletionResponse(id=base_id, created=created, model=model_name,
+            yield _sse(CompletionStreamResponse(id=base_id, created=created, model=model_name,
                                           choices=[], usage=usage))
         yield _sse("[DONE]")
 
@@ -1600,7 +1601,8 @@ class OpenAIServing:
         except EngineDeadError as exc:
             yield -1, _sse_error(str(exc), "ServiceUnavailableError", 503)
         except RequestFailedError as exc:  # (the engine logged why)
-            yield -1, _sse_error(str(exc), "InternalServerError", 500)
+            yield -1, _sse_error(str(exc), "ServiceUnavailableError" if exc.status == 503 else "InternalServerError",
+                                 exc.status)
         except Exception as exc:  # noqa: BLE001 - reported to the client, and logged
             yield -1, _sse_internal_error(exc, "stream")
 
