@@ -86,6 +86,9 @@ def _main(argv: list[str]) -> int:
     if subparser is not None:
         try:
             argv = normalize_argv(argv, subparser)
+            # (serve alone takes --config; elsewhere argparse refuses it as unrecognized.)
+            if command == "serve" and (CONFIG_FLAG in argv or any(a.startswith(CONFIG_FLAG + "=") for a in argv)):
+                argv = expand_config_file(argv, subparser)
         except ValueError as exc:
             print(f"forkless {command}: error: {exc}", file=sys.stderr)
             return 2
@@ -95,14 +98,6 @@ def _main(argv: list[str]) -> int:
     except DeprecatedError as exc:
         print(f"forkless: error: {exc}", file=sys.stderr)
         return 2
-    if command == "serve" and (CONFIG_FLAG in argv or any(a.startswith(CONFIG_FLAG + "=") for a in argv)):
-        # (serve alone takes --config; elsewhere argparse refuses it as unrecognized.)
-        if subparser is not None:
-            try:
-                argv = expand_config_file(argv, subparser)
-            except ValueError as exc:
-                print(f"forkless {command}: error: {exc}", file=sys.stderr)
-                return 2
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:
