@@ -27,6 +27,11 @@ Invariants:
       other ranks wait for it in a collective. Before raising, the executor kills the
       other actors and removes the placement group: the engine core may exit without
       calling :meth:`RayExecutor.shutdown`.
+    * An actor that dies while no call is in flight (the engine idle) is found by a
+      watch thread that pings every actor each second then, and reported to the failure
+      callback (:meth:`RayExecutor.register_failure_callback`) within a few seconds; the
+      engine core then fails as for a failed step. The watch only reports; releasing
+      is left to the engine core's shutdown.
     * Async scheduling keeps the ``mp`` executor's protocol: ``execute_model_async`` sends
       ``launch(seq, step)`` to every actor, which launches the step and only then finishes
       the one before it (so a device never waits for the host) and returns that one's
@@ -49,7 +54,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -83,6 +90,8 @@ _STARTUP_TIMEOUT_S = 900.0
 # How often startup says what the placement group still waits for.
 _PLACEMENT_WARN_S = 30.0
 _HEALTH_TIMEOUT_S = 30.0
+# How often the watch thread pings idle actors (see the module).
+_WATCH_INTERVAL_S = 1.0
 _SHUTDOWN_WAIT_S = 10.0
 # Steps bigger than this go to the object store once instead of once per actor.
 _INLINE_BYTES = 100_000
@@ -210,6 +219,40 @@ class RayWorkerActor:
             self.worker = None
 
 
+class _ActorWatch:
+    """A daemon thread that pings the executor's actors while nothing is in flight and
+    reports the first one found dead to the failure callback, once (at registration if
+    it died before). It holds the executor weakly: its finalizer must still run."""
+
+    def __init__(self, executor: RayExecutor) -> None:
+        self._executor = weakref.ref(executor)
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self._error: WorkerDiedError | None = None
+        self._callback: Callable[[BaseException], None] | None = None
+        threading.Thread(target=self._run, name="forkless-ray-watch", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.stopping.wait(_WATCH_INTERVAL_S):
+            executor = self._executor()
+            if executor is None:
+                return
+            error = executor._idle_death()
+            del executor
+            if error is not None and not self.stopping.is_set():
+                with self._lock:
+                    self._error, callback = error, self._callback
+                if callback is not None:
+                    callback(error)
+                return
+
+    def set_callback(self, callback: Callable[[BaseException], None]) -> None:
+        with self._lock:
+            self._callback, error = callback, self._error
+        if error is not None:
+            callback(error)
+
+
 class RayExecutor(RankedWorkersExecutor):
     """Workers in Ray actors, one per rank (``config.parallel_config.world_size``)."""
 
@@ -228,12 +271,42 @@ class RayExecutor(RankedWorkersExecutor):
         self._launched: list[Any] = []  # the refs of the last async launch, one per rank
         # seq -> the launch refs (of step seq + 1) that carry step seq's output.
         self._carriers: dict[int, list[Any]] = {}
+        self._watch: _ActorWatch | None = None
         try:
             self._connect()
             self._start()
         except BaseException:
             self.shutdown()
             raise
+        self._watch = _ActorWatch(self)
+
+    def register_failure_callback(self, callback: Callable[[BaseException], None]) -> None:
+        """See :meth:`Executor.register_failure_callback`: ``callback`` is called from the
+        watch thread when it finds an actor dead while the engine was idle."""
+        if self._watch is not None:
+            self._watch.set_callback(callback)
+
+    def _idle_death(self) -> WorkerDiedError | None:
+        """From the watch thread: the error naming an actor found dead by a ping, or
+        ``None`` (all answered, a call or a step is in flight, or the executor is done).
+        A ping that waits behind a call that started meanwhile counts as alive."""
+        actors = list(self.actors)
+        if self._closed or self._dead is not None or not actors or self._in_flight:
+            return None
+        refs = [actor.ping.remote() for actor in actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_HEALTH_TIMEOUT_S)
+        for rank, ref in enumerate(refs):
+            if ref not in ready:
+                continue
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                if self._closed or self._dead is not None:  # (shut down, or the main thread saw it first)
+                    return None
+                error = self._death_error(rank, exc, starting=False)
+                logger.error("%s", error)
+                return error
+        return None
 
     # -- startup ---------------------------------------------------------------------
     def _connect(self) -> None:
@@ -383,12 +456,16 @@ class RayExecutor(RankedWorkersExecutor):
         except ray.exceptions.RayError as exc:
             raise RuntimeError(f"worker {rank}: {what} failed in its Ray actor: {exc}") from None
 
-    def _died(self, rank: int, exc: Exception, starting: bool) -> WorkerDiedError:
+    def _death_error(self, rank: int, exc: Exception, starting: bool) -> WorkerDiedError:
+        """The error naming rank ``rank``'s actor, which ``exc`` says died."""
         info = self.actor_info[rank] if rank < len(self.actor_info) else {}
         where = f"pid {info['pid']} on node {info['ip']}" if info else "not placed yet"
         when = "while starting" if starting else "while the engine was running"
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        error = WorkerDiedError(f"worker {rank} (Ray actor, {where}) died {when}: {reason}")
+        return WorkerDiedError(f"worker {rank} (Ray actor, {where}) died {when}: {reason}")
+
+    def _died(self, rank: int, exc: Exception, starting: bool) -> WorkerDiedError:
+        error = self._death_error(rank, exc, starting)
         logger.error("%s; stopping the other workers", error)
         self._dead = error
         # The engine core may exit without shutdown(): leave nothing behind. No polite
@@ -529,6 +606,8 @@ class RayExecutor(RankedWorkersExecutor):
         if self._closed:
             return
         self._closed = True
+        if self._watch is not None:
+            self._watch.stopping.set()
         self._release()
         if self._joined_ray:
             self._joined_ray = False

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+import httpx
 import pytest
 
 from tests.conftest import plugin_env, run_python
@@ -230,6 +231,35 @@ def test_killed_actor_fails_the_request_within_seconds_and_leaves_nothing_behind
     assert (state["nodes"], state["placement_groups"], state["free_cpus"]) == (2, 0, state["cpus"]), state
 
 
+
+
+def test_an_actor_killed_while_the_engine_is_idle_fails_it_within_seconds(ray_cluster: RayCluster, tiny_llama: Path,
+                                                                         tmp_path: Path) -> None:
+    # Nothing in flight, nothing coming: the executor's watch pings the actors (an idle
+    # engine would otherwise learn of the death only at its next request, /health 200 meanwhile).
+    srv = start_server(tiny_llama, tmp_path, "--max-model-len", "512", "--distributed-executor-backend", "ray",
+                       "--served-model-name", "tiny", env_extra=ray_env(ray_cluster))
+    processes = descendants(srv.proc.pid)
+    try:
+        (pid, _), = actors(srv.log()).values()
+        assert completions(srv)
+        os.kill(pid, signal.SIGKILL)
+
+        def unhealthy() -> bool:
+            try:
+                return httpx.get(srv.url + "/health", timeout=5).status_code == 503
+            except httpx.HTTPError:
+                return True  # already shutting down
+        assert wait_until(unhealthy, 15, 0.1)
+        assert srv.proc.wait(60) != 0  # the server notices and shuts itself down
+        assert re.search(rf"worker 0 \(Ray actor, pid {pid} on node \S+\) died while the engine was running",
+                         srv.log()), srv.log()[-3000:]
+        assert wait_until(lambda: not any(alive(p) for p in processes), 15)
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    state = ray_cluster.state()
+    assert (state["placement_groups"], state["free_cpus"]) == (0, state["cpus"]), state
 
 
 def test_tp2_on_ray_puts_one_rank_on_each_node_and_serves_the_completions_of_mp_tp2(
