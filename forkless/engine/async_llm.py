@@ -544,6 +544,30 @@ class AsyncLLM:
         """Whether the engine sleeps (part of it may be awake already)."""
         return bool(await self._call_utility("is_sleeping"))
 
+    async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] = (),
+                             kwargs: dict[str, Any] | None = None) -> list[Any]:
+        """Run a worker method on every worker, between steps, as vLLM's
+        ``AsyncLLM.collective_rpc`` (``LLM.collective_rpc``'s rules: a public method of the
+        worker class or of ``worker_extension_cls``, by name; plain data both ways).
+
+        Returns:
+            One result per worker, by rank.
+
+        Raises:
+            TypeError: ``method`` is not a name, or the arguments or a result are not plain data.
+            RuntimeError: The worker has no such method, or it raised (the worker's message
+                and traceback), or ``timeout`` passed; the engine goes on.
+        """
+        if not isinstance(method, str):
+            raise TypeError(f"AsyncLLM.collective_rpc takes the name of a worker method, got {type(method).__name__}: "
+                            "the workers run in other processes")
+        return list(await self._call_utility("collective_rpc", method, timeout, list(args), kwargs or {}))
+
+    async def check_health(self) -> None:
+        """Raise :class:`EngineDeadError` unless the engine and every worker answer (a dead
+        worker fails the engine)."""
+        await self._call_utility("check_health")
+
     async def _call_utility(self, method: str, *args: Any) -> Any:
         """Call the engine core's ``method`` between its steps and wait for its answer.
 
@@ -807,7 +831,8 @@ class AsyncLLM:
             future = self._calls.get(data["call_id"])
             if future is not None and not future.done():
                 if "error" in data:
-                    error = {"ValueError": ValueError, "TypeError": TypeError}.get(data["kind"], RuntimeError)
+                    error = {"ValueError": ValueError, "TypeError": TypeError,
+                             "AttributeError": AttributeError}.get(data["kind"], RuntimeError)
                     future.set_exception(error(data["error"]))
                 else:
                     future.set_result(data["result"])

@@ -34,9 +34,12 @@ logger = init_logger("forkless.engine.core_proc")
 IDLE_POLL_MS = 100
 STATS_INTERVAL_S = 1.0
 # The engine core's methods a client may call between steps (ipc.UTILITY; AsyncLLM's
-# methods of the same names). Their refusals (ValueError, TypeError, RuntimeError) go
-# back to the caller; anything else fails the engine, as a failed step does.
-UTILITY_METHODS = frozenset({"reset_prefix_cache", "sleep", "wake_up", "is_sleeping"})
+# methods of the same names). Their refusals (ValueError, TypeError, RuntimeError,
+# AttributeError) go back to the caller, and whatever a worker method run by
+# collective_rpc raises; anything else fails the engine, as a failed step does, and so
+# does check_health's failure.
+UTILITY_METHODS = frozenset({"reset_prefix_cache", "sleep", "wake_up", "is_sleeping", "collective_rpc",
+                             "check_health"})
 
 
 class EngineCoreProc:
@@ -170,8 +173,15 @@ class EngineCoreProc:
                                                  f"{', '.join(sorted(UTILITY_METHODS))}", "kind": "ValueError"}
         try:
             result = getattr(self.core, method)(*call.get("args", ()), **call.get("kwargs", {}))
-        except (ValueError, TypeError, RuntimeError) as exc:
+            ipc.encode(result)  # (a worker method's result must cross as plain data)
+        except (ValueError, TypeError, RuntimeError, AttributeError) as exc:
+            if method == "check_health":
+                raise
             return {"call_id": call_id, "error": str(exc), "kind": type(exc).__name__}
+        except Exception as exc:
+            if method != "collective_rpc":
+                raise
+            return {"call_id": call_id, "error": f"{type(exc).__name__}: {exc}", "kind": "RuntimeError"}
         self._send_stats()  # (a reset or a sleep changes the cache's usage: show it)
         return {"call_id": call_id, "result": result}
 

@@ -515,3 +515,45 @@ def test_a_value_of_the_wrong_type_is_refused_and_never_reaches_the_engine_core(
             llm.shutdown()
 
     asyncio.run(main())
+
+
+def test_the_engine_cores_calls_run_between_steps_as_vllms_engine_client(tiny_llama: Path) -> None:
+    import pytest
+
+    async def main() -> None:
+        args = EngineArgs(model=str(tiny_llama), max_model_len=256, kv_cache_memory=32 << 20,
+                          distributed_executor_backend="mp", enable_sleep_mode=True,
+                          worker_extension_cls="tests.engine.worker_extensions.ModelInfoExtension")
+        llm = AsyncLLM.from_engine_args(args, log_stats=False)
+        greedy = SamplingParams(temperature=0, max_tokens=6)
+
+        async def text(rid: str) -> str:
+            async for out in llm.generate("Paris is", greedy, rid):
+                final = out
+            return final.outputs[0].text
+
+        try:
+            before = await text("a")
+            # A worker extension's method, by name, on every worker (RLHF frameworks' route).
+            assert await llm.collective_rpc("rank_and", args=([3],)) == [{"rank": 0, "value": [3]}]
+            assert (await llm.collective_rpc("num_parameters"))[0] > 0
+            with pytest.raises(RuntimeError, match="has no public method 'no_such_method'"):
+                await llm.collective_rpc("no_such_method")  # (the worker's error; the engine goes on)
+            with pytest.raises(TypeError, match="name of a worker method"):
+                await llm.collective_rpc(lambda worker: 1)  # type: ignore[arg-type]
+            await llm.check_health()
+            assert await llm.reset_prefix_cache() is True
+            await llm.sleep(2)
+            assert await llm.is_sleeping()
+            with pytest.raises(RuntimeError, match="sleeps already"):
+                await llm.sleep(1)
+            await llm.wake_up(["weights"])
+            await llm.wake_up()
+            assert not await llm.is_sleeping()
+            assert await text("b") == before  # the same weights and a working cache
+            with pytest.raises(ValueError, match="tags"):
+                await llm.wake_up(["bogus"])
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())
