@@ -258,6 +258,8 @@ class AsyncLLM:
         self._queues: dict[str, _OutputSlot] = {}
         self._slot_of: dict[str, _OutputSlot] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        # Set while sleep() drains or aborts the requests in flight: new ones are refused.
+        self._going_to_sleep = False
         # Utility calls awaiting the engine core's answer (_call_utility), by call id.
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._next_call_id = 0
@@ -511,34 +513,50 @@ class AsyncLLM:
         """
         return bool(await self._call_utility("reset_prefix_cache", reset_running_requests, reset_connector))
 
-    async def sleep(self, level: int = 1, abort_in_flight: bool = False) -> None:
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
         """vLLM's sleep mode (``--enable-sleep-mode``): the workers free their KV cache
         (``level`` 2: their weights too) until :meth:`wake_up`; requests are refused
-        meanwhile.
+        meanwhile (a 503 from the server).
 
         Args:
             level: 1 frees the KV cache, 2 the weights too.
-            abort_in_flight: Abort the requests in flight first (their streams end with
-                ``finish_reason`` ``abort``), as vLLM's server does (``mode=abort``).
+            mode: What happens to the requests in flight (vLLM's): ``"abort"`` ends them
+                first (their streams end with ``finish_reason`` ``abort``); ``"wait"``
+                lets them finish, refusing new ones meanwhile. (vLLM's ``"keep"``, which
+                holds them for after the wake-up, is refused.)
 
         Raises:
-            ValueError: Sleep mode is off, or ``level`` is not 1 or 2.
-            RuntimeError: Requests are in flight (without ``abort_in_flight``), or the
-                engine sleeps already.
+            ValueError: Sleep mode is off, ``level`` is not 1 or 2, or ``mode`` is not
+                ``abort`` or ``wait``.
+            RuntimeError: The engine sleeps already.
         """
-        if abort_in_flight and self._queues:
-            await self.abort(list(self._queues))
-        await self._call_utility("sleep", level)
+        if mode not in ("abort", "wait"):
+            raise ValueError(f"mode={mode!r} is invalid: expected 'abort' (end the requests in flight) or 'wait' "
+                             "(let them finish); 'keep' is not supported")
+        await self._call_utility("check_sleep", level)  # (before anything in flight ends)
+        self._going_to_sleep = True  # (new requests are refused from here)
+        try:
+            if mode == "abort" and self._queues:
+                await self.abort(list(self._queues))
+            while mode == "wait" and self._queues and not self.errored:
+                await asyncio.sleep(0.01)
+            await self._call_utility("sleep", level)
+        finally:
+            self._going_to_sleep = False
 
-    async def wake_up(self, tags: list[str] | None = None) -> None:
+    async def wake_up(self, tags: list[str] | None = None) -> bool:
         """Allocate again what :meth:`sleep` freed (``tags``: ``"weights"``, ``"kv_cache"``;
         ``None``: everything).
+
+        Returns:
+            Whether the engine is fully awake (vLLM's answer).
 
         Raises:
             ValueError: An unknown tag.
             RuntimeError: The engine does not sleep, or the KV cache is woken before the weights.
         """
         await self._call_utility("wake_up", tags)
+        return not await self._call_utility("is_sleeping")
 
     async def is_sleeping(self) -> bool:
         """Whether the engine sleeps (part of it may be awake already)."""
@@ -682,6 +700,8 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
         if self._refuse_new is not None:
             raise EngineShuttingDownError(self._refuse_new)
+        if self._going_to_sleep:
+            raise RequestFailedError("the engine is going to sleep (sleep()): no new requests until wake_up()", 503)
 
     def encode(self, prompt: Any, pooling_params: "PoolingParams | None", request_id: str, priority: int = 0,
                group_id: str | None = None, client_key: str | None = None

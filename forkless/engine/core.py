@@ -665,14 +665,7 @@ class EngineCore:
             ValueError: Sleep mode is off (``enable_sleep_mode``), or ``level`` is not 1 or 2.
             RuntimeError: Requests are in flight, or the engine sleeps already.
         """
-        if not self.config.model_config.enable_sleep_mode:
-            raise ValueError("sleep(): sleep mode is off: build the engine with enable_sleep_mode=True "
-                             "(LLM(model, enable_sleep_mode=True))")
-        if isinstance(level, bool) or level not in (1, 2):
-            raise ValueError(f"sleep level={level!r} is invalid: expected 1 (free the KV cache) or 2 "
-                             "(the KV cache and the weights)")
-        if self._sleeping:
-            raise RuntimeError(f"sleep(): the engine sleeps already ({', '.join(sorted(self._sleeping))})")
+        self.check_sleep(level)
         if self.has_unfinished_requests():
             raise RuntimeError("sleep(): requests are in flight: let them finish (or abort them) first")
         # The cache's contents are forgotten: no prefix may point into it afterwards.
@@ -680,6 +673,23 @@ class EngineCore:
             raise RuntimeError("sleep(): the prefix cache could not be reset (blocks are still held)")
         self.executor.collective_rpc("sleep", kwargs={"level": level})
         self._sleeping = {"kv_cache", "weights"} if level == 2 else {"kv_cache"}
+
+    def check_sleep(self, level: int) -> None:
+        """Raise what :meth:`sleep` would raise for ``level`` but for requests in flight
+        (``AsyncLLM.sleep`` asks before it ends them).
+
+        Raises:
+            ValueError: Sleep mode is off, or ``level`` is not 1 or 2.
+            RuntimeError: The engine sleeps already.
+        """
+        if not self.config.model_config.enable_sleep_mode:
+            raise ValueError("sleep(): sleep mode is off: build the engine with enable_sleep_mode=True "
+                             "(LLM(model, enable_sleep_mode=True); forkless serve --enable-sleep-mode)")
+        if isinstance(level, bool) or level not in (1, 2):
+            raise ValueError(f"sleep level={level!r} is invalid: expected 1 (free the KV cache) or 2 "
+                             "(the KV cache and the weights)")
+        if self._sleeping:
+            raise RuntimeError(f"sleep(): the engine sleeps already ({', '.join(sorted(self._sleeping))})")
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Allocate again what :meth:`sleep` freed: ``tags`` among ``"weights"`` and

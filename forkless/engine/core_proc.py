@@ -38,8 +38,8 @@ STATS_INTERVAL_S = 1.0
 # AttributeError) go back to the caller, and whatever a worker method run by
 # collective_rpc raises; anything else fails the engine, as a failed step does, and so
 # does check_health's failure.
-UTILITY_METHODS = frozenset({"reset_prefix_cache", "sleep", "wake_up", "is_sleeping", "collective_rpc",
-                             "check_health"})
+UTILITY_METHODS = frozenset({"reset_prefix_cache", "sleep", "check_sleep", "wake_up", "is_sleeping",
+                             "collective_rpc", "check_health"})
 
 
 class EngineCoreProc:

@@ -543,12 +543,27 @@ def test_the_engine_cores_calls_run_between_steps_as_vllms_engine_client(tiny_ll
                 await llm.collective_rpc(lambda worker: 1)  # type: ignore[arg-type]
             await llm.check_health()
             assert await llm.reset_prefix_cache() is True
-            await llm.sleep(2)
+            # mode="wait" (vLLM's): the request in flight finishes first; new ones are refused meanwhile.
+            async def long() -> tuple[int, str | None]:
+                async for out in llm.generate("Paris is", SamplingParams(max_tokens=200, ignore_eos=True), "long"):
+                    final = out
+                return len(final.outputs[0].token_ids), final.outputs[0].finish_reason
+
+            running = asyncio.ensure_future(long())
+            await asyncio.sleep(0.1)
+            sleeping = asyncio.ensure_future(llm.sleep(2, mode="wait"))
+            await asyncio.sleep(0.5)
+            assert not running.done() and not sleeping.done()
+            with pytest.raises(RuntimeError, match="going to sleep"):
+                llm.generate("Paris is", greedy, "refused")
+            assert await running == (200, "length") and (await sleeping) is None
             assert await llm.is_sleeping()
             with pytest.raises(RuntimeError, match="sleeps already"):
                 await llm.sleep(1)
-            await llm.wake_up(["weights"])
-            await llm.wake_up()
+            with pytest.raises(ValueError, match="mode='keep' is invalid"):
+                await llm.sleep(1, mode="keep")
+            assert await llm.wake_up(["weights"]) is False  # (the KV cache still sleeps)
+            assert await llm.wake_up() is True
             assert not await llm.is_sleeping()
             assert await text("b") == before  # the same weights and a working cache
             with pytest.raises(ValueError, match="tags"):

@@ -186,7 +186,7 @@ def test_vllms_dev_routes_sleep_wake_and_reset_the_engine(tiny_llama: Path, tmp_
         asleep = complete()  # refused, and the engine goes on sleeping
         assert asleep.status_code == 503 and "sleeps" in asleep.json()["error"]["message"], asleep.text
         for path, params, status, fragment in (("/sleep", {}, 409, "sleeps already"),
-                                               ("/sleep", {"mode": "keep"}, 400, "mode='keep'"),
+                                               ("/sleep", {"mode": "keep"}, 400, "mode='keep' is invalid"),
                                                ("/wake_up", {"tags": "bogus"}, 400, "'bogus'"),
                                                ("/wake_up", {"tags": "kv_cache"}, 409, "wake 'weights' first")):
             r = post(path, params=params)

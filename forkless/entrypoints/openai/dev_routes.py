@@ -1,7 +1,7 @@
 """vLLM's development routes, served with ``FORKLESS_SERVER_DEV_MODE=1``.
 
 ``POST /reset_prefix_cache`` (``?reset_running_requests=``, ``?reset_external=``) answers
-``{"success": bool}``; ``POST /sleep?level=1|2`` ``{"status": "sleeping", "level": N}``
+``{"success": bool}``; ``POST /sleep?level=1|2[&mode=abort|wait]`` ``{"status": "sleeping", "level": N}``
 (``--enable-sleep-mode``); ``POST /wake_up`` (``?tags=weights&tags=kv_cache``, none: all)
 ``{"status": "awake", "tags": [...] | null}``; ``GET /is_sleeping`` ``{"is_sleeping": bool}``.
 The same calls as ``AsyncLLM``'s methods of those names, run by the engine core between
@@ -12,8 +12,9 @@ Invariants:
       call the engine's state forbids now (asleep already, awake, the KV cache woken
       before the weights) is a 409; both with the OpenAI error body.
     * ``/sleep`` ends the requests in flight first (vLLM's default ``mode=abort``: their
-      streams end with ``finish_reason`` ``abort``); requests sent while the engine
-      sleeps are refused until ``/wake_up``.
+      streams end with ``finish_reason`` ``abort``), or lets them finish (``mode=wait``,
+      new ones refused meanwhile); requests sent while the engine sleeps are refused (503)
+      until ``/wake_up``.
 """
 
 from __future__ import annotations
@@ -56,17 +57,14 @@ def attach_dev_routes(app: FastAPI, engine: AsyncLLM) -> None:
 
     @app.post("/sleep")
     async def sleep(level: int = Query(default=1), mode: str = Query(default="abort")) -> dict[str, Any]:
-        if mode != "abort":
-            raise BadRequest(f"mode={mode!r} is not supported: /sleep ends the requests in flight first "
-                             "(mode=abort)", "mode")
-        await _answer(engine.sleep(level, abort_in_flight=True), "level")
+        await _answer(engine.sleep(level, mode), "mode" if mode not in ("abort", "wait") else "level")
         return {"status": "sleeping", "level": level}
 
     @app.post("/wake_up")
     async def wake_up(raw_request: Request) -> dict[str, Any]:
         tags = raw_request.query_params.getlist("tags") or None
-        await _answer(engine.wake_up(tags), "tags")
-        return {"status": "sleeping" if await engine.is_sleeping() else "awake", "tags": tags}
+        awake = await _answer(engine.wake_up(tags), "tags")
+        return {"status": "awake" if awake else "sleeping", "tags": tags}
 
     @app.get("/is_sleeping")
     async def is_sleeping() -> dict[str, bool]:
