@@ -521,7 +521,7 @@ def test_the_engine_cores_calls_run_between_steps_as_vllms_engine_client(tiny_ll
     import pytest
 
     async def main() -> None:
-        args = EngineArgs(model=str(tiny_llama), max_model_len=256, kv_cache_memory=32 << 20,
+        args = EngineArgs(model=str(tiny_llama), max_model_len=512, kv_cache_memory=32 << 20,
                           distributed_executor_backend="mp", enable_sleep_mode=True,
                           worker_extension_cls="tests.engine.worker_extensions.ModelInfoExtension")
         llm = AsyncLLM.from_engine_args(args, log_stats=False)
@@ -545,18 +545,26 @@ def test_the_engine_cores_calls_run_between_steps_as_vllms_engine_client(tiny_ll
             assert await llm.reset_prefix_cache() is True
             # mode="wait" (vLLM's): the request in flight finishes first; new ones are refused meanwhile.
             async def long() -> tuple[int, str | None]:
-                async for out in llm.generate("Paris is", SamplingParams(max_tokens=200, ignore_eos=True), "long"):
+                async for out in llm.generate("Paris is", SamplingParams(max_tokens=500, ignore_eos=True), "long"):
                     final = out
                 return len(final.outputs[0].token_ids), final.outputs[0].finish_reason
 
+            async def refused() -> str:
+                # generate() refuses at once (a stream not iterated sends nothing): ask
+                # until the drain has begun.
+                while True:
+                    try:
+                        llm.generate("Paris is", greedy, "refused")
+                    except RuntimeError as exc:
+                        return str(exc)
+                    await asyncio.sleep(0.005)
+
             running = asyncio.ensure_future(long())
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.05)
             sleeping = asyncio.ensure_future(llm.sleep(2, mode="wait"))
-            await asyncio.sleep(0.5)
-            assert not running.done() and not sleeping.done()
-            with pytest.raises(RuntimeError, match="going to sleep"):
-                llm.generate("Paris is", greedy, "refused")
-            assert await running == (200, "length") and (await sleeping) is None
+            assert "going to sleep" in await asyncio.wait_for(refused(), 30)
+            assert not running.done()  # refused while the request in flight still ran
+            assert await running == (500, "length") and (await sleeping) is None
             assert await llm.is_sleeping()
             with pytest.raises(RuntimeError, match="sleeps already"):
                 await llm.sleep(1)
