@@ -555,8 +555,7 @@ class AsyncLLM:
             ValueError: An unknown tag.
             RuntimeError: The engine does not sleep, or the KV cache is woken before the weights.
         """
-        await self._call_utility("wake_up", tags)
-        return not await self._call_utility("is_sleeping")
+        return bool(await self._call_utility("wake_up", tags))
 
     async def is_sleeping(self) -> bool:
         """Whether the engine sleeps (part of it may be awake already)."""
@@ -844,8 +843,10 @@ class AsyncLLM:
             data = ipc.decode(payload)
             queue = self._slot_of.get(data["request_id"])
             if queue is not None:
-                queue.put_nowait(RequestFailedError(data["error"], data.get("status", 500)) if data.get("failed")
-                                 else InvalidRequestError(data["error"]))
+                # (With an HTTP status the request failed in the engine; without, it was refused.)
+                status = data.get("status")
+                queue.put_nowait(InvalidRequestError(data["error"]) if status is None
+                                 else RequestFailedError(data["error"], status))
         elif kind == ipc.UTILITY_RESULT:
             data = ipc.decode(payload)
             future = self._calls.get(data["call_id"])

@@ -291,30 +291,36 @@ class EngineCore:
         if failed:
             ids = list(failed)
             self.scheduler.finish_requests(ids, FinishReason.ABORT)
-            self._structured.finish(ids)
-            if self._lora_of:
-                self._lora_done(ids)
+            self._forget_failed(ids)
             self._request_errors.extend(failed.items())
         return runner_output
+
+    def _forget_failed(self, ids: list[str]) -> None:
+        """Drop the grammars and adapter counts of requests the scheduler has finished as
+        failed (they have no last output to do it)."""
+        self._structured.finish(ids)
+        if self._lora_of:
+            self._lora_done(ids)
 
     def take_request_failures(self) -> list[tuple[str, str]]:
         """``(request id, reason)`` of the requests that failed on the server's side since
         the last call (the scheduler ended them: ``take_failed_requests``); they are
         finished already. Their clients get a server error (HTTP 500), not a refusal."""
         failures, self._request_failures = self._request_failures, []
-        if self._events:
-            for rid, _ in failures:
-                self._events.pop(rid, None)
-        return failures
+        return self._without_events(failures)
 
     def take_request_errors(self) -> list[tuple[str, str]]:
         """``(request id, reason)`` of the requests failed since the last call (a worker could
         not run them: their LoRA adapter failed to load); they are finished already."""
         errors, self._request_errors = self._request_errors, []
+        return self._without_events(errors)
+
+    def _without_events(self, taken: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """``taken`` (failed requests, handed to their callers), their recorded events dropped."""
         if self._events:
-            for rid, _ in errors:
+            for rid, _ in taken:
                 self._events.pop(rid, None)
-        return errors
+        return taken
 
     def _admit_compiled(self) -> None:
         """Queue the constrained requests whose grammar is ready; fail those whose
@@ -383,10 +389,7 @@ class EngineCore:
     def _finished(self, outputs: list, defer_advance: bool = False) -> list:
         failures = self.scheduler.take_failed_requests()
         if failures:
-            ids = [rid for rid, _ in failures]
-            self._structured.finish(ids)
-            if self._lora_of:
-                self._lora_done(ids)
+            self._forget_failed([rid for rid, _ in failures])
             self._request_failures.extend(failures)
         if self._structured.has_grammars():
             # Advance the grammars (with defer_advance, on the fill thread started next,
@@ -691,9 +694,12 @@ class EngineCore:
         if self._sleeping:
             raise RuntimeError(f"sleep(): the engine sleeps already ({', '.join(sorted(self._sleeping))})")
 
-    def wake_up(self, tags: list[str] | None = None) -> None:
+    def wake_up(self, tags: list[str] | None = None) -> bool:
         """Allocate again what :meth:`sleep` freed: ``tags`` among ``"weights"`` and
         ``"kv_cache"`` (``None``: everything). A tag that does not sleep is left alone.
+
+        Returns:
+            Whether the engine is fully awake now (``AsyncLLM.wake_up``'s answer, vLLM's).
 
         Raises:
             ValueError: An unknown tag.
@@ -714,6 +720,7 @@ class EngineCore:
         if wanted:
             self.executor.collective_rpc("wake_up", kwargs={"tags": sorted(wanted)})
         self._sleeping -= wanted
+        return not self._sleeping
 
     def is_sleeping(self) -> bool:
         """Whether the engine sleeps (part of it may have been woken already)."""

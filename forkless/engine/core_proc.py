@@ -110,8 +110,7 @@ class EngineCoreProc:
             except ValueError as exc:
                 self._send(ipc.REQUEST_ERROR, {"request_id": req.request_id, "error": str(exc)})
             except EngineSleepingError as exc:  # refused alone, a 503; the engine goes on sleeping
-                self._send(ipc.REQUEST_ERROR, {"request_id": req.request_id, "error": str(exc), "failed": True,
-                                               "status": 503})
+                self._send(ipc.REQUEST_ERROR, {"request_id": req.request_id, "error": str(exc), "status": 503})
         elif kind == ipc.UTILITY:
             self._send(ipc.UTILITY_RESULT, self._utility(ipc.decode(payload)))
         elif kind == ipc.ABORT:
@@ -159,8 +158,7 @@ class EngineCoreProc:
                 # Requests that failed on this side (a KV load under kv_load_failure_policy
                 # "fail"): a server error for their clients, not a refusal.
                 for request_id, reason in self.core.take_request_failures():
-                    self._send(ipc.REQUEST_ERROR, {"request_id": request_id, "error": reason, "failed": True,
-                                                   "status": 500})
+                    self._send(ipc.REQUEST_ERROR, {"request_id": request_id, "error": reason, "status": 500})
                 self.last_stats = time.monotonic()
             elif time.monotonic() - self.last_stats > STATS_INTERVAL_S:
                 self._send_stats()

@@ -310,8 +310,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     @app.exception_handler(RequestFailedError)
     async def _failed(_: Request, exc: RequestFailedError) -> JSONResponse:
         # One request failed in the engine (which logged why), or the engine sleeps; no traceback here.
-        return error_response(str(exc), exc.status,
-                              "ServiceUnavailableError" if exc.status == 503 else "InternalServerError")
+        return error_response(str(exc), exc.status)
 
     @app.exception_handler(Exception)
     async def _internal(_: Request, exc: Exception) -> JSONResponse:

@@ -45,7 +45,7 @@ from forkless.engine.detokenizer import IncrementalDetokenizer
 from forkless.engine.processor import NoChatTemplateError, message_text
 from forkless.entrypoints.openai.chat_options import ChatOptions
 from forkless.entrypoints.openai.chat_parsing import ChoiceParser, checked_return, make_choice_parser
-from forkless.entrypoints.openai.errors import BadRequest, quoted
+from forkless.entrypoints.openai.errors import BadRequest, error_type, quoted
 from forkless.entrypoints.openai.http_limits import DEFAULT_MAX_SEQUENCES_PER_REQUEST
 from forkless.entrypoints.openai.serving_models import ServingModels
 from forkless.protocol.openai import (
@@ -1601,8 +1601,7 @@ class OpenAIServing:
         except EngineDeadError as exc:
             yield -1, _sse_error(str(exc), "ServiceUnavailableError", 503)
         except RequestFailedError as exc:  # (the engine logged why)
-            yield -1, _sse_error(str(exc), "ServiceUnavailableError" if exc.status == 503 else "InternalServerError",
-                                 exc.status)
+            yield -1, _sse_error(str(exc), error_type(exc.status), exc.status)
         except Exception as exc:  # noqa: BLE001 - reported to the client, and logged
             yield -1, _sse_internal_error(exc, "stream")
 
