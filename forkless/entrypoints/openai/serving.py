@@ -403,8 +403,10 @@ def _refused_field(message: str, req: SamplingFields) -> str | None:
         return "response_format" if by_format else "structured_outputs"
     if message.startswith("the prompt"):
         return "messages" if chat else "prompt"
-    if message.startswith("thinking_token_budget"):  # the engine's: no reasoning markers
-        return "thinking_token_budget"
+    # The engine's own checks of these: no reasoning markers; no KV connector.
+    for field in ("thinking_token_budget", "kv_transfer_params"):
+        if message.startswith(field):
+            return field
     match = re.match(r"(?:(?:Sampling|BeamSearch)Params\.)?(\w+)(?:=|\[| has )", message)
     if match is None:
         return None
@@ -719,13 +721,6 @@ class OpenAIServing:
         except ValueError as exc:
             raise BadRequest(str(exc), field) from None
 
-    def check_kv_transfer_params(self, req: SamplingFields) -> None:
-        """Refuse ``kv_transfer_params`` where no KV connector would read them (vLLM
-        logs a warning and drops them)."""
-        if req.kv_transfer_params is not None and self.engine.config.kv_transfer_config is None:
-            raise BadRequest("kv_transfer_params are for a KV connector, and this server has none: start it with "
-                             "--kv-transfer-config", "kv_transfer_params")
-
     @functools.cached_property
     def sampling_defaults(self) -> dict[str, Any]:
         """What requests sample with where they set nothing (``--generation-config``)."""
@@ -856,7 +851,6 @@ class OpenAIServing:
             self._check_prompt(ids, max_tokens)
         self.check_logprobs("logprobs", req.logprobs)
         self.check_logprobs("prompt_logprobs", req.prompt_logprobs)
-        self.check_kv_transfer_params(req)
         base_id, engine_id = _request_ids("cmpl", req.request_id, raw_request)
         if req.use_beam_search:
             params = [to_beam_search_params(req, max_tokens, self._default_max_tokens(len(ids)), req.logprobs,
@@ -1285,7 +1279,6 @@ class OpenAIServing:
             # (0 asks for nothing without logprobs, as vLLM takes it.)
             raise BadRequest("top_logprobs requires logprobs to be true", "top_logprobs")
         self.check_logprobs("top_logprobs", top)
-        self.check_kv_transfer_params(req)
         params: SamplingParams | BeamSearchParams
         if req.use_beam_search and forced is not None:
             raise BadRequest('tool_choice "required" or a named function constrains the output, which beam '
