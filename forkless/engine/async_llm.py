@@ -24,6 +24,7 @@ import msgspec
 
 from forkless import envs
 from forkless.protocol import ipc
+from forkless.protocol.engine import check_pause_mode
 from forkless.engine.core_client_mp import EngineCoreClient, EngineDeadError
 from forkless.engine.main_guard import check_not_bootstrapping
 from forkless.engine.output_processor import OutputProcessor
@@ -71,7 +72,7 @@ class InvalidRequestError(ValueError):
 class RequestFailedError(RuntimeError):
     """A request failed on the engine's side, the others going on: a server error, not the
     client's. ``status`` is its HTTP status: 500 (its KV cache failed to load under
-    ``kv_load_failure_policy: fail``) or 503 (the engine sleeps: ``sleep``)."""
+    ``kv_load_failure_policy: fail``)."""
 
     def __init__(self, message: str, status: int = 500) -> None:
         super().__init__(message)
@@ -258,8 +259,6 @@ class AsyncLLM:
         self._queues: dict[str, _OutputSlot] = {}
         self._slot_of: dict[str, _OutputSlot] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        # Set while sleep() drains or aborts the requests in flight: new ones are refused.
-        self._going_to_sleep = False
         # Utility calls awaiting the engine core's answer (_call_utility), by call id.
         self._calls: dict[int, asyncio.Future[Any]] = {}
         self._next_call_id = 0
@@ -513,52 +512,91 @@ class AsyncLLM:
         """
         return bool(await self._call_utility("reset_prefix_cache", reset_running_requests, reset_connector))
 
-    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
-        """vLLM's sleep mode (``--enable-sleep-mode``): the workers free their KV cache
-        (``level`` 2: their weights too) until :meth:`wake_up`; requests are refused
-        meanwhile (a 503 from the server).
+    async def pause_generation(self, *, mode: str = "abort", clear_cache: bool = True) -> None:
+        """Stop generating until :meth:`resume_generation` (vLLM's, for weight updates:
+        ``collective_rpc`` while paused). Requests sent meanwhile are taken and wait, in
+        order; they run after the resume.
 
         Args:
-            level: 1 frees the KV cache, 2 the weights too.
-            mode: What happens to the requests in flight (vLLM's): ``"abort"`` ends them
-                first (their streams end with ``finish_reason`` ``abort``); ``"wait"``
-                lets them finish, refusing new ones meanwhile. (vLLM's ``"keep"``, which
-                holds them for after the wake-up, is refused.)
+            mode: What happens to the requests in flight: ``"abort"`` ends them (their
+                streams end with ``finish_reason`` ``abort``); ``"wait"`` lets them
+                finish; ``"keep"`` freezes them where they are, their KV cache kept, to go
+                on after the resume.
+            clear_cache: Forget the prefix cache once nothing runs (not with ``keep``,
+                whose frozen requests hold their blocks).
+
+        Returns once the pause has taken hold: nothing runs on the device.
 
         Raises:
-            ValueError: Sleep mode is off, ``level`` is not 1 or 2, or ``mode`` is not
-                ``abort`` or ``wait``.
+            ValueError: ``mode`` is not one of the three, or ``clear_cache`` is not a bool.
+        """
+        check_pause_mode(mode)
+        if not isinstance(clear_cache, bool):
+            raise ValueError(f"clear_cache={clear_cache!r} is invalid: expected True or False")
+        # The requests in flight now, before the pause reaches the engine core (no await
+        # in between): those that come later wait for the resume instead of ending.
+        in_flight = list(self._queues) if mode == "abort" else []
+        await self._call_utility("pause", mode == "keep")
+        if in_flight:
+            await self.abort(in_flight)
+        while not await self._call_utility("is_pause_complete"):
+            if self.errored:
+                raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
+            await asyncio.sleep(0.01)
+        if clear_cache and mode != "keep":
+            await self._call_utility("reset_prefix_cache")
+
+    async def resume_generation(self) -> None:
+        """End :meth:`pause_generation`'s pause (none: nothing to do): the requests that
+        waited run, in the order they came.
+
+        Raises:
+            RuntimeError: The engine sleeps (:meth:`wake_up` resumes once all is awake).
+        """
+        await self._call_utility("resume")
+
+    async def is_paused(self) -> bool:
+        """Whether the engine is paused (:meth:`pause_generation`, or asleep: :meth:`sleep`)."""
+        return bool(await self._call_utility("is_paused"))
+
+    async def sleep(self, level: int = 1, mode: str = "abort") -> None:
+        """vLLM's sleep mode: pause (:meth:`pause_generation`), then the workers free their
+        KV cache (``level`` 2: their weights too; ``--enable-sleep-mode``) until
+        :meth:`wake_up`. Requests sent meanwhile wait for the wake-up.
+
+        Args:
+            level: 0 only pauses (no sleep mode needed), 1 frees the KV cache, 2 the
+                weights too.
+            mode: What happens to the requests in flight, as :meth:`pause_generation`'s
+                (``keep`` only with level 0: freeing the KV cache would lose theirs).
+
+        Raises:
+            ValueError: Sleep mode is off (level 1 or 2), ``level`` is not 0, 1 or 2, or
+                ``mode`` is not a pause mode (or ``keep`` above level 0).
             RuntimeError: The engine sleeps already.
         """
-        if mode not in ("abort", "wait"):
-            raise ValueError(f"mode={mode!r} is invalid: expected 'abort' (end the requests in flight) or 'wait' "
-                             "(let them finish); 'keep' is not supported")
-        await self._call_utility("check_sleep", level)  # (before anything in flight ends)
-        self._going_to_sleep = True  # (new requests are refused from here)
-        try:
-            if mode == "abort" and self._queues:
-                await self.abort(list(self._queues))
-            while mode == "wait" and self._queues and not self.errored:
-                await asyncio.sleep(0.01)
-            await self._call_utility("sleep", level)
-        finally:
-            self._going_to_sleep = False
+        await self._call_utility("check_sleep", level, mode)  # (before anything in flight ends)
+        await self.pause_generation(mode=mode, clear_cache=False)
+        if level:
+            await self._call_utility("sleep", level)  # (it forgets the prefix cache)
 
     async def wake_up(self, tags: list[str] | None = None) -> bool:
         """Allocate again what :meth:`sleep` freed (``tags``: ``"weights"``, ``"kv_cache"``;
-        ``None``: everything).
+        ``None``: everything; ``"scheduling"``: the pause), resuming once all is awake.
 
         Returns:
             Whether the engine is fully awake (vLLM's answer).
 
         Raises:
             ValueError: An unknown tag.
-            RuntimeError: The engine does not sleep, or the KV cache is woken before the weights.
+            RuntimeError: The engine neither sleeps nor is paused, or the KV cache is woken
+                before the weights.
         """
         return bool(await self._call_utility("wake_up", tags))
 
     async def is_sleeping(self) -> bool:
-        """Whether the engine sleeps (part of it may be awake already)."""
+        """Whether the engine sleeps (part of it may be awake already) or is paused
+        (vLLM's answer)."""
         return bool(await self._call_utility("is_sleeping"))
 
     async def collective_rpc(self, method: str, timeout: float | None = None, args: tuple[Any, ...] = (),
@@ -699,8 +737,6 @@ class AsyncLLM:
             raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
         if self._refuse_new is not None:
             raise EngineShuttingDownError(self._refuse_new)
-        if self._going_to_sleep:
-            raise RequestFailedError("the engine is going to sleep (sleep()): no new requests until wake_up()", 503)
 
     def encode(self, prompt: Any, pooling_params: "PoolingParams | None", request_id: str, priority: int = 0,
                group_id: str | None = None, client_key: str | None = None

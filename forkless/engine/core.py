@@ -17,7 +17,7 @@ from forkless import envs
 from forkless.core.request import Request, RequestStatus
 from forkless.protocol.step import EngineCoreEvent, EngineCoreEventType, FinishReason, SpecDecodeStats
 from forkless.core.sched import KVCacheConfig, get_scheduler_cls
-from forkless.protocol.engine import EngineCoreOutputs
+from forkless.protocol.engine import EngineCoreOutputs, check_pause_mode
 from forkless.executor import get_executor_cls
 from forkless.logger import init_logger
 from forkless.metrics.step_trace import StepTrace
@@ -37,8 +37,9 @@ logger = init_logger(__name__)
 
 
 class EngineSleepingError(RuntimeError):
-    """A request came while the engine sleeps (:meth:`EngineCore.sleep`): refused alone,
-    the engine going on."""
+    """A request came while the engine sleeps (:meth:`EngineCore.sleep`) unpaused (an
+    offline ``LLM``, which cannot wait for a wake-up): refused alone, the engine going on."""
+
 
 
 class EngineCore:
@@ -73,6 +74,12 @@ class EngineCore:
         self._trace_wait = self._trace_update = self._trace_mask = 0.0
         # Sleep mode (sleep / wake_up): what the workers have freed.
         self._sleeping: set[str] = set()
+        # vLLM's pause (pause / resume; AsyncLLM.pause_generation and sleep): None, "new"
+        # (nothing new is admitted; what the scheduler holds runs on) or "all" (nothing
+        # is stepped). Requests that arrive meanwhile wait here, in arrival order, with
+        # their adapter, and go to the scheduler on resume().
+        self._paused: str | None = None
+        self._pause_held: dict[str, tuple[Request, LoRARequest | None]] = {}
         self.executor = get_executor_cls(config.parallel_config.distributed_executor_backend)(config)
         try:
             num_blocks = self.executor.determine_num_blocks()
@@ -183,9 +190,10 @@ class EngineCore:
             ValueError: It can never be served (empty prompt, prompt of ``max_model_len``
                 tokens or more, duplicate id), or it names a LoRA adapter and the engine
                 was started without ``--enable-lora``.
-            EngineSleepingError: The engine sleeps (:meth:`sleep`).
+            EngineSleepingError: The engine sleeps (:meth:`sleep`) and is not paused
+                (paused, the request waits for :meth:`resume`).
         """
-        if self._sleeping:
+        if self._sleeping and self._paused is None:
             raise EngineSleepingError(f"request {request.request_id!r}: the engine sleeps "
                                       f"({', '.join(sorted(self._sleeping))}): call wake_up() first")
         salt: Any = request.cache_salt
@@ -227,7 +235,13 @@ class EngineCore:
             self._events[request.request_id] = [EngineCoreEvent(EngineCoreEventType.QUEUED, time.monotonic())]
 
     def _queue(self, core_request: Request, lora: LoRARequest | None) -> None:
-        """Hand a request to the scheduler (or hold it for an adapter slot)."""
+        """Hand a request to the scheduler (or hold it for an adapter slot, or until
+        :meth:`resume` while paused)."""
+        if self._paused is not None:
+            if core_request.request_id in self._pause_held:
+                raise ValueError(f"duplicate request id {core_request.request_id!r}")
+            self._pause_held[core_request.request_id] = (core_request, lora)
+            return
         if lora is None:
             self.scheduler.add_request(core_request)
             return
@@ -410,9 +424,10 @@ class EngineCore:
     def abort_requests(self, request_ids: Iterable[str], finish_reason: FinishReason = FinishReason.ABORT) -> None:
         """Finish requests now (client gone, stop string hit). Unknown ids are ignored."""
         ids = list(request_ids)
-        if self._grammar_held:
-            for rid in ids:
-                self._grammar_held.pop(rid, None)
+        for held in (self._grammar_held, self._pause_held):
+            if held:
+                for rid in ids:
+                    held.pop(rid, None)
         self._structured.finish(ids)
         if self._lora_held:
             gone = set(ids)
@@ -439,6 +454,8 @@ class EngineCore:
                 # aborts are still read.
                 self._structured.wait(0.05)
                 self._admit_compiled()
+        if self._paused == "all":
+            return self._outputs(self._collect_launched())
         if self._max_batches > 1:
             return self._step_batches()
         if self.async_scheduling:
@@ -579,24 +596,43 @@ class EngineCore:
             self._trace_update += self._trace.now() - t1
         return outputs, started
 
+    def _collect_launched(self) -> list:
+        """Collect every launched step, launching none (paused with mode ``keep``)."""
+        outputs: list = []
+        if self._pending is not None:
+            outputs += self._collect_pending()[0]
+        while self._batches:
+            outputs += self._collect(self._batches.popleft())[0]
+        return outputs
+
     def has_unfinished_requests(self) -> bool:
-        """Whether any request is waiting or running (or a launched step is uncollected)."""
+        """Whether any request is waiting or running (or a launched step is uncollected);
+        requests held by a pause (until :meth:`resume`) are not counted."""
         return (self.scheduler.has_unfinished_requests() or self._pending is not None or bool(self._batches)
                 or bool(self._lora_held)
                 or bool(self._grammar_held))
+
+    def has_work(self) -> bool:
+        """Whether :meth:`step` has anything to do: requests to run (none while paused with
+        mode ``keep``), or a launched step to collect."""
+        if self._paused == "all":
+            return self._pending is not None or bool(self._batches)
+        return self.has_unfinished_requests()
 
     def make_stats(self) -> SchedulerStats:
         """Queue lengths, KV usage and prefix-cache counters."""
         stats = self.scheduler.make_stats()
         stats.num_waiting += len(self._lora_held)  # held for an adapter slot: waiting too
         stats.num_waiting += len(self._grammar_held)  # and for a grammar
-        if self._lora_of or self._lora_held:
+        stats.num_waiting += len(self._pause_held)  # and for resume()
+        paused_loras = [lora for _, lora in self._pause_held.values() if lora is not None]
+        if self._lora_of or self._lora_held or paused_loras:
             running: Counter[str] = Counter()
             waiting: Counter[str] = Counter()
             for rid, request in self._lora_requests.items():
                 name = self._lora_of[rid].lora_name
                 (running if request.status == RequestStatus.RUNNING else waiting)[name] += 1
-            for _, lora in self._lora_held:
+            for lora in [lora for _, lora in self._lora_held] + paused_loras:
                 waiting[lora.lora_name] += 1
             stats.running_lora_adapters = dict(running)
             stats.waiting_lora_adapters = dict(waiting)
@@ -659,16 +695,62 @@ class EngineCore:
         """Run a worker method on every worker (:meth:`Executor.collective_rpc`); results by rank."""
         return self.executor.collective_rpc(method, timeout, args, kwargs)
 
+    def pause(self, keep: bool = False) -> None:
+        """vLLM's pause (``AsyncLLM.pause_generation``): no request is admitted until
+        :meth:`resume`; requests that arrive meanwhile are held, in order. The requests the
+        scheduler holds run on (they drain: :meth:`is_pause_complete`), or, with ``keep``,
+        are frozen where they are (no step is launched; the one in flight is collected).
+        Pausing a paused engine changes only ``keep``."""
+        self._paused = "all" if keep else "new"
+
+    def is_pause_complete(self) -> bool:
+        """Whether the pause has taken hold: paused, and nothing runs (with ``keep``: no
+        step in flight; else no request left but the held ones)."""
+        if self._paused == "all":
+            return self._pending is None and not self._batches
+        return self._paused == "new" and not self.has_unfinished_requests()
+
+    def resume(self) -> None:
+        """End a pause (none: nothing to do): the held requests go to the scheduler, in
+        arrival order (one it refuses fails alone: ``take_request_errors``).
+
+        Raises:
+            RuntimeError: Part of the engine sleeps (:meth:`wake_up` resumes once all is awake).
+        """
+        if self._sleeping:
+            raise RuntimeError(f"resume(): the engine sleeps ({', '.join(sorted(self._sleeping))}): "
+                               "call wake_up(), which resumes once all is awake")
+        self._paused = None
+        held, self._pause_held = self._pause_held, {}
+        for rid, (request, lora) in held.items():
+            try:
+                self._queue(request, lora)
+            except ValueError as exc:  # (an id the scheduler took meanwhile)
+                self._forget_failed([rid])
+                self._request_errors.append((rid, str(exc)))
+
+    def is_paused(self) -> bool:
+        """Whether the engine is paused (by :meth:`pause`, or by a server's sleep)."""
+        return self._paused is not None
+
     def sleep(self, level: int = 1) -> None:
         """vLLM's sleep mode: the workers free their KV cache (``level`` 2: their weights
         too, :meth:`forkless.worker.worker.Worker.sleep`) until :meth:`wake_up`; the prefix
-        cache is forgotten. Requests are refused meanwhile.
+        cache is forgotten. Unpaused (offline), requests are refused meanwhile; paused (a
+        server's sleep: ``AsyncLLM.sleep``), they wait for the wake-up. ``level`` 0 only
+        pauses (``AsyncLLM.sleep`` does that; it frees nothing).
 
         Raises:
-            ValueError: Sleep mode is off (``enable_sleep_mode``), or ``level`` is not 1 or 2.
+            ValueError: Sleep mode is off (``enable_sleep_mode``), or ``level`` is not 1 or 2
+                (0 while not paused).
             RuntimeError: Requests are in flight, or the engine sleeps already.
         """
+        if level == 0 and not isinstance(level, bool) and self._paused is None:
+            raise ValueError("sleep(level=0) pauses scheduling, which only a server's engine does "
+                             "(AsyncLLM.sleep(0), POST /sleep?level=0): expected 1 or 2")
         self.check_sleep(level)
+        if level == 0:
+            return
         if self.has_unfinished_requests():
             raise RuntimeError("sleep(): requests are in flight: let them finish (or abort them) first")
         # The cache's contents are forgotten: no prefix may point into it afterwards.
@@ -677,42 +759,52 @@ class EngineCore:
         self.executor.collective_rpc("sleep", kwargs={"level": level})
         self._sleeping = {"kv_cache", "weights"} if level == 2 else {"kv_cache"}
 
-    def check_sleep(self, level: int) -> None:
+    def check_sleep(self, level: int, mode: str = "abort") -> None:
         """Raise what :meth:`sleep` would raise for ``level`` but for requests in flight
-        (``AsyncLLM.sleep`` asks before it ends them).
+        (``AsyncLLM.sleep`` asks before it pauses and ends them).
 
         Raises:
-            ValueError: Sleep mode is off, or ``level`` is not 1 or 2.
+            ValueError: Sleep mode is off (levels 1 and 2), ``level`` is not 0, 1 or 2, or
+                ``mode`` is not a pause mode (``keep`` only with level 0, which frees nothing:
+                the kept requests' KV cache would be lost).
             RuntimeError: The engine sleeps already.
         """
-        if not self.config.model_config.enable_sleep_mode:
+        if isinstance(level, bool) or level not in (0, 1, 2):
+            raise ValueError(f"sleep level={level!r} is invalid: expected 0 (pause scheduling), 1 (free the KV "
+                             "cache) or 2 (the KV cache and the weights)")
+        check_pause_mode(mode)
+        if level and mode == "keep":
+            raise ValueError(f"mode='keep' with sleep level {level} is not supported: the kept requests' KV cache "
+                             "would be freed; use mode 'abort' or 'wait', or level 0")
+        if level and not self.config.model_config.enable_sleep_mode:
             raise ValueError("sleep(): sleep mode is off: build the engine with enable_sleep_mode=True "
                              "(LLM(model, enable_sleep_mode=True); forkless serve --enable-sleep-mode)")
-        if isinstance(level, bool) or level not in (1, 2):
-            raise ValueError(f"sleep level={level!r} is invalid: expected 1 (free the KV cache) or 2 "
-                             "(the KV cache and the weights)")
         if self._sleeping:
             raise RuntimeError(f"sleep(): the engine sleeps already ({', '.join(sorted(self._sleeping))})")
 
     def wake_up(self, tags: list[str] | None = None) -> bool:
         """Allocate again what :meth:`sleep` freed: ``tags`` among ``"weights"`` and
-        ``"kv_cache"`` (``None``: everything). A tag that does not sleep is left alone.
+        ``"kv_cache"`` (``None``: everything; vLLM's ``"scheduling"`` names the pause, which
+        ends once all is awake). A tag that does not sleep is left alone.
 
         Returns:
-            Whether the engine is fully awake now (``AsyncLLM.wake_up``'s answer, vLLM's).
+            Whether the engine is fully awake now (``AsyncLLM.wake_up``'s answer, vLLM's);
+            then a pause ends too (:meth:`resume`).
 
         Raises:
             ValueError: An unknown tag.
-            RuntimeError: The engine does not sleep, or ``kv_cache`` is woken while the
-                weights still sleep.
+            RuntimeError: The engine neither sleeps nor is paused, or ``kv_cache`` is woken
+                while the weights still sleep.
         """
         if tags is not None and (isinstance(tags, str) or not isinstance(tags, (list, tuple, set))):
-            raise TypeError(f"wake_up tags must be a list of 'weights' / 'kv_cache' or None, got {tags!r}")
-        wanted = set(self._sleeping if tags is None else tags)
+            raise TypeError(f"wake_up tags must be a list of 'weights' / 'kv_cache' / 'scheduling' or None, "
+                            f"got {tags!r}")
+        wanted = set(self._sleeping if tags is None else tags) - {"scheduling"}
         unknown = sorted(map(str, wanted - {"weights", "kv_cache"}))
         if unknown:
-            raise ValueError(f"wake_up tags {unknown} are invalid: expected 'weights' and/or 'kv_cache'")
-        if not self._sleeping:
+            raise ValueError(f"wake_up tags {unknown} are invalid: expected 'weights', 'kv_cache' and/or "
+                             "'scheduling'")
+        if not self._sleeping and self._paused is None:
             raise RuntimeError("wake_up(): the engine is not sleeping")
         wanted &= self._sleeping
         if "kv_cache" in wanted and "weights" in self._sleeping - wanted:
@@ -720,11 +812,14 @@ class EngineCore:
         if wanted:
             self.executor.collective_rpc("wake_up", kwargs={"tags": sorted(wanted)})
         self._sleeping -= wanted
+        if not self._sleeping:
+            self.resume()
         return not self._sleeping
 
     def is_sleeping(self) -> bool:
-        """Whether the engine sleeps (part of it may have been woken already)."""
-        return bool(self._sleeping)
+        """Whether the engine sleeps (part of it may have been woken already) or is paused
+        (vLLM's answer: a pause is sleep level 0)."""
+        return bool(self._sleeping) or self._paused is not None
 
     def check_health(self) -> None:
         """Raise when a worker is unhealthy."""

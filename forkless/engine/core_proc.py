@@ -39,6 +39,7 @@ STATS_INTERVAL_S = 1.0
 # collective_rpc raises; anything else fails the engine, as a failed step does, and so
 # does check_health's failure.
 UTILITY_METHODS = frozenset({"reset_prefix_cache", "sleep", "check_sleep", "wake_up", "is_sleeping",
+                             "pause", "is_pause_complete", "resume", "is_paused",
                              "collective_rpc", "check_health"})
 
 
@@ -94,7 +95,6 @@ class EngineCoreProc:
         self.output.send_multipart([kind, ipc.encode(payload)], copy=False)
 
     def _handle(self, kind: bytes, payload: bytes) -> None:
-        from forkless.engine.core import EngineSleepingError
         from forkless.protocol.engine import EngineCoreRequest
 
         if kind == ipc.ADD:
@@ -109,8 +109,8 @@ class EngineCoreProc:
                 self.core.add_request(req)
             except ValueError as exc:
                 self._send(ipc.REQUEST_ERROR, {"request_id": req.request_id, "error": str(exc)})
-            except EngineSleepingError as exc:  # refused alone, a 503; the engine goes on sleeping
-                self._send(ipc.REQUEST_ERROR, {"request_id": req.request_id, "error": str(exc), "status": 503})
+            # (While the engine sleeps it is paused too -- AsyncLLM.sleep pauses first -- so
+            # a request waits for the wake-up: EngineSleepingError is the offline engine's.)
         elif kind == ipc.UTILITY:
             self._send(ipc.UTILITY_RESULT, self._utility(ipc.decode(payload)))
         elif kind == ipc.ABORT:
@@ -118,6 +118,17 @@ class EngineCoreProc:
             self._send_stats()  # aborted requests' blocks are free now: show it
         elif kind == ipc.SHUTDOWN:
             self.running = False
+
+    def _send_request_errors(self) -> None:
+        # Requests a worker could not run (their LoRA adapter failed to load), or that a
+        # resume() could not queue: each fails alone, with the reason, as a request the
+        # engine refused.
+        for request_id, reason in self.core.take_request_errors():
+            self._send(ipc.REQUEST_ERROR, {"request_id": request_id, "error": reason})
+        # Requests that failed on this side (a KV load under kv_load_failure_policy
+        # "fail"): a server error for their clients, not a refusal.
+        for request_id, reason in self.core.take_request_failures():
+            self._send(ipc.REQUEST_ERROR, {"request_id": request_id, "error": reason, "status": 500})
 
     def _send_stats(self) -> None:
         from forkless.protocol.engine import EngineCoreOutputs
@@ -132,7 +143,7 @@ class EngineCoreProc:
         poller = zmq.Poller()
         poller.register(self.input, zmq.POLLIN)
         while self.running:
-            busy = self.core.has_unfinished_requests()
+            busy = self.core.has_work()
             timeout = 0 if busy else IDLE_POLL_MS
             while True:
                 events = dict(poller.poll(timeout))
@@ -148,17 +159,10 @@ class EngineCoreProc:
             if not ipc.parent_alive(self.parent_pid):
                 logger.warning("the API server (pid %d) is gone; engine core exits", self.parent_pid)
                 break
-            if self.core.has_unfinished_requests():
+            if self.core.has_work():
                 outputs = self.core.step()
                 self._send(ipc.OUTPUTS, outputs)
-                # Requests a worker could not run (their LoRA adapter failed to load): each
-                # fails alone, with the reason, as a request the engine refused.
-                for request_id, reason in self.core.take_request_errors():
-                    self._send(ipc.REQUEST_ERROR, {"request_id": request_id, "error": reason})
-                # Requests that failed on this side (a KV load under kv_load_failure_policy
-                # "fail"): a server error for their clients, not a refusal.
-                for request_id, reason in self.core.take_request_failures():
-                    self._send(ipc.REQUEST_ERROR, {"request_id": request_id, "error": reason, "status": 500})
+                self._send_request_errors()
                 self.last_stats = time.monotonic()
             elif time.monotonic() - self.last_stats > STATS_INTERVAL_S:
                 self._send_stats()
@@ -180,6 +184,7 @@ class EngineCoreProc:
             if method != "collective_rpc":
                 raise
             return {"call_id": call_id, "error": f"{type(exc).__name__}: {exc}", "kind": "RuntimeError"}
+        self._send_request_errors()  # (resume() may refuse a held request)
         self._send_stats()  # (a reset or a sleep changes the cache's usage: show it)
         return {"call_id": call_id, "result": result}
 

@@ -14,6 +14,16 @@ from forkless.protocol.lora import LoRARequest
 from forkless.protocol.step import EngineCoreOutput, SchedulerStats
 from forkless.sampling_params import SamplingParams
 
+# vLLM's pause modes (AsyncLLM.pause_generation and sleep, carried out by the engine core):
+# what becomes of the requests in flight -- ended, let finish, or frozen until the resume.
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
+def check_pause_mode(mode: str) -> None:
+    """Raise ``ValueError`` naming ``mode`` unless it is one of :data:`PAUSE_MODES`."""
+    if mode not in PAUSE_MODES:
+        raise ValueError(f"mode={mode!r} is invalid: expected one of {', '.join(map(repr, PAUSE_MODES))}")
+
 
 class EngineCoreRequest(msgspec.Struct, kw_only=True):
     """One request for the engine core, already tokenized and validated.

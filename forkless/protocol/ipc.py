@@ -248,7 +248,8 @@ OUTPUTS = b"outputs"
 REQUEST_ERROR = b"request_error"
 DEAD = b"dead"
 # A call of one of the engine core's methods between steps (AsyncLLM.reset_prefix_cache,
-# sleep, wake_up, is_sleeping): {"call_id", "method", "args", "kwargs"}; answered with
+# sleep, wake_up, pause_generation, ...: core_proc.UTILITY_METHODS):
+# {"call_id", "method", "args", "kwargs"}; answered with
 # UTILITY_RESULT {"call_id", "result"} or {"call_id", "error", "kind"}.
 UTILITY = b"utility"
 UTILITY_RESULT = b"utility_result"

@@ -543,39 +543,110 @@ def test_the_engine_cores_calls_run_between_steps_as_vllms_engine_client(tiny_ll
                 await llm.collective_rpc(lambda worker: 1)  # type: ignore[arg-type]
             await llm.check_health()
             assert await llm.reset_prefix_cache() is True
-            # mode="wait" (vLLM's): the request in flight finishes first; new ones are refused meanwhile.
+            # mode="wait" (vLLM's): the request in flight finishes first; one sent meanwhile
+            # waits for the wake-up.
             async def long() -> tuple[int, str | None]:
                 async for out in llm.generate("Paris is", SamplingParams(max_tokens=500, ignore_eos=True), "long"):
                     final = out
                 return len(final.outputs[0].token_ids), final.outputs[0].finish_reason
 
-            async def refused() -> str:
-                # generate() refuses at once (a stream not iterated sends nothing): ask
-                # until the drain has begun.
-                while True:
-                    try:
-                        llm.generate("Paris is", greedy, "refused")
-                    except RuntimeError as exc:
-                        return str(exc)
-                    await asyncio.sleep(0.005)
-
             running = asyncio.ensure_future(long())
             await asyncio.sleep(0.05)
             sleeping = asyncio.ensure_future(llm.sleep(2, mode="wait"))
-            assert "going to sleep" in await asyncio.wait_for(refused(), 30)
-            assert not running.done()  # refused while the request in flight still ran
+            while not await llm.is_paused():  # (sleep pauses first)
+                await asyncio.sleep(0.005)
+            queued = asyncio.ensure_future(text("queued"))
             assert await running == (500, "length") and (await sleeping) is None
+            await asyncio.sleep(0.3)
+            assert not queued.done()  # it waits while the engine sleeps
             assert await llm.is_sleeping()
             with pytest.raises(RuntimeError, match="sleeps already"):
                 await llm.sleep(1)
-            with pytest.raises(ValueError, match="mode='keep' is invalid"):
+            with pytest.raises(ValueError, match="'keep' with sleep level 1 is not supported"):
                 await llm.sleep(1, mode="keep")
             assert await llm.wake_up(["weights"]) is False  # (the KV cache still sleeps)
+            assert not queued.done()
             assert await llm.wake_up() is True
+            assert await asyncio.wait_for(queued, 60) == before  # run once all is awake
             assert not await llm.is_sleeping()
             assert await text("b") == before  # the same weights and a working cache
             with pytest.raises(ValueError, match="tags"):
                 await llm.wake_up(["bogus"])
+        finally:
+            llm.shutdown()
+
+    asyncio.run(main())
+
+
+def test_pause_generation_aborts_waits_or_keeps_and_resume_runs_what_came_meanwhile(tiny_llama: Path) -> None:
+    import pytest
+
+    async def main() -> None:
+        # Async scheduling: a paused engine must still collect the step it launched.
+        args = EngineArgs(model=str(tiny_llama), max_model_len=512, kv_cache_memory=32 << 20,
+                          distributed_executor_backend="mp", async_scheduling=True)
+        llm = AsyncLLM.from_engine_args(args, log_stats=False)
+        greedy = SamplingParams(temperature=0, max_tokens=6)
+        long_params = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
+        seen: dict[str, int] = {}
+
+        async def run(rid: str, params: SamplingParams = greedy) -> tuple[list[int], str | None]:
+            async for out in llm.generate("Paris is", params, rid):
+                seen[rid] = len(out.outputs[0].token_ids)
+                final = out
+            return list(final.outputs[0].token_ids), final.outputs[0].finish_reason
+
+        async def started(rid: str, params: SamplingParams) -> asyncio.Future:
+            task = asyncio.ensure_future(run(rid, params))
+            await until(lambda: seen.get(rid, 0) > 2)
+            return task
+
+        try:
+            short = await run("ref-short")
+            reference = await run("ref-long", long_params)
+            assert not await llm.is_paused()
+            # abort (vLLM's default): what runs ends "abort"; what comes later waits, then runs.
+            running = await started("a", long_params)
+            await llm.pause_generation()
+            assert (await running)[1] == "abort"
+            assert await llm.is_paused() and await llm.is_sleeping()  # (vLLM's: a pause is level 0)
+            queued = asyncio.ensure_future(run("queued"))
+            await asyncio.sleep(0.3)
+            assert not queued.done()
+            await llm.resume_generation()
+            assert await asyncio.wait_for(queued, 60) == short
+            assert not await llm.is_paused()
+            # wait: what runs finishes (it is not cut short).
+            running = await started("w", long_params)
+            await llm.pause_generation(mode="wait")
+            assert await asyncio.wait_for(running, 30) == reference
+            await llm.resume_generation()
+            # keep: what runs is frozen, its KV cache kept, and goes on after the resume
+            # with the tokens it would have had.
+            running = await started("k", long_params)
+            await llm.pause_generation(mode="keep", clear_cache=False)
+            frozen = seen["k"]
+            await asyncio.sleep(0.3)
+            assert seen["k"] == frozen < 300 and not running.done()
+            await llm.resume_generation()
+            assert await asyncio.wait_for(running, 60) == reference
+            await llm.resume_generation()  # (not paused: nothing to do)
+            # Bad values are refused by name; sleep's level 0 is a pause (no sleep mode needed).
+            with pytest.raises(ValueError, match="mode='freeze' is invalid"):
+                await llm.pause_generation(mode="freeze")
+            with pytest.raises(ValueError, match="clear_cache='yes' is invalid"):
+                await llm.pause_generation(clear_cache="yes")  # type: ignore[arg-type]
+            with pytest.raises(ValueError, match="sleep mode is off"):
+                await llm.sleep(1)
+            with pytest.raises(ValueError, match="'keep' with sleep level 1"):
+                await llm.sleep(1, mode="keep")
+            await llm.sleep(0, mode="keep")
+            assert await llm.is_paused()
+            queued = asyncio.ensure_future(run("after-wake"))
+            assert await llm.wake_up(["scheduling"]) is True
+            assert await asyncio.wait_for(queued, 60) == short
+            with pytest.raises(RuntimeError, match="not sleeping"):
+                await llm.wake_up()
         finally:
             llm.shutdown()
 

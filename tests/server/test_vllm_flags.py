@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -161,7 +162,7 @@ def test_vllms_underscore_and_dotted_flag_spellings_reach_the_flags_they_name(ca
         assert fragment in capsys.readouterr().err
 
 
-def test_vllms_dev_routes_sleep_wake_and_reset_the_engine(tiny_llama: Path, tmp_path: Path) -> None:
+def test_vllms_dev_routes_sleep_wake_pause_and_reset_the_engine(tiny_llama: Path, tmp_path: Path) -> None:
     server = start_server(tiny_llama, tmp_path, "--enable-sleep-mode", env_extra={"FORKLESS_SERVER_DEV_MODE": "1"})
     try:
         def post(path: str, **kw) -> httpx.Response:
@@ -183,17 +184,37 @@ def test_vllms_dev_routes_sleep_wake_and_reset_the_engine(tiny_llama: Path, tmp_
             rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
         assert rest[-1]["choices"][0]["finish_reason"] == "abort"
         assert httpx.get(server.url + "/is_sleeping", timeout=10).json() == {"is_sleeping": True}
-        asleep = complete()  # refused, and the engine goes on sleeping
-        assert asleep.status_code == 503 and "sleeps" in asleep.json()["error"]["message"], asleep.text
-        for path, params, status, fragment in (("/sleep", {}, 409, "sleeps already"),
-                                               ("/sleep", {"mode": "keep"}, 400, "mode='keep' is invalid"),
-                                               ("/wake_up", {"tags": "bogus"}, 400, "'bogus'"),
-                                               ("/wake_up", {"tags": "kv_cache"}, 409, "wake 'weights' first")):
-            r = post(path, params=params)
-            assert r.status_code == status and fragment in r.json()["error"]["message"], (path, params, r.text)
-        assert post("/wake_up", params={"tags": "weights"}).json() == {"status": "sleeping", "tags": ["weights"]}
-        assert post("/wake_up").json() == {"status": "awake", "tags": None}
-        assert complete().json()["choices"][0]["text"] == before  # weights and cache back as they were
+        with ThreadPoolExecutor(1) as pool:
+            asleep = pool.submit(complete)  # taken; it waits for the wake-up
+            for path, params, status, fragment in (
+                    ("/sleep", {}, 409, "sleeps already"),
+                    ("/sleep", {"mode": "keep"}, 400, "mode='keep' with sleep level 1"),
+                    ("/sleep", {"level": 3}, 400, "level=3 is invalid"),
+                    ("/resume", {}, 409, "call wake_up()"),
+                    ("/wake_up", {"tags": "bogus"}, 400, "'bogus'"),
+                    ("/wake_up", {"tags": "kv_cache"}, 409, "wake 'weights' first")):
+                r = post(path, params=params)
+                assert r.status_code == status and fragment in r.json()["error"]["message"], (path, params, r.text)
+            assert post("/wake_up", params={"tags": "weights"}).json() == {"status": "sleeping", "tags": ["weights"]}
+            assert not asleep.done()
+            assert post("/wake_up").json() == {"status": "awake", "tags": None}
+            # Weights and cache back as they were.
+            assert asleep.result(timeout=60).json()["choices"][0]["text"] == before
         assert post("/wake_up").status_code == 409
+        # vLLM's RL routes: /pause (mode=keep: frozen, then resumed), /is_paused, /resume.
+        with httpx.stream("POST", server.url + "/v1/completions", timeout=60, json={
+                "model": str(tiny_llama), "prompt": "Hi", "max_tokens": 60, "ignore_eos": True, "stream": True,
+                "temperature": 0}) as r:
+            lines = r.iter_lines()
+            next(line for line in lines if line.startswith("data: {"))
+            assert post("/pause", params={"mode": "keep"}).json() == {"status": "paused"}
+            assert httpx.get(server.url + "/is_paused", timeout=10).json() == {"is_paused": True}
+            for params, fragment in (({"mode": "bogus"}, "mode='bogus' is invalid"),):
+                r = post("/pause", params=params)
+                assert r.status_code == 400 and fragment in r.json()["error"]["message"], r.text
+            assert post("/resume").json() == {"status": "resumed"}
+            rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert rest[-1]["choices"][0]["finish_reason"] == "length"
+        assert httpx.get(server.url + "/is_paused", timeout=10).json() == {"is_paused": False}
     finally:
         assert server.stop() == 0, server.log()[-3000:]

@@ -6,7 +6,8 @@ Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, the po
 its keys belong to), FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json``;
 ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` with ``--enable-lora`` and
 ``FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1``; vLLM's development routes ``/reset_prefix_cache``,
-``/sleep``, ``/wake_up`` and ``/is_sleeping`` with ``FORKLESS_SERVER_DEV_MODE=1``; plus routes
+``/sleep``, ``/wake_up``, ``/is_sleeping``, ``/pause``, ``/resume`` and ``/is_paused`` with
+``FORKLESS_SERVER_DEV_MODE=1``; plus routes
 from opt-in endpoint plugins and ASGI middleware from ``--middleware``.
 
 Invariants:
@@ -309,7 +310,7 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
 
     @app.exception_handler(RequestFailedError)
     async def _failed(_: Request, exc: RequestFailedError) -> JSONResponse:
-        # One request failed in the engine (which logged why), or the engine sleeps; no traceback here.
+        # One request failed in the engine (which logged why); no traceback here.
         return error_response(str(exc), exc.status)
 
     @app.exception_handler(Exception)

@@ -1,20 +1,24 @@
 """vLLM's development routes, served with ``FORKLESS_SERVER_DEV_MODE=1``.
 
 ``POST /reset_prefix_cache`` (``?reset_running_requests=``, ``?reset_external=``) answers
-``{"success": bool}``; ``POST /sleep?level=1|2[&mode=abort|wait]`` ``{"status": "sleeping", "level": N}``
-(``--enable-sleep-mode``); ``POST /wake_up`` (``?tags=weights&tags=kv_cache``, none: all)
-``{"status": "awake", "tags": [...] | null}``; ``GET /is_sleeping`` ``{"is_sleeping": bool}``.
-The same calls as ``AsyncLLM``'s methods of those names, run by the engine core between
-its steps.
+``{"success": bool}``; ``POST /sleep?level=0|1|2[&mode=abort|wait|keep]``
+``{"status": "sleeping", "level": N}`` (levels 1 and 2 need ``--enable-sleep-mode``);
+``POST /wake_up`` (``?tags=weights&tags=kv_cache``, ``scheduling``; none: all)
+``{"status": "awake" | "sleeping", "tags": [...] | null}``; ``GET /is_sleeping``
+``{"is_sleeping": bool}``; vLLM's RL routes ``POST /pause?mode=abort|wait|keep[&clear_cache=]``
+``{"status": "paused"}``, ``POST /resume`` ``{"status": "resumed"}``, ``GET /is_paused``
+``{"is_paused": bool}``. The same calls as ``AsyncLLM``'s methods (``pause_generation``,
+``resume_generation`` for the last three), run by the engine core between its steps.
 
 Invariants:
-    * A value the call refuses (a bad level or tag, sleep mode off) is a 400 naming it; a
-      call the engine's state forbids now (asleep already, awake, the KV cache woken
-      before the weights) is a 409; both with the OpenAI error body.
-    * ``/sleep`` ends the requests in flight first (vLLM's default ``mode=abort``: their
-      streams end with ``finish_reason`` ``abort``), or lets them finish (``mode=wait``,
-      new ones refused meanwhile); requests sent while the engine sleeps are refused (503)
-      until ``/wake_up``.
+    * A value the call refuses (a bad level, mode or tag, sleep mode off) is a 400 naming
+      it; a call the engine's state forbids now (asleep already, awake, the KV cache woken
+      before the weights, resumed while asleep) is a 409; both with the OpenAI error body.
+    * ``/pause`` and ``/sleep`` answer once nothing runs: the requests in flight ended
+      (``mode=abort``, vLLM's default: their streams end with ``finish_reason`` ``abort``),
+      finished (``wait``) or frozen (``keep``, their KV cache kept). Requests sent while
+      paused or asleep are taken and wait; they run after ``/resume`` or the ``/wake_up``
+      that wakes everything.
 """
 
 from __future__ import annotations
@@ -57,7 +61,9 @@ def attach_dev_routes(app: FastAPI, engine: AsyncLLM) -> None:
 
     @app.post("/sleep")
     async def sleep(level: int = Query(default=1), mode: str = Query(default="abort")) -> dict[str, Any]:
-        await _answer(engine.sleep(level, mode), "mode" if mode not in ("abort", "wait") else "level")
+        # (The refused value: the level, or a mode that is not one, or "keep" above level 0.)
+        await _answer(engine.sleep(level, mode), "level" if level not in (0, 1, 2) or mode in ("abort", "wait")
+                      else "mode")
         return {"status": "sleeping", "level": level}
 
     @app.post("/wake_up")
@@ -69,3 +75,17 @@ def attach_dev_routes(app: FastAPI, engine: AsyncLLM) -> None:
     @app.get("/is_sleeping")
     async def is_sleeping() -> dict[str, bool]:
         return {"is_sleeping": await _answer(engine.is_sleeping())}
+
+    @app.post("/pause")
+    async def pause(mode: str = Query(default="abort"), clear_cache: bool = Query(default=True)) -> dict[str, str]:
+        await _answer(engine.pause_generation(mode=mode, clear_cache=clear_cache), "mode")
+        return {"status": "paused"}
+
+    @app.post("/resume")
+    async def resume() -> dict[str, str]:
+        await _answer(engine.resume_generation())
+        return {"status": "resumed"}
+
+    @app.get("/is_paused")
+    async def is_paused() -> dict[str, bool]:
+        return {"is_paused": await _answer(engine.is_paused())}
