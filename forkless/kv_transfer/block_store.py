@@ -201,8 +201,13 @@ class BlockStoreConnector(KVConnectorBase):
         """A block's bytes, ``None`` when absent."""
 
     @abc.abstractmethod
-    def put(self, key: str, data: bytes) -> None:
-        """Store a block's bytes (replacing a block of the same key is harmless: same KV)."""
+    def put(self, key: str, data: bytes) -> bool | None:
+        """Store a block's bytes (replacing a block of the same key is harmless: same KV).
+
+        Returns:
+            False when the block was stored already and nothing was written (it is not
+            counted in ``save_bytes``); anything else counts as written.
+        """
 
     def clear(self) -> None:
         """Delete every block of this connector's namespace (:attr:`namespace`: the keys
@@ -226,10 +231,13 @@ class BlockStoreConnector(KVConnectorBase):
         """
         return [self.get(key) for key in keys]
 
-    def put_many(self, items: list[tuple[str, bytes]]) -> None:
-        """Store several blocks. Default: :meth:`put` per block."""
-        for key, data in items:
-            self.put(key, data)
+    def put_many(self, items: list[tuple[str, bytes]]) -> int | None:
+        """Store several blocks. Default: :meth:`put` per block.
+
+        Returns:
+            How many were written (``None``: all of them).
+        """
+        return sum(self.put(key, data) is not False for key, data in items)
 
     # ------------------------------------------------------------ helpers
 
@@ -538,15 +546,18 @@ class BlockStoreConnector(KVConnectorBase):
         """Write encoded blocks to the store, a chunk per round trip (failures are logged)."""
         started = time.perf_counter()
         step = self._chunk
+        written = 0  # (blocks a store had already are not saved bytes)
         try:
             for first in range(0, len(items), step):
-                self.put_many(items[first : first + step])
+                chunk = items[first : first + step]
+                count = self.put_many(chunk)
+                written += len(chunk) if count is None else count
         except Exception as exc:  # noqa: BLE001 - a dropped save is a later cache miss
             self._warn("save", "%s: saving blocks of request %s failed: %s", self.store_name,
                        transfer.request_id, exc)
             return
         with self._stats_lock:
-            self._stats.save_bytes += len(items) * self._block_bytes
+            self._stats.save_bytes += written * self._block_bytes
             self._stats.save_seconds += encode_seconds + time.perf_counter() - started
 
     def _encode(self, key: str, block: torch.Tensor) -> bytes:

@@ -110,10 +110,10 @@ class SharedStorageConnector(BlockStoreConnector):
             except OSError:
                 pass  # a write in progress (its temporary file) keeps it: the block is not the store's yet
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes) -> bool:
         path = self._path(key)
         if path.is_file():
-            return
+            return False
         # Every time (vLLM's too): an operator may empty the store while engines run.
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
@@ -128,3 +128,4 @@ class SharedStorageConnector(BlockStoreConnector):
         except BaseException:
             os.unlink(tmp)
             raise
+        return True

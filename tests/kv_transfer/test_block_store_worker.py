@@ -34,9 +34,12 @@ class MemoryStore(BlockStoreConnector):
     def get(self, key: str) -> bytes | None:
         return self.data.get(key)
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes) -> bool:
         self.gate.wait(10)
+        if key in self.data:
+            return False
         self.data[key] = data
+        return True
 
 
 class AsyncMemoryStore(MemoryStore):
@@ -76,6 +79,11 @@ def test_a_saved_block_loads_back_exactly_and_bad_ones_are_reported() -> None:
         c.copy_(torch.randn_like(c))
     step(source, BlockStoreMetadata(saves=[BlockTransfer("a", ["k1", "k2", "k3"], [5, 2, 7])]))
     assert set(source.data) == {"k1", "k2", "k3"}
+    block_bytes = LAYERS * 2 * BLOCK * HEADS * DIM * 4
+    assert source.get_kv_connector_stats().save_bytes == 3 * block_bytes
+    # Blocks the store had already are not counted as saved again.
+    step(source, BlockStoreMetadata(saves=[BlockTransfer("a2", ["k1", "k2", "k9"], [5, 2, 1])]))
+    assert source.get_kv_connector_stats().save_bytes == block_bytes
 
     target, caches = worker(MemoryStore)
     target.data = dict(source.data)
@@ -90,7 +98,7 @@ def test_a_saved_block_loads_back_exactly_and_bad_ones_are_reported() -> None:
         assert torch.equal(cache[:, 3], src_caches[layer][:, 7])
         assert not cache[:, 1].any() and not cache[:, 4].any() and not cache[:, 6].any()
     stats = target.get_kv_connector_stats()
-    assert stats.load_bytes == 2 * LAYERS * 2 * BLOCK * HEADS * DIM * 4
+    assert stats.load_bytes == 2 * block_bytes
 
 
 def test_a_block_of_another_dtype_is_not_used() -> None:

@@ -99,9 +99,10 @@ class SQLiteConnector(BlockStoreConnector):
             row = self._db.execute("SELECT data FROM kv_blocks WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes) -> bool:
         with self._lock:
-            self._db.execute("INSERT OR IGNORE INTO kv_blocks (key, data) VALUES (?, ?)", (key, data))
+            cursor = self._db.execute("INSERT OR IGNORE INTO kv_blocks (key, data) VALUES (?, ?)", (key, data))
+        return cursor.rowcount > 0  # (False: stored already, nothing written)
 
     def clear(self) -> None:
         # reset_prefix_cache(reset_connector=True): this engine's blocks only (the keys of
