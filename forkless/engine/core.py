@@ -41,7 +41,6 @@ class EngineSleepingError(RuntimeError):
     offline ``LLM``, which cannot wait for a wake-up): refused alone, the engine going on."""
 
 
-
 class EngineCore:
     """Owns the scheduler and the executor (and through it the workers).
 
@@ -737,20 +736,18 @@ class EngineCore:
         """vLLM's sleep mode: the workers free their KV cache (``level`` 2: their weights
         too, :meth:`forkless.worker.worker.Worker.sleep`) until :meth:`wake_up`; the prefix
         cache is forgotten. Unpaused (offline), requests are refused meanwhile; paused (a
-        server's sleep: ``AsyncLLM.sleep``), they wait for the wake-up. ``level`` 0 only
-        pauses (``AsyncLLM.sleep`` does that; it frees nothing).
+        server's sleep: ``AsyncLLM.sleep``), they wait for the wake-up.
 
         Raises:
             ValueError: Sleep mode is off (``enable_sleep_mode``), or ``level`` is not 1 or 2
-                (0 while not paused).
+                (level 0, a pause, is ``AsyncLLM.sleep``'s alone: an offline engine has
+                nobody to resume it).
             RuntimeError: Requests are in flight, or the engine sleeps already.
         """
-        if level == 0 and not isinstance(level, bool) and self._paused is None:
+        if level == 0 and not isinstance(level, bool):
             raise ValueError("sleep(level=0) pauses scheduling, which only a server's engine does "
                              "(AsyncLLM.sleep(0), POST /sleep?level=0): expected 1 or 2")
         self.check_sleep(level)
-        if level == 0:
-            return
         if self.has_unfinished_requests():
             raise RuntimeError("sleep(): requests are in flight: let them finish (or abort them) first")
         # The cache's contents are forgotten: no prefix may point into it afterwards.

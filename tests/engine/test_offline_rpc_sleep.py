@@ -118,6 +118,8 @@ def test_level_two_frees_the_weights_and_wakes_by_tags(llm: LLM) -> None:
 def test_sleep_level_is_checked(llm: LLM) -> None:
     with pytest.raises(ValueError, match="level=3 is invalid"):
         llm.sleep(level=3)
+    with pytest.raises(ValueError, match="only a server's engine"):  # (a pause nobody could end)
+        llm.sleep(level=0)
     assert not llm.is_sleeping()
 
 
