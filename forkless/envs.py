@@ -238,7 +238,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # does not know (vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING).
     "FORKLESS_ALLOW_RUNTIME_LORA_UPDATING": lambda: parse_bool("FORKLESS_ALLOW_RUNTIME_LORA_UPDATING", False),
     # ``1``: ``forkless serve`` adds vLLM's development routes, POST /reset_prefix_cache,
-    # /sleep, /wake_up, /pause and /resume, GET /is_sleeping and /is_paused (vLLM's
+    # /sleep, /wake_up, /pause, /resume and /abort_requests, GET /is_sleeping and /is_paused (vLLM's
     # VLLM_SERVER_DEV_MODE); they change the engine for every client, so only for a
     # server whose clients are trusted.
     "FORKLESS_SERVER_DEV_MODE": lambda: parse_bool("FORKLESS_SERVER_DEV_MODE", False),

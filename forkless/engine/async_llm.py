@@ -420,6 +420,11 @@ class AsyncLLM:
         """Requests whose outputs are being streamed to a caller."""
         return len(self._queues)
 
+    @property
+    def requests_in_flight(self) -> list[str]:
+        """The ids of those requests (as given to :meth:`generate` and :meth:`encode`)."""
+        return list(self._queues)
+
     # -- properties the server uses -----------------------------------------------------
     @property
     def output_processor(self) -> OutputProcessor:

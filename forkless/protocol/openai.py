@@ -714,6 +714,14 @@ class LoadLoRAAdapterRequest(RequestModel):
     load_inplace: bool = False
 
 
+class AbortRequestsRequest(RequestModel):
+    """``POST /abort_requests`` (with ``FORKLESS_SERVER_DEV_MODE=1``; vLLM's RL route)."""
+
+    # The requests to end, each by its response id (``cmpl-...``) or the client's own id
+    # (``X-Request-Id`` or the body's ``request_id``); none or empty: every request.
+    request_ids: list[str] | None = None
+
+
 class UnloadLoRAAdapterRequest(RequestModel):
     """``POST /v1/unload_lora_adapter`` (with ``FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1``)."""
 

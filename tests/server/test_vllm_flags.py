@@ -216,5 +216,40 @@ def test_vllms_dev_routes_sleep_wake_pause_and_reset_the_engine(tiny_llama: Path
             rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
         assert rest[-1]["choices"][0]["finish_reason"] == "length"
         assert httpx.get(server.url + "/is_paused", timeout=10).json() == {"is_paused": False}
+        # /abort_requests: by the client's id (X-Request-Id) or the response id; none: all.
+        # (Sent while paused, the requests wait, counted as waiting, until the resume.)
+        def stream(request_id: str) -> tuple[str, str]:
+            with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
+                              headers={"X-Request-Id": request_id}, json={
+                                  "model": str(tiny_llama), "prompt": "Hi", "max_tokens": 20,
+                                  "ignore_eos": True, "stream": True}) as r:
+                chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+            return chunks[0]["id"], chunks[-1]["choices"][0]["finish_reason"]
+
+        with ThreadPoolExecutor(2) as pool:
+            post("/pause", params={"mode": "keep"})
+            kept, ended = pool.submit(stream, "keep-me"), pool.submit(stream, "end-me")
+            wait_until(lambda: _gauge(server, "num_requests_waiting") == 2, timeout=60)
+            assert post("/abort_requests", json={"request_ids": ["end-me", "nobody"]}).json() == {
+                "status": "aborted", "aborted": 1}
+            post("/resume")
+            assert ended.result(timeout=60) == ("cmpl-end-me", "abort")
+            assert kept.result(timeout=60) == ("cmpl-keep-me", "length")
+            post("/pause", params={"mode": "keep"})
+            ended = pool.submit(stream, "again")
+            wait_until(lambda: _gauge(server, "num_requests_waiting") == 1, timeout=60)
+            assert post("/abort_requests").json() == {"status": "aborted", "aborted": 1}
+            post("/resume")
+            assert ended.result(timeout=60)[1] == "abort"
+        for body, fragment in (({"request_ids": "end-me"}, "request_ids"), ({"ids": []}, "argument supplied: ids")):
+            r = post("/abort_requests", json=body)
+            assert r.status_code == 400 and fragment in r.json()["error"]["message"], r.text
     finally:
         assert server.stop() == 0, server.log()[-3000:]
+
+
+def _gauge(server, name: str) -> int:
+    """The server's ``forkless:<name>`` gauge."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    line = next(line for line in text.splitlines() if line.startswith(f"forkless:{name}{{"))
+    return int(float(line.rsplit(" ", 1)[1]))

@@ -6,7 +6,7 @@ Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/responses``, the po
 its keys belong to), FastAPI's ``/docs``, ``/redoc`` and ``/openapi.json``;
 ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` with ``--enable-lora`` and
 ``FORKLESS_ALLOW_RUNTIME_LORA_UPDATING=1``; vLLM's development routes ``/reset_prefix_cache``,
-``/sleep``, ``/wake_up``, ``/is_sleeping``, ``/pause``, ``/resume`` and ``/is_paused`` with
+``/sleep``, ``/wake_up``, ``/is_sleeping``, ``/pause``, ``/resume``, ``/is_paused`` and ``/abort_requests`` with
 ``FORKLESS_SERVER_DEV_MODE=1``; plus routes
 from opt-in endpoint plugins and ASGI middleware from ``--middleware``.
 

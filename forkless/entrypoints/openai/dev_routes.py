@@ -7,8 +7,10 @@
 ``{"status": "awake" | "sleeping", "tags": [...] | null}``; ``GET /is_sleeping``
 ``{"is_sleeping": bool}``; vLLM's RL routes ``POST /pause?mode=abort|wait|keep[&clear_cache=]``
 ``{"status": "paused"}``, ``POST /resume`` ``{"status": "resumed"}``, ``GET /is_paused``
-``{"is_paused": bool}``. The same calls as ``AsyncLLM``'s methods (``pause_generation``,
-``resume_generation`` for the last three), run by the engine core between its steps.
+``{"is_paused": bool}`` and ``POST /abort_requests`` (``{"request_ids": [...]}``, each a
+response id or the client's own id; none: every request) ``{"status": "aborted",
+"aborted": N}``. The same calls as ``AsyncLLM``'s methods (``pause_generation``,
+``resume_generation``, ``abort``), run by the engine core between its steps.
 
 Invariants:
     * A value the call refuses (a bad level, mode or tag, sleep mode off) is a 400 naming
@@ -28,6 +30,8 @@ from typing import TYPE_CHECKING, Any, Awaitable
 from fastapi import FastAPI, Query, Request
 
 from forkless.entrypoints.openai.errors import BadRequest
+from forkless.entrypoints.openai.serving import check_unknown_fields, request_names
+from forkless.protocol.openai import AbortRequestsRequest
 from forkless.logger import init_logger
 
 if TYPE_CHECKING:
@@ -89,3 +93,14 @@ def attach_dev_routes(app: FastAPI, engine: AsyncLLM) -> None:
     @app.get("/is_paused")
     async def is_paused() -> dict[str, bool]:
         return {"is_paused": await _answer(engine.is_paused())}
+
+    @app.post("/abort_requests")
+    async def abort_requests(req: AbortRequestsRequest | None = None) -> dict[str, Any]:
+        if req is not None:
+            check_unknown_fields(req)
+        wanted = set(req.request_ids or ()) if req is not None else set()
+        ids = [rid for rid in engine.requests_in_flight if not wanted or wanted & request_names(rid)]
+        if ids:
+            await engine.abort(ids)
+        return {"status": "aborted", "aborted": len(ids)}
+

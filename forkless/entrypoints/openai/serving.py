@@ -1664,6 +1664,19 @@ def _echoed(req: ChatCompletionRequest, role: str) -> str:
     return message_text(last.content)
 
 
+# An engine id _request_ids made from a client's id: response id, then a random suffix.
+_CLIENT_ENGINE_ID = re.compile(r"(?P<public>(?:cmpl|chatcmpl)-(?P<client>.+))-[0-9a-f]{32}")
+
+
+def request_names(engine_id: str) -> set[str]:
+    """The ids a client may know the request of ``engine_id`` by (``/abort_requests``): the
+    engine's, the response's and, where the client gave one, its own (:func:`_request_ids`
+    read backwards; a completion's engine ids add the prompt's index)."""
+    base = engine_id.rsplit("-", 1)[0] if engine_id.startswith("cmpl-") else engine_id
+    match = _CLIENT_ENGINE_ID.fullmatch(base)
+    return {engine_id, match["public"], match["client"]} if match else {engine_id, base}
+
+
 def _request_ids(prefix: str, client_id: str | None, raw_request: Any = None) -> tuple[str, str]:
     """``(response id, engine request id)``.
 
