@@ -144,6 +144,14 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise ValueError(f"StructuredOutputsParams.json={self.json!r:.80} is invalid: expected a JSON schema "
                              "(a dict or its JSON text)")
+        if isinstance(self.json, dict):
+            try:
+                # It crosses to the engine core as msgpack: refuse here what would fail
+                # there (an integer beyond 64 bits), not as a server error.
+                msgspec.msgpack.encode(self.json)
+            except (TypeError, OverflowError, ValueError) as exc:
+                raise ValueError(f"StructuredOutputsParams.json={self.json!r:.80} is invalid: expected a JSON schema "
+                                 f"of plain JSON values whose integers fit in 64 bits: {exc}") from None
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):

@@ -633,7 +633,8 @@ class AsyncLLM:
 
         Raises:
             ValueError, TypeError, RuntimeError: The engine core refused the call (its
-                message).
+                message), or its arguments cannot cross to it (an integer beyond 64 bits:
+                ValueError; an object: TypeError).
             EngineDeadError: The engine is dead or shutting down.
         """
         if not self._started:
@@ -645,7 +646,12 @@ class AsyncLLM:
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._calls[call_id] = future
         try:
-            await self.client.call_utility({"call_id": call_id, "method": method, "args": list(args)})
+            try:
+                await self.client.call_utility({"call_id": call_id, "method": method, "args": list(args)})
+            except (OverflowError, TypeError) as exc:  # (msgpack's refusal: an int beyond 64 bits, an object)
+                error = ValueError if isinstance(exc, OverflowError) else TypeError
+                raise error(f"{method}{tuple(args)!r:.200} is invalid: expected plain data with 64-bit "
+                            f"integers: {exc}") from None
             return await future
         finally:
             self._calls.pop(call_id, None)

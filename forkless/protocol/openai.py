@@ -308,11 +308,24 @@ ChatCompletionToolsParam = ChatCompletionToolParam
 """vLLM's name for :class:`ChatCompletionToolParam` (what vLLM-derived parsers import)."""
 
 
-class NamedFunction(OpenAIModel):
+class _Closed(OpenAIModel):
+    """A nested object whose unknown keys are refused (the request-level check sees only
+    the top level); for objects that reach nothing that could read an extra key (a tool
+    definition, which a chat template renders whole, is not one)."""
+
+    @model_validator(mode="after")
+    def _no_unknown_keys(self) -> "_Closed":
+        if self.model_extra:
+            raise ValueError(f"unrecognized field(s) {', '.join(map(repr, self.model_extra))}: expected only "
+                             f"{', '.join(map(repr, type(self).model_fields))}")
+        return self
+
+
+class NamedFunction(_Closed):
     name: str
 
 
-class NamedToolChoice(OpenAIModel):
+class NamedToolChoice(_Closed):
     type: Literal["function"] = "function"
     function: NamedFunction
 
@@ -337,7 +350,7 @@ class ResponsesRequest(RequestModel):
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = None
     top_p: float | None = None
-    top_logprobs: int | None = Field(None, ge=0)
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # (OpenAI's range, include or not)
     tools: list[dict[str, Any]] | None = None
     tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = True

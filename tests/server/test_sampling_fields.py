@@ -87,6 +87,11 @@ def test_echo_with_logprobs_asks_for_the_prompt_logprobs() -> None:
     (_completion(seed=2**70), "seed"),
     (_chat(stream=True, stream_interval=2**70), "stream_interval"),
     (_completion(stop=""), "stop"),
+    # A token id has one spelling: int() would take these (and merge "5" with "05").
+    (_completion(logit_bias={" 5": 1.0}), "logit_bias"),
+    (_completion(logit_bias={"5": 1.0, "05": 2.0}), "logit_bias"),
+    (_completion(logit_bias={"5_0": 1.0}), "logit_bias"),
+    (_completion(logit_bias={"\u0665": 1.0}), "logit_bias"),
 ])
 def test_fields_that_would_be_ignored_are_rejected_naming_them(req, param) -> None:
     with pytest.raises(BadRequest) as info:
@@ -457,6 +462,17 @@ def test_chat_template_switches(server: Server) -> None:
     ("/v1/completions", {"prompt": PROMPT, "use_beam_search": True, "n": 2, "best_of": 5}, "best_of"),
     ("/v1/completions", {"prompt": PROMPT, "use_beam_search": True, "n": 2,
                          "stream_options": {"include_usage": True}}, "stream_options"),
+    # An integer msgpack cannot carry to the engine core, in a schema: a 400, not a 500.
+    ("/v1/completions", {"prompt": PROMPT, "structured_outputs": {"json": {"const": 10 ** 30}}},
+     "structured_outputs"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "integer", "maximum": 10 ** 30}}}},
+     "response_format"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "chat_template_kwargs": {"return_dict": True}},
+     "chat_template_kwargs"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}],
+                              "tool_choice": {"type": "function", "function": {"name": "f", "x": 1}}}, "tool_choice"),
+    ("/v1/responses", {"input": "Hi", "top_logprobs": 21}, "top_logprobs"),
 ])
 def test_refusals_name_the_field_the_client_sent(server: Server, route: str, body: dict, param: str) -> None:
     r = _post(server, route, {"max_tokens": 2, **body})

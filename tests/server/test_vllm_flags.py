@@ -190,11 +190,17 @@ def test_vllms_dev_routes_sleep_wake_pause_and_reset_the_engine(tiny_llama: Path
                     ("/sleep", {}, 409, "sleeps already"),
                     ("/sleep", {"mode": "keep"}, 400, "mode='keep' with sleep level 1"),
                     ("/sleep", {"level": 3}, 400, "level=3 is invalid"),
+                    ("/sleep", {"level": 10 ** 20}, 400, "64-bit integers"),  # (msgpack's limit, not a 500)
+                    ("/sleep", {"level": "abc"}, 400, "level: Input should be a valid integer, unable to parse "
+                                                      "string as an integer"),  # (no word of a JSON body)
+                    ("/resume", {"now": 1}, 400, "unknown query parameter 'now' for /resume"),
+                    ("/sleep", [("mode", "abort"), ("mode", "wait")], 400, "'mode' is given 2 times"),
                     ("/resume", {}, 409, "call wake_up()"),
                     ("/wake_up", {"tags": "bogus"}, 400, "'bogus'"),
                     ("/wake_up", {"tags": "kv_cache"}, 409, "wake 'weights' first")):
                 r = post(path, params=params)
                 assert r.status_code == status and fragment in r.json()["error"]["message"], (path, params, r.text)
+                assert "JSON" not in r.json()["error"]["message"]
             assert post("/wake_up", params={"tags": "weights"}).json() == {"status": "sleeping", "tags": ["weights"]}
             assert not asleep.done()
             assert post("/wake_up").json() == {"status": "awake", "tags": None}

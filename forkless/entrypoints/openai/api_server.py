@@ -285,7 +285,8 @@ def build_app(engine: "AsyncLLM", served_model_names: list[str], max_model_len: 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = describe_validation_errors(exc.errors(), exc.body)
-        if "json" not in request.headers.get("content-type", ""):
+        in_body = any(tuple(e.get("loc", ()))[:1] == ("body",) for e in exc.errors())
+        if in_body and "json" not in request.headers.get("content-type", ""):
             # FastAPI reads a body without a JSON content type as bytes, not as JSON.
             message += " (send the body as JSON, with Content-Type: application/json)"
         return error_response(message, 400, "BadRequestError", param)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Awaitable
 
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 
 from forkless.entrypoints.openai.errors import BadRequest
 from forkless.entrypoints.openai.serving import check_unknown_fields, request_names
@@ -54,47 +54,64 @@ async def _answer(call: Awaitable[Any], param: str | None = None) -> Any:
         raise BadRequest(str(exc), param, status=409, err_type="ConflictError") from None
 
 
+def _only(*names: str, repeated: str | None = None) -> Any:
+    """A dependency refusing query parameters other than ``names``, and any of them given
+    twice but ``repeated`` (a list): none is ignored, or picked among several."""
+
+    def check(request: Request) -> None:
+        params = request.query_params
+        for name in params:
+            if name not in names:
+                known = f"expected only {', '.join(names)}" if names else "it takes none"
+                raise BadRequest(f"unknown query parameter {name!r} for {request.url.path}: {known}", name)
+            if name != repeated and len(params.getlist(name)) > 1:
+                raise BadRequest(f"query parameter {name!r} is given {len(params.getlist(name))} times: expected "
+                                 "one value", name)
+
+    return Depends(check)
+
+
 def attach_dev_routes(app: FastAPI, engine: AsyncLLM) -> None:
     """Add the development routes to ``app`` (see the module)."""
 
-    @app.post("/reset_prefix_cache")
+    @app.post("/reset_prefix_cache", dependencies=[_only("reset_running_requests", "reset_external")])
     async def reset_prefix_cache(reset_running_requests: bool = Query(default=False),
                                  reset_external: bool = Query(default=False)) -> dict[str, bool]:
         logger.info("resetting the prefix cache%s", " and the KV connector's store" if reset_external else "")
         return {"success": await _answer(engine.reset_prefix_cache(reset_running_requests, reset_external))}
 
-    @app.post("/sleep")
+    @app.post("/sleep", dependencies=[_only("level", "mode")])
     async def sleep(level: int = Query(default=1), mode: str = Query(default="abort")) -> dict[str, Any]:
         # (The refused value: the level, or a mode that is not one, or "keep" above level 0.)
         await _answer(engine.sleep(level, mode), "level" if level not in (0, 1, 2) or mode in ("abort", "wait")
                       else "mode")
         return {"status": "sleeping", "level": level}
 
-    @app.post("/wake_up")
+    @app.post("/wake_up", dependencies=[_only("tags", repeated="tags")])
     async def wake_up(raw_request: Request) -> dict[str, Any]:
         tags = raw_request.query_params.getlist("tags") or None
         awake = await _answer(engine.wake_up(tags), "tags")
         return {"status": "awake" if awake else "sleeping", "tags": tags}
 
-    @app.get("/is_sleeping")
+    @app.get("/is_sleeping", dependencies=[_only()])
     async def is_sleeping() -> dict[str, bool]:
         return {"is_sleeping": await _answer(engine.is_sleeping())}
 
-    @app.post("/pause")
+    @app.post("/pause", dependencies=[_only("mode", "clear_cache")])
     async def pause(mode: str = Query(default="abort"), clear_cache: bool = Query(default=True)) -> dict[str, str]:
         await _answer(engine.pause_generation(mode=mode, clear_cache=clear_cache), "mode")
         return {"status": "paused"}
 
-    @app.post("/resume")
+    @app.post("/resume", dependencies=[_only()])
     async def resume() -> dict[str, str]:
         await _answer(engine.resume_generation())
         return {"status": "resumed"}
 
-    @app.get("/is_paused")
+    @app.get("/is_paused", dependencies=[_only()])
     async def is_paused() -> dict[str, bool]:
         return {"is_paused": await _answer(engine.is_paused())}
 
-    @app.post("/abort_requests")
+    @app.post("/abort_requests", dependencies=[_only()])
     async def abort_requests(req: AbortRequestsRequest | None = None) -> dict[str, Any]:
         if req is not None:
             check_unknown_fields(req)

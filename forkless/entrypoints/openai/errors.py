@@ -130,7 +130,12 @@ def describe_validation_errors(errors: Sequence[Any], body: Any = None) -> tuple
         return ".".join(map(str, path)) or (error.get("ctx") or {}).get("param") or "body"
 
     def loc(error: Any) -> list[Any]:
-        return [p for p in error.get("loc", ()) if p != "body"]
+        # (FastAPI's first step says where the value was: the body, or a query parameter,
+        # which the client names without it.)
+        path = list(error.get("loc", ()))
+        if path[:1] in (["query"], ["path"], ["header"]):
+            path = path[1:]
+        return [p for p in path if p != "body"]
 
     shown = [f"{where(e, loc(e))}: {e.get('msg')}" for e in errors[:MAX_SHOWN_ERRORS]]
     if len(errors) > MAX_SHOWN_ERRORS:

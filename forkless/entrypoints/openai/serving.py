@@ -267,10 +267,14 @@ def to_sampling_params(req: SamplingFields, max_tokens: int | None, logprobs: in
         # prompt_logprobs carries. A stream has no place for them (vLLM computes and drops
         # them), so they are not asked for there.
         prompt_logprobs = logprobs or 0
-    try:
-        bias = {int(k): float(v) for k, v in (req.logit_bias or {}).items()}
-    except ValueError:
-        raise BadRequest("logit_bias keys must be token ids (integers as strings)", "logit_bias") from None
+    bias: dict[int, float] = {}
+    for key, value in (req.logit_bias or {}).items():
+        # A token id in its one spelling ("5", not " 5", "+5", "05" or "5_0", which int()
+        # takes: two keys of one token would be merged without a word).
+        if not (key.isascii() and key.isdigit() and (key == "0" or key[0] != "0")):
+            raise BadRequest(f"logit_bias key {key!r:.40} is invalid: expected a token id, an integer as a string "
+                             "of decimal digits without leading zeros", "logit_bias")
+        bias[int(key)] = float(value)
     kwargs: dict[str, Any] = dict(
         n=req.n,
         temperature=default("temperature", req.temperature, 1.0),
@@ -1132,10 +1136,13 @@ class OpenAIServing:
             raise BadRequest("Chat template is passed with request, but --trust-request-chat-template is not set. "
                              "Refused request with untrusted chat template.",
                              "chat_template" if req.chat_template is not None else "chat_template_kwargs")
-        # As vLLM's: the server decides these, so a request's own are refused, not dropped.
-        unexpected = sorted(k for k in ("chat_template", "tokenize") if k in (req.chat_template_kwargs or {}))
+        # As vLLM's: the server decides these, so a request's own are refused, not dropped
+        # (and so are transformers' other apply_chat_template arguments, which are not
+        # template variables: the server renders the template itself).
+        unexpected = sorted(k for k in _SERVER_TEMPLATE_ARGS if k in (req.chat_template_kwargs or {}))
         if unexpected:
-            raise BadRequest(f"Found unexpected chat template kwargs from request: {set(unexpected)}",
+            raise BadRequest(f"Found unexpected chat template kwargs from request: {set(unexpected)} (the server "
+                             "renders and tokenizes the conversation; these are not template variables)",
                              "chat_template_kwargs")
 
     def render_chat(self, req: ChatCompletionRequest, endpoint: str = "/v1/chat/completions") -> list[int]:
@@ -1662,6 +1669,12 @@ def _echoed(req: ChatCompletionRequest, role: str) -> str:
     if not req.echo or last.role != role:
         return ""
     return message_text(last.content)
+
+
+# chat_template_kwargs a request may not set: vLLM's two, and the rest of transformers'
+# apply_chat_template arguments that are not template variables.
+_SERVER_TEMPLATE_ARGS = ("chat_template", "tokenize", "return_dict", "return_tensors", "padding", "truncation",
+                         "max_length", "tokenizer_kwargs", "return_assistant_tokens_mask")
 
 
 # An engine id _request_ids made from a client's id: response id, then a random suffix.

@@ -67,8 +67,8 @@ def request_constraint(req: SamplingFields) -> StructuredOutputsParams | None:
                 raise BadRequest('response_format of type "json_schema" needs a "json_schema" object '
                                  '({"name": ..., "schema": {...}})', "response_format")
             schema = fmt.json_schema.json_schema
-            found.append(("response_format", StructuredOutputsParams(json=schema if schema is not None
-                                                                     else {"type": "object"})))
+            found.append(("response_format", _params({"json": schema if schema is not None else {"type": "object"}},
+                                                     "response_format")))
     if len(found) > 1:
         raise BadRequest("give one of response_format and structured_outputs, not both", "structured_outputs")
     return found[0][1] if found else None
@@ -115,7 +115,7 @@ def tool_constraint(req: ChatCompletionRequest, forced: str) -> StructuredOutput
     except ValueError as e:
         raise BadRequest(str(e), "tools") from None
     assert schema is not None  # forced: "required" or a function in tools
-    return StructuredOutputsParams(json=schema)
+    return _params({"json": schema}, "tools")
 
 
 class ForcedToolCalls:
