@@ -79,9 +79,11 @@ def find_invalid_json(data: Any) -> tuple[str, str] | None:
 
 class RequestModel(OpenAIModel):
     """A request body: valid Unicode text, bounded nesting and finite numbers only (see
-    the module)."""
+    the module); its own fields' values of their JSON types, as OpenAI's API checks them
+    (strict: ``"4"`` or ``true`` is not a ``max_tokens``, ``"yes"`` not a ``stream``; an
+    integer is a number)."""
 
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
     @model_validator(mode="before")
     @classmethod

@@ -473,6 +473,11 @@ def test_chat_template_switches(server: Server) -> None:
     ("/v1/chat/completions", {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}],
                               "tool_choice": {"type": "function", "function": {"name": "f", "x": 1}}}, "tool_choice"),
     ("/v1/responses", {"input": "Hi", "top_logprobs": 21}, "top_logprobs"),
+    # Values of their JSON types, as OpenAI's API checks them (pydantic would convert these).
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": "4"}, "max_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "stream": "yes"}, "stream"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "n": True}, "n"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "temperature": "0.5"}, "temperature"),
 ])
 def test_refusals_name_the_field_the_client_sent(server: Server, route: str, body: dict, param: str) -> None:
     r = _post(server, route, {"max_tokens": 2, **body})
