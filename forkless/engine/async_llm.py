@@ -544,9 +544,7 @@ class AsyncLLM:
         await self._call_utility("pause", mode == "keep")
         if in_flight:
             await self.abort(in_flight)
-        while not await self._call_utility("is_pause_complete"):
-            if self.errored:
-                raise EngineDeadError(f"the engine is dead: {self.dead_reason}")
+        while not await self._call_utility("is_pause_complete"):  # (EngineDeadError if it dies meanwhile)
             await asyncio.sleep(0.01)
         if clear_cache and mode != "keep":
             await self._call_utility("reset_prefix_cache")
