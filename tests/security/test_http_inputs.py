@@ -273,7 +273,12 @@ def test_huge_text_is_refused_without_tokenizing_it(srv: Server) -> None:
                               ("/v1/completions", {"model": "tiny", "prompt": ["hi", HUGE]}, "prompt"),
                               ("/v1/chat/completions", {"model": "tiny", "messages": chat}, "messages"),
                               ("/tokenize", {"prompt": HUGE}, "prompt"),
-                              ("/tokenize", {"messages": chat}, "messages")]:
+                              ("/tokenize", {"messages": chat}, "messages"),
+                              # Tools render with the messages: huge ones are named.
+                              ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                        "tools": [{"type": "function", "function": {
+                                                            "name": "f", "description": HUGE}}],
+                                                        "tool_choice": "none"}, "tools")]:
         start = time.monotonic()
         resp = httpx.post(srv.url + path, json=body, timeout=60)
         seconds = time.monotonic() - start

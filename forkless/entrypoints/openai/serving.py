@@ -741,17 +741,26 @@ class OpenAIServing:
         longest = max(map(len, self.tokenizer.get_vocab()), default=1)
         return (self.max_model_len + _TEXT_MARGIN_TOKENS) * longest
 
-    def check_text_size(self, chars: int, param: str) -> None:
+    def check_text_size(self, chars: int, param: str, what: str | None = None) -> None:
         """Refuse text that could not fit the context, before tokenizing it.
 
         Raises:
-            BadRequest: ``context_length_exceeded``, naming ``param``.
+            BadRequest: ``context_length_exceeded``, naming ``param`` (the message names
+                ``what``, when given).
         """
         if chars > self.max_text_chars:
             raise BadRequest(
-                f"This model's maximum context length is {self.max_model_len} tokens, and {param} has "
+                f"This model's maximum context length is {self.max_model_len} tokens, and {what or param} has "
                 f"{chars} characters: more than {self.max_text_chars}, beyond which text always makes "
                 "more tokens than that.", param, code="context_length_exceeded")
+
+    def check_conversation_size(self, req: ChatCompletionRequest) -> None:
+        """:meth:`check_text_size` for a conversation's messages and the tools the template
+        renders with them (the error names the tools too when they count)."""
+        messages = _text_chars([m.model_dump() for m in req.messages])
+        tools = _text_chars(req.model_dump(include={"tools"})) if req.tools else 0
+        self.check_text_size(messages + tools, "tools" if tools > messages else "messages",
+                             "messages and tools together" if tools else None)
 
     def _bounded_text(self, text: str, req: CompletionRequest) -> str:
         """A completion prompt, cut to ``max_text_chars`` when truncation allows, else checked."""
@@ -1117,8 +1126,7 @@ class OpenAIServing:
         chat = ChatCompletionRequest(messages=req.messages, add_generation_prompt=req.add_generation_prompt,
                                      continue_final_message=req.continue_final_message, tools=tools,
                                      chat_template=req.chat_template, chat_template_kwargs=req.chat_template_kwargs)
-        self.check_text_size(_text_chars([m.model_dump() for m in req.messages])
-                             + _text_chars(chat.model_dump(include={"tools"})), "messages")
+        self.check_conversation_size(chat)
         return await self.in_tokenizer_thread(self.render_chat, chat, endpoint)
 
     def check_request_chat_template(self, req: ChatCompletionRequest) -> None:
@@ -1270,8 +1278,7 @@ class OpenAIServing:
         parsers, req = self._choice_parsers(req, forced)
         # As vLLM's: with a reasoning parser, chat usage says how many tokens were reasoning.
         with_reasoning_tokens = with_reasoning_tokens or self.chat_options.reasoning_parser is not None
-        self.check_text_size(_text_chars([m.model_dump() for m in req.messages])
-                             + _text_chars(req.model_dump(include={"tools"})), "messages")
+        self.check_conversation_size(req)
         ids = await self.in_tokenizer_thread(self.render_chat, req, endpoint)
         ids = truncate_prompt(ids, req, req.max_completion_tokens if req.max_completion_tokens is not None
                               else req.max_tokens, self.max_model_len)
