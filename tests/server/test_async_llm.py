@@ -625,6 +625,7 @@ def test_pause_generation_aborts_waits_or_keeps_and_resume_runs_what_came_meanwh
             # with the tokens it would have had.
             running = await started("k", long_params)
             await llm.pause_generation(mode="keep", clear_cache=False)
+            await asyncio.sleep(0.3)  # (the outputs of the step collected by the pause are read)
             frozen = seen["k"]
             await asyncio.sleep(0.3)
             assert seen["k"] == frozen < 300 and not running.done()
