@@ -704,10 +704,9 @@ class EngineCore:
 
     def is_pause_complete(self) -> bool:
         """Whether the pause has taken hold: paused, and nothing runs (with ``keep``: no
-        step in flight; else no request left but the held ones)."""
-        if self._paused == "all":
-            return self._pending is None and not self._batches
-        return self._paused == "new" and not self.has_unfinished_requests()
+        step in flight; else no request left but the held ones): nothing for
+        :meth:`step` to do."""
+        return self._paused is not None and not self.has_work()
 
     def resume(self) -> None:
         """End a pause (none: nothing to do): the held requests go to the scheduler, in
