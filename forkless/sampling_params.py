@@ -145,13 +145,10 @@ class StructuredOutputsParams(msgspec.Struct, kw_only=True, omit_defaults=True):
             raise ValueError(f"StructuredOutputsParams.json={self.json!r:.80} is invalid: expected a JSON schema "
                              "(a dict or its JSON text)")
         if isinstance(self.json, dict):
-            try:
-                # It crosses to the engine core as msgpack: refuse here what would fail
-                # there (an integer beyond 64 bits), not as a server error.
-                msgspec.msgpack.encode(self.json)
-            except (TypeError, OverflowError, ValueError) as exc:
+            error = _msgpack_error(self.json)  # (refused here, not as a server error)
+            if error is not None:
                 raise ValueError(f"StructuredOutputsParams.json={self.json!r:.80} is invalid: expected a JSON schema "
-                                 f"of plain JSON values whose integers fit in 64 bits: {exc}") from None
+                                 f"of plain JSON values whose integers fit in 64 bits: {error}")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -484,13 +481,10 @@ class SamplingParams(msgspec.Struct, kw_only=True, omit_defaults=True, metaclass
         if self.extra_args is not None:
             if not isinstance(self.extra_args, dict):
                 raise _bad("extra_args", self.extra_args, "a dict")
-            try:
-                # It crosses to the engine core and the workers as msgpack: refuse here
-                # what would fail there (an int beyond 64 bits, an object), not mid-run.
-                msgspec.msgpack.encode(self.extra_args)
-            except (TypeError, OverflowError, ValueError) as exc:
+            error = _msgpack_error(self.extra_args)  # (refused here, not mid-run)
+            if error is not None:
                 raise _bad("extra_args", self.extra_args, "plain data that msgpack can carry (64-bit integers, "
-                           f"floats, strings, booleans, None, lists, dicts): {exc}") from None
+                           f"floats, strings, booleans, None, lists, dicts): {error}")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise _bad("structured_outputs", self.structured_outputs, "a StructuredOutputsParams")
 
@@ -633,6 +627,16 @@ def check_logprobs_count(field: str, asked: int | None, max_logprobs: int, vocab
     if num > cap:
         raise ValueError(f"{field}={asked} asks for {num} logprobs per token, more than this engine allows "
                          f"({cap}: --max-logprobs, -1 for the whole vocabulary of {vocab_size})")
+
+
+def _msgpack_error(value: Any) -> Exception | None:
+    """Why ``value`` cannot cross to the engine core and the workers as msgpack (an
+    integer beyond 64 bits, an object), or ``None`` when it can."""
+    try:
+        msgspec.msgpack.encode(value)
+    except (TypeError, OverflowError, ValueError) as exc:
+        return exc
+    return None
 
 
 def _int(value: Any, field: str, minimum: int | None, owner: str = "SamplingParams") -> None:
